@@ -1,0 +1,583 @@
+# Source of notebooks/01_policy_gradients.ipynb; rebuild with `python tools/build_notebooks.py`.
+
+# %% [markdown]
+# # 01 · Policy gradients: from REINFORCE to the reason PPO clips
+#
+# {{colab_badge}}
+#
+# **You will learn**
+# - how a language model is a policy, and where RLHF sits among pretraining, SFT and RLHF;
+# - the policy-gradient estimator $\nabla_\theta J = \mathbb{E}\left[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\,\Phi_t\right]$
+#   and four choices of $\Phi_t$, with the **measured** variance of each;
+# - actor-critic: replacing Monte-Carlo returns by a learned value function (PPO is an actor-critic);
+# - what an over-large step does to a policy, and why that leads to TRPO and then to PPO's clip.
+#
+# Everything here runs on a toy "language" small enough that the true values are computed exactly,
+# so every estimate can be compared with the truth.
+
+# %% [setup]
+
+# %%
+from rlhf_helpers.notebook import exercise_check, show_environment
+
+env_info = show_environment()
+
+# %% [markdown]
+# ## 1. Where RLHF sits
+#
+# | stage | data | objective | result |
+# |---|---|---|---|
+# | pretraining | raw text | next-token likelihood | a model that continues text |
+# | SFT (supervised fine-tuning) | (prompt, good answer) pairs | next-token likelihood on the answers | a model that answers |
+# | RLHF | prompts + a reward model trained on human preferences | expected reward, kept close to the SFT model | a model that answers the way people prefer |
+#
+# RLHF treats the language model as a **policy** $\pi_\theta(a_t \mid s_t)$: the state $s_t$ is the
+# prompt plus the tokens generated so far, the action $a_t$ is the next token, and the episode ends at
+# EOS. The reward arrives mostly at the end (the reward model's score of the whole answer), with a small
+# per-token term that keeps the policy near the SFT model (notebook 03). Nothing about this is specific to
+# language, so this notebook studies the method on a vocabulary of four words.
+
+# %%
+import math
+
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+from plotly.subplots import make_subplots
+from tqdm.auto import tqdm
+
+import rlhf_helpers
+
+torch.manual_seed(0)
+# The tensors here are tiny: extra threads cost more in synchronisation than they save.
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## 2. A toy language with a reward
+#
+# The policy writes a sentence of exactly $T = 6$ words from the vocabulary `good`, `fine`, `bad`, `!`.
+# The state is the position $t$ and the previous word $p$ (a start symbol at $t = 0$).
+# Each word earns a per-token reward, and the last position carries the "reward model" score:
+#
+# $$
+# r(t, p, a) = \begin{cases}
+#   +1 & \text{if } t = T-1 \text{ and } a = \texttt{!} \quad\text{(the final score: the sentence ends with "!")}\\
+#   w(a) & \text{otherwise, with } w = (0.3,\ 0.1,\ -0.3,\ -0.2) \text{ for good, fine, bad, !}
+# \end{cases}
+# \;-\; 0.5\,[a = p]
+# $$
+#
+# The last term punishes repeating the previous word. The best sentence is therefore
+# `good fine good fine good !` with return $0.3+0.1+0.3+0.1+0.3+1 = 2.1$.
+
+# %%
+VOCAB = ["good", "fine", "bad", "!"]
+V = len(VOCAB)  # number of actions (words)
+T = 6  # sentence length
+START = V  # index of the "previous word" at t = 0
+EXCLAIM = VOCAB.index("!")
+WORD_REWARD = torch.tensor([0.3, 0.1, -0.3, -0.2])  # w(a)
+FINAL_SCORE = 1.0
+REPEAT_COST = 0.5
+
+
+def reward_table() -> torch.Tensor:
+    """r[t, p, a]: reward of writing word a at position t after word p."""
+    r = WORD_REWARD.repeat(T, V + 1, 1)  # (T, V+1, V)
+    r[T - 1, :, EXCLAIM] = FINAL_SCORE
+    r[:, torch.arange(V), torch.arange(V)] -= REPEAT_COST  # a == p
+    return r
+
+
+REWARD = reward_table()  # (T, V+1, V)
+
+
+def sample(theta: torch.Tensor, n: int, generator: torch.Generator):
+    """Sample n sentences from the policy with logits theta (T, V+1, V).
+
+    Returns words (n, T), previous words (n, T) and per-token rewards (n, T).
+    """
+    prev = torch.full((n,), START)  # (n,)
+    words, prevs, rewards = [], [], []
+    for t in range(T):
+        probs = torch.softmax(theta[t, prev], dim=-1)  # (n, V)
+        word = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (n,)
+        words.append(word)
+        prevs.append(prev)
+        rewards.append(REWARD[t, prev, word])
+        prev = word
+    return torch.stack(words, 1), torch.stack(prevs, 1), torch.stack(rewards, 1)
+
+
+gen = torch.Generator().manual_seed(0)
+uniform = torch.zeros(T, V + 1, V)  # logits of the uniform policy
+words, prevs, rewards = sample(uniform, 3, gen)
+for row, r in zip(words, rewards):
+    print(" ".join(VOCAB[i] for i in row), "  rewards:", [round(x, 1) for x in r.tolist()])
+
+# %% [markdown]
+# ## 3. A softmax policy and its log-probabilities
+#
+# The policy is a table of logits $\theta[t, p, \cdot]$ and
+# $\pi_\theta(a \mid t, p) = \operatorname{softmax}(\theta[t, p])_a$, so
+#
+# $$\log \pi_\theta(a \mid s) = \theta[s, a] - \log \sum_{a'} e^{\theta[s, a']}.$$
+#
+# A language model is the same thing with the table replaced by a transformer. Gathering the
+# log-probability of the chosen token from a (B, T, V) logits tensor is the first helper of the course;
+# here it is from scratch, checked against `rlhf_helpers.logprobs_from_logits`.
+
+# %%
+def logprobs_scratch(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] at every position: (B, T, V), (B, T) -> (B, T)."""
+    log_norm = torch.logsumexp(logits, dim=-1)  # (B, T)
+    chosen = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return chosen - log_norm
+
+
+theta_random = torch.randn(T, V + 1, V)
+words, prevs, _ = sample(theta_random, 8, gen)
+logits = theta_random[torch.arange(T), prevs]  # (8, T, V): the logits the policy used at each step
+torch.testing.assert_close(logprobs_scratch(logits, words), rlhf_helpers.logprobs_from_logits(logits, words))
+print("logprobs_scratch matches rlhf_helpers.logprobs_from_logits")
+
+# %% [markdown]
+# ## 4. The exact values, by dynamic programming
+#
+# Because the state space is tiny, the value of every state under any policy follows from the
+# Bellman equations, computed backwards from the end of the sentence:
+#
+# $$Q(t, p, a) = r(t, p, a) + V(t+1, a), \qquad V(t, p) = \sum_a \pi_\theta(a \mid t, p)\, Q(t, p, a), \qquad V(T, \cdot) = 0.$$
+#
+# The objective is $J(\theta) = V(0, \text{start})$, the expected return. It is differentiable, so
+# autograd gives the **exact** policy gradient: the target every estimator below tries to hit.
+
+# %%
+def exact_values(theta: torch.Tensor):
+    """V (T, V+1) and Q (T, V+1, V) of the policy with logits theta."""
+    pi = torch.softmax(theta, dim=-1)  # (T, V+1, V)
+    v_next = torch.zeros(V + 1)  # V(T, .) = 0
+    values, qs = [], []
+    for t in reversed(range(T)):
+        q = REWARD[t] + v_next[:V]  # (V+1, V): the next state's previous word is a
+        v = (pi[t] * q).sum(-1)  # (V+1,)
+        values.append(v)
+        qs.append(q)
+        v_next = v
+    return torch.stack(values[::-1]), torch.stack(qs[::-1])
+
+
+def expected_return(theta: torch.Tensor) -> torch.Tensor:
+    """J(theta) = V(0, start)."""
+    return exact_values(theta)[0][0, START]
+
+
+def exact_gradient(theta: torch.Tensor) -> torch.Tensor:
+    theta = theta.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(expected_return(theta), theta)
+    return grad  # (T, V+1, V)
+
+
+best = torch.full((T, V + 1, V), -50.0)
+best_sentence = [0, 1, 0, 1, 0, EXCLAIM]
+for t, word in enumerate(best_sentence):
+    best[t, :, word] = 50.0
+print(f"J(uniform policy) = {expected_return(uniform):.3f}")
+print(f"J(best sentence)  = {expected_return(best):.3f}")
+
+# %% [markdown]
+# ## 5. The policy-gradient estimator and four choices of $\Phi_t$
+#
+# The policy-gradient theorem writes the gradient as an expectation over sampled episodes $\tau$:
+#
+# $$\nabla_\theta J(\theta) = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, \Phi_t\Big]$$
+#
+# and several $\Phi_t$ give the same expectation:
+#
+# | name | $\Phi_t$ | why it is still unbiased |
+# |---|---|---|
+# | total return (REINFORCE) | $R(\tau) = \sum_{t'=0}^{T-1} r_{t'}$ | the theorem itself |
+# | reward-to-go | $\sum_{t' \ge t} r_{t'}$ | rewards before $t$ do not depend on $a_t$, and $\mathbb{E}[\nabla \log \pi] = 0$ |
+# | reward-to-go minus a baseline | $\sum_{t' \ge t} r_{t'} - b(s_t)$ | any $b$ that depends only on the state has $\mathbb{E}[\nabla \log\pi \cdot b(s_t)] = 0$ |
+# | advantage | $A(s_t, a_t) = Q(s_t, a_t) - V(s_t)$ | the expectation of the previous row given $(s_t, a_t)$, with $b = V$ |
+#
+# For the tabular softmax, the score has a closed form: $\nabla_{\theta[s]} \log \pi(a \mid s) = e_a - \pi(\cdot \mid s)$,
+# and zero for every other state. The function below builds each episode's gradient from it; the cell
+# checks it against autograd on the surrogate $\frac1N \sum_i \sum_t \log \pi(a_t \mid s_t)\,\Phi_t$.
+
+# %%
+def per_episode_gradients(theta, words, prevs, phi):
+    """Each episode's sum_t grad log pi(a_t|s_t) * phi_t: (N, T) inputs -> (N, T, V+1, V)."""
+    n = words.shape[0]
+    pi = torch.softmax(theta[torch.arange(T), prevs], dim=-1)  # (N, T, V)
+    score = F.one_hot(words, V).float() - pi  # (N, T, V): e_a - pi(.|s)
+    grads = torch.zeros(n, T, V + 1, V)
+    grads[torch.arange(n)[:, None], torch.arange(T)[None, :], prevs] = score * phi[..., None]
+    return grads
+
+
+words, prevs, rewards = sample(theta_random, 32, gen)
+phi = rewards.sum(1, keepdim=True).expand(-1, T)  # (32, T): total return
+theta_leaf = theta_random.clone().requires_grad_(True)
+logp = logprobs_scratch(theta_leaf[torch.arange(T), prevs], words)  # (32, T)
+(autograd_grad,) = torch.autograd.grad((logp * phi).sum(1).mean(), theta_leaf)
+torch.testing.assert_close(per_episode_gradients(theta_random, words, prevs, phi).mean(0), autograd_grad)
+print("closed-form score matches autograd")
+
+# %% [markdown]
+# ### Exercise 1: reward-to-go
+#
+# Write `reward_to_go(rewards)`: for per-token rewards of shape (N, T) return
+# $G_t = \sum_{t' \ge t} r_{t'}$, also (N, T). No Python loop over $t$ is needed.
+
+# %%
+# EXERCISE 1
+def reward_to_go(rewards: torch.Tensor) -> torch.Tensor:
+    """G_t = sum_{t' >= t} r_t' for rewards (N, T) -> (N, T)."""
+    raise NotImplementedError
+
+
+# %%
+def check_reward_to_go():
+    r = torch.randn(5, T)
+    expected = torch.stack([r[:, t:].sum(1) for t in range(T)], dim=1)  # loop definition
+    torch.testing.assert_close(reward_to_go(r), expected)
+
+
+exercise_check("Exercise 1 (reward_to_go)", check_reward_to_go)
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def reward_to_go(rewards: torch.Tensor) -> torch.Tensor:
+#     """G_t = sum_{t' >= t} r_t' for rewards (N, T) -> (N, T)."""
+#     return rewards.flip(1).cumsum(1).flip(1)  # (N, T): cumulative sum from the end
+# ```
+# </details>
+
+# %% [markdown]
+# ## 6. Measuring the variance of each estimator
+#
+# An estimate of the gradient averages $N = 16$ episodes. We draw $K = 400$ such estimates for each
+# choice of $\Phi_t$ (from the same episodes, so the comparison is paired) and report
+# - the **total variance** $\sum_i \operatorname{Var}_k[\hat g_{k,i}]$ over all parameters $i$;
+# - the squared **bias** $\lVert \bar g - \nabla J \rVert^2$ against the exact gradient; it should be at the
+#   noise level $\approx$ variance $/K$, since every choice is unbiased.
+#
+# The baseline and the advantage use the exact $V$ and $Q$ here, to isolate the effect of the choice of
+# $\Phi_t$; the next section learns them.
+
+# %%
+def g_t(rewards):  # reference reward-to-go for the rest of the notebook (independent of Exercise 1)
+    return rewards.flip(1).cumsum(1).flip(1)  # (N, T)
+
+
+def phis(theta, words, prevs, rewards):
+    """The four choices of Phi_t, each (N, T)."""
+    values, qs = exact_values(theta)
+    v_s = values[torch.arange(T), prevs]  # (N, T): V(s_t)
+    q_sa = qs[torch.arange(T), prevs, words]  # (N, T): Q(s_t, a_t)
+    return {
+        "total return": rewards.sum(1, keepdim=True).expand(-1, T),
+        "reward-to-go": g_t(rewards),
+        "reward-to-go - V(s)": g_t(rewards) - v_s,
+        "advantage Q - V": q_sa - v_s,
+    }
+
+
+def measure_variance(theta, n_per_estimate=16, n_estimates=400, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    words, prevs, rewards = sample(theta, n_per_estimate * n_estimates, generator)
+    truth = exact_gradient(theta).flatten()  # (P,)
+    rows = {}
+    for name, phi in phis(theta, words, prevs, rewards).items():
+        grads = per_episode_gradients(theta, words, prevs, phi)  # (N*K, T, V+1, V)
+        estimates = grads.reshape(n_estimates, n_per_estimate, -1).mean(1)  # (K, P)
+        rows[name] = {
+            "variance": estimates.var(0).sum().item(),
+            "bias2": ((estimates.mean(0) - truth) ** 2).sum().item(),
+            "noise level": estimates.var(0).sum().item() / n_estimates,
+        }
+    return rows
+
+
+# A partly trained policy: a few exact-gradient steps from uniform.
+trained = uniform.clone()
+for _ in range(20):
+    trained = trained + 2.0 * exact_gradient(trained)
+print(f"J(partly trained policy) = {expected_return(trained):.3f}")
+
+variance_at = {"uniform policy": measure_variance(uniform), "partly trained policy": measure_variance(trained)}
+for policy_name, rows in variance_at.items():
+    print(f"\n{policy_name}")
+    print(f"{'Phi_t':<22}{'variance':>10}{'bias^2':>10}{'var/K':>10}")
+    for name, row in rows.items():
+        print(f"{name:<22}{row['variance']:10.4f}{row['bias2']:10.5f}{row['noise level']:10.5f}")
+
+fig = go.Figure()
+for policy_name, rows in variance_at.items():
+    fig.add_bar(name=policy_name, x=list(rows), y=[row["variance"] for row in rows.values()])
+fig.update_layout(title="Total variance of a 16-episode policy-gradient estimate",
+                  yaxis_title="sum of per-parameter variances", yaxis_type="log", barmode="group")
+fig.show()
+
+# %% [markdown]
+# Reading the numbers:
+# - **reward-to-go** drops the rewards collected before $t$: they cannot be caused by $a_t$ and only add
+#   noise to its weight;
+# - **subtracting $V(s_t)$** centres the weight: an action is pushed up only if it did better than usual
+#   from that state, instead of every action being pushed up whenever returns are positive;
+# - the **advantage** $Q - V$ also removes the randomness of the *later* actions, which is the largest
+#   remaining source of noise. The bias column stays at the noise level for all four: only the variance
+#   changes.
+
+# %% [markdown]
+# ## 7. Actor-critic: learning the baseline
+#
+# In practice $V$ is unknown. An **actor-critic** learns it: a critic $V_w(s)$ fitted by regression to
+# the observed reward-to-go, $\min_w \tfrac12 (V_w(s_t) - G_t)^2$, and an advantage from its one-step
+# TD error, which needs no full return:
+#
+# $$\hat A_t = \delta_t = r_t + V_w(s_{t+1}) - V_w(s_t), \qquad V_w(s_T) = 0.$$
+#
+# REINFORCE uses Monte-Carlo returns; an actor-critic uses a learned critic. PPO is an actor-critic
+# (with the GAE advantage of notebook 03, which interpolates between these two).
+
+# %% [markdown]
+# ### Exercise 2: the one-step TD advantage
+#
+# Write `td_advantage(rewards, values)`: rewards and critic values $V_w(s_t)$ are (N, T); return
+# $\delta_t = r_t + V_w(s_{t+1}) - V_w(s_t)$ with $V_w(s_T) = 0$, shape (N, T).
+
+# %%
+# EXERCISE 2
+def td_advantage(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """delta_t = r_t + V(s_{t+1}) - V(s_t), V after the last step = 0: (N, T), (N, T) -> (N, T)."""
+    raise NotImplementedError
+
+
+# %%
+def check_td_advantage():
+    r, v = torch.randn(4, T), torch.randn(4, T)
+    expected = torch.empty(4, T)
+    for t in range(T):  # loop definition
+        v_next = v[:, t + 1] if t + 1 < T else torch.zeros(4)
+        expected[:, t] = r[:, t] + v_next - v[:, t]
+    torch.testing.assert_close(td_advantage(r, v), expected)
+
+
+exercise_check("Exercise 2 (td_advantage)", check_td_advantage)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def td_advantage(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+#     """delta_t = r_t + V(s_{t+1}) - V(s_t), V after the last step = 0: (N, T), (N, T) -> (N, T)."""
+#     next_values = F.pad(values[:, 1:], (0, 1))  # (N, T): V(s_{t+1}), 0 after the end
+#     return rewards + next_values - values
+# ```
+# </details>
+
+# %% [markdown]
+# Now train the same policy three ways for 150 iterations of 8 episodes each, plain gradient ascent
+# $\theta \leftarrow \theta + \alpha \hat g$, and plot the exact $J(\theta)$ after every step
+# (mean of 5 seeds): REINFORCE with reward-to-go, reward-to-go minus the learned critic, and the
+# actor-critic with the TD advantage.
+
+# %%
+def td_reference(rewards, values):
+    return rewards + F.pad(values[:, 1:], (0, 1)) - values  # (N, T)
+
+
+def train(method, iterations=150, n=8, lr=1.0, critic_lr=1.0, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    theta = torch.zeros(T, V + 1, V)
+    critic = torch.zeros(T, V + 1, requires_grad=True)  # V_w(t, p)
+    critic_opt = torch.optim.SGD([critic], lr=critic_lr)
+    curve = []
+    for _ in range(iterations):
+        words, prevs, rewards = sample(theta, n, generator)
+        returns = g_t(rewards)  # (n, T)
+        values = critic[torch.arange(T), prevs]  # (n, T)
+        if method == "REINFORCE, reward-to-go":
+            phi = returns
+        elif method == "REINFORCE, reward-to-go - critic":
+            phi = returns - values.detach()
+        else:  # actor-critic, TD advantage
+            phi = td_reference(rewards, values.detach())
+        theta = theta + lr * per_episode_gradients(theta, words, prevs, phi).mean(0)
+        critic_opt.zero_grad()
+        (0.5 * ((values - returns) ** 2).sum() / n).backward()
+        critic_opt.step()
+        curve.append(expected_return(theta).item())
+    return curve
+
+
+methods = ["REINFORCE, reward-to-go", "REINFORCE, reward-to-go - critic", "actor-critic, TD advantage"]
+seeds = range(5)
+curves = {}
+for method in tqdm(methods, desc="training"):
+    runs = torch.tensor([train(method, seed=s) for s in seeds])  # (seeds, iterations)
+    curves[method] = runs.mean(0)
+
+fig = go.Figure()
+for method, curve in curves.items():
+    fig.add_scatter(y=curve.tolist(), name=method, mode="lines")
+fig.add_hline(y=expected_return(best).item(), line_dash="dot", annotation_text="best sentence")
+fig.update_layout(title="Exact expected return while training (mean of 5 seeds, 8 episodes per step)",
+                  xaxis_title="iteration", yaxis_title="J(theta)")
+fig.show()
+for method, curve in curves.items():
+    print(f"{method:<36} J after 25 steps {curve[24]:.3f}   after 150 steps {curve[-1]:.3f}")
+
+# %% [markdown]
+# On this six-word problem all three reach nearly the best sentence: with 8 episodes per step even the
+# plain reward-to-go estimate is usable. The actor-critic starts slower because its critic starts at
+# zero, so its early TD errors are biased; a critic pays off when episodes are long and the return is
+# one noisy number at the end, which is the LLM case (hundreds of tokens, one reward-model score).
+# The paired measurement of section 6 is the cleaner comparison of the estimators themselves.
+
+# %% [markdown]
+# ## 8. An over-large step collapses the policy
+#
+# Gradient ascent has no notion of "how far" the policy moved: the step is measured in parameter space,
+# but what matters is the change in the distribution. Take **one** step from the uniform policy with a
+# 16-episode estimate and a growing step size $\alpha$, measure
+# - the KL divergence between the old and new policy, averaged over the states the old policy visits,
+# - the entropy of the new policy (0 = deterministic),
+#
+# then continue for 60 ordinary steps ($\alpha = 1$) and see where each run ends.
+
+# %%
+def state_occupancy(theta):
+    """Probability of visiting each state (t, p) under the policy: (T, V+1)."""
+    pi = torch.softmax(theta, dim=-1)  # (T, V+1, V)
+    d = F.one_hot(torch.tensor(START), V + 1).float()  # (V+1,)
+    visits = []
+    for t in range(T):
+        visits.append(d)
+        d = F.pad((d[:, None] * pi[t]).sum(0), (0, 1))  # (V+1,): next previous word is a
+    return torch.stack(visits)
+
+
+def policy_kl_reference(old_logits, new_logits):
+    """KL(old || new) of softmax policies over the last dimension."""
+    old_logp, new_logp = old_logits.log_softmax(-1), new_logits.log_softmax(-1)
+    return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
+
+
+def mean_kl(old, new):
+    return (state_occupancy(old) * policy_kl_reference(old, new)).sum() / T
+
+
+def mean_entropy(theta):
+    logp = theta.log_softmax(-1)
+    return (state_occupancy(theta) * -(logp.exp() * logp).sum(-1)).sum() / T
+
+
+step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
+results = {"kl": [], "entropy": [], "final J": []}
+for alpha in tqdm(step_sizes, desc="step sizes"):
+    kls, entropies, finals = [], [], []
+    for seed in range(8):
+        generator = torch.Generator().manual_seed(seed)
+        words, prevs, rewards = sample(uniform, 16, generator)
+        phi = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]
+        theta = uniform + alpha * per_episode_gradients(uniform, words, prevs, phi).mean(0)
+        kls.append(mean_kl(uniform, theta).item())
+        entropies.append(mean_entropy(theta).item())
+        for _ in range(60):
+            words, prevs, rewards = sample(theta, 16, generator)
+            phi = phis(theta, words, prevs, rewards)["reward-to-go - V(s)"]
+            theta = theta + 1.0 * per_episode_gradients(theta, words, prevs, phi).mean(0)
+        finals.append(expected_return(theta).item())
+    for key, values in zip(results, (kls, entropies, finals)):
+        results[key].append(sum(values) / len(values))
+
+fig = make_subplots(rows=1, cols=3, subplot_titles=("KL(old || new) of the first step",
+                                                    "entropy after the first step",
+                                                    "J after 60 more ordinary steps"))
+for col, key in enumerate(results, start=1):
+    fig.add_scatter(x=step_sizes, y=results[key], mode="lines+markers", showlegend=False, row=1, col=col)
+    fig.update_xaxes(type="log", title_text="first step size alpha", row=1, col=col)
+fig.update_layout(title=f"One large step from the uniform policy (mean of 8 seeds; max entropy = {math.log(V):.2f})")
+fig.show()
+for alpha, kl, ent, final in zip(step_sizes, *results.values()):
+    print(f"alpha {alpha:6}: KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
+
+# %% [markdown]
+# A large first step looks like progress: the policy jumps straight to the actions that did well in
+# those 16 episodes. But it becomes almost deterministic at once, its score function
+# $e_a - \pi(\cdot \mid s)$ is then nearly zero, it stops exploring, and ordinary steps afterwards cannot
+# undo an unlucky commitment: the final return falls as the first step grows. With a neural policy the
+# damage is worse, because one step changes the behaviour in states the batch never visited.
+#
+# ## 9. From the trust region to PPO's clip
+#
+# **TRPO** fixes the step size in the space that matters: maximise the importance-weighted advantage
+# while the new policy stays within a KL ball of the old one,
+#
+# $$\max_\theta\ \mathbb{E}_t\Big[\tfrac{\pi_\theta(a_t \mid s_t)}{\pi_{\text{old}}(a_t \mid s_t)}\, \hat A_t\Big]
+# \quad\text{s.t.}\quad \mathbb{E}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta,$$
+#
+# which needs second-order machinery (conjugate gradient, line search). **PPO** folds the constraint
+# into the objective: with the ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
+#
+# $$L^{\text{CLIP}}(\theta) = \mathbb{E}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big],$$
+#
+# so once an action's probability has moved by more than $\epsilon$ in the helpful direction its gradient
+# is zero, and plain first-order steps can reuse one batch for several epochs. Notebook 04 takes this
+# loss apart; notebook 03 builds the advantage $\hat A_t$ it needs.
+
+# %% [markdown]
+# ### Exercise 3: the KL between two softmax policies
+#
+# Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
+# \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
+# dimension, for logits of any shape (..., V). Then check: what is the KL of the first step with
+# $\alpha = 100$ printed above, and is it inside a typical trust region of $\delta = 0.01$?
+
+# %%
+# EXERCISE 3
+def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
+    raise NotImplementedError
+
+
+# %%
+def check_policy_kl():
+    old, new = torch.randn(3, 5, V), torch.randn(3, 5, V)
+    expected = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=old),
+                                                 torch.distributions.Categorical(logits=new))
+    torch.testing.assert_close(policy_kl(old, new), expected)
+    assert torch.all(policy_kl(old, old).abs() < 1e-6), "KL of a policy with itself must be 0"
+
+
+exercise_check("Exercise 3 (policy_kl)", check_policy_kl)
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+#     """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
+#     old_logp = old_logits.log_softmax(-1)  # (..., V)
+#     new_logp = new_logits.log_softmax(-1)  # (..., V)
+#     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
+# ```
+# The first step with alpha = 100 moves the policy by a KL of several nats, hundreds of times a trust
+# region of 0.01.
+# </details>
+
+# %% [markdown]
+# ## Summary
+# - The policy gradient weights $\nabla \log \pi(a_t \mid s_t)$ by $\Phi_t$; total return, reward-to-go,
+#   reward-to-go minus a baseline and the advantage are all unbiased, with measured variance falling in
+#   that order.
+# - REINFORCE uses Monte-Carlo returns; an actor-critic learns $V$ and uses TD errors. PPO is an actor-critic.
+# - Step size in parameter space says nothing about how far the policy moves; a large step collapses it.
+#   TRPO constrains the KL; PPO clips the probability ratio instead.
+#
+# Next: notebook 02 trains the reward model that supplies the final score.

@@ -1,0 +1,193 @@
+"""The standard notebook header: Colab badge, Colab-only install cell, versions, profile and device.
+
+Every course notebook starts with the same three pieces (see notebooks/CONVENTIONS.md):
+
+1. a markdown cell with the title, the learning goals and an "Open in Colab" badge whose link is
+   `colab_url(<this notebook's file name>)`;
+2. a code cell whose source is exactly `colab_setup_source()`: on Colab it clones the course at
+   `INSTALL_REF` and installs it without upgrading Colab's torch, transformers, ipywidgets or plotly;
+   anywhere else it does nothing;
+3. a code cell that calls `show_environment()`: package versions, the profile and the device in use.
+
+The repository slug, the badge ref and the install ref live here and nowhere else: the notebook
+generator (tools/build_notebooks.py) writes them into the notebooks and tests/test_links.py reads
+them back. This module imports only the standard library at import time, so the header cell is fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlhf_helpers import __version__
+
+#: GitHub "owner/name" of the course repository.
+REPO_SLUG = "rlhf-course/rlhf-ppo-course"
+#: Branch the "Open in Colab" badges open.
+BADGE_REF = "main"
+#: Git tag the Colab set-up cell installs, so a notebook opened from a release installs that release.
+INSTALL_REF = f"v{__version__}"
+#: Folder of the notebooks inside the repository.
+NOTEBOOK_DIR = "notebooks"
+#: Where the Colab set-up cell clones the course (it keeps data/ next to the package).
+COLAB_CLONE_DIR = "/content/rlhf-ppo-course"
+#: Packages Colab already ships that installing the course must not upgrade.
+COLAB_KEEP = ("torch", "transformers", "ipywidgets", "plotly")
+#: Packages whose versions the header prints, in this order.
+VERSION_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "trl",
+    "plotly",
+    "ipywidgets",
+    "rlhf_helpers",
+)
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab kernel (its `google.colab` module is already imported there)."""
+    return "google.colab" in sys.modules
+
+
+def repo_url() -> str:
+    """HTTPS URL of the course repository."""
+    return f"https://github.com/{REPO_SLUG}"
+
+
+def colab_url(notebook: str, ref: str = BADGE_REF) -> str:
+    """The Colab link that opens `notebooks/<notebook>` of the repository at `ref`."""
+    if not notebook.endswith(".ipynb") or "/" in notebook:
+        raise ValueError(f"notebook must be a bare file name ending in .ipynb, got {notebook!r}")
+    return f"https://colab.research.google.com/github/{REPO_SLUG}/blob/{ref}/{NOTEBOOK_DIR}/{notebook}"
+
+
+def colab_badge(notebook: str) -> str:
+    """Markdown for the "Open in Colab" badge of `notebooks/<notebook>`."""
+    return (
+        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"({colab_url(notebook)})"
+    )
+
+
+def colab_setup_source() -> str:
+    """Source of the set-up cell: on Colab, clone and install the course; elsewhere do nothing.
+
+    The cell runs before the course is installed, so it cannot import this module: the generator
+    writes the constants into it. Colab's own torch, transformers, ipywidgets and plotly are pinned
+    through a constraints file made from `pip freeze`, so pip keeps them instead of upgrading.
+    """
+    keep = "|".join(COLAB_KEEP)
+    return f"""\
+# Colab only: install the course ({INSTALL_REF}) and trl, keeping Colab's {", ".join(COLAB_KEEP)}.
+# Anywhere else this cell does nothing (locally, `make lab` has installed everything).
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import re
+    import subprocess
+
+    clone_dir = "{COLAB_CLONE_DIR}"
+    if not os.path.isdir(clone_dir):
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{INSTALL_REF}",
+                        "{repo_url()}", clone_dir], check=True)
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze"],
+                            capture_output=True, text=True, check=True).stdout
+    keep = [line for line in frozen.splitlines() if re.match(r"^({keep})==", line)]
+    with open("/tmp/colab-constraints.txt", "w") as handle:
+        handle.write("\\n".join(keep) + "\\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
+                    "-c", "/tmp/colab-constraints.txt", "-e", clone_dir, "trl"], check=True)
+    if clone_dir not in sys.path:  # the editable install is only seen by new kernels
+        sys.path.insert(0, clone_dir)"""
+
+
+def package_versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict[str, str]:
+    """Installed version of each package ("not installed" when missing), plus Python's."""
+    versions = {"python": platform.python_version()}
+    for name in packages:
+        if name == "rlhf_helpers":
+            versions[name] = __version__
+            continue
+        try:
+            from importlib.metadata import PackageNotFoundError, version
+
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the header cell reports about the running kernel."""
+
+    #: Package name -> installed version.
+    versions: dict[str, str]
+    #: Name of the active profile ("tiny", "gpu"), or "unknown" if profiles are unavailable.
+    profile: str
+    #: Device the profile runs on, e.g. "cpu" or "cuda".
+    device: str
+    #: True inside Google Colab.
+    colab: bool
+
+
+def _profile_and_device() -> tuple[str, str]:
+    """Name and device of `rlhf_helpers.profiles.get_profile()`, guarded for older checkouts."""
+    try:
+        profiles = importlib.import_module("rlhf_helpers.profiles")
+        profile = profiles.get_profile()
+    except (ImportError, AttributeError):
+        profile = None
+    if profile is not None:
+        name = str(getattr(profile, "name", "unknown"))
+        device = str(getattr(profile, "device", "cpu"))
+        return name, device
+    import torch  # only here: the header's own import stays light
+
+    return "unknown", "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def show_environment(print_table: bool = True) -> Environment:
+    """Print the versions table and the profile/device line; return them as an `Environment`."""
+    profile, device = _profile_and_device()
+    env = Environment(versions=package_versions(), profile=profile, device=device, colab=in_colab())
+    if print_table:
+        width = max(len(name) for name in env.versions)
+        for name, ver in env.versions.items():
+            print(f"{name:<{width}}  {ver}")
+        where = "Colab" if env.colab else "local"
+        print(f"profile: {env.profile}   device: {env.device}   ({where})")
+    return env
+
+
+#: First words of the line `exercise_check` prints for a passed, failed and unattempted exercise.
+EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
+
+
+def exercise_check(name: str, check: Callable[[], None]) -> bool:
+    """Run an exercise's `check` and print one line saying how it went; never raises.
+
+    `check` runs the learner's code and asserts on it. A stub that still raises
+    NotImplementedError prints "NOT DONE", a failed assertion or any other error prints "FAILED"
+    with the message, so a notebook with unsolved exercises still runs top to bottom.
+    Returns True when the check passed.
+    """
+    try:
+        check()
+    except NotImplementedError:
+        print(f"{EXERCISE_TODO}  {name}: the stub still raises NotImplementedError; "
+              "fill it in, or open the solution below.")
+        return False
+    except Exception as error:  # the learner's code may fail in any way: report, don't crash
+        first, *rest = str(error).splitlines() or [""]
+        print(f"{EXERCISE_FAILED}  {name}: {type(error).__name__}: {first}")
+        for line in rest:  # e.g. assert_close's mismatch report
+            print(f"    {line}")
+        return False
+    print(f"{EXERCISE_PASSED}  {name}")
+    return True

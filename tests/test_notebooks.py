@@ -1,0 +1,139 @@
+"""Every course notebook runs end to end in the tiny profile, as shipped and with its solutions.
+
+Each notebook runs in a fresh kernel with a scratch copy as working directory (nothing is written into
+the repository). The shipped run must finish without an error and without a FAILED exercise line.
+The second run swaps every exercise stub for the worked solution in the markdown below it and runs
+all cells twice in the same kernel: every exercise check must then print PASSED, and re-running
+without a restart must work.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from rlhf_helpers.notebook import (
+    EXERCISE_FAILED,
+    EXERCISE_PASSED,
+    EXERCISE_TODO,
+    exercise_check,
+)
+from rlhf_helpers.run_course import course_notebooks, execute_notebook
+
+NOTEBOOKS = course_notebooks()
+NOTEBOOK_TIMEOUT_S = 600  #: per notebook (and per cell inside nbclient)
+_EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
+_SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
+_CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  (.*?):", re.MULTILINE)
+
+
+def _stdout(nb: nbformat.NotebookNode) -> str:
+    return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                   for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+
+
+def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy whose `# EXERCISE n` cells hold Solution n from the notebook's markdown."""
+    solutions = {}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for number, code in _SOLUTION.findall(cell.source):
+                solutions[number] = code
+    patched = nbformat.from_dict(nb)
+    for cell in patched.cells:
+        match = _EXERCISE.search(cell.source) if cell.cell_type == "code" else None
+        if match:
+            assert match.group(1) in solutions, f"exercise {match.group(1)} has no solution block"
+            cell.source = f"# EXERCISE {match.group(1)} (solution)\n" + solutions[match.group(1)]
+    return patched
+
+
+def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy that runs every cell, then every cell again, in one kernel."""
+    doubled = nbformat.from_dict(nb)
+    again = [nbformat.from_dict(cell) for cell in nb.cells]
+    for index, cell in enumerate(again):
+        cell["id"] = f"rerun-{index}"
+    doubled.cells = list(doubled.cells) + again
+    return doubled
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
+    nb = execute_notebook(path, out=tmp_path / "executed.ipynb", timeout=NOTEBOOK_TIMEOUT_S,
+                          workdir=tmp_path)
+    lines = _CHECK_LINE.findall(_stdout(nb))
+    assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
+    assert len(lines) == len(_EXERCISE.findall("".join(c.source for c in nb.cells))), \
+        "every exercise needs one exercise_check call"
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT_S)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path):
+    nb = run_twice(with_solutions(nbformat.read(path, as_version=4)))
+    patched = tmp_path / path.name
+    nbformat.write(nb, patched)
+    executed = execute_notebook(patched, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
+    lines = _CHECK_LINE.findall(_stdout(executed))
+    n_exercises = len(_EXERCISE.findall("".join(c.source for c in nb.cells)))
+    assert len(lines) == n_exercises
+    assert all(status == EXERCISE_PASSED for status, _ in lines), lines
+
+
+def test_course_has_notebooks():
+    assert NOTEBOOKS, "notebooks/ holds no NN_topic.ipynb"
+
+
+def test_every_notebook_has_two_or_three_exercises_with_solutions():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(cell.source for cell in nb.cells)
+        exercises = sorted(_EXERCISE.findall(text))
+        solutions = sorted(number for number, _ in _SOLUTION.findall(text))
+        assert 2 <= len(exercises) <= 3, f"{path.name}: {len(exercises)} exercises"
+        assert exercises == solutions, f"{path.name}: exercises {exercises} vs solutions {solutions}"
+
+
+def test_with_solutions_replaces_the_stub():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("# EXERCISE 1\ndef f():\n    raise NotImplementedError"),
+        nbformat.v4.new_markdown_cell(
+            "<details><summary>Solution 1</summary>\n\n```python\ndef f():\n    return 1\n```\n</details>"),
+    ])
+    assert "return 1" in with_solutions(nb).cells[0].source
+    assert "NotImplementedError" in nb.cells[0].source  # the original is untouched
+
+
+def test_exercise_check_reports_each_outcome(capsys):
+    def todo():
+        raise NotImplementedError
+
+    def wrong():
+        assert 1 == 2, "one is not two"
+
+    def crash():
+        raise KeyError("k")
+
+    assert exercise_check("e1", lambda: None) is True
+    assert exercise_check("e2", todo) is False
+    assert exercise_check("e3", wrong) is False
+    assert exercise_check("e4", crash) is False
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    assert out[0].startswith(f"{EXERCISE_PASSED}  e1")
+    assert out[1].startswith(f"{EXERCISE_TODO}  e2")
+    assert out[2].startswith(f"{EXERCISE_FAILED}  e3") and "one is not two" in out[2]
+    assert out[3].startswith(f"{EXERCISE_FAILED}  e4") and "KeyError" in out[3]
+
+
+def test_execute_notebook_rejects_a_bad_timeout(tmp_path: Path):
+    with pytest.raises(ValueError, match="timeout"):
+        execute_notebook(NOTEBOOKS[0], timeout=0, workdir=tmp_path)

@@ -1,0 +1,92 @@
+"""Notebooks are stored clean (no outputs, valid nbformat), carry the standard header, and the
+generated ones match their sources in notebooks/src/."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from rlhf_helpers.notebook import colab_badge, colab_setup_source
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _load_builder():
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_notebooks", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+builder = _load_builder()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_valid_and_stored_without_outputs(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {index} has outputs"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_has_the_standard_header(path: Path):
+    cells = nbformat.read(path, as_version=4).cells
+    assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), "title first"
+    assert colab_badge(path.name) in cells[0].source
+    assert cells[1].cell_type == "code" and cells[1].source == colab_setup_source(), \
+        "cell 2 must be rlhf_helpers.notebook.colab_setup_source() verbatim"
+    assert cells[2].cell_type == "code" and "show_environment()" in cells[2].source
+
+
+@pytest.mark.parametrize("source", builder.sources(), ids=[p.stem for p in builder.sources()])
+def test_generated_notebook_matches_its_source(source: Path):
+    stored = ROOT / "notebooks" / source.with_suffix(".ipynb").name
+    assert stored.exists(), f"{stored.name} missing: run `python tools/build_notebooks.py`"
+    assert stored.read_text(encoding="utf-8") == builder.render(builder.build_notebook(source)), \
+        f"{stored.name} differs from notebooks/src/{source.name}: run `python tools/build_notebooks.py`"
+
+
+def test_builder_parses_cells_badge_and_setup():
+    text = "# preamble is ignored\n# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n# %% [setup]\n# %%\nx = 1  # code\n\n"
+    cells = builder.parse_cells(text, "07_x.ipynb")
+    assert [kind for kind, _ in cells] == ["markdown", "code", "code"]
+    assert cells[0][1] == "# Title\n\n" + colab_badge("07_x.ipynb")
+    assert cells[1][1] == colab_setup_source()
+    assert cells[2][1] == "x = 1  # code"
+
+
+def test_builder_rejects_unknown_cells_and_uncommented_markdown():
+    with pytest.raises(ValueError, match="unknown cell kind"):
+        builder.parse_cells("# %% [raw]\nx\n", "a.ipynb")
+    with pytest.raises(ValueError, match="must start with '#'"):
+        builder.parse_cells("# %% [markdown]\nnot a comment\n", "a.ipynb")
+    with pytest.raises(ValueError, match="no '# %%' cells"):
+        builder.parse_cells("x = 1\n", "a.ipynb")
+
+
+def test_setup_cell_does_nothing_outside_colab():
+    namespace: dict = {}
+    modules_before = set(sys.modules)
+    exec(colab_setup_source(), namespace)  # must not clone or pip install here
+    assert "clone_dir" not in namespace
+    assert "subprocess" not in set(sys.modules) - modules_before
+
+
+def test_setup_cell_pins_colab_packages_and_installs_the_tag():
+    source = colab_setup_source()
+    from rlhf_helpers.notebook import COLAB_KEEP, INSTALL_REF, REPO_SLUG
+
+    assert f'"--branch", "{INSTALL_REF}"' in source and REPO_SLUG in source
+    assert "-c" in source and all(name in source for name in COLAB_KEEP)
+    assert "--upgrade" not in source and "-U" not in source
+    compile(source, "<setup>", "exec")
