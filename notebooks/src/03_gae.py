@@ -1,0 +1,427 @@
+# Source of notebooks/03_gae.ipynb; rebuild with `python tools/build_notebooks.py`.
+
+# %% [markdown]
+# # 03 · Rewards and advantages: KL shaping and GAE
+#
+# {{colab_badge}}
+#
+# **You will learn**
+# - how RLHF turns one reward-model score per answer into a reward per token, with a KL penalty
+#   towards the reference model, and why the reported KL can be negative (estimators k1, k2, k3);
+# - TD errors, n-step returns and $\lambda$-returns, and generalised advantage estimation (GAE);
+# - the reverse loop (as in trlx) and a vectorised GAE, proven equal;
+# - the bias-variance trade-off of $\lambda$, **measured** on a chain whose true values are known;
+# - whitening advantages over the real tokens only.
+
+# %% [setup]
+
+# %%
+from rlhf_helpers.notebook import exercise_check, show_environment
+
+env_info = show_environment()
+
+# %%
+import time
+
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import rlhf_helpers
+from rlhf_helpers import widgets
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
+
+# %% [markdown]
+# ## 1. From one score to a reward per token
+#
+# A batch holds $B$ responses padded to $T$ tokens; `mask` is 1 on real response tokens and 0 on
+# padding. For response token $t$ the policy and the frozen reference model give
+# $\log \pi(a_t \mid s_t)$ and $\log \pi_{\text{ref}}(a_t \mid s_t)$. The per-token reward is
+#
+# $$r_t = -\beta\, \widehat{\mathrm{KL}}_t + [t = t_{\text{last}}]\; \text{score},$$
+#
+# a penalty for drifting from the reference at every token plus the reward model's score on the last
+# real token. The penalty keeps the policy close to a model that still writes fluent text, and is
+# what stops it exploiting the reward model's blind spots.
+#
+# ### KL estimators
+# With $\rho = \pi_{\text{ref}}(a_t \mid s_t) / \pi(a_t \mid s_t)$ for a token sampled from $\pi$, three
+# single-sample estimators of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ are in use (Schulman, "Approximating KL divergence"):
+#
+# $$k_1 = -\log\rho, \qquad k_2 = \tfrac12 (\log \rho)^2, \qquad k_3 = (\rho - 1) - \log \rho .$$
+#
+# $k_1$ is unbiased but is negative whenever the sampled token is *more* likely under the reference; a
+# batch mean of $k_1$ can therefore be negative. $k_3$ is unbiased and never negative; $k_2$ is never
+# negative and slightly biased.
+
+# %%
+def kl_scratch(logprobs, ref_logprobs, kind="k1"):
+    """Per-token KL(pi || ref) estimate from log-probs of tokens sampled from pi: (B, T) -> (B, T)."""
+    log_rho = ref_logprobs - logprobs  # (B, T): log(pi_ref / pi)
+    if kind == "k1":
+        return -log_rho
+    if kind == "k2":
+        return 0.5 * log_rho**2
+    if kind == "k3":
+        return torch.expm1(log_rho) - log_rho  # (rho - 1) - log rho, accurate for small log_rho
+    raise ValueError(f"kind must be k1, k2 or k3, got {kind!r}")
+
+
+# Two nearby distributions over a vocabulary of 50 tokens; sample 20 000 tokens from pi.
+vocab = 50
+policy_logits = torch.randn(vocab)
+ref_logits = policy_logits + 0.3 * torch.randn(vocab)
+true_kl = F.kl_div(ref_logits.log_softmax(-1), policy_logits.log_softmax(-1), log_target=True,
+                   reduction="sum")  # KL(pi || ref)
+tokens = torch.multinomial(policy_logits.softmax(-1), 20_000, replacement=True)  # (N,)
+logp = policy_logits.log_softmax(-1)[tokens].unsqueeze(0)  # (1, N)
+ref_logp = ref_logits.log_softmax(-1)[tokens].unsqueeze(0)  # (1, N)
+
+print(f"exact KL(pi || ref) = {true_kl:.4f}")
+fig = go.Figure()
+for kind in ("k1", "k2", "k3"):
+    est = kl_scratch(logp, ref_logp, kind)  # (1, N)
+    torch.testing.assert_close(est, rlhf_helpers.kl_estimate(logp, ref_logp, kind=kind))
+    print(f"{kind}: mean {est.mean():.4f}   std {est.std():.4f}   share of negative tokens {(est < 0).float().mean():.2f}")
+    fig.add_histogram(x=est[0].tolist(), name=kind, opacity=0.6, nbinsx=80)
+fig.update_layout(barmode="overlay", title="Per-token KL estimates (k1 goes negative; k2, k3 never do)",
+                  xaxis_title="estimate", yaxis_title="tokens")
+fig.show()
+print("kl_scratch matches rlhf_helpers.kl_estimate for k1, k2, k3")
+
+# %% [markdown]
+# ### Shaping the rewards of a padded batch
+# Below, three responses of lengths 5, 3 and 6 (right-padded to 6). The score lands on the last real
+# token of each row; padding gets no reward.
+
+# %%
+def shape_rewards_scratch(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind="k1"):
+    """r_t = -beta * KL_t on real tokens, plus the score on the last real token: (B,), (B, T) -> (B, T)."""
+    kl = kl_scratch(logprobs, ref_logprobs, kl_kind) * mask  # (B, T)
+    rewards = -kl_coef * kl  # (B, T)
+    last = mask.sum(1).long() - 1  # (B,): index of the last real token (right padding)
+    rewards[torch.arange(len(scores)), last] += scores
+    return rewards, kl
+
+
+lengths = torch.tensor([5, 3, 6])
+B, T = 3, 6
+mask = (torch.arange(T)[None, :] < lengths[:, None]).float()  # (B, T)
+logprobs = -torch.rand(B, T) * 3 * mask  # (B, T)
+ref_logprobs = (logprobs - 0.2 * torch.randn(B, T)) * mask  # (B, T)
+scores = torch.tensor([1.0, -0.5, 2.0])  # (B,)
+
+rewards, kl = shape_rewards_scratch(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
+lib_rewards, lib_kl = rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
+torch.testing.assert_close(rewards * mask, lib_rewards * mask)
+torch.testing.assert_close(kl * mask, lib_kl * mask)
+print("rewards (B, T):\n", rewards.round(decimals=3))
+
+# %% [markdown]
+# ### Exercise 1: where does the score go?
+# Write `last_token_index(mask)` returning, for each row of a right-padded (B, T) mask, the index of
+# its last real token, shape (B,). Rows of a batch have different lengths.
+
+# %%
+# EXERCISE 1
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in each row of a right-padded (B, T) mask -> (B,) long."""
+    raise NotImplementedError
+
+
+# %%
+def check_last_token_index():
+    m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
+    got = last_token_index(m)
+    assert got.tolist() == [2, 0, 3], f"expected [2, 0, 3], got {got.tolist()}"
+
+
+exercise_check("Exercise 1 (last_token_index)", check_last_token_index)
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+#     """Index of the last 1 in each row of a right-padded (B, T) mask -> (B,) long."""
+#     return mask.sum(dim=1).long() - 1  # right padding: the count of real tokens, minus one
+# ```
+# </details>
+
+# %% [markdown]
+# ## 2. TD errors, n-step returns, $\lambda$-returns
+#
+# With a critic $V(s_t)$ (the value head, notebook 05) and $V = 0$ after the last real token:
+#
+# $$\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t) \qquad \text{(TD error)}$$
+#
+# $$G_t^{(n)} = \sum_{l=0}^{n-1} \gamma^l r_{t+l} + \gamma^n V(s_{t+n}) \qquad \text{(n-step return)}$$
+#
+# $$G_t^{\lambda} = (1-\lambda) \sum_{n \ge 1} \lambda^{n-1} G_t^{(n)} \qquad \text{($\lambda$-return; past the end every } G_t^{(n)} \text{ equals the full return)}$$
+#
+# GAE (Schulman et al. 2016, eq. 16) is the same thing written with TD errors:
+#
+# $$\hat A_t = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{t+l} = G_t^\lambda - V(s_t), \qquad \text{returns}_t = \hat A_t + V(s_t).$$
+#
+# $\lambda = 0$ gives $\hat A_t = \delta_t$ (one-step TD: low variance, biased by the critic);
+# $\lambda = 1$ gives the Monte-Carlo return minus $V$ (unbiased, high variance).
+# The cell builds $G^\lambda$ literally from n-step returns and checks that it equals
+# `compute_gae`'s returns.
+
+# %%
+def td_scratch(rewards, values, mask, gamma):
+    next_values = F.pad(values[:, 1:] * mask[:, 1:], (0, 1))  # (B, T): V(s_{t+1}), 0 past the end
+    return (rewards + gamma * next_values - values) * mask  # (B, T)
+
+
+def n_step_return(rewards, values, mask, gamma, n):
+    """G_t^(n) on every real token: (B, T) -> (B, T)."""
+    B, T = rewards.shape
+    out = torch.zeros(B, T)
+    for t in range(T):
+        for l in range(n):
+            if t + l < T:
+                out[:, t] += gamma**l * rewards[:, t + l] * mask[:, t + l]
+        if t + n < T:
+            out[:, t] += gamma**n * values[:, t + n] * mask[:, t + n]
+    return out * mask
+
+
+def lambda_return(rewards, values, mask, gamma, lam):
+    """(1 - lam) sum_n lam^(n-1) G^(n); from n = T on, every G^(n) is the full return."""
+    T = rewards.shape[1]
+    total = sum((1 - lam) * lam ** (n - 1) * n_step_return(rewards, values, mask, gamma, n)
+                for n in range(1, T))
+    return total + lam ** (T - 1) * n_step_return(rewards, values, mask, gamma, T)  # tail weight
+
+
+values = torch.randn(B, T) * mask  # (B, T): critic values on real tokens
+gamma, lam = 0.99, 0.9
+torch.testing.assert_close(td_scratch(rewards, values, mask, gamma),
+                           rlhf_helpers.td_errors(rewards, values, mask, gamma))
+advantages, returns = rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)
+torch.testing.assert_close(returns * mask, lambda_return(rewards, values, mask, gamma, lam))
+torch.testing.assert_close((advantages + values) * mask, returns * mask)
+print("td_errors matches; returns == lambda-return built from n-step returns == advantages + values")
+
+# %% [markdown]
+# ## 3. The reverse loop and the vectorised version
+#
+# The recursion $\hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}$ (with $\hat A = 0$ past the end) is how
+# trlx and most PPO code compute GAE: one backwards loop over $t$. `rlhf_helpers.gae_reference` is that
+# loop, one sample at a time; `rlhf_helpers.compute_gae` is the library's vectorised version. A third way,
+# from scratch here: the sum $\sum_l (\gamma\lambda)^l \delta_{t+l}$ is a matrix product with an upper
+# triangular discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$.
+
+# %%
+def gae_loop_scratch(rewards, values, mask, gamma, lam):
+    """Reverse loop: A_t = delta_t + gamma * lam * A_{t+1}."""
+    deltas = td_scratch(rewards, values, mask, gamma)  # (B, T)
+    advantages = torch.zeros_like(deltas)
+    running = torch.zeros(deltas.shape[0])  # (B,)
+    for t in reversed(range(deltas.shape[1])):
+        running = (deltas[:, t] + gamma * lam * running) * mask[:, t]
+        advantages[:, t] = running
+    return advantages, (advantages + values) * mask
+
+
+def gae_matrix_scratch(rewards, values, mask, gamma, lam):
+    """A = delta @ D^T with D[t, u] = (gamma * lam)^(u - t) for u >= t."""
+    T = rewards.shape[1]
+    steps = torch.arange(T)
+    offsets = (steps[None, :] - steps[:, None]).clamp(min=0)  # (T, T): u - t
+    discount = torch.triu((gamma * lam) ** offsets.double()).to(rewards.dtype)  # (T, T)
+    deltas = td_scratch(rewards, values, mask, gamma)  # (B, T)
+    advantages = (deltas @ discount.T) * mask  # (B, T)
+    return advantages, (advantages + values) * mask
+
+
+gen = torch.Generator().manual_seed(1)
+B_big, T_big = 16, 24
+lengths_big = torch.randint(1, T_big + 1, (B_big,), generator=gen)
+mask_big = (torch.arange(T_big)[None, :] < lengths_big[:, None]).float()  # (B, T)
+rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+for g, l in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
+    ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, l)
+    for fn in (rlhf_helpers.compute_gae, gae_loop_scratch, gae_matrix_scratch):
+        a, r = fn(rewards_big, values_big, mask_big, g, l)
+        torch.testing.assert_close(a * mask_big, ref_a * mask_big)
+        torch.testing.assert_close(r * mask_big, ref_r * mask_big)
+print("gae_reference == compute_gae == loop from scratch == matrix from scratch (3 settings of gamma, lambda)")
+
+# %%
+# How much the vectorised forms save on a PPO-sized batch (one run; timings on a shared CPU are noisy).
+rewards_t, values_t = torch.randn(64, 256), torch.randn(64, 256)
+mask_t = torch.ones(64, 256)
+for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference),
+                 ("loop over t, batched", gae_loop_scratch),
+                 ("compute_gae", rlhf_helpers.compute_gae),
+                 ("matrix from scratch", gae_matrix_scratch)]:
+    start = time.perf_counter()
+    for _ in range(3):
+        fn(rewards_t, values_t, mask_t, 1.0, 0.95)
+    print(f"{name:<34} {(time.perf_counter() - start) / 3 * 1e3:8.2f} ms")
+
+# %% [markdown]
+# ### Exercise 2: GAE for one sequence
+# Write `gae_one(deltas, gamma, lam)` for a single unpadded sequence of TD errors (1-D tensor), returning
+# the advantages with a reverse loop.
+
+# %%
+# EXERCISE 2
+def gae_one(deltas: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """A_t = sum_l (gamma lam)^l delta_{t+l} for a 1-D tensor of TD errors."""
+    raise NotImplementedError
+
+
+# %%
+def check_gae_one():
+    d = torch.randn(7)
+    expected = torch.stack([sum((0.9 * 0.8) ** l * d[t + l] for l in range(7 - t)) for t in range(7)])
+    torch.testing.assert_close(gae_one(d, 0.9, 0.8), expected)
+    torch.testing.assert_close(gae_one(d, 0.9, 0.0), d)  # lambda = 0: TD errors themselves
+
+
+exercise_check("Exercise 2 (gae_one)", check_gae_one)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def gae_one(deltas: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+#     """A_t = sum_l (gamma lam)^l delta_{t+l} for a 1-D tensor of TD errors."""
+#     advantages = torch.zeros_like(deltas)
+#     running = 0.0
+#     for t in reversed(range(len(deltas))):
+#         running = deltas[t] + gamma * lam * running
+#         advantages[t] = running
+#     return advantages
+# ```
+# </details>
+
+# %% [markdown]
+# ## 4. Explore: how $\gamma$, $\lambda$ and the critic shape the advantages
+# Drag $\lambda$ and $\gamma$ and watch where the final score's credit flows along the sequence.
+
+# %%
+advantage_explorer = widgets.GAEExplorer()
+advantage_explorer
+
+# %% [markdown]
+# ## 5. Bias against variance, measured
+#
+# A chain of $T = 20$ steps with a noisy reward $r_t = \mu_t + \varepsilon_t$,
+# $\varepsilon_t \sim \mathcal N(0, 1)$, has the true value $V(s_t) = \sum_{u \ge t} \mu_u$ ($\gamma = 1$).
+# The critic is imperfect: $\hat V(s_t) = V(s_t) + e_t$ with a fixed error $e_t \sim \mathcal N(0, 1)$.
+# `returns` $= \hat A_t + \hat V(s_t)$ is GAE's estimate of $Q(s_t, a_t)$ (here $= V(s_t)$, a chain has
+# one action) and is the critic's training target. Over 4 000 episodes, for each $\lambda$:
+# - bias$^2$: mean over $t$ of $(\mathbb E[\text{returns}_t] - V(s_t))^2$, caused by the critic's error;
+# - variance: mean over $t$ of $\operatorname{Var}[\text{returns}_t]$, caused by the reward noise.
+
+# %%
+T_chain, n_episodes = 20, 4000
+chain_gen = torch.Generator().manual_seed(2)
+mu = torch.rand(T_chain, generator=chain_gen) - 0.5  # (T,)
+true_v = mu.flip(0).cumsum(0).flip(0)  # (T,): V(s_t) = sum_{u >= t} mu_u
+critic = true_v + torch.randn(T_chain, generator=chain_gen)  # (T,): imperfect critic
+chain_rewards = mu + torch.randn(n_episodes, T_chain, generator=chain_gen)  # (N, T)
+chain_values = critic.expand(n_episodes, -1)  # (N, T)
+chain_mask = torch.ones(n_episodes, T_chain)
+
+lams = [0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0]
+bias2, variance = [], []
+for lam_i in tqdm(lams, desc="lambda"):
+    _, ret = rlhf_helpers.compute_gae(chain_rewards, chain_values, chain_mask, 1.0, lam_i)  # (N, T)
+    bias2.append(((ret.mean(0) - true_v) ** 2).mean().item())
+    variance.append(ret.var(0).mean().item())
+mse = [b + v for b, v in zip(bias2, variance)]
+
+fig = go.Figure()
+for name, ys in [("bias²", bias2), ("variance", variance), ("bias² + variance", mse)]:
+    fig.add_scatter(x=lams, y=ys, name=name, mode="lines+markers")
+fig.update_layout(title="GAE returns as estimates of the true value, against lambda",
+                  xaxis_title="lambda", yaxis_title="mean over t")
+fig.show()
+for lam_i, b, v in zip(lams, bias2, variance):
+    print(f"lambda {lam_i:4.2f}: bias² {b:6.3f}   variance {v:6.3f}   sum {b + v:6.3f}")
+
+# %% [markdown]
+# At $\lambda = 0$ the target leans entirely on the critic: its error is all bias, while only one noisy
+# reward enters. At $\lambda = 1$ the critic cancels out of the target (it is the Monte-Carlo return,
+# unbiased) but every later reward's noise adds up. The best total error lies in between; PPO for
+# language models usually takes $\lambda = 0.95$ and $\gamma = 1$, and a poor critic early in training
+# argues for a larger $\lambda$.
+
+# %% [markdown]
+# ## 6. Whitening advantages, with masks
+#
+# PPO normalises advantages per batch so the step size does not depend on the reward scale:
+#
+# $$\tilde A_t = \frac{\hat A_t - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, \qquad
+# \mu = \frac{\sum_t m_t \hat A_t}{\sum_t m_t}, \qquad \sigma^2 = \frac{\sum_t m_t (\hat A_t - \mu)^2}{\sum_t m_t - 1}$$
+#
+# where $m_t$ is the mask. Including the padding positions would pull $\mu$ towards 0 and shrink
+# $\sigma$, and the padded zeros would become non-zero "advantages" after the shift.
+
+# %%
+def whiten_scratch(x, mask, eps=1e-8):
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = (((x - mean) * mask) ** 2).sum() / (n - 1)  # unbiased, over real tokens only
+    return (x - mean) * torch.rsqrt(var + eps) * mask  # (B, T), 0 at padding
+
+
+adv_big, _ = rlhf_helpers.compute_gae(rewards_big, values_big, mask_big, 1.0, 0.95)
+white = whiten_scratch(adv_big, mask_big)
+torch.testing.assert_close(white, rlhf_helpers.masked_whiten(adv_big, mask_big) * mask_big)
+naive = (adv_big - adv_big.mean()) / adv_big.std()  # ignores the mask: wrong
+real = mask_big.bool()
+print(f"masked:   mean {white[real].mean():+.3f}  std {white[real].std():.3f}  max |value at padding| {white[~real].abs().max():.3f}")
+print(f"unmasked: mean {naive[real].mean():+.3f}  std {naive[real].std():.3f}  max |value at padding| {naive[~real].abs().max():.3f}")
+
+# %% [markdown]
+# ### Exercise 3: masked mean
+# Write `masked_mean_scratch(x, mask)`: the mean of `x` over the positions where `mask` is 1.
+
+# %%
+# EXERCISE 3
+def masked_mean_scratch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over positions with mask == 1: (B, T), (B, T) -> scalar."""
+    raise NotImplementedError
+
+
+# %%
+def check_masked_mean():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    torch.testing.assert_close(masked_mean_scratch(x, m), torch.tensor(2.0))
+    torch.testing.assert_close(masked_mean_scratch(adv_big, mask_big),
+                               rlhf_helpers.masked_mean(adv_big, mask_big))
+
+
+exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean)
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def masked_mean_scratch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+#     """Mean of x over positions with mask == 1: (B, T), (B, T) -> scalar."""
+#     return (x * mask).sum() / mask.sum()
+# ```
+# </details>
+
+# %% [markdown]
+# ## Summary
+# - Per-token reward: $-\beta \widehat{\mathrm{KL}}_t$ everywhere plus the score on the last real token;
+#   $k_1$ can go negative, $k_3$ cannot, both are unbiased.
+# - GAE: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$; returns $= \hat A + V$ are $\lambda$-returns.
+#   The reverse loop and the vectorised form agree to float precision.
+# - $\lambda$ trades the critic's bias against the rewards' variance, measured above.
+# - Whiten advantages over real tokens only.
+#
+# Next: notebook 04 feeds these advantages to PPO's clipped loss.

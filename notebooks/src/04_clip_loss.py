@@ -1,0 +1,423 @@
+# Source of notebooks/04_clip_loss.ipynb; rebuild with `python tools/build_notebooks.py`.
+
+# %% [markdown]
+# # 04 · PPO's losses: the clipped surrogate, value clipping and the LM loss
+#
+# {{colab_badge}}
+#
+# **You will learn**
+# - the probability ratio and the clipped surrogate objective, term by term;
+# - the six cases ($\hat A$ positive or negative, ratio below, inside or above the band) and exactly where
+#   the gradient is zero, checked with autograd;
+# - PPO's KL-penalty form beside the clip form, and the clip fraction and approx-KL diagnostics;
+# - **measured**: how far the ratio drifts over several epochs on one batch, with and without clipping;
+# - the value loss with clipping around the old values, and the optional LM (ptx) loss.
+
+# %% [setup]
+
+# %%
+from rlhf_helpers.notebook import exercise_check, show_environment
+
+env_info = show_environment()
+
+# %%
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+from plotly.subplots import make_subplots
+from tqdm.auto import tqdm
+
+import rlhf_helpers
+from rlhf_helpers import widgets
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
+
+# %% [markdown]
+# ## 1. Ratio and clipped surrogate
+#
+# The batch was sampled by the policy as it was before this update, $\pi_{\text{old}}$, whose per-token
+# log-probs were stored at sampling time. After some gradient steps the current policy $\pi_\theta$ gives
+# new log-probs for the same tokens, and (Schulman et al. 2017, eqs. 6-7)
+#
+# $$\rho_t = \frac{\pi_\theta(a_t \mid s_t)}{\pi_{\text{old}}(a_t \mid s_t)} = \exp\big(\log\pi_\theta - \log\pi_{\text{old}}\big),$$
+#
+# $$\text{surr1}_t = \rho_t \hat A_t, \qquad \text{surr2}_t = \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t,$$
+#
+# $$L^{\text{CLIP}} = -\frac{\sum_t m_t \min(\text{surr1}_t, \text{surr2}_t)}{\sum_t m_t}.$$
+#
+# Two diagnostics are logged with it: the **clip fraction** (share of real tokens where the clipped term
+# is the one selected, so their gradient is zero) and **approx-KL**
+# $\frac12 \overline{(\log\pi_\theta - \log\pi_{\text{old}})^2}$, how far the policy has moved on this batch.
+#
+# The old log-probs must come from the policy that *sampled* the batch, not from the reference model:
+# with reference log-probs the ratio measures the distance to the SFT model, the clip binds on every
+# token once training has moved away from it, and learning stalls.
+
+# %%
+def policy_loss_scratch(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
+    """-masked mean of min(ratio * A, clip(ratio) * A), plus clip fraction: (B, T) inputs."""
+    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+    surr1 = ratio * advantages  # (B, T)
+    surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages  # (B, T)
+    objective = torch.min(surr1, surr2)  # (B, T)
+    loss = -(objective * mask).sum() / mask.sum()
+    clipped = (surr2 < surr1).float()  # (B, T): the clipped term is selected
+    clipfrac = (clipped * mask).sum() / mask.sum()
+    return loss, clipfrac
+
+
+gen = torch.Generator().manual_seed(0)
+B, T = 4, 10
+mask = (torch.arange(T)[None, :] < torch.tensor([10, 7, 4, 9])[:, None]).float()  # (B, T)
+old_logprobs = -torch.rand(B, T, generator=gen) * 4  # (B, T)
+logprobs = old_logprobs + 0.3 * torch.randn(B, T, generator=gen)  # (B, T): after some updates
+advantages = torch.randn(B, T, generator=gen) * mask  # (B, T)
+
+loss, clipfrac = policy_loss_scratch(logprobs, old_logprobs, advantages, mask)
+lib_loss, stats = rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
+torch.testing.assert_close(loss, lib_loss)
+torch.testing.assert_close(clipfrac, stats["clipfrac"])
+print(f"loss {loss:.4f}   clipfrac {clipfrac:.3f}   approx_kl {stats['approx_kl']:.4f}")
+
+# %% [markdown]
+# ## 2. Explore the clip
+# Move the ratio, the advantage and $\epsilon$; the explorer shows both surrogate terms, the one `min`
+# selects, and whether the gradient flows.
+
+# %%
+clip_explorer = widgets.ClipExplorer()
+clip_explorer
+
+# %% [markdown]
+# ## 3. The six cases, and where the gradient is zero
+#
+# | | $\rho < 1-\epsilon$ | $1-\epsilon \le \rho \le 1+\epsilon$ | $\rho > 1+\epsilon$ |
+# |---|---|---|---|
+# | $\hat A > 0$ | $\rho \hat A$: gradient $\rho\hat A$ (raise the good action) | $\rho \hat A$: gradient | clipped: **zero** (already raised enough) |
+# | $\hat A < 0$ | clipped: **zero** (already lowered enough) | $\rho \hat A$: gradient | $\rho \hat A$: gradient, unbounded |
+#
+# The gradient with respect to the new log-prob is $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$
+# where the unclipped term is selected and 0 where the clipped one is. The bottom-right cell, a bad
+# action that became much *more* likely, keeps an unbounded weight; "dual clip" caps it at $c\,\hat A$.
+# The cell checks every case with autograd against this rule.
+
+# %%
+eps = 0.2
+ratios = torch.tensor([0.5, 1.0, 1.5, 0.5, 1.0, 1.5])
+advs = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
+new_logp = torch.log(ratios).requires_grad_(True)  # old log-prob = 0, so ratio = exp(new_logp)
+objective = rlhf_helpers.clipped_surrogate(torch.exp(new_logp), advs, eps)  # (6,): to maximise
+(grad,) = torch.autograd.grad(objective.sum(), new_logp)
+
+zero_expected = ((advs > 0) & (ratios > 1 + eps)) | ((advs < 0) & (ratios < 1 - eps))
+expected_grad = torch.where(zero_expected, torch.zeros(6), ratios * advs)
+torch.testing.assert_close(grad, expected_grad)
+for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist()):
+    print(f"A {a:+.0f}  ratio {r:.1f}  ->  d objective / d log pi = {g:+.2f}")
+
+# %% [markdown]
+# ## 4. The KL-penalty form beside the clip form
+#
+# The PPO paper's alternative (eq. 8) keeps the plain importance-weighted objective and subtracts a
+# KL penalty towards the old policy, with $\beta$ adapted to hit a target KL:
+#
+# $$L^{\text{KLPEN}} = -\,\overline{\rho_t \hat A_t - \beta\, \widehat{\mathrm{KL}}_t(\pi_{\text{old}} \Vert \pi_\theta)}.$$
+#
+# Both forms as a function of the ratio for one token, computed by the library:
+
+# %%
+ratio_grid = torch.linspace(0.3, 2.0, 171)  # (G,)
+old = torch.zeros(len(ratio_grid), 1)  # (G, 1): one token per row
+one = torch.ones(len(ratio_grid), 1)
+fig = make_subplots(rows=1, cols=2, subplot_titles=("A = +1", "A = -1"))
+for col, a in enumerate((1.0, -1.0), start=1):
+    clip_obj = rlhf_helpers.clipped_surrogate(ratio_grid, torch.full_like(ratio_grid, a), 0.2)  # (G,)
+    kl_obj = torch.tensor([
+        -rlhf_helpers.kl_penalty_policy_loss(old[i:i + 1] + torch.log(ratio_grid[i]), old[i:i + 1],
+                                              one[i:i + 1] * a, one[i:i + 1], beta=1.0)[0].item()
+        for i in range(len(ratio_grid))
+    ])
+    fig.add_scatter(x=ratio_grid.tolist(), y=(ratio_grid * a).tolist(), name="ratio * A", row=1, col=col,
+                    line_dash="dot", showlegend=col == 1, line_color="gray")
+    fig.add_scatter(x=ratio_grid.tolist(), y=clip_obj.tolist(), name="clip (eps 0.2)", row=1, col=col,
+                    showlegend=col == 1, line_color="royalblue")
+    fig.add_scatter(x=ratio_grid.tolist(), y=kl_obj.tolist(), name="KL penalty (beta 1)", row=1, col=col,
+                    showlegend=col == 1, line_color="darkorange")
+    for edge in (0.8, 1.2):
+        fig.add_vline(x=edge, line_dash="dash", line_color="lightgray", row=1, col=col)
+fig.update_xaxes(title_text="ratio")
+fig.update_layout(title="Per-token objective (to maximise) against the ratio")
+fig.show()
+
+# %% [markdown]
+# The clip form is flat where it stops pushing; the KL form bends back smoothly, with a strength set by
+# $\beta$ that must be tuned or adapted. Most PPO code for language models uses the clip form on the
+# policy and a separate KL penalty towards the *reference* model inside the reward (notebook 03).
+
+# %% [markdown]
+# ### Exercise 1: the clipped surrogate, elementwise
+# Write `clipped_objective(ratio, adv, eps)`: the per-token $\min(\rho\hat A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)$.
+
+# %%
+# EXERCISE 1
+def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
+    raise NotImplementedError
+
+
+# %%
+def check_clipped_objective():
+    r = torch.rand(50) * 2
+    a = torch.randn(50)
+    # Independent form: case by case from the table above.
+    upper = (a > 0) & (r > 1.2)
+    lower = (a < 0) & (r < 0.8)
+    expected = torch.where(upper, 1.2 * a, torch.where(lower, 0.8 * a, r * a))
+    torch.testing.assert_close(clipped_objective(r, a, 0.2), expected)
+    torch.testing.assert_close(clipped_objective(r, a, 0.2), rlhf_helpers.clipped_surrogate(r, a, 0.2))
+
+
+exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective)
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+#     """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
+#     return torch.min(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 5. Several epochs on one batch: how far does the ratio drift?
+#
+# PPO reuses each batch for several epochs of minibatch steps. Here a small softmax policy over 8
+# "tokens" in 32 "contexts", with logits $W x_s$ from shared context features (so a step on one
+# context moves the others, as in a network), collects one batch of 512 samples. Each sample's reward is
+# the context-token reward plus unit Gaussian noise (a noisy reward model), and its advantage is that
+# reward minus the old policy's expected reward in the context, whitened. Then 10 epochs of 8 minibatches each with Adam, once
+# with the clipped loss and once with the unclipped surrogate $-\overline{\rho \hat A}$, measuring after
+# each epoch the share of samples whose ratio left $[1-\epsilon, 1+\epsilon]$, the largest ratio, and
+# the exact KL between old and new policy averaged over contexts.
+
+# %%
+n_ctx, n_tok, n_feat = 32, 8, 6
+world = torch.Generator().manual_seed(3)
+features = torch.randn(n_ctx, n_feat, generator=world)  # (S, d)
+true_reward = torch.randn(n_ctx, n_tok, generator=world)  # (S, A)
+W0 = 0.3 * torch.randn(n_feat, n_tok, generator=world)  # (d, A)
+
+
+def logits_of(W):
+    return features @ W  # (S, A)
+
+
+old_logits = logits_of(W0)
+old_pi = old_logits.softmax(-1)  # (S, A)
+ctx = torch.randint(n_ctx, (512,), generator=world)  # (N,)
+tok = torch.multinomial(old_pi[ctx], 1, generator=world).squeeze(1)  # (N,)
+batch_old_logp = old_logits.log_softmax(-1)[ctx, tok].unsqueeze(1)  # (N, 1): stored at sampling time
+baseline = (old_pi * true_reward).sum(-1)  # (S,): V(s) under the old policy
+sampled_reward = true_reward[ctx, tok] + torch.randn(len(ctx), generator=world)  # (N,)
+batch_adv = (sampled_reward - baseline[ctx]).unsqueeze(1)  # (N, 1)
+batch_mask = torch.ones_like(batch_adv)
+batch_adv = rlhf_helpers.masked_whiten(batch_adv, batch_mask)
+
+
+def run_epochs(clip: bool, epochs=10, minibatches=8, lr=0.05, eps=0.2, seed=0):
+    W = W0.clone().requires_grad_(True)
+    opt = torch.optim.Adam([W], lr=lr)
+    order_gen = torch.Generator().manual_seed(seed)
+    history = []
+    for _ in range(epochs):
+        for idx in torch.randperm(len(ctx), generator=order_gen).chunk(minibatches):
+            logp = logits_of(W).log_softmax(-1)[ctx[idx], tok[idx]].unsqueeze(1)  # (n, 1)
+            if clip:
+                loss, _ = rlhf_helpers.policy_loss(logp, batch_old_logp[idx], batch_adv[idx],
+                                                   batch_mask[idx], clip_eps=eps)
+            else:
+                loss = -(torch.exp(logp - batch_old_logp[idx]) * batch_adv[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            new_logits = logits_of(W)
+            ratio = torch.exp(new_logits.log_softmax(-1)[ctx, tok].unsqueeze(1) - batch_old_logp)  # (N, 1)
+            kl = (old_pi * (old_logits.log_softmax(-1) - new_logits.log_softmax(-1))).sum(-1).mean()
+            gain = ((new_logits.softmax(-1) - old_pi) * true_reward).sum(-1).mean()
+            history.append({"outside band": ((ratio - 1).abs() > eps).float().mean().item(),
+                            "max ratio": ratio.max().item(), "KL(old || new)": kl.item(),
+                            "reward gain": gain.item()})
+    return history
+
+
+drift = {name: run_epochs(clip) for name, clip in tqdm([("clipped", True), ("unclipped", False)], desc="runs")}
+keys = list(drift["clipped"][0])
+fig = make_subplots(rows=1, cols=len(keys), subplot_titles=keys)
+for name, history in drift.items():
+    for col, key in enumerate(keys, start=1):
+        fig.add_scatter(x=list(range(1, len(history) + 1)), y=[h[key] for h in history], name=name,
+                        legendgroup=name, showlegend=col == 1, mode="lines+markers", row=1, col=col,
+                        line_color="royalblue" if name == "clipped" else "crimson")
+fig.update_xaxes(title_text="epoch")
+fig.update_layout(title="Ten epochs on one batch (eps = 0.2)")
+fig.show()
+for name, history in drift.items():
+    last = history[-1]
+    print(f"{name:<10} after 10 epochs: outside band {last['outside band']:.2f}   max ratio {last['max ratio']:.2f}   "
+          f"KL {last['KL(old || new)']:.3f}   reward gain {last['reward gain']:+.3f}")
+
+# %% [markdown]
+# Without the clip, every epoch keeps pushing the same samples and the policy walks far from the one
+# that collected the data: almost every ratio leaves the band and the KL is tens of times larger. On
+# this toy the big move also gains more true reward, because the policy has only 48 parameters and the
+# advantages, though noisy, point the right way on average. With a network policy and critic-estimated
+# advantages the same move is a bet on a batch that no longer describes the policy (the importance
+# weights become huge), and notebook 01 showed what an over-large step does. With the clip, a sample
+# stops contributing once its ratio leaves the band in the helpful direction, so the drift grows much
+# more slowly. It is not a hard limit: shared parameters still move clipped samples (the KL keeps
+# creeping up), which is why PPO also caps the number of epochs and can stop early on approx-KL.
+
+# %% [markdown]
+# ### Exercise 2: which tokens get no gradient?
+# Write `zero_gradient(ratio, adv, eps)` returning a boolean tensor: True where the clipped objective's
+# gradient with respect to the ratio is zero. The check compares it with autograd.
+
+# %%
+# EXERCISE 2
+def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
+    raise NotImplementedError
+
+
+# %%
+def check_zero_gradient():
+    r = (torch.rand(200) * 2).requires_grad_(True)
+    a = torch.randn(200)
+    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, a, 0.2).sum(), r)
+    got = zero_gradient(r.detach(), a, 0.2)
+    assert got.dtype == torch.bool, "return a boolean tensor"
+    assert torch.equal(got, g == 0), f"{(got != (g == 0)).sum()} of 200 tokens classified wrongly"
+
+
+exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+#     """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
+#     return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
+# ```
+# </details>
+
+# %% [markdown]
+# ## 6. The value loss, with clipping
+#
+# The critic regresses the GAE returns $R_t$ of notebook 03. Value clipping (as in the OpenAI baselines
+# and trlx) limits how far the new value may move from the value at sampling time $V_{\text{old}}$,
+# and takes the worse of the two errors:
+#
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -c, c), \qquad
+# L^V = \tfrac12\, \overline{\max\big((V_t - R_t)^2,\ (V^{\text{clip}}_t - R_t)^2\big)}.$$
+#
+# `vf_clipfrac` is the share of real tokens where the clipped error is the larger one.
+
+# %%
+value_explorer = widgets.ValueClipExplorer()
+value_explorer
+
+# %%
+def value_loss_scratch(values, old_values, returns, mask, clip_range):
+    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)  # (B, T)
+    err = (values - returns) ** 2  # (B, T)
+    err_clipped = (clipped - returns) ** 2  # (B, T)
+    loss = 0.5 * (torch.max(err, err_clipped) * mask).sum() / mask.sum()
+    vf_clipfrac = ((err_clipped > err).float() * mask).sum() / mask.sum()
+    return loss, vf_clipfrac
+
+
+old_values = torch.randn(B, T, generator=gen)  # (B, T)
+values = old_values + 0.5 * torch.randn(B, T, generator=gen)  # (B, T)
+returns = torch.randn(B, T, generator=gen)  # (B, T)
+v_loss, v_clipfrac = value_loss_scratch(values, old_values, returns, mask, 0.2)
+lib_v_loss, v_stats = rlhf_helpers.value_loss(values, old_values, returns, mask, clip_range=0.2)
+torch.testing.assert_close(v_loss, lib_v_loss)
+torch.testing.assert_close(v_clipfrac, v_stats["vf_clipfrac"])
+print(f"value loss {v_loss:.4f}   vf_clipfrac {v_clipfrac:.3f}")
+
+# %% [markdown]
+# ### Exercise 3: the unclipped value loss
+# Write `plain_value_loss(values, returns, mask)`: $\tfrac12$ times the masked mean of $(V_t - R_t)^2$.
+# It must equal the library's value loss without clipping (`clip_range=None`).
+
+# %%
+# EXERCISE 3
+def plain_value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """0.5 * masked mean of (values - returns)^2 over real tokens: (B, T) inputs -> scalar."""
+    raise NotImplementedError
+
+
+# %%
+def check_plain_value_loss():
+    v = torch.tensor([[1.0, 2.0, 9.0]])
+    r = torch.tensor([[0.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0]])
+    torch.testing.assert_close(plain_value_loss(v, r, m), torch.tensor(0.5 * (1 + 4) / 2))
+    torch.testing.assert_close(plain_value_loss(values, returns, mask),
+                               rlhf_helpers.value_loss(values, old_values, returns, mask)[0])
+
+
+exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss)
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def plain_value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+#     """0.5 * masked mean of (values - returns)^2 over real tokens: (B, T) inputs -> scalar."""
+#     return 0.5 * (((values - returns) ** 2) * mask).sum() / mask.sum()
+# ```
+# </details>
+
+# %% [markdown]
+# ## 7. The LM (ptx) loss
+#
+# InstructGPT's "PPO-ptx" adds the pretraining (or SFT) next-token loss on ordinary text to the policy's
+# loss, so RL does not erode what the model already does well:
+#
+# $$L^{\text{ptx}} = -\frac{1}{|\{t: y_{t+1} \ne \text{ignore}\}|} \sum_{t:\ y_{t+1} \ne \text{ignore}} \log \pi_\theta(y_{t+1} \mid y_{\le t}).$$
+#
+# The logits at position $t$ predict the label at $t+1$, so logits drop their last position and labels
+# their first; positions labelled $-100$ (prompt or padding) are ignored. The policy's total loss is
+# $L^{\text{CLIP}} + \gamma_{\text{ptx}} L^{\text{ptx}}$; the critic's is $L^V$.
+
+# %%
+def lm_loss_scratch(logits, labels, ignore_index=-100):
+    shift_logits = logits[:, :-1]  # (B, T-1, V): position t predicts token t+1
+    shift_labels = labels[:, 1:]  # (B, T-1)
+    return F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
+                           ignore_index=ignore_index)
+
+
+lm_logits = torch.randn(2, 7, 11, generator=gen)  # (B, T, V)
+labels = torch.randint(11, (2, 7), generator=gen)  # (B, T)
+labels[0, :3] = -100  # a prompt we do not train on
+labels[1, 5:] = -100  # padding
+torch.testing.assert_close(lm_loss_scratch(lm_logits, labels), rlhf_helpers.lm_loss(lm_logits, labels))
+print(f"ptx loss {lm_loss_scratch(lm_logits, labels):.4f} (uniform guessing would give log 11 = {torch.log(torch.tensor(11.0)):.4f})")
+
+# %% [markdown]
+# ## Summary
+# - $\rho = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ with old log-probs from the sampling policy;
+#   $L^{\text{CLIP}} = -\overline{\min(\rho\hat A, \operatorname{clip}(\rho)\hat A)}$ over real tokens.
+# - The gradient is zero exactly when the clipped term is selected: $\hat A > 0, \rho > 1+\epsilon$ or
+#   $\hat A < 0, \rho < 1-\epsilon$.
+# - Over several epochs the clip slows the ratio's drift, measured above; it is not a hard bound.
+# - Value clipping takes the worse of the clipped and unclipped errors; the ptx loss is a shifted
+#   next-token loss with ignored positions.
+#
+# Next: notebook 05 puts these pieces into the full PPO loop on a language model.
