@@ -1,0 +1,114 @@
+"""Loading the shipped JSONL files of `data/` with clear errors.
+
+Every loader names the file, and for a malformed record the line, in the error it raises:
+a missing file is a `FileNotFoundError`, a bad line a `ValueError`, never a stack trace from
+deep inside `json` or `datasets`.
+
+Files (see data/README.md for how they were made):
+- prompts_train.jsonl / prompts_test.jsonl: {"prompt", "genre", "title"}
+- sft.jsonl: {"prompt", "completion"}  (TRL's prompt-completion format)
+- preferences_train.jsonl / preferences_test.jsonl: {"prompt", "chosen", "rejected"}
+  (TRL RewardTrainer's explicit-prompt "standard" format; chosen/rejected start with a space)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Environment variable that points the loaders at another data directory.
+DATA_DIR_ENV = "RLHF_DATA_DIR"
+
+SPLITS = ("train", "test")
+PROMPT_FIELDS = ("prompt", "genre", "title")
+SFT_FIELDS = ("prompt", "completion")
+PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+
+
+def data_dir() -> Path:
+    """The data directory: $RLHF_DATA_DIR if set, else `data/` at the repository root."""
+    override = os.environ.get(DATA_DIR_ENV)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[1] / "data"
+
+
+def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Records of a JSONL file; each must be a JSON object with string values for `fields`.
+
+    Raises FileNotFoundError if the file is missing and ValueError naming the file and line for
+    a line that is not JSON, not an object, or lacks a required string field. Blank lines are
+    skipped; an empty file is an error.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build`)"
+        )
+    records: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {line_number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}, line {line_number}: expected a JSON object, got "
+                    f"{type(record).__name__}"
+                )
+            for field in fields:
+                if field not in record:
+                    raise ValueError(f"{path}, line {line_number}: missing field {field!r}")
+                if not isinstance(record[field], str):
+                    raise ValueError(
+                        f"{path}, line {line_number}: field {field!r} must be a string, got "
+                        f"{type(record[field]).__name__}"
+                    )
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: the file has no records")
+    return records
+
+
+def write_jsonl(path: str | Path, records: Sequence[dict[str, Any]]) -> None:
+    """Write records one JSON object per line (UTF-8, key order kept, trailing newline)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def load_prompt_records(split: str = "train", directory: str | Path | None = None) -> list[dict]:
+    """Prompt records {"prompt", "genre", "title"} of the train or held-out ("test") split."""
+    _check_split(split)
+    return load_jsonl(Path(directory or data_dir()) / f"prompts_{split}.jsonl", PROMPT_FIELDS)
+
+
+def load_prompts(split: str = "train", directory: str | Path | None = None) -> list[str]:
+    """The prompt texts of the train or held-out ("test") split."""
+    return [r["prompt"] for r in load_prompt_records(split, directory)]
+
+
+def load_sft_corpus(directory: str | Path | None = None) -> list[dict]:
+    """SFT records {"prompt", "completion"}; completions start with a space, no EOS text."""
+    return load_jsonl(Path(directory or data_dir()) / "sft.jsonl", SFT_FIELDS)
+
+
+def load_preferences(split: str = "train", directory: str | Path | None = None) -> list[dict]:
+    """Preference pairs {"prompt", "chosen", "rejected"} of the train or held-out split."""
+    _check_split(split)
+    return load_jsonl(
+        Path(directory or data_dir()) / f"preferences_{split}.jsonl", PREFERENCE_FIELDS
+    )

@@ -1,0 +1,110 @@
+"""Loading the tokenizer and models of a profile with the ordinary `from_pretrained` calls.
+
+    tokenizer = load_tokenizer(profile)
+    policy = load_causal_lm(profile)                      # dropouts 0, eval mode, on profile.device
+    reward = load_sequence_classifier(profile, num_labels=1)
+
+All three read `profile.sft_model_path` unless `path` is given (the tiny profile ships it in
+data/models/tiny-sft; the gpu profile writes it with `python -m rlhf_helpers.world.hub_sft`).
+Dropout is set to 0 in the config before the weights load: PPO compares two forwards of the same
+input, and dropout would make them differ.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.profiles import Profile, get_profile
+
+#: Token added as pad when a tokenizer has none distinct from EOS.
+FALLBACK_PAD_TOKEN = "<|pad|>"
+
+
+def _model_path(profile: Profile, path: str | Path | None) -> str:
+    chosen = Path(path) if path is not None else Path(profile.sft_model_path)
+    if not chosen.is_dir():
+        if path is None and profile.is_tiny:
+            hint = "rebuild it with `python -m rlhf_helpers.world.build`"
+        elif path is None:
+            hint = "fine-tune the hub model first with `python -m rlhf_helpers.world.hub_sft`"
+        else:
+            hint = "pass a directory written by save_pretrained"
+        raise FileNotFoundError(f"model directory not found: {chosen} ({hint})")
+    return str(chosen)
+
+
+def dropout_overrides(config: Any) -> dict[str, float]:
+    """Config keyword arguments that set every dropout probability of `config` to 0.
+
+    Covers GPT-2 (`resid_pdrop`, `embd_pdrop`, `attn_pdrop`, `summary_first_dropout`) and Llama
+    (`attention_dropout`, `mlp_dropout`...): any float field whose name contains "dropout" or
+    "pdrop".
+    """
+    return {
+        key: 0.0
+        for key, value in config.to_dict().items()
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float)
+    }
+
+
+def ensure_distinct_pad(tokenizer: Any) -> bool:
+    """Give `tokenizer` a pad token different from EOS; True if a new token had to be added.
+
+    With pad == EOS, masks built from the pad id also hide the real EOS of each response, so
+    the model never learns to stop and GAE loses the final reward position.
+    """
+    if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return False
+    added = tokenizer.add_special_tokens({"pad_token": FALLBACK_PAD_TOKEN})
+    return added > 0
+
+
+def load_tokenizer(profile: Profile | None = None, path: str | Path | None = None) -> Any:
+    """The profile's tokenizer: pad distinct from EOS, left padding (for batched generation)."""
+    from transformers import AutoTokenizer
+
+    profile = profile or get_profile()
+    tokenizer = AutoTokenizer.from_pretrained(_model_path(profile, path))
+    ensure_distinct_pad(tokenizer)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _load(auto_class: Any, profile: Profile, path: str | Path | None, **kwargs: Any) -> Any:
+    from transformers import AutoConfig
+
+    directory = _model_path(profile, path)
+    config = AutoConfig.from_pretrained(directory)
+    config = AutoConfig.from_pretrained(directory, **dropout_overrides(config), **kwargs)
+    model = auto_class.from_pretrained(directory, config=config, dtype=profile.torch_dtype)
+    tokenizer = load_tokenizer(profile, path)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))  # a pad token was added
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(profile.device).eval()
+
+
+def load_causal_lm(profile: Profile | None = None, path: str | Path | None = None) -> Any:
+    """The profile's SFT model as an `AutoModelForCausalLM`, dropouts 0, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return _load(AutoModelForCausalLM, profile or get_profile(), path)
+
+
+def load_sequence_classifier(
+    profile: Profile | None = None, num_labels: int = 1, path: str | Path | None = None
+) -> Any:
+    """The SFT model with a fresh linear score head (`AutoModelForSequenceClassification`).
+
+    `num_labels=1` gives the scalar head of a reward model or critic. The head reads the last
+    non-pad token (`config.pad_token_id` is set), so padding on either side works.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    return _load(AutoModelForSequenceClassification, profile or get_profile(), path,
+                 num_labels=num_labels)

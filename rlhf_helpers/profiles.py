@@ -1,0 +1,154 @@
+"""Profiles: one setting that sizes the whole course for a CPU or a GPU.
+
+    profile = get_profile()            # reads $RLHF_PROFILE, default "tiny"
+    profile = get_profile("gpu")       # or "tiny" / "auto"
+    profile = get_profile(ppo_steps=5) # any field can be overridden
+
+- "tiny" (default): the shipped word-level GPT-2 in data/models/tiny-sft, float32, CPU; the
+  whole course runs offline in minutes.
+- "gpu": HuggingFaceTB/SmolLM2-135M from the hub, supervised-fine-tuned on the same SFT corpus
+  with TRL's SFTTrainer (`python -m rlhf_helpers.world.hub_sft`), bf16, bigger batches.
+- "auto": "gpu" when CUDA is available, else "tiny".
+
+Every notebook and script calls `get_profile` and reads sizes from the returned `Profile`.
+This module imports nothing heavy; torch is imported only to resolve "auto" and `torch_dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Environment variable that picks the profile when `get_profile` gets no name.
+PROFILE_ENV = "RLHF_PROFILE"
+PROFILE_NAMES = ("tiny", "gpu", "auto")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _default_tiny_path() -> str:
+    from rlhf_helpers.data import data_dir
+
+    return str(data_dir() / "models" / "tiny-sft")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every size and setting that differs between a CPU run and a GPU run of the course."""
+
+    name: str  #: "tiny" or "gpu" ("auto" resolves to one of them)
+    base_model: str  #: hub id or path of the model before the course's SFT (tiny: the shipped SFT model itself)
+    sft_model_path: str  #: directory of the supervised-fine-tuned model every later stage starts from
+    device: str  #: torch device for models and tensors: "cpu" or "cuda"
+    dtype: str  #: parameter dtype name: "float32" or "bfloat16"
+    seed: int = 0  #: seed of torch, sampling and data order
+    # --- sequence lengths
+    max_prompt_length: int = 16  #: prompts are at most this many tokens (longer ones are cut from the left)
+    max_new_tokens: int = 40  #: response length limit when sampling (tokens, EOS included)
+    max_length: int = 64  #: longest prompt + response the models see (reward-model training, SFT)
+    temperature: float = 1.0  #: sampling temperature of rollouts (1.0, no top-k/top-p: PPO needs the true policy)
+    # --- reward model (TRL RewardTrainer + LoRA)
+    reward_batch_size: int = 32  #: preference pairs per reward-model step
+    reward_epochs: float = 2.0  #: passes over preferences_train.jsonl
+    reward_lr: float = 2e-3  #: reward-model learning rate (LoRA + score head)
+    # --- PPO
+    ppo_steps: int = 60  #: PPO iterations (each: a rollout batch, then several epochs of updates)
+    rollout_batch_size: int = 64  #: prompts sampled per PPO iteration
+    mini_batch_size: int = 16  #: sequences per gradient step inside an iteration
+    ppo_epochs: int = 4  #: passes over each rollout batch
+    policy_lr: float = 1e-3  #: learning rate of the policy adapter
+    value_lr: float = 1e-3  #: learning rate of the value adapter and value head
+    clip_eps: float = 0.2  #: PPO clip range epsilon of the ratio
+    value_clip: float | None = 0.2  #: value clipping range around the old values (None: no clipping)
+    kl_coef: float = 0.05  #: beta of the per-token KL penalty (initial value if adaptive)
+    target_kl: float | None = None  #: target KL of the adaptive controller (None: fixed beta)
+    gamma: float = 1.0  #: discount of GAE
+    lam: float = 0.95  #: lambda of GAE
+    # --- LoRA adapters (policy, value, reward share one base model)
+    lora_r: int = 8  #: LoRA rank
+    lora_alpha: int = 16  #: LoRA scaling numerator (scale = alpha / r)
+    lora_dropout: float = 0.0  #: LoRA dropout (0: two forwards of the same input must agree in PPO)
+    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    # --- evaluation
+    eval_batch_size: int = 64  #: prompts per batch when sampling for evaluation
+    n_eval_prompts: int = 200  #: held-out prompts used to report the mean hidden score
+    # --- hub SFT (gpu profile only; TRL SFTTrainer)
+    sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
+    sft_lr: float = 5e-5  #: learning rate of that fine-tuning
+    sft_batch_size: int = 32  #: sequences per SFT step
+
+    @property
+    def torch_dtype(self):
+        """The `torch.dtype` named by `dtype`."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def is_tiny(self) -> bool:
+        """True for the shipped CPU model."""
+        return self.name == "tiny"
+
+    def replace(self, **changes: Any) -> Profile:
+        """A copy with some fields changed; unknown field names raise ValueError."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Profile field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+
+def tiny_profile() -> Profile:
+    """The CPU profile: the shipped tiny GPT-2, float32."""
+    path = _default_tiny_path()
+    return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",
+                   dtype="float32")
+
+
+def gpu_profile() -> Profile:
+    """The GPU profile: SmolLM2-135M fine-tuned on the SFT corpus, bf16, bigger batches."""
+    return Profile(
+        name="gpu",
+        base_model="HuggingFaceTB/SmolLM2-135M",
+        sft_model_path=str(_REPO_ROOT / "runs" / "sft-smollm2-135m"),
+        device="cuda",
+        dtype="bfloat16",
+        max_prompt_length=24,
+        max_new_tokens=48,
+        max_length=96,
+        reward_batch_size=32,
+        reward_epochs=1.0,
+        reward_lr=1e-4,
+        ppo_steps=150,
+        rollout_batch_size=128,
+        mini_batch_size=32,
+        policy_lr=5e-5,
+        value_lr=1e-4,
+        lora_r=16,
+        lora_alpha=32,
+        lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                             "down_proj"),
+        eval_batch_size=128,
+    )
+
+
+def resolve_profile_name(name: str | None = None) -> str:
+    """"tiny" or "gpu" from a name, $RLHF_PROFILE, or the default "tiny"; resolves "auto"."""
+    chosen = name if name is not None else os.environ.get(PROFILE_ENV, "tiny")
+    chosen = chosen.strip().lower()
+    if chosen not in PROFILE_NAMES:
+        source = "name" if name is not None else f"${PROFILE_ENV}"
+        raise ValueError(f"{source} must be one of {PROFILE_NAMES}, got {chosen!r}")
+    if chosen == "auto":
+        import torch
+
+        chosen = "gpu" if torch.cuda.is_available() else "tiny"
+    return chosen
+
+
+def get_profile(name: str | None = None, **overrides: Any) -> Profile:
+    """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with `overrides` applied."""
+    resolved = resolve_profile_name(name)
+    profile = tiny_profile() if resolved == "tiny" else gpu_profile()
+    return profile.replace(**overrides) if overrides else profile
