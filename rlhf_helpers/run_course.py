@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -24,6 +25,9 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 #: Environment every headless run gets (unless already set): offline, the CPU profile.
 HEADLESS_ENV = {"RLHF_PROFILE": "tiny", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in kernel tracebacks
 
 
 def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -47,7 +51,8 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
         os.environ.setdefault(key, value)
     with tempfile.TemporaryDirectory(prefix="rlhf-nb-") as scratch:
         cwd = Path(workdir) if workdir is not None else Path(scratch)
-        shutil.copy(path, cwd / path.name)
+        if (cwd / path.name).resolve() != Path(path).resolve():
+            shutil.copy(path, cwd / path.name)
         nb = nbformat.read(cwd / path.name, as_version=4)
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(cwd)}})
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             execute_notebook(path, out=args.out / path.name, timeout=args.timeout)
             status = "ok"
         except Exception as error:  # report every notebook, then fail
-            status = f"FAILED: {type(error).__name__}: {str(error).strip().splitlines()[-1:]}"
+            last_line = _ANSI.sub("", str(error)).strip().splitlines()[-1:] or [""]
+            status = f"FAILED: {type(error).__name__}: {last_line[0]}"
             failed.append(path.name)
         seconds = time.perf_counter() - start
         total += seconds
