@@ -90,3 +90,24 @@ def test_setup_cell_pins_colab_packages_and_installs_the_tag():
     assert "-c" in source and all(name in source for name in COLAB_KEEP)
     assert "--upgrade" not in source and "-U" not in source
     compile(source, "<setup>", "exec")
+
+
+def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch):
+    from importlib.metadata import version
+
+    from rlhf_helpers.notebook import VERSION_PACKAGES, show_environment
+
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")
+    env = show_environment()
+    out = capsys.readouterr().out
+    assert list(env.versions) == ["python", *VERSION_PACKAGES]
+    assert env.versions["torch"] == version("torch")
+    assert (env.profile, env.device, env.colab) == ("tiny", "cpu", False)
+    assert f"torch         {version('torch')}" in out.replace("\t", " ")
+    assert "profile: tiny   device: cpu   (local)" in out
+
+
+def test_package_versions_marks_missing_packages():
+    from rlhf_helpers.notebook import package_versions
+
+    assert package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"] == "not installed"
