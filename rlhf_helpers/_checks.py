@@ -1,0 +1,118 @@
+"""Input validation shared by the maths core: each check raises ValueError naming the argument.
+
+Checks are cheap (a shape comparison, or one reduction over a tensor the caller already holds), but
+the value checks (finite, 0/1 mask, non-empty mask) each read one boolean back from the device, which
+on a GPU is a synchronisation. Wrap a hot loop in ``validation(False)`` to skip the value checks once
+the pipeline is known to be sound; shape checks always run because they cost nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+
+_VALUE_CHECKS = True  # module switch read by the value checks below
+
+
+@contextlib.contextmanager
+def validation(enabled: bool) -> Iterator[None]:
+    """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off inside a block."""
+    global _VALUE_CHECKS
+    previous = _VALUE_CHECKS
+    _VALUE_CHECKS = bool(enabled)
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS = previous
+
+
+def check_tensor(name: str, x: object) -> None:
+    """`x` must be a torch.Tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_ndim(name: str, x: torch.Tensor, ndim: int, shape_doc: str) -> None:
+    """`x` must be a tensor with `ndim` dimensions; `shape_doc` (e.g. "(B, T)") goes in the message."""
+    check_tensor(name, x)
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
+
+
+def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """`x` must be a tensor of exactly the shape of `ref` (no broadcasting: it hides bugs)."""
+    check_tensor(name, x)
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}"
+        )
+
+
+def check_finite(name: str, x: torch.Tensor) -> None:
+    """`x` must hold no NaN or inf (a single non-finite value poisons every masked mean)."""
+    if _VALUE_CHECKS and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite, but it contains NaN or inf")
+
+
+def check_mask(name: str, mask: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """`mask` must have the shape of `ref` and hold only 0 and 1 (bool masks are fine)."""
+    check_same_shape(name, mask, ref_name, ref)
+    if _VALUE_CHECKS and mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(f"{name} must contain only 0 and 1 (1 = real token, 0 = padding)")
+
+
+def check_mask_nonempty(name: str, mask: torch.Tensor, dim: int | None = None) -> None:
+    """`mask` must have at least one 1 (in every slice along `dim` when `dim` is given)."""
+    if not _VALUE_CHECKS:
+        return
+    if dim is None:
+        if not bool(mask.any()):
+            raise ValueError(f"{name} is all zero: a masked mean needs at least one real token")
+    elif not bool(mask.bool().any(dim=dim).all()):
+        raise ValueError(
+            f"{name} has a slice along dim {dim} with no real token: its masked mean is undefined"
+        )
+
+
+def check_mask_contiguous(name: str, mask: torch.Tensor) -> None:
+    """Each row of a (B, T) mask must be one block of ones (e.g. 0 0 1 1 1 0), or all zero.
+
+    Right padding (1 1 1 0 0) is the usual case; a leading block of zeros (prompt tokens) is also fine.
+    A row with holes (1 0 1) has no single "last real token", so GAE and reward shaping refuse it.
+    """
+    if not _VALUE_CHECKS:
+        return
+    m = mask.to(torch.int8)  # (B, T)
+    starts = (m[:, 1:] > m[:, :-1]).sum(dim=1) + m[:, 0]  # (B,): number of 0 -> 1 edges per row
+    if bool((starts > 1).any()):
+        raise ValueError(
+            f"{name} must be one contiguous block of ones per row (e.g. 1 1 1 0 0); "
+            f"a row with holes such as 1 0 1 is not supported"
+        )
+
+
+def check_positive(name: str, value: float) -> None:
+    """`value` must be a finite number > 0 (e.g. a clip epsilon or a variance epsilon)."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_nonnegative(name: str, value: float) -> None:
+    """`value` must be a finite number >= 0 (e.g. a KL coefficient)."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_unit_interval(name: str, value: float) -> None:
+    """`value` must be a number in [0, 1] (a discount or a GAE lambda)."""
+    if not isinstance(value, (int, float)) or not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+def check_greater_than_one(name: str, value: float) -> None:
+    """`value` must be a finite number > 1 (the dual-clip constant)."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+        raise ValueError(f"{name} must be a finite number > 1, got {value!r}")

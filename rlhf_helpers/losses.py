@@ -1,0 +1,252 @@
+"""PPO's policy and value losses, the LM (ptx) loss, and the Bradley-Terry reward-model loss.
+
+Per-token tensors are (B, T) with a 0/1 `mask` (1 = real response token). Losses are masked
+token-level means: every real token in the batch weighs the same, whatever its sequence length.
+Stats are dicts of detached 0-d tensors, for logging.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_helpers._checks import (
+    check_finite,
+    check_greater_than_one,
+    check_mask,
+    check_mask_nonempty,
+    check_ndim,
+    check_nonnegative,
+    check_positive,
+    check_same_shape,
+    check_tensor,
+)
+
+
+def _mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """sum m x / sum m for an already validated, non-empty float mask."""
+    return (x * m).sum() / m.sum()
+
+
+def _check_token_inputs(mask: torch.Tensor, ref_name: str, ref: torch.Tensor, **tensors) -> None:
+    """Every named tensor has ref's shape and is finite; mask is 0/1 of that shape and not empty."""
+    check_tensor(ref_name, ref)
+    for name, x in tensors.items():
+        check_same_shape(name, x, ref_name, ref)
+    check_mask("mask", mask, ref_name, ref)
+    check_mask_nonempty("mask", mask)
+    check_finite(ref_name, ref)
+    for name, x in tensors.items():
+        check_finite(name, x)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps: float,
+    dual_clip: float | None = None,
+) -> torch.Tensor:
+    """Elementwise PPO clipped objective, to MAXIMISE: ratio, advantages (any same shape) -> same shape.
+
+    obj = min(rho A, clip(rho, 1 - eps, 1 + eps) A)                       (Schulman et al. 2017, eq. 7)
+    dual clip (Ye et al. 2020), only where A < 0:  obj = max(obj, c A)    with c = dual_clip > 1
+    The dual clip bounds how much a bad action that became much more likely can weigh.
+    """
+    check_positive("clip_eps", clip_eps)
+    if dual_clip is not None:
+        check_greater_than_one("dual_clip", dual_clip)
+    check_tensor("ratio", ratio)
+    check_same_shape("advantages", advantages, "ratio", ratio)
+    surr1 = ratio * advantages  # unclipped term
+    surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages  # clipped term
+    objective = torch.minimum(surr1, surr2)
+    if dual_clip is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+    return objective
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clip loss: (B, T) inputs -> (scalar loss, stats).
+
+    rho_t = exp(log pi_theta(y_t) - log pi_old(y_t))
+    loss = -masked_mean(clipped_surrogate(rho, A, eps, dual_clip))
+
+    old_logprobs must come from the policy that SAMPLED the batch (not the reference model).
+    stats: clipfrac (share of real tokens where the clipped term is selected, i.e. the gradient is
+    cut), approx_kl (k3 estimate of KL(pi_old || pi_theta): mean of (rho - 1) - log rho),
+    ratio_mean, ratio_max, and dual_clipfrac when dual_clip is set.
+    """
+    check_positive("clip_eps", clip_eps)
+    if dual_clip is not None:
+        check_greater_than_one("dual_clip", dual_clip)
+    _check_token_inputs(
+        mask, "logprobs", logprobs, old_logprobs=old_logprobs, advantages=advantages
+    )
+    m = mask.to(logprobs.dtype)  # (B, T)
+    log_ratio = logprobs - old_logprobs  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    objective = clipped_surrogate(ratio, advantages, clip_eps, dual_clip)  # (B, T)
+    loss = -_mean(objective, m)
+
+    with torch.no_grad():
+        surr1 = ratio * advantages  # (B, T)
+        surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, T)
+        stats = {
+            "loss": loss.detach(),
+            "clipfrac": _mean((surr2 < surr1).to(m.dtype), m),
+            # k3: E_old[(rho - 1) - log rho] = KL(pi_old || pi_theta), each term >= 0
+            "approx_kl": _mean(torch.expm1(log_ratio) - log_ratio, m),
+            "ratio_mean": _mean(ratio, m),
+            "ratio_max": torch.where(m.bool(), ratio, torch.zeros_like(ratio)).max(),
+        }
+        if dual_clip is not None:
+            dual_active = (advantages < 0) & (dual_clip * advantages > torch.minimum(surr1, surr2))
+            stats["dual_clipfrac"] = _mean(dual_active.to(m.dtype), m)
+    return loss, stats
+
+
+def kl_penalty_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's KL-penalty form (Schulman et al. 2017, eq. 8): (B, T) inputs -> (scalar loss, stats).
+
+    loss = -masked_mean(rho_t A_t - beta * kl_t),   kl_t = (rho_t - 1) - log rho_t
+    kl_t is the k3 per-token estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old:
+    >= 0, zero at rho = 1, and it bends the objective back smoothly as rho leaves 1.
+    stats: kl (= approx_kl, the masked mean of kl_t), surrogate (masked mean of rho A), ratio_mean.
+    """
+    check_nonnegative("beta", beta)
+    _check_token_inputs(
+        mask, "logprobs", logprobs, old_logprobs=old_logprobs, advantages=advantages
+    )
+    m = mask.to(logprobs.dtype)  # (B, T)
+    log_ratio = logprobs - old_logprobs  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    kl = torch.expm1(log_ratio) - log_ratio  # (B, T): (rho - 1) - log rho, accurate near rho = 1
+    surrogate = ratio * advantages  # (B, T)
+    loss = -_mean(surrogate - beta * kl, m)
+    with torch.no_grad():
+        mean_kl = _mean(kl, m)
+        stats = {
+            "loss": loss.detach(),
+            "kl": mean_kl,
+            "approx_kl": mean_kl,
+            "surrogate": _mean(surrogate, m),
+            "ratio_mean": _mean(ratio, m),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Critic loss WITH the 0.5 factor: (B, T) inputs -> (scalar loss, stats).
+
+    unclipped:  loss = 0.5 * masked_mean((V - R)^2)
+    clipped:    V_clip = V_old + clip(V - V_old, -c, c)
+                loss = 0.5 * masked_mean(max((V - R)^2, (V_clip - R)^2))      (c = clip_range)
+    The max makes the clip pessimistic: it only removes the gradient of updates that move V more
+    than c away from V_old AND would lower the error. The 0.5 makes the gradient (V - R).
+    stats: vf_clipfrac (share of real tokens where the clipped error is the larger one; 0 without
+    clipping), value_mse (masked mean of the unclipped (V - R)^2), values_mean.
+    """
+    if clip_range is not None:
+        check_positive("clip_range", clip_range)
+    _check_token_inputs(mask, "values", values, old_values=old_values, returns=returns)
+    m = mask.to(values.dtype)  # (B, T)
+    err = (values - returns) ** 2  # (B, T)
+    if clip_range is None:
+        per_token = err  # (B, T)
+        clipped_larger = torch.zeros_like(err, dtype=torch.bool)  # (B, T)
+    else:
+        values_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)  # (B, T)
+        err_clipped = (values_clipped - returns) ** 2  # (B, T)
+        per_token = torch.maximum(err, err_clipped)  # (B, T)
+        clipped_larger = err_clipped > err  # (B, T)
+    loss = 0.5 * _mean(per_token, m)
+    with torch.no_grad():
+        stats = {
+            "loss": loss.detach(),
+            "vf_clipfrac": _mean(clipped_larger.to(m.dtype), m),
+            "value_mse": _mean(err, m),
+            "values_mean": _mean(values, m),
+        }
+    return loss, stats
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Shifted next-token cross-entropy (the ptx loss): logits (B, T, V), labels (B, T) -> scalar.
+
+    loss = -mean over {t : y_{t+1} != ignore_index} of log softmax(z_t)[y_{t+1}]
+    Position t predicts token t+1, so logits drop their last step and labels their first.
+    Raises ValueError if every shifted label is ignore_index (the mean would be NaN).
+    """
+    check_ndim("logits", logits, 3, "(B, T, V)")
+    check_ndim("labels", labels, 2, "(B, T)")
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"labels must have shape (B, T) = {tuple(logits.shape[:2])} to match logits "
+            f"{tuple(logits.shape)}, got {tuple(labels.shape)}"
+        )
+    shift_logits = logits[:, :-1]  # (B, T-1, V): position t predicts token t+1
+    shift_labels = labels[:, 1:]  # (B, T-1)
+    if not bool((shift_labels != ignore_index).any()):
+        raise ValueError(
+            f"labels has no token to predict: every label after the first is ignore_index={ignore_index}"
+        )
+    check_finite("logits", logits)
+    if shift_logits.dtype in (torch.float16, torch.bfloat16):
+        shift_logits = shift_logits.float()  # cross-entropy in float32 for accuracy
+    return F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]),
+        shift_labels.reshape(-1),
+        ignore_index=ignore_index,
+    )
+
+
+def _check_pair(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> None:
+    check_tensor("chosen_scores", chosen_scores)
+    check_same_shape("rejected_scores", rejected_scores, "chosen_scores", chosen_scores)
+    if chosen_scores.numel() == 0:
+        raise ValueError("chosen_scores is empty: need at least one preference pair")
+    check_finite("chosen_scores", chosen_scores)
+    check_finite("rejected_scores", rejected_scores)
+
+
+def reward_model_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: float = 0.0
+) -> torch.Tensor:
+    """Bradley-Terry loss: scores of shape (B,) (or any same shape) -> scalar.
+
+    P(chosen > rejected) = sigmoid(r_c - r_r);  loss = -mean(log sigmoid(r_c - r_r - margin))
+    logsigmoid is evaluated stably (no log(0) for large negative differences). margin = 0 is plain
+    Bradley-Terry; a positive margin asks for a gap of at least that size (Llama 2's variant).
+    """
+    _check_pair(chosen_scores, rejected_scores)
+    return -F.logsigmoid(chosen_scores - rejected_scores - margin).mean()
+
+
+def pairwise_accuracy(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> float:
+    """Share of pairs where the chosen score is higher: (B,), (B,) -> float in [0, 1].
+
+    accuracy = mean(1[r_c > r_r] + 0.5 * 1[r_c == r_r])   (a tie counts as a coin flip, so a
+    constant scorer gets 0.5, not 0)
+    """
+    _check_pair(chosen_scores, rejected_scores)
+    wins = (chosen_scores > rejected_scores).float() + 0.5 * (chosen_scores == rejected_scores).float()
+    return float(wins.mean())
