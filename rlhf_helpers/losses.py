@@ -90,7 +90,9 @@ def policy_loss(
         mask, "logprobs", logprobs, old_logprobs=old_logprobs, advantages=advantages
     )
     m = mask.to(logprobs.dtype)  # (B, T)
-    log_ratio = logprobs - old_logprobs  # (B, T)
+    # zero the log-ratio at padding (ratio 1 there): padded log-probs may hold anything finite, and
+    # exp of a large one would overflow and turn the masked mean (and its gradient) into NaN
+    log_ratio = (logprobs - old_logprobs) * m  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     objective = clipped_surrogate(ratio, advantages, clip_eps, dual_clip)  # (B, T)
     loss = -_mean(objective, m)
@@ -104,7 +106,7 @@ def policy_loss(
             # k3: E_old[(rho - 1) - log rho] = KL(pi_old || pi_theta), each term >= 0
             "approx_kl": _mean(torch.expm1(log_ratio) - log_ratio, m),
             "ratio_mean": _mean(ratio, m),
-            "ratio_max": torch.where(m.bool(), ratio, torch.zeros_like(ratio)).max(),
+            "ratio_max": torch.where(m.bool(), ratio, torch.zeros_like(ratio)).max(),  # padding: 0
         }
         if dual_clip is not None:
             dual_active = (advantages < 0) & (dual_clip * advantages > torch.minimum(surr1, surr2))
@@ -131,7 +133,9 @@ def kl_penalty_policy_loss(
         mask, "logprobs", logprobs, old_logprobs=old_logprobs, advantages=advantages
     )
     m = mask.to(logprobs.dtype)  # (B, T)
-    log_ratio = logprobs - old_logprobs  # (B, T)
+    # zero the log-ratio at padding (ratio 1 there): padded log-probs may hold anything finite, and
+    # exp of a large one would overflow and turn the masked mean (and its gradient) into NaN
+    log_ratio = (logprobs - old_logprobs) * m  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     kl = torch.expm1(log_ratio) - log_ratio  # (B, T): (rho - 1) - log rho, accurate near rho = 1
     surrogate = ratio * advantages  # (B, T)

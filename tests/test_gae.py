@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlhf_helpers
-from rlhf_helpers import gae as gae_module
 from rlhf_helpers import compute_gae, gae_reference, td_errors
+from rlhf_helpers import gae as gae_module
 
 BOTH = [compute_gae, gae_reference]
 SETTINGS = [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0), (1.0, 1.0), (0.5, 0.3), (0.0, 0.7)]
@@ -52,7 +52,7 @@ def test_property_vectorised_equals_reference(B, T, gamma, lam, chunk, data):
     starts = data.draw(st.lists(st.integers(0, T), min_size=B, max_size=B))
     ends = [data.draw(st.integers(s, T)) for s in starts]
     mask = torch.zeros(B, T, dtype=torch.float64)
-    for b, (s, e) in enumerate(zip(starts, ends)):
+    for b, (s, e) in enumerate(zip(starts, ends, strict=True)):
         mask[b, s:e] = 1.0
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     rewards = torch.randn(B, T, generator=gen, dtype=torch.float64)
