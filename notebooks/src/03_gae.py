@@ -118,7 +118,9 @@ rewards, kl = shape_rewards_scratch(scores, logprobs, ref_logprobs, mask, kl_coe
 lib_rewards, lib_kl = rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
 torch.testing.assert_close(rewards * mask, lib_rewards * mask)
 torch.testing.assert_close(kl * mask, lib_kl * mask)
-print("rewards (B, T):\n", rewards.round(decimals=3))
+print("rewards (B, T):")
+for row in rewards:
+    print("  " + " ".join(f"{x:+.3f}" for x in row.tolist()))
 
 # %% [markdown]
 # ### Exercise 1: where does the score go?
@@ -137,6 +139,9 @@ def check_last_token_index():
     m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
     got = last_token_index(m)
     assert got.tolist() == [2, 0, 3], f"expected [2, 0, 3], got {got.tolist()}"
+    lengths = torch.randint(1, 9, (16,))
+    random_mask = (torch.arange(8)[None, :] < lengths[:, None]).float()  # (16, 8), right-padded
+    torch.testing.assert_close(last_token_index(random_mask), rlhf_helpers.last_token_index(random_mask))
 
 
 exercise_check("Exercise 1 (last_token_index)", check_last_token_index)
@@ -261,10 +266,11 @@ for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference)
                  ("loop over t, batched", gae_loop_scratch),
                  ("compute_gae", rlhf_helpers.compute_gae),
                  ("matrix from scratch", gae_matrix_scratch)]:
+    repeats = 1 if fn is rlhf_helpers.gae_reference else 5  # the per-sample loop is slow
     start = time.perf_counter()
-    for _ in range(3):
+    for _ in range(repeats):
         fn(rewards_t, values_t, mask_t, 1.0, 0.95)
-    print(f"{name:<34} {(time.perf_counter() - start) / 3 * 1e3:8.2f} ms")
+    print(f"{name:<34} {(time.perf_counter() - start) / repeats * 1e3:8.2f} ms per call")
 
 # %% [markdown]
 # ### Exercise 2: GAE for one sequence

@@ -47,8 +47,9 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # $$L^{\text{CLIP}} = -\frac{\sum_t m_t \min(\text{surr1}_t, \text{surr2}_t)}{\sum_t m_t}.$$
 #
 # Two diagnostics are logged with it: the **clip fraction** (share of real tokens where the clipped term
-# is the one selected, so their gradient is zero) and **approx-KL**
-# $\frac12 \overline{(\log\pi_\theta - \log\pi_{\text{old}})^2}$, how far the policy has moved on this batch.
+# is the one selected, so their gradient is zero) and **approx-KL**, the masked mean of
+# $(\rho_t - 1) - \log\rho_t$ (the $k_3$ estimate of $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)$ from
+# notebook 03): how far the policy has moved on this batch.
 #
 # The old log-probs must come from the policy that *sampled* the batch, not from the reference model:
 # with reference log-probs the ratio measures the distance to the SFT model, the clip binds on every
@@ -122,7 +123,8 @@ for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist()):
 # The PPO paper's alternative (eq. 8) keeps the plain importance-weighted objective and subtracts a
 # KL penalty towards the old policy, with $\beta$ adapted to hit a target KL:
 #
-# $$L^{\text{KLPEN}} = -\,\overline{\rho_t \hat A_t - \beta\, \widehat{\mathrm{KL}}_t(\pi_{\text{old}} \Vert \pi_\theta)}.$$
+# $$L^{\text{KLPEN}} = -\,\overline{\rho_t \hat A_t - \beta\, \widehat{\mathrm{KL}}_t}, \qquad
+# \widehat{\mathrm{KL}}_t = (\rho_t - 1) - \log\rho_t \quad (k_3 \text{ estimate of } \mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)).$$
 #
 # Both forms as a function of the ratio for one token, computed by the library:
 
