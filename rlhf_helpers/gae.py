@@ -11,6 +11,8 @@ Conventions for every function here (rewards, values, mask: (B, T)):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rlhf_helpers._checks import (
@@ -57,8 +59,9 @@ def td_errors(
     return _td_errors(rewards, values, mask.to(rewards.dtype), gamma)
 
 
-def _discount_matrix(size: int, decay: float, dtype, device) -> torch.Tensor:
-    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular.
+@functools.lru_cache(maxsize=32)  # PPO calls GAE with the same (T, gamma * lam) every batch
+def _discount_matrix(size: int, decay: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular. Read-only (cached).
 
     Built from powers, never from ratios such as decay^u / decay^t, which overflow for long T and
     small decay: here small powers simply underflow to 0, which is their correct limit.
