@@ -248,3 +248,39 @@ def test_shipped_preferences_equal_regenerated_slice(split):
 def test_shipped_data_is_small():
     total = sum(f.stat().st_size for f in data_dir().rglob("*") if f.is_file())
     assert total < 25 * 1024 * 1024
+
+
+# --- quality metrics -------------------------------------------------------------------------
+
+
+def test_distinct_n_counts_unique_ngrams_by_hand():
+    from rlhf_helpers.world.quality import distinct_n
+
+    texts = ["The plot is dull.", "the plot is good"]
+    # unigrams: the plot is dull . the plot is good -> 9 total, 6 unique
+    assert distinct_n(texts, 1) == pytest.approx(6 / 9)
+    # bigrams: (the plot)(plot is)(is dull)(dull .) + (the plot)(plot is)(is good) -> 7 total, 5 unique
+    assert distinct_n(texts, 2) == pytest.approx(5 / 7)
+    assert distinct_n(["a"], 2) == 0.0
+    with pytest.raises(ValueError, match="n must be"):
+        distinct_n(texts, 0)
+
+
+def test_summarize_and_sample_quality_agree_with_statistics():
+    import statistics
+
+    from rlhf_helpers.world.quality import sample_quality, summarize
+
+    values = [0.3, -1.0, 2.5, 0.0, 1.25]
+    s = summarize(values)
+    assert s["mean"] == pytest.approx(statistics.fmean(values))
+    assert s["std"] == pytest.approx(statistics.pstdev(values))
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    assert [s["q25"], s["median"], s["q75"]] == pytest.approx(q)
+    responses = [" The acting is superb.", " The plot is dull"]
+    report = sample_quality([PROMPT, PROMPT], responses, [True, False])
+    assert report["eos_fraction"] == 0.5 and report["mean_words"] == 4.0
+    assert report["score_mean"] == pytest.approx(statistics.fmean(hidden_scores([PROMPT] * 2,
+                                                                                responses)))
+    with pytest.raises(ValueError, match="ended_with_eos"):
+        sample_quality([PROMPT], responses[:1], [True, True])
