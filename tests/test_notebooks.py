@@ -27,7 +27,7 @@ NOTEBOOKS = course_notebooks()
 NOTEBOOK_TIMEOUT_S = 600  #: per notebook (and per cell inside nbclient)
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
-_CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  (.*?):", re.MULTILINE)
+_CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
 
 
 def _stdout(nb: nbformat.NotebookNode) -> str:
@@ -70,7 +70,7 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
                           workdir=tmp_path)
     lines = _CHECK_LINE.findall(_stdout(nb))
     assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
-    assert len(lines) == len(_EXERCISE.findall("".join(c.source for c in nb.cells))), \
+    assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), \
         "every exercise needs one exercise_check call"
 
 
@@ -79,13 +79,15 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
 @pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path):
-    nb = run_twice(with_solutions(nbformat.read(path, as_version=4)))
+    shipped = nbformat.read(path, as_version=4)
+    n_exercises = len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells)))
+    nb = run_twice(with_solutions(shipped))
     patched = tmp_path / path.name
     nbformat.write(nb, patched)
     executed = execute_notebook(patched, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
     lines = _CHECK_LINE.findall(_stdout(executed))
-    n_exercises = len(_EXERCISE.findall("".join(c.source for c in nb.cells)))
-    assert len(lines) == n_exercises
+    assert n_exercises > 0
+    assert len(lines) == 2 * n_exercises, lines  # every check, in both passes
     assert all(status == EXERCISE_PASSED for status, _ in lines), lines
 
 
@@ -127,7 +129,10 @@ def test_exercise_check_reports_each_outcome(capsys):
     assert exercise_check("e2", todo) is False
     assert exercise_check("e3", wrong) is False
     assert exercise_check("e4", crash) is False
-    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    text = capsys.readouterr().out
+    assert _CHECK_LINE.findall(text) == [(EXERCISE_PASSED, "e1"), (EXERCISE_TODO, "e2"),
+                                         (EXERCISE_FAILED, "e3"), (EXERCISE_FAILED, "e4")]
+    out = [line for line in text.splitlines() if not line.startswith(" ")]
     assert out[0].startswith(f"{EXERCISE_PASSED}  e1")
     assert out[1].startswith(f"{EXERCISE_TODO}  e2")
     assert out[2].startswith(f"{EXERCISE_FAILED}  e3") and "one is not two" in out[2]
