@@ -1,33 +1,46 @@
 """rlhf_helpers: the tested reference code behind the RLHF-with-PPO course.
 
-The package root re-exports the maths core (torch only, imports fast). Heavier parts live in
-submodules: `rlhf_helpers.world`, `rlhf_helpers.ppo`, `rlhf_helpers.widgets`, ...
+The package root re-exports the maths core (masked ops, log-probs, GAE, losses, KL). The re-exports
+are lazy (PEP 562): `import rlhf_helpers.profiles` or `rlhf_helpers.data` stays free of torch, and
+torch is imported on the first access such as `rlhf_helpers.compute_gae` or
+`from rlhf_helpers import compute_gae`. Heavier parts live in submodules: `rlhf_helpers.world`,
+`rlhf_helpers.ppo`, `rlhf_helpers.widgets`, ...
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from rlhf_helpers._checks import validation
-from rlhf_helpers.gae import compute_gae, gae_reference, td_errors
-from rlhf_helpers.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    kl_estimate,
-    last_token_index,
-    shape_rewards,
-)
-from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
-from rlhf_helpers.losses import (
-    clipped_surrogate,
-    kl_penalty_policy_loss,
-    lm_loss,
-    pairwise_accuracy,
-    policy_loss,
-    reward_model_loss,
-    value_loss,
-)
-from rlhf_helpers.masked import masked_mean, masked_sum, masked_var, masked_whiten
+#: public name -> submodule defining it
+_EXPORTS = {
+    "validation": "_checks",
+    "masked_sum": "masked",
+    "masked_mean": "masked",
+    "masked_var": "masked",
+    "masked_whiten": "masked",
+    "logprobs_from_logits": "logprobs",
+    "entropy_from_logits": "logprobs",
+    "td_errors": "gae",
+    "compute_gae": "gae",
+    "gae_reference": "gae",
+    "clipped_surrogate": "losses",
+    "policy_loss": "losses",
+    "kl_penalty_policy_loss": "losses",
+    "value_loss": "losses",
+    "lm_loss": "losses",
+    "reward_model_loss": "losses",
+    "pairwise_accuracy": "losses",
+    "kl_estimate": "kl",
+    "last_token_index": "kl",
+    "shape_rewards": "kl",
+    "FixedKLController": "kl",
+    "AdaptiveKLController": "kl",
+}
 
-__all__ = [
+__all__ = [  # the same names as _EXPORTS (a literal, so linters see them)
     "AdaptiveKLController",
     "FixedKLController",
     "clipped_surrogate",
@@ -51,3 +64,39 @@ __all__ = [
     "validation",
     "value_loss",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlhf_helpers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rlhf_helpers.{module}"), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
+    from rlhf_helpers._checks import validation
+    from rlhf_helpers.gae import compute_gae, gae_reference, td_errors
+    from rlhf_helpers.kl import (
+        AdaptiveKLController,
+        FixedKLController,
+        kl_estimate,
+        last_token_index,
+        shape_rewards,
+    )
+    from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
+    from rlhf_helpers.losses import (
+        clipped_surrogate,
+        kl_penalty_policy_loss,
+        lm_loss,
+        pairwise_accuracy,
+        policy_loss,
+        reward_model_loss,
+        value_loss,
+    )
+    from rlhf_helpers.masked import masked_mean, masked_sum, masked_var, masked_whiten

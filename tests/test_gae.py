@@ -178,5 +178,11 @@ def test_float32_close_to_float64_and_half_keeps_dtype(make_batch):
     assert torch.isfinite(adv16.float()).all()
 
 
-def test_exported_at_package_root():
+def test_package_root_exports_the_maths_core():
+    """The root re-exports lazily; every public name must resolve to the submodule's object."""
     assert rlhf_helpers.compute_gae is compute_gae and rlhf_helpers.gae_reference is gae_reference
+    assert sorted(rlhf_helpers.__all__) == sorted(rlhf_helpers._EXPORTS)
+    for name in rlhf_helpers.__all__:
+        assert callable(getattr(rlhf_helpers, name)), name
+    with pytest.raises(AttributeError):
+        rlhf_helpers.not_a_function  # noqa: B018
