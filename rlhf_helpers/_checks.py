@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Iterator
 
 import torch
@@ -27,6 +28,11 @@ def validation(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _VALUE_CHECKS = previous
+
+
+def _is_number(value: object) -> bool:
+    """A real number: int, float or NumPy scalar (not a string, not a tensor)."""
+    return isinstance(value, numbers.Real)
 
 
 def check_tensor(name: str, x: object) -> None:
@@ -96,23 +102,23 @@ def check_mask_contiguous(name: str, mask: torch.Tensor) -> None:
 
 def check_positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (e.g. a clip epsilon or a variance epsilon)."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def check_nonnegative(name: str, value: float) -> None:
     """`value` must be a finite number >= 0 (e.g. a KL coefficient)."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def check_unit_interval(name: str, value: float) -> None:
     """`value` must be a number in [0, 1] (a discount or a GAE lambda)."""
-    if not isinstance(value, (int, float)) or not (0.0 <= value <= 1.0):
+    if not _is_number(value) or not (0.0 <= value <= 1.0):
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
 
 
 def check_greater_than_one(name: str, value: float) -> None:
     """`value` must be a finite number > 1 (the dual-clip constant)."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+    if not _is_number(value) or not math.isfinite(value) or value <= 1:
         raise ValueError(f"{name} must be a finite number > 1, got {value!r}")
