@@ -66,10 +66,12 @@ def _discount_matrix(size: int, decay: float, dtype: torch.dtype, device: torch.
     Built from powers, never from ratios such as decay^u / decay^t, which overflow for long T and
     small decay: here small powers simply underflow to 0, which is their correct limit.
     """
-    steps = torch.arange(size, device=device, dtype=torch.float64)
+    # built in float64 on the CPU (some accelerators, e.g. Apple MPS, have no float64), then moved
+    steps = torch.arange(size, dtype=torch.float64)
     offsets = steps[None, :] - steps[:, None]  # (size, size): u - t
-    powers = torch.pow(torch.tensor(decay, dtype=torch.float64, device=device), offsets.clamp(min=0))
-    return torch.triu(powers).to(dtype)  # (size, size); 0^0 = 1 keeps the diagonal for decay = 0
+    powers = torch.pow(torch.tensor(decay, dtype=torch.float64), offsets.clamp(min=0))
+    # (size, size); 0^0 = 1 keeps the diagonal for decay = 0
+    return torch.triu(powers).to(device=device, dtype=dtype)
 
 
 def compute_gae(
