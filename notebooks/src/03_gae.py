@@ -93,6 +93,14 @@ fig.show()
 print("kl_scratch matches rlhf_helpers.kl_estimate for k1, k2, k3")
 
 # %% [markdown]
+# Move the reference away from the policy and compare the three estimators with the exact KL: their
+# means, their spread, and how often $k_1$ comes out negative.
+
+# %%
+kl_explorer = widgets.KLExplorer()
+kl_explorer
+
+# %% [markdown]
 # ### Shaping the rewards of a padded batch
 # Below, three responses of lengths 5, 3 and 6 (right-padded to 6). The score lands on the last real
 # token of each row; padding gets no reward.

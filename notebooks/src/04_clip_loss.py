@@ -252,10 +252,12 @@ def run_epochs(clip: bool, epochs=10, minibatches=8, lr=0.05, eps=0.2, seed=0):
             history.append({"outside band": ((ratio - 1).abs() > eps).float().mean().item(),
                             "max ratio": ratio.max().item(), "KL(old || new)": kl.item(),
                             "reward gain": gain.item()})
-    return history
+    return history, ratio.flatten()
 
 
-drift = {name: run_epochs(clip) for name, clip in tqdm([("clipped", True), ("unclipped", False)], desc="runs")}
+drift, final_ratios = {}, {}
+for name, clip in tqdm([("clipped", True), ("unclipped", False)], desc="runs"):
+    drift[name], final_ratios[name] = run_epochs(clip)
 keys = list(drift["clipped"][0])
 fig = make_subplots(rows=1, cols=len(keys), subplot_titles=keys)
 for name, history in drift.items():
@@ -281,6 +283,13 @@ for name, history in drift.items():
 # stops contributing once its ratio leaves the band in the helpful direction, so the drift grows much
 # more slowly. It is not a hard limit: shared parameters still move clipped samples (the KL keeps
 # creeping up), which is why PPO also caps the number of epochs and can stop early on approx-KL.
+#
+# The clip explorer again, with the batch's ratios after the ten clipped epochs as a histogram: set
+# the advantage's sign and see which of these samples still get a gradient.
+
+# %%
+batch_clip_explorer = widgets.ClipExplorer(ratios=final_ratios["clipped"])
+batch_clip_explorer
 
 # %% [markdown]
 # ### Exercise 2: which tokens get no gradient?
