@@ -64,7 +64,7 @@ class BenchSettings:
     lora_alpha: int = 16  #: LoRA alpha (scale = alpha / r)
     lora_target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])  #: LoRA-wrapped module names
     reward: str = "hidden"  #: "hidden": the hidden ground-truth scorer; else a reward-model directory
-    eval_every: int = 4  #: evaluate on held-out prompts every this many updates (not timed)
+    eval_every: int = 2  #: evaluate on held-out prompts every this many updates (not timed)
     n_eval_prompts: int = 64  #: held-out prompts per evaluation
     seed: int = 0  #: torch / sampling / data-order seed
     device: str = "cpu"  #: "cpu" or "cuda"

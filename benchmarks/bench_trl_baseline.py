@@ -1,0 +1,258 @@
+"""Our shared-LoRA PPO engine side by side with trl==1.10.0's `trl.experimental.ppo.PPOTrainer`.
+
+Both run in one call, each in its own subprocess, on the same model, prompts, batch size,
+response length, epochs, minibatches, learning rate, KL coefficient, LoRA rank and reward:
+
+- TRL: inside a separate venv `.bench-venv-trl110/` (TRL 1.16 in .venv has no PPOTrainer),
+  built here on first use from `benchmarks/requirements-trl-baseline.txt`.
+- ours: `rlhf_helpers.ppo` in the main venv.
+
+Reported: wall time per PPO update (median after warm-up; goal: ours at least 2x faster), peak
+RSS (and peak CUDA memory on a GPU), and the hidden ground-truth score of samples on held-out
+prompts at a matched KL to the reference (both curves interpolated at the smaller of the two
+final KLs). Timings on a shared machine are noisy; compare ratios from one run.
+
+    python -m benchmarks.bench_trl_baseline                  # tiny profile, CPU, ~4 minutes
+    python -m benchmarks.bench_trl_baseline --fast           # smoke run
+    python -m benchmarks.bench_trl_baseline --device cuda --random-init-config smollm2
+
+Honest differences: TRL's PPOTrainer keeps separate policy, value and reward models (its value
+model is a full fine-tuned copy; the reference is the policy with its LoRA adapter disabled);
+ours keeps one base with policy and value adapters. TRL sums policy and value loss into one
+optimiser step; ours may use one optimiser per adapter. Both use the hidden scorer as the reward
+by default, so neither pays for a reward-model forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.trl_baseline.common import BenchSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The separate venv with trl==1.10.0 (gitignored by `.bench-venv*/`).
+VENV_DIR = REPO_ROOT / ".bench-venv-trl110"
+REQUIREMENTS = REPO_ROOT / "benchmarks" / "requirements-trl-baseline.txt"
+RUNNERS = REPO_ROOT / "benchmarks" / "trl_baseline"
+#: Goal: our time per update at most this fraction of TRL's (2x faster).
+SPEEDUP_GOAL = 2.0
+#: Longest a side may run before it is stopped, in seconds.
+SIDE_TIMEOUT_S = 900
+VENV_BUILD_TIMEOUT_S = 1200
+
+
+def _requirements_digest() -> str:
+    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+
+
+def ensure_venv(venv: Path = VENV_DIR, python: str | None = None) -> tuple[Path | None, str]:
+    """The venv's python, building the venv if it is missing or its pins changed.
+
+    Returns (python path, "") or (None, why it could not be built). A stamp file holds the
+    hash of the requirements it was built from.
+    """
+    venv_python = venv / "bin" / "python"
+    stamp = venv / ".requirements.sha256"
+    if venv_python.exists() and stamp.exists() and stamp.read_text() == _requirements_digest():
+        return venv_python, ""
+    base_python = python or shutil.which("python3") or sys.executable
+    print(f"building {venv} (trl==1.10.0; takes a minute or two, once)...", flush=True)
+    try:
+        if venv.exists():
+            shutil.rmtree(venv)
+        subprocess.run([base_python, "-m", "venv", str(venv)], check=True, capture_output=True,
+                       text=True, timeout=120)
+        subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
+                       check=True, capture_output=True, text=True, timeout=VENV_BUILD_TIMEOUT_S)
+        subprocess.run([str(venv_python), "-c", "from trl.experimental.ppo import PPOTrainer"],
+                       check=True, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", None) or str(error)
+        return None, f"could not build the trl==1.10.0 venv: {detail.strip()[-600:]}"
+    stamp.write_text(_requirements_digest())
+    return venv_python, ""
+
+
+def settings_from_profile(fast: bool, device: str, random_init_config: str | None) -> BenchSettings:
+    """Matched settings from the course profile (tiny on a CPU, gpu with random init on CUDA)."""
+    from rlhf_helpers.profiles import get_profile
+
+    profile = get_profile("gpu" if device == "cuda" else "tiny")
+    settings = BenchSettings(
+        batch_size=profile.rollout_batch_size,
+        mini_batch_size=profile.mini_batch_size,
+        ppo_epochs=profile.ppo_epochs,
+        response_length=profile.max_new_tokens,
+        max_prompt_length=profile.max_prompt_length,
+        learning_rate=profile.policy_lr,
+        kl_coef=profile.kl_coef,
+        clip_eps=profile.clip_eps,
+        value_clip=profile.value_clip if profile.value_clip is not None else 1e9,
+        gamma=profile.gamma,
+        lam=profile.lam,
+        temperature=profile.temperature,
+        lora_r=profile.lora_r,
+        lora_alpha=profile.lora_alpha,
+        lora_target_modules=list(profile.lora_target_modules),
+        seed=profile.seed,
+        device=device,
+        dtype="bfloat16" if device == "cuda" else "float32",
+        random_init_config=random_init_config,
+    )
+    if device == "cuda":
+        settings.n_eval_prompts = 128
+    if fast:
+        settings.updates, settings.warmup_updates, settings.eval_every = 3, 1, 3
+        settings.batch_size, settings.mini_batch_size, settings.n_eval_prompts = 16, 8, 16
+    return settings.validate()
+
+
+def run_side(python: Path | str, script: Path, settings: BenchSettings, workdir: Path,
+             timeout_s: int = SIDE_TIMEOUT_S) -> dict[str, Any]:
+    """Run one side in its own process; its JSON of figures, or {"error": ...}."""
+    out = workdir / f"{script.stem}.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", WANDB_DISABLED="true", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=str(settings.torch_threads), PYTHONWARNINGS="ignore")
+    command = [str(python), str(script), "--settings", settings.to_json(), "--out", str(out)]
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{script.name} ran past {timeout_s} s"}
+    if done.returncode != 0 or not out.exists():
+        return {"error": f"{script.name} exited {done.returncode}: {done.stderr.strip()[-1500:]}"}
+    return json.loads(out.read_text())
+
+
+def score_at_kl(curve: Sequence[dict[str, float]], target_kl: float) -> float | None:
+    """Hidden score where the (KL, score) curve, walked in update order, first reaches target_kl.
+
+    Linear interpolation inside the first segment that crosses the target; None if the curve
+    never reaches it.
+    """
+    points = [(p["kl"], p["hidden_score"]) for p in curve]
+    if not points:
+        raise ValueError("curve must have at least one evaluation")
+    for (kl0, s0), (kl1, s1) in zip(points, points[1:], strict=False):
+        if kl0 <= target_kl <= kl1 and kl1 > kl0:
+            return s0 + (s1 - s0) * (target_kl - kl0) / (kl1 - kl0)
+    for kl, score in points:
+        if abs(kl - target_kl) < 1e-9:
+            return score
+    return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """Ratios and the matched-KL scores of two finished sides."""
+    matched_kl = min(max(p["kl"] for p in trl["evals"]), max(p["kl"] for p in ours["evals"]))
+    memory_key = "peak_cuda_memory_mb" if "peak_cuda_memory_mb" in trl else "peak_rss_mb"
+    comparison = {
+        "speedup_ours_vs_trl": _ratio(trl["seconds_per_update"], ours["seconds_per_update"]),
+        "speedup_goal": SPEEDUP_GOAL,
+        "memory_metric": memory_key,
+        "peak_memory_ratio_ours_over_trl": _ratio(ours.get(memory_key), trl.get(memory_key)),
+        "training_memory_ratio_ours_over_trl": _ratio(
+            ours["peak_rss_mb"] - ours["rss_after_imports_mb"],
+            trl["peak_rss_mb"] - trl["rss_after_imports_mb"]),
+        "matched_kl": matched_kl,
+        "trl_score_at_matched_kl": score_at_kl(trl["evals"], matched_kl),
+        "ours_score_at_matched_kl": score_at_kl(ours["evals"], matched_kl),
+    }
+    comparison["speedup_goal_met"] = (comparison["speedup_ours_vs_trl"] or 0) >= SPEEDUP_GOAL
+    return comparison
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str, Any]) -> str:
+    """Plain-text table: one row per figure, TRL | ours | ours/TRL."""
+    rows = [("seconds per PPO update (median)", "seconds_per_update"),
+            ("generated tokens per second", "tokens_per_second"),
+            ("peak RSS, MB", "peak_rss_mb"),
+            ("RSS after imports, MB", "rss_after_imports_mb"),
+            ("trainable parameters", "trainable_parameters")]
+    if "peak_cuda_memory_mb" in trl or "peak_cuda_memory_mb" in ours:
+        rows.append(("peak CUDA memory, MB", "peak_cuda_memory_mb"))
+    lines = [f"{'figure':34} {'TRL 1.10':>12} {'ours':>12} {'ours/TRL':>10}"]
+    for label, key in rows:
+        a, b = trl.get(key), ours.get(key)
+        lines.append(f"{label:34} {_fmt(a):>12} {_fmt(b):>12} {_fmt(_ratio(b, a)):>10}")
+    a, b = trl["evals"][-1], ours["evals"][-1]
+    lines.append(f"{'final held-out KL':34} {_fmt(a['kl']):>12} {_fmt(b['kl']):>12}")
+    lines.append(f"{'final held-out hidden score':34} {_fmt(a['hidden_score']):>12} "
+                 f"{_fmt(b['hidden_score']):>12}")
+    label = f"hidden score at KL {comparison['matched_kl']:.3g}"
+    lines.append(f"{label:34} {_fmt(comparison['trl_score_at_matched_kl']):>12} "
+                 f"{_fmt(comparison['ours_score_at_matched_kl']):>12}")
+    speedup = comparison["speedup_ours_vs_trl"]
+    lines.append(f"speed-up ours vs TRL: {_fmt(speedup)}x (goal >= {SPEEDUP_GOAL}x: "
+                 f"{'met' if comparison['speedup_goal_met'] else 'not met'})")
+    return "\n".join(lines)
+
+
+def main(fast: bool = False, device: str = "cpu", random_init_config: str | None = None,
+         only: str | None = None) -> dict[str, Any]:
+    """Build the venv if needed, run both sides, print the table; return every figure.
+
+    `only`: "trl" or "ours" runs one side (for debugging). Returns {"skipped": reason} when
+    the trl==1.10.0 venv cannot be built (no package index, for instance).
+    """
+    if only not in (None, "trl", "ours"):
+        raise ValueError(f"only must be None, 'trl' or 'ours', got {only!r}")
+    if device == "cuda" and random_init_config is None:
+        raise ValueError("device='cuda' needs random_init_config (e.g. 'smollm2'): no hub weights here")
+    settings = settings_from_profile(fast, device, random_init_config)
+    result: dict[str, Any] = {"settings": settings.__dict__}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if only in (None, "trl"):
+            venv_python, why = ensure_venv()
+            if venv_python is None:
+                print(f"SKIPPED: {why}")
+                return {"skipped": why}
+            print("running TRL 1.10 PPOTrainer...", flush=True)
+            result["trl"] = run_side(venv_python, RUNNERS / "run_trl_ppo.py", settings, workdir)
+        if only in (None, "ours"):
+            print("running our engine...", flush=True)
+            result["ours"] = run_side(sys.executable, RUNNERS / "run_ours_ppo.py", settings, workdir)
+    errors = {side: result[side]["error"] for side in ("trl", "ours")
+              if side in result and "error" in result[side]}
+    for side, message in errors.items():
+        print(f"{side} failed: {message}")
+    if only is None and not errors:
+        result["comparison"] = compare(result["trl"], result["ours"])
+        print(format_table(result["trl"], result["ours"], result["comparison"]))
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Our PPO engine vs trl==1.10.0's PPOTrainer.")
+    parser.add_argument("--fast", action="store_true", help="3 small updates per side (smoke run)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--random-init-config", choices=("smollm2",), default=None,
+                        help="random weights of this architecture (needed with --device cuda)")
+    parser.add_argument("--only", choices=("trl", "ours"), default=None, help="run one side")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    cli = parser.parse_args()
+    figures = main(cli.fast, cli.device, cli.random_init_config, cli.only)
+    if cli.json is not None:
+        cli.json.write_text(json.dumps(figures, indent=2))
