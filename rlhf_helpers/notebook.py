@@ -169,25 +169,24 @@ def show_environment(print_table: bool = True) -> Environment:
 EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
 
 
-def exercise_check(name: str, check: Callable[[], None]) -> bool:
+def exercise_check(name: str, check: Callable[[], None]) -> None:
     """Run an exercise's `check` and print one line saying how it went; never raises.
 
     `check` runs the learner's code and asserts on it. A stub that still raises
     NotImplementedError prints "NOT DONE", a failed assertion or any other error prints "FAILED"
     with the message, so a notebook with unsolved exercises still runs top to bottom.
-    Returns True when the check passed.
+    Returns None, so the cell shows only that line.
     """
     try:
         check()
     except NotImplementedError:
         print(f"{EXERCISE_TODO}  {name}: the stub still raises NotImplementedError; "
               "fill it in, or open the solution below.")
-        return False
+        return
     except Exception as error:  # the learner's code may fail in any way: report, don't crash
         first, *rest = str(error).splitlines() or [""]
         print(f"{EXERCISE_FAILED}  {name}: {type(error).__name__}: {first}")
         for line in rest:  # e.g. assert_close's mismatch report
             print(f"    {line}")
-        return False
+        return
     print(f"{EXERCISE_PASSED}  {name}")
-    return True
