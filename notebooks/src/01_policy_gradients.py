@@ -478,14 +478,15 @@ def mean_entropy(theta):
 
 
 step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
-results = {"kl": [], "entropy": [], "final J": []}
+results = {"J after step": [], "kl": [], "entropy": [], "final J": []}
 for alpha in tqdm(step_sizes, desc="step sizes"):
-    kls, entropies, finals = [], [], []
+    first_js, kls, entropies, finals = [], [], [], []
     for seed in range(8):
         generator = torch.Generator().manual_seed(seed)
         words, prevs, rewards = sample(uniform, 16, generator)
         phi = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]
         theta = uniform + alpha * per_episode_gradients(uniform, words, prevs, phi).mean(0)
+        first_js.append(expected_return(theta).item())
         kls.append(mean_kl(uniform, theta).item())
         entropies.append(mean_entropy(theta).item())
         for _ in range(60):
@@ -493,10 +494,11 @@ for alpha in tqdm(step_sizes, desc="step sizes"):
             phi = phis(theta, words, prevs, rewards)["reward-to-go - V(s)"]
             theta = theta + 1.0 * per_episode_gradients(theta, words, prevs, phi).mean(0)
         finals.append(expected_return(theta).item())
-    for key, values in zip(results, (kls, entropies, finals)):
+    for key, values in zip(results, (first_js, kls, entropies, finals)):
         results[key].append(sum(values) / len(values))
 
-fig = make_subplots(rows=1, cols=3, subplot_titles=("KL(old || new) of the first step",
+fig = make_subplots(rows=1, cols=4, subplot_titles=("J after the first step",
+                                                    "KL(old || new) of the first step",
                                                     "entropy after the first step",
                                                     "J after 60 more ordinary steps"))
 for col, key in enumerate(results, start=1):
@@ -504,12 +506,12 @@ for col, key in enumerate(results, start=1):
     fig.update_xaxes(type="log", title_text="first step size alpha", row=1, col=col)
 fig.update_layout(title=f"One large step from the uniform policy (mean of 8 seeds; max entropy = {math.log(V):.2f})")
 fig.show()
-for alpha, kl, ent, final in zip(step_sizes, *results.values()):
-    print(f"alpha {alpha:6}: KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
+for alpha, first, kl, ent, final in zip(step_sizes, *results.values()):
+    print(f"alpha {alpha:6}: J after step {first:6.3f}   KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
 
 # %% [markdown]
-# A large first step looks like progress: the policy jumps straight to the actions that did well in
-# those 16 episodes. But it becomes almost deterministic at once, its score function
+# A large first step looks like progress: $J$ right after it rises with $\alpha$, because the policy
+# jumps straight to the actions that did well in those 16 episodes. But it becomes almost deterministic at once, its score function
 # $e_a - \pi(\cdot \mid s)$ is then nearly zero, it stops exploring, and ordinary steps afterwards cannot
 # undo an unlucky commitment: the final return falls as the first step grows. With a neural policy the
 # damage is worse, because one step changes the behaviour in states the batch never visited.
