@@ -159,6 +159,7 @@ def load_tokenizer(settings: BenchSettings) -> Any:
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         raise ValueError("the shipped tokenizer must have a pad token distinct from EOS")
     tokenizer.padding_side = "left"
+    tokenizer.truncation_side = "left"  # a long prompt keeps its end: the response follows it
     return tokenizer
 
 

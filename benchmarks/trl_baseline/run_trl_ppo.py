@@ -183,6 +183,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
 
     class TimingCallback(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
+            if settings.device == "cuda":
+                torch.cuda.synchronize()
             clock.update_done()
             if state.global_step % settings.eval_every == 0 or state.global_step == settings.updates:
                 evals.append(run_eval(state.global_step))
