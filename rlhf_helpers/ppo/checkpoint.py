@@ -1,0 +1,156 @@
+"""Atomic checkpoints of the shared model (all adapters and heads) and of the trainer state.
+
+    output_dir/
+      latest                      name of the newest complete checkpoint (replaced atomically)
+      step-000010/
+        adapters/policy/          peft `save_pretrained` output, one sub-folder per named adapter
+        adapters/value/
+        adapters/reward/
+        heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
+        trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
+
+A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
+then is the folder renamed to its final name and `latest` replaced (both renames are atomic on POSIX).
+A crash at any moment leaves `latest` pointing at the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
+
+LATEST_FILE = "latest"
+HEADS_FILE = "heads.safetensors"
+TRAINER_STATE_FILE = "trainer_state.pt"
+ADAPTERS_DIR = "adapters"
+#: Complete checkpoints kept in output_dir (older ones are deleted after a save).
+DEFAULT_KEEP = 2
+
+
+def _fsync_path(path: Path) -> None:
+    """Flush a file or a folder entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            _fsync_path(Path(folder) / name)
+        _fsync_path(Path(folder))
+
+
+def save_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
+    """Write every adapter (one peft sub-folder each) and both heads into `directory` (not atomic)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.peft.save_pretrained(str(directory / ADAPTERS_DIR), selected_adapters=list(ADAPTERS))
+    heads = {f"value_head.{k}": v.detach().cpu().contiguous() for k, v in model.value_head.linear.state_dict().items()}
+    heads.update({f"score_head.{k}": v.detach().cpu().contiguous()
+                  for k, v in model.score_head.linear.state_dict().items()})
+    save_file(heads, str(directory / HEADS_FILE))
+
+
+def load_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
+    """Load every adapter and both heads written by `save_model_weights` into `model`."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    for adapter in ADAPTERS:
+        weights = directory / ADAPTERS_DIR / adapter / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"checkpoint {directory} lacks the {adapter!r} adapter ({weights})")
+        state = load_file(str(weights), device=str(model.device))
+        result = set_peft_model_state_dict(model.peft, state, adapter_name=adapter)
+        missing = [k for k in result.missing_keys if f".{adapter}." in k and "lora_" in k]
+        if missing:
+            raise ValueError(f"checkpoint adapter {adapter!r} does not fit this model: missing {missing[:3]}")
+    heads = load_file(str(directory / HEADS_FILE), device=str(model.device))
+    for name, head in (("value_head", model.value_head), ("score_head", model.score_head)):
+        part = {k.split(".", 1)[1]: v for k, v in heads.items() if k.startswith(name + ".")}
+        head.linear.load_state_dict(part)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint in output_dir, or None if there is none yet."""
+    pointer = Path(output_dir) / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    path = Path(output_dir) / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def _write_pointer(output_dir: Path, name: str) -> None:
+    tmp = output_dir / f".{LATEST_FILE}.tmp-{os.getpid()}"
+    with open(tmp, "w") as handle:
+        handle.write(name + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, output_dir / LATEST_FILE)
+    _fsync_path(output_dir)
+
+
+def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP) -> Path:
+    """Atomically write the trainer's model weights and state as output_dir/step-NNNNNN; returns its path."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(trainer.step_count)
+    final = output_dir / name
+    tmp = output_dir / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        save_model_weights(trainer.model, tmp)
+        torch.save(trainer.state_dict(), tmp / TRAINER_STATE_FILE)
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved again: move the old copy aside first
+            old = output_dir / f".old-{name}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+        _fsync_path(output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_pointer(output_dir, name)
+    complete = sorted(p for p in output_dir.glob("step-*") if p.is_dir())
+    for stale in complete[:-keep]:
+        if stale != final:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(trainer: Any, path: str | Path) -> Path:
+    """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one."""
+    path = Path(path)
+    if (path / LATEST_FILE).is_file():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"{path / LATEST_FILE} names a checkpoint that does not exist")
+        path = found
+    if not (path / TRAINER_STATE_FILE).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
+    load_model_weights(trainer.model, path)
+    state = torch.load(path / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
+    trainer.load_state_dict(state)
+    return path

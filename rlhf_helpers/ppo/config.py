@@ -1,0 +1,139 @@
+"""The typed configuration of one PPO run (cleanrl style: one docstring-comment per field)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class PPOConfig:
+    """Every knob of the shared-LoRA PPO loop; `from_profile` fills it from a course profile."""
+
+    # --- rollouts
+    rollout_batch_size: int = 64  #: prompts sampled per PPO iteration (one experience batch)
+    mini_batch_size: int = 16  #: sequences per gradient step inside an iteration
+    ppo_epochs: int = 4  #: passes over each experience batch (shuffled minibatches each pass)
+    max_prompt_length: int = 16  #: prompts longer than this many tokens are cut from the left
+    max_new_tokens: int = 40  #: response length limit, EOS included
+    temperature: float = 1.0  #: sampling temperature (1.0: sample the policy itself; no top-k/top-p)
+    # --- losses
+    clip_eps: float = 0.2  #: PPO ratio clip range epsilon
+    value_clip: float | None = 0.2  #: clip new values to old +- this (None: no value clipping)
+    vf_coef: float = 1.0  #: weight of the value loss (separate adapter and optimiser, so only a scale)
+    entropy_coef: float = 0.0  #: weight of the entropy bonus subtracted from the policy loss (0: off)
+    ptx_coef: float = 0.0  #: weight of the LM (ptx) loss on SFT text (0: off; needs ptx_texts)
+    max_grad_norm: float = 1.0  #: gradient-norm clip of each optimiser step
+    whiten_advantages: bool = True  #: masked whitening of the advantages over the experience batch
+    # --- rewards and KL
+    kl_coef: float = 0.05  #: beta of the per-token KL penalty (initial value when adaptive)
+    target_kl: float | None = None  #: target sequence KL of the adaptive controller (None: fixed beta)
+    kl_horizon: int = 10000  #: horizon (in samples) of the adaptive KL controller
+    kl_kind: str = "k1"  #: KL estimator of the reward shaping: "k1", "k2" or "k3"
+    score_clip: float | None = None  #: clip reward-model scores to +- this before shaping (None: off)
+    missing_eos_penalty: float | None = None  #: added to the score of responses cut off without EOS
+    gamma: float = 1.0  #: GAE discount
+    lam: float = 0.95  #: GAE lambda
+    # --- optimisation
+    policy_lr: float = 1e-3  #: Adam learning rate of the policy adapter
+    value_lr: float = 1e-3  #: Adam learning rate of the value adapter and value head
+    # --- LoRA adapters
+    lora_r: int = 8  #: LoRA rank of the policy and value adapters
+    lora_alpha: int = 16  #: LoRA alpha (scale alpha / r)
+    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    # --- run
+    total_steps: int = 60  #: PPO iterations of `PPOTrainer.train`
+    seed: int = 0  #: seed of torch, sampling and prompt order
+    save_every: int = 0  #: write a checkpoint every this many iterations (0: only at the end)
+    output_dir: str | None = None  #: where checkpoints and metrics go (None: nothing written)
+    eval_every: int = 0  #: evaluate on held-out prompts every this many iterations (0: never)
+    n_eval_prompts: int = 64  #: held-out prompts per evaluation
+    progress_bar: bool = True  #: show a tqdm progress bar in `train`
+
+    def __post_init__(self) -> None:
+        self.lora_target_modules = tuple(self.lora_target_modules)
+        self.validate()
+
+    def validate(self) -> PPOConfig:
+        """Raise ValueError naming the first field whose value cannot work."""
+        for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
+                     "max_new_tokens", "lora_r", "total_steps", "kl_horizon", "n_eval_prompts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.rollout_batch_size % self.mini_batch_size:
+            raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
+                             f"mini_batch_size ({self.mini_batch_size})")
+        for name in ("temperature", "clip_eps", "max_grad_norm", "policy_lr", "value_lr"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("vf_coef", "entropy_coef", "ptx_coef", "kl_coef"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("gamma", "lam"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        for name in ("value_clip", "target_kl", "score_clip"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be None or > 0, got {value!r}")
+        if self.kl_kind not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
+        for name in ("save_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        return self
+
+    def replace(self, **changes: Any) -> PPOConfig:
+        """A validated copy with some fields changed; unknown names raise ValueError."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown PPOConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        out["lora_target_modules"] = list(self.lora_target_modules)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PPOConfig:
+        """Inverse of `to_dict`; unknown keys raise ValueError."""
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown PPOConfig field(s): {sorted(unknown)}")
+        return cls(**values)
+
+    @classmethod
+    def from_profile(cls, profile: Any, **overrides: Any) -> PPOConfig:
+        """The profile's PPO sizes (`rlhf_helpers.profiles.Profile`), then `overrides`."""
+        values = {
+            "rollout_batch_size": profile.rollout_batch_size,
+            "mini_batch_size": profile.mini_batch_size,
+            "ppo_epochs": profile.ppo_epochs,
+            "max_prompt_length": profile.max_prompt_length,
+            "max_new_tokens": profile.max_new_tokens,
+            "temperature": profile.temperature,
+            "clip_eps": profile.clip_eps,
+            "value_clip": profile.value_clip,
+            "kl_coef": profile.kl_coef,
+            "target_kl": profile.target_kl,
+            "gamma": profile.gamma,
+            "lam": profile.lam,
+            "policy_lr": profile.policy_lr,
+            "value_lr": profile.value_lr,
+            "lora_r": profile.lora_r,
+            "lora_alpha": profile.lora_alpha,
+            "lora_target_modules": tuple(profile.lora_target_modules),
+            "total_steps": profile.ppo_steps,
+            "seed": profile.seed,
+            "n_eval_prompts": profile.n_eval_prompts,
+        }
+        values.update(overrides)
+        return cls.from_dict(values)

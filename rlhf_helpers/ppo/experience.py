@@ -1,0 +1,157 @@
+"""Rollouts: sample responses, score them, run the reference and value passes, shape rewards, GAE.
+
+    batch = collect_experience(shared, tokenizer, prompts, config, kl_coef=0.05)
+
+Everything here runs without gradients; `batch` holds what the update epochs need (old log-probs of
+the policy that sampled, old values, advantages, returns) and what the metrics report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhf_helpers.gae import compute_gae
+from rlhf_helpers.kl import shape_rewards
+from rlhf_helpers.masked import masked_whiten
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+
+#: reward_fn(prompts, responses) -> one score per pair (replaces the reward adapter when given)
+RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or inf appeared in rewards or losses; the run stops before it can spread into the weights."""
+
+
+def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> None:
+    """Raise NonFiniteError naming `what` (and the PPO step) if x holds a NaN or an inf."""
+    if not bool(torch.isfinite(x).all()):
+        where = f" at PPO step {step}" if step is not None else ""
+        bad = int((~torch.isfinite(x)).sum())
+        raise NonFiniteError(f"{what} has {bad} NaN/inf value(s){where}; stopping the run (the last "
+                             "checkpoint written before this step is intact)")
+
+
+@dataclass
+class Experience:
+    """One batch of rollouts: B prompts of padded width P, responses of width R."""
+
+    prompts: list[str]  #: the prompt texts
+    responses: list[str]  #: decoded responses (EOS and padding removed, leading space)
+    sequences: torch.Tensor  #: (B, P + R) left-padded prompt ids then response ids (pad after EOS)
+    attention_mask: torch.Tensor  #: (B, P + R) 1 on real prompt and response tokens (EOS included)
+    context_length: int  #: P, padded prompt width
+    mask: torch.Tensor  #: (B, R) 1 on real response tokens up to and including EOS
+    old_logprobs: torch.Tensor  #: (B, R) log-probs under the policy that sampled (never the reference's)
+    ref_logprobs: torch.Tensor  #: (B, R) log-probs under the reference (adapters disabled)
+    entropy: torch.Tensor  #: (B, R) policy entropy at each response position
+    values: torch.Tensor  #: (B, R) old values V(s_t) of the value adapter + head
+    scores: torch.Tensor  #: (B,) reward-model score (or reward_fn) of each response
+    rewards: torch.Tensor  #: (B, R) shaped rewards: -beta * kl_t, plus the score at the last token
+    kl: torch.Tensor  #: (B, R) per-token KL estimate (masked)
+    advantages: torch.Tensor  #: (B, R) GAE advantages (whitened if the config says so)
+    returns: torch.Tensor  #: (B, R) GAE returns = raw advantages + values
+    ended_with_eos: torch.Tensor  #: (B,) True where the response stopped at EOS
+    timings: dict[str, float] = field(default_factory=dict)  #: seconds per phase
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+
+def tokenize_prompts(tokenizer, prompts: Sequence[str], max_prompt_length: int,
+                     device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask (B, P); prompts longer than max_prompt_length lose their start."""
+    if not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"  # keep the end of a long prompt: it is what the response follows
+    try:
+        enc = tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
+                        max_length=max_prompt_length, padding_side="left")
+    finally:
+        tokenizer.truncation_side = side
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)  # (B, P), (B, P)
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Response texts with EOS and padding removed, each starting with a space (as the data files do)."""
+    texts = []
+    for row, row_mask in zip(responses.tolist(), mask.tolist(), strict=True):
+        ids = [t for t, m in zip(row, row_mask, strict=True) if m > 0]
+        texts.append(" " + tokenizer.decode(ids, skip_special_tokens=True).strip())
+    return texts
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var[returns - values] / Var[returns] over real tokens (1: perfect critic, <= 0: useless)."""
+    m = mask.bool()
+    target = returns[m]
+    if target.numel() < 2:
+        return float("nan")
+    var = target.var()
+    return float(1.0 - (target - values[m]).var() / var) if var > 0 else float("nan")
+
+
+@torch.no_grad()
+def collect_experience(
+    model: SharedLoRAModel,
+    tokenizer,
+    prompts: Sequence[str],
+    config: PPOConfig,
+    kl_coef: float,
+    reward_fn: RewardFn | None = None,
+    step: int | None = None,
+) -> Experience:
+    """Generate, score, run the policy / reference / value passes, shape rewards, and run GAE."""
+    import time
+
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, model.device)
+    P = prompt_ids.shape[1]
+    sequences = model.generate(prompt_ids, prompt_mask, config.max_new_tokens,
+                               temperature=config.temperature)  # (B, P + R)
+    responses = sequences[:, P:]  # (B, R)
+    mask = model.response_mask(responses)  # (B, R)
+    attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
+    ended_with_eos = ((responses == model.eos_token_id) & mask.bool()).any(dim=1)  # (B,)
+    timings["generate"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    # old log-probs: the policy that sampled, re-computed in one batched forward (the same numbers the
+    # first update epoch sees, so the ratio starts at exactly 1)
+    old_logprobs, entropy = model.policy_logprobs(sequences, attention_mask, P, with_entropy=True)
+    ref_logprobs = model.ref_logprobs(sequences, attention_mask, P)  # (B, R)
+    values = model.values(sequences, attention_mask, P)  # (B, R)
+    response_texts = decode_responses(tokenizer, responses, mask)
+    if reward_fn is None:
+        scores = model.reward_scores(sequences, attention_mask).float()  # (B,)
+    else:
+        scores = torch.tensor([float(s) for s in reward_fn(list(prompts), response_texts)],
+                              dtype=torch.float32, device=sequences.device)  # (B,)
+        if scores.shape != (len(prompts),):
+            raise ValueError(f"reward_fn must return {len(prompts)} scores, got {tuple(scores.shape)}")
+    timings["forward_passes"] = time.perf_counter() - start
+    check_all_finite("reward scores", scores, step)
+    if config.missing_eos_penalty is not None:
+        scores = torch.where(ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
+
+    # r_t = -beta * kl_t + [t = last] * score;  A = GAE(r, V);  returns = A + V
+    rewards, kl = shape_rewards(scores, old_logprobs.float(), ref_logprobs.float(), mask, kl_coef,
+                                kl_kind=config.kl_kind, score_clip=config.score_clip)  # (B, R), (B, R)
+    check_all_finite("shaped rewards", rewards, step)
+    advantages, returns = compute_gae(rewards, values.float() * mask, mask, config.gamma,
+                                      config.lam)  # (B, R), (B, R)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)  # (B, R)
+    return Experience(
+        prompts=list(prompts), responses=response_texts, sequences=sequences,
+        attention_mask=attention_mask, context_length=P, mask=mask,
+        old_logprobs=old_logprobs.float(), ref_logprobs=ref_logprobs.float(), entropy=entropy.float(),
+        values=values.float() * mask, scores=scores, rewards=rewards, kl=kl, advantages=advantages,
+        returns=returns, ended_with_eos=ended_with_eos, timings=timings,
+    )

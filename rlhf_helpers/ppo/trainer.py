@@ -1,0 +1,310 @@
+"""The PPO loop: an outer loop over experience batches, an inner loop of epochs over shuffled minibatches.
+
+    trainer = PPOTrainer(config, shared, tokenizer, prompts)
+    metrics = trainer.step()          # one iteration: rollouts, then config.ppo_epochs of updates
+    history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
+
+The policy adapter and the value adapter (with its head) have one Adam optimiser each, built from
+parameters chosen by adapter name. Each loss is computed and back-propagated with its own adapter
+active, so no adapter switch happens between a forward and its backward.
+Under `accelerate launch` each process samples its own prompts and gradients are averaged across
+processes before every optimiser step (plain data parallelism).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlhf_helpers.kl import AdaptiveKLController, FixedKLController
+from rlhf_helpers.losses import lm_loss, policy_loss, value_loss
+from rlhf_helpers.masked import masked_mean
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import (
+    Experience,
+    NonFiniteError,
+    RewardFn,
+    check_all_finite,
+    collect_experience,
+    explained_variance,
+    tokenize_prompts,
+)
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+
+#: hidden_score_fn(prompts, responses) -> ground-truth scores (default: the review world's hidden scorer)
+ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+
+
+def default_hidden_score_fn(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    """The review world's hidden ground-truth scorer."""
+    from rlhf_helpers.world.scorer import hidden_scores
+
+    return hidden_scores(list(prompts), list(responses))
+
+
+def make_kl_controller(config: PPOConfig) -> FixedKLController | AdaptiveKLController:
+    """Fixed beta, or the adaptive controller when config.target_kl is set."""
+    if config.target_kl is None:
+        return FixedKLController(config.kl_coef)
+    return AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
+
+
+class PPOTrainer:
+    """PPO with one shared base model: `step()` runs one iteration and returns its metrics."""
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        model: SharedLoRAModel,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        reward_fn: RewardFn | None = None,
+        hidden_score_fn: ScoreFn | None = default_hidden_score_fn,
+        ptx_texts: Sequence[str] | None = None,
+        accelerator: Any = None,
+    ) -> None:
+        if not isinstance(config, PPOConfig):
+            raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompts must be a non-empty list of strings")
+        if config.ptx_coef > 0 and not ptx_texts:
+            raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompts = list(prompts)
+        self.reward_fn = reward_fn
+        self.hidden_score_fn = hidden_score_fn
+        self.ptx_texts = list(ptx_texts) if ptx_texts else []
+        self.accelerator = accelerator
+        self.process_index = accelerator.process_index if accelerator is not None else 0
+        self.num_processes = accelerator.num_processes if accelerator is not None else 1
+        self.policy_optimizer = torch.optim.Adam(model.policy_parameters(), lr=config.policy_lr)
+        self.value_optimizer = torch.optim.Adam(model.value_parameters(), lr=config.value_lr)
+        self.kl_controller = make_kl_controller(config)
+        self.step_count = 0  #: PPO iterations done so far
+        self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
+
+    # ------------------------------------------------------------------ randomness
+    def _step_generator(self) -> torch.Generator:
+        """Prompt order and minibatch shuffles of this step: a function of (seed, step, process) only,
+        so a resumed run draws the same ones without saving a data-loader state."""
+        return torch.Generator().manual_seed(
+            (self.config.seed * 1_000_003 + self.step_count) * 64 + self.process_index)
+
+    def sample_prompts(self, generator: torch.Generator) -> list[str]:
+        n = self.config.rollout_batch_size
+        if n <= len(self.prompts):
+            order = torch.randperm(len(self.prompts), generator=generator)[:n]
+        else:
+            order = torch.randint(len(self.prompts), (n,), generator=generator)
+        return [self.prompts[i] for i in order.tolist()]
+
+    # ------------------------------------------------------------------ one iteration
+    def step(self) -> dict[str, float]:
+        """Rollouts, then the update epochs; returns this iteration's metrics (and appends them to history)."""
+        config = self.config
+        generator = self._step_generator()
+        start = time.perf_counter()
+        batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
+                                   kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
+                                   step=self.step_count)
+        rollout_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        update_stats = self.update(batch, generator)
+        update_seconds = time.perf_counter() - start
+        metrics = self._rollout_metrics(batch)
+        metrics.update(update_stats)
+        metrics["time_rollout"] = rollout_seconds
+        metrics["time_update"] = update_seconds
+        metrics["time_step"] = rollout_seconds + update_seconds
+        metrics = self._reduce(metrics)
+        self.kl_controller.update(metrics["kl"], config.rollout_batch_size * self.num_processes)
+        self.step_count += 1
+        metrics["step"] = float(self.step_count)
+        self.history.append(metrics)
+        return metrics
+
+    def _rollout_metrics(self, batch: Experience) -> dict[str, float]:
+        mask = batch.mask
+        seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=1)  # (B,) k1 sequence KL
+        metrics = {
+            "score": float(batch.scores.mean()),
+            "kl": float(seq_kl.mean()),
+            "kl_coef": float(self.kl_controller.value),
+            "entropy": float(masked_mean(batch.entropy, mask)),
+            "response_length": float(mask.sum(dim=1).mean()),
+            "eos_fraction": float(batch.ended_with_eos.float().mean()),
+            "explained_variance": explained_variance(batch.values, batch.returns, mask),
+            "return_mean": float(masked_mean(batch.returns, mask)),
+            "value_mean": float(masked_mean(batch.values, mask)),
+        }
+        if self.hidden_score_fn is not None:
+            hidden = self.hidden_score_fn(batch.prompts, batch.responses)
+            metrics["hidden_score"] = sum(hidden) / len(hidden)
+        return metrics
+
+    def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Mean of each metric over processes (identity on one process)."""
+        if self.num_processes == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], device=self.model.device, dtype=torch.float64)
+        values = self.accelerator.reduce(values, reduction="mean")
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def _sync_and_step(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> float:
+        """Average gradients across processes, clip their norm, step; returns the pre-clip norm."""
+        if self.num_processes > 1:
+            for param in params:
+                if param.grad is not None:
+                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
+        """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the pretraining data)."""
+        picks = torch.randint(len(self.ptx_texts), (self.config.mini_batch_size,), generator=generator)
+        texts = [self.ptx_texts[i] for i in picks.tolist()]
+        max_len = self.config.max_prompt_length + self.config.max_new_tokens
+        ids, attn = tokenize_prompts(self.tokenizer, texts, max_len, self.model.device)  # (b, L)
+        labels = ids.masked_fill(attn == 0, -100)  # (b, L): no loss on padding
+        logits = self.model.policy_logits(ids, attn)  # (b, L, V)
+        return lm_loss(logits, labels, ignore_index=-100)
+
+    def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
+        """config.ppo_epochs passes of shuffled minibatches: clip loss (+ entropy bonus, + ptx) on the
+        policy adapter, clipped value loss on the value adapter and head. Returns mean stats."""
+        config = self.config
+        B, P = len(batch), batch.context_length
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(config.ppo_epochs):
+            order = torch.randperm(B, generator=generator)
+            for first in range(0, B, config.mini_batch_size):
+                idx = order[first : first + config.mini_batch_size].to(batch.sequences.device)
+                seq, attn, mask = batch.sequences[idx], batch.attention_mask[idx], batch.mask[idx]
+
+                # policy: L = L_clip - c_ent * H + c_ptx * L_lm
+                logp, entropy = self.model.policy_logprobs(seq, attn, P, with_entropy=True)  # (b, R)
+                pg_loss, pg_stats = policy_loss(logp.float(), batch.old_logprobs[idx],
+                                                batch.advantages[idx], mask, clip_eps=config.clip_eps)
+                mean_entropy = masked_mean(entropy.float(), mask)
+                loss = pg_loss - config.entropy_coef * mean_entropy
+                if config.ptx_coef > 0:
+                    ptx = self._ptx_loss(generator)
+                    loss = loss + config.ptx_coef * ptx
+                    sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(ptx.detach())
+                check_all_finite("policy loss", loss.detach(), self.step_count)
+                loss.backward()
+                policy_norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
+
+                # critic: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2
+                new_values = self.model.values(seq, attn, P).float()  # (b, R)
+                v_loss, v_stats = value_loss(new_values, batch.values[idx], batch.returns[idx], mask,
+                                             clip_range=config.value_clip)
+                check_all_finite("value loss", v_loss.detach(), self.step_count)
+                (config.vf_coef * v_loss).backward()
+                value_norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters())
+
+                stats = {
+                    "policy_loss": float(pg_loss.detach()), "clipfrac": float(pg_stats["clipfrac"]),
+                    "approx_kl": float(pg_stats["approx_kl"]), "value_loss": float(v_loss.detach()),
+                    "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
+                    "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
+                }
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+        return {key: value / count for key, value in sums.items()}
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, prompts: Sequence[str], seed: int = 12345) -> dict[str, float]:
+        """Mean reward score, hidden score and sequence KL of fresh samples on `prompts` (fixed seed,
+        the caller's RNG untouched)."""
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            batch = collect_experience(self.model, self.tokenizer, prompts, self.config,
+                                       kl_coef=self.kl_controller.value, reward_fn=self.reward_fn)
+        seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * batch.mask).sum(dim=1)  # (B,)
+        out = {"eval_score": float(batch.scores.mean()), "eval_kl": float(seq_kl.mean()),
+               "eval_response_length": float(batch.mask.sum(dim=1).mean())}
+        if self.hidden_score_fn is not None:
+            hidden = self.hidden_score_fn(batch.prompts, batch.responses)
+            out["eval_hidden_score"] = sum(hidden) / len(hidden)
+        return out
+
+    # ------------------------------------------------------------------ the run
+    def train(self, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
+              callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+        """Run until `steps` more iterations (default: up to config.total_steps) are done.
+
+        Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
+        checkpoint to config.output_dir every config.save_every steps and at the end. A NaN/inf stops
+        the run with NonFiniteError; the last checkpoint written stays intact.
+        """
+        from tqdm.auto import tqdm
+
+        from rlhf_helpers.ppo.checkpoint import save_checkpoint
+
+        config = self.config
+        target = self.step_count + steps if steps is not None else config.total_steps
+        is_main = self.process_index == 0
+        bar = tqdm(total=max(target - self.step_count, 0), desc="PPO",
+                   disable=not (config.progress_bar and is_main))
+        try:
+            while self.step_count < target:
+                metrics = self.step()
+                if eval_prompts is not None and config.eval_every and self.step_count % config.eval_every == 0:
+                    metrics.update(self.evaluate(eval_prompts[: config.n_eval_prompts]))
+                bar.update(1)
+                bar.set_postfix(score=f"{metrics['score']:.2f}", kl=f"{metrics['kl']:.2f}",
+                                hidden=f"{metrics.get('hidden_score', math.nan):.2f}")
+                if callback is not None:
+                    callback(metrics)
+                if config.output_dir and config.save_every and self.step_count % config.save_every == 0 \
+                        and self.step_count < target and is_main:
+                    save_checkpoint(self, config.output_dir)
+        except NonFiniteError as error:
+            bar.close()
+            raise NonFiniteError(f"{error}") from None
+        bar.close()
+        if config.output_dir and is_main:
+            save_checkpoint(self, config.output_dir)
+        return self.history
+
+    # ------------------------------------------------------------------ state for checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Optimisers, KL controller, step, metrics history and RNG states (weights are saved apart)."""
+        state: dict[str, Any] = {
+            "step": self.step_count,
+            "policy_optimizer": self.policy_optimizer.state_dict(),
+            "value_optimizer": self.value_optimizer.state_dict(),
+            "kl_controller": dict(vars(self.kl_controller)),
+            "history": list(self.history),
+            "torch_rng": torch.random.get_rng_state(),
+            "config": self.config.to_dict(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`."""
+        self.step_count = int(state["step"])
+        self.policy_optimizer.load_state_dict(state["policy_optimizer"])
+        self.value_optimizer.load_state_dict(state["value_optimizer"])
+        for key, value in state["kl_controller"].items():
+            setattr(self.kl_controller, key, value)
+        self.history = list(state["history"])
+        torch.random.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
