@@ -84,10 +84,14 @@ def ensure_venv(venv: Path = VENV_DIR, python: str | None = None) -> tuple[Path 
 
 
 def settings_from_profile(fast: bool, device: str, random_init_config: str | None) -> BenchSettings:
-    """Matched settings from the course profile (tiny on a CPU, gpu with random init on CUDA)."""
+    """Matched settings from the course profile: tiny, or gpu for a random-init run.
+
+    A random-init SmolLM2-architecture run uses the gpu profile's sizes and LoRA targets; on a
+    CPU only `fast=True` is practical (tiny batches, short responses: a code-path check).
+    """
     from rlhf_helpers.profiles import get_profile
 
-    profile = get_profile("gpu" if device == "cuda" else "tiny")
+    profile = get_profile("gpu" if device == "cuda" or random_init_config else "tiny")
     settings = BenchSettings(
         batch_size=profile.rollout_batch_size,
         mini_batch_size=profile.mini_batch_size,
@@ -114,6 +118,9 @@ def settings_from_profile(fast: bool, device: str, random_init_config: str | Non
     if fast:
         settings.updates, settings.warmup_updates, settings.eval_every = 3, 1, 3
         settings.batch_size, settings.mini_batch_size, settings.n_eval_prompts = 16, 8, 16
+        if random_init_config and device == "cpu":
+            settings.batch_size, settings.mini_batch_size, settings.n_eval_prompts = 4, 2, 4
+            settings.response_length, settings.ppo_epochs = 8, 1
     return settings.validate()
 
 
@@ -136,21 +143,20 @@ def run_side(python: Path | str, script: Path, settings: BenchSettings, workdir:
 
 
 def score_at_kl(curve: Sequence[dict[str, float]], target_kl: float) -> float | None:
-    """Hidden score where the (KL, score) curve, walked in update order, first reaches target_kl.
+    """Best hidden score the run reached while its KL to the reference stayed <= target_kl.
 
-    Linear interpolation inside the first segment that crosses the target; None if the curve
-    never reaches it.
+    The evaluations, in update order, are joined by straight lines; the answer is the highest
+    score on that polyline inside KL <= target_kl: the evaluated points there and the points where
+    a segment crosses KL = target_kl (linear interpolation). None if no point is inside.
     """
     points = [(p["kl"], p["hidden_score"]) for p in curve]
     if not points:
         raise ValueError("curve must have at least one evaluation")
+    inside = [score for kl, score in points if kl <= target_kl]
     for (kl0, s0), (kl1, s1) in zip(points, points[1:], strict=False):
-        if kl0 <= target_kl <= kl1 and kl1 > kl0:
-            return s0 + (s1 - s0) * (target_kl - kl0) / (kl1 - kl0)
-    for kl, score in points:
-        if abs(kl - target_kl) < 1e-9:
-            return score
-    return None
+        if min(kl0, kl1) < target_kl < max(kl0, kl1):
+            inside.append(s0 + (s1 - s0) * (target_kl - kl0) / (kl1 - kl0))
+    return max(inside) if inside else None
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
