@@ -24,6 +24,8 @@ from typing import Any
 
 #: Environment variable that picks the profile when `get_profile` gets no name.
 PROFILE_ENV = "RLHF_PROFILE"
+#: Environment variable with a JSON object of field overrides, e.g. '{"ppo_steps": 5}' (quick runs).
+OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
 PROFILE_NAMES = ("tiny", "gpu", "auto")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,8 +149,32 @@ def resolve_profile_name(name: str | None = None) -> str:
     return chosen
 
 
+def env_overrides() -> dict[str, Any]:
+    """Field overrides from $RLHF_PROFILE_OVERRIDES (a JSON object), {} when it is unset."""
+    import json
+
+    raw = os.environ.get(OVERRIDES_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object such as '{{\"ppo_steps\": 5}}', "
+                         f"got {raw!r} ({err})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object, got {raw!r}")
+    for key in ("lora_target_modules",):
+        if key in values:
+            values[key] = tuple(values[key])
+    return values
+
+
 def get_profile(name: str | None = None, **overrides: Any) -> Profile:
-    """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with `overrides` applied."""
+    """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with overrides applied.
+
+    Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`.
+    """
     resolved = resolve_profile_name(name)
     profile = tiny_profile() if resolved == "tiny" else gpu_profile()
-    return profile.replace(**overrides) if overrides else profile
+    values = {**env_overrides(), **overrides}
+    return profile.replace(**values) if values else profile

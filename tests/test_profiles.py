@@ -68,3 +68,18 @@ def test_profiles_and_data_import_no_heavy_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_overrides_from_the_environment(monkeypatch):
+    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"ppo_steps": 3, "lora_target_modules": ["c_attn"]}')
+    profile = get_profile()
+    assert profile.ppo_steps == 3
+    assert profile.lora_target_modules == ("c_attn",)
+    assert get_profile(ppo_steps=7).ppo_steps == 7  # keyword overrides win
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"ppo_stepz": 3}')
+    with pytest.raises(ValueError, match="ppo_stepz"):
+        get_profile()
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", "ppo_steps=3")
+    with pytest.raises(ValueError, match="RLHF_PROFILE_OVERRIDES"):
+        get_profile()
