@@ -4,11 +4,14 @@ Each notebook runs in a fresh kernel with a scratch copy as working directory (n
 the repository). The shipped run must finish without an error and without a FAILED exercise line.
 The second run swaps every exercise stub for the worked solution in the markdown below it and runs
 all cells twice in the same kernel: every exercise check must then print PASSED, and re-running
-without a restart must work.
+without a restart must work. That run uses a shrunken profile (QUICK_PROFILE, passed to the kernel
+through $RLHF_PROFILE_OVERRIDES): it checks the exercises and the re-run, not the learning, which the
+shipped run and the benchmarks cover, and it keeps CI short.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -25,6 +28,9 @@ from rlhf_helpers.run_course import course_notebooks, execute_notebook
 
 NOTEBOOKS = course_notebooks()
 NOTEBOOK_TIMEOUT_S = 600  #: per notebook (and per cell inside nbclient)
+#: Profile overrides of the solutions-and-re-run pass: few, small PPO and reward-model steps.
+QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16, "mini_batch_size": 8,
+                 "n_eval_prompts": 16, "eval_batch_size": 16}
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
@@ -78,7 +84,8 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path):
+def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(QUICK_PROFILE))  # the kernel inherits it
     shipped = nbformat.read(path, as_version=4)
     n_exercises = len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells)))
     nb = run_twice(with_solutions(shipped))
