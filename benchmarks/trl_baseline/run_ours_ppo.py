@@ -71,6 +71,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     torch.set_num_threads(settings.torch_threads)
     torch.manual_seed(settings.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import peft  # noqa: F401  (imported before the RSS baseline, as TRL's side has it imported too)
     import transformers
     from transformers import AutoModelForCausalLM
 
