@@ -24,6 +24,7 @@ The stack's traps, handled here (COURSE_SPEC section 5):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,13 @@ def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
                       bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
 
 
+def _refuse_checkpointing(model: nn.Module) -> None:
+    """ValueError if any module of `model` has gradient (activation) checkpointing on."""
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
+                         "use another adapter than the forward did, giving silently wrong gradients")
+
+
 def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must have shape (B, L), got {tuple(input_ids.shape)}")
@@ -106,12 +114,7 @@ class SharedLoRAModel(nn.Module):
         if pad_token_id == eos_token_id:
             raise ValueError(f"pad_token_id must differ from eos_token_id (both {pad_token_id}): with "
                              "pad == EOS, masks built from the pad id hide the EOS of every response")
-        checkpointing = getattr(base_model, "is_activation_checkpointing", None)
-        if checkpointing is None:  # older transformers
-            checkpointing = getattr(base_model, "is_gradient_checkpointing", False)
-        if checkpointing:
-            raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
-                             "use another adapter than the forward did, giving silently wrong gradients")
+        _refuse_checkpointing(base_model)
         self.pad_token_id = int(pad_token_id)  #: id of the padding token
         self.eos_token_id = int(eos_token_id)  #: id of the end-of-sequence token
         hidden_size = base_model.config.get_text_config().hidden_size
@@ -120,7 +123,9 @@ class SharedLoRAModel(nn.Module):
         self._fan_in_fan_out = uses_conv1d(base_model)
         try:
             config = lora_config(r, lora_alpha, target_modules, self._fan_in_fan_out)
-            self.peft = get_peft_model(base_model, config, adapter_name="policy")
+            with warnings.catch_warnings():  # peft reads transformers' deprecated checkpointing flag
+                warnings.simplefilter("ignore", FutureWarning)
+                self.peft = get_peft_model(base_model, config, adapter_name="policy")
             self.peft.add_adapter("value", lora_config(r, lora_alpha, target_modules, self._fan_in_fan_out))
             self.value_head = ScalarHead(hidden_size, bias=True, init_std=1e-2)
             if reward_dir is None:
@@ -199,6 +204,8 @@ class SharedLoRAModel(nn.Module):
         if adapter not in ADAPTERS:
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
         if adapter != self._active:
+            # checkpointing switched on after construction would re-run forwards under another adapter
+            _refuse_checkpointing(self.lm)
             self.peft.base_model.set_adapter(adapter)
             self._active = adapter
         self._restore_trainable()
@@ -270,9 +277,16 @@ class SharedLoRAModel(nn.Module):
 
     @contextmanager
     def reference(self) -> Iterator[None]:
-        """Inside this block the model is the reference: the base with every adapter disabled."""
-        with self.peft.disable_adapter():
-            yield
+        """Inside this block the model is the reference: the base with every adapter disabled.
+
+        Leaving peft's `disable_adapter` block re-enables the layers and resets `requires_grad` to
+        "only the active adapter trains", so the adapter-name rule is restored afterwards.
+        """
+        try:
+            with self.peft.disable_adapter():
+                yield
+        finally:
+            self._restore_trainable()
 
     def ref_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      context_length: int) -> torch.Tensor:
@@ -350,10 +364,17 @@ class SharedLoRAModel(nn.Module):
         return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)  # (B, P + R)
 
     def response_mask(self, responses: torch.Tensor) -> torch.Tensor:
-        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float."""
+        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
+
+        Only the EOS decides where a response ends: `generate` writes pad after it, but a pad id the
+        policy itself sampled before any EOS is a real token of the response (the policy gave it
+        probability), so masking it would punch a hole in the mask.
+        """
+        if responses.ndim != 2:
+            raise ValueError(f"responses must have shape (B, R), got {tuple(responses.shape)}")
         is_eos = (responses == self.eos_token_id).long()  # (B, R)
         after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R)
-        return ((~after_eos) & (responses != self.pad_token_id)).float()  # (B, R)
+        return (~after_eos).float()  # (B, R)
 
     # ------------------------------------------------------------------ memory
     def parameter_bytes(self) -> dict[str, int]:
