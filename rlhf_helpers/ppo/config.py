@@ -39,6 +39,7 @@ class PPOConfig:
     # --- optimisation
     policy_lr: float = 1e-3  #: Adam learning rate of the policy adapter
     value_lr: float = 1e-3  #: Adam learning rate of the value adapter and value head
+    value_warmup_steps: int = 0  #: first iterations that train only the critic (policy frozen)
     # --- LoRA adapters
     lora_r: int = 8  #: LoRA rank of the policy and value adapters
     lora_alpha: int = 16  #: LoRA alpha (scale alpha / r)
@@ -84,7 +85,7 @@ class PPOConfig:
                 raise ValueError(f"{name} must be None or > 0, got {value!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
-        for name in ("save_every", "eval_every"):
+        for name in ("save_every", "eval_every", "value_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         return self

@@ -8,6 +8,7 @@ the policy that sampled, old values, advantages, returns) and what the metrics r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -96,6 +97,64 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - (target - values[m]).var() / var) if var > 0 else float("nan")
 
 
+def response_mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
+
+    Built from EOS alone, not from the pad id: `generate` writes pad only after a row's EOS, so a pad
+    token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
+    attended token instead of punching a hole into the mask.
+    """
+    is_eos = (responses == eos_token_id).long()  # (B, R)
+    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R): strictly after the first EOS
+    return (~after_eos).float()  # (B, R)
+
+
+@dataclass
+class Samples:
+    """Sampled responses to B prompts, before any scoring."""
+
+    prompts: list[str]  #: the prompt texts
+    responses: list[str]  #: decoded responses (EOS and padding removed, leading space)
+    sequences: torch.Tensor  #: (B, P + R) left-padded prompt ids then response ids (pad after EOS)
+    attention_mask: torch.Tensor  #: (B, P + R) 1 on real prompt and response tokens (EOS included)
+    context_length: int  #: P, padded prompt width
+    mask: torch.Tensor  #: (B, R) 1 on response tokens up to and including EOS
+    ended_with_eos: torch.Tensor  #: (B,) True where the response stopped at EOS
+
+
+@torch.no_grad()
+def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], max_prompt_length: int,
+                     max_new_tokens: int, temperature: float = 1.0,
+                     adapter: str | None = "policy") -> Samples:
+    """Sample one response per prompt (KV cache; no top-k/top-p; stop at EOS). `adapter=None`: the
+    reference (the SFT model). Uses the global torch RNG."""
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)
+    P = prompt_ids.shape[1]
+    sequences = model.generate(prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,
+                               adapter=adapter)  # (B, P + R)
+    responses = sequences[:, P:]  # (B, R)
+    mask = response_mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
+    attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
+    ended_with_eos = ((responses == model.eos_token_id) & mask.bool()).any(dim=1)  # (B,)
+    return Samples(prompts=list(prompts), responses=decode_responses(tokenizer, responses, mask),
+                   sequences=sequences, attention_mask=attention_mask, context_length=P, mask=mask,
+                   ended_with_eos=ended_with_eos)
+
+
+@torch.no_grad()
+def score_samples(model: SharedLoRAModel, samples: Samples, reward_fn: RewardFn | None = None) -> torch.Tensor:
+    """Reward of each sample: the reward adapter + score head at the last real token (EOS), or
+    `reward_fn(prompts, responses)` when given: (B,) float32."""
+    if reward_fn is None:
+        return model.reward_scores(samples.sequences, samples.attention_mask).float()  # (B,)
+    raw = list(reward_fn(list(samples.prompts), list(samples.responses)))
+    if len(raw) != len(samples.prompts):
+        raise ValueError(f"reward_fn must return {len(samples.prompts)} scores (one per prompt), "
+                         f"got {len(raw)}")
+    return torch.tensor([float(s) for s in raw], dtype=torch.float32,
+                        device=samples.sequences.device)  # (B,)
+
+
 @torch.no_grad()
 def collect_experience(
     model: SharedLoRAModel,
@@ -107,51 +166,40 @@ def collect_experience(
     step: int | None = None,
 ) -> Experience:
     """Generate, score, run the policy / reference / value passes, shape rewards, and run GAE."""
-    import time
-
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, model.device)
-    P = prompt_ids.shape[1]
-    sequences = model.generate(prompt_ids, prompt_mask, config.max_new_tokens,
-                               temperature=config.temperature)  # (B, P + R)
-    responses = sequences[:, P:]  # (B, R)
-    mask = model.response_mask(responses)  # (B, R)
-    attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
-    ended_with_eos = ((responses == model.eos_token_id) & mask.bool()).any(dim=1)  # (B,)
+    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+                               temperature=config.temperature)
+    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    # old log-probs: the policy that sampled, re-computed in one batched forward (the same numbers the
-    # first update epoch sees, so the ratio starts at exactly 1)
-    old_logprobs, entropy = model.policy_logprobs(sequences, attention_mask, P, with_entropy=True)
-    ref_logprobs = model.ref_logprobs(sequences, attention_mask, P)  # (B, R)
-    values = model.values(sequences, attention_mask, P)  # (B, R)
-    response_texts = decode_responses(tokenizer, responses, mask)
-    if reward_fn is None:
-        scores = model.reward_scores(sequences, attention_mask).float()  # (B,)
-    else:
-        scores = torch.tensor([float(s) for s in reward_fn(list(prompts), response_texts)],
-                              dtype=torch.float32, device=sequences.device)  # (B,)
-        if scores.shape != (len(prompts),):
-            raise ValueError(f"reward_fn must return {len(prompts)} scores, got {tuple(scores.shape)}")
+    # old log-probs: the policy that sampled (never the reference), re-computed in one batched forward
+    # so the first minibatch of the first epoch sees exactly these numbers (ratio 1)
+    old_logprobs, entropy = model.policy_logprobs(seq, attn, P, with_entropy=True)  # (B, R), (B, R)
+    ref_logprobs = model.ref_logprobs(seq, attn, P)  # (B, R)
+    values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
+    scores = score_samples(model, samples, reward_fn)  # (B,)
     timings["forward_passes"] = time.perf_counter() - start
     check_all_finite("reward scores", scores, step)
+    check_all_finite("values", values, step)
+    check_all_finite("policy log-probs", old_logprobs * mask, step)
     if config.missing_eos_penalty is not None:
-        scores = torch.where(ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
+        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
 
-    # r_t = -beta * kl_t + [t = last] * score;  A = GAE(r, V);  returns = A + V
+    start = time.perf_counter()
+    # r_t = -beta * kl_t + [t = last] * score
     rewards, kl = shape_rewards(scores, old_logprobs.float(), ref_logprobs.float(), mask, kl_coef,
                                 kl_kind=config.kl_kind, score_clip=config.score_clip)  # (B, R), (B, R)
     check_all_finite("shaped rewards", rewards, step)
-    advantages, returns = compute_gae(rewards, values.float() * mask, mask, config.gamma,
-                                      config.lam)  # (B, R), (B, R)
+    # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
+    advantages, returns = compute_gae(rewards, values, mask, config.gamma, config.lam)  # (B, R), (B, R)
     if config.whiten_advantages:
         advantages = masked_whiten(advantages, mask)  # (B, R)
+    timings["gae"] = time.perf_counter() - start
     return Experience(
-        prompts=list(prompts), responses=response_texts, sequences=sequences,
-        attention_mask=attention_mask, context_length=P, mask=mask,
-        old_logprobs=old_logprobs.float(), ref_logprobs=ref_logprobs.float(), entropy=entropy.float(),
-        values=values.float() * mask, scores=scores, rewards=rewards, kl=kl, advantages=advantages,
-        returns=returns, ended_with_eos=ended_with_eos, timings=timings,
+        prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
+        context_length=P, mask=mask, old_logprobs=old_logprobs.float(), ref_logprobs=ref_logprobs.float(),
+        entropy=entropy.float(), values=values, scores=scores, rewards=rewards, kl=kl,
+        advantages=advantages, returns=returns, ended_with_eos=samples.ended_with_eos, timings=timings,
     )

@@ -31,6 +31,8 @@ from rlhf_helpers.ppo.experience import (
     check_all_finite,
     collect_experience,
     explained_variance,
+    sample_responses,
+    score_samples,
     tokenize_prompts,
 )
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
@@ -88,13 +90,21 @@ class PPOTrainer:
         self.kl_controller = make_kl_controller(config)
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
+        self.last_batch: Experience | None = None  #: the experience batch of the latest step
+        #: per-minibatch stats of the latest update, in order: epoch, minibatch, ratio_mean, clipfrac...
+        self.last_update_stats: list[dict[str, float]] = []
+        self.last_checkpoint: str | None = None  #: folder of the newest checkpoint this trainer wrote
 
     # ------------------------------------------------------------------ randomness
+    def _step_seed(self) -> int:
+        """Seed of this step's randomness: a function of (seed, step, process) only, so the same seed
+        gives the same curve whatever the caller did with the global RNG, and a resumed run draws the
+        same prompts, samples and shuffles without a saved data-loader state."""
+        return (self.config.seed * 1_000_003 + self.step_count) * 64 + self.process_index
+
     def _step_generator(self) -> torch.Generator:
-        """Prompt order and minibatch shuffles of this step: a function of (seed, step, process) only,
-        so a resumed run draws the same ones without saving a data-loader state."""
-        return torch.Generator().manual_seed(
-            (self.config.seed * 1_000_003 + self.step_count) * 64 + self.process_index)
+        """Prompt order and minibatch shuffles of this step."""
+        return torch.Generator().manual_seed(self._step_seed())
 
     def sample_prompts(self, generator: torch.Generator) -> list[str]:
         n = self.config.rollout_batch_size
@@ -110,13 +120,17 @@ class PPOTrainer:
         config = self.config
         generator = self._step_generator()
         start = time.perf_counter()
-        batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
-                                   kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
-                                   step=self.step_count)
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # sampling draws from the step's seed only
+            torch.manual_seed(self._step_seed())
+            batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
+                                       kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
+                                       step=self.step_count)
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
         update_stats = self.update(batch, generator)
         update_seconds = time.perf_counter() - start
+        self.last_batch = batch
         metrics = self._rollout_metrics(batch)
         metrics.update(update_stats)
         metrics["time_rollout"] = rollout_seconds
@@ -164,6 +178,9 @@ class PPOTrainer:
                 if param.grad is not None:
                     param.grad = self.accelerator.reduce(param.grad, reduction="mean")
         norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if not bool(torch.isfinite(norm)):
+            optimizer.zero_grad(set_to_none=True)  # never step on a NaN/inf gradient
+            check_all_finite("gradient norm", norm, self.step_count)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
@@ -185,7 +202,9 @@ class PPOTrainer:
         B, P = len(batch), batch.context_length
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(config.ppo_epochs):
+        self.last_update_stats = []
+        train_policy = self.step_count >= config.value_warmup_steps
+        for epoch in range(config.ppo_epochs):
             order = torch.randperm(B, generator=generator)
             for first in range(0, B, config.mini_batch_size):
                 idx = order[first : first + config.mini_batch_size].to(batch.sequences.device)
@@ -202,8 +221,11 @@ class PPOTrainer:
                     loss = loss + config.ptx_coef * ptx
                     sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(ptx.detach())
                 check_all_finite("policy loss", loss.detach(), self.step_count)
-                loss.backward()
-                policy_norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
+                if train_policy:
+                    loss.backward()
+                    policy_norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
+                else:  # value warm-up: the critic learns the returns first, the policy waits
+                    policy_norm = 0.0
 
                 # critic: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2
                 new_values = self.model.values(seq, attn, P).float()  # (b, R)
@@ -218,27 +240,48 @@ class PPOTrainer:
                     "approx_kl": float(pg_stats["approx_kl"]), "value_loss": float(v_loss.detach()),
                     "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
                     "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
+                    "entropy_update": float(mean_entropy.detach()),
                 }
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
+                self.last_update_stats.append({
+                    "epoch": float(epoch), "minibatch": float(first // config.mini_batch_size),
+                    "ratio_mean": float(pg_stats["ratio_mean"]), "ratio_max": float(pg_stats["ratio_max"]),
+                    **stats})
         return {key: value / count for key, value in sums.items()}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, prompts: Sequence[str], seed: int = 12345) -> dict[str, float]:
-        """Mean reward score, hidden score and sequence KL of fresh samples on `prompts` (fixed seed,
-        the caller's RNG untouched)."""
+    def evaluate(self, prompts: Sequence[str], seed: int = 12345, batch_size: int = 256) -> dict[str, float]:
+        """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed seed,
+        the caller's RNG untouched; no value pass, no GAE).
+
+        eval_kl = mean over prompts of sum_t (log pi(y_t) - log ref(y_t)), the k1 sequence KL of the
+        policy's own samples (an unbiased estimate of KL(pi || ref) per response).
+        """
+        if not prompts:
+            raise ValueError("prompts must be a non-empty list of strings")
+        config = self.config
+        scores, seq_kls, lengths, responses = [], [], [], []
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            batch = collect_experience(self.model, self.tokenizer, prompts, self.config,
-                                       kl_coef=self.kl_controller.value, reward_fn=self.reward_fn)
-        seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * batch.mask).sum(dim=1)  # (B,)
-        out = {"eval_score": float(batch.scores.mean()), "eval_kl": float(seq_kl.mean()),
-               "eval_response_length": float(batch.mask.sum(dim=1).mean())}
+            for first in range(0, len(prompts), batch_size):
+                part = list(prompts[first : first + batch_size])
+                samples = sample_responses(self.model, self.tokenizer, part, config.max_prompt_length,
+                                           config.max_new_tokens, temperature=config.temperature)
+                seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+                logp = self.model.policy_logprobs(seq, attn, P).float()  # (b, R)
+                ref = self.model.ref_logprobs(seq, attn, P).float()  # (b, R)
+                seq_kls.append(((logp - ref) * mask).sum(dim=1))  # (b,)
+                scores.append(score_samples(self.model, samples, self.reward_fn))  # (b,)
+                lengths.append(mask.sum(dim=1))  # (b,)
+                responses.extend(samples.responses)
+        out = {"eval_score": float(torch.cat(scores).mean()), "eval_kl": float(torch.cat(seq_kls).mean()),
+               "eval_response_length": float(torch.cat(lengths).mean())}
         if self.hidden_score_fn is not None:
-            hidden = self.hidden_score_fn(batch.prompts, batch.responses)
+            hidden = self.hidden_score_fn(list(prompts), responses)
             out["eval_hidden_score"] = sum(hidden) / len(hidden)
         return out
 
@@ -272,13 +315,16 @@ class PPOTrainer:
                     callback(metrics)
                 if config.output_dir and config.save_every and self.step_count % config.save_every == 0 \
                         and self.step_count < target and is_main:
-                    save_checkpoint(self, config.output_dir)
+                    self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         except NonFiniteError as error:
             bar.close()
-            raise NonFiniteError(f"{error}") from None
+            kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
+                    else "no checkpoint was written before it")
+            raise NonFiniteError(f"{error}. Nothing was saved after the bad value; {kept}. Lower the "
+                                 "learning rates, or set score_clip / max_grad_norm.") from None
         bar.close()
         if config.output_dir and is_main:
-            save_checkpoint(self, config.output_dir)
+            self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         return self.history
 
     # ------------------------------------------------------------------ state for checkpoints
