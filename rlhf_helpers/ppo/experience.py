@@ -9,7 +9,8 @@ the policy that sampled, old values, advantages, returns) and what the metrics r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +36,19 @@ def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> Non
         bad = int((~torch.isfinite(x)).sum())
         raise NonFiniteError(f"{what} has {bad} NaN/inf value(s){where}; stopping the run (the last "
                              "checkpoint written before this step is intact)")
+
+
+@contextmanager
+def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
+    """Turn the maths core's "must be finite" ValueError (NaN/inf logits, values...) into NonFiniteError."""
+    try:
+        yield
+    except ValueError as error:
+        if "must be finite" not in str(error):
+            raise
+        where = f" at PPO step {step}" if step is not None else ""
+        raise NonFiniteError(f"{error}{where}; stopping the run (the last checkpoint written before "
+                             "this step is intact)") from error
 
 
 @dataclass
@@ -174,12 +188,13 @@ def collect_experience(
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    # old log-probs: the policy that sampled (never the reference), re-computed in one batched forward
-    # so the first minibatch of the first epoch sees exactly these numbers (ratio 1)
-    old_logprobs, entropy = model.policy_logprobs(seq, attn, P, with_entropy=True)  # (B, R), (B, R)
-    ref_logprobs = model.ref_logprobs(seq, attn, P)  # (B, R)
-    values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
-    scores = score_samples(model, samples, reward_fn)  # (B,)
+    with non_finite_stops_run(step):
+        # old log-probs: the policy that sampled (never the reference), re-computed in one batched
+        # forward so the first minibatch of the first epoch sees exactly these numbers (ratio 1)
+        old_logprobs, entropy = model.policy_logprobs(seq, attn, P, with_entropy=True)  # (B, R), (B, R)
+        ref_logprobs = model.ref_logprobs(seq, attn, P)  # (B, R)
+        values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
+        scores = score_samples(model, samples, reward_fn)  # (B,)
     timings["forward_passes"] = time.perf_counter() - start
     check_all_finite("reward scores", scores, step)
     check_all_finite("values", values, step)

@@ -31,6 +31,7 @@ from rlhf_helpers.ppo.experience import (
     check_all_finite,
     collect_experience,
     explained_variance,
+    non_finite_stops_run,
     sample_responses,
     score_samples,
     tokenize_prompts,
@@ -204,6 +205,8 @@ class PPOTrainer:
         count = 0
         self.last_update_stats = []
         train_policy = self.step_count >= config.value_warmup_steps
+        check_all_finite("advantages", batch.advantages, self.step_count)
+        check_all_finite("returns", batch.returns, self.step_count)
         for epoch in range(config.ppo_epochs):
             order = torch.randperm(B, generator=generator)
             for first in range(0, B, config.mini_batch_size):
@@ -211,7 +214,8 @@ class PPOTrainer:
                 seq, attn, mask = batch.sequences[idx], batch.attention_mask[idx], batch.mask[idx]
 
                 # policy: L = L_clip - c_ent * H + c_ptx * L_lm
-                logp, entropy = self.model.policy_logprobs(seq, attn, P, with_entropy=True)  # (b, R)
+                with non_finite_stops_run(self.step_count):
+                    logp, entropy = self.model.policy_logprobs(seq, attn, P, with_entropy=True)  # (b, R)
                 pg_loss, pg_stats = policy_loss(logp.float(), batch.old_logprobs[idx],
                                                 batch.advantages[idx], mask, clip_eps=config.clip_eps)
                 mean_entropy = masked_mean(entropy.float(), mask)
@@ -228,7 +232,9 @@ class PPOTrainer:
                     policy_norm = 0.0
 
                 # critic: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2
-                new_values = self.model.values(seq, attn, P).float()  # (b, R)
+                with non_finite_stops_run(self.step_count):
+                    new_values = self.model.values(seq, attn, P).float()  # (b, R)
+                check_all_finite("values", new_values.detach() * mask, self.step_count)
                 v_loss, v_stats = value_loss(new_values, batch.values[idx], batch.returns[idx], mask,
                                              clip_range=config.value_clip)
                 check_all_finite("value loss", v_loss.detach(), self.step_count)

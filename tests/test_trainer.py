@@ -1,0 +1,263 @@
+"""The PPO update loop on the toy model: ratio 1 at the start, the clip loss going down, NaN handling
+with checkpoints, determinism, the KL controller, the ptx loss, value warm-up, config validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_helpers.kl import AdaptiveKLController, FixedKLController, shape_rewards
+from rlhf_helpers.losses import policy_loss
+from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import NonFiniteError
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.trainer import PPOTrainer
+
+PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
+           "the film was bad .", "the plot is fine", "the acting was good"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def good_count(prompts, responses):
+    """A learnable toy reward: how often the response says "good" or "great"."""
+    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
+
+
+def make_trainer(seed: int = 0, reward_fn=good_count, ptx_texts=None, **overrides) -> PPOTrainer:
+    tok = toy_tokenizer()
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=seed)
+    values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
+                  max_new_tokens=8, lora_r=4, lora_alpha=8, policy_lr=5e-2, value_lr=5e-2,
+                  progress_bar=False, seed=seed)
+    values.update(overrides)
+    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=reward_fn,
+                      hidden_score_fn=good_count, ptx_texts=ptx_texts)
+
+
+def snapshot(params) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in params]
+
+
+def changed(before, params) -> bool:
+    return any(not torch.equal(a, p.detach()) for a, p in zip(before, params, strict=True))
+
+
+def without_times(history):
+    return [{k: v for k, v in m.items() if not k.startswith("time_")} for m in history]
+
+
+def test_first_minibatch_has_ratio_one_and_later_ones_move():
+    trainer = make_trainer()
+    trainer.step()  # move the policy off the reference, so the test is not about LoRA's zero init
+    trainer.step()
+    stats = trainer.last_update_stats
+    assert len(stats) == 2 * 2  # epochs x minibatches
+    first = stats[0]
+    assert first["epoch"] == 0 and first["minibatch"] == 0
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["clipfrac"] == 0.0
+    assert first["approx_kl"] == pytest.approx(0.0, abs=1e-9)
+    # after an optimiser step the policy has moved: the last minibatch sees ratio != 1
+    assert abs(stats[-1]["ratio_mean"] - 1.0) > 1e-6 or stats[-1]["ratio_max"] > 1.0 + 1e-4
+
+
+def test_an_update_lowers_the_clip_loss_on_its_batch():
+    trainer = make_trainer(ppo_epochs=4, rollout_batch_size=8, mini_batch_size=8)
+    trainer.step()
+    batch = trainer.last_batch
+    seq, attn, P = batch.sequences, batch.attention_mask, batch.context_length
+
+    def clip_loss() -> float:
+        with torch.no_grad():
+            logp = trainer.model.policy_logprobs(seq, attn, P)
+        loss, _ = policy_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, clip_eps=0.2)
+        return float(loss)
+
+    # at the sampling policy the ratio is 1, so the loss is -mean(A) (0 for whitened advantages)
+    before = -float((batch.advantages * batch.mask).sum() / batch.mask.sum())
+    after = clip_loss()
+    assert after < before - 1e-3
+    # and it cannot fall below the clipped bound: -mean(min(r A, clip(r) A)) >= -mean(1.2 |A|)
+    bound = -1.2 * float((batch.advantages.abs() * batch.mask).sum() / batch.mask.sum())
+    assert after >= bound - 1e-6
+
+
+def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    calls = {"n": 0}
+
+    def reward_then_nan(prompts, responses):
+        calls["n"] += 1
+        scores = good_count(prompts, responses)
+        if calls["n"] == 3:  # the third step's rollouts
+            scores[1] = math.nan
+        return scores
+
+    trainer = make_trainer(reward_fn=reward_then_nan, save_every=1, output_dir=str(tmp_path))
+    saved = {}
+    trainer_params = trainer.model.policy_parameters()
+    with pytest.raises(NonFiniteError) as info:
+        trainer.train(steps=5, callback=lambda m: saved.setdefault(int(m["step"]),
+                                                                   snapshot(trainer_params)))
+    message = str(info.value)
+    assert "reward scores has 1 NaN/inf value(s) at PPO step 2" in message
+    assert "step-000002" in message  # it names the last good checkpoint
+    assert trainer.step_count == 2 and len(trainer.history) == 2
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name == "step-000002"
+    # a fresh trainer restored from disk has exactly the weights after step 2
+    fresh = make_trainer(seed=123)
+    load_checkpoint(fresh, tmp_path)
+    assert fresh.step_count == 2
+    for a, b in zip(saved[2], fresh.model.policy_parameters(), strict=True):
+        assert torch.equal(a, b.detach())
+
+
+def test_non_finite_update_inputs_raise_before_any_weight_changes():
+    trainer = make_trainer()
+    trainer.step()
+    batch = trainer.last_batch
+    batch.advantages[0, 0] = math.nan
+    before = snapshot(trainer.model.policy_parameters())
+    with pytest.raises(NonFiniteError, match="advantages has 1 NaN/inf value"):
+        trainer.update(batch, torch.Generator().manual_seed(0))
+    assert not changed(before, trainer.model.policy_parameters())
+    # a weight gone non-finite: the policy's log-probs are caught before any optimiser step
+    batch.advantages[0, 0] = 0.0
+    value_before = snapshot(trainer.model.value_parameters())
+    with torch.no_grad():
+        trainer.model.policy_parameters()[0][0, 0] = math.inf
+    with pytest.raises(NonFiniteError, match="logits must be finite.* at PPO step 1"):
+        trainer.update(batch, torch.Generator().manual_seed(0))
+    assert not changed(value_before, trainer.model.value_parameters())
+
+
+def test_same_seed_same_curve_other_seed_other_curve():
+    first = make_trainer(seed=3)
+    first.train(steps=3)
+    torch.manual_seed(999)  # the caller's RNG must not matter
+    torch.rand(17)
+    second = make_trainer(seed=3)
+    second.train(steps=3)
+    assert without_times(first.history) == without_times(second.history)
+    other = make_trainer(seed=4)
+    other.train(steps=3)
+    assert without_times(other.history) != without_times(first.history)
+
+
+def test_adaptive_kl_controller_moves_beta_and_the_next_rewards_use_it():
+    trainer = make_trainer(kl_coef=0.2, target_kl=0.01, kl_horizon=100)
+    assert isinstance(trainer.kl_controller, AdaptiveKLController)
+    trainer.step()
+    metrics = trainer.step()  # the policy has moved: KL > 0
+    kl, beta_used = metrics["kl"], metrics["kl_coef"]
+    # beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * B / horizon)
+    expected = beta_used * (1 + min(max(kl / 0.01 - 1, -0.2), 0.2) * 8 / 100)
+    assert trainer.kl_controller.value == pytest.approx(expected, rel=1e-9)
+    assert trainer.kl_controller.value != beta_used
+    # the next rollout shapes its rewards with the new beta
+    trainer.step()
+    batch = trainer.last_batch
+    rewards, _ = shape_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, expected)
+    assert torch.allclose(batch.rewards, rewards, atol=1e-6)
+    assert trainer.history[-1]["kl_coef"] == pytest.approx(expected)
+
+    fixed = make_trainer(kl_coef=0.2)
+    assert isinstance(fixed.kl_controller, FixedKLController)
+    fixed.train(steps=2)
+    assert [m["kl_coef"] for m in fixed.history] == [0.2, 0.2]
+
+
+def test_ptx_loss_is_used_when_its_coefficient_is_positive():
+    texts = ["the movie is good .", "the plot was great .", "the acting is fine ."]
+    plain = make_trainer()
+    plain.step()
+    with_ptx = make_trainer(ptx_coef=1.0, ptx_texts=texts)
+    metrics = with_ptx.step()
+    assert "ptx_loss" not in plain.history[0]
+    assert math.isfinite(metrics["ptx_loss"]) and metrics["ptx_loss"] > 0
+    # the rollouts are identical (same seed, same initial policy); only the update differs
+    assert metrics["score"] == plain.history[0]["score"]
+    diffs = [float((a.detach() - b.detach()).abs().max()) for a, b in
+             zip(plain.model.policy_parameters(), with_ptx.model.policy_parameters(), strict=True)]
+    assert max(diffs) > 1e-4
+    with pytest.raises(ValueError, match="ptx_texts"):
+        make_trainer(ptx_coef=0.5)
+
+
+def test_value_warmup_trains_only_the_critic_first():
+    trainer = make_trainer(value_warmup_steps=1)
+    policy_before = snapshot(trainer.model.policy_parameters())
+    value_before = snapshot(trainer.model.value_parameters())
+    trainer.step()
+    assert not changed(policy_before, trainer.model.policy_parameters())
+    assert changed(value_before, trainer.model.value_parameters())
+    trainer.step()
+    assert changed(policy_before, trainer.model.policy_parameters())
+
+
+def test_train_evaluates_and_reports_every_metric():
+    trainer = make_trainer(eval_every=2, n_eval_prompts=4)
+    seen = []
+    history = trainer.train(steps=2, eval_prompts=PROMPTS, callback=seen.append)
+    assert len(history) == 2 and seen == history
+    for key in ("score", "hidden_score", "kl", "entropy", "clipfrac", "approx_kl", "value_loss",
+                "explained_variance", "response_length", "kl_coef", "time_step"):
+        assert all(math.isfinite(m[key]) for m in history), key
+    assert "eval_hidden_score" in history[1] and "eval_hidden_score" not in history[0]
+    # hidden_score is the hidden scorer on the rollouts (here: the toy reward itself)
+    assert history[0]["hidden_score"] == pytest.approx(history[0]["score"])
+    # evaluation is seeded and leaves the caller's RNG alone
+    state = torch.random.get_rng_state()
+    a, b = trainer.evaluate(PROMPTS), trainer.evaluate(PROMPTS)
+    assert a == b and torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_evaluate_kl_is_zero_before_training():
+    trainer = make_trainer()
+    result = trainer.evaluate(PROMPTS)
+    assert result["eval_kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts at B = 0: policy == reference
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("rollout_batch_size", 0), ("mini_batch_size", -1), ("ppo_epochs", 0), ("max_new_tokens", 0),
+    ("clip_eps", 0.0), ("policy_lr", math.nan), ("value_lr", -1e-3), ("max_grad_norm", math.inf),
+    ("kl_coef", -0.1), ("entropy_coef", math.nan), ("ptx_coef", -1.0), ("gamma", 1.5), ("lam", -0.1),
+    ("value_clip", 0.0), ("target_kl", -1.0), ("kl_kind", "k4"), ("temperature", 0.0),
+    ("save_every", -1), ("value_warmup_steps", -2),
+])
+def test_bad_config_values_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        PPOConfig(**{field: value})
+
+
+def test_config_batch_divisibility_and_unknown_fields():
+    with pytest.raises(ValueError, match="rollout_batch_size .* multiple of mini_batch_size"):
+        PPOConfig(rollout_batch_size=10, mini_batch_size=4)
+    with pytest.raises(ValueError, match="unknown PPOConfig field"):
+        PPOConfig().replace(learning_rate=1e-3)
+    config = PPOConfig(kl_coef=0.1, lora_target_modules=["c_attn"])
+    assert PPOConfig.from_dict(config.to_dict()) == config
+
+
+def test_trainer_rejects_bad_arguments():
+    trainer = make_trainer()
+    with pytest.raises(ValueError, match="config must be a PPOConfig"):
+        PPOTrainer({"kl_coef": 0.1}, trainer.model, trainer.tokenizer, PROMPTS)
+    with pytest.raises(ValueError, match="prompts must be a non-empty list"):
+        PPOTrainer(trainer.config, trainer.model, trainer.tokenizer, [])
+    with pytest.raises(ValueError, match="prompts must be a non-empty list"):
+        trainer.evaluate([])
+
