@@ -1,16 +1,18 @@
 """Our shared-LoRA PPO engine side by side with trl==1.10.0's `trl.experimental.ppo.PPOTrainer`.
 
-Both run in one call, each in its own subprocess, on the same model, prompts, batch size,
-response length, epochs, minibatches, learning rate, KL coefficient, LoRA rank and reward:
+Both run in one call, one after the other, each in its own subprocess with one torch thread, on
+the same model, prompts, batch size, response length, epochs, minibatches, learning rate, KL
+coefficient, clip ranges, LoRA rank and reward:
 
 - TRL: inside a separate venv `.bench-venv-trl110/` (TRL 1.16 in .venv has no PPOTrainer),
   built here on first use from `benchmarks/requirements-trl-baseline.txt`.
 - ours: `rlhf_helpers.ppo` in the main venv.
 
-Reported: wall time per PPO update (median after warm-up; goal: ours at least 2x faster), peak
-RSS (and peak CUDA memory on a GPU), and the hidden ground-truth score of samples on held-out
-prompts at a matched KL to the reference (both curves interpolated at the smaller of the two
-final KLs). Timings on a shared machine are noisy; compare ratios from one run.
+Reported: wall time and CPU time per PPO update (rollout + all update epochs; median after the
+warm-up updates; goal: ours at least 2x faster), peak RSS (and peak CUDA memory on a GPU), and
+the hidden ground-truth score of samples on held-out prompts at a matched KL to the reference
+(`score_at_kl`: the best score each side's evaluation curve reaches within the KL budget both
+sides reached). Timings on a shared machine are noisy; compare ratios from one run.
 
     python -m benchmarks.bench_trl_baseline                  # tiny profile, CPU, ~4 minutes
     python -m benchmarks.bench_trl_baseline --fast           # smoke run
@@ -19,8 +21,9 @@ final KLs). Timings on a shared machine are noisy; compare ratios from one run.
 Honest differences: TRL's PPOTrainer keeps separate policy, value and reward models (its value
 model is a full fine-tuned copy; the reference is the policy with its LoRA adapter disabled);
 ours keeps one base with policy and value adapters. TRL sums policy and value loss into one
-optimiser step; ours may use one optimiser per adapter. Both use the hidden scorer as the reward
-by default, so neither pays for a reward-model forward.
+AdamW step and does not clip gradients; ours steps one Adam per adapter and clips each
+gradient norm at 1.0. Both use the hidden scorer as the reward, so neither pays for a
+reward-model forward. benchmarks/README.md has the full list and the latest figures.
 """
 
 from __future__ import annotations
@@ -166,11 +169,17 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
-    """Ratios and the matched-KL scores of two finished sides."""
+    """Ratios and the matched-KL scores of two finished sides.
+
+    The matched KL is the smaller of the two sides' largest evaluated KLs: the largest budget
+    both sides reached, so neither is credited for drifting further from the reference.
+    """
     matched_kl = min(max(p["kl"] for p in trl["evals"]), max(p["kl"] for p in ours["evals"]))
     memory_key = "peak_cuda_memory_mb" if "peak_cuda_memory_mb" in trl else "peak_rss_mb"
     comparison = {
         "speedup_ours_vs_trl": _ratio(trl["seconds_per_update"], ours["seconds_per_update"]),
+        "cpu_speedup_ours_vs_trl": _ratio(trl.get("cpu_seconds_per_update"),
+                                          ours.get("cpu_seconds_per_update")),
         "speedup_goal": SPEEDUP_GOAL,
         "memory_metric": memory_key,
         "peak_memory_ratio_ours_over_trl": _ratio(ours.get(memory_key), trl.get(memory_key)),
@@ -191,8 +200,9 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str, Any]) -> str:
     """Plain-text table: one row per figure, TRL | ours | ours/TRL."""
-    rows = [("seconds per PPO update (median)", "seconds_per_update"),
-            ("generated tokens per second", "tokens_per_second"),
+    rows = [("wall s per PPO update (median)", "seconds_per_update"),
+            ("CPU s per PPO update (median)", "cpu_seconds_per_update"),
+            ("tokens/s (batch x resp. len / s)", "tokens_per_second"),
             ("peak RSS, MB", "peak_rss_mb"),
             ("RSS after imports, MB", "rss_after_imports_mb"),
             ("trainable parameters", "trainable_parameters")]
@@ -210,17 +220,36 @@ def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str
     lines.append(f"{label:34} {_fmt(comparison['trl_score_at_matched_kl']):>12} "
                  f"{_fmt(comparison['ours_score_at_matched_kl']):>12}")
     speedup = comparison["speedup_ours_vs_trl"]
-    lines.append(f"speed-up ours vs TRL: {_fmt(speedup)}x (goal >= {SPEEDUP_GOAL}x: "
+    lines.append(f"speed-up ours vs TRL: {_fmt(speedup)}x wall, "
+                 f"{_fmt(comparison.get('cpu_speedup_ours_vs_trl'))}x CPU (goal >= {SPEEDUP_GOAL}x: "
                  f"{'met' if comparison['speedup_goal_met'] else 'not met'})")
     return "\n".join(lines)
 
 
-def main(fast: bool = False, device: str = "cpu", random_init_config: str | None = None,
-         only: str | None = None) -> dict[str, Any]:
-    """Build the venv if needed, run both sides, print the table; return every figure.
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """The flat figures `python -m benchmarks` prints: per side, then the comparison."""
+    figures: dict[str, Any] = {}
+    keys = ("seconds_per_update", "cpu_seconds_per_update", "tokens_per_second", "peak_rss_mb",
+            "rss_after_imports_mb", "peak_cuda_memory_mb", "trainable_parameters")
+    for side in ("trl", "ours"):
+        if side not in result:
+            continue
+        figures.update({f"{side}_{key}": result[side][key] for key in keys if key in result[side]})
+        final = result[side]["evals"][-1]
+        figures[f"{side}_final_kl"] = final["kl"]
+        figures[f"{side}_final_hidden_score"] = final["hidden_score"]
+    figures.update(result.get("comparison", {}))
+    return figures
 
-    `only`: "trl" or "ours" runs one side (for debugging). Returns {"skipped": reason} when
-    the trl==1.10.0 venv cannot be built (no package index, for instance).
+
+def main(fast: bool = False, device: str = "cpu", random_init_config: str | None = None,
+         only: str | None = None, json_path: Path | None = None) -> dict[str, Any]:
+    """Build the venv if needed, run both sides, print the table; return the flat figures.
+
+    `only`: "trl" or "ours" runs one side (for debugging). `json_path`: also write every figure
+    (settings, per-update times, evaluation curves, training logs) there. Returns
+    {"skipped": reason} when the trl==1.10.0 venv cannot be built (no package index, for
+    instance); raises RuntimeError when a side fails.
     """
     if only not in (None, "trl", "ours"):
         raise ValueError(f"only must be None, 'trl' or 'ours', got {only!r}")
@@ -242,12 +271,14 @@ def main(fast: bool = False, device: str = "cpu", random_init_config: str | None
             result["ours"] = run_side(sys.executable, RUNNERS / "run_ours_ppo.py", settings, workdir)
     errors = {side: result[side]["error"] for side in ("trl", "ours")
               if side in result and "error" in result[side]}
-    for side, message in errors.items():
-        print(f"{side} failed: {message}")
     if only is None and not errors:
         result["comparison"] = compare(result["trl"], result["ours"])
         print(format_table(result["trl"], result["ours"], result["comparison"]))
-    return result
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    if errors:
+        raise RuntimeError("; ".join(f"{side} failed: {message}" for side, message in errors.items()))
+    return summarize(result)
 
 
 if __name__ == "__main__":
@@ -259,6 +290,4 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=("trl", "ours"), default=None, help="run one side")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
     cli = parser.parse_args()
-    figures = main(cli.fast, cli.device, cli.random_init_config, cli.only)
-    if cli.json is not None:
-        cli.json.write_text(json.dumps(figures, indent=2))
+    main(cli.fast, cli.device, cli.random_init_config, cli.only, cli.json)

@@ -114,23 +114,27 @@ def current_rss_mb() -> float:
 
 
 class UpdateClock:
-    """Wall time per PPO update, with evaluation time between updates taken out.
+    """Wall time and process CPU time per PPO update, with evaluation time between updates taken out.
 
     Call `update_done()` right when an update finishes and `resume()` when the loop goes on
     after any evaluation: an update's time is the time from the previous `resume()` to its
-    `update_done()`.
+    `update_done()`. CPU time (`time.process_time`, all threads of this process) is the steadier
+    figure on a shared machine: other processes' load stretches wall time, not this process's CPU time.
     """
 
     def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._since = time.perf_counter()
+        self.seconds: list[float] = []  #: wall seconds of each update
+        self.cpu_seconds: list[float] = []  #: CPU seconds of each update
+        self.resume()
 
     def resume(self) -> None:
         self._since = time.perf_counter()
+        self._cpu_since = time.process_time()
 
     def update_done(self) -> float:
         elapsed = time.perf_counter() - self._since
         self.seconds.append(elapsed)
+        self.cpu_seconds.append(time.process_time() - self._cpu_since)
         return elapsed
 
 

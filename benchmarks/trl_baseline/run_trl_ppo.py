@@ -211,6 +211,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
         "settings": settings.__dict__,
         "context_length": context_length,
         "update_seconds": clock.seconds,
+        "update_cpu_seconds": clock.cpu_seconds,
+        "cpu_seconds_per_update": median(clock.cpu_seconds[settings.warmup_updates:]),
         "seconds_per_update": per_update,
         "train_seconds": train_seconds,
         "tokens_per_second": settings.batch_size * settings.response_length / per_update,

@@ -1,0 +1,152 @@
+"""The pure pieces of the TRL-baseline benchmark (no timing, no TRL, no model).
+
+The benchmark itself (`python -m benchmarks.bench_trl_baseline`) is run by hand: its figures are
+timings on a shared machine, which belong in benchmarks/README.md, not in assertions.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_trl_baseline as bench  # noqa: E402
+from benchmarks.trl_baseline.common import BenchSettings, UpdateClock, median  # noqa: E402
+
+
+def _curve(*points: tuple[float, float]) -> list[dict[str, float]]:
+    return [{"update": i, "kl": kl, "hidden_score": score} for i, (kl, score) in enumerate(points)]
+
+
+# ----------------------------------------------------------------------------- settings
+def test_settings_json_round_trip_keeps_every_field() -> None:
+    settings = BenchSettings(updates=5, warmup_updates=1, batch_size=12, mini_batch_size=4,
+                             lora_target_modules=["q_proj", "v_proj"], random_init_config="smollm2",
+                             device="cuda", dtype="bfloat16", learning_rate=3e-4)
+    again = BenchSettings.from_json(settings.to_json())
+    assert again == settings
+    assert again.lora_target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"batch_size": 10, "mini_batch_size": 4}, "batch_size"),
+    ({"updates": 0}, "updates"),
+    ({"warmup_updates": 3, "updates": 3}, "warmup_updates"),
+    ({"device": "tpu"}, "device"),
+    ({"random_init_config": "gpt5"}, "random_init_config"),
+])
+def test_settings_reject_what_cannot_run_on_both_sides(changes: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        BenchSettings(**changes).validate()
+
+
+def test_settings_from_json_rejects_unknown_fields() -> None:
+    with pytest.raises(TypeError):
+        BenchSettings.from_json('{"batch_sise": 8}')
+
+
+def test_fast_settings_come_from_the_tiny_profile() -> None:
+    from rlhf_helpers.profiles import get_profile
+
+    profile = get_profile("tiny")
+    full = bench.settings_from_profile(fast=False, device="cpu", random_init_config=None)
+    assert (full.ppo_epochs, full.response_length, full.kl_coef, full.lora_r) == (
+        profile.ppo_epochs, profile.max_new_tokens, profile.kl_coef, profile.lora_r)
+    assert (full.batch_size, full.mini_batch_size) == (profile.rollout_batch_size, profile.mini_batch_size)
+    fast = bench.settings_from_profile(fast=True, device="cpu", random_init_config=None)
+    assert fast.updates < full.updates and fast.batch_size % fast.mini_batch_size == 0
+
+
+# ----------------------------------------------------------------------------- timing helpers
+def test_median_of_odd_and_even_lengths() -> None:
+    assert median([5.0, 1.0, 3.0]) == 3.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_update_clock_leaves_out_the_time_between_done_and_resume() -> None:
+    import time
+
+    clock = UpdateClock()
+    clock.update_done()
+    time.sleep(0.05)  # an evaluation between two updates: must not count
+    clock.resume()
+    clock.update_done()
+    assert len(clock.seconds) == 2 and clock.seconds[1] < 0.04
+    assert len(clock.cpu_seconds) == 2
+
+
+# ----------------------------------------------------------------------------- matched KL
+def test_score_at_kl_takes_the_crossing_when_it_beats_every_point_inside() -> None:
+    # polyline (0, 0) - (0.2, 1) - (0.6, 3); budget 0.4: points inside score 0 and 1, the second
+    # segment crosses KL 0.4 halfway, at 1 + (3 - 1) * (0.4 - 0.2) / (0.6 - 0.2) = 2
+    curve = _curve((0.0, 0.0), (0.2, 1.0), (0.6, 3.0))
+    assert bench.score_at_kl(curve, 0.4) == pytest.approx(2.0)
+
+
+def test_score_at_kl_on_a_curve_whose_kl_goes_back_down() -> None:
+    # (0, 0) - (0.5, 2) - (0.1, 0.5); budget 0.3: inside 0 and 0.5; crossings
+    # 0 + 2 * 0.3 / 0.5 = 1.2 and 2 + (0.5 - 2) * (0.3 - 0.5) / (0.1 - 0.5) = 1.25
+    curve = _curve((0.0, 0.0), (0.5, 2.0), (0.1, 0.5))
+    assert bench.score_at_kl(curve, 0.3) == pytest.approx(1.25)
+
+
+def test_score_at_kl_best_point_inside_and_edges() -> None:
+    curve = _curve((0.0, 0.1), (0.3, 0.9), (0.5, 0.2))
+    assert bench.score_at_kl(curve, 0.3) == pytest.approx(0.9)  # a point exactly at the budget counts
+    assert bench.score_at_kl(curve, 10.0) == pytest.approx(0.9)  # the whole curve is inside
+    assert bench.score_at_kl(_curve((0.5, 1.0), (0.7, 2.0)), 0.3) is None  # nothing inside
+    with pytest.raises(ValueError, match="curve"):
+        bench.score_at_kl([], 0.3)
+
+
+def _side(seconds: float, cpu: float, peak: float, after_imports: float,
+          curve: list[dict[str, float]]) -> dict:
+    return {"seconds_per_update": seconds, "cpu_seconds_per_update": cpu, "peak_rss_mb": peak,
+            "rss_after_imports_mb": after_imports, "evals": curve}
+
+
+def test_compare_ratios_and_matched_kl_by_hand() -> None:
+    trl = _side(6.0, 5.0, 900.0, 500.0, _curve((0.0, 0.0), (0.4, 1.0), (0.8, 1.5)))
+    ours = _side(2.0, 2.5, 500.0, 400.0, _curve((0.0, 0.0), (0.2, 1.0), (0.6, 2.0)))
+    out = bench.compare(trl, ours)
+    assert out["speedup_ours_vs_trl"] == pytest.approx(3.0)
+    assert out["cpu_speedup_ours_vs_trl"] == pytest.approx(2.0)
+    assert out["speedup_goal_met"] is True
+    assert out["peak_memory_ratio_ours_over_trl"] == pytest.approx(500 / 900)
+    assert out["training_memory_ratio_ours_over_trl"] == pytest.approx(100 / 400)
+    assert out["matched_kl"] == pytest.approx(0.6)  # the smaller of the two largest KLs
+    assert out["trl_score_at_matched_kl"] == pytest.approx(1.25)  # 1 + 0.5 * (0.6 - 0.4) / 0.4
+    assert out["ours_score_at_matched_kl"] == pytest.approx(2.0)
+    table = bench.format_table(trl, ours, out)
+    assert "3x" in table and "met" in table
+
+
+# ----------------------------------------------------------------------------- skipping
+def test_main_skips_cleanly_when_the_venv_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_side(*args, **kwargs):
+        raise AssertionError("no side may run when the TRL venv is missing")
+
+    monkeypatch.setattr(bench, "ensure_venv", lambda *a, **k: (None, "no package index"))
+    monkeypatch.setattr(bench, "run_side", no_side)
+    assert bench.main(fast=True) == {"skipped": "no package index"}
+
+
+def test_ensure_venv_reports_why_it_could_not_build(tmp_path: Path) -> None:
+    missing_python = str(tmp_path / "no-such-python")
+    venv_python, why = bench.ensure_venv(tmp_path / "venv", python=missing_python)
+    assert venv_python is None
+    assert why.startswith("could not build the trl==1.10.0 venv")
+
+
+def test_main_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="only"):
+        bench.main(only="both")
+    with pytest.raises(ValueError, match="random_init_config"):
+        bench.main(device="cuda")
