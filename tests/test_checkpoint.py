@@ -1,0 +1,189 @@
+"""Checkpoints of the shared model and trainer: round trip, crash mid-save, exact resume, NaN stop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_helpers.ppo import checkpoint as ckpt
+from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import NonFiniteError
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.trainer import PPOTrainer
+
+PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
+           "the film was bad ."]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def good_count(prompts, responses):
+    """A learnable toy reward: how often the response says "good" or "great"."""
+    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
+
+
+def make_trainer(init_seed: int = 0, reward_fn=good_count, **overrides) -> PPOTrainer:
+    """A toy trainer; `init_seed` changes the initial adapters and heads (a 'fresh' trainer must get
+    everything from the checkpoint, not from sharing the seed)."""
+    tok = toy_tokenizer()
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=init_seed)
+    values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
+                  max_new_tokens=6, lora_r=4, lora_alpha=8, policy_lr=3e-2, value_lr=3e-2,
+                  target_kl=0.5, kl_horizon=100, progress_bar=False, seed=0)
+    values.update(overrides)
+    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=reward_fn,
+                      hidden_score_fn=good_count)
+
+
+def model_state(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
+    """Every parameter of the shared model (adapters, heads, base) by name, cloned."""
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+
+
+def assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def without_times(history):
+    return [{k: v for k, v in m.items() if not k.startswith("time_")} for m in history]
+
+
+def test_round_trip_restores_every_adapter_head_and_optimizer(tmp_path):
+    trainer = make_trainer()
+    trainer.step()
+    path = save_checkpoint(trainer, tmp_path)
+    assert path == tmp_path / "step-000001" and latest_checkpoint(tmp_path) == path
+    for adapter in ("policy", "value", "reward"):
+        assert (path / "adapters" / adapter / "adapter_model.safetensors").is_file()
+    fresh = make_trainer(init_seed=7)
+    before = model_state(fresh)
+    assert any(not torch.equal(before[k], v) for k, v in model_state(trainer).items())
+    load_checkpoint(fresh, tmp_path)
+    assert_same_state(model_state(trainer), model_state(fresh))
+    assert fresh.step_count == 1 and fresh.history == trainer.history
+    assert vars(fresh.kl_controller) == vars(trainer.kl_controller)
+    for mine, theirs in ((trainer.policy_optimizer, fresh.policy_optimizer),
+                         (trainer.value_optimizer, fresh.value_optimizer)):
+        a, b = mine.state_dict()["state"], theirs.state_dict()["state"]
+        assert a.keys() == b.keys() and len(a) > 0
+        for key in a:
+            for name in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(a[key][name], b[key][name])
+
+
+def test_resume_equals_an_uninterrupted_run_metric_for_metric(tmp_path):
+    n, k = 3, 1
+    straight = make_trainer()
+    for _ in range(n):
+        straight.step()
+    first = make_trainer()
+    for _ in range(k):
+        first.step()
+    save_checkpoint(first, tmp_path)
+    torch.manual_seed(999)  # the resumed run must not depend on the caller's RNG either
+    resumed = make_trainer(init_seed=3)
+    load_checkpoint(resumed, tmp_path)
+    for _ in range(n - k):
+        resumed.step()
+    assert resumed.kl_controller.value != PPOConfig(target_kl=0.5).kl_coef  # adaptive beta moved
+    assert without_times(resumed.history) == without_times(straight.history)
+    assert_same_state(model_state(resumed), model_state(straight))
+
+
+def test_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = make_trainer()
+    trainer.step()
+    good = save_checkpoint(trainer, tmp_path)
+    state_after_1 = model_state(trainer)
+    trainer.step()  # new weights that a failed save must not half-publish
+    real_save = torch.save
+
+    def crash_midway(obj, path, *args, **kwargs):
+        real_save({"partial": True}, path)  # part of the file is on disk, then the process dies
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash_midway)
+    with pytest.raises(OSError, match="simulated"):
+        save_checkpoint(trainer, tmp_path)
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    assert latest_checkpoint(tmp_path) == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000001"]  # no debris
+    fresh = make_trainer(init_seed=5)
+    load_checkpoint(fresh, tmp_path)
+    assert fresh.step_count == 1
+    assert_same_state(state_after_1, model_state(fresh))
+
+
+def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(tmp_path, monkeypatch):
+    trainer = make_trainer()
+    trainer.step()
+    good = save_checkpoint(trainer, tmp_path)
+    trainer.step()
+
+    def crash(*args, **kwargs):
+        raise OSError("power cut (simulated)")
+
+    monkeypatch.setattr(ckpt, "_write_pointer", crash)
+    with pytest.raises(OSError, match="simulated"):
+        save_checkpoint(trainer, tmp_path)
+    # step-000002 is complete on disk, but `latest` was never moved to it
+    assert latest_checkpoint(tmp_path) == good
+    fresh = make_trainer(init_seed=5)
+    assert load_checkpoint(fresh, tmp_path) == good and fresh.step_count == 1
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    trainer = make_trainer(ppo_epochs=1)
+    for _ in range(3):
+        trainer.step()
+        save_checkpoint(trainer, tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
+    with pytest.raises(ValueError, match="keep"):
+        save_checkpoint(trainer, tmp_path, keep=0)
+
+
+def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(tmp_path, monkeypatch):
+    from rlhf_helpers.ppo import trainer as trainer_module
+
+    real_loss = trainer_module.policy_loss
+    state = {}
+
+    def nan_on_third_step(*args, **kwargs):
+        loss, stats = real_loss(*args, **kwargs)
+        if trainer.step_count == 2:
+            loss = loss * math.nan
+        return loss, stats
+
+    monkeypatch.setattr(trainer_module, "policy_loss", nan_on_third_step)
+    trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1)
+    with pytest.raises(NonFiniteError):
+        trainer.train(steps=4, callback=lambda m: state.__setitem__(int(m["step"]), model_state(trainer)))
+    assert latest_checkpoint(tmp_path).name == "step-000002"
+    fresh = make_trainer(init_seed=9)
+    load_checkpoint(fresh, tmp_path)
+    assert fresh.step_count == 2
+    assert_same_state(state[2], model_state(fresh))
+    assert all(torch.isfinite(p).all() for p in fresh.model.parameters())
+
+
+def test_loading_errors_are_clear(tmp_path):
+    trainer = make_trainer()
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(trainer, tmp_path)
+    path = save_checkpoint(trainer, tmp_path)
+    (path / "adapters" / "value" / "adapter_model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="'value' adapter"):
+        load_checkpoint(trainer, path)
