@@ -195,7 +195,11 @@ def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
-    return "n/a" if value is None else format(value, spec)
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return format(value, spec)
 
 
 def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str, Any]) -> str:
@@ -278,7 +282,10 @@ def main(fast: bool = False, device: str = "cpu", random_init_config: str | None
         Path(json_path).write_text(json.dumps(result, indent=2))
     if errors:
         raise RuntimeError("; ".join(f"{side} failed: {message}" for side, message in errors.items()))
-    return summarize(result)
+    figures = summarize(result)
+    if only is not None:
+        print("\n".join(f"{key:34} {_fmt(value)}" for key, value in figures.items()))
+    return figures
 
 
 if __name__ == "__main__":

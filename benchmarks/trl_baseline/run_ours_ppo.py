@@ -57,6 +57,7 @@ def engine_config(settings: BenchSettings) -> Any:
         lam=settings.lam,
         policy_lr=settings.learning_rate,
         value_lr=settings.learning_rate,
+        value_warmup_steps=0,  # TRL's PPOTrainer has no critic-only warm-up
         lora_r=settings.lora_r,
         lora_alpha=settings.lora_alpha,
         lora_target_modules=tuple(settings.lora_target_modules),
