@@ -90,9 +90,27 @@ class FigureView:
         if self.backend == "figurewidget":
             with self.figure.batch_update():
                 yield self.figure
+                self._fill_batch_gaps()
         else:
             yield self.figure
             self.redraw()
+
+    def _fill_batch_gaps(self) -> None:
+        """Give every trace edited in this batch every property edited in it.
+
+        `batch_update` sends one Plotly.update with, per property, one value per edited trace, and
+        "undefined" for the traces that did not set it. plotly.js (FigureWidget, plotly 6 and 7)
+        then deletes that property: traces whose y changed next to a marker whose x changed lost
+        their x and were drawn against the point index. Re-sending the current value (what the
+        Python figure holds anyway) keeps the message free of "undefined".
+        """
+        edits = getattr(self.figure, "_batch_trace_edits", None)  # {trace index: {prop: value}}
+        if not edits:
+            return
+        props = set().union(*(style.keys() for style in edits.values()))
+        for index, style in edits.items():
+            for prop in props - style.keys():
+                style[prop] = self.figure.data[index][prop]
 
     def redraw(self) -> None:
         """Output backend: replace the Output's content by the current figure (no flicker: wait=True)."""

@@ -103,15 +103,15 @@ class ClipExplorer(Explorer):
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.62, 0.38],
                             vertical_spacing=0.07, specs=[[{"secondary_y": True}], [{}]])
         x = self.grid.tolist()
-        fig.add_trace(go.Scatter(x=x, y=x, name="unclipped ρA", line={"dash": "dash", "color": "#1f77b4"}),
-                      row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=x, name="clipped clip(ρ)A", line={"dash": "dot", "color": "#ff7f0e"}),
-                      row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=x, name="PPO objective (min)", line={"width": 4, "color": "#2ca02c"}),
-                      row=1, col=1)
+        zeros = [0.0] * len(x)  # placeholders: the first update fills every curve
+        for name, line in [("unclipped ρA", {"dash": "dash", "color": "#1f77b4"}),
+                           ("clipped clip(ρ)A", {"dash": "dot", "color": "#ff7f0e"}),
+                           ("PPO objective (min)", {"width": 4, "color": "#2ca02c"})]:
+            fig.add_trace(go.Scatter(x=x, y=zeros, name=name, line=line), row=1, col=1)
         fig.add_trace(go.Scatter(x=[1.0], y=[0.0], name="current ρ", mode="markers",
                                  marker={"size": 12, "color": "black", "symbol": "x"}), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=x, name="d objective / dρ", line={"color": "#d62728"}), row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=zeros, name="d objective / dρ", line={"color": "#d62728"}),
+                      row=2, col=1)
         batch = [] if self.batch_ratios is None else self.batch_ratios.tolist()
         fig.add_trace(go.Histogram(x=batch, name="your batch's ratios", histnorm="percent", opacity=0.3,
                                    marker={"color": "#7f7f7f"}, visible=self.batch_ratios is not None,
