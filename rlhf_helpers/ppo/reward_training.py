@@ -163,7 +163,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
             num_train_epochs=config.epochs, learning_rate=config.learning_rate,
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
             use_cpu=on_cpu, bf16=(not on_cpu and profile.dtype == "bfloat16"),
-            gradient_checkpointing=False,  # RewardConfig's default True breaks adapter switching later
+            activation_checkpointing=False,  # RewardConfig's default True breaks adapter switching later
             report_to=[], save_strategy="no", logging_steps=10, disable_tqdm=True,
             dataloader_num_workers=0, dataset_num_proc=None,
         )
@@ -183,6 +183,110 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     metrics["train_seconds"] = seconds
     metrics["train_pairs"] = float(len(train_pairs))
     return metrics
+
+
+#: Environment variable naming the folder of cached runs (default: runs/ at the repository root).
+RUNS_DIR_ENV = "RLHF_RUNS_DIR"
+#: File written last into a cached reward folder: its presence means the folder is complete.
+COMPLETE_MARKER = "COMPLETE.json"
+
+
+def runs_dir() -> Path:
+    """$RLHF_RUNS_DIR if set, else `runs/` at the repository root."""
+    import os
+
+    override = os.environ.get(RUNS_DIR_ENV)
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "runs"
+
+
+def _cache_key(profile: Any, config: RewardTrainingConfig) -> dict[str, Any]:
+    """What decides the trained adapter: the base model and every training setting."""
+    import dataclasses
+
+    values = dataclasses.asdict(config)
+    values["lora_target_modules"] = list(config.lora_target_modules)
+    return {"sft_model_path": str(profile.sft_model_path), "config": values}
+
+
+def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = None,
+                     root: str | Path | None = None) -> Path:
+    """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
+    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one)."""
+    import hashlib
+    import json
+
+    from rlhf_helpers.profiles import get_profile
+
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    root = Path(root) if root is not None else runs_dir()
+    name = f"reward-{profile.name}"
+    if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
+        key = json.dumps(_cache_key(profile, config), sort_keys=True)
+        name += "-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    return root / name
+
+
+def _defaults_of(profile: Any) -> Any:
+    """The named profile without any overrides (the reference for `reward_cache_dir`'s plain name)."""
+    from rlhf_helpers.profiles import gpu_profile, tiny_profile
+
+    return tiny_profile() if profile.name == "tiny" else gpu_profile()
+
+
+def is_complete_reward_dir(directory: str | Path) -> bool:
+    """True when `directory` holds a finished reward adapter (its completion marker was written last)."""
+    directory = Path(directory)
+    return all((directory / name).is_file()
+               for name in (COMPLETE_MARKER, ADAPTER_WEIGHTS_FILE, SCORE_HEAD_FILE, "adapter_config.json"))
+
+
+def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
+                        root: str | Path | None = None) -> Path:
+    """The trained reward adapter of `profile`, trained first if it is not cached yet.
+
+    The folder is `reward_cache_dir(profile, config, root)` (default runs/reward-<profile>/). Training
+    writes into a hidden temporary folder, adds the completion marker (with the held-out metrics)
+    last, and only then renames the folder into place, so an interrupted run never leaves a folder
+    that looks complete. A leftover folder without the marker is deleted and trained again.
+    """
+    import json
+    import os
+    import shutil
+
+    from rlhf_helpers.profiles import get_profile
+
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    final = reward_cache_dir(profile, config, root)
+    if is_complete_reward_dir(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        metrics = train_reward_model(profile, tmp, config)
+        marker = {"metrics": metrics, **_cache_key(profile, config)}
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if final.exists():  # an incomplete leftover (or a racing writer's folder): replace it
+            if is_complete_reward_dir(final):
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def reward_metrics(directory: str | Path) -> dict[str, float]:
+    """The held-out metrics stored in a cached reward folder's completion marker."""
+    import json
+
+    marker = Path(directory) / COMPLETE_MARKER
+    if not marker.is_file():
+        raise FileNotFoundError(f"{directory} has no {COMPLETE_MARKER}: not a complete reward folder")
+    return json.loads(marker.read_text())["metrics"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
