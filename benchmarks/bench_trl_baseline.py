@@ -220,6 +220,9 @@ def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str
     lines.append(f"{'final held-out KL':34} {_fmt(a['kl']):>12} {_fmt(b['kl']):>12}")
     lines.append(f"{'final held-out hidden score':34} {_fmt(a['hidden_score']):>12} "
                  f"{_fmt(b['hidden_score']):>12}")
+    if "hidden_score_se" in a and "hidden_score_se" in b:
+        lines.append(f"{'  its standard error':34} {_fmt(a['hidden_score_se'], '.2f'):>12} "
+                     f"{_fmt(b['hidden_score_se'], '.2f'):>12}")
     label = f"hidden score at KL {comparison['matched_kl']:.3g}"
     lines.append(f"{label:34} {_fmt(comparison['trl_score_at_matched_kl']):>12} "
                  f"{_fmt(comparison['ours_score_at_matched_kl']):>12}")

@@ -274,10 +274,12 @@ def evaluate(
     kl = ((logp - ref) * mask).sum(dim=1)  # (B,)
     texts_prompts, texts_responses = decode_pairs(tokenizer, sequences.masked_fill(~torch.cat(
         [attention.bool(), mask], dim=1), pad), context)
-    scores = hidden_score_texts(texts_prompts, texts_responses)
+    scores = torch.tensor(hidden_score_texts(texts_prompts, texts_responses), dtype=torch.float64)  # (B,)
     return {
         "kl": float(kl.mean()),
-        "hidden_score": sum(scores) / len(scores),
+        "hidden_score": float(scores.mean()),
+        # standard error of that mean: how far a rerun with other samples could move it
+        "hidden_score_se": float(scores.std() / len(scores) ** 0.5) if len(scores) > 1 else float("nan"),
         "response_tokens": float(mask.sum(dim=1).float().mean()),
         "eos_fraction": float((is_eos.sum(dim=1) > 0).float().mean()),
     }
