@@ -70,16 +70,28 @@ def test_median_of_odd_and_even_lengths() -> None:
         median([])
 
 
-def test_update_clock_leaves_out_the_time_between_done_and_resume() -> None:
-    import time
+def test_update_clock_leaves_out_the_time_between_done_and_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.trl_baseline import common
+
+    now = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(common, "time", SimpleNamespace(perf_counter=lambda: now["wall"],
+                                                        process_time=lambda: now["cpu"]))
+
+    def advance(wall: float, cpu: float) -> None:
+        now["wall"] += wall
+        now["cpu"] += cpu
 
     clock = UpdateClock()
+    advance(3.0, 1.0)  # update 1: 3 s wall, 1 s CPU
     clock.update_done()
-    time.sleep(0.05)  # an evaluation between two updates: must not count
+    advance(50.0, 40.0)  # an evaluation between updates: must not count
     clock.resume()
+    advance(2.0, 1.5)  # update 2
     clock.update_done()
-    assert len(clock.seconds) == 2 and clock.seconds[1] < 0.04
-    assert len(clock.cpu_seconds) == 2
+    assert clock.seconds == [3.0, 2.0]
+    assert clock.cpu_seconds == [1.0, 1.5]
 
 
 # ----------------------------------------------------------------------------- matched KL
@@ -143,6 +155,23 @@ def test_ensure_venv_reports_why_it_could_not_build(tmp_path: Path) -> None:
     venv_python, why = bench.ensure_venv(tmp_path / "venv", python=missing_python)
     assert venv_python is None
     assert why.startswith("could not build the trl==1.10.0 venv")
+
+
+def test_ensure_venv_skips_when_a_build_step_fails(tmp_path: Path) -> None:
+    # /bin/false exits 1, as pip does without a package index: a CalledProcessError, reported
+    venv_python, why = bench.ensure_venv(tmp_path / "venv", python="/bin/false")
+    assert venv_python is None and why.startswith("could not build")
+
+
+def test_ensure_venv_reuses_a_venv_built_from_the_same_pins(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / ".requirements.sha256").write_text(bench._requirements_digest())
+    assert bench.ensure_venv(venv, python="/bin/false") == (venv / "bin" / "python", "")
+    # other pins: it must rebuild (and here fail, as /bin/false cannot make a venv)
+    (venv / ".requirements.sha256").write_text("0" * 64)
+    assert bench.ensure_venv(venv, python="/bin/false")[0] is None
 
 
 def test_main_rejects_bad_arguments() -> None:
