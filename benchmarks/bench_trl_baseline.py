@@ -190,7 +190,11 @@ def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
         "trl_score_at_matched_kl": score_at_kl(trl["evals"], matched_kl),
         "ours_score_at_matched_kl": score_at_kl(ours["evals"], matched_kl),
     }
-    comparison["speedup_goal_met"] = (comparison["speedup_ours_vs_trl"] or 0) >= SPEEDUP_GOAL
+    # conservative verdict: a busy machine can inflate the wall ratio (the sides run one after the
+    # other, under whatever load there is), so the goal counts as met only if CPU time agrees
+    speedups = [comparison["speedup_ours_vs_trl"], comparison["cpu_speedup_ours_vs_trl"]]
+    known = [x for x in speedups if x is not None]
+    comparison["speedup_goal_met"] = bool(known) and min(known) >= SPEEDUP_GOAL
     return comparison
 
 
@@ -228,8 +232,8 @@ def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str
                  f"{_fmt(comparison['ours_score_at_matched_kl']):>12}")
     speedup = comparison["speedup_ours_vs_trl"]
     lines.append(f"speed-up ours vs TRL: {_fmt(speedup)}x wall, "
-                 f"{_fmt(comparison.get('cpu_speedup_ours_vs_trl'))}x CPU (goal >= {SPEEDUP_GOAL}x: "
-                 f"{'met' if comparison['speedup_goal_met'] else 'not met'})")
+                 f"{_fmt(comparison.get('cpu_speedup_ours_vs_trl'))}x CPU (goal >= {SPEEDUP_GOAL}x "
+                 f"in both: {'met' if comparison['speedup_goal_met'] else 'not met'})")
     return "\n".join(lines)
 
 

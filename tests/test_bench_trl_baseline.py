@@ -137,7 +137,15 @@ def test_compare_ratios_and_matched_kl_by_hand() -> None:
     assert out["trl_score_at_matched_kl"] == pytest.approx(1.25)  # 1 + 0.5 * (0.6 - 0.4) / 0.4
     assert out["ours_score_at_matched_kl"] == pytest.approx(2.0)
     table = bench.format_table(trl, ours, out)
-    assert "3x" in table and "met" in table
+    assert "3x wall, 2x CPU" in table and ": met" in table
+
+
+def test_goal_needs_the_cpu_time_ratio_too() -> None:
+    # 2.5x faster on the wall clock (the other side ran under more load), only 1.25x in CPU time
+    curve = _curve((0.0, 0.0), (0.1, 0.5))
+    out = bench.compare(_side(5.0, 5.0, 1.0, 0.5, curve), _side(2.0, 4.0, 1.0, 0.5, curve))
+    assert out["speedup_ours_vs_trl"] == pytest.approx(2.5)
+    assert out["speedup_goal_met"] is False
 
 
 # ----------------------------------------------------------------------------- skipping
