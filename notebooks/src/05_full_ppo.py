@@ -1,0 +1,623 @@
+# Source of notebooks/05_full_ppo.ipynb; rebuild with `python tools/build_notebooks.py`.
+
+# %% [markdown]
+# # 05 · Full PPO on a language model, with one base model and LoRA adapters
+#
+# {{colab_badge}}
+#
+# **You will learn**
+# - the four roles of RLHF-PPO (policy, reference, value, reward) and its three losses (clip policy
+#   loss, value loss, optional ptx loss);
+# - how one base model plays all four roles with LoRA adapters: the adapters, the trainable parameters
+#   per role, the reference as "adapters disabled" (checked against the plain base model), and the
+#   memory saved against four separate models;
+# - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
+#   shaped rewards, advantages), and the whole computation for one sequence from scratch;
+# - training with curves of the learned score, the hidden true score, KL, clip fraction, value loss and
+#   explained variance; samples before and after;
+# - **measured**: PPO against best-of-$n$ sampling at matched KL ($\log n - \frac{n-1}{n}$);
+# - saving the adapters atomically and loading them into a fresh model that gives the same log-probs.
+
+# %% [setup]
+
+# %%
+from rlhf_helpers.notebook import exercise_check, show_environment
+
+env_info = show_environment()
+
+# %%
+import math
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from IPython.display import display
+
+import rlhf_helpers
+from rlhf_helpers import widgets
+from rlhf_helpers.data import load_prompts
+from rlhf_helpers.models import load_causal_lm
+from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import collect_experience, explained_variance, sample_responses, score_samples
+from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
+from rlhf_helpers.ppo.reward_training import ensure_reward_model, reward_metrics
+from rlhf_helpers.ppo.shared_model import position_ids_from_mask
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.world.scorer import hidden_scores
+
+profile = get_profile()
+torch.manual_seed(profile.seed)
+if profile.device == "cpu":
+    torch.set_num_threads(1)  # the tiny model's matrices are too small to gain from a second thread
+print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollout_batch_size} prompts, "
+      f"{profile.ppo_epochs} epochs of minibatches of {profile.mini_batch_size}")
+
+# %% [markdown]
+# ## 1. Four roles, three losses
+#
+# | role | what it is | trained? | used for |
+# |---|---|---|---|
+# | **policy** $\pi_\theta$ | the language model being tuned | yes | sampling responses, the clip loss |
+# | **reference** $\pi_{\text{ref}}$ | the SFT model, frozen | no | the KL penalty $\log\pi_\theta - \log\pi_{\text{ref}}$ per token |
+# | **reward** $r_\phi$ | SFT model + score head, trained on preferences (notebook 02) | no (frozen here) | one score per response |
+# | **value** $V_\psi$ | SFT model + value head (the critic) | yes | $V(s_t)$ per token, the baseline of GAE |
+#
+# One PPO iteration (notebooks 03 and 04 built every piece):
+#
+# 1. sample prompts, generate responses with the policy (temperature 1, no top-k/top-p);
+# 2. score: $\text{score} = r_\phi(x, y)$; run the reference and value passes;
+# 3. shaped rewards $r_t = -\beta\,(\log\pi_\theta(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = \text{last}]\,\text{score}$;
+# 4. GAE: $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$, $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, $R_t = \hat A_t + V(s_t)$;
+# 5. several epochs of minibatch updates on this batch with the three losses
+#
+# $$L^{\text{CLIP}} = -\overline{\min(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\hat A_t)}, \qquad
+# L^{V} = \tfrac12\,\overline{\max\big((V_t - R_t)^2, (V^{\text{clip}}_t - R_t)^2\big)}, \qquad
+# L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})},$$
+#
+# with $\rho_t = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ and $\log\pi_{\text{old}}$ stored at
+# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + \gamma_{\text{ptx}}L^{\text{ptx}}$
+# (ptx is off by default), the critic $L^V$.
+#
+# ## 2. One base model, four roles
+#
+# Four full copies of the model would cost four times its memory, and two of them would need gradients
+# and Adam states. With LoRA, the frozen base is kept **once**; each role is a small adapter on it:
+#
+# $$W_{\text{role}} = W_0 + \tfrac{\alpha}{r} B_{\text{role}} A_{\text{role}}, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},$$
+#
+# the **reference** is the base with every adapter switched off ($W_0$ alone), and a role is chosen by
+# activating its adapter before a forward pass. The reward adapter and score head come from notebook 02
+# (`ensure_reward_model` trains them once and caches them under `runs/`); the policy and value adapters
+# start fresh. PEFT initialises $B = 0$, so at the start the policy *is* the reference.
+
+# %%
+config = PPOConfig.from_profile(profile, output_dir=str(Path("runs") / "05_full_ppo"),
+                                eval_every=max(1, profile.ppo_steps // 4), save_every=0)
+reward_dir = ensure_reward_model(profile)
+stored = reward_metrics(reward_dir)
+print(f"reward adapter: {reward_dir}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
+      f"correlation with the hidden score {stored['score_hidden_correlation']:.3f})")
+model, tokenizer = build_shared_model(profile, config, reward_dir)
+print("adapters on the one base model:", list(model.peft.peft_config))
+
+lora_name, lora_layer = next((n, m) for n, m in model.peft.named_modules() if hasattr(m, "lora_A"))
+print(f"\none wrapped projection, {lora_name}: base weight {tuple(lora_layer.base_layer.weight.shape)}")
+for adapter in lora_layer.lora_A:
+    print(f"  {adapter:<7} A {tuple(lora_layer.lora_A[adapter].weight.shape)}   "
+          f"B {tuple(lora_layer.lora_B[adapter].weight.shape)}")
+
+# %% [markdown]
+# The parameters of each role, chosen **by adapter name** (peft's `set_adapter` changes
+# `requires_grad` as a side effect, so "whatever is trainable now" is not a safe way to pick them):
+
+# %%
+def count(params):
+    return sum(p.numel() for p in params)
+
+
+n_base = sum(p.numel() for n, p in model.peft.named_parameters() if "lora_" not in n)
+role_table = pd.DataFrame([
+    {"role": "policy", "trainable parameters": count(model.policy_parameters()), "what": "policy adapter"},
+    {"role": "value", "trainable parameters": count(model.value_parameters()),
+     "what": "value adapter + value head"},
+    {"role": "reward", "trainable parameters": 0,
+     "what": f"frozen: reward adapter ({count(model.adapter_parameters('reward')):,}) + score head "
+             f"({count(model.score_head.parameters()):,})"},
+    {"role": "reference", "trainable parameters": 0, "what": "no parameters of its own: the base, adapters off"},
+    {"role": "(shared base)", "trainable parameters": 0, "what": f"frozen: {n_base:,} parameters, stored once"},
+])
+display(role_table)
+
+# %% [markdown]
+# ### The reference is the plain base model
+#
+# Inside `model.reference()` every adapter is disabled. Its log-probs must equal those of the SFT model
+# loaded on its own, without peft. The per-token log-prob of response token $y_t$ is read from the logits
+# one position earlier:
+#
+# $$\log\pi(y_t \mid x, y_{<t}) = z_{P+t-1}[y_t] - \log\sum_v \exp z_{P+t-1}[v],$$
+#
+# for a prompt of padded width $P$. Prompts are left-padded, so the position ids must count real tokens
+# only (GPT-2 does not derive them from the mask).
+
+# %%
+gen = torch.Generator().manual_seed(profile.seed)
+eval_prompts = load_prompts("test")[: profile.n_eval_prompts]
+train_prompts = load_prompts("train")
+demo_prompts = [train_prompts[i] for i in torch.randperm(len(train_prompts), generator=gen)[:8].tolist()]
+torch.manual_seed(profile.seed)
+demo = sample_responses(model, tokenizer, demo_prompts, config.max_prompt_length, config.max_new_tokens)
+P = demo.context_length
+
+
+def logprobs_scratch(lm, seq, attn, P):
+    """log pi(y_t | ...) of the response tokens under a causal LM: (B, P + R) -> (B, R)."""
+    positions = position_ids_from_mask(attn)  # (B, P + R): 0 at the first real token of each row
+    logits = lm(input_ids=seq, attention_mask=attn, position_ids=positions).logits  # (B, P + R, V)
+    logp_all = torch.log_softmax(logits[:, P - 1 : -1].float(), dim=-1)  # (B, R, V): position s predicts s + 1
+    return logp_all.gather(-1, seq[:, P:, None]).squeeze(-1)  # (B, R)
+
+
+plain_base = load_causal_lm(profile)  # a second, adapter-free copy: only for this check
+with torch.no_grad():
+    plain_logp = logprobs_scratch(plain_base, demo.sequences, demo.attention_mask, P)  # (B, R)
+    shared_ref = model.ref_logprobs(demo.sequences, demo.attention_mask, P)  # (B, R)
+    shared_policy = model.policy_logprobs(demo.sequences, demo.attention_mask, P)  # (B, R)
+m = demo.mask.bool()  # (B, R)
+torch.testing.assert_close(shared_ref.float()[m], plain_logp[m], atol=1e-4, rtol=1e-4)
+torch.testing.assert_close(shared_policy.float()[m], plain_logp[m], atol=1e-4, rtol=1e-4)
+print("reference (adapters off) == plain SFT model: OK;  fresh policy (B = 0) == reference: OK")
+del plain_base
+
+# %% [markdown]
+# ### Memory: one shared base against four models
+#
+# Parameter bytes, counted from the tensors (not measured). Trained parameters also need a gradient and
+# Adam's two moments: 3 more copies of their bytes. Four separate models means full copies of the policy,
+# the reference, the critic and the reward model, the policy and critic fully fine-tuned. Activations
+# come on top in both cases and are not counted.
+
+# %%
+sizes = model.parameter_bytes()
+base_bytes = sizes["base"]
+head_bytes = sum(p.numel() * p.element_size() for p in model.value_head.parameters())
+score_bytes = sum(p.numel() * p.element_size() for p in model.score_head.parameters())
+trained_shared = sum(p.numel() * p.element_size() for p in model.policy_parameters() + model.value_parameters())
+MB = 2**20
+memory_rows = [
+    {"set-up": "four separate models",
+     "weights (MB)": (4 * base_bytes + head_bytes + score_bytes) / MB,
+     "grads + Adam (MB)": 3 * (2 * base_bytes + head_bytes) / MB},
+    {"set-up": "one base + LoRA adapters",
+     "weights (MB)": sizes["total"] / MB,
+     "grads + Adam (MB)": 3 * trained_shared / MB},
+]
+for row in memory_rows:
+    row["total (MB)"] = row["weights (MB)"] + row["grads + Adam (MB)"]
+memory_table = pd.DataFrame(memory_rows).set_index("set-up")
+display(memory_table.round(3))
+ratio = memory_table["total (MB)"].iloc[0] / memory_table["total (MB)"].iloc[1]
+print(f"adapters: {', '.join(f'{a} {sizes[a] / MB:.3f} MB' for a in ('policy', 'value', 'reward'))}; "
+      f"base {base_bytes / MB:.3f} MB")
+print(f"four models need {ratio:.1f}x the memory of the shared set-up")
+
+# %% [markdown]
+# On the tiny model (rank-8 adapters on every projection of a 0.65M-parameter model) the adapters are a
+# sizeable share of the base, so the saving is modest. The base grows much faster than the adapters: on
+# the gpu profile's 135M-parameter model this cell prints a far larger ratio. The benchmark
+# `benchmarks/bench_memory.py` measures the real peak memory of both set-ups.
+
+# %% [markdown]
+# ## 3. Experience making
+#
+# `collect_experience` runs steps 1-4 of the loop without gradients. One batch of the untrained policy:
+
+# %%
+torch.manual_seed(profile.seed)
+batch_prompts = [train_prompts[i] for i in
+                 torch.randperm(len(train_prompts), generator=gen)[: config.rollout_batch_size].tolist()]
+batch = collect_experience(model, tokenizer, batch_prompts, config, kl_coef=config.kl_coef)
+print(f"{len(batch)} responses, padded response width R = {batch.mask.shape[1]}, "
+      f"mean length {batch.mask.sum(1).mean():.1f} tokens, EOS reached by {batch.ended_with_eos.float().mean():.0%}")
+print("timings (s):", {k: round(v, 2) for k, v in batch.timings.items()})
+
+
+def sequence_table(batch, i):
+    """One response of a batch, token by token (real tokens only)."""
+    n = int(batch.mask[i].sum())
+    tokens = batch.sequences[i, batch.context_length : batch.context_length + n].tolist()
+    return pd.DataFrame({
+        "token": tokenizer.convert_ids_to_tokens(tokens),
+        "logprob": batch.old_logprobs[i, :n].tolist(),
+        "ref logprob": batch.ref_logprobs[i, :n].tolist(),
+        "kl (k1)": batch.kl[i, :n].tolist(),
+        "value": batch.values[i, :n].tolist(),
+        "shaped reward": batch.rewards[i, :n].tolist(),
+        "advantage (whitened)": batch.advantages[i, :n].tolist(),
+        "return": batch.returns[i, :n].tolist(),
+    })
+
+
+row = 0
+print(f"prompt: {batch.prompts[row]!r}\nresponse: {batch.responses[row]!r}\nreward-model score: {batch.scores[row]:.3f}")
+display(sequence_table(batch, row).round(4))
+
+# %% [markdown]
+# The fresh policy equals the reference, so every KL is 0 and the shaped reward is 0 except on the last
+# token (EOS), which carries the reward model's score. The freshly initialised critic predicts about 0
+# everywhere; with $\gamma = 1$ and no KL yet, every return is close to the score.
+#
+# ### The same computation for one sequence, from scratch
+#
+# Take one response alone, **without padding**, and recompute everything with plain forward passes and
+# the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
+#
+# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = n-1]\,\text{score},\qquad
+# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_n = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
+
+# %%
+def experience_one_sequence(model, batch, i, beta, gamma, lam):
+    """Log-probs, ref log-probs, values, score, shaped rewards, raw advantages and returns of row i."""
+    P = batch.context_length
+    real = batch.attention_mask[i].bool()  # (P + R,)
+    ids = batch.sequences[i][real][None, :]  # (1, L_i): the prompt and response, no padding at all
+    attn = torch.ones_like(ids)  # (1, L_i)
+    p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
+    n = ids.shape[1] - p_i  # response length
+    with torch.no_grad():
+        logits = model.policy_logits(ids, attn)  # (1, L_i, V): the policy adapter on
+        logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
+        with model.reference():  # every adapter off: the plain SFT model
+            ref = logprobs_scratch(model.lm, ids, attn, p_i)[0]  # (n,)
+        values = model.values(ids, attn, p_i)[0].float()  # (n,)
+        score = model.reward_scores(ids, attn)[0].float()  # ()
+    rewards = -beta * (logp - ref)  # (n,)
+    rewards[-1] += score
+    advantages = torch.zeros(n)
+    next_value, next_adv = 0.0, 0.0
+    for t in reversed(range(n)):
+        delta = rewards[t] + gamma * next_value - values[t]
+        next_adv = delta + gamma * lam * next_adv
+        advantages[t] = next_adv
+        next_value = values[t]
+    return {"logprobs": logp, "ref_logprobs": ref, "values": values, "score": score, "rewards": rewards,
+            "advantages": advantages, "returns": advantages + values}
+
+
+i = 1
+mine = experience_one_sequence(model, batch, i, config.kl_coef, config.gamma, config.lam)
+n = int(batch.mask[i].sum())
+tol = dict(atol=1e-4, rtol=1e-4)
+torch.testing.assert_close(mine["logprobs"], batch.old_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["ref_logprobs"], batch.ref_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["values"], batch.values[i, :n], **tol)
+torch.testing.assert_close(mine["score"], batch.scores[i], **tol)
+torch.testing.assert_close(mine["rewards"], batch.rewards[i, :n], **tol)
+torch.testing.assert_close(mine["returns"], batch.returns[i, :n], **tol)
+# the library whitens the advantages over the whole batch: undo that with the batch's raw advantages
+raw = batch.returns - batch.values  # (B, R): raw advantages, 0 at padding
+torch.testing.assert_close(rlhf_helpers.masked_whiten(raw, batch.mask)[i, :n], batch.advantages[i, :n], **tol)
+torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
+print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
+
+# %% [markdown]
+# ### Exercise 1: the sequence KL of a batch
+# The KL that PPO reports (and that the best-of-$n$ comparison uses) is per **response**: the sum of
+# the per-token $k_1$ terms over its real tokens, $\mathrm{KL}_i = \sum_t m_{it}\,(\log\pi(y_{it}) - \log\pi_{\text{ref}}(y_{it}))$.
+# Write `sequence_kl(logprobs, ref_logprobs, mask)` returning one value per response, shape (B,).
+# Padding positions may hold anything, even NaN: they must not change the result.
+
+# %%
+# EXERCISE 1
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_t mask * (logprobs - ref_logprobs) per row: (B, R) inputs -> (B,)."""
+    raise NotImplementedError
+
+
+# %%
+def check_sequence_kl():
+    g = torch.Generator().manual_seed(5)
+    logp = -torch.rand(4, 6, generator=g) * 3  # (B, R)
+    ref = logp + 0.5 * torch.randn(4, 6, generator=g)  # (B, R)
+    mask = (torch.arange(6)[None, :] < torch.tensor([6, 3, 1, 4])[:, None]).float()  # (B, R)
+    ref[1, 3:] = float("nan")  # padding may hold garbage: it must not leak in
+    logp_l, ref_l, mask_l = logp.tolist(), ref.tolist(), mask.tolist()
+    expected = torch.tensor([sum(a - b for a, b, k in zip(logp_l[r], ref_l[r], mask_l[r], strict=True) if k)
+                             for r in range(4)])  # a plain loop over the real tokens
+    got = sequence_kl(logp, ref, mask)
+    assert got.shape == (4,), f"expected shape (4,), got {tuple(got.shape)}"
+    torch.testing.assert_close(got, expected)
+    on_batch = sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.mask)
+    torch.testing.assert_close(on_batch, rlhf_helpers.masked_sum(batch.kl, batch.mask, dim=1))
+
+
+exercise_check("Exercise 1 (sequence_kl)", check_sequence_kl)
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+#     """sum_t mask * (logprobs - ref_logprobs) per row: (B, R) inputs -> (B,)."""
+#     diff = torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R)
+#     return diff.sum(dim=1)  # (B,)
+# ```
+# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN.)
+# </details>
+
+# %% [markdown]
+# ## 4. Training
+#
+# `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
+# minibatches; the policy adapter and the value adapter (with its head) each have their own Adam
+# optimiser, and each loss is back-propagated with its own adapter active. Every few steps it samples
+# the held-out prompts (fixed seed) for the `eval_*` numbers, and at the end it writes a checkpoint.
+#
+# The curves: the learned score PPO maximises, the **hidden** true score it cannot see (the synthetic
+# world's ground truth), the sequence KL to the reference, and the update's diagnostics:
+
+# %%
+for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss", "explained_variance"):
+    print(f"{key:<19} {GLOSSARY[key]}")
+
+# %% [markdown]
+# Before training, the held-out evaluation of the untrained policy (the SFT model itself) is the
+# starting point of every curve. The figure below refreshes every few steps while training runs.
+
+# %%
+torch.manual_seed(profile.seed)
+model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
+trainer = PPOTrainer(config, model, tokenizer, train_prompts)
+start_eval = trainer.evaluate(eval_prompts)
+print({k: round(v, 3) for k, v in start_eval.items()})
+
+CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
+curves_handle = display(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"), display_id=True)
+refresh_every = max(1, config.total_steps // 10)
+
+
+def refresh_curves(metrics):
+    if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
+        curves_handle.update(plot_curves(trainer.history, keys=CURVES, columns=3))
+
+
+history = trainer.train(eval_prompts=eval_prompts, callback=refresh_curves)
+last = history[-1]
+print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hidden_score']:.3f}  "
+      f"kl {last['kl']:.3f}  time/step {sum(h['time_step'] for h in history) / len(history):.1f} s")
+
+# %% [markdown]
+# Reading the curves: the learned score rises and the hidden score follows it (the reward model is good
+# in this region); KL grows as the policy leaves the reference; clip fraction stays small (a few
+# percent), so the updates are in the trust region; explained variance climbs from about 0 as the
+# critic learns the returns (a critic that stays near 0 makes GAE no better than Monte-Carlo returns).
+
+# %% [markdown]
+# ### Exercise 2: explained variance by hand
+#
+# $$\mathrm{EV} = 1 - \frac{\operatorname{Var}[R_t - V_t]}{\operatorname{Var}[R_t]}$$
+#
+# over the real tokens only (unbiased variances). 1 means the critic predicts the returns perfectly;
+# 0 means it does no better than a constant; negative means worse than a constant.
+# Write `explained_variance_by_hand(values, returns, mask)` returning a Python float.
+
+# %%
+# EXERCISE 2
+def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
+    raise NotImplementedError
+
+
+# %%
+def check_explained_variance():
+    R = torch.tensor([[1.0, 2.0, 4.0, 99.0], [0.0, 3.0, 0.0, 0.0]])  # (B, T)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # (B, T)
+    real = [1.0, 2.0, 4.0, 0.0, 3.0]  # the returns on real tokens
+    mean = sum(real) / 5
+    assert abs(explained_variance_by_hand(R.clone(), R, mask) - 1.0) < 1e-6, "a perfect critic gives 1"
+    const = torch.full_like(R, 123.0)  # a constant critic, however far off, explains nothing
+    assert abs(explained_variance_by_hand(const, R, mask)) < 1e-5, "a constant critic gives 0"
+    V = torch.tensor([[0.5, 2.5, 3.0, -7.0], [0.5, 2.0, 9.0, 9.0]])
+    resid = [1.0 - 0.5, 2.0 - 2.5, 4.0 - 3.0, 0.0 - 0.5, 3.0 - 2.0]
+    rm = sum(resid) / 5
+    expected = 1 - sum((x - rm) ** 2 for x in resid) / sum((x - mean) ** 2 for x in real)
+    assert abs(explained_variance_by_hand(V, R, mask) - expected) < 1e-5
+    b = trainer.last_batch  # the library's number on the last real batch
+    assert abs(explained_variance_by_hand(b.values, b.returns, b.mask)
+               - explained_variance(b.values, b.returns, b.mask)) < 1e-5
+
+
+exercise_check("Exercise 2 (explained_variance_by_hand)", check_explained_variance)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+#     """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
+#     real = mask.bool()
+#     target = returns[real]  # (N,) real tokens only
+#     return float(1 - (target - values[real]).var() / target.var())
+# ```
+# </details>
+
+# %% [markdown]
+# ## 5. Samples before and after
+#
+# The same held-out prompts and the same sampling seed, from the reference (the SFT model, adapters
+# off) and from the trained policy, each with its learned score and its hidden true score:
+
+# %%
+show_prompts = eval_prompts[:6]
+rows = []
+for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
+    torch.manual_seed(profile.seed + 1)
+    samples = sample_responses(model, tokenizer, show_prompts, config.max_prompt_length, config.max_new_tokens,
+                               adapter=adapter)
+    learned = score_samples(model, samples).tolist()
+    hidden = hidden_scores(samples.prompts, samples.responses)
+    for prompt, response, s, h in zip(samples.prompts, samples.responses, learned, hidden, strict=True):
+        rows.append({"model": who, "prompt": prompt, "response": response, "learned": round(s, 2),
+                     "hidden": round(h, 2)})
+samples_table = pd.DataFrame(rows)
+with pd.option_context("display.max_colwidth", 120):
+    display(samples_table.sort_values(["prompt", "model"], kind="stable"))
+
+# %% [markdown]
+# ## 6. Best-of-$n$: the baseline at matched KL
+#
+# Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
+# likes best. It moves the output distribution away from the SFT model too, by a KL known in closed
+# form (Stiennon et al. 2020, appendix G.3) when the rewards have no ties:
+#
+# $$\mathrm{KL}(\pi_{\text{best-of-}n} \Vert \pi_{\text{SFT}}) = \log n - \frac{n-1}{n}.$$
+#
+# So each $n$ is one point (KL, hidden score), and PPO's held-out evaluations during training are a curve
+# through the same plane. PPO is worth its cost where its curve lies above the best-of-$n$ points at the
+# same KL. Both pick or push by the **learned** reward; both are graded by the hidden score.
+
+# %%
+n_max = 8
+bon = best_of_n(model, tokenizer, eval_prompts, n=n_max, max_new_tokens=config.max_new_tokens,
+                max_prompt_length=config.max_prompt_length, adapter=None, seed=profile.seed)
+bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score": bon.hidden_mean(k),
+                            "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
+ppo_points = pd.DataFrame([{"step": 0, "KL (nats)": start_eval["eval_kl"],
+                            "hidden score": start_eval["eval_hidden_score"]}]
+                          + [{"step": int(h["step"]), "KL (nats)": h["eval_kl"], "hidden score": h["eval_hidden_score"]}
+                             for h in history if "eval_kl" in h])
+display(bon_points.round(3))
+display(ppo_points.round(3))
+
+fig = go.Figure()
+fig.add_scatter(x=bon_points["KL (nats)"], y=bon_points["hidden score"], mode="lines+markers+text",
+                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top left", name="best-of-n (SFT)")
+fig.add_scatter(x=ppo_points["KL (nats)"], y=ppo_points["hidden score"], mode="lines+markers+text",
+                text=[f"step {s}" for s in ppo_points["step"]], textposition="bottom right", name="PPO checkpoints")
+fig.update_layout(title="Hidden true score against KL to the SFT model (held-out prompts)",
+                  xaxis_title="KL (nats per response)", yaxis_title="mean hidden score")
+fig.show()
+final = ppo_points.iloc[-1]
+matched = bon_points[bon_points["KL (nats)"] <= final["KL (nats)"]]  # best-of-n points within PPO's KL
+print(f"PPO at KL {final['KL (nats)']:.2f}: hidden score {final['hidden score']:.3f}")
+if len(matched):
+    print(f"largest best-of-n within that KL: n = {int(matched['n'].iloc[-1])}, "
+          f"hidden score {matched['hidden score'].iloc[-1]:.3f}")
+
+# %% [markdown]
+# Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum of
+# Exercise 1), best-of-$n$'s is the formula; and the formula is an upper bound when rewards tie. With a
+# longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps
+# rising while the hidden score bends down, the over-optimisation that notebook 06 measures.
+
+# %% [markdown]
+# ### Exercise 3: the best-of-$n$ KL
+# Write `bon_kl(n)`, the closed form above. The check also compares it with the **exact** KL of
+# best-of-$n$ on a categorical distribution with many equally likely outcomes and distinct rewards,
+# where outcome $i$ (ranked by reward, CDF $F_i = i/K$) is picked with probability $F_i^n - F_{i-1}^n$.
+
+# %%
+# EXERCISE 3
+def bon_kl(n: int) -> float:
+    """KL(best-of-n || base) in nats, for continuous (tie-free) rewards."""
+    raise NotImplementedError
+
+
+# %%
+def check_bon_kl():
+    K = 100_000  # outcomes, uniform base distribution, all rewards distinct
+    F = torch.arange(K + 1, dtype=torch.float64) / K  # (K + 1,) CDF by reward rank
+    for n in (1, 2, 4, 8, 16):
+        p_bon = F[1:] ** n - F[:-1] ** n  # (K,)
+        exact = float((p_bon * torch.log(p_bon * K)).sum())
+        assert abs(bon_kl(n) - exact) < 1e-3, f"n = {n}: {bon_kl(n):.5f} vs exact {exact:.5f}"
+        assert abs(bon_kl(n) - best_of_n_kl(n)) < 1e-12
+
+
+exercise_check("Exercise 3 (bon_kl)", check_bon_kl)
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def bon_kl(n: int) -> float:
+#     """KL(best-of-n || base) in nats, for continuous (tie-free) rewards."""
+#     return math.log(n) - (n - 1) / n
+# ```
+# Derivation: with $u = F(y)$ uniform, best-of-$n$ has density $n u^{n-1}$, so the KL is
+# $\int_0^1 n u^{n-1} \log(n u^{n-1})\,du = \log n + (n-1)\,\mathbb{E}[\log u] = \log n - \frac{n-1}{n}$.
+# </details>
+
+# %% [markdown]
+# ## 7. The clip on the real batch
+#
+# After training, recompute the policy's log-probs on the last experience batch and divide by the
+# log-probs stored when it was sampled: these are the ratios $\rho_t$ the last update epochs produced.
+# Choose the advantage's sign and see which of these tokens are in a zero-gradient region.
+
+# %%
+last_batch = trainer.last_batch
+with torch.no_grad():
+    new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask,
+                                     last_batch.context_length).float()  # (B, R)
+real = last_batch.mask.bool()  # (B, R)
+batch_ratios = torch.exp(new_logp - last_batch.old_logprobs)[real]  # (N,) real tokens only
+outside = ((batch_ratios - 1).abs() > config.clip_eps).float().mean()
+print(f"{batch_ratios.numel()} ratios: min {batch_ratios.min():.3f}, max {batch_ratios.max():.3f}, "
+      f"outside [1 - eps, 1 + eps]: {outside:.1%}")
+clip_explorer = widgets.ClipExplorer(eps=config.clip_eps, ratios=batch_ratios,
+                                     ratio_range=(0.0, max(2.0, math.ceil(float(batch_ratios.max()) * 10) / 10 + 0.1)))
+clip_explorer
+
+# %% [markdown]
+# ## 8. Saving and loading the adapters
+#
+# At the end of `train` the trainer wrote an **atomic** checkpoint: everything goes into a hidden
+# temporary folder, is flushed to disk, and only then is renamed to `step-NNNNNN`, and the `latest`
+# file is replaced (renames are atomic on POSIX), so a crash never leaves a half-written checkpoint that
+# looks complete. Each named adapter is its own peft sub-folder; the two plain heads are saved apart.
+
+# %%
+checkpoint = latest_checkpoint(config.output_dir)
+print(f"latest checkpoint: {checkpoint}")
+for path in sorted(checkpoint.rglob("*")):
+    if path.is_file():
+        print(f"  {path.relative_to(checkpoint)}  ({path.stat().st_size:,} bytes)")
+
+# %% [markdown]
+# A fresh shared model (base + untrained policy and value adapters) gives different log-probs; after
+# loading the checkpoint's adapters and heads it must give exactly the trained model's log-probs, values
+# and scores:
+
+# %%
+fresh, _ = build_shared_model(profile, config, reward_dir)
+seq, attn, P_last = last_batch.sequences, last_batch.attention_mask, last_batch.context_length
+with torch.no_grad():
+    before = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    load_model_weights(fresh, checkpoint)
+    after = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    trained_values = model.values(seq, attn, P_last).float()  # (B, R)
+    loaded_values = fresh.values(seq, attn, P_last).float()  # (B, R)
+print(f"fresh model vs trained: max |difference in log-prob| {(before - new_logp)[real].abs().max():.3f}")
+torch.testing.assert_close(after[real], new_logp[real])
+torch.testing.assert_close(loaded_values[real], trained_values[real])
+torch.testing.assert_close(fresh.reward_scores(seq, attn), model.reward_scores(seq, attn))
+print("after loading the checkpoint: same log-probs, values and reward scores")
+
+# %% [markdown]
+# ## Summary
+# - Four roles on one base: the policy and value adapters are trained (one optimiser each, parameters
+#   picked by adapter name), the reward adapter is frozen, and the reference is the base with the
+#   adapters off, checked equal to the plain SFT model.
+# - Experience: generate, score, reference and value passes, $r_t = -\beta\,\mathrm{KL}_t + [\text{last}]\,\text{score}$,
+#   GAE, whitening; recomputed for one unpadded sequence from scratch.
+# - Training curves: the learned and the hidden score, KL, clip fraction, value loss, explained variance.
+# - Best-of-$n$ moves $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
+# - Checkpoints are written atomically; a fresh model loaded from one reproduces the trained log-probs.
+#
+# Next: notebook 06 pushes the policy further and watches the learned and the hidden reward part ways.
