@@ -56,7 +56,7 @@ class BenchSettings:
     kl_coef: float = 0.05  #: fixed beta of the per-token k1 KL penalty
     clip_eps: float = 0.2  #: PPO ratio clip range
     value_clip: float = 0.2  #: value clipping range around the old values
-    vf_coef: float = 0.1  #: weight of the value loss (TRL sums it into one loss with the policy loss)
+    vf_coef: float = 0.1  #: weight of the value loss (TRL: in one summed loss; ours: scales the critic's own loss)
     gamma: float = 1.0  #: GAE discount
     lam: float = 0.95  #: GAE lambda
     temperature: float = 1.0  #: sampling temperature (1.0: the policy's own distribution)
