@@ -76,6 +76,7 @@ class FigureView:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend  #: "figurewidget" or "output"
         self.redraws = 0  #: how many times the output backend re-displayed the figure
+        self._overlays: tuple[list[dict], list[dict]] | None = None  # last set_overlays arguments
         if backend == "figurewidget":
             self.figure = go.FigureWidget(figure)
             self.widget = self.figure
@@ -94,6 +95,15 @@ class FigureView:
         else:
             yield self.figure
             self.redraw()
+
+    def set_overlays(self, shapes: list[dict], annotations: list[dict]) -> None:
+        """Set the layout's shapes and annotations, skipped when they equal the last ones set:
+        plotly validates every shape and annotation on assignment, the slowest part of an update,
+        and most slider moves (the ratio, the size of A) leave the shaded regions as they were."""
+        if (shapes, annotations) == self._overlays:
+            return
+        self.figure.layout.shapes, self.figure.layout.annotations = shapes, annotations
+        self._overlays = (shapes, annotations)
 
     def _fill_batch_gaps(self) -> None:
         """Give every trace edited in this batch every property edited in it.

@@ -14,7 +14,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from rlhf_helpers import clipped_surrogate, policy_loss
-from rlhf_helpers.widgets._base import Explorer
+from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 
 #: trace indices in the figure
@@ -118,7 +118,8 @@ class ClipExplorer(Explorer):
                                    xbins={"start": float(self.grid[0]), "end": float(self.grid[-1]),
                                           "size": 0.02}),
                       row=1, col=1, secondary_y=True)
-        fig.update_layout(height=560, margin={"l": 60, "r": 60, "t": 70, "b": 50}, uirevision="keep",
+        fig.update_layout(height=560, width=FIGURE_WIDTH, font=FIGURE_FONT,
+                          margin={"l": 60, "r": 60, "t": 70, "b": 50}, uirevision="keep",
                           legend={"orientation": "h", "y": -0.12}, template="plotly_white")
         fig.update_yaxes(title_text="objective (maximise)", row=1, col=1, secondary_y=False)
         fig.update_yaxes(title_text="% of batch", row=1, col=1, secondary_y=True, showgrid=False,
@@ -172,7 +173,7 @@ class ClipExplorer(Explorer):
             fig.data[GRADIENT].y = curves["gradient"].numpy()
             fig.data[CURRENT].x = [ratio]
             fig.data[CURRENT].y = point.numpy()
-            fig.layout.shapes, fig.layout.annotations = self._regions(x, zero, eps, adv, dual)
+            self.view.set_overlays(*self._regions(x, zero, eps, adv, dual))
             fig.layout.title = {"text": f"PPO clip: ε = {eps:g}, A = {adv:+g}"
                                 + (f", dual clip c = {dual:g}" if dual else ""), "x": 0.01}
 
@@ -203,7 +204,7 @@ class ClipExplorer(Explorer):
                 label = CASES[(1 if adv > 0 else -1, region)].split(":")[0]
                 annotations.append({"x": (max(a, lo) + min(b, hi)) / 2, "y": 1.0, "xref": "x",
                                     "yref": "paper", "yanchor": "bottom", "showarrow": False,
-                                    "text": label.replace(" (", "<br>("), "font": {"size": 10}})
+                                    "text": label.replace(" (", "<br>("), "font": {"size": 12}})
         for start, end in _runs(zero):
             x0, x1 = x[start], x[end]
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0,
@@ -211,6 +212,6 @@ class ClipExplorer(Explorer):
                            "layer": "below"})
             dual_run = dual is not None and adv < 0 and x0 >= dual - 1e-9
             annotations.append({"x": (x0 + x1) / 2, "y": 0.2, "xref": "x", "yref": "paper",
-                                "showarrow": False, "font": {"size": 11, "color": "#444"},
+                                "showarrow": False, "font": {"size": 13, "color": "#444"},
                                 "text": "dual clip: gradient 0" if dual_run else "gradient 0"})
         return shapes, annotations

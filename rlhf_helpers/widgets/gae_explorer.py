@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from rlhf_helpers import compute_gae, masked_whiten, shape_rewards, td_errors
 from rlhf_helpers.kl import KL_KINDS
-from rlhf_helpers.widgets._base import DESCRIPTION_STYLE, Explorer
+from rlhf_helpers.widgets._base import DESCRIPTION_STYLE, FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 
 #: trace indices in the figure
@@ -123,7 +123,8 @@ class GAEExplorer(Explorer):
                                  line={"color": "#8c564b"}), row=3, col=1)
         ticks = [f"{t}<br>{tok.strip() or repr(tok)}" for t, tok in enumerate(self.response.tokens)]
         fig.update_xaxes(tickvals=x, ticktext=ticks, row=3, col=1)
-        fig.update_layout(height=720, barmode="relative", template="plotly_white", uirevision="keep",
+        fig.update_layout(height=720, width=FIGURE_WIDTH, font=FIGURE_FONT,
+                          barmode="relative", template="plotly_white", uirevision="keep",
                           margin={"l": 60, "r": 30, "t": 60, "b": 60}, legend={"orientation": "h", "y": -0.1})
         return fig
 

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from rlhf_helpers import kl_estimate
 from rlhf_helpers.kl import KL_KINDS
-from rlhf_helpers.widgets._base import Explorer
+from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 
 COLORS = {"k1": "#1f77b4", "k2": "#ff7f0e", "k3": "#2ca02c"}  #: one colour per estimator
@@ -73,7 +73,8 @@ class KLExplorer(Explorer):
         fig.update_xaxes(title_text="log π(y) − log ref(y)", row=1, col=1)
         fig.update_yaxes(title_text="per-token estimate", range=[-3.2, 5.0], row=1, col=1)
         fig.update_yaxes(title_text="batch mean of the estimate", row=1, col=2)
-        fig.update_layout(height=460, template="plotly_white", uirevision="keep",
+        fig.update_layout(height=460, width=FIGURE_WIDTH, font=FIGURE_FONT,
+                          template="plotly_white", uirevision="keep",
                           margin={"l": 60, "r": 30, "t": 70, "b": 50}, legend={"orientation": "h", "y": -0.15})
         return fig
 

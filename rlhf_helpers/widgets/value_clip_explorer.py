@@ -11,7 +11,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from rlhf_helpers import validation, value_loss
-from rlhf_helpers.widgets._base import Explorer
+from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 from rlhf_helpers.widgets.clip_explorer import _runs
 
@@ -55,7 +55,8 @@ class ValueClipExplorer(Explorer):
         fig.update_xaxes(title_text="new value V", row=2, col=1)
         fig.update_yaxes(title_text="loss (minimise)", row=1, col=1)
         fig.update_yaxes(title_text="gradient", row=2, col=1)
-        fig.update_layout(height=540, template="plotly_white", uirevision="keep",
+        fig.update_layout(height=540, width=FIGURE_WIDTH, font=FIGURE_FONT,
+                          template="plotly_white", uirevision="keep",
                           margin={"l": 60, "r": 30, "t": 60, "b": 50}, legend={"orientation": "h", "y": -0.14})
         return fig
 
@@ -105,7 +106,7 @@ class ValueClipExplorer(Explorer):
             fig.data[GRAD_CLIPPED].y = clipped["gradient"].numpy()
             fig.data[CURRENT].x = [value]
             fig.data[CURRENT].y = [float(point_loss)]
-            fig.layout.shapes, fig.layout.annotations = shapes, annotations
+            self.view.set_overlays(shapes, annotations)
             fig.layout.title = {"text": f"value clip: c = {c:g}, V_old = {old:g}, R = {ret:g}", "x": 0.01}
         branch = ("the clipped error is larger: no gradient, V may not move further from V_old this step"
                   if float(point_stats["vf_clipfrac"]) > 0 else "the unclipped error is used: gradient V − R")
