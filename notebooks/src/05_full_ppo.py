@@ -96,8 +96,7 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # start fresh. PEFT initialises $B = 0$, so at the start the policy *is* the reference.
 
 # %%
-config = PPOConfig.from_profile(profile, output_dir=str(Path("runs") / "05_full_ppo"),
-                                eval_every=max(1, profile.ppo_steps // 4), save_every=0)
+config = PPOConfig.from_profile(profile, output_dir=str(Path("runs") / "05_full_ppo"))
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
 print(f"reward adapter: {reward_dir}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
@@ -355,8 +354,9 @@ exercise_check("Exercise 1 (sequence_kl)", check_sequence_kl)
 #
 # `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
 # minibatches; the policy adapter and the value adapter (with its head) each have their own Adam
-# optimiser, and each loss is back-propagated with its own adapter active. Every few steps it samples
-# the held-out prompts (fixed seed) for the `eval_*` numbers, and at the end it writes a checkpoint.
+# optimiser, and each loss is back-propagated with its own adapter active. At the end it writes a
+# checkpoint. After steps 1, 2, 4, 8, ... (and the last) the cell below samples the held-out prompts
+# with a fixed seed (`trainer.evaluate`): these PPO checkpoints are compared with best-of-$n$ in section 6.
 #
 # The curves: the learned score PPO maximises, the **hidden** true score it cannot see (the synthetic
 # world's ground truth), the sequence KL to the reference, and the update's diagnostics:
@@ -379,23 +379,30 @@ print({k: round(v, 3) for k, v in start_eval.items()})
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
 curves_handle = display(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"), display_id=True)
 refresh_every = max(1, config.total_steps // 10)
+eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
+ppo_evals = [{"step": 0, **start_eval}]
 
 
-def refresh_curves(metrics):
+def after_step(metrics):
+    """Called by `train` after every PPO step: evaluate at eval_steps, refresh the figure."""
+    if trainer.step_count in eval_steps:
+        ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
     if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
         curves_handle.update(plot_curves(trainer.history, keys=CURVES, columns=3))
 
 
-history = trainer.train(eval_prompts=eval_prompts, callback=refresh_curves)
+history = trainer.train(callback=after_step)
 last = history[-1]
 print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hidden_score']:.3f}  "
       f"kl {last['kl']:.3f}  time/step {sum(h['time_step'] for h in history) / len(history):.1f} s")
 
 # %% [markdown]
-# Reading the curves: the learned score rises and the hidden score follows it (the reward model is good
-# in this region); KL grows as the policy leaves the reference; clip fraction stays small (a few
-# percent), so the updates are in the trust region; explained variance climbs from about 0 as the
-# critic learns the returns (a critic that stays near 0 makes GAE no better than Monte-Carlo returns).
+# Reading the curves: the learned score should rise, and the hidden score with it as long as the reward
+# model is right in the region the policy explores; when the two part ways, the policy is exploiting the
+# reward model. KL grows as the policy leaves the reference ($\beta$ sets how far that is worth it). A
+# clip fraction of a few percent means the updates stay in the trust region; tens of percent means the
+# learning rate or the number of epochs is too large. Explained variance should climb from about 0 as
+# the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo returns).
 
 # %% [markdown]
 # ### Exercise 2: explained variance by hand
@@ -487,10 +494,8 @@ bon = best_of_n(model, tokenizer, eval_prompts, n=n_max, max_new_tokens=config.m
                 max_prompt_length=config.max_prompt_length, adapter=None, seed=profile.seed)
 bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score": bon.hidden_mean(k),
                             "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
-ppo_points = pd.DataFrame([{"step": 0, "KL (nats)": start_eval["eval_kl"],
-                            "hidden score": start_eval["eval_hidden_score"]}]
-                          + [{"step": int(h["step"]), "KL (nats)": h["eval_kl"], "hidden score": h["eval_hidden_score"]}
-                             for h in history if "eval_kl" in h])
+ppo_points = pd.DataFrame([{"step": e["step"], "KL (nats)": e["eval_kl"], "hidden score": e["eval_hidden_score"],
+                            "learned score": e["eval_score"]} for e in ppo_evals])
 display(bon_points.round(3))
 display(ppo_points.round(3))
 
