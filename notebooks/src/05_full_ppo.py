@@ -208,8 +208,8 @@ print(f"four models need {ratio:.1f}x the memory of the shared set-up")
 # %% [markdown]
 # On the tiny model (rank-8 adapters on every projection of a 0.65M-parameter model) the adapters are a
 # sizeable share of the base, so the saving is modest. The base grows much faster than the adapters: on
-# the gpu profile's 135M-parameter model this cell prints a far larger ratio. The benchmark
-# `benchmarks/bench_memory.py` measures the real peak memory of both set-ups.
+# the gpu profile's 135M-parameter model this cell prints a far larger ratio. Measured peak memory adds
+# activations, which both set-ups need (the shared one runs its roles one after another).
 
 # %% [markdown]
 # ## 3. Experience making
@@ -249,7 +249,9 @@ display(sequence_table(batch, row).round(4))
 # %% [markdown]
 # The fresh policy equals the reference, so every KL is 0 and the shaped reward is 0 except on the last
 # token (EOS), which carries the reward model's score. The freshly initialised critic predicts about 0
-# everywhere; with $\gamma = 1$ and no KL yet, every return is close to the score.
+# everywhere, so every $\delta_t$ is about 0 except the last, and with $\gamma = 1$ the return $n - 1 - t$
+# tokens before the end is about $\lambda^{n-1-t}\,\text{score}$: GAE's $\lambda$ fades the score
+# towards the start of the response until the critic learns to carry it.
 #
 # ### The same computation for one sequence, from scratch
 #
