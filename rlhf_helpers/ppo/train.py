@@ -1,0 +1,217 @@
+"""Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics and curves.
+
+    python -m rlhf_helpers.ppo.train --profile tiny --steps 60 --output-dir runs/ppo-tiny
+    python -m rlhf_helpers.ppo.train --output-dir runs/ppo-tiny --steps 80 --resume   # continue
+    accelerate launch -m rlhf_helpers.ppo.train --profile gpu                        # several GPUs
+
+What it does: ensures the profile's reward model (`ensure_reward_model`: trained once, cached in
+runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
+adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir:
+
+    step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
+    metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
+    curves.html               plotly curves of the main metrics (open in a browser, works offline)
+    run.json                  the profile, the PPO config and the reward folder of this run
+
+Quick runs: $RLHF_PROFILE_OVERRIDES takes JSON profile overrides, e.g.
+'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'.
+--resume continues with the PPO settings and reward folder recorded in run.json (the environment's
+overrides are not read again); only --steps, --save-every and --eval-every may change, and a
+--kl-coef, --target-kl or --seed that differs from the recorded one is refused.
+A NaN/inf in rewards or losses stops the run with exit status 2 and a message; the last good
+checkpoint stays as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Exit status of a run stopped by a NaN/inf.
+EXIT_NON_FINITE = 2
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.html"
+RUN_FILE = "run.json"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.ppo.train",
+                                     description="Shared-LoRA PPO on a course profile.")
+    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="total PPO iterations of the run (default: the profile's ppo_steps); "
+                             "with --resume the run continues up to this total")
+    parser.add_argument("--output-dir", default=None,
+                        help="checkpoints, metrics.jsonl, curves.html (default: runs/ppo-<profile>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --output-dir")
+    parser.add_argument("--kl-coef", type=float, default=None, help="beta of the KL penalty")
+    parser.add_argument("--target-kl", type=float, default=None,
+                        help="target sequence KL: use the adaptive KL controller")
+    parser.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="evaluate on held-out prompts every this many steps (0: never)")
+    parser.add_argument("--seed", type=int, default=None, help="seed (default: the profile's)")
+    parser.add_argument("--reward-dir", default=None,
+                        help="use this trained reward folder instead of ensure_reward_model")
+    parser.add_argument("--reward-train-pairs", type=int, default=None,
+                        help="train the reward model on only this many pairs (quick runs)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    for name in ("steps", "reward_train_pairs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.save_every < 0 or args.eval_every < 0:
+        parser.error("--save-every and --eval-every must be >= 0")
+    return args
+
+
+def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
+    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON)."""
+    import math
+
+    def clean(value: Any) -> Any:
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    with open(path, mode, encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps({k: clean(v) for k, v in row.items()}) + "\n")
+        handle.flush()
+
+
+def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
+    """curves.html with plotly.js inlined (opens offline)."""
+    from rlhf_helpers.ppo.metrics import plot_curves
+
+    if history:
+        plot_curves(history).write_html(str(path), include_plotlyjs=True)
+
+
+def recorded_settings(output_dir: Path, profile_name: str,
+                      chosen: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(ppo_config, reward_dir) recorded in output_dir/run.json; SystemExit when the run was made with
+    another profile or when a setting in `chosen` (from the command line) differs from the record."""
+    run_file = output_dir / RUN_FILE
+    if not run_file.is_file():
+        raise SystemExit(f"--resume: {run_file} is missing, so the run's settings are unknown")
+    record = json.loads(run_file.read_text())
+    recorded_profile = record["profile"]["name"]
+    if recorded_profile != profile_name:
+        raise SystemExit(f"--resume: {output_dir} is a run of the {recorded_profile!r} profile, "
+                         f"not {profile_name!r}")
+    saved = record["ppo_config"]
+    for key, value in chosen.items():
+        if saved[key] != value:
+            flag = "--" + key.replace("_", "-")
+            raise SystemExit(f"--resume: {flag} {value} differs from the run's {saved[key]} (run.json); "
+                             "a resumed run keeps its settings: start a new --output-dir to change it")
+    return saved, record.get("reward_dir")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
+    import torch
+    from accelerate import Accelerator
+
+    from rlhf_helpers.data import load_prompts
+    from rlhf_helpers.ppo.build import build_shared_model
+    from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+    from rlhf_helpers.ppo.config import PPOConfig
+    from rlhf_helpers.ppo.experience import NonFiniteError
+    from rlhf_helpers.ppo.reward_training import RewardTrainingConfig, ensure_reward_model, runs_dir
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+    from rlhf_helpers.profiles import get_profile
+
+    profile = get_profile(args.profile)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
+    if profile.device != "cpu":  # one GPU per process under `accelerate launch`
+        profile = profile.replace(device=str(accelerator.device))
+    output_dir = Path(args.output_dir) if args.output_dir else runs_dir() / f"ppo-{profile.name}"
+    if not args.resume and latest_checkpoint(output_dir) is not None:
+        raise SystemExit(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
+                         "choose another --output-dir")
+    if args.resume and latest_checkpoint(output_dir) is None:
+        raise SystemExit(f"--resume: no checkpoint found in {output_dir}")
+
+    # what may change between the parts of one run; every other PPO setting is the run's own
+    run_control: dict[str, Any] = {"output_dir": str(output_dir), "save_every": args.save_every,
+                                   "eval_every": args.eval_every, "progress_bar": not args.no_progress}
+    if args.steps is not None:
+        run_control["total_steps"] = args.steps
+    chosen = {key: value for key, value in (("kl_coef", args.kl_coef), ("target_kl", args.target_kl),
+                                            ("seed", args.seed)) if value is not None}
+    saved_reward_dir = None
+    if args.resume:
+        saved_config, saved_reward_dir = recorded_settings(output_dir, profile.name, chosen)
+        if args.steps is None:
+            run_control.pop("total_steps", None)
+        config = PPOConfig.from_dict({**saved_config, **run_control})
+    else:
+        config = PPOConfig.from_profile(profile, **chosen, **run_control)
+
+    if args.reward_dir is not None:
+        reward_dir: Path | None = Path(args.reward_dir)
+    elif saved_reward_dir is not None and Path(saved_reward_dir).is_dir():
+        # the checkpoint holds the reward adapter's weights; the folder gives its shape (r, targets)
+        reward_dir = Path(saved_reward_dir)
+    else:
+        reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.reward_train_pairs)
+        with accelerator.main_process_first():  # one process trains, the others find it cached
+            reward_dir = ensure_reward_model(profile, reward_config)
+    torch.manual_seed(config.seed)
+    model, tokenizer = build_shared_model(profile, config, reward_dir)
+    model.to(accelerator.device)
+    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), accelerator=accelerator)
+    is_main = accelerator.is_main_process
+    metrics_path = output_dir / METRICS_FILE
+    if args.resume:
+        loaded = load_checkpoint(trainer, output_dir)
+        if trainer.step_count >= config.total_steps:
+            raise SystemExit(f"--steps {config.total_steps}: the checkpoint {loaded} is already at step "
+                             f"{trainer.step_count}; pass a larger total to train further")
+        if is_main:
+            print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
+    if is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
+        append_jsonl(metrics_path, trainer.history, mode="w")
+        (output_dir / RUN_FILE).write_text(json.dumps(
+            {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
+             "reward_dir": None if reward_dir is None else str(reward_dir),
+             "num_processes": accelerator.num_processes},
+            indent=2, default=str) + "\n")
+
+    def log(metrics: dict[str, float]) -> None:
+        if is_main:
+            append_jsonl(metrics_path, [metrics])
+
+    status = "finished"
+    try:
+        trainer.train(eval_prompts=load_prompts("test") if config.eval_every else None, callback=log)
+    except NonFiniteError as error:
+        status = "stopped"
+        if is_main:
+            print(f"PPO stopped: {error}", file=sys.stderr)
+    if is_main:
+        write_curves(trainer.history, output_dir / CURVES_FILE)
+    summary = {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
+               "checkpoint": str(latest_checkpoint(output_dir)),
+               "last_metrics": trainer.history[-1] if trainer.history else {}}
+    accelerator.wait_for_everyone()
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    summary = run(parse_args(argv))
+    print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}))
+    return EXIT_NON_FINITE if summary["status"] == "stopped" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

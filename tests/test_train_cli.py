@@ -1,0 +1,136 @@
+"""`python -m rlhf_helpers.ppo.train` on the tiny profile with tiny overrides: a subprocess run, then
+--resume; in-process `main()` calls for a NaN stop (exit status 2) and refused arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1,
+        "n_eval_prompts": 8}
+
+
+def run_cli(args: list[str], runs: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(TINY), RLHF_RUNS_DIR=str(runs),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    return subprocess.run([sys.executable, "-m", "rlhf_helpers.ppo.train", "--profile", "tiny",
+                           "--no-progress", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "ppo"
+    first = run_cli(["--steps", "1", "--output-dir", str(out), "--reward-train-pairs", "64",
+                     "--kl-coef", "0.1"], runs)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # the reward model was ensured into the runs folder, complete, under its quick-config name
+    reward_dirs = [p for p in runs.iterdir() if p.name.startswith("reward-tiny-")]
+    assert len(reward_dirs) == 1 and (reward_dirs[0] / "COMPLETE.json").is_file()
+    assert (out / "latest").read_text().strip() == "step-000001"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1.0]
+    assert rows[0]["kl_coef"] == 0.1
+    for key in ("score", "hidden_score", "kl", "entropy", "clipfrac", "approx_kl", "value_loss",
+                "explained_variance", "response_length", "time_step"):
+        assert key in rows[0], key
+    assert "plotly" in (out / "curves.html").read_text()[:200000].lower()
+    run = json.loads((out / "run.json").read_text())
+    assert run["ppo_config"]["rollout_batch_size"] == 8 and run["ppo_config"]["kl_coef"] == 0.1
+
+    # without --resume an existing run is not overwritten
+    refused = run_cli(["--steps", "2", "--output-dir", str(out), "--reward-train-pairs", "64"], runs)
+    assert refused.returncode != 0 and "--resume" in refused.stderr
+
+    second = run_cli(["--steps", "2", "--output-dir", str(out), "--reward-train-pairs", "64",
+                      "--kl-coef", "0.1", "--resume"], runs)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stderr and "step-000001" in second.stderr
+    assert (out / "latest").read_text().strip() == "step-000002"
+    rows2 = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows2] == [1.0, 2.0]
+    assert rows2[0] == rows[0]  # step 1's row came back from the checkpoint's history unchanged
+    assert len([p for p in runs.iterdir() if p.name.startswith("reward-")]) == 1  # cached, not retrained
+
+
+def test_cli_rejects_bad_arguments(tmp_path, capsys):
+    from rlhf_helpers.ppo import train
+
+    with pytest.raises(SystemExit) as bad:
+        train.main(["--steps", "0"])
+    assert bad.value.code == 2 and "--steps must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no checkpoint found"):
+        train.main(["--profile", "tiny", "--resume", "--output-dir", str(tmp_path / "nothing"),
+                    "--reward-dir", str(tmp_path)])
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under folder, by relative path."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    """In-process `main()`: the reward model's score turns NaN at the third PPO step."""
+    import math
+
+    import torch
+
+    from rlhf_helpers.ppo import checkpoint as checkpoint_module
+    from rlhf_helpers.ppo import reward_training, train
+    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    # an untrained reward adapter instead of a TRL run: this test is about the NaN, not the reward
+    monkeypatch.setattr(reward_training, "ensure_reward_model", lambda *args, **kwargs: None)
+    real_scores, calls = SharedLoRAModel.reward_scores, []
+
+    def nan_at_third_call(self, *args, **kwargs):
+        calls.append(1)
+        scores = real_scores(self, *args, **kwargs)
+        return scores * math.nan if len(calls) == 3 else scores
+
+    monkeypatch.setattr(SharedLoRAModel, "reward_scores", nan_at_third_call)
+    real_save, written = checkpoint_module.save_checkpoint, {}
+
+    def save_and_hash(trainer, output_dir, *args, **kwargs):
+        path = real_save(trainer, output_dir, *args, **kwargs)
+        written[path.name] = file_hashes(path)
+        return path
+
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_and_hash)
+    out = tmp_path / "ppo"
+    status = train.main(["--profile", "tiny", "--steps", "4", "--save-every", "1", "--no-progress",
+                         "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert status == train.EXIT_NON_FINITE == 2
+    assert "PPO stopped: reward scores has 8 NaN/inf value(s) at PPO step 2" in err
+    assert "the last good checkpoint is" in err and "step-000002" in err
+    assert sorted(written) == ["step-000001", "step-000002"]  # nothing saved after the bad value
+    assert (out / "latest").read_text().strip() == "step-000002"
+    assert file_hashes(out / "step-000002") == written["step-000002"]  # byte for byte as written
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder left
+    state = torch.load(out / "step-000002" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and len(state["history"]) == 2
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 2.0]
+
+    # a resumed run keeps its settings: another --kl-coef, or a total it has already reached, is refused
+    with pytest.raises(SystemExit, match=r"--kl-coef 0.5 differs from the run's 0.05"):
+        train.main(["--profile", "tiny", "--resume", "--kl-coef", "0.5", "--output-dir", str(out)])
+    with pytest.raises(SystemExit, match="already at step 2"):
+        train.main(["--profile", "tiny", "--resume", "--steps", "2", "--no-progress",
+                    "--output-dir", str(out)])
