@@ -3,8 +3,8 @@
     from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
     fig = plot_curves(trainer.history, keys=("score", "hidden_score", "kl"))
 
-docs/metrics.md is the long form: what healthy and unhealthy curves look like.
-Imports only plotly (lazily), so notebooks can use it without loading a model.
+docs/metrics.md is the long form (generated from rlhf_helpers.ppo.glossary): formulas, healthy ranges,
+failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model.
 """
 
 from __future__ import annotations
@@ -13,42 +13,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-#: metric name -> one line: what it is (see docs/metrics.md for what healthy looks like).
-GLOSSARY: dict[str, str] = {
-    # rollouts: what the policy does
-    "score": "mean reward-model score of the batch's responses (the proxy PPO maximises)",
-    "hidden_score": "mean hidden ground-truth score of the same responses (what we really want)",
-    "kl": "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
-    "kl_coef": "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
-    "entropy": "mean per-token entropy of the policy on its own responses (nats)",
-    "response_length": "mean response length in tokens, EOS included",
-    "eos_fraction": "fraction of responses that ended with EOS before max_new_tokens",
-    "explained_variance": "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
-    "return_mean": "mean GAE return over real tokens (the critic's regression target)",
-    "value_mean": "mean old value V(s_t) over real tokens",
-    # updates: what the optimiser does (means over epochs and minibatches)
-    "policy_loss": "clipped surrogate loss -min(r A, clip(r) A), masked mean",
-    "clipfrac": "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
-    "approx_kl": "mean (r - 1) - log r between the updated and the sampling policy (k3 estimate)",
-    "value_loss": "clipped value loss 0.5 * max((V - R)^2, (clip(V) - R)^2), masked mean",
-    "vf_clipfrac": "fraction of tokens where value clipping was active",
-    "policy_grad_norm": "policy gradient norm before clipping to max_grad_norm",
-    "value_grad_norm": "value gradient norm before clipping to max_grad_norm",
-    "entropy_update": "mean policy entropy seen during the update epochs",
-    "ratio_mean": "mean probability ratio pi_new / pi_old over real tokens",
-    "ratio_max": "largest probability ratio pi_new / pi_old in the minibatch",
-    "ptx_loss": "next-token loss of the policy on SFT text (only when ptx_coef > 0)",
-    # evaluation on held-out prompts (every eval_every steps)
-    "eval_score": "mean reward-model score on held-out prompts (fixed sampling seed)",
-    "eval_hidden_score": "mean hidden ground-truth score on held-out prompts",
-    "eval_kl": "mean sequence KL to the reference on held-out prompts",
-    "eval_response_length": "mean response length on held-out prompts",
-    # timing (seconds)
-    "time_rollout": "seconds of the rollout phase: generate, score, reference and value passes, GAE",
-    "time_update": "seconds of the update epochs",
-    "time_step": "seconds of the whole PPO iteration (rollout + update)",
-    "step": "PPO iterations done so far (the x axis)",
-}
+from rlhf_helpers.ppo.glossary import METRICS
+
+#: metric name -> one line: what it is (derived from glossary.METRICS, which also holds each metric's
+#: formula, healthy range and failure modes; docs/metrics.md is generated from it).
+GLOSSARY: dict[str, str] = {name: doc.meaning for name, (_group, doc) in METRICS.items()}
 
 #: The curves worth watching first, in the order `plot_curves` draws them by default.
 DEFAULT_CURVES = ("score", "hidden_score", "kl", "entropy", "clipfrac", "approx_kl", "value_loss",

@@ -1,0 +1,348 @@
+"""The one source of truth for what every logged PPO metric means: formula, healthy range, failure modes.
+
+    from rlhf_helpers.ppo.glossary import METRICS, glossary_markdown
+    METRICS["clipfrac"].healthy        # what it looks like in a good tiny-profile run
+    python -m rlhf_helpers.ppo.glossary            # rewrite docs/metrics.md from METRICS
+    python -m rlhf_helpers.ppo.glossary --check    # exit 1 if docs/metrics.md is out of date
+
+`rlhf_helpers.ppo.metrics.GLOSSARY` (name -> one line) is derived from METRICS, and docs/metrics.md
+is generated from it, so the code, the plots' hover text and the docs say the same thing.
+
+Healthy ranges were read off `python -m rlhf_helpers.ppo.train --profile tiny --steps 60
+--eval-every 10` (the tiny profile's defaults: rollout batch 64, minibatch 16, 4 epochs, 40 new
+tokens, beta 0.05, lr 1e-3), and the failure examples off the same run with `--kl-coef 0`.
+They are guides for that profile, not laws: other models and batch sizes move them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Where the generated glossary lives in the repository.
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """Everything the docs say about one metric."""
+
+    meaning: str  #: one line: what the number is (GLOSSARY's text, the plots' hover text)
+    formula: str  #: how it is computed, in plain text maths over the batch's real response tokens
+    healthy: str  #: what it looks like in a healthy tiny-profile run ("" for bookkeeping fields)
+    bad: str  #: what an unhealthy value means: which failure mode, and what to try ("" if nothing)
+
+
+#: Sections of the glossary, in order: (title, what logs them).
+GROUPS: dict[str, str] = {
+    "rollout": "Rollouts: what the policy does (one number per PPO step, from the experience batch)",
+    "update": "Updates: what the optimiser does (means over all epochs and minibatches of a step)",
+    "minibatch": "Per minibatch (`PPOTrainer.last_update_stats`, one row per optimiser step; not in "
+                 "metrics.jsonl)",
+    "eval": "Evaluation on held-out prompts (every `eval_every` steps; one fresh sample per prompt, "
+            "fixed seed)",
+    "timing": "Timing and bookkeeping",
+}
+
+#: Notation used in the formulas, printed at the top of docs/metrics.md.
+NOTATION = """\
+- `B` responses per batch, `t` a response token, `m_t` = 1 on real response tokens (up to and
+  including the first EOS), 0 on padding; "masked mean" = sum_t m_t x_t / sum_t m_t over the batch.
+- `pi` the policy, `pi_old` the policy that sampled the batch, `ref` the reference (base model with
+  every adapter disabled), `r_t = pi(y_t) / pi_old(y_t)` the probability ratio, `eps` = clip_eps.
+- `s` the reward-model score of a whole response, `V_t` the critic's value before token t,
+  `A_t` the GAE advantage, `R_t = A_t + V_t` the return, `beta` = kl_coef.
+- Ranges are from a 60-step tiny-profile run (seed 0): "early" = first 5 steps, "late" = steps 30-60.
+"""
+
+
+def _m(meaning: str, formula: str, healthy: str, bad: str) -> MetricDoc:
+    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad)
+
+
+#: metric name -> its documentation, grouped by GROUPS (in the order docs/metrics.md lists them).
+METRICS: dict[str, tuple[str, MetricDoc]] = {
+    # ------------------------------------------------------------------ rollouts
+    "score": ("rollout", _m(
+        "mean reward-model score of the batch's responses (the proxy PPO maximises)",
+        "mean_b s_b, s_b = score head on the reward adapter's hidden state at the last real token "
+        "(+ missing_eos_penalty for responses cut off without EOS)",
+        "rises fast, then flattens: about 0.25 at step 1, 2-2.5 by step 5, 3.0-3.3 late.",
+        "flat from the start: the policy does not learn (learning rate too low, advantages all zero, "
+        "reward model ignores the response). Rising while hidden_score falls: reward hacking / "
+        "over-optimisation of the proxy (with --kl-coef 0 the score still rises to 3.3 while "
+        "hidden_score falls below 0). Sudden jump to the score's ceiling with short or repetitive "
+        "responses: the policy found an exploit of the reward model.")),
+    "hidden_score": ("rollout", _m(
+        "mean hidden ground-truth score of the same responses (what we really want)",
+        "mean_b h(prompt_b, response_b), h = the review world's hidden scorer "
+        "(rlhf_helpers.world.scorer); the reward model was trained on noisy preferences drawn from it",
+        "follows score up at first: about -0.5 at step 1, 0.7-1.2 late (noisy, +-0.2 between steps).",
+        "falling while score keeps rising: over-optimisation, the policy exploits the reward model's "
+        "errors (raise kl_coef or stop earlier; the best checkpoint is where hidden_score peaked). "
+        "Only available in this course's world: real RLHF has no hidden score, which is why KL and "
+        "samples must be watched.")),
+    "kl": ("rollout", _m(
+        "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
+        "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
+        "samples, before this step's update",
+        "0 at step 1 (policy = reference), then grows and settles where reward gain and "
+        "beta * KL balance: 4-6 nats late with beta = 0.05.",
+        "growing without bound (15-20 nats by step 13 with kl_coef 0): nothing holds the policy near "
+        "the reference, expect reward hacking and broken language. Negative: possible per batch "
+        "(k1 is an estimate), but a steadily negative mean means the samples do not come from the "
+        "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p or another "
+        "temperature).")),
+    "kl_coef": ("rollout", _m(
+        "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
+        "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
+        "beta <- beta * (1 + e * B / kl_horizon) after every step",
+        "constant 0.05 on the tiny profile (fixed controller); adaptive: drifts slowly towards the "
+        "value that keeps kl near target_kl.",
+        "adaptive beta growing every step: kl stays above target (the reward pulls harder than the "
+        "penalty; the target may be too low). Shrinking to ~0: kl stays below target, the penalty "
+        "no longer constrains anything.")),
+    "entropy": ("rollout", _m(
+        "mean per-token entropy of the policy on its own responses (nats)",
+        "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
+        "about 1.6-1.8 nats throughout (the tiny SFT model's own level); small drift either way.",
+        "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "
+        "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
+        "policy is becoming noisier than the SFT model, often with KL rising too (learning rate too "
+        "high, or the reward favours odd tokens).")),
+    "response_length": ("rollout", _m(
+        "mean response length in tokens, EOS included",
+        "mean_b sum_t m_t",
+        "about 17 tokens at the start, growing to 24-26 late (the reward model likes longer "
+        "reviews); max_new_tokens is 40.",
+        "drifting to max_new_tokens (with eos_fraction falling): length hacking, the reward model "
+        "pays for length; try missing_eos_penalty or a length-aware reward. Collapsing to 1-2 "
+        "tokens: the policy learned that stopping early avoids a penalty (negative scores, "
+        "KL per token).")),
+    "eos_fraction": ("rollout", _m(
+        "fraction of responses that ended with EOS before max_new_tokens",
+        "mean_b [response b contains EOS]",
+        "0.94-1.0: nearly every response ends on its own.",
+        "falling: responses run into max_new_tokens, their last token is not an EOS and the reward "
+        "model reads an unfinished text (length hacking, or a broken EOS/pad setup: pad must "
+        "differ from EOS).")),
+    "explained_variance": ("rollout", _m(
+        "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
+        "1 - Var_t[R_t - V_t] / Var_t[R_t] over all real tokens of the batch (V: the critic before "
+        "this step's update)",
+        "about 0 at step 1 (untrained critic), 0.2-0.6 within a few steps, then noisy between "
+        "0 and 0.7 as the policy keeps moving.",
+        "staying <= 0: the critic predicts nothing, advantages are pure Monte-Carlo noise (value "
+        "learning rate too low, value head not warmed up, values masked wrongly). Near 1 with "
+        "a falling score: suspicious, check that values do not see the future (alignment of "
+        "V_t with the state before token t).")),
+    "return_mean": ("rollout", _m(
+        "mean GAE return over real tokens (the critic's regression target)",
+        "masked mean of R_t = A_t (raw, before whitening) + V_t",
+        "tracks score minus the KL penalty: about 0.3 at step 1, 3.0-3.2 late.",
+        "far from score - beta * kl: the reward shaping or GAE is off (score not on the last real "
+        "token, gamma/lambda misset).")),
+    "value_mean": ("rollout", _m(
+        "mean old value V(s_t) over real tokens",
+        "masked mean of V_t from the value adapter + value head, before this step's update",
+        "starts near 0 (small head init) and catches up with return_mean within ~10 steps.",
+        "lagging far behind return_mean for many steps: the critic learns too slowly (value_lr, "
+        "value_warmup_steps). Exploding: value learning rate too high or returns not bounded.")),
+    # ------------------------------------------------------------------ updates
+    "policy_loss": ("update", _m(
+        "clipped surrogate loss -min(r A, clip(r) A), masked mean",
+        "masked mean of -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t), A whitened",
+        "small and slightly negative: -0.017 to -0.003 (whitened advantages average 0, so its "
+        "level says little; the trend within an update does).",
+        "large in size (|loss| > 0.1 with whitened advantages): the ratios moved far from 1, see "
+        "clipfrac and approx_kl. Exactly 0 every step: no advantages (reward constant) or nothing "
+        "trains.")),
+    "clipfrac": ("update", _m(
+        "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
+        "masked mean of [clip(r_t) A_t < r_t A_t], the tokens where the clipped term is chosen and "
+        "the gradient is zero",
+        "0.03-0.09 (a few percent: the update moves the policy, the clip rarely has to stop it).",
+        "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
+        "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
+        "minibatch: the policy does not change (no gradient reaches the adapter).")),
+    "approx_kl": ("update", _m(
+        "mean (r - 1) - log r between the updated and the sampling policy (k3 estimate)",
+        "masked mean of (r_t - 1) - log r_t, an estimate of KL(pi_old || pi) that is never negative",
+        "0.005-0.02 nats per token; it grows a little over training as advantages sharpen.",
+        "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
+        "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
+    "value_loss": ("update", _m(
+        "clipped value loss 0.5 * max((V - R)^2, (clip(V) - R)^2), masked mean",
+        "0.5 * masked mean of max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - R_t)^2), "
+        "c = value_clip",
+        "0.5-0.9 in the first steps (critic starts at 0, returns near the score), down to "
+        "0.01-0.05 late.",
+        "not falling: the critic does not fit the returns (value learning rate, a value adapter "
+        "that is not trained, masks). Rising late with vf_clipfrac high: the returns moved faster "
+        "than value_clip lets the critic follow.")),
+    "vf_clipfrac": ("update", _m(
+        "fraction of tokens where value clipping was active",
+        "masked mean of [(V_clip,t - R_t)^2 > (V_t - R_t)^2], the tokens where the clipped error is "
+        "used (0 when value_clip is None)",
+        "0.3-0.5 in the first steps (the critic chases returns far above its start), then below "
+        "0.02.",
+        "staying high: value_clip is too tight for the scale of the returns, the critic cannot "
+        "catch up (raise value_clip or set it to None).")),
+    "policy_grad_norm": ("update", _m(
+        "policy gradient norm before clipping to max_grad_norm",
+        "||grad of the policy loss w.r.t. the policy adapter||_2 before clip_grad_norm_",
+        "0.07-0.25, well below max_grad_norm = 1.",
+        "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
+        "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the run "
+        "(exit status 2 from the command line).")),
+    "value_grad_norm": ("update", _m(
+        "value gradient norm before clipping to max_grad_norm",
+        "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",
+        "1.7-2.9 in the first steps (clipped to 1), 0.2-1 late.",
+        "staying far above max_grad_norm: the critic's targets are badly scaled (large returns; "
+        "consider score_clip or reward normalisation).")),
+    "entropy_update": ("update", _m(
+        "mean policy entropy seen during the update epochs",
+        "masked mean of H_t computed by the updating policy in each minibatch, averaged",
+        "within ~0.02 of `entropy` (the policy changes little within one step).",
+        "far from `entropy`: the policy changes a lot inside one step (see approx_kl).")),
+    "ptx_loss": ("update", _m(
+        "next-token loss of the policy on SFT text (only when ptx_coef > 0)",
+        "mean cross-entropy of the policy on a minibatch of SFT texts (shifted labels, padding "
+        "ignored); added to the policy loss as ptx_coef * ptx_loss",
+        "close to the SFT model's own loss on its corpus, rising a little as PPO moves the policy.",
+        "rising steadily: PPO is pulling the policy away from fluent text (raise ptx_coef or "
+        "kl_coef).")),
+    # ------------------------------------------------------------------ per minibatch
+    "epoch": ("minibatch", _m(
+        "index of the PPO epoch (pass over the experience batch) this minibatch belongs to",
+        "0 .. ppo_epochs - 1",
+        "",
+        "")),
+    "minibatch": ("minibatch", _m(
+        "index of the minibatch within its epoch",
+        "0 .. rollout_batch_size / mini_batch_size - 1",
+        "",
+        "")),
+    "ratio_mean": ("minibatch", _m(
+        "mean probability ratio pi_new / pi_old over real tokens",
+        "masked mean of r_t = exp(log pi(y_t) - log pi_old(y_t))",
+        "exactly 1 at the first minibatch of the first epoch (nothing has changed yet), then "
+        "within ~0.01 of 1.",
+        "not 1 at the very first minibatch: the old log-probs do not come from the policy that "
+        "sampled (e.g. the reference's log-probs used as old ones, a bug in a widely copied "
+        "script), or dropout is on. Far from 1 later: too large updates.")),
+    "ratio_max": ("minibatch", _m(
+        "largest probability ratio pi_new / pi_old in the minibatch",
+        "max over real tokens of r_t",
+        "1 at the first minibatch, below ~1.5-2 afterwards.",
+        "huge (10 and more): a token whose probability exploded; the clip stops its gradient, but "
+        "the update is unstable.")),
+    # ------------------------------------------------------------------ evaluation
+    "eval_score": ("eval", _m(
+        "mean reward-model score on held-out prompts (fixed sampling seed)",
+        "as `score`, on n_eval_prompts prompts of data/prompts_test.jsonl, one sample each",
+        "close to `score` of the same step (3.0-3.3 late).",
+        "well below `score`: the policy fits the training prompts only.")),
+    "eval_hidden_score": ("eval", _m(
+        "mean hidden ground-truth score on held-out prompts",
+        "as `hidden_score`, on the held-out prompts",
+        "0.9-1.0 at steps 10-30.",
+        "falling across evaluations while eval_score rises: over-optimisation (with kl_coef 0: "
+        "0.02 at step 10, its KL 15 nats).")),
+    "eval_kl": ("eval", _m(
+        "mean sequence KL to the reference on held-out prompts",
+        "mean over prompts of sum_t (log pi(y_t) - log ref(y_t)) on fresh samples (k1)",
+        "4.5-5.3 nats at steps 10-30 (beta = 0.05).",
+        "as `kl`: growing without bound means nothing holds the policy near the reference.")),
+    "eval_response_length": ("eval", _m(
+        "mean response length on held-out prompts",
+        "mean over prompts of sum_t m_t",
+        "23-26 tokens at steps 10-30.",
+        "as `response_length`.")),
+    # ------------------------------------------------------------------ timing
+    "time_rollout": ("timing", _m(
+        "seconds of the rollout phase: generate, score, reference and value passes, GAE",
+        "wall-clock seconds (time.perf_counter) of collect_experience",
+        "about 1-2 s per step on one CPU thread (more on a loaded machine; it grows with "
+        "response_length).",
+        "growing much faster than response_length: the machine is busy, or generation lost its "
+        "KV cache.")),
+    "time_update": ("timing", _m(
+        "seconds of the update epochs",
+        "wall-clock seconds of PPOTrainer.update (ppo_epochs x minibatches of policy and value "
+        "forward/backward/step)",
+        "about 3-5 s per step on one quiet CPU thread (about 75% of a step).",
+        "")),
+    "time_step": ("timing", _m(
+        "seconds of the whole PPO iteration (rollout + update)",
+        "time_rollout + time_update (evaluation and checkpoints are not included)",
+        "4-7 s per step on one quiet CPU thread; up to 2-3x that under load.",
+        "")),
+    "step": ("timing", _m(
+        "PPO iterations done so far (the x axis)",
+        "PPOTrainer.step_count after this step (1 for the first step)",
+        "",
+        "")),
+}
+
+
+def glossary_markdown() -> str:
+    """docs/metrics.md, generated from METRICS (edit METRICS, not the file)."""
+    lines = [
+        "# PPO metrics glossary",
+        "",
+        "<!-- Generated by `python -m rlhf_helpers.ppo.glossary` from rlhf_helpers/ppo/glossary.py;"
+        " edit that file, not this one. -->",
+        "",
+        "Every metric `PPOTrainer.step` logs (and `python -m rlhf_helpers.ppo.train` writes to "
+        "`metrics.jsonl`): what it is, how it is computed, what it looks like in a healthy run of "
+        "the tiny profile, and what an unhealthy value means. `rlhf_helpers.ppo.metrics.GLOSSARY` "
+        "holds the one-line meanings; `plot_curves` shows them when hovering a point.",
+        "",
+        "Notation:",
+        "",
+        NOTATION.rstrip(),
+        "",
+        "| metric | what it is |",
+        "|---|---|",
+    ]
+    # GitHub's heading anchors keep underscores: "### hidden_score" is #hidden_score
+    lines += [f"| [`{name}`](#{name}) | {doc.meaning.replace('|', '/')} |"
+              for name, (_group, doc) in METRICS.items()]
+    for group, title in GROUPS.items():
+        lines += ["", f"## {title}"]
+        for name, (metric_group, doc) in METRICS.items():
+            if metric_group != group:
+                continue
+            lines += ["", f"### {name}", "", f"{doc.meaning[0].upper()}{doc.meaning[1:]}.", "",
+                      f"- **Formula:** {doc.formula}"]
+            if doc.healthy:
+                lines.append(f"- **Healthy:** {doc.healthy}")
+            if doc.bad:
+                lines.append(f"- **Bad values mean:** {doc.bad}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write docs/metrics.md from the metric glossary.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/metrics.md is out of date")
+    parser.add_argument("--out", default=str(DOC_PATH), help="file to write or check")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    text = glossary_markdown()
+    if args.check:
+        if not out.is_file() or out.read_text(encoding="utf-8") != text:
+            print(f"{out} is out of date: run `python -m rlhf_helpers.ppo.glossary`", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
