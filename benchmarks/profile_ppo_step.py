@@ -1,0 +1,130 @@
+"""Where one PPO update of our engine spends its time, on bench_trl_baseline's tiny-profile settings.
+
+    python -m benchmarks.profile_ppo_step                # CPU-time breakdown of a few updates
+    python -m benchmarks.profile_ppo_step --cprofile 30  # + the top 30 functions of one update (cProfile)
+    python -m benchmarks.profile_ppo_step --torch 25     # + the top 25 torch ops of one update
+
+One torch thread. Times are process CPU seconds (`time.process_time`), steadier than wall time on a
+shared machine; each phase is timed around the same calls `PPOTrainer.step()` makes. Not a
+`bench_*` module: it reports no goal, it tells where to look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def build_trainer(updates: int = 12) -> Any:
+    """Our trainer exactly as `trl_baseline/run_ours_ppo.py` builds it (tiny profile, hidden reward)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.bench_trl_baseline import settings_from_profile
+    from benchmarks.trl_baseline.common import (
+        hidden_score_texts,
+        load_model,
+        load_prompt_texts,
+        load_tokenizer,
+    )
+    from benchmarks.trl_baseline.run_ours_ppo import engine_config
+    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+
+    settings = settings_from_profile(fast=False, device="cpu", random_init_config=None)
+    settings.updates = updates
+    torch.manual_seed(settings.seed)
+    tokenizer = load_tokenizer(settings)
+    base = load_model(settings, AutoModelForCausalLM, tokenizer)
+    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id, r=settings.lora_r,
+                            lora_alpha=settings.lora_alpha,
+                            target_modules=tuple(settings.lora_target_modules), seed=settings.seed)
+    return PPOTrainer(engine_config(settings), model, tokenizer, load_prompt_texts("train"),
+                      reward_fn=hidden_score_texts, hidden_score_fn=None)
+
+
+class PhaseClock:
+    """CPU seconds per named phase, summed over calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.process_time() - start
+
+        setattr(owner, name, timed)
+
+
+def breakdown(trainer: Any, steps: int) -> dict[str, float]:
+    """Mean CPU seconds per update, total and by phase, over `steps` updates."""
+    import rlhf_helpers.ppo.experience as experience
+
+    clock = PhaseClock()
+    clock.wrap(experience, "sample_responses", "rollout: sample")
+    clock.wrap(experience, "score_samples", "rollout: reward")
+    clock.wrap(trainer, "update", "update epochs")
+    model = trainer.model
+    for method in ("policy_logprobs", "ref_logprobs", "values", "rollout_logprobs"):
+        if hasattr(model, method):
+            clock.wrap(model, method, f"model.{method}")
+    start = time.process_time()
+    for _ in range(steps):
+        trainer.step()
+    total = time.process_time() - start
+    out = {"total": total / steps}
+    out.update({k: v / steps for k, v in sorted(clock.seconds.items())})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed updates after 2 warm-up updates")
+    parser.add_argument("--cprofile", type=int, default=0, help="print this many cProfile rows (0: off)")
+    parser.add_argument("--torch", type=int, default=0, help="print this many torch.profiler rows (0: off)")
+    cli = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    trainer = build_trainer()
+    for _ in range(2):
+        trainer.step()
+    if cli.cprofile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        trainer.step()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(cli.cprofile)
+        print(text.getvalue())
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(cli.cprofile)
+        print(text.getvalue())
+    if cli.torch:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=cli.torch))
+    figures = breakdown(trainer, cli.steps)
+    width = max(len(k) for k in figures)
+    print(f"CPU s per update (mean of {cli.steps}, after warm-up), step {trainer.step_count}:")
+    for key, value in figures.items():
+        print(f"  {key:<{width}}  {value:.3f}")
+
+
+if __name__ == "__main__":
+    main()
