@@ -7,12 +7,15 @@
 #
 # **You will learn** to recognise five bugs that real RLHF code has shipped with, each from its numbers
 # and curves, broken and fixed side by side:
-# - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch;
-# - **(b)** pad equal to EOS: the EOS token is masked as padding and gets no learning signal;
-# - **(c)** KL coefficient 0: the learned reward climbs while the true (hidden) score falls;
-# - **(d)** the $k_1$ KL estimator goes negative; $k_3$ cannot;
-# - **(e)** an untrained value head: poor explained variance and noisy early advantages; a value
-#   warm-up fixes it.
+# - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch,
+#   and the clip fraction and approx-KL measure the distance to the SFT model;
+# - **(b)** pad equal to EOS: the EOS token is masked as padding, so the update no longer moves the stop
+#   decision in the direction of its advantage (measured);
+# - **(c)** KL coefficient 0: the learned reward climbs while the true (hidden) score falls; a fit of
+#   Gao et al.'s law locates the KL where the hidden score peaks;
+# - **(d)** the $k_1$ KL estimator goes negative on single responses; $k_3$ cannot;
+# - **(e)** an untrained value head: explained variance near 0 when the policy starts to move; a value
+#   warm-up trains the critic first.
 #
 # The engine (`rlhf_helpers.ppo`) has none of these bugs. To break it, this notebook subclasses or wraps
 # its pieces here, in the notebook, never with switches inside the library. Runs are short (sizes come
@@ -28,6 +31,7 @@ env_info = show_environment()
 # %%
 import dataclasses
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
@@ -37,7 +41,7 @@ import rlhf_helpers
 from rlhf_helpers.data import load_prompts
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import explained_variance, response_mask_to_first_eos
+from rlhf_helpers.ppo.experience import response_mask_to_first_eos
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.reward_training import ensure_reward_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -46,7 +50,8 @@ from rlhf_helpers.world import score_breakdown
 
 profile = get_profile()
 torch.manual_seed(profile.seed)
-torch.set_num_threads(min(2, torch.get_num_threads()))  # a tiny model: more threads only add overhead
+if profile.device == "cpu":
+    torch.set_num_threads(1)  # the tiny model's matrices are too small to gain from a second thread
 
 # Lab sizes, derived from the profile: smaller batches and fewer steps than a full run (notebook 05).
 lab_batch = max(2, profile.rollout_batch_size // 4)  # prompts per PPO step
@@ -74,6 +79,28 @@ def load_state(state):
             param.copy_(saved)
 
 
+def step_extras(trainer):
+    """What the sections below read from one finished step, beyond `trainer.history`."""
+    batch = trainer.last_batch
+    P = batch.context_length
+    real = batch.mask.bool()  # (B, R)
+    is_eos = (batch.sequences[:, P:] == model.eos_token_id) & real  # (B, R): the sampled EOS tokens
+    with torch.no_grad():
+        new_logprobs = model.policy_logprobs(batch.sequences, batch.attention_mask, P).float()  # (B, R)
+    change = new_logprobs - batch.old_logprobs  # (B, R): what this step's update did to each sampled token
+    seq_k1 = (rlhf_helpers.kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k1") * batch.mask).sum(1)  # (B,)
+    seq_k3 = (rlhf_helpers.kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k3") * batch.mask).sum(1)  # (B,)
+    first = trainer.last_update_stats[0]  # the first minibatch of the first epoch
+    return {
+        # advantages of the correct pipeline (trainer.last_batch is never the broken copy)
+        "eos_advantage": batch.advantages[is_eos].tolist(), "eos_change": change[is_eos].tolist(),
+        "other_advantage": batch.advantages[real & ~is_eos].tolist(), "other_change": change[real & ~is_eos].tolist(),
+        "first_ratio_mean": first["ratio_mean"], "first_clipfrac": first["clipfrac"],
+        "k1_mean": float(seq_k1.mean()), "k3_mean": float(seq_k3.mean()),
+        "k1_negative": float((seq_k1 < 0).float().mean()), "k3_negative": float((seq_k3 < 0).float().mean()),
+    }
+
+
 def run(trainer_class, config, steps, desc, start_state=initial_state):
     """Train `steps` PPO iterations from `start_state`; return the trainer and per-step extras."""
     load_state(start_state)
@@ -81,21 +108,33 @@ def run(trainer_class, config, steps, desc, start_state=initial_state):
     extras = []
     for _ in tqdm(range(steps), desc=desc):
         trainer.step()
-        batch = trainer.last_batch
-        responses = batch.sequences[:, batch.context_length:]  # (B, R)
-        is_eos = (responses == model.eos_token_id) & batch.mask.bool()  # (B, R): the EOS positions
-        extras.append({"eos_logprob": float(batch.old_logprobs[is_eos].mean()) if is_eos.any() else float("nan")})
+        extras.append(step_extras(trainer))
     return trainer, extras
 
 
 def series(trainer, key):
     return [row["step"] for row in trainer.history], [row[key] for row in trainer.history]
 
+
+def correlation(xs, ys):
+    """Pearson correlation of two lists (nan with fewer than 3 points)."""
+    if len(xs) < 3:
+        return float("nan")
+    return float(torch.corrcoef(torch.tensor([xs, ys]))[0, 1])
+
+
+def third_means(values):
+    """Means of the first, middle and last third of a curve (a short run is noisy: compare thirds)."""
+    n = len(values)
+    cuts = [0, max(1, n // 3), max(2, 2 * n // 3), n]
+    return [sum(values[a:b]) / (b - a) if b > a else float("nan") for a, b in zip(cuts, cuts[1:], strict=False)]
+
 # %% [markdown]
 # ## The healthy baseline
 #
 # One correct run with the profile's KL coefficient $\beta$. It is the "fixed" side of (b), (c) and (e),
-# and its final state is where (a) and (d) start (a policy that has moved away from the reference).
+# its final state (a policy that has moved away from the reference) is where both sides of (a) start,
+# and (d) reads its batches.
 
 # %%
 baseline, baseline_extras = run(PPOTrainer, lab_config, long_steps, "baseline (correct)")
@@ -116,7 +155,9 @@ fig.show()
 # $\rho_t = \pi_\theta / \pi_{\text{ref}}$: far from 1 as soon as training has moved the policy, the
 # clip binds on many tokens from the first minibatch on (zero gradient there), and the "trust region"
 # is around the SFT model instead of around the last policy. The broken trainer below changes exactly
-# one thing, the old log-probs its update sees. Both start from the baseline's final state.
+# one thing, the old log-probs its update sees. Both runs start from the baseline's final state (at
+# the very start of training the policy *is* the reference, and the bug is invisible) and train a few
+# more steps.
 
 # %%
 class RefAsOldTrainer(PPOTrainer):
@@ -126,32 +167,36 @@ class RefAsOldTrainer(PPOTrainer):
         return super().update(dataclasses.replace(batch, old_logprobs=batch.ref_logprobs), generator)
 
 
-fixed_a, _ = run(PPOTrainer, lab_config, 1, "(a) fixed: one update", start_state=trained_state)
-broken_a, _ = run(RefAsOldTrainer, lab_config, 1, "(a) broken: one update", start_state=trained_state)
+a_steps = max(2, short_steps // 4)
+fixed_a, fixed_a_extras = run(PPOTrainer, lab_config, a_steps, "(a) fixed", start_state=trained_state)
+broken_a, broken_a_extras = run(RefAsOldTrainer, lab_config, a_steps, "(a) broken: ref as old",
+                                start_state=trained_state)
 
-first_fixed, first_broken = fixed_a.last_update_stats[0], broken_a.last_update_stats[0]
-assert abs(first_fixed["ratio_mean"] - 1.0) < 1e-4  # the correct engine: ratio exactly 1 at the start
-for name, first in (("fixed ", first_fixed), ("broken", first_broken)):
-    print(f"{name}: first minibatch ratio mean {first['ratio_mean']:.3f}  max {first['ratio_max']:.3f}  "
-          f"clipfrac {first['clipfrac']:.3f}  approx_kl {first['approx_kl']:.3f}")
+assert all(abs(e["first_ratio_mean"] - 1.0) < 1e-4 for e in fixed_a_extras)  # correct engine: ratio 1 at the start
+for name, extras, trainer in (("fixed ", fixed_a_extras, fixed_a), ("broken", broken_a_extras, broken_a)):
+    print(f"{name}: first-minibatch ratio mean per step {[round(e['first_ratio_mean'], 2) for e in extras]}\n"
+          f"        clip fraction per step {[round(row['clipfrac'], 3) for row in trainer.history]}")
 
-fig = make_subplots(rows=1, cols=2, subplot_titles=("broken: ref log-probs as old", "fixed: old = sampling policy"))
-for col, trainer in ((1, broken_a), (2, fixed_a)):
-    stats = trainer.last_update_stats
-    xs = list(range(1, len(stats) + 1))
-    fig.add_scatter(x=xs, y=[s["clipfrac"] for s in stats], name="clipfrac", row=1, col=col,
-                    line_color="crimson", showlegend=col == 1)
-    fig.add_scatter(x=xs, y=[s["ratio_mean"] - 1 for s in stats], name="ratio mean - 1", row=1, col=col,
-                    line_color="royalblue", showlegend=col == 1)
-fig.update_xaxes(title_text="minibatch of one PPO update")
-fig.update_layout(title="(a) Clip fraction and ratio over one update, from the same trained state")
+fig = make_subplots(rows=1, cols=3, subplot_titles=("ratio mean, first minibatch of each step",
+                                                    "clip fraction (mean over the update)", "approx-KL of the update"))
+for name, trainer, extras, color in (("broken: ref log-probs as old", broken_a, broken_a_extras, "crimson"),
+                                     ("fixed: old = sampling policy", fixed_a, fixed_a_extras, "royalblue")):
+    xs = series(trainer, "clipfrac")[0]
+    fig.add_scatter(x=xs, y=[e["first_ratio_mean"] for e in extras], name=name, row=1, col=1, line_color=color)
+    for col, key in ((2, "clipfrac"), (3, "approx_kl")):
+        fig.add_scatter(x=xs, y=series(trainer, key)[1], name=name, row=1, col=col, line_color=color,
+                        showlegend=False)
+fig.update_xaxes(title_text="PPO step after the baseline")
+fig.update_layout(title="(a) The same trained state, updated with the right and with the wrong old log-probs")
 fig.show()
 
 # %% [markdown]
-# **Recognise it:** a clip fraction that is already high on the first minibatch of an update, an
-# approx-KL that grows with training instead of staying near the per-update step size, and learning
-# that stalls as the policy moves away from the SFT model. The first minibatch of a correct update
-# always has ratio exactly 1 (the engine's tests check this).
+# **Recognise it:** look at the first panel. A correct update starts every step at ratio exactly 1
+# (the assert above checks it; so do the engine's tests); the broken one starts wherever
+# $\pi_\theta / \pi_{\text{ref}}$ happens to be. Then compare the clip fraction and approx-KL with
+# the healthy run's: a clip fraction far above a few percent on a learning rate that was fine before,
+# and an approx-KL that measures the distance to the SFT model (it grows as training goes on) instead
+# of the size of one update. The clipped tokens get no gradient, so much of each batch is wasted.
 
 # %% [markdown]
 # ## (b) Pad equal to EOS
@@ -206,33 +251,39 @@ for row in range(3):
 broken_b, broken_b_extras = run(PadIsEosTrainer, lab_config, short_steps, "(b) broken: pad == EOS")
 
 # %% [markdown]
-# Side by side: the mean log-probability of the EOS tokens the policy sampled (how sure it is when it
-# stops), the response length and the share of responses that end with EOS. In the fixed run the EOS
-# decision gets credit like any other token; in the broken run it drifts only through its neighbours.
+# What the update does to the stop decision, measured: after every step, the change in log-probability
+# of each sampled token, $\Delta_t = \log\pi_{\text{new}}(y_t) - \log\pi_{\text{old}}(y_t)$, against the
+# advantage $\hat A_t$ the **correct** pipeline gives that token. A working policy gradient raises
+# tokens with $\hat A_t > 0$ and lowers the others, so $\Delta_t$ and $\hat A_t$ are positively
+# correlated. Below: every sampled EOS token of the first steps of the baseline (fixed) and of the
+# broken run, and the same correlation on all other tokens as a control.
 
 # %%
-fig = make_subplots(rows=1, cols=3, subplot_titles=("log-prob of the sampled EOS", "response length (tokens)",
-                                                    "share ending with EOS"))
-for name, trainer, extras, color in (("broken: pad == EOS", broken_b, broken_b_extras, "crimson"),
-                                     ("fixed", baseline, baseline_extras, "royalblue")):
-    steps_b = [row["step"] for row in trainer.history][:short_steps]
-    fig.add_scatter(x=steps_b, y=[e["eos_logprob"] for e in extras][:short_steps], name=name, row=1, col=1,
-                    line_color=color)
-    for col, key in ((2, "response_length"), (3, "eos_fraction")):
-        fig.add_scatter(x=steps_b, y=series(trainer, key)[1][:short_steps], name=name, row=1, col=col,
-                        line_color=color, showlegend=False)
-fig.update_xaxes(title_text="PPO step")
-fig.update_layout(title="(b) Pad == EOS against the correct EOS-aware mask")
+fixed_b_extras = baseline_extras[:short_steps]  # the baseline's first steps: same start, same seeds
+fig = make_subplots(rows=1, cols=2, subplot_titles=("broken: pad == EOS", "fixed: mask up to and including EOS"))
+for col, extras, color in ((1, broken_b_extras, "crimson"), (2, fixed_b_extras, "royalblue")):
+    fig.add_scatter(x=[a for e in extras for a in e["eos_advantage"]], y=[d for e in extras for d in e["eos_change"]],
+                    mode="markers", marker=dict(size=4, opacity=0.5, color=color), row=1, col=col, showlegend=False)
+fig.update_xaxes(title_text="advantage of the sampled EOS token (correct pipeline)")
+fig.update_yaxes(title_text="change of its log-prob in the update", row=1, col=1)
+fig.update_layout(title=f"(b) EOS tokens of {short_steps} PPO steps: does the update follow their advantage?")
 fig.show()
-for name, extras in (("broken", broken_b_extras), ("fixed ", baseline_extras[:short_steps])):
-    print(f"{name}: mean log-prob of sampled EOS, first step {extras[0]['eos_logprob']:+.3f}, "
-          f"last step {extras[-1]['eos_logprob']:+.3f}")
+
+for name, extras in (("broken", broken_b_extras), ("fixed ", fixed_b_extras)):
+    eos_corr = correlation([a for e in extras for a in e["eos_advantage"]], [d for e in extras for d in e["eos_change"]])
+    other_corr = correlation([a for e in extras for a in e["other_advantage"]],
+                             [d for e in extras for d in e["other_change"]])
+    print(f"{name}: correlation(advantage, log-prob change)  EOS tokens {eos_corr:+.2f}   other tokens {other_corr:+.2f}")
 
 # %% [markdown]
-# **Recognise it:** EOS positions that are 0 in the loss mask (print one row of the mask!), an EOS
-# probability that does not respond to training, and in longer runs responses that run to
-# `max_new_tokens` (`eos_fraction` falls). The fix is a pad token distinct from EOS
-# (`rlhf_helpers.models.ensure_distinct_pad`) and a mask built from the first EOS.
+# **Recognise it:** EOS positions that are 0 in the loss mask (print one row of the mask, as above), and
+# an EOS probability that does not follow its advantage: compare the EOS correlation of the two runs,
+# and each with its control. The broken run's EOS tokens still move a little (they share weights with
+# the tokens that do get a gradient), but not in the direction their own advantage asks for. A policy
+# that cannot be taught when to stop drifts in length with no pressure on the stop token; a long run
+# can end with responses cut at `max_new_tokens` (watch `eos_fraction` and `response_length`). The fix
+# is a pad token distinct from EOS (`rlhf_helpers.models.ensure_distinct_pad`) and a mask built from
+# the first EOS.
 #
 # ### Exercise 1: an EOS-aware response mask
 # Write `mask_to_first_eos(responses, eos_id)`: for each row of a (B, R) tensor of token ids, 1 on every
@@ -275,14 +326,16 @@ exercise_check("Exercise 1 (mask_to_first_eos)", check_mask_to_first_eos)
 #
 # The per-token reward is $r_t = -\beta\,\widehat{\mathrm{KL}}_t + [t = \text{last}]\; r_\phi(x, y)$.
 # With $\beta = 0$ nothing holds the policy near the SFT model, where the reward model $r_\phi$ was
-# trained and is accurate. PPO then finds what $r_\phi$ over-rates (notebook 02: repetition, piles of
-# praise): the **learned** reward keeps rising while the **hidden** score, what we actually want, rises
-# at first and then falls (Gao et al. 2022). This is the key plot of RLHF.
+# trained and is accurate. PPO is free to find what $r_\phi$ over-rates (notebook 02: repetition, piles
+# of praise). The signature to look for (Gao et al. 2022): the **learned** reward keeps rising while the
+# **hidden** score, what we actually want, rises at first and then falls. This is the key plot of RLHF.
+# Both runs below share their first steps (same start, same seeds) and part ways as the policy leaves
+# the reference.
 
 # %%
 broken_c, _ = run(PPOTrainer, lab_config.replace(kl_coef=0.0), long_steps, "(c) broken: kl_coef = 0")
 
-fig = make_subplots(rows=1, cols=3, subplot_titles=(f"broken: beta = 0", f"fixed: beta = {lab_config.kl_coef}",
+fig = make_subplots(rows=1, cols=3, subplot_titles=("broken: beta = 0", f"fixed: beta = {lab_config.kl_coef}",
                                                     "KL to the reference (nats / response)"))
 for col, trainer in ((1, broken_c), (2, baseline)):
     for key, color in (("score", "darkorange"), ("hidden_score", "seagreen")):
@@ -295,12 +348,15 @@ fig.update_xaxes(title_text="PPO step")
 fig.update_layout(title="(c) Learned reward against hidden score, without and with the KL penalty")
 fig.show()
 
+print("means over the first, middle and last third of each run:")
 for name, trainer in (("broken (beta = 0)", broken_c), (f"fixed (beta = {lab_config.kl_coef})", baseline)):
-    last = trainer.history[-max(1, long_steps // 6):]  # mean of the last few steps
-    best_hidden = max(row["hidden_score"] for row in trainer.history)
-    print(f"{name}: last steps learned {sum(r['score'] for r in last) / len(last):+.2f}   hidden "
-          f"{sum(r['hidden_score'] for r in last) / len(last):+.2f}   (best hidden on the way {best_hidden:+.2f})   "
-          f"KL {sum(r['kl'] for r in last) / len(last):.1f}")
+    learned, hidden, kl = (third_means(series(trainer, key)[1]) for key in ("score", "hidden_score", "kl"))
+    print(f"  {name:<20} learned {' '.join(f'{v:+.2f}' for v in learned)}   hidden "
+          f"{' '.join(f'{v:+.2f}' for v in hidden)}   KL {' '.join(f'{v:.1f}' for v in kl)}")
+    parted = hidden[2] < hidden[1] and learned[2] >= learned[1]
+    print(f"  {'':<20} last third: hidden score {'fell' if hidden[2] < hidden[1] else 'did not fall'}, learned "
+          f"reward {'did not fall' if learned[2] >= learned[1] else 'fell'} -> over-optimisation signature: "
+          f"{'yes' if parted else 'no'}")
 print("\nresponses of the beta = 0 policy, with their hidden score terms:")
 hacked = broken_c.last_batch
 for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))[:3]:
@@ -309,10 +365,99 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
           f"length {terms.length:+.2f})")
 
 # %% [markdown]
-# **Recognise it:** the learned reward goes up and the KL grows without bound; samples read worse (here
-# the hidden score's fluency and repetition terms fall). In real runs there is no hidden score: read
-# samples, and keep a held-out evaluation the policy is not optimised on. The fix is the KL penalty
-# (fixed $\beta$ or an adaptive controller with a target KL), and early stopping.
+# **Recognise it:** the signature of over-optimisation is a KL that keeps growing, a learned reward
+# that is still rising or flat, and a hidden score that falls; the cell above checks the last two on
+# the thirds of each run (one noisy run each: compare the thirds, not single steps). Samples read worse:
+# look at the fluency and repetition terms of the hidden score of the $\beta = 0$ samples. In real runs
+# there is no hidden score: read samples, and keep a held-out evaluation the policy is not optimised
+# on. The fix is the KL penalty (fixed $\beta$ or an adaptive controller with a target KL), and early
+# stopping.
+
+# %% [markdown]
+# ### How far can the proxy be pushed?
+#
+# Gao et al. (2022) found that under RL the gold (here: hidden) score follows a simple law of the
+# distance from the initial policy, measured as $d = \sqrt{\mathrm{KL}}$:
+#
+# $$h(d) = c + \alpha\, d - \beta_{\text{G}}\, d^2 \qquad\Rightarrow\qquad \text{peak at } d^* = \frac{\alpha}{2\beta_{\text{G}}},\quad \mathrm{KL}^* = (d^*)^2$$
+#
+# ($c$: the SFT model's hidden score; $\beta_{\text{G}}$ is the law's coefficient, not the KL penalty).
+# Each PPO step of the $\beta = 0$ run is one point (KL of its batch, mean hidden score). A least-squares
+# fit of the three coefficients (`numpy.polyfit` in $d$, degree 2) says where, in KL, this world's
+# hidden score stops improving; the penalised run's points are drawn in the same plane.
+
+# %%
+kl_c, hidden_c = series(broken_c, "kl")[1], series(broken_c, "hidden_score")[1]
+d_c = np.sqrt(np.clip(kl_c, 0.0, None))  # (N,): k1 batch means can dip below 0 early on
+fig = go.Figure()
+fig.add_scatter(x=d_c, y=hidden_c, mode="markers", name="beta = 0, one point per step", marker_color="crimson")
+fig.add_scatter(x=np.sqrt(np.clip(series(baseline, "kl")[1], 0.0, None)), y=series(baseline, "hidden_score")[1],
+                mode="markers", name=f"beta = {lab_config.kl_coef}", marker_color="royalblue")
+if len(d_c) >= 6:  # three coefficients need clearly more than three points
+    minus_beta_g, alpha_g, c_g = np.polyfit(d_c, hidden_c, 2)
+    grid = np.linspace(0.0, d_c.max(), 100)
+    fig.add_scatter(x=grid, y=c_g + alpha_g * grid + minus_beta_g * grid**2, mode="lines", name="fit h(d)",
+                    line_color="black")
+    print(f"fit: c {c_g:+.3f}  alpha {alpha_g:+.3f}  beta_G {-minus_beta_g:+.3f}")
+    if alpha_g > 0 and -minus_beta_g > 0:
+        d_star = alpha_g / (2 * -minus_beta_g)
+        fig.add_vline(x=d_star, line_dash="dot", line_color="gray")
+        print(f"the fitted hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}); "
+              f"the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
+    else:
+        print("the fitted curve has no peak inside the range (no rise-then-fall in this run)")
+else:
+    print(f"only {len(d_c)} steps: too few points to fit three coefficients")
+fig.update_layout(title="(c) Hidden score against the distance from the SFT model",
+                  xaxis_title="d = sqrt(KL to the reference)", yaxis_title="mean hidden score of the batch")
+fig.show()
+
+# %% [markdown]
+# **Read it:** left of $d^*$ optimising the learned reward also improves what we want; right of it
+# every extra nat of KL makes it worse. A KL penalty (or a target KL) is how you choose where on this
+# curve training stops. The fit is one noisy run: read $d^*$ as a rough location, not a constant.
+#
+# ### Exercise 2: fit the over-optimisation law
+# Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c, \alpha, \beta_{\text{G}})$
+# of $h = c + \alpha\sqrt{\mathrm{KL}} - \beta_{\text{G}}\,\mathrm{KL}$ from two lists of equal length,
+# as three Python floats, without `numpy.polyfit` (the check compares against it). Treat negative KL
+# values as 0.
+
+# %%
+# EXERCISE 2
+def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
+    """Least-squares (c, alpha, beta_G) of hidden = c + alpha * sqrt(kl) - beta_G * kl."""
+    raise NotImplementedError
+
+
+# %%
+def check_fit_overoptimisation():
+    kl = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    exact = [0.3 + 0.8 * k**0.5 - 0.1 * k for k in kl]  # a curve that obeys the law exactly
+    c, alpha, beta_g = fit_overoptimisation(kl, exact)
+    assert max(abs(c - 0.3), abs(alpha - 0.8), abs(beta_g - 0.1)) < 1e-6, (c, alpha, beta_g)
+    g = torch.Generator().manual_seed(3)
+    noisy_kl = (torch.rand(40, generator=g, dtype=torch.float64) * 50 - 1).tolist()  # a few negative values
+    noisy_h = (torch.randn(40, generator=g, dtype=torch.float64)).tolist()
+    minus_b, a, c0 = np.polyfit(np.sqrt(np.clip(noisy_kl, 0.0, None)), noisy_h, 2)  # independent reference
+    np.testing.assert_allclose(fit_overoptimisation(noisy_kl, noisy_h), (c0, a, -minus_b), rtol=1e-6, atol=1e-9)
+
+
+exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
+#     """Least-squares (c, alpha, beta_G) of hidden = c + alpha * sqrt(kl) - beta_G * kl."""
+#     d = torch.tensor(kl, dtype=torch.float64).clamp(min=0).sqrt()  # (N,)
+#     X = torch.stack([torch.ones_like(d), d, -(d**2)], dim=1)  # (N, 3): the design matrix
+#     y = torch.tensor(hidden, dtype=torch.float64)[:, None]  # (N, 1)
+#     c, alpha, beta_g = torch.linalg.lstsq(X, y).solution[:, 0].tolist()
+#     return c, alpha, beta_g
+# ```
+# </details>
 
 # %% [markdown]
 # ## (d) Negative KL from the $k_1$ estimator
@@ -323,9 +468,11 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 #
 # Both are unbiased estimates of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ when $a_t \sim \pi$, but
 # $k_1$ is negative on every token the reference likes more than the policy, and a *sequence* or a small
-# batch can sum to a negative KL. Seeing "KL = -0.3" in a log is not a bug in the maths; seeing it
-# persistently is a sign that the samples did not come from $\pi$ (top-k, top-p, a temperature other
-# than 1, or the wrong log-probs, as in (a)). Here both estimators on the **same** batch:
+# batch can sum to a negative KL. Seeing "KL = -0.3" for one response is not a bug in the maths. A
+# batch *mean* that stays negative is a different sign: the samples did not come from $\pi$ (top-k,
+# top-p, a temperature other than 1, or the wrong log-probs, as in (a)); sampled from the reference,
+# for instance, $\mathbb{E}[k_1] = -\mathrm{KL}(\pi_{\text{ref}} \Vert \pi) \le 0$. Here both
+# estimators on the **same** batch, and per step over the baseline run:
 
 # %%
 def k3_scratch(logprobs, ref_logprobs):
@@ -344,24 +491,36 @@ print(f"per token: k1 negative on {(k1[real] < 0).float().mean():.0%} of tokens,
 print(f"per sequence: k1 negative for {(seq_k1 < 0).float().mean():.0%} of responses, k3 for {(seq_k3 < 0).float().mean():.0%}")
 print(f"batch mean sequence KL: k1 {seq_k1.mean():+.3f}   k3 {seq_k3.mean():+.3f}")
 
-fig = make_subplots(rows=1, cols=2, subplot_titles=("k1 per token (can be < 0)", "k3 per token (never < 0)"))
-fig.add_histogram(x=k1[real].tolist(), nbinsx=60, row=1, col=1, marker_color="crimson", name="k1")
-fig.add_histogram(x=k3[real].tolist(), nbinsx=60, row=1, col=2, marker_color="royalblue", name="k3")
-fig.update_xaxes(title_text="KL estimate")
-fig.update_layout(title="(d) k1 against k3 on the same batch (the trained baseline's last rollouts)", showlegend=False)
+fig = make_subplots(rows=1, cols=3, subplot_titles=("k1 per token, last batch", "k3 per token, last batch",
+                                                    "share of responses with sequence KL < 0"))
+fig.add_histogram(x=k1[real].tolist(), nbinsx=60, row=1, col=1, marker_color="crimson", name="k1", showlegend=False)
+fig.add_histogram(x=k3[real].tolist(), nbinsx=60, row=1, col=2, marker_color="royalblue", name="k3", showlegend=False)
+steps_d = series(baseline, "kl")[0]
+for kind, color in (("k1", "crimson"), ("k3", "royalblue")):
+    fig.add_scatter(x=steps_d, y=[e[f"{kind}_negative"] for e in baseline_extras], name=kind, row=1, col=3,
+                    line_color=color)
+fig.update_xaxes(title_text="KL estimate per token", row=1, col=1)
+fig.update_xaxes(title_text="KL estimate per token", row=1, col=2)
+fig.update_xaxes(title_text="PPO step (baseline)", row=1, col=3)
+fig.update_layout(title="(d) k1 against k3: the same tokens, the same responses")
 fig.show()
+print("batch-mean sequence KL per step, k1:", " ".join(f"{e['k1_mean']:+.2f}" for e in baseline_extras))
+print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" for e in baseline_extras))
 
 # %% [markdown]
-# **Recognise it:** negative per-sequence (or small-batch) KL values in the log. Use $k_3$ (or $k_2$)
+# **Recognise it:** negative per-response (or small-batch) KL values in the log, from the $k_1$ sum;
+# $k_3$ gives none (right panel). $k_3$ pays for that with a heavy right tail: a token the reference
+# finds far likelier than the policy ($\rho_t \gg 1$) adds $\rho_t - 1 - \log\rho_t$, so a single
+# batch mean can jump (compare the two printed rows step by step). Use $k_3$ (or $k_2$)
 # for *reporting*; in the reward, $k_1$ per token is fine on average, but its negative tokens become
 # *positive* rewards, a bonus for going where the reference is more confident.
 #
-# ### Exercise 2: sequence KL with $k_3$
+# ### Exercise 3: sequence KL with $k_3$
 # Write `sequence_kl_k3(logprobs, ref_logprobs, mask)`: the $k_3$ estimate summed over each response's
 # real tokens, shape (B,).
 
 # %%
-# EXERCISE 2
+# EXERCISE 3
 def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum_t m_t ((rho_t - 1) - log rho_t), rho_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
     raise NotImplementedError
@@ -373,7 +532,7 @@ def check_sequence_kl_k3():
     logp = -torch.rand(6, 9, generator=g) * 3  # (B, R)
     ref = logp + 0.5 * torch.randn(6, 9, generator=g)  # (B, R)
     mask = (torch.arange(9)[None, :] < torch.tensor([9, 3, 5, 1, 7, 8])[:, None]).float()  # (B, R)
-    expected = torch.tensor([sum(((r - l).exp() - 1 - (r - l)).item() for l, r, m in zip(lr, rr, mr, strict=True) if m)
+    expected = torch.tensor([sum(((r - lp).exp() - 1 - (r - lp)).item() for lp, r, m in zip(lr, rr, mr, strict=True) if m)
                              for lr, rr, mr in zip(logp, ref, mask, strict=True)])
     got = sequence_kl_k3(logp, ref, mask)
     torch.testing.assert_close(got, expected)
@@ -381,10 +540,10 @@ def check_sequence_kl_k3():
     torch.testing.assert_close(sequence_kl_k3(logp, logp, mask), torch.zeros(6))  # same policy: KL 0
 
 
-exercise_check("Exercise 2 (sequence_kl_k3)", check_sequence_kl_k3)
+exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3)
 
 # %% [markdown]
-# <details><summary>Solution 2</summary>
+# <details><summary>Solution 3</summary>
 #
 # ```python
 # def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -399,8 +558,10 @@ exercise_check("Exercise 2 (sequence_kl_k3)", check_sequence_kl_k3)
 #
 # GAE's advantages are only as good as the critic: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$ with
 # $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$. A fresh value head outputs $V \approx 0$ everywhere, so
-# early advantages are the raw returns: every token of a response gets about the same credit, and the
-# policy's first updates follow noise. The critic's quality is measured by
+# early advantages are just the $\lambda$-faded returns, $\hat A_t \approx (\gamma\lambda)^{n-1-t}\,\text{score}$
+# plus KL terms: no state-dependent baseline, every token carries the whole spread of the final score
+# across responses, and the policy moves on that high-variance signal. The critic's quality is
+# measured by
 #
 # $$\text{explained variance} = 1 - \frac{\operatorname{Var}[R_t - V(s_t)]}{\operatorname{Var}[R_t]}$$
 #
@@ -424,66 +585,32 @@ fig.add_vline(x=0.5, line_dash="dot", line_color="gray")
 fig.update_xaxes(title_text="PPO step (policy updates; <= 0: critic warm-up)")
 fig.update_layout(title="(e) The critic without and with a value warm-up")
 fig.show()
-ev_broken = baseline.history[0]["explained_variance"]
-ev_fixed = fixed_e.history[warmup_steps]["explained_variance"]
-print(f"explained variance of the batch of the first policy update: no warm-up {ev_broken:+.3f}   "
-      f"after {warmup_steps} warm-up steps {ev_fixed:+.3f}")
+first_k = max(1, warmup_steps)  # policy updates compared: the first few of each run
+for name, rows in (("no warm-up", baseline.history[:first_k]),
+                   (f"after {warmup_steps} warm-up steps", fixed_e.history[warmup_steps : warmup_steps + first_k])):
+    ev = [row["explained_variance"] for row in rows]
+    v_loss = [row["value_loss"] for row in rows]
+    print(f"{name:<22}: explained variance of the first policy update {ev[0]:+.3f}, mean of the first {len(ev)} "
+          f"{sum(ev) / len(ev):+.3f};  value loss mean {sum(v_loss) / len(v_loss):.3f}")
 
 # %% [markdown]
-# **Recognise it:** explained variance near or below 0 and a large value loss in the first steps, while
-# the policy is already updating. A warm-up (or a critic initialised from the reward model) fixes it;
-# with very short warm-ups in a short run, as here, the difference is one noisy run, so compare the
-# explained variance of the first policy update above rather than the whole curve.
-#
-# ### Exercise 3: explained variance
-# Write `explained_variance_scratch(values, returns, mask)`: $1 - \operatorname{Var}[R - V] / \operatorname{Var}[R]$
-# over the real tokens only (unbiased variances), as a Python float.
+# **Recognise it:** explained variance near 0 (or below) and a large value loss in the first steps
+# while the policy is already updating: look at the curves left of the dotted line and at the printed
+# explained variance of the batch of the first policy update. The fix moves the policy's start past
+# the critic's first steps; a critic initialised from the reward model is another. With a warm-up this
+# short, in a run this short, the rest of the curves are one noisy run each: do not read the hidden
+# score panel as a verdict.
 
-# %%
-# EXERCISE 3
-def explained_variance_scratch(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var[returns - values] / Var[returns] over positions with mask == 1: (B, R) x3 -> float."""
-    raise NotImplementedError
-
-
-# %%
-def check_explained_variance():
-    g = torch.Generator().manual_seed(2)
-    returns = torch.randn(5, 8, generator=g)  # (B, R)
-    values = returns + 0.5 * torch.randn(5, 8, generator=g)  # (B, R)
-    mask = (torch.arange(8)[None, :] < torch.tensor([8, 2, 5, 6, 3])[:, None]).float()  # (B, R)
-    got = explained_variance_scratch(values, returns, mask)
-    assert abs(got - explained_variance(values, returns, mask)) < 1e-5, got
-    assert abs(explained_variance_scratch(returns, returns, mask) - 1.0) < 1e-6  # perfect critic
-    constant = torch.full_like(returns, 3.0)
-    assert abs(explained_variance_scratch(constant, returns, mask)) < 1e-5  # a constant explains nothing
-    padded = values.masked_fill(mask == 0, 1e6)  # padding must not matter
-    assert abs(explained_variance_scratch(padded, returns, mask) - got) < 1e-5
-
-
-exercise_check("Exercise 3 (explained_variance_scratch)", check_explained_variance)
-
-# %% [markdown]
-# <details><summary>Solution 3</summary>
-#
-# ```python
-# def explained_variance_scratch(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-#     """1 - Var[returns - values] / Var[returns] over positions with mask == 1: (B, R) x3 -> float."""
-#     real = mask.bool()
-#     target = returns[real]
-#     return (1 - (target - values[real]).var() / target.var()).item()
-# ```
-# </details>
 
 # %% [markdown]
 # ## Summary: what each failure looks like
 #
-# | bug | first sign | curve |
+# | bug | first sign | curve to look at |
 # |---|---|---|
-# | (a) ref log-probs as old | ratio $\ne 1$ and clipfrac high on the first minibatch | learning stalls as KL grows |
-# | (b) pad == EOS | EOS positions 0 in the loss mask | EOS probability stops responding; lengths drift |
-# | (c) $\beta = 0$ | KL grows without bound | learned reward up, hidden score down |
-# | (d) $k_1$ for reporting | negative sequence KL in the log | noisy KL curve around 0 early on |
-# | (e) untrained critic | explained variance $\le 0$ | large value loss in the first steps |
+# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's |
+# | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` |
+# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score (held-out evaluation) down |
+# | (d) $k_1$ for reporting | negative per-response KL values | share of negative sequence KL: $k_1$ > 0, $k_3$ = 0 |
+# | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps |
 #
 # `docs/metrics.md` and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.
