@@ -3,6 +3,7 @@
     python -m benchmarks.bench_ppo_learning            # 3 seeds x 3 min of PPO, best-of-1/4/16, kl_coef=0 run
     python -m benchmarks.bench_ppo_learning --fast     # smoke run: 1 seed, a few steps, 32 eval prompts
     python -m benchmarks.bench_ppo_learning --seeds 0 1 --train-seconds 120 --threads 2
+    python -m benchmarks.bench_ppo_learning --replot runs/bench_ppo_learning/results.json  # picture only
 
 What is measured, all on the held-out prompts of data/prompts_test.jsonl, graded by the hidden
 ground-truth scorer (which PPO never sees; it optimises the learned reward adapter):
@@ -11,8 +12,8 @@ ground-truth scorer (which PPO never sees; it optimises the learned reward adapt
   of log pi - log ref). Training time excludes these evaluations. One curve per seed.
 - best-of-n baselines (n = 1, 4, 16): n SFT samples per prompt, keep the one the learned reward likes
   best, grade it with the hidden scorer. Their KL to the SFT model is the analytic log n - (n - 1)/n.
-- over-optimisation: PPO with kl_coef = 0 for many steps; the learned reward keeps rising while the
-  hidden score peaks and falls (the hidden scorer penalises repetition and over-long answers that the
+- over-optimisation: PPO with kl_coef = 0 for many steps (evaluated after each of the first 8 steps,
+  where the peak is); the learned reward keeps rising while the hidden score peaks and falls (the hidden scorer penalises repetition and over-long answers that the
   preference pairs rarely show).
 The goal (tiny profile, 2-core CPU): within `train_seconds` (3 min) the mean hidden score of PPO's
 samples rises above SFT best-of-4, at a moderate KL.
@@ -47,11 +48,12 @@ def _setup(threads: int) -> None:
 
 
 def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: int, train_seconds: float,
-            max_steps: int, eval_every: int, label: str, clock: str = "cpu",
+            max_steps: int, eval_every: int, label: str, clock: str = "cpu", dense_until: int = 0,
             **config_overrides: Any) -> dict[str, Any]:
     """Train one PPO run until `train_seconds` of training (evaluations excluded; counted in CPU
     seconds of this process or in wall seconds, see `clock`) or `max_steps`; returns its evaluation
-    curve and the per-step training metrics."""
+    curve and the per-step training metrics. Evaluates after every step up to `dense_until`, then
+    every `eval_every` steps."""
     import torch
 
     from rlhf_helpers.data import load_prompts
@@ -80,7 +82,7 @@ def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: i
         trainer.step()
         wall += time.perf_counter() - start_wall
         cpu += time.process_time() - start_cpu
-        if trainer.step_count % eval_every == 0:
+        if trainer.step_count <= dense_until or trainer.step_count % eval_every == 0:
             evaluate(wall, cpu)
     if curve[-1]["step"] != trainer.step_count:
         evaluate(wall, cpu)
@@ -105,8 +107,12 @@ def run_best_of_n(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], n
     result = best_of_n(model, tokenizer, list(eval_prompts), max(ns), max_new_tokens=config.max_new_tokens,
                        max_prompt_length=config.max_prompt_length, seed=seed)
     seconds = time.perf_counter() - start
-    rows = {n: {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n), "kl": best_of_n_kl(n)}
-            for n in ns}
+    rows = {}
+    for n in ns:
+        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]  # (N,) hidden score of the pick
+        # standard error of the mean over prompts: the noise scale of every mean hidden score here
+        rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n), "kl": best_of_n_kl(n),
+                   "hidden_se": float(chosen.std() / len(chosen) ** 0.5)}
     return {"rows": rows, "seconds": seconds, "n_max": max(ns)}
 
 
@@ -126,57 +132,70 @@ def first_time_above(curve: Sequence[dict[str, float]], level: float, clock: str
 
 
 def make_figure(ppo_runs: Sequence[dict], baselines: dict[str, Any], overopt: dict | None,
-                clock: str = "cpu") -> Any:
-    """Three panels: hidden score vs training time, hidden score vs KL, and the kl_coef = 0 run."""
+                clock: str = "cpu", n_prompts: int | None = None) -> Any:
+    """A 2 x 2 figure 900 px wide: hidden score and KL over training time (best-of-n as horizontal
+    lines), hidden score against KL, and the kl_coef = 0 run (learned reward, hidden score, KL)."""
     from plotly.subplots import make_subplots
 
     colors = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
     base_colors = {1: "#7f7f7f", 4: "#ff7f0e", 16: "#d62728"}
-    titles = ["PPO vs best-of-n: hidden score over training time",
-              "hidden score against KL to the SFT model"]
-    if overopt is not None:
-        titles.append("kl_coef = 0: learned reward up, hidden score down")
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.07,
-                        specs=[[{"secondary_y": False}] * (len(titles) - 1)
-                               + [{"secondary_y": overopt is not None}]])
+    time_key = "train_cpu_seconds" if clock == "cpu" else "train_seconds"
+    time_title = f"training {'CPU ' if clock == 'cpu' else ''}seconds (1 thread, evaluations excluded)"
+    titles = ("hidden score over training", "KL to the SFT model over training",
+              "hidden score against KL", "kl_coef = 0: learned reward up, hidden score down")
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.1, vertical_spacing=0.16,
+                        specs=[[{}, {}], [{}, {"secondary_y": True}]])
     for i, run in enumerate(ppo_runs):
         color = colors[i % len(colors)]
         curve = run["curve"]
-        time_key = "train_cpu_seconds" if clock == "cpu" else "train_seconds"
-        fig.add_scatter(x=[r[time_key] for r in curve], y=[r["eval_hidden_score"] for r in curve],
-                        mode="lines+markers", name=f"PPO seed {run['seed']}", line={"color": color},
-                        legendgroup=f"seed{run['seed']}", row=1, col=1)
-        fig.add_scatter(x=[r["eval_kl"] for r in curve], y=[r["eval_hidden_score"] for r in curve],
-                        mode="lines+markers", name=f"PPO seed {run['seed']}", line={"color": color},
-                        legendgroup=f"seed{run['seed']}", showlegend=False, row=1, col=2,
-                        text=[f"step {int(r['step'])}" for r in curve])
+        seconds = [r[time_key] for r in curve]
+        hidden = [r["eval_hidden_score"] for r in curve]
+        kls = [r["eval_kl"] for r in curve]
+        steps = [f"step {int(r['step'])}" for r in curve]
+        common = {"mode": "lines+markers", "line": {"color": color, "width": 2}, "marker": {"size": 5},
+                  "legendgroup": f"seed{run['seed']}", "text": steps}
+        fig.add_scatter(x=seconds, y=hidden, name=f"PPO seed {run['seed']}", row=1, col=1, **common)
+        fig.add_scatter(x=seconds, y=kls, showlegend=False, row=1, col=2, **common)
+        fig.add_scatter(x=kls, y=hidden, showlegend=False, row=2, col=1, **common)
     for n, row in baselines["rows"].items():
         n = int(n)
         color = base_colors.get(n, "#17becf")
-        fig.add_hline(y=row["hidden"], line={"dash": "dash", "color": color}, row=1, col=1,
-                      annotation_text=f"best-of-{n}", annotation_position="bottom right")
-        fig.add_scatter(x=[row["kl"]], y=[row["hidden"]], mode="markers+text", text=[f"best-of-{n}"],
-                        textposition="top right", marker={"size": 11, "symbol": "diamond", "color": color},
-                        name=f"best-of-{n} (SFT)", row=1, col=2)
-    fig.update_xaxes(title_text=f"training {'CPU ' if clock == 'cpu' else ''}seconds, 1 thread "
-                     "(evaluations excluded)", row=1, col=1)
-    fig.update_yaxes(title_text="mean hidden score, held-out prompts", row=1, col=1)
-    fig.update_xaxes(title_text="KL(policy || SFT), nats per response", row=1, col=2)
+        fig.add_hline(y=row["hidden"], line={"dash": "dash", "color": color, "width": 1.5}, row=1, col=1,
+                      annotation_text=f"best-of-{n}", annotation_position="bottom right",
+                      annotation_font={"color": color})
+        if row["kl"] > 0:
+            fig.add_hline(y=row["kl"], line={"dash": "dash", "color": color, "width": 1.5}, row=1, col=2,
+                          annotation_text=f"best-of-{n}: {row['kl']:.2f}", annotation_position="bottom right",
+                          annotation_font={"color": color})
+        fig.add_scatter(x=[row["kl"]], y=[row["hidden"]], mode="markers", name=f"SFT best-of-{n}",
+                        marker={"size": 12, "symbol": "diamond", "color": color}, row=2, col=1)
+    fig.update_xaxes(title_text=time_title, row=1, col=1)
+    fig.update_xaxes(title_text=time_title, row=1, col=2)
+    fig.update_yaxes(title_text="mean hidden score", row=1, col=1)
+    fig.update_yaxes(title_text="KL (nats per response)", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="KL(policy || SFT), nats per response", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title_text="mean hidden score", row=2, col=1)
     if overopt is not None:
         curve = overopt["curve"]
         steps = [r["step"] for r in curve]
-        fig.add_scatter(x=steps, y=[r["eval_score"] for r in curve], mode="lines+markers",
-                        name="kl_coef=0: learned reward", line={"color": "#d62728"}, row=1, col=3)
+        fig.add_scatter(x=steps, y=[r["eval_score"] for r in curve], mode="lines+markers", marker={"size": 4},
+                        name="kl_coef=0: learned reward", line={"color": "#d62728", "width": 2}, row=2, col=2)
         fig.add_scatter(x=steps, y=[r["eval_hidden_score"] for r in curve], mode="lines+markers",
-                        name="kl_coef=0: hidden score", line={"color": "#1f77b4"}, row=1, col=3)
-        fig.add_scatter(x=steps, y=[r["eval_kl"] for r in curve], mode="lines", name="kl_coef=0: KL",
-                        line={"color": "#7f7f7f", "dash": "dot"}, row=1, col=3, secondary_y=True)
-        fig.update_xaxes(title_text="PPO step", row=1, col=3)
-        fig.update_yaxes(title_text="score", row=1, col=3)
-        fig.update_yaxes(title_text="KL (nats)", row=1, col=3, secondary_y=True)
-    fig.update_layout(width=560 * len(titles), height=480, template="plotly_white",
-                      title="Tiny profile: PPO on the learned reward, graded by the hidden scorer",
-                      legend={"orientation": "h", "y": -0.2})
+                        marker={"size": 4}, name="kl_coef=0: hidden score", line={"color": "#1f77b4", "width": 2},
+                        row=2, col=2)
+        fig.add_scatter(x=steps, y=[r["eval_kl"] for r in curve], mode="lines", name="kl_coef=0: KL (right axis)",
+                        line={"color": "#7f7f7f", "dash": "dot", "width": 2}, row=2, col=2, secondary_y=True)
+        fig.update_xaxes(title_text="PPO step", row=2, col=2)
+        fig.update_yaxes(title_text="mean score", row=2, col=2)
+        fig.update_yaxes(title_text="KL (nats)", row=2, col=2, secondary_y=True, showgrid=False,
+                         tickmode="auto", rangemode="tozero")
+    kl_coefs = sorted({run["config"]["kl_coef"] for run in ppo_runs})
+    fig.update_layout(
+        width=900, height=860, template="plotly_white", font={"size": 13},
+        title={"text": f"Tiny profile: PPO (kl_coef {', '.join(map(str, kl_coefs))}) vs SFT best-of-n"
+                       + (f", {n_prompts} held-out prompts" if n_prompts else ""), "x": 0.02},
+        margin={"l": 60, "r": 60, "t": 80, "b": 40},
+        legend={"orientation": "h", "y": -0.09, "x": 0.0, "font": {"size": 12}})
     return fig
 
 
@@ -197,8 +216,9 @@ def save_png(fig: Any, html_path: Path, png_path: Path) -> str:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
+            # device scale 2: a sharp picture where the README shows it 900 px wide on a HiDPI screen
             page = browser.new_page(viewport={"width": int(fig.layout.width) + 40,
-                                              "height": int(fig.layout.height) + 40})
+                                              "height": int(fig.layout.height) + 40}, device_scale_factor=2)
             page.goto(html_path.resolve().as_uri())
             page.wait_for_selector(".main-svg", timeout=30_000)
             page.locator(".plotly-graph-div").first.screenshot(path=str(png_path))
@@ -266,10 +286,9 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
         (run_best_of_n, (profile, reward_dir, eval_prompts, (1, 4) if fast else BEST_OF), {})]
     tasks += [(run_ppo, (profile, reward_dir, eval_prompts, seed, train_seconds, max_steps, eval_every),
                {"label": f"seed {seed}", "clock": clock}) for seed in seeds]
-    if overopt_steps > 0:
-        tasks.append((run_ppo, (profile, reward_dir, eval_prompts, seeds[0], float("inf"), overopt_steps,
-                                eval_every if fast else 2 * eval_every),
-                      {"label": "kl_coef=0", "kl_coef": 0.0, "target_kl": None}))
+    if overopt_steps > 0:  # its peak comes within the first few steps: evaluate every step up to step 8
+        tasks.append((run_ppo, (profile, reward_dir, eval_prompts, seeds[0], float("inf"), overopt_steps, eval_every),
+                      {"label": "kl_coef=0", "dense_until": 0 if fast else 8, "kl_coef": 0.0, "target_kl": None}))
     if jobs > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -284,42 +303,81 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
     overopt = outputs[-1] if overopt_steps > 0 else None
     print_table(ppo_runs, baselines, overopt, threads)
 
-    bo4 = baselines["rows"][4]["hidden"]
-    figures: dict[str, Any] = {"threads": threads, "n_eval_prompts": len(eval_prompts), "clock": clock,
-                               "train_seconds_budget": train_seconds}
-    for n, row in baselines["rows"].items():
+    settings = {"threads": threads, "n_eval_prompts": len(eval_prompts), "clock": clock,
+                "train_seconds_budget": train_seconds}
+    results = {"settings": settings, "baselines": baselines, "ppo": ppo_runs, "overopt": overopt}
+    results["figures"] = figures = summarise(results)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / ("results-fast.json" if fast else "results.json")).write_text(json.dumps(results, indent=1))
+    print(render(results, None if fast else png, fast))
+    return figures
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """The flat figures of a run's results (what `main` returns and the README table reports)."""
+    baselines, ppo_runs, overopt = results["baselines"], results["ppo"], results["overopt"]
+    clock = results["settings"]["clock"]
+    rows = {int(n): row for n, row in baselines["rows"].items()}  # JSON turns the keys into strings
+    bo4 = rows[4]["hidden"]
+    figures: dict[str, Any] = dict(results["settings"])
+    for n, row in rows.items():
         figures[f"best_of_{n}_hidden"] = row["hidden"]
+        figures[f"best_of_{n}_hidden_se"] = row.get("hidden_se")
         figures[f"best_of_{n}_kl"] = row["kl"]
     finals = [run["curve"][-1] for run in ppo_runs]
     for run, final in zip(ppo_runs, finals, strict=True):
-        figures[f"ppo_seed{run['seed']}_final_hidden"] = final["eval_hidden_score"]
-        figures[f"ppo_seed{run['seed']}_final_kl"] = final["eval_kl"]
-        figures[f"ppo_seed{run['seed']}_steps"] = run["steps"]
-        figures[f"ppo_seed{run['seed']}_train_seconds"] = run["train_seconds"]
-        figures[f"ppo_seed{run['seed']}_train_cpu_seconds"] = run["train_cpu_seconds"]
-        figures[f"ppo_seed{run['seed']}_seconds_to_beat_bo4"] = first_time_above(run["curve"], bo4, clock)
+        name = f"ppo_seed{run['seed']}"
+        best = best_point(run["curve"])
+        last3 = run["curve"][-3:]
+        figures[f"{name}_final_hidden"] = final["eval_hidden_score"]
+        figures[f"{name}_final_reward"] = final["eval_score"]
+        figures[f"{name}_final_kl"] = final["eval_kl"]
+        figures[f"{name}_last3_hidden"] = sum(r["eval_hidden_score"] for r in last3) / len(last3)
+        figures[f"{name}_last3_kl"] = sum(r["eval_kl"] for r in last3) / len(last3)
+        figures[f"{name}_best_hidden"] = best["eval_hidden_score"]
+        figures[f"{name}_best_step"] = best["step"]
+        figures[f"{name}_steps"] = run["steps"]
+        figures[f"{name}_train_seconds"] = run["train_seconds"]
+        figures[f"{name}_train_cpu_seconds"] = run["train_cpu_seconds"]
+        figures[f"{name}_seconds_to_beat_bo4"] = first_time_above(run["curve"], bo4, clock)
     figures["ppo_final_hidden_mean"] = sum(f["eval_hidden_score"] for f in finals) / len(finals)
     figures["ppo_final_kl_mean"] = sum(f["eval_kl"] for f in finals) / len(finals)
     figures["ppo_beats_bo4_all_seeds"] = all(f["eval_hidden_score"] > bo4 for f in finals)
     if overopt is not None:
         curve = overopt["curve"]
         peak = best_point(curve)
-        figures["overopt_peak_hidden"] = peak["eval_hidden_score"]
-        figures["overopt_peak_step"] = peak["step"]
-        figures["overopt_last_hidden"] = curve[-1]["eval_hidden_score"]
-        figures["overopt_first_reward"] = curve[0]["eval_score"]
-        figures["overopt_peak_reward"] = peak["eval_score"]
-        figures["overopt_last_reward"] = curve[-1]["eval_score"]
-        figures["overopt_last_kl"] = curve[-1]["eval_kl"]
+        after_peak = [r for r in curve if r["step"] > peak["step"]]
+        # "falls": the first evaluation after the peak below the SFT model's own score (step 0)
+        fall = next((r for r in after_peak if r["eval_hidden_score"] < curve[0]["eval_hidden_score"]), None)
+        lowest = min(after_peak or [peak], key=lambda r: r["eval_hidden_score"])
+        for label, row in (("start", curve[0]), ("peak", peak), ("fall", fall), ("lowest", lowest),
+                           ("last", curve[-1])):
+            if row is None:
+                continue
+            figures[f"overopt_{label}_step"] = row["step"]
+            figures[f"overopt_{label}_hidden"] = row["eval_hidden_score"]
+            figures[f"overopt_{label}_reward"] = row["eval_score"]
+            figures[f"overopt_{label}_kl"] = row["eval_kl"]
+    return figures
 
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    results = {"figures": figures, "baselines": baselines, "ppo": ppo_runs, "overopt": overopt}
-    (OUT_DIR / ("results-fast.json" if fast else "results.json")).write_text(json.dumps(results, indent=1))
-    fig = make_figure(ppo_runs, baselines, overopt, clock)
-    if png is not None:
-        print(save_png(fig, OUT_DIR / "ppo_curve.html", Path(png)))
-    else:
-        fig.write_html(str(OUT_DIR / "ppo_curve-fast.html"))
+
+def render(results: dict[str, Any], png: str | Path | None, fast: bool = False) -> str:
+    """Write the figure's HTML (and its PNG when `png` is a path); returns a status line."""
+    fig = make_figure(results["ppo"], results["baselines"], results["overopt"], results["settings"]["clock"],
+                      n_prompts=results["settings"]["n_eval_prompts"])
+    if png is None:
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        html = OUT_DIR / ("ppo_curve-fast.html" if fast else "ppo_curve.html")
+        fig.write_html(str(html))
+        return f"figure written: {html} (no PNG)"
+    return save_png(fig, OUT_DIR / "ppo_curve.html", Path(png))
+
+
+def replot(results_path: str | Path, png: str | Path | None = PNG_PATH) -> dict[str, Any]:
+    """Figures and picture again from a saved results.json, without training."""
+    results = json.loads(Path(results_path).read_text())
+    results["figures"] = figures = summarise(results)
+    print(render(results, png))
     return figures
 
 
@@ -336,7 +394,11 @@ def cli(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side in separate processes")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="budget train-seconds in CPU seconds of this process (default) or wall seconds")
+    parser.add_argument("--replot", metavar="RESULTS_JSON", default=None,
+                        help="no training: figures and picture again from a saved results.json")
     args = parser.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, None if args.no_png else PNG_PATH)
     return main(fast=args.fast, seeds=args.seeds, train_seconds=args.train_seconds, eval_every=args.eval_every,
                 overopt_steps=args.overopt_steps, threads=args.threads, n_eval_prompts=args.n_eval_prompts,
                 png=None if args.no_png else PNG_PATH, clock=args.clock, jobs=args.jobs)
