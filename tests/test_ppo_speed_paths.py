@@ -67,3 +67,47 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
         got = fused.policy_logits(ids, attn)
     assert torch.allclose(got, expected, atol=1e-5)
     assert not torch.equal(got, expected)  # the swap did happen: float rounding differs somewhere
+
+
+def perturbed_shared(tok, seed: int = 1) -> SharedLoRAModel:
+    """A shared model whose policy adapter is not the identity (LoRA B starts at 0)."""
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4, lora_alpha=8)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.adapter_parameters("policy"):
+            param.copy_(0.3 * torch.randn(param.shape, generator=gen))
+    return model
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_logprobs_equal_a_fresh_full_forward(tok, temperature):
+    model = perturbed_shared(tok)
+    ids, attn = left_padded(tok, TEXTS + ["the", "the film"])
+    torch.manual_seed(3)
+    plain = model.generate(ids, attn, max_new_tokens=10, temperature=temperature)
+    torch.manual_seed(3)
+    seq, logp, entropy = model.generate_with_logprobs(ids, attn, max_new_tokens=10, temperature=temperature)
+    assert torch.equal(seq, plain)  # the same random draws
+    P = ids.shape[1]
+    mask = model.response_mask(seq[:, P:])  # (B, R) up to and including EOS
+    assert 0 < mask.sum() < mask.numel()  # some rows stop early: the pad after EOS is exercised
+    full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)
+    with torch.no_grad():  # an independent full pass, at temperature 1 whatever sampled the tokens
+        fresh, fresh_entropy = model.policy_logprobs(seq, full_attn, P, with_entropy=True)
+    assert logp.shape == entropy.shape == mask.shape
+    assert torch.allclose(logp * mask, fresh * mask, atol=1e-5)
+    assert torch.allclose(entropy * mask, fresh_entropy * mask, atol=1e-5)
+    assert bool(torch.isfinite(logp).all()) and bool(torch.isfinite(entropy).all())
+
+
+def test_sampling_logprobs_of_the_reference_are_the_reference_logprobs(tok):
+    model = perturbed_shared(tok)
+    ids, attn = left_padded(tok, TEXTS)
+    torch.manual_seed(0)
+    seq, logp, _ = model.generate_with_logprobs(ids, attn, max_new_tokens=6, adapter=None)
+    P = ids.shape[1]
+    mask = model.response_mask(seq[:, P:])
+    ref = model.ref_logprobs(seq, torch.cat([attn, mask.long()], dim=1), P)
+    assert torch.allclose(logp * mask, ref * mask, atol=1e-5)
+    policy = model.policy_logprobs(seq, torch.cat([attn, mask.long()], dim=1), P).detach()
+    assert not torch.allclose(logp * mask, policy * mask, atol=1e-3)  # the adapter was really off

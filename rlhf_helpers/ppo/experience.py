@@ -134,25 +134,34 @@ class Samples:
     context_length: int  #: P, padded prompt width
     mask: torch.Tensor  #: (B, R) 1 on response tokens up to and including EOS
     ended_with_eos: torch.Tensor  #: (B,) True where the response stopped at EOS
+    #: (B, R) log-probs of the sampled tokens under the sampling model (only with `with_logprobs`)
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None  #: (B, R) the sampling model's entropy there (same condition)
 
 
 @torch.no_grad()
 def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], max_prompt_length: int,
                      max_new_tokens: int, temperature: float = 1.0,
-                     adapter: str | None = "policy") -> Samples:
+                     adapter: str | None = "policy", with_logprobs: bool = False) -> Samples:
     """Sample one response per prompt (KV cache; no top-k/top-p; stop at EOS). `adapter=None`: the
-    reference (the SFT model). Uses the global torch RNG."""
+    reference (the SFT model). Uses the global torch RNG. `with_logprobs`: also keep each sampled
+    token's log-prob and entropy, read from the sampling loop's own logits (`generate_with_logprobs`)."""
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)
     P = prompt_ids.shape[1]
-    sequences = model.generate(prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,
-                               adapter=adapter)  # (B, P + R)
+    logprobs = entropy = None
+    if with_logprobs:
+        sequences, logprobs, entropy = model.generate_with_logprobs(
+            prompt_ids, prompt_mask, max_new_tokens, temperature=temperature, adapter=adapter)
+    else:
+        sequences = model.generate(prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,
+                                   adapter=adapter)  # (B, P + R)
     responses = sequences[:, P:]  # (B, R)
     mask = response_mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
     attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
     ended_with_eos = ((responses == model.eos_token_id) & mask.bool()).any(dim=1)  # (B,)
     return Samples(prompts=list(prompts), responses=decode_responses(tokenizer, responses, mask),
                    sequences=sequences, attention_mask=attention_mask, context_length=P, mask=mask,
-                   ended_with_eos=ended_with_eos)
+                   ended_with_eos=ended_with_eos, logprobs=logprobs, entropy=entropy)
 
 
 @torch.no_grad()
@@ -179,19 +188,22 @@ def collect_experience(
     reward_fn: RewardFn | None = None,
     step: int | None = None,
 ) -> Experience:
-    """Generate, score, run the policy / reference / value passes, shape rewards, and run GAE."""
+    """Generate (keeping the sampling policy's log-probs), score, run the reference and value passes,
+    shape rewards, and run GAE."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
-                               temperature=config.temperature)
+    with non_finite_stops_run(step):
+        # old log-probs: the policy that sampled (never the reference), read from the sampling loop's
+        # logits (TRL does the same): a fresh policy forward would give them again up to float
+        # rounding, so the first minibatch of the first epoch sees ratio 1 (to ~1e-6)
+        samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
+                                   config.max_new_tokens, temperature=config.temperature, with_logprobs=True)
     seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+    old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()
     with non_finite_stops_run(step):
-        # old log-probs: the policy that sampled (never the reference), re-computed in one batched
-        # forward so the first minibatch of the first epoch sees exactly these numbers (ratio 1)
-        old_logprobs, entropy = model.policy_logprobs(seq, attn, P, with_entropy=True)  # (B, R), (B, R)
         ref_logprobs = model.ref_logprobs(seq, attn, P)  # (B, R)
         values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
         scores = score_samples(model, samples, reward_fn)  # (B,)

@@ -6,6 +6,7 @@
     ref = shared.ref_logprobs(seq, attn, P)        # (B, R) with every adapter disabled
     v = shared.values(seq, attn, P)                # (B, R) value adapter + value head
     r = shared.reward_scores(seq, attn)            # (B,) reward adapter + score head, last real token
+    seq, logp, ent = shared.generate_with_logprobs(prompt_ids, prompt_attn, max_new_tokens=40)
 
 Sequences are left-padded prompts of width P followed by responses of width R = L - P; `attn` (B, L)
 is 1 on real tokens. Per-token outputs (B, R) are aligned with the response tokens: position t of the
@@ -352,6 +353,28 @@ class SharedLoRAModel(nn.Module):
         A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
         Uses the global torch RNG (seeded by the caller).
         """
+        return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
+
+    @torch.no_grad()
+    def generate_with_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                               max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`generate`, plus the log-prob and the entropy of the sampling model at every sampled token:
+        (B, P) -> sequences (B, P + R), log pi(y_t | prompt, y_<t) (B, R), H_t (B, R).
+
+        Both are read from the logits the sampling loop computes anyway, so the rollout needs no
+        second policy forward. They are the model's own (temperature 1, like `policy_logprobs`),
+        whatever `temperature` sampled the tokens, and equal `policy_logprobs(seq, attn, P,
+        with_entropy=True)` of the returned sequences up to float rounding on every token up to and
+        including EOS: same positions (counted over real tokens), same attended tokens, one KV-cached
+        token per step instead of one full pass. After a row's EOS they belong to pad (meaningless,
+        finite, masked by every consumer). Same random draws as `generate`.
+        """
+        sequences, logprobs, entropy = self._generate(input_ids, attention_mask, max_new_tokens,
+                                                      temperature, adapter, True)
+        return sequences, logprobs, entropy
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens, temperature, adapter, with_logprobs):
         _check_inputs(input_ids, attention_mask)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -359,11 +382,11 @@ class SharedLoRAModel(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if adapter is None:
             with self.reference():
-                return self._sample(input_ids, attention_mask, max_new_tokens, temperature)
+                return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs)
         self._use(adapter)
-        return self._sample(input_ids, attention_mask, max_new_tokens, temperature)
+        return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs)
 
-    def _sample(self, input_ids, attention_mask, max_new_tokens, temperature):
+    def _sample(self, input_ids, attention_mask, max_new_tokens, temperature, with_logprobs):
         batch = input_ids.shape[0]
         mask = attention_mask.long()  # (B, P + t)
         positions = position_ids_from_mask(mask)  # (B, P)
@@ -372,12 +395,16 @@ class SharedLoRAModel(nn.Module):
         next_pos = positions[:, -1:] + 1  # (B, 1)
         logits = out.logits[:, -1]  # (B, V)
         done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
-        tokens = []
+        tokens, logprobs, entropies = [], [], []
         for step in range(max_new_tokens):
             probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
             token = torch.multinomial(probs, 1).squeeze(-1)  # (B,)
             token = torch.where(done, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
+            if with_logprobs:  # log pi(y_t) and H_t from the temperature-1 logits of this step
+                step_logits = logits[:, None]  # (B, 1, V)
+                logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
+                entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
             done = done | (token == self.eos_token_id)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
@@ -387,7 +414,10 @@ class SharedLoRAModel(nn.Module):
             past = out.past_key_values
             next_pos = next_pos + 1
             logits = out.logits[:, -1]  # (B, V)
-        return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)  # (B, P + R)
+        sequences = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)  # (B, P + R)
+        if not with_logprobs:
+            return sequences, None, None
+        return sequences, torch.stack(logprobs, dim=1), torch.stack(entropies, dim=1)  # (B, R) each
 
     def response_mask(self, responses: torch.Tensor) -> torch.Tensor:
         """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
