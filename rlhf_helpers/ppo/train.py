@@ -149,8 +149,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     saved_reward_dir = None
     if args.resume:
         saved_config, saved_reward_dir = recorded_settings(output_dir, profile.name, chosen)
-        if args.steps is None:
-            run_control.pop("total_steps", None)
         config = PPOConfig.from_dict({**saved_config, **run_control})
     else:
         config = PPOConfig.from_profile(profile, **chosen, **run_control)
