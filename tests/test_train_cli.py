@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,8 +130,10 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 2.0]
 
     # a resumed run keeps its settings: another --kl-coef, or a total it has already reached, is refused
-    with pytest.raises(SystemExit, match=r"--kl-coef 0.5 differs from the run's 0.05"):
-        train.main(["--profile", "tiny", "--resume", "--kl-coef", "0.5", "--output-dir", str(out)])
+    recorded = json.loads((out / "run.json").read_text())["ppo_config"]["kl_coef"]
+    other = recorded + 0.5
+    with pytest.raises(SystemExit, match=re.escape(f"--kl-coef {other} differs from the run's {recorded}")):
+        train.main(["--profile", "tiny", "--resume", "--kl-coef", str(other), "--output-dir", str(out)])
     with pytest.raises(SystemExit, match="already at step 2"):
         train.main(["--profile", "tiny", "--resume", "--steps", "2", "--no-progress",
                     "--output-dir", str(out)])
