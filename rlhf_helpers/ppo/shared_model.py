@@ -275,19 +275,36 @@ class SharedLoRAModel(nn.Module):
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.last_hidden_state  # (B, L, H)
 
-    def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                logits_to_keep: int = 0) -> torch.Tensor:
+        """(B, L) -> (B, L, V), or (B, K, V) for the last K = logits_to_keep positions (0: all)."""
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-        return out.logits  # (B, L, V)
+                      position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                      logits_to_keep=logits_to_keep)
+        return out.logits  # (B, L or K, V)
+
+    def _response_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         context_length: int) -> torch.Tensor:
+        """Logits that predict the response tokens, and only those: (B, L) -> (B, R, V).
+
+        The LM head runs on the R + 1 last hidden states only (the prompt's other positions
+        predict prompt tokens, which nobody reads); the last one predicts past the end and is dropped.
+        """
+        response_width = input_ids.shape[1] - context_length
+        return self._logits(input_ids, attention_mask, logits_to_keep=response_width + 1)[:, :-1]
+
+    @staticmethod
+    def _logprobs_of(response_logits: torch.Tensor, response_ids: torch.Tensor, with_entropy: bool):
+        logp = logprobs_from_logits(response_logits, response_ids)  # (B, R)
+        if not with_entropy:
+            return logp
+        return logp, entropy_from_logits(response_logits)  # (B, R), (B, R)
 
     def _response_logprobs(self, logits: torch.Tensor, input_ids: torch.Tensor, context_length: int,
                            with_entropy: bool):
         # logits at position s give the distribution of token s + 1
         response_logits = logits[:, context_length - 1 : -1]  # (B, R, V)
-        logp = logprobs_from_logits(response_logits, input_ids[:, context_length:])  # (B, R)
-        if not with_entropy:
-            return logp
-        return logp, entropy_from_logits(response_logits)  # (B, R), (B, R)
+        return self._logprobs_of(response_logits, input_ids[:, context_length:], with_entropy)
 
     def policy_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits of the policy (policy adapter on): (B, L) -> (B, L, V)."""
@@ -299,8 +316,10 @@ class SharedLoRAModel(nn.Module):
                         context_length: int, with_entropy: bool = False):
         """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B, R)]."""
         _check_context(context_length, input_ids.shape[1])
-        logits = self.policy_logits(input_ids, attention_mask)  # (B, L, V)
-        return self._response_logprobs(logits, input_ids, context_length, with_entropy)
+        _check_inputs(input_ids, attention_mask)
+        self._use("policy")
+        logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
+        return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy)
 
     @contextmanager
     def reference(self) -> Iterator[None]:
@@ -321,8 +340,8 @@ class SharedLoRAModel(nn.Module):
         _check_inputs(input_ids, attention_mask)
         _check_context(context_length, input_ids.shape[1])
         with torch.no_grad(), self.reference():
-            logits = self._logits(input_ids, attention_mask)  # (B, L, V)
-        return self._response_logprobs(logits, input_ids, context_length, False)
+            logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
+        return self._logprobs_of(logits, input_ids[:, context_length:], False)
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                context_length: int) -> torch.Tensor:
@@ -390,7 +409,8 @@ class SharedLoRAModel(nn.Module):
         batch = input_ids.shape[0]
         mask = attention_mask.long()  # (B, P + t)
         positions = position_ids_from_mask(mask)  # (B, P)
-        out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                      logits_to_keep=1)  # only the last prompt position predicts a response token
         past = out.past_key_values
         next_pos = positions[:, -1:] + 1  # (B, 1)
         logits = out.logits[:, -1]  # (B, V)

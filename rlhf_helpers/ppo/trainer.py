@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,6 +55,41 @@ def make_kl_controller(config: PPOConfig) -> FixedKLController | AdaptiveKLContr
     if config.target_kl is None:
         return FixedKLController(config.kl_coef)
     return AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
+
+
+@dataclass
+class Minibatch:
+    """The rows of one minibatch, cut to the columns where at least one of them has a real token."""
+
+    sequences: torch.Tensor  #: (b, p + r) prompt then response ids
+    attention_mask: torch.Tensor  #: (b, p + r) 1 on real tokens
+    context_length: int  #: p, prompt width after the cut
+    mask: torch.Tensor  #: (b, r) 1 on real response tokens
+    old_logprobs: torch.Tensor  #: (b, r) log-probs of the policy that sampled
+    old_values: torch.Tensor  #: (b, r) values of the rollout
+    advantages: torch.Tensor  #: (b, r)
+    returns: torch.Tensor  #: (b, r)
+
+
+def trim_minibatch(batch: Experience, rows: torch.Tensor) -> Minibatch:
+    """The experience rows `rows`, without the columns that are padding in every one of them.
+
+    A minibatch's longest prompt and longest response are often shorter than the whole batch's.
+    Dropping all-padding columns changes no real token's output: the ones on the left are masked
+    keys (position ids are counted over real tokens), the ones on the right come after every real
+    token in causal attention, and every per-token quantity there has mask 0.
+    """
+    attn = batch.attention_mask[rows]  # (b, P + R)
+    P = batch.context_length
+    real = attn.bool().any(dim=0)  # (P + R,)
+    first = min(int(real.int().argmax()), P - 1)  # keep the last prompt column: it predicts token 0
+    last = max(attn.shape[1] - 1 - int(real.flip(0).int().argmax()), P)  # at least one response column
+    r = last + 1 - P
+    return Minibatch(
+        sequences=batch.sequences[rows, first : last + 1], attention_mask=attn[:, first : last + 1],
+        context_length=P - first, mask=batch.mask[rows, :r], old_logprobs=batch.old_logprobs[rows, :r],
+        old_values=batch.values[rows, :r], advantages=batch.advantages[rows, :r],
+        returns=batch.returns[rows, :r])
 
 
 class PPOTrainer:
@@ -198,64 +234,88 @@ class PPOTrainer:
 
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
         """config.ppo_epochs passes of shuffled minibatches: clip loss (+ entropy bonus, + ptx) on the
-        policy adapter, clipped value loss on the value adapter and head. Returns mean stats."""
+        policy adapter, clipped value loss on the value adapter and head. Returns mean stats.
+
+        The two adapters share no trainable parameter and neither loss reads the other's output, so
+        all policy steps run first and then all value steps, over the same minibatches in the same
+        order: the same updates as alternating them, with two adapter switches instead of two per
+        minibatch. Each minibatch is cut to the columns holding a real token of one of its rows.
+        """
         config = self.config
-        B, P = len(batch), batch.context_length
-        sums: dict[str, float] = {}
-        count = 0
+        B = len(batch)
         self.last_update_stats = []
         train_policy = self.step_count >= config.value_warmup_steps
         check_all_finite("advantages", batch.advantages, self.step_count)
         check_all_finite("returns", batch.returns, self.step_count)
+        minibatches: list[tuple[int, int, torch.Tensor]] = []  # (epoch, index, rows)
+        policy_stats: list[dict[str, float]] = []
         for epoch in range(config.ppo_epochs):
-            order = torch.randperm(B, generator=generator)
+            order = torch.randperm(B, generator=generator)  # drawn before this epoch's ptx picks
             for first in range(0, B, config.mini_batch_size):
-                idx = order[first : first + config.mini_batch_size].to(batch.sequences.device)
-                seq, attn, mask = batch.sequences[idx], batch.attention_mask[idx], batch.mask[idx]
+                rows = order[first : first + config.mini_batch_size].to(batch.sequences.device)
+                minibatches.append((epoch, first // config.mini_batch_size, rows))
+                policy_stats.append(self._policy_step(trim_minibatch(batch, rows), generator, train_policy))
+        value_stats = [self._value_step(trim_minibatch(batch, rows)) for _, _, rows in minibatches]
 
-                # policy: L = L_clip - c_ent * H + c_ptx * L_lm
-                with non_finite_stops_run(self.step_count):
-                    logp, entropy = self.model.policy_logprobs(seq, attn, P, with_entropy=True)  # (b, R)
-                pg_loss, pg_stats = policy_loss(logp.float(), batch.old_logprobs[idx],
-                                                batch.advantages[idx], mask, clip_eps=config.clip_eps)
-                mean_entropy = masked_mean(entropy.float(), mask)
-                loss = pg_loss - config.entropy_coef * mean_entropy
-                if config.ptx_coef > 0:
-                    ptx = self._ptx_loss(generator)
-                    loss = loss + config.ptx_coef * ptx
-                    sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + float(ptx.detach())
-                check_all_finite("policy loss", loss.detach(), self.step_count)
-                if train_policy:
-                    loss.backward()
-                    policy_norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
-                else:  # value warm-up: the critic learns the returns first, the policy waits
-                    policy_norm = 0.0
+        sums: dict[str, float] = {}
+        for (epoch, index, _), policy, value in zip(minibatches, policy_stats, value_stats, strict=True):
+            stats = {
+                "policy_loss": policy["policy_loss"], "clipfrac": policy["clipfrac"],
+                "approx_kl": policy["approx_kl"], "value_loss": value["value_loss"],
+                "vf_clipfrac": value["vf_clipfrac"], "policy_grad_norm": policy["policy_grad_norm"],
+                "value_grad_norm": value["value_grad_norm"], "entropy_update": policy["entropy_update"],
+            }
+            if "ptx_loss" in policy:
+                sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + policy["ptx_loss"]
+            for key, number in stats.items():
+                sums[key] = sums.get(key, 0.0) + number
+            self.last_update_stats.append({
+                "epoch": float(epoch), "minibatch": float(index),
+                "ratio_mean": policy["ratio_mean"], "ratio_max": policy["ratio_max"], **stats})
+        return {key: number / len(minibatches) for key, number in sums.items()}
 
-                # critic: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2
-                with non_finite_stops_run(self.step_count):
-                    new_values = self.model.values(seq, attn, P).float()  # (b, R)
-                check_all_finite("values", new_values.detach() * mask, self.step_count)
-                v_loss, v_stats = value_loss(new_values, batch.values[idx], batch.returns[idx], mask,
-                                             clip_range=config.value_clip)
-                check_all_finite("value loss", v_loss.detach(), self.step_count)
-                (config.vf_coef * v_loss).backward()
-                value_norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters())
+    def _policy_step(self, mb: Minibatch, generator: torch.Generator, train_policy: bool) -> dict[str, float]:
+        """One policy-adapter step on a minibatch: L = L_clip - c_ent * H + c_ptx * L_lm."""
+        config = self.config
+        with non_finite_stops_run(self.step_count):
+            logp, entropy = self.model.policy_logprobs(mb.sequences, mb.attention_mask, mb.context_length,
+                                                       with_entropy=True)  # (b, r), (b, r)
+        pg_loss, pg_stats = policy_loss(logp.float(), mb.old_logprobs, mb.advantages, mb.mask,
+                                        clip_eps=config.clip_eps)
+        mean_entropy = masked_mean(entropy.float(), mb.mask)
+        loss = pg_loss - config.entropy_coef * mean_entropy
+        stats: dict[str, float] = {}
+        if config.ptx_coef > 0:
+            ptx = self._ptx_loss(generator)
+            loss = loss + config.ptx_coef * ptx
+            stats["ptx_loss"] = float(ptx.detach())
+        check_all_finite("policy loss", loss.detach(), self.step_count)
+        if train_policy:
+            loss.backward()
+            norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
+        else:  # value warm-up: the critic learns the returns first, the policy waits
+            norm = 0.0
+        stats.update({
+            "policy_loss": float(pg_loss.detach()), "clipfrac": float(pg_stats["clipfrac"]),
+            "approx_kl": float(pg_stats["approx_kl"]), "policy_grad_norm": norm,
+            "entropy_update": float(mean_entropy.detach()),
+            "ratio_mean": float(pg_stats["ratio_mean"]), "ratio_max": float(pg_stats["ratio_max"]),
+        })
+        return stats
 
-                stats = {
-                    "policy_loss": float(pg_loss.detach()), "clipfrac": float(pg_stats["clipfrac"]),
-                    "approx_kl": float(pg_stats["approx_kl"]), "value_loss": float(v_loss.detach()),
-                    "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
-                    "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
-                    "entropy_update": float(mean_entropy.detach()),
-                }
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                count += 1
-                self.last_update_stats.append({
-                    "epoch": float(epoch), "minibatch": float(first // config.mini_batch_size),
-                    "ratio_mean": float(pg_stats["ratio_mean"]), "ratio_max": float(pg_stats["ratio_max"]),
-                    **stats})
-        return {key: value / count for key, value in sums.items()}
+    def _value_step(self, mb: Minibatch) -> dict[str, float]:
+        """One critic step: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2."""
+        config = self.config
+        with non_finite_stops_run(self.step_count):
+            new_values = self.model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
+        check_all_finite("values", new_values.detach() * mb.mask, self.step_count)
+        v_loss, v_stats = value_loss(new_values, mb.old_values, mb.returns, mb.mask,
+                                     clip_range=config.value_clip)
+        check_all_finite("value loss", v_loss.detach(), self.step_count)
+        (config.vf_coef * v_loss).backward()
+        norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters())
+        return {"value_loss": float(v_loss.detach()), "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
+                "value_grad_norm": norm}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
