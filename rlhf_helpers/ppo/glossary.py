@@ -10,8 +10,8 @@ is generated from it, so the code, the plots' hover text and the docs say the sa
 
 Healthy ranges were read off `python -m rlhf_helpers.ppo.train --profile tiny --steps 60
 --eval-every 10` (the tiny profile's defaults: rollout batch 64, minibatch 16, 4 epochs, 40 new
-tokens, beta 0.05, lr 1e-3; seed 0, 2026-11-23), and the failure examples off the same command with
-`--kl-coef 0 --steps 40`.
+tokens, beta 0.2, lr 1e-3; seed 0, 2026-11-23), and the failure examples off the same command with
+`--kl-coef 0 --steps 40` (no KL penalty) and `--kl-coef 0.05` (a weak one).
 They are guides for that profile, not laws: other models and batch sizes move them.
 """
 
@@ -57,7 +57,8 @@ NOTATION = """\
   `A_t` the GAE advantage, `R_t = A_t + V_t` the return, `beta` = kl_coef.
 - Healthy ranges come from one 60-step tiny-profile run (`python -m rlhf_helpers.ppo.train --profile
   tiny --steps 60 --eval-every 10`, seed 0), "late" = steps 30-60; the failure examples from the same
-  command with `--kl-coef 0 --steps 40`. Other models and batch sizes move them.
+  command with `--kl-coef 0 --steps 40` (no KL penalty) and `--kl-coef 0.05` (a weak one). Other
+  models and batch sizes move them.
 """
 
 
@@ -72,7 +73,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean reward-model score of the batch's responses (the proxy PPO maximises)",
         "mean_b s_b, s_b = score head on the reward adapter's hidden state at the last real token "
         "(+ missing_eos_penalty for responses cut off without EOS)",
-        "rises fast, then flattens: about 0.25 at step 1, 2-2.5 by step 5, 3.1-3.4 late.",
+        "rises fast, then flattens: about 0.25 at step 1, about 2 by step 5, 2.8-3.1 late.",
         "flat from the start: the policy does not learn (learning rate too low, advantages all zero, "
         "reward model ignores the response). Rising while hidden_score falls: reward hacking / "
         "over-optimisation of the proxy (with --kl-coef 0 the score climbs to 3.6-3.7 while "
@@ -82,7 +83,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean hidden ground-truth score of the same responses (what we really want)",
         "mean_b h(prompt_b, response_b), h = the review world's hidden scorer "
         "(rlhf_helpers.world.scorer); the reward model was trained on noisy preferences drawn from it",
-        "follows score up at first: about -0.5 at step 1, 0.7 by step 4, then 0.45-1.1 late "
+        "follows score up at first: about -0.5 at step 1, 0.7 by step 4, then 0.68-1.08 late "
         "(noisy, +-0.2 between steps).",
         "falling while score keeps rising: over-optimisation, the policy exploits the reward model's "
         "errors (raise kl_coef or stop earlier; the best checkpoint is where hidden_score peaked). "
@@ -93,10 +94,11 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
         "samples, before this step's update",
         "0 at step 1 (policy = reference), then grows and settles where reward gain and "
-        "beta * KL balance: 4.5-6.3 nats late with beta = 0.05.",
+        "beta * KL balance: 2.0-2.7 nats late with beta = 0.2.",
         "growing without bound (19 nats by step 13 and 65-68 by step 40 with kl_coef 0): nothing "
-        "holds the policy near "
-        "the reference, expect reward hacking and broken language. Negative: possible per batch "
+        "holds the policy near the reference, expect reward hacking and broken language. Settling "
+        "high (4.5-6.3 nats late with kl_coef 0.05, the held-out hidden score sagging to 0.73): the "
+        "penalty is too weak for this model. Negative: possible per batch "
         "(k1 is an estimate), but a steadily negative mean means the samples do not come from the "
         "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p or another "
         "temperature).")),
@@ -104,7 +106,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
         "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
         "beta <- beta * (1 + e * B / kl_horizon) after every step",
-        "constant 0.05 on the tiny profile (fixed controller); adaptive: drifts slowly towards the "
+        "constant 0.2 on the tiny profile (fixed controller); adaptive: drifts slowly towards the "
         "value that keeps kl near target_kl.",
         "adaptive beta growing every step: kl stays above target (the reward pulls harder than the "
         "penalty; the target may be too low). Shrinking to ~0: kl stays below target, the penalty "
@@ -112,7 +114,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "entropy": ("rollout", _m(
         "mean per-token entropy of the policy on its own responses (nats)",
         "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
-        "1.6-1.8 nats in the first steps, 1.57-1.66 late (close to the tiny SFT model's own level).",
+        "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's own level).",
         "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "
         "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
         "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 it "
@@ -120,7 +122,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "response_length": ("rollout", _m(
         "mean response length in tokens, EOS included",
         "mean_b sum_t m_t",
-        "about 17 tokens at the start, growing to 25-26.6 late (the reward model likes longer "
+        "about 17 tokens at the start, growing to 22-24 late (the reward model likes longer "
         "reviews); max_new_tokens is 40.",
         "drifting to max_new_tokens (with eos_fraction falling): length hacking, the reward model "
         "pays for length; try missing_eos_penalty or a length-aware reward. Collapsing to 1-2 "
@@ -129,7 +131,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "eos_fraction": ("rollout", _m(
         "fraction of responses that ended with EOS before max_new_tokens",
         "mean_b [response b contains EOS]",
-        "0.94-1.0 (0.97-1.0 late): nearly every response ends on its own.",
+        "0.97-1.0: nearly every response ends on its own.",
         "falling: responses run into max_new_tokens, their last token is not an EOS and the reward "
         "model reads an unfinished text (length hacking, or a broken EOS/pad setup: pad must "
         "differ from EOS).")),
@@ -137,8 +139,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
         "1 - Var_t[R_t - V_t] / Var_t[R_t] over all real tokens of the batch (V: the critic before "
         "this step's update)",
-        "about 0 at step 1 (untrained critic), 0.2-0.6 within a few steps, then noisy between "
-        "0.03 and 0.72 late as the policy keeps moving.",
+        "about 0 at step 1 (untrained critic), 0.2-0.55 within a few steps, then noisy between "
+        "0.28 and 0.76 late as the policy keeps moving.",
         "staying <= 0: the critic predicts nothing, advantages are pure Monte-Carlo noise (value "
         "learning rate too low, value head not warmed up, values masked wrongly). Near 1 with "
         "a falling score: suspicious, check that values do not see the future (alignment of "
@@ -146,20 +148,21 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "return_mean": ("rollout", _m(
         "mean GAE return over real tokens (the critic's regression target)",
         "masked mean of R_t = A_t (raw, before whitening) + V_t",
-        "tracks the score minus the KL penalty: about 0.3 at step 1, 3.1-3.2 late.",
-        "far from score - beta * kl: the reward shaping or GAE is off (score not on the last real "
+        "a little below the score (the KL penalty still to come is subtracted): about 0.3 at step "
+        "1, 2.75-2.92 late.",
+        "far from score - beta * kl (its upper end): the reward shaping or GAE is off (score not on the last real "
         "token, gamma/lambda misset).")),
     "value_mean": ("rollout", _m(
         "mean old value V(s_t) over real tokens",
         "masked mean of V_t from the value adapter + value head, before this step's update",
-        "starts near 0 (small head init) and catches up with return_mean within ~10 steps.",
+        "starts near 0 (small head init) and is within ~0.1 of return_mean after ~10 steps.",
         "lagging far behind return_mean for many steps: the critic learns too slowly (value_lr, "
         "value_warmup_steps). Exploding: value learning rate too high or returns not bounded.")),
     # ------------------------------------------------------------------ updates
     "policy_loss": ("update", _m(
         "clipped surrogate loss -min(r A, clip(r) A), masked mean",
         "masked mean of -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t), A whitened",
-        "small and slightly negative: -0.017 to -0.003, about -0.015 to -0.006 late (whitened "
+        "small and slightly negative: -0.024 to -0.005 (whitened "
         "advantages average 0, so its "
         "level says little; the trend within an update does).",
         "large in size (|loss| > 0.1 with whitened advantages): the ratios moved far from 1, see "
@@ -169,23 +172,23 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
         "masked mean of [clip(r_t) A_t < r_t A_t], the tokens where the clipped term is chosen and "
         "the gradient is zero",
-        "0.03-0.09 (a few percent: the update moves the policy, the clip rarely has to stop it); "
-        "with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
+        "0.016-0.064 (a few percent: the update moves the policy, the clip rarely has to stop "
+        "it); with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
         "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
         "minibatch: the policy does not change (no gradient reaches the adapter).")),
     "approx_kl": ("update", _m(
         "mean (r - 1) - log r between the updated and the sampling policy (k3 estimate)",
         "masked mean of (r_t - 1) - log r_t, an estimate of KL(pi_old || pi) that is never negative",
-        "0.005-0.02 nats per token (0.02-0.05 with kl_coef 0); it grows a little over training.",
+        "0.003-0.03 nats per token, mostly 0.004-0.01 (0.02-0.05 with kl_coef 0).",
         "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
         "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
     "value_loss": ("update", _m(
         "clipped value loss 0.5 * max((V - R)^2, (clip(V) - R)^2), masked mean",
         "0.5 * masked mean of max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - R_t)^2), "
         "c = value_clip",
-        "0.3-0.9 in the first 5 steps (the critic starts at 0, returns near the score), "
-        "0.007-0.08 late.",
+        "0.3-0.85 in the first 5 steps (the critic starts at 0, returns near the score), "
+        "0.016-0.09 late.",
         "not falling: the critic does not fit the returns (value learning rate, a value adapter "
         "that is not trained, masks). Rising late with vf_clipfrac high: the returns moved faster "
         "than value_clip lets the critic follow.")),
@@ -193,26 +196,27 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "fraction of tokens where value clipping was active",
         "masked mean of [(V_clip,t - R_t)^2 > (V_t - R_t)^2], the tokens where the clipped error is "
         "used (0 when value_clip is None)",
-        "0.3-0.5 in the first steps (the critic chases returns far above its start), 0-0.017 late.",
+        "0.3-0.5 in the first steps (the critic chases returns far above its start), 0.002-0.044 "
+        "late.",
         "staying high: value_clip is too tight for the scale of the returns, the critic cannot "
         "catch up (raise value_clip or set it to None).")),
     "policy_grad_norm": ("update", _m(
         "policy gradient norm before clipping to max_grad_norm",
         "||grad of the policy loss w.r.t. the policy adapter||_2 before clip_grad_norm_",
-        "0.07-0.23, well below max_grad_norm = 1 (0.3-0.6 with kl_coef 0).",
+        "0.07-0.18, well below max_grad_norm = 1 (0.3-0.6 with kl_coef 0).",
         "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
         "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the run "
         "(exit status 2 from the command line).")),
     "value_grad_norm": ("update", _m(
         "value gradient norm before clipping to max_grad_norm",
         "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",
-        "1.7-2.9 in the first 5 steps (clipped to 1), 0.27-0.8 late.",
+        "1.7-2.7 in the first 5 steps (clipped to 1), 0.35-1.2 late.",
         "staying far above max_grad_norm: the critic's targets are badly scaled (large returns; "
         "consider score_clip or reward normalisation).")),
     "entropy_update": ("update", _m(
         "mean policy entropy seen during the update epochs",
         "masked mean of H_t computed by the updating policy in each minibatch, averaged",
-        "within ~0.015 of `entropy` (the policy changes little within one step).",
+        "within ~0.01 of `entropy` (the policy changes little within one step).",
         "far from `entropy`: the policy changes a lot inside one step (see approx_kl).")),
     "ptx_loss": ("update", _m(
         "next-token loss of the policy on SFT text (only when ptx_coef > 0)",
@@ -250,43 +254,44 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "eval_score": ("eval", _m(
         "mean reward-model score on held-out prompts (fixed sampling seed)",
         "as `score`, on n_eval_prompts prompts of data/prompts_test.jsonl, one sample each",
-        "close to `score` of the same step (3.0-3.4 at steps 10-60).",
+        "close to `score` of the same step (2.8-3.05 at steps 10-60).",
         "well below `score`: the policy fits the training prompts only.")),
     "eval_hidden_score": ("eval", _m(
         "mean hidden ground-truth score on held-out prompts",
         "as `hidden_score`, on the held-out prompts",
-        "0.73-1.01 at steps 10-60.",
+        "0.87-1.01 at steps 10-60 (with kl_coef 0.05: 0.73-1.01, ending at 0.73).",
         "falling across evaluations while eval_score rises: over-optimisation (with kl_coef 0: "
         "0.02, -0.80, -2.42, -2.84 at steps 10-40 while eval_score rises from 3.15 to 3.65).")),
     "eval_kl": ("eval", _m(
         "mean sequence KL to the reference on held-out prompts",
         "mean over prompts of sum_t (log pi(y_t) - log ref(y_t)) on fresh samples (k1)",
-        "4.5-6.5 nats at steps 10-60 (beta = 0.05).",
+        "1.9-2.9 nats at steps 10-60 (beta = 0.2; 4.5-6.5 with beta = 0.05).",
         "as `kl`: growing without bound means nothing holds the policy near the reference (with "
         "kl_coef 0: 15, 31, 56, 65 nats at steps 10-40).")),
     "eval_response_length": ("eval", _m(
         "mean response length on held-out prompts",
         "mean over prompts of sum_t m_t",
-        "23-26.3 tokens at steps 10-60.",
+        "21.4-24.8 tokens at steps 10-60.",
         "as `response_length`.")),
     # ------------------------------------------------------------------ timing
     "time_rollout": ("timing", _m(
         "seconds of the rollout phase: generate, score, reference and value passes, GAE",
         "wall-clock seconds (time.perf_counter) of collect_experience",
-        "1-2 s per step on one quiet CPU thread (up to 7 s under load; it grows with "
-        "response_length).",
+        "0.35-1.7 s per step on one CPU thread (it grows with response_length and with the "
+        "machine's load).",
         "growing much faster than response_length: the machine is busy, or generation lost its "
         "KV cache.")),
     "time_update": ("timing", _m(
         "seconds of the update epochs",
         "wall-clock seconds of PPOTrainer.update (ppo_epochs x minibatches of policy and value "
         "forward/backward/step)",
-        "3-5 s per step on one quiet CPU thread (about 75% of a step; up to 20 s under load).",
+        "1.2-4 s per step on one CPU thread (about 75% of a step).",
         "")),
     "time_step": ("timing", _m(
         "seconds of the whole PPO iteration (rollout + update)",
         "time_rollout + time_update (evaluation and checkpoints are not included)",
-        "4-7 s per step on one quiet CPU thread; 3-4x that on a busy machine.",
+        "1.5-5.8 s per step on one CPU thread (load average 2-4); several times that on a busy "
+        "machine.",
         "")),
     "step": ("timing", _m(
         "PPO iterations done so far (the x axis)",
