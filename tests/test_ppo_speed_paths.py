@@ -207,3 +207,17 @@ def test_grouped_and_cut_update_equals_the_alternating_loop(tok):
     assert moved > 1e-2  # the update did move the weights, by far more than the tolerance
     stats = fast.last_update_stats
     assert [(s["epoch"], s["minibatch"]) for s in stats] == [(e, m) for e in (0.0, 1.0) for m in (0.0, 1.0, 2.0, 3.0)]
+
+
+def test_entropy_without_grad_is_the_same_entropy_and_leaves_the_gradient_unchanged(tok):
+    model = perturbed_shared(tok)
+    ids, attn = left_padded(tok, TEXTS)
+    grads = {}
+    for entropy_grad in (True, False):
+        logp, entropy = model.policy_logprobs(ids, attn, 2, with_entropy=True, entropy_grad=entropy_grad)
+        assert entropy.requires_grad is entropy_grad
+        (logp.mean() - 0.0 * entropy.mean()).backward()  # entropy_coef = 0, as in the trainer
+        grads[entropy_grad] = ([p.grad.clone() for p in model.policy_parameters()], entropy.detach())
+        model.peft.zero_grad(set_to_none=True)
+    assert torch.equal(grads[True][1], grads[False][1])
+    assert all(torch.equal(a, b) for a, b in zip(grads[True][0], grads[False][0], strict=True))

@@ -294,10 +294,13 @@ class SharedLoRAModel(nn.Module):
         return self._logits(input_ids, attention_mask, logits_to_keep=response_width + 1)[:, :-1]
 
     @staticmethod
-    def _logprobs_of(response_logits: torch.Tensor, response_ids: torch.Tensor, with_entropy: bool):
+    def _logprobs_of(response_logits: torch.Tensor, response_ids: torch.Tensor, with_entropy: bool,
+                     entropy_grad: bool = True):
         logp = logprobs_from_logits(response_logits, response_ids)  # (B, R)
         if not with_entropy:
             return logp
+        if not entropy_grad:  # a statistic only: backward skips the softmax over the vocabulary
+            response_logits = response_logits.detach()
         return logp, entropy_from_logits(response_logits)  # (B, R), (B, R)
 
     def _response_logprobs(self, logits: torch.Tensor, input_ids: torch.Tensor, context_length: int,
@@ -313,13 +316,16 @@ class SharedLoRAModel(nn.Module):
         return self._logits(input_ids, attention_mask)
 
     def policy_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        context_length: int, with_entropy: bool = False):
-        """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B, R)]."""
+                        context_length: int, with_entropy: bool = False, entropy_grad: bool = True):
+        """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B, R)].
+
+        `entropy_grad=False`: the entropy carries no gradient (for a loss without an entropy bonus).
+        """
         _check_context(context_length, input_ids.shape[1])
         _check_inputs(input_ids, attention_mask)
         self._use("policy")
         logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
-        return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy)
+        return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy, entropy_grad)
 
     @contextmanager
     def reference(self) -> Iterator[None]:

@@ -122,8 +122,10 @@ class PPOTrainer:
         self.accelerator = accelerator
         self.process_index = accelerator.process_index if accelerator is not None else 0
         self.num_processes = accelerator.num_processes if accelerator is not None else 1
-        self.policy_optimizer = torch.optim.Adam(model.policy_parameters(), lr=config.policy_lr)
-        self.value_optimizer = torch.optim.Adam(model.value_parameters(), lr=config.value_lr)
+        # foreach: one batched kernel per Adam operation over all tensors (same numbers as the
+        # per-tensor loop, which is torch's default on the CPU)
+        self.policy_optimizer = torch.optim.Adam(model.policy_parameters(), lr=config.policy_lr, foreach=True)
+        self.value_optimizer = torch.optim.Adam(model.value_parameters(), lr=config.value_lr, foreach=True)
         self.kl_controller = make_kl_controller(config)
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
@@ -278,8 +280,10 @@ class PPOTrainer:
         """One policy-adapter step on a minibatch: L = L_clip - c_ent * H + c_ptx * L_lm."""
         config = self.config
         with non_finite_stops_run(self.step_count):
+            # without an entropy bonus the entropy is only reported: no backward through it
             logp, entropy = self.model.policy_logprobs(mb.sequences, mb.attention_mask, mb.context_length,
-                                                       with_entropy=True)  # (b, r), (b, r)
+                                                       with_entropy=True,
+                                                       entropy_grad=config.entropy_coef > 0)  # (b, r), (b, r)
         pg_loss, pg_stats = policy_loss(logp.float(), mb.old_logprobs, mb.advantages, mb.mask,
                                         clip_eps=config.clip_eps)
         mean_entropy = masked_mean(entropy.float(), mb.mask)
