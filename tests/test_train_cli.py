@@ -1,5 +1,5 @@
 """`python -m rlhf_helpers.ppo.train` on the tiny profile with tiny overrides: a subprocess run, then
---resume; in-process `main()` calls for a NaN stop (exit status 2) and refused arguments."""
+--resume; in-process `main()` calls for a NaN stop (exit status 3) and refused arguments."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     status = train.main(["--profile", "tiny", "--steps", "4", "--save-every", "1", "--no-progress",
                          "--output-dir", str(out)])
     err = capsys.readouterr().err
-    assert status == train.EXIT_NON_FINITE == 2
+    assert status == train.EXIT_NON_FINITE == 3
     assert "PPO stopped: reward scores has 8 NaN/inf value(s) at PPO step 2" in err
     assert "the last good checkpoint is" in err and "step-000002" in err
     assert sorted(written) == ["step-000001", "step-000002"]  # nothing saved after the bad value

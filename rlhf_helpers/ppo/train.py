@@ -18,7 +18,7 @@ Quick runs: $RLHF_PROFILE_OVERRIDES takes JSON profile overrides, e.g.
 --resume continues with the PPO settings and reward folder recorded in run.json (the environment's
 overrides are not read again); only --steps, --save-every and --eval-every may change, and a
 --kl-coef, --target-kl or --seed that differs from the recorded one is refused.
-A NaN/inf in rewards or losses stops the run with exit status 2 and a message; the last good
+A NaN/inf in rewards or losses stops the run with exit status 3 (2 is argparse's usage error) and a message; the last good
 checkpoint stays as it was.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 #: Exit status of a run stopped by a NaN/inf.
-EXIT_NON_FINITE = 2
+EXIT_NON_FINITE = 3
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
 RUN_FILE = "run.json"
