@@ -221,3 +221,104 @@ def test_entropy_without_grad_is_the_same_entropy_and_leaves_the_gradient_unchan
         model.peft.zero_grad(set_to_none=True)
     assert torch.equal(grads[True][1], grads[False][1])
     assert all(torch.equal(a, b) for a, b in zip(grads[True][0], grads[False][0], strict=True))
+
+
+# ----------------------------------------------------------------------------- fused LoRA layers
+class TwoLinear(torch.nn.Module):
+    """A module with plain nn.Linear layers (the Llama-style base; GPT-2 uses Conv1D)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 5)
+        self.out = torch.nn.Linear(5, 3, bias=False)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc(x)))
+
+
+def lora_pair(make, targets, fan_in_fan_out, n_layers):
+    """Two identical peft models with random non-zero adapters; the second one fused."""
+    from peft import get_peft_model
+
+    from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
+    from rlhf_helpers.ppo.shared_model import lora_config
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = get_peft_model(make(), lora_config(4, 8, targets, fan_in_fan_out, task_type=None))
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_" in name:
+                    param.copy_(0.3 * torch.randn(param.shape, generator=gen))
+        models.append(model)
+    assert fuse_lora_layers(models[1]) == len(targets) * n_layers  # every targeted layer
+    return models
+
+
+def outputs_and_grads(model, x):
+    x = x.clone().requires_grad_(True)
+    out = model(x) if not hasattr(model, "transformer") else model(inputs_embeds=x).logits
+    (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+    lora = {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), x.grad, lora
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_fused_lora_layer_gives_peft_outputs_and_gradients(tok, kind):
+    if kind == "linear":
+        peft_model, fused = lora_pair(TwoLinear, ["fc", "out"], False, 1)
+        x = torch.randn(3, 4, 6)
+    else:  # GPT-2: every block's c_attn, c_proj, c_fc are Conv1D (fan_in_fan_out)
+        peft_model, fused = lora_pair(lambda: toy_causal_lm(tok, seed=0), ["c_attn", "c_fc"], True, 2)
+        x = torch.randn(2, 5, peft_model.config.n_embd)
+    expected, expected_dx, expected_lora = outputs_and_grads(peft_model, x)
+    got, dx, lora = outputs_and_grads(fused, x)
+    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)  # the fused path ran
+    assert torch.allclose(dx, expected_dx, atol=1e-5)
+    assert lora.keys() == expected_lora.keys() and len(lora) > 0
+    for name, grad in lora.items():
+        assert torch.allclose(grad, expected_lora[name], atol=1e-5, rtol=1e-4), name
+    with torch.no_grad():  # the no-grad path (sampling, rollouts) is the same function
+        again = fused(x) if kind == "linear" else fused(inputs_embeds=x).logits
+    assert torch.allclose(again, got, atol=1e-6)
+    with peft_model.disable_adapter(), fused.disable_adapter(), torch.no_grad():  # the exact base, untouched
+        base = peft_model(x) if kind == "linear" else peft_model(inputs_embeds=x).logits
+        assert torch.equal(fused(x) if kind == "linear" else fused(inputs_embeds=x).logits, base)
+
+
+def test_fused_lora_keeps_peft_forward_in_low_precision():
+    peft_model, fused = lora_pair(TwoLinear, ["fc", "out"], False, 1)
+    peft_model.to(torch.bfloat16)
+    fused.to(torch.bfloat16)
+    x = torch.randn(3, 6, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fused(x), peft_model(x))  # bf16 would round the folded update away: not fused
+
+
+def test_shared_model_with_fused_lora_matches_peft_forward(tok):
+    ids, attn = left_padded(tok, TEXTS)
+    models = []
+    for fused in (False, True):
+        model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4,
+                                lora_alpha=8, fused_lora=fused)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for adapter in ("policy", "value"):
+                for param in model.adapter_parameters(adapter):
+                    param.copy_(0.3 * torch.randn(param.shape, generator=gen))
+        models.append(model)
+    results = []
+    for model in models:
+        logp = model.policy_logprobs(ids, attn, 2)
+        logp.sum().backward()
+        values = model.values(ids, attn, 2)
+        values.sum().backward()
+        grads = [p.grad for p in model.policy_parameters() + model.value_parameters()]
+        results.append((logp.detach(), values.detach(), grads, model.ref_logprobs(ids, attn, 2)))
+    (logp0, v0, g0, ref0), (logp1, v1, g1, ref1) = results
+    assert torch.allclose(logp1, logp0, atol=1e-5) and torch.allclose(v1, v0, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(g1, g0, strict=True))
+    assert torch.equal(ref1, ref0)  # adapters off: the base weights were never touched

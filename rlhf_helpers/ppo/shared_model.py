@@ -36,6 +36,7 @@ from torch import nn
 
 from rlhf_helpers.kl import last_token_index
 from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
+from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
 from rlhf_helpers.ppo.value_head import ScalarHead
 
 #: The trained adapters, and the frozen one.
@@ -117,6 +118,9 @@ class SharedLoRAModel(nn.Module):
 
     `fused_gelu=True` (default) swaps GPT-2's gelu_new for torch's fused kernel of the same formula
     (`fuse_tanh_gelu`; outputs agree to float rounding); False keeps the base model's ops bit for bit.
+    `fused_lora=True` (default) runs each float32 LoRA layer as one product with the adapter folded
+    into a copy of the base weight (`fused_lora.fuse_lora_layers`; same outputs and gradients up to
+    float rounding); False keeps peft's own forward.
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class SharedLoRAModel(nn.Module):
         reward_dir: str | Path | None = None,
         seed: int = 0,
         fused_gelu: bool = True,
+        fused_lora: bool = True,
     ) -> None:
         super().__init__()
         from peft import get_peft_model
@@ -167,6 +172,8 @@ class SharedLoRAModel(nn.Module):
         self.value_head.to(device=device, dtype=torch.float32)
         self.score_head.to(device=device, dtype=torch.float32)
         self.peft.to(device)
+        if fused_lora:  # same maths, one product per LoRA layer instead of three (see fused_lora.py)
+            fuse_lora_layers(self.peft)
         self._adapter_params = self._params_by_adapter()
         self._active: str | None = None
         self.score_head.requires_grad_(False)
