@@ -48,17 +48,19 @@ class _FusedLoRA(torch.autograd.Function):
         merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)  # (in, out) = W + s A^T B^T
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         x_a = x2 @ lora_a.t() if ctx.needs_input_grad[4] else None  # (N, r), kept for dL/dB
-        ctx.save_for_backward(x2, merged, lora_a, lora_b, x_a)
+        # W' is rebuilt in backward rather than saved: one (in, out) copy per layer less memory
+        ctx.save_for_backward(x2, weight, lora_a, lora_b, x_a)
         ctx.scaling = scaling
         ctx.x_shape = x.shape
         return _folded_matmul(x, merged, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        x2, merged, lora_a, lora_b, x_a = ctx.saved_tensors
+        x2, weight, lora_a, lora_b, x_a = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # (N, out)
         dx = da = db = None
         if ctx.needs_input_grad[0]:
+            merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=ctx.scaling)  # (in, out)
             dx = (g @ merged.t()).reshape(ctx.x_shape)  # dL/dx = g W'^T
         if ctx.needs_input_grad[3]:
             da = ctx.scaling * ((g @ lora_b).t() @ x2)  # (r, in): s (g B)^T x
