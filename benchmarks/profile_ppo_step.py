@@ -72,21 +72,28 @@ class PhaseClock:
 def breakdown(trainer: Any, steps: int) -> dict[str, float]:
     """Mean CPU seconds per update, total and by phase, over `steps` updates."""
     import rlhf_helpers.ppo.experience as experience
+    import rlhf_helpers.ppo.trainer as trainer_module
 
     clock = PhaseClock()
+    clock.wrap(trainer_module, "collect_experience", "rollout")
     clock.wrap(experience, "sample_responses", "rollout: sample")
     clock.wrap(experience, "score_samples", "rollout: reward")
     clock.wrap(trainer, "update", "update epochs")
     model = trainer.model
-    for method in ("policy_logprobs", "ref_logprobs", "values", "rollout_logprobs"):
-        if hasattr(model, method):
-            clock.wrap(model, method, f"model.{method}")
+    for method in ("policy_logprobs", "ref_logprobs", "values"):
+        clock.wrap(model, method, f"model.{method} (rollout + update)")
     start = time.process_time()
     for _ in range(steps):
         trainer.step()
     total = time.process_time() - start
-    out = {"total": total / steps}
-    out.update({k: v / steps for k, v in sorted(clock.seconds.items())})
+    seconds = {k: v / steps for k, v in clock.seconds.items()}
+    out = {"total": total / steps, "rollout": seconds.pop("rollout")}
+    out["rollout: sample"] = seconds.pop("rollout: sample")
+    out["rollout: reward"] = seconds.pop("rollout: reward")
+    out["rollout: other (forward passes, GAE)"] = out["rollout"] - out["rollout: sample"] - out["rollout: reward"]
+    out["update epochs"] = seconds.pop("update epochs")
+    out["rest of step (metrics)"] = out["total"] - out["rollout"] - out["update epochs"]
+    out.update(sorted(seconds.items()))
     return out
 
 
