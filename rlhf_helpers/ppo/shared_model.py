@@ -283,8 +283,8 @@ class SharedLoRAModel(nn.Module):
         return out.last_hidden_state  # (B, L, H)
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                logits_to_keep: int = 0) -> torch.Tensor:
-        """(B, L) -> (B, L, V), or (B, K, V) for the last K = logits_to_keep positions (0: all)."""
+                logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+        """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0: all)."""
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False,
                       logits_to_keep=logits_to_keep)
@@ -294,11 +294,13 @@ class SharedLoRAModel(nn.Module):
                          context_length: int) -> torch.Tensor:
         """Logits that predict the response tokens, and only those: (B, L) -> (B, R, V).
 
-        The LM head runs on the R + 1 last hidden states only (the prompt's other positions
-        predict prompt tokens, which nobody reads); the last one predicts past the end and is dropped.
+        The LM head runs on the hidden states at positions P - 1 ... L - 2 only (the prompt's other
+        positions predict prompt tokens, which nobody reads). They are passed as an index tensor,
+        which gathers them into a contiguous (B, R, H) block: a strided slice there makes the CPU
+        matmul several times slower and, in bf16, copies the whole (V, H) head weight to float32.
         """
-        response_width = input_ids.shape[1] - context_length
-        return self._logits(input_ids, attention_mask, logits_to_keep=response_width + 1)[:, :-1]
+        positions = torch.arange(context_length - 1, input_ids.shape[1] - 1, device=input_ids.device)  # (R,)
+        return self._logits(input_ids, attention_mask, logits_to_keep=positions)  # (B, R, V)
 
     @staticmethod
     def _logprobs_of(response_logits: torch.Tensor, response_ids: torch.Tensor, with_entropy: bool,
@@ -422,8 +424,9 @@ class SharedLoRAModel(nn.Module):
         batch = input_ids.shape[0]
         mask = attention_mask.long()  # (B, P + t)
         positions = position_ids_from_mask(mask)  # (B, P)
+        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)  # (1,) see _response_logits
         out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                      logits_to_keep=1)  # only the last prompt position predicts a response token
+                      logits_to_keep=last)  # only the last prompt position predicts a response token
         past = out.past_key_values
         next_pos = positions[:, -1:] + 1  # (B, 1)
         logits = out.logits[:, -1]  # (B, V)
