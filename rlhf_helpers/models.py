@@ -103,8 +103,15 @@ def load_sequence_classifier(
     non-pad token (`config.pad_token_id` is set), so padding on either side works.
     """
     from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
     if num_labels < 1:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-    return _load(AutoModelForSequenceClassification, profile or get_profile(), path,
-                 num_labels=num_labels)
+    # the score head is new by design: hide the load report that lists it as "MISSING"
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _load(AutoModelForSequenceClassification, profile or get_profile(), path,
+                     num_labels=num_labels)
+    finally:
+        hf_logging.set_verbosity(verbosity)

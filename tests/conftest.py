@@ -44,3 +44,12 @@ def make_batch() -> Callable[..., dict[str, torch.Tensor]]:
 def make_mask() -> Callable[..., torch.Tensor]:
     """The `right_padded_mask` factory: (lengths (B,), T) -> (B, T) mask."""
     return right_padded_mask
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (tiny models thrash on a busy 2-core box), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

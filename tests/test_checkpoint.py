@@ -12,24 +12,15 @@ from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import NonFiniteError
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad ."]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-
-def good_count(prompts, responses):
-    """A learnable toy reward: how often the response says "good" or "great"."""
-    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
 
 
 def make_trainer(init_seed: int = 0, reward_fn=good_count, **overrides) -> PPOTrainer:

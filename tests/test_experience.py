@@ -22,12 +22,7 @@ PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the
            "the film was bad .", "the plot is fine", "the acting was good"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_setup(seed: int = 0, **overrides):

@@ -9,14 +9,10 @@ from rlhf_helpers.ppo import glossary
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.metrics import GLOSSARY, describe
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
-
-
-def good_count(prompts, responses):
-    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
 
 
 def test_docs_metrics_md_is_the_generated_glossary():

@@ -10,17 +10,12 @@ import pytest
 import torch
 
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel, fuse_tanh_gelu
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 
 TEXTS = ["the movie was good .", "the plot", "acting is great and the film was fine ."]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +111,6 @@ def test_sampling_logprobs_of_the_reference_are_the_reference_logprobs(tok):
 # ----------------------------------------------------------------------------- the update loop
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad .", "the plot is fine", "the acting was good"]
-
-
-def good_count(prompts, responses):
-    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
 
 
 def make_trainer(tok, **overrides):

@@ -164,7 +164,8 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
             use_cpu=on_cpu, bf16=(not on_cpu and profile.dtype == "bfloat16"),
             activation_checkpointing=False,  # RewardConfig's default True breaks adapter switching later
-            report_to=[], save_strategy="no", logging_steps=10, disable_tqdm=True,
+            report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
+            disable_tqdm=False,
             dataloader_num_workers=0, dataset_num_proc=None,
         )
         start = time.perf_counter()

@@ -36,3 +36,8 @@ def toy_causal_lm(tokenizer: Any, seed: int = 0, n_layer: int = 2, n_embd: int =
     values.update(config)
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(**values)).eval()
+
+
+def good_count(prompts: list[str], responses: list[str]) -> list[float]:
+    """A learnable toy reward (a `reward_fn`): how often the response says "good" or "great"."""
+    return [float(sum(w in ("good", "great") for w in r.split())) for r in responses]
