@@ -37,15 +37,6 @@ from rlhf_helpers.world.tokenizer import EOS_TOKEN, PAD_TOKEN, UNK_TOKEN, build_
 TINY = get_profile("tiny")
 
 
-@pytest.fixture
-def one_thread():
-    # training tests on a busy 2-core machine: one torch thread avoids thread thrashing
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # --- tokenizer -------------------------------------------------------------------------------
 
 
@@ -155,7 +146,7 @@ def test_shipped_model_samples_read_like_the_corpus():
 # --- fast rebuild ----------------------------------------------------------------------------
 
 
-def test_fast_rebuild_learns_and_round_trips(tmp_path, one_thread):
+def test_fast_rebuild_learns_and_round_trips(tmp_path, one_torch_thread):
     tokenizer = build_tokenizer()
     records = load_sft_corpus()[:256]
     model, log = train_tiny_model(tokenizer, records, TinyModelConfig.fast())
@@ -168,7 +159,7 @@ def test_fast_rebuild_learns_and_round_trips(tmp_path, one_thread):
         assert torch.allclose(model(ids).logits, reloaded(ids).logits)
 
 
-def test_training_is_reproducible_from_the_seed(one_thread):
+def test_training_is_reproducible_from_the_seed(one_torch_thread):
     tokenizer = build_tokenizer()
     records = load_sft_corpus()[:64]
     config = TinyModelConfig(n_layer=1, pretrain_steps=3, sft_steps=2, batch_size=8,
@@ -192,7 +183,7 @@ def _shrunk_smollm2(vocab_size: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def test_gpu_sft_path_with_trl_on_a_random_llama(tmp_path, one_thread):
+def test_gpu_sft_path_with_trl_on_a_random_llama(tmp_path, one_torch_thread):
     from rlhf_helpers.world.hub_sft import sft_with_trl
 
     tokenizer = build_tokenizer()
@@ -229,7 +220,7 @@ def test_missing_model_directory_gives_a_clear_error(tmp_path):
         load_causal_lm(get_profile("gpu", sft_model_path=str(tmp_path / "none")))
 
 
-def test_reward_trainer_accepts_the_shipped_preferences(tmp_path, one_thread):
+def test_reward_trainer_accepts_the_shipped_preferences(tmp_path, one_torch_thread):
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
