@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Jupyter refuses to run as root (containers, some cloud VMs) unless told it may.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: $(STAMP)
 	$(PY) -m pytest
