@@ -1,5 +1,12 @@
 """Input validation shared by the maths core: each check raises ValueError naming the argument.
 
+Rules every function of the maths core follows (gae, kl, losses, masked, logprobs):
+- empty inputs (B = 0 or T = 0, a zero-length sequence) raise ValueError: there is no token to
+  estimate anything from, and an empty result would only move the failure downstream;
+- real-valued tensors (rewards, values, log-probs, scores, logits...) must be floating point: an
+  integer tensor raises ValueError instead of being truncated or promoted silently;
+- token ids (labels) must be integer tensors (not bool) holding ids in [0, V).
+
 Checks are cheap (a shape comparison, or one reduction over a tensor the caller already holds), but
 the value checks (finite, 0/1 mask, non-empty mask) each read one boolean back from the device, which
 on a GPU is a synchronisation. Wrap a hot loop in ``validation(False)`` to skip the value checks once
@@ -31,8 +38,8 @@ def validation(enabled: bool) -> Iterator[None]:
 
 
 def _is_number(value: object) -> bool:
-    """A real number: int, float or NumPy scalar (not a string, not a tensor)."""
-    return isinstance(value, numbers.Real)
+    """A real number: int, float or NumPy scalar (not a bool, not a string, not a tensor)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_tensor(name: str, x: object) -> None:
@@ -48,6 +55,42 @@ def check_ndim(name: str, x: torch.Tensor, ndim: int, shape_doc: str) -> None:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
 
 
+def check_nonempty(name: str, x: torch.Tensor) -> None:
+    """`x` must hold at least one element: no zero-length sequence (T = 0) and no empty batch (B = 0)."""
+    if x.numel() == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(x.shape)}): need at least one sequence and one time step"
+        )
+
+
+def check_floating(name: str, x: torch.Tensor) -> None:
+    """`x` must be a floating-point tensor (integer rewards, values or log-probs are refused, not
+    truncated or promoted behind the caller's back)."""
+    if not x.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got dtype {x.dtype} (convert it with .float())"
+        )
+
+
+def check_token_ids(name: str, ids: torch.Tensor, vocab: int, ignore_index: int | None = None) -> torch.Tensor:
+    """`ids` must be integer token ids in [0, vocab) (or `ignore_index`); returns them as int64.
+
+    Any integer dtype works (int32 ids are widened, which changes no value); float and bool are
+    refused, since a float id may have lost digits and a bool is a mask passed by mistake.
+    """
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    ids = ids.long()
+    if _VALUE_CHECKS and ids.numel():
+        bad = (ids < 0) | (ids >= vocab)
+        if ignore_index is not None:
+            bad &= ids != ignore_index
+        if bool(bad.any()):
+            allowed = f"[0, {vocab})" + ("" if ignore_index is None else f" or {ignore_index}")
+            raise ValueError(f"{name} must be token ids in {allowed}, got values outside that range")
+    return ids
+
+
 def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     """`x` must be a tensor of exactly the shape of `ref` (no broadcasting: it hides bugs)."""
     check_tensor(name, x)
@@ -61,6 +104,12 @@ def check_finite(name: str, x: torch.Tensor) -> None:
     """`x` must hold no NaN or inf (a single non-finite value poisons every masked mean)."""
     if _VALUE_CHECKS and x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} must be finite, but it contains NaN or inf")
+
+
+def check_no_negative(name: str, x: torch.Tensor, why: str) -> None:
+    """`x` must hold no negative value; `why` says what x is (e.g. "a probability ratio")."""
+    if _VALUE_CHECKS and bool((x < 0).any()):
+        raise ValueError(f"{name} must be >= 0 ({why}), but it has negative values")
 
 
 def check_mask(name: str, mask: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
@@ -104,6 +153,12 @@ def check_positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (e.g. a clip epsilon or a variance epsilon)."""
     if not _is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_finite_number(name: str, value: float) -> None:
+    """`value` must be a finite real number of any sign (e.g. a reward-model margin)."""
+    if not _is_number(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def check_nonnegative(name: str, value: float) -> None:

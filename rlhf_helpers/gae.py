@@ -7,6 +7,8 @@ Conventions for every function here (rewards, values, mask: (B, T)):
   ambiguous. An all-zero row is allowed and gives zeros.
 - The response ends at its last real token: the value after it counts as 0 (the episode is over).
 - Outputs are 0 at padding; values at padding are ignored (they may hold anything finite).
+- rewards and values must be floating point (an integer tensor raises ValueError), and T >= 1:
+  a zero-length batch raises ValueError, as everywhere in the maths core.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import torch
 
 from rlhf_helpers._checks import (
     check_finite,
+    check_floating,
     check_mask,
     check_mask_contiguous,
     check_ndim,
+    check_nonempty,
     check_same_shape,
     check_unit_interval,
 )
@@ -32,6 +36,9 @@ GAE_CHUNK = 512
 def _check_gae_inputs(rewards, values, mask, gamma, lam=None) -> None:
     check_ndim("rewards", rewards, 2, "(B, T)")
     check_same_shape("values", values, "rewards", rewards)
+    check_nonempty("rewards", rewards)
+    check_floating("rewards", rewards)
+    check_floating("values", values)
     check_mask("mask", mask, "rewards", rewards)
     check_mask_contiguous("mask", mask)
     check_unit_interval("gamma", gamma)
@@ -98,9 +105,7 @@ def compute_gae(
     m = mask.to(work_dtype)  # (B, T)
     deltas = _td_errors(r, v, m, gamma)  # (B, T), 0 at padding so sums stop at the response end
     decay = gamma * lam
-    T = deltas.shape[1]
-    if T == 0:  # nothing to discount (and range() below needs a positive step)
-        return deltas.to(out_dtype), deltas.to(out_dtype)
+    T = deltas.shape[1]  # >= 1 (checked)
     chunk = min(T, GAE_CHUNK)
     discount = _discount_matrix(chunk, decay, work_dtype, deltas.device)  # (C, C)
     advantages = torch.empty_like(deltas)  # (B, T)

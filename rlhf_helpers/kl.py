@@ -7,15 +7,18 @@ the policy pi, given their log-probs under pi and under the frozen reference mod
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 
 from rlhf_helpers._checks import (
     check_finite,
+    check_floating,
     check_mask,
     check_mask_contiguous,
     check_ndim,
+    check_nonempty,
     check_nonnegative,
     check_positive,
     check_same_shape,
@@ -46,15 +49,34 @@ def kl_estimate(
     """
     if kind not in KL_KINDS:
         raise ValueError(f"kind must be one of {KL_KINDS}, got {kind!r}")
-    check_tensor("logprobs", logprobs)
-    check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
-    check_finite("logprobs", logprobs)
-    check_finite("ref_logprobs", ref_logprobs)
+    _check_logprob_pair(logprobs, ref_logprobs)
     return _kl_terms(logprobs, ref_logprobs, kind)
 
 
+def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> None:
+    check_tensor("logprobs", logprobs)
+    check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+    check_nonempty("logprobs", logprobs)
+    check_floating("logprobs", logprobs)
+    check_floating("ref_logprobs", ref_logprobs)
+    check_finite("logprobs", logprobs)
+    check_finite("ref_logprobs", ref_logprobs)
+
+
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty rows."""
+    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty rows.
+
+    mask must be (B, T) with T >= 1, hold only 0 and 1, and be one block of ones per row.
+    """
+    check_ndim("mask", mask, 2, "(B, T)")
+    check_nonempty("mask", mask)
+    check_mask("mask", mask, "mask", mask)
+    check_mask_contiguous("mask", mask)
+    return _last_token_index(mask)
+
+
+def _last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """`last_token_index` for an already validated mask."""
     T = mask.shape[1]
     flipped_first = torch.flip(mask.to(torch.int8), dims=[1]).argmax(dim=1)  # (B,)
     last = T - 1 - flipped_first  # (B,)
@@ -81,19 +103,24 @@ def shape_rewards(
     if score_clip is not None:
         check_positive("score_clip", score_clip)
     check_ndim("logprobs", logprobs, 2, "(B, T)")
+    check_nonempty("logprobs", logprobs)
     check_ndim("scores", scores, 1, "(B,)")
     if scores.shape[0] != logprobs.shape[0]:
         raise ValueError(
             f"scores must have shape (B,) = ({logprobs.shape[0]},) to match logprobs, "
             f"got {tuple(scores.shape)}"
         )
+    if kl_kind not in KL_KINDS:
+        raise ValueError(f"kl_kind must be one of {KL_KINDS}, got {kl_kind!r}")
+    check_floating("scores", scores)
+    _check_logprob_pair(logprobs, ref_logprobs)
     check_mask("mask", mask, "logprobs", logprobs)
     check_mask_contiguous("mask", mask)
-    last = last_token_index(mask)  # (B,)
+    last = _last_token_index(mask)  # (B,)
     if bool((last < 0).any()):
         raise ValueError("mask has a row with no real token: its score has nowhere to go")
     check_finite("scores", scores)
-    kl = kl_estimate(logprobs, ref_logprobs, kl_kind) * mask.to(logprobs.dtype)  # (B, T)
+    kl = _kl_terms(logprobs, ref_logprobs, kl_kind) * mask.to(logprobs.dtype)  # (B, T)
     if score_clip is not None:
         scores = scores.clamp(-score_clip, score_clip)
     at_last = F.one_hot(last, num_classes=kl.shape[1]).to(kl.dtype)  # (B, T): 1 at the last real token
@@ -102,15 +129,26 @@ def shape_rewards(
 
 
 def _check_kl_value(current_kl: float | torch.Tensor) -> float:
-    value = float(current_kl)
+    """A measured KL: a real number or a one-element floating tensor, finite (not a string or bool)."""
+    if isinstance(current_kl, torch.Tensor):
+        if current_kl.numel() != 1 or not current_kl.is_floating_point():
+            raise ValueError(f"current_kl must be a finite number or a one-element float tensor, "
+                             f"got a tensor of shape {tuple(current_kl.shape)} and dtype {current_kl.dtype}")
+        value = float(current_kl)
+    elif isinstance(current_kl, numbers.Real) and not isinstance(current_kl, bool):
+        value = float(current_kl)
+    else:
+        raise ValueError(f"current_kl must be a finite number, got {type(current_kl).__name__} {current_kl!r}")
     if not math.isfinite(value):
         raise ValueError(f"current_kl must be a finite number, got {value!r}")
     return value
 
 
-def _check_n_steps(n_steps: int) -> None:
-    if not isinstance(n_steps, int) or n_steps <= 0:
+def _check_n_steps(n_steps: int) -> int:
+    """A positive integer: Python or NumPy (np.int64 from a dataloader is fine), not a bool or float."""
+    if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
         raise ValueError(f"n_steps must be a positive int, got {n_steps!r}")
+    return int(n_steps)
 
 
 class FixedKLController:
@@ -128,24 +166,31 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Proportional controller steering the measured KL towards a target (Ziegler et al. 2019).
+    """Proportional controller steering the measured KL towards a target (Ziegler et al. 2019, eq. 2).
 
-    e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
+    e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * min(n_steps / horizon, 1))
     KL above target raises beta (pull harder towards ref), below target lowers it.
+
+    Ziegler et al. use K_beta = n_steps / horizon; it is capped at 1 here so that one update moves
+    beta by at most 20% (the clipped error). Without the cap, n_steps > 5 * horizon and a KL below
+    target give a factor 1 - 0.2 * n_steps / horizon < 0: a negative beta, which would reward
+    moving away from the reference. With it beta stays > 0 (it shrinks by at most 0.8x per update).
+    For n_steps <= horizon, the usual case (e.g. 64 samples, horizon 10000), nothing changes.
     """
 
-    def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
+    def __init__(self, init_kl_coef: float, target: float, horizon: float) -> None:
         check_positive("init_kl_coef", init_kl_coef)
         check_positive("target", target)
         check_positive("horizon", horizon)
-        self.value = float(init_kl_coef)  #: current beta
+        self.value = float(init_kl_coef)  #: current beta, always > 0
         self.target = float(target)  #: KL the controller aims for (nats per sequence or per token)
-        self.horizon = horizon  #: steps over which a full 20% correction is applied
+        self.horizon = float(horizon)  #: samples over which a full 20% correction is applied
 
     def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
         """Move beta after `n_steps` samples (e.g. the batch size) with measured KL; return beta."""
         kl = _check_kl_value(current_kl)
-        _check_n_steps(n_steps)
-        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+        n = _check_n_steps(n_steps)
+        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)  # clipped as Ziegler et al.
+        gain = min(n / self.horizon, 1.0)  # K_beta, capped: the factor stays in [0.8, 1.2]
+        self.value *= 1.0 + proportional_error * gain
         return self.value

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_helpers._checks import check_finite, check_ndim
+from rlhf_helpers._checks import (
+    check_finite,
+    check_floating,
+    check_ndim,
+    check_nonempty,
+    check_token_ids,
+)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -12,6 +18,12 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
     # log-softmax in half precision loses several digits of every log-prob; float32 is cheap enough.
     return logits.float() if logits.dtype in _LOW_PRECISION else logits
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    """(B, T, V) float logits with B, T, V >= 1 (V = 0 would make every log-prob -inf)."""
+    check_nonempty("logits", logits)
+    check_floating("logits", logits)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -29,11 +41,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
             f"labels must have shape (B, T) = {tuple(logits.shape[:2])} to match logits "
             f"{tuple(logits.shape)}, got {tuple(labels.shape)}"
         )
-    if labels.is_floating_point():
-        raise ValueError(f"labels must be integer token ids, got dtype {labels.dtype}")
-    vocab = logits.shape[-1]
-    if labels.numel() and bool(((labels < 0) | (labels >= vocab)).any()):
-        raise ValueError(f"labels must be token ids in [0, {vocab}), got values outside that range")
+    _check_logits(logits)
+    labels = check_token_ids("labels", labels, logits.shape[-1])  # (B, T) int64; float and bool refused
     check_finite("logits", logits)
     z = _upcast(logits)  # (B, T, V)
     picked = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
@@ -46,6 +55,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     H_t = -sum_v p_v log p_v = logsumexp_v z_v - sum_v p_v z_v     (p = softmax(z); stable form)
     """
     check_ndim("logits", logits, 3, "(B, T, V)")
+    _check_logits(logits)
     check_finite("logits", logits)
     z = _upcast(logits)  # (B, T, V)
     probs = torch.softmax(z, dim=-1)  # (B, T, V)

@@ -266,3 +266,141 @@ def test_validation_off_skips_value_checks_but_not_shape_checks():
             rh.compute_gae(x(), torch.randn(B, T + 1), MASK, 1.0, 0.9)
     with pytest.raises(ValueError, match="rewards"):  # back on after the block
         rh.compute_gae(rewards, x(), MASK, 1.0, 0.9)
+
+
+# ---- zero-length sequences (T = 0) and empty batches: the same ValueError everywhere -----------
+
+Z = torch.zeros(B, 0)  # (B, 0): a batch of zero-length sequences
+ZL = torch.zeros(B, 0, dtype=torch.long)
+
+ZERO_LENGTH_CASES = [
+    ("rewards", lambda: rh.compute_gae(Z, Z, Z, 1.0, 0.9)),
+    ("rewards", lambda: rh.gae_reference(Z, Z, Z, 1.0, 0.9)),
+    ("rewards", lambda: rh.td_errors(Z, Z, Z, 1.0)),
+    ("rewards", lambda: rh.compute_gae(torch.zeros(0, T), torch.zeros(0, T), torch.zeros(0, T), 1.0, 0.9)),
+    ("logprobs", lambda: rh.shape_rewards(torch.zeros(B), Z, Z, Z, 0.1)),
+    ("logprobs", lambda: rh.kl_estimate(Z, Z)),
+    ("mask", lambda: rh.last_token_index(Z)),
+    ("logprobs", lambda: rh.policy_loss(Z, Z, Z, Z)),
+    ("logprobs", lambda: rh.kl_penalty_policy_loss(Z, Z, Z, Z, 0.1)),
+    ("values", lambda: rh.value_loss(Z, Z, Z, Z)),
+    ("ratio", lambda: rh.clipped_surrogate(Z, Z, 0.2)),
+    ("x", lambda: rh.masked_sum(Z, Z)),
+    ("x", lambda: rh.masked_mean(Z, Z)),
+    ("x", lambda: rh.masked_var(Z, Z)),
+    ("x", lambda: rh.masked_whiten(Z, Z)),
+    ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, 0, V), ZL)),
+    ("logits", lambda: rh.entropy_from_logits(torch.zeros(B, 0, V))),
+    ("logits", lambda: rh.lm_loss(torch.zeros(B, 0, V), ZL)),
+    ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, T, 0), torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda: rh.entropy_from_logits(torch.zeros(B, T, 0))),  # V = 0: every entry was -inf
+]
+
+
+@pytest.mark.parametrize("name, call", ZERO_LENGTH_CASES,
+                         ids=[f"{i}-{c[0]}" for i, c in enumerate(ZERO_LENGTH_CASES)])
+def test_zero_length_inputs_raise_the_same_value_error(name, call):
+    with pytest.raises(ValueError, match=f"{name} is empty .*need at least one sequence and one time step"):
+        call()
+
+
+# ---- integer tensors where real numbers are expected: refused, never truncated -----------------
+
+INTS = torch.tensor([[1, 1, 1, 1]])  # (1, 4) int64
+F1 = torch.ones(1, 4)
+ONE_ROW = torch.ones(1, 4)
+
+INTEGER_CASES = [
+    ("rewards", lambda: rh.compute_gae(INTS, INTS, ONE_ROW, 0.99, 0.95)),
+    ("rewards", lambda: rh.gae_reference(INTS, INTS, ONE_ROW, 0.99, 0.95)),  # was [[3, 2, 1, 1]], truncated
+    ("rewards", lambda: rh.td_errors(INTS, INTS, ONE_ROW, 0.99)),
+    ("values", lambda: rh.compute_gae(F1, INTS, ONE_ROW, 0.99, 0.95)),
+    ("values", lambda: rh.gae_reference(F1, INTS, ONE_ROW, 0.99, 0.95)),
+    ("values", lambda: rh.td_errors(F1, INTS.bool(), ONE_ROW, 0.99)),
+    ("scores", lambda: rh.shape_rewards(torch.tensor([1]), F1, F1, ONE_ROW, 0.1)),
+    ("logprobs", lambda: rh.shape_rewards(torch.tensor([1.0]), INTS, INTS, ONE_ROW, 0.1)),
+    ("ref_logprobs", lambda: rh.kl_estimate(F1, INTS, "k3")),
+    ("advantages", lambda: rh.policy_loss(F1, F1, INTS, ONE_ROW)),
+    ("old_logprobs", lambda: rh.kl_penalty_policy_loss(F1, INTS, F1, ONE_ROW, 0.1)),
+    ("returns", lambda: rh.value_loss(F1, F1, INTS, ONE_ROW)),
+    ("ratio", lambda: rh.clipped_surrogate(INTS, F1, 0.2)),
+    ("x", lambda: rh.masked_mean(INTS, ONE_ROW)),
+    ("x", lambda: rh.masked_whiten(INTS, ONE_ROW)),
+    ("chosen_scores", lambda: rh.reward_model_loss(torch.tensor([1]), torch.tensor([0]))),
+    ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, T, V, dtype=torch.long),
+                                               torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda: rh.lm_loss(torch.zeros(B, T, V, dtype=torch.long), torch.zeros(B, T, dtype=torch.long))),
+]
+
+
+@pytest.mark.parametrize("name, call", INTEGER_CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(INTEGER_CASES)])
+def test_integer_tensors_are_refused_where_real_numbers_are_expected(name, call):
+    with pytest.raises(ValueError, match=f"{name} must be a floating-point tensor, got dtype torch"):
+        call()
+
+
+# ---- token ids, ratios, margins, masks of the wrong kind ---------------------------------------
+
+LABEL_CASES = [
+    lambda labels: rh.lm_loss(torch.randn(B, T, V), labels),
+    lambda labels: rh.logprobs_from_logits(torch.randn(B, T, V), labels),
+]
+
+
+@pytest.mark.parametrize("call", LABEL_CASES, ids=["lm_loss", "logprobs_from_logits"])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        (torch.full((B, T), V), "token ids in \\[0, 5\\)"),  # one past the vocabulary
+        (torch.full((B, T), -5), "token ids in \\[0, 5\\)"),  # negative, and not ignore_index
+        (torch.zeros(B, T), "integer token ids, got dtype torch.float32"),
+        (torch.zeros(B, T, dtype=torch.bool), "integer token ids, got dtype torch.bool"),
+    ],
+    ids=["past-vocab", "negative", "float", "bool"],
+)
+def test_bad_token_ids_are_named(call, labels, message):
+    with pytest.raises(ValueError, match=f"labels must be {message}"):
+        call(labels)
+
+
+@pytest.mark.parametrize("margin", [math.nan, math.inf, -math.inf, "1.0", None, True])
+def test_reward_model_loss_margin_must_be_a_finite_number(margin):
+    with pytest.raises(ValueError, match="margin must be a finite number"):
+        rh.reward_model_loss(torch.zeros(2), torch.zeros(2), margin)
+
+
+def test_reward_model_loss_tensor_margin_is_checked_too():
+    with pytest.raises(ValueError, match="margin must be finite"):
+        rh.reward_model_loss(torch.zeros(2), torch.zeros(2), torch.tensor([0.0, math.nan]))
+    with pytest.raises(ValueError, match="margin must have the same shape"):
+        rh.reward_model_loss(torch.zeros(2), torch.zeros(2), torch.zeros(3))
+
+
+@pytest.mark.parametrize(
+    "ratio, message",
+    [(math.nan, "ratio must be finite"), (math.inf, "ratio must be finite"), (-1.0, "ratio must be >= 0")],
+    ids=["nan", "inf", "negative"],
+)
+def test_clipped_surrogate_refuses_impossible_ratios(ratio, message):
+    with pytest.raises(ValueError, match=message):
+        rh.clipped_surrogate(torch.tensor([1.0, ratio]), torch.ones(2), 0.2)
+
+
+def test_clipped_surrogate_refuses_non_finite_advantages():
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        rh.clipped_surrogate(torch.ones(2), torch.tensor([1.0, math.nan]), 0.2)
+
+
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        (torch.ones(T), "mask must have shape \\(B, T\\)"),  # 1-D: was a raw IndexError
+        (torch.ones(B, T, 1), "mask must have shape \\(B, T\\)"),
+        (torch.tensor([[1.0, 0.5, 0.0, 0.0]]), "mask must contain only 0 and 1"),
+        (HOLES, "contiguous"),
+    ],
+    ids=["1-D", "3-D", "half", "holes"],
+)
+def test_last_token_index_validates_its_mask(mask, message):
+    with pytest.raises(ValueError, match=message):
+        rh.last_token_index(mask)

@@ -143,3 +143,55 @@ def test_adaptive_controller_closes_the_loop():
         kl = 0.1 / ctl.value  # higher beta -> lower KL
         ctl.update(kl, n_steps=10)
     assert 0.1 / ctl.value == pytest.approx(2.0, rel=0.05)
+
+
+def test_adaptive_controller_clips_the_error_below_target_too():
+    ctl = AdaptiveKLController(0.1, target=6.0, horizon=1000)
+    ctl.update(0.0, n_steps=100)  # e = -1, clipped to -0.2 (Ziegler et al.)
+    assert ctl.value == pytest.approx(0.1 * (1 - 0.2 * 100 / 1000), rel=1e-12)
+
+
+def test_adaptive_controller_never_makes_beta_negative():
+    """n_steps > 5 * horizon with KL below target used to give 0.1 * (1 - 0.2 * 6.4) = -0.028."""
+    ctl = AdaptiveKLController(0.1, 1.0, 10)
+    assert ctl.update(0.0, 64) == pytest.approx(0.1 * 0.8, rel=1e-12)  # at most one horizon's 20%
+    for _ in range(50):
+        ctl.update(0.0, 64)
+    assert ctl.value == pytest.approx(0.1 * 0.8**51, rel=1e-9) and ctl.value > 0
+    up = AdaptiveKLController(0.1, 1.0, 10)
+    assert up.update(100.0, 64) == pytest.approx(0.1 * 1.2, rel=1e-12)  # and at most +20% up
+
+
+def test_adaptive_controller_accepts_numpy_integers_and_one_element_tensors():
+    np = pytest.importorskip("numpy")
+    plain, numpy_steps = AdaptiveKLController(0.1, 6.0, 1000), AdaptiveKLController(0.1, 6.0, 1000)
+    plain.update(9.0, 100)
+    numpy_steps.update(np.float32(9.0), np.int64(100))
+    assert numpy_steps.value == plain.value
+    tensor_kl = AdaptiveKLController(0.1, 6.0, 1000)
+    tensor_kl.update(torch.tensor([9.0]), 100)
+    assert tensor_kl.value == plain.value
+
+
+@pytest.mark.parametrize("bad_kl", ["0.5", b"0.5", None, True, [0.5], torch.tensor([1.0, 2.0]),
+                                    torch.tensor(1), math.nan])
+@pytest.mark.parametrize("make", [lambda: AdaptiveKLController(0.1, 6.0, 100), lambda: FixedKLController(0.1)],
+                         ids=["adaptive", "fixed"])
+def test_controllers_refuse_a_kl_that_is_not_a_finite_number(make, bad_kl):
+    ctl = make()
+    with pytest.raises(ValueError, match="current_kl must be a finite number"):
+        ctl.update(bad_kl, 8)
+    assert ctl.value == 0.1  # unchanged
+
+
+@pytest.mark.parametrize("bad_steps", [0, -3, 2.5, "8", True, None])
+def test_controllers_refuse_bad_n_steps(bad_steps):
+    for ctl in (AdaptiveKLController(0.1, 6.0, 100), FixedKLController(0.1)):
+        with pytest.raises(ValueError, match="n_steps must be a positive int"):
+            ctl.update(1.0, bad_steps)
+
+
+@pytest.mark.parametrize("horizon", [0, -10, math.nan, math.inf, "100", True, None])
+def test_adaptive_controller_refuses_a_bad_horizon(horizon):
+    with pytest.raises(ValueError, match="horizon must be a finite number > 0"):
+        AdaptiveKLController(0.1, 6.0, horizon)

@@ -212,3 +212,114 @@ def test_pairwise_accuracy():
     assert pairwise_accuracy(chosen, rejected) == pytest.approx((1 + 0 + 0.5 + 1) / 4)
     assert isinstance(pairwise_accuracy(chosen, rejected), float)
     assert pairwise_accuracy(torch.zeros(7), torch.zeros(7)) == 0.5
+
+
+# ---- the log-ratio bound before exp -------------------------------------------------------------
+
+def textbook_policy_loss(logp, old, adv, mask, eps, dual_clip=None):
+    """The PPO clip loss without any bound on log rho: an independent reference."""
+    ratio = torch.exp((logp - old) * mask)  # (B, T)
+    obj = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+    if dual_clip is not None:
+        obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
+    return -(obj * mask).sum() / mask.sum()
+
+
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_log_ratio_bound_changes_nothing_within_it(make_batch, dual_clip):
+    """|log rho| <= 20: the same loss and gradient as the unbounded formula (float64, so the only
+    difference could be the bound; 1e-12 is float64 rounding of a few dozen terms)."""
+    batch = make_batch(B=5, T=12, seed=9)
+    logp = (4.0 * batch["x"]).requires_grad_(True)  # log rho up to ~ +-15: far outside the clip range
+    logp_ref = logp.detach().clone().requires_grad_(True)
+    old, adv, mask = batch["y"], batch["z"], batch["mask"]
+    with torch.no_grad():
+        logp[0, 0], logp_ref[0, 0] = 19.9 + old[0, 0], 19.9 + old[0, 0]  # just inside the bound
+        adv[0, 0] = -1.0  # A < 0 and rho = e^19.9: the unclipped term, a huge but finite gradient
+    loss, _ = policy_loss(logp, old, adv, mask, clip_eps=EPS, dual_clip=dual_clip)
+    expected = textbook_policy_loss(logp_ref, old, adv, mask, EPS, dual_clip)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (grad_ref,) = torch.autograd.grad(expected, logp_ref)
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=0.0)
+    if dual_clip is None:
+        assert grad[0, 0] == pytest.approx(math.exp(19.9) / mask.sum().item(), rel=1e-9)
+
+
+# (log rho, A, objective with the bound, whether the unbounded gradient is 0 there as well)
+FAR_CASES = [
+    (100.0, 1.0, 1.0 + EPS, True),  # clipped side: (1 + eps) A, no gradient either way
+    (100.0, -1.0, -math.exp(20.0), False),  # unclipped rho A: the token is dropped from the step
+    (-100.0, 1.0, math.exp(-20.0), False),  # rho A with rho ~ 0: gradient e^-100 before, 0 now
+    (-100.0, -1.0, -(1.0 - EPS), True),  # clipped side: (1 - eps) A
+]
+
+
+@pytest.mark.parametrize("dtype, far", [(torch.float32, 100.0), (torch.float64, 1000.0), (torch.float16, 12.0),
+                                        (torch.bfloat16, 100.0)])
+def test_huge_log_ratios_give_a_finite_loss_and_a_zero_gradient(dtype, far):
+    """exp overflows past log rho ~ 88 in float32 (~ 11 in float16): loss and gradient were inf/NaN."""
+    cases = [(math.copysign(far, lr), a, obj, same) for lr, a, obj, same in FAR_CASES]
+    logp = torch.tensor([[lr for lr, *_ in cases]], dtype=dtype, requires_grad=True)  # (1, 4)
+    old = torch.zeros_like(logp)
+    adv = torch.tensor([[a for _, a, *_ in cases]], dtype=dtype)
+    loss, stats = policy_loss(logp, old, adv, torch.ones(1, 4), clip_eps=EPS)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)  # half: float32
+    if dtype != torch.float16:  # float16's 12 is inside the bound: there the plain formula holds
+        expected = -sum(obj for _, _, obj, _ in cases) / 4
+        assert loss.item() == pytest.approx(expected, rel=1e-6)
+        assert grad.tolist() == [[0.0] * 4]
+        assert stats["ratio_max"].item() == pytest.approx(math.exp(20.0), rel=1e-6)
+    else:  # rho = e^12 = 1.6e5 > float16's max: finite only because the loss works in float32
+        expected = -((1 + EPS) - math.exp(12.0) + math.exp(-12.0) - (1 - EPS)) / 4
+        assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert bool(torch.isfinite(grad).all()) and all(bool(torch.isfinite(v)) for v in stats.values())
+
+
+def test_bound_and_dual_clip_agree_on_the_negative_advantage_side():
+    """With a dual clip c, a token with A < 0 and rho > c already has gradient 0 and objective c A:
+    the bound changes nothing there, whatever the size of log rho."""
+    logp = torch.tensor([[2.0, 50.0, 500.0]], requires_grad=True)
+    adv = -torch.ones(1, 3)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3), adv, torch.ones(1, 3), clip_eps=EPS, dual_clip=3.0)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == pytest.approx(3.0) and grad.tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_kl_penalty_form_is_finite_for_huge_log_ratios():
+    logp = torch.tensor([[100.0, -100.0, 0.5]], requires_grad=True)
+    loss, stats = kl_penalty_policy_loss(logp, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3), beta=0.1)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all())
+    assert grad[0, 0] == 0.0 and grad[0, 1] == 0.0  # saturated tokens carry no gradient
+    rho = math.exp(0.5)  # the normal token keeps d/dlogp of -(rho A - beta ((rho - 1) - log rho)) / 3
+    assert grad[0, 2].item() == pytest.approx(-(rho - 0.1 * (rho - 1)) / 3, rel=1e-6)
+    assert stats["kl"].item() == pytest.approx((math.expm1(20) - 20 + math.expm1(-20) + 20
+                                                + math.expm1(0.5) - 0.5) / 3, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_losses_are_computed_in_float32(make_batch, dtype):
+    batch = make_batch(B=4, T=9, seed=3, dtype=torch.float32)
+    x, y, z = (batch[k].to(dtype) for k in ("x", "y", "z"))
+    mask = batch["mask"]
+    for fn in (lambda *t: policy_loss(*t, mask), lambda *t: value_loss(*t, mask, clip_range=0.2),
+               lambda *t: kl_penalty_policy_loss(*t, mask, beta=0.1)):
+        got, _ = fn(x, y, z)
+        expected, _ = fn(x.float(), y.float(), z.float())  # the same values, upcast by hand
+        assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_lm_loss_accepts_int32_labels_like_int64():
+    torch.manual_seed(2)
+    logits, labels = torch.randn(2, 5, 7), torch.randint(7, (2, 5))
+    labels[0, 2] = -100
+    assert torch.equal(lm_loss(logits, labels.int()), lm_loss(logits, labels))
+
+
+def test_reward_model_loss_accepts_one_margin_per_pair():
+    chosen, rejected = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0])
+    margins = torch.tensor([1.0, 0.0])
+    expected = (math.log(2) + math.log1p(math.exp(-2.0))) / 2  # -log sigmoid(0), -log sigmoid(2)
+    assert reward_model_loss(chosen, rejected, margins).item() == pytest.approx(expected, rel=1e-6)

@@ -86,3 +86,53 @@ def test_mask_dtypes(make_batch, dtype):
     batch = make_batch(B=4, T=6, seed=8, dtype=torch.float32)
     x, mask = batch["x"], batch["mask"]
     torch.testing.assert_close(masked_mean(x, mask.to(dtype)), real_values(x, mask).mean())
+
+
+# ---- half precision: accumulated in float32, returned in the input dtype ----------------------
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def half_tolerance(dtype):
+    """Derived, not tuned: the float32 work adds a relative error of a few eps32 (~1e-6), then the
+    result is rounded once to the half dtype: relative error <= eps/2 there. rtol = eps covers both
+    with margin; atol = the smallest normal number covers results that round to a subnormal."""
+    info = torch.finfo(dtype)
+    return {"rtol": info.eps, "atol": info.tiny}
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_mean_and_sum_do_not_overflow(dtype):
+    x = torch.full((10, 10), 1000.0, dtype=dtype)  # sum 1e5 > float16's max 65504
+    mask = torch.ones(10, 10)
+    got = masked_mean(x, mask)
+    assert got.dtype == dtype and float(got) == 1000.0  # float16 used to give inf
+    rows = masked_mean(x, mask, dim=1)
+    assert rows.dtype == dtype and bool((rows == 1000.0).all())
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_reductions_match_a_float64_reference(make_batch, dtype):
+    batch = make_batch(B=6, T=40, seed=4, dtype=torch.float64, pad_value=3.0)
+    x = (1000.0 + 10.0 * batch["x"]).to(dtype)  # mean ~1000, std ~10: the float16 sum overflows
+    mask = batch["mask"]
+    ref = real_values(x.double(), mask)  # the same representable values, in float64
+    for got, expected in ((masked_mean(x, mask), ref.mean()), (masked_var(x, mask), ref.var()),
+                          (masked_var(x, mask, unbiased=False), ref.var(unbiased=False))):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), expected, **half_tolerance(dtype))
+    white = masked_whiten(x, mask)
+    assert white.dtype == dtype
+    expected = ((x.double() - ref.mean()) / torch.sqrt(ref.var() + 1e-8)) * mask  # (B, T)
+    torch.testing.assert_close(white.double(), expected, **half_tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_whiten_of_a_constant_is_zero_not_nan(dtype):
+    """eps = 1e-8 underflows to 0 in float16, so var + eps = 0 and 0 * rsqrt(0) used to be NaN."""
+    x = torch.full((2, 5), 3.0, dtype=dtype)
+    mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    white = masked_whiten(x, mask)
+    assert white.dtype == dtype and bool((white == 0).all())
+    kept = masked_whiten(x, mask, shift_mean=False)
+    assert bool((kept == 3.0 * mask).all())
