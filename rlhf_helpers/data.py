@@ -40,8 +40,8 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, A
     """Records of a JSONL file; each must be a JSON object with string values for `fields`.
 
     Raises FileNotFoundError if the file is missing and ValueError naming the file and line for
-    a line that is not JSON, not an object, or lacks a required string field. Blank lines are
-    skipped; an empty file is an error.
+    a line that is not UTF-8, not JSON, not an object, or lacks a required string field. Blank
+    lines are skipped; a UTF-8 byte order mark at the start is accepted; an empty file is an error.
     """
     path = Path(path)
     if not path.is_file():
@@ -49,8 +49,15 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, A
             f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build`)"
         )
     records: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # bytes, decoded line by line: a bad byte gets its line number
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}, line {line_number}: not valid UTF-8 ({error.reason} at byte "
+                    f"{error.start} of the line); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

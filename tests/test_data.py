@@ -75,3 +75,22 @@ def test_data_dir_override_and_split_validation(tmp_path, monkeypatch):
     assert load_prompts("train") == ["p"]
     with pytest.raises(ValueError, match="split"):
         load_preferences("validation")
+
+
+def test_a_non_utf8_line_names_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = b'{"prompt": "a"}\n'
+    bad = '{"prompt": "caf\xe9"}\n'.encode("latin-1")  # latin-1 é: a lone 0xE9 is not UTF-8
+    path.write_bytes(good + bad + good)
+    with pytest.raises(ValueError) as error:
+        load_jsonl(path, ("prompt",))
+    text = str(error.value)
+    assert str(path) in text and "line 2" in text and "not valid UTF-8" in text
+    assert f"at byte {bad.index(0xE9)} of the line" in text  # 0-based, counted in bytes
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    """Some editors start UTF-8 files with a BOM (EF BB BF); it is not part of the first record."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "é"}\r\n{"prompt": "b"}\r\n'.encode())
+    assert load_jsonl(path, ("prompt",)) == [{"prompt": "é"}, {"prompt": "b"}]
