@@ -147,3 +147,83 @@ def test_a_changed_config_gets_its_own_cache_folder(tmp_path):
     assert default.name == "reward-tiny"
     assert quick.name.startswith("reward-tiny-") and overridden.name.startswith("reward-tiny-")
     assert len({default, quick, overridden}) == 3
+
+
+# ---- a damaged cache is detected by checksum and trained again into place ---------------------
+
+def cached_fake(tmp_path, monkeypatch):
+    """A cached reward folder written by ensure_reward_model with the fake trainer; returns it and
+    the list of training calls."""
+    profile = get_profile("tiny")
+    calls: list = []
+    monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
+    final = ensure_reward_model(profile, root=tmp_path)
+    assert len(calls) == 1 and is_complete_reward_dir(final)
+    return profile, final, calls
+
+
+DAMAGES = {
+    "truncated adapter": lambda d: (d / "adapter_model.safetensors").write_bytes(b"weig"),
+    "garbage score head": lambda d: (d / "score_head.safetensors").write_bytes(b"\x00garbage\xff"),
+    "non-JSON adapter config": lambda d: (d / "adapter_config.json").write_text("{not json"),
+    "deleted adapter": lambda d: (d / "adapter_model.safetensors").unlink(),
+    "marker without checksums": lambda d: (d / COMPLETE_MARKER).write_text('{"metrics": {}}'),
+    "non-JSON marker": lambda d: (d / COMPLETE_MARKER).write_text("{"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_cached_folder_is_trained_again_and_says_so(tmp_path, monkeypatch, capsys, damage):
+    profile, final, calls = cached_fake(tmp_path, monkeypatch)
+    capsys.readouterr()
+    DAMAGES[damage](final)
+    assert not is_complete_reward_dir(final)  # the marker alone is not trusted
+    assert ensure_reward_model(profile, root=tmp_path) == final
+    assert len(calls) == 2  # trained again, into the same folder
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"reward cache {final} is damaged" in err and "training it again" in err
+    assert is_complete_reward_dir(final) and (final / "score_head.safetensors").read_bytes() == b"head"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reward-tiny"]  # no temporary folder left
+    assert ensure_reward_model(profile, root=tmp_path) == final and len(calls) == 2  # cached again
+
+
+def test_the_marker_holds_the_sha256_of_every_cached_file(tmp_path, monkeypatch):
+    import hashlib
+
+    _, final, _ = cached_fake(tmp_path, monkeypatch)
+    marker = json.loads((final / COMPLETE_MARKER).read_text())
+    expected = {name: hashlib.sha256((final / name).read_bytes()).hexdigest()
+                for name in ("adapter_config.json", "adapter_model.safetensors", "score_head.safetensors")}
+    assert marker["files"] == expected
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (a child that ran and was reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    return int(child.stdout)
+
+
+@pytest.mark.skipif(__import__("os").name == "nt", reason="process liveness check is POSIX-only")
+def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_path, monkeypatch, capsys):
+    import os
+
+    profile = get_profile("tiny")
+    dead, live = dead_pid(), os.getppid()  # the parent of this test process is alive
+    stale = tmp_path / f".tmp-reward-tiny-{dead}"
+    other_profile_stale = tmp_path / f".tmp-reward-gpu-1a2b3c4d-{dead}"
+    running = tmp_path / f".tmp-reward-tiny-{live}"  # another run still training: not ours to touch
+    checkpoint_tmp = tmp_path / f".tmp-step-000001-{dead}"  # not a reward folder: not ours either
+    for folder in (stale, other_profile_stale, running, checkpoint_tmp):
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"half")
+    calls: list = []
+    monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
+    final = ensure_reward_model(profile, root=tmp_path)
+    assert not stale.exists() and not other_profile_stale.exists()
+    assert running.is_dir() and checkpoint_tmp.is_dir()
+    assert is_complete_reward_dir(final) and len(calls) == 1
+    assert "removed 2 temporary reward folder(s) of runs that no longer exist" in capsys.readouterr().err

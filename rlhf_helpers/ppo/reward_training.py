@@ -13,7 +13,13 @@ and `use_cpu=True`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import re
+import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,8 +200,6 @@ COMPLETE_MARKER = "COMPLETE.json"
 
 def runs_dir() -> Path:
     """$RLHF_RUNS_DIR if set, else `runs/` at the repository root."""
-    import os
-
     override = os.environ.get(RUNS_DIR_ENV)
     return Path(override) if override else Path(__file__).resolve().parents[2] / "runs"
 
@@ -213,8 +217,6 @@ def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = 
                      root: str | Path | None = None) -> Path:
     """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
     `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one)."""
-    import hashlib
-    import json
 
     from rlhf_helpers.profiles import get_profile
 
@@ -235,11 +237,88 @@ def _defaults_of(profile: Any) -> Any:
     return tiny_profile() if profile.name == "tiny" else gpu_profile()
 
 
-def is_complete_reward_dir(directory: str | Path) -> bool:
-    """True when `directory` holds a finished reward adapter (its completion marker was written last)."""
+#: The files of a reward folder whose SHA-256 the completion marker records (and checks).
+CHECKED_FILES = ("adapter_config.json", ADAPTER_WEIGHTS_FILE, SCORE_HEAD_FILE)
+#: Temporary training folders of `ensure_reward_model`: .tmp-reward-<name>-<pid> next to the cache.
+_TMP_PATTERN = re.compile(r"^\.tmp-(reward-.+)-(\d+)$")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def reward_dir_problem(directory: str | Path) -> str | None:
+    """What is wrong with a cached reward folder, in a few words, or None if it is complete and intact.
+
+    Complete: the completion marker (written last) is JSON and records the SHA-256 of each of
+    CHECKED_FILES, and every one of them is there with that checksum. A truncated or overwritten
+    adapter, a garbage score head or a broken adapter_config.json no longer matches its checksum.
+    """
     directory = Path(directory)
-    return all((directory / name).is_file()
-               for name in (COMPLETE_MARKER, ADAPTER_WEIGHTS_FILE, SCORE_HEAD_FILE, "adapter_config.json"))
+    if not directory.is_dir():
+        return "the folder does not exist"
+    marker = directory / COMPLETE_MARKER
+    if not marker.is_file():
+        return f"{COMPLETE_MARKER} is missing (an interrupted run)"
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or set(files) != set(CHECKED_FILES):
+        return f"{COMPLETE_MARKER} has no checksums of {', '.join(CHECKED_FILES)}"
+    for name in CHECKED_FILES:
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            digest = _sha256(path)
+        except OSError as error:
+            return f"{name} is unreadable ({error.strerror or type(error).__name__})"
+        if digest != files[name]:
+            return f"{name} does not match the checksum in {COMPLETE_MARKER}"
+    return None
+
+
+def is_complete_reward_dir(directory: str | Path) -> bool:
+    """True when `directory` holds a finished, intact reward adapter (see `reward_dir_problem`)."""
+    return reward_dir_problem(directory) is None
+
+
+def _pid_is_alive(pid: int) -> bool:
+    """Whether a process with this id exists (POSIX signal 0: checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_dead_temporary_folders(root: str | Path) -> list[Path]:
+    """Delete the .tmp-reward-*-<pid> folders in `root` whose process no longer exists; return them.
+
+    A run killed mid-training (kill -9, a closed notebook, a power cut) never reaches its `finally`
+    and leaves its temporary folder behind. Folders of live processes are kept (another run may be
+    training right now), and so is everything else in `root`. A PID reused by an unrelated process
+    only keeps a dead folder a little longer. Nothing is removed on Windows, where signal 0 does
+    not test a process.
+    """
+    root = Path(root)
+    if os.name == "nt" or not root.is_dir():
+        return []
+    removed = []
+    for folder in sorted(root.iterdir()):
+        match = _TMP_PATTERN.match(folder.name)
+        if match and folder.is_dir() and not _pid_is_alive(int(match.group(2))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
@@ -247,29 +326,35 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     """The trained reward adapter of `profile`, trained first if it is not cached yet.
 
     The folder is `reward_cache_dir(profile, config, root)` (default runs/reward-<profile>/). Training
-    writes into a hidden temporary folder, adds the completion marker (with the held-out metrics)
-    last, and only then renames the folder into place, so an interrupted run never leaves a folder
-    that looks complete. A leftover folder without the marker is deleted and trained again.
+    writes into a hidden temporary folder, adds the completion marker (with the held-out metrics
+    and the SHA-256 of each file) last, and only then renames the folder into place, so an
+    interrupted run never leaves a folder that looks complete. A cached folder whose marker is
+    missing or whose files do not match their checksums is trained again into place, with one line
+    on stderr saying why. Temporary folders of killed runs are removed first.
     """
-    import json
-    import os
-    import shutil
-
     from rlhf_helpers.profiles import get_profile
 
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     final = reward_cache_dir(profile, config, root)
-    if is_complete_reward_dir(final):
+    removed = remove_dead_temporary_folders(final.parent)
+    if removed:
+        print(f"removed {len(removed)} temporary reward folder(s) of runs that no longer exist: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
+    problem = reward_dir_problem(final)
+    if problem is None:
         return final
+    if final.exists():
+        print(f"reward cache {final} is damaged ({problem}): training it again", file=sys.stderr, flush=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         metrics = train_reward_model(profile, tmp, config)
-        marker = {"metrics": metrics, **_cache_key(profile, config)}
+        files = {name: _sha256(tmp / name) for name in CHECKED_FILES}
+        marker = {"metrics": metrics, **_cache_key(profile, config), "files": files}
         (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if final.exists():  # an incomplete leftover (or a racing writer's folder): replace it
+        if final.exists():  # a damaged or incomplete leftover (or a racing writer's folder)
             if is_complete_reward_dir(final):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
@@ -282,8 +367,6 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
 
 def reward_metrics(directory: str | Path) -> dict[str, float]:
     """The held-out metrics stored in a cached reward folder's completion marker."""
-    import json
-
     marker = Path(directory) / COMPLETE_MARKER
     if not marker.is_file():
         raise FileNotFoundError(f"{directory} has no {COMPLETE_MARKER}: not a complete reward folder")
@@ -293,7 +376,6 @@ def reward_metrics(directory: str | Path) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.ppo.reward_training --profile tiny --out runs/reward"""
     import argparse
-    import json
 
     from rlhf_helpers.profiles import get_profile
 
