@@ -105,7 +105,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "kl_coef": ("rollout", _m(
         "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
         "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
-        "beta <- beta * (1 + e * B / kl_horizon) after every step",
+        "beta <- beta * (1 + e * min(B / kl_horizon, 1)) after every step (the cap keeps beta > 0)",
         "constant 0.2 on the tiny profile (fixed controller); adaptive: drifts slowly towards the "
         "value that keeps kl near target_kl.",
         "adaptive beta growing every step: kl stays above target (the reward pulls harder than the "
