@@ -125,7 +125,7 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     assert (out / "latest").read_text().strip() == "step-000002"
     assert file_hashes(out / "step-000002") == written["step-000002"]  # byte for byte as written
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder left
-    state = torch.load(out / "step-000002" / "trainer_state.pt", weights_only=False)
+    state = torch.load(out / "step-000002" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 2 and len(state["history"]) == 2
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 2.0]
 
