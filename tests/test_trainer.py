@@ -227,7 +227,7 @@ def test_evaluate_kl_is_zero_before_training():
     ("clip_eps", 0.0), ("policy_lr", math.nan), ("value_lr", -1e-3), ("max_grad_norm", math.inf),
     ("kl_coef", -0.1), ("entropy_coef", math.nan), ("ptx_coef", -1.0), ("gamma", 1.5), ("lam", -0.1),
     ("value_clip", 0.0), ("target_kl", -1.0), ("kl_kind", "k4"), ("temperature", 0.0),
-    ("save_every", -1), ("value_warmup_steps", -2),
+    ("save_every", -1), ("value_warmup_steps", -2), ("seed", -1), ("seed", 2**63), ("seed", 1.5),
 ])
 def test_bad_config_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -239,6 +239,11 @@ def test_config_batch_divisibility_and_unknown_fields():
         PPOConfig(rollout_batch_size=10, mini_batch_size=4)
     with pytest.raises(ValueError, match="unknown PPOConfig field"):
         PPOConfig().replace(learning_rate=1e-3)
+    # whitening one response of one token divides by a variance of nothing
+    with pytest.raises(ValueError, match="rollout_batch_size must be >= 2 when whiten_advantages"):
+        PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1)
+    PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1, whiten_advantages=False)
+    PPOConfig(seed=2**32 - 1)  # the largest seed whose per-step seeds fit torch's generator
     config = PPOConfig(kl_coef=0.1, lora_target_modules=["c_attn"])
     assert PPOConfig.from_dict(config.to_dict()) == config
 
