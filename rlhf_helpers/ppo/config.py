@@ -22,7 +22,13 @@ class PPOConfig:
     ppo_epochs: int = 4  #: passes over each experience batch (shuffled minibatches each pass)
     max_prompt_length: int = 16  #: prompts longer than this many tokens are cut from the left
     max_new_tokens: int = 40  #: response length limit, EOS included
-    temperature: float = 1.0  #: sampling temperature (1.0: sample the policy itself; no top-k/top-p)
+    #: sampling temperature T of rollouts (no top-k/top-p). The policy PPO trains is then the tempered
+    #: one, pi_T = softmax(z / T): old and new log-probs of the ratio both come from z / T (the
+    #: distribution that drew the tokens, so the importance ratio is exact and 1 before any update),
+    #: and the reference is tempered too, ref_T = softmax(z_ref / T), so the KL penalty and the kl
+    #: metric estimate KL(pi_T || ref_T) on samples of pi_T (0 while policy == reference). TRL's
+    #: PPOTrainer and OpenRLHF do the same. 1.0: the policy itself.
+    temperature: float = 1.0
     # --- losses
     clip_eps: float = 0.2  #: PPO ratio clip range epsilon
     value_clip: float | None = 0.2  #: clip new values to old +- this (None: no value clipping)
