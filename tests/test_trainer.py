@@ -257,3 +257,19 @@ def test_trainer_rejects_bad_arguments():
     with pytest.raises(ValueError, match="prompts must be a non-empty list"):
         trainer.evaluate([])
 
+
+
+def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero():
+    """temperature 0.7: the ratio compares the distribution that sampled with itself before the first
+    optimiser step, and the k1 KL of the untrained policy (LoRA B = 0: policy == reference) is 0."""
+    trainer = make_trainer(temperature=0.7)
+    metrics = trainer.step()
+    # same weights and the same tempered log-softmax in the sampling loop, the update and the
+    # reference pass: only float rounding differs (log-probs < 30 in size, float32: < 1e-5)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-5)
+    trainer.step()  # the policy has moved: check the ratio of a policy that is not the reference
+    first = trainer.last_update_stats[0]
+    assert first["epoch"] == 0 and first["minibatch"] == 0
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["clipfrac"] == 0.0
