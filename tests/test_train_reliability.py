@@ -102,3 +102,71 @@ def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights
     # the kept weights really are good: a resumed run samples, scores and updates from them
     metrics = fresh.step()
     assert math.isfinite(metrics["policy_loss"]) and fresh.step_count == 3
+
+
+# ---------------------------------------------------------------- two processes (accelerate launch)
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def file_hashes(folder) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` starts two CPU processes (gloo) when no GPU is
+    visible (`--cpu --num_processes 2` would start one). Process 1 alone sees NaN reward scores at
+    its second step: both processes must stop there with exit status 3 (before the fix, process 0
+    waited forever in the gradient all-reduce), and step-000001 must stay as it was written."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out, results = tmp_path / "ppo", tmp_path / "results"
+    results.mkdir()
+    tiny = {"rollout_batch_size": 4, "mini_batch_size": 4, "max_new_tokens": 6, "ppo_epochs": 1,
+            "n_eval_prompts": 4}
+    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(tiny), RLHF_RUNS_DIR=str(tmp_path / "runs"),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+               NAN_RANK="1", NAN_CALL="2", RESULTS_DIR=str(results))
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+               str(repo / "tests" / "two_process_run.py"), "--profile", "tiny", "--steps", "3",
+               "--save-every", "1", "--no-progress", "--output-dir", str(out)]
+    # a new session, so that a hang (the bug) can be ended with both workers and the launcher
+    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    try:
+        output, _ = launcher.communicate(timeout=150)  # about 60 s on two busy cores
+    except subprocess.TimeoutExpired:
+        for pid_file in results.glob("pid-*"):  # the workers run in sessions of their own
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate()
+        pytest.fail("the two-process run hung (a process waiting for one that had left):\n" + output[-3000:])
+    ranks = [json.loads((results / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["exit"] for r in ranks] == [3, 3], output[-3000:]
+    assert ranks[0]["num_processes"] == 2
+    assert json.loads((out / "run.json").read_text())["num_processes"] == 2
+    assert "reward scores has 4 NaN/inf value(s) at PPO step 1" in output
+    assert "[process 1 of 2; every process stops]" in output
+    assert (out / "latest").read_text().strip() == "step-000001"
+    assert sorted(p.name for p in results.glob("saved-*")) == ["saved-step-000001.json"]  # none after
+    assert file_hashes(out / "step-000001") == json.loads((results / "saved-step-000001.json").read_text())
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder
