@@ -3,6 +3,14 @@
     python -m rlhf_helpers.ppo.train --profile tiny --steps 60 --output-dir runs/ppo-tiny
     python -m rlhf_helpers.ppo.train --output-dir runs/ppo-tiny --steps 80 --resume   # continue
     accelerate launch -m rlhf_helpers.ppo.train --profile gpu                        # several GPUs
+    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no -m rlhf_helpers.ppo.train --profile tiny  # 2 CPU processes
+
+Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with
+no GPU visible each process runs on the CPU and they talk over gloo (run.json records num_processes).
+`accelerate launch --cpu --num_processes 2` silently starts ONE process (its --cpu launcher ignores
+--num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.ppo.train`
+works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
 
 What it does: ensures the profile's reward model (`ensure_reward_model`: trained once, cached in
 runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
