@@ -170,3 +170,39 @@ def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
     assert sorted(p.name for p in results.glob("saved-*")) == ["saved-step-000001.json"]  # none after
     assert file_hashes(out / "step-000001") == json.loads((results / "saved-step-000001.json").read_text())
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder
+
+
+class PeerStub:
+    """Process 0 of two, whose peer's vote and message are given (stands in for accelerate)."""
+
+    num_processes, process_index, device = 2, 0, torch.device("cpu")
+
+    def __init__(self, peer_message: str | None) -> None:
+        self.peer_message = peer_message
+        self.votes = 0
+
+    def gather(self, flag: torch.Tensor) -> torch.Tensor:
+        self.votes += 1
+        return torch.cat([flag, torch.tensor([0 if self.peer_message is None else 1])])  # (2,)
+
+
+def test_the_vote_stops_a_process_that_saw_nothing_when_its_peer_saw_a_nan(monkeypatch):
+    import accelerate.utils
+
+    from rlhf_helpers.ppo.finite_guard import collective_stop
+
+    peer = PeerStub("policy loss has 1 NaN/inf value(s) at PPO step 4")
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + [peer.peer_message])
+    with pytest.raises(NonFiniteError, match=r"^policy loss has 1 NaN/inf value\(s\) at PPO step 4 "
+                                             r"\[process 1 of 2; every process stops\]$"):
+        with collective_stop(peer):
+            pass  # nothing went wrong here
+    quiet = PeerStub(None)
+    with collective_stop(quiet):
+        pass
+    assert quiet.votes == 1  # one gathered flag, and no stop
+    with pytest.raises(NonFiniteError, match=r"^mine \[process 0 of 2; every process stops\]$"):
+        with collective_stop(quiet):
+            raise NonFiniteError("mine")
+    with pytest.raises(NonFiniteError, match="^alone$"), collective_stop(None):  # one process: as raised
+        raise NonFiniteError("alone")

@@ -164,7 +164,8 @@ class PPOTrainer:
         generator = self._step_generator()
         start = time.perf_counter()
         devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), collective_stop(self.accelerator):
+        with torch.random.fork_rng(devices=devices), collective_stop(self.accelerator), \
+                non_finite_stops_run(self.step_count):
             torch.manual_seed(self._step_seed())  # sampling draws from the step's seed only
             batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
                                        kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
@@ -291,12 +292,13 @@ class PPOTrainer:
         """One policy-adapter step on a minibatch: L = L_clip - c_ent * H + c_ptx * L_lm."""
         config = self.config
         stats: dict[str, float] = {}
-        with collective_stop(self.accelerator):  # all processes agree before the gradient all-reduce
-            with non_finite_stops_run(self.step_count):
-                # without an entropy bonus the entropy is only reported: no backward through it
-                logp, entropy = self.model.policy_logprobs(
-                    mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
-                    entropy_grad=config.entropy_coef > 0, temperature=config.temperature)  # (b, r), (b, r)
+        # all processes agree before the gradient all-reduce; a "must be finite" ValueError of the
+        # maths core anywhere in the block counts as a NaN stop too
+        with collective_stop(self.accelerator), non_finite_stops_run(self.step_count):
+            # without an entropy bonus the entropy is only reported: no backward through it
+            logp, entropy = self.model.policy_logprobs(
+                mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
+                entropy_grad=config.entropy_coef > 0, temperature=config.temperature)  # (b, r), (b, r)
             pg_loss, pg_stats = policy_loss(logp.float(), mb.old_logprobs, mb.advantages, mb.mask,
                                             clip_eps=config.clip_eps)
             mean_entropy = masked_mean(entropy.float(), mb.mask)
@@ -322,9 +324,9 @@ class PPOTrainer:
     def _value_step(self, mb: Minibatch) -> dict[str, float]:
         """One critic step: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2."""
         config = self.config
-        with collective_stop(self.accelerator):  # all processes agree before the gradient all-reduce
-            with non_finite_stops_run(self.step_count):
-                new_values = self.model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
+        # all processes agree before the gradient all-reduce (as in _policy_step)
+        with collective_stop(self.accelerator), non_finite_stops_run(self.step_count):
+            new_values = self.model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
             check_all_finite("values", new_values.detach() * mb.mask, self.step_count)
             v_loss, v_stats = value_loss(new_values, mb.old_values, mb.returns, mb.mask,
                                          clip_range=config.value_clip)
