@@ -178,3 +178,32 @@ def test_loading_errors_are_clear(tmp_path):
     (path / "adapters" / "value" / "adapter_model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="'value' adapter"):
         load_checkpoint(trainer, path)
+
+
+class _RunsCodeWhenUnpickled:
+    """A crafted checkpoint object: unpickling it would create `marker` (any code could run there)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_crafted_trainer_state_is_refused_without_running_its_code(tmp_path):
+    trainer = make_trainer()
+    trainer.step()
+    path = save_checkpoint(trainer, tmp_path)
+    # the real state loads with the safe unpickler: tensors, numbers, strings, lists, dicts only
+    torch.load(path / ckpt.TRAINER_STATE_FILE, weights_only=True)
+    marker = tmp_path / "code-ran"
+    state = trainer.state_dict()
+    state["history"] = [_RunsCodeWhenUnpickled(str(marker))]
+    torch.save(state, path / ckpt.TRAINER_STATE_FILE)
+    fresh = make_trainer(init_seed=3)
+    with pytest.raises(ValueError, match=r"trainer_state.pt was refused by the safe loader.*Unsupported global"):
+        load_checkpoint(fresh, tmp_path)
+    assert not marker.exists()
+    assert fresh.step_count == 0  # nothing of the refused state was applied

@@ -158,3 +158,35 @@ def test_best_of_n_kl_matches_the_exact_kl_of_a_fine_grid():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="n must be a positive int"):
             best_of_n_kl(bad)
+
+
+def test_tempered_rollout_keeps_the_log_probs_of_the_distribution_that_sampled():
+    """temperature 0.7: old and reference log-probs are both of softmax(z / 0.7), read off a plain
+    forward here; the k1 KL is their difference (the KL between the two sampling distributions)."""
+    T = 0.7
+    config, model, tok = toy_setup(temperature=T)
+    trainer = PPOTrainer(config, model, tok, PROMPTS, hidden_score_fn=None)
+    trainer.step()  # move the policy off the reference (LoRA B starts at 0)
+    torch.manual_seed(1)
+    batch = collect_experience(model, tok, PROMPTS, config, kl_coef=0.1)
+    seq, attn, P, mask = batch.sequences, batch.attention_mask, batch.context_length, batch.mask
+    tokens = seq[:, P:]  # (B, R)
+    with torch.no_grad():
+        policy_z = model.policy_logits(seq, attn)[:, P - 1 : -1]  # (B, R, V)
+        plain = toy_causal_lm(tok, seed=0)  # the reference: the base model without any adapter
+        ref_z = plain(input_ids=seq, attention_mask=attn,
+                      position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits[:, P - 1 : -1]  # (B, R, V)
+
+    def logp(z: torch.Tensor) -> torch.Tensor:  # log softmax(z / T) at the sampled tokens: (B, R)
+        return torch.log_softmax(z / T, dim=-1).gather(-1, tokens[..., None])[..., 0]
+
+    # log-probs of magnitude < 30 from a KV-cached loop vs a full pass (or the fused vs plain GELU)
+    # differ by a few float32 ulps: 30 * 1.2e-7 * 8 < 3e-5. The wrong temperature is off by
+    # |log p_T - log p_1|, here > 1e-2 (asserted), three orders of magnitude more.
+    tol = 3e-5
+    real = mask.bool()
+    assert torch.allclose(batch.old_logprobs[real], logp(policy_z)[real], atol=tol)
+    assert torch.allclose(batch.ref_logprobs[real], logp(ref_z)[real], atol=tol)
+    untempered = torch.log_softmax(policy_z, dim=-1).gather(-1, tokens[..., None])[..., 0]
+    assert float((batch.old_logprobs - untempered)[real].abs().max()) > 1e-2
+    assert torch.allclose(batch.kl[real], (logp(policy_z) - logp(ref_z))[real], atol=2 * tol)

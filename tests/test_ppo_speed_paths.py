@@ -87,8 +87,9 @@ def test_sampling_logprobs_equal_a_fresh_full_forward(tok, temperature):
     mask = model.response_mask(seq[:, P:])  # (B, R) up to and including EOS
     assert 0 < mask.sum() < mask.numel()  # some rows stop early: the pad after EOS is exercised
     full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)
-    with torch.no_grad():  # an independent full pass, at temperature 1 whatever sampled the tokens
-        fresh, fresh_entropy = model.policy_logprobs(seq, full_attn, P, with_entropy=True)
+    with torch.no_grad():  # an independent full pass of the distribution that sampled, softmax(z / T)
+        fresh, fresh_entropy = model.policy_logprobs(seq, full_attn, P, with_entropy=True,
+                                                     temperature=temperature)
     assert logp.shape == entropy.shape == mask.shape
     assert torch.allclose(logp * mask, fresh * mask, atol=1e-5)
     assert torch.allclose(entropy * mask, fresh_entropy * mask, atol=1e-5)

@@ -295,3 +295,19 @@ def test_shipped_tiny_model_smoke():
     seq = model.generate(ids, attn, max_new_tokens=5)
     assert seq.shape[0] == 2 and 1 <= seq.shape[1] - ids.shape[1] <= 5
     assert model.reward_scores(seq, torch.ones_like(seq)).shape == (2,)
+
+
+def test_tempered_generation_log_probs_equal_the_tempered_policy_log_probs(tok, shared):
+    torch.manual_seed(0)
+    prompt = tok(["the movie was", "the plot"], return_tensors="pt", padding=True, padding_side="left")
+    ids, attn = prompt["input_ids"], prompt["attention_mask"]
+    seq, logp, ent = shared.generate_with_logprobs(ids, attn, max_new_tokens=6, temperature=0.7)
+    P = ids.shape[1]
+    mask = shared.response_mask(seq[:, P:]).bool()  # (B, R)
+    full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)
+    fresh, fresh_ent = shared.policy_logprobs(seq, full_attn, P, with_entropy=True, temperature=0.7)
+    # one KV-cached token at a time vs one full pass: float32 rounding of log-probs < 30 in size
+    assert torch.allclose(logp[mask], fresh.detach()[mask], atol=1e-5)
+    assert torch.allclose(ent[mask], fresh_ent.detach()[mask], atol=1e-5)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        shared.policy_logprobs(seq, full_attn, P, temperature=0.0)

@@ -125,7 +125,7 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     assert (out / "latest").read_text().strip() == "step-000002"
     assert file_hashes(out / "step-000002") == written["step-000002"]  # byte for byte as written
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder left
-    state = torch.load(out / "step-000002" / "trainer_state.pt", weights_only=False)
+    state = torch.load(out / "step-000002" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 2 and len(state["history"]) == 2
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 2.0]
 
@@ -137,3 +137,112 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     with pytest.raises(SystemExit, match="already at step 2"):
         train.main(["--profile", "tiny", "--resume", "--steps", "2", "--no-progress",
                     "--output-dir", str(out)])
+
+
+# ---------------------------------------------------------------- set-up errors: exit 2, one line, no model
+@pytest.fixture
+def quick_cli(tmp_path, monkeypatch):
+    """In-process `main()` with tiny settings; the model build is made to fail loudly, so a check
+    that comes too late (after the build) shows up as that failure instead of its own message."""
+    import torch
+
+    from rlhf_helpers.ppo import build, reward_training
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(reward_training, "ensure_reward_model", lambda *args, **kwargs: None)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before the set-up error was found")
+
+    monkeypatch.setattr(build, "build_shared_model", no_build)
+    return tmp_path
+
+
+def setup_error(argv: list[str], capsys) -> str:
+    """The one stderr line of a refused set-up (exit status 2)."""
+    from rlhf_helpers.ppo import train
+
+    with pytest.raises(SystemExit) as refused:
+        train.main(["--profile", "tiny", "--steps", "1", "--no-progress", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2, err
+    assert len(err) == 1 or err[0].startswith("usage:"), err  # argparse adds its usage line
+    return err[-1]
+
+
+def test_output_dir_that_is_or_lies_under_a_file_is_refused(quick_cli, capsys):
+    a_file = quick_cli / "notes.txt"
+    a_file.write_text("not a folder")
+    line = setup_error(["--output-dir", str(a_file)], capsys)
+    assert line == f"python -m rlhf_helpers.ppo.train: error: --output-dir {a_file} is a file, not a folder: " \
+                   "choose a folder for the run"
+    line = setup_error(["--output-dir", str(a_file / "run" / "ppo")], capsys)
+    assert f"--output-dir {a_file / 'run' / 'ppo'} lies under {a_file}, which is a file" in line
+    assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 500 folder anyway (the mocked "
+                    "read-only test below covers what a read-only file system does to root)")
+def test_output_dir_without_write_permission_is_refused(quick_cli, capsys):
+    locked = quick_cli / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        line = setup_error(["--output-dir", str(locked / "ppo")], capsys)
+    finally:
+        locked.chmod(0o700)
+    assert "is not writable (Permission denied)" in line
+
+
+def test_read_only_output_dir_is_refused_even_for_root(quick_cli, capsys, monkeypatch):
+    out = quick_cli / "ro"
+    out.mkdir()
+    real_access = os.access
+    # what access(2) answers on a read-only mount, to root too (chmod does not stop root)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == out and mode & os.W_OK
+                        else real_access(path, mode, **kw))
+    line = setup_error(["--output-dir", str(out)], capsys)
+    assert f"--output-dir {out} is not writable (Permission denied)" in line
+    assert list(out.iterdir()) == []
+
+
+def test_full_disk_is_refused_before_any_work(quick_cli, capsys, monkeypatch):
+    import errno
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    out = quick_cli / "ppo"
+    line = setup_error(["--output-dir", str(out)], capsys)
+    assert f"--output-dir {out}: no space left on its disk (No space left on device)" in line
+    assert list(out.iterdir()) == []  # the probe file is gone
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**32, -1])
+def test_seed_out_of_range_is_refused(quick_cli, capsys, seed):
+    line = setup_error(["--seed", str(seed), "--output-dir", str(quick_cli / "ppo")], capsys)
+    assert line.endswith(f"error: --seed must be in [0, {2**32 - 1}], got {seed}")
+
+
+def test_rollout_batch_of_one_with_whitening_is_refused(quick_cli, capsys, monkeypatch):
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(
+        {**TINY, "rollout_batch_size": 1, "mini_batch_size": 1, "max_new_tokens": 1}))
+    line = setup_error(["--output-dir", str(quick_cli / "ppo")], capsys)
+    assert "the profile's PPO settings: rollout_batch_size must be >= 2 when whiten_advantages is True" in line
+
+
+def test_resume_with_an_empty_or_broken_run_json_is_refused(quick_cli, capsys):
+    out = quick_cli / "ppo"
+    (out / "step-000001").mkdir(parents=True)
+    (out / "latest").write_text("step-000001\n")
+    (out / "run.json").write_text("{}")
+    line = setup_error(["--resume", "--output-dir", str(out)], capsys)
+    assert f"--resume: {out / 'run.json'} lacks the run's profile" in line
+    (out / "run.json").write_text("{not json")
+    assert f"--resume: {out / 'run.json'} is not valid JSON" in setup_error(["--resume", "--output-dir", str(out)],
+                                                                            capsys)
+    (out / "run.json").write_text(json.dumps({"profile": {"name": "tiny"}, "ppo_config": {"seed": -5}}))
+    assert f"{out / 'run.json'}: seed must be an int in" in setup_error(["--resume", "--output-dir", str(out)],
+                                                                       capsys)

@@ -227,7 +227,7 @@ def test_evaluate_kl_is_zero_before_training():
     ("clip_eps", 0.0), ("policy_lr", math.nan), ("value_lr", -1e-3), ("max_grad_norm", math.inf),
     ("kl_coef", -0.1), ("entropy_coef", math.nan), ("ptx_coef", -1.0), ("gamma", 1.5), ("lam", -0.1),
     ("value_clip", 0.0), ("target_kl", -1.0), ("kl_kind", "k4"), ("temperature", 0.0),
-    ("save_every", -1), ("value_warmup_steps", -2),
+    ("save_every", -1), ("value_warmup_steps", -2), ("seed", -1), ("seed", 2**63), ("seed", 1.5),
 ])
 def test_bad_config_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -239,6 +239,11 @@ def test_config_batch_divisibility_and_unknown_fields():
         PPOConfig(rollout_batch_size=10, mini_batch_size=4)
     with pytest.raises(ValueError, match="unknown PPOConfig field"):
         PPOConfig().replace(learning_rate=1e-3)
+    # whitening one response of one token divides by a variance of nothing
+    with pytest.raises(ValueError, match="rollout_batch_size must be >= 2 when whiten_advantages"):
+        PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1)
+    PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1, whiten_advantages=False)
+    PPOConfig(seed=2**32 - 1)  # the largest seed whose per-step seeds fit torch's generator
     config = PPOConfig(kl_coef=0.1, lora_target_modules=["c_attn"])
     assert PPOConfig.from_dict(config.to_dict()) == config
 
@@ -252,3 +257,19 @@ def test_trainer_rejects_bad_arguments():
     with pytest.raises(ValueError, match="prompts must be a non-empty list"):
         trainer.evaluate([])
 
+
+
+def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero():
+    """temperature 0.7: the ratio compares the distribution that sampled with itself before the first
+    optimiser step, and the k1 KL of the untrained policy (LoRA B = 0: policy == reference) is 0."""
+    trainer = make_trainer(temperature=0.7)
+    metrics = trainer.step()
+    # same weights and the same tempered log-softmax in the sampling loop, the update and the
+    # reference pass: only float rounding differs (log-probs < 30 in size, float32: < 1e-5)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-5)
+    trainer.step()  # the policy has moved: check the ratio of a policy that is not the reference
+    first = trainer.last_update_stats[0]
+    assert first["epoch"] == 0 and first["minibatch"] == 0
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["clipfrac"] == 0.0

@@ -8,6 +8,7 @@
         adapters/reward/
         heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
         trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
+                                  (read back with torch's safe unpickler: `load_trainer_state`)
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on POSIX).
@@ -150,7 +151,39 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
         path = found
     if not (path / TRAINER_STATE_FILE).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
+    state = load_trainer_state(path / TRAINER_STATE_FILE)  # refused before any weight is touched
     load_model_weights(trainer.model, path)
-    state = torch.load(path / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
     trainer.load_state_dict(state)
     return path
+
+
+#: What `PPOTrainer.state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of ours.
+TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller", "history", "torch_rng")
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """trainer_state.pt read with torch's safe unpickler (`weights_only=True`).
+
+    The safe unpickler rebuilds only tensors, numbers, strings, None, lists, tuples and dicts, which
+    is all `PPOTrainer.state_dict` holds (RNG states are uint8 tensors). A full unpickler would call
+    whatever function a crafted file names, so a file holding anything else is refused (ValueError)
+    and nothing in it runs.
+    """
+    import pickle
+
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message is long advice about weights_only=False; keep only its reason
+        reason = next((line.split("error:", 1)[1].strip() for line in str(error).splitlines()
+                       if "WeightsUnpickler error:" in line), str(error).splitlines()[0])
+        reason = reason.split(". ")[0]
+        raise ValueError(f"{path} was refused by the safe loader (weights_only=True): {reason}. A "
+                         "checkpoint of this course holds only tensors, numbers, strings, lists and "
+                         "dicts; this file holds something else, which could run code when loaded, so "
+                         "it is not loaded") from None
+    missing = [key for key in TRAINER_STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ValueError(f"{path} is not a PPO trainer state: it lacks {missing}")
+    return state

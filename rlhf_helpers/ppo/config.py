@@ -7,6 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+#: Largest seed: per-step seeds are (seed * 1_000_003 + step) * 64 + process (trainer._step_seed) and
+#: must stay below 2^63 for torch's generators; 2^32 - 1 leaves room for 10^11 steps.
+MAX_SEED = 2**32 - 1
+
 
 @dataclass
 class PPOConfig:
@@ -18,7 +22,13 @@ class PPOConfig:
     ppo_epochs: int = 4  #: passes over each experience batch (shuffled minibatches each pass)
     max_prompt_length: int = 16  #: prompts longer than this many tokens are cut from the left
     max_new_tokens: int = 40  #: response length limit, EOS included
-    temperature: float = 1.0  #: sampling temperature (1.0: sample the policy itself; no top-k/top-p)
+    #: sampling temperature T of rollouts (no top-k/top-p). The policy PPO trains is then the tempered
+    #: one, pi_T = softmax(z / T): old and new log-probs of the ratio both come from z / T (the
+    #: distribution that drew the tokens, so the importance ratio is exact and 1 before any update),
+    #: and the reference is tempered too, ref_T = softmax(z_ref / T), so the KL penalty and the kl
+    #: metric estimate KL(pi_T || ref_T) on samples of pi_T (0 while policy == reference). TRL's
+    #: PPOTrainer and OpenRLHF do the same. 1.0: the policy itself.
+    temperature: float = 1.0
     # --- losses
     clip_eps: float = 0.2  #: PPO ratio clip range epsilon
     value_clip: float | None = 0.2  #: clip new values to old +- this (None: no value clipping)
@@ -46,7 +56,7 @@ class PPOConfig:
     lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
     # --- run
     total_steps: int = 60  #: PPO iterations of `PPOTrainer.train`
-    seed: int = 0  #: seed of torch, sampling and prompt order
+    seed: int = 0  #: seed of torch, sampling and prompt order, in [0, MAX_SEED]
     save_every: int = 0  #: write a checkpoint every this many iterations (0: only at the end)
     output_dir: str | None = None  #: where checkpoints and metrics go (None: nothing written)
     eval_every: int = 0  #: evaluate on held-out prompts every this many iterations (0: never)
@@ -85,6 +95,13 @@ class PPOConfig:
                 raise ValueError(f"{name} must be None or > 0, got {value!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
+        if self.whiten_advantages and self.rollout_batch_size < 2:
+            raise ValueError("rollout_batch_size must be >= 2 when whiten_advantages is True: whitening "
+                             "divides by the variance over the batch's response tokens, and one response "
+                             f"may be a single token (got rollout_batch_size={self.rollout_batch_size}; "
+                             "use a bigger batch or whiten_advantages=False)")
         for name in ("save_every", "eval_every", "value_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")

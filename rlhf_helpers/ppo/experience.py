@@ -61,9 +61,10 @@ class Experience:
     attention_mask: torch.Tensor  #: (B, P + R) 1 on real prompt and response tokens (EOS included)
     context_length: int  #: P, padded prompt width
     mask: torch.Tensor  #: (B, R) 1 on real response tokens up to and including EOS
-    old_logprobs: torch.Tensor  #: (B, R) log-probs under the policy that sampled (never the reference's)
-    ref_logprobs: torch.Tensor  #: (B, R) log-probs under the reference (adapters disabled)
-    entropy: torch.Tensor  #: (B, R) policy entropy at each response position
+    #: (B, R) log-probs under the distribution that sampled: the policy at config.temperature
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor  #: (B, R) log-probs under the reference (adapters disabled), same temperature
+    entropy: torch.Tensor  #: (B, R) entropy of the sampling distribution at each response position
     values: torch.Tensor  #: (B, R) old values V(s_t) of the value adapter + head
     scores: torch.Tensor  #: (B,) reward-model score (or reward_fn) of each response
     rewards: torch.Tensor  #: (B, R) shaped rewards: -beta * kl_t, plus the score at the last token
@@ -193,9 +194,10 @@ def collect_experience(
     timings: dict[str, float] = {}
     start = time.perf_counter()
     with non_finite_stops_run(step):
-        # old log-probs: the policy that sampled (never the reference), read from the sampling loop's
-        # logits (TRL does the same): a fresh policy forward would give them again up to float
-        # rounding, so the first minibatch of the first epoch sees ratio 1 (to ~1e-6)
+        # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
+        # reference), read from the sampling loop's logits (TRL does the same): a fresh policy forward
+        # at the same temperature gives them again up to float rounding, so the first minibatch of
+        # the first epoch sees ratio 1 (to ~1e-6)
         samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
                                    config.max_new_tokens, temperature=config.temperature, with_logprobs=True)
     seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
@@ -204,7 +206,8 @@ def collect_experience(
 
     start = time.perf_counter()
     with non_finite_stops_run(step):
-        ref_logprobs = model.ref_logprobs(seq, attn, P)  # (B, R)
+        # the reference at the policy's temperature: the KL compares the two sampling distributions
+        ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature)  # (B, R)
         values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
         scores = score_samples(model, samples, reward_fn)  # (B,)
     timings["forward_passes"] = time.perf_counter() - start

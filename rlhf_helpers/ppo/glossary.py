@@ -92,7 +92,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "kl": ("rollout", _m(
         "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
         "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
-        "samples, before this step's update",
+        "samples, before this step's update (with temperature T != 1: pi and ref both of logits / T)",
         "0 at step 1 (policy = reference), then grows and settles where reward gain and "
         "beta * KL balance: 2.0-2.7 nats late with beta = 0.2.",
         "growing without bound (19 nats by step 13 and 65-68 by step 40 with kl_coef 0): nothing "
@@ -100,8 +100,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "high (4.5-6.3 nats late with kl_coef 0.05, the held-out hidden score sagging to 0.73): the "
         "penalty is too weak for this model. Negative: possible per batch "
         "(k1 is an estimate), but a steadily negative mean means the samples do not come from the "
-        "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p or another "
-        "temperature).")),
+        "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p, log-probs "
+        "of another temperature than the sampling one).")),
     "kl_coef": ("rollout", _m(
         "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
         "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
@@ -112,7 +112,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "penalty; the target may be too low). Shrinking to ~0: kl stays below target, the penalty "
         "no longer constrains anything.")),
     "entropy": ("rollout", _m(
-        "mean per-token entropy of the policy on its own responses (nats)",
+        "mean per-token entropy of the policy on its own responses (nats; at temperature T, of the "
+        "sampling distribution softmax(logits / T))",
         "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
         "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's own level).",
         "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "

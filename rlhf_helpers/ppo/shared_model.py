@@ -25,6 +25,7 @@ The stack's traps, handled here (COURSE_SPEC section 5):
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf_helpers._checks import validation
 from rlhf_helpers.kl import last_token_index
 from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
@@ -105,6 +107,23 @@ def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None
                          f"got {tuple(attention_mask.shape)}")
     if not bool(attention_mask.bool().any(dim=1).all()):
         raise ValueError("attention_mask has a row with no real token")
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
+            or not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The logits of the distribution that samples at `temperature`: z / T, in float32 at least.
+
+    pi_T(v) = softmax(z / T)_v. At T = 1 the logits come back unchanged (same tensor), so the
+    default path computes exactly what it did before temperatures were supported.
+    """
+    if temperature == 1.0:
+        return logits
+    return logits.float() / temperature
 
 
 def _check_context(context_length: int, length: int) -> None:
@@ -304,7 +323,8 @@ class SharedLoRAModel(nn.Module):
 
     @staticmethod
     def _logprobs_of(response_logits: torch.Tensor, response_ids: torch.Tensor, with_entropy: bool,
-                     entropy_grad: bool = True):
+                     entropy_grad: bool = True, temperature: float = 1.0):
+        response_logits = tempered(response_logits, temperature)  # (B, R, V)
         logp = logprobs_from_logits(response_logits, response_ids)  # (B, R)
         if not with_entropy:
             return logp
@@ -325,16 +345,20 @@ class SharedLoRAModel(nn.Module):
         return self._logits(input_ids, attention_mask)
 
     def policy_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        context_length: int, with_entropy: bool = False, entropy_grad: bool = True):
+                        context_length: int, with_entropy: bool = False, entropy_grad: bool = True,
+                        temperature: float = 1.0):
         """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B, R)].
 
         `entropy_grad=False`: the entropy carries no gradient (for a loss without an entropy bonus).
+        `temperature`: of the distribution softmax(z / T) that sampled the tokens (see `generate`).
         """
         _check_context(context_length, input_ids.shape[1])
         _check_inputs(input_ids, attention_mask)
+        _check_temperature(temperature)
         self._use("policy")
         logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
-        return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy, entropy_grad)
+        return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy, entropy_grad,
+                                 temperature)
 
     @contextmanager
     def reference(self) -> Iterator[None]:
@@ -350,13 +374,18 @@ class SharedLoRAModel(nn.Module):
             self._restore_trainable()
 
     def ref_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     context_length: int) -> torch.Tensor:
-        """log pi_ref(y_t | prompt, y_<t) (adapters disabled, no gradient): (B, L) -> (B, R)."""
+                     context_length: int, temperature: float = 1.0) -> torch.Tensor:
+        """log pi_ref(y_t | prompt, y_<t) (adapters disabled, no gradient): (B, L) -> (B, R).
+
+        `temperature`: the reference at the same temperature as the policy, softmax(z_ref / T), so
+        that the KL penalty compares the two distributions the same way (see PPOConfig.temperature).
+        """
         _check_inputs(input_ids, attention_mask)
         _check_context(context_length, input_ids.shape[1])
+        _check_temperature(temperature)
         with torch.no_grad(), self.reference():
             logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
-        return self._logprobs_of(logits, input_ids[:, context_length:], False)
+        return self._logprobs_of(logits, input_ids[:, context_length:], False, temperature=temperature)
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                context_length: int) -> torch.Tensor:
@@ -385,7 +414,8 @@ class SharedLoRAModel(nn.Module):
 
         y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
         A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
-        Uses the global torch RNG (seeded by the caller).
+        Uses the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
+        ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
         """
         return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
 
@@ -397,12 +427,12 @@ class SharedLoRAModel(nn.Module):
         (B, P) -> sequences (B, P + R), log pi(y_t | prompt, y_<t) (B, R), H_t (B, R).
 
         Both are read from the logits the sampling loop computes anyway, so the rollout needs no
-        second policy forward. They are the model's own (temperature 1, like `policy_logprobs`),
-        whatever `temperature` sampled the tokens, and equal `policy_logprobs(seq, attn, P,
-        with_entropy=True)` of the returned sequences up to float rounding on every token up to and
-        including EOS: same positions (counted over real tokens), same attended tokens, one KV-cached
-        token per step instead of one full pass. After a row's EOS they belong to pad (meaningless,
-        finite, masked by every consumer). Same random draws as `generate`.
+        second policy forward. They belong to the distribution that sampled the tokens,
+        softmax(z / temperature), and equal `policy_logprobs(seq, attn, P, with_entropy=True,
+        temperature=temperature)` of the returned sequences up to float rounding on every token up
+        to and including EOS: same positions (counted over real tokens), same attended tokens, one
+        KV-cached token per step instead of one full pass. After a row's EOS they belong to pad
+        (meaningless, finite, masked by every consumer). Same random draws as `generate`.
         """
         sequences, logprobs, entropy = self._generate(input_ids, attention_mask, max_new_tokens,
                                                       temperature, adapter, True)
@@ -412,8 +442,7 @@ class SharedLoRAModel(nn.Module):
         _check_inputs(input_ids, attention_mask)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        _check_temperature(temperature)
         if adapter is None:
             with self.reference():
                 return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs)
@@ -431,18 +460,26 @@ class SharedLoRAModel(nn.Module):
         next_pos = positions[:, -1:] + 1  # (B, 1)
         logits = out.logits[:, -1]  # (B, V)
         done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
+        broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,) met a NaN/inf logit
         tokens, logprobs, entropies = [], [], []
         for step in range(max_new_tokens):
-            probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
-            token = torch.multinomial(probs, 1).squeeze(-1)  # (B,)
+            # pi_T(v) = softmax(z / T)_v: the distribution that draws the token
+            scaled = logits.float() / temperature  # (B, V)
+            finite = torch.isfinite(scaled).all(dim=-1)  # (B,)
+            broken = broken | ~finite
+            # a NaN/inf row would crash multinomial (CPU) or trip a device assert (CUDA): it draws from
+            # zeros instead, and the flag, read once with the loop's own stop test, raises after the loop
+            scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))  # (B, V)
+            token = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)  # (B,)
             token = torch.where(done, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
-            if with_logprobs:  # log pi(y_t) and H_t from the temperature-1 logits of this step
-                step_logits = logits[:, None]  # (B, 1, V)
-                logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
-                entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
+            if with_logprobs:  # log pi_T(y_t) and H_t of the sampling distribution at this step
+                step_logits = scaled[:, None]  # (B, 1, V)
+                with validation(False):  # tokens are in range and `broken` covers NaN: no sync per token
+                    logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
+                    entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
             done = done | (token == self.eos_token_id)
-            if bool(done.all()) or step == max_new_tokens - 1:
+            if bool(done.all() | broken.any()) or step == max_new_tokens - 1:
                 break
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)  # (B, P + t + 1)
             out = self.lm(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
@@ -450,6 +487,9 @@ class SharedLoRAModel(nn.Module):
             past = out.past_key_values
             next_pos = next_pos + 1
             logits = out.logits[:, -1]  # (B, V)
+        if bool(broken.any()):
+            raise ValueError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
+                             f"NaN or inf at response token {step} (the weights are broken)")
         sequences = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)  # (B, P + R)
         if not with_logprobs:
             return sequences, None, None

@@ -3,6 +3,14 @@
     python -m rlhf_helpers.ppo.train --profile tiny --steps 60 --output-dir runs/ppo-tiny
     python -m rlhf_helpers.ppo.train --output-dir runs/ppo-tiny --steps 80 --resume   # continue
     accelerate launch -m rlhf_helpers.ppo.train --profile gpu                        # several GPUs
+    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no -m rlhf_helpers.ppo.train --profile tiny  # 2 CPU processes
+
+Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with
+no GPU visible each process runs on the CPU and they talk over gloo (run.json records num_processes).
+`accelerate launch --cpu --num_processes 2` silently starts ONE process (its --cpu launcher ignores
+--num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.ppo.train`
+works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
 
 What it does: ensures the profile's reward model (`ensure_reward_model`: trained once, cached in
 runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
@@ -18,8 +26,12 @@ Quick runs: $RLHF_PROFILE_OVERRIDES takes JSON profile overrides, e.g.
 --resume continues with the PPO settings and reward folder recorded in run.json (the environment's
 overrides are not read again); only --steps, --save-every and --eval-every may change, and a
 --kl-coef, --target-kl or --seed that differs from the recorded one is refused.
-A NaN/inf in rewards or losses stops the run with exit status 3 (2 is argparse's usage error) and a message; the last good
-checkpoint stays as it was.
+Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before
+the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
+writable or sits on a full disk, a --seed outside [0, 2^32 - 1], settings no run can use, a missing
+or malformed run.json or checkpoint on --resume; see setup_checks.py); 3 stopped by a NaN/inf (in
+sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
+stays as it was.
 """
 
 from __future__ import annotations
@@ -32,15 +44,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.ppo.config import MAX_SEED
+from rlhf_helpers.ppo.setup_checks import (
+    RUN_FILE,
+    SetupError,
+    check_output_dir,
+    read_run_record,
+)
+
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
-RUN_FILE = "run.json"
+PROG = "python -m rlhf_helpers.ppo.train"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.ppo.train",
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description="Shared-LoRA PPO on a course profile.")
     parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
     parser.add_argument("--steps", type=int, default=None,
@@ -69,6 +89,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.save_every < 0 or args.eval_every < 0:
         parser.error("--save-every and --eval-every must be >= 0")
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     return args
 
 
@@ -95,21 +117,19 @@ def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
 
 def recorded_settings(output_dir: Path, profile_name: str,
                       chosen: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """(ppo_config, reward_dir) recorded in output_dir/run.json; SystemExit when the run was made with
-    another profile or when a setting in `chosen` (from the command line) differs from the record."""
-    run_file = output_dir / RUN_FILE
-    if not run_file.is_file():
-        raise SystemExit(f"--resume: {run_file} is missing, so the run's settings are unknown")
-    record = json.loads(run_file.read_text())
+    """(ppo_config, reward_dir) recorded in output_dir/run.json; SetupError when run.json is missing or
+    malformed, when the run was made with another profile, or when a setting in `chosen` (from the
+    command line) differs from the record."""
+    record = read_run_record(output_dir)
     recorded_profile = record["profile"]["name"]
     if recorded_profile != profile_name:
-        raise SystemExit(f"--resume: {output_dir} is a run of the {recorded_profile!r} profile, "
+        raise SetupError(f"--resume: {output_dir} is a run of the {recorded_profile!r} profile, "
                          f"not {profile_name!r}")
     saved = record["ppo_config"]
     for key, value in chosen.items():
-        if saved[key] != value:
+        if saved.get(key) != value:
             flag = "--" + key.replace("_", "-")
-            raise SystemExit(f"--resume: {flag} {value} differs from the run's {saved[key]} (run.json); "
+            raise SetupError(f"--resume: {flag} {value} differs from the run's {saved.get(key)} (run.json); "
                              "a resumed run keeps its settings: start a new --output-dir to change it")
     return saved, record.get("reward_dir")
 
@@ -121,23 +141,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from rlhf_helpers.data import load_prompts
     from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+    from rlhf_helpers.ppo.checkpoint import (
+        TRAINER_STATE_FILE,
+        latest_checkpoint,
+        load_checkpoint,
+        load_trainer_state,
+    )
     from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.experience import NonFiniteError
     from rlhf_helpers.ppo.reward_training import RewardTrainingConfig, ensure_reward_model, runs_dir
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.profiles import get_profile
 
-    profile = get_profile(args.profile)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
-    if profile.device != "cpu":  # one GPU per process under `accelerate launch`
-        profile = profile.replace(device=str(accelerator.device))
+    try:
+        profile = get_profile(args.profile)
+    except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
+        raise SetupError(str(error)) from None
     output_dir = Path(args.output_dir) if args.output_dir else runs_dir() / f"ppo-{profile.name}"
+    check_output_dir(output_dir)
     if not args.resume and latest_checkpoint(output_dir) is not None:
-        raise SystemExit(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
+        raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
     if args.resume and latest_checkpoint(output_dir) is None:
-        raise SystemExit(f"--resume: no checkpoint found in {output_dir}")
+        raise SetupError(f"--resume: no checkpoint found in {output_dir}")
 
     # what may change between the parts of one run; every other PPO setting is the run's own
     run_control: dict[str, Any] = {"output_dir": str(output_dir), "save_every": args.save_every,
@@ -147,11 +173,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = {key: value for key, value in (("kl_coef", args.kl_coef), ("target_kl", args.target_kl),
                                             ("seed", args.seed)) if value is not None}
     saved_reward_dir = None
+    try:
+        if args.resume:
+            saved_config, saved_reward_dir = recorded_settings(output_dir, profile.name, chosen)
+            config = PPOConfig.from_dict({**saved_config, **run_control})
+        else:
+            config = PPOConfig.from_profile(profile, **chosen, **run_control)
+    except (TypeError, ValueError) as error:  # a setting no run can use (the profile's, or run.json's)
+        source = f"{output_dir / RUN_FILE}" if args.resume else "the profile's PPO settings"
+        raise SetupError(f"{source}: {error}") from None
     if args.resume:
-        saved_config, saved_reward_dir = recorded_settings(output_dir, profile.name, chosen)
-        config = PPOConfig.from_dict({**saved_config, **run_control})
-    else:
-        config = PPOConfig.from_profile(profile, **chosen, **run_control)
+        # the step of the checkpoint, read (safely) before the model is built
+        try:
+            resumed_step = int(load_trainer_state(latest_checkpoint(output_dir) / TRAINER_STATE_FILE)["step"])
+        except ValueError as error:  # refused by the safe unpickler, or not a trainer state
+            raise SetupError(f"--resume: {error}") from None
+        if resumed_step >= config.total_steps:
+            raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
+                             f"is already at step {resumed_step}; pass a larger total to train further")
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
+    if profile.device != "cpu":  # one GPU per process under `accelerate launch`
+        profile = profile.replace(device=str(accelerator.device))
 
     if args.reward_dir is not None:
         reward_dir: Path | None = Path(args.reward_dir)
@@ -170,9 +213,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     metrics_path = output_dir / METRICS_FILE
     if args.resume:
         loaded = load_checkpoint(trainer, output_dir)
-        if trainer.step_count >= config.total_steps:
-            raise SystemExit(f"--steps {config.total_steps}: the checkpoint {loaded} is already at step "
-                             f"{trainer.step_count}; pass a larger total to train further")
         if is_main:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
     if is_main:
@@ -206,7 +246,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    summary = run(parse_args(argv))
+    try:
+        summary = run(parse_args(argv))
+    except SetupError as error:  # one line, as argparse prints its usage errors
+        print(f"{PROG}: error: {error.message}", file=sys.stderr)
+        raise
     print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}))
     return EXIT_NON_FINITE if summary["status"] == "stopped" else 0
 

@@ -8,7 +8,10 @@ The policy adapter and the value adapter (with its head) have one Adam optimiser
 parameters chosen by adapter name. Each loss is computed and back-propagated with its own adapter
 active, so no adapter switch happens between a forward and its backward.
 Under `accelerate launch` each process samples its own prompts and gradients are averaged across
-processes before every optimiser step (plain data parallelism).
+processes before every optimiser step (plain data parallelism). A NaN/inf seen by one process stops
+every process at the same point (`finite_guard.collective_stop`), so none waits forever in an
+all-reduce; weights are checked after every optimiser step, and before a checkpoint is written the
+updated policy and critic must give finite outputs on their latest batch.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from rlhf_helpers.ppo.experience import (
     score_samples,
     tokenize_prompts,
 )
+from rlhf_helpers.ppo.finite_guard import check_finite_parameters, collective_stop
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 #: hidden_score_fn(prompts, responses) -> ground-truth scores (default: the review world's hidden scorer)
@@ -160,8 +164,9 @@ class PPOTrainer:
         generator = self._step_generator()
         start = time.perf_counter()
         devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):  # sampling draws from the step's seed only
-            torch.manual_seed(self._step_seed())
+        with torch.random.fork_rng(devices=devices), collective_stop(self.accelerator), \
+                non_finite_stops_run(self.step_count):
+            torch.manual_seed(self._step_seed())  # sampling draws from the step's seed only
             batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
                                        kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
                                        step=self.step_count)
@@ -210,18 +215,24 @@ class PPOTrainer:
         values = self.accelerator.reduce(values, reduction="mean")
         return dict(zip(keys, values.tolist(), strict=True))
 
-    def _sync_and_step(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> float:
-        """Average gradients across processes, clip their norm, step; returns the pre-clip norm."""
+    def _sync_and_step(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                       what: str) -> float:
+        """Average gradients across processes, clip their norm, step, check the new weights (`what`
+        names them); returns the pre-clip norm."""
         if self.num_processes > 1:
             for param in params:
                 if param.grad is not None:
                     param.grad = self.accelerator.reduce(param.grad, reduction="mean")
-        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-        if not bool(torch.isfinite(norm)):
-            optimizer.zero_grad(set_to_none=True)  # never step on a NaN/inf gradient
-            check_all_finite("gradient norm", norm, self.step_count)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # every process holds the same averaged gradients and weights, but the stop is voted anyway:
+        # the next collective operation must never meet a process that has left
+        with collective_stop(self.accelerator):
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            if not bool(torch.isfinite(norm)):
+                optimizer.zero_grad(set_to_none=True)  # never step on a NaN/inf gradient
+                check_all_finite("gradient norm", norm, self.step_count)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            check_finite_parameters(what, params, self.step_count)
         return float(norm)
 
     def _ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
@@ -247,8 +258,9 @@ class PPOTrainer:
         B = len(batch)
         self.last_update_stats = []
         train_policy = self.step_count >= config.value_warmup_steps
-        check_all_finite("advantages", batch.advantages, self.step_count)
-        check_all_finite("returns", batch.returns, self.step_count)
+        with collective_stop(self.accelerator):
+            check_all_finite("advantages", batch.advantages, self.step_count)
+            check_all_finite("returns", batch.returns, self.step_count)
         minibatches: list[tuple[int, int, torch.Tensor]] = []  # (epoch, index, rows)
         policy_stats: list[dict[str, float]] = []
         for epoch in range(config.ppo_epochs):
@@ -279,24 +291,26 @@ class PPOTrainer:
     def _policy_step(self, mb: Minibatch, generator: torch.Generator, train_policy: bool) -> dict[str, float]:
         """One policy-adapter step on a minibatch: L = L_clip - c_ent * H + c_ptx * L_lm."""
         config = self.config
-        with non_finite_stops_run(self.step_count):
-            # without an entropy bonus the entropy is only reported: no backward through it
-            logp, entropy = self.model.policy_logprobs(mb.sequences, mb.attention_mask, mb.context_length,
-                                                       with_entropy=True,
-                                                       entropy_grad=config.entropy_coef > 0)  # (b, r), (b, r)
-        pg_loss, pg_stats = policy_loss(logp.float(), mb.old_logprobs, mb.advantages, mb.mask,
-                                        clip_eps=config.clip_eps)
-        mean_entropy = masked_mean(entropy.float(), mb.mask)
-        loss = pg_loss - config.entropy_coef * mean_entropy
         stats: dict[str, float] = {}
-        if config.ptx_coef > 0:
-            ptx = self._ptx_loss(generator)
-            loss = loss + config.ptx_coef * ptx
-            stats["ptx_loss"] = float(ptx.detach())
-        check_all_finite("policy loss", loss.detach(), self.step_count)
+        # all processes agree before the gradient all-reduce; a "must be finite" ValueError of the
+        # maths core anywhere in the block counts as a NaN stop too
+        with collective_stop(self.accelerator), non_finite_stops_run(self.step_count):
+            # without an entropy bonus the entropy is only reported: no backward through it
+            logp, entropy = self.model.policy_logprobs(
+                mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
+                entropy_grad=config.entropy_coef > 0, temperature=config.temperature)  # (b, r), (b, r)
+            pg_loss, pg_stats = policy_loss(logp.float(), mb.old_logprobs, mb.advantages, mb.mask,
+                                            clip_eps=config.clip_eps)
+            mean_entropy = masked_mean(entropy.float(), mb.mask)
+            loss = pg_loss - config.entropy_coef * mean_entropy
+            if config.ptx_coef > 0:
+                ptx = self._ptx_loss(generator)
+                loss = loss + config.ptx_coef * ptx
+                stats["ptx_loss"] = float(ptx.detach())
+            check_all_finite("policy loss", loss.detach(), self.step_count)
         if train_policy:
             loss.backward()
-            norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters())
+            norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters(), "policy")
         else:  # value warm-up: the critic learns the returns first, the policy waits
             norm = 0.0
         stats.update({
@@ -310,14 +324,15 @@ class PPOTrainer:
     def _value_step(self, mb: Minibatch) -> dict[str, float]:
         """One critic step: L_V = mean max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2) / 2."""
         config = self.config
-        with non_finite_stops_run(self.step_count):
+        # all processes agree before the gradient all-reduce (as in _policy_step)
+        with collective_stop(self.accelerator), non_finite_stops_run(self.step_count):
             new_values = self.model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-        check_all_finite("values", new_values.detach() * mb.mask, self.step_count)
-        v_loss, v_stats = value_loss(new_values, mb.old_values, mb.returns, mb.mask,
-                                     clip_range=config.value_clip)
-        check_all_finite("value loss", v_loss.detach(), self.step_count)
+            check_all_finite("values", new_values.detach() * mb.mask, self.step_count)
+            v_loss, v_stats = value_loss(new_values, mb.old_values, mb.returns, mb.mask,
+                                         clip_range=config.value_clip)
+            check_all_finite("value loss", v_loss.detach(), self.step_count)
         (config.vf_coef * v_loss).backward()
-        norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters())
+        norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters(), "value")
         return {"value_loss": float(v_loss.detach()), "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
                 "value_grad_norm": norm}
 
@@ -327,8 +342,9 @@ class PPOTrainer:
         """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed seed,
         the caller's RNG untouched; no value pass, no GAE).
 
-        eval_kl = mean over prompts of sum_t (log pi(y_t) - log ref(y_t)), the k1 sequence KL of the
-        policy's own samples (an unbiased estimate of KL(pi || ref) per response).
+        eval_kl = mean over prompts of sum_t (log pi_T(y_t) - log ref_T(y_t)), the k1 sequence KL of the
+        policy's own samples (an unbiased estimate of KL(pi_T || ref_T) per response, both at
+        config.temperature, like the training kl).
         """
         if not prompts:
             raise ValueError("prompts must be a non-empty list of strings")
@@ -342,8 +358,8 @@ class PPOTrainer:
                 samples = sample_responses(self.model, self.tokenizer, part, config.max_prompt_length,
                                            config.max_new_tokens, temperature=config.temperature)
                 seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
-                logp = self.model.policy_logprobs(seq, attn, P).float()  # (b, R)
-                ref = self.model.ref_logprobs(seq, attn, P).float()  # (b, R)
+                logp = self.model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
+                ref = self.model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
                 seq_kls.append(((logp - ref) * mask).sum(dim=1))  # (b,)
                 scores.append(score_samples(self.model, samples, self.reward_fn))  # (b,)
                 lengths.append(mask.sum(dim=1))  # (b,)
@@ -361,8 +377,9 @@ class PPOTrainer:
         """Run until `steps` more iterations (default: up to config.total_steps) are done.
 
         Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
-        checkpoint to config.output_dir every config.save_every steps and at the end. A NaN/inf stops
-        the run with NonFiniteError; the last checkpoint written stays intact.
+        checkpoint to config.output_dir every config.save_every steps and at the end, each only after
+        `check_weights_usable`. A NaN/inf stops the run with NonFiniteError (on every process at
+        once); the last checkpoint written stays intact.
         """
         from tqdm.auto import tqdm
 
@@ -373,18 +390,24 @@ class PPOTrainer:
         is_main = self.process_index == 0
         bar = tqdm(total=max(target - self.step_count, 0), desc="PPO",
                    disable=not (config.progress_bar and is_main))
+        start_step = self.step_count
         try:
             while self.step_count < target:
                 metrics = self.step()
                 if eval_prompts is not None and config.eval_every and self.step_count % config.eval_every == 0:
-                    metrics.update(self.evaluate(eval_prompts[: config.n_eval_prompts]))
+                    with collective_stop(self.accelerator), non_finite_stops_run(self.step_count - 1):
+                        metrics.update(self.evaluate(eval_prompts[: config.n_eval_prompts]))
+                save = bool(config.output_dir) and (
+                    self.step_count >= target or (config.save_every > 0 and self.step_count % config.save_every == 0))
+                if save:  # before the step is logged: a step whose weights cannot be saved is not reported
+                    with collective_stop(self.accelerator):
+                        self.check_weights_usable()
                 bar.update(1)
                 bar.set_postfix(score=f"{metrics['score']:.2f}", kl=f"{metrics['kl']:.2f}",
                                 hidden=f"{metrics.get('hidden_score', math.nan):.2f}")
                 if callback is not None:
                     callback(metrics)
-                if config.output_dir and config.save_every and self.step_count % config.save_every == 0 \
-                        and self.step_count < target and is_main:
+                if save and is_main:
                     self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         except NonFiniteError as error:
             bar.close()
@@ -393,9 +416,33 @@ class PPOTrainer:
             raise NonFiniteError(f"{error}. Nothing was saved after the bad value; {kept}. Lower the "
                                  "learning rates, or set score_clip / max_grad_norm.") from None
         bar.close()
-        if config.output_dir and is_main:
+        if config.output_dir and is_main and self.step_count == start_step:  # no step ran: save as it is
             self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         return self.history
+
+    @torch.no_grad()
+    def check_weights_usable(self) -> None:
+        """NonFiniteError unless the current policy and critic give finite outputs on the latest batch.
+
+        Run before every checkpoint. Weights can all be finite and still be broken: one step with a
+        learning rate of 1e12 leaves weights near 1e12, and the next forward overflows to NaN. Such
+        weights must not become the "last good" checkpoint that a resumed run starts from.
+        """
+        batch = self.last_batch
+        if batch is None:
+            return
+        seq, attn, P = batch.sequences, batch.attention_mask, batch.context_length
+        real = batch.mask.bool()  # (B, R)
+        step = self.step_count - 1  # the step whose update made these weights
+        try:
+            with non_finite_stops_run(step):
+                logp = self.model.policy_logprobs(seq, attn, P, temperature=self.config.temperature)  # (B, R)
+                values = self.model.values(seq, attn, P).float()  # (B, R)
+            check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)
+            check_all_finite("values", torch.where(real, values, 0.0), step)
+        except NonFiniteError as error:
+            raise NonFiniteError(f"the weights after the update of PPO step {step} fail on their own batch "
+                                 f"(checked before saving them): {error}") from None
 
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all processes.
+
+    with collective_stop(accelerator, step):    # every process runs the block, then all agree:
+        batch = collect_experience(...)         # a NonFiniteError on any one of them is raised on all
+    check_finite_parameters("policy", params, step)
+
+Under `accelerate launch` each process checks its own rollouts and losses. A process that met a NaN
+must not simply leave: the others would wait forever in the next gradient all-reduce. So every
+process ends each block between two collective operations with a vote (one gathered flag); when a
+process voted "stop", all of them raise NonFiniteError, with that process's message, and none of
+them steps or saves afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from rlhf_helpers.ppo.experience import NonFiniteError
+
+
+def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int | None = None) -> None:
+    """NonFiniteError if a parameter holds a NaN or an inf (one device sync for all of them).
+
+    max_i |p_i| per tensor (the inf-norm: NaN and inf propagate, a finite weight stays finite,
+    however large, where a 2-norm could overflow), then one check over those numbers.
+    """
+    if not params:
+        return
+    with torch.no_grad():
+        largest = torch.stack(torch._foreach_norm([p.detach() for p in params], math.inf))  # (n_params,)
+    if not bool(torch.isfinite(largest).all()):
+        where = f" at PPO step {step}" if step is not None else ""
+        bad = int((~torch.isfinite(largest)).sum())
+        raise NonFiniteError(f"{what} weights: {bad} tensor(s) hold NaN/inf after an optimiser step{where}; "
+                             "stopping the run (nothing is saved after this; the last checkpoint written "
+                             "before this step is intact)")
+
+
+def agree_to_stop(accelerator: Any, error: NonFiniteError | None) -> None:
+    """The collective decision: raise on every process if any process brings an error (else return).
+
+    One gathered flag per call; the messages are gathered only when some process wants to stop, so
+    a process that saw nothing can report what another one saw. Identity on one process.
+    """
+    if accelerator is None or accelerator.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    from accelerate.utils import gather_object
+
+    device = accelerator.device
+    flags = accelerator.gather(torch.tensor([0 if error is None else 1], device=device))  # (num_processes,)
+    bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
+    if not bad:
+        return
+    messages = gather_object([None if error is None else str(error)])  # one per process, in rank order
+    if error is not None:
+        raise NonFiniteError(f"{error} [process {accelerator.process_index} of "
+                             f"{accelerator.num_processes}; every process stops]")
+    raise NonFiniteError(f"{messages[bad[0]]} [process {bad[0]} of {accelerator.num_processes}; "
+                         "every process stops]")
+
+
+@contextmanager
+def collective_stop(accelerator: Any) -> Iterator[None]:
+    """Run the block on every process, then vote: a NonFiniteError on any process is raised on all.
+
+    Put one around each stretch of local work that ends in a collective operation (gradient
+    all-reduce, metric reduction) or in a checkpoint save.
+    """
+    error: NonFiniteError | None = None
+    try:
+        yield
+    except NonFiniteError as caught:
+        error = caught
+    agree_to_stop(accelerator, error)

@@ -1,0 +1,96 @@
+"""Checks the training command runs before any work starts: each problem is one line and exit status 2.
+
+    check_output_dir(Path("runs/ppo-tiny"))        # a writable folder, or SetupError saying why not
+    record = read_run_record(Path("runs/ppo-tiny"))  # run.json of a run to resume, validated
+
+They run before the reward model is trained and before the model is built, so a typo or a full disk
+costs a second, not a model build and a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
+EXIT_SETUP = 2
+RUN_FILE = "run.json"
+
+
+class SetupError(SystemExit):
+    """A run that cannot start: `main` prints the message as one line and the process exits 2.
+
+    A SystemExit, so an uncaught one ends the process without a traceback; str() is the message.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_SETUP)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _probe_write(folder: Path) -> None:
+    """Create, write, fsync and delete a small file in `folder` (what a checkpoint save will do)."""
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * 4096)  # one block: a full disk refuses it
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Make sure `output_dir` is, or can become, a folder this process can write into.
+
+    Refused with SetupError: a path that is a file or lies under one, a folder that cannot be
+    created or written (permissions, a read-only file system: `os.access` and a probe write, since
+    root passes permission checks that a read-only mount still refuses), and a full disk.
+    """
+    flag = f"--output-dir {output_dir}"
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SetupError(f"{flag} is a file, not a folder: choose a folder for the run")
+    parent = output_dir
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SetupError(f"{flag} lies under {parent}, which is a file, not a folder")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(output_dir, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "no write permission", str(output_dir))
+        _probe_write(output_dir)
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        if error.errno == errno.ENOSPC:
+            raise SetupError(f"{flag}: no space left on its disk ({reason}): free some space "
+                             "(each checkpoint holds the adapters, heads and optimiser states)") from None
+        if error.errno == errno.EDQUOT:
+            raise SetupError(f"{flag}: disk quota exceeded ({reason})") from None
+        raise SetupError(f"{flag} is not writable ({reason}): choose a folder you can write to") from None
+
+
+def read_run_record(output_dir: Path) -> dict[str, Any]:
+    """output_dir/run.json of a run to resume, checked: a JSON object with the profile's name and the
+    PPO config the run was made with (SetupError naming what is missing)."""
+    run_file = output_dir / RUN_FILE
+    if not run_file.is_file():
+        raise SetupError(f"--resume: {run_file} is missing, so the run's settings are unknown")
+    try:
+        record = json.loads(run_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SetupError(f"--resume: {run_file} is not valid JSON ({error})") from None
+    profile = record.get("profile") if isinstance(record, dict) else None
+    if not isinstance(profile, dict) or not isinstance(profile.get("name"), str):
+        raise SetupError(f"--resume: {run_file} lacks the run's profile (a \"profile\" object with a "
+                         "\"name\"); it was not written by this command")
+    if not isinstance(record.get("ppo_config"), dict):
+        raise SetupError(f"--resume: {run_file} lacks the run's PPO settings (a \"ppo_config\" object); "
+                         "it was not written by this command")
+    return record

@@ -1,0 +1,208 @@
+"""The NaN/inf stop on the toy model: broken sampling logits, broken weights after an optimiser step,
+and weights that are finite but useless never become the "last good" checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import NonFiniteError, collect_experience
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.trainer import PPOTrainer
+
+PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def make_trainer(init_seed: int = 0, **overrides) -> PPOTrainer:
+    tok = toy_tokenizer()
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=init_seed)
+    # one minibatch per step: the last optimiser step of a step is followed by no forward before
+    # the checkpoint, the case where broken weights used to be saved
+    values = dict(rollout_batch_size=4, mini_batch_size=4, ppo_epochs=1, max_prompt_length=6,
+                  max_new_tokens=6, lora_r=4, lora_alpha=8, policy_lr=3e-2, value_lr=3e-2,
+                  progress_bar=False, seed=0)
+    values.update(overrides)
+    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=good_count, hidden_score_fn=None)
+
+
+def policy_state(trainer: PPOTrainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.policy_parameters()]
+
+
+def break_policy(trainer: PPOTrainer, value: float) -> None:
+    """Fill one policy LoRA tensor (B of the first attention layer) with `value`."""
+    with torch.no_grad():
+        trainer.model.policy_parameters()[1].fill_(value)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_sampling_logits_stop_before_multinomial(value):
+    trainer = make_trainer()
+    break_policy(trainer, value)
+    prompt_ids = torch.tensor([[3, 4, 6]])  # "the movie was"
+    with pytest.raises(ValueError, match=r"sampling logits must be finite, but 1 of 1 rows met NaN or inf "
+                                         r"at response token 0"):
+        trainer.model.generate(prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4)
+    with pytest.raises(NonFiniteError, match="sampling logits must be finite.* at PPO step 7"):
+        collect_experience(trainer.model, trainer.tokenizer, PROMPTS, trainer.config, kl_coef=0.1, step=7)
+    # the reference (adapters off) is not broken and still samples
+    trainer.model.generate(prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4, adapter=None)
+
+
+def test_non_finite_weights_after_an_optimiser_step_stop_that_step(tmp_path, monkeypatch):
+    trainer = make_trainer(save_every=1, output_dir=str(tmp_path))
+    kept = {}
+    real_step = trainer.policy_optimizer.step
+
+    def step_then_nan(*args, **kwargs):
+        real_step(*args, **kwargs)
+        if trainer.step_count == 2:  # the third PPO step's only policy step writes a NaN weight
+            break_policy(trainer, math.nan)
+
+    monkeypatch.setattr(trainer.policy_optimizer, "step", step_then_nan)
+    with pytest.raises(NonFiniteError, match=r"policy weights: 1 tensor\(s\) hold NaN/inf after an optimiser "
+                                             r"step at PPO step 2.*last good checkpoint is .*step-000002"):
+        trainer.train(steps=4, callback=lambda m: kept.__setitem__(int(m["step"]), policy_state(trainer)))
+    assert sorted(kept) == [1, 2] and latest_checkpoint(tmp_path).name == "step-000002"
+    fresh = make_trainer(init_seed=5)
+    load_checkpoint(fresh, tmp_path)
+    for saved, loaded in zip(kept[2], policy_state(fresh), strict=True):
+        assert torch.equal(saved, loaded)
+
+
+def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights(tmp_path):
+    """A learning rate of 1e12 from the third step on (RLHF_PROFILE_OVERRIDES='{"policy_lr": 1e12}'
+    does it from the first): the weights stay finite (~1e12) but every forward overflows to NaN."""
+    trainer = make_trainer(save_every=1, output_dir=str(tmp_path))
+    kept = {}
+
+    def record_then_raise_lr(metrics):
+        kept[int(metrics["step"])] = policy_state(trainer)
+        if trainer.step_count == 2:
+            for group in trainer.policy_optimizer.param_groups:
+                group["lr"] = 1e12
+
+    with pytest.raises(NonFiniteError, match="the weights after the update of PPO step 2 fail on their "
+                                             "own batch.*last good checkpoint is .*step-000002"):
+        trainer.train(steps=5, callback=record_then_raise_lr)
+    assert max(float(p.detach().abs().max()) for p in trainer.model.policy_parameters()) > 1e11  # finite, broken
+    assert sorted(kept) == [1, 2] and latest_checkpoint(tmp_path).name == "step-000002"
+    fresh = make_trainer(init_seed=5)
+    load_checkpoint(fresh, tmp_path)
+    for saved, loaded in zip(kept[2], policy_state(fresh), strict=True):
+        assert torch.equal(saved, loaded)
+    # the kept weights really are good: a resumed run samples, scores and updates from them
+    metrics = fresh.step()
+    assert math.isfinite(metrics["policy_loss"]) and fresh.step_count == 3
+
+
+# ---------------------------------------------------------------- two processes (accelerate launch)
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def file_hashes(folder) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` starts two CPU processes (gloo) when no GPU is
+    visible (`--cpu --num_processes 2` would start one). Process 1 alone sees NaN reward scores at
+    its second step: both processes must stop there with exit status 3 (before the fix, process 0
+    waited forever in the gradient all-reduce), and step-000001 must stay as it was written."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out, results = tmp_path / "ppo", tmp_path / "results"
+    results.mkdir()
+    tiny = {"rollout_batch_size": 4, "mini_batch_size": 4, "max_new_tokens": 6, "ppo_epochs": 1,
+            "n_eval_prompts": 4}
+    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(tiny), RLHF_RUNS_DIR=str(tmp_path / "runs"),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+               NAN_RANK="1", NAN_CALL="2", RESULTS_DIR=str(results))
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+               str(repo / "tests" / "two_process_run.py"), "--profile", "tiny", "--steps", "3",
+               "--save-every", "1", "--no-progress", "--output-dir", str(out)]
+    # a new session, so that a hang (the bug) can be ended with both workers and the launcher
+    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    try:
+        output, _ = launcher.communicate(timeout=150)  # about 60 s on two busy cores
+    except subprocess.TimeoutExpired:
+        for pid_file in results.glob("pid-*"):  # the workers run in sessions of their own
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate()
+        pytest.fail("the two-process run hung (a process waiting for one that had left):\n" + output[-3000:])
+    ranks = [json.loads((results / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["exit"] for r in ranks] == [3, 3], output[-3000:]
+    assert ranks[0]["num_processes"] == 2
+    assert json.loads((out / "run.json").read_text())["num_processes"] == 2
+    assert "reward scores has 4 NaN/inf value(s) at PPO step 1" in output
+    assert "[process 1 of 2; every process stops]" in output
+    assert (out / "latest").read_text().strip() == "step-000001"
+    assert sorted(p.name for p in results.glob("saved-*")) == ["saved-step-000001.json"]  # none after
+    assert file_hashes(out / "step-000001") == json.loads((results / "saved-step-000001.json").read_text())
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder
+
+
+class PeerStub:
+    """Process 0 of two, whose peer's vote and message are given (stands in for accelerate)."""
+
+    num_processes, process_index, device = 2, 0, torch.device("cpu")
+
+    def __init__(self, peer_message: str | None) -> None:
+        self.peer_message = peer_message
+        self.votes = 0
+
+    def gather(self, flag: torch.Tensor) -> torch.Tensor:
+        self.votes += 1
+        return torch.cat([flag, torch.tensor([0 if self.peer_message is None else 1])])  # (2,)
+
+
+def test_the_vote_stops_a_process_that_saw_nothing_when_its_peer_saw_a_nan(monkeypatch):
+    import accelerate.utils
+
+    from rlhf_helpers.ppo.finite_guard import collective_stop
+
+    peer = PeerStub("policy loss has 1 NaN/inf value(s) at PPO step 4")
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + [peer.peer_message])
+    with pytest.raises(NonFiniteError, match=r"^policy loss has 1 NaN/inf value\(s\) at PPO step 4 "
+                                             r"\[process 1 of 2; every process stops\]$"):
+        with collective_stop(peer):
+            pass  # nothing went wrong here
+    quiet = PeerStub(None)
+    with collective_stop(quiet):
+        pass
+    assert quiet.votes == 1  # one gathered flag, and no stop
+    with pytest.raises(NonFiniteError, match=r"^mine \[process 0 of 2; every process stops\]$"):
+        with collective_stop(quiet):
+            raise NonFiniteError("mine")
+    with pytest.raises(NonFiniteError, match="^alone$"), collective_stop(None):  # one process: as raised
+        raise NonFiniteError("alone")
