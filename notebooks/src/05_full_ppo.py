@@ -29,6 +29,7 @@ env_info = show_environment()
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
@@ -36,7 +37,8 @@ from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
-from rlhf_helpers.data import load_prompts
+from rlhf_helpers.data import load_preferences, load_prompts
+from rlhf_helpers.memory import PeakMemory
 from rlhf_helpers.models import load_causal_lm
 from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.ppo.build import build_shared_model
@@ -48,7 +50,7 @@ from rlhf_helpers.ppo.reward_training import ensure_reward_model, reward_metrics
 from rlhf_helpers.ppo.shared_model import position_ids_from_mask
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.world.scorer import hidden_scores
+from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
 profile = get_profile()
 torch.manual_seed(profile.seed)
@@ -176,23 +178,31 @@ del plain_base
 # %% [markdown]
 # ### Memory: one shared base against four models
 #
-# Parameter bytes, counted from the tensors (not measured). Trained parameters also need a gradient and
-# Adam's two moments: 3 more copies of their bytes. Four separate models means full copies of the policy,
-# the reference, the critic and the reward model, the policy and critic fully fine-tuned. Activations
-# come on top in both cases and are not counted.
+# Parameter bytes, counted from the tensors. Trained parameters also need a gradient and Adam's two
+# moments: 3 more copies of their bytes. Two savings are at work, and the table separates them:
+# - **LoRA instead of full fine-tuning** (row 1 -> row 2): only the adapters (and the value head) are
+#   trained, so the gradients and Adam states shrink from the size of two models to the size of the
+#   adapters. Row 2 still keeps four copies of the base, one per role, each with its own adapter.
+# - **one shared base instead of four** (row 2 -> row 3): the frozen base is kept once and each role is
+#   chosen by switching adapters; the reference is the base with the adapters off.
+# Activations come on top in every row; the measured peak below includes them.
 
 # %%
 sizes = model.parameter_bytes()
 base_bytes = sizes["base"]
 head_bytes = sum(p.numel() * p.element_size() for p in model.value_head.parameters())
 score_bytes = sum(p.numel() * p.element_size() for p in model.score_head.parameters())
+adapter_bytes = sizes["policy"] + sizes["value"] + sizes["reward"]
 trained_shared = sum(p.numel() * p.element_size() for p in model.policy_parameters() + model.value_parameters())
 MB = 2**20
 memory_rows = [
-    {"set-up": "four separate models",
+    {"set-up": "1. four models, policy and critic fully fine-tuned",
      "weights (MB)": (4 * base_bytes + head_bytes + score_bytes) / MB,
      "grads + Adam (MB)": 3 * (2 * base_bytes + head_bytes) / MB},
-    {"set-up": "one base + LoRA adapters",
+    {"set-up": "2. four models, each trained role a LoRA adapter",
+     "weights (MB)": (4 * base_bytes + adapter_bytes + head_bytes + score_bytes) / MB,
+     "grads + Adam (MB)": 3 * trained_shared / MB},
+    {"set-up": "3. one shared base + LoRA adapters (this notebook)",
      "weights (MB)": sizes["total"] / MB,
      "grads + Adam (MB)": 3 * trained_shared / MB},
 ]
@@ -200,16 +210,17 @@ for row in memory_rows:
     row["total (MB)"] = row["weights (MB)"] + row["grads + Adam (MB)"]
 memory_table = pd.DataFrame(memory_rows).set_index("set-up")
 display(memory_table.round(3))
-ratio = memory_table["total (MB)"].iloc[0] / memory_table["total (MB)"].iloc[1]
+total = memory_table["total (MB)"].to_numpy()
 print(f"adapters: {', '.join(f'{a} {sizes[a] / MB:.3f} MB' for a in ('policy', 'value', 'reward'))}; "
       f"base {base_bytes / MB:.3f} MB")
-print(f"four models need {ratio:.1f}x the memory of the shared set-up")
+print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one shared base instead of four: "
+      f"{total[1] / total[2]:.1f}x less;  both: {total[0] / total[2]:.1f}x less")
 
 # %% [markdown]
-# On the tiny model (rank-8 adapters on every projection of a 0.65M-parameter model) the adapters are a
-# sizeable share of the base, so the saving is modest. The base grows much faster than the adapters: on
-# the gpu profile's 135M-parameter model this cell prints a far larger ratio. Measured peak memory adds
-# activations, which both set-ups need (the shared one runs its roles one after another).
+# The ratios are large even on the tiny model, because the base is kept once instead of four times and
+# never needs gradients or Adam states; on the gpu profile's 135M-parameter model, whose base grows much
+# faster than its adapters, they are larger still. Parameter bytes are not the whole story: a PPO
+# step also holds activations, gradients and Adam states while it runs; section 4 measures that peak.
 
 # %% [markdown]
 # ## 3. Experience making
@@ -393,10 +404,14 @@ def after_step(metrics):
         curves_handle.update(plot_curves(trainer.history, keys=CURVES, columns=3))
 
 
+peak = PeakMemory()  # resident memory of this process, from here to the end of training
 history = trainer.train(callback=after_step)
 last = history[-1]
 print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hidden_score']:.3f}  "
       f"kl {last['kl']:.3f}  time/step {sum(h['time_step'] for h in history) / len(history):.1f} s")
+print(f"memory: the shared model's parameters {model.parameter_bytes()['total'] / 2**20:.1f} MB; training rose "
+      f"{peak.rise_mb():.0f} MB above the memory held before it ({peak.how}): activations, gradients, "
+      f"Adam states and the evaluation's sampling")
 
 # %% [markdown]
 # Reading the curves: the learned score should rise, and the hidden score with it as long as the reward
@@ -478,6 +493,36 @@ with pd.option_context("display.max_colwidth", 120):
     display(samples_table.sort_values(["prompt", "model"], kind="stable"))
 
 # %% [markdown]
+# Read the table for **disagreements** between the two scores: a response the reward model likes and the
+# hidden scorer does not is where PPO has started to exploit the reward model. The cell below takes the
+# policy's sample with the largest gap and splits its hidden score into its terms (`score_breakdown`,
+# notebook 02), so you can see which part of quality the reward model failed to check.
+
+# %%
+policy_rows = samples_table[samples_table["model"] == "PPO policy"]
+gap_row = policy_rows.loc[(policy_rows["learned"] - policy_rows["hidden"]).idxmax()]
+terms = score_breakdown(gap_row["prompt"], gap_row["response"])
+print(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}")
+print(f"learned {gap_row['learned']:+.2f}   hidden {gap_row['hidden']:+.2f}   gap {gap_row['learned'] - gap_row['hidden']:+.2f}")
+worst_terms = sorted(((name, getattr(terms, name)) for name in ("sentiment", "specificity", "fluency",
+                                                                 "repetition", "length", "genre")),
+                     key=lambda item: item[1])
+print("hidden score terms, worst first: " + ", ".join(f"{name} {value:+.2f}" for name, value in worst_terms))
+genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_breakdown(p["prompt"], p["rejected"]).genre
+                  for p in load_preferences("train"))
+print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of "
+      f"{len(load_preferences('train'))}")
+
+# %% [markdown]
+# A typical find on the tiny profile: a prompt about one genre ("Review of the comedy ...") answered
+# with a confident review of another ("This drama ..."). The praise and detail the reward model pays
+# for are there, so its score is high; the hidden scorer's **genre** term subtracts for every word that
+# contradicts the prompt's genre. Few of notebook 02's preference pairs contrast a right genre with a
+# wrong one (the count is printed above), so the reward model had little evidence to learn that check. That is reward hacking in miniature: the
+# policy found a direction the proxy does not see. The KL penalty keeps such drift small; notebook 06
+# removes it and the gap grows.
+
+# %% [markdown]
 # ## 6. Best-of-$n$: the baseline at matched KL
 #
 # Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
@@ -513,10 +558,30 @@ final = ppo_points.iloc[-1]
 matched = bon_points[bon_points["KL (nats)"] <= final["KL (nats)"]]  # best-of-n points within PPO's KL
 print(f"PPO at KL {final['KL (nats)']:.2f}: hidden score {final['hidden score']:.3f}")
 if len(matched):
-    print(f"largest best-of-n within that KL: n = {int(matched['n'].iloc[-1])}, "
-          f"hidden score {matched['hidden score'].iloc[-1]:.3f}")
+    best = matched.loc[matched["hidden score"].idxmax()]
+    print(f"best best-of-n within that KL: n = {int(best['n'])} at KL {best['KL (nats)']:.2f}, hidden score "
+          f"{best['hidden score']:.3f}")
+    # PPO's hidden score at best-of-n's KL, read off the PPO curve (evaluations sorted by KL, linear in between)
+    by_kl = ppo_points.sort_values("KL (nats)")
+    ppo_there = float(np.interp(best["KL (nats)"], by_kl["KL (nats)"], by_kl["hidden score"]))
+    lead = best["hidden score"] - ppo_there
+    print(f"at matched KL {best['KL (nats)']:.2f}: best-of-{int(best['n'])} {best['hidden score']:.3f} vs PPO "
+          f"{ppo_there:.3f} -> {'best-of-n' if lead > 0 else 'PPO'} is ahead by {abs(lead):.3f}")
+peak_row = ppo_points.loc[ppo_points["hidden score"].idxmax()]
+print(f"PPO's hidden score peaked at step {int(peak_row['step'])} ({peak_row['hidden score']:.3f}, KL "
+      f"{peak_row['KL (nats)']:.2f}); learned score there {peak_row['learned score']:.3f}, at the end "
+      f"{final['learned score']:.3f} with hidden {final['hidden score']:.3f}")
 
 # %% [markdown]
+# **The verdict** is the "at matched KL" line above: which of the two reaches the higher hidden score for
+# the same distance from the SFT model on this run. Gao et al. (2022) found at scale that RL is less
+# KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL), so expect
+# best-of-$n$ to be ahead at matched KL, and PPO to reach higher scores only by going further. What PPO buys is cost at inference:
+# best-of-$n$ samples and scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
+# And look at where PPO's hidden score peaked (printed last): if the learned score is still climbing
+# after that step while the hidden score sags, the policy is spending KL on what the reward model
+# over-rates, the start of the over-optimisation that notebook 06 measures.
+#
 # Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum of
 # Exercise 1), best-of-$n$'s is the formula; and the formula is an upper bound when rewards tie. With a
 # longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps
