@@ -51,7 +51,8 @@ print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {pr
 # details, grammatical sentences, no repeated words, the prompt's genre; `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with
 # the Bradley-Terry probability
 #
-# $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T}\right), \qquad T = 0.5,$$
+# $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T_{\text{ann}}}\right), \qquad T_{\text{ann}} = 0.5$$
+# (the annotator's temperature; plain $T$ is a sequence length everywhere in the course),
 #
 # so two responses of similar quality get a near coin-flip label, as with real people.
 
@@ -99,7 +100,7 @@ fig.show()
 # %% [markdown]
 # ### Exercise 1: the ceiling from the hidden scores
 # Write `ceiling_from_scores(score_a, score_b, temperature)`: the annotator's probabilities
-# $\sigma((h_a - h_b)/T)$ for each pair, then the mean of $\max(p, 1-p)$. Return a Python float.
+# $\sigma((h_a - h_b)/T_{\text{ann}})$ for each pair, then the mean of $\max(p, 1-p)$. Return a Python float.
 
 # %%
 # EXERCISE 1
@@ -255,6 +256,48 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
 # %% [markdown]
 # ## 4. Train the reward model: TRL's RewardTrainer with a LoRA adapter
 #
+# ### LoRA in one equation
+#
+# Fine-tuning every weight of the model for every role (reward model here; policy and critic in
+# notebook 05) would need a full copy of the model per role. **LoRA** (Hu et al. 2021) freezes each
+# weight matrix $W_0 \in \mathbb{R}^{d_{\text{out}} \times d_{\text{in}}}$ and learns a low-rank correction
+# next to it:
+#
+# $$f(x) = W_0 x + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},\ r \ll \min(d_{\text{in}}, d_{\text{out}}).$$
+#
+# $A$ starts random and $B$ starts at **zero**, so a fresh adapter changes nothing: the adapted model
+# starts as the model it adapts. Only $A$ and $B$ are trained: $r(d_{\text{in}} + d_{\text{out}})$ numbers
+# instead of $d_{\text{in}} d_{\text{out}}$. Switching the adapter off gives $W_0$ back exactly, which
+# notebook 05 uses to get the frozen reference model for free. The cell checks the equation against
+# peft on one projection of the tiny model.
+
+# %%
+from peft import get_peft_model
+
+from rlhf_helpers.models import load_causal_lm
+from rlhf_helpers.ppo.shared_model import lora_config, uses_conv1d
+
+lora_demo = load_causal_lm(profile)
+lora_demo = get_peft_model(lora_demo, lora_config(profile.lora_r, profile.lora_alpha, ["c_fc"],
+                                                   fan_in_fan_out=uses_conv1d(lora_demo)))
+layer = next(m for m in lora_demo.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
+A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # (r, d_in), (d_out, r)
+print(f"one MLP projection: W0 {tuple(layer.base_layer.weight.shape)} (stored (d_in, d_out) by GPT-2's Conv1D), "
+      f"A {tuple(A.shape)}, B {tuple(B.shape)}; B is all zero at the start: {bool((B == 0).all())}")
+with torch.no_grad():
+    B.normal_(generator=torch.Generator().manual_seed(0))  # pretend training moved B
+    x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1))  # (N, d_in)
+    W0 = layer.base_layer.weight.T if uses_conv1d(lora_demo) else layer.base_layer.weight  # (d_out, d_in)
+    f_scratch = x @ W0.T + layer.base_layer.bias + (profile.lora_alpha / profile.lora_r) * x @ A.T @ B.T  # (N, d_out)
+    torch.testing.assert_close(layer(x), f_scratch)
+d_in, d_out = A.shape[1], B.shape[0]
+print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers per projection: "
+      f"{profile.lora_r * (d_in + d_out):,} instead of {d_in * d_out:,}")
+del lora_demo
+
+# %% [markdown]
+# ### Training
+#
 # The reward model is the SFT model with its language-model head replaced by a linear **score head**
 # ($H \to 1$), and a LoRA adapter on the attention and MLP projections: only the adapter and the head
 # are trained. In PPO (notebook 05) this adapter sits next to the policy and value adapters on the
@@ -390,8 +433,8 @@ exercise_check("Exercise 3 (last_real_index)", check_last_real_index)
 #
 # Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
 # higher. It cannot exceed the annotator ceiling of section 1. Since the labels follow
-# $\sigma((h_a - h_b)/T)$, a reward model that fits them perfectly would be $r = h / T + \text{const}$:
-# a line of slope $1/T = 2$. A real one falls short of it: the least-squares slope of $r$ on $h$ is
+# $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly would be $r = h / T_{\text{ann}} + \text{const}$:
+# a line of slope $1/T_{\text{ann}} = 2$. A real one falls short of it: the least-squares slope of $r$ on $h$ is
 # $\operatorname{corr}(r, h)\cdot\operatorname{sd}(r)/\operatorname{sd}(h)$, and every part of $h$ the model cannot
 # see (a few thousand noisy labels, two epochs, a LoRA adapter) lowers the correlation and shrinks
 # the spread of $r$, so the slope comes out below 2. The cell prints by how much.
@@ -410,7 +453,7 @@ oracle_accuracy = ((h_chosen > h_rejected).float() + 0.5 * (h_chosen == h_reject
 print(f"held-out pairwise accuracy {accuracy:.3f}   annotator ceiling {ceiling:.3f}   "
       f"(ranking by the hidden score itself: {oracle_accuracy:.3f})")
 print(f"held-out Bradley-Terry loss {held_out_loss:.3f}   corr(learned, hidden) {correlation:.3f}   "
-      f"slope {slope:.2f}: {slope * DEFAULT_TEMPERATURE:.0%} of the 1/T = {1 / DEFAULT_TEMPERATURE:.1f} of a perfect fit")
+      f"slope {slope:.2f}: {slope * DEFAULT_TEMPERATURE:.0%} of the 1/T_ann = {1 / DEFAULT_TEMPERATURE:.1f} of a perfect fit")
 
 fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
                     subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (r = {correlation:.2f})"))

@@ -38,6 +38,7 @@ from IPython.display import display
 import rlhf_helpers
 from rlhf_helpers import widgets
 from rlhf_helpers.data import load_preferences, load_prompts
+from rlhf_helpers.live_figure import LiveFigure
 from rlhf_helpers.memory import PeakMemory
 from rlhf_helpers.models import load_causal_lm
 from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
@@ -82,8 +83,26 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})},$$
 #
 # with $\rho_t = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ and $\log\pi_{\text{old}}$ stored at
-# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + \gamma_{\text{ptx}}L^{\text{ptx}}$
+# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + c_{\text{ptx}}L^{\text{ptx}}$
 # (ptx is off by default), the critic $L^V$.
+#
+# ### Coming from TRL, OpenRLHF or a single-file script?
+#
+# TRL removed its `PPOTrainer` (TRL 1.16 has none; 1.10 keeps it under `trl.experimental.ppo`), and the
+# course needs what no current library gives in one readable place: all four roles on **one** base
+# model, every line next to the equation it implements and covered by a test, fast enough to train on a
+# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own (about 400 lines). Where the
+# pieces you may know went:
+#
+# | you may know | here | what differs |
+# |---|---|---|
+# | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
+# | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
+# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked below against the plain SFT model |
+# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
+# | OpenRLHF: `PolicyLoss`, `masked_mean(loss, action_mask, dim=-1).mean()` | `policy_loss`: one masked mean over **all** tokens of the minibatch | OpenRLHF averages per sequence, then over sequences (every response weighs the same); here every token weighs the same, so long responses weigh more |
+# | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
+# | the seeds' `ppo.py`: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
 #
 # ## 2. One base model, four roles
 #
@@ -390,7 +409,7 @@ start_eval = trainer.evaluate(eval_prompts)
 print({k: round(v, 3) for k, v in start_eval.items()})
 
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
-curves_handle = display(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"), display_id=True)
+live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
 refresh_every = max(1, config.total_steps // 10)
 eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
 ppo_evals = [{"step": 0, **start_eval}]
@@ -401,7 +420,7 @@ def after_step(metrics):
     if trainer.step_count in eval_steps:
         ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
     if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
-        curves_handle.update(plot_curves(trainer.history, keys=CURVES, columns=3))
+        live_curves.update(plot_curves(trainer.history, keys=CURVES, columns=3))
 
 
 peak = PeakMemory()  # resident memory of this process, from here to the end of training

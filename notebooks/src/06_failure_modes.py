@@ -381,15 +381,16 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 # initial policy as $d = \sqrt{\mathrm{KL}}$ and fit the gold (here: hidden) score with two laws, one per
 # way of optimising:
 #
-# $$\text{best-of-}n:\; h(d) = c + d\,(\alpha - \beta_{\text{G}}\, d), \qquad
-# \text{RL}:\; h(d) = c + d\,(\alpha - \beta_{\text{G}} \log d)$$
+# $$\text{best-of-}n:\; h(d) = c_{\text{G}} + d\,(\alpha_{\text{G}} - \beta_{\text{G}}\, d), \qquad
+# \text{RL}:\; h(d) = c_{\text{G}} + d\,(\alpha_{\text{G}} - \beta_{\text{G}} \log d)$$
 #
-# ($c$: the SFT model's hidden score; $\beta_{\text{G}}$ is the law's coefficient, not the KL penalty).
+# ($c_{\text{G}}$: the SFT model's hidden score; the subscript G marks Gao et al.'s coefficients, so
+# $\beta_{\text{G}}$ is not the KL penalty $\beta$).
 # PPO is RL, so the second form is the one to expect; the first is drawn for comparison. Both are
 # linear in their coefficients: a least-squares fit on the features $(1, d, d^2)$ or $(1, d, d\log d)$.
-# The RL form peaks where $h'(d) = \alpha - \beta_{\text{G}}(\log d + 1) = 0$:
+# The RL form peaks where $h'(d) = \alpha_{\text{G}} - \beta_{\text{G}}(\log d + 1) = 0$:
 #
-# $$d^* = \exp\!\left(\frac{\alpha}{\beta_{\text{G}}} - 1\right), \qquad \mathrm{KL}^* = (d^*)^2 .$$
+# $$d^* = \exp\!\left(\frac{\alpha_{\text{G}}}{\beta_{\text{G}}} - 1\right), \qquad \mathrm{KL}^* = (d^*)^2 .$$
 #
 # Each PPO step of the $\beta = 0$ run is one point (KL of its batch, mean hidden score); the penalised
 # run's points are drawn in the same plane.
@@ -440,8 +441,8 @@ fig.show()
 # curve training stops. The fit is one noisy run: read $d^*$ as a rough location, not a constant.
 #
 # ### Exercise 2: fit the over-optimisation law
-# Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c, \alpha, \beta_{\text{G}})$
-# of Gao et al.'s RL law $h = c + \alpha d - \beta_{\text{G}}\, d \log d$, $d = \sqrt{\mathrm{KL}}$, from two
+# Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c_{\text{G}}, \alpha_{\text{G}}, \beta_{\text{G}})$
+# of Gao et al.'s RL law $h = c_{\text{G}} + \alpha_{\text{G}} d - \beta_{\text{G}}\, d \log d$, $d = \sqrt{\mathrm{KL}}$, from two
 # lists of equal length, as three Python floats, without numpy (the check compares against
 # `numpy.linalg.lstsq`). Treat negative KL values as 0, and use $d \log d = 0$ at $d = 0$ (its limit).
 
@@ -485,9 +486,9 @@ exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
 
 # ## (d) Negative KL from the $k_1$ estimator
 #
-# The logged KL is estimated from the sampled tokens. With $\log\rho_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
+# The logged KL is estimated from the sampled tokens. With $\log w_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
 #
-# $$k_1 = -\log\rho_t, \qquad k_3 = (\rho_t - 1) - \log\rho_t \;\ge 0 .$$
+# $$k_1 = -\log w_t, \qquad k_3 = (w_t - 1) - \log w_t \;\ge 0 .$$
 #
 # Both are unbiased estimates of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ when $a_t \sim \pi$, but
 # $k_1$ is negative on every token the reference likes more than the policy, and a *sequence* or a small
@@ -499,9 +500,9 @@ exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
 
 # %%
 def k3_scratch(logprobs, ref_logprobs):
-    """(rho - 1) - log rho with rho = pi_ref / pi, per token: (B, R) -> (B, R)."""
-    log_rho = ref_logprobs - logprobs  # (B, R)
-    return torch.exp(log_rho) - 1 - log_rho
+    """(w - 1) - log w with w = pi_ref / pi, per token: (B, R) -> (B, R)."""
+    log_w = ref_logprobs - logprobs  # (B, R)
+    return torch.exp(log_w) - 1 - log_w
 
 
 batch = baseline.last_batch
@@ -533,7 +534,7 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 # %% [markdown]
 # **Recognise it:** negative per-response (or small-batch) KL values in the log, from the $k_1$ sum;
 # $k_3$ gives none (right panel). $k_3$ pays for that with a heavy right tail: a token the reference
-# finds far likelier than the policy ($\rho_t \gg 1$) adds $\rho_t - 1 - \log\rho_t$, so a single
+# finds far likelier than the policy ($w_t \gg 1$) adds $w_t - 1 - \log w_t$, so a single
 # batch mean can jump (compare the two printed rows step by step). Use $k_3$ (or $k_2$)
 # for *reporting*; in the reward, $k_1$ per token is fine on average, but its negative tokens become
 # *positive* rewards, a bonus for going where the reference is more confident.
@@ -545,7 +546,7 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 # %%
 # EXERCISE 3
 def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t m_t ((rho_t - 1) - log rho_t), rho_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
+    """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
     raise NotImplementedError
 
 
@@ -570,9 +571,9 @@ exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3)
 #
 # ```python
 # def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """sum_t m_t ((rho_t - 1) - log rho_t), rho_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
-#     log_rho = ref_logprobs - logprobs  # (B, R)
-#     return ((torch.expm1(log_rho) - log_rho) * mask).sum(dim=1)  # (B,)
+#     """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
+#     log_w = ref_logprobs - logprobs  # (B, R)
+#     return ((torch.expm1(log_w) - log_w) * mask).sum(dim=1)  # (B,)
 # ```
 # </details>
 
