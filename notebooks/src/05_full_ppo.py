@@ -13,6 +13,8 @@
 #   memory saved against four separate models;
 # - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
 #   shaped rewards, advantages), and the whole computation for one sequence from scratch;
+# - PPO's update written from scratch (epochs, shuffled minibatches, ratio against the stored log-probs,
+#   clipped policy and value losses, one optimiser per adapter) and checked against the library's;
 # - training with curves of the learned score, the hidden true score, KL, clip fraction, value loss and
 #   explained variance; samples before and after;
 # - **measured**: PPO against best-of-$n$ sampling at matched KL ($\log n - \frac{n-1}{n}$);
@@ -45,7 +47,7 @@ from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import collect_experience, explained_variance, sample_responses, score_samples
+from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.reward_training import ensure_reward_model, reward_metrics
 from rlhf_helpers.ppo.shared_model import position_ids_from_mask
@@ -382,6 +384,161 @@ exercise_check("Exercise 1 (sequence_kl)", check_sequence_kl)
 # </details>
 
 # %% [markdown]
+# ### PPO's update, from scratch
+#
+# Experience in hand, the update is the part that learns. `PPOTrainer.update(batch)` runs, for every
+# one of `ppo_epochs` epochs, a fresh shuffle of the batch cut into minibatches, and for each minibatch
+# two optimiser steps, one per adapter (each chosen by name, notebook 05 section 2):
+#
+# - **policy** (policy adapter on): the ratio against the log-probs **stored at sampling time**, and
+#   the clipped loss of notebook 04,
+#
+# $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
+# L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t};$$
+#
+# - **critic** (value adapter on): the clipped value loss around the rollout's values,
+#
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
+# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - R_t)^2, (V^{\text{clip}}_t - R_t)^2\big)}{\sum_t m_t};$$
+#
+# - each step clips the gradient norm to `max_grad_norm` before the optimiser moves the adapter.
+#
+# The advantages $\hat A_t$ and returns $R_t$ are fixed for the whole update: they came with the batch.
+# Below, the whole update in one function (the library adds an entropy bonus, the ptx loss and
+# several processes, all off here), then a check that it does exactly what `PPOTrainer.update` does.
+
+# %%
+def ppo_update_scratch(model, batch, policy_opt, value_opt, config, generator):
+    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+    (policy loss, value loss) of every minibatch, in order."""
+    P, B, eps, eps_v = batch.context_length, len(batch), config.clip_eps, config.value_clip
+    losses = []
+    for epoch in range(config.ppo_epochs):
+        order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
+        for first in range(0, B, config.mini_batch_size):
+            rows = order[first : first + config.mini_batch_size]  # (b,)
+            seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+            A, R, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+            # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
+            logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
+            rho = torch.exp(logp.float() - batch.old_logprobs[rows])  # (b, R)
+            # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
+            surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
+            pg_loss = -(surrogate * m).sum() / m.sum()
+            policy_opt.zero_grad()
+            pg_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+            policy_opt.step()
+            # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-R)^2, (V^clip-R)^2)
+            V = model.values(seq, attn, P).float()  # (b, R)
+            V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+            v_loss = 0.5 * (torch.max((V - R) ** 2, (V_clip - R) ** 2) * m).sum() / m.sum()
+            value_opt.zero_grad()
+            (config.vf_coef * v_loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+            value_opt.step()
+            losses.append((pg_loss.item(), v_loss.item()))
+    return losses
+
+
+# %% [markdown]
+# The check runs the library's update and this one from the same adapter weights on the same batch with
+# the same shuffles. Both use plain SGD for it, with a step large enough to move the ratios out of the
+# clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float rounding
+# (the library cuts each minibatch to its real columns; this version does not) decides the direction
+# of a full-size step, and two correct implementations drift apart by far more than rounding. SGD
+# keeps every difference at the size of the rounding that caused it.
+
+# %%
+trainable = model.policy_parameters() + model.value_parameters()
+start_weights = [p.detach().clone() for p in trainable]
+SGD_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
+library = PPOTrainer(config, model, tokenizer, train_prompts)
+library.policy_optimizer = torch.optim.SGD(model.policy_parameters(), lr=SGD_LR)
+library.value_optimizer = torch.optim.SGD(model.value_parameters(), lr=SGD_LR)
+library.update(batch, torch.Generator().manual_seed(0))
+library_weights = [p.detach().clone() for p in trainable]
+library_losses = torch.tensor([(s["policy_loss"], s["value_loss"]) for s in library.last_update_stats])
+library_clipfrac = max(s["clipfrac"] for s in library.last_update_stats)
+
+with torch.no_grad():  # back to the start, then the scratch update
+    for param, weight in zip(trainable, start_weights, strict=True):
+        param.copy_(weight)
+scratch_losses = torch.tensor(ppo_update_scratch(
+    model, batch, torch.optim.SGD(model.policy_parameters(), lr=SGD_LR),
+    torch.optim.SGD(model.value_parameters(), lr=SGD_LR), config, torch.Generator().manual_seed(0)))
+# float32 rounding of two different column layouts, ~1e-7 relative per op, kept that size by SGD
+torch.testing.assert_close(scratch_losses, library_losses, atol=1e-5, rtol=1e-4)
+for param, weight in zip(trainable, library_weights, strict=True):
+    torch.testing.assert_close(param.detach(), weight, atol=1e-5, rtol=1e-4)
+moved = max((p.detach() - w).abs().max().item() for p, w in zip(trainable, start_weights, strict=True))
+print(f"{len(scratch_losses)} minibatch steps per adapter; largest weight change {moved:.3f}; largest clip "
+      f"fraction {library_clipfrac:.2f}: ppo_update_scratch == PPOTrainer.update (losses and weights)")
+with torch.no_grad():  # leave the model as it was: section 4 trains a fresh one anyway
+    for param, weight in zip(trainable, start_weights, strict=True):
+        param.copy_(weight)
+
+# %% [markdown]
+# ### Exercise 2: the masked clipped loss, per token or per sequence
+#
+# Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
+# eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar.
+# - `per_sequence=False` (this engine, TRL): one masked mean over **all** real tokens of the minibatch.
+# - `per_sequence=True` (OpenRLHF, the seed's `masked_mean(loss, action_mask, dim=-1).mean()`): the
+#   masked mean over each response's own tokens first, then the plain mean over responses.
+#
+# Padding positions hold garbage (huge log-probs): they must not reach the result.
+
+# %%
+# EXERCISE 2
+def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+    """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+    raise NotImplementedError
+
+
+# %%
+def check_clipped_policy_loss():
+    g = torch.Generator().manual_seed(11)
+    lengths = [7, 3, 1, 5, 6]
+    mask = (torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]).float()  # (b, R)
+    logp = -2 + 0.3 * torch.randn(5, 7, generator=g)  # (b, R)
+    old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
+    adv = torch.randn(5, 7, generator=g)  # (b, R)
+    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
+    token_mean = clipped_policy_loss(garbage, old, adv, mask, 0.2)
+    torch.testing.assert_close(token_mean, rlhf_helpers.policy_loss(logp, old, adv, mask, clip_eps=0.2)[0])
+    per_row = []  # a plain loop over each response's real tokens
+    for i, n in enumerate(lengths):
+        rho = torch.exp(logp[i, :n] - old[i, :n])
+        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]).mean())
+    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=True),
+                               torch.stack(per_row).mean())
+
+
+exercise_check("Exercise 2 (clipped_policy_loss)", check_clipped_policy_loss)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+#                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+#     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+#     real = mask.bool()  # (b, R)
+#     log_rho = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (b, R): 0 at padding
+#     rho = torch.exp(log_rho)  # (b, R)
+#     surrogate = torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask  # (b, R)
+#     if per_sequence:
+#         return -(surrogate.sum(dim=1) / mask.sum(dim=1)).mean()
+#     return -surrogate.sum() / mask.sum()
+# ```
+# Per token, a 40-token response counts 40 times as much as a 1-token one; per sequence, each response
+# counts once, so the tokens of short responses weigh more. Neither is wrong; they optimise slightly
+# different objectives (Dr. GRPO and DAPO discuss the length bias each one brings).
+# </details>
+
+# %% [markdown]
 # ## 4. Training
 #
 # `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
@@ -439,55 +596,6 @@ print(f"memory: the shared model's parameters {model.parameter_bytes()['total'] 
 # clip fraction of a few percent means the updates stay in the trust region; tens of percent means the
 # learning rate or the number of epochs is too large. Explained variance should climb from about 0 as
 # the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo returns).
-
-# %% [markdown]
-# ### Exercise 2: explained variance by hand
-#
-# $$\mathrm{EV} = 1 - \frac{\operatorname{Var}[R_t - V_t]}{\operatorname{Var}[R_t]}$$
-#
-# over the real tokens only (unbiased variances). 1 means the critic predicts the returns perfectly;
-# 0 means it does no better than a constant; negative means worse than a constant.
-# Write `explained_variance_by_hand(values, returns, mask)` returning a Python float.
-
-# %%
-# EXERCISE 2
-def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
-    raise NotImplementedError
-
-
-# %%
-def check_explained_variance():
-    R = torch.tensor([[1.0, 2.0, 4.0, 99.0], [0.0, 3.0, 0.0, 0.0]])  # (B, T)
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # (B, T)
-    real = [1.0, 2.0, 4.0, 0.0, 3.0]  # the returns on real tokens
-    mean = sum(real) / 5
-    assert abs(explained_variance_by_hand(R.clone(), R, mask) - 1.0) < 1e-6, "a perfect critic gives 1"
-    const = torch.full_like(R, 123.0)  # a constant critic, however far off, explains nothing
-    assert abs(explained_variance_by_hand(const, R, mask)) < 1e-5, "a constant critic gives 0"
-    V = torch.tensor([[0.5, 2.5, 3.0, -7.0], [0.5, 2.0, 9.0, 9.0]])
-    resid = [1.0 - 0.5, 2.0 - 2.5, 4.0 - 3.0, 0.0 - 0.5, 3.0 - 2.0]
-    rm = sum(resid) / 5
-    expected = 1 - sum((x - rm) ** 2 for x in resid) / sum((x - mean) ** 2 for x in real)
-    assert abs(explained_variance_by_hand(V, R, mask) - expected) < 1e-5
-    b = trainer.last_batch  # the library's number on the last real batch
-    assert abs(explained_variance_by_hand(b.values, b.returns, b.mask)
-               - explained_variance(b.values, b.returns, b.mask)) < 1e-5
-
-
-exercise_check("Exercise 2 (explained_variance_by_hand)", check_explained_variance)
-
-# %% [markdown]
-# <details><summary>Solution 2</summary>
-#
-# ```python
-# def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-#     """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
-#     real = mask.bool()
-#     target = returns[real]  # (N,) real tokens only
-#     return float(1 - (target - values[real]).var() / target.var())
-# ```
-# </details>
 
 # %% [markdown]
 # ## 5. Samples before and after
