@@ -12,6 +12,9 @@ input, and dropout would make them differ.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,24 @@ from rlhf_helpers.profiles import Profile, get_profile
 
 #: Token added as pad when a tokenizer has none distinct from EOS.
 FALLBACK_PAD_TOKEN = "<|pad|>"
+
+# peft and TRL still read `model.is_gradient_checkpointing`, which transformers >= 5.23 deprecates with
+# a FutureWarning at every adapter wrap: noise a learner can do nothing about (checkpointing is off here)
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Hide transformers' per-load "Loading weights" progress bar (a tiny model loads in milliseconds)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _model_path(profile: Profile, path: str | Path | None) -> str:
@@ -77,7 +98,8 @@ def _load(auto_class: Any, profile: Profile, path: str | Path | None, **kwargs: 
     directory = _model_path(profile, path)
     config = AutoConfig.from_pretrained(directory)
     config = AutoConfig.from_pretrained(directory, **dropout_overrides(config), **kwargs)
-    model = auto_class.from_pretrained(directory, config=config, dtype=profile.torch_dtype)
+    with quiet_loading():
+        model = auto_class.from_pretrained(directory, config=config, dtype=profile.torch_dtype)
     tokenizer = load_tokenizer(profile, path)
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))  # a pad token was added

@@ -34,11 +34,28 @@ QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
+#: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
+LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}
 
 
 def _stdout(nb: nbformat.NotebookNode) -> str:
     return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                    for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+
+
+def figure_titles(nb: nbformat.NotebookNode) -> list[str]:
+    """The title of every plotly figure in the executed notebook's outputs (JSON or HTML bundles)."""
+    titles = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = out.get("data", {})
+            if "application/vnd.plotly.v1+json" in data:
+                title = data["application/vnd.plotly.v1+json"].get("layout", {}).get("title", {})
+                titles.append(title.get("text", "") if isinstance(title, dict) else str(title))
+            elif "plotly" in data.get("text/html", ""):
+                found = re.search(r'"title":\s*\{"text":\s*"([^"]*)"', data["text/html"])
+                titles.append(found.group(1) if found else "")
+    return titles
 
 
 def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -78,6 +95,9 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
     assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), \
         "every exercise needs one exercise_check call"
+    if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh
+        live = [t for t in figure_titles(nb) if LIVE_FIGURE_TITLES[path.stem] in t]
+        assert len(live) == 1, live
 
 
 @pytest.mark.notebook

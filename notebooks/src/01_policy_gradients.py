@@ -188,11 +188,23 @@ print(f"J(best sentence)  = {expected_return(best):.3f}")
 # %% [markdown]
 # ## 5. The policy-gradient estimator and four choices of $\Phi_t$
 #
-# The policy-gradient theorem writes the gradient as an expectation over sampled episodes $\tau$:
+# Why sampled episodes can estimate a gradient at all: the **log-derivative trick**. Write the objective
+# as a sum over whole episodes $\tau = (s_0, a_0, \dots, s_{T-1}, a_{T-1})$ with return $R(\tau)$:
+#
+# $$J(\theta) = \sum_\tau p_\theta(\tau)\, R(\tau), \qquad p_\theta(\tau) = p(s_0) \prod_{t=0}^{T-1} \pi_\theta(a_t \mid s_t)\, p(s_{t+1} \mid s_t, a_t).$$
+#
+# Differentiate, and use $\nabla p = p\, \nabla \log p$ to turn the sum back into an expectation:
+#
+# $$\nabla_\theta J = \sum_\tau \nabla_\theta p_\theta(\tau)\, R(\tau) = \sum_\tau p_\theta(\tau)\, \nabla_\theta \log p_\theta(\tau)\, R(\tau) = \mathbb{E}_{\tau \sim \pi_\theta}\big[\nabla_\theta \log p_\theta(\tau)\, R(\tau)\big].$$
+#
+# The log of the product is a sum, and the environment's terms $p(s_0)$, $p(s_{t+1} \mid s_t, a_t)$ do not
+# depend on $\theta$, so their gradients vanish: $\nabla_\theta \log p_\theta(\tau) = \sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$.
+# No model of the environment (for a language model: of which text follows) is needed. This is the
+# **policy-gradient theorem**, in its general form:
 #
 # $$\nabla_\theta J(\theta) = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, \Phi_t\Big]$$
 #
-# and several $\Phi_t$ give the same expectation:
+# with $\Phi_t = R(\tau)$, and several other $\Phi_t$ give the same expectation:
 #
 # | name | $\Phi_t$ | why it is still unbiased |
 # |---|---|---|
@@ -382,7 +394,7 @@ exercise_check("Exercise 2 (td_advantage)", check_td_advantage)
 
 # %% [markdown]
 # Now train the same policy three ways for 150 iterations of 8 episodes each, plain gradient ascent
-# $\theta \leftarrow \theta + \alpha \hat g$, and plot the exact $J(\theta)$ after every step
+# $\theta \leftarrow \theta + \eta \hat g$, and plot the exact $J(\theta)$ after every step
 # (mean of 5 seeds): REINFORCE with reward-to-go, reward-to-go minus the learned critic, and the
 # actor-critic with the TD advantage.
 
@@ -444,11 +456,11 @@ for method, curve in curves.items():
 #
 # Gradient ascent has no notion of "how far" the policy moved: the step is measured in parameter space,
 # but what matters is the change in the distribution. Take **one** step from the uniform policy with a
-# 16-episode estimate and a growing step size $\alpha$, measure
+# 16-episode estimate and a growing step size $\eta$, measure
 # - the KL divergence between the old and new policy, averaged over the states the old policy visits,
 # - the entropy of the new policy (0 = deterministic),
 #
-# then continue for 60 ordinary steps ($\alpha = 1$) and see where each run ends.
+# then continue for 60 ordinary steps ($\eta = 1$) and see where each run ends.
 
 # %%
 def state_occupancy(theta):
@@ -479,13 +491,13 @@ def mean_entropy(theta):
 
 step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
 results = {"J after step": [], "kl": [], "entropy": [], "final J": []}
-for alpha in tqdm(step_sizes, desc="step sizes"):
+for eta in tqdm(step_sizes, desc="step sizes"):
     first_js, kls, entropies, finals = [], [], [], []
     for seed in range(8):
         generator = torch.Generator().manual_seed(seed)
         words, prevs, rewards = sample(uniform, 16, generator)
         phi = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]
-        theta = uniform + alpha * per_episode_gradients(uniform, words, prevs, phi).mean(0)
+        theta = uniform + eta * per_episode_gradients(uniform, words, prevs, phi).mean(0)
         first_js.append(expected_return(theta).item())
         kls.append(mean_kl(uniform, theta).item())
         entropies.append(mean_entropy(theta).item())
@@ -503,14 +515,14 @@ fig = make_subplots(rows=1, cols=4, subplot_titles=("J after the first step",
                                                     "J after 60 more ordinary steps"))
 for col, key in enumerate(results, start=1):
     fig.add_scatter(x=step_sizes, y=results[key], mode="lines+markers", showlegend=False, row=1, col=col)
-    fig.update_xaxes(type="log", title_text="first step size alpha", row=1, col=col)
+    fig.update_xaxes(type="log", title_text="first step size eta", row=1, col=col)
 fig.update_layout(title=f"One large step from the uniform policy (mean of 8 seeds; max entropy = {math.log(V):.2f})")
 fig.show()
-for alpha, first, kl, ent, final in zip(step_sizes, *results.values()):
-    print(f"alpha {alpha:6}: J after step {first:6.3f}   KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
+for eta, first, kl, ent, final in zip(step_sizes, *results.values()):
+    print(f"eta {eta:6}: J after step {first:6.3f}   KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
 
 # %% [markdown]
-# A large first step looks like progress: $J$ right after it rises with $\alpha$, because the policy
+# A large first step looks like progress: $J$ right after it rises with $\eta$, because the policy
 # jumps straight to the actions that did well in those 16 episodes. But it becomes almost deterministic at once, its score function
 # $e_a - \pi(\cdot \mid s)$ is then nearly zero, it stops exploring, and ordinary steps afterwards cannot
 # undo an unlucky commitment: the final return falls as the first step grows. With a neural policy the
@@ -527,11 +539,15 @@ for alpha, first, kl, ent, final in zip(step_sizes, *results.values()):
 # which needs second-order machinery (conjugate gradient, line search). **PPO** folds the constraint
 # into the objective: with the ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
 #
-# $$L^{\text{CLIP}}(\theta) = \mathbb{E}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big],$$
+# $$J^{\text{CLIP}}(\theta) = \mathbb{E}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big]
+# \quad\text{(maximised)},$$
 #
 # so once an action's probability has moved by more than $\epsilon$ in the helpful direction its gradient
-# is zero, and plain first-order steps can reuse one batch for several epochs. Notebook 04 takes this
-# loss apart; notebook 03 builds the advantage $\hat A_t$ it needs.
+# is zero, and plain first-order steps can reuse one batch for several epochs. **Sign convention:** the
+# paper calls this objective $L^{\text{CLIP}}$ and maximises it; optimisers minimise, so from notebook 04
+# on, $L^{\text{CLIP}} = -J^{\text{CLIP}}$ is the **loss** (the code's `policy_loss`), and every other
+# $L$ in the course is a loss too. Notebook 04 takes it apart; notebook 03 builds the advantage
+# $\hat A_t$ it needs.
 
 # %% [markdown]
 # ### Exercise 3: the KL between two softmax policies
@@ -539,7 +555,7 @@ for alpha, first, kl, ent, final in zip(step_sizes, *results.values()):
 # Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
 # \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
 # dimension, for logits of any shape (..., V). Then check: what is the KL of the first step with
-# $\alpha = 100$ printed above, and is it inside a typical trust region of $\delta = 0.01$?
+# $\eta = 100$ printed above, and is it inside a typical trust region of $\delta = 0.01$?
 
 # %%
 # EXERCISE 3
@@ -569,7 +585,7 @@ exercise_check("Exercise 3 (policy_kl)", check_policy_kl)
 #     new_logp = new_logits.log_softmax(-1)  # (..., V)
 #     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
 # ```
-# The first step with alpha = 100 moves the policy by a KL of several nats, hundreds of times a trust
+# The first step with eta = 100 moves the policy by a KL of several nats, hundreds of times a trust
 # region of 0.01.
 # </details>
 

@@ -39,7 +39,7 @@ from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probabi
 
 profile = get_profile()
 torch.manual_seed(profile.seed)
-torch.set_num_threads(min(2, torch.get_num_threads()))  # small model: more threads only add overhead
+torch.set_num_threads(1)  # a model this small: a second thread only adds hand-offs (4x slower per step under load)
 print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {profile.reward_epochs}, "
       f"batch {profile.reward_batch_size}, lr {profile.reward_lr}")
 
@@ -47,11 +47,12 @@ print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {pr
 # ## 1. Preference data and the annotator
 #
 # Each record is a prompt and two responses; a labeller read both and said which one is better. Here
-# the labeller is simulated: it knows each response's hidden score $h$ (sentiment that fits the film,
-# specific details, grammatical sentences; `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with
+# the labeller is simulated: it knows each response's hidden score $h$ (positive sentiment, specific
+# details, grammatical sentences, no repeated words, the prompt's genre; `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with
 # the Bradley-Terry probability
 #
-# $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T}\right), \qquad T = 0.5,$$
+# $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T_{\text{ann}}}\right), \qquad T_{\text{ann}} = 0.5$$
+# (the annotator's temperature; plain $T$ is a sequence length everywhere in the course),
 #
 # so two responses of similar quality get a near coin-flip label, as with real people.
 
@@ -99,7 +100,7 @@ fig.show()
 # %% [markdown]
 # ### Exercise 1: the ceiling from the hidden scores
 # Write `ceiling_from_scores(score_a, score_b, temperature)`: the annotator's probabilities
-# $\sigma((h_a - h_b)/T)$ for each pair, then the mean of $\max(p, 1-p)$. Return a Python float.
+# $\sigma((h_a - h_b)/T_{\text{ann}})$ for each pair, then the mean of $\max(p, 1-p)$. Return a Python float.
 
 # %%
 # EXERCISE 1
@@ -140,8 +141,8 @@ exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores)
 # generous, one is harsh, one uses only the middle. Model rater $j$'s absolute rating of a response
 # with true quality $q$ as $y = s_j q + b_j + \varepsilon$ (scale $s_j$, offset $b_j$, noise
 # $\varepsilon$). If two responses were rated by two different raters, ordering them by their ratings
-# mixes the raters' offsets into the comparison. Asked to *compare* the two, one rater's offset cancels
-# and the scale cannot flip the order:
+# mixes the raters' offsets into the comparison. Asked to *compare* the two, one rater's offset cancels;
+# the scale does not cancel, but a positive scale cannot flip the order (only the noise can):
 #
 # $$y_a - y_b = s_j (q_a - q_b) + \varepsilon_a - \varepsilon_b .$$
 #
@@ -188,8 +189,10 @@ for spread, s, c in zip(offset_spreads, acc_scores, acc_compare):
 # $$P_\phi(y_c \succ y_r \mid x) = \sigma\big(r_\phi(x, y_c) - r_\phi(x, y_r)\big), \qquad
 # \mathcal L(\phi) = -\,\mathbb E\left[\log \sigma(\underbrace{r_\phi(x, y_c) - r_\phi(x, y_r)}_{m \text{ (margin)}})\right].$$
 #
-# Only differences matter: adding a constant to every score changes nothing (one reason PPO whitens or
-# centres rewards later). $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
+# Only differences matter: adding a constant to every score changes nothing, so the reward model's
+# zero point is arbitrary. (This course's PPO uses the score as it is: the value head learns its
+# offset. Some implementations also normalise rewards with running statistics, Huang et al. 2022,
+# "The 37 implementation details of PPO"; it changes the scale the KL coefficient is weighed against.) $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
 # respect to the margin is $-(1 - \sigma(m))$: large for wrongly ordered pairs, vanishing once a pair is
 # ordered with a comfortable margin.
 
@@ -252,6 +255,48 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
 
 # %% [markdown]
 # ## 4. Train the reward model: TRL's RewardTrainer with a LoRA adapter
+#
+# ### LoRA in one equation
+#
+# Fine-tuning every weight of the model for every role (reward model here; policy and critic in
+# notebook 05) would need a full copy of the model per role. **LoRA** (Hu et al. 2021) freezes each
+# weight matrix $W_0 \in \mathbb{R}^{d_{\text{out}} \times d_{\text{in}}}$ and learns a low-rank correction
+# next to it:
+#
+# $$f(x) = W_0 x + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},\ r \ll \min(d_{\text{in}}, d_{\text{out}}).$$
+#
+# $A$ starts random and $B$ starts at **zero**, so a fresh adapter changes nothing: the adapted model
+# starts as the model it adapts. Only $A$ and $B$ are trained: $r(d_{\text{in}} + d_{\text{out}})$ numbers
+# instead of $d_{\text{in}} d_{\text{out}}$. Switching the adapter off gives $W_0$ back exactly, which
+# notebook 05 uses to get the frozen reference model for free. The cell checks the equation against
+# peft on one projection of the tiny model.
+
+# %%
+from peft import get_peft_model
+
+from rlhf_helpers.models import load_causal_lm
+from rlhf_helpers.ppo.shared_model import lora_config, uses_conv1d
+
+lora_demo = load_causal_lm(profile)
+lora_demo = get_peft_model(lora_demo, lora_config(profile.lora_r, profile.lora_alpha, ["c_fc"],
+                                                   fan_in_fan_out=uses_conv1d(lora_demo)))
+layer = next(m for m in lora_demo.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
+A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # (r, d_in), (d_out, r)
+print(f"one MLP projection: W0 {tuple(layer.base_layer.weight.shape)} (stored (d_in, d_out) by GPT-2's Conv1D), "
+      f"A {tuple(A.shape)}, B {tuple(B.shape)}; B is all zero at the start: {bool((B == 0).all())}")
+with torch.no_grad():
+    B.normal_(generator=torch.Generator().manual_seed(0))  # pretend training moved B
+    x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1))  # (N, d_in)
+    W0 = layer.base_layer.weight.T if uses_conv1d(lora_demo) else layer.base_layer.weight  # (d_out, d_in)
+    f_scratch = x @ W0.T + layer.base_layer.bias + (profile.lora_alpha / profile.lora_r) * x @ A.T @ B.T  # (N, d_out)
+    torch.testing.assert_close(layer(x), f_scratch)
+d_in, d_out = A.shape[1], B.shape[0]
+print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers per projection: "
+      f"{profile.lora_r * (d_in + d_out):,} instead of {d_in * d_out:,}")
+del lora_demo
+
+# %% [markdown]
+# ### Training
 #
 # The reward model is the SFT model with its language-model head replaced by a linear **score head**
 # ($H \to 1$), and a LoRA adapter on the attention and MLP projections: only the adapter and the head
@@ -388,8 +433,11 @@ exercise_check("Exercise 3 (last_real_index)", check_last_real_index)
 #
 # Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
 # higher. It cannot exceed the annotator ceiling of section 1. Since the labels follow
-# $\sigma((h_a - h_b)/T)$, a reward model that fits them perfectly would be $r = h / T + \text{const}$:
-# the scatter of learned against hidden scores should be a line of slope about $1/T = 2$.
+# $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly would be $r = h / T_{\text{ann}} + \text{const}$:
+# a line of slope $1/T_{\text{ann}} = 2$. A real one falls short of it: the least-squares slope of $r$ on $h$ is
+# $\operatorname{corr}(r, h)\cdot\operatorname{sd}(r)/\operatorname{sd}(h)$, and every part of $h$ the model cannot
+# see (a few thousand noisy labels, two epochs, a LoRA adapter) lowers the correlation and shrinks
+# the spread of $r$, so the slope comes out below 2. The cell prints by how much.
 
 # %%
 test_prompts = [p["prompt"] for p in test_pairs]
@@ -405,7 +453,7 @@ oracle_accuracy = ((h_chosen > h_rejected).float() + 0.5 * (h_chosen == h_reject
 print(f"held-out pairwise accuracy {accuracy:.3f}   annotator ceiling {ceiling:.3f}   "
       f"(ranking by the hidden score itself: {oracle_accuracy:.3f})")
 print(f"held-out Bradley-Terry loss {held_out_loss:.3f}   corr(learned, hidden) {correlation:.3f}   "
-      f"slope {slope:.2f} (1/T = {1 / DEFAULT_TEMPERATURE:.1f})")
+      f"slope {slope:.2f}: {slope * DEFAULT_TEMPERATURE:.0%} of the 1/T_ann = {1 / DEFAULT_TEMPERATURE:.1f} of a perfect fit")
 
 fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
                     subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (r = {correlation:.2f})"))
@@ -459,8 +507,9 @@ fig.show()
 # notebook 06 removes it and measures what happens.
 #
 # ## Summary
-# - Preference pairs are labelled by comparing two responses; comparisons cancel each rater's offset
-#   and scale, which is why they are easier to collect consistently than scores.
+# - Preference pairs are labelled by comparing two responses; a comparison cancels the rater's offset,
+#   and the rater's scale cannot flip its order, which is why comparisons are easier to collect
+#   consistently than scores.
 # - Bradley-Terry: $P(y_c \succ y_r) = \sigma(r_c - r_r)$, loss $-\log\sigma(r_c - r_r)$; only
 #   differences of scores matter.
 # - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token;

@@ -48,10 +48,10 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # what stops it exploiting the reward model's blind spots.
 #
 # ### KL estimators
-# With $\rho = \pi_{\text{ref}}(a_t \mid s_t) / \pi(a_t \mid s_t)$ for a token sampled from $\pi$, three
+# With $w = \pi_{\text{ref}}(a_t \mid s_t) / \pi(a_t \mid s_t)$ for a token sampled from $\pi$, three
 # single-sample estimators of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ are in use (Schulman, "Approximating KL divergence"):
 #
-# $$k_1 = -\log\rho, \qquad k_2 = \tfrac12 (\log \rho)^2, \qquad k_3 = (\rho - 1) - \log \rho .$$
+# $$k_1 = -\log w, \qquad k_2 = \tfrac12 (\log w)^2, \qquad k_3 = (w - 1) - \log w .$$
 #
 # $k_1$ is unbiased but is negative whenever the sampled token is *more* likely under the reference; a
 # batch mean of $k_1$ can therefore be negative. $k_3$ is unbiased and never negative; $k_2$ is never
@@ -60,13 +60,13 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # %%
 def kl_scratch(logprobs, ref_logprobs, kind="k1"):
     """Per-token KL(pi || ref) estimate from log-probs of tokens sampled from pi: (B, T) -> (B, T)."""
-    log_rho = ref_logprobs - logprobs  # (B, T): log(pi_ref / pi)
+    log_w = ref_logprobs - logprobs  # (B, T): log(pi_ref / pi)
     if kind == "k1":
-        return -log_rho
+        return -log_w
     if kind == "k2":
-        return 0.5 * log_rho**2
+        return 0.5 * log_w**2
     if kind == "k3":
-        return torch.expm1(log_rho) - log_rho  # (rho - 1) - log rho, accurate for small log_rho
+        return torch.expm1(log_w) - log_w  # (w - 1) - log w, accurate for small log_w
     raise ValueError(f"kind must be k1, k2 or k3, got {kind!r}")
 
 
@@ -99,6 +99,37 @@ print("kl_scratch matches rlhf_helpers.kl_estimate for k1, k2, k3")
 # %%
 kl_explorer = widgets.KLExplorer()
 kl_explorer
+
+# %% [markdown]
+# #### Predict, then drag
+#
+# **1.** Set *π far from ref* to 0. What does each estimator give, token by token?
+#
+# <details><summary>Answer</summary>
+#
+# Exactly 0 for every token and every batch: with $\pi = \pi_{\text{ref}}$ the ratio $w = 1$, and
+# $k_1 = -\log 1$, $k_2 = \tfrac12 (\log 1)^2$ and $k_3 = (1 - 1) - \log 1$ all vanish.
+# </details>
+#
+# **2.** Now set it to 0.5 (a policy close to its reference, where a KL penalty keeps PPO). Which estimator's
+# batch means spread the most, and which ones can come out negative?
+#
+# <details><summary>Answer</summary>
+#
+# $k_1$ spreads the most and is negative for a sizeable share of 16-token batches (about 3 in 10 here),
+# although its mean is exact. $k_2$ and $k_3$ are never negative; $k_3$ has the tightest spread and
+# stays unbiased, which is why it is the usual choice to *report*.
+# </details>
+#
+# **3.** Drag it to 3 (a policy far from its reference). Does $k_2$ stay centred on the exact KL? Is $k_3$
+# still the tightest?
+#
+# <details><summary>Answer</summary>
+#
+# No and no. $k_2$ agrees with the KL only to second order in $\log w$, so far from the reference it
+# overshoots (about 2.5 against an exact 1.5 here). $k_3$ stays unbiased, but its spread now exceeds
+# $k_1$'s: its low variance is a property of nearby policies.
+# </details>
 
 # %% [markdown]
 # ### Shaping the rewards of a padded batch
@@ -326,6 +357,33 @@ advantage_explorer = widgets.GAEExplorer()
 advantage_explorer
 
 # %% [markdown]
+# #### Predict, then drag
+#
+# **1.** Set $\lambda = 0$. Which tokens' advantages contain the final score directly?
+#
+# <details><summary>Answer</summary>
+#
+# Only the last token's. With $\lambda = 0$ the advantage is the TD error $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$:
+# earlier tokens see the score only through the critic's guess $V(s_{t+1})$.
+# </details>
+#
+# **2.** Set $\lambda = 1$ and $\gamma = 1$. What is the advantage of token $t$ now?
+#
+# <details><summary>Answer</summary>
+#
+# The Monte-Carlo advantage: every reward from $t$ to the end (KL penalties and the score) minus
+# $V(s_t)$. The critic's other guesses cancel out of the telescoping sum.
+# </details>
+#
+# **3.** Set the KL coefficient $\beta$ to 0. What do the per-token rewards before the last token become?
+#
+# <details><summary>Answer</summary>
+#
+# All zero: without the penalty the only reward is the score on the last real token, and the
+# advantages of earlier tokens differ only by the critic's values.
+# </details>
+
+# %% [markdown]
 # ## 5. Bias against variance, measured
 #
 # A chain of $T = 20$ steps with a noisy reward $r_t = \mu_t + \varepsilon_t$,
@@ -362,13 +420,25 @@ fig.update_layout(title="GAE returns as estimates of the true value, against lam
 fig.show()
 for lam_i, b, v in zip(lams, bias2, variance):
     print(f"lambda {lam_i:4.2f}: bias² {b:6.3f}   variance {v:6.3f}   sum {b + v:6.3f}")
+best_lam = lams[min(range(len(lams)), key=mse.__getitem__)]
+print(f"lowest total error on this chain at lambda = {best_lam}")
 
 # %% [markdown]
 # At $\lambda = 0$ the target leans entirely on the critic: its error is all bias, while only one noisy
 # reward enters. At $\lambda = 1$ the critic cancels out of the target (it is the Monte-Carlo return,
-# unbiased) but every later reward's noise adds up. The best total error lies in between; PPO for
-# language models usually takes $\lambda = 0.95$ and $\gamma = 1$, and a poor critic early in training
-# argues for a larger $\lambda$.
+# unbiased) but every later reward's noise adds up. The best total error lies in between, here at a
+# small $\lambda$ (printed above).
+#
+# PPO for language models nevertheless usually takes $\lambda = 0.95$ (or 1) and $\gamma = 1$. The
+# difference is where the noise sits. This chain has reward noise of the same size as the critic's
+# error at **every** step, so each extra step of look-ahead adds variance. An LLM's reward is almost
+# all in one number on the **last** token; the per-token rewards before it are small KL terms with
+# little noise. A small $\lambda$ then buys little variance and costs a lot of bias: with
+# $(\gamma\lambda)^{l}$ weights, the final score reaches a token $l$ steps before the end only through
+# the critic's guesses ($0.4^{20} \approx 10^{-8}$), and early in training the value head guesses
+# badly. A large $\lambda$ lets the real score reach every token, and a poor critic argues for an
+# even larger one. Drag $\lambda$ in the explorer above and watch how far back the final score's
+# advantage reaches.
 
 # %% [markdown]
 # ## 6. Whitening advantages, with masks

@@ -46,6 +46,9 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 #
 # $$L^{\text{CLIP}} = -\frac{\sum_t m_t \min(\text{surr1}_t, \text{surr2}_t)}{\sum_t m_t}.$$
 #
+# This is a **loss**, minimised: the minus sign turns the paper's objective (maximised; $J^{\text{CLIP}}$
+# in notebook 01, $L^{\text{CLIP}}$ without the minus in Schulman et al.) into what an optimiser descends.
+#
 # Two diagnostics are logged with it: the **clip fraction** (share of real tokens where the clipped term
 # is the one selected, so their gradient is zero) and **approx-KL**, the masked mean of
 # $(\rho_t - 1) - \log\rho_t$ (the $k_3$ estimate of $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)$ from
@@ -91,6 +94,37 @@ clip_explorer = widgets.ClipExplorer()
 clip_explorer
 
 # %% [markdown]
+# #### Predict, then drag
+#
+# **1.** With $\hat A > 0$, for which ratios is the gradient zero? Why is $\rho < 1 - \epsilon$ **not** clipped?
+#
+# <details><summary>Answer</summary>
+#
+# Only for $\rho > 1 + \epsilon$. Below the band the `min` still picks the unclipped $\rho \hat A$ (the
+# smaller of the two), so a good action whose probability fell keeps being pushed back up: the clip
+# only stops the policy from gaining too much, never from repairing a loss.
+# </details>
+#
+# **2.** Make $\hat A < 0$ and drag $\rho$ far above $1 + \epsilon$. Is the objective bounded? What does the
+# dual clip change?
+#
+# <details><summary>Answer</summary>
+#
+# Unbounded: $\rho \hat A$ falls without limit, and the gradient keeps its full size, however
+# likely a bad action became. The dual clip caps the term at $c_{\text{dual}} \hat A$, which bounds
+# the loss and zeroes the gradient beyond $\rho = c_{\text{dual}}$.
+# </details>
+#
+# **3.** Set $\epsilon = 0$. Where does any gradient flow?
+#
+# <details><summary>Answer</summary>
+#
+# Only on the side that undoes a move: for $\hat A > 0$ where $\rho < 1$, for $\hat A < 0$ where
+# $\rho > 1$. Any move in the helpful direction is clipped at once: the batch can undo mistakes but
+# teaches nothing new after the first step, which is why $\epsilon$ is 0.1-0.3, not 0.
+# </details>
+
+# %% [markdown]
 # ## 3. The six cases, and where the gradient is zero
 #
 # | | $\rho < 1-\epsilon$ | $1-\epsilon \le \rho \le 1+\epsilon$ | $\rho > 1+\epsilon$ |
@@ -100,7 +134,7 @@ clip_explorer
 #
 # The gradient with respect to the new log-prob is $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$
 # where the unclipped term is selected and 0 where the clipped one is. The bottom-right cell, a bad
-# action that became much *more* likely, keeps an unbounded weight; "dual clip" caps it at $c\,\hat A$.
+# action that became much *more* likely, keeps an unbounded weight; "dual clip" caps it at $c_{\text{dual}}\,\hat A$ (Ye et al. 2020, $c_{\text{dual}} > 1$).
 # The cell checks every case with autograd against this rule.
 
 # %%
@@ -332,7 +366,7 @@ exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient)
 # and trlx) limits how far the new value may move from the value at sampling time $V_{\text{old}}$,
 # and takes the worse of the two errors:
 #
-# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -c, c), \qquad
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
 # L^V = \tfrac12\, \overline{\max\big((V_t - R_t)^2,\ (V^{\text{clip}}_t - R_t)^2\big)}.$$
 #
 # `vf_clipfrac` is the share of real tokens where the clipped error is the larger one.
@@ -340,6 +374,26 @@ exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient)
 # %%
 value_explorer = widgets.ValueClipExplorer()
 value_explorer
+
+# %% [markdown]
+# #### Predict, then drag
+#
+# **1.** Put the new value $V$ within $\epsilon_V$ of $V_{\text{old}}$. Which of the two losses is used?
+#
+# <details><summary>Answer</summary>
+#
+# Both terms are equal there ($V^{\text{clip}} = V$), so value clipping changes nothing inside the band.
+# </details>
+#
+# **2.** Put the return far from $V_{\text{old}}$ and drag $V$ towards it, past $V_{\text{old}} + \epsilon_V$.
+# What happens to the gradient?
+#
+# <details><summary>Answer</summary>
+#
+# It vanishes: the clipped value stays at $V_{\text{old}} + \epsilon_V$, farther from $R$ than $V$, so the
+# `max` picks the clipped error, whose gradient with respect to $V$ is zero. Value clipping slows a
+# critic that has a long way to go, one reason some implementations drop it.
+# </details>
 
 # %%
 def value_loss_scratch(values, old_values, returns, mask, clip_range):
@@ -404,7 +458,7 @@ exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss)
 #
 # The logits at position $t$ predict the label at $t+1$, so logits drop their last position and labels
 # their first; positions labelled $-100$ (prompt or padding) are ignored. The policy's total loss is
-# $L^{\text{CLIP}} + \gamma_{\text{ptx}} L^{\text{ptx}}$; the critic's is $L^V$.
+# $L^{\text{CLIP}} + c_{\text{ptx}} L^{\text{ptx}}$; the critic's is $L^V$.
 
 # %%
 def lm_loss_scratch(logits, labels, ignore_index=-100):

@@ -13,6 +13,8 @@
 #   memory saved against four separate models;
 # - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
 #   shaped rewards, advantages), and the whole computation for one sequence from scratch;
+# - PPO's update written from scratch (epochs, shuffled minibatches, ratio against the stored log-probs,
+#   clipped policy and value losses, one optimiser per adapter) and checked against the library's;
 # - training with curves of the learned score, the hidden true score, KL, clip fraction, value loss and
 #   explained variance; samples before and after;
 # - **measured**: PPO against best-of-$n$ sampling at matched KL ($\log n - \frac{n-1}{n}$);
@@ -29,6 +31,7 @@ env_info = show_environment()
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
@@ -36,19 +39,21 @@ from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
-from rlhf_helpers.data import load_prompts
+from rlhf_helpers.data import load_preferences, load_prompts
+from rlhf_helpers.live_figure import LiveFigure
+from rlhf_helpers.memory import PeakMemory
 from rlhf_helpers.models import load_causal_lm
 from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import collect_experience, explained_variance, sample_responses, score_samples
+from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.reward_training import ensure_reward_model, reward_metrics
 from rlhf_helpers.ppo.shared_model import position_ids_from_mask
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.world.scorer import hidden_scores
+from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
 profile = get_profile()
 torch.manual_seed(profile.seed)
@@ -80,8 +85,26 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})},$$
 #
 # with $\rho_t = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ and $\log\pi_{\text{old}}$ stored at
-# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + \gamma_{\text{ptx}}L^{\text{ptx}}$
+# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + c_{\text{ptx}}L^{\text{ptx}}$
 # (ptx is off by default), the critic $L^V$.
+#
+# ### Coming from TRL, OpenRLHF or a single-file script?
+#
+# TRL removed its `PPOTrainer` (TRL 1.16 has none; 1.10 keeps it under `trl.experimental.ppo`), and the
+# course needs what no current library gives in one readable place: all four roles on **one** base
+# model, every line next to the equation it implements and covered by a test, fast enough to train on a
+# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own (about 400 lines). Where the
+# pieces you may know went:
+#
+# | you may know | here | what differs |
+# |---|---|---|
+# | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
+# | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
+# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked below against the plain SFT model |
+# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
+# | OpenRLHF: `PolicyLoss`, `masked_mean(loss, action_mask, dim=-1).mean()` | `policy_loss`: one masked mean over **all** tokens of the minibatch | OpenRLHF averages per sequence, then over sequences (every response weighs the same); here every token weighs the same, so long responses weigh more |
+# | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
+# | the seeds' `ppo.py`: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
 #
 # ## 2. One base model, four roles
 #
@@ -176,23 +199,31 @@ del plain_base
 # %% [markdown]
 # ### Memory: one shared base against four models
 #
-# Parameter bytes, counted from the tensors (not measured). Trained parameters also need a gradient and
-# Adam's two moments: 3 more copies of their bytes. Four separate models means full copies of the policy,
-# the reference, the critic and the reward model, the policy and critic fully fine-tuned. Activations
-# come on top in both cases and are not counted.
+# Parameter bytes, counted from the tensors. Trained parameters also need a gradient and Adam's two
+# moments: 3 more copies of their bytes. Two savings are at work, and the table separates them:
+# - **LoRA instead of full fine-tuning** (row 1 -> row 2): only the adapters (and the value head) are
+#   trained, so the gradients and Adam states shrink from the size of two models to the size of the
+#   adapters. Row 2 still keeps four copies of the base, one per role, each with its own adapter.
+# - **one shared base instead of four** (row 2 -> row 3): the frozen base is kept once and each role is
+#   chosen by switching adapters; the reference is the base with the adapters off.
+# Activations come on top in every row; the measured peak below includes them.
 
 # %%
 sizes = model.parameter_bytes()
 base_bytes = sizes["base"]
 head_bytes = sum(p.numel() * p.element_size() for p in model.value_head.parameters())
 score_bytes = sum(p.numel() * p.element_size() for p in model.score_head.parameters())
+adapter_bytes = sizes["policy"] + sizes["value"] + sizes["reward"]
 trained_shared = sum(p.numel() * p.element_size() for p in model.policy_parameters() + model.value_parameters())
 MB = 2**20
 memory_rows = [
-    {"set-up": "four separate models",
+    {"set-up": "1. four models, policy and critic fully fine-tuned",
      "weights (MB)": (4 * base_bytes + head_bytes + score_bytes) / MB,
      "grads + Adam (MB)": 3 * (2 * base_bytes + head_bytes) / MB},
-    {"set-up": "one base + LoRA adapters",
+    {"set-up": "2. four models, each trained role a LoRA adapter",
+     "weights (MB)": (4 * base_bytes + adapter_bytes + head_bytes + score_bytes) / MB,
+     "grads + Adam (MB)": 3 * trained_shared / MB},
+    {"set-up": "3. one shared base + LoRA adapters (this notebook)",
      "weights (MB)": sizes["total"] / MB,
      "grads + Adam (MB)": 3 * trained_shared / MB},
 ]
@@ -200,16 +231,17 @@ for row in memory_rows:
     row["total (MB)"] = row["weights (MB)"] + row["grads + Adam (MB)"]
 memory_table = pd.DataFrame(memory_rows).set_index("set-up")
 display(memory_table.round(3))
-ratio = memory_table["total (MB)"].iloc[0] / memory_table["total (MB)"].iloc[1]
+total = memory_table["total (MB)"].to_numpy()
 print(f"adapters: {', '.join(f'{a} {sizes[a] / MB:.3f} MB' for a in ('policy', 'value', 'reward'))}; "
       f"base {base_bytes / MB:.3f} MB")
-print(f"four models need {ratio:.1f}x the memory of the shared set-up")
+print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one shared base instead of four: "
+      f"{total[1] / total[2]:.1f}x less;  both: {total[0] / total[2]:.1f}x less")
 
 # %% [markdown]
-# On the tiny model (rank-8 adapters on every projection of a 0.65M-parameter model) the adapters are a
-# sizeable share of the base, so the saving is modest. The base grows much faster than the adapters: on
-# the gpu profile's 135M-parameter model this cell prints a far larger ratio. Measured peak memory adds
-# activations, which both set-ups need (the shared one runs its roles one after another).
+# The ratios are large even on the tiny model, because the base is kept once instead of four times and
+# never needs gradients or Adam states; on the gpu profile's 135M-parameter model, whose base grows much
+# faster than its adapters, they are larger still. Parameter bytes are not the whole story: a PPO
+# step also holds activations, gradients and Adam states while it runs; section 4 measures that peak.
 
 # %% [markdown]
 # ## 3. Experience making
@@ -352,6 +384,161 @@ exercise_check("Exercise 1 (sequence_kl)", check_sequence_kl)
 # </details>
 
 # %% [markdown]
+# ### PPO's update, from scratch
+#
+# Experience in hand, the update is the part that learns. `PPOTrainer.update(batch)` runs, for every
+# one of `ppo_epochs` epochs, a fresh shuffle of the batch cut into minibatches, and for each minibatch
+# two optimiser steps, one per adapter (each chosen by name, notebook 05 section 2):
+#
+# - **policy** (policy adapter on): the ratio against the log-probs **stored at sampling time**, and
+#   the clipped loss of notebook 04,
+#
+# $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
+# L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t};$$
+#
+# - **critic** (value adapter on): the clipped value loss around the rollout's values,
+#
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
+# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - R_t)^2, (V^{\text{clip}}_t - R_t)^2\big)}{\sum_t m_t};$$
+#
+# - each step clips the gradient norm to `max_grad_norm` before the optimiser moves the adapter.
+#
+# The advantages $\hat A_t$ and returns $R_t$ are fixed for the whole update: they came with the batch.
+# Below, the whole update in one function (the library adds an entropy bonus, the ptx loss and
+# several processes, all off here), then a check that it does exactly what `PPOTrainer.update` does.
+
+# %%
+def ppo_update_scratch(model, batch, policy_opt, value_opt, config, generator):
+    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+    (policy loss, value loss) of every minibatch, in order."""
+    P, B, eps, eps_v = batch.context_length, len(batch), config.clip_eps, config.value_clip
+    losses = []
+    for epoch in range(config.ppo_epochs):
+        order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
+        for first in range(0, B, config.mini_batch_size):
+            rows = order[first : first + config.mini_batch_size]  # (b,)
+            seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+            A, R, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+            # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
+            logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
+            rho = torch.exp(logp.float() - batch.old_logprobs[rows])  # (b, R)
+            # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
+            surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
+            pg_loss = -(surrogate * m).sum() / m.sum()
+            policy_opt.zero_grad()
+            pg_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+            policy_opt.step()
+            # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-R)^2, (V^clip-R)^2)
+            V = model.values(seq, attn, P).float()  # (b, R)
+            V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+            v_loss = 0.5 * (torch.max((V - R) ** 2, (V_clip - R) ** 2) * m).sum() / m.sum()
+            value_opt.zero_grad()
+            (config.vf_coef * v_loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+            value_opt.step()
+            losses.append((pg_loss.item(), v_loss.item()))
+    return losses
+
+
+# %% [markdown]
+# The check runs the library's update and this one from the same adapter weights on the same batch with
+# the same shuffles. Both use plain SGD for it, with a step large enough to move the ratios out of the
+# clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float rounding
+# (the library cuts each minibatch to its real columns; this version does not) decides the direction
+# of a full-size step, and two correct implementations drift apart by far more than rounding. SGD
+# keeps every difference at the size of the rounding that caused it.
+
+# %%
+trainable = model.policy_parameters() + model.value_parameters()
+start_weights = [p.detach().clone() for p in trainable]
+SGD_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
+library = PPOTrainer(config, model, tokenizer, train_prompts)
+library.policy_optimizer = torch.optim.SGD(model.policy_parameters(), lr=SGD_LR)
+library.value_optimizer = torch.optim.SGD(model.value_parameters(), lr=SGD_LR)
+library.update(batch, torch.Generator().manual_seed(0))
+library_weights = [p.detach().clone() for p in trainable]
+library_losses = torch.tensor([(s["policy_loss"], s["value_loss"]) for s in library.last_update_stats])
+library_clipfrac = max(s["clipfrac"] for s in library.last_update_stats)
+
+with torch.no_grad():  # back to the start, then the scratch update
+    for param, weight in zip(trainable, start_weights, strict=True):
+        param.copy_(weight)
+scratch_losses = torch.tensor(ppo_update_scratch(
+    model, batch, torch.optim.SGD(model.policy_parameters(), lr=SGD_LR),
+    torch.optim.SGD(model.value_parameters(), lr=SGD_LR), config, torch.Generator().manual_seed(0)))
+# float32 rounding of two different column layouts, ~1e-7 relative per op, kept that size by SGD
+torch.testing.assert_close(scratch_losses, library_losses, atol=1e-5, rtol=1e-4)
+for param, weight in zip(trainable, library_weights, strict=True):
+    torch.testing.assert_close(param.detach(), weight, atol=1e-5, rtol=1e-4)
+moved = max((p.detach() - w).abs().max().item() for p, w in zip(trainable, start_weights, strict=True))
+print(f"{len(scratch_losses)} minibatch steps per adapter; largest weight change {moved:.3f}; largest clip "
+      f"fraction {library_clipfrac:.2f}: ppo_update_scratch == PPOTrainer.update (losses and weights)")
+with torch.no_grad():  # leave the model as it was: section 4 trains a fresh one anyway
+    for param, weight in zip(trainable, start_weights, strict=True):
+        param.copy_(weight)
+
+# %% [markdown]
+# ### Exercise 2: the masked clipped loss, per token or per sequence
+#
+# Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
+# eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar.
+# - `per_sequence=False` (this engine, TRL): one masked mean over **all** real tokens of the minibatch.
+# - `per_sequence=True` (OpenRLHF, the seed's `masked_mean(loss, action_mask, dim=-1).mean()`): the
+#   masked mean over each response's own tokens first, then the plain mean over responses.
+#
+# Padding positions hold garbage (huge log-probs): they must not reach the result.
+
+# %%
+# EXERCISE 2
+def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+    """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+    raise NotImplementedError
+
+
+# %%
+def check_clipped_policy_loss():
+    g = torch.Generator().manual_seed(11)
+    lengths = [7, 3, 1, 5, 6]
+    mask = (torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]).float()  # (b, R)
+    logp = -2 + 0.3 * torch.randn(5, 7, generator=g)  # (b, R)
+    old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
+    adv = torch.randn(5, 7, generator=g)  # (b, R)
+    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
+    token_mean = clipped_policy_loss(garbage, old, adv, mask, 0.2)
+    torch.testing.assert_close(token_mean, rlhf_helpers.policy_loss(logp, old, adv, mask, clip_eps=0.2)[0])
+    per_row = []  # a plain loop over each response's real tokens
+    for i, n in enumerate(lengths):
+        rho = torch.exp(logp[i, :n] - old[i, :n])
+        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]).mean())
+    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=True),
+                               torch.stack(per_row).mean())
+
+
+exercise_check("Exercise 2 (clipped_policy_loss)", check_clipped_policy_loss)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+#                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+#     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+#     real = mask.bool()  # (b, R)
+#     log_rho = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (b, R): 0 at padding
+#     rho = torch.exp(log_rho)  # (b, R)
+#     surrogate = torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask  # (b, R)
+#     if per_sequence:
+#         return -(surrogate.sum(dim=1) / mask.sum(dim=1)).mean()
+#     return -surrogate.sum() / mask.sum()
+# ```
+# Per token, a 40-token response counts 40 times as much as a 1-token one; per sequence, each response
+# counts once, so the tokens of short responses weigh more. Neither is wrong; they optimise slightly
+# different objectives (Dr. GRPO and DAPO discuss the length bias each one brings).
+# </details>
+
+# %% [markdown]
 # ## 4. Training
 #
 # `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
@@ -379,7 +566,7 @@ start_eval = trainer.evaluate(eval_prompts)
 print({k: round(v, 3) for k, v in start_eval.items()})
 
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
-curves_handle = display(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"), display_id=True)
+live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
 refresh_every = max(1, config.total_steps // 10)
 eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
 ppo_evals = [{"step": 0, **start_eval}]
@@ -390,13 +577,17 @@ def after_step(metrics):
     if trainer.step_count in eval_steps:
         ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
     if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
-        curves_handle.update(plot_curves(trainer.history, keys=CURVES, columns=3))
+        live_curves.update(plot_curves(trainer.history, keys=CURVES, columns=3))
 
 
+peak = PeakMemory()  # resident memory of this process, from here to the end of training
 history = trainer.train(callback=after_step)
 last = history[-1]
 print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hidden_score']:.3f}  "
       f"kl {last['kl']:.3f}  time/step {sum(h['time_step'] for h in history) / len(history):.1f} s")
+print(f"memory: the shared model's parameters {model.parameter_bytes()['total'] / 2**20:.1f} MB; training rose "
+      f"{peak.rise_mb():.0f} MB above the memory held before it ({peak.how}): activations, gradients, "
+      f"Adam states and the evaluation's sampling")
 
 # %% [markdown]
 # Reading the curves: the learned score should rise, and the hidden score with it as long as the reward
@@ -405,55 +596,6 @@ print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hid
 # clip fraction of a few percent means the updates stay in the trust region; tens of percent means the
 # learning rate or the number of epochs is too large. Explained variance should climb from about 0 as
 # the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo returns).
-
-# %% [markdown]
-# ### Exercise 2: explained variance by hand
-#
-# $$\mathrm{EV} = 1 - \frac{\operatorname{Var}[R_t - V_t]}{\operatorname{Var}[R_t]}$$
-#
-# over the real tokens only (unbiased variances). 1 means the critic predicts the returns perfectly;
-# 0 means it does no better than a constant; negative means worse than a constant.
-# Write `explained_variance_by_hand(values, returns, mask)` returning a Python float.
-
-# %%
-# EXERCISE 2
-def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
-    raise NotImplementedError
-
-
-# %%
-def check_explained_variance():
-    R = torch.tensor([[1.0, 2.0, 4.0, 99.0], [0.0, 3.0, 0.0, 0.0]])  # (B, T)
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # (B, T)
-    real = [1.0, 2.0, 4.0, 0.0, 3.0]  # the returns on real tokens
-    mean = sum(real) / 5
-    assert abs(explained_variance_by_hand(R.clone(), R, mask) - 1.0) < 1e-6, "a perfect critic gives 1"
-    const = torch.full_like(R, 123.0)  # a constant critic, however far off, explains nothing
-    assert abs(explained_variance_by_hand(const, R, mask)) < 1e-5, "a constant critic gives 0"
-    V = torch.tensor([[0.5, 2.5, 3.0, -7.0], [0.5, 2.0, 9.0, 9.0]])
-    resid = [1.0 - 0.5, 2.0 - 2.5, 4.0 - 3.0, 0.0 - 0.5, 3.0 - 2.0]
-    rm = sum(resid) / 5
-    expected = 1 - sum((x - rm) ** 2 for x in resid) / sum((x - mean) ** 2 for x in real)
-    assert abs(explained_variance_by_hand(V, R, mask) - expected) < 1e-5
-    b = trainer.last_batch  # the library's number on the last real batch
-    assert abs(explained_variance_by_hand(b.values, b.returns, b.mask)
-               - explained_variance(b.values, b.returns, b.mask)) < 1e-5
-
-
-exercise_check("Exercise 2 (explained_variance_by_hand)", check_explained_variance)
-
-# %% [markdown]
-# <details><summary>Solution 2</summary>
-#
-# ```python
-# def explained_variance_by_hand(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-#     """1 - Var[returns - values] / Var[returns] over the tokens where mask == 1."""
-#     real = mask.bool()
-#     target = returns[real]  # (N,) real tokens only
-#     return float(1 - (target - values[real]).var() / target.var())
-# ```
-# </details>
 
 # %% [markdown]
 # ## 5. Samples before and after
@@ -476,6 +618,36 @@ for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
 samples_table = pd.DataFrame(rows)
 with pd.option_context("display.max_colwidth", 120):
     display(samples_table.sort_values(["prompt", "model"], kind="stable"))
+
+# %% [markdown]
+# Read the table for **disagreements** between the two scores: a response the reward model likes and the
+# hidden scorer does not is where PPO has started to exploit the reward model. The cell below takes the
+# policy's sample with the largest gap and splits its hidden score into its terms (`score_breakdown`,
+# notebook 02), so you can see which part of quality the reward model failed to check.
+
+# %%
+policy_rows = samples_table[samples_table["model"] == "PPO policy"]
+gap_row = policy_rows.loc[(policy_rows["learned"] - policy_rows["hidden"]).idxmax()]
+terms = score_breakdown(gap_row["prompt"], gap_row["response"])
+print(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}")
+print(f"learned {gap_row['learned']:+.2f}   hidden {gap_row['hidden']:+.2f}   gap {gap_row['learned'] - gap_row['hidden']:+.2f}")
+worst_terms = sorted(((name, getattr(terms, name)) for name in ("sentiment", "specificity", "fluency",
+                                                                 "repetition", "length", "genre")),
+                     key=lambda item: item[1])
+print("hidden score terms, worst first: " + ", ".join(f"{name} {value:+.2f}" for name, value in worst_terms))
+genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_breakdown(p["prompt"], p["rejected"]).genre
+                  for p in load_preferences("train"))
+print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of "
+      f"{len(load_preferences('train'))}")
+
+# %% [markdown]
+# A typical find on the tiny profile: a prompt about one genre ("Review of the comedy ...") answered
+# with a confident review of another ("This drama ..."). The praise and detail the reward model pays
+# for are there, so its score is high; the hidden scorer's **genre** term subtracts for every word that
+# contradicts the prompt's genre. Few of notebook 02's preference pairs contrast a right genre with a
+# wrong one (the count is printed above), so the reward model had little evidence to learn that check. That is reward hacking in miniature: the
+# policy found a direction the proxy does not see. The KL penalty keeps such drift small; notebook 06
+# removes it and the gap grows.
 
 # %% [markdown]
 # ## 6. Best-of-$n$: the baseline at matched KL
@@ -513,10 +685,30 @@ final = ppo_points.iloc[-1]
 matched = bon_points[bon_points["KL (nats)"] <= final["KL (nats)"]]  # best-of-n points within PPO's KL
 print(f"PPO at KL {final['KL (nats)']:.2f}: hidden score {final['hidden score']:.3f}")
 if len(matched):
-    print(f"largest best-of-n within that KL: n = {int(matched['n'].iloc[-1])}, "
-          f"hidden score {matched['hidden score'].iloc[-1]:.3f}")
+    best = matched.loc[matched["hidden score"].idxmax()]
+    print(f"best best-of-n within that KL: n = {int(best['n'])} at KL {best['KL (nats)']:.2f}, hidden score "
+          f"{best['hidden score']:.3f}")
+    # PPO's hidden score at best-of-n's KL, read off the PPO curve (evaluations sorted by KL, linear in between)
+    by_kl = ppo_points.sort_values("KL (nats)")
+    ppo_there = float(np.interp(best["KL (nats)"], by_kl["KL (nats)"], by_kl["hidden score"]))
+    lead = best["hidden score"] - ppo_there
+    print(f"at matched KL {best['KL (nats)']:.2f}: best-of-{int(best['n'])} {best['hidden score']:.3f} vs PPO "
+          f"{ppo_there:.3f} -> {'best-of-n' if lead > 0 else 'PPO'} is ahead by {abs(lead):.3f}")
+peak_row = ppo_points.loc[ppo_points["hidden score"].idxmax()]
+print(f"PPO's hidden score peaked at step {int(peak_row['step'])} ({peak_row['hidden score']:.3f}, KL "
+      f"{peak_row['KL (nats)']:.2f}); learned score there {peak_row['learned score']:.3f}, at the end "
+      f"{final['learned score']:.3f} with hidden {final['hidden score']:.3f}")
 
 # %% [markdown]
+# **The verdict** is the "at matched KL" line above: which of the two reaches the higher hidden score for
+# the same distance from the SFT model on this run. Gao et al. (2022) found at scale that RL is less
+# KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL), so expect
+# best-of-$n$ to be ahead at matched KL, and PPO to reach higher scores only by going further. What PPO buys is cost at inference:
+# best-of-$n$ samples and scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
+# And look at where PPO's hidden score peaked (printed last): if the learned score is still climbing
+# after that step while the hidden score sags, the policy is spending KL on what the reward model
+# over-rates, the start of the over-optimisation that notebook 06 measures.
+#
 # Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum of
 # Exercise 1), best-of-$n$'s is the formula; and the formula is an upper bound when rewards tie. With a
 # longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps

@@ -30,6 +30,7 @@ env_info = show_environment()
 
 # %%
 import dataclasses
+import math
 
 import numpy as np
 import plotly.graph_objects as go
@@ -376,17 +377,31 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 # %% [markdown]
 # ### How far can the proxy be pushed?
 #
-# Gao et al. (2022) found that under RL the gold (here: hidden) score follows a simple law of the
-# distance from the initial policy, measured as $d = \sqrt{\mathrm{KL}}$:
+# Gao et al. (2022, "Scaling laws for reward model overoptimization") measure the distance from the
+# initial policy as $d = \sqrt{\mathrm{KL}}$ and fit the gold (here: hidden) score with two laws, one per
+# way of optimising:
 #
-# $$h(d) = c + \alpha\, d - \beta_{\text{G}}\, d^2 \qquad\Rightarrow\qquad \text{peak at } d^* = \frac{\alpha}{2\beta_{\text{G}}},\quad \mathrm{KL}^* = (d^*)^2$$
+# $$\text{best-of-}n:\; h(d) = c_{\text{G}} + d\,(\alpha_{\text{G}} - \beta_{\text{G}}\, d), \qquad
+# \text{RL}:\; h(d) = c_{\text{G}} + d\,(\alpha_{\text{G}} - \beta_{\text{G}} \log d)$$
 #
-# ($c$: the SFT model's hidden score; $\beta_{\text{G}}$ is the law's coefficient, not the KL penalty).
-# Each PPO step of the $\beta = 0$ run is one point (KL of its batch, mean hidden score). A least-squares
-# fit of the three coefficients (`numpy.polyfit` in $d$, degree 2) says where, in KL, this world's
-# hidden score stops improving; the penalised run's points are drawn in the same plane.
+# ($c_{\text{G}}$: the SFT model's hidden score; the subscript G marks Gao et al.'s coefficients, so
+# $\beta_{\text{G}}$ is not the KL penalty $\beta$).
+# PPO is RL, so the second form is the one to expect; the first is drawn for comparison. Both are
+# linear in their coefficients: a least-squares fit on the features $(1, d, d^2)$ or $(1, d, d\log d)$.
+# The RL form peaks where $h'(d) = \alpha_{\text{G}} - \beta_{\text{G}}(\log d + 1) = 0$:
+#
+# $$d^* = \exp\!\left(\frac{\alpha_{\text{G}}}{\beta_{\text{G}}} - 1\right), \qquad \mathrm{KL}^* = (d^*)^2 .$$
+#
+# Each PPO step of the $\beta = 0$ run is one point (KL of its batch, mean hidden score); the penalised
+# run's points are drawn in the same plane.
 
 # %%
+def law_features(d: np.ndarray, form: str) -> np.ndarray:
+    """(N,) distances -> (N, 3) design matrix of the best-of-n ("bon") or the RL ("rl") law."""
+    d_log_d = d * np.log(np.where(d > 0, d, 1.0))  # (N,): d log d -> 0 as d -> 0
+    return np.stack([np.ones_like(d), d, -(d**2) if form == "bon" else -d_log_d], axis=1)
+
+
 kl_c, hidden_c = series(broken_c, "kl")[1], series(broken_c, "hidden_score")[1]
 d_c = np.sqrt(np.clip(kl_c, 0.0, None))  # (N,): k1 batch means can dip below 0 early on
 fig = go.Figure()
@@ -394,18 +409,26 @@ fig.add_scatter(x=d_c, y=hidden_c, mode="markers", name="beta = 0, one point per
 fig.add_scatter(x=np.sqrt(np.clip(series(baseline, "kl")[1], 0.0, None)), y=series(baseline, "hidden_score")[1],
                 mode="markers", name=f"beta = {lab_config.kl_coef}", marker_color="royalblue")
 if len(d_c) >= 6:  # three coefficients need clearly more than three points
-    minus_beta_g, alpha_g, c_g = np.polyfit(d_c, hidden_c, 2)
     grid = np.linspace(0.0, d_c.max(), 100)
-    fig.add_scatter(x=grid, y=c_g + alpha_g * grid + minus_beta_g * grid**2, mode="lines", name="fit h(d)",
-                    line_color="black")
-    print(f"fit: c {c_g:+.3f}  alpha {alpha_g:+.3f}  beta_G {-minus_beta_g:+.3f}")
-    if alpha_g > 0 and -minus_beta_g > 0:
-        d_star = alpha_g / (2 * -minus_beta_g)
+    fits = {}
+    for form, label, dash in (("rl", "RL law", "solid"), ("bon", "best-of-n law", "dash")):
+        coef, *_ = np.linalg.lstsq(law_features(d_c, form), hidden_c, rcond=None)  # (c, alpha, beta_G)
+        rss = float(((law_features(d_c, form) @ coef - hidden_c) ** 2).sum())
+        fits[form] = (coef, rss)
+        fig.add_scatter(x=grid, y=law_features(grid, form) @ coef, mode="lines", name=f"{label} fit",
+                        line=dict(color="black", dash=dash))
+        print(f"{label:>13}: c {coef[0]:+.3f}  alpha {coef[1]:+.3f}  beta_G {coef[2]:+.3f}   "
+              f"residual sum of squares {rss:.2f}")
+    better = min(fits, key=lambda form: fits[form][1])
+    print(f"the {'RL' if better == 'rl' else 'best-of-n'} form fits this run better")
+    (c_g, alpha_g, beta_g), _ = fits["rl"]
+    d_star = float(np.exp(alpha_g / beta_g - 1)) if beta_g > 0 else float("inf")
+    if 0 < d_star <= d_c.max():
         fig.add_vline(x=d_star, line_dash="dot", line_color="gray")
-        print(f"the fitted hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}); "
+        print(f"the RL law's hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}); "
               f"the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
     else:
-        print("the fitted curve has no peak inside the range (no rise-then-fall in this run)")
+        print("the RL law's fitted curve has no peak inside the range (no rise-then-fall in this run)")
 else:
     print(f"only {len(d_c)} steps: too few points to fit three coefficients")
 fig.update_layout(title="(c) Hidden score against the distance from the SFT model",
@@ -418,29 +441,30 @@ fig.show()
 # curve training stops. The fit is one noisy run: read $d^*$ as a rough location, not a constant.
 #
 # ### Exercise 2: fit the over-optimisation law
-# Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c, \alpha, \beta_{\text{G}})$
-# of $h = c + \alpha\sqrt{\mathrm{KL}} - \beta_{\text{G}}\,\mathrm{KL}$ from two lists of equal length,
-# as three Python floats, without `numpy.polyfit` (the check compares against it). Treat negative KL
-# values as 0.
+# Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c_{\text{G}}, \alpha_{\text{G}}, \beta_{\text{G}})$
+# of Gao et al.'s RL law $h = c_{\text{G}} + \alpha_{\text{G}} d - \beta_{\text{G}}\, d \log d$, $d = \sqrt{\mathrm{KL}}$, from two
+# lists of equal length, as three Python floats, without numpy (the check compares against
+# `numpy.linalg.lstsq`). Treat negative KL values as 0, and use $d \log d = 0$ at $d = 0$ (its limit).
 
 # %%
 # EXERCISE 2
 def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
-    """Least-squares (c, alpha, beta_G) of hidden = c + alpha * sqrt(kl) - beta_G * kl."""
+    """Least-squares (c, alpha, beta_G) of hidden = c + alpha * d - beta_G * d * log(d), d = sqrt(kl)."""
     raise NotImplementedError
 
 
 # %%
 def check_fit_overoptimisation():
     kl = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
-    exact = [0.3 + 0.8 * k**0.5 - 0.1 * k for k in kl]  # a curve that obeys the law exactly
+    exact = [0.3 + 0.8 * k**0.5 - 0.1 * k**0.5 * math.log(k**0.5) if k > 0 else 0.3 for k in kl]  # obeys the law
     c, alpha, beta_g = fit_overoptimisation(kl, exact)
     assert max(abs(c - 0.3), abs(alpha - 0.8), abs(beta_g - 0.1)) < 1e-6, (c, alpha, beta_g)
     g = torch.Generator().manual_seed(3)
     noisy_kl = (torch.rand(40, generator=g, dtype=torch.float64) * 50 - 1).tolist()  # a few negative values
     noisy_h = (torch.randn(40, generator=g, dtype=torch.float64)).tolist()
-    minus_b, a, c0 = np.polyfit(np.sqrt(np.clip(noisy_kl, 0.0, None)), noisy_h, 2)  # independent reference
-    np.testing.assert_allclose(fit_overoptimisation(noisy_kl, noisy_h), (c0, a, -minus_b), rtol=1e-6, atol=1e-9)
+    d = np.sqrt(np.clip(noisy_kl, 0.0, None))
+    reference, *_ = np.linalg.lstsq(law_features(d, "rl"), np.array(noisy_h), rcond=None)  # independent
+    np.testing.assert_allclose(fit_overoptimisation(noisy_kl, noisy_h), reference, rtol=1e-6, atol=1e-9)
 
 
 exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
@@ -450,21 +474,21 @@ exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
 #
 # ```python
 # def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
-#     """Least-squares (c, alpha, beta_G) of hidden = c + alpha * sqrt(kl) - beta_G * kl."""
+#     """Least-squares (c, alpha, beta_G) of hidden = c + alpha * d - beta_G * d * log(d), d = sqrt(kl)."""
 #     d = torch.tensor(kl, dtype=torch.float64).clamp(min=0).sqrt()  # (N,)
-#     X = torch.stack([torch.ones_like(d), d, -(d**2)], dim=1)  # (N, 3): the design matrix
+#     d_log_d = torch.where(d > 0, d * torch.log(d.clamp(min=1e-300)), torch.zeros_like(d))  # (N,)
+#     X = torch.stack([torch.ones_like(d), d, -d_log_d], dim=1)  # (N, 3): the design matrix
 #     y = torch.tensor(hidden, dtype=torch.float64)[:, None]  # (N, 1)
 #     c, alpha, beta_g = torch.linalg.lstsq(X, y).solution[:, 0].tolist()
 #     return c, alpha, beta_g
 # ```
 # </details>
 
-# %% [markdown]
 # ## (d) Negative KL from the $k_1$ estimator
 #
-# The logged KL is estimated from the sampled tokens. With $\log\rho_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
+# The logged KL is estimated from the sampled tokens. With $\log w_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
 #
-# $$k_1 = -\log\rho_t, \qquad k_3 = (\rho_t - 1) - \log\rho_t \;\ge 0 .$$
+# $$k_1 = -\log w_t, \qquad k_3 = (w_t - 1) - \log w_t \;\ge 0 .$$
 #
 # Both are unbiased estimates of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ when $a_t \sim \pi$, but
 # $k_1$ is negative on every token the reference likes more than the policy, and a *sequence* or a small
@@ -476,9 +500,9 @@ exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation)
 
 # %%
 def k3_scratch(logprobs, ref_logprobs):
-    """(rho - 1) - log rho with rho = pi_ref / pi, per token: (B, R) -> (B, R)."""
-    log_rho = ref_logprobs - logprobs  # (B, R)
-    return torch.exp(log_rho) - 1 - log_rho
+    """(w - 1) - log w with w = pi_ref / pi, per token: (B, R) -> (B, R)."""
+    log_w = ref_logprobs - logprobs  # (B, R)
+    return torch.exp(log_w) - 1 - log_w
 
 
 batch = baseline.last_batch
@@ -510,7 +534,7 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 # %% [markdown]
 # **Recognise it:** negative per-response (or small-batch) KL values in the log, from the $k_1$ sum;
 # $k_3$ gives none (right panel). $k_3$ pays for that with a heavy right tail: a token the reference
-# finds far likelier than the policy ($\rho_t \gg 1$) adds $\rho_t - 1 - \log\rho_t$, so a single
+# finds far likelier than the policy ($w_t \gg 1$) adds $w_t - 1 - \log w_t$, so a single
 # batch mean can jump (compare the two printed rows step by step). Use $k_3$ (or $k_2$)
 # for *reporting*; in the reward, $k_1$ per token is fine on average, but its negative tokens become
 # *positive* rewards, a bonus for going where the reference is more confident.
@@ -522,7 +546,7 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 # %%
 # EXERCISE 3
 def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t m_t ((rho_t - 1) - log rho_t), rho_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
+    """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
     raise NotImplementedError
 
 
@@ -547,9 +571,9 @@ exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3)
 #
 # ```python
 # def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """sum_t m_t ((rho_t - 1) - log rho_t), rho_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
-#     log_rho = ref_logprobs - logprobs  # (B, R)
-#     return ((torch.expm1(log_rho) - log_rho) * mask).sum(dim=1)  # (B,)
+#     """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
+#     log_w = ref_logprobs - logprobs  # (B, R)
+#     return ((torch.expm1(log_w) - log_w) * mask).sum(dim=1)  # (B,)
 # ```
 # </details>
 

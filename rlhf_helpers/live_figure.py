@@ -1,0 +1,45 @@
+"""A plotly figure shown once in a notebook and replaced in place, e.g. training curves during a loop.
+
+    live = LiveFigure(go.Figure(layout_title_text="waiting for step 1"))   # shown here
+    for step in ...:
+        live.update(plot_curves(history))                                  # same output, new figure
+
+Why not `display(fig, display_id=True)` and `handle.update(fig)`: a plotly figure defines
+`_ipython_display_`, and IPython then hands the whole display to it, which calls `pio.show` and
+drops the display id. Every update appends a new figure under the cell (11 stacked figures in
+notebook 05 before this module). Here the figure is turned into its mime bundle (what plotly's
+default renderer would show: the plotly JSON for JupyterLab, HTML for Colab or classic Notebook),
+and that bundle is displayed and updated raw, so the display id holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from IPython import get_ipython
+from IPython.display import display
+
+
+def figure_bundle(fig: go.Figure) -> dict[str, Any]:
+    """The mime bundle plotly's default renderer would display for `fig` (mimetype -> data)."""
+    # the same call IPython would make without plotly's _ipython_display_; plotly activates the
+    # default mimetype renderers inside it (the classic "notebook" renderer loads plotly.js then)
+    return fig._repr_mimebundle_()
+
+
+class LiveFigure:
+    """One output that shows a plotly figure and is replaced by `update` (no stacked copies)."""
+
+    def __init__(self, fig: go.Figure) -> None:
+        self.updates = 0  #: how many times the figure was replaced
+        self.figure = fig  #: the figure shown now
+        # outside IPython (scripts, tests) there is nothing to draw into: keep the figure only
+        self._handle = display(figure_bundle(fig), raw=True, display_id=True) if get_ipython() else None
+
+    def update(self, fig: go.Figure) -> None:
+        """Replace the shown figure by `fig`, in the same output."""
+        self.figure = fig
+        self.updates += 1
+        if self._handle is not None:
+            self._handle.update(figure_bundle(fig), raw=True)
