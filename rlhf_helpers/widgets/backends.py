@@ -36,6 +36,9 @@ Why "html" in Colab, from the three candidates:
   (plotly.io renderers, chosen by default in Colab), and plotly figures shown at cell level render
   in Colab (plotly.py#5314: the same output renders in Colab, not in nbviewer). Our script waits
   for plotly.js before drawing, so it does not depend on how the frontend runs scripts.
+- Not checked in Colab itself (no Colab from CI): tests/test_widgets_browser.py reproduces #5889
+  with the "output" backend and checks "html" in a JupyterLab without plotly's renderer extension,
+  where slider moves reach the figure the same way (update_display_data sent from a widget callback).
 - A static image (PNG/SVG) needs kaleido, which is not a dependency of the course and drives a
   headless Chrome to export each image, and it loses hover and zoom.
 
@@ -120,6 +123,9 @@ class FigureView:
         self.redraws = 0  #: how many times the "html"/"output" backend re-rendered the figure
         self.display_id: str | None = None  #: "html": the id of the cell output that holds the figure
         self.shown = False  #: "html": True once `show()` has displayed the figure
+        #: "html": add plotly's JSON mime type to the first display (not in Colab, which has no
+        #: renderer for it: there the HTML alone is sent)
+        self.with_plotly_mime = backend == "html" and not in_colab()
         self._overlays: tuple[list[dict], list[dict]] | None = None  # last set_overlays arguments
         if backend == "figurewidget":
             self.figure = go.FigureWidget(figure)
@@ -128,22 +134,20 @@ class FigureView:
             self.figure = go.Figure(figure)
             self.widget = None
             self.display_id = f"rlhf-figure-{uuid.uuid4().hex}"
-            # Colab has no renderer for plotly's JSON mime type: send it the HTML alone
-            self.with_plotly_mime = not in_colab()
         else:
             self.figure = go.Figure(figure)
             self.widget = widgets.Output(layout=widgets.Layout(min_height=f"{figure.layout.height or 450}px"))
             self.redraw()
 
     def mime_bundle(self, first: bool = True) -> dict[str, object]:
-        """"html": the current figure as a raw mime bundle: self-contained HTML, plus plotly's JSON
+        """For "html": the current figure as a raw mime bundle: self-contained HTML, plus plotly's JSON
         in the first display outside Colab. Updates carry the HTML alone: plotly's JupyterLab
         renderer ignores new data once it has drawn (its renderModel returns early when a graph
         exists), whereas a change of mime type makes JupyterLab replace the renderer."""
         return mime_bundle(self.figure, with_plotly_mime=first and self.with_plotly_mime)
 
     def show(self) -> None:
-        """"html": display the figure as a cell-level output with this view's display id (the other
+        """For "html": display the figure as a cell-level output with this view's display id (the other
         backends are inside the explorer's widget, so there is nothing to do)."""
         if self.backend != "html":
             return
@@ -189,7 +193,7 @@ class FigureView:
                 style[prop] = self.figure.data[index][prop]
 
     def redraw(self) -> None:
-        """"output": replace the Output's content by the current figure (no flicker: wait=True);
+        """For "output": replace the Output's content by the current figure (no flicker: wait=True);
         "html": replace the cell output with that display id by the current figure."""
         self.redraws += 1
         if get_ipython() is None:  # plain Python (scripts, tests): nothing could show it
