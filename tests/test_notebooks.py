@@ -28,6 +28,9 @@ from rlhf_helpers.run_course import course_notebooks, execute_notebook
 
 NOTEBOOKS = course_notebooks()
 NOTEBOOK_TIMEOUT_S = 600  #: per notebook (and per cell inside nbclient)
+#: largest executed notebook (the file `make course` writes): before the explorers' "html" backend in
+#: headless runs, each FigureWidget stored plotly.js (~4.6 MB) in the widget state (04 was 31 MB)
+MAX_EXECUTED_BYTES = 2_000_000
 #: Profile overrides of the solutions-and-re-run pass: few, small PPO and reward-model steps.
 QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16, "mini_batch_size": 8,
                  "n_eval_prompts": 16, "eval_batch_size": 16}
@@ -56,6 +59,17 @@ def figure_titles(nb: nbformat.NotebookNode) -> list[str]:
                 found = re.search(r'"title":\s*\{"text":\s*"([^"]*)"', data["text/html"])
                 titles.append(found.group(1) if found else "")
     return titles
+
+
+def largest_parts(nb: nbformat.NotebookNode, n: int = 3) -> list[tuple[str, int]]:
+    """The `n` largest outputs (by mime type) and widget-state entries of a notebook, in bytes."""
+    parts = [(f"cell {i} {mime}", len(json.dumps(value)))
+             for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for out in cell.get("outputs", []) for mime, value in out.get("data", {}).items()]
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    parts += [(f"widget {key[:8]} {value.get('model_name')}", len(json.dumps(value)))
+              for key, value in state.get("state", {}).items()]
+    return sorted(parts, key=lambda part: -part[1])[:n]
 
 
 def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -91,6 +105,8 @@ def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
     nb = execute_notebook(path, out=tmp_path / "executed.ipynb", timeout=NOTEBOOK_TIMEOUT_S,
                           workdir=tmp_path)
+    size = (tmp_path / "executed.ipynb").stat().st_size
+    assert size <= MAX_EXECUTED_BYTES, f"executed notebook is {size / 1e6:.1f} MB; largest parts: {largest_parts(nb)}"
     lines = _CHECK_LINE.findall(_stdout(nb))
     assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), \
@@ -130,6 +146,16 @@ def test_every_notebook_has_two_or_three_exercises_with_solutions():
         solutions = sorted(number for number, _ in _SOLUTION.findall(text))
         assert 2 <= len(exercises) <= 3, f"{path.name}: {len(exercises)} exercises"
         assert exercises == solutions, f"{path.name}: exercises {exercises} vs solutions {solutions}"
+
+
+def test_largest_parts_names_outputs_and_widget_state():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=[
+        nbformat.v4.new_output("display_data", data={"text/plain": "a" * 50, "text/html": "b" * 500})])])
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "0123456789": {"model_name": "FigureModel", "state": {"_esm": "c" * 5000}}}}}
+    parts = largest_parts(nb, n=3)
+    assert [name for name, _ in parts] == ["widget 01234567 FigureModel", "cell 0 text/html", "cell 0 text/plain"]
+    assert parts[0][1] > 5000 and 500 < parts[1][1] < 510
 
 
 def test_with_solutions_replaces_the_stub():

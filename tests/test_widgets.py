@@ -1,11 +1,14 @@
 """Headless tests of the explorers: build each one, set its controls from Python, and check the
-figure's data against closed forms and loops written here (NumPy, not the maths core), on both
-backends; bad input must show a message in the widget, never raise.
+figure's data against closed forms and loops written here (NumPy, not the maths core), on every
+backend; bad input must show a message in the widget, never raise. The "html" backend's messages
+are checked in a real kernel (one display, then updates of that same display id).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import sys
 
@@ -14,9 +17,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 from plotly.basedatatypes import Undefined
+from plotly.offline import get_plotlyjs_version
 
 from rlhf_helpers import widgets
-from rlhf_helpers.widgets import backends
+from rlhf_helpers.widgets import backends, html_figure
 from rlhf_helpers.widgets import clip_explorer as clip_mod
 from rlhf_helpers.widgets import gae_explorer as gae_mod
 from rlhf_helpers.widgets import kl_explorer as kl_mod
@@ -67,6 +71,9 @@ def test_backend_precedence_argument_then_env_var_then_auto(monkeypatch) -> None
     assert widgets.resolve_backend("auto") == "output"  # then the environment variable
     monkeypatch.setenv(widgets.ENV_VAR, "FigureWidget ")
     assert widgets.resolve_backend() == "figurewidget"
+    monkeypatch.setenv(widgets.ENV_VAR, "HTML")
+    assert widgets.resolve_backend() == "html"
+    assert widgets.resolve_backend("output") == "output"
     monkeypatch.setenv(widgets.ENV_VAR, "plotly")
     with pytest.raises(ValueError, match=widgets.ENV_VAR):
         widgets.resolve_backend()
@@ -74,10 +81,12 @@ def test_backend_precedence_argument_then_env_var_then_auto(monkeypatch) -> None
         widgets.resolve_backend("svg")
 
 
-def test_auto_backend_is_output_in_colab_or_without_figurewidget(monkeypatch) -> None:
+def test_auto_backend_is_html_in_colab_or_without_figurewidget(monkeypatch) -> None:
     assert widgets.resolve_backend() == "figurewidget"  # anywidget is installed here
     monkeypatch.setitem(sys.modules, "google.colab", object())
-    assert widgets.resolve_backend() == "output"
+    assert widgets.resolve_backend() == "html"
+    explorer = widgets.KLExplorer()
+    assert explorer.backend == "html" and not explorer.view.with_plotly_mime  # Colab: HTML alone
     monkeypatch.delitem(sys.modules, "google.colab")
 
     def broken(*args, **kwargs):
@@ -85,8 +94,8 @@ def test_auto_backend_is_output_in_colab_or_without_figurewidget(monkeypatch) ->
 
     monkeypatch.setattr(go, "FigureWidget", broken)
     assert backends.figurewidget_problem() == "ImportError: anywidget is not installed"
-    assert widgets.resolve_backend() == "output"
-    assert widgets.ClipExplorer().backend == "output"
+    assert widgets.resolve_backend() == "html"
+    assert widgets.ClipExplorer().backend == "html"
 
 
 def test_backends_hold_the_expected_figure_types(backend) -> None:
@@ -96,6 +105,8 @@ def test_backends_hold_the_expected_figure_types(backend) -> None:
         assert explorer.view.widget is explorer.view.figure
     else:
         assert type(explorer.view.figure) is go.Figure
+        # "html": the figure is a cell output of its own, not a widget in the explorer's box
+        assert (explorer.view.widget is None) == (backend == "html")
         redraws = explorer.view.redraws
         explorer.set(eps=0.3)
         assert explorer.view.redraws == redraws + 1  # one redraw per update, not per control
@@ -115,6 +126,87 @@ def test_figurewidget_update_is_one_message_and_never_drops_x(monkeypatch) -> No
     for prop, per_trace in style.items():
         assert not any(value is Undefined for value in per_trace), prop
     assert list(style["x"][clip_mod.OBJECTIVE]) == list(explorer.grid.tolist())
+
+
+def _figure_in_html(html: str) -> dict:
+    """The figure JSON embedded in an "html" bundle's script (`var fig = {...};`)."""
+    line = next(line for line in html.splitlines() if line.strip().startswith("var fig = "))
+    return json.loads(line.strip().removeprefix("var fig = ").removesuffix(";").replace("<\\/", "</"))
+
+
+def test_html_bundle_holds_the_figure_a_loader_and_no_plotly_js() -> None:
+    fig = go.Figure(go.Scatter(x=[0.0, 1.0, 2.0], y=[3.0, -1.0, 0.5], name="a </script> name"))
+    fig.update_layout(width=640, height=300, title="t")
+    bundle = html_figure.mime_bundle(fig)
+    html = bundle["text/html"]
+    embedded = _figure_in_html(html)
+    assert embedded["data"][0]["name"] == "a </script> name"
+    assert np.allclose(np.asarray(embedded["data"][0]["y"], dtype=float), [3.0, -1.0, 0.5])
+    assert bundle[html_figure.PLOTLY_MIME] == embedded  # the same figure in both parts
+    # one script element: a "</script>" in the data is escaped, so it cannot end the script early
+    assert html.count("</script>") == 1 and html.count("<script") == 1
+    assert f'"{html_figure.plotly_js_url()}"' in html  # loaded by the script, not pasted in
+    assert len(html) < 10_000  # plotly.js itself (~4.6 MB) is not in it
+    assert "width:640px;height:300px" in html  # the output keeps its size while plotly.js loads
+    assert html_figure.plotly_js_url().endswith(f"plotly-{get_plotlyjs_version()}.min.js")
+    assert set(html_figure.mime_bundle(fig, with_plotly_mime=False)) == {"text/html"}
+    ids = {re.search(r'id="([^"]+)"', html_figure.mime_bundle(fig)["text/html"]).group(1) for _ in range(3)}
+    assert len(ids) == 3  # a fresh element id per render: two outputs never share one
+
+
+KERNEL_CODE = """
+import json, sys, types
+if COLAB:
+    sys.modules["google.colab"] = types.ModuleType("google.colab")
+from IPython.display import display
+from rlhf_helpers import widgets
+explorer = widgets.ClipExplorer()
+print(json.dumps({"backend": explorer.backend}))
+display(explorer)
+explorer.set(advantage=-0.5)  # one update (several controls set) ...
+explorer.controls["eps"].slider.value = 0.3  # ... and one slider move
+"""
+
+
+def _run_in_kernel(code: str) -> list[dict]:
+    """Run `code` in a fresh python3 kernel; return its display/update/stream/error messages."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = {k: v for k, v in os.environ.items() if k != widgets.ENV_VAR}
+    km, kc = start_new_kernel(kernel_name="python3", env={**env, "OMP_NUM_THREADS": "1"})
+    messages: list[dict] = []
+    try:
+        kc.execute_interactive(code, timeout=120, output_hook=messages.append)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    errors = ["\n".join(m["content"]["traceback"]) for m in messages if m["msg_type"] == "error"]
+    assert not errors, errors[0]
+    return messages
+
+
+@pytest.mark.parametrize("colab", [False, True], ids=["jupyter", "colab"])
+def test_html_backend_displays_once_then_updates_that_display_in_place(colab) -> None:
+    messages = _run_in_kernel(f"COLAB = {colab}\n{KERNEL_CODE}")
+    printed = json.loads(next(m for m in messages if m["msg_type"] == "stream")["content"]["text"])
+    assert printed["backend"] == ("html" if colab else "figurewidget")  # auto
+    if not colab:  # outside Colab "auto" is FigureWidget: run again with "html" named
+        messages = _run_in_kernel(f"COLAB = False\n{KERNEL_CODE}".replace(
+            "ClipExplorer()", 'ClipExplorer(backend="html")'))
+    shown = [m for m in messages if m["msg_type"] == "display_data"]
+    updates = [m for m in messages if m["msg_type"] == "update_display_data"]
+    assert len(shown) == 2, "one display for the controls and one for the figure, nothing stacked"
+    assert "application/vnd.jupyter.widget-view+json" in shown[0]["content"]["data"]  # controls first
+    figure = shown[1]["content"]
+    display_id = figure["transient"]["display_id"]
+    expected = {"text/html"} if colab else {"text/html", html_figure.PLOTLY_MIME}
+    assert set(figure["data"]) == expected
+    assert "A = +1" in _figure_in_html(figure["data"]["text/html"])["layout"]["title"]["text"]
+    # two updates, both of that same display id, HTML alone, each with the state it was sent for
+    assert [m["content"]["transient"]["display_id"] for m in updates] == [display_id, display_id]
+    assert all(set(m["content"]["data"]) == {"text/html"} for m in updates)
+    titles = [_figure_in_html(m["content"]["data"]["text/html"])["layout"]["title"]["text"] for m in updates]
+    assert "ε = 0.2, A = -0.5" in titles[0] and "ε = 0.3, A = -0.5" in titles[1]
 
 
 # ------------------------------------------------------------------------------------ clip explorer

@@ -86,7 +86,8 @@ for kind in ("k1", "k2", "k3"):
     est = kl_scratch(logp, ref_logp, kind)  # (1, N)
     torch.testing.assert_close(est, rlhf_helpers.kl_estimate(logp, ref_logp, kind=kind))
     print(f"{kind}: mean {est.mean():.4f}   std {est.std():.4f}   share of negative tokens {(est < 0).float().mean():.2f}")
-    fig.add_histogram(x=est[0].tolist(), name=kind, opacity=0.6, nbinsx=80)
+    # 4 decimals are plenty for a histogram and keep the saved notebook small (float32 -> 20 digits)
+    fig.add_histogram(x=[round(v, 4) for v in est[0].tolist()], name=kind, opacity=0.6, nbinsx=80)
 fig.update_layout(barmode="overlay", title="Per-token KL estimates (k1 goes negative; k2, k3 never do)",
                   xaxis_title="estimate", yaxis_title="tokens")
 fig.show()

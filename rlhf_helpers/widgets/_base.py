@@ -115,9 +115,9 @@ class Explorer:
     """
 
     def __init__(self, backend: str = "auto") -> None:
-        self.backend = resolve_backend(backend)  #: "figurewidget" or "output"
-        # the FigureWidget backend redraws cheaply: update while dragging; the Output backend
-        # redraws the whole figure, so it waits until the slider is released
+        self.backend = resolve_backend(backend)  #: "figurewidget", "html" or "output"
+        # the FigureWidget backend redraws cheaply: update while dragging; the others send and
+        # redraw the whole figure, so they wait until the slider is released
         self.continuous_update = self.backend == "figurewidget"
         self.controls: dict[str, NumberControl | widgets.ValueWidget] = {}
         self.views: list[FigureView] = []
@@ -139,7 +139,8 @@ class Explorer:
     def _finish(self, children: list[widgets.Widget]) -> None:
         for control in self.controls.values():
             control.observe(self.update)
-        self.widget = widgets.VBox([*children, self.status])
+        # an "html" figure has no widget (it is a cell output of its own, see _ipython_display_)
+        self.widget = widgets.VBox([*(c for c in children if c is not None), self.status])
         self.widget.add_class("rlhf-explorer")
         self.update()
 
@@ -184,4 +185,7 @@ class Explorer:
         raise NotImplementedError
 
     def _ipython_display_(self) -> None:
+        """The controls (one widget box), then any figure shown as a cell output ("html")."""
         display(self.widget)
+        for view in self.views:
+            view.show()
