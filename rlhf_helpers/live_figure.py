@@ -7,9 +7,10 @@
 Why not `display(fig, display_id=True)` and `handle.update(fig)`: a plotly figure defines
 `_ipython_display_`, and IPython then hands the whole display to it, which calls `pio.show` and
 drops the display id. Every update appends a new figure under the cell (11 stacked figures in
-notebook 05 before this module). Here the figure is turned into its mime bundle (what plotly's
-default renderer would show: the plotly JSON for JupyterLab, HTML for Colab or classic Notebook),
-and that bundle is displayed and updated raw, so the display id holds.
+notebook 05 before this module). Here the figure is turned into the mime bundle of the explorers'
+"html" display backend (`rlhf_helpers.widgets.html_figure`: self-contained HTML that loads plotly.js
+itself, which renders in Colab, plus plotly's JSON for JupyterLab's offline renderer), and that
+bundle is displayed and updated raw, so the display id holds.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import plotly.graph_objects as go
 from IPython import get_ipython
 from IPython.display import display
 
+from rlhf_helpers.widgets.backends import in_colab
+from rlhf_helpers.widgets.html_figure import mime_bundle
+
 
 def figure_bundle(fig: go.Figure) -> dict[str, Any]:
-    """The mime bundle plotly's default renderer would display for `fig` (mimetype -> data)."""
-    # the same call IPython would make without plotly's _ipython_display_; plotly activates the
-    # default mimetype renderers inside it (the classic "notebook" renderer loads plotly.js then)
-    return fig._repr_mimebundle_()
+    """The mime bundle shown for `fig`: HTML that draws it anywhere, plus plotly's JSON outside Colab
+    (Colab would pick the JSON and has no renderer for it)."""
+    return mime_bundle(fig, with_plotly_mime=not in_colab())
 
 
 class LiveFigure:

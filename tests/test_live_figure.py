@@ -33,7 +33,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
 from rlhf_helpers.live_figure import LiveFigure
-pio.renderers.default = "plotly_mimetype"
+pio.renderers.default = "plotly_mimetype"  # for the plain-display comparison below
 live = LiveFigure(go.Figure(layout_title_text="step 0"))
 for step in (1, 2, 3):
     live.update(go.Figure(layout_title_text=f"step {step}"))
@@ -58,14 +58,16 @@ def test_outside_ipython_the_figure_is_kept_and_counted():
     assert live.updates == 1 and live.figure.layout.title.text == "b"
 
 
-def test_figure_bundle_holds_the_figure_json():
-    import plotly.io as pio
-
-    previous = pio.renderers.default
-    pio.renderers.default = "plotly_mimetype"
-    try:
-        bundle = figure_bundle(go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout_title_text="t"))
-    finally:
-        pio.renderers.default = previous
-    fig_json = bundle["application/vnd.plotly.v1+json"]
+def test_figure_bundle_holds_the_figure_as_json_and_as_html():
+    bundle = figure_bundle(go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout_title_text="t"))
+    fig_json = bundle["application/vnd.plotly.v1+json"]  # outside Colab: JupyterLab draws it offline
     assert list(fig_json["data"][0]["y"]) == [3, 4] and fig_json["layout"]["title"]["text"] == "t"
+    assert '"text":"t"' in bundle["text/html"].replace(" ", "")  # the HTML carries the same figure
+
+
+def test_in_colab_the_bundle_is_html_only(monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert set(figure_bundle(go.Figure())) == {"text/html"}
