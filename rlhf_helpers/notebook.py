@@ -5,8 +5,8 @@ Every course notebook starts with the same three pieces (see notebooks/CONVENTIO
 1. a markdown cell with the title, the learning goals and an "Open in Colab" badge whose link is
    `colab_url(<this notebook's file name>)`;
 2. a code cell whose source is exactly `colab_setup_source()`: on Colab it clones the course at
-   `INSTALL_REF` and installs it without upgrading Colab's torch, transformers, ipywidgets or plotly;
-   anywhere else it does nothing;
+   `INSTALL_REF` and installs it, every package Colab ships held at its version except those in
+   `COLAB_UPGRADES` (see `rlhf_helpers.colab_setup`); anywhere else it does nothing;
 3. a code cell that calls `show_environment()`: package versions, the profile and the device in use.
 
 The repository slug, the badge ref and the install ref live here and nowhere else: the notebook
@@ -28,14 +28,17 @@ from rlhf_helpers import __version__
 REPO_SLUG = "rlhf-course/rlhf-ppo-course"
 #: Branch the "Open in Colab" badges open.
 BADGE_REF = "main"
-#: Git tag the Colab set-up cell installs, so a notebook opened from a release installs that release.
-INSTALL_REF = f"v{__version__}"
+#: Branch the Colab set-up cell installs: the one the badge opened, so notebook and code match.
+INSTALL_REF = BADGE_REF
 #: Folder of the notebooks inside the repository.
 NOTEBOOK_DIR = "notebooks"
 #: Where the Colab set-up cell clones the course (it keeps data/ next to the package).
 COLAB_CLONE_DIR = "/content/rlhf-ppo-course"
-#: Packages Colab already ships that installing the course must not upgrade.
-COLAB_KEEP = ("torch", "transformers", "ipywidgets", "plotly")
+#: Packages Colab ships that the set-up cell must upgrade, and why (every other one keeps its version).
+COLAB_UPGRADES = {
+    "datasets": "Colab has 4.0.0; trl 1.16 requires datasets>=4.7.0",
+    "pyarrow": "Colab has 18.1.0; trl 1.16 and datasets>=4.7 require pyarrow>=21.0.0",
+}
 #: Packages whose versions the header prints, in this order.
 VERSION_PACKAGES = (
     "torch",
@@ -76,34 +79,30 @@ def colab_badge(notebook: str) -> str:
 def colab_setup_source() -> str:
     """Source of the set-up cell: on Colab, clone and install the course; elsewhere do nothing.
 
-    The cell runs before the course is installed, so it cannot import this module: the generator
-    writes the constants into it. Colab's own torch, transformers, ipywidgets and plotly are pinned
-    through a constraints file made from `pip freeze`, so pip keeps them instead of upgrading.
+    The cell runs before the course is installed, so it cannot import this package: it holds the
+    source of `rlhf_helpers.colab_setup.install_course` and one call with the constants written in.
     """
-    keep = "|".join(COLAB_KEEP)
+    import inspect
+
+    from rlhf_helpers.colab_setup import install_course
+
+    upgrades = "".join(f"#   {name}: {why}\n" for name, why in COLAB_UPGRADES.items())
+    upgrade_names = ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ("," if len(COLAB_UPGRADES) == 1 else "")
     return f"""\
-# Colab only: install the course ({INSTALL_REF}) and trl, keeping Colab's {", ".join(COLAB_KEEP)}.
-# Anywhere else this cell does nothing (locally, `make lab` has installed everything).
+# Colab only: install the course from {repo_url()} (branch {INSTALL_REF}, the one the badge opened).
+# Every package Colab ships keeps its version (pip constraints from the whole `pip freeze`), except:
+{upgrades}# Anywhere else this cell does nothing (locally, `make lab` has installed everything).
 import sys
 
-if "google.colab" in sys.modules:
-    import os
-    import re
-    import subprocess
 
-    clone_dir = "{COLAB_CLONE_DIR}"
-    if not os.path.isdir(clone_dir):
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{INSTALL_REF}",
-                        "{repo_url()}", clone_dir], check=True)
-    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze"],
-                            capture_output=True, text=True, check=True).stdout
-    keep = [line for line in frozen.splitlines() if re.match(r"^({keep})==", line)]
-    with open("/tmp/colab-constraints.txt", "w") as handle:
-        handle.write("\\n".join(keep) + "\\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                    "-c", "/tmp/colab-constraints.txt", "-e", clone_dir, "trl"], check=True)
-    if clone_dir not in sys.path:  # the editable install is only seen by new kernels
-        sys.path.insert(0, clone_dir)"""
+{inspect.getsource(install_course).rstrip()}
+
+
+if "google.colab" in sys.modules:
+    changed = install_course(repo_url="{repo_url()}", ref="{INSTALL_REF}",
+                             clone_dir="{COLAB_CLONE_DIR}", upgrade=({upgrade_names}))
+    for name, (old, new) in changed.items():
+        print(f"{{name}}: {{old or 'not installed'}} -> {{new}}")"""
 
 
 def package_versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict[str, str]:

@@ -78,16 +78,24 @@ def test_setup_cell_does_nothing_outside_colab():
     namespace: dict = {}
     modules_before = set(sys.modules)
     exec(colab_setup_source(), namespace)  # must not clone or pip install here
-    assert "clone_dir" not in namespace
+    assert "changed" not in namespace and callable(namespace["install_course"])
     assert "subprocess" not in set(sys.modules) - modules_before
 
 
-def test_setup_cell_pins_colab_packages_and_installs_the_tag():
-    source = colab_setup_source()
-    from rlhf_helpers.notebook import COLAB_KEEP, INSTALL_REF, REPO_SLUG
+def test_setup_cell_installs_the_badge_ref_with_the_packages_function():
+    """The cell holds `install_course` verbatim and calls it with the badge's branch and the upgrades."""
+    import inspect
 
-    assert f'"--branch", "{INSTALL_REF}"' in source and REPO_SLUG in source
-    assert "-c" in source and all(name in source for name in COLAB_KEEP)
+    from rlhf_helpers.colab_setup import install_course
+    from rlhf_helpers.notebook import BADGE_REF, COLAB_UPGRADES, INSTALL_REF, repo_url
+
+    source = colab_setup_source()
+    assert INSTALL_REF == BADGE_REF
+    assert inspect.getsource(install_course) in source
+    assert f'repo_url="{repo_url()}", ref="{BADGE_REF}"' in source
+    assert "upgrade=(" + ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ")" in source
+    for name, why in COLAB_UPGRADES.items():  # the comment says why each one is upgraded
+        assert f"#   {name}: {why}" in source
     assert "--upgrade" not in source and "-U" not in source
     compile(source, "<setup>", "exec")
 

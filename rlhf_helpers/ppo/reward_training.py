@@ -142,6 +142,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     from safetensors.torch import save_file
     from trl import RewardConfig, RewardTrainer
 
+    from rlhf_helpers._compat import checkpointing_off
     from rlhf_helpers.data import load_preferences
     from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
     from rlhf_helpers.profiles import get_profile
@@ -169,7 +170,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
             num_train_epochs=config.epochs, learning_rate=config.learning_rate,
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
             use_cpu=on_cpu, bf16=(not on_cpu and profile.dtype == "bfloat16"),
-            activation_checkpointing=False,  # RewardConfig's default True breaks adapter switching later
+            **checkpointing_off(RewardConfig),  # RewardConfig's default True breaks adapter switching later
             report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
             disable_tqdm=False,
             dataloader_num_workers=0, dataset_num_proc=None,

@@ -26,6 +26,8 @@ def sft_config(
     """
     from trl import SFTConfig
 
+    from rlhf_helpers._compat import checkpointing_off
+
     on_cpu = profile.device == "cpu"
     return SFTConfig(
         output_dir=str(output_dir),
@@ -37,7 +39,7 @@ def sft_config(
         completion_only_loss=True,
         bf16=profile.dtype == "bfloat16" and not on_cpu,
         use_cpu=on_cpu,
-        activation_checkpointing=False,  # TRL defaults it on; it breaks adapter switching later
+        **checkpointing_off(SFTConfig),  # TRL defaults it on; it breaks adapter switching later
         lr_scheduler_type="cosine",
         warmup_steps=10 if max_steps <= 0 else max(1, max_steps // 10),
         logging_steps=logging_steps,
