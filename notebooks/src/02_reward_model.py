@@ -26,6 +26,8 @@ from rlhf_helpers.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import math
+
 import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
@@ -303,7 +305,47 @@ del lora_demo
 # are trained. In PPO (notebook 05) this adapter sits next to the policy and value adapters on the
 # *same* base model.
 #
-# `rlhf_helpers.ppo.reward_training` wraps TRL's `RewardTrainer` (its loss is exactly the
+# These are the TRL and peft calls, the ones RethinkFun's `train_ppo` and most tutorials use: a
+# `LoraConfig` with `task_type="SEQ_CLS"` (and the score head in `modules_to_save`, so it is trained
+# and saved with the adapter), a `RewardConfig`, and a `RewardTrainer` on a data set of
+# `{"prompt", "chosen", "rejected"}` records. The cell runs them for a few steps on 256 pairs, so you
+# see them work:
+
+# %%
+import tempfile
+
+from datasets import Dataset
+from peft import LoraConfig
+from trl import RewardConfig, RewardTrainer
+
+from rlhf_helpers._compat import checkpointing_off
+from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
+
+demo_tokenizer = load_tokenizer(profile)
+demo_base = load_sequence_classifier(profile, num_labels=1)  # the SFT model + a fresh (H -> 1) score head
+demo_lora = LoraConfig(
+    r=profile.lora_r, lora_alpha=profile.lora_alpha, lora_dropout=0.0, bias="none",
+    target_modules=list(profile.lora_target_modules), task_type="SEQ_CLS",
+    modules_to_save=["score"],  # train and save the score head with the adapter
+    fan_in_fan_out=uses_conv1d(demo_base),  # GPT-2 stores its projections as Conv1D (in, out)
+)
+with tempfile.TemporaryDirectory() as scratch:
+    demo_args = RewardConfig(
+        output_dir=scratch, per_device_train_batch_size=32, max_steps=8, learning_rate=profile.reward_lr,
+        max_length=profile.max_length, seed=profile.seed, logging_steps=4, report_to=[], save_strategy="no",
+        use_cpu=profile.device == "cpu", bf16=False,  # TRL's defaults (bf16, checkpointing) are wrong on a CPU
+        **checkpointing_off(RewardConfig),  # on: it would break the adapter switching of notebook 05
+        disable_tqdm=True,
+    )
+    demo_trainer = RewardTrainer(model=demo_base, args=demo_args, processing_class=demo_tokenizer,
+                                 peft_config=demo_lora, train_dataset=Dataset.from_list(train_pairs[:256]))
+    demo_trainer.train()
+losses = [round(entry["loss"], 3) for entry in demo_trainer.state.log_history if "loss" in entry]
+print(f"Bradley-Terry loss after 4 and 8 steps: {losses} (log 2 = {math.log(2):.3f} is a coin flip)")
+del demo_trainer, demo_base
+
+# %% [markdown]
+# `rlhf_helpers.ppo.reward_training` makes the same calls for the real run (its loss is exactly the
 # Bradley-Terry loss above; TRL appends EOS to every response, so the score is read on the EOS, as in
 # PPO's rollouts). `ensure_reward_model(profile)` trains once and caches the adapter under
 # `runs/reward-<profile>/`, where notebooks 05 and 06 find it. On the 2-core CPU of the tiny profile the
