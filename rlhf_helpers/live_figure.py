@@ -44,5 +44,11 @@ class LiveFigure:
         """Replace the shown figure by `fig`, in the same output."""
         self.figure = fig
         self.updates += 1
-        if self._handle is not None:
-            self._handle.update(figure_bundle(fig), raw=True)
+        if self._handle is None:
+            return
+        if not in_colab():
+            # plotly's JupyterLab renderer ignores new data once it has drawn a graph, but a change of
+            # mime type makes JupyterLab replace the renderer: send the HTML alone, then HTML + JSON,
+            # so the output ends with the JSON (drawn offline, also in the saved notebook)
+            self._handle.update(mime_bundle(fig, with_plotly_mime=False), raw=True)
+        self._handle.update(figure_bundle(fig), raw=True)
