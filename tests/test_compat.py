@@ -50,3 +50,11 @@ def test_trl_configs_get_checkpointing_off_without_a_deprecation_warning(name, t
                             **checkpointing_off(config_class))
     assert args.gradient_checkpointing is False
     assert getattr(args, "activation_checkpointing", False) is False
+
+
+def test_the_course_sft_config_has_checkpointing_off(tmp_path):
+    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.world.hub_sft import sft_config
+
+    args = sft_config(get_profile("tiny"), tmp_path, max_steps=2)
+    assert args.gradient_checkpointing is False and args.use_cpu is True
