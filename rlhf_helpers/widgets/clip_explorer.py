@@ -91,7 +91,7 @@ class ClipExplorer(Explorer):
         self.dual_toggle.add_class("rlhf-dual-toggle")
         self.controls["dual"] = self.dual_toggle
         # default c = 2 (the dual-clip paper uses 3) so its flat region shows on the default ratio axis
-        self.number("dual_clip", "dual-clip c", 2.0 if dual_clip is None else dual_clip, 1.0, 5.0, 0.1)
+        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.0, 5.0, 0.1)
 
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
@@ -175,14 +175,14 @@ class ClipExplorer(Explorer):
             fig.data[CURRENT].y = point.numpy()
             self.view.set_overlays(*self._regions(x, zero, eps, adv, dual))
             fig.layout.title = {"text": f"PPO clip: ε = {eps:g}, A = {adv:+g}"
-                                + (f", dual clip c = {dual:g}" if dual else ""), "x": 0.01}
+                                + (f", dual clip c_dual = {dual:g}" if dual else ""), "x": 0.01}
 
         if adv == 0:
             message = "A = 0: every ratio gives objective 0 and gradient 0 (no learning signal)."
         else:
             case = self._case(ratio, eps, adv)
             if dual is not None and adv < 0 and ratio > dual:
-                case = "dual clip (A<0, ρ>c): objective cA, gradient 0"
+                case = "dual clip (A<0, ρ>c_dual): objective c_dual·A, gradient 0"
             message = f"ρ = {ratio:g}: {case}; objective {float(point[0]):+.3f}."
         if batch_stats is not None:
             message += (f"\nYour batch ({self.batch_ratios.numel()} ratios) with this A: "
