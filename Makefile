@@ -25,8 +25,10 @@ install: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not notebook"
+	$(PY) -m pytest -m notebook -n 2 tests/test_notebooks.py
 
 # A fresh venv holding what Colab ships (tests/colab_stack.txt); the course is not in it yet.
 # uv (from .venv) installs it: 1.3 min where pip takes 7.5 (5 GB: torch's CUDA build, see the file).
@@ -36,7 +38,7 @@ $(COLAB_STAMP): tests/colab_stack.txt | $(STAMP)
 	rm -rf $(COLAB_VENV)
 	$(COLAB_PYTHON) -m venv --without-pip $(COLAB_VENV)
 	$(VENV)/bin/uv pip install --quiet --python $(COLAB_PY) -r tests/colab_stack.txt \
-	  $$(grep '^pytest-timeout==' constraints.txt)  # a test tool Colab lacks
+	  $$(grep -E '^(pytest-timeout|pytest-xdist|execnet)==' constraints.txt)  # test tools Colab lacks
 	touch $(COLAB_STAMP)
 
 # The course on Colab's versions: the set-up cell installs it there (tests/test_colab_stack.py),
@@ -46,7 +48,7 @@ test-colab: $(COLAB_STAMP)
 	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider tests/test_colab_stack.py tests/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-runs
-	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook tests/test_notebooks.py
+	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 tests/test_notebooks.py
 
 course: $(STAMP)
 	$(PY) -m rlhf_helpers.run_course --out build/
