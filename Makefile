@@ -28,7 +28,7 @@ lab: $(STAMP)
 # Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes.
 test: $(STAMP)
 	$(PY) -m pytest -m "not notebook"
-	$(PY) -m pytest -m notebook -n 2 tests/test_notebooks.py
+	$(PY) -m pytest -m notebook -n 2 --durations=12 tests/test_notebooks.py
 
 # A fresh venv holding what Colab ships (tests/colab_stack.txt); the course is not in it yet.
 # uv (from .venv) installs it: 1.3 min where pip takes 7.5 (5 GB: torch's CUDA build, see the file).
@@ -48,7 +48,7 @@ test-colab: $(COLAB_STAMP)
 	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider tests/test_colab_stack.py tests/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-runs
-	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 tests/test_notebooks.py
+	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 tests/test_notebooks.py
 
 course: $(STAMP)
 	$(PY) -m rlhf_helpers.run_course --out build/

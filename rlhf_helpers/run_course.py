@@ -29,8 +29,11 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 HEADLESS_ENV = {"RLHF_PROFILE": "tiny", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 
-#: Set in the kernel only (unless already set): headless explorers save small, offline-viewable figures.
-KERNEL_ENV = {"RLHF_WIDGETS_BACKEND": "html"}
+#: Set in the kernel only (unless already set): headless explorers save small, offline-viewable figures,
+#: and so does `fig.show()`: plotly's JSON (JupyterLab draws it offline) plus HTML that loads plotly.js
+#: from the CDN. plotly 5's default ("plotly_mimetype+notebook", Colab's plotly 5.24 outside Colab)
+#: would paste all of plotly.js (4.7 MB) into the first figure's output.
+KERNEL_ENV = {"RLHF_WIDGETS_BACKEND": "html", "PLOTLY_RENDERER": "plotly_mimetype+notebook_connected"}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in kernel tracebacks
 
