@@ -177,3 +177,21 @@ def check_greater_than_one(name: str, value: float) -> None:
     """`value` must be a finite number > 1 (the dual-clip constant)."""
     if not _is_number(value) or not math.isfinite(value) or value <= 1:
         raise ValueError(f"{name} must be a finite number > 1, got {value!r}")
+
+
+def check_token_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """input_ids (B, L) and a same-shaped attention mask with at least one real token per row."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape (B, L), got {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
+    if not bool(attention_mask.bool().any(dim=1).all()):
+        raise ValueError("attention_mask has a row with no real token")
+
+
+def check_temperature(temperature: float) -> None:
+    """A sampling temperature: a finite number > 0 (not a bool)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
+            or not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")

@@ -19,6 +19,7 @@ from rlhf_helpers.gae import compute_gae
 from rlhf_helpers.kl import shape_rewards
 from rlhf_helpers.masked import masked_whiten
 from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.sampling import mask_to_first_eos
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 #: reward_fn(prompts, responses) -> one score per pair (replaces the reward adapter when given)
@@ -115,13 +116,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 def response_mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
 
-    Built from EOS alone, not from the pad id: `generate` writes pad only after a row's EOS, so a pad
-    token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
-    attended token instead of punching a hole into the mask.
+    Built from EOS alone, not from the pad id (see `sampling.mask_to_first_eos`).
     """
-    is_eos = (responses == eos_token_id).long()  # (B, R)
-    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R): strictly after the first EOS
-    return (~after_eos).float()  # (B, R)
+    return mask_to_first_eos(responses, eos_token_id)  # (B, R)
 
 
 @dataclass
@@ -179,6 +176,12 @@ def score_samples(model: SharedLoRAModel, samples: Samples, reward_fn: RewardFn 
                         device=samples.sequences.device)  # (B,)
 
 
+def sampling_logprobs_are_exact(model: SharedLoRAModel) -> bool:
+    """True when the sampling loop's log-probs equal a training forward's up to float32 rounding:
+    a float32 model sampled with the plain decoder (peft's own LoRA forward, one token at a time)."""
+    return model.compute_dtype == torch.float32 and not model.fast_sampling
+
+
 @torch.no_grad()
 def collect_experience(
     model: SharedLoRAModel,
@@ -193,15 +196,22 @@ def collect_experience(
     shape rewards, and run GAE."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    reuse = sampling_logprobs_are_exact(model)
     with non_finite_stops_run(step):
         # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
-        # reference), read from the sampling loop's logits (TRL does the same): a fresh policy forward
-        # at the same temperature gives them again up to float rounding, so the first minibatch of
-        # the first epoch sees ratio 1 (to ~1e-6)
+        # reference). In float32 they are read from the sampling loop's logits (TRL does the same): a
+        # fresh policy forward gives them again up to float rounding, so the first minibatch of the
+        # first epoch sees ratio 1 (to ~1e-6). In bf16/fp16, or with the fast decoder's folded
+        # weights, the loop's one-token products round differently from the update's forward (up to
+        # 0.15 nats per token at 30 layers in bf16): the old log-probs then come from that forward.
         samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
-                                   config.max_new_tokens, temperature=config.temperature, with_logprobs=True)
-    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
-    old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
+                                   config.max_new_tokens, temperature=config.temperature, with_logprobs=reuse)
+        seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+        if reuse:
+            old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
+        else:
+            old_logprobs, entropy = model.policy_logprobs(
+                seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -25,52 +25,35 @@ The stack's traps, handled here (COURSE_SPEC section 5):
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from rlhf_helpers._checks import validation
+from rlhf_helpers._checks import check_temperature, check_token_batch
 from rlhf_helpers.kl import last_token_index
 from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
+from rlhf_helpers.ppo.adapters import (  # noqa: F401  (uses_conv1d, file names: re-exported)
+    ADAPTER_WEIGHTS_FILE,
+    SCORE_HEAD_FILE,
+    load_reward_adapter,
+    lora_config,
+    params_by_adapter,
+    refuse_checkpointing,
+    uses_conv1d,
+)
+from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
+from rlhf_helpers.ppo.sampling import SamplingMixin, mask_to_first_eos, position_ids_from_mask
 from rlhf_helpers.ppo.value_head import ScalarHead
 
 #: The trained adapters, and the frozen one.
 TRAINED_ADAPTERS = ("policy", "value")
 FROZEN_ADAPTERS = ("reward",)
 ADAPTERS = TRAINED_ADAPTERS + FROZEN_ADAPTERS
-#: File names of the reward step's output read by `SharedLoRAModel` (see reward_training.py).
-SCORE_HEAD_FILE = "score_head.safetensors"
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only: (B, L) 0/1 mask -> (B, L), 0 at left padding.
-
-    pos_t = (sum_{s <= t} m_s) - 1, clamped at 0; a left-padded row starts at position 0 on its first
-    real token, exactly as the same row without padding would.
-    """
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
-
-
-def uses_conv1d(model: nn.Module) -> bool:
-    """True for GPT-2-style models whose projections are transformers' Conv1D (weights stored (in, out))."""
-    return any(type(module).__name__ == "Conv1D" for module in model.modules())
-
-
-def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
-                fan_in_fan_out: bool = False, task_type: str = "CAUSAL_LM") -> Any:
-    """A LoRA config with dropout 0 (PPO compares two forwards of the same input)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(target_modules),
-                      bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
 
 
 def fuse_tanh_gelu(model: nn.Module) -> int:
@@ -92,29 +75,6 @@ def fuse_tanh_gelu(model: nn.Module) -> int:
     return len(targets)
 
 
-def _refuse_checkpointing(model: nn.Module) -> None:
-    """ValueError if any module of `model` has gradient (activation) checkpointing on."""
-    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
-        raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
-                         "use another adapter than the forward did, giving silently wrong gradients")
-
-
-def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must have shape (B, L), got {tuple(input_ids.shape)}")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                         f"got {tuple(attention_mask.shape)}")
-    if not bool(attention_mask.bool().any(dim=1).all()):
-        raise ValueError("attention_mask has a row with no real token")
-
-
-def _check_temperature(temperature: float) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
-            or not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-
-
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """The logits of the distribution that samples at `temperature`: z / T, in float32 at least.
 
@@ -132,7 +92,7 @@ def _check_context(context_length: int, length: int) -> None:
                          f"got {context_length}")
 
 
-class SharedLoRAModel(nn.Module):
+class SharedLoRAModel(SamplingMixin, nn.Module):
     """A causal LM with `policy`, `value` and `reward` LoRA adapters, a value head and a score head.
 
     `fused_gelu=True` (default) swaps GPT-2's gelu_new for torch's fused kernel of the same formula
@@ -140,6 +100,9 @@ class SharedLoRAModel(nn.Module):
     `fused_lora=True` (default) runs each float32 LoRA layer as one product with the adapter folded
     into a copy of the base weight (`fused_lora.fuse_lora_layers`; same outputs and gradients up to
     float rounding); False keeps peft's own forward.
+    `fast_sampling`: sample with `sampling.StaticLlamaDecoder` (static KV cache, adapter folded into
+    the weights, one CUDA graph per decode step); None (default) does so on CUDA for Llama-family
+    models, else the plain KV-cached loop.
     """
 
     def __init__(
@@ -154,6 +117,7 @@ class SharedLoRAModel(nn.Module):
         seed: int = 0,
         fused_gelu: bool = True,
         fused_lora: bool = True,
+        fast_sampling: bool | None = None,
     ) -> None:
         super().__init__()
         from peft import get_peft_model
@@ -163,7 +127,7 @@ class SharedLoRAModel(nn.Module):
         if pad_token_id == eos_token_id:
             raise ValueError(f"pad_token_id must differ from eos_token_id (both {pad_token_id}): with "
                              "pad == EOS, masks built from the pad id hide the EOS of every response")
-        _refuse_checkpointing(base_model)
+        refuse_checkpointing(base_model)
         if fused_gelu:  # same activation, one kernel instead of eight ops (see fuse_tanh_gelu)
             fuse_tanh_gelu(base_model)
         self.pad_token_id = int(pad_token_id)  #: id of the padding token
@@ -184,7 +148,7 @@ class SharedLoRAModel(nn.Module):
                                                             self._fan_in_fan_out))
                 self.score_head = ScalarHead(hidden_size, bias=False, init_std=1.0 / hidden_size**0.5)
             else:
-                self.score_head = self._load_reward(Path(reward_dir), hidden_size)
+                self.score_head = load_reward_adapter(self.peft, reward_dir, hidden_size, self._fan_in_fan_out)
         finally:
             torch.random.set_rng_state(generator_state)
         device = next(base_model.parameters()).device
@@ -193,57 +157,17 @@ class SharedLoRAModel(nn.Module):
         self.peft.to(device)
         if fused_lora:  # same maths, one product per LoRA layer instead of three (see fused_lora.py)
             fuse_lora_layers(self.peft)
-        self._adapter_params = self._params_by_adapter()
+        self._adapter_params = params_by_adapter(self.peft, ADAPTERS)
         self._active: str | None = None
+        if fast_sampling and not supports_fast_decoder(self.lm):
+            raise ValueError("fast_sampling=True needs a Llama-family model (sampling.FAST_MODEL_TYPES)")
+        #: sample with the static-cache decoder (CUDA graphs on a GPU); None: on CUDA when supported
+        self.fast_sampling = (device.type == "cuda" and supports_fast_decoder(self.lm)
+                              if fast_sampling is None else bool(fast_sampling))
+        self._fast_decoder: StaticLlamaDecoder | None = None
         self.score_head.requires_grad_(False)
         self._use("policy")
         super().train(False)  # dropout off for good
-
-    # ------------------------------------------------------------------ construction helpers
-    def _load_reward(self, directory: Path, hidden_size: int) -> ScalarHead:
-        """Add the frozen `reward` adapter from the reward step's folder; return its score head."""
-        import json
-
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = directory / ADAPTER_WEIGHTS_FILE
-        head_file = directory / SCORE_HEAD_FILE
-        config_file = directory / "adapter_config.json"
-        for path in (weights, head_file, config_file):
-            if not path.is_file():
-                raise FileNotFoundError(f"reward_dir lacks {path.name}: {directory} must be written by "
-                                        "rlhf_helpers.ppo.reward_training.train_reward_model")
-        saved = json.loads(config_file.read_text())
-        self.peft.add_adapter("reward", lora_config(saved["r"], saved["lora_alpha"],
-                                                     sorted(saved["target_modules"]),
-                                                     self._fan_in_fan_out))
-        state = {k: v for k, v in load_file(str(weights)).items() if "lora_" in k}
-        result = set_peft_model_state_dict(self.peft, state, adapter_name="reward")
-        missing = [k for k in result.missing_keys if ".reward." in k and "lora_" in k]
-        if missing or not state:
-            raise ValueError(f"reward adapter in {directory} does not fit this base model "
-                             f"(missing {missing[:3]}...)")
-        head = load_file(str(head_file))
-        if head["weight"].shape != (1, hidden_size):
-            raise ValueError(f"score head weight must have shape (1, {hidden_size}), got "
-                             f"{tuple(head['weight'].shape)}")
-        score = ScalarHead(hidden_size, bias="bias" in head)
-        score.linear.load_state_dict(head)
-        return score
-
-    def _params_by_adapter(self) -> dict[str, list[nn.Parameter]]:
-        found: dict[str, list[nn.Parameter]] = {name: [] for name in ADAPTERS}
-        for name, param in self.peft.named_parameters():
-            if "lora_" not in name:
-                continue
-            for adapter in ADAPTERS:
-                if f".{adapter}." in name or name.endswith(f".{adapter}"):
-                    found[adapter].append(param)
-        for adapter, params in found.items():
-            if not params:
-                raise ValueError(f"no LoRA parameters found for adapter {adapter!r}: check target_modules")
-        return found
 
     # ------------------------------------------------------------------ adapters and parameters
     def _restore_trainable(self) -> None:
@@ -258,7 +182,7 @@ class SharedLoRAModel(nn.Module):
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
         if adapter != self._active:
             # checkpointing switched on after construction would re-run forwards under another adapter
-            _refuse_checkpointing(self.lm)
+            refuse_checkpointing(self.lm)
             self.peft.base_model.set_adapter(adapter)
             self._active = adapter
         self._restore_trainable()
@@ -294,6 +218,11 @@ class SharedLoRAModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.peft.parameters()).device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """dtype of the frozen base weights (the forward's matmuls); adapters and heads are float32."""
+        return self.lm.get_input_embeddings().weight.dtype
 
     # ------------------------------------------------------------------ forwards
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -340,7 +269,7 @@ class SharedLoRAModel(nn.Module):
 
     def policy_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits of the policy (policy adapter on): (B, L) -> (B, L, V)."""
-        _check_inputs(input_ids, attention_mask)
+        check_token_batch(input_ids, attention_mask)
         self._use("policy")
         return self._logits(input_ids, attention_mask)
 
@@ -353,8 +282,8 @@ class SharedLoRAModel(nn.Module):
         `temperature`: of the distribution softmax(z / T) that sampled the tokens (see `generate`).
         """
         _check_context(context_length, input_ids.shape[1])
-        _check_inputs(input_ids, attention_mask)
-        _check_temperature(temperature)
+        check_token_batch(input_ids, attention_mask)
+        check_temperature(temperature)
         self._use("policy")
         logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
         return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy, entropy_grad,
@@ -380,9 +309,9 @@ class SharedLoRAModel(nn.Module):
         `temperature`: the reference at the same temperature as the policy, softmax(z_ref / T), so
         that the KL penalty compares the two distributions the same way (see PPOConfig.temperature).
         """
-        _check_inputs(input_ids, attention_mask)
+        check_token_batch(input_ids, attention_mask)
         _check_context(context_length, input_ids.shape[1])
-        _check_temperature(temperature)
+        check_temperature(temperature)
         with torch.no_grad(), self.reference():
             logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
         return self._logprobs_of(logits, input_ids[:, context_length:], False, temperature=temperature)
@@ -390,7 +319,7 @@ class SharedLoRAModel(nn.Module):
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                context_length: int) -> torch.Tensor:
         """V(s_t) before each response token (value adapter + value head): (B, L) -> (B, R)."""
-        _check_inputs(input_ids, attention_mask)
+        check_token_batch(input_ids, attention_mask)
         _check_context(context_length, input_ids.shape[1])
         self._use("value")
         hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
@@ -398,7 +327,7 @@ class SharedLoRAModel(nn.Module):
 
     def reward_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Reward-model score at each row's last real token (reward adapter, no gradient): (B, L) -> (B,)."""
-        _check_inputs(input_ids, attention_mask)
+        check_token_batch(input_ids, attention_mask)
         self._use("reward")
         with torch.no_grad():
             hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
@@ -406,107 +335,12 @@ class SharedLoRAModel(nn.Module):
             picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
             return self.score_head(picked[:, None, :])[:, 0]  # (B,)
 
-    # ------------------------------------------------------------------ sampling
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 temperature: float = 1.0, adapter: str | None = "policy") -> torch.Tensor:
-        """Sample responses to left-padded prompts with a KV cache: (B, P) -> (B, P + R), R <= max_new_tokens.
-
-        y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
-        A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
-        Uses the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
-        ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
-        """
-        return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
-
-    @torch.no_grad()
-    def generate_with_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`generate`, plus the log-prob and the entropy of the sampling model at every sampled token:
-        (B, P) -> sequences (B, P + R), log pi(y_t | prompt, y_<t) (B, R), H_t (B, R).
-
-        Both are read from the logits the sampling loop computes anyway, so the rollout needs no
-        second policy forward. They belong to the distribution that sampled the tokens,
-        softmax(z / temperature), and equal `policy_logprobs(seq, attn, P, with_entropy=True,
-        temperature=temperature)` of the returned sequences up to float rounding on every token up
-        to and including EOS: same positions (counted over real tokens), same attended tokens, one
-        KV-cached token per step instead of one full pass. After a row's EOS they belong to pad
-        (meaningless, finite, masked by every consumer). Same random draws as `generate`.
-        """
-        sequences, logprobs, entropy = self._generate(input_ids, attention_mask, max_new_tokens,
-                                                      temperature, adapter, True)
-        return sequences, logprobs, entropy
-
-    def _generate(self, input_ids, attention_mask, max_new_tokens, temperature, adapter, with_logprobs):
-        _check_inputs(input_ids, attention_mask)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        _check_temperature(temperature)
-        if adapter is None:
-            with self.reference():
-                return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs)
-        self._use(adapter)
-        return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs)
-
-    def _sample(self, input_ids, attention_mask, max_new_tokens, temperature, with_logprobs):
-        batch = input_ids.shape[0]
-        mask = attention_mask.long()  # (B, P + t)
-        positions = position_ids_from_mask(mask)  # (B, P)
-        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)  # (1,) see _response_logits
-        out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                      logits_to_keep=last)  # only the last prompt position predicts a response token
-        past = out.past_key_values
-        next_pos = positions[:, -1:] + 1  # (B, 1)
-        logits = out.logits[:, -1]  # (B, V)
-        done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
-        broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,) met a NaN/inf logit
-        tokens, logprobs, entropies = [], [], []
-        for step in range(max_new_tokens):
-            # pi_T(v) = softmax(z / T)_v: the distribution that draws the token
-            scaled = logits.float() / temperature  # (B, V)
-            finite = torch.isfinite(scaled).all(dim=-1)  # (B,)
-            broken = broken | ~finite
-            # a NaN/inf row would crash multinomial (CPU) or trip a device assert (CUDA): it draws from
-            # zeros instead, and the flag, read once with the loop's own stop test, raises after the loop
-            scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))  # (B, V)
-            token = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)  # (B,)
-            token = torch.where(done, torch.full_like(token, self.pad_token_id), token)
-            tokens.append(token)
-            if with_logprobs:  # log pi_T(y_t) and H_t of the sampling distribution at this step
-                step_logits = scaled[:, None]  # (B, 1, V)
-                with validation(False):  # tokens are in range and `broken` covers NaN: no sync per token
-                    logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
-                    entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
-            done = done | (token == self.eos_token_id)
-            if bool(done.all() | broken.any()) or step == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, (~done).long()[:, None]], dim=1)  # (B, P + t + 1)
-            out = self.lm(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                          past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            next_pos = next_pos + 1
-            logits = out.logits[:, -1]  # (B, V)
-        if bool(broken.any()):
-            raise ValueError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
-                             f"NaN or inf at response token {step} (the weights are broken)")
-        sequences = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)  # (B, P + R)
-        if not with_logprobs:
-            return sequences, None, None
-        return sequences, torch.stack(logprobs, dim=1), torch.stack(entropies, dim=1)  # (B, R) each
-
     def response_mask(self, responses: torch.Tensor) -> torch.Tensor:
-        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
-
-        Only the EOS decides where a response ends: `generate` writes pad after it, but a pad id the
-        policy itself sampled before any EOS is a real token of the response (the policy gave it
-        probability), so masking it would punch a hole in the mask.
-        """
+        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float
+        (`sampling.mask_to_first_eos`: only the EOS decides where a response ends)."""
         if responses.ndim != 2:
             raise ValueError(f"responses must have shape (B, R), got {tuple(responses.shape)}")
-        is_eos = (responses == self.eos_token_id).long()  # (B, R)
-        after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R)
-        return (~after_eos).float()  # (B, R)
+        return mask_to_first_eos(responses, self.eos_token_id)  # (B, R)
 
     # ------------------------------------------------------------------ memory
     def parameter_bytes(self) -> dict[str, int]:

@@ -1,0 +1,91 @@
+"""LoRA adapters of the shared model: their config, the reward adapter from disk, parameters by name.
+
+    config = lora_config(r=8, alpha=16, target_modules=["c_attn"], fan_in_fan_out=uses_conv1d(lm))
+    score_head = load_reward_adapter(peft_model, "runs/reward-tiny", hidden_size, fan_in_fan_out)
+    params = params_by_adapter(peft_model, ("policy", "value", "reward"))
+
+COURSE_SPEC section 5: peft's `set_adapter` changes `requires_grad`, so parameters are chosen by
+adapter name, never by whatever happens to be trainable; a plain score head needs its own save.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from rlhf_helpers.ppo.value_head import ScalarHead
+
+#: File names of the reward step's output read by `load_reward_adapter` (see reward_training.py).
+SCORE_HEAD_FILE = "score_head.safetensors"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def uses_conv1d(model: nn.Module) -> bool:
+    """True for GPT-2-style models whose projections are transformers' Conv1D (weights stored (in, out))."""
+    return any(type(module).__name__ == "Conv1D" for module in model.modules())
+
+
+def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
+                fan_in_fan_out: bool = False, task_type: str = "CAUSAL_LM") -> Any:
+    """A LoRA config with dropout 0 (PPO compares two forwards of the same input)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(target_modules),
+                      bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
+
+
+def refuse_checkpointing(model: nn.Module) -> None:
+    """ValueError if any module of `model` has gradient (activation) checkpointing on."""
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
+                         "use another adapter than the forward did, giving silently wrong gradients")
+
+
+def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int,
+                        fan_in_fan_out: bool) -> ScalarHead:
+    """Add the frozen `reward` adapter from the reward step's folder to `peft_model`; return its score head."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    weights = directory / ADAPTER_WEIGHTS_FILE
+    head_file = directory / SCORE_HEAD_FILE
+    config_file = directory / "adapter_config.json"
+    for path in (weights, head_file, config_file):
+        if not path.is_file():
+            raise FileNotFoundError(f"reward_dir lacks {path.name}: {directory} must be written by "
+                                    "rlhf_helpers.ppo.reward_training.train_reward_model")
+    saved = json.loads(config_file.read_text())
+    peft_model.add_adapter("reward", lora_config(saved["r"], saved["lora_alpha"],
+                                                  sorted(saved["target_modules"]), fan_in_fan_out))
+    state = {k: v for k, v in load_file(str(weights)).items() if "lora_" in k}
+    result = set_peft_model_state_dict(peft_model, state, adapter_name="reward")
+    missing = [k for k in result.missing_keys if ".reward." in k and "lora_" in k]
+    if missing or not state:
+        raise ValueError(f"reward adapter in {directory} does not fit this base model "
+                         f"(missing {missing[:3]}...)")
+    head = load_file(str(head_file))
+    if head["weight"].shape != (1, hidden_size):
+        raise ValueError(f"score head weight must have shape (1, {hidden_size}), got "
+                         f"{tuple(head['weight'].shape)}")
+    score = ScalarHead(hidden_size, bias="bias" in head)
+    score.linear.load_state_dict(head)
+    return score
+
+
+def params_by_adapter(peft_model: nn.Module, adapters: tuple[str, ...]) -> dict[str, list[nn.Parameter]]:
+    """The LoRA matrices of each named adapter; ValueError for an adapter with none (bad target_modules)."""
+    found: dict[str, list[nn.Parameter]] = {name: [] for name in adapters}
+    for name, param in peft_model.named_parameters():
+        if "lora_" not in name:
+            continue
+        for adapter in adapters:
+            if f".{adapter}." in name or name.endswith(f".{adapter}"):
+                found[adapter].append(param)
+    for adapter, params in found.items():
+        if not params:
+            raise ValueError(f"no LoRA parameters found for adapter {adapter!r}: check target_modules")
+    return found

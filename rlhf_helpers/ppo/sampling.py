@@ -1,0 +1,241 @@
+"""Sampling responses from the shared model: one loop, two ways to run a decode step.
+
+    out = sample(lm, prompt_ids, prompt_mask, max_new_tokens=48, eos_token_id=..., pad_token_id=...,
+                 with_logprobs=True)          # out.sequences (B, P + R), out.logprobs (B, R), out.entropy (B, R)
+
+The loop draws y_t ~ softmax(z_t / T) for every row at once (no top-k, no top-p: PPO needs the
+policy's own distribution) until every row has written its EOS or R = max_new_tokens; a row that
+ended writes pad. Two decoders compute z_t:
+
+- `PlainDecoder`: the model's own forward with transformers' dynamic KV cache, one token per step.
+  Any architecture, any device; the reference path.
+- `fast_decoder.StaticLlamaDecoder` (the CUDA fast path): a Llama-family decode step over a static
+  KV cache, each LoRA adapter folded into its base weight, captured once as a CUDA graph and
+  replayed every token (that module says why). On a CPU it runs eagerly (tests).
+
+`SamplingMixin` gives `SharedLoRAModel` its public `generate` / `generate_with_logprobs`.
+
+Host-device syncs: the stop test (has every row ended?) is read every `stop_check_every` tokens
+(CUDA: 8), not every token; the columns sampled after the last row ended are all pad and are cut
+off, so the result does not depend on it. The sampling draws (torch.multinomial on the global RNG)
+are the same ops in the same order on both paths, so the same seed gives the same tokens wherever
+the two decoders' logits agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from rlhf_helpers._checks import check_temperature, check_token_batch, validation
+from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only: (B, L) 0/1 mask -> (B, L), 0 at left padding.
+
+    pos_t = (sum_{s <= t} m_s) - 1, clamped at 0; a left-padded row starts at position 0 on its first
+    real token, exactly as the same row without padding would.
+    """
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+
+
+@dataclass
+class SampleOutput:
+    """What the sampling loop returns."""
+
+    sequences: torch.Tensor  #: (B, P + R) prompt ids then sampled ids (pad after a row's EOS)
+    logprobs: torch.Tensor | None  #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs only)
+    entropy: torch.Tensor | None  #: (B, R) entropy of pi_T at each step (with_logprobs only)
+
+
+# ----------------------------------------------------------------------------- decoders
+class Decoder(Protocol):
+    """What the loop needs of a decoder: the prompt pass, then one token per row per step."""
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """(B, P) prompts -> logits of the first response token (B, V)."""
+
+    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """token, position, keep (B,) -> logits of the next token (B, V)."""
+
+
+def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
+
+    Built from EOS alone, not from the pad id: the loop writes pad only after a row's EOS, so a pad
+    token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
+    attended token instead of punching a hole into the mask.
+    """
+    is_eos = (responses == eos_token_id).long()  # (B, R)
+    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R): strictly after the first EOS
+    return (~after_eos).float()  # (B, R)
+
+
+class PlainDecoder:
+    """z_t from the model's own forward and dynamic KV cache (any causal LM, any device)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        self.lm = lm
+        self.mask: torch.Tensor | None = None  #: (B, P + t) attended keys
+        self.past: Any = None
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Prompt pass: (B, P) -> logits of the first response token (B, V)."""
+        self.mask = attention_mask.long()  # (B, P)
+        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)  # only the last position
+        out = self.lm(input_ids=input_ids, attention_mask=self.mask,
+                      position_ids=position_ids_from_mask(self.mask), use_cache=True, logits_to_keep=last)
+        self.past = out.past_key_values
+        return out.logits[:, -1]  # (B, V)
+
+    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """One token per row: token (B,), its position (B,), keep (B,) bool (False: the row has ended and
+        its token is not attended) -> logits of the next token (B, V)."""
+        self.mask = torch.cat([self.mask, keep.long()[:, None]], dim=1)  # (B, P + t + 1)
+        out = self.lm(input_ids=token[:, None], attention_mask=self.mask, position_ids=position[:, None],
+                      past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[:, -1]  # (B, V)
+
+
+# ----------------------------------------------------------------------------- the loop
+def _trim_after_all_ended(tokens: torch.Tensor, eos_token_id: int) -> int:
+    """Response width R: 1 + the step at which the last row wrote its EOS (all steps if some row never did).
+
+    tokens (B, S) as sampled, pad after each row's EOS. Columns after R are pad in every row.
+    """
+    is_eos = tokens == eos_token_id  # (B, S)
+    if not bool(is_eos.any(dim=1).all()):
+        return tokens.shape[1]
+    first_eos = is_eos.int().argmax(dim=1)  # (B,)
+    return int(first_eos.max()) + 1
+
+
+@torch.no_grad()
+def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+           eos_token_id: int, pad_token_id: int, temperature: float = 1.0, with_logprobs: bool = False,
+           decoder: Decoder | None = None,
+           stop_check_every: int | None = None) -> SampleOutput:
+    """Sample responses to left-padded prompts: (B, P) -> SampleOutput with sequences (B, P + R).
+
+    `decoder`: how logits are computed (default `PlainDecoder(lm)`); the model's adapter is whatever
+    the caller has set. `stop_check_every`: read the "every row ended" flag every this many tokens
+    (default 1 on a CPU, 8 on CUDA, where each read waits for the GPU). NaN/inf logits raise
+    ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
+    """
+    if stop_check_every is None:
+        stop_check_every = 1 if input_ids.device.type == "cpu" else 8
+    if stop_check_every < 1:
+        raise ValueError(f"stop_check_every must be >= 1, got {stop_check_every}")
+    decoder = decoder if decoder is not None else PlainDecoder(lm)
+    batch = input_ids.shape[0]
+    logits = decoder.prefill(input_ids, attention_mask, max_new_tokens)  # (B, V)
+    next_pos = position_ids_from_mask(attention_mask)[:, -1] + 1  # (B,)
+    done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
+    broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,) met a NaN/inf logit
+    tokens, logprobs, entropies = [], [], []
+    for step in range(max_new_tokens):
+        # pi_T(v) = softmax(z / T)_v: the distribution that draws the token
+        scaled = logits.float() / temperature  # (B, V)
+        finite = torch.isfinite(scaled).all(dim=-1)  # (B,)
+        broken = broken | ~finite
+        # a NaN/inf row would crash multinomial (CPU) or trip a device assert (CUDA): it draws from
+        # zeros instead, and the flag, read with the loop's own stop test, raises after the loop
+        scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))  # (B, V)
+        token = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)  # (B,)
+        token = torch.where(done, torch.full_like(token, pad_token_id), token)
+        tokens.append(token)
+        if with_logprobs:  # log pi_T(y_t) and H_t of the sampling distribution at this step
+            step_logits = scaled[:, None]  # (B, 1, V)
+            with validation(False):  # tokens are in range and `broken` covers NaN: no sync per token
+                logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
+                entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
+        done = done | (token == eos_token_id)
+        if step == max_new_tokens - 1:
+            break
+        if (step + 1) % stop_check_every == 0 and bool(done.all() | broken.any()):
+            break
+        logits = decoder.decode(token, next_pos, ~done)  # (B, V)
+        next_pos = next_pos + 1
+    if bool(broken.any()):
+        raise ValueError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
+                         f"NaN or inf by response token {step} (the weights are broken)")
+    sampled = torch.stack(tokens, dim=1)  # (B, S)
+    width = _trim_after_all_ended(sampled, eos_token_id)  # steps past the last EOS are all pad
+    sequences = torch.cat([input_ids, sampled[:, :width]], dim=1)  # (B, P + R)
+    if not with_logprobs:
+        return SampleOutput(sequences, None, None)
+    return SampleOutput(sequences, torch.stack(logprobs, dim=1)[:, :width],
+                        torch.stack(entropies, dim=1)[:, :width])  # (B, R) each
+
+
+# ----------------------------------------------------------------------------- the model's sampling API
+class SamplingMixin:
+    """`generate` and `generate_with_logprobs` of `SharedLoRAModel` (which provides `lm`, `_use`,
+    `reference`, the token ids, `fast_sampling` and `_fast_decoder`)."""
+
+    lm: nn.Module
+    pad_token_id: int
+    eos_token_id: int
+    fast_sampling: bool
+    _fast_decoder: Any
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 temperature: float = 1.0, adapter: str | None = "policy") -> torch.Tensor:
+        """Sample responses to left-padded prompts with a KV cache: (B, P) -> (B, P + R), R <= max_new_tokens.
+
+        y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
+        A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
+        Uses the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
+        ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
+        """
+        return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
+
+    @torch.no_grad()
+    def generate_with_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                               max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`generate`, plus the log-prob and the entropy of the sampling model at every sampled token:
+        (B, P) -> sequences (B, P + R), log pi(y_t | prompt, y_<t) (B, R), H_t (B, R).
+
+        Both are read from the logits the sampling loop computes anyway, so the rollout needs no
+        second policy forward. They belong to the distribution that sampled the tokens,
+        softmax(z / temperature), and equal `policy_logprobs(seq, attn, P, with_entropy=True,
+        temperature=temperature)` of the returned sequences up to float rounding on every token up
+        to and including EOS: same positions (counted over real tokens), same attended tokens, one
+        KV-cached token per step instead of one full pass. After a row's EOS they belong to pad
+        (meaningless, finite, masked by every consumer). Same random draws as `generate`.
+        """
+        sequences, logprobs, entropy = self._generate(input_ids, attention_mask, max_new_tokens,
+                                                      temperature, adapter, True)
+        return sequences, logprobs, entropy
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens, temperature, adapter, with_logprobs):
+        check_token_batch(input_ids, attention_mask)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_temperature(temperature)
+        if adapter is None:
+            with self.reference():
+                return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, None)
+        self._use(adapter)
+        return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter)
+
+    def _sample(self, input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter):
+        decoder: Decoder = PlainDecoder(self.lm)
+        if self.fast_sampling:
+            if self._fast_decoder is None:
+                from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
+
+                self._fast_decoder = StaticLlamaDecoder(self.lm)
+            self._fast_decoder.load_adapter(adapter)  # the sampling adapter folded into its weights
+            decoder = self._fast_decoder
+        out = sample(self.lm, input_ids, attention_mask, max_new_tokens, eos_token_id=self.eos_token_id,
+                     pad_token_id=self.pad_token_id, temperature=temperature, with_logprobs=with_logprobs,
+                     decoder=decoder)
+        return out.sequences, out.logprobs, out.entropy
