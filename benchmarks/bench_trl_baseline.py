@@ -58,12 +58,19 @@ def _requirements_digest() -> str:
     return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
 
 
+#: A folder holding trl==1.10.0 (pip install --target): the TRL side then runs with this Python and
+#: that folder first on its path, and no venv is built (a GPU machine with no package index).
+TRL_SITE_ENV = "RLHF_TRL110_SITE"
+
+
 def ensure_venv(venv: Path = VENV_DIR, python: str | None = None) -> tuple[Path | None, str]:
     """The venv's python, building the venv if it is missing or its pins changed.
 
     Returns (python path, "") or (None, why it could not be built). A stamp file holds the
-    hash of the requirements it was built from.
+    hash of the requirements it was built from. With $RLHF_TRL110_SITE set, this Python.
     """
+    if os.environ.get(TRL_SITE_ENV):
+        return Path(sys.executable), ""
     venv_python = venv / "bin" / "python"
     stamp = venv / ".requirements.sha256"
     if venv_python.exists() and stamp.exists() and stamp.read_text() == _requirements_digest():
@@ -117,6 +124,10 @@ def settings_from_profile(fast: bool, device: str, random_init_config: str | Non
         random_init_config=random_init_config,
     )
     if device == "cuda":
+        # the GPU anchor (issue 13): trl 1.10's PPOTrainer took 7.59 s per update and 7.69 GiB here on
+        # an H100 with a SmolLM2-135M-size Llama in bf16, 32 prompts x 64 tokens, 4 epochs x 2 minibatches
+        settings.batch_size, settings.mini_batch_size, settings.response_length = 32, 16, 64
+        settings.ppo_epochs = 4
         settings.n_eval_prompts = 128
     if fast:
         settings.updates, settings.warmup_updates, settings.eval_every = 3, 1, 3
@@ -131,7 +142,11 @@ def run_side(python: Path | str, script: Path, settings: BenchSettings, workdir:
              timeout_s: int = SIDE_TIMEOUT_S) -> dict[str, Any]:
     """Run one side in its own process; its JSON of figures, or {"error": ...}."""
     out = workdir / f"{script.stem}.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    path = [str(REPO_ROOT)]
+    if script.stem == "run_trl_ppo" and os.environ.get(TRL_SITE_ENV):
+        path.insert(0, os.environ[TRL_SITE_ENV])
+    path += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", WANDB_DISABLED="true", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(settings.torch_threads), PYTHONWARNINGS="ignore")
     command = [str(python), str(script), "--settings", settings.to_json(), "--out", str(out)]

@@ -62,6 +62,38 @@ def test_fast_settings_come_from_the_tiny_profile() -> None:
     assert fast.updates < full.updates and fast.batch_size % fast.mini_batch_size == 0
 
 
+def test_cuda_settings_are_the_issues_anchor() -> None:
+    """32 prompts x 64 tokens, 4 epochs x 2 minibatches, bf16, the gpu profile's LoRA targets."""
+    from rlhf_helpers.profiles import get_profile
+
+    cuda = bench.settings_from_profile(fast=False, device="cuda", random_init_config="smollm2")
+    assert (cuda.batch_size, cuda.response_length, cuda.ppo_epochs) == (32, 64, 4)
+    assert cuda.batch_size // cuda.mini_batch_size == 2 and cuda.dtype == "bfloat16"
+    assert tuple(cuda.lora_target_modules) == get_profile("gpu").lora_target_modules
+
+
+def test_a_trl_site_folder_replaces_the_venv_and_leads_the_trl_sides_path(monkeypatch, tmp_path) -> None:
+    """On a GPU machine without a package index trl 1.10 comes as a --target folder, not a venv."""
+    import subprocess
+
+    monkeypatch.setenv(bench.TRL_SITE_ENV, str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/extra/site")
+    python, why = bench.ensure_venv(venv=tmp_path / "never-built")
+    assert (python, why) == (Path(sys.executable), "") and not (tmp_path / "never-built").exists()
+    seen = {}
+
+    def fake_run(command, cwd, env, **kwargs):
+        seen[Path(command[1]).stem] = env["PYTHONPATH"].split(":")
+        raise subprocess.TimeoutExpired(command, 1)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    settings = BenchSettings()
+    for script in ("run_trl_ppo.py", "run_ours_ppo.py"):
+        assert "error" in bench.run_side(sys.executable, bench.RUNNERS / script, settings, tmp_path)
+    assert seen["run_trl_ppo"] == [str(tmp_path), str(ROOT), "/extra/site"]
+    assert seen["run_ours_ppo"] == [str(ROOT), "/extra/site"]
+
+
 # ----------------------------------------------------------------------------- timing helpers
 def test_median_of_odd_and_even_lengths() -> None:
     assert median([5.0, 1.0, 3.0]) == 3.0
