@@ -163,7 +163,8 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         next_pos = next_pos + 1
     if bool(broken.any()):
         raise ValueError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
-                         f"NaN or inf by response token {step} (the weights are broken)")
+                         f"NaN or inf {'at' if stop_check_every == 1 else 'by'} response token {step} (the weights "
+                         "are broken)")
     sampled = torch.stack(tokens, dim=1)  # (B, S)
     width = _trim_after_all_ended(sampled, eos_token_id)  # steps past the last EOS are all pad
     sequences = torch.cat([input_ids, sampled[:, :width]], dim=1)  # (B, P + R)
