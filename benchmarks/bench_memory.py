@@ -121,8 +121,8 @@ def load_base(size: str, tokenizer: Any, dtype: torch.dtype, device: str, seed: 
     initialised GPT-2 small / SmolLM2-135M (the gpu profile's architecture; no hub here)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG
     from rlhf_helpers.models import dropout_overrides
+    from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG
 
     if size == "tiny":
         config = AutoConfig.from_pretrained(str(TINY_MODEL_DIR))
@@ -185,6 +185,10 @@ class FourModels(SharedLoRAModel):
         device = next(base.parameters()).device
         self.value_head.to(device=device, dtype=torch.float32)
         self.score_head.to(device=device, dtype=torch.float32)
+        #: the plain sampling loop on every device (SharedLoRAModel's fast CUDA sampler folds a shared
+        #: base's adapters; these copies have none to fold)
+        self.fast_sampling = False
+        self._fast_decoder = None
         nn.Module.train(self, False)  # dropout off, as in the shared model
 
     # ------------------------------------------------------------------ what SharedLoRAModel reads
@@ -415,6 +419,22 @@ def compare(results: dict[str, dict[str, Any]], size: str) -> dict[str, Any]:
     return figures
 
 
+def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
+    """`rlhf_helpers.memory.estimate_ppo_memory` of the step a side ran (`asdict(SizeSpec)`) on `device`:
+    rollout batch = minibatch = spec["batch"], the fast sampler on CUDA; None for sizes that are not
+    the gpu profile's Llama."""
+    from rlhf_helpers.memory import estimate_ppo_memory
+    from rlhf_helpers.profiles import get_profile
+
+    if spec["name"] != "smollm2":
+        return None
+    profile = get_profile("gpu", dtype=dtype, rollout_batch_size=spec["batch"], mini_batch_size=spec["batch"],
+                          max_new_tokens=spec["new_tokens"], max_prompt_length=spec["prompt_tokens"],
+                          lora_r=spec["lora_r"], lora_alpha=spec["lora_alpha"],
+                          lora_target_modules=tuple(spec["lora_targets"]), eval_batch_size=spec["batch"])
+    return estimate_ppo_memory(profile, fast_sampling=device == "cuda")
+
+
 def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] | None = None,
                 sides: tuple[str, ...] = SIDES, dtype: str | None = None, batch: int | None = None,
                 new_tokens: int | None = None, verbose: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -438,6 +458,12 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
                 print(f"  {size:8s} {side:9s} params {r['param_bytes']['total'] / 2**20:9.1f} MB  "
                       f"peak {peak:9.1f} MB  ({r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} wall s)", flush=True)
         figures.update(compare(results, size))
+        estimate = ppo_estimate(results["shared"]["spec"], dtype, device)
+        if estimate is not None:  # rlhf_helpers.memory's estimate next to the shared side's measured peak
+            figures[f"{size}_shared_estimate_mb"] = estimate.total / 2**20
+            if verbose:
+                print(f"  {size:8s} shared    estimate {estimate.total / 2**20:9.1f} MB (peak at {estimate.phase}) "
+                      f"against the measured peak above", flush=True)
         figures[f"{size}_batch"] = results["shared"]["spec"]["batch"]
         figures[f"{size}_new_tokens"] = results["shared"]["spec"]["new_tokens"]
         details[size] = results

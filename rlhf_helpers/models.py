@@ -5,7 +5,7 @@
     reward = load_sequence_classifier(profile, num_labels=1)
 
 All three read `profile.sft_model_path` unless `path` is given (the tiny profile ships it in
-data/models/tiny-sft; the gpu profile writes it with `python -m rlhf_helpers.world.hub_sft`).
+data/models/tiny-sft; the gpu profile's is written by `rlhf_helpers.world.hub_sft.ensure_sft_model`).
 Dropout is set to 0 in the config before the weights load: PPO compares two forwards of the same
 input, and dropout would make them differ.
 """
@@ -48,7 +48,8 @@ def _model_path(profile: Profile, path: str | Path | None) -> str:
         if path is None and profile.is_tiny:
             hint = "rebuild it with `python -m rlhf_helpers.world.build`"
         elif path is None:
-            hint = "fine-tune the hub model first with `python -m rlhf_helpers.world.hub_sft`"
+            hint = ("call `rlhf_helpers.world.hub_sft.ensure_sft_model(profile)` first: it fine-tunes the "
+                    "hub model once and caches it there")
         else:
             hint = "pass a directory written by save_pretrained"
         raise FileNotFoundError(f"model directory not found: {chosen} ({hint})")

@@ -133,6 +133,21 @@ class Environment:
     device: str
     #: True inside Google Colab.
     colab: bool
+    #: Compute dtype of the profile ("float32", "bfloat16", "float16"), or "unknown".
+    dtype: str = "unknown"
+    #: The dtype and why it fits the device, e.g. "float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)".
+    dtype_reason: str = "unknown"
+
+
+def _dtype_and_reason() -> tuple[str, str]:
+    """The active profile's compute dtype and `precision.describe_dtype`'s line for it ("unknown" on failure)."""
+    try:
+        profile = importlib.import_module("rlhf_helpers.profiles").get_profile()
+        precision = importlib.import_module("rlhf_helpers.precision")
+        dtype = precision.resolve_dtype(profile.dtype, profile.device)
+        return dtype, precision.describe_dtype(dtype, profile.device)
+    except (ImportError, AttributeError):
+        return "unknown", "unknown"
 
 
 def _profile_and_device() -> tuple[str, str]:
@@ -152,15 +167,19 @@ def _profile_and_device() -> tuple[str, str]:
 
 
 def show_environment(print_table: bool = True) -> Environment:
-    """Print the versions table and the profile/device line; return them as an `Environment`."""
+    """Print the versions table, the profile/device line and the dtype line (the dtype and why it
+    fits the device); return them as an `Environment`."""
     profile, device = _profile_and_device()
-    env = Environment(versions=package_versions(), profile=profile, device=device, colab=in_colab())
+    dtype, dtype_reason = _dtype_and_reason()
+    env = Environment(versions=package_versions(), profile=profile, device=device, colab=in_colab(),
+                      dtype=dtype, dtype_reason=dtype_reason)
     if print_table:
         width = max(len(name) for name in env.versions)
         for name, ver in env.versions.items():
             print(f"{name:<{width}}  {ver}")
         where = "Colab" if env.colab else "local"
         print(f"profile: {env.profile}   device: {env.device}   ({where})")
+        print(f"dtype: {env.dtype_reason}")
     return env
 
 

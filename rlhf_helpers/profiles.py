@@ -7,8 +7,18 @@
 - "tiny" (default): the shipped word-level GPT-2 in data/models/tiny-sft, float32, CPU; the
   whole course runs offline in minutes.
 - "gpu": HuggingFaceTB/SmolLM2-135M from the hub, supervised-fine-tuned on the same SFT corpus
-  with TRL's SFTTrainer (`python -m rlhf_helpers.world.hub_sft`), bf16, bigger batches.
+  with TRL's SFTTrainer (`python -m rlhf_helpers.world.hub_sft`), dtype "auto", bigger batches.
 - "auto": "gpu" when CUDA is available, else "tiny".
+
+The gpu profile's SFT model is prepared once per runtime and cached by
+`rlhf_helpers.world.hub_sft.ensure_sft_model(profile)`. With no model hub (a lent GPU machine, tests),
+`random_init=True` builds SmolLM2-135M's architecture with random weights and the shipped tokenizer:
+RLHF_PROFILE=gpu RLHF_PROFILE_OVERRIDES='{"random_init": true}'.
+
+dtype "auto" resolves in `get_profile` by device (`rlhf_helpers.precision.compute_dtype`): float32
+on the CPU, bfloat16 on a GPU with bf16 in hardware (A100, L4, H100), float16 on one without (T4),
+and bfloat16 for a "cuda" profile built where no CUDA device is visible (tests). An explicit dtype
+("float32", "bfloat16", "float16") in the overrides or $RLHF_PROFILE_OVERRIDES wins.
 
 Every notebook and script calls `get_profile` and reads sizes from the returned `Profile`.
 This module imports nothing heavy; torch is imported only to resolve "auto" and `torch_dtype`.
@@ -44,7 +54,7 @@ class Profile:
     base_model: str  #: hub id or path of the model before the course's SFT (tiny: the shipped SFT model itself)
     sft_model_path: str  #: directory of the supervised-fine-tuned model every later stage starts from
     device: str  #: torch device for models and tensors: "cpu" or "cuda"
-    dtype: str  #: parameter dtype name: "float32" or "bfloat16"
+    dtype: str  #: compute dtype name: "float32", "bfloat16", "float16", or "auto" (by device; see precision.py)
     seed: int = 0  #: seed of torch, sampling and data order
     # --- sequence lengths
     max_prompt_length: int = 16  #: prompts are at most this many tokens (longer ones are cut from the left)
@@ -80,13 +90,22 @@ class Profile:
     sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
     sft_lr: float = 5e-5  #: learning rate of that fine-tuning
     sft_batch_size: int = 32  #: sequences per SFT step
+    # random_init (gpu profile only) also moves the SFT folder to random_init_sft_path(...) in get_profile
+    random_init: bool = False  #: build base_model's architecture with random weights and the shipped tokenizer instead of downloading it; for offline GPU checks and tests
+
+    def __post_init__(self) -> None:
+        from rlhf_helpers.precision import check_dtype_name
+
+        check_dtype_name(self.dtype)
 
     @property
     def torch_dtype(self):
-        """The `torch.dtype` named by `dtype`."""
+        """The `torch.dtype` named by `dtype` ("auto" resolved for `device`)."""
         import torch
 
-        return getattr(torch, self.dtype)
+        from rlhf_helpers.precision import resolve_dtype
+
+        return getattr(torch, resolve_dtype(self.dtype, self.device))
 
     @property
     def is_tiny(self) -> bool:
@@ -112,13 +131,13 @@ def tiny_profile() -> Profile:
 
 
 def gpu_profile() -> Profile:
-    """The GPU profile: SmolLM2-135M fine-tuned on the SFT corpus, bf16, bigger batches."""
+    """The GPU profile: SmolLM2-135M fine-tuned on the SFT corpus, dtype by GPU, bigger batches."""
     return Profile(
         name="gpu",
         base_model="HuggingFaceTB/SmolLM2-135M",
         sft_model_path=str(_REPO_ROOT / "runs" / "sft-smollm2-135m"),
         device="cuda",
-        dtype="bfloat16",
+        dtype="auto",  # resolved by get_profile: bfloat16, or float16 on a T4 (see precision.py)
         max_prompt_length=24,
         max_new_tokens=48,
         max_length=96,
@@ -172,12 +191,32 @@ def env_overrides() -> dict[str, Any]:
     return values
 
 
+def random_init_sft_path(sft_model_path: str) -> str:
+    """The SFT folder of a random-init run: `sft_model_path` + "-random-init", so that a real run
+    never finds random weights where its fine-tuned hub model belongs."""
+    return str(sft_model_path).rstrip("/\\") + "-random-init"
+
+
 def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with overrides applied.
 
-    Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`.
+    Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`. With
+    `random_init=True` (gpu only) the SFT folder becomes `random_init_sft_path(sft_model_path)` unless
+    the overrides name one. A dtype of
+    "auto" is then resolved for the profile's device (`precision.resolve_dtype`), so the returned
+    profile always names a concrete dtype.
     """
+    from rlhf_helpers.precision import AUTO, resolve_dtype
+
     resolved = resolve_profile_name(name)
     profile = tiny_profile() if resolved == "tiny" else gpu_profile()
     values = {**env_overrides(), **overrides}
-    return profile.replace(**values) if values else profile
+    profile = profile.replace(**values) if values else profile
+    if profile.random_init and profile.is_tiny:
+        raise ValueError("random_init must be False in the tiny profile (it ships its own model); "
+                         "use it with the gpu profile")
+    if profile.random_init and "sft_model_path" not in values:
+        profile = profile.replace(sft_model_path=random_init_sft_path(profile.sft_model_path))
+    if profile.dtype == AUTO:
+        profile = profile.replace(dtype=resolve_dtype(AUTO, profile.device))
+    return profile

@@ -273,3 +273,47 @@ def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero()
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert first["clipfrac"] == 0.0
+
+
+def test_evaluate_scores_every_prompt_in_batches_of_eval_batch_size(monkeypatch):
+    """The gpu profile's 200 eval prompts in one pass would hold 200 x 48 x 49153 float logits: every
+    forward of `evaluate` must see at most config.eval_batch_size rows, and every prompt is scored."""
+    trainer = make_trainer(eval_batch_size=3)
+    prompts = PROMPTS + PROMPTS[:2]  # 10 prompts: batches of 3, 3, 3 and 1
+    rows: dict[str, list[int]] = {"policy_logprobs": [], "ref_logprobs": [], "reward": []}
+    for name in ("policy_logprobs", "ref_logprobs"):
+        original = getattr(trainer.model, name)
+
+        def counted(sequences, *args, _original=original, _rows=rows[name], **kwargs):
+            _rows.append(sequences.shape[0])  # (b, P + R): b rows in this forward
+            return _original(sequences, *args, **kwargs)
+
+        monkeypatch.setattr(trainer.model, name, counted)
+    reward_fn = trainer.reward_fn
+
+    def counted_reward(batch_prompts, responses):
+        rows["reward"].append(len(batch_prompts))
+        return reward_fn(batch_prompts, responses)
+
+    trainer.reward_fn = counted_reward
+    result = trainer.evaluate(prompts)
+    for name, sizes in rows.items():
+        assert sizes and max(sizes) <= 3, (name, sizes)
+        assert sum(sizes) == len(prompts), (name, sizes)
+    assert all(math.isfinite(value) for value in result.values())
+    for sizes in rows.values():
+        sizes.clear()
+    trainer.evaluate(prompts, batch_size=4)  # an explicit batch size wins over the config's
+    assert all(max(sizes) == 4 and sum(sizes) == len(prompts) for sizes in rows.values()), rows
+    with pytest.raises(ValueError, match="batch_size"):
+        trainer.evaluate(prompts, batch_size=0)
+
+
+def test_eval_batch_size_comes_from_the_profile_and_must_be_positive():
+    from rlhf_helpers.profiles import get_profile
+
+    for name in ("tiny", "gpu"):
+        profile = get_profile(name)
+        assert PPOConfig.from_profile(profile).eval_batch_size == profile.eval_batch_size
+    with pytest.raises(ValueError, match="eval_batch_size"):
+        PPOConfig(eval_batch_size=0)

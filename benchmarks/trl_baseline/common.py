@@ -2,7 +2,8 @@
 
 Imported by `run_trl_ppo.py` (inside the separate trl==1.10.0 venv) and by `run_ours_ppo.py`
 (inside the main venv), so it may use only torch, transformers and the light parts of
-`rlhf_helpers` (the hidden scorer and the JSONL loaders), which both environments have.
+`rlhf_helpers` (the hidden scorer, the JSONL loaders and `world.architectures`), which both
+environments have.
 The parent (`benchmarks/bench_trl_baseline.py`) passes one `BenchSettings` as JSON to both, so
 the two runs cannot drift apart in batch size, response length, epochs or learning rate.
 """
@@ -19,25 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# re-exported: `from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG` keeps working
+from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped tiny SFT model (word-level GPT-2) both sides start from.
 TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-sft"
 
-#: SmolLM2-135M's architecture (HuggingFaceTB/SmolLM2-135M config.json), for random-init GPU runs.
-SMOLLM2_135M_CONFIG: dict[str, Any] = {
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 100000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-}
+#: Architectures of random-init GPU runs (SmolLM2-135M's is defined in rlhf_helpers.world.architectures).
 RANDOM_INIT_CONFIGS = {"smollm2": SMOLLM2_135M_CONFIG}
 
 

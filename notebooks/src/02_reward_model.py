@@ -38,8 +38,10 @@ from rlhf_helpers.data import load_preferences
 from rlhf_helpers.profiles import get_profile
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores, score_breakdown
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probability
+from rlhf_helpers.world.hub_sft import ensure_sft_model
 
 profile = get_profile()
+ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
 torch.manual_seed(profile.seed)
 torch.set_num_threads(1)  # a model this small: a second thread only adds hand-offs (4x slower per step under load)
 print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {profile.reward_epochs}, "
@@ -271,7 +273,7 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
 # starts as the model it adapts. Only $A$ and $B$ are trained: $r(d_{\text{in}} + d_{\text{out}})$ numbers
 # instead of $d_{\text{in}} d_{\text{out}}$. Switching the adapter off gives $W_0$ back exactly, which
 # notebook 05 uses to get the frozen reference model for free. The cell checks the equation against
-# peft on one projection of the tiny model.
+# peft on one projection of the profile's model.
 
 # %%
 from peft import get_peft_model
@@ -279,19 +281,26 @@ from peft import get_peft_model
 from rlhf_helpers.models import load_causal_lm
 from rlhf_helpers.ppo.shared_model import lora_config, uses_conv1d
 
-lora_demo = load_causal_lm(profile)
-lora_demo = get_peft_model(lora_demo, lora_config(profile.lora_r, profile.lora_alpha, ["c_fc"],
-                                                   fan_in_fan_out=uses_conv1d(lora_demo)))
+# float32 for this check (the gpu profile computes in bf16 or fp16): it compares peft's layer with the
+# equation, so both sides must round alike; in half precision they would differ by rounding alone
+lora_demo = load_causal_lm(profile).float()
+conv1d = uses_conv1d(lora_demo)  # GPT-2 (tiny profile) stores its projections as Conv1D: (d_in, d_out)
+mlp_in = "c_fc" if conv1d else "up_proj"  # the MLP's first projection: GPT-2's c_fc, Llama's up_proj
+lora_demo = get_peft_model(lora_demo, lora_config(profile.lora_r, profile.lora_alpha, [mlp_in],
+                                                   fan_in_fan_out=conv1d))
 layer = next(m for m in lora_demo.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
 A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # (r, d_in), (d_out, r)
-print(f"one MLP projection: W0 {tuple(layer.base_layer.weight.shape)} (stored (d_in, d_out) by GPT-2's Conv1D), "
+layout = "(d_in, d_out) by GPT-2's Conv1D" if conv1d else "(d_out, d_in) by nn.Linear"
+print(f"one MLP projection ({mlp_in}): W0 {tuple(layer.base_layer.weight.shape)} (stored {layout}), "
       f"A {tuple(A.shape)}, B {tuple(B.shape)}; B is all zero at the start: {bool((B == 0).all())}")
 with torch.no_grad():
-    B.normal_(generator=torch.Generator().manual_seed(0))  # pretend training moved B
-    x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1))  # (N, d_in)
-    W0 = layer.base_layer.weight.T if uses_conv1d(lora_demo) else layer.base_layer.weight  # (d_out, d_in)
-    f_scratch = x @ W0.T + layer.base_layer.bias + (profile.lora_alpha / profile.lora_r) * x @ A.T @ B.T  # (N, d_out)
-    torch.testing.assert_close(layer(x), f_scratch)
+    B.copy_(torch.randn(B.shape, generator=torch.Generator().manual_seed(0)))  # pretend training moved B
+    x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1)).to(A.device)  # (N, d_in)
+    W0 = layer.base_layer.weight.T if conv1d else layer.base_layer.weight  # (d_out, d_in)
+    b0 = layer.base_layer.bias if layer.base_layer.bias is not None else 0.0  # (d_out,); Llama has none
+    f_scratch = x @ W0.T + b0 + (profile.lora_alpha / profile.lora_r) * x @ A.T @ B.T  # (N, d_out)
+    # float32 sums of d_in products in another order differ by ~1e-6 relative; a wrong formula by O(1)
+    torch.testing.assert_close(layer(x), f_scratch, rtol=1e-5, atol=1e-5)
 d_in, d_out = A.shape[1], B.shape[0]
 print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers per projection: "
       f"{profile.lora_r * (d_in + d_out):,} instead of {d_in * d_out:,}")
@@ -320,9 +329,11 @@ from trl import RewardConfig, RewardTrainer
 
 from rlhf_helpers._compat import checkpointing_off
 from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.precision import MASTER_DTYPE_NAME, amp_flags
 
 demo_tokenizer = load_tokenizer(profile)
-demo_base = load_sequence_classifier(profile, num_labels=1)  # the SFT model + a fresh (H -> 1) score head
+# the SFT model + a fresh (H -> 1) score head, in float32: the trained weights stay float32 masters
+demo_base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
 demo_lora = LoraConfig(
     r=profile.lora_r, lora_alpha=profile.lora_alpha, lora_dropout=0.0, bias="none",
     target_modules=list(profile.lora_target_modules), task_type="SEQ_CLS",
@@ -333,7 +344,8 @@ with tempfile.TemporaryDirectory() as scratch:
     demo_args = RewardConfig(
         output_dir=scratch, per_device_train_batch_size=32, max_steps=8, learning_rate=profile.reward_lr,
         max_length=profile.max_length, seed=profile.seed, logging_steps=4, report_to=[], save_strategy="no",
-        use_cpu=profile.device == "cpu", bf16=False,  # TRL's defaults (bf16, checkpointing) are wrong on a CPU
+        use_cpu=profile.device == "cpu",
+        **amp_flags(profile),  # autocast in the profile's dtype on CUDA; off on a CPU (TRL's default bf16 is wrong there)
         **checkpointing_off(RewardConfig),  # on: it would break the adapter switching of notebook 05
         disable_tqdm=True,
     )
@@ -395,7 +407,11 @@ print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 # `score_pairs`, which goes through Hugging Face's sequence-classification forward.
 
 # %%
-lm_with_head = reward_model.base_model.model  # GPT2ForSequenceClassification with LoRA layers
+# float32 from here on (a no-op in the tiny profile): the scratch path and score_pairs run different
+# kernels on differently padded batches, which in bf16/fp16 (gpu profile) would round apart by ~1e-2
+# and hide what the checks compare; float32 keeps that rounding near 1e-6, so 1e-4 is a tight check
+reward_model = reward_model.float()
+lm_with_head = reward_model.base_model.model  # GPT2ForSequenceClassification (tiny; Llama... on gpu) with LoRA
 backbone = getattr(lm_with_head, lm_with_head.base_model_prefix)  # the transformer without a head
 score_head = lm_with_head.score  # Linear(H, 1) (peft keeps its trained copy)
 device = next(reward_model.parameters()).device

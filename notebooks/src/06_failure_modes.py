@@ -48,8 +48,10 @@ from rlhf_helpers.ppo.reward_training import ensure_reward_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.profiles import get_profile
 from rlhf_helpers.world import score_breakdown
+from rlhf_helpers.world.hub_sft import ensure_sft_model
 
 profile = get_profile()
+ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 02 may have done it), then reused
 torch.manual_seed(profile.seed)
 if profile.device == "cpu":
     torch.set_num_threads(1)  # the tiny model's matrices are too small to gain from a second thread

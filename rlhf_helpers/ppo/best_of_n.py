@@ -104,6 +104,9 @@ def best_of_n(
     adapter=None samples the reference (SFT model); "policy" samples the PPO policy instead.
     reward_fn replaces the reward adapter when given (e.g. to pick by the hidden score itself).
     The global RNG is left untouched: sampling uses `seed`.
+    `batch_size`: samples per sampling + reward pass. Neither pass holds (rows, length, vocabulary)
+    logits (sampling keeps one position's logits per step, the reward reads hidden states), so 256
+    rows fit the gpu profile; `PPOTrainer.evaluate`, which does, uses config.eval_batch_size.
     """
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise ValueError("prompts must be a non-empty list of strings")

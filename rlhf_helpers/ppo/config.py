@@ -61,6 +61,9 @@ class PPOConfig:
     output_dir: str | None = None  #: where checkpoints and metrics go (None: nothing written)
     eval_every: int = 0  #: evaluate on held-out prompts every this many iterations (0: never)
     n_eval_prompts: int = 64  #: held-out prompts per evaluation
+    #: prompts per batch of `PPOTrainer.evaluate` (sampling, log-prob and reward passes): bounds the
+    #: (batch, response length, vocabulary) logits one pass holds in memory
+    eval_batch_size: int = 64
     progress_bar: bool = True  #: show a tqdm progress bar in `train`
 
     def __post_init__(self) -> None:
@@ -70,7 +73,8 @@ class PPOConfig:
     def validate(self) -> PPOConfig:
         """Raise ValueError naming the first field whose value cannot work."""
         for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
-                     "max_new_tokens", "lora_r", "total_steps", "kl_horizon", "n_eval_prompts"):
+                     "max_new_tokens", "lora_r", "total_steps", "kl_horizon", "n_eval_prompts",
+                     "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -152,6 +156,7 @@ class PPOConfig:
             "total_steps": profile.ppo_steps,
             "seed": profile.seed,
             "n_eval_prompts": profile.n_eval_prompts,
+            "eval_batch_size": profile.eval_batch_size,
         }
         values.update(overrides)
         return cls.from_dict(values)

@@ -9,6 +9,10 @@ The folder holds peft's `adapter_config.json` / `adapter_model.safetensors` and,
 `score_head.safetensors` with the scalar head (a plain head needs its own save).
 COURSE_SPEC pitfall: RewardConfig defaults to bf16 and gradient checkpointing; on a CPU both are off
 and `use_cpu=True`.
+Precision: the sequence classifier is loaded in float32 whatever the profile's dtype, so the trained
+LoRA matrices and the score head (`modules_to_save`) are float32 master weights; on CUDA the
+arithmetic runs under autocast in the profile's dtype (`precision.amp_flags`: bf16, or fp16 with a
+gradient scaler on a T4). A bf16 score head would round most of its Adam updates away.
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     from rlhf_helpers._compat import checkpointing_off
     from rlhf_helpers.data import load_preferences
     from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
+    from rlhf_helpers.precision import MASTER_DTYPE_NAME, amp_flags
     from rlhf_helpers.profiles import get_profile
 
     profile = profile or get_profile()
@@ -158,7 +163,8 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
 
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(profile)
-    base = load_sequence_classifier(profile, num_labels=1)
+    # float32 masters: the profile's dtype is the autocast dtype of the arithmetic (amp_flags below)
+    base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
     peft_config = lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules,
                               fan_in_fan_out=uses_conv1d(base), task_type="SEQ_CLS")
     peft_config.modules_to_save = ["score"]
@@ -169,7 +175,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
             output_dir=scratch, per_device_train_batch_size=config.batch_size,
             num_train_epochs=config.epochs, learning_rate=config.learning_rate,
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
-            use_cpu=on_cpu, bf16=(not on_cpu and profile.dtype == "bfloat16"),
+            use_cpu=on_cpu, **amp_flags(profile),  # {"bf16": ..., "fp16": ...}: autocast on CUDA only
             **checkpointing_off(RewardConfig),  # RewardConfig's default True breaks adapter switching later
             report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
             disable_tqdm=False,
@@ -217,14 +223,15 @@ def _cache_key(profile: Any, config: RewardTrainingConfig) -> dict[str, Any]:
 def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = None,
                      root: str | Path | None = None) -> Path:
     """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
-    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one)."""
+    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one);
+    "-random-init" follows the profile name when the SFT base has random weights (`Profile.random_init`)."""
 
     from rlhf_helpers.profiles import get_profile
 
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     root = Path(root) if root is not None else runs_dir()
-    name = f"reward-{profile.name}"
+    name = f"reward-{profile.name}" + ("-random-init" if getattr(profile, "random_init", False) else "")
     if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
         key = json.dumps(_cache_key(profile, config), sort_keys=True)
         name += "-" + hashlib.sha256(key.encode()).hexdigest()[:8]
@@ -301,8 +308,10 @@ def _pid_is_alive(pid: int) -> bool:
     return True
 
 
-def remove_dead_temporary_folders(root: str | Path) -> list[Path]:
+def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str] = _TMP_PATTERN) -> list[Path]:
     """Delete the .tmp-reward-*-<pid> folders in `root` whose process no longer exists; return them.
+
+    `pattern` matches other temporary folders instead (group 2: the PID; the SFT cache uses it).
 
     A run killed mid-training (kill -9, a closed notebook, a power cut) never reaches its `finally`
     and leaves its temporary folder behind. Folders of live processes are kept (another run may be
@@ -315,7 +324,7 @@ def remove_dead_temporary_folders(root: str | Path) -> list[Path]:
         return []
     removed = []
     for folder in sorted(root.iterdir()):
-        match = _TMP_PATTERN.match(folder.name)
+        match = pattern.match(folder.name)
         if match and folder.is_dir() and not _pid_is_alive(int(match.group(2))):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
@@ -331,12 +340,15 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     and the SHA-256 of each file) last, and only then renames the folder into place, so an
     interrupted run never leaves a folder that looks complete. A cached folder whose marker is
     missing or whose files do not match their checksums is trained again into place, with one line
-    on stderr saying why. Temporary folders of killed runs are removed first.
+    on stderr saying why. Temporary folders of killed runs are removed first. The SFT model it starts
+    from is prepared first (`hub_sft.ensure_sft_model`: nothing in the tiny profile, cached on a GPU).
     """
     from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.world.hub_sft import ensure_sft_model
 
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
+    ensure_sft_model(profile)  # the base the adapter trains on (gpu profile: fine-tuned once, cached)
     final = reward_cache_dir(profile, config, root)
     removed = remove_dead_temporary_folders(final.parent)
     if removed:

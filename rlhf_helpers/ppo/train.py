@@ -12,7 +12,8 @@ no GPU visible each process runs on the CPU and they talk over gloo (run.json re
 --num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.ppo.train`
 works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
 
-What it does: ensures the profile's reward model (`ensure_reward_model`: trained once, cached in
+What it does: ensures the profile's SFT model (`hub_sft.ensure_sft_model`: the gpu profile's is
+fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in
 runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
 adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir:
 
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlhf_helpers.ppo.reward_training import RewardTrainingConfig, ensure_reward_model, runs_dir
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.world.hub_sft import ensure_sft_model
 
     try:
         profile = get_profile(args.profile)
@@ -196,6 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
         profile = profile.replace(device=str(accelerator.device))
 
+    with accelerator.main_process_first():  # gpu profile: one process fine-tunes the SFT model, the others reuse it
+        ensure_sft_model(profile)
     if args.reward_dir is not None:
         reward_dir: Path | None = Path(args.reward_dir)
     elif saved_reward_dir is not None and Path(saved_reward_dir).is_dir():

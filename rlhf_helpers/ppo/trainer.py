@@ -12,6 +12,15 @@ processes before every optimiser step (plain data parallelism). A NaN/inf seen b
 every process at the same point (`finite_guard.collective_stop`), so none waits forever in an
 all-reduce; weights are checked after every optimiser step, and before a checkpoint is written the
 updated policy and critic must give finite outputs on their latest batch.
+
+Precision: the frozen base may be bf16 or fp16 (it is never updated); the trained weights (LoRA
+matrices, value head) are float32 masters. When the base is float16 (a T4: `precision.compute_dtype`),
+each optimiser gets a `torch.amp.GradScaler`: the loss is multiplied by the scale S before backward,
+the gradients are divided by S (`unscale_`) before the norm clip, and a step whose gradients
+overflowed is skipped and S halved (`scaler.step`, `scaler.update`). Such an overflow is expected
+now and then under fp16 and is not a NaN stop; a non-finite loss or weight still is, and so is a
+gradient that stays non-finite until S falls below `precision.MIN_LOSS_SCALE`. With bf16 or float32
+the scalers are disabled pass-throughs: the same numbers as without them.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from rlhf_helpers.ppo.experience import (
 )
 from rlhf_helpers.ppo.finite_guard import check_finite_parameters, collective_stop
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.precision import MIN_LOSS_SCALE, make_grad_scaler, needs_grad_scaler
 
 #: hidden_score_fn(prompts, responses) -> ground-truth scores (default: the review world's hidden scorer)
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -130,6 +140,12 @@ class PPOTrainer:
         # per-tensor loop, which is torch's default on the CPU)
         self.policy_optimizer = torch.optim.Adam(model.policy_parameters(), lr=config.policy_lr, foreach=True)
         self.value_optimizer = torch.optim.Adam(model.value_parameters(), lr=config.value_lr, foreach=True)
+        # fp16 base: loss scaling per optimiser (each has its own gradients and overflows); else pass-throughs
+        use_scaler = needs_grad_scaler(model)
+        self.policy_scaler = make_grad_scaler(model.device.type, use_scaler)  #: loss scaler of the policy steps
+        self.value_scaler = make_grad_scaler(model.device.type, use_scaler)  #: loss scaler of the critic steps
+        #: optimiser steps skipped because their fp16 gradients overflowed, by "policy" / "value"
+        self.overflow_skips = {"policy": 0, "value": 0}
         self.kl_controller = make_kl_controller(config)
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
@@ -215,10 +231,14 @@ class PPOTrainer:
         values = self.accelerator.reduce(values, reduction="mean")
         return dict(zip(keys, values.tolist(), strict=True))
 
-    def _sync_and_step(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-                       what: str) -> float:
-        """Average gradients across processes, clip their norm, step, check the new weights (`what`
-        names them); returns the pre-clip norm."""
+    def _sync_and_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                       params: list[torch.nn.Parameter], what: str) -> float:
+        """Average gradients across processes, unscale them, clip their norm, step, check the new
+        weights (`what` names them); returns the pre-clip norm (0.0 for a step skipped on overflow).
+
+        The (scaled) gradients are averaged before `unscale_`, so every process sees the same
+        overflow and keeps the same loss scale.
+        """
         if self.num_processes > 1:
             for param in params:
                 if param.grad is not None:
@@ -226,14 +246,29 @@ class PPOTrainer:
         # every process holds the same averaged gradients and weights, but the stop is voted anyway:
         # the next collective operation must never meet a process that has left
         with collective_stop(self.accelerator):
+            scaler.unscale_(optimizer)  # g = g_scaled / S (a no-op without fp16)
             norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
             if not bool(torch.isfinite(norm)):
                 optimizer.zero_grad(set_to_none=True)  # never step on a NaN/inf gradient
-                check_all_finite("gradient norm", norm, self.step_count)
-            optimizer.step()
+                if not self._fp16_overflow(scaler, optimizer, what):
+                    check_all_finite("gradient norm", norm, self.step_count)
+                return 0.0
+            scaler.step(optimizer)  # optimizer.step(), the gradients being finite
+            scaler.update()  # S doubles after GRAD_SCALER_GROWTH_INTERVAL finite steps in a row
             optimizer.zero_grad(set_to_none=True)
             check_finite_parameters(what, params, self.step_count)
         return float(norm)
+
+    def _fp16_overflow(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, what: str) -> bool:
+        """After a non-finite gradient norm: True if it counts as an fp16 overflow (the step is
+        skipped, the scale S halved), False if it is a real NaN stop (no scaler, or S already below
+        MIN_LOSS_SCALE: the unscaled gradient itself is not finite)."""
+        if not scaler.is_enabled() or scaler.get_scale() < MIN_LOSS_SCALE:
+            return False
+        scaler.step(optimizer)  # skips: unscale_ recorded the inf/NaN
+        scaler.update()  # S <- S / 2
+        self.overflow_skips[what] += 1
+        return True
 
     def _ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
         """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the pretraining data)."""
@@ -309,8 +344,9 @@ class PPOTrainer:
                 stats["ptx_loss"] = float(ptx.detach())
             check_all_finite("policy loss", loss.detach(), self.step_count)
         if train_policy:
-            loss.backward()
-            norm = self._sync_and_step(self.policy_optimizer, self.model.policy_parameters(), "policy")
+            self.policy_scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
+            norm = self._sync_and_step(self.policy_optimizer, self.policy_scaler,
+                                       self.model.policy_parameters(), "policy")
         else:  # value warm-up: the critic learns the returns first, the policy waits
             norm = 0.0
         stats.update({
@@ -331,16 +367,22 @@ class PPOTrainer:
             v_loss, v_stats = value_loss(new_values, mb.old_values, mb.returns, mb.mask,
                                          clip_range=config.value_clip)
             check_all_finite("value loss", v_loss.detach(), self.step_count)
-        (config.vf_coef * v_loss).backward()
-        norm = self._sync_and_step(self.value_optimizer, self.model.value_parameters(), "value")
+        self.value_scaler.scale(config.vf_coef * v_loss).backward()  # d(S c_vf L_V) (S = 1 without fp16)
+        norm = self._sync_and_step(self.value_optimizer, self.value_scaler, self.model.value_parameters(),
+                                   "value")
         return {"value_loss": float(v_loss.detach()), "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
                 "value_grad_norm": norm}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, prompts: Sequence[str], seed: int = 12345, batch_size: int = 256) -> dict[str, float]:
+    def evaluate(self, prompts: Sequence[str], seed: int = 12345,
+                 batch_size: int | None = None) -> dict[str, float]:
         """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed seed,
         the caller's RNG untouched; no value pass, no GAE).
+
+        The prompts go through in batches of `batch_size` (default config.eval_batch_size): each
+        log-prob pass holds (batch, response length, vocabulary) float logits, ~5 GB for 200 prompts
+        of the gpu profile at once.
 
         eval_kl = mean over prompts of sum_t (log pi_T(y_t) - log ref_T(y_t)), the k1 sequence KL of the
         policy's own samples (an unbiased estimate of KL(pi_T || ref_T) per response, both at
@@ -349,6 +391,9 @@ class PPOTrainer:
         if not prompts:
             raise ValueError("prompts must be a non-empty list of strings")
         config = self.config
+        batch_size = config.eval_batch_size if batch_size is None else batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int (or None: config.eval_batch_size), got {batch_size!r}")
         scores, seq_kls, lengths, responses = [], [], [], []
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -446,7 +491,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Optimisers, KL controller, step, metrics history and RNG states (weights are saved apart)."""
+        """Optimisers, KL controller, step, metrics history and RNG states (weights are saved apart),
+        and under fp16 the loss scalers (plain floats and ints: `weights_only` loading reads them)."""
         state: dict[str, Any] = {
             "step": self.step_count,
             "policy_optimizer": self.policy_optimizer.state_dict(),
@@ -456,6 +502,10 @@ class PPOTrainer:
             "torch_rng": torch.random.get_rng_state(),
             "config": self.config.to_dict(),
         }
+        if self.policy_scaler.is_enabled():
+            state["policy_scaler"] = self.policy_scaler.state_dict()
+            state["value_scaler"] = self.value_scaler.state_dict()
+            state["overflow_skips"] = dict(self.overflow_skips)
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         return state
@@ -465,6 +515,10 @@ class PPOTrainer:
         self.step_count = int(state["step"])
         self.policy_optimizer.load_state_dict(state["policy_optimizer"])
         self.value_optimizer.load_state_dict(state["value_optimizer"])
+        for name, scaler in (("policy_scaler", self.policy_scaler), ("value_scaler", self.value_scaler)):
+            if state.get(name) and scaler.is_enabled():  # a checkpoint of an fp16 run, resumed in fp16
+                scaler.load_state_dict(state[name])
+        self.overflow_skips.update(state.get("overflow_skips", {}))
         for key, value in state["kl_controller"].items():
             setattr(self.kl_controller, key, value)
         self.history = list(state["history"])

@@ -1,15 +1,22 @@
 """Supervised fine-tuning of the gpu profile's hub model on the SFT corpus with TRL's SFTTrainer.
 
-    python -m rlhf_helpers.world.hub_sft          # on a GPU machine with hub access (Colab)
+    path = ensure_sft_model(profile)             # every notebook / script that loads the SFT model
+    python -m rlhf_helpers.world.hub_sft          # trains again (force), e.g. on Colab
 
-loads `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained`, trains it on
-data/sft.jsonl (prompt-completion format, loss on the completion only, EOS appended by TRL),
-and saves model + tokenizer to `profile.sft_model_path`, where `models.load_causal_lm` finds it.
-Tests exercise the same code on a randomly initialised model of the same architecture.
+`ensure_sft_model` loads `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained` in
+float32 (master weights; the arithmetic runs under autocast, see `sft_config`), trains it on
+data/sft.jsonl (prompt-completion format, loss on the completion only, EOS appended by TRL), and
+saves model + tokenizer to `profile.sft_model_path`, where `models.load_causal_lm` finds it. The
+folder is written under a temporary name and renamed into place with its completion marker, so the
+next call (the next notebook: each Colab notebook runs in its own runtime) reuses it. The tiny profile
+ships its SFT model: there it does nothing.
+With `profile.random_init` (no hub: a lent GPU machine, tests) the same code builds the base model's
+architecture (`world.architectures`) with random weights and the shipped word-level tokenizer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +28,16 @@ def sft_config(
 ) -> Any:
     """TRL `SFTConfig` for the profile: completion-only loss, no gradient checkpointing.
 
-    bf16 only when the profile asks for it on CUDA; on a CPU `use_cpu=True` (TRL's defaults,
-    bf16 and gradient checkpointing on, are wrong there).
+    Mixed precision around float32 master weights (the model must be loaded with
+    `precision.master_dtype()`, float32): `bf16=True` (autocast) when the profile computes in
+    bfloat16 on CUDA, `fp16=True` (autocast + GradScaler) when it computes in float16 (a T4),
+    neither on a CPU, where `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are
+    wrong there). Full AdamW on bf16 weights would round most updates away (see precision.py).
     """
     from trl import SFTConfig
 
     from rlhf_helpers._compat import checkpointing_off
+    from rlhf_helpers.precision import amp_flags
 
     on_cpu = profile.device == "cpu"
     return SFTConfig(
@@ -37,7 +48,7 @@ def sft_config(
         max_steps=max_steps,
         max_length=profile.max_length,
         completion_only_loss=True,
-        bf16=profile.dtype == "bfloat16" and not on_cpu,
+        **amp_flags(profile),  # {"bf16": ..., "fp16": ...}
         use_cpu=on_cpu,
         **checkpointing_off(SFTConfig),  # TRL defaults it on; it breaks adapter switching later
         lr_scheduler_type="cosine",
@@ -85,24 +96,220 @@ def sft_with_trl(
     return trainer.state.log_history
 
 
-def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Path:
-    """Make sure `profile.sft_model_path` holds the fine-tuned hub model; returns the path.
+# ----------------------------------------------------------------------------- the cached SFT model
+#: Version of the completion marker's layout; a marker of another version is trained again.
+SFT_MARKER_VERSION = 1
 
-    Downloads `profile.base_model` from the hub (the only code path that does), so it is meant
-    for Colab or a GPU machine, never for tests.
+
+def random_init_tokenizer_dir() -> Path:
+    """The shipped word-level tokenizer (data/models/tiny-sft) a random-init base model uses."""
+    from rlhf_helpers.data import data_dir
+
+    return data_dir() / "models" / "tiny-sft"
+
+
+def random_init_architecture(profile: Profile, architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The architecture a random-init run builds: `architecture` if given, else the one of
+    `profile.base_model` (`world.architectures`). Refused when the profile is not random-init."""
+    from rlhf_helpers.world.architectures import architecture_of
+
+    if not profile.random_init:
+        raise ValueError("architecture is only used with random_init=True (a hub run downloads "
+                         f"{profile.base_model!r} as it is), got random_init=False")
+    spec = dict(architecture) if architecture is not None else architecture_of(profile.base_model)
+    if "model_type" not in spec:
+        raise ValueError(f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
+    return spec
+
+
+def build_random_init_model(spec: Mapping[str, Any], tokenizer: Any, seed: int, dtype: Any) -> Any:
+    """`AutoModelForCausalLM` of architecture `spec` with seeded random weights, dropouts 0.
+
+    Its pad / EOS / BOS ids are the tokenizer's (BOS = EOS when it has none); the vocabulary is
+    max(spec's vocab_size, len(tokenizer)), so every token of the tokenizer has an embedding.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlhf_helpers.models import dropout_overrides
+
+    values = dict(spec)
+    values["vocab_size"] = max(int(values.get("vocab_size", 0)), len(tokenizer))
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    for key, value in dropout_overrides(config).items():
+        setattr(config, key, value)
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) that SFT starts from, the model in float32 (master weights) on profile.device.
+
+    The hub model `profile.base_model` via `from_pretrained`, or with `profile.random_init` its
+    architecture (or `architecture`) with random weights and the shipped word-level tokenizer.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhf_helpers.data import load_sft_corpus
+    from rlhf_helpers.models import ensure_distinct_pad
+    from rlhf_helpers.precision import master_dtype
 
-    profile = profile or get_profile("gpu")
-    output = Path(profile.sft_model_path)
-    if (output / "config.json").is_file() and not force:
-        return output
-    tokenizer = AutoTokenizer.from_pretrained(profile.base_model)
-    model = AutoModelForCausalLM.from_pretrained(profile.base_model, dtype=profile.torch_dtype)
-    sft_with_trl(model.to(profile.device), tokenizer, load_sft_corpus(), profile, output)
-    return output
+    if profile.random_init:
+        tokenizer = AutoTokenizer.from_pretrained(str(random_init_tokenizer_dir()))
+        ensure_distinct_pad(tokenizer)
+        model = build_random_init_model(random_init_architecture(profile, architecture), tokenizer,
+                                        profile.seed, master_dtype())
+    else:
+        if architecture is not None:
+            random_init_architecture(profile, architecture)  # raises: a hub model has its own architecture
+        tokenizer = AutoTokenizer.from_pretrained(profile.base_model)
+        model = AutoModelForCausalLM.from_pretrained(profile.base_model, dtype=master_dtype())
+    return model.to(profile.device), tokenizer
+
+
+def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = None,
+                  max_steps: int = -1) -> dict[str, Any]:
+    """What decides the fine-tuned weights: the base model, random init (and its architecture) and
+    every SFT setting. A cached folder is reused only when its marker records exactly this."""
+    return {
+        "version": SFT_MARKER_VERSION,
+        "base_model": profile.base_model,
+        "random_init": profile.random_init,
+        # random init: the architecture built (given, or the base model's); a hub model: None (an
+        # `architecture` given anyway raises here, before anything is loaded)
+        "architecture": (random_init_architecture(profile, architecture)
+                         if profile.random_init or architecture is not None else None),
+        "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr, "batch_size": profile.sft_batch_size,
+                "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps},
+    }
+
+
+def _file_sizes(directory: Path, marker_name: str) -> dict[str, int]:
+    """Size in bytes of every file under `directory` but the marker, by relative path."""
+    return {str(path.relative_to(directory)): path.stat().st_size
+            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != marker_name}
+
+
+def sft_dir_problem(directory: str | Path, key: Mapping[str, Any]) -> str | None:
+    """Why the SFT folder `directory` cannot be reused for `key` (`sft_cache_key`), in a few words;
+    None when its completion marker records `key` and every file it lists is there at its size."""
+    import json
+
+    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER
+
+    directory = Path(directory)
+    marker = directory / COMPLETE_MARKER
+    if not directory.is_dir():
+        return "no folder yet"
+    if not marker.is_file():
+        return f"{COMPLETE_MARKER} is missing (an interrupted or older run)"
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+    if not isinstance(record, dict) or record.get("key") != json.loads(json.dumps(key)):
+        return f"it was trained with other settings ({COMPLETE_MARKER} records {record.get('key') if isinstance(record, dict) else record!r})"
+    files = record.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{COMPLETE_MARKER} lists no files"
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} is missing or has another size than {COMPLETE_MARKER} records"
+    return None
+
+
+def _temporary_pattern(final: Path) -> Any:
+    """.tmp-<name>-<pid> (training) and .tmp-old-<name>-<pid> (a replaced folder) next to `final`."""
+    import re
+
+    return re.compile(rf"^\.tmp-((?:old-)?{re.escape(final.name)})-(\d+)$")
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside first and
+    deleted after, so `final` is at every moment either absent or a complete folder."""
+    import os
+    import shutil
+
+    old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _describe(profile: Profile) -> str:
+    return f"{profile.base_model} ({'random init, ' if profile.random_init else ''}float32 masters)"
+
+
+def _check_random_init_folder(profile: Profile) -> None:
+    """A random-init run must not write where the real fine-tuned hub model belongs."""
+    from rlhf_helpers.profiles import gpu_profile
+
+    real = Path(gpu_profile().sft_model_path).resolve()
+    if profile.random_init and Path(profile.sft_model_path).resolve() == real:
+        raise ValueError(f"sft_model_path must differ from {real} when random_init is True (random weights "
+                         "would replace the fine-tuned hub model); get_profile gives it a -random-init suffix")
+
+
+def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[str, Any] | None = None,
+                     max_steps: int = -1, force: bool = False) -> Path:
+    """The folder of `profile`'s SFT model, fine-tuned first unless a matching one is cached.
+
+    tiny profile: the shipped model's folder, nothing done. Otherwise `profile.sft_model_path` is
+    reused when its completion marker records this base model, random-init flag, architecture and SFT
+    settings (`sft_cache_key`); else (or with `force`) the base is loaded in float32 (`load_sft_base`),
+    trained with `sft_with_trl` into a hidden temporary sibling folder, the marker is written last, and
+    the folder is renamed into place: an interrupted run never leaves a half-written model folder.
+    Prints one line saying which it did; TRL shows a progress bar while training.
+    `architecture` (random init only) and `max_steps` (-1: profile.sft_epochs) shrink test runs.
+    """
+    import json
+    import os
+    import shutil
+
+    from rlhf_helpers.data import load_sft_corpus
+    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER, remove_dead_temporary_folders
+
+    profile = profile or get_profile()
+    if profile.is_tiny:
+        return Path(profile.sft_model_path)
+    _check_random_init_folder(profile)
+    final = Path(profile.sft_model_path)
+    key = sft_cache_key(profile, architecture, max_steps)
+    remove_dead_temporary_folders(final.parent, pattern=_temporary_pattern(final))
+    problem = "forced" if force else sft_dir_problem(final, key)
+    if problem is None:
+        print(f"SFT model: reusing the cached {final} ({_describe(profile)})", flush=True)
+        return final
+    print(f"SFT model: fine-tuning {_describe(profile)} into {final} ({problem})", flush=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model, tokenizer = load_sft_base(profile, architecture)
+        sft_with_trl(model, tokenizer, load_sft_corpus(), profile, tmp, max_steps=max_steps)
+        marker = {"key": key, "files": _file_sizes(tmp, COMPLETE_MARKER)}
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
+        if not force and sft_dir_problem(final, key) is None:  # another process finished first
+            return final
+        _move_into_place(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Path:
+    """`ensure_sft_model` of `profile` (default: the gpu profile); `force` trains again. Returns the folder.
+
+    Downloads `profile.base_model` from the hub unless `profile.random_init`, so it is meant for
+    Colab or a GPU machine, never for tests.
+    """
+    return ensure_sft_model(profile or get_profile("gpu"), force=force)
 
 
 if __name__ == "__main__":
