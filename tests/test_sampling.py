@@ -197,3 +197,59 @@ def test_float32_rollouts_keep_the_sampling_loops_log_probs(tokenizer):
     assert sampling_logprobs_are_exact(model)
     model.fast_sampling = True  # folded weights round differently: recompute, even in float32
     assert not sampling_logprobs_are_exact(model)
+
+
+def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(shared, prompts, monkeypatch):
+    """Untested hardware must not break a notebook: an error inside the fast decoder warns once and
+    the same call samples with the plain loop, from the RNG state it started with."""
+    ids, attn = prompts
+    shared.fast_sampling = False
+    torch.manual_seed(9)
+    expected = shared.generate(ids, attn, 8)
+
+    real_decode = StaticLlamaDecoder.decode
+    calls = []
+
+    def decode_failing_at_step_3(self, *args, **kwargs):  # after three rounds of random draws
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return real_decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(StaticLlamaDecoder, "decode", decode_failing_at_step_3)
+    shared.fast_sampling = True
+    torch.manual_seed(9)
+    with pytest.warns(RuntimeWarning, match="fast sampling failed .*RuntimeError"):
+        got = shared.generate(ids, attn, 8)
+    assert torch.equal(got, expected) and shared.fast_sampling is False
+
+
+def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_dropped(shared, prompts):
+    """The first replay of each graph is checked against the same step run eagerly. A stand-in graph
+    that writes wrong logits (what a capture of a stale buffer would do) is caught: the decoder warns,
+    drops its graphs, and returns the eager logits, so the samples equal the plain loop's."""
+    ids, attn = prompts
+    decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
+    shared._use("policy")
+    decoder.load_adapter("policy")
+    torch.manual_seed(2)
+    plain = sample(shared.lm, ids, attn, 6, eos_token_id=shared.eos_token_id,
+                   pad_token_id=shared.pad_token_id, decoder=PlainDecoder(shared.lm))
+
+    class WrongGraph:
+        def __init__(self, entry):
+            self.entry = entry
+
+        def replay(self):
+            self.entry.logits = torch.full_like(self.entry.logits, 3.0)
+
+    decoder.prefill(ids, attn, 6)  # builds the entry
+    entry = decoder.entry
+    entry.logits = torch.zeros(ids.shape[0], shared.lm.config.vocab_size)
+    entry.graph = WrongGraph(entry)
+    torch.manual_seed(2)
+    with pytest.warns(RuntimeWarning, match="CUDA graph of the fast decoder gave logits"):
+        got = sample(shared.lm, ids, attn, 6, eos_token_id=shared.eos_token_id,
+                     pad_token_id=shared.pad_token_id, decoder=decoder)
+    assert torch.equal(got.sequences, plain.sequences)
+    assert entry.graph is None and decoder.use_graphs is False

@@ -24,6 +24,7 @@ the two decoders' logits agree.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -228,15 +229,42 @@ class SamplingMixin:
         return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter)
 
     def _sample(self, input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter):
-        decoder: Decoder = PlainDecoder(self.lm)
-        if self.fast_sampling:
-            if self._fast_decoder is None:
-                from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
+        def run(decoder: Decoder) -> SampleOutput:
+            return sample(self.lm, input_ids, attention_mask, max_new_tokens, eos_token_id=self.eos_token_id,
+                          pad_token_id=self.pad_token_id, temperature=temperature,
+                          with_logprobs=with_logprobs, decoder=decoder)
 
-                self._fast_decoder = StaticLlamaDecoder(self.lm)
-            self._fast_decoder.load_adapter(adapter)  # the sampling adapter folded into its weights
-            decoder = self._fast_decoder
-        out = sample(self.lm, input_ids, attention_mask, max_new_tokens, eos_token_id=self.eos_token_id,
-                     pad_token_id=self.pad_token_id, temperature=temperature, with_logprobs=with_logprobs,
-                     decoder=decoder)
+        if self.fast_sampling:
+            devices = [input_ids.device] if input_ids.device.type == "cuda" else []
+            rng = _rng_states(devices)
+            try:
+                out = run(self._fast_decoder_with(adapter))
+                return out.sequences, out.logprobs, out.entropy
+            except Exception as error:  # a failure of the fast path itself, never broken weights
+                if isinstance(error, ValueError) and "must be finite" in str(error):
+                    raise
+                warnings.warn(f"fast sampling failed ({type(error).__name__}: {error}); this model samples "
+                              "with the plain loop from now on", RuntimeWarning, stacklevel=4)
+                self.fast_sampling, self._fast_decoder = False, None
+                _set_rng_states(devices, rng)  # the plain loop draws what the fast one would have
+        out = run(PlainDecoder(self.lm))
         return out.sequences, out.logprobs, out.entropy
+
+    def _fast_decoder_with(self, adapter: str | None) -> Decoder:
+        """The model's static-cache decoder (built once), with `adapter` folded into its weights."""
+        if self._fast_decoder is None:
+            from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
+
+            self._fast_decoder = StaticLlamaDecoder(self.lm)
+        self._fast_decoder.load_adapter(adapter)
+        return self._fast_decoder
+
+
+def _rng_states(devices: list[torch.device]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    return torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+
+
+def _set_rng_states(devices: list[torch.device], states: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    torch.random.set_rng_state(states[0])
+    for device, state in zip(devices, states[1], strict=True):
+        torch.cuda.set_rng_state(state, device)
