@@ -259,6 +259,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def read_completion_marker(directory: Path) -> tuple[Any, str | None]:
+    """(the parsed COMPLETE.json of a cached folder, None), or (None, why it cannot be read)."""
+    if not directory.is_dir():
+        return None, "the folder does not exist"
+    marker = directory / COMPLETE_MARKER
+    if not marker.is_file():
+        return None, f"{COMPLETE_MARKER} is missing (an interrupted or older run)"
+    try:
+        return json.loads(marker.read_text(encoding="utf-8")), None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+
+
 def reward_dir_problem(directory: str | Path) -> str | None:
     """What is wrong with a cached reward folder, in a few words, or None if it is complete and intact.
 
@@ -267,15 +280,9 @@ def reward_dir_problem(directory: str | Path) -> str | None:
     adapter, a garbage score head or a broken adapter_config.json no longer matches its checksum.
     """
     directory = Path(directory)
-    if not directory.is_dir():
-        return "the folder does not exist"
-    marker = directory / COMPLETE_MARKER
-    if not marker.is_file():
-        return f"{COMPLETE_MARKER} is missing (an interrupted run)"
-    try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+    record, problem = read_completion_marker(directory)
+    if problem is not None:
+        return problem
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or set(files) != set(CHECKED_FILES):
         return f"{COMPLETE_MARKER} has no checksums of {', '.join(CHECKED_FILES)}"

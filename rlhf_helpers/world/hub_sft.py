@@ -197,18 +197,12 @@ def sft_dir_problem(directory: str | Path, key: Mapping[str, Any]) -> str | None
     None when its completion marker records `key` and every file it lists is there at its size."""
     import json
 
-    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER
+    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER, read_completion_marker
 
     directory = Path(directory)
-    marker = directory / COMPLETE_MARKER
-    if not directory.is_dir():
-        return "no folder yet"
-    if not marker.is_file():
-        return f"{COMPLETE_MARKER} is missing (an interrupted or older run)"
-    try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+    record, problem = read_completion_marker(directory)
+    if problem is not None:
+        return problem
     if not isinstance(record, dict) or record.get("key") != json.loads(json.dumps(key)):
         return f"it was trained with other settings ({COMPLETE_MARKER} records {record.get('key') if isinstance(record, dict) else record!r})"
     files = record.get("files")
