@@ -38,6 +38,8 @@ _EXPORTS = {
     "shape_rewards": "kl",
     "FixedKLController": "kl",
     "AdaptiveKLController": "kl",
+    "rloo_advantages": "group_advantages",
+    "grpo_advantages": "group_advantages",
 }
 
 __all__ = [  # the same names as _EXPORTS (a literal, so linters see them)
@@ -47,6 +49,7 @@ __all__ = [  # the same names as _EXPORTS (a literal, so linters see them)
     "compute_gae",
     "entropy_from_logits",
     "gae_reference",
+    "grpo_advantages",
     "kl_estimate",
     "kl_penalty_policy_loss",
     "last_token_index",
@@ -59,6 +62,7 @@ __all__ = [  # the same names as _EXPORTS (a literal, so linters see them)
     "pairwise_accuracy",
     "policy_loss",
     "reward_model_loss",
+    "rloo_advantages",
     "shape_rewards",
     "td_errors",
     "validation",

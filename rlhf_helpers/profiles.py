@@ -86,6 +86,7 @@ class Profile:
     # --- evaluation
     eval_batch_size: int = 64  #: prompts per batch when sampling for evaluation
     n_eval_prompts: int = 200  #: held-out prompts used to report the mean hidden score
+    compare_seconds: float = 30.0  #: notebook 07: training budget of each method (CPU seconds on a CPU, wall seconds on a GPU)
     # --- hub SFT (gpu profile only; TRL SFTTrainer)
     sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
     sft_lr: float = 5e-5  #: learning rate of that fine-tuning
@@ -156,6 +157,7 @@ def gpu_profile() -> Profile:
         lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                              "down_proj"),
         eval_batch_size=128,
+        compare_seconds=120.0,
     )
 
 

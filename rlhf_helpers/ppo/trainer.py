@@ -37,6 +37,7 @@ from rlhf_helpers.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.masked import masked_mean
 from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import (
     Experience,
     NonFiniteError,
@@ -45,16 +46,11 @@ from rlhf_helpers.ppo.experience import (
     collect_experience,
     explained_variance,
     non_finite_stops_run,
-    sample_responses,
-    score_samples,
     tokenize_prompts,
 )
 from rlhf_helpers.ppo.finite_guard import check_finite_parameters, collective_stop
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.precision import MIN_LOSS_SCALE, make_grad_scaler, needs_grad_scaler
-
-#: hidden_score_fn(prompts, responses) -> ground-truth scores (default: the review world's hidden scorer)
-ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 
 def default_hidden_score_fn(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
@@ -374,47 +370,16 @@ class PPOTrainer:
                 "value_grad_norm": norm}
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
                  batch_size: int | None = None) -> dict[str, float]:
         """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed seed,
-        the caller's RNG untouched; no value pass, no GAE).
-
-        The prompts go through in batches of `batch_size` (default config.eval_batch_size): each
-        log-prob pass holds (batch, response length, vocabulary) float logits, ~5 GB for 200 prompts
-        of the gpu profile at once.
-
-        eval_kl = mean over prompts of sum_t (log pi_T(y_t) - log ref_T(y_t)), the k1 sequence KL of the
-        policy's own samples (an unbiased estimate of KL(pi_T || ref_T) per response, both at
-        config.temperature, like the training kl).
-        """
-        if not prompts:
-            raise ValueError("prompts must be a non-empty list of strings")
+        the caller's RNG untouched; no value pass, no GAE): `evaluation.evaluate_policy` with this
+        run's sampling settings, in batches of `batch_size` (default config.eval_batch_size)."""
         config = self.config
-        batch_size = config.eval_batch_size if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int (or None: config.eval_batch_size), got {batch_size!r}")
-        scores, seq_kls, lengths, responses = [], [], [], []
-        devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            for first in range(0, len(prompts), batch_size):
-                part = list(prompts[first : first + batch_size])
-                samples = sample_responses(self.model, self.tokenizer, part, config.max_prompt_length,
-                                           config.max_new_tokens, temperature=config.temperature)
-                seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
-                logp = self.model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
-                ref = self.model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
-                seq_kls.append(((logp - ref) * mask).sum(dim=1))  # (b,)
-                scores.append(score_samples(self.model, samples, self.reward_fn))  # (b,)
-                lengths.append(mask.sum(dim=1))  # (b,)
-                responses.extend(samples.responses)
-        out = {"eval_score": float(torch.cat(scores).mean()), "eval_kl": float(torch.cat(seq_kls).mean()),
-               "eval_response_length": float(torch.cat(lengths).mean())}
-        if self.hidden_score_fn is not None:
-            hidden = self.hidden_score_fn(list(prompts), responses)
-            out["eval_hidden_score"] = sum(hidden) / len(hidden)
-        return out
+        return evaluate_policy(self.model, self.tokenizer, prompts, max_prompt_length=config.max_prompt_length,
+                               max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                               batch_size=config.eval_batch_size if batch_size is None else batch_size,
+                               seed=seed, reward_fn=self.reward_fn, hidden_score_fn=self.hidden_score_fn)
 
     # ------------------------------------------------------------------ the run
     def train(self, steps: int | None = None, eval_prompts: Sequence[str] | None = None,

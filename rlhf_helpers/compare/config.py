@@ -1,0 +1,81 @@
+"""The settings every method of the comparison shares, and the few that are method-specific."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+#: The trained methods of the comparison (best-of-n is the untrained baseline, `run_best_of_n`).
+METHODS = ("ppo", "grpo", "rloo")
+#: TRL 1.16's GRPO loss aggregations the comparison accepts (GRPOConfig.loss_type).
+GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """One comparison: the same budget, prompts, reward, LoRA policy and judge for every method."""
+
+    train_seconds: float = 30.0  #: training budget of each method: CPU seconds of this process on a CPU, wall seconds on a GPU (model building and evaluations excluded)
+    eval_points: int = 4  #: evaluations spread evenly over the budget, after the one before training
+    n_eval_prompts: int = 200  #: held-out prompts every evaluation samples one response for
+    eval_batch_size: int = 256  #: prompts per sampling + log-prob pass of an evaluation
+    samples_per_batch: int = 64  #: responses sampled per batch by every method (PPO: 64 prompts x 1; GRPO/RLOO: 16 prompts x G = 4)
+    group_size: int = 4  #: G, responses per prompt of GRPO and RLOO (their baseline is the group)
+    updates_per_batch: int = 4  #: optimiser steps per sampled batch of GRPO and RLOO (minibatches of samples_per_batch / 4)
+    learning_rate: float = 1e-3  #: Adam(W) learning rate of every policy adapter, constant
+    kl_coef: float = 0.2  #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO per-token k3 in the loss
+    grpo_loss_type: str = "dapo"  #: TRL GRPOConfig.loss_type ("dapo": TRL 1.16's default; "dr_grpo": Dr. GRPO)
+    grpo_scale_rewards: str = "group"  #: TRL GRPOConfig.scale_rewards: "group" (GRPO), "batch", "none" (Dr. GRPO)
+    max_prompt_length: int = 16  #: prompt tokens kept (from the left) by our samplers and the reward function
+    max_new_tokens: int = 40  #: response length limit of every method, EOS included
+    lora_r: int = 8  #: LoRA rank of every policy
+    lora_alpha: int = 16  #: LoRA alpha of every policy
+    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    best_of: tuple[int, ...] = (1, 4, 16)  #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
+    seed: int = 0  #: seed of every method's sampling, data order and adapter initialisation
+
+    def __post_init__(self) -> None:
+        if not self.train_seconds > 0:
+            raise ValueError(f"train_seconds must be > 0, got {self.train_seconds!r}")
+        for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
+            raise ValueError(f"group_size must be an int >= 2 (a group needs siblings), got {self.group_size!r}")
+        if self.samples_per_batch % (self.group_size * self.updates_per_batch):
+            raise ValueError(f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
+                             f"updates_per_batch ({self.group_size} x {self.updates_per_batch})")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if not self.kl_coef >= 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.grpo_loss_type not in GRPO_LOSS_TYPES:
+            raise ValueError(f"grpo_loss_type must be one of {GRPO_LOSS_TYPES}, got {self.grpo_loss_type!r}")
+        if self.grpo_scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"grpo_scale_rewards must be 'group', 'batch' or 'none', got {self.grpo_scale_rewards!r}")
+        if not self.best_of or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.best_of):
+            raise ValueError(f"best_of must hold ints >= 1, got {self.best_of!r}")
+
+    @property
+    def prompts_per_batch(self) -> int:
+        """Prompts per GRPO/RLOO generation batch: samples_per_batch / G."""
+        return self.samples_per_batch // self.group_size
+
+    @classmethod
+    def from_profile(cls, profile: Any, **overrides: Any) -> CompareConfig:
+        """The comparison of a profile: its budget, sampling lengths, LoRA shape, KL coefficient and
+        policy learning rate (PPO's, shared by all), its rollout batch as samples_per_batch."""
+        values = {"train_seconds": profile.compare_seconds, "n_eval_prompts": profile.n_eval_prompts,
+                  "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,
+                  "learning_rate": profile.policy_lr, "kl_coef": profile.kl_coef,
+                  "max_prompt_length": profile.max_prompt_length, "max_new_tokens": profile.max_new_tokens,
+                  "lora_r": profile.lora_r, "lora_alpha": profile.lora_alpha,
+                  "lora_target_modules": tuple(profile.lora_target_modules), "seed": profile.seed}
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> CompareConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

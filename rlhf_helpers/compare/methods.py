@@ -1,0 +1,140 @@
+"""Run one method of the comparison: PPO (ours), GRPO or RLOO (TRL's), or the best-of-n baseline.
+
+    run = run_method("ppo", config, profile, reward_dir, eval_prompts)      # a MethodRun
+    baseline = run_best_of_n(config, profile, reward_dir, eval_prompts)     # {n: {...}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlhf_helpers.compare.clock import PeakMemoryMeter, TrainingClock
+from rlhf_helpers.compare.config import METHODS, CompareConfig
+from rlhf_helpers.compare.result import EvalSchedule, MethodRun
+from rlhf_helpers.ppo.evaluation import evaluate_policy
+
+#: Names in tables and legends.
+LABELS = {"ppo": "PPO (critic + GAE)", "grpo": "GRPO (TRL)", "rloo": "RLOO (TRL)"}
+
+
+def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[Any, Any], dict[str, float]]:
+    """judge(model, tokenizer): `evaluate_policy` on the first config.n_eval_prompts of `eval_prompts`,
+    one fixed sampling seed, the hidden scorer as ground truth. The same for every method."""
+    from rlhf_helpers.world.scorer import hidden_scores
+
+    prompts = list(eval_prompts)[: config.n_eval_prompts]
+
+    def judge(model: Any, tokenizer: Any) -> dict[str, float]:
+        return evaluate_policy(model, tokenizer, prompts, max_prompt_length=config.max_prompt_length,
+                               max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size,
+                               hidden_score_fn=hidden_scores)
+
+    return judge
+
+
+def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: Sequence[str],
+            train_prompts: Sequence[str], judge_fn: Callable[[Any, Any], dict[str, float]],
+            progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
+    """The course's PPO (policy + critic adapters on one base) for config.train_seconds."""
+    from rlhf_helpers.ppo.build import build_shared_model
+    from rlhf_helpers.ppo.config import PPOConfig
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+
+    device = torch.device(profile.device)
+    meter = PeakMemoryMeter(device)
+    ppo_config = PPOConfig.from_profile(
+        profile, seed=config.seed, progress_bar=False, policy_lr=config.learning_rate, kl_coef=config.kl_coef,
+        rollout_batch_size=config.samples_per_batch, max_prompt_length=config.max_prompt_length,
+        max_new_tokens=config.max_new_tokens, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+        lora_target_modules=config.lora_target_modules, eval_batch_size=config.eval_batch_size)
+    torch.manual_seed(config.seed)
+    model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
+    trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts))
+    clock = TrainingClock(device)
+    schedule = EvalSchedule(config.train_seconds, config.eval_points)
+    run = MethodRun(method="ppo", label=LABELS["ppo"], clock=clock.kind, memory_how=meter.how,
+                    trainable_parameters=sum(p.numel() for p in model.policy_parameters() + model.value_parameters()),
+                    settings={k: v for k, v in ppo_config.to_dict().items()
+                              if k in ("kl_coef", "mini_batch_size", "ppo_epochs", "gamma", "lam", "policy_lr",
+                                       "value_lr", "clip_eps", "whiten_advantages")})
+
+    def evaluate() -> None:
+        row = judge_fn(model, tokenizer)
+        row.update(step=float(trainer.step_count), train_seconds=clock.seconds, wall_seconds=clock.wall_seconds,
+                   samples=float(trainer.step_count * ppo_config.rollout_batch_size))
+        run.curve.append(row)
+
+    evaluate()
+    while not schedule.done(clock.seconds):
+        with clock.running():
+            trainer.step()
+        progress(clock.seconds)
+        if schedule.due(clock.seconds) or schedule.done(clock.seconds):
+            evaluate()
+    run.peak_memory_mb = meter.rise_mb()
+    return run
+
+
+def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: Sequence[str],
+               train_prompts: Sequence[str] | None = None, progress_bar: bool = True) -> MethodRun:
+    """Train `method` ("ppo", "grpo" or "rloo") for config.train_seconds and judge it on `eval_prompts`;
+    a tqdm bar counts the budget's seconds."""
+    from tqdm.auto import tqdm
+
+    from rlhf_helpers.data import load_prompts
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not eval_prompts:
+        raise ValueError("eval_prompts must be a non-empty list of prompts")
+    train_prompts = list(train_prompts) if train_prompts is not None else load_prompts("train")
+    judge_fn = make_judge(config, eval_prompts)
+    unit = "CPU s" if torch.device(profile.device).type != "cuda" else "s"
+    bar = tqdm(total=round(config.train_seconds, 1), desc=LABELS[method], unit=unit, disable=not progress_bar,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit)
+
+    def progress(seconds: float) -> None:
+        bar.update(min(seconds, bar.total) - bar.n)
+
+    try:
+        if method == "ppo":
+            run = run_ppo(config, profile, reward_dir, eval_prompts, train_prompts, judge_fn, progress)
+        else:
+            from rlhf_helpers.compare.trl_methods import run_trl_method
+
+            run = run_trl_method(method, config, profile, reward_dir, eval_prompts, train_prompts, judge_fn,
+                                 progress)
+            run.label = LABELS[method]
+    finally:
+        bar.close()
+    return run
+
+
+@torch.no_grad()
+def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
+                  eval_prompts: Sequence[str]) -> dict[int, dict[str, float]]:
+    """best-of-n of the SFT model for every n in config.best_of (one draw of max(n) samples per
+    prompt): {n: {"hidden", "reward", "kl", "hidden_se", "seconds"}}; kl is the analytic
+    log n - (n - 1)/n, seconds the time of the draw (for all n at once, in the clock's unit)."""
+    from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
+    from rlhf_helpers.ppo.build import build_shared_model
+    from rlhf_helpers.ppo.config import PPOConfig
+
+    prompts = list(eval_prompts)[: config.n_eval_prompts]
+    ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                        lora_target_modules=config.lora_target_modules)
+    model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
+    clock = TrainingClock(model.device)
+    with clock.running():
+        result = best_of_n(model, tokenizer, prompts, max(config.best_of), max_new_tokens=config.max_new_tokens,
+                           max_prompt_length=config.max_prompt_length, seed=config.seed,
+                           batch_size=config.eval_batch_size)
+    rows = {}
+    for n in config.best_of:
+        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]  # (N,) hidden score of each pick
+        rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n), "kl": best_of_n_kl(n),
+                   "hidden_se": float(chosen.std() / len(chosen) ** 0.5), "seconds": clock.seconds}
+    return rows

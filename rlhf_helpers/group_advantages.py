@@ -1,0 +1,82 @@
+"""Advantages without a critic: a group of G responses per prompt is its own baseline.
+
+PPO learns a value function V(s_t) and spreads one sequence score over the tokens with GAE. RLOO
+and GRPO drop the critic: they sample G responses to the same prompt and compare each response's
+scalar reward with its siblings'. Every token of response i then gets the same advantage A_i.
+
+Conventions (rewards: (N, G), one row per prompt, one column per response to it):
+- RLOO (Ahmadian et al. 2024, "Back to Basics", eq. 5): the baseline of response i is the mean of
+  the other G - 1 rewards of its group.
+- GRPO (Shao et al. 2024, DeepSeekMath, section 4.1.2): the reward minus the group mean, divided by
+  a standard deviation. Which one is `scale`: "group" (the group's own std, GRPO as published),
+  "batch" (one std over every reward of the batch) or "none" (no division: Dr. GRPO, Liu et al.
+  2025, who show that dividing by a group's std up-weights prompts whose rewards barely differ).
+  The std is the sample std (n - 1 in the denominator), and `eps` (1e-4) is added to it, as TRL does.
+Both equal TRL 1.16's `RLOOTrainer` and `GRPOTrainer` advantages for one reward function and no
+missing rewards (the course's tests check this against the trainers' own logs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf_helpers._checks import (
+    check_finite,
+    check_floating,
+    check_ndim,
+    check_nonempty,
+    check_positive,
+)
+
+#: How GRPO divides the centred rewards (see the module docstring).
+GRPO_SCALES = ("group", "batch", "none")
+#: Added to the std before dividing (TRL's value): a group whose rewards are all equal gets A = 0, not 0/0.
+GRPO_EPS = 1e-4
+
+
+def _check_group_rewards(rewards: torch.Tensor) -> None:
+    check_ndim("rewards", rewards, 2, "(N prompts, G responses per prompt)")
+    check_nonempty("rewards", rewards)
+    check_floating("rewards", rewards)
+    check_finite("rewards", rewards)
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have G >= 2 responses per prompt (a group needs siblings to "
+                         f"compare with), got shape {tuple(rewards.shape)}")
+
+
+def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N, G)."""
+    check_ndim("rewards", rewards, 1, "(N * G,)")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
+    if rewards.numel() % group_size:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+    return rewards.view(-1, group_size)  # (N, G)
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE leave-one-out advantages: (N, G) rewards -> (N, G) advantages.
+
+    A_i = r_i - 1/(G-1) sum_{j != i} r_j  =  G/(G-1) (r_i - mean_j r_j)
+    """
+    _check_group_rewards(rewards)
+    G = rewards.shape[1]
+    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)  # (N, G) baseline of each response
+    return rewards - others_mean  # (N, G)
+
+
+def grpo_advantages(rewards: torch.Tensor, scale: str = "group", eps: float = GRPO_EPS) -> torch.Tensor:
+    """GRPO's group-normalised advantages: (N, G) rewards -> (N, G) advantages.
+
+    A_i = (r_i - mean(r_group)) / (std + eps), std by `scale`: "group" (the group's sample std),
+    "batch" (the sample std of all N * G rewards), "none" (no division, Dr. GRPO).
+    """
+    _check_group_rewards(rewards)
+    if scale not in GRPO_SCALES:
+        raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}")
+    check_positive("eps", eps)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G)
+    if scale == "none":
+        return centred
+    std = rewards.std(dim=1, keepdim=True) if scale == "group" else rewards.std()  # (N, 1) or ()
+    return centred / (std + eps)  # (N, G)
