@@ -110,6 +110,8 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
             run.label = LABELS[method]
     finally:
         bar.close()
+    run.settings["seed"] = config.seed
+    run.settings["train_seconds"] = config.train_seconds
     return run
 
 
