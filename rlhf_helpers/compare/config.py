@@ -34,6 +34,7 @@ class CompareConfig:
     lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
     best_of: tuple[int, ...] = (1, 4, 16)  #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
     seed: int = 0  #: seed of every method's sampling, data order and adapter initialisation
+    max_batches: int | None = None  #: also stop after this many sampled batches (and their updates); None: the budget alone (tests use it to be independent of CPU speed)
 
     def __post_init__(self) -> None:
         if not self.train_seconds > 0:
@@ -47,6 +48,9 @@ class CompareConfig:
         if self.samples_per_batch % (self.group_size * self.updates_per_batch):
             raise ValueError(f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
                              f"updates_per_batch ({self.group_size} x {self.updates_per_batch})")
+        if self.max_batches is not None and (isinstance(self.max_batches, bool) or not isinstance(self.max_batches, int)
+                                             or self.max_batches < 1):
+            raise ValueError(f"max_batches must be None or an int >= 1, got {self.max_batches!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
         if not self.kl_coef >= 0:

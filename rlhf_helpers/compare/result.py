@@ -40,11 +40,13 @@ class MethodRun:
 
 class EvalSchedule:
     """Evaluation marks at budget * k / points for k = 1..points: `due(seconds)` is True once per mark
-    passed (a step that crosses several marks gives one evaluation)."""
+    passed (a step that crosses several marks gives one evaluation). `done` once the budget is spent
+    or, with `max_batches`, once that many batches are trained on."""
 
-    def __init__(self, budget: float, points: int) -> None:
+    def __init__(self, budget: float, points: int, max_batches: int | None = None) -> None:
         self.marks = [budget * k / points for k in range(1, points + 1)]
         self.budget = budget
+        self.max_batches = max_batches
 
     def due(self, seconds: float) -> bool:
         passed = [m for m in self.marks if seconds >= m]
@@ -53,5 +55,5 @@ class EvalSchedule:
         self.marks = [m for m in self.marks if seconds < m]
         return True
 
-    def done(self, seconds: float) -> bool:
-        return seconds >= self.budget
+    def done(self, seconds: float, batches: int = 0) -> bool:
+        return seconds >= self.budget or (self.max_batches is not None and batches >= self.max_batches)

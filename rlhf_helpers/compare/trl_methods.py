@@ -50,11 +50,15 @@ def trl_arguments(method: str, config: CompareConfig, device: torch.device, dtyp
         use_cpu=device.type != "cuda", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         dataloader_num_workers=0,
     )
-    if method == "grpo":
-        return GRPOConfig(loss_type=config.grpo_loss_type, scale_rewards=config.grpo_scale_rewards, **common)
-    if method == "rloo":
+    if method not in ("grpo", "rloo"):
+        raise ValueError(f"method must be 'grpo' or 'rloo', got {method!r}")
+    with warnings.catch_warnings():
+        # transformers >= 5.23 renames gradient_checkpointing (TRL's configs default it to True); the
+        # old name is the one Colab's transformers 5.15 knows
+        warnings.simplefilter("ignore", FutureWarning)
+        if method == "grpo":
+            return GRPOConfig(loss_type=config.grpo_loss_type, scale_rewards=config.grpo_scale_rewards, **common)
         return RLOOConfig(normalize_advantages=False, **common)
-    raise ValueError(f"method must be 'grpo' or 'rloo', got {method!r}")
 
 
 def _recording(trainer_class: type) -> type:
@@ -84,7 +88,7 @@ def copy_policy_adapter(trl_model: Any, judge: Any) -> None:
 
 
 def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Callable[[], None],
-                     on_progress: Callable[[float], None]) -> Any:
+                     on_progress: Callable[[float], None], batches_done: Callable[[int], int]) -> Any:
     from transformers import TrainerCallback
 
     class BudgetCallback(TrainerCallback):
@@ -96,9 +100,10 @@ def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Cal
         def on_step_end(self, args, state, control, **kwargs):
             clock.stop()
             on_progress(clock.seconds)
-            if schedule.due(clock.seconds) or schedule.done(clock.seconds):
+            done = schedule.done(clock.seconds, batches_done(state.global_step))
+            if schedule.due(clock.seconds) or done:
                 evaluate()
-            if schedule.done(clock.seconds):
+            if done:
                 control.should_training_stop = True
             else:
                 clock.start()
@@ -133,7 +138,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     reward_fn = LearnedRewardFunction(judge, tokenizer, config.max_prompt_length)
     policy = load_causal_lm(profile)
     clock = TrainingClock(device)
-    schedule = EvalSchedule(config.train_seconds, config.eval_points)
+    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches)
     run = MethodRun(method=method, label=method.upper(), clock=clock.kind, memory_how=meter.how)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{method}-") as output_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)
@@ -154,7 +159,10 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
             run.curve.append(row)
 
         evaluate()  # before training: the fresh adapter is the SFT model
-        trainer.add_callback(_budget_callback(clock, schedule, evaluate, progress))
+        def batches_done(global_step: int) -> int:  # batches whose every update has run
+            return global_step // config.updates_per_batch
+
+        trainer.add_callback(_budget_callback(clock, schedule, evaluate, progress, batches_done))
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary dict
         verbosity = transformers_logging.get_verbosity()
         # transformers' decode step warns "no attention_mask" on left-padded batches although generate

@@ -1,0 +1,190 @@
+"""Notebook 07's comparison machinery: TRL's GRPO and RLOO trainers agree with the course's group
+advantages, the reward function scores what PPO's reward scores, the judge sees TRL's policy, and the
+budget and schedule do what they say.
+
+The TRL runs use a fresh (untrained) reward adapter: its scores are noise, but every check here is
+about which numbers the trainers compute from them, not about learning.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rlhf_helpers.compare import CompareConfig, run_method
+from rlhf_helpers.compare.clock import TrainingClock
+from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
+from rlhf_helpers.compare.result import EvalSchedule
+from rlhf_helpers.data import load_prompts
+from rlhf_helpers.group_advantages import group_rewards, grpo_advantages, rloo_advantages
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.experience import sample_responses, score_samples
+from rlhf_helpers.profiles import get_profile
+
+#: float32 advantages: (r - mean) / (std + eps) of rewards of size ~1-3 computed by TRL and by us in a
+#: different order; each result carries a few float32 roundings (2^-24 ~ 6e-8 relative) of values
+#: up to |A| ~ G / sqrt(G - 1) < 3, so 1e-5 absolute is two orders above the rounding on any CPU.
+ADVANTAGE_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return get_profile("tiny")
+
+
+def small_config(profile, **changes) -> CompareConfig:
+    """Two batches of 16 responses, however fast the CPU (the budget is far away)."""
+    values = {"train_seconds": 1e6, "max_batches": 2, "eval_points": 1, "n_eval_prompts": 8, "samples_per_batch": 16}
+    values.update(changes)
+    return CompareConfig.from_profile(profile, **values)
+
+
+@pytest.fixture(scope="module")
+def grpo_run(profile):
+    return run_method("grpo", small_config(profile), profile, None, load_prompts("test"), progress_bar=False)
+
+
+def test_config_refuses_bad_settings(profile):
+    with pytest.raises(ValueError, match="group_size"):
+        CompareConfig(group_size=1)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        CompareConfig(samples_per_batch=30)
+    with pytest.raises(ValueError, match="grpo_loss_type"):
+        CompareConfig(grpo_loss_type="sum")
+    with pytest.raises(ValueError, match="train_seconds"):
+        CompareConfig(train_seconds=0)
+    with pytest.raises(ValueError, match="max_batches"):
+        CompareConfig(max_batches=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        run_method("dpo", small_config(profile), profile, None, ["a prompt"])
+
+
+def test_from_profile_takes_the_profile_settings(profile):
+    config = CompareConfig.from_profile(profile)
+    assert config.train_seconds == profile.compare_seconds
+    assert config.samples_per_batch == profile.rollout_batch_size
+    assert (config.kl_coef, config.learning_rate) == (profile.kl_coef, profile.policy_lr)
+    assert config.prompts_per_batch * config.group_size == config.samples_per_batch
+
+
+def test_eval_schedule_fires_once_per_mark():
+    schedule = EvalSchedule(budget=10.0, points=4, max_batches=5)  # marks 2.5, 5, 7.5, 10
+    fired = [schedule.due(t) for t in (1.0, 2.6, 3.0, 8.0, 9.0, 10.0)]
+    assert fired == [False, True, False, True, False, True]  # 8.0 passes two marks: one evaluation
+    assert schedule.done(10.0) and not schedule.done(9.99)
+    assert schedule.done(1.0, batches=5) and not schedule.done(1.0, batches=4)
+
+
+def test_clock_counts_only_inside_running():
+    clock = TrainingClock("cpu")
+    with clock.running():
+        end = time.process_time() + 0.05
+        while time.process_time() < end:
+            pass
+    spent = clock.seconds
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # outside: not counted
+        pass
+    assert 0.05 <= spent < 0.5 and clock.seconds == spent and clock.kind == "cpu"
+
+
+def test_reward_function_scores_what_ppo_scores(profile):
+    torch.manual_seed(0)
+    model, tokenizer = build_shared_model(profile, PPOConfig.from_profile(profile), None)
+    prompts = load_prompts("test")[:12]
+    samples = sample_responses(model, tokenizer, prompts, profile.max_prompt_length, profile.max_new_tokens)
+    expected = score_samples(model, samples)  # PPO's scores: (B,)
+    P = samples.context_length
+    completion_ids = [row[P:][mask.bool()].tolist() for row, mask in zip(samples.sequences, samples.mask, strict=True)]
+    reward_fn = LearnedRewardFunction(model, tokenizer, profile.max_prompt_length)
+    scores = reward_fn(prompts=prompts, completions=samples.responses, completion_ids=completion_ids)
+    # same ids, same mask up to the EOS: only the padded width may differ, which a causal model ignores
+    torch.testing.assert_close(torch.tensor(scores), expected, atol=1e-5, rtol=1e-5)
+    assert reward_fn.samples_scored == 12
+    with pytest.raises(ValueError, match="one entry per completion"):
+        reward_fn.score(prompts[:2], completion_ids[:1])
+
+
+def test_grpo_trainer_advantages_equal_grpo_advantages(grpo_run):
+    assert grpo_run.advantages and len(grpo_run.advantages) == len(grpo_run.rewards)
+    for rewards, advantages in zip(grpo_run.rewards, grpo_run.advantages, strict=True):
+        expected = grpo_advantages(group_rewards(rewards, 4), scale="group").flatten()  # (N * G,)
+        torch.testing.assert_close(advantages, expected, atol=ADVANTAGE_ATOL, rtol=0)
+
+
+def test_run_stops_after_max_batches_and_evaluates_at_the_end(grpo_run):
+    assert len(grpo_run.rewards) == 2 and grpo_run.final["step"] == 2 * 4  # 2 batches x 4 updates
+    seconds = [row["train_seconds"] for row in grpo_run.curve]
+    assert seconds[0] == 0.0 and seconds[-1] > 0.0
+    assert len(grpo_run.curve) == 2  # before training, then once at the end (eval_points=1)
+    samples = [row["samples"] for row in grpo_run.curve]
+    assert samples[-1] == 16 * len(grpo_run.rewards)  # every generation batch holds 16 responses
+    assert grpo_run.trainable_parameters > 0 and grpo_run.clock == "cpu"
+
+
+def test_every_method_starts_from_the_same_judged_point(profile, grpo_run):
+    ppo = run_method("ppo", small_config(profile, max_batches=1), profile, None, load_prompts("test"),
+                     progress_bar=False)
+    assert ppo.final["step"] == 1 and ppo.final["samples"] == 16
+    # before training every policy adapter is LoRA's B = 0, i.e. the SFT model: same seed, same samples
+    for key in ("eval_hidden_score", "eval_score", "eval_response_length"):
+        assert ppo.curve[0][key] == pytest.approx(grpo_run.curve[0][key], abs=1e-5)
+    assert abs(ppo.curve[0]["eval_kl"]) < 1e-5
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_rloo_trainer_advantages_equal_rloo_advantages(profile, kl_coef):
+    run = run_method("rloo", small_config(profile, kl_coef=kl_coef), profile, None, load_prompts("test"),
+                     progress_bar=False)
+    assert len(run.advantages) == 2
+    pairs = list(zip(run.rewards, run.advantages, strict=True))
+    # with kl_coef > 0 RLOO subtracts beta * sequence KL from the reward; on the first batch the
+    # policy is still the reference (LoRA B = 0), so that KL is exactly 0 there, and only there
+    checked = pairs if kl_coef == 0.0 else pairs[:1]
+    for rewards, advantages in checked:
+        expected = rloo_advantages(group_rewards(rewards, 4)).flatten()
+        torch.testing.assert_close(advantages, expected, atol=ADVANTAGE_ATOL, rtol=0)
+    if kl_coef > 0:  # later batches carry the KL term: the test above would fail on them
+        rewards, advantages = pairs[-1]
+        assert (advantages - rloo_advantages(group_rewards(rewards, 4)).flatten()).abs().max() > ADVANTAGE_ATOL
+
+
+def test_dr_grpo_settings_give_centred_rewards(profile):
+    config = small_config(profile, grpo_loss_type="dr_grpo", grpo_scale_rewards="none", max_batches=1)
+    run = run_method("grpo", config, profile, None, load_prompts("test"), progress_bar=False)
+    assert run.settings["loss_type"] == "dr_grpo" and run.settings["scale_rewards"] == "none"
+    for rewards, advantages in zip(run.rewards, run.advantages, strict=True):
+        grouped = group_rewards(rewards, 4)
+        torch.testing.assert_close(advantages, (grouped - grouped.mean(1, keepdim=True)).flatten(),
+                                   atol=ADVANTAGE_ATOL, rtol=0)
+
+
+def test_judge_sees_the_policy_trl_trained(profile):
+    from peft import get_peft_model
+
+    from rlhf_helpers.compare.trl_methods import copy_policy_adapter
+    from rlhf_helpers.models import load_causal_lm
+    from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+
+    config = PPOConfig.from_profile(profile)
+    judge, tokenizer = build_shared_model(profile, config, None)
+    base = load_causal_lm(profile)
+    trl_like = get_peft_model(base, lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules,
+                                                uses_conv1d(base)))
+    with torch.no_grad():  # a trained-looking adapter: B != 0
+        for name, param in trl_like.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn_like(param) * 0.05)
+    copy_policy_adapter(trl_like, judge)
+    ids = tokenizer(["The movie was fine and the acting"], return_tensors="pt")["input_ids"]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        expected = trl_like(input_ids=ids, attention_mask=mask).logits.float()
+        got = judge.policy_logits(ids, mask).float()
+    # peft's forward vs the judge's folded LoRA (W + sBA in one product): float32 rounding of sums over
+    # 128-512 products, ~1e-6 relative on logits of size ~10; 1e-4 absolute is far above that
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert (got - judge.policy_logits(ids, mask)).abs().max() == 0  # deterministic
