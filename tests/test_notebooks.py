@@ -36,7 +36,7 @@ NOTEBOOK_TIMEOUT_S = 900
 MAX_EXECUTED_BYTES = 2_000_000
 #: Profile overrides of the solutions-and-re-run pass: few, small PPO and reward-model steps.
 QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16, "mini_batch_size": 8,
-                 "n_eval_prompts": 16, "eval_batch_size": 16}
+                 "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0}
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
