@@ -6,7 +6,7 @@
 
 Every method trains a LoRA policy on the shipped SFT model against the same learned reward adapter,
 from the same training prompts, for the same budget of process CPU seconds (model building and
-evaluations excluded; one torch thread per run), and is judged by the same function
+evaluations excluded; one torch thread per run), and is judged at 3.75, 7.5, 15, 30, 60, ... 180 CPU s by the same function
 (`rlhf_helpers.ppo.evaluation.evaluate_policy`): one sample per held-out prompt (200), hidden score,
 learned reward and KL to the SFT model. The settings are notebook 07's (`CompareConfig.from_profile`
 of the tiny profile: 64 responses per batch, lr 1e-3, beta 0.2, G = 4 for GRPO and RLOO).
@@ -126,14 +126,14 @@ def render(results: dict[str, Any], png: str | Path | None) -> str:
 
 
 def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: float = 180.0,
-         eval_points: int = 6, jobs: int = 2, png: str | Path | None = PNG_PATH) -> dict[str, Any]:
+         eval_points: int = 6, early_evals: int = 3, jobs: int = 2, png: str | Path | None = PNG_PATH) -> dict[str, Any]:
     """Run every (method, seed) and the best-of-n baseline; print the table; write JSON and figure."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    config: dict[str, Any] = {"train_seconds": train_seconds, "eval_points": eval_points}
+    config: dict[str, Any] = {"train_seconds": train_seconds, "eval_points": eval_points, "early_evals": early_evals}
     if fast:
-        seeds, config = (0,), {"train_seconds": 6.0, "eval_points": 2, "n_eval_prompts": 32}
+        seeds, config = (0,), {"train_seconds": 6.0, "eval_points": 2, "early_evals": 1, "n_eval_prompts": 32}
         png = None
     tasks = [{"method": "best_of_n", "config": config}]
     tasks += [{"method": m, "config": {**config, "seed": s}} for s in seeds for m in METHODS]
@@ -154,6 +154,7 @@ def cli(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--train-seconds", type=float, default=180.0, help="CPU seconds of training per run")
     parser.add_argument("--eval-points", type=int, default=6, help="evaluations spread over the budget")
+    parser.add_argument("--early-evals", type=int, default=3, help="extra evaluations at 1/2, 1/4, ... of the first")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side (one process and thread each)")
     parser.add_argument("--no-png", action="store_true", help="do not render docs/img/algorithms_frontier.png")
     parser.add_argument("--replot", type=Path, help="redraw the table and figure from a results.json")
@@ -165,7 +166,7 @@ def cli(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(render(results, png))
         return {}
     return main(fast=args.fast, seeds=args.seeds, train_seconds=args.train_seconds, eval_points=args.eval_points,
-                jobs=args.jobs, png=png)
+                early_evals=args.early_evals, jobs=args.jobs, png=png)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def profile():
 
 def small_config(profile, **changes) -> CompareConfig:
     """Two batches of 16 responses, however fast the CPU (the budget is far away)."""
-    values = {"train_seconds": 1e6, "max_batches": 2, "eval_points": 1, "n_eval_prompts": 8, "samples_per_batch": 16}
+    values = {"train_seconds": 1e6, "max_batches": 2, "eval_points": 1, "early_evals": 0, "n_eval_prompts": 8,
+              "samples_per_batch": 16}
     values.update(changes)
     return CompareConfig.from_profile(profile, **values)
 
@@ -76,6 +77,8 @@ def test_eval_schedule_fires_once_per_mark():
     assert fired == [False, True, False, True, False, True]  # 8.0 passes two marks: one evaluation
     assert schedule.done(10.0) and not schedule.done(9.99)
     assert schedule.done(1.0, batches=5) and not schedule.done(1.0, batches=4)
+    early = EvalSchedule(budget=8.0, points=2, early=2)  # marks 1, 2 (1/4 and 1/2 of the first), 4, 8
+    assert early.marks == [1.0, 2.0, 4.0, 8.0]
 
 
 def test_clock_counts_only_inside_running():

@@ -18,6 +18,7 @@ class CompareConfig:
 
     train_seconds: float = 30.0  #: training budget of each method: CPU seconds of this process on a CPU, wall seconds on a GPU (model building and evaluations excluded)
     eval_points: int = 4  #: evaluations spread evenly over the budget, after the one before training
+    early_evals: int = 2  #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves climb)
     n_eval_prompts: int = 200  #: held-out prompts every evaluation samples one response for
     eval_batch_size: int = 256  #: prompts per sampling + log-prob pass of an evaluation
     samples_per_batch: int = 64  #: responses sampled per batch by every method (PPO: 64 prompts x 1; GRPO/RLOO: 16 prompts x G = 4)
@@ -43,6 +44,8 @@ class CompareConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.early_evals, bool) or not isinstance(self.early_evals, int) or self.early_evals < 0:
+            raise ValueError(f"early_evals must be an int >= 0, got {self.early_evals!r}")
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
             raise ValueError(f"group_size must be an int >= 2 (a group needs siblings), got {self.group_size!r}")
         if self.samples_per_batch % (self.group_size * self.updates_per_batch):

@@ -48,10 +48,10 @@ def comparison_figure(runs: Sequence[Any], best_of: Mapping[int, Mapping[str, fl
         color = BEST_OF_COLORS.get(n, "#8c564b")
         fig.add_scatter(x=[row["kl"]], y=[row["hidden"]], mode="markers", name=f"SFT best-of-{n}",
                         marker={"size": 13, "symbol": "diamond", "color": color}, row=1, col=1)
-        for col in (2, 3):
-            fig.add_hline(y=row["hidden"], line={"dash": "dash", "color": color, "width": 1.2}, row=1, col=col,
-                          annotation_text=f"best-of-{n}" if col == 2 else None,
-                          annotation_position="bottom right", annotation_font={"color": color, "size": 11})
+        fig.add_hline(y=row["hidden"], line={"dash": "dash", "color": color, "width": 1.2}, row=1, col=2,
+                      annotation_text=f"best-of-{n}", annotation_position="bottom right",
+                      annotation_font={"color": color, "size": 11})
+        fig.add_hline(y=row["hidden"], line={"dash": "dash", "color": color, "width": 1.2}, row=1, col=3)
     fig.update_xaxes(title_text="KL(policy || SFT), nats per response", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text=seconds + " (evaluations excluded)", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="sampled responses trained on", rangemode="tozero", row=1, col=3)

@@ -54,7 +54,7 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: 
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts))
     clock = TrainingClock(device)
-    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches)
+    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches, config.early_evals)
     run = MethodRun(method="ppo", label=LABELS["ppo"], clock=clock.kind, memory_how=meter.how,
                     trainable_parameters=sum(p.numel() for p in model.policy_parameters() + model.value_parameters()),
                     settings={k: v for k, v in ppo_config.to_dict().items()

@@ -39,12 +39,14 @@ class MethodRun:
 
 
 class EvalSchedule:
-    """Evaluation marks at budget * k / points for k = 1..points: `due(seconds)` is True once per mark
-    passed (a step that crosses several marks gives one evaluation). `done` once the budget is spent
-    or, with `max_batches`, once that many batches are trained on."""
+    """Evaluation marks at budget * k / points for k = 1..points, and `early` more at 1/2, 1/4, ... of
+    the first: `due(seconds)` is True once per mark passed (a step that crosses several marks gives one
+    evaluation). `done` once the budget is spent or, with `max_batches`, once that many batches are
+    trained on."""
 
-    def __init__(self, budget: float, points: int, max_batches: int | None = None) -> None:
-        self.marks = [budget * k / points for k in range(1, points + 1)]
+    def __init__(self, budget: float, points: int, max_batches: int | None = None, early: int = 0) -> None:
+        first = budget / points
+        self.marks = [first / 2**j for j in range(early, 0, -1)] + [first * k for k in range(1, points + 1)]
         self.budget = budget
         self.max_batches = max_batches
 

@@ -138,7 +138,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     reward_fn = LearnedRewardFunction(judge, tokenizer, config.max_prompt_length)
     policy = load_causal_lm(profile)
     clock = TrainingClock(device)
-    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches)
+    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches, config.early_evals)
     run = MethodRun(method=method, label=method.upper(), clock=clock.kind, memory_how=meter.how)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{method}-") as output_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)
