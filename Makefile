@@ -42,13 +42,16 @@ $(COLAB_STAMP): tests/colab_stack.txt | $(STAMP)
 	touch $(COLAB_STAMP)
 
 # The course on Colab's versions: the set-up cell installs it there (tests/test_colab_stack.py),
-# the editable install is pointed back at this checkout, then every notebook runs as in `make test`,
-# with its own runs/ folder (the reward model is trained on this stack, not reused from .venv's).
+# the editable install is pointed back at this checkout, then every notebook runs as shipped, as a
+# Colab user runs it, with its own runs/ folder (the reward model is trained on this stack, not
+# reused from .venv's). The exercise-solution re-runs stay in `make test`: they check the notebooks'
+# own code, the same on both stacks, and would add ~3 min of CI here.
 test-colab: $(COLAB_STAMP)
 	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider tests/test_colab_stack.py tests/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-runs
-	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 tests/test_notebooks.py
+	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 \
+	  -k test_notebook_runs_as_shipped tests/test_notebooks.py
 
 course: $(STAMP)
 	$(PY) -m rlhf_helpers.run_course --out build/
