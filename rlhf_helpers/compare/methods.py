@@ -35,8 +35,8 @@ def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[
     return judge
 
 
-def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: Sequence[str],
-            train_prompts: Sequence[str], judge_fn: Callable[[Any, Any], dict[str, float]],
+def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts: Sequence[str],
+            judge_fn: Callable[[Any, Any], dict[str, float]],
             progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
     """The course's PPO (policy + critic adapters on one base) for config.train_seconds."""
     from rlhf_helpers.ppo.build import build_shared_model
@@ -101,12 +101,11 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
 
     try:
         if method == "ppo":
-            run = run_ppo(config, profile, reward_dir, eval_prompts, train_prompts, judge_fn, progress)
+            run = run_ppo(config, profile, reward_dir, train_prompts, judge_fn, progress)
         else:
             from rlhf_helpers.compare.trl_methods import run_trl_method
 
-            run = run_trl_method(method, config, profile, reward_dir, eval_prompts, train_prompts, judge_fn,
-                                 progress)
+            run = run_trl_method(method, config, profile, reward_dir, train_prompts, judge_fn, progress)
             run.label = LABELS[method]
     finally:
         bar.close()

@@ -1,6 +1,6 @@
 """GRPO and RLOO through TRL 1.16's own trainers, in the comparison's setting.
 
-    run = run_trl_method("grpo", config, profile, reward_dir, eval_prompts)
+    run = run_trl_method("grpo", config, profile, reward_dir, train_prompts, judge)
 
 The policy is a fresh LoRA adapter (the comparison's rank, alpha and modules) on the profile's SFT
 model, given to TRL as `peft_config`, so TRL takes the reference by disabling the adapter, as PPO
@@ -113,8 +113,7 @@ def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Cal
 
 
 def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any,
-                   eval_prompts: Sequence[str], train_prompts: Sequence[str],
-                   judge_fn: Callable[[Any, Any], dict[str, float]],
+                   train_prompts: Sequence[str], judge_fn: Callable[[Any, Any], dict[str, float]],
                    progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
     """Train `method` ("grpo" or "rloo") with TRL for config.train_seconds; judge it with
     `judge_fn(judge_model, tokenizer)` before training and at every evaluation mark."""
