@@ -195,6 +195,9 @@ fig.add_scatter(x=group_std.tolist(), y=centred.tolist(), mode="markers", name="
                 marker={"size": 9, "color": "#9467bd", "symbol": "x"}, row=1, col=1)
 fig.update_xaxes(title_text="std of the group's learned rewards", row=1, col=1)
 fig.update_yaxes(title_text="mean |advantage| in the group", row=1, col=1)
+print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to "
+      f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f}, "
+      f"without {centred.min():.2f}-{centred.max():.2f}")
 
 # %% [markdown]
 # **Bias 1: the std.** In the left panel, with the division (green) every group's advantages have
