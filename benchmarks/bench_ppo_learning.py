@@ -93,27 +93,16 @@ def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: i
 
 def run_best_of_n(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], ns: Sequence[int],
                   seed: int = 0) -> dict[str, Any]:
-    """best-of-n of the SFT model for every n in ns, from one draw of max(ns) samples per prompt."""
-    import torch
+    """best-of-n of the SFT model for every n in ns, from one draw of max(ns) samples per prompt
+    (`rlhf_helpers.compare.run_best_of_n`, the same baseline notebook 07 races against)."""
+    from rlhf_helpers.compare import CompareConfig
+    from rlhf_helpers.compare import run_best_of_n as draw
 
-    from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
-    from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
-
-    config = PPOConfig.from_profile(profile, progress_bar=False)
-    torch.manual_seed(seed)
-    model, tokenizer = build_shared_model(profile, config, reward_dir)
-    start = time.perf_counter()
-    result = best_of_n(model, tokenizer, list(eval_prompts), max(ns), max_new_tokens=config.max_new_tokens,
-                       max_prompt_length=config.max_prompt_length, seed=seed)
-    seconds = time.perf_counter() - start
-    rows = {}
-    for n in ns:
-        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]  # (N,) hidden score of the pick
-        # standard error of the mean over prompts: the noise scale of every mean hidden score here
-        rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n), "kl": best_of_n_kl(n),
-                   "hidden_se": float(chosen.std() / len(chosen) ** 0.5)}
-    return {"rows": rows, "seconds": seconds, "n_max": max(ns)}
+    config = CompareConfig.from_profile(profile, best_of=tuple(ns), seed=seed, n_eval_prompts=len(eval_prompts))
+    rows = draw(config, profile, reward_dir, eval_prompts)
+    seconds = next(iter(rows.values()))["seconds"]  # one draw serves every n
+    return {"rows": {n: {k: v for k, v in row.items() if k != "seconds"} for n, row in rows.items()},
+            "seconds": seconds, "n_max": max(ns)}
 
 
 def best_point(curve: Sequence[dict[str, float]], key: str = "eval_hidden_score") -> dict[str, float]:
