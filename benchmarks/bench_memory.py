@@ -90,7 +90,7 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
     from rlhf_helpers.profiles import get_profile
 
     if name in ("tiny", "gpt2"):
-        profile = get_profile("tiny")
+        profile = get_profile("tiny", random_init=False)  # $RLHF_PROFILE_OVERRIDES may say random_init
         batch = profile.mini_batch_size if name == "tiny" else 8
         new_tokens = profile.max_new_tokens if name == "tiny" else 24
         if fast:
@@ -229,13 +229,15 @@ class FourModels(SharedLoRAModel):
                     position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.last_hidden_state  # (B, L, H)
 
-    def ref_logprobs(self, input_ids, attention_mask, context_length):
-        """log ref(y_t) from the frozen reference copy: (B, L) -> (B, R)."""
+    def ref_logprobs(self, input_ids, attention_mask, context_length, temperature: float = 1.0):
+        """log ref(y_t) from the frozen reference copy, at the policy's temperature: (B, L) -> (B, R)."""
         with torch.no_grad():
             logits = self.reference_model(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids_from_mask(attention_mask),
                                           use_cache=False).logits  # (B, L, V)
-        return self._response_logprobs(logits, input_ids, context_length, False)  # (B, R)
+        response_logits = logits[:, context_length - 1 : -1]  # (B, R, V): position s predicts s + 1
+        return self._logprobs_of(response_logits, input_ids[:, context_length:], False,
+                                 temperature=temperature)  # (B, R)
 
     def values(self, input_ids, attention_mask, context_length):
         """V(s_t) from the value model's transformer and head: (B, L) -> (B, R)."""

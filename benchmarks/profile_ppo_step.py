@@ -3,9 +3,12 @@
     python -m benchmarks.profile_ppo_step                # CPU-time breakdown of a few updates
     python -m benchmarks.profile_ppo_step --cprofile 30  # + the top 30 functions of one update (cProfile)
     python -m benchmarks.profile_ppo_step --torch 25     # + the top 25 torch ops of one update
+    python -m benchmarks.profile_ppo_step --device cuda  # bench_trl_baseline's GPU anchor (SmolLM2 size)
 
-One torch thread. Times are process CPU seconds (`time.process_time`), steadier than wall time on a
-shared machine; each phase is timed around the same calls `PPOTrainer.step()` makes. Not a
+One torch thread. On the CPU, times are process CPU seconds (`time.process_time`), steadier than wall
+time on a shared machine; on CUDA they are wall seconds after a device synchronize, with the process
+CPU seconds beside them (CPU ~ wall: the host, not the GPU, bounds the step). Each phase is timed
+around the same calls `PPOTrainer.step()` makes. Not a
 `bench_*` module: it reports no goal, it tells where to look.
 """
 
@@ -22,8 +25,9 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def build_trainer(updates: int = 12) -> Any:
-    """Our trainer exactly as `trl_baseline/run_ours_ppo.py` builds it (tiny profile, hidden reward)."""
+def build_trainer(updates: int = 12, device: str = "cpu") -> Any:
+    """Our trainer exactly as `trl_baseline/run_ours_ppo.py` builds it (hidden reward): the tiny
+    profile on the CPU, the random-init SmolLM2-135M GPU anchor on CUDA."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -38,7 +42,8 @@ def build_trainer(updates: int = 12) -> Any:
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
 
-    settings = settings_from_profile(fast=False, device="cpu", random_init_config=None)
+    settings = settings_from_profile(fast=False, device=device,
+                                     random_init_config="smollm2" if device == "cuda" else None)
     settings.updates = updates
     torch.manual_seed(settings.seed)
     tokenizer = load_tokenizer(settings)
@@ -51,20 +56,29 @@ def build_trainer(updates: int = 12) -> Any:
 
 
 class PhaseClock:
-    """CPU seconds per named phase, summed over calls."""
+    """Seconds per named phase, summed over calls: CPU seconds, or wall seconds after a CUDA sync."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.seconds: dict[str, float] = {}
+        self.cuda = cuda
+
+    def now(self) -> float:
+        if not self.cuda:
+            return time.process_time()
+        import torch
+
+        torch.cuda.synchronize()
+        return time.perf_counter()
 
     def wrap(self, owner: Any, name: str, phase: str) -> None:
         original = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.process_time()
+            start = self.now()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.process_time() - start
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + self.now() - start
 
         setattr(owner, name, timed)
 
@@ -74,7 +88,7 @@ def breakdown(trainer: Any, steps: int) -> dict[str, float]:
     import rlhf_helpers.ppo.experience as experience
     import rlhf_helpers.ppo.trainer as trainer_module
 
-    clock = PhaseClock()
+    clock = PhaseClock(cuda=trainer.model.device.type == "cuda")
     clock.wrap(trainer_module, "collect_experience", "rollout")
     clock.wrap(experience, "sample_responses", "rollout: sample")
     clock.wrap(experience, "score_samples", "rollout: reward")
@@ -82,12 +96,13 @@ def breakdown(trainer: Any, steps: int) -> dict[str, float]:
     model = trainer.model
     for method in ("policy_logprobs", "ref_logprobs", "values"):
         clock.wrap(model, method, f"model.{method} (rollout + update)")
-    start = time.process_time()
+    start, cpu_start = clock.now(), time.process_time()
     for _ in range(steps):
         trainer.step()
-    total = time.process_time() - start
+    total = clock.now() - start
     seconds = {k: v / steps for k, v in clock.seconds.items()}
-    out = {"total": total / steps, "rollout": seconds.pop("rollout")}
+    out = {"total": total / steps, "process CPU s (all phases)": (time.process_time() - cpu_start) / steps,
+           "rollout": seconds.pop("rollout")}
     out["rollout: sample"] = seconds.pop("rollout: sample")
     out["rollout: reward"] = seconds.pop("rollout: reward")
     out["rollout: other (forward passes, GAE)"] = out["rollout"] - out["rollout: sample"] - out["rollout: reward"]
@@ -102,11 +117,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed updates after 2 warm-up updates")
     parser.add_argument("--cprofile", type=int, default=0, help="print this many cProfile rows (0: off)")
     parser.add_argument("--torch", type=int, default=0, help="print this many torch.profiler rows (0: off)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--trace", default="", help="write the torch.profiler trace (Chrome JSON) here")
     cli = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    trainer = build_trainer()
+    trainer = build_trainer(device=cli.device)
     for _ in range(2):
         trainer.step()
     if cli.cprofile:
@@ -123,12 +140,22 @@ def main() -> None:
     if cli.torch:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cli.device == "cuda" else [])
+        with profile(activities=activities) as prof:
             trainer.step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=cli.torch))
+        if cli.device == "cuda":
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=cli.torch))
+            events = prof.key_averages()
+            cuda_s = sum(e.self_device_time_total for e in events) / 1e6
+            print(f"GPU busy (sum of kernel self times) in one update: {cuda_s:.3f} s; "
+                  f"CUDA kernel launches: {sum(e.count for e in events if e.key.startswith('cuda') and 'Launch' in e.key)}")
+        if cli.trace:
+            prof.export_chrome_trace(cli.trace)
     figures = breakdown(trainer, cli.steps)
     width = max(len(k) for k in figures)
-    print(f"CPU s per update (mean of {cli.steps}, after warm-up), step {trainer.step_count}:")
+    unit = "wall s (CUDA synced)" if cli.device == "cuda" else "CPU s"
+    print(f"{unit} per update (mean of {cli.steps}, after warm-up), step {trainer.step_count}:")
     for key, value in figures.items():
         print(f"  {key:<{width}}  {value:.3f}")
 

@@ -122,3 +122,32 @@ def test_bad_arguments_are_named():
         bench_memory.size_spec("huge")
     with pytest.raises(ValueError, match="model must be a SharedLoRAModel or FourModels"):
         parameter_bytes(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_four_models_reference_takes_the_policys_temperature(toy, temperature):
+    """`collect_experience` asks the reference for log-probs at the sampling temperature (the first GPU
+    run of bench_memory stopped on a FourModels without that argument). Both sides must agree, and
+    equal log softmax(z_ref / T) from the base model's own logits: an independent formula."""
+    tok, base = toy
+    shared = build_side("shared", copy.deepcopy(base), tok, SPEC)
+    four = build_side("four", copy.deepcopy(base), tok, SPEC)
+    seq = torch.tensor([[0, 3, 4, 6, 5, 4], [3, 4, 5, 6, 6, 3]])  # (2, 6): context 4, response 2
+    full = torch.ones_like(seq)
+    with torch.no_grad():
+        logits = base(input_ids=seq, attention_mask=full).logits[:, 3:-1]  # (2, 2, V): predict tokens 4, 5
+    expected = torch.log_softmax(logits / temperature, -1).gather(-1, seq[:, 4:, None]).squeeze(-1)  # (2, 2)
+    # float32 throughout and the same kernels on the same inputs: differences are summation-order
+    # rounding of a few ulps of values near 1-10, far below 1e-5
+    torch.testing.assert_close(four.ref_logprobs(seq, full, 4, temperature=temperature), expected,
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.ref_logprobs(seq, full, 4, temperature=temperature), expected,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_sizes_ignore_a_random_init_override_meant_for_the_gpu_profile(monkeypatch):
+    """tools/gpu_checks.sh sets RLHF_PROFILE_OVERRIDES='{"random_init": true}' for every stage; the
+    tiny-size specs must still build (random_init is a gpu-profile field)."""
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"random_init": true}')
+    spec = bench_memory.size_spec("tiny")
+    assert spec.batch > 0 and spec.new_tokens > 0

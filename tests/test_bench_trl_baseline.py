@@ -180,6 +180,23 @@ def test_goal_needs_the_cpu_time_ratio_too() -> None:
     assert out["speedup_goal_met"] is False
 
 
+def test_on_cuda_the_gpu_goals_apply() -> None:
+    """With CUDA figures the goals are issue 20's: >= 4x faster and <= 0.3x peak CUDA memory. The first
+    H100 run's figures (10.6 vs 5.44 s, 4.83 vs 5.20 GB) meet the CPU goal's 2x nearly but neither of these."""
+    curve = _curve((0.0, 0.0), (0.1, 0.5))
+    trl, ours = _side(10.6, 10.6, 1.0, 0.5, curve), _side(5.44, 5.4, 1.0, 0.5, curve)
+    trl["peak_cuda_memory_mb"], ours["peak_cuda_memory_mb"] = 4830.0, 5200.0
+    out = bench.compare(trl, ours)
+    assert out["speedup_goal"] == 4.0 and out["speedup_goal_met"] is False
+    assert out["peak_memory_ratio_ours_over_trl"] == pytest.approx(5200 / 4830)
+    assert out["memory_goal_met"] is False
+    trl["seconds_per_update"] = trl["cpu_seconds_per_update"] = 22.0  # 22 / 5.44 > 4
+    ours["peak_cuda_memory_mb"] = 1400.0  # 1400 / 4830 = 0.29
+    out = bench.compare(trl, ours)
+    assert out["speedup_goal_met"] is True and out["memory_goal_met"] is True
+    assert "goal <= 0.3: met" in bench.format_table(trl, ours, out)
+
+
 # ----------------------------------------------------------------------------- skipping
 def test_main_skips_cleanly_when_the_venv_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_side(*args, **kwargs):

@@ -8,6 +8,8 @@
 # `pip download --only-binary=:all: --python-version 3.12 ...` (see benchmarks/README.md). Every run
 # uses the gpu profile with `random_init` (SmolLM2-135M's architecture, random weights, the shipped
 # tokenizer): the course's own code paths, no download. Figures and logs go to $WORK (default build/gpu).
+# STAGE_TIMEOUT (seconds, default 3000) stops a stage that runs too long (exit 124), so one hang does
+# not eat a whole lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${WORK:-build/gpu}"  # figures and logs (the device tool's own $OUT is not used here)
@@ -31,7 +33,7 @@ stage() {  # stage NAME COMMAND...: run, time, log to $OUT/NAME.log, remember fa
   local name=$1; shift
   local start=$SECONDS
   echo "=== $name: $*"
-  "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 10 "${STAGE_TIMEOUT:-3000}" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$OUT/$name.log"
   echo "=== $name: exit $rc in $((SECONDS - start)) s"
@@ -48,7 +50,7 @@ print(\"transformers\", transformers.__version__, \"peft\", peft.__version__, \"
     memory) stage memory $PY -m benchmarks.bench_memory --device cuda --json "$OUT/memory.json" ;;
     cli) stage cli $PY -m rlhf_helpers.ppo.train --profile gpu --steps 20 --eval-every 10 --no-progress \
            --output-dir "$OUT/cli-run" ;;
-    notebooks) stage notebooks $PY -m rlhf_helpers.run_course --out "$OUT/notebooks" ;;
+    notebooks) stage notebooks $PY -m rlhf_helpers.run_course --out "$OUT/notebooks" ${NOTEBOOKS:-} ;;  # NOTEBOOKS="06 07": a subset
     *) echo "unknown stage $s (env sampling trl memory cli notebooks)"; status=2 ;;
   esac
 done

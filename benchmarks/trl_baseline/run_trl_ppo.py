@@ -178,6 +178,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
         return {"update": update, **result}
 
     clock = UpdateClock()
+    print("model built; evaluating the start", flush=True)
     evals = [run_eval(0)]
     train_logs: list[dict[str, float]] = []
 
@@ -186,6 +187,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
             if settings.device == "cuda":
                 torch.cuda.synchronize()
             clock.update_done()
+            print(f"update {state.global_step}/{settings.updates} done", flush=True)  # progress in the side's log
             if state.global_step % settings.eval_every == 0 or state.global_step == settings.updates:
                 evals.append(run_eval(state.global_step))
             clock.resume()
