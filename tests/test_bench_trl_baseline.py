@@ -236,3 +236,21 @@ def test_main_rejects_bad_arguments() -> None:
         bench.main(only="both")
     with pytest.raises(ValueError, match="random_init_config"):
         bench.main(device="cuda")
+
+
+def test_training_peak_leaves_the_evaluations_out() -> None:
+    """A fake allocator whose peak counter follows a script: updates reach 3 and 5 GB, the evaluation
+    between them 9 GB. The training peak is 5, the whole run's 9 (GPU run 1 measured both together)."""
+    from benchmarks.trl_baseline.common import TrainingPeak
+
+    state = {"peak": 0}
+    peak = TrainingPeak(read=lambda: state["peak"], reset=lambda: state.update(peak=0))
+    peak.start()
+    state["peak"] = 3  # update 1
+    peak.pause()
+    state["peak"] = 9  # the evaluation
+    peak.resume()
+    assert state["peak"] == 0  # reset after the evaluation
+    state["peak"] = 5  # update 2
+    peak.finish()
+    assert (peak.peak, peak.peak_with_evaluations) == (5, 9)

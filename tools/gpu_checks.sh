@@ -8,7 +8,8 @@
 # `pip download --only-binary=:all: --python-version 3.12 ...` (see benchmarks/README.md). Every run
 # uses the gpu profile with `random_init` (SmolLM2-135M's architecture, random weights, the shipped
 # tokenizer): the course's own code paths, no download. Figures and logs go to $WORK (default build/gpu).
-# STAGE_TIMEOUT (seconds, default 3000) stops a stage that runs too long (exit 124), so one hang does
+# Each stage also writes NAME.result.json (tools/gpu_stage_result.py): set RLHF_COMMIT to the commit
+# when the copy has no .git. STAGE_TIMEOUT (seconds, default 3000) stops a stage that runs too long (exit 124), so one hang does
 # not eat a whole lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,10 @@ stage() {  # stage NAME COMMAND...: run, time, log to $OUT/NAME.log, remember fa
   local rc=$?
   tail -n 25 "$OUT/$name.log"
   echo "=== $name: exit $rc in $((SECONDS - start)) s"
+  # $OUT/NAME.result.json: exit code, seconds, GPU, versions, commit ($RLHF_COMMIT), the stage's figures
+  local figures=(); [ -f "$OUT/$name.json" ] && figures=(--figures "$OUT/$name.json")
+  $PY tools/gpu_stage_result.py "$name" "$rc" "$((SECONDS - start))" "$OUT" "${figures[@]}" \
+    || echo "=== $name: could not write $name.result.json"
   [ $rc -eq 0 ] || status=1
 }
 for s in $STAGES; do

@@ -128,6 +128,40 @@ class UpdateClock:
         return elapsed
 
 
+class TrainingPeak:
+    """Peak CUDA memory of the training updates alone, and of the whole run with evaluations.
+
+    Evaluations sample and score 128 held-out prompts in one batch; their (B, L, V) logits can exceed
+    what an update needs, and the anchor compares updates. Call `pause()` before an evaluation and
+    `resume()` after it: `peak` is the largest allocation seen between a `resume()` (or `start()`) and
+    the next `pause()` (or `finish()`), `peak_with_evaluations` the largest seen at all.
+    `read` and `reset` default to torch.cuda's `max_memory_allocated` and `reset_peak_memory_stats`.
+    """
+
+    def __init__(self, read: Callable[[], int] | None = None, reset: Callable[[], None] | None = None) -> None:
+        if read is None or reset is None:
+            import torch
+
+            read, reset = torch.cuda.max_memory_allocated, torch.cuda.reset_peak_memory_stats
+        self._read, self._reset = read, reset
+        self.peak = 0  #: bytes, training updates only
+        self.peak_with_evaluations = 0  #: bytes, the whole run
+
+    def start(self) -> None:
+        self._reset()
+
+    def pause(self) -> None:
+        seen = self._read()
+        self.peak, self.peak_with_evaluations = max(self.peak, seen), max(self.peak_with_evaluations, seen)
+
+    def resume(self) -> None:
+        self.peak_with_evaluations = max(self.peak_with_evaluations, self._read())
+        self._reset()
+
+    def finish(self) -> None:
+        self.pause()
+
+
 def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     if not ordered:

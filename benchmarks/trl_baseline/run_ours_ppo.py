@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, when 
 
 from benchmarks.trl_baseline.common import (  # noqa: E402
     BenchSettings,
+    TrainingPeak,
     UpdateClock,
     current_rss_mb,
     evaluate,
@@ -105,8 +106,9 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     clock = UpdateClock()
     evals = [run_eval(0)]
     train_logs: list[dict[str, float]] = []
-    if settings.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    peak = TrainingPeak() if settings.device == "cuda" else None
+    if peak:
+        peak.start()
     start = time.perf_counter()
     for update in range(1, settings.updates + 1):
         clock.resume()
@@ -119,7 +121,11 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
                            "time_rollout": metrics.get("time_rollout"),
                            "time_update": metrics.get("time_update")})
         if update % settings.eval_every == 0 or update == settings.updates:
+            if peak:
+                peak.pause()
             evals.append(run_eval(update))
+            if peak:
+                peak.resume()
     train_seconds = time.perf_counter() - start
     per_update = median(clock.seconds[settings.warmup_updates:])
     trainable = model.policy_parameters() + model.value_parameters()
@@ -140,8 +146,10 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
         "evals": evals,
         "train_logs": train_logs,
     }
-    if settings.device == "cuda":
-        result["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 1e6
+    if peak:
+        peak.finish()
+        result["peak_cuda_memory_mb"] = peak.peak / 1e6  # the updates alone
+        result["peak_cuda_memory_with_evaluations_mb"] = peak.peak_with_evaluations / 1e6
     write_json(out, result)
     return result
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, when 
 
 from benchmarks.trl_baseline.common import (  # noqa: E402
     BenchSettings,
+    TrainingPeak,
     UpdateClock,
     causal_lm_logprobs,
     current_rss_mb,
@@ -178,6 +179,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
         return {"update": update, **result}
 
     clock = UpdateClock()
+    peak = TrainingPeak() if settings.device == "cuda" else None
     print("model built; evaluating the start", flush=True)
     evals = [run_eval(0)]
     train_logs: list[dict[str, float]] = []
@@ -189,7 +191,11 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
             clock.update_done()
             print(f"update {state.global_step}/{settings.updates} done", flush=True)  # progress in the side's log
             if state.global_step % settings.eval_every == 0 or state.global_step == settings.updates:
+                if peak:
+                    peak.pause()
                 evals.append(run_eval(state.global_step))
+                if peak:
+                    peak.resume()
             clock.resume()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -198,8 +204,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
                                    if isinstance(v, (int, float, str))})
 
     trainer.add_callback(TimingCallback())
-    if settings.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    if peak:
+        peak.start()
     clock.resume()
     start = time.perf_counter()
     trainer.train()
@@ -227,8 +233,10 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
                         "clipfrac": r.get("policy/clipfrac_avg"), "approxkl": r.get("policy/approxkl_avg")}
                        for r in train_logs],
     }
-    if settings.device == "cuda":
-        result["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 1e6
+    if peak:
+        peak.finish()
+        result["peak_cuda_memory_mb"] = peak.peak / 1e6  # the updates alone
+        result["peak_cuda_memory_with_evaluations_mb"] = peak.peak_with_evaluations / 1e6
     write_json(out, result)
     return result
 
