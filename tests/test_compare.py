@@ -192,3 +192,56 @@ def test_judge_sees_the_policy_trl_trained(profile):
     # 128-512 products, ~1e-6 relative on logits of size ~10; 1e-4 absolute is far above that
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert (got - judge.policy_logits(ids, mask)).abs().max() == 0  # deterministic
+
+
+# ----------------------------------------------------------------------------- bad input (issue 22)
+@pytest.mark.parametrize(("field", "value"), [
+    ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora_r", 0), ("lora_alpha", -1),
+    ("max_prompt_length", 0), ("seed", -1), ("seed", 2**40), ("learning_rate", float("inf")),
+    ("learning_rate", float("nan")), ("kl_coef", float("inf")), ("kl_coef", -0.1),
+    ("train_seconds", float("inf")), ("lora_target_modules", ()), ("lora_target_modules", "c_attn"),
+    ("lora_target_modules", ("c_attn", "")),
+])
+def test_config_names_each_bad_value(field, value):
+    with pytest.raises(ValueError, match=field):
+        CompareConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), [("train_seconds", "30"), ("lora_r", 8.0), ("seed", None),
+                                              ("kl_coef", True), ("samples_per_batch", "64")])
+def test_config_names_each_wrong_type(field, value):
+    with pytest.raises(TypeError, match=field):
+        CompareConfig(**{field: value})
+
+
+def test_from_profile_and_run_method_refuse_a_missing_profile(profile):
+    with pytest.raises(TypeError, match="profile must be a Profile"):
+        CompareConfig.from_profile(None)
+    with pytest.raises(TypeError, match="profile must be a Profile"):
+        run_method("ppo", small_config(profile), None, None, ["a prompt"])
+
+
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+@pytest.mark.parametrize(("train_prompts", "match"), [
+    ([], "train_prompts has 0 prompt"), (["a", "b", "c"], "at least 4 needed"),
+    (["good prompt", 7, "x", "y"], r"train_prompts\[1\]"), (["ok", "  ", "x", "y"], r"train_prompts\[1\]"),
+    ("the movie was", "list of prompt strings"),
+])
+def test_group_methods_refuse_too_few_or_bad_prompts_before_training(profile, method, train_prompts, match):
+    """3 prompts where a batch needs 16 / 4 = 4 used to give a run holding only the step-0 evaluation."""
+    with pytest.raises(ValueError, match=match):
+        run_method(method, small_config(profile), profile, None, ["a prompt"], train_prompts=train_prompts,
+                   progress_bar=False)
+
+
+def test_exactly_one_batch_of_prompts_trains(profile):
+    """The lower bound is tight: prompts_per_batch prompts give a trained batch and a second evaluation."""
+    config = small_config(profile, max_batches=1)
+    prompts = load_prompts("train")[: config.prompts_per_batch]
+    run = run_method("rloo", config, profile, None, load_prompts("test"), train_prompts=prompts, progress_bar=False)
+    assert len(run.curve) == 2 and run.curve[-1]["samples"] == config.samples_per_batch
+
+
+def test_eval_prompts_must_be_strings(profile):
+    with pytest.raises(ValueError, match=r"eval_prompts\[0\]"):
+        run_method("ppo", small_config(profile), profile, None, [None])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,26 @@ from typing import Any
 METHODS = ("ppo", "grpo", "rloo")
 #: TRL 1.16's GRPO loss aggregations the comparison accepts (GRPOConfig.loss_type).
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+
+
+#: Largest seed: TRL seeds numpy too, whose seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+#: The Profile fields `CompareConfig.from_profile` reads.
+PROFILE_FIELDS = ("compare_seconds", "n_eval_prompts", "eval_batch_size", "rollout_batch_size", "policy_lr",
+                  "kl_coef", "max_prompt_length", "max_new_tokens", "lora_r", "lora_alpha",
+                  "lora_target_modules", "seed")
+
+
+def _check_real(name: str, value: object) -> None:
+    """TypeError unless `value` is an int or float (bool and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+
+
+def _check_int(name: str, value: object) -> None:
+    """TypeError unless `value` is an int (bool, float and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -38,15 +59,30 @@ class CompareConfig:
     max_batches: int | None = None  #: also stop after this many sampled batches (and their updates); None: the budget alone (tests use it to be independent of CPU speed)
 
     def __post_init__(self) -> None:
-        if not self.train_seconds > 0:
-            raise ValueError(f"train_seconds must be > 0, got {self.train_seconds!r}")
-        for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens"):
+        # numbers first, by type (TypeError for the string "30"), then by range (ValueError), naming the field
+        for name in ("train_seconds", "learning_rate", "kl_coef"):
+            _check_real(name, getattr(self, name))
+        for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens",
+                     "samples_per_batch", "lora_r", "lora_alpha", "max_prompt_length", "group_size",
+                     "early_evals", "seed"):
+            _check_int(name, getattr(self, name))
+        if not 0 < self.train_seconds < math.inf:
+            raise ValueError(f"train_seconds must be a finite number > 0, got {self.train_seconds!r}")
+        for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens",
+                     "samples_per_batch", "lora_r", "lora_alpha", "max_prompt_length"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(self.early_evals, bool) or not isinstance(self.early_evals, int) or self.early_evals < 0:
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an int in [0, 2**32 - 1] (numpy's seed range), got {self.seed!r}")
+        targets = self.lora_target_modules
+        if (isinstance(targets, str) or not isinstance(targets, tuple | list) or not targets
+                or not all(isinstance(t, str) and t for t in targets)):
+            raise ValueError("lora_target_modules must be a non-empty tuple of module names such as "
+                             f"('c_attn', 'c_proj', 'c_fc'), got {targets!r}")
+        if self.early_evals < 0:
             raise ValueError(f"early_evals must be an int >= 0, got {self.early_evals!r}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
+        if self.group_size < 2:
             raise ValueError(f"group_size must be an int >= 2 (a group needs siblings), got {self.group_size!r}")
         if self.samples_per_batch % (self.group_size * self.updates_per_batch):
             raise ValueError(f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
@@ -54,10 +90,10 @@ class CompareConfig:
         if self.max_batches is not None and (isinstance(self.max_batches, bool) or not isinstance(self.max_batches, int)
                                              or self.max_batches < 1):
             raise ValueError(f"max_batches must be None or an int >= 1, got {self.max_batches!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if not self.kl_coef >= 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+        if not 0 < self.learning_rate < math.inf:
+            raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        if not 0 <= self.kl_coef < math.inf:  # inf would zero every RLOO advantage without a word
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
         if self.grpo_loss_type not in GRPO_LOSS_TYPES:
             raise ValueError(f"grpo_loss_type must be one of {GRPO_LOSS_TYPES}, got {self.grpo_loss_type!r}")
         if self.grpo_scale_rewards not in ("group", "batch", "none"):
@@ -74,6 +110,10 @@ class CompareConfig:
     def from_profile(cls, profile: Any, **overrides: Any) -> CompareConfig:
         """The comparison of a profile: its budget, sampling lengths, LoRA shape, KL coefficient and
         policy learning rate (PPO's, shared by all), its rollout batch as samples_per_batch."""
+        missing = [name for name in PROFILE_FIELDS if not hasattr(profile, name)]
+        if missing:
+            raise TypeError(f"profile must be a Profile (rlhf_helpers.profiles.get_profile()), got "
+                            f"{type(profile).__name__} without {', '.join(missing)}")
         values = {"train_seconds": profile.compare_seconds, "n_eval_prompts": profile.n_eval_prompts,
                   "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,
                   "learning_rate": profile.policy_lr, "kl_coef": profile.kl_coef,

@@ -20,6 +20,18 @@ from rlhf_helpers.ppo.evaluation import evaluate_policy
 LABELS = {"ppo": "PPO (critic + GAE)", "grpo": "GRPO (TRL)", "rloo": "RLOO (TRL)"}
 
 
+def check_prompt_list(name: str, prompts: Any, at_least: int, why: str = "") -> None:
+    """ValueError unless `prompts` is a list (or tuple) of at least `at_least` non-empty strings."""
+    if isinstance(prompts, str) or not isinstance(prompts, list | tuple):
+        raise ValueError(f"{name} must be a list of prompt strings, got {type(prompts).__name__}")
+    bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()), None)
+    if bad is not None:
+        raise ValueError(f"{name}[{bad}] must be a non-empty string, got {prompts[bad]!r}")
+    if len(prompts) < at_least:
+        raise ValueError(f"{name} has {len(prompts)} prompt(s); at least {at_least} needed"
+                         + (f" ({why})" if why else ""))
+
+
 def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[Any, Any], dict[str, float]]:
     """judge(model, tokenizer): `evaluate_policy` on the first config.n_eval_prompts of `eval_prompts`,
     one fixed sampling seed, the hidden scorer as ground truth. The same for every method."""
@@ -88,9 +100,17 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if not eval_prompts:
-        raise ValueError("eval_prompts must be a non-empty list of prompts")
-    train_prompts = list(train_prompts) if train_prompts is not None else load_prompts("train")
+    if not isinstance(config, CompareConfig):
+        raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
+    if not hasattr(profile, "device"):
+        raise TypeError(f"profile must be a Profile (rlhf_helpers.profiles.get_profile()), got {profile!r}")
+    check_prompt_list("eval_prompts", eval_prompts, 1)
+    train_prompts = train_prompts if train_prompts is not None else load_prompts("train")
+    # TRL's GRPO/RLOO loaders drop an incomplete batch: with fewer prompts they would train nothing and
+    # return the step-0 evaluation alone, looking like the SFT model
+    check_prompt_list("train_prompts", train_prompts, 1 if method == "ppo" else config.prompts_per_batch,
+                      f"one {method} batch needs samples_per_batch / group_size = {config.prompts_per_batch}")
+    train_prompts = list(train_prompts)
     judge_fn = make_judge(config, eval_prompts)
     unit = "CPU s" if torch.device(profile.device).type != "cuda" else "s"
     bar = tqdm(total=round(config.train_seconds, 1), desc=LABELS[method], unit=unit, disable=not progress_bar,
@@ -124,6 +144,7 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     from rlhf_helpers.ppo.build import build_shared_model
     from rlhf_helpers.ppo.config import PPOConfig
 
+    check_prompt_list("eval_prompts", eval_prompts, 1)
     prompts = list(eval_prompts)[: config.n_eval_prompts]
     ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                         lora_target_modules=config.lora_target_modules)
