@@ -13,6 +13,7 @@ Files (see data/README.md for how they were made):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -34,6 +35,25 @@ def data_dir() -> Path:
     if override:
         return Path(override)
     return Path(__file__).resolve().parents[1] / "data"
+
+
+def data_fingerprint(names: Sequence[str]) -> dict[str, str]:
+    """SHA-256 of each named file of the data directory ($RLHF_DATA_DIR or data/), "missing" for an
+    absent one. Part of the SFT and reward caches' keys: an edited data file, or another data
+    directory, never reuses a model trained on the old data."""
+    directory = data_dir()
+    out = {}
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            out[name] = "missing"
+            continue
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out[name] = digest.hexdigest()
+    return out
 
 
 def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, Any]]:

@@ -227,3 +227,63 @@ def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_pat
     assert running.is_dir() and checkpoint_tmp.is_dir()
     assert is_complete_reward_dir(final) and len(calls) == 1
     assert "removed 2 temporary reward folder(s) of runs that no longer exist" in capsys.readouterr().err
+
+
+# ---- the cache key covers the data's content (issue 22, item 2) --------------------------------
+
+def copy_data_dir(tmp_path):
+    """A copy of the shipped data directory that a test may edit."""
+    import shutil
+
+    from rlhf_helpers.data import data_dir
+
+    target = tmp_path / "data"
+    shutil.copytree(data_dir(), target, ignore=shutil.ignore_patterns("models"))
+    return target
+
+
+@pytest.mark.parametrize("edited", ["preferences_train.jsonl", "preferences_test.jsonl"])
+def test_an_edited_preference_file_trains_the_reward_model_again(tmp_path, monkeypatch, capsys, edited):
+    data = copy_data_dir(tmp_path)
+    monkeypatch.setenv("RLHF_DATA_DIR", str(data))
+    runs = tmp_path / "runs"
+    profile, final, calls = cached_fake(runs, monkeypatch)
+    assert ensure_reward_model(profile, root=runs) == final and len(calls) == 1  # unchanged data: cached
+    with (data / edited).open("a") as handle:  # one more pair
+        handle.write(json.dumps({"prompt": "The film", "chosen": " was good.", "rejected": " was bad."}) + "\n")
+    capsys.readouterr()
+    assert ensure_reward_model(profile, root=runs) == final
+    assert len(calls) == 2
+    assert "is out of date (it was trained on other data" in capsys.readouterr().err
+    marker = json.loads((final / COMPLETE_MARKER).read_text())
+    import hashlib
+
+    assert marker["data"][edited] == hashlib.sha256((data / edited).read_bytes()).hexdigest()
+
+
+def test_another_data_directory_with_other_content_is_not_served_the_old_model(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    profile, final, calls = cached_fake(runs, monkeypatch)  # trained on the shipped data
+    other = copy_data_dir(tmp_path)
+    lines = (other / "preferences_train.jsonl").read_text().splitlines()
+    (other / "preferences_train.jsonl").write_text("\n".join(lines[:100]) + "\n")  # a smaller set
+    monkeypatch.setenv("RLHF_DATA_DIR", str(other))
+    ensure_reward_model(profile, root=runs)
+    assert len(calls) == 2
+    monkeypatch.setenv("RLHF_DATA_DIR", str(copy_data_dir(tmp_path / "same")))  # same content elsewhere
+    calls_before = len(calls)
+    ensure_reward_model(profile, root=runs)
+    assert len(calls) == calls_before  # the content, not the path, is the key
+
+
+def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):
+    from rlhf_helpers.world.hub_sft import sft_cache_key
+
+    profile = get_profile("gpu", random_init=True, device="cpu")
+    key = sft_cache_key(profile)
+    data = copy_data_dir(tmp_path)
+    monkeypatch.setenv("RLHF_DATA_DIR", str(data))
+    assert sft_cache_key(profile) == key  # same content
+    with (data / "sft.jsonl").open("a") as handle:
+        handle.write(json.dumps({"prompt": "The film", "completion": " was fine."}) + "\n")
+    assert sft_cache_key(profile)["data"] != key["data"]

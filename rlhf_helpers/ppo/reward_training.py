@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rlhf_helpers.data import data_fingerprint
 from rlhf_helpers.ppo.shared_model import (
     ADAPTER_WEIGHTS_FILE,
     SCORE_HEAD_FILE,
@@ -211,13 +212,18 @@ def runs_dir() -> Path:
     return Path(override) if override else Path(__file__).resolve().parents[2] / "runs"
 
 
+#: The data files a reward adapter is trained and measured on (under rlhf_helpers.data.data_dir()).
+REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
+
+
 def _cache_key(profile: Any, config: RewardTrainingConfig) -> dict[str, Any]:
-    """What decides the trained adapter: the base model and every training setting."""
+    """What decides the trained adapter: the base model, every training setting and the data's content."""
     import dataclasses
 
     values = dataclasses.asdict(config)
     values["lora_target_modules"] = list(config.lora_target_modules)
-    return {"sft_model_path": str(profile.sft_model_path), "config": values}
+    return {"sft_model_path": str(profile.sft_model_path), "config": values,
+            "data": data_fingerprint(REWARD_DATA_FILES)}
 
 
 def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = None,
@@ -272,12 +278,14 @@ def read_completion_marker(directory: Path) -> tuple[Any, str | None]:
         return None, f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
 
 
-def reward_dir_problem(directory: str | Path) -> str | None:
+def reward_dir_problem(directory: str | Path, key: dict[str, Any] | None = None) -> str | None:
     """What is wrong with a cached reward folder, in a few words, or None if it is complete and intact.
 
     Complete: the completion marker (written last) is JSON and records the SHA-256 of each of
     CHECKED_FILES, and every one of them is there with that checksum. A truncated or overwritten
     adapter, a garbage score head or a broken adapter_config.json no longer matches its checksum.
+    With `key` (`_cache_key`: settings and data), the marker must also record that key: a folder
+    trained on other data or settings is not the one asked for.
     """
     directory = Path(directory)
     record, problem = read_completion_marker(directory)
@@ -296,12 +304,18 @@ def reward_dir_problem(directory: str | Path) -> str | None:
             return f"{name} is unreadable ({error.strerror or type(error).__name__})"
         if digest != files[name]:
             return f"{name} does not match the checksum in {COMPLETE_MARKER}"
+    if key is not None:  # intact: but is it the model asked for?
+        for part in ("data", "config", "sft_model_path"):
+            if record.get(part) != json.loads(json.dumps(key[part])):
+                return ("it was trained on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)"
+                        if part == "data" else f"it was trained with another {part}")
     return None
 
 
-def is_complete_reward_dir(directory: str | Path) -> bool:
-    """True when `directory` holds a finished, intact reward adapter (see `reward_dir_problem`)."""
-    return reward_dir_problem(directory) is None
+def is_complete_reward_dir(directory: str | Path, key: dict[str, Any] | None = None) -> bool:
+    """True when `directory` holds a finished, intact reward adapter (for `key`, if given; see
+    `reward_dir_problem`)."""
+    return reward_dir_problem(directory, key) is None
 
 
 def _pid_is_alive(pid: int) -> bool:
@@ -361,21 +375,23 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     if removed:
         print(f"removed {len(removed)} temporary reward folder(s) of runs that no longer exist: "
               f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
-    problem = reward_dir_problem(final)
+    key = _cache_key(profile, config)
+    problem = reward_dir_problem(final, key)
     if problem is None:
         return final
     if final.exists():
-        print(f"reward cache {final} is damaged ({problem}): training it again", file=sys.stderr, flush=True)
+        state = "out of date" if problem.startswith("it was trained") else "damaged"
+        print(f"reward cache {final} is {state} ({problem}): training it again", file=sys.stderr, flush=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         metrics = train_reward_model(profile, tmp, config)
         files = {name: _sha256(tmp / name) for name in CHECKED_FILES}
-        marker = {"metrics": metrics, **_cache_key(profile, config), "files": files}
+        marker = {"metrics": metrics, **key, "files": files}
         (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if final.exists():  # a damaged or incomplete leftover (or a racing writer's folder)
-            if is_complete_reward_dir(final):
+        if final.exists():  # a damaged, outdated or incomplete leftover (or a racing writer's folder)
+            if is_complete_reward_dir(final, key):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
             shutil.rmtree(final)

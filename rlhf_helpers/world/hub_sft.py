@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.data import data_fingerprint
 from rlhf_helpers.profiles import Profile, get_profile
 
 
@@ -99,6 +100,8 @@ def sft_with_trl(
 # ----------------------------------------------------------------------------- the cached SFT model
 #: Version of the completion marker's layout; a marker of another version is trained again.
 SFT_MARKER_VERSION = 1
+#: The data file the SFT model is fine-tuned on (its SHA-256 is part of the cache key).
+SFT_DATA_FILES = ("sft.jsonl",)
 
 
 def random_init_tokenizer_dir() -> Path:
@@ -183,6 +186,8 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
                          if profile.random_init or architecture is not None else None),
         "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr, "batch_size": profile.sft_batch_size,
                 "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps},
+        # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
+        "data": data_fingerprint(SFT_DATA_FILES),
     }
 
 
