@@ -245,3 +245,9 @@ def test_exactly_one_batch_of_prompts_trains(profile):
 def test_eval_prompts_must_be_strings(profile):
     with pytest.raises(ValueError, match=r"eval_prompts\[0\]"):
         run_method("ppo", small_config(profile), profile, None, [None])
+
+
+def test_a_list_of_target_modules_is_stored_as_the_tuple():
+    config = CompareConfig(lora_target_modules=["c_attn", "c_proj"])
+    assert config.lora_target_modules == ("c_attn", "c_proj") and hash(config) == hash(CompareConfig(
+        lora_target_modules=("c_attn", "c_proj")))

@@ -238,7 +238,7 @@ def copy_data_dir(tmp_path):
     from rlhf_helpers.data import data_dir
 
     target = tmp_path / "data"
-    shutil.copytree(data_dir(), target, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(data_dir(), target)  # the tiny model too (models/tiny-sft, 2.6 MB)
     return target
 
 
@@ -264,16 +264,43 @@ def test_an_edited_preference_file_trains_the_reward_model_again(tmp_path, monke
 def test_another_data_directory_with_other_content_is_not_served_the_old_model(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     profile, final, calls = cached_fake(runs, monkeypatch)  # trained on the shipped data
+    same = copy_data_dir(tmp_path / "same")  # copied while data_dir() is still the shipped one
     other = copy_data_dir(tmp_path)
     lines = (other / "preferences_train.jsonl").read_text().splitlines()
     (other / "preferences_train.jsonl").write_text("\n".join(lines[:100]) + "\n")  # a smaller set
     monkeypatch.setenv("RLHF_DATA_DIR", str(other))
     ensure_reward_model(profile, root=runs)
     assert len(calls) == 2
-    monkeypatch.setenv("RLHF_DATA_DIR", str(copy_data_dir(tmp_path / "same")))  # same content elsewhere
+    monkeypatch.setenv("RLHF_DATA_DIR", str(same))  # the shipped content elsewhere
+    moved = get_profile("tiny")  # its SFT model now lives under the copied data directory too
+    assert moved.sft_model_path != profile.sft_model_path
     calls_before = len(calls)
+    ensure_reward_model(moved, root=runs)
+    assert len(calls) == calls_before + 1  # back to the shipped preferences: the other folder's model was replaced
+    ensure_reward_model(profile, root=runs)  # the original paths, the same contents: cached
+    assert len(calls) == calls_before + 1  # the content, not the path, is the key
+
+
+def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, monkeypatch, capsys):
+    """A gpu-profile SFT folder is identified by its COMPLETE.json (settings, data checksums, sizes)."""
+    import shutil
+
+    from rlhf_helpers.data import data_dir
+
+    sft = tmp_path / "sft"
+    shutil.copytree(data_dir() / "models" / "tiny-sft", sft)
+    (sft / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "aaa"}}, "files": {}}))
+    runs = tmp_path / "runs"
+    calls: list = []
+    monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
+    profile = get_profile("tiny").replace(sft_model_path=str(sft))
+    final = ensure_reward_model(profile, root=runs)
     ensure_reward_model(profile, root=runs)
-    assert len(calls) == calls_before  # the content, not the path, is the key
+    assert len(calls) == 1
+    (sft / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "bbb"}}, "files": {}}))
+    capsys.readouterr()
+    assert ensure_reward_model(profile, root=runs) == final and len(calls) == 2
+    assert "on another SFT model" in capsys.readouterr().err
 
 
 def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ status=0
 stage() {  # stage NAME COMMAND...: run, time, log to $OUT/NAME.log, remember failures
   local name=$1; shift
   local start=$SECONDS
+  rm -f "$OUT/$name.json" "$OUT/$name.result.json"  # a warm machine keeps $OUT: no stale figures
   echo "=== $name: $*"
   timeout -k 10 "${STAGE_TIMEOUT:-3000}" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?

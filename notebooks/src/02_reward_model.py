@@ -370,15 +370,14 @@ from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.ppo.reward_training import (
     RewardTrainingConfig,
     ensure_reward_model,
-    is_complete_reward_dir,
-    reward_cache_dir,
+    is_cached_reward_model,
     reward_metrics,
     score_pairs,
 )
 
 reward_config = RewardTrainingConfig.from_profile(profile)
 print(reward_config)
-was_cached = is_complete_reward_dir(reward_cache_dir(profile, reward_config))
+was_cached = is_cached_reward_model(profile, reward_config)
 print("loading the cached reward adapter" if was_cached else "training the reward adapter (TRL RewardTrainer)...")
 reward_dir = ensure_reward_model(profile, reward_config)
 stored = reward_metrics(reward_dir)

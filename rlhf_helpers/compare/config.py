@@ -80,6 +80,7 @@ class CompareConfig:
                 or not all(isinstance(t, str) and t for t in targets)):
             raise ValueError("lora_target_modules must be a non-empty tuple of module names such as "
                              f"('c_attn', 'c_proj', 'c_fc'), got {targets!r}")
+        object.__setattr__(self, "lora_target_modules", tuple(targets))  # a list too: hashable, equal to the tuple
         if self.early_evals < 0:
             raise ValueError(f"early_evals must be an int >= 0, got {self.early_evals!r}")
         if self.group_size < 2:

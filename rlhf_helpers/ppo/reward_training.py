@@ -216,13 +216,36 @@ def runs_dir() -> Path:
 REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
 
 
-def _cache_key(profile: Any, config: RewardTrainingConfig) -> dict[str, Any]:
-    """What decides the trained adapter: the base model, every training setting and the data's content."""
+#: Files of a model folder without a completion marker that identify its weights (the shipped tiny model).
+_MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin")
+
+
+def model_fingerprint(directory: str | Path) -> str:
+    """SHA-256 of what identifies a model folder's content, whatever its path: its COMPLETE.json (a
+    cached SFT folder: its settings, its data's checksums and its files' sizes) if it has one, else
+    its config and weight files (the shipped tiny model). A hub id or a missing folder: the string."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return str(directory)
+    marker = directory / COMPLETE_MARKER
+    files = [marker] if marker.is_file() else sorted(
+        p for p in directory.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + _sha256(path).encode())
+    return digest.hexdigest()
+
+
+def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -> dict[str, Any]:
+    """What decides the trained adapter: the SFT model's content (not its path: a moved checkout or
+    another runs folder reuses the cache), every training setting and the preference data's content."""
     import dataclasses
 
+    config = config or RewardTrainingConfig.from_profile(profile)
     values = dataclasses.asdict(config)
     values["lora_target_modules"] = list(config.lora_target_modules)
-    return {"sft_model_path": str(profile.sft_model_path), "config": values,
+    return {"sft_model_path": str(profile.sft_model_path),  # recorded for people; not compared
+            "sft_model": model_fingerprint(profile.sft_model_path), "config": values,
             "data": data_fingerprint(REWARD_DATA_FILES)}
 
 
@@ -239,7 +262,7 @@ def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = 
     root = Path(root) if root is not None else runs_dir()
     name = f"reward-{profile.name}" + ("-random-init" if getattr(profile, "random_init", False) else "")
     if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
-        key = json.dumps(_cache_key(profile, config), sort_keys=True)
+        key = json.dumps(reward_cache_key(profile, config), sort_keys=True)
         name += "-" + hashlib.sha256(key.encode()).hexdigest()[:8]
     return root / name
 
@@ -284,8 +307,8 @@ def reward_dir_problem(directory: str | Path, key: dict[str, Any] | None = None)
     Complete: the completion marker (written last) is JSON and records the SHA-256 of each of
     CHECKED_FILES, and every one of them is there with that checksum. A truncated or overwritten
     adapter, a garbage score head or a broken adapter_config.json no longer matches its checksum.
-    With `key` (`_cache_key`: settings and data), the marker must also record that key: a folder
-    trained on other data or settings is not the one asked for.
+    With `key` (`reward_cache_key`: SFT model, settings and data), the marker must also record that
+    key: a folder trained on other data, settings or another SFT model is not the one asked for.
     """
     directory = Path(directory)
     record, problem = read_completion_marker(directory)
@@ -305,11 +328,22 @@ def reward_dir_problem(directory: str | Path, key: dict[str, Any] | None = None)
         if digest != files[name]:
             return f"{name} does not match the checksum in {COMPLETE_MARKER}"
     if key is not None:  # intact: but is it the model asked for?
-        for part in ("data", "config", "sft_model_path"):
+        for part, what in (("data", "on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)"),
+                           ("sft_model", "on another SFT model (it was fine-tuned again)"),
+                           ("config", "with other settings")):
             if record.get(part) != json.loads(json.dumps(key[part])):
-                return ("it was trained on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)"
-                        if part == "data" else f"it was trained with another {part}")
+                return f"it was trained {what}"
     return None
+
+
+def is_cached_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
+                           root: str | Path | None = None) -> bool:
+    """True when `ensure_reward_model(profile, config, root)` would load its folder without training."""
+    from rlhf_helpers.profiles import get_profile
+
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    return is_complete_reward_dir(reward_cache_dir(profile, config, root), reward_cache_key(profile, config))
 
 
 def is_complete_reward_dir(directory: str | Path, key: dict[str, Any] | None = None) -> bool:
@@ -375,7 +409,7 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     if removed:
         print(f"removed {len(removed)} temporary reward folder(s) of runs that no longer exist: "
               f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
-    key = _cache_key(profile, config)
+    key = reward_cache_key(profile, config)
     problem = reward_dir_problem(final, key)
     if problem is None:
         return final
