@@ -54,7 +54,7 @@ test-colab: $(COLAB_STAMP)
 	  -k test_notebook_runs_as_shipped tests/test_notebooks.py
 
 course: $(STAMP)
-	$(PY) -m rlhf_helpers.run_course --out build/
+	$(PY) -m rlhf_helpers.course.run_course --out build/
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

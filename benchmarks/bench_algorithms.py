@@ -40,10 +40,10 @@ def _worker(task: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
-    from rlhf_helpers.data import load_prompts
-    from rlhf_helpers.memory import current_rss_mb
-    from rlhf_helpers.ppo.reward_training import ensure_reward_model
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.data import load_prompts
+    from rlhf_helpers.runtime.memory import current_rss_mb
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.reward import ensure_reward_model
 
     profile = get_profile("tiny")
     reward_dir = ensure_reward_model(profile)

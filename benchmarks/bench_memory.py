@@ -52,14 +52,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as `python benchmarks/bench_memory.py`
     sys.path.insert(0, str(REPO_ROOT))
 
-from rlhf_helpers.kl import last_token_index  # noqa: E402
-from rlhf_helpers.ppo.shared_model import (  # noqa: E402
-    SharedLoRAModel,
-    fuse_tanh_gelu,
-    lora_config,
-    position_ids_from_mask,
-    uses_conv1d,
-)
+from rlhf_helpers.core.kl import last_token_index  # noqa: E402
+from rlhf_helpers.core.tokens import position_ids_from_mask  # noqa: E402
+from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d  # noqa: E402
+from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu  # noqa: E402
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel  # noqa: E402
 from rlhf_helpers.ppo.value_head import ScalarHead  # noqa: E402
 
 SIDES = ("shared", "four", "four_lora")
@@ -87,7 +84,7 @@ class SizeSpec:
 def size_spec(name: str, fast: bool = False) -> SizeSpec:
     """The default step of each size: tiny and gpt2 use the tiny profile's PPO settings (gpt2 with a
     smaller batch, to stay near a minute per side on one CPU thread); smollm2 the gpu profile's."""
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.profiles import get_profile
 
     if name in ("tiny", "gpt2"):
         profile = get_profile("tiny", random_init=False)  # $RLHF_PROFILE_OVERRIDES may say random_init
@@ -121,8 +118,8 @@ def load_base(size: str, tokenizer: Any, dtype: torch.dtype, device: str, seed: 
     initialised GPT-2 small / SmolLM2-135M (the gpu profile's architecture; no hub here)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlhf_helpers.models import dropout_overrides
-    from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG
+    from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
+    from rlhf_helpers.runtime.models import dropout_overrides
 
     if size == "tiny":
         config = AutoConfig.from_pretrained(str(TINY_MODEL_DIR))
@@ -329,9 +326,9 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
     import peft  # noqa: F401  (imported before the baseline, with everything the step uses)
     import transformers  # noqa: F401
 
-    from rlhf_helpers.data import load_prompts
     from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.trainer import PPOTrainer
+    from rlhf_helpers.runtime.data import load_prompts
 
     torch.set_num_threads(1)
     spec = size_spec(size, fast)
@@ -367,7 +364,7 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
         "baseline_rss_mb": baseline_mb, "peak_rss_mb": peak_rss_mb(),
         "peak_above_baseline_mb": peak_rss_mb() - baseline_mb, "after_build_above_baseline_mb": built_mb - baseline_mb,
         "param_bytes": params, "trainable_params": trainable,
-        "optimizer_state_bytes": optimizer_state_bytes(trainer.policy_optimizer, trainer.value_optimizer),
+        "optimizer_state_bytes": optimizer_state_bytes(trainer.policy_opt.optimizer, trainer.value_opt.optimizer),
         "response_length": metrics["response_length"], "wall_s": time.perf_counter() - wall,
         "cpu_s": time.process_time() - cpu, "torch": torch.__version__,
     }
@@ -422,11 +419,11 @@ def compare(results: dict[str, dict[str, Any]], size: str) -> dict[str, Any]:
 
 
 def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
-    """`rlhf_helpers.memory.estimate_ppo_memory` of the step a side ran (`asdict(SizeSpec)`) on `device`:
+    """`rlhf_helpers.ppo.memory_estimate.estimate_ppo_memory` of the step a side ran (`asdict(SizeSpec)`) on `device`:
     rollout batch = minibatch = spec["batch"], the fast sampler on CUDA; None for sizes that are not
     the gpu profile's Llama."""
-    from rlhf_helpers.memory import estimate_ppo_memory
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.ppo.memory_estimate import estimate_ppo_memory
+    from rlhf_helpers.runtime.profiles import get_profile
 
     if spec["name"] != "smollm2":
         return None
@@ -461,7 +458,7 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
                       f"peak {peak:9.1f} MB  ({r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} wall s)", flush=True)
         figures.update(compare(results, size))
         estimate = ppo_estimate(results["shared"]["spec"], dtype, device)
-        if estimate is not None:  # rlhf_helpers.memory's estimate next to the shared side's measured peak
+        if estimate is not None:  # rlhf_helpers.ppo.memory_estimate's estimate next to the shared side's measured peak
             figures[f"{size}_shared_estimate_mb"] = estimate.total / 2**20
             if verbose:
                 print(f"  {size:8s} shared    estimate {estimate.total / 2**20:9.1f} MB (peak at {estimate.phase}) "

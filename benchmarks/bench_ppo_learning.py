@@ -56,15 +56,16 @@ def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: i
     every `eval_every` steps."""
     import torch
 
-    from rlhf_helpers.data import load_prompts
     from rlhf_helpers.ppo.build import build_shared_model
     from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.trainer import PPOTrainer
+    from rlhf_helpers.runtime.data import load_prompts
+    from rlhf_helpers.world.scorer import hidden_scores
 
     config = PPOConfig.from_profile(profile, seed=seed, progress_bar=False, **config_overrides)
     torch.manual_seed(seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
-    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"))
+    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), hidden_score_fn=hidden_scores)
     curve: list[dict[str, float]] = []
 
     def evaluate(wall: float, cpu: float) -> None:
@@ -255,9 +256,9 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
     _setup(threads)
-    from rlhf_helpers.data import load_prompts
-    from rlhf_helpers.ppo.reward_training import ensure_reward_model
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.data import load_prompts
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.reward import ensure_reward_model
 
     profile = get_profile("tiny")
     if fast:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-#: LoRA targets and rank of the gpu profile (rlhf_helpers.profiles.gpu_profile).
+#: LoRA targets and rank of the gpu profile (rlhf_helpers.runtime.profiles.gpu_profile).
 SPEED_GOAL_X_FLOOR = 20.0  #: goal: a decode step within this many times the bandwidth floor
 
 
@@ -57,9 +57,9 @@ def build_model(device: str, dtype: torch.dtype, small: bool) -> tuple[Any, Any]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG
-    from rlhf_helpers.models import load_tokenizer
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_tokenizer
+    from rlhf_helpers.runtime.profiles import get_profile
 
     tokenizer = load_tokenizer(get_profile("tiny", random_init=False))  # the env may ask random_init for gpu
     spec = dict(SMOLLM2_135M_CONFIG)
@@ -92,8 +92,8 @@ def weight_bytes_per_step(shared: Any) -> int:
 
 
 def _prompts(tokenizer: Any, batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from rlhf_helpers.data import load_prompts
     from rlhf_helpers.ppo.experience import tokenize_prompts
+    from rlhf_helpers.runtime.data import load_prompts
 
     texts = load_prompts("train")[:batch]
     return tokenize_prompts(tokenizer, texts, 24, device)

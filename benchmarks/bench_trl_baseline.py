@@ -101,7 +101,7 @@ def settings_from_profile(fast: bool, device: str, random_init_config: str | Non
     A random-init SmolLM2-architecture run uses the gpu profile's sizes and LoRA targets; on a
     CPU only `fast=True` is practical (tiny batches, short responses: a code-path check).
     """
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("gpu" if device == "cuda" or random_init_config else "tiny")
     settings = BenchSettings(

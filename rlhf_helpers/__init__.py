@@ -1,7 +1,7 @@
 """rlhf_helpers: the tested reference code behind the RLHF-with-PPO course.
 
 The package root re-exports the maths core (masked ops, log-probs, GAE, losses, KL). The re-exports
-are lazy (PEP 562): `import rlhf_helpers.profiles` or `rlhf_helpers.data` stays free of torch, and
+are lazy (PEP 562): `import rlhf_helpers.runtime.profiles` or `rlhf_helpers.runtime.data` stays free of torch, and
 torch is imported on the first access such as `rlhf_helpers.compute_gae` or
 `from rlhf_helpers import compute_gae`. Heavier parts live in submodules: `rlhf_helpers.world`,
 `rlhf_helpers.ppo`, `rlhf_helpers.widgets`, ...
@@ -16,30 +16,30 @@ __version__ = "0.1.0"
 
 #: public name -> submodule defining it
 _EXPORTS = {
-    "validation": "_checks",
-    "masked_sum": "masked",
-    "masked_mean": "masked",
-    "masked_var": "masked",
-    "masked_whiten": "masked",
-    "logprobs_from_logits": "logprobs",
-    "entropy_from_logits": "logprobs",
-    "td_errors": "gae",
-    "compute_gae": "gae",
-    "gae_reference": "gae",
-    "clipped_surrogate": "losses",
-    "policy_loss": "losses",
-    "kl_penalty_policy_loss": "losses",
-    "value_loss": "losses",
-    "lm_loss": "losses",
-    "reward_model_loss": "losses",
-    "pairwise_accuracy": "losses",
-    "kl_estimate": "kl",
-    "last_token_index": "kl",
-    "shape_rewards": "kl",
-    "FixedKLController": "kl",
-    "AdaptiveKLController": "kl",
-    "rloo_advantages": "group_advantages",
-    "grpo_advantages": "group_advantages",
+    "validation": "core.checks",
+    "masked_sum": "core.masked",
+    "masked_mean": "core.masked",
+    "masked_var": "core.masked",
+    "masked_whiten": "core.masked",
+    "logprobs_from_logits": "core.logprobs",
+    "entropy_from_logits": "core.logprobs",
+    "td_errors": "core.gae",
+    "compute_gae": "core.gae",
+    "gae_reference": "core.gae",
+    "clipped_surrogate": "core.losses",
+    "policy_loss": "core.losses",
+    "kl_penalty_policy_loss": "core.losses",
+    "value_loss": "core.losses",
+    "lm_loss": "core.losses",
+    "reward_model_loss": "core.losses",
+    "pairwise_accuracy": "core.losses",
+    "kl_estimate": "core.kl",
+    "last_token_index": "core.kl",
+    "shape_rewards": "core.kl",
+    "FixedKLController": "core.kl",
+    "AdaptiveKLController": "core.kl",
+    "rloo_advantages": "core.group_advantages",
+    "grpo_advantages": "core.group_advantages",
 }
 
 __all__ = [  # the same names as _EXPORTS (a literal, so linters see them)
@@ -84,17 +84,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eagerly
-    from rlhf_helpers._checks import validation
-    from rlhf_helpers.gae import compute_gae, gae_reference, td_errors
-    from rlhf_helpers.kl import (
+    from rlhf_helpers.core.checks import validation
+    from rlhf_helpers.core.gae import compute_gae, gae_reference, td_errors
+    from rlhf_helpers.core.kl import (
         AdaptiveKLController,
         FixedKLController,
         kl_estimate,
         last_token_index,
         shape_rewards,
     )
-    from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
-    from rlhf_helpers.losses import (
+    from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
+    from rlhf_helpers.core.losses import (
         clipped_surrogate,
         kl_penalty_policy_loss,
         lm_loss,
@@ -103,4 +103,4 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
         reward_model_loss,
         value_loss,
     )
-    from rlhf_helpers.masked import masked_mean, masked_sum, masked_var, masked_whiten
+    from rlhf_helpers.core.masked import masked_mean, masked_sum, masked_var, masked_whiten

@@ -51,7 +51,7 @@ def test_settings_from_json_rejects_unknown_fields() -> None:
 
 
 def test_fast_settings_come_from_the_tiny_profile() -> None:
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny")
     full = bench.settings_from_profile(fast=False, device="cpu", random_init_config=None)
@@ -64,7 +64,7 @@ def test_fast_settings_come_from_the_tiny_profile() -> None:
 
 def test_cuda_settings_are_the_issues_anchor() -> None:
     """32 prompts x 64 tokens, 4 epochs x 2 minibatches, bf16, the gpu profile's LoRA targets."""
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.profiles import get_profile
 
     cuda = bench.settings_from_profile(fast=False, device="cuda", random_init_config="smollm2")
     assert (cuda.batch_size, cuda.response_length, cuda.ppo_epochs) == (32, 64, 4)

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo import checkpoint as ckpt
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import NonFiniteError
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -66,8 +66,8 @@ def test_round_trip_restores_every_adapter_head_and_optimizer(tmp_path):
     assert_same_state(model_state(trainer), model_state(fresh))
     assert fresh.step_count == 1 and fresh.history == trainer.history
     assert vars(fresh.kl_controller) == vars(trainer.kl_controller)
-    for mine, theirs in ((trainer.policy_optimizer, fresh.policy_optimizer),
-                         (trainer.value_optimizer, fresh.value_optimizer)):
+    for mine, theirs in ((trainer.policy_opt.optimizer, fresh.policy_opt.optimizer),
+                         (trainer.value_opt.optimizer, fresh.value_opt.optimizer)):
         a, b = mine.state_dict()["state"], theirs.state_dict()["state"]
         assert a.keys() == b.keys() and len(a) > 0
         for key in a:
@@ -147,9 +147,9 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 
 
 def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(tmp_path, monkeypatch):
-    from rlhf_helpers.ppo import trainer as trainer_module
+    from rlhf_helpers.ppo import update as update_module
 
-    real_loss = trainer_module.policy_loss
+    real_loss = update_module.policy_loss
     state = {}
 
     def nan_on_third_step(*args, **kwargs):
@@ -158,7 +158,7 @@ def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(
             loss = loss * math.nan
         return loss, stats
 
-    monkeypatch.setattr(trainer_module, "policy_loss", nan_on_third_step)
+    monkeypatch.setattr(update_module, "policy_loss", nan_on_third_step)
     trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1)
     with pytest.raises(NonFiniteError):
         trainer.train(steps=4, callback=lambda m: state.__setitem__(int(m["step"]), model_state(trainer)))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_helpers.colab_setup import install_course
-from rlhf_helpers.notebook import COLAB_UPGRADES, INSTALL_REF
+from rlhf_helpers.course.colab_setup import install_course
+from rlhf_helpers.course.notebook import COLAB_UPGRADES, INSTALL_REF
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK_FILE = ROOT / "tests" / "colab_stack.txt"
@@ -102,7 +102,7 @@ def test_notebook_kernels_run_in_this_environment(tmp_path):
     """nbclient's "python3" kernel must be this venv's Python, not another one on the machine."""
     import nbformat
 
-    from rlhf_helpers.run_course import execute_notebook
+    from rlhf_helpers.course.run_course import execute_notebook
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.prefix)")])
     path = tmp_path / "where.ipynb"

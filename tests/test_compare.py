@@ -17,12 +17,12 @@ from rlhf_helpers.compare import CompareConfig, run_method
 from rlhf_helpers.compare.clock import TrainingClock
 from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule
-from rlhf_helpers.data import load_prompts
-from rlhf_helpers.group_advantages import group_rewards, grpo_advantages, rloo_advantages
+from rlhf_helpers.core.group_advantages import group_rewards, grpo_advantages, rloo_advantages
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.profiles import get_profile
 
 #: float32 advantages: (r - mean) / (std + eps) of rewards of size ~1-3 computed by TRL and by us in a
 #: different order; each result carries a few float32 roundings (2^-24 ~ 6e-8 relative) of values
@@ -170,8 +170,8 @@ def test_judge_sees_the_policy_trl_trained(profile):
     from peft import get_peft_model
 
     from rlhf_helpers.compare.trl_methods import copy_policy_adapter
-    from rlhf_helpers.models import load_causal_lm
     from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+    from rlhf_helpers.runtime.models import load_causal_lm
 
     config = PPOConfig.from_profile(profile)
     judge, tokenizer = build_shared_model(profile, config, None)

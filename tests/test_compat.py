@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from rlhf_helpers._compat import checkpointing_off
+from rlhf_helpers.runtime.compat import checkpointing_off
 
 
 @dataclasses.dataclass
@@ -53,8 +53,8 @@ def test_trl_configs_get_checkpointing_off_without_a_deprecation_warning(name, t
 
 
 def test_the_course_sft_config_has_checkpointing_off(tmp_path):
-    from rlhf_helpers.profiles import get_profile
-    from rlhf_helpers.world.hub_sft import sft_config
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.sft import sft_config
 
     args = sft_config(get_profile("tiny"), tmp_path, max_steps=2)
     assert args.gradient_checkpointing is False and args.use_cpu is True

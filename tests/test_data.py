@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_helpers.data import (
+from rlhf_helpers.runtime.data import (
     DATA_DIR_ENV,
     data_dir,
     load_jsonl,

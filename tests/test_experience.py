@@ -8,12 +8,13 @@ import math
 import pytest
 import torch
 
-from rlhf_helpers.gae import gae_reference
-from rlhf_helpers.kl import shape_rewards
-from rlhf_helpers.masked import masked_whiten
-from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
+from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
+from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.core.gae import gae_reference
+from rlhf_helpers.core.kl import shape_rewards
+from rlhf_helpers.core.masked import masked_whiten
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import NonFiniteError, collect_experience
+from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import rlhf_helpers
 from rlhf_helpers import compute_gae, gae_reference, td_errors
-from rlhf_helpers import gae as gae_module
+from rlhf_helpers.core import gae as gae_module
 
 BOTH = [compute_gae, gae_reference]
 SETTINGS = [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0), (1.0, 1.0), (0.5, 0.3), (0.0, 0.7)]

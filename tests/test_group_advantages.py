@@ -12,7 +12,12 @@ import statistics
 import pytest
 import torch
 
-from rlhf_helpers.group_advantages import GRPO_EPS, group_rewards, grpo_advantages, rloo_advantages
+from rlhf_helpers.core.group_advantages import (
+    GRPO_EPS,
+    group_rewards,
+    grpo_advantages,
+    rloo_advantages,
+)
 
 TOL = {"atol": 1e-12, "rtol": 1e-12}
 

@@ -13,13 +13,14 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaForCausalLM
 
-import rlhf_helpers.data
-from rlhf_helpers.models import load_causal_lm, load_tokenizer
-from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER, reward_cache_dir
-from rlhf_helpers.profiles import get_profile, gpu_profile
-from rlhf_helpers.world import hub_sft
-from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG, architecture_of
-from rlhf_helpers.world.hub_sft import ensure_sft_model, random_init_tokenizer_dir, sft_cache_key
+import rlhf_helpers.runtime.data
+from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG, architecture_of
+from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
+from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+from rlhf_helpers.runtime.profiles import get_profile, gpu_profile
+from rlhf_helpers.stages import sft as hub_sft
+from rlhf_helpers.stages.reward import reward_cache_dir
+from rlhf_helpers.stages.sft import ensure_sft_model, random_init_tokenizer_dir, sft_cache_key
 
 #: SmolLM2's layout (Llama, grouped-query attention, tied embeddings), shrunk to run in a second
 SMALL_ARCHITECTURE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -33,8 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture
 def small_corpus(monkeypatch):
     """64 SFT records instead of 8000: TRL tokenises the whole data set even for two steps."""
-    records = rlhf_helpers.data.load_sft_corpus()[:64]
-    monkeypatch.setattr(rlhf_helpers.data, "load_sft_corpus", lambda: list(records))
+    records = rlhf_helpers.runtime.data.load_sft_corpus()[:64]
+    monkeypatch.setattr(rlhf_helpers.runtime.data, "load_sft_corpus", lambda: list(records))
 
 
 @pytest.fixture
@@ -101,11 +102,11 @@ def test_trains_again_when_the_marker_does_not_match(tmp_path, small_corpus, tra
     assert len(trainings) == 1
     ensure(profile.replace(sft_lr=profile.sft_lr * 2))  # other SFT settings
     assert len(trainings) == 2 and "other settings" in capsys.readouterr().out
-    ensure(profile.replace(sft_lr=profile.sft_lr * 2), force=True)  # `python -m ...hub_sft`
+    ensure(profile.replace(sft_lr=profile.sft_lr * 2), force=True)  # `python -m rlhf_helpers.stages.sft`
     assert len(trainings) == 3
     (path / "model.safetensors").write_bytes(b"truncated")  # a damaged folder is not reused
     ensure(profile)
-    assert len(trainings) == 4 and "size" in capsys.readouterr().out
+    assert len(trainings) == 4 and "checksum" in capsys.readouterr().out
     marker = json.loads((path / COMPLETE_MARKER).read_text())
     assert marker["key"] == json.loads(json.dumps(sft_cache_key(profile, SMALL_ARCHITECTURE, STEPS)))
     assert leftovers(path.parent) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlhf_helpers import notebook as header
+from rlhf_helpers.course import notebook as header
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -9,8 +9,8 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
-from rlhf_helpers.live_figure import LiveFigure, figure_bundle
-from rlhf_helpers.run_course import execute_notebook
+from rlhf_helpers.course.run_course import execute_notebook
+from rlhf_helpers.widgets.live_figure import LiveFigure, figure_bundle
 
 
 def _titles(nb: nbformat.NotebookNode) -> list[str]:
@@ -32,7 +32,7 @@ def test_live_figure_keeps_one_output_and_shows_the_last_figure(tmp_path: Path):
 import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
-from rlhf_helpers.live_figure import LiveFigure
+from rlhf_helpers.widgets.live_figure import LiveFigure
 pio.renderers.default = "plotly_mimetype"  # for the plain-display comparison below
 live = LiveFigure(go.Figure(layout_title_text="step 0"))
 for step in (1, 2, 3):

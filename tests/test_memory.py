@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlhf_helpers.memory import PeakMemory, current_rss_mb, lifetime_peak_rss_mb
+from rlhf_helpers.runtime.memory import PeakMemory, current_rss_mb, lifetime_peak_rss_mb
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 

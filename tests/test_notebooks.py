@@ -18,13 +18,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlhf_helpers.notebook import (
+from rlhf_helpers.course.notebook import (
     EXERCISE_FAILED,
     EXERCISE_PASSED,
     EXERCISE_TODO,
     exercise_check,
 )
-from rlhf_helpers.run_course import course_notebooks, execute_notebook
+from rlhf_helpers.course.run_course import course_notebooks, execute_notebook
 
 NOTEBOOKS = course_notebooks()
 #: per notebook (and per cell inside nbclient): a guard against hangs, not a speed goal. 05 on Colab's

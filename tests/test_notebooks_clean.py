@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlhf_helpers.notebook import colab_badge, colab_setup_source
+from rlhf_helpers.course.notebook import colab_badge, colab_setup_source
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -44,7 +44,7 @@ def test_notebook_has_the_standard_header(path: Path):
     assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), "title first"
     assert colab_badge(path.name) in cells[0].source
     assert cells[1].cell_type == "code" and cells[1].source == colab_setup_source(), \
-        "cell 2 must be rlhf_helpers.notebook.colab_setup_source() verbatim"
+        "cell 2 must be rlhf_helpers.course.notebook.colab_setup_source() verbatim"
     assert cells[2].cell_type == "code" and "show_environment()" in cells[2].source
 
 
@@ -86,8 +86,8 @@ def test_setup_cell_installs_the_badge_ref_with_the_packages_function():
     """The cell holds `install_course` verbatim and calls it with the badge's branch and the upgrades."""
     import inspect
 
-    from rlhf_helpers.colab_setup import install_course
-    from rlhf_helpers.notebook import BADGE_REF, COLAB_UPGRADES, INSTALL_REF, repo_url
+    from rlhf_helpers.course.colab_setup import install_course
+    from rlhf_helpers.course.notebook import BADGE_REF, COLAB_UPGRADES, INSTALL_REF, repo_url
 
     source = colab_setup_source()
     assert INSTALL_REF == BADGE_REF
@@ -103,7 +103,7 @@ def test_setup_cell_installs_the_badge_ref_with_the_packages_function():
 def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch):
     from importlib.metadata import version
 
-    from rlhf_helpers.notebook import VERSION_PACKAGES, show_environment
+    from rlhf_helpers.course.notebook import VERSION_PACKAGES, show_environment
 
     monkeypatch.setenv("RLHF_PROFILE", "tiny")
     env = show_environment()
@@ -116,6 +116,6 @@ def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch
 
 
 def test_package_versions_marks_missing_packages():
-    from rlhf_helpers.notebook import package_versions
+    from rlhf_helpers.course.notebook import package_versions
 
     assert package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"] == "not installed"

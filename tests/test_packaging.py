@@ -13,7 +13,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from rlhf_helpers.notebook import COLAB_UPGRADES
+from rlhf_helpers.course.notebook import COLAB_UPGRADES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel, fuse_tanh_gelu
+from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 
 TEXTS = ["the movie was good .", "the plot", "acting is great and the film was fine ."]
@@ -127,7 +128,7 @@ def make_trainer(tok, **overrides):
 
 
 def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(tok):
-    from rlhf_helpers.ppo.trainer import trim_minibatch
+    from rlhf_helpers.ppo.update import trim_minibatch
 
     trainer = make_trainer(tok)
     trainer.step()
@@ -156,7 +157,7 @@ def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(to
 
 def reference_update(trainer, batch, generator) -> None:
     """The update as a plain loop: per minibatch a policy step then a value step, uncut rows."""
-    from rlhf_helpers.losses import policy_loss, value_loss
+    from rlhf_helpers.core.losses import policy_loss, value_loss
 
     config, model = trainer.config, trainer.model
     P = batch.context_length
@@ -170,15 +171,15 @@ def reference_update(trainer, batch, generator) -> None:
                                   clip_eps=config.clip_eps)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
-            trainer.policy_optimizer.step()
-            trainer.policy_optimizer.zero_grad(set_to_none=True)
+            trainer.policy_opt.optimizer.step()
+            trainer.policy_opt.optimizer.zero_grad(set_to_none=True)
             values = model.values(seq, attn, P)
             v_loss, _ = value_loss(values, batch.values[idx], batch.returns[idx], mask,
                                    clip_range=config.value_clip)
             (config.vf_coef * v_loss).backward()
             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
-            trainer.value_optimizer.step()
-            trainer.value_optimizer.zero_grad(set_to_none=True)
+            trainer.value_opt.optimizer.step()
+            trainer.value_opt.optimizer.zero_grad(set_to_none=True)
 
 
 def trainable(trainer) -> list[torch.nn.Parameter]:
@@ -187,7 +188,7 @@ def trainable(trainer) -> list[torch.nn.Parameter]:
 
 def uncut_minibatch(batch, rows):
     """`trim_minibatch` without the cut: every column of the experience batch, as the plain loop."""
-    from rlhf_helpers.ppo.trainer import Minibatch
+    from rlhf_helpers.ppo.update import Minibatch
 
     return Minibatch(sequences=batch.sequences[rows], attention_mask=batch.attention_mask[rows],
                      context_length=batch.context_length, mask=batch.mask[rows],
@@ -240,8 +241,8 @@ def test_grouped_and_cut_update_equals_the_alternating_loop(tok):
     for trainer in (fast, slow):
         trainer.step()  # identical first steps (same seed)
         # SGD: a step linear in the gradient, so rounding is not amplified (see CUT_ATOL)
-        trainer.policy_optimizer = torch.optim.SGD(trainer.model.policy_parameters(), lr=0.2)
-        trainer.value_optimizer = torch.optim.SGD(trainer.model.value_parameters(), lr=0.2)
+        trainer.policy_opt.optimizer = torch.optim.SGD(trainer.model.policy_parameters(), lr=0.2)
+        trainer.value_opt.optimizer = torch.optim.SGD(trainer.model.value_parameters(), lr=0.2)
     batch = fast.last_batch
     assert torch.equal(batch.sequences, slow.last_batch.sequences)
     before = [p.detach().clone() for p in trainable(fast)]
@@ -287,8 +288,8 @@ def lora_pair(make, targets, fan_in_fan_out, n_layers):
     """Two identical peft models with random non-zero adapters; the second one fused."""
     from peft import get_peft_model
 
+    from rlhf_helpers.ppo.adapters import lora_config
     from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
-    from rlhf_helpers.ppo.shared_model import lora_config
 
     models = []
     for _ in range(2):

@@ -11,8 +11,10 @@ import warnings
 import pytest
 import torch
 
-from rlhf_helpers import precision
-from rlhf_helpers.memory import (
+from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.ppo.memory_estimate import (
     FLOAT32_BYTES,
     LLAMA_PROJECTIONS,
     T4_MEMORY_BYTES,
@@ -22,14 +24,12 @@ from rlhf_helpers.memory import (
     estimate_ppo_memory,
     ppo_phase_estimates,
 )
-from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import NonFiniteError
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.precision import amp_flags, compute_dtype, describe_dtype, resolve_dtype
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime import precision
+from rlhf_helpers.runtime.precision import amp_flags, compute_dtype, describe_dtype, resolve_dtype
+from rlhf_helpers.runtime.profiles import get_profile
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
 
@@ -96,7 +96,7 @@ def test_describe_says_why(monkeypatch):
 
 
 def test_show_environment_prints_the_dtype_and_why(monkeypatch, capsys):
-    from rlhf_helpers.notebook import show_environment
+    from rlhf_helpers.course.notebook import show_environment
 
     fake_gpu(monkeypatch, (7, 5), "Tesla T4")
     monkeypatch.setenv("RLHF_PROFILE", "gpu")
@@ -116,7 +116,7 @@ def test_amp_flags_autocast_around_float32_masters_on_cuda_only(monkeypatch):
 
 
 def test_sft_config_on_the_cpu_trains_without_mixed_precision(tmp_path):
-    from rlhf_helpers.world.hub_sft import sft_config
+    from rlhf_helpers.stages.sft import sft_config
 
     args = sft_config(get_profile("gpu", device="cpu"), tmp_path)
     assert (args.bf16, args.fp16, args.use_cpu) == (False, False, True)
@@ -126,8 +126,8 @@ def test_reward_model_trains_float32_masters_whatever_the_profile_dtype(tmp_path
     """A bf16 profile still trains (and saves) the LoRA matrices and the score head in float32."""
     from safetensors.torch import load_file
 
-    from rlhf_helpers.data import load_preferences
-    from rlhf_helpers.ppo import reward_training as rt
+    from rlhf_helpers.runtime.data import load_preferences
+    from rlhf_helpers.stages import reward_model as rt
 
     profile = get_profile("tiny", dtype="bfloat16")  # on the CPU: no autocast, float32 masters
     config = rt.RewardTrainingConfig.from_profile(profile, max_train_pairs=16, epochs=1.0, batch_size=8)
@@ -162,7 +162,7 @@ def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(one_torch_thread):
     base = [p for name, p in model.lm.named_parameters() if "lora_" not in name]
     assert {p.dtype for p in base} == {torch.float16} and not any(p.requires_grad for p in base)  # frozen base
     assert {p.dtype for p in model.policy_parameters() + model.value_parameters()} == {torch.float32}  # masters
-    assert trainer.policy_scaler.is_enabled() and trainer.value_scaler.is_enabled()
+    assert trainer.policy_opt.scaler.is_enabled() and trainer.value_opt.scaler.is_enabled()
     before = snapshot(model.policy_parameters())
     metrics = trainer.step()
     assert all(math.isfinite(v) for v in metrics.values()), metrics
@@ -173,7 +173,7 @@ def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(one_torch_thread):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_no_grad_scaler_without_float16(dtype, one_torch_thread):
     trainer = make_trainer(dtype)
-    assert not trainer.policy_scaler.is_enabled() and not trainer.value_scaler.is_enabled()
+    assert not trainer.policy_opt.scaler.is_enabled() and not trainer.value_opt.scaler.is_enabled()
     trainer.step()
     assert "policy_scaler" not in trainer.state_dict()  # checkpoints of float32/bf16 runs unchanged
 
@@ -182,42 +182,42 @@ def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop
     trainer = make_trainer(torch.float16)
     # a loss scale of 2^40 overflows float16 (max 65504) in every backward: every step is skipped
     init = 2.0**40
-    trainer.policy_scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
-    trainer.value_scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
+    trainer.policy_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
+    trainer.value_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
     policy, value = snapshot(trainer.model.policy_parameters()), snapshot(trainer.model.value_parameters())
     metrics = trainer.step()  # no NonFiniteError
     steps = trainer.config.ppo_epochs * (trainer.config.rollout_batch_size // trainer.config.mini_batch_size)
-    assert trainer.overflow_skips == {"policy": steps, "value": steps}
-    assert trainer.policy_scaler.get_scale() == init * 0.5**steps  # halved once per skipped step
+    assert (trainer.policy_opt.overflow_skips, trainer.value_opt.overflow_skips) == (steps, steps)
+    assert trainer.policy_opt.scaler.get_scale() == init * 0.5**steps  # halved once per skipped step
     assert not changed(policy, trainer.model.policy_parameters())
     assert not changed(value, trainer.model.value_parameters())
     assert metrics["policy_grad_norm"] == 0.0 and math.isfinite(metrics["policy_loss"])
 
 
 def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(monkeypatch, one_torch_thread):
-    import rlhf_helpers.ppo.trainer as trainer_module
+    import rlhf_helpers.ppo.optim as optim_module
 
     trainer = make_trainer(torch.float16)
     init = 2.0**40
-    trainer.policy_scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
+    trainer.policy_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
     # the floor just below the scale: one skip (S -> S/2) is an overflow, the second overflow a NaN stop
-    monkeypatch.setattr(trainer_module, "MIN_LOSS_SCALE", init / 2 + 1)
+    monkeypatch.setattr(optim_module, "MIN_LOSS_SCALE", init / 2 + 1)
     with pytest.raises(NonFiniteError, match="gradient norm"):
         trainer.step()
-    assert trainer.overflow_skips["policy"] == 1
+    assert trainer.policy_opt.overflow_skips == 1
 
 
 def test_scaler_state_survives_a_checkpoint(tmp_path, one_torch_thread):
     trainer = make_trainer(torch.float16)
     trainer.step()
-    trainer.policy_scaler.update(new_scale=1024.0)  # a state a fresh scaler would not have
-    trainer.overflow_skips["value"] = 3
+    trainer.policy_opt.scaler.update(new_scale=1024.0)  # a state a fresh scaler would not have
+    trainer.value_opt.overflow_skips = 3
     save_checkpoint(trainer, tmp_path)  # loading below goes through torch.load(weights_only=True)
     fresh = make_trainer(torch.float16)
     load_checkpoint(fresh, tmp_path)
-    assert fresh.policy_scaler.state_dict() == trainer.policy_scaler.state_dict()
-    assert fresh.value_scaler.state_dict() == trainer.value_scaler.state_dict()
-    assert fresh.overflow_skips == {"policy": 0, "value": 3}
+    assert fresh.policy_opt.scaler.state_dict() == trainer.policy_opt.scaler.state_dict()
+    assert fresh.value_opt.scaler.state_dict() == trainer.value_opt.scaler.state_dict()
+    assert (fresh.policy_opt.overflow_skips, fresh.value_opt.overflow_skips) == (0, 3)
 
 
 # ----------------------------------------------------------------------------- memory estimate
@@ -255,7 +255,7 @@ def test_gpu_profile_stages_fit_a_t4_with_margin():
 
 def test_parameter_bytes_equal_real_models_built_from_the_config():
     """SmolLM2-135M's random-init architecture on the meta device (no memory, exact parameter shapes)."""
-    from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG
+    from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
 
     profile = get_profile("gpu")
     shape = ModelShape.from_config(SMOLLM2_135M_CONFIG)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf_helpers.profiles import PROFILE_ENV, Profile, get_profile
+from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
 
 def test_default_is_tiny_on_cpu_with_the_shipped_model(monkeypatch):
@@ -63,7 +63,7 @@ def test_every_field_has_a_type_and_a_doc_comment():
 
 def test_profiles_and_data_import_no_heavy_library():
     code = (
-        "import sys, rlhf_helpers.profiles, rlhf_helpers.data, rlhf_helpers.world; "
+        "import sys, rlhf_helpers.runtime.profiles, rlhf_helpers.runtime.data, rlhf_helpers.world; "
         "print(sorted({'torch', 'transformers', 'trl', 'peft'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,17 +7,12 @@ import json
 import pytest
 import torch
 
-from rlhf_helpers.ppo import reward_training as rt
-from rlhf_helpers.ppo.reward_training import (
-    COMPLETE_MARKER,
-    RewardTrainingConfig,
-    ensure_reward_model,
-    is_complete_reward_dir,
-    pearson,
-    reward_cache_dir,
-    reward_metrics,
-)
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages import reward as rt
+from rlhf_helpers.stages import reward_model
+from rlhf_helpers.stages.reward import ensure_reward_model, reward_cache_dir, reward_metrics
+from rlhf_helpers.stages.reward_model import RewardTrainingConfig, pearson
 
 torch.set_num_threads(1)
 
@@ -25,7 +20,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A reward adapter trained on 96 pairs for one epoch (enough to test the plumbing, not quality)."""
-    from rlhf_helpers.data import load_preferences
+    from rlhf_helpers.runtime.data import load_preferences
 
     profile = get_profile("tiny")
     config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96, epochs=1.0, batch_size=32)
@@ -50,8 +45,8 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from rlhf_helpers.models import load_causal_lm, load_sequence_classifier, load_tokenizer
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.runtime.models import load_causal_lm, load_sequence_classifier, load_tokenizer
 
     profile, out, _, eval_pairs = trained
     tok = load_tokenizer(profile)
@@ -72,7 +67,7 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
     assert torch.allclose(got, torch.tensor(expected), atol=1e-4)
     assert got.std() > 0
     # and the scores of the evaluation helper agree with both
-    scored = rt.score_pairs(reference, tok, [p["prompt"] for p in eval_pairs[:4]],
+    scored = reward_model.score_pairs(reference, tok, [p["prompt"] for p in eval_pairs[:4]],
                             [p["chosen"] for p in eval_pairs[:4]])
     assert torch.allclose(scored, torch.tensor(expected), atol=1e-4)
 
@@ -125,13 +120,13 @@ def test_ensure_reward_model_is_atomic_and_cached(tmp_path, monkeypatch):
     assert final == tmp_path / "reward-tiny"
     final.mkdir()
     (final / "adapter_model.safetensors").write_bytes(b"half")
-    assert not is_complete_reward_dir(final)
+    assert rt.reward_dir_problem(final) is not None
     monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
     assert ensure_reward_model(profile, root=tmp_path) == final
-    assert is_complete_reward_dir(final) and (final / "score_head.safetensors").read_bytes() == b"head"
+    assert (rt.reward_dir_problem(final) is None) and (final / "score_head.safetensors").read_bytes() == b"head"
     assert reward_metrics(final)["pairwise_accuracy"] == 0.8
     marker = json.loads((final / COMPLETE_MARKER).read_text())
-    assert marker["config"]["epochs"] == profile.reward_epochs
+    assert marker["key"]["config"]["epochs"] == profile.reward_epochs
     # cached: a second call trains nothing
     n = len(calls)
     assert ensure_reward_model(profile, root=tmp_path) == final and len(calls) == n
@@ -158,7 +153,7 @@ def cached_fake(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
     final = ensure_reward_model(profile, root=tmp_path)
-    assert len(calls) == 1 and is_complete_reward_dir(final)
+    assert len(calls) == 1 and (rt.reward_dir_problem(final) is None)
     return profile, final, calls
 
 
@@ -177,12 +172,12 @@ def test_a_damaged_cached_folder_is_trained_again_and_says_so(tmp_path, monkeypa
     profile, final, calls = cached_fake(tmp_path, monkeypatch)
     capsys.readouterr()
     DAMAGES[damage](final)
-    assert not is_complete_reward_dir(final)  # the marker alone is not trusted
+    assert rt.reward_dir_problem(final) is not None  # the marker alone is not trusted
     assert ensure_reward_model(profile, root=tmp_path) == final
     assert len(calls) == 2  # trained again, into the same folder
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"reward cache {final} is damaged" in err and "training it again" in err
-    assert is_complete_reward_dir(final) and (final / "score_head.safetensors").read_bytes() == b"head"
+    assert (rt.reward_dir_problem(final) is None) and (final / "score_head.safetensors").read_bytes() == b"head"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reward-tiny"]  # no temporary folder left
     assert ensure_reward_model(profile, root=tmp_path) == final and len(calls) == 2  # cached again
 
@@ -225,7 +220,7 @@ def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_pat
     final = ensure_reward_model(profile, root=tmp_path)
     assert not stale.exists() and not other_profile_stale.exists()
     assert running.is_dir() and checkpoint_tmp.is_dir()
-    assert is_complete_reward_dir(final) and len(calls) == 1
+    assert (rt.reward_dir_problem(final) is None) and len(calls) == 1
     assert "removed 2 temporary reward folder(s) of runs that no longer exist" in capsys.readouterr().err
 
 
@@ -235,7 +230,7 @@ def copy_data_dir(tmp_path):
     """A copy of the shipped data directory that a test may edit."""
     import shutil
 
-    from rlhf_helpers.data import data_dir
+    from rlhf_helpers.runtime.data import data_dir
 
     target = tmp_path / "data"
     shutil.copytree(data_dir(), target)  # the tiny model too (models/tiny-sft, 2.6 MB)
@@ -258,7 +253,7 @@ def test_an_edited_preference_file_trains_the_reward_model_again(tmp_path, monke
     marker = json.loads((final / COMPLETE_MARKER).read_text())
     import hashlib
 
-    assert marker["data"][edited] == hashlib.sha256((data / edited).read_bytes()).hexdigest()
+    assert marker["key"]["data"][edited] == hashlib.sha256((data / edited).read_bytes()).hexdigest()
 
 
 def test_another_data_directory_with_other_content_is_not_served_the_old_model(tmp_path, monkeypatch):
@@ -285,7 +280,7 @@ def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, mo
     """A gpu-profile SFT folder is identified by its COMPLETE.json (settings, data checksums, sizes)."""
     import shutil
 
-    from rlhf_helpers.data import data_dir
+    from rlhf_helpers.runtime.data import data_dir
 
     sft = tmp_path / "sft"
     shutil.copytree(data_dir() / "models" / "tiny-sft", sft)
@@ -304,7 +299,7 @@ def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, mo
 
 
 def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):
-    from rlhf_helpers.world.hub_sft import sft_cache_key
+    from rlhf_helpers.stages.sft import sft_cache_key
 
     profile = get_profile("gpu", random_init=True, device="cpu")
     key = sft_cache_key(profile)

@@ -26,8 +26,8 @@ LOGPROB_ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from rlhf_helpers.models import load_tokenizer
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_tokenizer
+    from rlhf_helpers.runtime.profiles import get_profile
 
     return load_tokenizer(get_profile("tiny"))
 
@@ -138,8 +138,8 @@ def test_fast_decoder_reuses_its_cache_across_prompt_widths(shared, prompts, tok
 
 
 def test_the_fast_path_needs_a_llama_family_model(tokenizer):
-    from rlhf_helpers.models import load_causal_lm
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_causal_lm
+    from rlhf_helpers.runtime.profiles import get_profile
 
     gpt2 = load_causal_lm(get_profile("tiny"))
     assert not supports_fast_decoder(gpt2)
@@ -168,10 +168,10 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
     """In bf16 the one-token sampling products round differently from the update's forward, so the
     old log-probs must be that forward's: equal to `policy_logprobs` of the rollout, and (LoRA B = 0
     at the start: policy = reference, bit for bit) a KL of exactly 0 at step 0."""
-    from rlhf_helpers.models import load_causal_lm
     from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.experience import collect_experience, sampling_logprobs_are_exact
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_causal_lm
+    from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny", dtype="bfloat16")
     lm = load_causal_lm(profile)
@@ -188,9 +188,9 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
 
 
 def test_float32_rollouts_keep_the_sampling_loops_log_probs(tokenizer):
-    from rlhf_helpers.models import load_causal_lm
     from rlhf_helpers.ppo.experience import sampling_logprobs_are_exact
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_causal_lm
+    from rlhf_helpers.runtime.profiles import get_profile
 
     model = SharedLoRAModel(load_causal_lm(get_profile("tiny")), pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel, position_ids_from_mask
+from rlhf_helpers.core.tokens import position_ids_from_mask
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 
 torch.set_num_threads(1)
@@ -276,10 +277,10 @@ def test_parameter_bytes_add_up(shared):
 
 def test_shipped_tiny_model_smoke():
     """build_shared_model on the shipped tiny SFT model: the reference is the plain SFT model."""
-    from rlhf_helpers.models import load_causal_lm
     from rlhf_helpers.ppo.build import build_shared_model
     from rlhf_helpers.ppo.config import PPOConfig
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.models import load_causal_lm
+    from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny")
     model, tokenizer = build_shared_model(profile, PPOConfig.from_profile(profile), reward_dir=None)

@@ -14,15 +14,15 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from rlhf_helpers.data import load_preferences, load_prompts, load_sft_corpus
-from rlhf_helpers.models import (
+from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
+from rlhf_helpers.runtime.models import (
     dropout_overrides,
     ensure_distinct_pad,
     load_causal_lm,
     load_sequence_classifier,
     load_tokenizer,
 )
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.world.scorer import hidden_scores
 from rlhf_helpers.world.tiny_model import (
     TinyModelConfig,
@@ -184,7 +184,7 @@ def _shrunk_smollm2(vocab_size: int) -> LlamaForCausalLM:
 
 
 def test_gpu_sft_path_with_trl_on_a_random_llama(tmp_path, one_torch_thread):
-    from rlhf_helpers.world.hub_sft import sft_with_trl
+    from rlhf_helpers.stages.sft import sft_with_trl
 
     tokenizer = build_tokenizer()
     # a hub tokenizer often has pad == EOS; the SFT path must fix that
@@ -216,7 +216,7 @@ def test_ensure_distinct_pad_adds_a_token_only_when_needed():
 
 
 def test_missing_model_directory_gives_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="hub_sft"):
+    with pytest.raises(FileNotFoundError, match="stages.sft"):
         load_causal_lm(get_profile("gpu", sft_model_path=str(tmp_path / "none")))
 
 
@@ -224,7 +224,7 @@ def test_reward_trainer_accepts_the_shipped_preferences(tmp_path, one_torch_thre
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
-    from rlhf_helpers._compat import checkpointing_off
+    from rlhf_helpers.runtime.compat import checkpointing_off
 
     tokenizer = load_tokenizer(TINY)
     model = load_sequence_classifier(TINY, num_labels=1)

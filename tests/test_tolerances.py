@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_helpers.logprobs import logprobs_from_logits
-from rlhf_helpers.models import load_causal_lm, load_tokenizer
-from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.tolerances import close_tolerance
+from rlhf_helpers.core.logprobs import logprobs_from_logits
+from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+from rlhf_helpers.runtime.profiles import get_profile
 
 TEXTS = ["the movie was great . i loved the acting", "the plot is bad", "a film with a fine score and good actors ."]
 

@@ -1,4 +1,4 @@
-"""`python -m rlhf_helpers.ppo.train` on the tiny profile with tiny overrides: a subprocess run, then
+"""`python -m rlhf_helpers.stages.train_ppo` on the tiny profile with tiny overrides: a subprocess run, then
 --resume; in-process `main()` calls for a NaN stop (exit status 3) and refused arguments."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo
 def run_cli(args: list[str], runs: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(TINY), RLHF_RUNS_DIR=str(runs),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1")
-    return subprocess.run([sys.executable, "-m", "rlhf_helpers.ppo.train", "--profile", "tiny",
+    return subprocess.run([sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "tiny",
                            "--no-progress", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
@@ -65,7 +65,7 @@ def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
 
 
 def test_cli_rejects_bad_arguments(tmp_path, capsys):
-    from rlhf_helpers.ppo import train
+    from rlhf_helpers.stages import train_ppo as train
 
     with pytest.raises(SystemExit) as bad:
         train.main(["--steps", "0"])
@@ -89,15 +89,15 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
 
     import torch
 
-    from rlhf_helpers.ppo import checkpoint as checkpoint_module
-    from rlhf_helpers.ppo import reward_training, train
+    from rlhf_helpers.ppo import trainer as trainer_module
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.stages import train_ppo as train
 
     torch.set_num_threads(1)
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     # an untrained reward adapter instead of a TRL run: this test is about the NaN, not the reward
-    monkeypatch.setattr(reward_training, "ensure_reward_model", lambda *args, **kwargs: None)
+    monkeypatch.setattr(train, "ensure_reward_model", lambda *args, **kwargs: None)
     real_scores, calls = SharedLoRAModel.reward_scores, []
 
     def nan_at_third_call(self, *args, **kwargs):
@@ -106,14 +106,14 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
         return scores * math.nan if len(calls) == 3 else scores
 
     monkeypatch.setattr(SharedLoRAModel, "reward_scores", nan_at_third_call)
-    real_save, written = checkpoint_module.save_checkpoint, {}
+    real_save, written = trainer_module.save_checkpoint, {}
 
     def save_and_hash(trainer, output_dir, *args, **kwargs):
         path = real_save(trainer, output_dir, *args, **kwargs)
         written[path.name] = file_hashes(path)
         return path
 
-    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_and_hash)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_and_hash)
     out = tmp_path / "ppo"
     status = train.main(["--profile", "tiny", "--steps", "4", "--save-every", "1", "--no-progress",
                          "--output-dir", str(out)])
@@ -146,23 +146,23 @@ def quick_cli(tmp_path, monkeypatch):
     that comes too late (after the build) shows up as that failure instead of its own message."""
     import torch
 
-    from rlhf_helpers.ppo import build, reward_training
+    from rlhf_helpers.stages import train_ppo
 
     torch.set_num_threads(1)
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setattr(reward_training, "ensure_reward_model", lambda *args, **kwargs: None)
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
 
     def no_build(*args, **kwargs):
         raise AssertionError("the model was built before the set-up error was found")
 
-    monkeypatch.setattr(build, "build_shared_model", no_build)
+    monkeypatch.setattr(train_ppo, "build_shared_model", no_build)
     return tmp_path
 
 
 def setup_error(argv: list[str], capsys) -> str:
     """The one stderr line of a refused set-up (exit status 2)."""
-    from rlhf_helpers.ppo import train
+    from rlhf_helpers.stages import train_ppo as train
 
     with pytest.raises(SystemExit) as refused:
         train.main(["--profile", "tiny", "--steps", "1", "--no-progress", *argv])
@@ -176,7 +176,7 @@ def test_output_dir_that_is_or_lies_under_a_file_is_refused(quick_cli, capsys):
     a_file = quick_cli / "notes.txt"
     a_file.write_text("not a folder")
     line = setup_error(["--output-dir", str(a_file)], capsys)
-    assert line == f"python -m rlhf_helpers.ppo.train: error: --output-dir {a_file} is a file, not a folder: " \
+    assert line == f"python -m rlhf_helpers.stages.train_ppo: error: --output-dir {a_file} is a file, not a folder: " \
                    "choose a folder for the run"
     line = setup_error(["--output-dir", str(a_file / "run" / "ppo")], capsys)
     assert f"--output-dir {a_file / 'run' / 'ppo'} lies under {a_file}, which is a file" in line

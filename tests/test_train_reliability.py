@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
+from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import NonFiniteError, collect_experience
+from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -60,14 +61,14 @@ def test_non_finite_sampling_logits_stop_before_multinomial(value):
 def test_non_finite_weights_after_an_optimiser_step_stop_that_step(tmp_path, monkeypatch):
     trainer = make_trainer(save_every=1, output_dir=str(tmp_path))
     kept = {}
-    real_step = trainer.policy_optimizer.step
+    real_step = trainer.policy_opt.optimizer.step
 
     def step_then_nan(*args, **kwargs):
         real_step(*args, **kwargs)
         if trainer.step_count == 2:  # the third PPO step's only policy step writes a NaN weight
             break_policy(trainer, math.nan)
 
-    monkeypatch.setattr(trainer.policy_optimizer, "step", step_then_nan)
+    monkeypatch.setattr(trainer.policy_opt.optimizer, "step", step_then_nan)
     with pytest.raises(NonFiniteError, match=r"policy weights: 1 tensor\(s\) hold NaN/inf after an optimiser "
                                              r"step at PPO step 2.*last good checkpoint is .*step-000002"):
         trainer.train(steps=4, callback=lambda m: kept.__setitem__(int(m["step"]), policy_state(trainer)))
@@ -87,7 +88,7 @@ def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights
     def record_then_raise_lr(metrics):
         kept[int(metrics["step"])] = policy_state(trainer)
         if trainer.step_count == 2:
-            for group in trainer.policy_optimizer.param_groups:
+            for group in trainer.policy_opt.optimizer.param_groups:
                 group["lr"] = 1e12
 
     with pytest.raises(NonFiniteError, match="the weights after the update of PPO step 2 fail on their "
@@ -189,7 +190,7 @@ class PeerStub:
 def test_the_vote_stops_a_process_that_saw_nothing_when_its_peer_saw_a_nan(monkeypatch):
     import accelerate.utils
 
-    from rlhf_helpers.ppo.finite_guard import collective_stop
+    from rlhf_helpers.ppo.guards import collective_stop
 
     peer = PeerStub("policy loss has 1 NaN/inf value(s) at PPO step 4")
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + [peer.peer_message])

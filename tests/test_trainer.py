@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from rlhf_helpers.kl import AdaptiveKLController, FixedKLController, shape_rewards
-from rlhf_helpers.losses import policy_loss
+from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController, shape_rewards
+from rlhf_helpers.core.losses import policy_loss
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import NonFiniteError
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -310,7 +310,7 @@ def test_evaluate_scores_every_prompt_in_batches_of_eval_batch_size(monkeypatch)
 
 
 def test_eval_batch_size_comes_from_the_profile_and_must_be_positive():
-    from rlhf_helpers.profiles import get_profile
+    from rlhf_helpers.runtime.profiles import get_profile
 
     for name in ("tiny", "gpu"):
         profile = get_profile(name)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_helpers.data import data_dir
+from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.world import grammar
 from rlhf_helpers.world.annotator import Annotator, accuracy_ceiling, preference_probability
 from rlhf_helpers.world.records import (

@@ -2,7 +2,7 @@
 
     accelerate launch --multi_gpu --num_processes 2 ... tests/two_process_run.py --profile tiny ...
 
-Runs `python -m rlhf_helpers.ppo.train`'s `main` with an untrained reward adapter (no reward-model
+Runs `python -m rlhf_helpers.stages.train_ppo`'s `main` with an untrained reward adapter (no reward-model
 training), and, on the process whose rank is $NAN_RANK only, makes the reward-model scores NaN at
 its $NAN_CALL-th reward pass (1-based). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a
 hung run can be ended) and {"rank", "exit", "num_processes"} to $RESULTS_DIR/rank-<rank>.json
@@ -23,14 +23,15 @@ from pathlib import Path
 def main() -> int:
     import torch
 
-    from rlhf_helpers.ppo import checkpoint, reward_training, train
+    from rlhf_helpers.ppo import trainer as trainer_module
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.stages import train_ppo as train
 
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
     results = Path(os.environ["RESULTS_DIR"])
     (results / f"pid-{rank}").write_text(str(os.getpid()))  # the launcher puts workers in their own sessions
-    reward_training.ensure_reward_model = lambda *args, **kwargs: None
+    train.ensure_reward_model = lambda *args, **kwargs: None
     real_scores, calls = SharedLoRAModel.reward_scores, []
 
     def scores_nan_on_one_rank(self, *args, **kwargs):
@@ -40,7 +41,7 @@ def main() -> int:
         return scores * math.nan if bad else scores
 
     SharedLoRAModel.reward_scores = scores_nan_on_one_rank
-    real_save = checkpoint.save_checkpoint
+    real_save = trainer_module.save_checkpoint
 
     def save_and_hash(trainer, output_dir, *args, **kwargs):
         path = real_save(trainer, output_dir, *args, **kwargs)
@@ -49,7 +50,7 @@ def main() -> int:
         (results / f"saved-{path.name}.json").write_text(json.dumps(hashes))
         return path
 
-    checkpoint.save_checkpoint = save_and_hash
+    trainer_module.save_checkpoint = save_and_hash
     status = train.main(sys.argv[1:])
     run = json.loads((Path(train.parse_args(sys.argv[1:]).output_dir) / "run.json").read_text())
     (results / f"rank-{rank}.json").write_text(json.dumps(

@@ -7,7 +7,7 @@ Usage:
 Source format (a subset of jupytext's "percent" format, parsed here so no extra package is needed):
     # %% [markdown]        a markdown cell; each line's leading "# " (or "#") is removed
     # %%                   a code cell, kept verbatim
-    # %% [setup]           the standard Colab set-up cell, `rlhf_helpers.notebook.colab_setup_source()`
+    # %% [setup]           the standard Colab set-up cell, `rlhf_helpers.course.notebook.colab_setup_source()`
 In markdown, the placeholder {{colab_badge}} becomes this notebook's "Open in Colab" badge.
 Text before the first "# %%" marker (e.g. a module comment) is ignored.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.
@@ -26,7 +26,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlhf_helpers.notebook import colab_badge, colab_setup_source  # noqa: E402
+from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa: E402
 
 SOURCE_DIR = ROOT / "notebooks" / "src"
 NOTEBOOK_DIR = ROOT / "notebooks"

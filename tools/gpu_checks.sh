@@ -54,9 +54,9 @@ print(\"transformers\", transformers.__version__, \"peft\", peft.__version__, \"
     sampling) stage sampling $PY -m benchmarks.bench_sampling --device cuda --json "$OUT/sampling.json" ;;
     trl) stage trl $PY -m benchmarks.bench_trl_baseline --device cuda --random-init-config smollm2 --json "$OUT/trl.json" ;;
     memory) stage memory $PY -m benchmarks.bench_memory --device cuda --json "$OUT/memory.json" ;;
-    cli) stage cli $PY -m rlhf_helpers.ppo.train --profile gpu --steps 20 --eval-every 10 --no-progress \
+    cli) stage cli $PY -m rlhf_helpers.stages.train_ppo --profile gpu --steps 20 --eval-every 10 --no-progress \
            --output-dir "$OUT/cli-run" ;;
-    notebooks) stage notebooks $PY -m rlhf_helpers.run_course --out "$OUT/notebooks" ${NOTEBOOKS:-} ;;  # NOTEBOOKS="06 07": a subset
+    notebooks) stage notebooks $PY -m rlhf_helpers.course.run_course --out "$OUT/notebooks" ${NOTEBOOKS:-} ;;  # NOTEBOOKS="06 07": a subset
     *) echo "unknown stage $s (env sampling trl memory cli notebooks)"; status=2 ;;
   esac
 done

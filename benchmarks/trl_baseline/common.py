@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 # re-exported: `from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG` keeps working
-from rlhf_helpers.world.architectures import SMOLLM2_135M_CONFIG
+from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped tiny SFT model (word-level GPT-2) both sides start from.
 TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-sft"
 
-#: Architectures of random-init GPU runs (SmolLM2-135M's is defined in rlhf_helpers.world.architectures).
+#: Architectures of random-init GPU runs (SmolLM2-135M's is defined in rlhf_helpers.runtime.architectures).
 RANDOM_INIT_CONFIGS = {"smollm2": SMOLLM2_135M_CONFIG}
 
 
@@ -172,8 +172,8 @@ def median(values: Sequence[float]) -> float:
 
 # ----------------------------------------------------------------------------- data and models
 def load_prompt_texts(split: str, limit: int | None = None) -> list[str]:
-    """Prompts of data/prompts_{split}.jsonl (validated by rlhf_helpers.data)."""
-    from rlhf_helpers.data import load_prompts
+    """Prompts of data/prompts_{split}.jsonl (validated by rlhf_helpers.runtime.data)."""
+    from rlhf_helpers.runtime.data import load_prompts
 
     prompts = load_prompts(split)
     return prompts[:limit] if limit is not None else prompts

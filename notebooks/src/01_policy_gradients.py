@@ -18,7 +18,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 

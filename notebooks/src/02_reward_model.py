@@ -21,7 +21,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 
@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from plotly.subplots import make_subplots
 
 import rlhf_helpers
-from rlhf_helpers.data import load_preferences
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime.data import load_preferences
+from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores, score_breakdown
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probability
-from rlhf_helpers.world.hub_sft import ensure_sft_model
+from rlhf_helpers.stages.sft import ensure_sft_model
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
@@ -278,8 +278,8 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
 # %%
 from peft import get_peft_model
 
-from rlhf_helpers.models import load_causal_lm
-from rlhf_helpers.ppo.shared_model import lora_config, uses_conv1d
+from rlhf_helpers.runtime.models import load_causal_lm
+from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
 
 # float32 for this check (the gpu profile computes in bf16 or fp16): it compares peft's layer with the
 # equation, so both sides must round alike; in half precision they would differ by rounding alone
@@ -327,9 +327,9 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import RewardConfig, RewardTrainer
 
-from rlhf_helpers._compat import checkpointing_off
-from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
-from rlhf_helpers.precision import MASTER_DTYPE_NAME, amp_flags
+from rlhf_helpers.runtime.compat import checkpointing_off
+from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
 
 demo_tokenizer = load_tokenizer(profile)
 # the SFT model + a fresh (H -> 1) score head, in float32: the trained weights stay float32 masters
@@ -357,7 +357,7 @@ print(f"Bradley-Terry loss after 4 and 8 steps: {losses} (log 2 = {math.log(2):.
 del demo_trainer, demo_base
 
 # %% [markdown]
-# `rlhf_helpers.ppo.reward_training` makes the same calls for the real run (its loss is exactly the
+# `rlhf_helpers.stages.reward` makes the same calls for the real run (its loss is exactly the
 # Bradley-Terry loss above; TRL appends EOS to every response, so the score is read on the EOS, as in
 # PPO's rollouts). `ensure_reward_model(profile)` trains once and caches the adapter under
 # `runs/reward-<profile>/`, where notebooks 05 and 06 find it. On the 2-core CPU of the tiny profile the
@@ -366,14 +366,9 @@ del demo_trainer, demo_base
 # %%
 from peft import PeftModel
 
-from rlhf_helpers.models import load_sequence_classifier, load_tokenizer
-from rlhf_helpers.ppo.reward_training import (
-    RewardTrainingConfig,
-    ensure_reward_model,
-    is_cached_reward_model,
-    reward_metrics,
-    score_pairs,
-)
+from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.stages.reward_model import RewardTrainingConfig, score_pairs
+from rlhf_helpers.stages.reward import ensure_reward_model, is_cached_reward_model, reward_metrics
 
 reward_config = RewardTrainingConfig.from_profile(profile)
 print(reward_config)
@@ -429,7 +424,7 @@ with torch.no_grad():
     scratch_scores = score_head(hidden[:, -1, :]).squeeze(-1)  # (B,): left padding -> last column
 library_scores = score_pairs(reward_model, tokenizer, prompts, responses).to(device)  # (B,)
 torch.testing.assert_close(scratch_scores, library_scores, rtol=1e-4, atol=1e-4)
-print("last-column reading matches rlhf_helpers.ppo.reward_training.score_pairs:",
+print("last-column reading matches rlhf_helpers.stages.reward_model.score_pairs:",
       [round(s, 3) for s in scratch_scores.tolist()])
 
 # What goes wrong: the same batch right-padded, read at the last column (a pad token for the short rows).

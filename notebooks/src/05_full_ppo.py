@@ -23,7 +23,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 
@@ -39,22 +39,22 @@ from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
-from rlhf_helpers.data import load_preferences, load_prompts
-from rlhf_helpers.live_figure import LiveFigure
-from rlhf_helpers.memory import PeakMemory
-from rlhf_helpers.models import load_causal_lm
-from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
+from rlhf_helpers.runtime.data import load_preferences, load_prompts
+from rlhf_helpers.widgets.live_figure import LiveFigure
+from rlhf_helpers.runtime.memory import PeakMemory
+from rlhf_helpers.runtime.models import load_causal_lm
+from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
-from rlhf_helpers.ppo.reward_training import ensure_reward_model, reward_metrics
-from rlhf_helpers.ppo.shared_model import position_ids_from_mask
+from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
+from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.tolerances import close_tolerance
-from rlhf_helpers.world.hub_sft import ensure_sft_model
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
 profile = get_profile()
@@ -194,7 +194,7 @@ with torch.no_grad():
     shared_ref = model.ref_logprobs(demo.sequences, demo.attention_mask, P)  # (B, R)
     shared_policy = model.policy_logprobs(demo.sequences, demo.attention_mask, P)  # (B, R)
 m = demo.mask.bool()  # (B, R)
-# float32: 1e-4; bf16/fp16 (gpu profile): wide enough for the rounding of other kernels (rlhf_helpers.tolerances)
+# float32: 1e-4; bf16/fp16 (gpu profile): wide enough for the rounding of other kernels (rlhf_helpers.core.tolerances)
 check_tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)
 torch.testing.assert_close(shared_ref.float()[m], plain_logp[m], **check_tol)
 torch.testing.assert_close(shared_policy.float()[m], plain_logp[m], **check_tol)
@@ -458,9 +458,9 @@ def ppo_update_scratch(model, batch, policy_opt, value_opt, config, generator):
 trainable = model.policy_parameters() + model.value_parameters()
 start_weights = [p.detach().clone() for p in trainable]
 SGD_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
-library = PPOTrainer(config, model, tokenizer, train_prompts)
-library.policy_optimizer = torch.optim.SGD(model.policy_parameters(), lr=SGD_LR)
-library.value_optimizer = torch.optim.SGD(model.value_parameters(), lr=SGD_LR)
+library = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores)
+library.policy_opt.optimizer = torch.optim.SGD(model.policy_parameters(), lr=SGD_LR)
+library.value_opt.optimizer = torch.optim.SGD(model.value_parameters(), lr=SGD_LR)
 library.update(batch, torch.Generator().manual_seed(0))
 library_weights = [p.detach().clone() for p in trainable]
 library_losses = torch.tensor([(s["policy_loss"], s["value_loss"]) for s in library.last_update_stats])
@@ -568,7 +568,7 @@ for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss"
 # %%
 torch.manual_seed(profile.seed)
 model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
-trainer = PPOTrainer(config, model, tokenizer, train_prompts)
+trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores)
 start_eval = trainer.evaluate(eval_prompts)
 print({k: round(v, 3) for k, v in start_eval.items()})
 

@@ -24,7 +24,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 
@@ -39,16 +39,16 @@ from plotly.subplots import make_subplots
 from tqdm.auto import tqdm
 
 import rlhf_helpers
-from rlhf_helpers.data import load_prompts
+from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.experience import response_mask_to_first_eos
+from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.ppo.reward_training import ensure_reward_model
+from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.world import score_breakdown
-from rlhf_helpers.world.hub_sft import ensure_sft_model
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
+from rlhf_helpers.stages.sft import ensure_sft_model
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 02 may have done it), then reused
@@ -107,7 +107,7 @@ def step_extras(trainer):
 def run(trainer_class, config, steps, desc, start_state=initial_state):
     """Train `steps` PPO iterations from `start_state`; return the trainer and per-step extras."""
     load_state(start_state)
-    trainer = trainer_class(config, model, tokenizer, prompts)
+    trainer = trainer_class(config, model, tokenizer, prompts, hidden_score_fn=hidden_scores)
     extras = []
     for _ in tqdm(range(steps), desc=desc):
         trainer.step()
@@ -285,7 +285,7 @@ for name, extras in (("broken", broken_b_extras), ("fixed ", fixed_b_extras)):
 # the tokens that do get a gradient), but not in the direction their own advantage asks for. A policy
 # that cannot be taught when to stop drifts in length with no pressure on the stop token; a long run
 # can end with responses cut at `max_new_tokens` (watch `eos_fraction` and `response_length`). The fix
-# is a pad token distinct from EOS (`rlhf_helpers.models.ensure_distinct_pad`) and a mask built from
+# is a pad token distinct from EOS (`rlhf_helpers.runtime.models.ensure_distinct_pad`) and a mask built from
 # the first EOS.
 #
 # ### Exercise 1: an EOS-aware response mask
@@ -307,7 +307,7 @@ def check_mask_to_first_eos():
     expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).float()
     torch.testing.assert_close(mask_to_first_eos(ids, eos), expected)
     random_ids = torch.randint(0, 6, (20, 12), generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(mask_to_first_eos(random_ids, eos), response_mask_to_first_eos(random_ids, eos))
+    torch.testing.assert_close(mask_to_first_eos(random_ids, eos), library_mask_to_first_eos(random_ids, eos))
 
 
 exercise_check("Exercise 1 (mask_to_first_eos)", check_mask_to_first_eos)

@@ -25,7 +25,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 
@@ -39,14 +39,14 @@ from plotly.subplots import make_subplots
 import rlhf_helpers
 from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
-from rlhf_helpers.data import load_prompts
-from rlhf_helpers.group_advantages import group_rewards
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
-from rlhf_helpers.ppo.reward_training import ensure_reward_model
-from rlhf_helpers.profiles import get_profile
-from rlhf_helpers.world.hub_sft import ensure_sft_model
+from rlhf_helpers.stages.reward import ensure_reward_model
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.sft import ensure_sft_model
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime, then reused; tiny: ships in data/

@@ -12,7 +12,7 @@
 # %% [setup]
 
 # %%
-from rlhf_helpers.notebook import exercise_check, show_environment
+from rlhf_helpers.course.notebook import exercise_check, show_environment
 
 env_info = show_environment()
 
@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 import rlhf_helpers
-from rlhf_helpers.profiles import get_profile
+from rlhf_helpers.runtime.profiles import get_profile
 
 profile = get_profile()
 torch.manual_seed(profile.seed)

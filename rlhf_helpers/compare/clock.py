@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlhf_helpers.memory import PeakMemory
+from rlhf_helpers.runtime.memory import PeakMemory
 
 
 class TrainingClock:

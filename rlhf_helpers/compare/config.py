@@ -113,7 +113,7 @@ class CompareConfig:
         policy learning rate (PPO's, shared by all), its rollout batch as samples_per_batch."""
         missing = [name for name in PROFILE_FIELDS if not hasattr(profile, name)]
         if missing:
-            raise TypeError(f"profile must be a Profile (rlhf_helpers.profiles.get_profile()), got "
+            raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got "
                             f"{type(profile).__name__} without {', '.join(missing)}")
         values = {"train_seconds": profile.compare_seconds, "n_eval_prompts": profile.n_eval_prompts,
                   "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,

@@ -24,6 +24,7 @@ def comparison_figure(runs: Sequence[Any], best_of: Mapping[int, Mapping[str, fl
                       clock: str = "cpu") -> Any:
     """A 1 x 3 plotly figure of MethodRuns (or their dicts): every evaluation of every run as a point
     on a line per run; best-of-n as diamonds (frontier) and dashed lines (the other two panels)."""
+    # plotly: imported only when a figure is drawn
     from plotly.subplots import make_subplots
 
     seconds = "training CPU seconds" if clock == "cpu" else "training seconds (GPU, wall)"

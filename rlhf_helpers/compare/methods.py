@@ -10,11 +10,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
+from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.compare.clock import PeakMemoryMeter, TrainingClock
 from rlhf_helpers.compare.config import METHODS, CompareConfig
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
+from rlhf_helpers.compare.trl_methods import run_trl_method
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.evaluation import evaluate_policy
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.world.scorer import hidden_scores
 
 #: Names in tables and legends.
 LABELS = {"ppo": "PPO (critic + GAE)", "grpo": "GRPO (TRL)", "rloo": "RLOO (TRL)"}
@@ -35,8 +43,6 @@ def check_prompt_list(name: str, prompts: Any, at_least: int, why: str = "") -> 
 def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[Any, Any], dict[str, float]]:
     """judge(model, tokenizer): `evaluate_policy` on the first config.n_eval_prompts of `eval_prompts`,
     one fixed sampling seed, the hidden scorer as ground truth. The same for every method."""
-    from rlhf_helpers.world.scorer import hidden_scores
-
     prompts = list(eval_prompts)[: config.n_eval_prompts]
 
     def judge(model: Any, tokenizer: Any) -> dict[str, float]:
@@ -51,10 +57,6 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
             judge_fn: Callable[[Any, Any], dict[str, float]],
             progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
     """The course's PPO (policy + critic adapters on one base) for config.train_seconds."""
-    from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
-    from rlhf_helpers.ppo.trainer import PPOTrainer
-
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
     ppo_config = PPOConfig.from_profile(
@@ -64,7 +66,7 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
         lora_target_modules=config.lora_target_modules, eval_batch_size=config.eval_batch_size)
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
-    trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts))
+    trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts), hidden_score_fn=hidden_scores)
     clock = TrainingClock(device)
     schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches, config.early_evals)
     run = MethodRun(method="ppo", label=LABELS["ppo"], clock=clock.kind, memory_how=meter.how,
@@ -94,16 +96,13 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
                train_prompts: Sequence[str] | None = None, progress_bar: bool = True) -> MethodRun:
     """Train `method` ("ppo", "grpo" or "rloo") for config.train_seconds and judge it on `eval_prompts`;
     a tqdm bar counts the budget's seconds."""
-    from tqdm.auto import tqdm
-
-    from rlhf_helpers.data import load_prompts
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not isinstance(config, CompareConfig):
         raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
     if not hasattr(profile, "device"):
-        raise TypeError(f"profile must be a Profile (rlhf_helpers.profiles.get_profile()), got {profile!r}")
+        raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got {profile!r}")
     check_prompt_list("eval_prompts", eval_prompts, 1)
     train_prompts = train_prompts if train_prompts is not None else load_prompts("train")
     # TRL's GRPO/RLOO loaders drop an incomplete batch: with fewer prompts they would train nothing and
@@ -123,8 +122,6 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
         if method == "ppo":
             run = run_ppo(config, profile, reward_dir, train_prompts, judge_fn, progress)
         else:
-            from rlhf_helpers.compare.trl_methods import run_trl_method
-
             run = run_trl_method(method, config, profile, reward_dir, train_prompts, judge_fn, progress)
             run.label = LABELS[method]
     finally:
@@ -140,10 +137,6 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     """best-of-n of the SFT model for every n in config.best_of (one draw of max(n) samples per
     prompt): {n: {"hidden", "reward", "kl", "hidden_se", "seconds"}}; kl is the analytic
     log n - (n - 1)/n, seconds the time of the draw (for all n at once, in the clock's unit)."""
-    from rlhf_helpers.ppo.best_of_n import best_of_n, best_of_n_kl
-    from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
-
     check_prompt_list("eval_prompts", eval_prompts, 1)
     prompts = list(eval_prompts)[: config.n_eval_prompts]
     ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora_r=config.lora_r, lora_alpha=config.lora_alpha,

@@ -10,7 +10,7 @@ are copied into its `policy` adapter and `evaluate_policy` samples from it, as f
 
 The trainers are subclassed only to keep what they compute: each generation batch's advantages
 (the rewards are kept by the reward function), so the course can check them against
-`rlhf_helpers.group_advantages`.
+`rlhf_helpers.core.group_advantages`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import PrinterCallback, TrainerCallback
+from transformers.utils import logging as transformers_logging
 
 from rlhf_helpers.compare.clock import PeakMemoryMeter, TrainingClock
 from rlhf_helpers.compare.config import CompareConfig
 from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
 from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.models import load_causal_lm
 
 #: Steps TRL may take at most: the budget, not this, ends a run.
 UNBOUNDED_STEPS = 10**7
@@ -36,6 +42,7 @@ def trl_arguments(method: str, config: CompareConfig, device: torch.device, dtyp
                   output_dir: str) -> Any:
     """TRL's GRPOConfig or RLOOConfig for the comparison (constant learning rate, no checkpoints,
     no logging, dropout and gradient checkpointing off, TRL's own progress bar off)."""
+    # trl is heavy and optional (Colab ships none): imported only to train
     from trl import GRPOConfig, RLOOConfig
 
     common = dict(
@@ -78,8 +85,6 @@ def _recording(trainer_class: type) -> type:
 
 def copy_policy_adapter(trl_model: Any, judge: Any) -> None:
     """Copy the LoRA weights TRL trains (adapter "default") into the judge's `policy` adapter."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
     state = get_peft_model_state_dict(trl_model)
     result = set_peft_model_state_dict(judge.peft, state, adapter_name="policy")
     if result.unexpected_keys or not state:
@@ -89,8 +94,6 @@ def copy_policy_adapter(trl_model: Any, judge: Any) -> None:
 
 def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Callable[[], None],
                      on_progress: Callable[[float], None], batches_done: Callable[[int], int]) -> Any:
-    from transformers import TrainerCallback
-
     class BudgetCallback(TrainerCallback):
         """Counts the training budget between evaluations; stops TRL once it is spent."""
 
@@ -117,14 +120,11 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
                    progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
     """Train `method` ("grpo" or "rloo") with TRL for config.train_seconds; judge it with
     `judge_fn(judge_model, tokenizer)` before training and at every evaluation mark."""
+    # datasets comes with trl: imported only to train
     from datasets import Dataset
-    from transformers import PrinterCallback
-    from transformers.utils import logging as transformers_logging
-    from trl import GRPOTrainer, RLOOTrainer
 
-    from rlhf_helpers.models import load_causal_lm
-    from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
+    # trl is heavy and optional (Colab ships none): imported only to train
+    from trl import GRPOTrainer, RLOOTrainer
 
     trainer_class = _recording({"grpo": GRPOTrainer, "rloo": RLOOTrainer}[method])
     device = torch.device(profile.device)

@@ -1,13 +1,14 @@
 """The shared-LoRA PPO engine: one base model, policy / value / reward adapters, the base as reference.
 
-Import from the submodules (this package imports nothing heavy itself):
+Import from the submodules (this package imports nothing itself):
 
     from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.ppo.checkpoint import save_checkpoint, load_checkpoint
-    from rlhf_helpers.ppo.reward_training import train_reward_model
     from rlhf_helpers.ppo.build import build_shared_model     # SFT base + adapters from a profile
 
-Command line: `python -m rlhf_helpers.ppo.train --profile tiny` (also under `accelerate launch`).
+The engine knows neither the review world nor the pipeline's stages: the caller passes the reward
+adapter's folder (`rlhf_helpers.stages.reward`) and, if it has one, a hidden scorer.
+Command line: `python -m rlhf_helpers.stages.train_ppo --profile tiny` (also under `accelerate launch`).
 """

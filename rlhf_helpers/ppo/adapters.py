@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from peft import LoraConfig, set_peft_model_state_dict
+from safetensors.torch import load_file
 from torch import nn
 
 from rlhf_helpers.ppo.value_head import ScalarHead
@@ -31,8 +33,6 @@ def uses_conv1d(model: nn.Module) -> bool:
 def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
                 fan_in_fan_out: bool = False, task_type: str = "CAUSAL_LM") -> Any:
     """A LoRA config with dropout 0 (PPO compares two forwards of the same input)."""
-    from peft import LoraConfig
-
     return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(target_modules),
                       bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
 
@@ -47,9 +47,6 @@ def refuse_checkpointing(model: nn.Module) -> None:
 def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int,
                         fan_in_fan_out: bool) -> ScalarHead:
     """Add the frozen `reward` adapter from the reward step's folder to `peft_model`; return its score head."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     weights = directory / ADAPTER_WEIGHTS_FILE
     head_file = directory / SCORE_HEAD_FILE
@@ -57,7 +54,7 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     for path in (weights, head_file, config_file):
         if not path.is_file():
             raise FileNotFoundError(f"reward_dir lacks {path.name}: {directory} must be written by "
-                                    "rlhf_helpers.ppo.reward_training.train_reward_model")
+                                    "rlhf_helpers.stages.reward_model.train_reward_model")
     saved = json.loads(config_file.read_text())
     peft_model.add_adapter("reward", lora_config(saved["r"], saved["lora_alpha"],
                                                   sorted(saved["target_modules"]), fan_in_fan_out))

@@ -7,6 +7,7 @@ from typing import Any
 
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 
 
 def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path | None) -> tuple[SharedLoRAModel, Any]:
@@ -15,8 +16,6 @@ def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path |
     `reward_dir=None` gives a fresh, untrained reward adapter (only for tests and timing runs: its
     scores are noise); pass the folder written by `train_reward_model` for real training.
     """
-    from rlhf_helpers.models import load_causal_lm, load_tokenizer
-
     tokenizer = load_tokenizer(profile)
     base = load_causal_lm(profile)
     model = SharedLoRAModel(base, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -18,11 +18,14 @@ A crash at any moment leaves `latest` pointing at the previous complete checkpoi
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
 
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
 
@@ -52,8 +55,6 @@ def _fsync_tree(root: Path) -> None:
 
 def save_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
     """Write every adapter (one peft sub-folder each) and both heads into `directory` (not atomic)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.peft.save_pretrained(str(directory / ADAPTERS_DIR), selected_adapters=list(ADAPTERS))
@@ -65,9 +66,6 @@ def save_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
 
 def load_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
     """Load every adapter and both heads written by `save_model_weights` into `model`."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     for adapter in ADAPTERS:
         weights = directory / ADAPTERS_DIR / adapter / "adapter_model.safetensors"
@@ -169,8 +167,6 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
     whatever function a crafted file names, so a file holding anything else is refused (ValueError)
     and nothing in it runs.
     """
-    import pickle
-
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -134,7 +134,7 @@ class PPOConfig:
 
     @classmethod
     def from_profile(cls, profile: Any, **overrides: Any) -> PPOConfig:
-        """The profile's PPO sizes (`rlhf_helpers.profiles.Profile`), then `overrides`."""
+        """The profile's PPO sizes (`rlhf_helpers.runtime.profiles.Profile`), then `overrides`."""
         values = {
             "rollout_batch_size": profile.rollout_batch_size,
             "mini_batch_size": profile.mini_batch_size,

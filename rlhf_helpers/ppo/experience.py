@@ -9,47 +9,21 @@ the policy that sampled, old values, advantages, returns) and what the metrics r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from rlhf_helpers.gae import compute_gae
-from rlhf_helpers.kl import shape_rewards
-from rlhf_helpers.masked import masked_whiten
+from rlhf_helpers.core.gae import compute_gae
+from rlhf_helpers.core.kl import shape_rewards
+from rlhf_helpers.core.masked import masked_whiten
+from rlhf_helpers.core.tokens import mask_to_first_eos
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.sampling import mask_to_first_eos
+from rlhf_helpers.ppo.guards import check_all_finite, non_finite_stops_run
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 #: reward_fn(prompts, responses) -> one score per pair (replaces the reward adapter when given)
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
-
-
-class NonFiniteError(RuntimeError):
-    """A NaN or inf appeared in rewards or losses; the run stops before it can spread into the weights."""
-
-
-def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> None:
-    """Raise NonFiniteError naming `what` (and the PPO step) if x holds a NaN or an inf."""
-    if not bool(torch.isfinite(x).all()):
-        where = f" at PPO step {step}" if step is not None else ""
-        bad = int((~torch.isfinite(x)).sum())
-        raise NonFiniteError(f"{what} has {bad} NaN/inf value(s){where}; stopping the run (the last "
-                             "checkpoint written before this step is intact)")
-
-
-@contextmanager
-def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
-    """Turn the maths core's "must be finite" ValueError (NaN/inf logits, values...) into NonFiniteError."""
-    try:
-        yield
-    except ValueError as error:
-        if "must be finite" not in str(error):
-            raise
-        where = f" at PPO step {step}" if step is not None else ""
-        raise NonFiniteError(f"{error}{where}; stopping the run (the last checkpoint written before "
-                             "this step is intact)") from error
 
 
 @dataclass
@@ -113,14 +87,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - (target - values[m]).var() / var) if var > 0 else float("nan")
 
 
-def response_mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
-
-    Built from EOS alone, not from the pad id (see `sampling.mask_to_first_eos`).
-    """
-    return mask_to_first_eos(responses, eos_token_id)  # (B, R)
-
-
 @dataclass
 class Samples:
     """Sampled responses to B prompts, before any scoring."""
@@ -154,7 +120,7 @@ def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], 
         sequences = model.generate(prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,
                                    adapter=adapter)  # (B, P + R)
     responses = sequences[:, P:]  # (B, R)
-    mask = response_mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
+    mask = mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
     attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
     ended_with_eos = ((responses == model.eos_token_id) & mask.bool()).any(dim=1)  # (B,)
     return Samples(prompts=list(prompts), responses=decode_responses(tokenizer, responses, mask),

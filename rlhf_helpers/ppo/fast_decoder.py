@@ -25,8 +25,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rlhf_helpers.ppo.sampling import position_ids_from_mask
+from rlhf_helpers.core.tokens import position_ids_from_mask
 
 #: Model types whose decode step `StaticLlamaDecoder` implements (SmolLM2 is a Llama).
 FAST_MODEL_TYPES = ("llama",)
@@ -249,6 +250,4 @@ class StaticLlamaDecoder:
 
 def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotary position embedding (RoPE), as Llama applies it: x cos + rotate_half(x) sin."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     return apply_rotary_pos_emb(q, k, cos, sin)

@@ -51,7 +51,10 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
     metrics.jsonl; `keys` defaults to the DEFAULT_CURVES present in it. Panel titles are metric names;
     hovering a point shows the glossary line.
     """
+    # plotly: imported only when a figure is drawn
     import plotly.graph_objects as go
+
+    # plotly: imported only when a figure is drawn
     from plotly.subplots import make_subplots
 
     if not history:

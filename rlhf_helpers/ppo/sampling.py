@@ -31,17 +31,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from rlhf_helpers._checks import check_temperature, check_token_batch, validation
-from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only: (B, L) 0/1 mask -> (B, L), 0 at left padding.
-
-    pos_t = (sum_{s <= t} m_s) - 1, clamped at 0; a left-padded row starts at position 0 on its first
-    real token, exactly as the same row without padding would.
-    """
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+from rlhf_helpers.core.checks import (
+    NonFiniteError,
+    check_temperature,
+    check_token_batch,
+    validation,
+)
+from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
+from rlhf_helpers.core.tokens import position_ids_from_mask
+from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
 
 
 @dataclass
@@ -62,18 +60,6 @@ class Decoder(Protocol):
 
     def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """token, position, keep (B,) -> logits of the next token (B, V)."""
-
-
-def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
-
-    Built from EOS alone, not from the pad id: the loop writes pad only after a row's EOS, so a pad
-    token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
-    attended token instead of punching a hole into the mask.
-    """
-    is_eos = (responses == eos_token_id).long()  # (B, R)
-    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R): strictly after the first EOS
-    return (~after_eos).float()  # (B, R)
 
 
 class PlainDecoder:
@@ -126,7 +112,7 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     `decoder`: how logits are computed (default `PlainDecoder(lm)`); the model's adapter is whatever
     the caller has set. `stop_check_every`: read the "every row ended" flag every this many tokens
     (default 1 on a CPU, 8 on CUDA, where each read waits for the GPU). NaN/inf logits raise
-    ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
+    NonFiniteError (a ValueError) after the loop instead of crashing `torch.multinomial`.
     """
     if stop_check_every is None:
         stop_check_every = 1 if input_ids.device.type == "cpu" else 8
@@ -163,7 +149,7 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         logits = decoder.decode(token, next_pos, ~done)  # (B, V)
         next_pos = next_pos + 1
     if bool(broken.any()):
-        raise ValueError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
+        raise NonFiniteError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
                          f"NaN or inf {'at' if stop_check_every == 1 else 'by'} response token {step} (the weights "
                          "are broken)")
     sampled = torch.stack(tokens, dim=1)  # (B, S)
@@ -194,7 +180,7 @@ class SamplingMixin:
         y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
         A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
         Uses the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
-        ValueError "... must be finite ..." after the loop instead of crashing `torch.multinomial`.
+        NonFiniteError (a ValueError) after the loop instead of crashing `torch.multinomial`.
         """
         return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
 
@@ -240,9 +226,9 @@ class SamplingMixin:
             try:
                 out = run(self._fast_decoder_with(adapter))
                 return out.sequences, out.logprobs, out.entropy
-            except Exception as error:  # a failure of the fast path itself, never broken weights
-                if isinstance(error, ValueError) and "must be finite" in str(error):
-                    raise
+            except NonFiniteError:  # broken weights: no other decoder would do better
+                raise
+            except Exception as error:  # a failure of the fast path itself
                 warnings.warn(f"fast sampling failed ({type(error).__name__}: {error}); this model samples "
                               "with the plain loop from now on", RuntimeWarning, stacklevel=4)
                 self.fast_sampling, self._fast_decoder = False, None
@@ -253,8 +239,6 @@ class SamplingMixin:
     def _fast_decoder_with(self, adapter: str | None) -> Decoder:
         """The model's static-cache decoder (built once), with `adapter` folded into its weights."""
         if self._fast_decoder is None:
-            from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
-
             self._fast_decoder = StaticLlamaDecoder(self.lm)
         self._fast_decoder.load_adapter(adapter)
         return self._fast_decoder

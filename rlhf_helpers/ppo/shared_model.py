@@ -31,14 +31,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from peft import get_peft_model
 from torch import nn
 
-from rlhf_helpers._checks import check_temperature, check_token_batch
-from rlhf_helpers.kl import last_token_index
-from rlhf_helpers.logprobs import entropy_from_logits, logprobs_from_logits
-from rlhf_helpers.ppo.adapters import (  # noqa: F401  (uses_conv1d, file names: re-exported)
-    ADAPTER_WEIGHTS_FILE,
-    SCORE_HEAD_FILE,
+from rlhf_helpers.core.checks import check_temperature, check_token_batch
+from rlhf_helpers.core.kl import last_token_index
+from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
+from rlhf_helpers.core.tokens import mask_to_first_eos, position_ids_from_mask
+from rlhf_helpers.ppo.adapters import (
     load_reward_adapter,
     lora_config,
     params_by_adapter,
@@ -46,33 +46,14 @@ from rlhf_helpers.ppo.adapters import (  # noqa: F401  (uses_conv1d, file names:
     uses_conv1d,
 )
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
-from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
-from rlhf_helpers.ppo.sampling import SamplingMixin, mask_to_first_eos, position_ids_from_mask
+from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
+from rlhf_helpers.ppo.sampling import SamplingMixin
 from rlhf_helpers.ppo.value_head import ScalarHead
 
 #: The trained adapters, and the frozen one.
 TRAINED_ADAPTERS = ("policy", "value")
 FROZEN_ADAPTERS = ("reward",)
 ADAPTERS = TRAINED_ADAPTERS + FROZEN_ADAPTERS
-
-
-def fuse_tanh_gelu(model: nn.Module) -> int:
-    """Swap transformers' `NewGELUActivation` (GPT-2's "gelu_new") for torch's fused tanh-GELU, in place.
-
-    gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))     (the same formula on both sides)
-
-    gelu_new evaluates it as eight separate tensor ops, each reading and writing the (B, L, 4H) MLP
-    activation and saving it for backward; `F.gelu(approximate="tanh")` is one kernel forward and one
-    backward. Outputs differ only by float rounding (about 1e-7). Returns how many modules were swapped.
-    """
-    from transformers.activations import GELUTanh, NewGELUActivation
-
-    targets = [(name, module) for name, module in model.named_modules()
-               if type(module) is NewGELUActivation]
-    for name, _ in targets:
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, GELUTanh())
-    return len(targets)
 
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -120,7 +101,6 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         fast_sampling: bool | None = None,
     ) -> None:
         super().__init__()
-        from peft import get_peft_model
 
         if pad_token_id is None or eos_token_id is None:
             raise ValueError("pad_token_id and eos_token_id must both be set")
@@ -337,7 +317,7 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
 
     def response_mask(self, responses: torch.Tensor) -> torch.Tensor:
         """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float
-        (`sampling.mask_to_first_eos`: only the EOS decides where a response ends)."""
+        (`core.tokens.mask_to_first_eos`: only the EOS decides where a response ends)."""
         if responses.ndim != 2:
             raise ValueError(f"responses must have shape (B, R), got {tuple(responses.shape)}")
         return mask_to_first_eos(responses, self.eos_token_id)  # (B, R)

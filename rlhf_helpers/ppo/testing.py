@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
 #: Words of the toy vocabulary (after the special tokens <pad>=0, <unk>=1, <eos>=2).
 TOY_WORDS = ("the", "movie", "film", "was", "is", "good", "bad", "great", "plot", "acting", "fine", ".")
 
 
 def toy_tokenizer() -> Any:
     """A word-level `PreTrainedTokenizerFast`: pad 0, unk 1, eos 2 (pad != EOS), left padding."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {"<pad>": 0, "<unk>": 1, "<eos>": 2}
     for word in TOY_WORDS:
         vocab[word] = len(vocab)
@@ -26,9 +27,6 @@ def toy_tokenizer() -> Any:
 
 def toy_causal_lm(tokenizer: Any, seed: int = 0, n_layer: int = 2, n_embd: int = 32, **config: Any) -> Any:
     """A randomly initialised GPT2LMHeadModel sized for the toy tokenizer (dropout 0 unless overridden)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     values = dict(vocab_size=len(tokenizer), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2,
                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,

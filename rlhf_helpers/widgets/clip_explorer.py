@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from rlhf_helpers import clipped_surrogate, policy_loss
+from rlhf_helpers.core.losses import clipped_surrogate, policy_loss
 from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 

@@ -14,8 +14,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from rlhf_helpers import compute_gae, masked_whiten, shape_rewards, td_errors
-from rlhf_helpers.kl import KL_KINDS
+from rlhf_helpers.core.gae import compute_gae, td_errors
+from rlhf_helpers.core.kl import KL_KINDS, shape_rewards
+from rlhf_helpers.core.masked import masked_whiten
 from rlhf_helpers.widgets._base import DESCRIPTION_STYLE, FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 

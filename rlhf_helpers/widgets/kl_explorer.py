@@ -11,8 +11,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from rlhf_helpers import kl_estimate
-from rlhf_helpers.kl import KL_KINDS
+from rlhf_helpers.core.kl import KL_KINDS, kl_estimate
 from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 

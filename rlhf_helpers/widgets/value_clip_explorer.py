@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from rlhf_helpers import validation, value_loss
+from rlhf_helpers.core.checks import validation
+from rlhf_helpers.core.losses import value_loss
 from rlhf_helpers.widgets._base import FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
 from rlhf_helpers.widgets.clip_explorer import _runs

@@ -15,7 +15,9 @@ import json
 import time
 from pathlib import Path
 
-from rlhf_helpers.data import write_jsonl
+import torch
+
+from rlhf_helpers.runtime.data import data_dir, load_prompts, load_sft_corpus, write_jsonl
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, accuracy_ceiling
 from rlhf_helpers.world.quality import sample_quality, summarize
 from rlhf_helpers.world.records import (
@@ -25,6 +27,13 @@ from rlhf_helpers.world.records import (
     sft_record,
 )
 from rlhf_helpers.world.scorer import hidden_scores
+from rlhf_helpers.world.tiny_model import (
+    TinyModelConfig,
+    sample_responses,
+    save_model,
+    train_tiny_model,
+)
+from rlhf_helpers.world.tokenizer import build_tokenizer
 
 #: Record counts of a --fast build.
 FAST_SIZES: dict[str, int] = {
@@ -60,11 +69,6 @@ def build_data(out: Path, seed: int = 0, sizes: dict[str, int] | None = None) ->
 
 def build_model(out: Path, seed: int = 0, fast: bool = False) -> dict:
     """Train the tiny model on out/sft.jsonl, save it, and measure its samples."""
-    import torch
-
-    from rlhf_helpers.data import load_sft_corpus
-    from rlhf_helpers.world.tiny_model import TinyModelConfig, save_model, train_tiny_model
-    from rlhf_helpers.world.tokenizer import build_tokenizer
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     config = TinyModelConfig.fast() if fast else TinyModelConfig()
@@ -90,9 +94,6 @@ def evaluate_model(model, tokenizer, out: Path, seed: int = 0) -> dict:
     Score statistics of the corpus use every SFT record; distinct-n uses as many corpus records
     as there are samples, since distinct-n falls as the amount of text grows.
     """
-    from rlhf_helpers.data import load_prompts, load_sft_corpus
-    from rlhf_helpers.world.tiny_model import sample_responses
-
     prompts = load_prompts("test", out)
     records = load_sft_corpus(out)
     responses, ended = sample_responses(model, tokenizer, prompts, seed=seed)
@@ -204,8 +205,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-model", action="store_true", help="write the data files only")
     args = parser.parse_args(argv)
     if args.out is None:
-        from rlhf_helpers.data import data_dir
-
         args.out = data_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     stats = build_data(args.out, args.seed, FAST_SIZES if args.fast else None)

@@ -1,98 +1,22 @@
-"""Peak resident memory of this process over a stretch of code, for the notebooks' memory figures.
+"""Estimated GPU memory of the gpu profile's training stages, without a GPU.
 
-    peak = PeakMemory()      # starts measuring here
-    ...                      # e.g. a PPO training loop
-    peak.rise_mb()           # highest resident memory since then, minus the memory held at the start
+The peak memory of the gpu profile's three training stages (full SFT, reward-model training, one PPO
+iteration), counted from the model's shape and the profile's batch sizes: a check that each fits a
+Colab T4 (15 GiB) before any GPU runs it. Every term counts the bytes of tensors alive together at
+the stage's peak; benchmarks/bench_memory.py prints the PPO estimate next to the measured CUDA peak.
 
-On Linux the kernel's high-water mark (VmHWM in /proc/self/status) is reset at the start by writing
-"5" to /proc/self/clear_refs (Linux >= 4.0), so the peak belongs to the measured stretch alone. Where
-that is not possible (other systems, a restricted /proc), the lifetime peak `ru_maxrss` is used, which
-may belong to earlier work and then hides the rise: `how` says which one was used. (On Linux the reset
-also resets `ru_maxrss`, which reads the same high-water mark.)
-
-The second half estimates GPU memory without a GPU: the peak of the gpu profile's full SFT step,
-reward-model step and PPO iteration, counted from the model's shape and the profile's batch sizes
-(`estimate_memory(profile)` -> a `MemoryEstimate` per stage, each part in bytes, `total` their sum).
+  estimates = estimate_memory(get_profile("gpu"))      # {"sft": ..., "reward": ..., "ppo": ...}
+  estimates["ppo"].total / 2**30                        # GiB
 """
 
 from __future__ import annotations
 
-import resource
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _status_kib(field: str) -> int | None:
-    """A "VmRSS"/"VmHWM" line of /proc/self/status in KiB, or None where there is no such file."""
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])  # "VmHWM:   123456 kB"
-    except OSError:
-        return None
-    return None
-
-
-def current_rss_mb() -> float | None:
-    """Resident memory of this process now, MB (None where /proc is unavailable)."""
-    kib = _status_kib("VmRSS")
-    return None if kib is None else kib / 1024.0
-
-
-def lifetime_peak_rss_mb() -> float:
-    """Highest resident memory of this process since it started, MB (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024.0
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's high-water mark of this process to its current RSS; False where unsupported."""
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    hwm, rss = _status_kib("VmHWM"), _status_kib("VmRSS")
-    # the reset sets VmHWM to the current RSS; a kernel without it keeps the old, larger peak
-    return hwm is not None and rss is not None and hwm <= rss + 1024
-
-
-class PeakMemory:
-    """Highest resident memory since construction, minus the resident memory at construction."""
-
-    def __init__(self) -> None:
-        self.resettable = reset_peak_rss()
-        #: which peak is read: the reset kernel high-water mark, or the lifetime ru_maxrss
-        self.how = "kernel high-water mark, reset at the start" if self.resettable else "lifetime ru_maxrss"
-        current = current_rss_mb()
-        #: resident memory at the start, MB (the lifetime peak where the current RSS is unavailable)
-        self.start_mb = current if current is not None else lifetime_peak_rss_mb()
-
-    def peak_mb(self) -> float:
-        """Highest resident memory since the start, MB."""
-        if self.resettable:
-            hwm = _status_kib("VmHWM")
-            if hwm is not None:
-                return hwm / 1024.0
-        return lifetime_peak_rss_mb()
-
-    def rise_mb(self) -> float:
-        """How far the peak rose above the memory held at the start, MB (>= 0)."""
-        return max(0.0, self.peak_mb() - self.start_mb)
-
-
-# ============================================================================ estimated GPU memory
-# The peak memory of the gpu profile's three training stages (full SFT, reward-model training, one PPO
-# iteration), counted from the model's shape and the profile's batch sizes: a check that each fits a
-# Colab T4 (15 GiB) before any GPU runs it. Every term counts the bytes of tensors alive together at
-# the stage's peak; benchmarks/bench_memory.py prints the PPO estimate next to the measured CUDA peak.
-#
-#   estimates = estimate_memory(get_profile("gpu"))      # {"sft": ..., "reward": ..., "ppo": ...}
-#   estimates["ppo"].total / 2**30                        # GiB
+from rlhf_helpers.ppo.fast_decoder import CACHE_ROUND, MAX_GRAPHS
+from rlhf_helpers.runtime.architectures import architecture_of
+from rlhf_helpers.runtime.precision import resolve_dtype
 
 #: Usable memory of a Colab T4 (15 GiB of its 16; `nvidia-smi` reports 15360 MiB).
 T4_MEMORY_BYTES = 15 * 2**30
@@ -181,24 +105,8 @@ class MemoryEstimate:
                 + self.activations + self.logits + self.kv_cache + self.sampler_buffers)
 
 
-def architecture_config(base_model: str) -> dict[str, Any]:
-    """The architecture dict of hub model `base_model` (rlhf_helpers.world.architectures, or the older
-    benchmarks.trl_baseline.common copy of SmolLM2-135M's where that module does not exist yet)."""
-    try:
-        from rlhf_helpers.world.architectures import architecture_of
-    except ImportError:
-        from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG
-
-        if base_model != "HuggingFaceTB/SmolLM2-135M":
-            raise ValueError(f"base_model must be HuggingFaceTB/SmolLM2-135M, got {base_model!r}") from None
-        return dict(SMOLLM2_135M_CONFIG)
-    return architecture_of(base_model)
-
-
 def _dtype_bytes(profile: Any) -> int:
     """Bytes per element of the profile's compute dtype ("auto" resolved for its device)."""
-    from rlhf_helpers.precision import resolve_dtype
-
     return FLOAT32_BYTES if resolve_dtype(profile.dtype, profile.device) == "float32" else 2
 
 
@@ -254,8 +162,8 @@ def _saved_inputs(shape: ModelShape, s: int, full: bool, autocast: bool, lora_ta
 
 
 def model_shape(profile: Any) -> ModelShape:
-    """The shape of `profile.base_model` (its architecture from `architecture_config`)."""
-    return ModelShape.from_config(architecture_config(profile.base_model))
+    """The shape of `profile.base_model` (`runtime.architectures.architecture_of`)."""
+    return ModelShape.from_config(architecture_of(profile.base_model))
 
 
 def estimate_sft_memory(profile: Any, shape: ModelShape | None = None) -> MemoryEstimate:
@@ -355,8 +263,6 @@ def sampler_bytes(shape: ModelShape, profile: Any, s: int) -> int:
     every projection weight with the sampling adapter folded in (s bytes each), and the static KV
     caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length + max_new_tokens
     rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation batches."""
-    from rlhf_helpers.ppo.fast_decoder import CACHE_ROUND, MAX_GRAPHS
-
     folded = s * shape.num_layers * sum(i * o for i, o in shape.projection_shapes().values())
     width = -(-(profile.max_prompt_length + profile.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
     batch = max(profile.rollout_batch_size, profile.eval_batch_size)

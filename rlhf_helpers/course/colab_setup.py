@@ -2,7 +2,7 @@
 
 The cell runs before the course is installed, so it cannot import this module: the notebook
 generator writes `install_course`'s source into the cell, followed by one call with the constants of
-`rlhf_helpers.notebook` written in (see `colab_setup_source`). The tests call the same function with
+`rlhf_helpers.course.notebook` written in (see `colab_setup_source`). The tests call the same function with
 a local repository in place of GitHub (tests/test_colab_setup.py). Standard library only.
 """
 

@@ -12,7 +12,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from rlhf_helpers._checks import (
+from rlhf_helpers.core.checks import (
     check_finite,
     check_floating,
     check_mask,

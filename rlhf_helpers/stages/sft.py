@@ -1,7 +1,7 @@
 """Supervised fine-tuning of the gpu profile's hub model on the SFT corpus with TRL's SFTTrainer.
 
     path = ensure_sft_model(profile)             # every notebook / script that loads the SFT model
-    python -m rlhf_helpers.world.hub_sft          # trains again (force), e.g. on Colab
+    python -m rlhf_helpers.stages.sft          # trains again (force), e.g. on Colab
 
 `ensure_sft_model` loads `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained` in
 float32 (master weights; the arithmetic runs under autocast, see `sft_config`), trains it on
@@ -11,7 +11,7 @@ folder is written under a temporary name and renamed into place with its complet
 next call (the next notebook: each Colab notebook runs in its own runtime) reuses it. The tiny profile
 ships its SFT model: there it does nothing.
 With `profile.random_init` (no hub: a lent GPU machine, tests) the same code builds the base model's
-architecture (`world.architectures`) with random weights and the shipped word-level tokenizer.
+architecture (`runtime.architectures`) with random weights and the shipped word-level tokenizer.
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.data import data_fingerprint
-from rlhf_helpers.profiles import Profile, get_profile
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from rlhf_helpers.runtime.architectures import architecture_of
+from rlhf_helpers.runtime.artifacts import artifact_problem, build_cached
+from rlhf_helpers.runtime.compat import checkpointing_off
+from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpus
+from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
+from rlhf_helpers.runtime.precision import amp_flags, master_dtype
+from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
 
 
 def sft_config(
@@ -35,10 +43,8 @@ def sft_config(
     neither on a CPU, where `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are
     wrong there). Full AdamW on bf16 weights would round most updates away (see precision.py).
     """
+    # trl is heavy and optional (Colab ships none): imported only to train
     from trl import SFTConfig
-
-    from rlhf_helpers._compat import checkpointing_off
-    from rlhf_helpers.precision import amp_flags
 
     on_cpu = profile.device == "cpu"
     return SFTConfig(
@@ -75,10 +81,11 @@ def sft_with_trl(
 
     Returns TRL's log history (a list of dicts with "loss" among others).
     """
+    # datasets comes with trl: imported only to train
     from datasets import Dataset
-    from trl import SFTTrainer
 
-    from rlhf_helpers.models import ensure_distinct_pad
+    # trl is heavy and optional (Colab ships none): imported only to train
+    from trl import SFTTrainer
 
     if ensure_distinct_pad(tokenizer):
         model.resize_token_embeddings(len(tokenizer))
@@ -102,20 +109,21 @@ def sft_with_trl(
 SFT_MARKER_VERSION = 1
 #: The data file the SFT model is fine-tuned on (its SHA-256 is part of the cache key).
 SFT_DATA_FILES = ("sft.jsonl",)
+#: How an SFT folder trained for another key is described, by the part of the key that differs.
+OUT_OF_DATE = {"data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
+               "base_model": "from another base model", "random_init": "with another random_init",
+               "architecture": "with another architecture", "sft": "with other settings (epochs, learning rate, batch size, length, seed or steps)",
+               "version": "by another version of the course"}
 
 
 def random_init_tokenizer_dir() -> Path:
     """The shipped word-level tokenizer (data/models/tiny-sft) a random-init base model uses."""
-    from rlhf_helpers.data import data_dir
-
     return data_dir() / "models" / "tiny-sft"
 
 
 def random_init_architecture(profile: Profile, architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The architecture a random-init run builds: `architecture` if given, else the one of
-    `profile.base_model` (`world.architectures`). Refused when the profile is not random-init."""
-    from rlhf_helpers.world.architectures import architecture_of
-
+    `profile.base_model` (`runtime.architectures`). Refused when the profile is not random-init."""
     if not profile.random_init:
         raise ValueError("architecture is only used with random_init=True (a hub run downloads "
                          f"{profile.base_model!r} as it is), got random_init=False")
@@ -131,10 +139,6 @@ def build_random_init_model(spec: Mapping[str, Any], tokenizer: Any, seed: int, 
     Its pad / EOS / BOS ids are the tokenizer's (BOS = EOS when it has none); the vocabulary is
     max(spec's vocab_size, len(tokenizer)), so every token of the tokenizer has an embedding.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rlhf_helpers.models import dropout_overrides
 
     values = dict(spec)
     values["vocab_size"] = max(int(values.get("vocab_size", 0)), len(tokenizer))
@@ -154,10 +158,6 @@ def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = Non
     The hub model `profile.base_model` via `from_pretrained`, or with `profile.random_init` its
     architecture (or `architecture`) with random weights and the shipped word-level tokenizer.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlhf_helpers.models import ensure_distinct_pad
-    from rlhf_helpers.precision import master_dtype
 
     if profile.random_init:
         tokenizer = AutoTokenizer.from_pretrained(str(random_init_tokenizer_dir()))
@@ -191,54 +191,10 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
     }
 
 
-def _file_sizes(directory: Path, marker_name: str) -> dict[str, int]:
-    """Size in bytes of every file under `directory` but the marker, by relative path."""
-    return {str(path.relative_to(directory)): path.stat().st_size
-            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != marker_name}
-
-
 def sft_dir_problem(directory: str | Path, key: Mapping[str, Any]) -> str | None:
     """Why the SFT folder `directory` cannot be reused for `key` (`sft_cache_key`), in a few words;
-    None when its completion marker records `key` and every file it lists is there at its size."""
-    import json
-
-    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER, read_completion_marker
-
-    directory = Path(directory)
-    record, problem = read_completion_marker(directory)
-    if problem is not None:
-        return problem
-    if not isinstance(record, dict) or record.get("key") != json.loads(json.dumps(key)):
-        return f"it was trained with other settings ({COMPLETE_MARKER} records {record.get('key') if isinstance(record, dict) else record!r})"
-    files = record.get("files")
-    if not isinstance(files, dict) or not files:
-        return f"{COMPLETE_MARKER} lists no files"
-    for name, size in files.items():
-        path = directory / name
-        if not path.is_file() or path.stat().st_size != size:
-            return f"{name} is missing or has another size than {COMPLETE_MARKER} records"
-    return None
-
-
-def _temporary_pattern(final: Path) -> Any:
-    """.tmp-<name>-<pid> (training) and .tmp-old-<name>-<pid> (a replaced folder) next to `final`."""
-    import re
-
-    return re.compile(rf"^\.tmp-((?:old-)?{re.escape(final.name)})-(\d+)$")
-
-
-def _move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside first and
-    deleted after, so `final` is at every moment either absent or a complete folder."""
-    import os
-    import shutil
-
-    old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    None when it is complete and intact for `key` (`artifacts.artifact_problem`)."""
+    return artifact_problem(directory, key, OUT_OF_DATE)
 
 
 def _describe(profile: Profile) -> str:
@@ -247,8 +203,6 @@ def _describe(profile: Profile) -> str:
 
 def _check_random_init_folder(profile: Profile) -> None:
     """A random-init run must not write where the real fine-tuned hub model belongs."""
-    from rlhf_helpers.profiles import gpu_profile
-
     real = Path(gpu_profile().sft_model_path).resolve()
     if profile.random_init and Path(profile.sft_model_path).resolve() == real:
         raise ValueError(f"sft_model_path must differ from {real} when random_init is True (random weights "
@@ -262,43 +216,32 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
     tiny profile: the shipped model's folder, nothing done. Otherwise `profile.sft_model_path` is
     reused when its completion marker records this base model, random-init flag, architecture and SFT
     settings (`sft_cache_key`); else (or with `force`) the base is loaded in float32 (`load_sft_base`),
-    trained with `sft_with_trl` into a hidden temporary sibling folder, the marker is written last, and
-    the folder is renamed into place: an interrupted run never leaves a half-written model folder.
+    trained with `sft_with_trl` into a hidden temporary sibling folder and moved into place by
+    `artifacts.build_cached` (marker last, SHA-256 of every file): an interrupted run never leaves a
+    half-written model folder.
     Prints one line saying which it did; TRL shows a progress bar while training.
     `architecture` (random init only) and `max_steps` (-1: profile.sft_epochs) shrink test runs.
     """
-    import json
-    import os
-    import shutil
-
-    from rlhf_helpers.data import load_sft_corpus
-    from rlhf_helpers.ppo.reward_training import COMPLETE_MARKER, remove_dead_temporary_folders
-
     profile = profile or get_profile()
     if profile.is_tiny:
         return Path(profile.sft_model_path)
     _check_random_init_folder(profile)
     final = Path(profile.sft_model_path)
     key = sft_cache_key(profile, architecture, max_steps)
-    remove_dead_temporary_folders(final.parent, pattern=_temporary_pattern(final))
-    problem = "forced" if force else sft_dir_problem(final, key)
-    if problem is None:
-        print(f"SFT model: reusing the cached {final} ({_describe(profile)})", flush=True)
-        return final
-    print(f"SFT model: fine-tuning {_describe(profile)} into {final} ({problem})", flush=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def train(tmp: Path) -> None:
         model, tokenizer = load_sft_base(profile, architecture)
         sft_with_trl(model, tokenizer, load_sft_corpus(), profile, tmp, max_steps=max_steps)
-        marker = {"key": key, "files": _file_sizes(tmp, COMPLETE_MARKER)}
-        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
-        if not force and sft_dir_problem(final, key) is None:  # another process finished first
-            return final
-        _move_into_place(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    reasons: list[str] = []  # why it trains (announce runs only then)
+
+    def announce(problem: str) -> None:
+        reasons.append(problem)
+        print(f"SFT model: fine-tuning {_describe(profile)} into {final} ({problem})", flush=True)
+
+    build_cached(final, key, train, describe=OUT_OF_DATE, force=force, announce=announce, what="SFT")
+    if not reasons:
+        print(f"SFT model: reusing the cached {final} ({_describe(profile)})", flush=True)
     return final
 
 

@@ -6,7 +6,7 @@ Every course notebook starts with the same three pieces (see notebooks/CONVENTIO
    `colab_url(<this notebook's file name>)`;
 2. a code cell whose source is exactly `colab_setup_source()`: on Colab it clones the course at
    `INSTALL_REF` and installs it, every package Colab ships held at its version except those in
-   `COLAB_UPGRADES` (see `rlhf_helpers.colab_setup`); anywhere else it does nothing;
+   `COLAB_UPGRADES` (see `rlhf_helpers.course.colab_setup`); anywhere else it does nothing;
 3. a code cell that calls `show_environment()`: package versions, the profile and the device in use.
 
 The repository slug, the badge ref and the install ref live here and nowhere else: the notebook
@@ -17,12 +17,15 @@ them back. This module imports only the standard library at import time, so the 
 from __future__ import annotations
 
 import importlib
+import inspect
 import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 from rlhf_helpers import __version__
+from rlhf_helpers.course.colab_setup import install_course
 
 #: GitHub "owner/name" of the course repository.
 REPO_SLUG = "rlhf-course/rlhf-ppo-course"
@@ -80,11 +83,8 @@ def colab_setup_source() -> str:
     """Source of the set-up cell: on Colab, clone and install the course; elsewhere do nothing.
 
     The cell runs before the course is installed, so it cannot import this package: it holds the
-    source of `rlhf_helpers.colab_setup.install_course` and one call with the constants written in.
+    source of `rlhf_helpers.course.colab_setup.install_course` and one call with the constants written in.
     """
-    import inspect
-
-    from rlhf_helpers.colab_setup import install_course
 
     upgrades = "".join(f"#   {name}: {why}\n" for name, why in COLAB_UPGRADES.items())
     upgrade_names = ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ("," if len(COLAB_UPGRADES) == 1 else "")
@@ -113,8 +113,6 @@ def package_versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict[str, 
             versions[name] = __version__
             continue
         try:
-            from importlib.metadata import PackageNotFoundError, version
-
             versions[name] = version(name)
         except PackageNotFoundError:
             versions[name] = "not installed"
@@ -142,8 +140,8 @@ class Environment:
 def _dtype_and_reason() -> tuple[str, str]:
     """The active profile's compute dtype and `precision.describe_dtype`'s line for it ("unknown" on failure)."""
     try:
-        profile = importlib.import_module("rlhf_helpers.profiles").get_profile()
-        precision = importlib.import_module("rlhf_helpers.precision")
+        profile = importlib.import_module("rlhf_helpers.runtime.profiles").get_profile()
+        precision = importlib.import_module("rlhf_helpers.runtime.precision")
         dtype = precision.resolve_dtype(profile.dtype, profile.device)
         return dtype, precision.describe_dtype(dtype, profile.device)
     except (ImportError, AttributeError):
@@ -151,9 +149,9 @@ def _dtype_and_reason() -> tuple[str, str]:
 
 
 def _profile_and_device() -> tuple[str, str]:
-    """Name and device of `rlhf_helpers.profiles.get_profile()`, guarded for older checkouts."""
+    """Name and device of `rlhf_helpers.runtime.profiles.get_profile()`, guarded for older checkouts."""
     try:
-        profiles = importlib.import_module("rlhf_helpers.profiles")
+        profiles = importlib.import_module("rlhf_helpers.runtime.profiles")
         profile = profiles.get_profile()
     except (ImportError, AttributeError):
         profile = None

@@ -68,6 +68,7 @@ def check_dtype_name(dtype: str, allow_auto: bool = True) -> str:
 def cuda_capability() -> tuple[int, int] | None:
     """(major, minor) compute capability of the current CUDA device, None where CUDA is not available
     or its capability cannot be read (a CPU-only torch build asked anyway raises AssertionError)."""
+    # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 
     if not torch.cuda.is_available():
@@ -112,6 +113,7 @@ def describe_dtype(dtype: str, device: str) -> str:
     elif capability is None:
         why = "no CUDA device visible: the nominal GPU choice"
     else:
+        # keeps this module free of torch: profiles, data and the world import in a blink
         import torch
 
         has_bf16 = capability >= BF16_MIN_CAPABILITY
@@ -125,6 +127,7 @@ def describe_dtype(dtype: str, device: str) -> str:
 def master_dtype() -> Any:
     """torch.float32 (MASTER_DTYPE_NAME): the dtype every trained weight is stored in; load a model
     whose full weights train (SFT) or whose head trains (the reward model) with it."""
+    # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 
     return getattr(torch, MASTER_DTYPE_NAME)
@@ -144,6 +147,7 @@ def amp_flags(profile: Any) -> dict[str, bool]:
 def needs_grad_scaler(module: Any) -> bool:
     """True when any parameter of `module` is float16: its activations (and their gradients) are
     float16 then, and small gradients underflow without loss scaling. bf16 and float32 need none."""
+    # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 
     return any(param.dtype == torch.float16 for param in module.parameters())
@@ -152,6 +156,7 @@ def needs_grad_scaler(module: Any) -> bool:
 def make_grad_scaler(device_type: str, enabled: bool) -> Any:
     """A `torch.amp.GradScaler` for `device_type` ("cpu"/"cuda") starting at GRAD_SCALER_INIT_SCALE;
     disabled (every call a pass-through: `scale` returns the loss, `step` just steps) unless `enabled`."""
+    # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 
     return torch.amp.GradScaler(device_type, init_scale=GRAD_SCALER_INIT_SCALE,

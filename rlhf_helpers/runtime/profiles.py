@@ -7,15 +7,15 @@
 - "tiny" (default): the shipped word-level GPT-2 in data/models/tiny-sft, float32, CPU; the
   whole course runs offline in minutes.
 - "gpu": HuggingFaceTB/SmolLM2-135M from the hub, supervised-fine-tuned on the same SFT corpus
-  with TRL's SFTTrainer (`python -m rlhf_helpers.world.hub_sft`), dtype "auto", bigger batches.
+  with TRL's SFTTrainer (`python -m rlhf_helpers.stages.sft`), dtype "auto", bigger batches.
 - "auto": "gpu" when CUDA is available, else "tiny".
 
 The gpu profile's SFT model is prepared once per runtime and cached by
-`rlhf_helpers.world.hub_sft.ensure_sft_model(profile)`. With no model hub (a lent GPU machine, tests),
+`rlhf_helpers.stages.sft.ensure_sft_model(profile)`. With no model hub (a lent GPU machine, tests),
 `random_init=True` builds SmolLM2-135M's architecture with random weights and the shipped tokenizer:
 RLHF_PROFILE=gpu RLHF_PROFILE_OVERRIDES='{"random_init": true}'.
 
-dtype "auto" resolves in `get_profile` by device (`rlhf_helpers.precision.compute_dtype`): float32
+dtype "auto" resolves in `get_profile` by device (`rlhf_helpers.runtime.precision.compute_dtype`): float32
 on the CPU, bfloat16 on a GPU with bf16 in hardware (A100, L4, H100), float16 on one without (T4),
 and bfloat16 for a "cuda" profile built where no CUDA device is visible (tests). An explicit dtype
 ("float32", "bfloat16", "float16") in the overrides or $RLHF_PROFILE_OVERRIDES wins.
@@ -27,22 +27,24 @@ This module imports nothing heavy; torch is imported only to resolve "auto" and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlhf_helpers.runtime.data import data_dir
+from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
 
 #: Environment variable that picks the profile when `get_profile` gets no name.
 PROFILE_ENV = "RLHF_PROFILE"
 #: Environment variable with a JSON object of field overrides, e.g. '{"ppo_steps": 5}' (quick runs).
 OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
 PROFILE_NAMES = ("tiny", "gpu", "auto")
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_tiny_path() -> str:
-    from rlhf_helpers.data import data_dir
-
     return str(data_dir() / "models" / "tiny-sft")
 
 
@@ -95,16 +97,13 @@ class Profile:
     random_init: bool = False  #: build base_model's architecture with random weights and the shipped tokenizer instead of downloading it; for offline GPU checks and tests
 
     def __post_init__(self) -> None:
-        from rlhf_helpers.precision import check_dtype_name
-
         check_dtype_name(self.dtype)
 
     @property
     def torch_dtype(self):
         """The `torch.dtype` named by `dtype` ("auto" resolved for `device`)."""
+        # keeps this module free of torch: profiles, data and the world import in a blink
         import torch
-
-        from rlhf_helpers.precision import resolve_dtype
 
         return getattr(torch, resolve_dtype(self.dtype, self.device))
 
@@ -169,6 +168,7 @@ def resolve_profile_name(name: str | None = None) -> str:
         source = "name" if name is not None else f"${PROFILE_ENV}"
         raise ValueError(f"{source} must be one of {PROFILE_NAMES}, got {chosen!r}")
     if chosen == "auto":
+        # keeps this module free of torch: profiles, data and the world import in a blink
         import torch
 
         chosen = "gpu" if torch.cuda.is_available() else "tiny"
@@ -177,8 +177,6 @@ def resolve_profile_name(name: str | None = None) -> str:
 
 def env_overrides() -> dict[str, Any]:
     """Field overrides from $RLHF_PROFILE_OVERRIDES (a JSON object), {} when it is unset."""
-    import json
-
     raw = os.environ.get(OVERRIDES_ENV, "").strip()
     if not raw:
         return {}
@@ -210,8 +208,6 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     "auto" is then resolved for the profile's device (`precision.resolve_dtype`), so the returned
     profile always names a concrete dtype.
     """
-    from rlhf_helpers.precision import AUTO, resolve_dtype
-
     resolved = resolve_profile_name(name)
     profile = tiny_profile() if resolved == "tiny" else gpu_profile()
     values = {**env_overrides(), **overrides}

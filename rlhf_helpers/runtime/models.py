@@ -5,7 +5,7 @@
     reward = load_sequence_classifier(profile, num_labels=1)
 
 All three read `profile.sft_model_path` unless `path` is given (the tiny profile ships it in
-data/models/tiny-sft; the gpu profile's is written by `rlhf_helpers.world.hub_sft.ensure_sft_model`).
+data/models/tiny-sft; the gpu profile's is written by `rlhf_helpers.stages.sft.ensure_sft_model`).
 Dropout is set to 0 in the config before the weights load: PPO compares two forwards of the same
 input, and dropout would make them differ.
 """
@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.profiles import Profile, get_profile
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
+from transformers.utils import logging as hf_logging
+
+from rlhf_helpers.runtime.profiles import Profile, get_profile
 
 #: Token added as pad when a tokenizer has none distinct from EOS.
 FALLBACK_PAD_TOKEN = "<|pad|>"
@@ -31,8 +39,6 @@ warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprec
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """Hide transformers' per-load "Loading weights" progress bar (a tiny model loads in milliseconds)."""
-    from transformers.utils import logging as hf_logging
-
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -48,7 +54,7 @@ def _model_path(profile: Profile, path: str | Path | None) -> str:
         if path is None and profile.is_tiny:
             hint = "rebuild it with `python -m rlhf_helpers.world.build`"
         elif path is None:
-            hint = ("call `rlhf_helpers.world.hub_sft.ensure_sft_model(profile)` first: it fine-tunes the "
+            hint = ("call `rlhf_helpers.stages.sft.ensure_sft_model(profile)` first: it fine-tunes the "
                     "hub model once and caches it there")
         else:
             hint = "pass a directory written by save_pretrained"
@@ -84,8 +90,6 @@ def ensure_distinct_pad(tokenizer: Any) -> bool:
 
 def load_tokenizer(profile: Profile | None = None, path: str | Path | None = None) -> Any:
     """The profile's tokenizer: pad distinct from EOS, left padding (for batched generation)."""
-    from transformers import AutoTokenizer
-
     profile = profile or get_profile()
     tokenizer = AutoTokenizer.from_pretrained(_model_path(profile, path))
     ensure_distinct_pad(tokenizer)
@@ -94,8 +98,6 @@ def load_tokenizer(profile: Profile | None = None, path: str | Path | None = Non
 
 
 def _load(auto_class: Any, profile: Profile, path: str | Path | None, **kwargs: Any) -> Any:
-    from transformers import AutoConfig
-
     directory = _model_path(profile, path)
     config = AutoConfig.from_pretrained(directory)
     config = AutoConfig.from_pretrained(directory, **dropout_overrides(config), **kwargs)
@@ -112,8 +114,6 @@ def _load(auto_class: Any, profile: Profile, path: str | Path | None, **kwargs: 
 
 def load_causal_lm(profile: Profile | None = None, path: str | Path | None = None) -> Any:
     """The profile's SFT model as an `AutoModelForCausalLM`, dropouts 0, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
     return _load(AutoModelForCausalLM, profile or get_profile(), path)
 
 
@@ -125,9 +125,6 @@ def load_sequence_classifier(
     `num_labels=1` gives the scalar head of a reward model or critic. The head reads the last
     non-pad token (`config.pad_token_id` is set), so padding on either side works.
     """
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
     if num_labels < 1:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
     # the score head is new by design: hide the load report that lists it as "MISSING"

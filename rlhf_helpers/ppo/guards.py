@@ -1,13 +1,13 @@
 """The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all processes.
 
     with collective_stop(accelerator, step):    # every process runs the block, then all agree:
-        batch = collect_experience(...)         # a NonFiniteError on any one of them is raised on all
+        batch = collect_experience(...)         # a NonFiniteStop on any one of them is raised on all
     check_finite_parameters("policy", params, step)
 
 Under `accelerate launch` each process checks its own rollouts and losses. A process that met a NaN
 must not simply leave: the others would wait forever in the next gradient all-reduce. So every
 process ends each block between two collective operations with a vote (one gathered flag); when a
-process voted "stop", all of them raise NonFiniteError, with that process's message, and none of
+process voted "stop", all of them raise NonFiniteStop, with that process's message, and none of
 them steps or saves afterwards.
 """
 
@@ -20,11 +20,38 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.experience import NonFiniteError
+from rlhf_helpers.core.checks import NonFiniteError
+
+
+class NonFiniteStop(NonFiniteError):
+    """A NaN or inf met during a PPO run (rewards, losses, weights): the run stops before it can spread
+    into the weights. The message names what was not finite and the PPO step."""
+
+
+def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> None:
+    """Raise NonFiniteStop naming `what` (and the PPO step) if x holds a NaN or an inf."""
+    if not bool(torch.isfinite(x).all()):
+        where = f" at PPO step {step}" if step is not None else ""
+        bad = int((~torch.isfinite(x)).sum())
+        raise NonFiniteStop(f"{what} has {bad} NaN/inf value(s){where}; stopping the run (the last "
+                             "checkpoint written before this step is intact)")
+
+
+@contextmanager
+def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
+    """Turn the maths core's NonFiniteError (NaN/inf logits, values...) into NonFiniteStop, at `step`."""
+    try:
+        yield
+    except NonFiniteStop:
+        raise
+    except NonFiniteError as error:
+        where = f" at PPO step {step}" if step is not None else ""
+        raise NonFiniteStop(f"{error}{where}; stopping the run (the last checkpoint written before "
+                             "this step is intact)") from error
 
 
 def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int | None = None) -> None:
-    """NonFiniteError if a parameter holds a NaN or an inf (one device sync for all of them).
+    """NonFiniteStop if a parameter holds a NaN or an inf (one device sync for all of them).
 
     max_i |p_i| per tensor (the inf-norm: NaN and inf propagate, a finite weight stays finite,
     however large, where a 2-norm could overflow), then one check over those numbers.
@@ -36,7 +63,7 @@ def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int
     if not bool(torch.isfinite(largest).all()):
         where = f" at PPO step {step}" if step is not None else ""
         bad = int((~torch.isfinite(largest)).sum())
-        raise NonFiniteError(f"{what} weights: {bad} tensor(s) hold NaN/inf after an optimiser step{where}; "
+        raise NonFiniteStop(f"{what} weights: {bad} tensor(s) hold NaN/inf after an optimiser step{where}; "
                              "stopping the run (nothing is saved after this; the last checkpoint written "
                              "before this step is intact)")
 
@@ -51,6 +78,7 @@ def agree_to_stop(accelerator: Any, error: NonFiniteError | None) -> None:
         if error is not None:
             raise error
         return
+    # accelerate: only for a training run, which may be multi-process
     from accelerate.utils import gather_object
 
     device = accelerator.device
@@ -60,15 +88,15 @@ def agree_to_stop(accelerator: Any, error: NonFiniteError | None) -> None:
         return
     messages = gather_object([None if error is None else str(error)])  # one per process, in rank order
     if error is not None:
-        raise NonFiniteError(f"{error} [process {accelerator.process_index} of "
+        raise NonFiniteStop(f"{error} [process {accelerator.process_index} of "
                              f"{accelerator.num_processes}; every process stops]")
-    raise NonFiniteError(f"{messages[bad[0]]} [process {bad[0]} of {accelerator.num_processes}; "
+    raise NonFiniteStop(f"{messages[bad[0]]} [process {bad[0]} of {accelerator.num_processes}; "
                          "every process stops]")
 
 
 @contextmanager
 def collective_stop(accelerator: Any) -> Iterator[None]:
-    """Run the block on every process, then vote: a NonFiniteError on any process is raised on all.
+    """Run the block on every process, then vote: a NonFiniteError on any process stops all of them.
 
     Put one around each stretch of local work that ends in a collective operation (gradient
     all-reduce, metric reduction) or in a checkpoint save.
@@ -76,6 +104,6 @@ def collective_stop(accelerator: Any) -> Iterator[None]:
     error: NonFiniteError | None = None
     try:
         yield
-    except NonFiniteError as caught:
+    except NonFiniteError as caught:  # a NonFiniteStop, or the maths core's own check
         error = caught
     agree_to_stop(accelerator, error)

@@ -1,15 +1,15 @@
 """Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics and curves.
 
-    python -m rlhf_helpers.ppo.train --profile tiny --steps 60 --output-dir runs/ppo-tiny
-    python -m rlhf_helpers.ppo.train --output-dir runs/ppo-tiny --steps 80 --resume   # continue
-    accelerate launch -m rlhf_helpers.ppo.train --profile gpu                        # several GPUs
+    python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60 --output-dir runs/ppo-tiny
+    python -m rlhf_helpers.stages.train_ppo --output-dir runs/ppo-tiny --steps 80 --resume   # continue
+    accelerate launch -m rlhf_helpers.stages.train_ppo --profile gpu                        # several GPUs
     CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
-        --mixed_precision no --dynamo_backend no -m rlhf_helpers.ppo.train --profile tiny  # 2 CPU processes
+        --mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo --profile tiny  # 2 CPU processes
 
 Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with
 no GPU visible each process runs on the CPU and they talk over gloo (run.json records num_processes).
 `accelerate launch --cpu --num_processes 2` silently starts ONE process (its --cpu launcher ignores
---num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.ppo.train`
+--num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo`
 works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
 
 What it does: ensures the profile's SFT model (`hub_sft.ensure_sft_model`: the gpu profile's is
@@ -40,24 +40,44 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.config import MAX_SEED
-from rlhf_helpers.ppo.setup_checks import (
+import torch
+
+from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.checkpoint import (
+    TRAINER_STATE_FILE,
+    latest_checkpoint,
+    load_checkpoint,
+    load_trainer_state,
+)
+from rlhf_helpers.ppo.config import MAX_SEED, PPOConfig
+from rlhf_helpers.ppo.metrics import plot_curves
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.artifacts import runs_dir
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.reward import ensure_reward_model
+from rlhf_helpers.stages.reward_model import RewardTrainingConfig
+from rlhf_helpers.stages.setup_checks import (
     RUN_FILE,
     SetupError,
     check_output_dir,
     read_run_record,
 )
+from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.world.scorer import hidden_scores
 
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
-PROG = "python -m rlhf_helpers.ppo.train"
+PROG = "python -m rlhf_helpers.stages.train_ppo"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -97,8 +117,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
     """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON)."""
-    import math
-
     def clean(value: Any) -> Any:
         return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -110,8 +128,6 @@ def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") ->
 
 def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
     """curves.html with plotly.js inlined (opens offline)."""
-    from rlhf_helpers.ppo.metrics import plot_curves
-
     if history:
         plot_curves(history).write_html(str(path), include_plotlyjs=True)
 
@@ -137,23 +153,8 @@ def recorded_settings(output_dir: Path, profile_name: str,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
-    import torch
+    # accelerate: only for a training run, which may be multi-process
     from accelerate import Accelerator
-
-    from rlhf_helpers.data import load_prompts
-    from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.checkpoint import (
-        TRAINER_STATE_FILE,
-        latest_checkpoint,
-        load_checkpoint,
-        load_trainer_state,
-    )
-    from rlhf_helpers.ppo.config import PPOConfig
-    from rlhf_helpers.ppo.experience import NonFiniteError
-    from rlhf_helpers.ppo.reward_training import RewardTrainingConfig, ensure_reward_model, runs_dir
-    from rlhf_helpers.ppo.trainer import PPOTrainer
-    from rlhf_helpers.profiles import get_profile
-    from rlhf_helpers.world.hub_sft import ensure_sft_model
 
     try:
         profile = get_profile(args.profile)
@@ -212,7 +213,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     model.to(accelerator.device)
-    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), accelerator=accelerator)
+    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), hidden_score_fn=hidden_scores,
+                         accelerator=accelerator)
     is_main = accelerator.is_main_process
     metrics_path = output_dir / METRICS_FILE
     if args.resume:

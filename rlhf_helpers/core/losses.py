@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlhf_helpers._checks import (
+from rlhf_helpers.core.checks import (
     check_finite,
     check_finite_number,
     check_floating,

@@ -1,6 +1,6 @@
 """`make course`: execute every notebook in notebooks/ headless and time it.
 
-    python -m rlhf_helpers.run_course --out build/ [--timeout 600] [NAME_FILTER ...]
+    python -m rlhf_helpers.course.run_course --out build/ [--timeout 600] [NAME_FILTER ...]
 
 Each notebook runs in a fresh kernel (the `tiny` profile unless RLHF_PROFILE says otherwise, the
 hub offline) with a scratch copy of itself as the working directory, so nothing is written into
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 
 #: Environment every headless run gets (unless already set): offline, the CPU profile.
@@ -50,7 +50,10 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
     The kernel's working directory is `workdir` (a new temporary directory if None) holding a copy
     of the notebook. Raises nbclient's CellExecutionError on the first failing cell.
     """
+    # nbclient/nbformat: only to execute notebooks
     import nbformat
+
+    # nbclient/nbformat: only to execute notebooks
     from nbclient import NotebookClient
 
     if timeout <= 0:

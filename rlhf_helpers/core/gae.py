@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from rlhf_helpers._checks import (
+from rlhf_helpers.core.checks import (
     check_finite,
     check_floating,
     check_mask,

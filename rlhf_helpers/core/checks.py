@@ -25,6 +25,14 @@ import torch
 _VALUE_CHECKS = True  # module switch read by the value checks below
 
 
+class NonFiniteError(ValueError):
+    """A NaN or an inf where the maths needs finite numbers (logits, rewards, values, losses).
+
+    A ValueError, so callers that catch bad input still catch it; code that must tell it apart (the
+    PPO run's stop, the sampler's fallback) catches this type, never the message text.
+    """
+
+
 @contextlib.contextmanager
 def validation(enabled: bool) -> Iterator[None]:
     """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off inside a block."""
@@ -103,7 +111,7 @@ def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tenso
 def check_finite(name: str, x: torch.Tensor) -> None:
     """`x` must hold no NaN or inf (a single non-finite value poisons every masked mean)."""
     if _VALUE_CHECKS and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} must be finite, but it contains NaN or inf")
+        raise NonFiniteError(f"{name} must be finite, but it contains NaN or inf")
 
 
 def check_no_negative(name: str, x: torch.Tensor, why: str) -> None:

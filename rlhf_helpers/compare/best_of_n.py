@@ -21,6 +21,7 @@ import torch
 
 from rlhf_helpers.ppo.experience import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.world.scorer import hidden_scores
 
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
@@ -79,8 +80,6 @@ class BestOfNResult:
 
 
 def _default_hidden(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-    from rlhf_helpers.world.scorer import hidden_scores
-
     return hidden_scores(list(prompts), list(responses))
 
 

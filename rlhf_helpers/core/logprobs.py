@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_helpers._checks import (
+from rlhf_helpers.core.checks import (
     check_finite,
     check_floating,
     check_ndim,

@@ -1,0 +1,233 @@
+"""The one cache protocol of the trained artefacts (the SFT model, the reward adapter).
+
+    folder = build_cached(final, key, train=lambda tmp: train_into(tmp))   # cached, or trained now
+    problem = artifact_problem(final, key)                                 # None: complete and intact
+
+A cached folder is complete when its completion marker `COMPLETE.json`, written last, records
+- `key`: what decides the artefact (settings, the content of its data and of the model it starts
+  from), compared as JSON;
+- `files`: the SHA-256 of every file of the folder, each checked.
+A truncated or overwritten file, a missing one or a broken JSON file no longer matches its checksum,
+and a folder trained for another key is out of date. `build_cached` trains into a hidden temporary
+sibling `.tmp-<name>-<pid>`, writes the marker last, and renames the folder into place (an existing
+folder is renamed aside first): at every moment `final` is absent or complete. Temporary folders of
+killed runs (their PID no longer exists) are swept first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: File written last into a cached folder: its presence means the folder is complete.
+COMPLETE_MARKER = "COMPLETE.json"
+#: Environment variable naming the folder of cached runs (default: runs/ at the repository root).
+RUNS_DIR_ENV = "RLHF_RUNS_DIR"
+#: Files of a model folder without a completion marker that identify its weights (the shipped tiny model).
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin")
+
+
+def runs_dir() -> Path:
+    """$RLHF_RUNS_DIR if set, else `runs/` at the repository root."""
+    override = os.environ.get(RUNS_DIR_ENV)
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "runs"
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint_files(paths: Iterable[Path]) -> str:
+    """One SHA-256 over the names and contents of `paths`, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + sha256_file(path).encode())
+    return digest.hexdigest()
+
+
+def model_fingerprint(directory: str | Path) -> str:
+    """SHA-256 of what identifies a model folder's content, whatever its path: its COMPLETE.json (a
+    cached folder: its key and its files' checksums) if it has one, else its config and weight files
+    (the shipped tiny model). A hub id or a missing folder: the string itself."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return str(directory)
+    marker = directory / COMPLETE_MARKER
+    files = [marker] if marker.is_file() else sorted(
+        p for p in directory.iterdir() if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES)
+    return fingerprint_files(files)
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as it reads back from JSON (tuples become lists): the form markers are compared in."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def read_marker(directory: Path) -> tuple[Any, str | None]:
+    """(the parsed COMPLETE.json of a cached folder, None), or (None, why it cannot be read)."""
+    if not directory.is_dir():
+        return None, "the folder does not exist"
+    marker = directory / COMPLETE_MARKER
+    if not marker.is_file():
+        return None, f"{COMPLETE_MARKER} is missing (an interrupted or older run)"
+    try:
+        return json.loads(marker.read_text(encoding="utf-8")), None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{COMPLETE_MARKER} is unreadable ({type(error).__name__})"
+
+
+def folder_checksums(directory: Path) -> dict[str, str]:
+    """SHA-256 of every file under `directory` but the marker, by relative path."""
+    return {str(path.relative_to(directory)): sha256_file(path)
+            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER}
+
+
+def files_problem(directory: Path, record: Any) -> str | None:
+    """Why the files of `directory` do not match the checksums its marker `record` lists, or None."""
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        return f"{COMPLETE_MARKER} lists no file checksums"
+    for name, digest in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            actual = sha256_file(path)
+        except OSError as error:
+            return f"{name} is unreadable ({error.strerror or type(error).__name__})"
+        if actual != digest:
+            return f"{name} does not match the checksum in {COMPLETE_MARKER}"
+    return None
+
+
+def key_problem(record: Any, key: Mapping[str, Any], describe: Mapping[str, str] | None = None) -> str | None:
+    """None when the marker `record` was written for `key`; else "it was trained <how>", naming the
+    first part of the key that differs (`describe`: part -> words, e.g. "on other data")."""
+    recorded = record.get("key") if isinstance(record, dict) else None
+    if not isinstance(recorded, dict):
+        return "it was trained by an older version of the course (its marker records no key)"
+    wanted = _as_json(dict(key))
+    for part, value in wanted.items():
+        if part in ("sft_model_path",):  # recorded for people, never compared
+            continue
+        if recorded.get(part) != value:
+            return f"it was trained {(describe or {}).get(part, f'with another {part}')}"
+    return None
+
+
+def artifact_problem(directory: str | Path, key: Mapping[str, Any] | None = None,
+                     describe: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with the cached folder `directory`, in a few words, or None when it is complete
+    and intact (and, with `key`, trained for that key). Out-of-date answers start "it was trained"."""
+    directory = Path(directory)
+    record, problem = read_marker(directory)
+    if problem is None:
+        problem = files_problem(directory, record)
+    if problem is None and key is not None:  # intact: but is it the artefact asked for?
+        problem = key_problem(record, key, describe)
+    return problem
+
+
+def read_record(directory: str | Path) -> dict[str, Any]:
+    """The marker of a complete cached folder (FileNotFoundError naming the folder otherwise)."""
+    record, problem = read_marker(Path(directory))
+    if problem is not None or not isinstance(record, dict):
+        raise FileNotFoundError(f"{directory} is not a complete cached folder: {problem or 'bad marker'}")
+    return record
+
+
+def _pid_is_alive(pid: int) -> bool:
+    """Whether a process with this id exists (POSIX signal 0: checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def temporary_pattern(prefix: str) -> re.Pattern[str]:
+    """`build_cached`'s temporary folders of artefacts named `prefix`...: .tmp-<name>-<pid> (training)
+    and .tmp-old-<name>-<pid> (a replaced folder). Group 2 is the PID."""
+    return re.compile(rf"^\.tmp-((?:old-)?{re.escape(prefix)}.*)-(\d+)$")
+
+
+def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) -> list[Path]:
+    """Delete the folders in `root` that match `pattern` (group 2: a PID) and whose process no longer
+    exists; return them.
+
+    A run killed mid-training (kill -9, a closed notebook, a power cut) never reaches its `finally`
+    and leaves its temporary folder behind. Folders of live processes are kept (another run may be
+    training right now), and so is everything else in `root`. A PID reused by an unrelated process
+    only keeps a dead folder a little longer. Nothing is removed on Windows, where signal 0 does
+    not test a process.
+    """
+    root = Path(root)
+    if os.name == "nt" or not root.is_dir():
+        return []
+    removed = []
+    for folder in sorted(root.iterdir()):
+        match = pattern.match(folder.name)
+        if match and folder.is_dir() and not _pid_is_alive(int(match.group(2))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside first and
+    deleted after, so `final` is at every moment either absent or a complete folder."""
+    old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Path], Mapping[str, Any] | None],
+                 describe: Mapping[str, str] | None = None, force: bool = False,
+                 announce: Callable[[str], None] | None = None, family: str | None = None,
+                 what: str = "cache") -> Path:
+    """`final` if it is complete for `key`; else `train(tmp)` fills a temporary folder, the marker
+    {"key", "files" (SHA-256 each), and what `train` returned} is written last, and the folder is
+    renamed into place. `announce(why)` is called before training ("forced", or what is wrong with
+    the cached folder: `artifact_problem`). `force` trains even when the cache is good. Dead runs'
+    temporary folders of artefacts whose names start with `family` (default: `final`'s name) are
+    removed first, with one line on stderr (`what` names the kind, e.g. "reward")."""
+    final = Path(final)
+    removed = remove_dead_temporary_folders(final.parent, temporary_pattern(family or final.name))
+    if removed:
+        print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer exist: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
+    problem = "forced" if force else artifact_problem(final, key, describe)
+    if problem is None:
+        return final
+    if announce is not None:
+        announce(problem)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        extra = dict(train(tmp) or {})
+        marker = {**extra, "key": _as_json(dict(key)), "files": folder_checksums(tmp)}
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
+        if not force and artifact_problem(final, key) is None:  # another process finished first
+            return final
+        move_into_place(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

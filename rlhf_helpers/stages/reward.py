@@ -1,0 +1,133 @@
+"""The reward stage: the reward adapter of a profile, trained once and cached.
+
+    folder = ensure_reward_model(profile)        # runs/reward-<profile>/, trained first if needed
+    python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward   # train into a folder
+
+The cache follows `runtime.artifacts` (completion marker written last, SHA-256 of every file, atomic
+rename). Its key is what decides the adapter: the SFT model's content (not its path), every training
+setting and the preference data's content, so an edited data file or a fine-tuned-again SFT model
+trains again, and a moved checkout reuses the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.runtime.artifacts import (
+    artifact_problem,
+    build_cached,
+    model_fingerprint,
+    read_record,
+    runs_dir,
+)
+from rlhf_helpers.runtime.data import data_fingerprint
+from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile
+from rlhf_helpers.stages.reward_model import RewardTrainingConfig, train_reward_model
+from rlhf_helpers.stages.sft import ensure_sft_model
+
+#: The data files a reward adapter is trained and measured on (under rlhf_helpers.runtime.data.data_dir()).
+REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
+#: How a reward folder trained for another key is described, by the part of the key that differs.
+OUT_OF_DATE = {"data": "on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)",
+               "sft_model": "on another SFT model (it was fine-tuned again)",
+               "config": "with other settings"}
+
+
+def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -> dict[str, Any]:
+    """What decides the trained adapter: the SFT model's content (not its path: a moved checkout or
+    another runs folder reuses the cache), every training setting and the preference data's content."""
+    config = config or RewardTrainingConfig.from_profile(profile)
+    values = dataclasses.asdict(config)
+    values["lora_target_modules"] = list(config.lora_target_modules)
+    return {"sft_model_path": str(profile.sft_model_path),  # recorded for people; not compared
+            "sft_model": model_fingerprint(profile.sft_model_path), "config": values,
+            "data": data_fingerprint(REWARD_DATA_FILES)}
+
+
+def _defaults_of(profile: Any) -> Any:
+    """The named profile without any overrides (the reference for `reward_cache_dir`'s plain name)."""
+    return tiny_profile() if profile.name == "tiny" else gpu_profile()
+
+
+def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = None,
+                     root: str | Path | None = None) -> Path:
+    """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
+    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one);
+    "-random-init" follows the profile name when the SFT base has random weights (`Profile.random_init`)."""
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    root = Path(root) if root is not None else runs_dir()
+    name = f"reward-{profile.name}" + ("-random-init" if getattr(profile, "random_init", False) else "")
+    if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
+        key = json.dumps(reward_cache_key(profile, config), sort_keys=True)
+        name += "-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    return root / name
+
+
+def reward_dir_problem(directory: str | Path, key: dict[str, Any] | None = None) -> str | None:
+    """What is wrong with a cached reward folder, in a few words, or None if it is complete and intact
+    (`artifacts.artifact_problem`); with `key` (`reward_cache_key`) it must also have been trained for
+    it: "it was trained on other data" and the like otherwise."""
+    return artifact_problem(directory, key, OUT_OF_DATE)
+
+
+def is_cached_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
+                           root: str | Path | None = None) -> bool:
+    """True when `ensure_reward_model(profile, config, root)` would load its folder without training."""
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    return reward_dir_problem(reward_cache_dir(profile, config, root), reward_cache_key(profile, config)) is None
+
+
+def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
+                        root: str | Path | None = None) -> Path:
+    """The trained reward adapter of `profile`, trained first if it is not cached yet.
+
+    The folder is `reward_cache_dir(profile, config, root)` (default runs/reward-<profile>/), built
+    by `artifacts.build_cached`: a missing, damaged or out-of-date folder is trained again into place,
+    with one line on stderr saying why. The SFT model it starts from is prepared first
+    (`sft.ensure_sft_model`: nothing in the tiny profile, cached on a GPU).
+    """
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    ensure_sft_model(profile)  # the base the adapter trains on (gpu profile: fine-tuned once, cached)
+    final = reward_cache_dir(profile, config, root)
+
+    def announce(problem: str) -> None:
+        if final.exists():
+            state = "out of date" if problem.startswith("it was trained") else "damaged"
+            print(f"reward cache {final} is {state} ({problem}): training it again", file=sys.stderr, flush=True)
+
+    return build_cached(final, reward_cache_key(profile, config),
+                        lambda tmp: {"metrics": train_reward_model(profile, tmp, config)},
+                        describe=OUT_OF_DATE, announce=announce, family="reward-", what="reward")
+
+
+def reward_metrics(directory: str | Path) -> dict[str, float]:
+    """The held-out metrics stored in a cached reward folder's completion marker."""
+    return read_record(directory)["metrics"]
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
+    parser = argparse.ArgumentParser(description="Train the reward-model LoRA adapter with TRL.")
+    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
+    parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
+    parser.add_argument("--max-train-pairs", type=int, default=None)
+    args = parser.parse_args(argv)
+    profile = get_profile(args.profile)
+    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
+    metrics = train_reward_model(profile, args.out, config)
+    print(json.dumps(metrics, indent=2))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The reward model: TRL's RewardTrainer with a LoRA adapter (task SEQ_CLS) on the SFT base.
+
+    result = train_reward_model(profile, "runs/reward")   # writes the adapter and its score head
+    shared = SharedLoRAModel(base_lm, ..., reward_dir="runs/reward")
+
+Loss (Bradley-Terry): -log sigmoid(r(prompt, chosen) - r(prompt, rejected)), r read at the last real
+token (TRL appends EOS to each response, so the score sits on the EOS, as in PPO's rollouts).
+The folder holds peft's `adapter_config.json` / `adapter_model.safetensors` and, separately,
+`score_head.safetensors` with the scalar head (a plain head needs its own save).
+COURSE_SPEC pitfall: RewardConfig defaults to bf16 and gradient checkpointing; on a CPU both are off
+and `use_cpu=True`.
+Precision: the sequence classifier is loaded in float32 whatever the profile's dtype, so the trained
+LoRA matrices and the score head (`modules_to_save`) are float32 master weights; on CUDA the
+arithmetic runs under autocast in the profile's dtype (`precision.amp_flags`: bf16, or fp16 with a
+gradient scaler on a T4). A bf16 score head would round most of its Adam updates away.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import get_peft_model, get_peft_model_state_dict
+from safetensors.torch import save_file
+
+from rlhf_helpers.core.losses import pairwise_accuracy
+from rlhf_helpers.ppo.adapters import (
+    ADAPTER_WEIGHTS_FILE,
+    SCORE_HEAD_FILE,
+    lora_config,
+    uses_conv1d,
+)
+from rlhf_helpers.runtime.compat import checkpointing_off
+from rlhf_helpers.runtime.data import load_preferences
+from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores
+
+
+@dataclass
+class RewardTrainingConfig:
+    """Settings of one reward-model run; `from_profile` takes the profile's reward_* sizes."""
+
+    batch_size: int = 32  #: preference pairs per optimiser step
+    epochs: float = 2.0  #: passes over the training pairs
+    learning_rate: float = 2e-3  #: AdamW learning rate of the LoRA matrices and the score head
+    max_length: int = 64  #: pairs whose prompt + response is longer are dropped by TRL
+    lora_r: int = 8  #: LoRA rank of the reward adapter
+    lora_alpha: int = 16  #: LoRA alpha (scale alpha / r)
+    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    max_train_pairs: int | None = None  #: use only the first this many training pairs (None: all)
+    seed: int = 0  #: seed of initialisation and data order
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_length", "lora_r"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("epochs", "learning_rate"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    @classmethod
+    def from_profile(cls, profile: Any, **overrides: Any) -> RewardTrainingConfig:
+        values = dict(batch_size=profile.reward_batch_size, epochs=profile.reward_epochs,
+                      learning_rate=profile.reward_lr, max_length=profile.max_length,
+                      lora_r=profile.lora_r, lora_alpha=profile.lora_alpha,
+                      lora_target_modules=tuple(profile.lora_target_modules), seed=profile.seed)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _score_head_state(peft_model: Any) -> dict[str, torch.Tensor]:
+    """The trained score head (a modules_to_save copy inside the peft model)."""
+    state = get_peft_model_state_dict(peft_model)
+    head = {key.rsplit(".", 1)[1]: value.detach().cpu().float().contiguous()
+            for key, value in state.items() if ".score." in key and "lora_" not in key}
+    if "weight" not in head:
+        raise RuntimeError("the trained reward model has no score head in its adapter state")
+    return head
+
+
+@torch.no_grad()
+def score_pairs(model: Any, tokenizer: Any, prompts: Sequence[str], responses: Sequence[str],
+                batch_size: int = 256) -> torch.Tensor:
+    """Reward of each prompt + response (+ EOS, as TRL trained it) under a sequence classifier: (N,)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"prompts and responses must have the same length, got {len(prompts)} and "
+                         f"{len(responses)}")
+    device = next(model.parameters()).device
+    out = []
+    for first in range(0, len(prompts), batch_size):
+        texts = [p + r + tokenizer.eos_token for p, r in
+                 zip(prompts[first : first + batch_size], responses[first : first + batch_size], strict=True)]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(device)
+        position_ids = (enc["attention_mask"].cumsum(1) - 1).clamp(min=0)  # (b, L)
+        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       position_ids=position_ids).logits  # (b, 1)
+        out.append(logits[:, 0].float().cpu())
+    return torch.cat(out)  # (N,)
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson correlation: cov(x, y) / (std x std y)."""
+    a = torch.tensor(list(x), dtype=torch.float64)
+    b = torch.tensor(list(y), dtype=torch.float64)
+    if a.shape != b.shape or a.numel() < 2:
+        raise ValueError(f"x and y must be equally long with at least 2 values, got {a.numel()} and {b.numel()}")
+    a, b = a - a.mean(), b - b.mean()
+    return float((a * b).sum() / math.sqrt(float((a * a).sum() * (b * b).sum())))
+
+
+def evaluate_reward_model(model: Any, tokenizer: Any, pairs: Sequence[dict]) -> dict[str, float]:
+    """Held-out pairwise accuracy, the annotator's ceiling on these pairs, and the correlation of the
+    learned score with the hidden ground-truth score over every chosen and rejected response."""
+    prompts = [p["prompt"] for p in pairs]
+    chosen = score_pairs(model, tokenizer, prompts, [p["chosen"] for p in pairs])  # (N,)
+    rejected = score_pairs(model, tokenizer, prompts, [p["rejected"] for p in pairs])  # (N,)
+    hidden = hidden_scores(prompts + prompts, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
+    annotator = Annotator()
+    ceiling = accuracy_ceiling(annotator.probability(p["prompt"], p["chosen"], p["rejected"]) for p in pairs)
+    return {
+        "pairwise_accuracy": float(pairwise_accuracy(chosen, rejected)),
+        "annotator_ceiling": ceiling,
+        "score_hidden_correlation": pearson(torch.cat([chosen, rejected]).tolist(), hidden),
+        "n_pairs": float(len(pairs)),
+    }
+
+
+def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/reward",
+                       config: RewardTrainingConfig | None = None,
+                       train_pairs: Sequence[dict] | None = None,
+                       eval_pairs: Sequence[dict] | None = None) -> dict[str, float]:
+    """Train the reward adapter with TRL's RewardTrainer, save it to output_dir, return held-out metrics."""
+    # datasets comes with trl: imported only to train
+    from datasets import Dataset
+
+    # trl is heavy and optional (Colab ships none): imported only to train
+    from trl import RewardConfig, RewardTrainer
+
+    profile = profile or get_profile()
+    config = config or RewardTrainingConfig.from_profile(profile)
+    train_pairs = list(train_pairs if train_pairs is not None else load_preferences("train"))
+    if config.max_train_pairs is not None:
+        train_pairs = train_pairs[: config.max_train_pairs]
+    eval_pairs = list(eval_pairs if eval_pairs is not None else load_preferences("test"))
+    if not train_pairs:
+        raise ValueError("train_pairs must not be empty")
+
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(profile)
+    # float32 masters: the profile's dtype is the autocast dtype of the arithmetic (amp_flags below)
+    base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
+    peft_config = lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules,
+                              fan_in_fan_out=uses_conv1d(base), task_type="SEQ_CLS")
+    peft_config.modules_to_save = ["score"]
+    model = get_peft_model(base, peft_config)
+    on_cpu = profile.device == "cpu"
+    with tempfile.TemporaryDirectory() as scratch:
+        args = RewardConfig(
+            output_dir=scratch, per_device_train_batch_size=config.batch_size,
+            num_train_epochs=config.epochs, learning_rate=config.learning_rate,
+            max_length=config.max_length, seed=config.seed, data_seed=config.seed,
+            use_cpu=on_cpu, **amp_flags(profile),  # {"bf16": ..., "fp16": ...}: autocast on CUDA only
+            **checkpointing_off(RewardConfig),  # RewardConfig's default True breaks adapter switching later
+            report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
+            disable_tqdm=False,
+            dataloader_num_workers=0, dataset_num_proc=None,
+        )
+        start = time.perf_counter()
+        trainer = RewardTrainer(model=model, args=args, processing_class=tokenizer,
+                                train_dataset=Dataset.from_list(list(train_pairs)))
+        trainer.train()
+        seconds = time.perf_counter() - start
+    model = trainer.model.eval()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(output_dir))
+    save_file(_score_head_state(model), str(output_dir / SCORE_HEAD_FILE))
+    if not (output_dir / ADAPTER_WEIGHTS_FILE).is_file():
+        raise RuntimeError(f"peft did not write {ADAPTER_WEIGHTS_FILE} into {output_dir}")
+    metrics = evaluate_reward_model(model, tokenizer, eval_pairs)
+    metrics["train_seconds"] = seconds
+    metrics["train_pairs"] = float(len(train_pairs))
+    return metrics
