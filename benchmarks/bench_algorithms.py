@@ -6,7 +6,8 @@
 
 Every method trains a LoRA policy on the shipped SFT model against the same learned reward adapter,
 from the same training prompts, for the same budget of process CPU seconds (model building and
-evaluations excluded; one torch thread per run), and is judged at 3.75, 7.5, 15, 30, 60, ... 180 CPU s by the same function
+evaluations excluded; one torch thread per run), and is judged at 3.75, 7.5, 15, 30, 60, ... 180 CPU s
+by the same function
 (`rlhf_helpers.ppo.evaluation.evaluate_policy`): one sample per held-out prompt (200), hidden score,
 learned reward and KL to the SFT model. The settings are notebook 07's (`CompareConfig.from_profile`
 of the tiny profile: 64 responses per batch, lr 1e-3, beta 0.2, G = 4 for GRPO and RLOO).
@@ -94,18 +95,22 @@ def summarise(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def table(results: dict[str, Any]) -> str:
     """The markdown table of `summarise`, then the best-of-n rows."""
-    lines = ["| method | hidden score at the end (mean, min-max over seeds) | KL, nats | learned reward | "
-             "responses trained on | first eval above best-of-4 (CPU s, per seed) | peak RSS rise, MB | trained params |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | hidden score at the end (mean, min-max over seeds) | KL, nats | learned reward | "
+        "responses trained on | first eval above best-of-4 (CPU s, per seed) | peak RSS rise, MB | trained params |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in summarise(results):
         h, k, r = row["hidden"], row["kl"], row["reward"]
         firsts = ", ".join("never" if f is None else f"{f:.0f}" for f in row["first_above_best_of_4"])
-        lines.append(f"| {row['label']} | **{h[0]:.3f}** ({h[1]:.3f} to {h[2]:.3f}) | {k[0]:.2f} ({k[1]:.2f}-{k[2]:.2f}) | "
-                     f"{r[0]:.2f} | {row['samples']:.0f} | {firsts} | {row['peak_memory_mb']:.0f} | "
-                     f"{row['trainable_parameters']:,} |")
+        lines.append(
+            f"| {row['label']} | **{h[0]:.3f}** ({h[1]:.3f} to {h[2]:.3f}) | {k[0]:.2f} ({k[1]:.2f}-{k[2]:.2f}) | "
+            f"{r[0]:.2f} | {row['samples']:.0f} | {firsts} | {row['peak_memory_mb']:.0f} | "
+            f"{row['trainable_parameters']:,} |"
+        )
     for n, row in sorted(results["best_of"].items(), key=lambda item: int(item[0])):
-        lines.append(f"| SFT best-of-{n} | **{row['hidden']:.3f}** (se {row['hidden_se']:.3f}) | {row['kl']:.2f} (analytic) | "
-                     f"{row['reward']:.2f} | | | | |")
+        lines.append(f"| SFT best-of-{n} | **{row['hidden']:.3f}** (se {row['hidden_se']:.3f}) | "
+                     f"{row['kl']:.2f} (analytic) | {row['reward']:.2f} | | | | |")
     return "\n".join(lines)
 
 
@@ -126,7 +131,8 @@ def render(results: dict[str, Any], png: str | Path | None) -> str:
 
 
 def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: float = 180.0,
-         eval_points: int = 6, early_evals: int = 3, jobs: int = 2, png: str | Path | None = PNG_PATH) -> dict[str, Any]:
+         eval_points: int = 6, early_evals: int = 3, jobs: int = 2,
+         png: str | Path | None = PNG_PATH) -> dict[str, Any]:
     """Run every (method, seed) and the best-of-n baseline; print the table; write JSON and figure."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

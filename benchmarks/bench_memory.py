@@ -58,6 +58,7 @@ from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d  # noqa: E402
 from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu  # noqa: E402
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel  # noqa: E402
 from rlhf_helpers.ppo.value_head import ScalarHead  # noqa: E402
+from rlhf_helpers.runtime.lora import LoRASpec  # noqa: E402
 
 SIDES = ("shared", "four", "four_lora")
 #: Goal of the issue: the shared design's peak memory at most this fraction of four models'.
@@ -98,8 +99,8 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
     else:
         raise ValueError(f"size must be 'tiny', 'gpt2' or 'smollm2', got {name!r}")
     return SizeSpec(name=name, batch=batch, new_tokens=new_tokens, prompt_tokens=profile.max_prompt_length,
-                    lora_r=profile.lora_r, lora_alpha=profile.lora_alpha,
-                    lora_targets=tuple(profile.lora_target_modules))
+                    lora_r=profile.lora.r, lora_alpha=profile.lora.alpha,
+                    lora_targets=tuple(profile.lora.target_modules))
 
 
 # ----------------------------------------------------------------------------- models
@@ -273,9 +274,13 @@ def parameter_bytes(model: SharedLoRAModel) -> dict[str, int]:
 def build_side(side: str, base: nn.Module, tokenizer: Any, spec: SizeSpec, seed: int = 0) -> nn.Module:
     """The model of one side on `base` (which the side then owns)."""
     if side == "shared":
-        return SharedLoRAModel(base, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                               r=spec.lora_r, lora_alpha=spec.lora_alpha, target_modules=spec.lora_targets,
-                               seed=seed)
+        return SharedLoRAModel(
+            base,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            seed=seed,
+            lora=LoRASpec(r=spec.lora_r, alpha=spec.lora_alpha, target_modules=spec.lora_targets),
+        )
     if side in ("four", "four_lora"):
         return FourModels(base, tokenizer.pad_token_id, tokenizer.eos_token_id, lora=side == "four_lora",
                           r=spec.lora_r, lora_alpha=spec.lora_alpha, targets=spec.lora_targets, seed=seed)
@@ -311,7 +316,7 @@ def warm_up(side: str, device: str, dtype: torch.dtype, spec: SizeSpec) -> None:
     toy_spec = SizeSpec("toy", 2, 2, 4, 2, 4, targets)
     model = build_side(side, base, tokenizer, toy_spec)
     config = PPOConfig(rollout_batch_size=2, mini_batch_size=2, ppo_epochs=1, max_prompt_length=4,
-                       max_new_tokens=2, lora_r=2, lora_alpha=4, progress_bar=False)
+                       max_new_tokens=2, lora=LoRASpec(r=2, alpha=4), progress_bar=False)
     PPOTrainer(config, model, tokenizer, ["the movie was"], hidden_score_fn=None).step()
     del model, base
     gc.collect()
@@ -351,7 +356,7 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
     built_mb = peak_rss_mb()
     config = PPOConfig(rollout_batch_size=spec.batch, mini_batch_size=spec.batch, ppo_epochs=1,
                        max_prompt_length=spec.prompt_tokens, max_new_tokens=spec.new_tokens,
-                       lora_r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_target_modules=spec.lora_targets,
+                       lora=LoRASpec(r=spec.lora_r, alpha=spec.lora_alpha, target_modules=spec.lora_targets),
                        seed=seed, progress_bar=False)
     trainer = PPOTrainer(config, model, tokenizer, prompts, hidden_score_fn=None)
     metrics = trainer.step()  # rollouts + one minibatch update of policy and critic
@@ -429,8 +434,9 @@ def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
         return None
     profile = get_profile("gpu", dtype=dtype, rollout_batch_size=spec["batch"], mini_batch_size=spec["batch"],
                           max_new_tokens=spec["new_tokens"], max_prompt_length=spec["prompt_tokens"],
-                          lora_r=spec["lora_r"], lora_alpha=spec["lora_alpha"],
-                          lora_target_modules=tuple(spec["lora_targets"]), eval_batch_size=spec["batch"])
+                          lora=LoRASpec(r=spec["lora_r"], alpha=spec["lora_alpha"],
+                                        target_modules=tuple(spec["lora_targets"])),
+                          eval_batch_size=spec["batch"])
     return estimate_ppo_memory(profile, fast_sampling=device == "cuda")
 
 

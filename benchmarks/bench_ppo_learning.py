@@ -13,8 +13,8 @@ ground-truth scorer (which PPO never sees; it optimises the learned reward adapt
 - best-of-n baselines (n = 1, 4, 16): n SFT samples per prompt, keep the one the learned reward likes
   best, grade it with the hidden scorer. Their KL to the SFT model is the analytic log n - (n - 1)/n.
 - over-optimisation: PPO with kl_coef = 0 for many steps (evaluated after each of the first 8 steps,
-  where the peak is); the learned reward keeps rising while the hidden score peaks and falls (the hidden scorer penalises repetition and over-long answers that the
-  preference pairs rarely show).
+  where the peak is); the learned reward keeps rising while the hidden score peaks and falls (the
+  hidden scorer penalises repetition and over-long answers that the preference pairs rarely show).
 The goal (tiny profile, 2-core CPU): within `train_seconds` (3 min) the mean hidden score of PPO's
 samples rises above SFT best-of-4, at a moderate KL.
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from rlhf_helpers.runtime.lora import LoRASpec
+
 #: LoRA targets and rank of the gpu profile (rlhf_helpers.runtime.profiles.gpu_profile).
 SPEED_GOAL_X_FLOOR = 20.0  #: goal: a decode step within this many times the bandwidth floor
 
@@ -71,9 +73,13 @@ def build_model(device: str, dtype: torch.dtype, small: bool) -> tuple[Any, Any]
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     gpu = get_profile("gpu")
-    shared = SharedLoRAModel(lm, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                             r=gpu.lora_r, lora_alpha=gpu.lora_alpha, target_modules=gpu.lora_target_modules,
-                             fast_sampling=False)
+    shared = SharedLoRAModel(
+        lm,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        fast_sampling=False,
+        lora=LoRASpec(r=gpu.lora.r, alpha=gpu.lora.alpha, target_modules=gpu.lora.target_modules),
+    )
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a real adapter (B = 0 at init would make folding it trivial)
         for param in shared.policy_parameters():

@@ -6,8 +6,9 @@ slider -> text box -> update). Each update recomputes with the maths core and re
 "figurewidget" backend sends one Plotly.update comm message, the "html" backend (Colab's) sends the
 whole figure as self-contained HTML in one update_display_data message, the "output" backend
 re-displays the whole figure into its Output widget (all go out on the kernel's iopub socket, as in
-JupyterLab and Colab). The time the browser then takes to draw is not included. Reported: median and 90th percentile of the update
-time in ms per widget and backend, and the median of the maths alone (`compute`), from one run.
+JupyterLab and Colab). The time the browser then takes to draw is not included. Reported: median and
+90th percentile of the update time in ms per widget and backend, and the median of the maths alone
+(`compute`), from one run.
 Goal: every median well under 100 ms. The machine is shared: compare figures of the same run.
 
     python -m benchmarks widgets

@@ -33,14 +33,11 @@ def build_trainer(updates: int = 12, device: str = "cpu") -> Any:
 
     from benchmarks.bench_trl_baseline import settings_from_profile
     from benchmarks.trl_baseline.common import (
-        hidden_score_texts,
         load_model,
         load_prompt_texts,
         load_tokenizer,
     )
-    from benchmarks.trl_baseline.run_ours_ppo import engine_config
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-    from rlhf_helpers.ppo.trainer import PPOTrainer
+    from benchmarks.trl_baseline.run_ours_ppo import build_engine
 
     settings = settings_from_profile(fast=False, device=device,
                                      random_init_config="smollm2" if device == "cuda" else None)
@@ -48,11 +45,7 @@ def build_trainer(updates: int = 12, device: str = "cpu") -> Any:
     torch.manual_seed(settings.seed)
     tokenizer = load_tokenizer(settings)
     base = load_model(settings, AutoModelForCausalLM, tokenizer)
-    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id, r=settings.lora_r,
-                            lora_alpha=settings.lora_alpha,
-                            target_modules=tuple(settings.lora_target_modules), seed=settings.seed)
-    return PPOTrainer(engine_config(settings), model, tokenizer, load_prompt_texts("train"),
-                      reward_fn=hidden_score_texts, hidden_score_fn=None)
+    return build_engine(settings, base, tokenizer, load_prompt_texts("train"))
 
 
 class PhaseClock:
@@ -148,8 +141,9 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=cli.torch))
             events = prof.key_averages()
             cuda_s = sum(e.self_device_time_total for e in events) / 1e6
+            launches = sum(e.count for e in events if e.key.startswith("cuda") and "Launch" in e.key)
             print(f"GPU busy (sum of kernel self times) in one update: {cuda_s:.3f} s; "
-                  f"CUDA kernel launches: {sum(e.count for e in events if e.key.startswith('cuda') and 'Launch' in e.key)}")
+                  f"CUDA kernel launches: {launches}")
         if cli.trace:
             prof.export_chrome_trace(cli.trace)
     figures = breakdown(trainer, cli.steps)

@@ -53,3 +53,39 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+#: The toy trainer's settings: 8 prompts of 6 tokens, 8 new tokens, 2 epochs of 2 minibatches, LoRA r 4.
+TOY_TRAINER = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=8,
+                   policy_lr=5e-2, value_lr=5e-2, progress_bar=False, seed=0)
+#: Prompts of the toy world (its 12-word vocabulary).
+TOY_PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
+               "the film was bad .", "the plot is fine", "the acting was good"]
+
+
+def toy_trainer(*, init_seed: int = 0, dtype: torch.dtype = torch.float32, prompts=TOY_PROMPTS, reward_fn="good_count",
+                hidden_score_fn="good_count", ptx_texts=None, tokenizer=None, **config_overrides):
+    """A PPOTrainer on the toy world (random 2-layer GPT-2, 12 words): the base in `dtype`, adapters and
+    heads initialised from `init_seed`, LoRA r 4 / alpha 8, TOY_TRAINER's settings with `config_overrides`.
+    `reward_fn` / `hidden_score_fn` default to the toy world's `good_count`."""
+    from rlhf_helpers.ppo.config import PPOConfig
+    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+    from rlhf_helpers.runtime.lora import LoRASpec
+
+    tok = tokenizer or toy_tokenizer()
+    lora = LoRASpec(r=4, alpha=8)
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0).to(dtype), pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id, seed=init_seed, lora=lora)
+    config = PPOConfig(**{**TOY_TRAINER, "lora": lora, **config_overrides})
+    return PPOTrainer(config, model, tok, prompts, reward_fn=good_count if reward_fn == "good_count" else reward_fn,
+                      hidden_score_fn=good_count if hidden_score_fn == "good_count" else hidden_score_fn,
+                      ptx_texts=ptx_texts)
+
+
+@pytest.fixture
+def make_trainer():
+    """The toy-trainer factory (`toy_trainer`): one definition for every trainer test; a module narrows
+    it by overriding this fixture with its own settings."""
+    return toy_trainer

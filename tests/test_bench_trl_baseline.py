@@ -56,7 +56,7 @@ def test_fast_settings_come_from_the_tiny_profile() -> None:
     profile = get_profile("tiny")
     full = bench.settings_from_profile(fast=False, device="cpu", random_init_config=None)
     assert (full.ppo_epochs, full.response_length, full.kl_coef, full.lora_r) == (
-        profile.ppo_epochs, profile.max_new_tokens, profile.kl_coef, profile.lora_r)
+        profile.ppo_epochs, profile.max_new_tokens, profile.kl_coef, profile.lora.r)
     assert (full.batch_size, full.mini_batch_size) == (profile.rollout_batch_size, profile.mini_batch_size)
     fast = bench.settings_from_profile(fast=True, device="cpu", random_init_config=None)
     assert fast.updates < full.updates and fast.batch_size % fast.mini_batch_size == 0
@@ -69,7 +69,7 @@ def test_cuda_settings_are_the_issues_anchor() -> None:
     cuda = bench.settings_from_profile(fast=False, device="cuda", random_init_config="smollm2")
     assert (cuda.batch_size, cuda.response_length, cuda.ppo_epochs) == (32, 64, 4)
     assert cuda.batch_size // cuda.mini_batch_size == 2 and cuda.dtype == "bfloat16"
-    assert tuple(cuda.lora_target_modules) == get_profile("gpu").lora_target_modules
+    assert tuple(cuda.lora_target_modules) == get_profile("gpu").lora.target_modules
 
 
 def test_a_trl_site_folder_replaces_the_venv_and_leads_the_trl_sides_path(monkeypatch, tmp_path) -> None:

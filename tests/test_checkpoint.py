@@ -11,8 +11,6 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo import checkpoint as ckpt
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
@@ -23,18 +21,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 
-def make_trainer(init_seed: int = 0, reward_fn=good_count, **overrides) -> PPOTrainer:
-    """A toy trainer; `init_seed` changes the initial adapters and heads (a 'fresh' trainer must get
+@pytest.fixture
+def make_trainer(make_trainer):
+    """Toy trainers of this module: 6 new tokens, lr 3e-2, the adaptive KL controller (its state is
+    checkpointed too); `init_seed` changes the initial adapters and heads (a 'fresh' trainer must get
     everything from the checkpoint, not from sharing the seed)."""
-    tok = toy_tokenizer()
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=init_seed)
-    values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
-                  max_new_tokens=6, lora_r=4, lora_alpha=8, policy_lr=3e-2, value_lr=3e-2,
-                  target_kl=0.5, kl_horizon=100, progress_bar=False, seed=0)
-    values.update(overrides)
-    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=reward_fn,
-                      hidden_score_fn=good_count)
+    def make(init_seed: int = 0, **overrides):
+        values = dict(max_new_tokens=6, policy_lr=3e-2, value_lr=3e-2, target_kl=0.5, kl_horizon=100)
+        return make_trainer(init_seed=init_seed, prompts=PROMPTS, **{**values, **overrides})
+    return make
 
 
 def model_state(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
@@ -52,7 +47,7 @@ def without_times(history):
     return [{k: v for k, v in m.items() if not k.startswith("time_")} for m in history]
 
 
-def test_round_trip_restores_every_adapter_head_and_optimizer(tmp_path):
+def test_round_trip_restores_every_adapter_head_and_optimizer(make_trainer, tmp_path):
     trainer = make_trainer()
     trainer.step()
     path = save_checkpoint(trainer, tmp_path)
@@ -75,7 +70,7 @@ def test_round_trip_restores_every_adapter_head_and_optimizer(tmp_path):
                 assert torch.equal(a[key][name], b[key][name])
 
 
-def test_resume_equals_an_uninterrupted_run_metric_for_metric(tmp_path):
+def test_resume_equals_an_uninterrupted_run_metric_for_metric(make_trainer, tmp_path):
     n, k = 3, 1
     straight = make_trainer()
     for _ in range(n):
@@ -94,7 +89,7 @@ def test_resume_equals_an_uninterrupted_run_metric_for_metric(tmp_path):
     assert_same_state(model_state(resumed), model_state(straight))
 
 
-def test_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+def test_crash_mid_save_leaves_the_previous_checkpoint(make_trainer, tmp_path, monkeypatch):
     trainer = make_trainer()
     trainer.step()
     good = save_checkpoint(trainer, tmp_path)
@@ -118,7 +113,7 @@ def test_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     assert_same_state(state_after_1, model_state(fresh))
 
 
-def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(tmp_path, monkeypatch):
+def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(make_trainer, tmp_path, monkeypatch):
     trainer = make_trainer()
     trainer.step()
     good = save_checkpoint(trainer, tmp_path)
@@ -136,7 +131,7 @@ def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(tmp_path, m
     assert load_checkpoint(fresh, tmp_path) == good and fresh.step_count == 1
 
 
-def test_only_the_newest_checkpoints_are_kept(tmp_path):
+def test_only_the_newest_checkpoints_are_kept(make_trainer, tmp_path):
     trainer = make_trainer(ppo_epochs=1)
     for _ in range(3):
         trainer.step()
@@ -146,7 +141,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
         save_checkpoint(trainer, tmp_path, keep=0)
 
 
-def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(tmp_path, monkeypatch):
+def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(make_trainer, tmp_path, monkeypatch):
     from rlhf_helpers.ppo import update as update_module
 
     real_loss = update_module.policy_loss
@@ -170,7 +165,7 @@ def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(
     assert all(torch.isfinite(p).all() for p in fresh.model.parameters())
 
 
-def test_loading_errors_are_clear(tmp_path):
+def test_loading_errors_are_clear(make_trainer, tmp_path):
     trainer = make_trainer()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_checkpoint(trainer, tmp_path)
@@ -192,7 +187,7 @@ class _RunsCodeWhenUnpickled:
         return (Path.touch, (Path(self.marker),))
 
 
-def test_a_crafted_trainer_state_is_refused_without_running_its_code(tmp_path):
+def test_a_crafted_trainer_state_is_refused_without_running_its_code(make_trainer, tmp_path):
     trainer = make_trainer()
     trainer.step()
     path = save_checkpoint(trainer, tmp_path)

@@ -22,6 +22,7 @@ from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 
 #: float32 advantages: (r - mean) / (std + eps) of rewards of size ~1-3 computed by TRL and by us in a
@@ -176,7 +177,7 @@ def test_judge_sees_the_policy_trl_trained(profile):
     config = PPOConfig.from_profile(profile)
     judge, tokenizer = build_shared_model(profile, config, None)
     base = load_causal_lm(profile)
-    trl_like = get_peft_model(base, lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules,
+    trl_like = get_peft_model(base, lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,
                                                 uses_conv1d(base)))
     with torch.no_grad():  # a trained-looking adapter: B != 0
         for name, param in trl_like.named_parameters():
@@ -196,19 +197,28 @@ def test_judge_sees_the_policy_trl_trained(profile):
 
 # ----------------------------------------------------------------------------- bad input (issue 22)
 @pytest.mark.parametrize(("field", "value"), [
-    ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora_r", 0), ("lora_alpha", -1),
+    ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora", {"r": 0}), ("lora", {"alpha": -1}),
     ("max_prompt_length", 0), ("seed", -1), ("seed", 2**40), ("learning_rate", float("inf")),
     ("learning_rate", float("nan")), ("kl_coef", float("inf")), ("kl_coef", -0.1),
-    ("train_seconds", float("inf")), ("lora_target_modules", ()), ("lora_target_modules", "c_attn"),
-    ("lora_target_modules", ("c_attn", "")),
+    ("train_seconds", float("inf")), ("lora", {"target_modules": ()}), ("lora", {"target_modules": "c_attn"}),
+    ("lora", {"target_modules": ("c_attn", "")}),
 ])
 def test_config_names_each_bad_value(field, value):
     with pytest.raises(ValueError, match=field):
         CompareConfig(**{field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [("train_seconds", "30"), ("lora_r", 8.0), ("seed", None),
-                                              ("kl_coef", True), ("samples_per_batch", "64")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("train_seconds", "30"),
+        ("lora", {"r": 8.0}),
+        ("lora", "r=8"),
+        ("seed", None),
+        ("kl_coef", True),
+        ("samples_per_batch", "64"),
+    ],
+)
 def test_config_names_each_wrong_type(field, value):
     with pytest.raises(TypeError, match=field):
         CompareConfig(**{field: value})
@@ -248,6 +258,6 @@ def test_eval_prompts_must_be_strings(profile):
 
 
 def test_a_list_of_target_modules_is_stored_as_the_tuple():
-    config = CompareConfig(lora_target_modules=["c_attn", "c_proj"])
-    assert config.lora_target_modules == ("c_attn", "c_proj") and hash(config) == hash(CompareConfig(
-        lora_target_modules=("c_attn", "c_proj")))
+    config = CompareConfig(lora={"target_modules": ["c_attn", "c_proj"]})
+    assert config.lora.target_modules == ("c_attn", "c_proj") and hash(config) == hash(CompareConfig(
+        lora=LoRASpec(target_modules=("c_attn", "c_proj"))))

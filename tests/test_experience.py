@@ -18,6 +18,7 @@ from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.lora import LoRASpec
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad .", "the plot is fine", "the acting was good"]
@@ -30,9 +31,9 @@ def toy_setup(seed: int = 0, **overrides):
     tok = toy_tokenizer()
     base = toy_causal_lm(tok, seed=seed)
     model = SharedLoRAModel(base, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                            r=4, lora_alpha=8, seed=seed)
+                            seed=seed, lora=LoRASpec(r=4, alpha=8))
     values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
-                  max_new_tokens=8, lora_r=4, lora_alpha=8, policy_lr=5e-2, value_lr=5e-2,
+                  max_new_tokens=8, lora=LoRASpec(r=4, alpha=8), policy_lr=5e-2, value_lr=5e-2,
                   progress_bar=False, seed=seed)
     values.update(overrides)
     return PPOConfig(**values), model, tok

@@ -1,4 +1,4 @@
-"""The gpu profile's SFT model, prepared once and cached (`hub_sft.ensure_sft_model`), exercised with
+"""The gpu profile's SFT model, prepared once and cached (`stages.sft.ensure_sft_model`), exercised with
 random-init mode on a shrunken SmolLM2-style architecture (no hub, CPU, two SFT steps)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG, architecture
 from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
 from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 from rlhf_helpers.runtime.profiles import get_profile, gpu_profile
-from rlhf_helpers.stages import sft as hub_sft
+from rlhf_helpers.stages import sft
 from rlhf_helpers.stages.reward import reward_cache_dir
 from rlhf_helpers.stages.sft import ensure_sft_model, random_init_tokenizer_dir, sft_cache_key
 
@@ -42,13 +42,13 @@ def small_corpus(monkeypatch):
 def trainings(monkeypatch):
     """Counts the calls of `sft_with_trl` (each one is a training run)."""
     calls = []
-    original = hub_sft.sft_with_trl
+    original = sft.sft_with_trl
 
     def counted(*args, **kwargs):
         calls.append(args[4])  # output_dir
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(hub_sft, "sft_with_trl", counted)
+    monkeypatch.setattr(sft, "sft_with_trl", counted)
     return calls
 
 
@@ -122,7 +122,7 @@ def test_a_failed_training_leaves_no_half_written_folder(tmp_path, small_corpus,
         raise RuntimeError("killed mid-training")
 
     with monkeypatch.context() as patch:
-        patch.setattr(hub_sft, "sft_with_trl", crash)
+        patch.setattr(sft, "sft_with_trl", crash)
         with pytest.raises(RuntimeError, match="mid-training"):
             ensure(profile)
     assert not final.exists() and leftovers(final.parent) == []
@@ -130,7 +130,7 @@ def test_a_failed_training_leaves_no_half_written_folder(tmp_path, small_corpus,
     ensure(profile)  # a good folder, then a retraining with other settings that fails
     before = {p.name: p.read_bytes() for p in final.iterdir()}
     with monkeypatch.context() as patch:
-        patch.setattr(hub_sft, "sft_with_trl", crash)
+        patch.setattr(sft, "sft_with_trl", crash)
         with pytest.raises(RuntimeError):
             ensure(profile.replace(sft_lr=1e-3))
     assert {p.name: p.read_bytes() for p in final.iterdir()} == before  # the old folder is untouched

@@ -57,7 +57,9 @@ def test_generated_notebook_matches_its_source(source: Path):
 
 
 def test_builder_parses_cells_badge_and_setup():
-    text = "# preamble is ignored\n# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n# %% [setup]\n# %%\nx = 1  # code\n\n"
+    text = (
+        "# preamble is ignored\n# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n# %% [setup]\n# %%\nx = 1  # code\n\n"
+    )
     cells = builder.parse_cells(text, "07_x.ipynb")
     assert [kind for kind, _ in cells] == ["markdown", "code", "code"]
     assert cells[0][1] == "# Title\n\n" + colab_badge("07_x.ipynb")

@@ -11,7 +11,8 @@ import torch
 
 from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.runtime.lora import LoRASpec
 
 TEXTS = ["the movie was good .", "the plot", "acting is great and the film was fine ."]
 
@@ -54,10 +55,10 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
     with torch.no_grad():
         expected = toy_causal_lm(tok, seed=0)(input_ids=ids, attention_mask=attn,
                                               position_ids=positions).logits  # (B, L, V)
-    kept = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4,
-                           lora_alpha=8, fused_gelu=False)
-    fused = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4,
-                            lora_alpha=8)
+    kept = SharedLoRAModel(
+        toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_gelu=False, lora=LoRASpec(r=4, alpha=8)
+    )
+    fused = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
     with torch.no_grad():  # LoRA B starts at 0: the policy's logits are the base's
         assert torch.equal(kept.policy_logits(ids, attn), expected)
         got = fused.policy_logits(ids, attn)
@@ -67,7 +68,7 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
 
 def perturbed_shared(tok, seed: int = 1) -> SharedLoRAModel:
     """A shared model whose policy adapter is not the identity (LoRA B starts at 0)."""
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4, lora_alpha=8)
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.adapter_parameters("policy"):
@@ -115,19 +116,13 @@ PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the
            "the film was bad .", "the plot is fine", "the acting was good"]
 
 
-def make_trainer(tok, **overrides):
-    from rlhf_helpers.ppo.config import PPOConfig
-    from rlhf_helpers.ppo.trainer import PPOTrainer
-
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4, lora_alpha=8)
-    values = dict(rollout_batch_size=8, mini_batch_size=2, ppo_epochs=2, max_prompt_length=6,
-                  max_new_tokens=8, lora_r=4, lora_alpha=8, policy_lr=5e-2, value_lr=5e-2,
-                  progress_bar=False, seed=0)
-    values.update(overrides)
-    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=good_count, hidden_score_fn=None)
+@pytest.fixture
+def make_trainer(make_trainer):
+    """Toy trainers of this module: minibatches of 2 (4 per epoch), no hidden scorer; `tok` shared."""
+    return lambda tok, **overrides: make_trainer(tokenizer=tok, mini_batch_size=2, hidden_score_fn=None, **overrides)
 
 
-def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(tok):
+def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(make_trainer, tok):
     from rlhf_helpers.ppo.update import trim_minibatch
 
     trainer = make_trainer(tok)
@@ -197,7 +192,7 @@ def uncut_minibatch(batch, rows):
 
 
 @pytest.mark.slow
-def test_grouped_update_without_the_cut_is_bit_identical_to_the_alternating_loop(tok, monkeypatch):
+def test_grouped_update_without_the_cut_is_bit_identical_to_the_alternating_loop(make_trainer, tok, monkeypatch):
     """All policy steps then all value steps = alternating them, to the bit, with the real Adam.
 
     This holds on any CPU: both orders run the same float operations on the same inputs (the two
@@ -234,7 +229,7 @@ CUT_ATOL = 1e-4
 
 
 @pytest.mark.slow
-def test_grouped_and_cut_update_equals_the_alternating_loop(tok):
+def test_grouped_and_cut_update_equals_the_alternating_loop(make_trainer, tok):
     # clip_eps 1e3 and no value clip: a smooth objective (see CUT_ATOL); the clipping itself is
     # elementwise on real tokens, which the cut does not touch (tests/test_losses.py covers it)
     fast, slow = (make_trainer(tok, clip_eps=1e3, value_clip=None) for _ in range(2))
@@ -350,8 +345,8 @@ def test_shared_model_with_fused_lora_matches_peft_forward(tok):
     ids, attn = left_padded(tok, TEXTS)
     models = []
     for fused in (False, True):
-        model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, r=4,
-                                lora_alpha=8, fused_lora=fused)
+        model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_lora=fused,
+                                lora=LoRASpec(r=4, alpha=8))
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for adapter in ("policy", "value"):

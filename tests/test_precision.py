@@ -13,7 +13,6 @@ import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.memory_estimate import (
     FLOAT32_BYTES,
     LLAMA_PROJECTIONS,
@@ -25,9 +24,8 @@ from rlhf_helpers.ppo.memory_estimate import (
     ppo_phase_estimates,
 )
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
-from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime import precision
+from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.precision import amp_flags, compute_dtype, describe_dtype, resolve_dtype
 from rlhf_helpers.runtime.profiles import get_profile
 
@@ -138,14 +136,10 @@ def test_reward_model_trains_float32_masters_whatever_the_profile_dtype(tmp_path
 
 
 # ----------------------------------------------------------------------------- fp16 PPO on the CPU
-def make_trainer(dtype: torch.dtype, **overrides) -> PPOTrainer:
-    tok = toy_tokenizer()
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0).to(dtype), pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8)
-    values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=8,
-                  lora_r=4, lora_alpha=8, policy_lr=5e-2, value_lr=5e-2, progress_bar=False)
-    values.update(overrides)
-    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=good_count, hidden_score_fn=good_count)
+@pytest.fixture
+def make_trainer(make_trainer):
+    """Toy trainers of this module: 4 prompts, one hidden scorer; the base dtype is the argument."""
+    return lambda dtype, **overrides: make_trainer(dtype=dtype, prompts=PROMPTS, **overrides)
 
 
 def snapshot(params) -> list[torch.Tensor]:
@@ -156,7 +150,7 @@ def changed(before, params) -> bool:
     return any(not torch.equal(a, p.detach()) for a, p in zip(before, params, strict=True))
 
 
-def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(one_torch_thread):
+def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(make_trainer, one_torch_thread):
     trainer = make_trainer(torch.float16)
     model = trainer.model
     base = [p for name, p in model.lm.named_parameters() if "lora_" not in name]
@@ -171,14 +165,14 @@ def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(one_torch_thread):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_no_grad_scaler_without_float16(dtype, one_torch_thread):
+def test_no_grad_scaler_without_float16(make_trainer, dtype, one_torch_thread):
     trainer = make_trainer(dtype)
     assert not trainer.policy_opt.scaler.is_enabled() and not trainer.value_opt.scaler.is_enabled()
     trainer.step()
     assert "policy_scaler" not in trainer.state_dict()  # checkpoints of float32/bf16 runs unchanged
 
 
-def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop(one_torch_thread):
+def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop(make_trainer, one_torch_thread):
     trainer = make_trainer(torch.float16)
     # a loss scale of 2^40 overflows float16 (max 65504) in every backward: every step is skipped
     init = 2.0**40
@@ -194,7 +188,7 @@ def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop
     assert metrics["policy_grad_norm"] == 0.0 and math.isfinite(metrics["policy_loss"])
 
 
-def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(monkeypatch, one_torch_thread):
+def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(make_trainer, monkeypatch, one_torch_thread):
     import rlhf_helpers.ppo.optim as optim_module
 
     trainer = make_trainer(torch.float16)
@@ -207,7 +201,7 @@ def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(monke
     assert trainer.policy_opt.overflow_skips == 1
 
 
-def test_scaler_state_survives_a_checkpoint(tmp_path, one_torch_thread):
+def test_scaler_state_survives_a_checkpoint(make_trainer, tmp_path, one_torch_thread):
     trainer = make_trainer(torch.float16)
     trainer.step()
     trainer.policy_opt.scaler.update(new_scale=1024.0)  # a state a fresh scaler would not have
@@ -247,7 +241,9 @@ def test_gpu_profile_stages_fit_a_t4_with_margin():
         assert set(estimates) == {"sft", "reward", "ppo"}
         for stage, estimate in estimates.items():
             assert 0 < estimate.total < limit, (stage, estimate.total / 2**30)
-            parts = [getattr(estimate, f.name) for f in dataclasses.fields(estimate) if f.name not in ("stage", "phase")]
+            parts = [
+                getattr(estimate, f.name) for f in dataclasses.fields(estimate) if f.name not in ("stage", "phase")
+            ]
             assert estimate.total == sum(parts) and all(part >= 0 for part in parts)
     phases = ppo_phase_estimates(get_profile("gpu"))
     assert estimate_ppo_memory(get_profile("gpu")).total == max(p.total for p in phases.values())
@@ -266,13 +262,12 @@ def test_parameter_bytes_equal_real_models_built_from_the_config():
         assert shape.parameter_count() == count
         assert estimate_memory(profile)["sft"].weights == count * FLOAT32_BYTES  # float32 masters
         # PPO: the bf16 base plus three float32 adapters and two float32 heads, as the shared model holds them
-        shared = SharedLoRAModel(lm, pad_token_id=0, eos_token_id=1, r=profile.lora_r,
-                                 lora_alpha=profile.lora_alpha, target_modules=profile.lora_target_modules)
+        shared = SharedLoRAModel(lm, pad_token_id=0, eos_token_id=1, lora=profile.lora)
     update = ppo_phase_estimates(profile, shape)["update"]
     assert update.weights == sum(p.numel() * p.element_size() for p in shared.parameters())
     trained = shared.policy_parameters() + shared.value_parameters()
     assert update.optimizer_states == 2 * sum(p.numel() * p.element_size() for p in trained)  # Adam's 2 moments
-    lora = shape.lora_parameter_count(profile.lora_r, tuple(profile.lora_target_modules))
+    lora = shape.lora_parameter_count(profile.lora.r, tuple(profile.lora.target_modules))
     assert lora == sum(p.numel() for p in shared.adapter_parameters("policy"))
 
 
@@ -343,12 +338,12 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
     shape = ModelShape.from_config(config)
     profile = get_profile("gpu", dtype="bfloat16" if dtype == torch.bfloat16 else "float16",
                           rollout_batch_size=6, mini_batch_size=3, max_prompt_length=5, max_new_tokens=7,
-                          lora_r=4, lora_target_modules=("q_proj", "v_proj"))
+                          lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     phases = ppo_phase_estimates(profile, shape, fast_sampling=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        shared = SharedLoRAModel(build_llama(config, dtype), pad_token_id=0, eos_token_id=1, r=4, lora_alpha=8,
-                                 target_modules=("q_proj", "v_proj"), fast_sampling=False)
+        shared = SharedLoRAModel(build_llama(config, dtype), pad_token_id=0, eos_token_id=1, fast_sampling=False,
+                                 lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     P, R = profile.max_prompt_length, profile.max_new_tokens
 
     def response_logits(rows: int) -> torch.Tensor:
@@ -380,11 +375,11 @@ def test_sampler_buffers_count_a_real_fast_decoder(one_torch_thread):
     config = small_llama_config()
     shape = ModelShape.from_config(config)
     profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, eval_batch_size=4, max_prompt_length=5,
-                          max_new_tokens=7, lora_r=4, lora_target_modules=("q_proj", "v_proj"))
+                          max_new_tokens=7, lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        shared = SharedLoRAModel(build_llama(config, torch.float16), pad_token_id=0, eos_token_id=1, r=4,
-                                 lora_alpha=8, target_modules=("q_proj", "v_proj"), fast_sampling=False)
+        shared = SharedLoRAModel(build_llama(config, torch.float16), pad_token_id=0, eos_token_id=1,
+                                 fast_sampling=False, lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
     P = profile.max_prompt_length
     for batch in (profile.rollout_batch_size, profile.eval_batch_size, profile.rollout_batch_size):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
+from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages import reward as rt
 from rlhf_helpers.stages import reward_model
@@ -61,7 +62,7 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
             ids = tok(text, return_tensors="pt")["input_ids"]
             expected.append(float(reference(input_ids=ids).logits[0, 0]))
     shared = SharedLoRAModel(load_causal_lm(profile), tok.pad_token_id, tok.eos_token_id,
-                             r=profile.lora_r, lora_alpha=profile.lora_alpha, reward_dir=out)
+                             reward_dir=out, lora=LoRASpec(r=profile.lora.r, alpha=profile.lora.alpha))
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
     got = shared.reward_scores(enc["input_ids"], enc["attention_mask"])  # (4,)
     assert torch.allclose(got, torch.tensor(expected), atol=1e-4)

@@ -14,6 +14,7 @@ import torch
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
 from rlhf_helpers.ppo.sampling import PlainDecoder, sample
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.runtime.lora import LoRASpec
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # float32 logits of a 2-layer model: each output sums ~100 products, so the two decoders' different
@@ -46,9 +47,13 @@ def tiny_llama(tokenizer, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def shared(tokenizer):
-    model = SharedLoRAModel(tiny_llama(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id, r=4, lora_alpha=8,
-                            target_modules=LLAMA_TARGETS, fast_sampling=False)
+    model = SharedLoRAModel(
+        tiny_llama(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        fast_sampling=False,
+        lora=LoRASpec(r=4, alpha=8, target_modules=LLAMA_TARGETS),
+    )
     # LoRA B starts at zero (adapter = identity); give the policy a real adapter so folding it matters
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -153,7 +158,7 @@ def test_the_fast_path_needs_a_llama_family_model(tokenizer):
 
 def test_fast_sampling_is_off_by_default_on_the_cpu(shared, tokenizer):
     model = SharedLoRAModel(tiny_llama(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id, target_modules=LLAMA_TARGETS)
+                            eos_token_id=tokenizer.eos_token_id, lora=LoRASpec(target_modules=LLAMA_TARGETS))
     assert model.fast_sampling is False
 
 

@@ -12,6 +12,7 @@ import torch
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+from rlhf_helpers.runtime.lora import LoRASpec
 
 torch.set_num_threads(1)
 
@@ -25,8 +26,9 @@ def tok():
 
 
 def make_shared(tok, **kwargs) -> SharedLoRAModel:
-    return SharedLoRAModel(toy_causal_lm(tok, seed=SEED), tok.pad_token_id, tok.eos_token_id, r=4,
-                           lora_alpha=8, **kwargs)
+    return SharedLoRAModel(
+        toy_causal_lm(tok, seed=SEED), tok.pad_token_id, tok.eos_token_id, **kwargs, lora=LoRASpec(r=4, alpha=8)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +216,7 @@ def test_reward_read_at_last_real_token_equals_sequence_alone(tok, shared):
 
 def test_dropout_stays_off(tok):
     shared = SharedLoRAModel(toy_causal_lm(tok, resid_pdrop=0.5, attn_pdrop=0.5, embd_pdrop=0.5),
-                             tok.pad_token_id, tok.eos_token_id, r=4, lora_alpha=8)
+                             tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
     shared.train()  # a no-op by design
     ids, attn = left_padded(tok, TEXTS)
     first = shared.policy_logprobs(ids, attn, 2).detach()

@@ -10,10 +10,7 @@ import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
@@ -21,17 +18,15 @@ PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make_trainer(init_seed: int = 0, **overrides) -> PPOTrainer:
-    tok = toy_tokenizer()
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=init_seed)
-    # one minibatch per step: the last optimiser step of a step is followed by no forward before
-    # the checkpoint, the case where broken weights used to be saved
-    values = dict(rollout_batch_size=4, mini_batch_size=4, ppo_epochs=1, max_prompt_length=6,
-                  max_new_tokens=6, lora_r=4, lora_alpha=8, policy_lr=3e-2, value_lr=3e-2,
-                  progress_bar=False, seed=0)
-    values.update(overrides)
-    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=good_count, hidden_score_fn=None)
+@pytest.fixture
+def make_trainer(make_trainer):
+    """Toy trainers of this module: one minibatch per step, so the last optimiser step of a step is
+    followed by no forward before the checkpoint (the case where broken weights used to be saved)."""
+    def make(init_seed: int = 0, **overrides):
+        values = dict(rollout_batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=6, policy_lr=3e-2,
+                      value_lr=3e-2)
+        return make_trainer(init_seed=init_seed, prompts=PROMPTS, hidden_score_fn=None, **{**values, **overrides})
+    return make
 
 
 def policy_state(trainer: PPOTrainer) -> list[torch.Tensor]:
@@ -45,7 +40,7 @@ def break_policy(trainer: PPOTrainer, value: float) -> None:
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
-def test_non_finite_sampling_logits_stop_before_multinomial(value):
+def test_non_finite_sampling_logits_stop_before_multinomial(make_trainer, value):
     trainer = make_trainer()
     break_policy(trainer, value)
     prompt_ids = torch.tensor([[3, 4, 6]])  # "the movie was"
@@ -58,7 +53,7 @@ def test_non_finite_sampling_logits_stop_before_multinomial(value):
     trainer.model.generate(prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4, adapter=None)
 
 
-def test_non_finite_weights_after_an_optimiser_step_stop_that_step(tmp_path, monkeypatch):
+def test_non_finite_weights_after_an_optimiser_step_stop_that_step(make_trainer, tmp_path, monkeypatch):
     trainer = make_trainer(save_every=1, output_dir=str(tmp_path))
     kept = {}
     real_step = trainer.policy_opt.optimizer.step
@@ -79,7 +74,7 @@ def test_non_finite_weights_after_an_optimiser_step_stop_that_step(tmp_path, mon
         assert torch.equal(saved, loaded)
 
 
-def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights(tmp_path):
+def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights(make_trainer, tmp_path):
     """A learning rate of 1e12 from the third step on (RLHF_PROFILE_OVERRIDES='{"policy_lr": 1e12}'
     does it from the first): the weights stay finite (~1e12) but every forward overflows to NaN."""
     trainer = make_trainer(save_every=1, output_dir=str(tmp_path))

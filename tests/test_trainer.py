@@ -13,8 +13,7 @@ from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController, shape_
 from rlhf_helpers.core.losses import policy_loss
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
+from rlhf_helpers.ppo.testing import good_count
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
@@ -25,16 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 
-def make_trainer(seed: int = 0, reward_fn=good_count, ptx_texts=None, **overrides) -> PPOTrainer:
-    tok = toy_tokenizer()
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, r=4, lora_alpha=8, seed=seed)
-    values = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
-                  max_new_tokens=8, lora_r=4, lora_alpha=8, policy_lr=5e-2, value_lr=5e-2,
-                  progress_bar=False, seed=seed)
-    values.update(overrides)
-    return PPOTrainer(PPOConfig(**values), model, tok, PROMPTS, reward_fn=reward_fn,
-                      hidden_score_fn=good_count, ptx_texts=ptx_texts)
+@pytest.fixture
+def make_trainer(make_trainer):
+    """Toy trainers of this module; `seed` seeds both the adapters' initialisation and the run."""
+    return lambda seed=0, **overrides: make_trainer(init_seed=seed, seed=seed, **overrides)
 
 
 def snapshot(params) -> list[torch.Tensor]:
@@ -49,7 +42,7 @@ def without_times(history):
     return [{k: v for k, v in m.items() if not k.startswith("time_")} for m in history]
 
 
-def test_first_minibatch_has_ratio_one_and_later_ones_move():
+def test_first_minibatch_has_ratio_one_and_later_ones_move(make_trainer):
     trainer = make_trainer()
     trainer.step()  # move the policy off the reference, so the test is not about LoRA's zero init
     trainer.step()
@@ -65,7 +58,7 @@ def test_first_minibatch_has_ratio_one_and_later_ones_move():
     assert abs(stats[-1]["ratio_mean"] - 1.0) > 1e-6 or stats[-1]["ratio_max"] > 1.0 + 1e-4
 
 
-def test_an_update_lowers_the_clip_loss_on_its_batch():
+def test_an_update_lowers_the_clip_loss_on_its_batch(make_trainer):
     trainer = make_trainer(ppo_epochs=4, rollout_batch_size=8, mini_batch_size=8)
     trainer.step()
     batch = trainer.last_batch
@@ -86,7 +79,7 @@ def test_an_update_lowers_the_clip_loss_on_its_batch():
     assert after >= bound - 1e-6
 
 
-def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(make_trainer, tmp_path):
     calls = {"n": 0}
 
     def reward_then_nan(prompts, responses):
@@ -116,7 +109,7 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         assert torch.equal(a, b.detach())
 
 
-def test_non_finite_update_inputs_raise_before_any_weight_changes():
+def test_non_finite_update_inputs_raise_before_any_weight_changes(make_trainer):
     trainer = make_trainer()
     trainer.step()
     batch = trainer.last_batch
@@ -135,7 +128,7 @@ def test_non_finite_update_inputs_raise_before_any_weight_changes():
     assert not changed(value_before, trainer.model.value_parameters())
 
 
-def test_same_seed_same_curve_other_seed_other_curve():
+def test_same_seed_same_curve_other_seed_other_curve(make_trainer):
     first = make_trainer(seed=3)
     first.train(steps=3)
     torch.manual_seed(999)  # the caller's RNG must not matter
@@ -148,7 +141,7 @@ def test_same_seed_same_curve_other_seed_other_curve():
     assert without_times(other.history) != without_times(first.history)
 
 
-def test_adaptive_kl_controller_moves_beta_and_the_next_rewards_use_it():
+def test_adaptive_kl_controller_moves_beta_and_the_next_rewards_use_it(make_trainer):
     trainer = make_trainer(kl_coef=0.2, target_kl=0.01, kl_horizon=100)
     assert isinstance(trainer.kl_controller, AdaptiveKLController)
     trainer.step()
@@ -171,7 +164,7 @@ def test_adaptive_kl_controller_moves_beta_and_the_next_rewards_use_it():
     assert [m["kl_coef"] for m in fixed.history] == [0.2, 0.2]
 
 
-def test_ptx_loss_is_used_when_its_coefficient_is_positive():
+def test_ptx_loss_is_used_when_its_coefficient_is_positive(make_trainer):
     texts = ["the movie is good .", "the plot was great .", "the acting is fine ."]
     plain = make_trainer()
     plain.step()
@@ -188,7 +181,7 @@ def test_ptx_loss_is_used_when_its_coefficient_is_positive():
         make_trainer(ptx_coef=0.5)
 
 
-def test_value_warmup_trains_only_the_critic_first():
+def test_value_warmup_trains_only_the_critic_first(make_trainer):
     trainer = make_trainer(value_warmup_steps=1)
     policy_before = snapshot(trainer.model.policy_parameters())
     value_before = snapshot(trainer.model.value_parameters())
@@ -199,7 +192,7 @@ def test_value_warmup_trains_only_the_critic_first():
     assert changed(policy_before, trainer.model.policy_parameters())
 
 
-def test_train_evaluates_and_reports_every_metric():
+def test_train_evaluates_and_reports_every_metric(make_trainer):
     trainer = make_trainer(eval_every=2, n_eval_prompts=4)
     seen = []
     history = trainer.train(steps=2, eval_prompts=PROMPTS, callback=seen.append)
@@ -216,7 +209,7 @@ def test_train_evaluates_and_reports_every_metric():
     assert a == b and torch.equal(torch.random.get_rng_state(), state)
 
 
-def test_evaluate_kl_is_zero_before_training():
+def test_evaluate_kl_is_zero_before_training(make_trainer):
     trainer = make_trainer()
     result = trainer.evaluate(PROMPTS)
     assert result["eval_kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts at B = 0: policy == reference
@@ -244,11 +237,11 @@ def test_config_batch_divisibility_and_unknown_fields():
         PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1)
     PPOConfig(rollout_batch_size=1, mini_batch_size=1, max_new_tokens=1, whiten_advantages=False)
     PPOConfig(seed=2**32 - 1)  # the largest seed whose per-step seeds fit torch's generator
-    config = PPOConfig(kl_coef=0.1, lora_target_modules=["c_attn"])
+    config = PPOConfig(kl_coef=0.1, lora={"target_modules": ["c_attn"]})
     assert PPOConfig.from_dict(config.to_dict()) == config
 
 
-def test_trainer_rejects_bad_arguments():
+def test_trainer_rejects_bad_arguments(make_trainer):
     trainer = make_trainer()
     with pytest.raises(ValueError, match="config must be a PPOConfig"):
         PPOTrainer({"kl_coef": 0.1}, trainer.model, trainer.tokenizer, PROMPTS)
@@ -259,7 +252,7 @@ def test_trainer_rejects_bad_arguments():
 
 
 
-def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero():
+def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero(make_trainer):
     """temperature 0.7: the ratio compares the distribution that sampled with itself before the first
     optimiser step, and the k1 KL of the untrained policy (LoRA B = 0: policy == reference) is 0."""
     trainer = make_trainer(temperature=0.7)
@@ -275,7 +268,7 @@ def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero()
     assert first["clipfrac"] == 0.0
 
 
-def test_evaluate_scores_every_prompt_in_batches_of_eval_batch_size(monkeypatch):
+def test_evaluate_scores_every_prompt_in_batches_of_eval_batch_size(make_trainer, monkeypatch):
     """The gpu profile's 200 eval prompts in one pass would hold 200 x 48 x 49153 float logits: every
     forward of `evaluate` must see at most config.eval_batch_size rows, and every prompt is scored."""
     trainer = make_trainer(eval_batch_size=3)

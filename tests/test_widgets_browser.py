@@ -8,8 +8,8 @@ the plot changed.
 
 - `lab`: JupyterLab as installed, with plotly's renderer extension, every request off localhost
   refused (offline). Every backend must render and update there; "html" is first drawn by that
-  extension from the plotly JSON, then its updates (HTML) use the plotly.js the extension loaded. For each backend a screenshot
-  goes to a temporary folder; with RLHF_WRITE_SCREENSHOTS=1 the figurewidget run also writes
+  extension from the plotly JSON, then its updates (HTML) use the plotly.js the extension loaded. For each
+  backend a screenshot goes to a temporary folder; with RLHF_WRITE_SCREENSHOTS=1 the figurewidget run also writes
   docs/img/clip_explorer.png (and the GAE explorer docs/img/gae_explorer.png) for the README.
 - `colab_like_lab`: the failure mode of Colab (googlecolab/colabtools#5889), reproduced. plotly's
   extension is disabled (`jupyter labextension disable jupyterlab-plotly` in the server's own

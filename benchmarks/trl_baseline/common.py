@@ -52,7 +52,8 @@ class BenchSettings:
     temperature: float = 1.0  #: sampling temperature (1.0: the policy's own distribution)
     lora_r: int = 8  #: LoRA rank of the policy adapter (0: full fine-tuning on both sides)
     lora_alpha: int = 16  #: LoRA alpha (scale = alpha / r)
-    lora_target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])  #: LoRA-wrapped module names
+    #: LoRA-wrapped module names
+    lora_target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
     reward: str = "hidden"  #: "hidden": the hidden ground-truth scorer; else a reward-model directory
     eval_every: int = 2  #: evaluate on held-out prompts every this many updates (not timed)
     n_eval_prompts: int = 64  #: held-out prompts per evaluation

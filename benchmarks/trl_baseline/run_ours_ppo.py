@@ -41,6 +41,7 @@ from benchmarks.trl_baseline.common import (  # noqa: E402
 def engine_config(settings: BenchSettings) -> Any:
     """Our PPOConfig with the benchmark's matched settings."""
     from rlhf_helpers.ppo.config import PPOConfig
+    from rlhf_helpers.runtime.lora import LoRASpec
 
     return PPOConfig(
         rollout_batch_size=settings.batch_size,
@@ -59,13 +60,22 @@ def engine_config(settings: BenchSettings) -> Any:
         policy_lr=settings.learning_rate,
         value_lr=settings.learning_rate,
         value_warmup_steps=0,  # TRL's PPOTrainer has no critic-only warm-up
-        lora_r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_target_modules=tuple(settings.lora_target_modules),
+        lora=LoRASpec(r=settings.lora_r, alpha=settings.lora_alpha,
+                      target_modules=tuple(settings.lora_target_modules)),
         total_steps=settings.updates,
         seed=settings.seed,
         progress_bar=False,
     )
+
+
+def build_engine(settings: BenchSettings, base: Any, tokenizer: Any, train_prompts: list[str]) -> Any:
+    """Our shared model on `base` and its PPOTrainer as this benchmark runs them (hidden score as reward)."""
+    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+
+    config = engine_config(settings)
+    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=settings.seed, lora=config.lora)
+    return PPOTrainer(config, model, tokenizer, train_prompts, reward_fn=hidden_score_texts, hidden_score_fn=None)
 
 
 def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
@@ -78,9 +88,6 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-    from rlhf_helpers.ppo.trainer import PPOTrainer
-
     if settings.lora_r < 1:
         raise ValueError("our engine trains LoRA adapters only: lora_r must be >= 1")
     rss_after_imports = current_rss_mb()
@@ -88,11 +95,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     train_prompts = load_prompt_texts("train")
     eval_prompts = load_prompt_texts("test", settings.n_eval_prompts)
     base = load_model(settings, AutoModelForCausalLM, tokenizer)
-    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id, r=settings.lora_r,
-                            lora_alpha=settings.lora_alpha,
-                            target_modules=tuple(settings.lora_target_modules), seed=settings.seed)
-    trainer = PPOTrainer(engine_config(settings), model, tokenizer, train_prompts,
-                         reward_fn=hidden_score_texts, hidden_score_fn=None)
+    trainer = build_engine(settings, base, tokenizer, train_prompts)
+    model = trainer.model
     rss_after_setup = current_rss_mb()
 
     def run_eval(update: int) -> dict[str, float]:

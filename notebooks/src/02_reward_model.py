@@ -36,9 +36,9 @@ from plotly.subplots import make_subplots
 import rlhf_helpers
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores, score_breakdown
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probability
-from rlhf_helpers.stages.sft import ensure_sft_model
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
@@ -278,15 +278,15 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
 # %%
 from peft import get_peft_model
 
-from rlhf_helpers.runtime.models import load_causal_lm
 from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+from rlhf_helpers.runtime.models import load_causal_lm
 
 # float32 for this check (the gpu profile computes in bf16 or fp16): it compares peft's layer with the
 # equation, so both sides must round alike; in half precision they would differ by rounding alone
 lora_demo = load_causal_lm(profile).float()
 conv1d = uses_conv1d(lora_demo)  # GPT-2 (tiny profile) stores its projections as Conv1D: (d_in, d_out)
 mlp_in = "c_fc" if conv1d else "up_proj"  # the MLP's first projection: GPT-2's c_fc, Llama's up_proj
-lora_demo = get_peft_model(lora_demo, lora_config(profile.lora_r, profile.lora_alpha, [mlp_in],
+lora_demo = get_peft_model(lora_demo, lora_config(profile.lora.r, profile.lora.alpha, [mlp_in],
                                                    fan_in_fan_out=conv1d))
 layer = next(m for m in lora_demo.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
 A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # (r, d_in), (d_out, r)
@@ -298,12 +298,12 @@ with torch.no_grad():
     x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1)).to(A.device)  # (N, d_in)
     W0 = layer.base_layer.weight.T if conv1d else layer.base_layer.weight  # (d_out, d_in)
     b0 = layer.base_layer.bias if layer.base_layer.bias is not None else 0.0  # (d_out,); Llama has none
-    f_scratch = x @ W0.T + b0 + (profile.lora_alpha / profile.lora_r) * x @ A.T @ B.T  # (N, d_out)
+    f_scratch = x @ W0.T + b0 + (profile.lora.alpha / profile.lora.r) * x @ A.T @ B.T  # (N, d_out)
     # float32 sums of d_in products in another order differ by ~1e-6 relative; a wrong formula by O(1)
     torch.testing.assert_close(layer(x), f_scratch, rtol=1e-5, atol=1e-5)
 d_in, d_out = A.shape[1], B.shape[0]
 print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers per projection: "
-      f"{profile.lora_r * (d_in + d_out):,} instead of {d_in * d_out:,}")
+      f"{profile.lora.r * (d_in + d_out):,} instead of {d_in * d_out:,}")
 del lora_demo
 
 # %% [markdown]
@@ -335,8 +335,8 @@ demo_tokenizer = load_tokenizer(profile)
 # the SFT model + a fresh (H -> 1) score head, in float32: the trained weights stay float32 masters
 demo_base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
 demo_lora = LoraConfig(
-    r=profile.lora_r, lora_alpha=profile.lora_alpha, lora_dropout=0.0, bias="none",
-    target_modules=list(profile.lora_target_modules), task_type="SEQ_CLS",
+    r=profile.lora.r, lora_alpha=profile.lora.alpha, lora_dropout=0.0, bias="none",
+    target_modules=list(profile.lora.target_modules), task_type="SEQ_CLS",
     modules_to_save=["score"],  # train and save the score head with the adapter
     fan_in_fan_out=uses_conv1d(demo_base),  # GPT-2 stores its projections as Conv1D (in, out)
 )
@@ -367,8 +367,8 @@ del demo_trainer, demo_base
 from peft import PeftModel
 
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig, score_pairs
 from rlhf_helpers.stages.reward import ensure_reward_model, is_cached_reward_model, reward_metrics
+from rlhf_helpers.stages.reward_model import RewardTrainingConfig, score_pairs
 
 reward_config = RewardTrainingConfig.from_profile(profile)
 print(reward_config)

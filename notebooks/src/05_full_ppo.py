@@ -39,22 +39,22 @@ from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
-from rlhf_helpers.runtime.data import load_preferences, load_prompts
-from rlhf_helpers.widgets.live_figure import LiveFigure
-from rlhf_helpers.runtime.memory import PeakMemory
-from rlhf_helpers.runtime.models import load_causal_lm
 from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
+from rlhf_helpers.core.tokens import position_ids_from_mask
+from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
-from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
-from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_preferences, load_prompts
+from rlhf_helpers.runtime.memory import PeakMemory
+from rlhf_helpers.runtime.models import load_causal_lm
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.widgets.live_figure import LiveFigure
 from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
 profile = get_profile()
@@ -96,7 +96,8 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # TRL removed its `PPOTrainer` (TRL 1.16 has none; 1.10 keeps it under `trl.experimental.ppo`), and the
 # course needs what no current library gives in one readable place: all four roles on **one** base
 # model, every line next to the equation it implements and covered by a test, fast enough to train on a
-# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own (about 400 lines). Where the
+# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own, in short modules of one job each
+# (`config`, `experience`, `update`, `optim`, `trainer`...). Where the
 # pieces you may know went:
 #
 # | you may know | here | what differs |

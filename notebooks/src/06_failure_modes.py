@@ -39,16 +39,16 @@ from plotly.subplots import make_subplots
 from tqdm.auto import tqdm
 
 import rlhf_helpers
-from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
-from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
+from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 02 may have done it), then reused

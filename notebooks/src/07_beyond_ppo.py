@@ -39,13 +39,13 @@ from plotly.subplots import make_subplots
 import rlhf_helpers
 from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
-from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
-from rlhf_helpers.stages.reward import ensure_reward_model
+from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 
 profile = get_profile()

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
+
 #: The trained methods of the comparison (best-of-n is the untrained baseline, `run_best_of_n`).
 METHODS = ("ppo", "grpo", "rloo")
 #: TRL 1.16's GRPO loss aggregations the comparison accepts (GRPOConfig.loss_type).
@@ -17,8 +19,7 @@ GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 MAX_SEED = 2**32 - 1
 #: The Profile fields `CompareConfig.from_profile` reads.
 PROFILE_FIELDS = ("compare_seconds", "n_eval_prompts", "eval_batch_size", "rollout_batch_size", "policy_lr",
-                  "kl_coef", "max_prompt_length", "max_new_tokens", "lora_r", "lora_alpha",
-                  "lora_target_modules", "seed")
+                  "kl_coef", "max_prompt_length", "max_new_tokens", "lora", "seed")
 
 
 def _check_real(name: str, value: object) -> None:
@@ -37,50 +38,52 @@ def _check_int(name: str, value: object) -> None:
 class CompareConfig:
     """One comparison: the same budget, prompts, reward, LoRA policy and judge for every method."""
 
-    train_seconds: float = 30.0  #: training budget of each method: CPU seconds of this process on a CPU, wall seconds on a GPU (model building and evaluations excluded)
+    #: training budget of each method: CPU seconds of this process on a CPU, wall seconds on a GPU (model building and
+    #: evaluations excluded)
+    train_seconds: float = 30.0
     eval_points: int = 4  #: evaluations spread evenly over the budget, after the one before training
-    early_evals: int = 2  #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves climb)
+    #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves climb)
+    early_evals: int = 2
     n_eval_prompts: int = 200  #: held-out prompts every evaluation samples one response for
     eval_batch_size: int = 256  #: prompts per sampling + log-prob pass of an evaluation
-    samples_per_batch: int = 64  #: responses sampled per batch by every method (PPO: 64 prompts x 1; GRPO/RLOO: 16 prompts x G = 4)
+    #: responses sampled per batch by every method (PPO: 64 prompts x 1; GRPO/RLOO: 16 prompts x G = 4)
+    samples_per_batch: int = 64
     group_size: int = 4  #: G, responses per prompt of GRPO and RLOO (their baseline is the group)
-    updates_per_batch: int = 4  #: optimiser steps per sampled batch of GRPO and RLOO (minibatches of samples_per_batch / 4)
+    #: optimiser steps per sampled batch of GRPO and RLOO (minibatches of samples_per_batch / 4)
+    updates_per_batch: int = 4
     learning_rate: float = 1e-3  #: Adam(W) learning rate of every policy adapter, constant
-    kl_coef: float = 0.2  #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO per-token k3 in the loss
+    #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO per-token k3 in the
+    #: loss
+    kl_coef: float = 0.2
     grpo_loss_type: str = "dapo"  #: TRL GRPOConfig.loss_type ("dapo": TRL 1.16's default; "dr_grpo": Dr. GRPO)
     grpo_scale_rewards: str = "group"  #: TRL GRPOConfig.scale_rewards: "group" (GRPO), "batch", "none" (Dr. GRPO)
     max_prompt_length: int = 16  #: prompt tokens kept (from the left) by our samplers and the reward function
     max_new_tokens: int = 40  #: response length limit of every method, EOS included
-    lora_r: int = 8  #: LoRA rank of every policy
-    lora_alpha: int = 16  #: LoRA alpha of every policy
-    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of every policy's adapter (the profile's)
     best_of: tuple[int, ...] = (1, 4, 16)  #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
     seed: int = 0  #: seed of every method's sampling, data order and adapter initialisation
-    max_batches: int | None = None  #: also stop after this many sampled batches (and their updates); None: the budget alone (tests use it to be independent of CPU speed)
+    #: also stop after this many sampled batches (and their updates); None: the budget alone (tests use it to be
+    #: independent of CPU speed)
+    max_batches: int | None = None
 
     def __post_init__(self) -> None:
         # numbers first, by type (TypeError for the string "30"), then by range (ValueError), naming the field
         for name in ("train_seconds", "learning_rate", "kl_coef"):
             _check_real(name, getattr(self, name))
         for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens",
-                     "samples_per_batch", "lora_r", "lora_alpha", "max_prompt_length", "group_size",
+                     "samples_per_batch", "max_prompt_length", "group_size",
                      "early_evals", "seed"):
             _check_int(name, getattr(self, name))
         if not 0 < self.train_seconds < math.inf:
             raise ValueError(f"train_seconds must be a finite number > 0, got {self.train_seconds!r}")
         for name in ("eval_points", "n_eval_prompts", "eval_batch_size", "updates_per_batch", "max_new_tokens",
-                     "samples_per_batch", "lora_r", "lora_alpha", "max_prompt_length"):
+                     "samples_per_batch", "max_prompt_length"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be an int in [0, 2**32 - 1] (numpy's seed range), got {self.seed!r}")
-        targets = self.lora_target_modules
-        if (isinstance(targets, str) or not isinstance(targets, tuple | list) or not targets
-                or not all(isinstance(t, str) and t for t in targets)):
-            raise ValueError("lora_target_modules must be a non-empty tuple of module names such as "
-                             f"('c_attn', 'c_proj', 'c_fc'), got {targets!r}")
-        object.__setattr__(self, "lora_target_modules", tuple(targets))  # a list too: hashable, equal to the tuple
+        object.__setattr__(self, "lora", as_lora_spec(self.lora))  # a mapping of its fields too
         if self.early_evals < 0:
             raise ValueError(f"early_evals must be an int >= 0, got {self.early_evals!r}")
         if self.group_size < 2:
@@ -119,11 +122,14 @@ class CompareConfig:
                   "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,
                   "learning_rate": profile.policy_lr, "kl_coef": profile.kl_coef,
                   "max_prompt_length": profile.max_prompt_length, "max_new_tokens": profile.max_new_tokens,
-                  "lora_r": profile.lora_r, "lora_alpha": profile.lora_alpha,
-                  "lora_target_modules": tuple(profile.lora_target_modules), "seed": profile.seed}
+                  "lora": profile.lora, "seed": profile.seed}
+        if "lora" in overrides:  # {"r": 4} keeps the profile's targets
+            overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}
         values.update(overrides)
         return cls(**values)
 
     def replace(self, **changes: Any) -> CompareConfig:
         """A copy with some fields changed (validated again)."""
+        if "lora" in changes:
+            changes["lora"] = as_lora_spec(changes["lora"], self.lora)
         return dataclasses.replace(self, **changes)

@@ -62,8 +62,7 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
     ppo_config = PPOConfig.from_profile(
         profile, seed=config.seed, progress_bar=False, policy_lr=config.learning_rate, kl_coef=config.kl_coef,
         rollout_batch_size=config.samples_per_batch, max_prompt_length=config.max_prompt_length,
-        max_new_tokens=config.max_new_tokens, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-        lora_target_modules=config.lora_target_modules, eval_batch_size=config.eval_batch_size)
+        max_new_tokens=config.max_new_tokens, lora=config.lora, eval_batch_size=config.eval_batch_size)
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts), hidden_score_fn=hidden_scores)
@@ -139,8 +138,7 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     log n - (n - 1)/n, seconds the time of the draw (for all n at once, in the clock's unit)."""
     check_prompt_list("eval_prompts", eval_prompts, 1)
     prompts = list(eval_prompts)[: config.n_eval_prompts]
-    ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                        lora_target_modules=config.lora_target_modules)
+    ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora=config.lora)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     clock = TrainingClock(model.device)
     with clock.running():

@@ -21,8 +21,10 @@ class MethodRun:
     peak_memory_mb: float = 0.0  #: peak memory the run added (see memory_how)
     memory_how: str = ""  #: how peak_memory_mb was measured
     trainable_parameters: int = 0  #: parameters the run's optimisers update (policy, and the critic for PPO)
-    rewards: list[torch.Tensor] = field(default_factory=list)  #: GRPO/RLOO: (N * G,) learned rewards of each generation batch
-    advantages: list[torch.Tensor] = field(default_factory=list)  #: GRPO/RLOO: (N * G,) the trainer's advantages of each batch
+    #: GRPO/RLOO: (N * G,) learned rewards of each generation batch
+    rewards: list[torch.Tensor] = field(default_factory=list)
+    #: GRPO/RLOO: (N * G,) the trainer's advantages of each batch
+    advantages: list[torch.Tensor] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  #: the method's own settings (for the record)
 
     @property

@@ -130,9 +130,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
     torch.manual_seed(config.seed)
-    judge_config = PPOConfig.from_profile(profile, seed=config.seed, lora_r=config.lora_r,
-                                          lora_alpha=config.lora_alpha,
-                                          lora_target_modules=config.lora_target_modules)
+    judge_config = PPOConfig.from_profile(profile, seed=config.seed, lora=config.lora)
     judge, tokenizer = build_shared_model(profile, judge_config, reward_dir)
     reward_fn = LearnedRewardFunction(judge, tokenizer, config.max_prompt_length)
     policy = load_causal_lm(profile)
@@ -141,7 +139,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     run = MethodRun(method=method, label=method.upper(), clock=clock.kind, memory_how=meter.how)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{method}-") as output_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)
-        peft_config = lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules, uses_conv1d(policy))
+        peft_config = lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules, uses_conv1d(policy))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TRL's notes on defaults it changes for a PEFT model
             trainer = trainer_class(model=policy, reward_funcs=reward_fn, args=args, processing_class=tokenizer,

@@ -20,7 +20,7 @@ from torch import nn
 
 from rlhf_helpers.ppo.value_head import ScalarHead
 
-#: File names of the reward step's output read by `load_reward_adapter` (see reward_training.py).
+#: File names of the reward step's output read by `load_reward_adapter` (see stages/reward_model.py).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 

@@ -19,7 +19,6 @@ def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path |
     tokenizer = load_tokenizer(profile)
     base = load_causal_lm(profile)
     model = SharedLoRAModel(base, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                            r=config.lora_r, lora_alpha=config.lora_alpha,
-                            target_modules=config.lora_target_modules, reward_dir=reward_dir,
+                            lora=config.lora, reward_dir=reward_dir,
                             seed=config.seed)
     return model, tokenizer

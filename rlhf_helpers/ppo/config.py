@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
+
 #: Largest seed: per-step seeds are (seed * 1_000_003 + step) * 64 + process (trainer._step_seed) and
 #: must stay below 2^63 for torch's generators; 2^32 - 1 leaves room for 10^11 steps.
 MAX_SEED = 2**32 - 1
@@ -51,9 +53,7 @@ class PPOConfig:
     value_lr: float = 1e-3  #: Adam learning rate of the value adapter and value head
     value_warmup_steps: int = 0  #: first iterations that train only the critic (policy frozen)
     # --- LoRA adapters
-    lora_r: int = 8  #: LoRA rank of the policy and value adapters
-    lora_alpha: int = 16  #: LoRA alpha (scale alpha / r)
-    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of the policy and value adapters (the profile's)
     # --- run
     total_steps: int = 60  #: PPO iterations of `PPOTrainer.train`
     seed: int = 0  #: seed of torch, sampling and prompt order, in [0, MAX_SEED]
@@ -67,13 +67,13 @@ class PPOConfig:
     progress_bar: bool = True  #: show a tqdm progress bar in `train`
 
     def __post_init__(self) -> None:
-        self.lora_target_modules = tuple(self.lora_target_modules)
+        self.lora = as_lora_spec(self.lora)  # a mapping of its fields too (a checkpoint's config)
         self.validate()
 
     def validate(self) -> PPOConfig:
         """Raise ValueError naming the first field whose value cannot work."""
         for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
-                     "max_new_tokens", "lora_r", "total_steps", "kl_horizon", "n_eval_prompts",
+                     "max_new_tokens", "total_steps", "kl_horizon", "n_eval_prompts",
                      "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -116,12 +116,14 @@ class PPOConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"unknown PPOConfig field(s): {sorted(unknown)}")
+        if "lora" in changes:
+            changes["lora"] = as_lora_spec(changes["lora"], self.lora)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists)."""
         out = dataclasses.asdict(self)
-        out["lora_target_modules"] = list(self.lora_target_modules)
+        out["lora"] = self.lora.to_dict()
         return out
 
     @classmethod
@@ -150,13 +152,13 @@ class PPOConfig:
             "lam": profile.lam,
             "policy_lr": profile.policy_lr,
             "value_lr": profile.value_lr,
-            "lora_r": profile.lora_r,
-            "lora_alpha": profile.lora_alpha,
-            "lora_target_modules": tuple(profile.lora_target_modules),
+            "lora": profile.lora,
             "total_steps": profile.ppo_steps,
             "seed": profile.seed,
             "n_eval_prompts": profile.n_eval_prompts,
             "eval_batch_size": profile.eval_batch_size,
         }
+        if "lora" in overrides:  # {"r": 4} keeps the profile's targets
+            overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}
         values.update(overrides)
         return cls.from_dict(values)

@@ -16,7 +16,7 @@ import torch
 
 from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import shape_rewards
-from rlhf_helpers.core.masked import masked_whiten
+from rlhf_helpers.core.masked import masked_mean, masked_whiten
 from rlhf_helpers.core.tokens import mask_to_first_eos
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.guards import check_all_finite, non_finite_stops_run
@@ -85,6 +85,30 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         return float("nan")
     var = target.var()
     return float(1.0 - (target - values[m]).var() / var) if var > 0 else float("nan")
+
+
+def rollout_metrics(batch: Experience, kl_coef: float,
+                    hidden_score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
+                    ) -> dict[str, float]:
+    """The rollout half of an iteration's metrics (docs/metrics.md): reward, k1 sequence KL, entropy,
+    lengths, critic fit; with `hidden_score_fn`, the mean ground-truth score of the batch too."""
+    mask = batch.mask
+    seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=1)  # (B,) k1 sequence KL
+    metrics = {
+        "score": float(batch.scores.mean()),
+        "kl": float(seq_kl.mean()),
+        "kl_coef": float(kl_coef),
+        "entropy": float(masked_mean(batch.entropy, mask)),
+        "response_length": float(mask.sum(dim=1).mean()),
+        "eos_fraction": float(batch.ended_with_eos.float().mean()),
+        "explained_variance": explained_variance(batch.values, batch.returns, mask),
+        "return_mean": float(masked_mean(batch.returns, mask)),
+        "value_mean": float(masked_mean(batch.values, mask)),
+    }
+    if hidden_score_fn is not None:
+        hidden = hidden_score_fn(batch.prompts, batch.responses)
+        metrics["hidden_score"] = sum(hidden) / len(hidden)
+    return metrics
 
 
 @dataclass

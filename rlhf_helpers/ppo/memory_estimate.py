@@ -196,15 +196,15 @@ def estimate_reward_memory(profile: Any, shape: ModelShape | None = None) -> Mem
     """
     shape = shape or model_shape(profile)
     s, N, H = _dtype_bytes(profile), shape.parameter_count(), shape.hidden_size
-    targets = tuple(profile.lora_target_modules)
-    trained = shape.lora_parameter_count(profile.lora_r, targets) + H  # LoRA + score head (no bias)
+    targets = tuple(profile.lora.target_modules)
+    trained = shape.lora_parameter_count(profile.lora.r, targets) + H  # LoRA + score head (no bias)
     autocast = s < FLOAT32_BYTES
     return MemoryEstimate(
         stage="reward", phase="update", weights=FLOAT32_BYTES * (N + trained + H),
         autocast_copies=s * N if autocast else 0, gradients=FLOAT32_BYTES * trained,
         optimizer_states=2 * FLOAT32_BYTES * trained,
         activations=activation_bytes(shape, 2 * profile.reward_batch_size, profile.max_length, s, full=False,
-                                     autocast=autocast, lora_r=profile.lora_r, lora_targets=targets),
+                                     autocast=autocast, lora_r=profile.lora.r, lora_targets=targets),
         logits=0, kv_cache=0)
 
 
@@ -230,8 +230,8 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
     """
     shape = shape or model_shape(profile)
     s, N, H, V = _dtype_bytes(profile), shape.parameter_count(), shape.hidden_size, shape.vocab_size
-    targets = tuple(profile.lora_target_modules)
-    lora = shape.lora_parameter_count(profile.lora_r, targets)
+    targets = tuple(profile.lora.target_modules)
+    lora = shape.lora_parameter_count(profile.lora.r, targets)
     B, b, R, P = profile.rollout_batch_size, profile.mini_batch_size, profile.max_new_tokens, profile.max_prompt_length
     if fast_sampling is None:
         fast_sampling = str(profile.device).startswith("cuda")
@@ -253,7 +253,7 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
         "update": MemoryEstimate(
             stage="ppo", phase="update", **resident, gradients=FLOAT32_BYTES * lora,
             activations=activation_bytes(shape, b, P + R, s, full=False, autocast=False,
-                                         lora_r=profile.lora_r, lora_targets=targets),
+                                         lora_r=profile.lora.r, lora_targets=targets),
             logits=b * R * V * (s + 4 * FLOAT32_BYTES), kv_cache=0),
     }
 

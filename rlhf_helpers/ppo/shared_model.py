@@ -49,6 +49,7 @@ from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_deco
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.ppo.sampling import SamplingMixin
 from rlhf_helpers.ppo.value_head import ScalarHead
+from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
 #: The trained adapters, and the frozen one.
 TRAINED_ADAPTERS = ("policy", "value")
@@ -91,9 +92,7 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         base_model: nn.Module,
         pad_token_id: int,
         eos_token_id: int,
-        r: int = 8,
-        lora_alpha: int = 16,
-        target_modules: tuple[str, ...] | list[str] = ("c_attn", "c_proj", "c_fc"),
+        lora: LoRASpec | None = None,
         reward_dir: str | Path | None = None,
         seed: int = 0,
         fused_gelu: bool = True,
@@ -112,6 +111,8 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
             fuse_tanh_gelu(base_model)
         self.pad_token_id = int(pad_token_id)  #: id of the padding token
         self.eos_token_id = int(eos_token_id)  #: id of the end-of-sequence token
+        self.lora = as_lora_spec(lora if lora is not None else LoRASpec())  #: the spec of the policy and value adapters
+        r, lora_alpha, target_modules = self.lora.r, self.lora.alpha, self.lora.target_modules
         hidden_size = base_model.config.get_text_config().hidden_size
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)  # adapter and head initialisation do not depend on the caller's RNG

@@ -29,7 +29,6 @@ from tqdm.auto import tqdm
 
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.core.losses import lm_loss
-from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import save_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
@@ -37,7 +36,7 @@ from rlhf_helpers.ppo.experience import (
     Experience,
     RewardFn,
     collect_experience,
-    explained_variance,
+    rollout_metrics,
     tokenize_prompts,
 )
 from rlhf_helpers.ppo.guards import (
@@ -77,6 +76,9 @@ class PPOTrainer:
             raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise ValueError("prompts must be a non-empty list of strings")
+        if getattr(model, "lora", config.lora) != config.lora:
+            raise ValueError(f"model's LoRA spec {model.lora} differs from config.lora {config.lora}: build the "
+                             "model from the config (`build_shared_model`, or SharedLoRAModel(..., lora=config.lora))")
         if config.ptx_coef > 0 and not ptx_texts:
             raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
         self.config = config
@@ -141,7 +143,7 @@ class PPOTrainer:
         update_stats = self.update(batch, generator)
         update_seconds = time.perf_counter() - start
         self.last_batch = batch
-        metrics = self._rollout_metrics(batch)
+        metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn)
         metrics.update(update_stats)
         metrics["time_rollout"] = rollout_seconds
         metrics["time_update"] = update_seconds
@@ -151,25 +153,6 @@ class PPOTrainer:
         self.step_count += 1
         metrics["step"] = float(self.step_count)
         self.history.append(metrics)
-        return metrics
-
-    def _rollout_metrics(self, batch: Experience) -> dict[str, float]:
-        mask = batch.mask
-        seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=1)  # (B,) k1 sequence KL
-        metrics = {
-            "score": float(batch.scores.mean()),
-            "kl": float(seq_kl.mean()),
-            "kl_coef": float(self.kl_controller.value),
-            "entropy": float(masked_mean(batch.entropy, mask)),
-            "response_length": float(mask.sum(dim=1).mean()),
-            "eos_fraction": float(batch.ended_with_eos.float().mean()),
-            "explained_variance": explained_variance(batch.values, batch.returns, mask),
-            "return_mean": float(masked_mean(batch.returns, mask)),
-            "value_mean": float(masked_mean(batch.values, mask)),
-        }
-        if self.hidden_score_fn is not None:
-            hidden = self.hidden_score_fn(batch.prompts, batch.responses)
-            metrics["hidden_score"] = sum(hidden) / len(hidden)
         return metrics
 
     def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.runtime.data import data_dir
+from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
 
 #: Environment variable that picks the profile when `get_profile` gets no name.
@@ -81,23 +82,24 @@ class Profile:
     gamma: float = 1.0  #: discount of GAE
     lam: float = 0.95  #: lambda of GAE
     # --- LoRA adapters (policy, value, reward share one base model)
-    lora_r: int = 8  #: LoRA rank
-    lora_alpha: int = 16  #: LoRA scaling numerator (scale = alpha / r)
-    lora_dropout: float = 0.0  #: LoRA dropout (0: two forwards of the same input must agree in PPO)
-    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    lora: LoRASpec = LoRASpec()  #: rank, alpha and target modules of every adapter (the one LoRA spec)
     # --- evaluation
     eval_batch_size: int = 64  #: prompts per batch when sampling for evaluation
     n_eval_prompts: int = 200  #: held-out prompts used to report the mean hidden score
-    compare_seconds: float = 30.0  #: notebook 07: training budget of each method (CPU seconds on a CPU, wall seconds on a GPU)
+    #: notebook 07: training budget of each method (CPU seconds on a CPU, wall seconds on a GPU)
+    compare_seconds: float = 30.0
     # --- hub SFT (gpu profile only; TRL SFTTrainer)
     sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
     sft_lr: float = 5e-5  #: learning rate of that fine-tuning
     sft_batch_size: int = 32  #: sequences per SFT step
     # random_init (gpu profile only) also moves the SFT folder to random_init_sft_path(...) in get_profile
-    random_init: bool = False  #: build base_model's architecture with random weights and the shipped tokenizer instead of downloading it; for offline GPU checks and tests
+    #: build base_model's architecture with random weights and the shipped tokenizer instead of downloading it; for
+    #: offline GPU checks and tests
+    random_init: bool = False
 
     def __post_init__(self) -> None:
         check_dtype_name(self.dtype)
+        object.__setattr__(self, "lora", as_lora_spec(self.lora))  # a mapping of its fields too
 
     @property
     def torch_dtype(self):
@@ -117,6 +119,8 @@ class Profile:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"unknown Profile field(s): {sorted(unknown)}")
+        if "lora" in changes:  # {"r": 4} changes the rank and keeps this profile's targets
+            changes["lora"] = as_lora_spec(changes["lora"], self.lora)
         return dataclasses.replace(self, **changes)
 
 
@@ -151,10 +155,7 @@ def gpu_profile() -> Profile:
         mini_batch_size=32,
         policy_lr=5e-5,
         value_lr=1e-4,
-        lora_r=16,
-        lora_alpha=32,
-        lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                             "down_proj"),
+        lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS),
         eval_batch_size=128,
         compare_seconds=120.0,
     )
@@ -187,9 +188,6 @@ def env_overrides() -> dict[str, Any]:
                          f"got {raw!r} ({err})") from None
     if not isinstance(values, dict):
         raise ValueError(f"${OVERRIDES_ENV} must be a JSON object, got {raw!r}")
-    for key in ("lora_target_modules",):
-        if key in values:
-            values[key] = tuple(values[key])
     return values
 
 

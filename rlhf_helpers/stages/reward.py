@@ -45,7 +45,7 @@ def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -
     another runs folder reuses the cache), every training setting and the preference data's content."""
     config = config or RewardTrainingConfig.from_profile(profile)
     values = dataclasses.asdict(config)
-    values["lora_target_modules"] = list(config.lora_target_modules)
+    values["lora"] = config.lora.to_dict()
     return {"sft_model_path": str(profile.sft_model_path),  # recorded for people; not compared
             "sft_model": model_fingerprint(profile.sft_model_path), "config": values,
             "data": data_fingerprint(REWARD_DATA_FILES)}

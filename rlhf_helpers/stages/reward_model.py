@@ -38,6 +38,7 @@ from rlhf_helpers.ppo.adapters import (
 )
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.data import load_preferences
+from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
 from rlhf_helpers.runtime.profiles import get_profile
@@ -52,14 +53,13 @@ class RewardTrainingConfig:
     epochs: float = 2.0  #: passes over the training pairs
     learning_rate: float = 2e-3  #: AdamW learning rate of the LoRA matrices and the score head
     max_length: int = 64  #: pairs whose prompt + response is longer are dropped by TRL
-    lora_r: int = 8  #: LoRA rank of the reward adapter
-    lora_alpha: int = 16  #: LoRA alpha (scale alpha / r)
-    lora_target_modules: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")  #: module names LoRA wraps
+    lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of the reward adapter (the profile's)
     max_train_pairs: int | None = None  #: use only the first this many training pairs (None: all)
     seed: int = 0  #: seed of initialisation and data order
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "max_length", "lora_r"):
+        self.lora = as_lora_spec(self.lora)
+        for name in ("batch_size", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("epochs", "learning_rate"):
@@ -70,8 +70,9 @@ class RewardTrainingConfig:
     def from_profile(cls, profile: Any, **overrides: Any) -> RewardTrainingConfig:
         values = dict(batch_size=profile.reward_batch_size, epochs=profile.reward_epochs,
                       learning_rate=profile.reward_lr, max_length=profile.max_length,
-                      lora_r=profile.lora_r, lora_alpha=profile.lora_alpha,
-                      lora_target_modules=tuple(profile.lora_target_modules), seed=profile.seed)
+                      lora=profile.lora, seed=profile.seed)
+        if "lora" in overrides:  # {"r": 4} keeps the profile's targets
+            overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}
         values.update(overrides)
         return cls(**values)
 
@@ -157,7 +158,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     tokenizer = load_tokenizer(profile)
     # float32 masters: the profile's dtype is the autocast dtype of the arithmetic (amp_flags below)
     base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
-    peft_config = lora_config(config.lora_r, config.lora_alpha, config.lora_target_modules,
+    peft_config = lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,
                               fan_in_fan_out=uses_conv1d(base), task_type="SEQ_CLS")
     peft_config.modules_to_save = ["score"]
     model = get_peft_model(base, peft_config)

@@ -110,10 +110,14 @@ SFT_MARKER_VERSION = 1
 #: The data file the SFT model is fine-tuned on (its SHA-256 is part of the cache key).
 SFT_DATA_FILES = ("sft.jsonl",)
 #: How an SFT folder trained for another key is described, by the part of the key that differs.
-OUT_OF_DATE = {"data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
-               "base_model": "from another base model", "random_init": "with another random_init",
-               "architecture": "with another architecture", "sft": "with other settings (epochs, learning rate, batch size, length, seed or steps)",
-               "version": "by another version of the course"}
+OUT_OF_DATE = {
+    "data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
+    "base_model": "from another base model",
+    "random_init": "with another random_init",
+    "architecture": "with another architecture",
+    "sft": "with other settings (epochs, learning rate, batch size, length, seed or steps)",
+    "version": "by another version of the course",
+}
 
 
 def random_init_tokenizer_dir() -> Path:

@@ -12,7 +12,7 @@ no GPU visible each process runs on the CPU and they talk over gloo (run.json re
 --num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo`
 works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
 
-What it does: ensures the profile's SFT model (`hub_sft.ensure_sft_model`: the gpu profile's is
+What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
 fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in
 runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
 adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir:
@@ -30,7 +30,7 @@ overrides are not read again); only --steps, --save-every and --eval-every may c
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before
 the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
 writable or sits on a full disk, a --seed outside [0, 2^32 - 1], settings no run can use, a missing
-or malformed run.json or checkpoint on --resume; see setup_checks.py); 3 stopped by a NaN/inf (in
+or malformed run.json or checkpoint on --resume; see stages/setup_checks.py); 3 stopped by a NaN/inf (in
 sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
 stays as it was.
 """
