@@ -261,3 +261,13 @@ def test_a_list_of_target_modules_is_stored_as_the_tuple():
     config = CompareConfig(lora={"target_modules": ["c_attn", "c_proj"]})
     assert config.lora.target_modules == ("c_attn", "c_proj") and hash(config) == hash(CompareConfig(
         lora=LoRASpec(target_modules=("c_attn", "c_proj"))))
+
+
+def test_best_of_n_needs_two_eval_prompts_for_its_standard_error(profile):
+    """One prompt used to report hidden_se = nan; now it is refused before any sampling."""
+    from rlhf_helpers.compare import run_best_of_n
+
+    with pytest.raises(ValueError, match=r"has 1 prompt\(s\); at least 2 needed \(the standard error"):
+        run_best_of_n(small_config(profile), profile, None, ["the movie was"])
+    with pytest.raises(ValueError, match="at least 2 needed"):
+        run_best_of_n(small_config(profile).replace(n_eval_prompts=1), profile, None, ["a", "b"])

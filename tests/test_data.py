@@ -94,3 +94,60 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "é"}\r\n{"prompt": "b"}\r\n'.encode())
     assert load_jsonl(path, ("prompt",)) == [{"prompt": "é"}, {"prompt": "b"}]
+
+
+# ----------------------------------------------------------------------------- issue 22, item 9
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+PROMPT = '{"prompt": %s, "genre": "drama", "title": "T"}'
+PAIR = '{"prompt": "p", "chosen": %s, "rejected": %s}'
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('""', "line 2: field 'prompt' is empty"), ('"   "', "line 2: field 'prompt' is empty"),
+    ('"a \\ud800 b"', "line 2: field 'prompt' holds a lone UTF-16 surrogate"),
+])
+def test_an_empty_prompt_or_a_lone_surrogate_is_refused_with_file_and_line(tmp_path, text, message):
+    from rlhf_helpers.runtime.data import load_prompts
+
+    path = write_lines(tmp_path / "prompts_train.jsonl", [PROMPT % '"fine"', PROMPT % text])
+    with pytest.raises(ValueError, match=message) as refused:
+        load_prompts("train", tmp_path)
+    assert str(path) in str(refused.value)
+
+
+def test_a_lone_surrogate_in_a_preference_is_refused(tmp_path):
+    write_lines(tmp_path / "preferences_train.jsonl", [PAIR % ('"good"', '"bad \\udfff"')])
+    with pytest.raises(ValueError, match="line 1: field 'rejected' holds a lone UTF-16 surrogate"):
+        load_preferences("train", tmp_path)
+
+
+def test_what_is_accepted_is_said_in_a_warning(tmp_path):
+    write_lines(tmp_path / "preferences_train.jsonl", [
+        PAIR % ('"good"', '"bad"'), PAIR % ('"same"', '"same"'), PAIR % ('""', '"bad"'), PAIR % ('"good"', '"bad"'),
+        PAIR % ('"nul \\u0000 here"', '"bad"')])
+    with pytest.warns(UserWarning) as caught:
+        pairs = load_preferences("train", tmp_path)
+    assert len(pairs) == 5  # accepted, as before
+    text = "\n".join(str(w.message) for w in caught)
+    assert "1 line(s) hold a NUL character (first: line 5)" in text
+    assert "1 pair(s) with chosen == rejected (the pair carries no preference); first: record 2" in text
+    assert "1 pair(s) with an empty chosen or rejected response; first: record 3" in text
+    assert "1 pair(s) with a repeat of an earlier pair (it counts twice); first: record 4" in text
+
+
+def test_a_folder_where_a_data_file_belongs_is_named_as_a_folder(tmp_path):
+    (tmp_path / "prompts_train.jsonl").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a folder; expected a JSONL file"):
+        load_jsonl(tmp_path / "prompts_train.jsonl")
+
+
+def test_the_gpu_sft_folder_follows_the_runs_dir(tmp_path, monkeypatch):
+    from rlhf_helpers.runtime.profiles import get_profile
+
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "elsewhere"))
+    assert get_profile("gpu").sft_model_path == str(tmp_path / "elsewhere" / "sft-smollm2-135m")
+    assert get_profile("gpu", random_init=True).sft_model_path.startswith(str(tmp_path / "elsewhere"))

@@ -124,3 +124,14 @@ def test_bad_arguments_are_refused(rewards):
         group_rewards(torch.arange(6.0), 1)
     with pytest.raises(ValueError, match="multiple of group_size"):
         group_rewards(torch.arange(7.0), 2)
+
+
+def test_group_rewards_takes_numpy_sizes_and_refuses_an_empty_batch():
+    import numpy as np
+
+    from rlhf_helpers.core.group_advantages import group_rewards
+
+    flat = torch.arange(6.0)
+    assert torch.equal(group_rewards(flat, np.int64(3)), flat.view(2, 3))
+    with pytest.raises(ValueError, match="rewards"):
+        group_rewards(torch.zeros(0), 2)

@@ -246,3 +246,173 @@ def test_resume_with_an_empty_or_broken_run_json_is_refused(quick_cli, capsys):
     (out / "run.json").write_text(json.dumps({"profile": {"name": "tiny"}, "ppo_config": {"seed": -5}}))
     assert f"{out / 'run.json'}: seed must be an int in" in setup_error(["--resume", "--output-dir", str(out)],
                                                                        capsys)
+
+
+# ---------------------------------------------------------------- issue 22: flags, reward folders, damaged checkpoints
+@pytest.mark.parametrize(("flag", "value", "expected"), [
+    ("--target-kl", "inf", "--target-kl must be a finite number > 0, got inf"),
+    ("--target-kl", "0", "--target-kl must be a finite number > 0, got 0.0"),
+    ("--kl-coef", "nan", "--kl-coef must be a finite number >= 0, got nan"),
+    ("--kl-coef", "-1", "--kl-coef must be a finite number >= 0, got -1.0"),
+    ("--reward-dir", "", "--reward-dir must name a folder, got an empty path"),
+])
+def test_every_flag_is_checked_before_any_work(quick_cli, capsys, flag, value, expected):
+    line = setup_error([flag, value, "--output-dir", str(quick_cli / "ppo")], capsys)
+    assert line.endswith(f"error: {expected}")
+
+
+def fake_reward_folder(folder: Path) -> Path:
+    """A reward folder as the cache writes it (`artifacts.build_cached`): files, then the marker."""
+    from rlhf_helpers.runtime.artifacts import build_cached
+
+    def train(tmp):
+        tmp.mkdir(parents=True)
+        for name, data in (("adapter_config.json", b"{}"), ("adapter_model.safetensors", b"weights"),
+                           ("score_head.safetensors", b"head")):
+            (tmp / name).write_bytes(data)
+        return {"metrics": {}}
+
+    return build_cached(folder, {"config": {}}, train)
+
+
+@pytest.mark.parametrize("damage", ["zeroed adapter", "truncated head", "missing file", "bad marker", "no folder"])
+def test_a_damaged_reward_dir_exits_2_before_the_model_is_built(quick_cli, capsys, damage):
+    folder = fake_reward_folder(quick_cli / "reward")
+    weights = folder / "adapter_model.safetensors"
+    if damage == "zeroed adapter":
+        weights.write_bytes(bytes(len(weights.read_bytes())))  # same size, all zero
+    elif damage == "truncated head":
+        (folder / "score_head.safetensors").write_bytes(b"he")
+    elif damage == "missing file":
+        weights.unlink()
+    elif damage == "bad marker":
+        (folder / "COMPLETE.json").write_text("{")
+    else:
+        folder = quick_cli / "nowhere"
+    line = setup_error(["--reward-dir", str(folder), "--output-dir", str(quick_cli / "ppo")], capsys)
+    assert f"--reward-dir {folder}: not a complete reward folder" in line
+    expected = {"zeroed adapter": "adapter_model.safetensors does not match the checksum",
+                "truncated head": "score_head.safetensors does not match the checksum",
+                "missing file": "adapter_model.safetensors is missing", "bad marker": "COMPLETE.json is unreadable",
+                "no folder": "the folder does not exist"}[damage]
+    assert expected in line
+
+
+@pytest.fixture
+def two_checkpoints(quick_cli, make_trainer):
+    """A run folder as the command leaves it: run.json and checkpoints step-000001, step-000002."""
+    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+
+    out = quick_cli / "ppo"
+    trainer = make_trainer(max_new_tokens=4)
+    for _ in range(2):
+        trainer.step()
+        save_checkpoint(trainer, out)
+    (out / "run.json").write_text(json.dumps({"profile": {"name": "tiny"}, "ppo_config": trainer.config.to_dict(),
+                                              "reward_dir": None}))
+    return out
+
+
+@pytest.mark.parametrize("damage", ["truncated state", "truncated adapter", "missing adapter folder",
+                                    "empty latest", "latest outside", "heads garbage"])
+def test_a_damaged_checkpoint_on_resume_names_the_file_and_the_intact_one(two_checkpoints, capsys, damage):
+    import shutil
+
+    out = two_checkpoints
+    step2 = out / "step-000002"
+    before = {p: p.read_bytes() for p in (out / "step-000001").rglob("*") if p.is_file()}
+    if damage == "truncated state":
+        state = step2 / "trainer_state.pt"
+        state.write_bytes(state.read_bytes()[: 100])
+        named = str(state)
+    elif damage == "truncated adapter":
+        weights = step2 / "adapters" / "policy" / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-10])
+        named = str(weights)
+    elif damage == "missing adapter folder":
+        shutil.rmtree(step2 / "adapters" / "value")
+        named = str(step2 / "adapters" / "value" / "adapter_config.json")
+    elif damage == "heads garbage":
+        (step2 / "heads.safetensors").write_bytes(b"garbage")
+        named = str(step2 / "heads.safetensors")
+    elif damage == "empty latest":
+        (out / "latest").write_text("")
+        named = f"{out / 'latest'} is empty"
+    else:
+        (out / "latest").write_text("../../elsewhere\n")
+        named = "not a step-NNNNNN checkpoint folder"
+    intact = "step-000002" if "latest" in damage else "step-000001"  # a broken pointer: its target is fine
+    line = setup_error(["--resume", "--steps", "5", "--output-dir", str(out)], capsys)
+    assert line.startswith("python -m rlhf_helpers.stages.train_ppo: error: --resume: ") and named in line
+    assert f"the newest intact checkpoint is {out / intact}" in line
+    assert {p: p.read_bytes() for p in (out / "step-000001").rglob("*") if p.is_file()} == before  # untouched
+
+
+def test_a_resume_with_no_intact_checkpoint_says_so(two_checkpoints, capsys):
+    for step in ("step-000001", "step-000002"):
+        (two_checkpoints / step / "trainer_state.pt").write_bytes(b"")
+    line = setup_error(["--resume", "--steps", "5", "--output-dir", str(two_checkpoints)], capsys)
+    assert "no checkpoint of it is intact: start a new --output-dir" in line
+
+
+def test_a_fresh_run_refuses_a_folder_with_checkpoints_even_when_latest_is_broken(two_checkpoints, capsys):
+    (two_checkpoints / "latest").unlink()
+    line = setup_error(["--output-dir", str(two_checkpoints)], capsys)
+    assert "already holds checkpoints: pass --resume" in line
+
+
+def test_a_save_sweeps_temporary_folders_of_dead_runs(two_checkpoints, make_trainer):
+    import subprocess
+    import sys
+
+    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    orphan, live = two_checkpoints / f".tmp-step-000003-{dead}", two_checkpoints / f".tmp-step-000003-{os.getppid()}"
+    for folder in (orphan, live):
+        folder.mkdir()
+    trainer = make_trainer(max_new_tokens=4)
+    trainer.step()
+    save_checkpoint(trainer, two_checkpoints)
+    assert not orphan.exists() and live.is_dir()  # a live process's save is not ours to touch
+
+
+def test_a_full_disk_during_a_save_names_it_keeps_the_previous_checkpoint_and_logs_no_step(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """torch.save reports a full disk as `RuntimeError: [enforce fail at inline_container.cc:672]`; the run
+    says the disk is full, where, and that the previous checkpoint is kept; metrics.jsonl ends at it."""
+    import shutil
+    from collections import namedtuple
+
+    import torch
+
+    from rlhf_helpers.stages import train_ppo as train
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(train, "ensure_reward_model", lambda *args, **kwargs: None)
+    real_save, saves = torch.save, []
+
+    def save_fails_the_second_time(obj, path, *args, **kwargs):
+        saves.append(path)
+        if len(saves) == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6528 vs 6416")
+        return real_save(obj, path, *args, **kwargs)
+
+    usage = namedtuple("usage", "total used free")
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(torch, "save", save_fails_the_second_time)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000) if len(saves) >= 2
+                        else real_usage(p))
+    out = tmp_path / "ppo"
+    status = train.main(["--profile", "tiny", "--steps", "3", "--save-every", "1", "--no-progress",
+                         "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert status == train.EXIT_WRITE_FAILED == 4
+    assert (f"PPO stopped: could not write checkpoint step-000002 into {out}: the disk is full (0 MiB free); "
+            f"the previous checkpoint {out / 'step-000001'} is kept") in err
+    assert (out / "latest").read_text().strip() == "step-000001"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0]  # the failed step is not logged
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]

@@ -138,6 +138,8 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     log n - (n - 1)/n, seconds the time of the draw (for all n at once, in the clock's unit)."""
     check_prompt_list("eval_prompts", eval_prompts, 1)
     prompts = list(eval_prompts)[: config.n_eval_prompts]
+    check_prompt_list("eval_prompts[:config.n_eval_prompts]", prompts, 2,
+                      "the standard error of a mean needs two samples")
     ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora=config.lora)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     clock = TrainingClock(model.device)

@@ -18,6 +18,8 @@ missing rewards (the course's tests check this against the trainers' own logs).
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from rlhf_helpers.core.checks import (
@@ -47,8 +49,10 @@ def _check_group_rewards(rewards: torch.Tensor) -> None:
 def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N, G)."""
     check_ndim("rewards", rewards, 1, "(N * G,)")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+    check_nonempty("rewards", rewards)
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 2:
         raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
+    group_size = int(group_size)  # numpy's integers too
     if rewards.numel() % group_size:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
     return rewards.view(-1, group_size)  # (N, G)

@@ -17,8 +17,11 @@ A crash at any moment leaves `latest` pointing at the previous complete checkpoi
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,11 +31,16 @@ from peft import set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
+from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
 
 LATEST_FILE = "latest"
+#: Names of checkpoint folders (what `latest` may point at).
+CHECKPOINT_NAME = re.compile(r"^step-\d{6,}$")
 HEADS_FILE = "heads.safetensors"
 TRAINER_STATE_FILE = "trainer_state.pt"
 ADAPTERS_DIR = "adapters"
+#: Temporary folders of `save_checkpoint`: .tmp-step-NNNNNN-<pid> and .old-step-NNNNNN-<pid>.
+TEMPORARY_CHECKPOINT = re.compile(r"^\.(?:tmp|old)-(step-\d+)-(\d+)$")
 #: Complete checkpoints kept in output_dir (older ones are deleted after a save).
 DEFAULT_KEEP = 2
 
@@ -86,13 +94,64 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in output_dir, or None if there is none yet."""
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """The step-NNNNNN folders of output_dir, oldest first."""
+    return sorted(p for p in Path(output_dir).glob("step-*") if p.is_dir() and CHECKPOINT_NAME.match(p.name))
+
+
+def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint output_dir/latest names, None), or (None, what is wrong with the pointer): missing,
+    empty, unreadable, naming something other than a step-NNNNNN folder of output_dir (a path elsewhere
+    is refused), or naming a folder that does not exist."""
     pointer = Path(output_dir) / LATEST_FILE
     if not pointer.is_file():
-        return None
-    path = Path(output_dir) / pointer.read_text().strip()
-    return path if path.is_dir() else None
+        return None, f"{pointer} is missing"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"{pointer} is unreadable ({type(error).__name__})"
+    if not name:
+        return None, f"{pointer} is empty"
+    if not CHECKPOINT_NAME.match(name):
+        return None, f"{pointer} names {name!r}, not a step-NNNNNN checkpoint folder of {output_dir}"
+    path = Path(output_dir) / name
+    if not path.is_dir():
+        return None, f"{pointer} names {name}, which does not exist"
+    return path, None
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint in output_dir, or None if there is none (or `latest` is broken:
+    `resolve_latest` says how)."""
+    return resolve_latest(output_dir)[0]
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """What is wrong with the checkpoint folder `path`, naming the file, or None when every file of it
+    reads back: the trainer state (safe loader, every key), each adapter's config and weights, the heads.
+    Run before a resume builds anything, so a truncated file is an error message, not a traceback."""
+    path = Path(path)
+    try:
+        load_trainer_state(path / TRAINER_STATE_FILE)
+    except FileNotFoundError:
+        return f"{path / TRAINER_STATE_FILE} is missing"
+    except ValueError as error:  # the safe loader's refusal, or not a trainer state
+        return str(error)
+    except Exception as error:  # a truncated or garbled zip archive: torch raises RuntimeError/EOFError
+        return f"{path / TRAINER_STATE_FILE} is damaged ({type(error).__name__}: truncated or overwritten)"
+    files = [path / ADAPTERS_DIR / a / name for a in ADAPTERS for name in ("adapter_config.json",
+                                                                           "adapter_model.safetensors")]
+    for file in [*files, path / HEADS_FILE]:
+        if not file.is_file():
+            return f"{file} is missing"
+        try:
+            if file.suffix == ".json":
+                json.loads(file.read_text(encoding="utf-8"))
+            else:
+                load_file(str(file))  # reads the header and every tensor: a truncated file fails
+        except Exception as error:  # safetensors raises its own SafetensorError
+            return f"{file} is damaged ({type(error).__name__}: truncated or overwritten)"
+    return None
 
 
 def _write_pointer(output_dir: Path, name: str) -> None:
@@ -105,12 +164,39 @@ def _write_pointer(output_dir: Path, name: str) -> None:
     _fsync_path(output_dir)
 
 
+class CheckpointSaveError(OSError):
+    """A checkpoint (or the file pointing at it) could not be written: the message says why (a full disk
+    is named as such) and which earlier checkpoint is kept, unchanged."""
+
+
+#: Free bytes under which a failed write is reported as a full disk.
+FULL_DISK_BYTES = 64 * 2**20
+
+
+def disk_problem(error: BaseException, folder: Path) -> str:
+    """'the disk is full (N MiB free)' when it is, else the error itself."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (free is not None and free < FULL_DISK_BYTES):
+        return f"the disk is full ({(free or 0) / 2**20:.0f} MiB free)"
+    return f"{type(error).__name__}: {error}"
+
+
+def _kept(output_dir: Path) -> str:
+    kept = latest_checkpoint(output_dir)
+    return f"the previous checkpoint {kept} is kept" if kept else "no earlier checkpoint exists"
+
+
 def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP) -> Path:
     """Atomically write the trainer's model weights and state as output_dir/step-NNNNNN; returns its path."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # temporary folders of saves that a killed run never finished (their process is gone)
+    remove_dead_temporary_folders(output_dir, TEMPORARY_CHECKPOINT)
     name = checkpoint_name(trainer.step_count)
     final = output_dir / name
     tmp = output_dir / f".tmp-{name}-{os.getpid()}"
@@ -128,10 +214,19 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         else:
             os.rename(tmp, final)
         _fsync_path(output_dir)
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = disk_problem(error, output_dir)
+        raise CheckpointSaveError(f"could not write checkpoint {name} into {output_dir}: {why}; "
+                                  f"{_kept(output_dir)} (nothing of the failed save is left)") from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_pointer(output_dir, name)
+    try:
+        _write_pointer(output_dir, name)
+    except OSError as error:
+        raise CheckpointSaveError(f"could not update {output_dir / LATEST_FILE}: {disk_problem(error, output_dir)}; "
+                                  f"{_kept(output_dir)}") from error
     complete = sorted(p for p in output_dir.glob("step-*") if p.is_dir())
     for stale in complete[:-keep]:
         if stale != final:

@@ -95,8 +95,8 @@ class PPOConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         for name in ("value_clip", "target_kl", "score_clip"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be None or > 0, got {value!r}")
+            if value is not None and not (isinstance(value, int | float) and 0 < value < math.inf):
+                raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:

@@ -262,10 +262,10 @@ class PPOTrainer:
                 bar.update(1)
                 bar.set_postfix(score=f"{metrics['score']:.2f}", kl=f"{metrics['kl']:.2f}",
                                 hidden=f"{metrics.get('hidden_score', math.nan):.2f}")
+                if save and is_main:  # saved before it is logged: a step whose save failed is not reported
+                    self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
                 if callback is not None:
                     callback(metrics)
-                if save and is_main:
-                    self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         except NonFiniteStop as error:
             bar.close()
             kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint

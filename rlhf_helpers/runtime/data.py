@@ -13,12 +13,14 @@ Files (see data/README.md for how they were made):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rlhf_helpers.runtime.artifacts import sha256_file
 
 #: Environment variable that points the loaders at another data directory.
 DATA_DIR_ENV = "RLHF_DATA_DIR"
@@ -45,25 +47,29 @@ def data_fingerprint(names: Sequence[str]) -> dict[str, str]:
     out = {}
     for name in names:
         path = directory / name
-        if not path.is_file():
-            out[name] = "missing"
-            continue
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        out[name] = digest.hexdigest()
+        out[name] = sha256_file(path) if path.is_file() else "missing"
     return out
 
 
-def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+def _is_lone_surrogate(text: str) -> bool:
+    """True when `text` holds a UTF-16 surrogate code point (JSON "\\ud800" without its pair): such a
+    string cannot be encoded as UTF-8, so a tokenizer or TRL fails on it far from the file."""
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Records of a JSONL file; each must be a JSON object with string values for `fields`.
 
     Raises FileNotFoundError if the file is missing and ValueError naming the file and line for
-    a line that is not UTF-8, not JSON, not an object, or lacks a required string field. Blank
-    lines are skipped; a UTF-8 byte order mark at the start is accepted; an empty file is an error.
+    a line that is not UTF-8, not JSON, not an object, lacks a required string field, holds a lone
+    UTF-16 surrogate in one, or has only white space in a field of `nonempty`. Blank lines are
+    skipped; a UTF-8 byte order mark at the start is accepted; an empty file is an error. A NUL
+    character in a field is accepted with a warning naming the lines.
     """
+    nul_lines: list[int] = []
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
     if not path.is_file():
         raise FileNotFoundError(
             f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build`)"
@@ -97,7 +103,18 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = ()) -> list[dict[str, A
                         f"{path}, line {line_number}: field {field!r} must be a string, got "
                         f"{type(record[field]).__name__}"
                     )
+                if _is_lone_surrogate(record[field]):
+                    raise ValueError(f"{path}, line {line_number}: field {field!r} holds a lone UTF-16 surrogate "
+                                     "(such as \\ud800 without its pair), which is not text; fix or drop the line")
+                if field in nonempty and not record[field].strip():
+                    raise ValueError(f"{path}, line {line_number}: field {field!r} is empty; every {field} needs text "
+                                     "(a model cannot be prompted with nothing)")
+                if "\x00" in record[field]:
+                    nul_lines.append(line_number)
             records.append(record)
+    if nul_lines:
+        warnings.warn(f"{path}: {len(nul_lines)} line(s) hold a NUL character (first: line {nul_lines[0]}); "
+                      "they are kept as they are", UserWarning, stacklevel=3)
     if not records:
         raise ValueError(f"{path}: the file has no records")
     return records
@@ -120,7 +137,7 @@ def _check_split(split: str) -> None:
 def load_prompt_records(split: str = "train", directory: str | Path | None = None) -> list[dict]:
     """Prompt records {"prompt", "genre", "title"} of the train or held-out ("test") split."""
     _check_split(split)
-    return load_jsonl(Path(directory or data_dir()) / f"prompts_{split}.jsonl", PROMPT_FIELDS)
+    return load_jsonl(Path(directory or data_dir()) / f"prompts_{split}.jsonl", PROMPT_FIELDS, nonempty=("prompt",))
 
 
 def load_prompts(split: str = "train", directory: str | Path | None = None) -> list[str]:
@@ -136,6 +153,28 @@ def load_sft_corpus(directory: str | Path | None = None) -> list[dict]:
 def load_preferences(split: str = "train", directory: str | Path | None = None) -> list[dict]:
     """Preference pairs {"prompt", "chosen", "rejected"} of the train or held-out split."""
     _check_split(split)
-    return load_jsonl(
-        Path(directory or data_dir()) / f"preferences_{split}.jsonl", PREFERENCE_FIELDS
-    )
+    path = Path(directory or data_dir()) / f"preferences_{split}.jsonl"
+    pairs = load_jsonl(path, PREFERENCE_FIELDS, nonempty=("prompt",))
+    warn_about_pairs(path, pairs)
+    return pairs
+
+
+def warn_about_pairs(path: Path, pairs: Sequence[dict]) -> None:
+    """One warning for each kind of pair that trains nothing or twice: chosen == rejected (no signal),
+    an empty chosen or rejected response, and a pair repeated exactly (counted twice)."""
+    same, empty, repeated, seen = [], [], [], set()
+    for index, pair in enumerate(pairs):
+        key = (pair["prompt"], pair["chosen"], pair["rejected"])
+        if pair["chosen"] == pair["rejected"]:
+            same.append(index)
+        if not pair["chosen"].strip() or not pair["rejected"].strip():
+            empty.append(index)
+        if key in seen:
+            repeated.append(index)
+        seen.add(key)
+    for found, what in ((same, "chosen == rejected (the pair carries no preference)"),
+                        (empty, "an empty chosen or rejected response"),
+                        (repeated, "a repeat of an earlier pair (it counts twice)")):
+        if found:
+            warnings.warn(f"{path}: {len(found)} pair(s) with {what}; first: record {found[0] + 1}",
+                          UserWarning, stacklevel=3)

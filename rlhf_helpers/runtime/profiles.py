@@ -30,9 +30,9 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
@@ -42,7 +42,6 @@ PROFILE_ENV = "RLHF_PROFILE"
 #: Environment variable with a JSON object of field overrides, e.g. '{"ppo_steps": 5}' (quick runs).
 OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
 PROFILE_NAMES = ("tiny", "gpu", "auto")
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_tiny_path() -> str:
@@ -141,7 +140,7 @@ def gpu_profile() -> Profile:
     return Profile(
         name="gpu",
         base_model="HuggingFaceTB/SmolLM2-135M",
-        sft_model_path=str(_REPO_ROOT / "runs" / "sft-smollm2-135m"),
+        sft_model_path=str(runs_dir() / "sft-smollm2-135m"),  # $RLHF_RUNS_DIR, like every cached run
         device="cuda",
         dtype="auto",  # resolved by get_profile: bfloat16, or float16 on a T4 (see precision.py)
         max_prompt_length=24,

@@ -124,7 +124,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
     config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
-    metrics = train_reward_model(profile, args.out, config)
+    ensure_sft_model(profile)
+    metrics: dict[str, float] = {}
+
+    def train(tmp: Path) -> dict[str, Any]:
+        metrics.update(train_reward_model(profile, tmp, config))
+        return {"metrics": metrics}
+
+    # the same folder layout and checksums as the cache: `--reward-dir` of the PPO command accepts it
+    build_cached(Path(args.out), reward_cache_key(profile, config), train, force=True)
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -32,7 +32,9 @@ the reward model or the PPO model is built: an --output-dir that is a file, lies
 writable or sits on a full disk, a --seed outside [0, 2^32 - 1], settings no run can use, a missing
 or malformed run.json or checkpoint on --resume; see stages/setup_checks.py); 3 stopped by a NaN/inf (in
 sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
-stays as it was.
+stays as it was; 4 a checkpoint, metrics.jsonl or curves.html could not be written (a full disk is
+named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
+checkpoint failed).
 """
 
 from __future__ import annotations
@@ -51,10 +53,16 @@ import torch
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
+    LATEST_FILE,
     TRAINER_STATE_FILE,
+    CheckpointSaveError,
+    checkpoint_problem,
+    checkpoints,
+    disk_problem,
     latest_checkpoint,
     load_checkpoint,
     load_trainer_state,
+    resolve_latest,
 )
 from rlhf_helpers.ppo.config import MAX_SEED, PPOConfig
 from rlhf_helpers.ppo.metrics import plot_curves
@@ -62,7 +70,7 @@ from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.reward import ensure_reward_model
+from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_model import RewardTrainingConfig
 from rlhf_helpers.stages.setup_checks import (
     RUN_FILE,
@@ -75,6 +83,8 @@ from rlhf_helpers.world.scorer import hidden_scores
 
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
+#: Exit status of a run stopped because a checkpoint, metrics.jsonl or curves.html could not be written.
+EXIT_WRITE_FAILED = 4
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
 PROG = "python -m rlhf_helpers.stages.train_ppo"
@@ -112,6 +122,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--save-every and --eval-every must be >= 0")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         parser.error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    if args.kl_coef is not None and not 0 <= args.kl_coef < math.inf:
+        parser.error(f"--kl-coef must be a finite number >= 0, got {args.kl_coef}")
+    if args.target_kl is not None and not 0 < args.target_kl < math.inf:
+        parser.error(f"--target-kl must be a finite number > 0, got {args.target_kl}")
+    if args.reward_dir is not None and not args.reward_dir.strip():
+        parser.error("--reward-dir must name a folder, got an empty path")
     return args
 
 
@@ -151,6 +167,21 @@ def recorded_settings(output_dir: Path, profile_name: str,
     return saved, record.get("reward_dir")
 
 
+def check_resume_checkpoint(output_dir: Path) -> int:
+    """The step of output_dir's latest checkpoint, after checking every file of it (`checkpoint_problem`);
+    SetupError naming the damaged file and the newest earlier checkpoint that is intact, if any."""
+    latest, problem = resolve_latest(output_dir)
+    if problem is None:
+        problem = checkpoint_problem(latest)
+    if problem is None:
+        return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
+    intact = [p for p in reversed(checkpoints(output_dir)) if p != latest and checkpoint_problem(p) is None]
+    advice = (f"the newest intact checkpoint is {intact[0]}: write its name into {output_dir / LATEST_FILE} "
+              f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
+              if intact else "no checkpoint of it is intact: start a new --output-dir")
+    raise SetupError(f"--resume: {problem}; {advice}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
     # accelerate: only for a training run, which may be multi-process
@@ -162,10 +193,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SetupError(str(error)) from None
     output_dir = Path(args.output_dir) if args.output_dir else runs_dir() / f"ppo-{profile.name}"
     check_output_dir(output_dir)
-    if not args.resume and latest_checkpoint(output_dir) is not None:
+    if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
-    if args.resume and latest_checkpoint(output_dir) is None:
+    if args.resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
         raise SetupError(f"--resume: no checkpoint found in {output_dir}")
 
     # what may change between the parts of one run; every other PPO setting is the run's own
@@ -186,14 +217,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         source = f"{output_dir / RUN_FILE}" if args.resume else "the profile's PPO settings"
         raise SetupError(f"{source}: {error}") from None
     if args.resume:
-        # the step of the checkpoint, read (safely) before the model is built
-        try:
-            resumed_step = int(load_trainer_state(latest_checkpoint(output_dir) / TRAINER_STATE_FILE)["step"])
-        except ValueError as error:  # refused by the safe unpickler, or not a trainer state
-            raise SetupError(f"--resume: {error}") from None
+        # the checkpoint is read (safely) and checked file by file before the model is built
+        resumed_step = check_resume_checkpoint(output_dir)
         if resumed_step >= config.total_steps:
             raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
                              f"is already at step {resumed_step}; pass a larger total to train further")
+
+    for reward_folder, what in ((args.reward_dir, "--reward-dir"), (saved_reward_dir, f"{output_dir / RUN_FILE}")):
+        if reward_folder is not None and (what == "--reward-dir" or Path(reward_folder).is_dir()):
+            problem = reward_dir_problem(reward_folder)  # the cache's own checksums: a zeroed adapter fails
+            if problem is not None:
+                raise SetupError(f"{what} {reward_folder}: not a complete reward folder ({problem}); train one "
+                                 "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
@@ -233,7 +268,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def log(metrics: dict[str, float]) -> None:
         if is_main:
-            append_jsonl(metrics_path, [metrics])
+            try:
+                append_jsonl(metrics_path, [metrics])
+            except OSError as error:
+                raise CheckpointSaveError(f"could not append step {int(metrics['step'])} to {metrics_path}: "
+                                          f"{disk_problem(error, output_dir)}; {trainer.last_checkpoint or 'no'} "
+                                          "checkpoint is kept") from error
 
     status = "finished"
     try:
@@ -242,8 +282,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         status = "stopped"
         if is_main:
             print(f"PPO stopped: {error}", file=sys.stderr)
+    except CheckpointSaveError as error:
+        status = "write failed"
+        print(f"PPO stopped: {error}", file=sys.stderr)
     if is_main:
-        write_curves(trainer.history, output_dir / CURVES_FILE)
+        try:
+            write_curves(trainer.history, output_dir / CURVES_FILE)
+        except OSError as error:
+            status = "write failed"
+            print(f"could not write {output_dir / CURVES_FILE}: {disk_problem(error, output_dir)} "
+                  f"(metrics.jsonl holds the same numbers)", file=sys.stderr)
     summary = {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
                "checkpoint": str(latest_checkpoint(output_dir)),
                "last_metrics": trainer.history[-1] if trainer.history else {}}
@@ -258,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {error.message}", file=sys.stderr)
         raise
     print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}))
-    return EXIT_NON_FINITE if summary["status"] == "stopped" else 0
+    return {"stopped": EXIT_NON_FINITE, "write failed": EXIT_WRITE_FAILED}.get(summary["status"], 0)
 
 
 if __name__ == "__main__":
