@@ -105,3 +105,34 @@ def test_the_cache_sees_a_same_size_overwrite_and_an_out_of_date_key(tmp_path):
     assert problem == "it was trained on other data"
     assert artifacts.read_record(final)["metrics"] == {"loss": 1.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]  # no temporary folder left
+
+
+def test_a_config_written_before_the_spec_still_loads():
+    """run.json of a run made before LoRASpec holds flat lora_r / lora_alpha / lora_target_modules."""
+    old = PPOConfig().to_dict()
+    del old["lora"]
+    old.update(lora_r=4, lora_alpha=8, lora_target_modules=["c_attn"])
+    assert PPOConfig.from_dict(old).lora == LoRASpec(r=4, alpha=8, target_modules=("c_attn",))
+
+
+def test_the_reward_command_never_replaces_a_folder_that_is_not_a_reward_folder(tmp_path, capsys):
+    from rlhf_helpers.stages import reward
+
+    keep = tmp_path / "precious"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as refused:
+        reward.main(["--profile", "tiny", "--out", str(keep)])
+    assert refused.value.code == 2 and "is not a reward folder" in capsys.readouterr().err
+    assert (keep / "notes.txt").read_text() == "mine"
+
+
+def test_pruning_keeps_folders_that_only_look_like_checkpoints(tmp_path, make_trainer):
+    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+
+    (tmp_path / "step-backup").mkdir()
+    trainer = make_trainer(max_new_tokens=4)
+    for _ in range(3):
+        trainer.step()
+        save_checkpoint(trainer, tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-000003", "step-backup"]

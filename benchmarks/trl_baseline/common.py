@@ -2,7 +2,7 @@
 
 Imported by `run_trl_ppo.py` (inside the separate trl==1.10.0 venv) and by `run_ours_ppo.py`
 (inside the main venv), so it may use only torch, transformers and the light parts of
-`rlhf_helpers` (the hidden scorer, the JSONL loaders and `world.architectures`), which both
+`rlhf_helpers` (the hidden scorer, the JSONL loaders and `runtime.architectures`), which both
 environments have.
 The parent (`benchmarks/bench_trl_baseline.py`) passes one `BenchSettings` as JSON to both, so
 the two runs cannot drift apart in batch size, response length, epochs or learning rate.

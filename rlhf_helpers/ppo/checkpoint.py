@@ -209,7 +209,11 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         if final.exists():  # the same step saved again: move the old copy aside first
             old = output_dir / f".old-{name}-{os.getpid()}"
             os.rename(final, old)
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                os.rename(old, final)  # the previous copy back in place
+                raise
             shutil.rmtree(old)
         else:
             os.rename(tmp, final)
@@ -227,8 +231,7 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
     except OSError as error:
         raise CheckpointSaveError(f"could not update {output_dir / LATEST_FILE}: {disk_problem(error, output_dir)}; "
                                   f"{_kept(output_dir)}") from error
-    complete = sorted(p for p in output_dir.glob("step-*") if p.is_dir())
-    for stale in complete[:-keep]:
+    for stale in checkpoints(output_dir)[:-keep]:
         if stale != final:
             shutil.rmtree(stale, ignore_errors=True)
     return final

@@ -128,7 +128,13 @@ class PPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PPOConfig:
-        """Inverse of `to_dict`; unknown keys raise ValueError."""
+        """Inverse of `to_dict`; unknown keys raise ValueError. The flat lora_r / lora_alpha /
+        lora_target_modules of configs written before the LoRA spec are read as `lora`."""
+        old = {"lora_r": "r", "lora_alpha": "alpha", "lora_target_modules": "target_modules"}
+        if any(key in values for key in old):
+            values = dict(values)
+            lora = {new: values.pop(key) for key, new in old.items() if key in values}
+            values["lora"] = as_lora_spec(lora, as_lora_spec(values.get("lora", LoRASpec())))
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown PPOConfig field(s): {sorted(unknown)}")

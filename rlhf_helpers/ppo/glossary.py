@@ -82,7 +82,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "hidden_score": ("rollout", _m(
         "mean hidden ground-truth score of the same responses (what we really want)",
         "mean_b h(prompt_b, response_b), h = the review world's hidden scorer "
-        "(rlhf_helpers.world.scorer); the reward model was trained on noisy preferences drawn from it",
+        "(rlhf_helpers.world.scorer, passed to PPOTrainer as hidden_score_fn: the engine logs it only "
+        "when given one); the reward model was trained on noisy preferences drawn from it",
         "follows score up at first: about -0.5 at step 1, 0.7 by step 4, then 0.68-1.08 late "
         "(noisy, +-0.2 between steps).",
         "falling while score keeps rising: over-optimisation, the policy exploits the reward model's "

@@ -1,6 +1,6 @@
 """The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all processes.
 
-    with collective_stop(accelerator, step):    # every process runs the block, then all agree:
+    with collective_stop(accelerator):          # every process runs the block, then all agree:
         batch = collect_experience(...)         # a NonFiniteStop on any one of them is raised on all
     check_finite_parameters("policy", params, step)
 

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.core.losses import lm_loss
-from rlhf_helpers.ppo.checkpoint import save_checkpoint
+from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import (
@@ -266,6 +266,9 @@ class PPOTrainer:
                     self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
                 if callback is not None:
                     callback(metrics)
+        except CheckpointSaveError:
+            bar.close()
+            raise
         except NonFiniteStop as error:
             bar.close()
             kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint

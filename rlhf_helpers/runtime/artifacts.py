@@ -194,7 +194,12 @@ def move_into_place(tmp: Path, final: Path) -> None:
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if old.exists() and not final.exists():
+            os.rename(old, final)  # the previous folder back in place
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -147,7 +147,7 @@ def load_prompts(split: str = "train", directory: str | Path | None = None) -> l
 
 def load_sft_corpus(directory: str | Path | None = None) -> list[dict]:
     """SFT records {"prompt", "completion"}; completions start with a space, no EOS text."""
-    return load_jsonl(Path(directory or data_dir()) / "sft.jsonl", SFT_FIELDS)
+    return load_jsonl(Path(directory or data_dir()) / "sft.jsonl", SFT_FIELDS, nonempty=("prompt",))
 
 
 def load_preferences(split: str = "train", directory: str | Path | None = None) -> list[dict]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.runtime.artifacts import (
+    COMPLETE_MARKER,
     artifact_problem,
     build_cached,
     model_fingerprint,
@@ -122,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
     parser.add_argument("--max-train-pairs", type=int, default=None)
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file()):
+        parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it would be "
+                     "replaced, so choose a new or empty folder")
     profile = get_profile(args.profile)
     config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
     ensure_sft_model(profile)
@@ -132,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         return {"metrics": metrics}
 
     # the same folder layout and checksums as the cache: `--reward-dir` of the PPO command accepts it
-    build_cached(Path(args.out), reward_cache_key(profile, config), train, force=True)
+    build_cached(out, reward_cache_key(profile, config), train, force=True)
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -106,7 +106,7 @@ def sft_with_trl(
 
 # ----------------------------------------------------------------------------- the cached SFT model
 #: Version of the completion marker's layout; a marker of another version is trained again.
-SFT_MARKER_VERSION = 1
+SFT_MARKER_VERSION = 2  # 2: SHA-256 of every file (runtime.artifacts); 1 recorded sizes
 #: The data file the SFT model is fine-tuned on (its SHA-256 is part of the cache key).
 SFT_DATA_FILES = ("sft.jsonl",)
 #: How an SFT folder trained for another key is described, by the part of the key that differs.

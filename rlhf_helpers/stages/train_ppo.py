@@ -223,12 +223,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
                              f"is already at step {resumed_step}; pass a larger total to train further")
 
-    for reward_folder, what in ((args.reward_dir, "--reward-dir"), (saved_reward_dir, f"{output_dir / RUN_FILE}")):
-        if reward_folder is not None and (what == "--reward-dir" or Path(reward_folder).is_dir()):
-            problem = reward_dir_problem(reward_folder)  # the cache's own checksums: a zeroed adapter fails
-            if problem is not None:
-                raise SetupError(f"{what} {reward_folder}: not a complete reward folder ({problem}); train one "
-                                 "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
+    if args.reward_dir is not None:
+        problem = reward_dir_problem(args.reward_dir)  # the cache's own checksums: a zeroed adapter fails
+        if problem is not None:
+            if Path(args.reward_dir).is_file():
+                problem = "it is a file, not a folder"
+            raise SetupError(f"--reward-dir {args.reward_dir}: not a complete reward folder ({problem}); train one "
+                             "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
+    elif saved_reward_dir is not None and Path(saved_reward_dir).is_dir():
+        problem = reward_dir_problem(saved_reward_dir)
+        if problem is not None:  # its weights come from the checkpoint, but its files give the adapter's shape
+            raise SetupError(f"--resume: the reward folder {saved_reward_dir} recorded in {output_dir / RUN_FILE} "
+                             f"is damaged ({problem}); pass --reward-dir with an intact one")
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
@@ -285,6 +291,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except CheckpointSaveError as error:
         status = "write failed"
         print(f"PPO stopped: {error}", file=sys.stderr)
+        if accelerator.num_processes > 1:
+            # only this (main) process saves: the others wait in the next collective, so leave now and
+            # let the launcher stop them rather than meet them at a barrier they never reach
+            raise SystemExit(EXIT_WRITE_FAILED) from None
     if is_main:
         try:
             write_curves(trainer.history, output_dir / CURVES_FILE)
