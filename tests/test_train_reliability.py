@@ -116,12 +116,10 @@ def file_hashes(folder) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
-def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2` starts two CPU processes (gloo) when no GPU is
-    visible (`--cpu --num_processes 2` would start one). Process 1 alone sees NaN reward scores at
-    its second step: both processes must stop there with exit status 3 (before the fix, process 0
-    waited forever in the gradient all-reduce), and step-000001 must stay as it was written."""
+def launch_two_processes(tmp_path, *args: str, **env_extra: str):
+    """Run tests/two_process_run.py under `accelerate launch --multi_gpu --num_processes 2` (two CPU
+    processes on gloo when no GPU is visible; `--cpu --num_processes 2` would start one).
+    Returns (the launcher's exit status, its output, the results folder, the run's output folder)."""
     import json
     import os
     import signal
@@ -136,12 +134,12 @@ def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
             "n_eval_prompts": 4}
     env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(tiny), RLHF_RUNS_DIR=str(tmp_path / "runs"),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="",
-               NAN_RANK="1", NAN_CALL="2", RESULTS_DIR=str(results))
+               RESULTS_DIR=str(results), **env_extra)
     accelerate = Path(sys.executable).with_name("accelerate")
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-               str(repo / "tests" / "two_process_run.py"), "--profile", "tiny", "--steps", "3",
-               "--save-every", "1", "--no-progress", "--output-dir", str(out)]
+               str(repo / "tests" / "two_process_run.py"), "--profile", "tiny", "--no-progress",
+               "--output-dir", str(out), *args]
     # a new session, so that a hang (the bug) can be ended with both workers and the launcher
     launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -156,16 +154,81 @@ def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
         os.killpg(launcher.pid, signal.SIGKILL)
         output, _ = launcher.communicate()
         pytest.fail("the two-process run hung (a process waiting for one that had left):\n" + output[-3000:])
-    ranks = [json.loads((results / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert [r["exit"] for r in ranks] == [3, 3], output[-3000:]
+    return launcher.returncode, output, results, out
+
+
+def worker_output(output: str) -> str:
+    """What the two processes printed: the output before torchrun's first log line."""
+    return output.split("torch/distributed/elastic")[0]
+
+
+def launcher_report(output: str) -> tuple[int, set[int]]:
+    """From torchrun's ChildFailedError report: the exit status of its root cause (the first process to
+    end with a non-zero status) and the set of every process's status. torchrun ends the processes
+    still running with SIGTERM (-15) once one has failed, so a slower peer can show -15."""
+    import re
+
+    codes = [int(code) for code in re.findall(r"exitcode\s*: (-?\d+)", output.split("ChildFailedError")[-1])]
+    root = re.search(r"Root Cause.*?exitcode\s*: (-?\d+)", output, re.S)
+    assert root is not None and len(codes) == 2, output[-3000:]
+    return int(root.group(1)), set(codes)
+
+
+@pytest.mark.slow
+def test_two_processes_a_nan_on_one_rank_stops_both_with_exit_3(tmp_path):
+    """Process 1 alone sees NaN reward scores at its second step: both processes must stop there with
+    exit status 3 (before the fix, process 0 waited forever in the gradient all-reduce), and
+    step-000001 must stay as it was written. The launcher itself exits 1, as the README says, and its
+    report gives each process's 3; process 0 alone prints the summary, naming the kept checkpoint."""
+    import json
+
+    returncode, output, results, out = launch_two_processes(
+        tmp_path, "--steps", "3", "--save-every", "1", NAN_RANK="1", NAN_CALL="2")
+    ranks = [json.loads(path.read_text()) for path in sorted(results.glob("rank-*.json"))]
+    assert ranks and {r["exit"] for r in ranks} == {3}, output[-3000:]  # one may be ended first (-15)
+    root, codes = launcher_report(output)
+    assert returncode == 1 and root == 3 and codes <= {3, -15}, output[-3000:]
     assert ranks[0]["num_processes"] == 2
     assert json.loads((out / "run.json").read_text())["num_processes"] == 2
     assert "reward scores has 4 NaN/inf value(s) at PPO step 1" in output
     assert "[process 1 of 2; every process stops]" in output
+    summaries = [json.loads(line) for line in output.splitlines() if line.startswith('{"status"')]
+    assert summaries == [{"status": "stopped", "steps": 1, "output_dir": str(out),
+                          "checkpoint": str(out / "step-000001")}]
     assert (out / "latest").read_text().strip() == "step-000001"
     assert sorted(p.name for p in results.glob("saved-*")) == ["saved-step-000001.json"]  # none after
     assert file_hashes(out / "step-000001") == json.loads((results / "saved-step-000001.json").read_text())
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no half-written folder
+    assert "Traceback" not in worker_output(output)  # the launcher's own report only
+
+
+@pytest.mark.slow
+def test_two_processes_a_bug_on_one_rank_gives_one_traceback_and_one_line(tmp_path):
+    """A RuntimeError on process 1 (a bug, not a NaN): that process prints its traceback and exits 1;
+    process 0 prints one line naming process 1 and its error and exits 1, instead of a second
+    traceback from a gloo collective whose peer had gone. Nothing is saved after the error."""
+    returncode, output, results, out = launch_two_processes(
+        tmp_path, "--steps", "3", "--save-every", "1", NAN_RANK="1", NAN_CALL="2", FAIL="error")
+    root, codes = launcher_report(output)
+    assert returncode == 1 and root == 1 and codes <= {1, -15}, output[-3000:]
+    assert ("PPO stopped: process 1 of 2 failed (RuntimeError: a bug on this process); this process stops "
+            "with it: read process 1's traceback") in output
+    workers = worker_output(output)
+    assert workers.count("Traceback (most recent call last)") == 1 and "[rank0]" not in workers
+    assert "Connection closed by peer" not in output
+    assert (out / "latest").read_text().strip() == "step-000001"
+
+
+@pytest.mark.slow
+def test_two_processes_a_bad_flag_is_one_line_and_exit_2_on_each(tmp_path):
+    """A flag no run can use is found by every process before any model is built: each prints the
+    usage error and exits 2 (the first to exit always prints: torchrun ends the others after it)."""
+    returncode, output, _, out = launch_two_processes(tmp_path, "--steps", "3", "--target-kl", "inf")
+    root, codes = launcher_report(output)
+    assert returncode == 1 and root == 2 and codes <= {2, -15}, output[-3000:]
+    assert 1 <= output.count("error: --target-kl must be a finite number > 0, got inf") <= 2
+    assert "Traceback" not in worker_output(output)
+    assert not out.exists()
 
 
 class PeerStub:
@@ -188,7 +251,7 @@ def test_the_vote_stops_a_process_that_saw_nothing_when_its_peer_saw_a_nan(monke
     from rlhf_helpers.ppo.guards import collective_stop
 
     peer = PeerStub("policy loss has 1 NaN/inf value(s) at PPO step 4")
-    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + [peer.peer_message])
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + [(True, peer.peer_message)])
     with pytest.raises(NonFiniteError, match=r"^policy loss has 1 NaN/inf value\(s\) at PPO step 4 "
                                              r"\[process 1 of 2; every process stops\]$"):
         with collective_stop(peer):
@@ -202,3 +265,23 @@ def test_the_vote_stops_a_process_that_saw_nothing_when_its_peer_saw_a_nan(monke
             raise NonFiniteError("mine")
     with pytest.raises(NonFiniteError, match="^alone$"), collective_stop(None):  # one process: as raised
         raise NonFiniteError("alone")
+
+
+def test_the_vote_ends_the_peers_of_a_process_that_met_a_bug(monkeypatch):
+    """A non-NaN error (a bug) on one process wins over a NaN elsewhere: the process that met it re-raises
+    its own error (its traceback is the one to read), the others raise PeerProcessFailed naming it."""
+    import accelerate.utils
+
+    from rlhf_helpers.ppo.guards import PeerProcessFailed, collective_stop
+
+    report = [(False, "RuntimeError: out of cheese")]
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: mine + report)
+    with pytest.raises(PeerProcessFailed, match=r"^process 1 of 2 failed \(RuntimeError: out of cheese\); "
+                                                r"this process stops with it: read process 1's traceback$"):
+        with collective_stop(PeerStub("its bug")):
+            raise NonFiniteError("a NaN here too")
+    report[:] = [(True, "a NaN there")]
+    with pytest.raises(KeyError, match="mine"), collective_stop(PeerStub("a NaN there")):
+        raise KeyError("mine")
+    with pytest.raises(KeyError, match="alone"), collective_stop(None):  # one process: as raised
+        raise KeyError("alone")

@@ -4,7 +4,7 @@
 
 Runs `python -m rlhf_helpers.stages.train_ppo`'s `main` with an untrained reward adapter (no reward-model
 training), and, on the process whose rank is $NAN_RANK only, makes the reward-model scores NaN at
-its $NAN_CALL-th reward pass (1-based). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a
+its $NAN_CALL-th reward pass (1-based); with $FAIL=error it raises a RuntimeError there instead (a bug). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a
 hung run can be ended) and {"rank", "exit", "num_processes"} to $RESULTS_DIR/rank-<rank>.json
 before it exits; process 0 writes the sha256 of every file of each
 checkpoint it saves to $RESULTS_DIR/saved-<step>.json.
@@ -38,6 +38,8 @@ def main() -> int:
         calls.append(1)
         scores = real_scores(self, *args, **kwargs)
         bad = rank == int(os.environ.get("NAN_RANK", "-1")) and len(calls) == int(os.environ["NAN_CALL"])
+        if bad and os.environ.get("FAIL") == "error":
+            raise RuntimeError("a bug on this process")
         return scores * math.nan if bad else scores
 
     SharedLoRAModel.reward_scores = scores_nan_on_one_rank

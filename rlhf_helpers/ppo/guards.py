@@ -68,11 +68,26 @@ def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int
                              "before this step is intact)")
 
 
-def agree_to_stop(accelerator: Any, error: NonFiniteError | None) -> None:
+class PeerProcessFailed(RuntimeError):
+    """Another process of a multi-process run met an unexpected error: this one stops with it.
+
+    The process that met the error re-raises it (its traceback is the one to read); the others raise
+    this, whose message names that process and its error, so the launcher's log holds one traceback.
+    """
+
+
+def describe(error: BaseException) -> str:
+    """What a process reports to the others in the vote: the message of a NaN stop, else type: message."""
+    return str(error) if isinstance(error, NonFiniteError) else f"{type(error).__name__}: {error}"
+
+
+def agree_to_stop(accelerator: Any, error: Exception | None) -> None:
     """The collective decision: raise on every process if any process brings an error (else return).
 
     One gathered flag per call; the messages are gathered only when some process wants to stop, so
-    a process that saw nothing can report what another one saw. Identity on one process.
+    a process that saw nothing can report what another one saw. A NaN/inf anywhere stops every
+    process with NonFiniteStop. Any other error wins over it: the process that met it raises its own
+    error, the others PeerProcessFailed. Identity on one process.
     """
     if accelerator is None or accelerator.num_processes == 1:
         if error is not None:
@@ -86,24 +101,39 @@ def agree_to_stop(accelerator: Any, error: NonFiniteError | None) -> None:
     bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
     if not bad:
         return
-    messages = gather_object([None if error is None else str(error)])  # one per process, in rank order
+    # one (is it a NaN stop?, message) per process, in rank order; None where the process saw nothing
+    reports = gather_object([None if error is None else (isinstance(error, NonFiniteError), describe(error))])
+    where = f"of {accelerator.num_processes}"
+    failed = [rank for rank in bad if not reports[rank][0]]
+    if failed:
+        if error is not None and not isinstance(error, NonFiniteError):
+            error.stopped_its_peers = True  # type: ignore[attr-defined]  # see stopped_its_peers()
+            raise error
+        raise PeerProcessFailed(f"process {failed[0]} {where} failed ({reports[failed[0]][1]}); this "
+                                f"process stops with it: read process {failed[0]}'s traceback")
     if error is not None:
-        raise NonFiniteStop(f"{error} [process {accelerator.process_index} of "
-                             f"{accelerator.num_processes}; every process stops]")
-    raise NonFiniteStop(f"{messages[bad[0]]} [process {bad[0]} of {accelerator.num_processes}; "
-                         "every process stops]")
+        raise NonFiniteStop(f"{error} [process {accelerator.process_index} {where}; every process stops]")
+    raise NonFiniteStop(f"{reports[bad[0]][1]} [process {bad[0]} {where}; every process stops]")
+
+
+def stopped_its_peers(error: BaseException) -> bool:
+    """True for an error that a vote reported to the other processes: they raised PeerProcessFailed and
+    are printing their line, so the process that met it can meet them at a barrier before it exits."""
+    return bool(getattr(error, "stopped_its_peers", False))
 
 
 @contextmanager
 def collective_stop(accelerator: Any) -> Iterator[None]:
-    """Run the block on every process, then vote: a NonFiniteError on any process stops all of them.
+    """Run the block on every process, then vote: an error on any process stops all of them.
 
     Put one around each stretch of local work that ends in a collective operation (gradient
-    all-reduce, metric reduction) or in a checkpoint save.
+    all-reduce, metric reduction) or in a checkpoint save. A NaN/inf stops every process with the
+    same NonFiniteStop; any other error is re-raised where it happened and ends the others with
+    PeerProcessFailed, instead of a second traceback from a peer that left the collective.
     """
-    error: NonFiniteError | None = None
+    error: Exception | None = None
     try:
         yield
-    except NonFiniteError as caught:  # a NonFiniteStop, or the maths core's own check
+    except Exception as caught:  # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
         error = caught
     agree_to_stop(accelerator, error)

@@ -44,6 +44,7 @@ import dataclasses
 import json
 import math
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from rlhf_helpers.ppo.checkpoint import (
     resolve_latest,
 )
 from rlhf_helpers.ppo.config import MAX_SEED, PPOConfig
+from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
@@ -81,6 +83,8 @@ from rlhf_helpers.stages.setup_checks import (
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world.scorer import hidden_scores
 
+#: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
+EXIT_PEER_FAILED = 1
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
 #: Exit status of a run stopped because a checkpoint, metrics.jsonl or curves.html could not be written.
@@ -288,6 +292,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         status = "stopped"
         if is_main:
             print(f"PPO stopped: {error}", file=sys.stderr)
+    except PeerProcessFailed as error:  # another process met an unexpected error and prints its traceback
+        print(f"PPO stopped: {error}", file=sys.stderr, flush=True)
+        accelerator.wait_for_everyone()  # that process waits here too: neither exits before the other printed
+        raise SystemExit(EXIT_PEER_FAILED) from None
     except CheckpointSaveError as error:
         status = "write failed"
         print(f"PPO stopped: {error}", file=sys.stderr)
@@ -295,6 +303,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # only this (main) process saves: the others wait in the next collective, so leave now and
             # let the launcher stop them rather than meet them at a barrier they never reach
             raise SystemExit(EXIT_WRITE_FAILED) from None
+    except Exception as error:
+        if not stopped_its_peers(error):
+            raise
+        # the others raised PeerProcessFailed and print their line: print ours, then leave together,
+        # so the launcher (which ends the rest once one exits) cuts neither
+        traceback.print_exc()
+        sys.stderr.flush()
+        accelerator.wait_for_everyone()
+        raise SystemExit(EXIT_PEER_FAILED) from None
     if is_main:
         try:
             write_curves(trainer.history, output_dir / CURVES_FILE)
@@ -302,20 +319,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             status = "write failed"
             print(f"could not write {output_dir / CURVES_FILE}: {disk_problem(error, output_dir)} "
                   f"(metrics.jsonl holds the same numbers)", file=sys.stderr)
-    summary = {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
-               "checkpoint": str(latest_checkpoint(output_dir)),
-               "last_metrics": trainer.history[-1] if trainer.history else {}}
-    accelerator.wait_for_everyone()
-    return summary
+    accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
+    return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
+            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": is_main,
+            "last_metrics": trainer.history[-1] if trainer.history else {}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = run(parse_args(argv))
     except SetupError as error:  # one line, as argparse prints its usage errors
+        # every process prints it: under a launcher the first to exit has the others ended (SIGTERM)
         print(f"{PROG}: error: {error.message}", file=sys.stderr)
         raise
-    print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}))
+    if summary.pop("is_main_process"):
+        print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no process exits (and has the launcher end the others) before that line
     return {"stopped": EXIT_NON_FINITE, "write failed": EXIT_WRITE_FAILED}.get(summary["status"], 0)
 
 
