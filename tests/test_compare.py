@@ -110,6 +110,14 @@ def test_reward_function_scores_what_ppo_scores(profile):
     assert reward_fn.samples_scored == 12
     with pytest.raises(ValueError, match="one entry per completion"):
         reward_fn.score(prompts[:2], completion_ids[:1])
+    vocab = len(tokenizer)
+    for bad_id in (vocab, -1):  # an IndexError deep in the embedding before
+        with pytest.raises(ValueError, match=rf"completion_ids\[1\] holds the token id {bad_id}, outside the "
+                                             rf"model's vocabulary \[0, {vocab}\)"):
+            reward_fn.score(prompts[:2], [completion_ids[0], [3, bad_id]])
+    with pytest.raises(ValueError, match=r"completion_ids\[0\] must hold integer token ids, got torch.float32"):
+        reward_fn.score(prompts[:1], [[1.5]])
+    assert reward_fn.samples_scored == 12  # nothing scored by the refused calls
 
 
 def test_grpo_trainer_advantages_equal_grpo_advantages(grpo_run):

@@ -135,3 +135,36 @@ def test_group_rewards_takes_numpy_sizes_and_refuses_an_empty_batch():
     assert torch.equal(group_rewards(flat, np.int64(3)), flat.view(2, 3))
     with pytest.raises(ValueError, match="rewards"):
         group_rewards(torch.zeros(0), 2)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_rewards_near_the_float32_limit_give_the_loop_answer_not_inf(rewards, scale):
+    """float32 rewards of 1e38 overflow a group's sum (4e38 > 3.4e38): the advantages must still be the
+    loop's (computed in Python floats, float64, where nothing overflows). Tolerance: the result is
+    float32 (rounding 6e-8 relative) and the rescaled path adds a division and a multiplication by
+    max|r|, each within one float32 rounding, so 1e-6 relative is well above it on any CPU."""
+    big = (rewards / rewards.abs().max() * 1e38).float()  # (5, 4) within [-1e38, 1e38]
+    big[0] = 1e38  # a tied group at the limit: advantages 0
+    rows = big.double().tolist()
+    for name, got, expected in (
+            ("rloo", rloo_advantages(big), _rloo_loop(rows)),
+            ("grpo", grpo_advantages(big, scale=scale), _grpo_loop(rows, scale))):
+        expected = torch.tensor(expected, dtype=torch.float64)
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item(),
+                                   msg=name)
+    assert (rloo_advantages(big)[0] == 0).all()
+
+
+def test_ordinary_rewards_keep_their_exact_rounding(rewards):
+    """The rescaled path runs only when the direct one overflowed: ordinary float32 rewards get the
+    direct formula bit for bit (notebook 07's numbers do not move)."""
+    r = rewards.float()
+    G = r.shape[1]
+    direct = r - (r.sum(dim=1, keepdim=True) - r) / (G - 1)  # (5, 4)
+    assert torch.equal(rloo_advantages(r), direct)
+
+
+def test_advantages_beyond_the_float_range_are_refused():
+    with pytest.raises(ValueError, match=r"rloo_advantages: the advantages of rewards as large as 3e\+38 exceed"):
+        rloo_advantages(torch.tensor([[3e38, -3e38]]))  # the true answer, +-6e38, is not a float32

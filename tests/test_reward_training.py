@@ -35,10 +35,35 @@ def test_training_writes_adapter_and_head_and_reports_metrics(trained):
     _, out, metrics, eval_pairs = trained
     for name in ("adapter_config.json", "adapter_model.safetensors", "score_head.safetensors"):
         assert (out / name).is_file()
-    assert metrics["n_pairs"] == len(eval_pairs) and metrics["train_pairs"] == 96
+    assert metrics["n_pairs"] == len(eval_pairs) and metrics["train_pairs"] == 96 == metrics["pairs_seen"]
     assert 0.0 <= metrics["pairwise_accuracy"] <= 1.0
     assert -1.0 <= metrics["score_hidden_correlation"] <= 1.0
     assert 0.5 < metrics["annotator_ceiling"] < 1.0
+
+
+def test_a_fraction_of_an_epoch_reports_the_pairs_it_saw(tmp_path):
+    """epochs=0.1 of 96 pairs in batches of 8 is ceil(0.1 * 12) = 2 steps: 16 pairs, not 96 (the report
+    said 96 before, the size of the data set, not what the trainer read)."""
+    from rlhf_helpers.runtime.data import load_preferences
+
+    profile = get_profile("tiny")
+    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96, epochs=0.1, batch_size=8)
+    metrics = rt.train_reward_model(profile, tmp_path, config, eval_pairs=load_preferences("test")[:8])
+    assert metrics["train_pairs"] == 16 == metrics["pairs_seen"]
+
+
+@pytest.mark.parametrize(("n", "batch", "steps", "expected"), [
+    (96, 8, 2, 16), (10, 4, 3, 10), (10, 4, 4, 14), (10, 4, 6, 20), (10, 4, 0, 0), (3, 8, 5, 15)])
+def test_pairs_seen_counts_the_short_last_batch_of_each_epoch(n, batch, steps, expected):
+    # a loop reference: batches of `batch`, the last of each epoch holding what is left
+    seen, step = 0, 0
+    while step < steps:
+        for start in range(0, n, batch):
+            if step == steps:
+                break
+            seen += min(batch, n - start)
+            step += 1
+    assert reward_model.pairs_seen(n, batch, steps) == seen == expected
 
 
 def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(trained):

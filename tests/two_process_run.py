@@ -2,12 +2,12 @@
 
     accelerate launch --multi_gpu --num_processes 2 ... tests/two_process_run.py --profile tiny ...
 
-Runs `python -m rlhf_helpers.stages.train_ppo`'s `main` with an untrained reward adapter (no reward-model
-training), and, on the process whose rank is $NAN_RANK only, makes the reward-model scores NaN at
-its $NAN_CALL-th reward pass (1-based); with $FAIL=error it raises a RuntimeError there instead (a bug). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a
-hung run can be ended) and {"rank", "exit", "num_processes"} to $RESULTS_DIR/rank-<rank>.json
-before it exits; process 0 writes the sha256 of every file of each
-checkpoint it saves to $RESULTS_DIR/saved-<step>.json.
+Runs `python -m rlhf_helpers.stages.train_ppo`'s `main` with an untrained reward adapter (no
+reward-model training), and, on the process whose rank is $NAN_RANK only, makes the reward-model
+scores NaN at its $NAN_CALL-th reward pass (1-based); with $FAIL=error it raises a RuntimeError
+there instead (a bug). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a hung run can
+be ended) and {"rank", "exit", "num_processes"} to $RESULTS_DIR/rank-<rank>.json before it exits;
+process 0 writes the sha256 of every file of each checkpoint it saves to $RESULTS_DIR/saved-<step>.json.
 """
 
 from __future__ import annotations

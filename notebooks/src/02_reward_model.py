@@ -376,7 +376,8 @@ was_cached = is_cached_reward_model(profile, reward_config)
 print("loading the cached reward adapter" if was_cached else "training the reward adapter (TRL RewardTrainer)...")
 reward_dir = ensure_reward_model(profile, reward_config)
 stored = reward_metrics(reward_dir)
-print(f"reward adapter in {reward_dir}; trained on {stored['train_pairs']:.0f} pairs in {stored['train_seconds']:.0f} s")
+print(f"reward adapter in {reward_dir}; trained on {stored['train_pairs']:.0f} distinct pairs "
+      f"({stored.get('pairs_seen', stored['train_pairs']):.0f} pair passes) in {stored['train_seconds']:.0f} s")
 
 tokenizer = load_tokenizer(profile)
 reward_model = PeftModel.from_pretrained(load_sequence_classifier(profile, num_labels=1), str(reward_dir)).eval()

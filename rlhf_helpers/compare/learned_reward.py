@@ -42,13 +42,22 @@ class LearnedRewardFunction:
                              "have one entry per completion")
         if any(len(ids) == 0 for ids in completion_ids):
             raise ValueError("completion_ids holds an empty completion: every response has at least one token")
+        vocab = self.model.lm.get_input_embeddings().num_embeddings
+        rows = [torch.as_tensor(list(ids)) for ids in completion_ids]  # (R_i,) each
+        for row, ids in enumerate(rows):
+            if ids.dtype in (torch.bool, torch.uint8) or ids.is_floating_point() or ids.is_complex():
+                raise ValueError(f"completion_ids[{row}] must hold integer token ids, got {ids.dtype}")
+            outside = ids[(ids < 0) | (ids >= vocab)]
+            if len(outside):
+                raise ValueError(f"completion_ids[{row}] holds the token id {int(outside[0])}, outside the "
+                                 f"model's vocabulary [0, {vocab})")
         device = self.model.device
         prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts, self.max_prompt_length, device)  # (B, P)
         width = max(len(ids) for ids in completion_ids)
         response = torch.full((len(prompts), width), self.model.pad_token_id, dtype=torch.long)  # (B, R)
         response_mask = torch.zeros(len(prompts), width, dtype=torch.long)  # (B, R) 1 on real tokens
-        for row, ids in enumerate(completion_ids):
-            response[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        for row, ids in enumerate(rows):
+            response[row, : len(ids)] = ids.long()
             response_mask[row, : len(ids)] = 1
         input_ids = torch.cat([prompt_ids, response.to(device)], dim=1)  # (B, P + R)
         attention_mask = torch.cat([prompt_mask, response_mask.to(device)], dim=1)  # (B, P + R)

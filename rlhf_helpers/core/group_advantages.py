@@ -46,6 +46,22 @@ def _check_group_rewards(rewards: torch.Tensor) -> None:
                          f"compare with), got shape {tuple(rewards.shape)}")
 
 
+def _without_overflow(advantages, rewards: torch.Tensor, name: str) -> torch.Tensor:
+    """advantages(r, unit) of rewards = r * unit, computed as given (unit 1); only when a sum or a
+    square overflowed on rewards near the float limit (1e38 in float32), again on rewards / max|r|,
+    so that ordinary rewards keep their exact rounding. An answer that itself exceeds the float range
+    is refused rather than returned as inf."""
+    result = advantages(rewards, 1.0)  # (N, G)
+    if bool(torch.isfinite(result).all()):
+        return result
+    unit = float(rewards.abs().max())
+    result = advantages(rewards / unit, unit)  # (N, G)
+    if not bool(torch.isfinite(result).all()):
+        raise ValueError(f"{name}: the advantages of rewards as large as {unit:.3g} exceed the range of "
+                         f"{rewards.dtype}; scale the rewards down")
+    return result
+
+
 def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N, G)."""
     check_ndim("rewards", rewards, 1, "(N * G,)")
@@ -65,8 +81,13 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """
     _check_group_rewards(rewards)
     G = rewards.shape[1]
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)  # (N, G) baseline of each response
-    return rewards - others_mean  # (N, G)
+
+    def leave_one_out(r: torch.Tensor) -> torch.Tensor:
+        others_mean = (r.sum(dim=1, keepdim=True) - r) / (G - 1)  # (N, G) baseline of each response
+        return r - others_mean  # (N, G)
+
+    # linear in r: rewards near the float limit are scaled down only when the sum would overflow
+    return _without_overflow(lambda r, scale: leave_one_out(r) * scale, rewards, "rloo_advantages")
 
 
 def grpo_advantages(rewards: torch.Tensor, scale: str = "group", eps: float = GRPO_EPS) -> torch.Tensor:
@@ -79,8 +100,13 @@ def grpo_advantages(rewards: torch.Tensor, scale: str = "group", eps: float = GR
     if scale not in GRPO_SCALES:
         raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}")
     check_positive("eps", eps)
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G)
-    if scale == "none":
-        return centred
-    std = rewards.std(dim=1, keepdim=True) if scale == "group" else rewards.std()  # (N, 1) or ()
-    return centred / (std + eps)  # (N, G)
+
+    def normalised(r: torch.Tensor, unit: float) -> torch.Tensor:
+        """Of r = rewards / unit: c*unit / (std*unit + eps) = c / (std + eps/unit), so eps scales too."""
+        centred = r - r.mean(dim=1, keepdim=True)  # (N, G)
+        if scale == "none":
+            return centred * unit
+        std = r.std(dim=1, keepdim=True) if scale == "group" else r.std()  # (N, 1) or ()
+        return centred / (std + eps / unit)  # (N, G)
+
+    return _without_overflow(normalised, rewards, "grpo_advantages")

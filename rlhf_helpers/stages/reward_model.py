@@ -188,5 +188,15 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
         raise RuntimeError(f"peft did not write {ADAPTER_WEIGHTS_FILE} into {output_dir}")
     metrics = evaluate_reward_model(model, tokenizer, eval_pairs)
     metrics["train_seconds"] = seconds
-    metrics["train_pairs"] = float(len(train_pairs))
+    seen = pairs_seen(len(train_pairs), config.batch_size, trainer.state.global_step)
+    metrics["train_pairs"] = float(min(seen, len(train_pairs)))  # distinct pairs: epochs < 1 sees some
+    metrics["pairs_seen"] = float(seen)  # with repeats: epochs x pairs
     return metrics
+
+
+def pairs_seen(n_pairs: int, batch_size: int, steps: int) -> int:
+    """Pairs the reward trainer processed in `steps` optimiser steps (one batch each, no accumulation):
+    every epoch is ceil(n / batch) batches, its last one holding the remainder."""
+    per_epoch = -(-n_pairs // batch_size)
+    full_epochs, extra = divmod(steps, per_epoch)
+    return full_epochs * n_pairs + min(extra * batch_size, n_pairs)
