@@ -40,6 +40,20 @@ QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
+#: A solution that calls the library function its exercise teaches, per notebook and exercise number: the
+#: solutions run defines it after the exercise's check cell, runs the check again as "Shortcut n", and
+#: expects FAILED (the check hides that function), then restores the worked solution.
+SHORTCUTS: dict[str, dict[str, str]] = {
+    "03_gae": {
+        "1": "def last_token_index(mask):\n    return rlhf_helpers.last_token_index(mask)\n",
+        "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
+             "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
+        "3": "def masked_mean_scratch(x, mask):\n    return rlhf_helpers.masked_mean(x, mask)\n",
+    },
+}
+#: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
+NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {}
+_CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE | re.DOTALL)
 #: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}
 
@@ -91,6 +105,25 @@ def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return patched
 
 
+def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
+    """A copy where, after each check cell of an exercise in SHORTCUTS[stem], the shortcut replaces the
+    solution and the check runs again as "Shortcut n", then the worked solution is defined again."""
+    solutions = {number: code for cell in nb.cells if cell.cell_type == "markdown"
+                 for number, code in _SOLUTION.findall(cell.source)}
+    patched = nbformat.from_dict(nb)
+    cells = []
+    for cell in patched.cells:
+        cells.append(cell)
+        call = _CHECK_CALL.search(cell.source) if cell.cell_type == "code" else None
+        if call and call.group(1) in SHORTCUTS.get(stem, {}):
+            number = call.group(1)
+            rerun = call.group(0).replace(f'"Exercise {number} ', f'"Shortcut {number} ', 1)
+            cells.append(nbformat.v4.new_code_cell(SHORTCUTS[stem][number] + "\n\n" + rerun))
+            cells.append(nbformat.v4.new_code_cell(solutions[number]))
+    patched.cells = cells
+    return patched
+
+
 def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy that runs every cell, then every cell again, in one kernel."""
     doubled = nbformat.from_dict(nb)
@@ -127,14 +160,36 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(QUICK_PROFILE))  # the kernel inherits it
     shipped = nbformat.read(path, as_version=4)
     n_exercises = len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells)))
-    nb = run_twice(with_solutions(shipped))
+    nb = run_twice(with_shortcuts(with_solutions(shipped), path.stem))
     patched = tmp_path / path.name
     nbformat.write(nb, patched)
     executed = execute_notebook(patched, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
     lines = _CHECK_LINE.findall(_stdout(executed))
+    exercises = [(status, name) for status, name in lines if name.startswith("Exercise")]
+    shortcuts = [(status, name) for status, name in lines if name.startswith("Shortcut")]
     assert n_exercises > 0
-    assert len(lines) == 2 * n_exercises, lines  # every check, in both passes
-    assert all(status == EXERCISE_PASSED for status, _ in lines), lines
+    assert len(exercises) == 2 * n_exercises, lines  # every check, in both passes
+    assert all(status == EXERCISE_PASSED for status, _ in exercises), lines
+    # a solution that calls the library twin fails, every time, because the twin is hidden
+    assert len(shortcuts) == 2 * len(SHORTCUTS.get(path.stem, {})), lines
+    assert all(status == EXERCISE_FAILED for status, _ in shortcuts), lines
+    assert _stdout(executed).count("LibraryShortcut") >= len(shortcuts)
+
+
+def test_every_exercise_hides_its_library_twin_or_says_it_has_none():
+    """A check must not be passable by calling the library: each exercise_check passes `hidden=` and has a
+    shortcut that the solutions run proves is refused, or is listed in NO_LIBRARY_TWIN with a reason."""
+    for path in NOTEBOOKS:
+        source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        for call in re.finditer(r"^exercise_check\(\"Exercise (\d+) \(([^)]*)\)\"(.*?)\)\s*$", source,
+                                re.MULTILINE | re.DOTALL):
+            number, name, rest = call.groups()
+            exempt = NO_LIBRARY_TWIN.get(path.stem, {}).get(number)
+            if exempt:
+                assert "hidden=" not in rest and number not in SHORTCUTS.get(path.stem, {}), (path.stem, name)
+            else:
+                assert "hidden=" in rest, f"{path.stem} exercise {number} ({name}) hides nothing"
+                assert number in SHORTCUTS.get(path.stem, {}), f"{path.stem} exercise {number} has no shortcut"
 
 
 def test_course_has_notebooks():

@@ -55,7 +55,15 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 #
 # $k_1$ is unbiased but is negative whenever the sampled token is *more* likely under the reference; a
 # batch mean of $k_1$ can therefore be negative. $k_3$ is unbiased and never negative; $k_2$ is never
-# negative and slightly biased.
+# negative and biased (it matches the KL only to second order in $\log w$).
+#
+# **What to report.** These estimators exist for when only the sampled token's log-probs are at hand.
+# A PPO step has the full logits of the policy and the reference at every position anyway, so the
+# exact per-token KL, $\sum_v \pi(v \mid s_t)\,(\log\pi(v \mid s_t) - \log\pi_{\text{ref}}(v \mid s_t))$, costs
+# one more reduction; report it, or the $k_1$ sum (unbiased). $k_3$'s low variance holds only near the
+# reference: $w = \pi_{\text{ref}}/\pi$ is heavy-tailed once the policy has moved, and a rare token with
+# a large $w$ then dominates a batch's $k_3$ mean. The predict questions below measure both regimes;
+# notebook 06 shows it on a trained policy.
 
 # %%
 def kl_scratch(logprobs, ref_logprobs, kind="k1"):
@@ -117,9 +125,10 @@ kl_explorer
 #
 # <details><summary>Answer</summary>
 #
-# $k_1$ spreads the most and is negative for a sizeable share of 16-token batches (about 3 in 10 here),
-# although its mean is exact. $k_2$ and $k_3$ are never negative; $k_3$ has the tightest spread and
-# stays unbiased, which is why it is the usual choice to *report*.
+# $k_1$ spreads the most and is negative for a sizeable share of 16-token batches, although its mean is
+# exact. $k_2$ and $k_3$ are never negative, and here, close to the reference, $k_3$ has the tightest
+# spread while staying unbiased: that is why it is a common choice *inside a loss* (GRPO's KL term).
+# The cell after these questions prints the numbers.
 # </details>
 #
 # **3.** Drag it to 3 (a policy far from its reference). Does $k_2$ stay centred on the exact KL? Is $k_3$
@@ -128,9 +137,28 @@ kl_explorer
 # <details><summary>Answer</summary>
 #
 # No and no. $k_2$ agrees with the KL only to second order in $\log w$, so far from the reference it
-# overshoots (about 2.5 against an exact 1.5 here). $k_3$ stays unbiased, but its spread now exceeds
-# $k_1$'s: its low variance is a property of nearby policies.
+# overshoots. $k_3$ stays unbiased, but its spread now exceeds $k_1$'s: its low variance is a property
+# of nearby policies, and far from the reference a rare token with a large $w$ dominates a batch's
+# $k_3$ mean. This is why the course reports the exact KL (or the $k_1$ sum), never $k_3$.
 # </details>
+
+# %%
+# The answers above, computed with the explorer's own numbers (300 batches of 16 tokens each)
+answers = {}
+for shift in (0.5, 3.0):
+    result = kl_explorer.compute(shift=shift, n_samples=16, seed=0)
+    means = result["batch_means"]  # estimator -> (300,) batch means
+    answers[shift] = {k: (float(v.mean()), float(v.std()), float((v < 0).float().mean())) for k, v in means.items()}
+    print(f"shift {shift}: exact KL {result['exact']:.3f}")
+    for k, (mean, std, negative) in answers[shift].items():
+        print(f"   {k}: mean of batch means {mean:.3f}   spread (std) {std:.3f}   negative batches {negative:.0%}")
+near, far = answers[0.5], answers[3.0]
+assert near["k1"][2] > 0.1 and near["k2"][2] == near["k3"][2] == 0, "answer 2: k1 is negative in many batches"
+assert near["k3"][1] < near["k2"][1] < near["k1"][1], "answer 2: near the reference k1 spreads the most, k3 the least"
+assert far["k2"][0] > 1.2 * kl_explorer.compute(shift=3.0, n_samples=16, seed=0)["exact"], "answer 3: k2 overshoots"
+assert far["k3"][1] > far["k1"][1], "answer 3: far from the reference k3 spreads more than k1"
+print("k3's spread grows from", f"{near['k3'][1] / near['k1'][1]:.2f}x k1's near the reference to",
+      f"{far['k3'][1] / far['k1'][1]:.2f}x k1's far from it")
 
 # %% [markdown]
 # ### Shaping the rewards of a padded batch
@@ -179,12 +207,13 @@ def check_last_token_index():
     m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
     got = last_token_index(m)
     assert got.tolist() == [2, 0, 3], f"expected [2, 0, 3], got {got.tolist()}"
-    lengths = torch.randint(1, 9, (16,))
+    lengths = torch.randint(1, 9, (16,), generator=torch.Generator().manual_seed(4))
     random_mask = (torch.arange(8)[None, :] < lengths[:, None]).float()  # (16, 8), right-padded
-    torch.testing.assert_close(last_token_index(random_mask), rlhf_helpers.last_token_index(random_mask))
+    expected = [max(t for t in range(8) if row[t] == 1) for row in random_mask.tolist()]  # a loop over each row
+    assert last_token_index(random_mask).tolist() == expected
 
 
-exercise_check("Exercise 1 (last_token_index)", check_last_token_index)
+exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[rlhf_helpers.last_token_index])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -256,23 +285,13 @@ print("td_errors matches; returns == lambda-return built from n-step returns == 
 # ## 3. The reverse loop and the vectorised version
 #
 # The recursion $\hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}$ (with $\hat A = 0$ past the end) is how
-# trlx and most PPO code compute GAE: one backwards loop over $t$. `rlhf_helpers.gae_reference` is that
-# loop, one sample at a time; `rlhf_helpers.compute_gae` is the library's vectorised version. A third way,
-# from scratch here: the sum $\sum_l (\gamma\lambda)^l \delta_{t+l}$ is a matrix product with an upper
-# triangular discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$.
+# trlx and most PPO code compute GAE: one backwards loop over $t$, for the whole batch at once. You write
+# that loop in Exercise 2. `rlhf_helpers.gae_reference` is the same loop one sample at a time (the
+# library's reference); `rlhf_helpers.compute_gae` is its vectorised version. A third way, from scratch
+# here: the sum $\sum_l (\gamma\lambda)^l \delta_{t+l}$ is a matrix product with an upper triangular
+# discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$.
 
 # %%
-def gae_loop_scratch(rewards, values, mask, gamma, lam):
-    """Reverse loop: A_t = delta_t + gamma * lam * A_{t+1}."""
-    deltas = td_scratch(rewards, values, mask, gamma)  # (B, T)
-    advantages = torch.zeros_like(deltas)
-    running = torch.zeros(deltas.shape[0])  # (B,)
-    for t in reversed(range(deltas.shape[1])):
-        running = (deltas[:, t] + gamma * lam * running) * mask[:, t]
-        advantages[:, t] = running
-    return advantages, (advantages + values) * mask
-
-
 def gae_matrix_scratch(rewards, values, mask, gamma, lam):
     """A = delta @ D^T with D[t, u] = (gamma * lam)^(u - t) for u >= t."""
     T = rewards.shape[1]
@@ -292,18 +311,17 @@ rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
 values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
 for g, l in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
     ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, l)
-    for fn in (rlhf_helpers.compute_gae, gae_loop_scratch, gae_matrix_scratch):
+    for fn in (rlhf_helpers.compute_gae, gae_matrix_scratch):
         a, r = fn(rewards_big, values_big, mask_big, g, l)
         torch.testing.assert_close(a * mask_big, ref_a * mask_big)
         torch.testing.assert_close(r * mask_big, ref_r * mask_big)
-print("gae_reference == compute_gae == loop from scratch == matrix from scratch (3 settings of gamma, lambda)")
+print("gae_reference == compute_gae == matrix from scratch (3 settings of gamma, lambda)")
 
 # %%
 # How much the vectorised forms save on a PPO-sized batch (one run; timings on a shared CPU are noisy).
 rewards_t, values_t = torch.randn(64, 256), torch.randn(64, 256)
 mask_t = torch.ones(64, 256)
 for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference),
-                 ("loop over t, batched", gae_loop_scratch),
                  ("compute_gae", rlhf_helpers.compute_gae),
                  ("matrix from scratch", gae_matrix_scratch)]:
     repeats = 1 if fn is rlhf_helpers.gae_reference else 5  # the per-sample loop is slow
@@ -313,40 +331,69 @@ for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference)
     print(f"{name:<34} {(time.perf_counter() - start) / repeats * 1e3:8.2f} ms per call")
 
 # %% [markdown]
-# ### Exercise 2: GAE for one sequence
-# Write `gae_one(deltas, gamma, lam)` for a single unpadded sequence of TD errors (1-D tensor), returning
-# the advantages with a reverse loop.
+# ### Exercise 2: GAE on a padded batch
+# Write `gae_loop(rewards, values, mask, gamma, lam)`, the batched reverse loop, for a right-padded
+# (B, T) batch whose rows have different lengths. Return `(advantages, returns)`, both (B, T), with
+# $\text{returns} = \hat A + V$ and both 0 at padding. Three things the batch makes easy to get wrong:
+# - after a row's last real token $V = 0$: never bootstrap from whatever the padding holds;
+# - padding positions of `rewards` and `values` may hold anything (the check puts large values there);
+# - a row must not receive anything from its neighbours.
+#
+# $\lambda = 0$ must give the TD errors, and $\gamma = \lambda = 1$ the reward-to-go minus $V$. The
+# library's GAE functions are hidden while the check runs.
 
 # %%
 # EXERCISE 2
-def gae_one(deltas: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """A_t = sum_l (gamma lam)^l delta_{t+l} for a 1-D tensor of TD errors."""
+def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+             lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
     raise NotImplementedError
 
 
 # %%
-def check_gae_one():
-    d = torch.randn(7)
-    expected = torch.stack([sum((0.9 * 0.8) ** l * d[t + l] for l in range(7 - t)) for t in range(7)])
-    torch.testing.assert_close(gae_one(d, 0.9, 0.8), expected)
-    torch.testing.assert_close(gae_one(d, 0.9, 0.0), d)  # lambda = 0: TD errors themselves
+def check_gae_loop():
+    g = torch.Generator().manual_seed(7)
+    lengths = [5, 1, 8, 3]
+    mask_c = (torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]).double()  # (4, 8), right-padded
+    r = torch.randn(4, 8, generator=g, dtype=torch.float64) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
+    v = torch.randn(4, 8, generator=g, dtype=torch.float64) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
+    for gamma_c, lam_c in [(0.99, 0.95), (1.0, 0.0), (1.0, 1.0), (0.9, 0.5)]:
+        expected = torch.zeros(4, 8, dtype=torch.float64)  # one row at a time, its real tokens only
+        for i, n in enumerate(lengths):
+            delta = [r[i, t] + gamma_c * (v[i, t + 1] if t + 1 < n else 0.0) - v[i, t] for t in range(n)]
+            for t in range(n):
+                expected[i, t] = sum((gamma_c * lam_c) ** l * delta[t + l] for l in range(n - t))
+        advantages_c, returns_c = gae_loop(r, v, mask_c, gamma_c, lam_c)
+        assert advantages_c.shape == returns_c.shape == (4, 8), "both outputs are (B, T)"
+        torch.testing.assert_close(advantages_c, expected, msg=f"advantages, gamma={gamma_c}, lambda={lam_c}")
+        torch.testing.assert_close(returns_c, (expected + v) * mask_c, msg=f"returns, gamma={gamma_c}, lambda={lam_c}")
 
 
-exercise_check("Exercise 2 (gae_one)", check_gae_one)
+exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
+               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.gae_reference, rlhf_helpers.td_errors,
+                       gae_matrix_scratch, td_scratch, n_step_return, lambda_return])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
 #
 # ```python
-# def gae_one(deltas: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-#     """A_t = sum_l (gamma lam)^l delta_{t+l} for a 1-D tensor of TD errors."""
-#     advantages = torch.zeros_like(deltas)
-#     running = 0.0
-#     for t in reversed(range(len(deltas))):
-#         running = deltas[t] + gamma * lam * running
-#         advantages[t] = running
-#     return advantages
+# def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+#              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+#     """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
+#     B, T = rewards.shape
+#     advantages = torch.zeros_like(rewards)  # (B, T)
+#     running = torch.zeros(B, dtype=rewards.dtype)  # (B,): A_{t+1}, 0 past the end
+#     next_value = torch.zeros(B, dtype=rewards.dtype)  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(T)):
+#         real = mask[:, t]  # (B,)
+#         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         advantages[:, t] = running
+#         next_value = values[:, t] * real  # padding's value never reaches a real token
+#     return advantages, (advantages + values) * mask
 # ```
+# Multiplying by the mask inside the loop is what handles the ends: on padding both `running` and
+# `next_value` are 0, so a row's last real token sees $\hat A_{t+1} = 0$ and $V(s_{t+1}) = 0$.
 # </details>
 
 # %% [markdown]
@@ -449,8 +496,11 @@ print(f"lowest total error on this chain at lambda = {best_lam}")
 # $$\tilde A_t = \frac{\hat A_t - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, \qquad
 # \mu = \frac{\sum_t m_t \hat A_t}{\sum_t m_t}, \qquad \sigma^2 = \frac{\sum_t m_t (\hat A_t - \mu)^2}{\sum_t m_t - 1}$$
 #
-# where $m_t$ is the mask. Including the padding positions would pull $\mu$ towards 0 and shrink
-# $\sigma$, and the padded zeros would become non-zero "advantages" after the shift.
+# where $m_t$ is the mask. Including the padding positions pulls $\mu$ towards 0, and the padded zeros
+# become non-zero "advantages" after the shift. What they do to $\sigma$ depends on the batch: each zero
+# adds a squared deviation $(0 - \mu_{\text{all}})^2$, so when the real advantages sit far from 0
+# compared with their spread, the zeros **inflate** $\sigma$; when they are centred near 0, the zeros
+# add almost nothing but still count in $n$, and **shrink** it. The cell measures both cases.
 
 # %%
 def whiten_scratch(x, mask, eps=1e-8):
@@ -468,6 +518,17 @@ real = mask_big.bool()
 print(f"masked:   mean {white[real].mean():+.3f}  std {white[real].std():.3f}  max |value at padding| {white[~real].abs().max():.3f}")
 print(f"unmasked: mean {naive[real].mean():+.3f}  std {naive[real].std():.3f}  max |value at padding| {naive[~real].abs().max():.3f}")
 
+# sigma over the real tokens against sigma over every position (padding zeros included): for this batch,
+# and for the same advantages moved 3 of their own sigmas away from 0
+sigma_of_real = adv_big[real].std().item()
+effects = []
+for label, moved in (("this batch", adv_big * mask_big), ("moved by +3 sigma", (adv_big + 3 * sigma_of_real) * mask_big)):
+    sigma_real, sigma_all = moved[real].std().item(), moved.std().item()
+    effects.append("inflate" if sigma_all > sigma_real else "shrink")
+    print(f"{label:<18} sigma over real tokens {sigma_real:.3f}, with the padding zeros {sigma_all:.3f}: "
+          f"the zeros {effects[-1]} it")
+assert set(effects) == {"inflate", "shrink"}, "the text above promises one case of each"
+
 # %% [markdown]
 # ### Exercise 3: masked mean
 # Write `masked_mean_scratch(x, mask)`: the mean of `x` over the positions where `mask` is 1.
@@ -484,11 +545,15 @@ def check_masked_mean():
     x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     torch.testing.assert_close(masked_mean_scratch(x, m), torch.tensor(2.0))
-    torch.testing.assert_close(masked_mean_scratch(adv_big, mask_big),
-                               rlhf_helpers.masked_mean(adv_big, mask_big))
+    real_values = [a for row, keep in zip(adv_big.tolist(), mask_big.tolist(), strict=True)
+                   for a, k in zip(row, keep, strict=True) if k]  # a loop over the real tokens
+    expected = torch.tensor(sum(real_values) / len(real_values))
+    torch.testing.assert_close(masked_mean_scratch(adv_big, mask_big), expected)
 
 
-exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean)
+exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean,
+               hidden=[rlhf_helpers.masked_mean, rlhf_helpers.masked_sum, rlhf_helpers.masked_whiten,
+                       rlhf_helpers.masked_var, whiten_scratch])
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>

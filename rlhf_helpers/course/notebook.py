@@ -20,12 +20,14 @@ import importlib
 import inspect
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from rlhf_helpers import __version__
 from rlhf_helpers.course.colab_setup import install_course
+from rlhf_helpers.course.exercises import hidden_from_learner
 
 #: GitHub "owner/name" of the course repository.
 REPO_SLUG = "rlhf-course/rlhf-ppo-course"
@@ -185,16 +187,19 @@ def show_environment(print_table: bool = True) -> Environment:
 EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
 
 
-def exercise_check(name: str, check: Callable[[], None]) -> None:
+def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] = ()) -> None:
     """Run an exercise's `check` and print one line saying how it went; never raises.
 
     `check` runs the learner's code and asserts on it. A stub that still raises
     NotImplementedError prints "NOT DONE", a failed assertion or any other error prints "FAILED"
     with the message, so a notebook with unsolved exercises still runs top to bottom.
+    `hidden`: the library functions (or methods) the exercise teaches. While `check` runs they raise
+    LibraryShortcut wherever they are bound (course.exercises), so calling them fails the check.
     Returns None, so the cell shows only that line.
     """
     try:
-        check()
+        with hidden_from_learner(hidden, getattr(check, "__globals__", None)):
+            check()
     except NotImplementedError:
         print(f"{EXERCISE_TODO}  {name}: the stub still raises NotImplementedError; "
               "fill it in, or open the solution below.")
