@@ -50,6 +50,16 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
         "3": "def masked_mean_scratch(x, mask):\n    return rlhf_helpers.masked_mean(x, mask)\n",
     },
+    "05_full_ppo": {
+        "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"
+             "    return rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=beta)[0]\n",
+        "2": "def ppo_update(model, batch, policy_opt, value_opt, config, generator):\n"
+             "    library.update(batch, generator)\n"
+             "    return [(s['policy_loss'], s['value_loss']) for s in library.last_update_stats]\n",
+        "3": "def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps, per_sequence=False):\n"
+             "    return rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=eps)[0]\n",
+        "4": "def bon_kl(n):\n    return best_of_n_kl(n)\n",
+    },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
 NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {}
@@ -196,13 +206,14 @@ def test_course_has_notebooks():
     assert NOTEBOOKS, "notebooks/ holds no NN_topic.ipynb"
 
 
-def test_every_notebook_has_two_or_three_exercises_with_solutions():
+def test_every_notebook_has_two_to_four_exercises_with_solutions():
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         text = "\n".join(cell.source for cell in nb.cells)
         exercises = sorted(_EXERCISE.findall(text))
         solutions = sorted(number for number, _ in _SOLUTION.findall(text))
-        assert 2 <= len(exercises) <= 3, f"{path.name}: {len(exercises)} exercises"
+        assert 2 <= len(exercises) <= 4, f"{path.name}: {len(exercises)} exercises"
+        assert exercises == [str(n) for n in range(1, len(exercises) + 1)], f"{path.name}: numbered {exercises}"
         assert exercises == solutions, f"{path.name}: exercises {exercises} vs solutions {solutions}"
 
 

@@ -13,12 +13,50 @@
 #   memory saved against four separate models;
 # - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
 #   shaped rewards, advantages), and the whole computation for one sequence from scratch;
-# - PPO's update written from scratch (epochs, shuffled minibatches, ratio against the stored log-probs,
-#   clipped policy and value losses, one optimiser per adapter) and checked against the library's;
+# - PPO's update, **written by you** (epochs, shuffled minibatches, ratio against the stored log-probs,
+#   clipped policy and value losses, gradient clipping, one optimiser per adapter) and checked against
+#   the library's on the same batch;
 # - training with curves of the learned score, the hidden true score, KL, clip fraction, value loss and
 #   explained variance; samples before and after;
-# - **measured**: PPO against best-of-$n$ sampling at matched KL ($\log n - \frac{n-1}{n}$);
+# - **measured**: PPO against best-of-$n$ sampling at matched KL (at most $\log n - \frac{n-1}{n}$);
 # - saving the adapters atomically and loading them into a fresh model that gives the same log-probs.
+#
+# ### The whole loop on one screen
+#
+# ```text
+# inputs: SFT model (the base), reward adapter + score head (notebook 02), prompts
+# policy adapter θ and value adapter ψ on the base, B = 0: the policy starts as the reference
+# for iteration = 1 .. ppo_steps:
+#     # experience (no gradients), section 3
+#     x        ← rollout_batch_size prompts
+#     y        ← sample from π_θ(· | x)                          # temperature 1, stop at EOS
+#     logπ_old ← log π_θ(y_t | x, y_<t)      per token           # stored: the "old" policy
+#     logπ_ref ← same, every adapter off     per token           # the reference
+#     V_old    ← V_ψ(x, y_<t)                per token
+#     score    ← r_φ(x, y)                   per response        # read at the last real token
+#     r_t      ← −β (logπ_old − logπ_ref) + [t = last] · score   # Exercise 1
+#     Â, G^λ   ← GAE(r, V_old; γ, λ);  Â ← whiten(Â) over real tokens            # notebook 03
+#     # update, section 3 (Exercise 2)
+#     for epoch = 1 .. ppo_epochs:
+#         for each minibatch of a fresh shuffle:
+#             ρ   ← exp(log π_θ − logπ_old)
+#             θ   ← θ − η ∇ L^CLIP(ρ, Â; ε)           # clipped, masked mean; grad norm clipped
+#             ψ   ← ψ − η ∇ c_V L^V(V_ψ, V_old, G^λ; ε_V)
+#     β ← KL controller(β, measured KL)               # fixed by default
+# ```
+#
+# (Ouyang et al. 2022, section 3.5; Huang et al. 2024, "The N+ implementation details of RLHF with
+# PPO". Notation: notebooks/NOTATION.md.) The helpers the notebook calls, and where each was built:
+#
+# | helper | what it does | built in |
+# |---|---|---|
+# | `build_shared_model` | one base, the policy / value / reward adapters and two heads | section 2 here |
+# | `sample_responses` | left-padded prompts in, responses sampled to EOS, with the masks | this notebook |
+# | `collect_experience` | every line of the experience block above, batched | 03 (GAE, shaping), here |
+# | `rlhf_helpers.policy_loss`, `value_loss` | $L^{\text{CLIP}}$ and $L^V$ with masks | 04 |
+# | `PPOTrainer` | the loop: `step()` = experience + `update()`; `train()`, `evaluate()`, checkpoints | here |
+# | `hidden_scores`, `score_breakdown` | the world's true score, which no model sees | 02 |
+# | `best_of_n` | the no-training baseline of section 6 | here |
 
 # %% [setup]
 
@@ -80,11 +118,11 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # 1. sample prompts, generate responses with the policy (temperature 1, no top-k/top-p);
 # 2. score: $\text{score} = r_\phi(x, y)$; run the reference and value passes;
 # 3. shaped rewards $r_t = -\beta\,(\log\pi_\theta(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = \text{last}]\,\text{score}$;
-# 4. GAE: $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$, $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, $R_t = \hat A_t + V(s_t)$;
+# 4. GAE: $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$, $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, $G^\lambda_t = \hat A_t + V(s_t)$;
 # 5. several epochs of minibatch updates on this batch with the three losses
 #
 # $$L^{\text{CLIP}} = -\overline{\min(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\hat A_t)}, \qquad
-# L^{V} = \tfrac12\,\overline{\max\big((V_t - R_t)^2, (V^{\text{clip}}_t - R_t)^2\big)}, \qquad
+# L^{V} = \tfrac12\,\overline{\max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}, \qquad
 # L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})},$$
 #
 # with $\rho_t = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ and $\log\pi_{\text{old}}$ stored at
@@ -277,18 +315,19 @@ def sequence_table(batch, i):
         "shaped reward": batch.rewards[i, :n].tolist(),
         "advantage (whitened)": batch.advantages[i, :n].tolist(),
         "return": batch.returns[i, :n].tolist(),
-    })
+    }).round(4) + {"token": "", **dict.fromkeys(["logprob", "ref logprob", "kl (k1)", "value", "shaped reward",
+                                                  "advantage (whitened)", "return"], 0.0)}  # + 0.0: no "-0.0"
 
 
 row = 0
 print(f"prompt: {batch.prompts[row]!r}\nresponse: {batch.responses[row]!r}\nreward-model score: {batch.scores[row]:.3f}")
-display(sequence_table(batch, row).round(4))
+display(sequence_table(batch, row))
 
 # %% [markdown]
 # The fresh policy equals the reference, so every KL is 0 and the shaped reward is 0 except on the last
 # token (EOS), which carries the reward model's score. The freshly initialised critic predicts about 0
-# everywhere, so every $\delta_t$ is about 0 except the last, and with $\gamma = 1$ the return $n - 1 - t$
-# tokens before the end is about $\lambda^{n-1-t}\,\text{score}$: GAE's $\lambda$ fades the score
+# everywhere, so every $\delta_t$ is about 0 except the last, and with $\gamma = 1$ the return $|y| - 1 - t$
+# tokens before the end is about $\lambda^{|y|-1-t}\,\text{score}$: GAE's $\lambda$ fades the score
 # towards the start of the response until the critic learns to carry it.
 #
 # ### The same computation for one sequence, from scratch
@@ -296,8 +335,8 @@ display(sequence_table(batch, row).round(4))
 # Take one response alone, **without padding**, and recompute everything with plain forward passes and
 # the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
 #
-# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = n-1]\,\text{score},\qquad
-# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_n = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
+# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = |y|-1]\,\text{score},\qquad
+# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_{|y|} = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
 
 # %%
 def experience_one_sequence(model, batch, i, beta, gamma, lam):
@@ -345,117 +384,113 @@ torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
 print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
 
 # %% [markdown]
-# ### Exercise 1: the sequence KL of a batch
-# The KL that PPO reports (and that the best-of-$n$ comparison uses) is per **response**: the sum of
-# the per-token $k_1$ terms over its real tokens, $\mathrm{KL}_i = \sum_t m_{it}\,(\log\pi(y_{it}) - \log\pi_{\text{ref}}(y_{it}))$.
-# Write `sequence_kl(logprobs, ref_logprobs, mask)` returning one value per response, shape (B,).
-# Padding positions may hold anything, even NaN: they must not change the result.
+# ### Exercise 1: the shaped per-token reward
+# Write `shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)`, step 3 of the loop for a whole
+# batch: the $k_1$ penalty on **every** real token and the score added on the **last real** token,
+#
+# $$r_{it} = -\beta\, m_{it}\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i,
+# \qquad \ell_i = \text{index of the last real token of row } i,$$
+#
+# (B,) scores and (B, R) tensors in, (B, R) out, 0 at padding. Responses end at different columns, and
+# padding positions may hold anything, even NaN. The library's reward-shaping functions are hidden while
+# the check runs; it compares with a loop over the real tokens, then with the batch PPO just made.
 
 # %%
 # EXERCISE 1
-def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t mask * (logprobs - ref_logprobs) per row: (B, R) inputs -> (B,)."""
+def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+                   beta: float) -> torch.Tensor:
+    """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
     raise NotImplementedError
 
 
 # %%
-def check_sequence_kl():
+def check_shaped_rewards():
     g = torch.Generator().manual_seed(5)
-    logp = -torch.rand(4, 6, generator=g) * 3  # (B, R)
-    ref = logp + 0.5 * torch.randn(4, 6, generator=g)  # (B, R)
-    mask = (torch.arange(6)[None, :] < torch.tensor([6, 3, 1, 4])[:, None]).float()  # (B, R)
+    lengths = [6, 3, 1, 4]
+    mask_c = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).float()  # (4, 6)
+    logp = -torch.rand(4, 6, generator=g) * 3  # (4, 6)
+    ref = logp + 0.5 * torch.randn(4, 6, generator=g)  # (4, 6)
     ref[1, 3:] = float("nan")  # padding may hold garbage: it must not leak in
-    logp_l, ref_l, mask_l = logp.tolist(), ref.tolist(), mask.tolist()
-    expected = torch.tensor([sum(a - b for a, b, k in zip(logp_l[r], ref_l[r], mask_l[r], strict=True) if k)
-                             for r in range(4)])  # a plain loop over the real tokens
-    got = sequence_kl(logp, ref, mask)
-    assert got.shape == (4,), f"expected shape (4,), got {tuple(got.shape)}"
+    scores_c = torch.tensor([1.5, -2.0, 0.7, 3.0])  # (4,)
+    expected = torch.zeros(4, 6)
+    for i, n in enumerate(lengths):  # one row at a time, its real tokens only
+        for t in range(n):
+            expected[i, t] = -0.1 * (logp[i, t] - ref[i, t]) + (scores_c[i] if t == n - 1 else 0.0)
+    got = shaped_rewards(scores_c, logp, ref, mask_c, 0.1)
+    assert got.shape == (4, 6), f"expected shape (4, 6), got {tuple(got.shape)}"
     torch.testing.assert_close(got, expected)
-    on_batch = sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.mask)
-    torch.testing.assert_close(on_batch, rlhf_helpers.masked_sum(batch.kl, batch.mask, dim=1))
+    on_batch = shaped_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, config.kl_coef)
+    torch.testing.assert_close(on_batch * batch.mask, batch.rewards * batch.mask, msg="the batch PPO made")
 
 
-exercise_check("Exercise 1 (sequence_kl)", check_sequence_kl)
+exercise_check("Exercise 1 (shaped_rewards)", check_shaped_rewards,
+               hidden=[rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate, rlhf_helpers.last_token_index,
+                       experience_one_sequence])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
 #
 # ```python
-# def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """sum_t mask * (logprobs - ref_logprobs) per row: (B, R) inputs -> (B,)."""
-#     diff = torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R)
-#     return diff.sum(dim=1)  # (B,)
+# def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+#                    beta: float) -> torch.Tensor:
+#     """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
+#     real = mask.bool()  # (B, R)
+#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
+#     rewards = -beta * k1  # (B, R)
+#     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
+#     rewards[torch.arange(len(scores)), last] += scores
+#     return rewards
 # ```
-# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN.)
+# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN. Putting the
+# score on the last *column* gives it to padding for every response shorter than the batch.)
 # </details>
 
 # %% [markdown]
-# ### PPO's update, from scratch
+# ### Exercise 2: PPO's update loop
 #
-# Experience in hand, the update is the part that learns. `PPOTrainer.update(batch)` runs, for every
-# one of `ppo_epochs` epochs, a fresh shuffle of the batch cut into minibatches, and for each minibatch
-# two optimiser steps, one per adapter (each chosen by name, notebook 05 section 2):
+# Experience in hand, the update is the part that learns, and now you write it. `PPOTrainer.update(batch)`
+# runs, for every one of `ppo_epochs` epochs, a fresh shuffle of the batch cut into minibatches, and
+# for each minibatch two optimiser steps, one per adapter (each chosen by name, section 2):
 #
-# - **policy** (policy adapter on): the ratio against the log-probs **stored at sampling time**, and
-#   the clipped loss of notebook 04,
+# - **policy** (policy adapter on, `model.policy_logprobs(seq, attn, P, temperature=...)`): the ratio
+#   against the log-probs **stored at sampling time**, and the clipped loss of notebook 04,
 #
 # $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
 # L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t};$$
 #
-# - **critic** (value adapter on): the clipped value loss around the rollout's values,
+# - **critic** (value adapter on, `model.values(seq, attn, P)`): the clipped value loss around the
+#   rollout's values, scaled by `config.vf_coef` before the backward pass,
 #
 # $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
-# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - R_t)^2, (V^{\text{clip}}_t - R_t)^2\big)}{\sum_t m_t};$$
+# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}{\sum_t m_t};$$
 #
-# - each step clips the gradient norm to `max_grad_norm` before the optimiser moves the adapter.
+# - each step clips the gradient norm of its adapter's parameters (`model.policy_parameters()`,
+#   `model.value_parameters()`) to `config.max_grad_norm` before the optimiser moves them.
 #
-# The advantages $\hat A_t$ and returns $R_t$ are fixed for the whole update: they came with the batch.
-# Below, the whole update in one function (the library adds an entropy bonus, the ptx loss and
-# several processes, all off here), then a check that it does exactly what `PPOTrainer.update` does.
-
-# %%
-def ppo_update_scratch(model, batch, policy_opt, value_opt, config, generator):
-    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
-    (policy loss, value loss) of every minibatch, in order."""
-    P, B, eps, eps_v = batch.context_length, len(batch), config.clip_eps, config.value_clip
-    losses = []
-    for epoch in range(config.ppo_epochs):
-        order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
-        for first in range(0, B, config.mini_batch_size):
-            rows = order[first : first + config.mini_batch_size]  # (b,)
-            seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
-            A, R, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
-            # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
-            logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
-            rho = torch.exp(logp.float() - batch.old_logprobs[rows])  # (b, R)
-            # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
-            surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
-            pg_loss = -(surrogate * m).sum() / m.sum()
-            policy_opt.zero_grad()
-            pg_loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
-            policy_opt.step()
-            # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-R)^2, (V^clip-R)^2)
-            V = model.values(seq, attn, P).float()  # (b, R)
-            V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
-            v_loss = 0.5 * (torch.max((V - R) ** 2, (V_clip - R) ** 2) * m).sum() / m.sum()
-            value_opt.zero_grad()
-            (config.vf_coef * v_loss).backward()
-            torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
-            value_opt.step()
-            losses.append((pg_loss.item(), v_loss.item()))
-    return losses
-
-
-# %% [markdown]
-# The check runs the library's update and this one from the same adapter weights on the same batch with
+# The advantages $\hat A_t$ and returns $G^\lambda_t$ are fixed for the whole update: they came with
+# the batch (`batch.advantages`, `batch.returns`, `batch.values`, `batch.old_logprobs`, `batch.mask`,
+# and `batch.sequences`, `batch.attention_mask`, `batch.context_length` for the forward passes). Shuffle
+# with `torch.randperm(B, generator=generator)` once per epoch, and take the minibatches in that order.
+# Return the (policy loss, value loss) of every minibatch, as floats, in order. The library adds an
+# entropy bonus, the ptx loss and several processes, all off here.
+#
+# The check runs the library's update and yours from the same adapter weights, on the same batch, with
 # the same shuffles. Both use plain SGD for it, with a step large enough to move the ratios out of the
 # clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float rounding
-# (the library cuts each minibatch to its real columns; this version does not) decides the direction
-# of a full-size step, and two correct implementations drift apart by far more than rounding. SGD
-# keeps every difference at the size of the rounding that caused it.
+# (the library cuts each minibatch to its real columns) decides the direction of a full-size step, and
+# two correct implementations drift apart by far more than rounding. SGD keeps every difference at the
+# size of the rounding that caused it. While your update runs, the library's update and losses are hidden.
 
 # %%
+# EXERCISE 2
+def ppo_update(model, batch, policy_opt, value_opt, config, generator) -> list[tuple[float, float]]:
+    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+    (policy loss, value loss) of every minibatch, in order."""
+    raise NotImplementedError
+
+
+# %%
+# The library's update on this batch, run once here (before the check hides it): the reference.
 trainable = model.policy_parameters() + model.value_parameters()
 start_weights = [p.detach().clone() for p in trainable]
 SGD_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
@@ -466,28 +501,83 @@ library.update(batch, torch.Generator().manual_seed(0))
 library_weights = [p.detach().clone() for p in trainable]
 library_losses = torch.tensor([(s["policy_loss"], s["value_loss"]) for s in library.last_update_stats])
 library_clipfrac = max(s["clipfrac"] for s in library.last_update_stats)
+moved = max((w - s0).abs().max().item() for w, s0 in zip(library_weights, start_weights, strict=True))
+print(f"library update: {len(library_losses)} minibatch steps per adapter, largest weight change {moved:.3f}, "
+      f"largest clip fraction {library_clipfrac:.2f}")
 
-with torch.no_grad():  # back to the start, then the scratch update
-    for param, weight in zip(trainable, start_weights, strict=True):
-        param.copy_(weight)
-scratch_losses = torch.tensor(ppo_update_scratch(
-    model, batch, torch.optim.SGD(model.policy_parameters(), lr=SGD_LR),
-    torch.optim.SGD(model.value_parameters(), lr=SGD_LR), config, torch.Generator().manual_seed(0)))
-# float32 rounding of two different column layouts, ~1e-7 relative per op, kept that size by SGD
-# (close_tolerance widens it to the rounding of bf16/fp16 when the gpu profile computes in those)
-update_tol = close_tolerance(profile.torch_dtype, atol=1e-5, rtol=1e-4)
-torch.testing.assert_close(scratch_losses, library_losses, **update_tol)
-for param, weight in zip(trainable, library_weights, strict=True):
-    torch.testing.assert_close(param.detach(), weight, **update_tol)
-moved = max((p.detach() - w).abs().max().item() for p, w in zip(trainable, start_weights, strict=True))
-print(f"{len(scratch_losses)} minibatch steps per adapter; largest weight change {moved:.3f}; largest clip "
-      f"fraction {library_clipfrac:.2f}: ppo_update_scratch == PPOTrainer.update (losses and weights)")
-with torch.no_grad():  # leave the model as it was: section 4 trains a fresh one anyway
-    for param, weight in zip(trainable, start_weights, strict=True):
-        param.copy_(weight)
+
+def restore_start_weights():
+    with torch.no_grad():
+        for param, weight in zip(trainable, start_weights, strict=True):
+            param.copy_(weight)
+
+
+# %%
+def check_ppo_update():
+    restore_start_weights()
+    try:
+        losses = ppo_update(model, batch, torch.optim.SGD(model.policy_parameters(), lr=SGD_LR),
+                            torch.optim.SGD(model.value_parameters(), lr=SGD_LR), config,
+                            torch.Generator().manual_seed(0))
+        got = torch.tensor(losses, dtype=torch.float32)  # (minibatches, 2)
+        assert got.shape == library_losses.shape, f"expected {tuple(library_losses.shape)} losses, got {tuple(got.shape)}"
+        # float32 rounding of two different column layouts, ~1e-7 relative per op, kept that size by SGD
+        # (close_tolerance widens it to the rounding of bf16/fp16 when the gpu profile computes in those)
+        tol = close_tolerance(profile.torch_dtype, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got, library_losses, **tol, msg="(policy loss, value loss) per minibatch")
+        for param, weight in zip(trainable, library_weights, strict=True):
+            torch.testing.assert_close(param.detach(), weight, **tol, msg="adapter weights after the update")
+    finally:
+        restore_start_weights()  # leave the model as it was: section 4 trains a fresh one anyway
+
+
+exercise_check("Exercise 2 (ppo_update)", check_ppo_update,
+               hidden=[PPOTrainer.update, rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
+                       rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
 
 # %% [markdown]
-# ### Exercise 2: the masked clipped loss, per token or per sequence
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def ppo_update(model, batch, policy_opt, value_opt, config, generator) -> list[tuple[float, float]]:
+#     """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+#     (policy loss, value loss) of every minibatch, in order."""
+#     P, B, eps, eps_v = batch.context_length, len(batch), config.clip_eps, config.value_clip
+#     losses = []
+#     for epoch in range(config.ppo_epochs):
+#         order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
+#         for first in range(0, B, config.mini_batch_size):
+#             rows = order[first : first + config.mini_batch_size]  # (b,)
+#             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+#             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+#             # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
+#             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
+#             rho = torch.exp(logp.float() - batch.old_logprobs[rows])  # (b, R)
+#             # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
+#             surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
+#             pg_loss = -(surrogate * m).sum() / m.sum()
+#             policy_opt.zero_grad()
+#             pg_loss.backward()
+#             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+#             policy_opt.step()
+#             # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-G)^2, (V^clip-G)^2)
+#             V = model.values(seq, attn, P).float()  # (b, R)
+#             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+#             v_loss = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
+#             value_opt.zero_grad()
+#             (config.vf_coef * v_loss).backward()
+#             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+#             value_opt.step()
+#             losses.append((pg_loss.item(), v_loss.item()))
+#     return losses
+# ```
+# The bugs this check catches: the ratio against the reference's log-probs instead of the stored ones
+# (notebook 06 (a)); one shuffle for all epochs; the mask left out of a mean; no value clip; the
+# gradient clipped over both adapters at once, or not at all.
+# </details>
+
+# %% [markdown]
+# ### Exercise 3: the masked clipped loss, per token or per sequence
 #
 # Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
 # eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar.
@@ -498,7 +588,7 @@ with torch.no_grad():  # leave the model as it was: section 4 trains a fresh one
 # Padding positions hold garbage (huge log-probs): they must not reach the result.
 
 # %%
-# EXERCISE 2
+# EXERCISE 3
 def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
@@ -514,20 +604,21 @@ def check_clipped_policy_loss():
     old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
     adv = torch.randn(5, 7, generator=g)  # (b, R)
     garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
-    token_mean = clipped_policy_loss(garbage, old, adv, mask, 0.2)
-    torch.testing.assert_close(token_mean, rlhf_helpers.policy_loss(logp, old, adv, mask, clip_eps=0.2)[0])
     per_row = []  # a plain loop over each response's real tokens
     for i, n in enumerate(lengths):
         rho = torch.exp(logp[i, :n] - old[i, :n])
-        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]).mean())
-    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=True),
-                               torch.stack(per_row).mean())
+        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]))  # (n,)
+    token_mean = torch.cat(per_row).mean()  # every real token of the minibatch weighs the same
+    sequence_mean = torch.stack([row.mean() for row in per_row]).mean()  # every response weighs the same
+    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2), token_mean)
+    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=True), sequence_mean)
 
 
-exercise_check("Exercise 2 (clipped_policy_loss)", check_clipped_policy_loss)
+exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
+               hidden=[rlhf_helpers.policy_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
 
 # %% [markdown]
-# <details><summary>Solution 2</summary>
+# <details><summary>Solution 3</summary>
 #
 # ```python
 # def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -542,8 +633,11 @@ exercise_check("Exercise 2 (clipped_policy_loss)", check_clipped_policy_loss)
 #     return -surrogate.sum() / mask.sum()
 # ```
 # Per token, a 40-token response counts 40 times as much as a 1-token one; per sequence, each response
-# counts once, so the tokens of short responses weigh more. Neither is wrong; they optimise slightly
-# different objectives (Dr. GRPO and DAPO discuss the length bias each one brings).
+# counts once, so each token of a response of length $|y_i|$ weighs $1/|y_i|$. Dr. GRPO (Liu et al. 2025)
+# names that a **response-length bias**: with a positive advantage, short responses get the larger
+# per-token push; with a negative one, long responses are penalised less per token, so wrong answers
+# drift longer. The token mean (this engine, TRL's default) or a constant normaliser (Dr. GRPO's
+# `max_length`) has no such bias; notebook 07 measures it.
 # </details>
 
 # %% [markdown]
@@ -661,10 +755,16 @@ print(f"preference pairs whose two responses differ in the genre term: {genre_pa
 # ## 6. Best-of-$n$: the baseline at matched KL
 #
 # Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
-# likes best. It moves the output distribution away from the SFT model too, by a KL known in closed
-# form (Stiennon et al. 2020, appendix G.3) when the rewards have no ties:
+# likes best. It moves the output distribution away from the SFT model too. The usual formula
+# (Stiennon et al. 2020, appendix G.3) is
 #
-# $$\mathrm{KL}(\pi_{\text{best-of-}n} \Vert \pi_{\text{SFT}}) = \log n - \frac{n-1}{n}.$$
+# $$\mathrm{KL}(\pi_{\text{best-of-}n} \Vert \pi_{\text{SFT}}) \le \log n - \frac{n-1}{n},$$
+#
+# an **upper bound** for any discrete distribution of responses (Beirami et al. 2024, "Theoretical
+# guarantees on the best-of-n alignment policy"). It is an equality only in the limit where no single
+# response has an appreciable probability; distinct rewards are not enough. Where the SFT model often
+# repeats a response (short, common answers), the true KL is smaller than the formula, so the
+# best-of-$n$ points below sit, if anything, too far to the right.
 #
 # So each $n$ is one point (KL, hidden score), and PPO's held-out evaluations during training are a curve
 # through the same plane. PPO is worth its cost where its curve lies above the best-of-$n$ points at the
@@ -710,28 +810,30 @@ print(f"PPO's hidden score peaked at step {int(peak_row['step'])} ({peak_row['hi
 # %% [markdown]
 # **The verdict** is the "at matched KL" line above: which of the two reaches the higher hidden score for
 # the same distance from the SFT model on this run. Gao et al. (2022) found at scale that RL is less
-# KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL), so expect
-# best-of-$n$ to be ahead at matched KL, and PPO to reach higher scores only by going further. What PPO buys is cost at inference:
+# KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL); the line
+# above says whether this small run agrees. Either way PPO can reach scores best-of-$n$ cannot at any
+# affordable $n$, by going further. What PPO buys is cost at inference:
 # best-of-$n$ samples and scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
 # And look at where PPO's hidden score peaked (printed last): if the learned score is still climbing
 # after that step while the hidden score sags, the policy is spending KL on what the reward model
 # over-rates, the start of the over-optimisation that notebook 06 measures.
 #
-# Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum of
-# Exercise 1), best-of-$n$'s is the formula; and the formula is an upper bound when rewards tie. With a
+# Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum over
+# each response), best-of-$n$'s is the formula, an upper bound (section 6). With a
 # longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps
 # rising while the hidden score bends down, the over-optimisation that notebook 06 measures.
 
 # %% [markdown]
-# ### Exercise 3: the best-of-$n$ KL
-# Write `bon_kl(n)`, the closed form above. The check also compares it with the **exact** KL of
-# best-of-$n$ on a categorical distribution with many equally likely outcomes and distinct rewards,
+# ### Exercise 4: the best-of-$n$ KL
+# Write `bon_kl(n)`, the bound above. The check compares it with the **exact** KL of best-of-$n$ on a
+# categorical distribution with many equally likely outcomes and distinct rewards (the limit where the
+# bound is tight),
 # where outcome $i$ (ranked by reward, CDF $F_i = i/K$) is picked with probability $F_i^n - F_{i-1}^n$.
 
 # %%
-# EXERCISE 3
+# EXERCISE 4
 def bon_kl(n: int) -> float:
-    """KL(best-of-n || base) in nats, for continuous (tie-free) rewards."""
+    """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
     raise NotImplementedError
 
 
@@ -743,17 +845,16 @@ def check_bon_kl():
         p_bon = F[1:] ** n - F[:-1] ** n  # (K,)
         exact = float((p_bon * torch.log(p_bon * K)).sum())
         assert abs(bon_kl(n) - exact) < 1e-3, f"n = {n}: {bon_kl(n):.5f} vs exact {exact:.5f}"
-        assert abs(bon_kl(n) - best_of_n_kl(n)) < 1e-12
 
 
-exercise_check("Exercise 3 (bon_kl)", check_bon_kl)
+exercise_check("Exercise 4 (bon_kl)", check_bon_kl, hidden=[best_of_n_kl])
 
 # %% [markdown]
-# <details><summary>Solution 3</summary>
+# <details><summary>Solution 4</summary>
 #
 # ```python
 # def bon_kl(n: int) -> float:
-#     """KL(best-of-n || base) in nats, for continuous (tie-free) rewards."""
+#     """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
 #     return math.log(n) - (n - 1) / n
 # ```
 # Derivation: with $u = F(y)$ uniform, best-of-$n$ has density $n u^{n-1}$, so the KL is
@@ -774,11 +875,31 @@ with torch.no_grad():
                                      last_batch.context_length).float()  # (B, R)
 real = last_batch.mask.bool()  # (B, R)
 batch_ratios = torch.exp(new_logp - last_batch.old_logprobs)[real]  # (N,) real tokens only
-outside = ((batch_ratios - 1).abs() > config.clip_eps).float().mean()
-print(f"{batch_ratios.numel()} ratios: min {batch_ratios.min():.3f}, max {batch_ratios.max():.3f}, "
-      f"outside [1 - eps, 1 + eps]: {outside:.1%}")
-clip_explorer = widgets.ClipExplorer(eps=config.clip_eps, ratios=batch_ratios,
-                                     ratio_range=(0.0, max(2.0, math.ceil(float(batch_ratios.max()) * 10) / 10 + 0.1)))
+batch_advantages = last_batch.advantages[real]  # (N,)
+eps = config.clip_eps
+outside = ((batch_ratios - 1).abs() > eps).float().mean().item()
+# the clip fraction (glossary, notebook 04): where the clipped term is the active one, i.e. the gradient is 0
+clipped = ((batch_advantages > 0) & (batch_ratios > 1 + eps)) | ((batch_advantages < 0) & (batch_ratios < 1 - eps))
+clip_fraction = clipped.float().mean().item()
+print(f"{batch_ratios.numel()} ratios: min {batch_ratios.min():.3f}, max {batch_ratios.max():.3f}")
+print(f"outside [1 - eps, 1 + eps]: {outside:.1%};  clip fraction with this batch's advantages: {clip_fraction:.1%}")
+assert clip_fraction <= outside, "a clipped token is always outside the band"
+
+# %% [markdown]
+# The clip fraction can only be the smaller of the two numbers. A ratio outside the band is clipped
+# only when the advantage's sign pushes it further out ($\hat A > 0$ above $1 + \epsilon$, $\hat A < 0$
+# below $1 - \epsilon$); a ratio outside the band whose advantage pulls it back keeps its full
+# gradient. The clip fraction (`clipfrac` in the curves and the glossary) counts only the first kind.
+# These ratios are measured after the update ended; each minibatch's logged `clipfrac` was measured
+# during it, against the weights of that moment.
+#
+# The explorer's x-axis stops at 3 so that the clip band stays readable; ratios beyond it are counted in
+# the rightmost bar (the printout says how many).
+
+# %%
+axis_end = min(3.0, max(2.0, math.ceil(float(batch_ratios.max()) * 10) / 10 + 0.1))
+print(f"ratios beyond the axis (> {axis_end}): {int((batch_ratios > axis_end).sum())}")
+clip_explorer = widgets.ClipExplorer(eps=eps, ratios=batch_ratios.clamp(max=axis_end), ratio_range=(0.0, axis_end))
 clip_explorer
 
 # %% [markdown]
@@ -824,7 +945,7 @@ print("after loading the checkpoint: same log-probs, values and reward scores")
 # - Experience: generate, score, reference and value passes, $r_t = -\beta\,\mathrm{KL}_t + [\text{last}]\,\text{score}$,
 #   GAE, whitening; recomputed for one unpadded sequence from scratch.
 # - Training curves: the learned and the hidden score, KL, clip fraction, value loss, explained variance.
-# - Best-of-$n$ moves $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
+# - Best-of-$n$ moves at most $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
 # - Checkpoints are written atomically; a fresh model loaded from one reproduces the trained log-probs.
 #
 # Next: notebook 06 pushes the policy further and watches the learned and the hidden reward part ways.
