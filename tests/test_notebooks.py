@@ -44,11 +44,33 @@ _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO
 #: solutions run defines it after the exercise's check cell, runs the check again as "Shortcut n", and
 #: expects FAILED (the check hides that function), then restores the worked solution.
 SHORTCUTS: dict[str, dict[str, str]] = {
+    "01_policy_gradients": {
+        "1": "def reward_to_go(rewards):\n    zeros, ones = torch.zeros_like(rewards), torch.ones_like(rewards)\n"
+             "    return rlhf_helpers.compute_gae(rewards, zeros, ones, 1.0, 1.0)[0]\n",
+        "2": "def td_advantage(rewards, values):\n"
+             "    return rlhf_helpers.td_errors(rewards, values, torch.ones_like(rewards), 1.0)\n",
+    },
+    "02_reward_model": {
+        "1": "def ceiling_from_scores(score_a, score_b, temperature):\n    return accuracy_ceiling("
+             "[preference_probability(a, b, temperature) for a, b in zip(score_a.tolist(), score_b.tolist())])\n",
+        "2": "def bt_loss(chosen_scores, rejected_scores):\n"
+             "    return rlhf_helpers.reward_model_loss(chosen_scores, rejected_scores)\n",
+        "3": "def last_real_index(attention_mask):\n"
+             "    return rlhf_helpers.last_token_index(attention_mask.flip(1).cummax(1).values.flip(1).float())\n",
+    },
     "03_gae": {
         "1": "def last_token_index(mask):\n    return rlhf_helpers.last_token_index(mask)\n",
         "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
              "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
         "3": "def masked_mean_scratch(x, mask):\n    return rlhf_helpers.masked_mean(x, mask)\n",
+    },
+    "04_clip_loss": {
+        "1": "def clipped_objective(ratio, adv, eps):\n    return rlhf_helpers.clipped_surrogate(ratio, adv, eps)\n",
+        "2": "def zero_gradient(ratio, adv, eps):\n    r = ratio.clone().requires_grad_(True)\n"
+             "    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, adv, eps).sum(), r)\n"
+             "    return g == 0\n",
+        "3": "def plain_value_loss(values, returns, mask):\n"
+             "    return rlhf_helpers.value_loss(values, values.detach(), returns, mask)[0]\n",
     },
     "05_full_ppo": {
         "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"
@@ -62,7 +84,10 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
-NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {}
+NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {
+    "01_policy_gradients": {"3": "rlhf_helpers has only sampled-token KL estimators, no full-distribution KL; "
+                                 "the check's reference is torch.distributions.kl_divergence"},
+}
 _CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE | re.DOTALL)
 #: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}

@@ -10,7 +10,8 @@
 # - the policy-gradient estimator $\nabla_\theta J = \mathbb{E}\left[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\,\Phi_t\right]$
 #   and four choices of $\Phi_t$, with the **measured** variance of each;
 # - actor-critic: replacing Monte-Carlo returns by a learned value function (PPO is an actor-critic);
-# - what an over-large step does to a policy, and why that leads to TRPO and then to PPO's clip.
+# - what an over-large step does to a policy, and why that leads to TRPO and then to PPO's clip;
+# - **measured**: many steps on one batch, with and without the clip.
 #
 # Everything here runs on a toy "language" small enough that the true values are computed exactly,
 # so every estimate can be compared with the truth.
@@ -72,9 +73,9 @@ torch.set_num_threads(1)
 
 # %%
 VOCAB = ["good", "fine", "bad", "!"]
-V = len(VOCAB)  # number of actions (words)
+N_WORDS = len(VOCAB)  # number of actions (words); V is the value function in this course
 T = 6  # sentence length
-START = V  # index of the "previous word" at t = 0
+START = N_WORDS  # index of the "previous word" at t = 0
 EXCLAIM = VOCAB.index("!")
 WORD_REWARD = torch.tensor([0.3, 0.1, -0.3, -0.2])  # w(a)
 FINAL_SCORE = 1.0
@@ -83,24 +84,24 @@ REPEAT_COST = 0.5
 
 def reward_table() -> torch.Tensor:
     """r[t, p, a]: reward of writing word a at position t after word p."""
-    r = WORD_REWARD.repeat(T, V + 1, 1)  # (T, V+1, V)
+    r = WORD_REWARD.repeat(T, N_WORDS + 1, 1)  # (T, N_WORDS+1, N_WORDS)
     r[T - 1, :, EXCLAIM] = FINAL_SCORE
-    r[:, torch.arange(V), torch.arange(V)] -= REPEAT_COST  # a == p
+    r[:, torch.arange(N_WORDS), torch.arange(N_WORDS)] -= REPEAT_COST  # a == p
     return r
 
 
-REWARD = reward_table()  # (T, V+1, V)
+REWARD = reward_table()  # (T, N_WORDS+1, N_WORDS)
 
 
 def sample(theta: torch.Tensor, n: int, generator: torch.Generator):
-    """Sample n sentences from the policy with logits theta (T, V+1, V).
+    """Sample n sentences from the policy with logits theta (T, N_WORDS+1, N_WORDS).
 
     Returns words (n, T), previous words (n, T) and per-token rewards (n, T).
     """
     prev = torch.full((n,), START)  # (n,)
     words, prevs, rewards = [], [], []
     for t in range(T):
-        probs = torch.softmax(theta[t, prev], dim=-1)  # (n, V)
+        probs = torch.softmax(theta[t, prev], dim=-1)  # (n, N_WORDS)
         word = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (n,)
         words.append(word)
         prevs.append(prev)
@@ -110,7 +111,7 @@ def sample(theta: torch.Tensor, n: int, generator: torch.Generator):
 
 
 gen = torch.Generator().manual_seed(0)
-uniform = torch.zeros(T, V + 1, V)  # logits of the uniform policy
+uniform = torch.zeros(T, N_WORDS + 1, N_WORDS)  # logits of the uniform policy
 words, prevs, rewards = sample(uniform, 3, gen)
 for row, r in zip(words, rewards):
     print(" ".join(VOCAB[i] for i in row), "  rewards:", [round(x, 1) for x in r.tolist()])
@@ -124,20 +125,20 @@ for row, r in zip(words, rewards):
 # $$\log \pi_\theta(a \mid s) = \theta[s, a] - \log \sum_{a'} e^{\theta[s, a']}.$$
 #
 # A language model is the same thing with the table replaced by a transformer. Gathering the
-# log-probability of the chosen token from a (B, T, V) logits tensor is the first helper of the course;
+# log-probability of the chosen token from a (B, T, vocab) logits tensor is the first helper of the course;
 # here it is from scratch, checked against `rlhf_helpers.logprobs_from_logits`.
 
 # %%
 def logprobs_scratch(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[label] at every position: (B, T, V), (B, T) -> (B, T)."""
+    """log softmax(logits)[label] at every position: (B, T, vocab), (B, T) -> (B, T)."""
     log_norm = torch.logsumexp(logits, dim=-1)  # (B, T)
     chosen = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
     return chosen - log_norm
 
 
-theta_random = torch.randn(T, V + 1, V)
+theta_random = torch.randn(T, N_WORDS + 1, N_WORDS)
 words, prevs, _ = sample(theta_random, 8, gen)
-logits = theta_random[torch.arange(T), prevs]  # (8, T, V): the logits the policy used at each step
+logits = theta_random[torch.arange(T), prevs]  # (8, T, N_WORDS): the logits the policy used at each step
 torch.testing.assert_close(logprobs_scratch(logits, words), rlhf_helpers.logprobs_from_logits(logits, words))
 print("logprobs_scratch matches rlhf_helpers.logprobs_from_logits")
 
@@ -154,13 +155,13 @@ print("logprobs_scratch matches rlhf_helpers.logprobs_from_logits")
 
 # %%
 def exact_values(theta: torch.Tensor):
-    """V (T, V+1) and Q (T, V+1, V) of the policy with logits theta."""
-    pi = torch.softmax(theta, dim=-1)  # (T, V+1, V)
-    v_next = torch.zeros(V + 1)  # V(T, .) = 0
+    """V (T, N_WORDS+1) and Q (T, N_WORDS+1, N_WORDS) of the policy with logits theta."""
+    pi = torch.softmax(theta, dim=-1)  # (T, N_WORDS+1, N_WORDS)
+    v_next = torch.zeros(N_WORDS + 1)  # V(T, .) = 0
     values, qs = [], []
     for t in reversed(range(T)):
-        q = REWARD[t] + v_next[:V]  # (V+1, V): the next state's previous word is a
-        v = (pi[t] * q).sum(-1)  # (V+1,)
+        q = REWARD[t] + v_next[:N_WORDS]  # (N_WORDS+1, N_WORDS): the next state's previous word is a
+        v = (pi[t] * q).sum(-1)  # (N_WORDS+1,)
         values.append(v)
         qs.append(q)
         v_next = v
@@ -175,10 +176,10 @@ def expected_return(theta: torch.Tensor) -> torch.Tensor:
 def exact_gradient(theta: torch.Tensor) -> torch.Tensor:
     theta = theta.detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(expected_return(theta), theta)
-    return grad  # (T, V+1, V)
+    return grad  # (T, N_WORDS+1, N_WORDS)
 
 
-best = torch.full((T, V + 1, V), -50.0)
+best = torch.full((T, N_WORDS + 1, N_WORDS), -50.0)
 best_sentence = [0, 1, 0, 1, 0, EXCLAIM]
 for t, word in enumerate(best_sentence):
     best[t, :, word] = 50.0
@@ -219,11 +220,11 @@ print(f"J(best sentence)  = {expected_return(best):.3f}")
 
 # %%
 def per_episode_gradients(theta, words, prevs, phi):
-    """Each episode's sum_t grad log pi(a_t|s_t) * phi_t: (N, T) inputs -> (N, T, V+1, V)."""
+    """Each episode's sum_t grad log pi(a_t|s_t) * phi_t: (N, T) inputs -> (N, T, N_WORDS+1, N_WORDS)."""
     n = words.shape[0]
-    pi = torch.softmax(theta[torch.arange(T), prevs], dim=-1)  # (N, T, V)
-    score = F.one_hot(words, V).float() - pi  # (N, T, V): e_a - pi(.|s)
-    grads = torch.zeros(n, T, V + 1, V)
+    pi = torch.softmax(theta[torch.arange(T), prevs], dim=-1)  # (N, T, N_WORDS)
+    score = F.one_hot(words, N_WORDS).float() - pi  # (N, T, N_WORDS): e_a - pi(.|s)
+    grads = torch.zeros(n, T, N_WORDS + 1, N_WORDS)
     grads[torch.arange(n)[:, None], torch.arange(T)[None, :], prevs] = score * phi[..., None]
     return grads
 
@@ -256,7 +257,8 @@ def check_reward_to_go():
     torch.testing.assert_close(reward_to_go(r), expected)
 
 
-exercise_check("Exercise 1 (reward_to_go)", check_reward_to_go)
+exercise_check("Exercise 1 (reward_to_go)", check_reward_to_go,
+               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.gae_reference, rlhf_helpers.td_errors])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -304,7 +306,7 @@ def measure_variance(theta, n_per_estimate=16, n_estimates=400, seed=0):
     truth = exact_gradient(theta).flatten()  # (P,)
     rows = {}
     for name, phi in phis(theta, words, prevs, rewards).items():
-        grads = per_episode_gradients(theta, words, prevs, phi)  # (N*K, T, V+1, V)
+        grads = per_episode_gradients(theta, words, prevs, phi)  # (N*K, T, N_WORDS+1, N_WORDS)
         estimates = grads.reshape(n_estimates, n_per_estimate, -1).mean(1)  # (K, P)
         rows[name] = {
             "variance": estimates.var(0).sum().item(),
@@ -326,6 +328,14 @@ for policy_name, rows in variance_at.items():
     print(f"{'Phi_t':<22}{'variance':>10}{'bias^2':>10}{'var/K':>10}")
     for name, row in rows.items():
         print(f"{name:<22}{row['variance']:10.4f}{row['bias2']:10.5f}{row['noise level']:10.5f}")
+    variances = [row["variance"] for row in rows.values()]
+    falling = all(later < earlier for earlier, later in zip(variances, variances[1:], strict=False))
+    at_noise = all(row["bias2"] < 3 * row["noise level"] for row in rows.values())
+    print(f"-> the variance {'falls' if falling else 'does NOT fall'} from each row to the next; bias^2 is "
+          f"{'below' if at_noise else 'NOT below'} 3 x var/K (noise level) in every row")
+    # the text below and the summary state both: make the notebook fail if a change breaks them
+    assert falling, f"{policy_name}: the variance no longer falls in table order: {variances}"
+    assert at_noise, f"{policy_name}: a bias^2 is above 3x its noise level: {rows}"
 
 fig = go.Figure()
 for policy_name, rows in variance_at.items():
@@ -341,8 +351,10 @@ fig.show()
 # - **subtracting $V(s_t)$** centres the weight: an action is pushed up only if it did better than usual
 #   from that state, instead of every action being pushed up whenever returns are positive;
 # - the **advantage** $Q - V$ also removes the randomness of the *later* actions, which is the largest
-#   remaining source of noise. The bias column stays at the noise level for all four: only the variance
-#   changes.
+#   remaining source of noise.
+#
+# The lines under each table check this on the measurement: the variance falls row by row, and the
+# bias stays at the noise level (the cell asserts both), so only the variance changes.
 
 # %% [markdown]
 # ## 7. Actor-critic: learning the baseline
@@ -379,7 +391,8 @@ def check_td_advantage():
     torch.testing.assert_close(td_advantage(r, v), expected)
 
 
-exercise_check("Exercise 2 (td_advantage)", check_td_advantage)
+exercise_check("Exercise 2 (td_advantage)", check_td_advantage,
+               hidden=[rlhf_helpers.td_errors, rlhf_helpers.compute_gae, rlhf_helpers.gae_reference])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -405,8 +418,8 @@ def td_reference(rewards, values):
 
 def train(method, iterations=150, n=8, lr=1.0, critic_lr=1.0, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    theta = torch.zeros(T, V + 1, V)
-    critic = torch.zeros(T, V + 1, requires_grad=True)  # V_w(t, p)
+    theta = torch.zeros(T, N_WORDS + 1, N_WORDS)
+    critic = torch.zeros(T, N_WORDS + 1, requires_grad=True)  # V_w(t, p)
     critic_opt = torch.optim.SGD([critic], lr=critic_lr)
     curve = []
     for _ in range(iterations):
@@ -443,10 +456,19 @@ fig.update_layout(title="Exact expected return while training (mean of 5 seeds, 
 fig.show()
 for method, curve in curves.items():
     print(f"{method:<36} J after 25 steps {curve[24]:.3f}   after 150 steps {curve[-1]:.3f}")
+best_j = expected_return(best).item()
+largest_gap = max(best_j - curve[-1].item() for curve in curves.values())
+slowest = min(curves, key=lambda method: curves[method][24].item())
+print(f"after 150 steps every method is within {largest_gap:.3f} of the best sentence's J = {best_j:.1f}; "
+      f"lowest after 25 steps: {slowest}")
+assert largest_gap < 0.1, f"a method ends {largest_gap:.3f} below the best sentence: the text below says all get close"
+assert slowest == "actor-critic, TD advantage", \
+    f"the text below explains why the actor-critic starts slowest; {slowest} does"
 
 # %% [markdown]
-# On this six-word problem all three reach nearly the best sentence: with 8 episodes per step even the
-# plain reward-to-go estimate is usable. The actor-critic starts slower because its critic starts at
+# On this six-word problem all three end close to the best sentence (the last printed line gives how
+# close): with 8 episodes per step even the plain reward-to-go estimate is usable. The actor-critic is
+# the slowest after 25 steps because its critic starts at
 # zero, so its early TD errors are biased; a critic pays off when episodes are long and the return is
 # one noisy number at the end, which is the LLM case (hundreds of tokens, one reward-model score).
 # The paired measurement of section 6 is the cleaner comparison of the estimators themselves.
@@ -464,13 +486,13 @@ for method, curve in curves.items():
 
 # %%
 def state_occupancy(theta):
-    """Probability of visiting each state (t, p) under the policy: (T, V+1)."""
-    pi = torch.softmax(theta, dim=-1)  # (T, V+1, V)
-    d = F.one_hot(torch.tensor(START), V + 1).float()  # (V+1,)
+    """Probability of visiting each state (t, p) under the policy: (T, N_WORDS+1)."""
+    pi = torch.softmax(theta, dim=-1)  # (T, N_WORDS+1, N_WORDS)
+    d = F.one_hot(torch.tensor(START), N_WORDS + 1).float()  # (N_WORDS+1,)
     visits = []
     for t in range(T):
         visits.append(d)
-        d = F.pad((d[:, None] * pi[t]).sum(0), (0, 1))  # (V+1,): next previous word is a
+        d = F.pad((d[:, None] * pi[t]).sum(0), (0, 1))  # (N_WORDS+1,): next previous word is a
     return torch.stack(visits)
 
 
@@ -491,6 +513,7 @@ def mean_entropy(theta):
 
 step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
 results = {"J after step": [], "kl": [], "entropy": [], "final J": []}
+final_se = []  # standard error of the final J over the seeds
 for eta in tqdm(step_sizes, desc="step sizes"):
     first_js, kls, entropies, finals = [], [], [], []
     for seed in range(8):
@@ -508,6 +531,7 @@ for eta in tqdm(step_sizes, desc="step sizes"):
         finals.append(expected_return(theta).item())
     for key, values in zip(results, (first_js, kls, entropies, finals)):
         results[key].append(sum(values) / len(values))
+    final_se.append(torch.tensor(finals).std().item() / len(finals) ** 0.5)
 
 fig = make_subplots(rows=1, cols=4, subplot_titles=("J after the first step",
                                                     "KL(old || new) of the first step",
@@ -516,17 +540,40 @@ fig = make_subplots(rows=1, cols=4, subplot_titles=("J after the first step",
 for col, key in enumerate(results, start=1):
     fig.add_scatter(x=step_sizes, y=results[key], mode="lines+markers", showlegend=False, row=1, col=col)
     fig.update_xaxes(type="log", title_text="first step size eta", row=1, col=col)
-fig.update_layout(title=f"One large step from the uniform policy (mean of 8 seeds; max entropy = {math.log(V):.2f})")
+fig.update_layout(title=f"One large step from the uniform policy "
+                        f"(mean of 8 seeds; max entropy = {math.log(N_WORDS):.2f})")
 fig.show()
-for eta, first, kl, ent, final in zip(step_sizes, *results.values()):
-    print(f"eta {eta:6}: J after step {first:6.3f}   KL {kl:7.3f}   entropy {ent:5.3f}   final J {final:6.3f}")
+for eta, first, kl, ent, final, se in zip(step_sizes, *results.values(), final_se, strict=True):
+    print(f"eta {eta:6}: J after step {first:6.3f}   KL {kl:7.3f}   entropy {ent:5.3f}   "
+          f"final J {final:6.3f} +- {se:.3f}")
+
+
+def trend(values):
+    """'rises' or 'falls' when every step goes that way, else 'goes up and down'."""
+    steps = [later - earlier for earlier, later in zip(values, values[1:], strict=False)]
+    return "rises" if all(d > 0 for d in steps) else "falls" if all(d < 0 for d in steps) else "goes up and down"
+
+
+finals = results["final J"]
+peak = max(range(len(step_sizes)), key=lambda i: finals[i])
+drop_in_se = (finals[peak] - finals[-1]) / math.hypot(final_se[peak], final_se[-1])
+print(f"\nJ right after the step {trend(results['J after step'])} with eta; the entropy after it "
+      f"{trend(results['entropy'])}, down to {results['entropy'][-1]:.2f} of a maximum {math.log(N_WORDS):.2f}.")
+print(f"The final J is highest at eta = {step_sizes[peak]} and {trend(finals[peak:])} with every larger first "
+      f"step, to {finals[-1]:.3f} at eta = {step_sizes[-1]}: {drop_in_se:.1f} standard errors below its peak.")
+assert results["entropy"][-1] < 0.2 * math.log(N_WORDS), \
+    "the text says a large step makes the policy nearly deterministic"
+assert drop_in_se > 2, "the text says the largest first step ends with a lower return than the best one"
 
 # %% [markdown]
-# A large first step looks like progress: $J$ right after it rises with $\eta$, because the policy
-# jumps straight to the actions that did well in those 16 episodes. But it becomes almost deterministic at once, its score function
+# A large first step looks like progress: the policy jumps straight to the actions that did well in
+# those 16 episodes, so $J$ right after it is higher (the first printed verdict). But the largest steps
+# leave the policy nearly deterministic at once (the entropy column), its score function
 # $e_a - \pi(\cdot \mid s)$ is then nearly zero, it stops exploring, and ordinary steps afterwards cannot
-# undo an unlucky commitment: the final return falls as the first step grows. With a neural policy the
-# damage is worse, because one step changes the behaviour in states the batch never visited.
+# undo an unlucky commitment. The second verdict says from which step size on that costs return, and
+# how many standard errors the largest step loses (compare the smaller steps' final returns with their
+# standard errors in the table). With a neural policy the damage is worse, because one step changes
+# the behaviour in states the batch never visited.
 #
 # ## 9. From the trust region to PPO's clip
 #
@@ -542,12 +589,114 @@ for eta, first, kl, ent, final in zip(step_sizes, *results.values()):
 # $$J^{\text{CLIP}}(\theta) = \mathbb{E}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big]
 # \quad\text{(maximised)},$$
 #
-# so once an action's probability has moved by more than $\epsilon$ in the helpful direction its gradient
-# is zero, and plain first-order steps can reuse one batch for several epochs. **Sign convention:** the
-# paper calls this objective $L^{\text{CLIP}}$ and maximises it; optimisers minimise, so from notebook 04
-# on, $L^{\text{CLIP}} = -J^{\text{CLIP}}$ is the **loss** (the code's `policy_loss`), and every other
+# so once an action's **ratio** $\rho_t$ has left $[1-\epsilon, 1+\epsilon]$ in the helpful direction
+# (above $1+\epsilon$ when $\hat A_t > 0$, below $1-\epsilon$ when $\hat A_t < 0$) its gradient is zero.
+# The limit is relative: with $\epsilon = 0.2$ an action of probability 0.5 stops being pushed up at 0.6,
+# one of probability 0.01 at 0.012. Plain first-order steps can then reuse one batch for several epochs.
+# **Sign convention:** the paper calls this objective $L^{\text{CLIP}}$ and maximises it; optimisers
+# minimise, so from notebook 04 on, $L^{\text{CLIP}} = -J^{\text{CLIP}}$ is the **loss** (the code's `policy_loss`), and every other
 # $L$ in the course is a loss too. Notebook 04 takes it apart; notebook 03 builds the advantage
 # $\hat A_t$ it needs.
+
+# %% [markdown]
+# ### Several epochs on one batch, with and without the clip
+#
+# The clip exists so that one batch can be used for several steps. Here is what it prevents, on the
+# toy: from the uniform policy, sample one batch of 16 episodes, store its log-probs
+# $\log \pi_{\text{old}}$ and advantages $\hat A_t$ (reward-to-go minus the exact $V(s_t)$, as in
+# section 8), then take 30 plain gradient steps of size $\eta = 5$ on that **same** batch, maximising either
+#
+# $$J^{\text{IS}}(\theta) = \frac1N \sum_{i=1}^{N} \sum_{t} \rho_{i,t}\, \hat A_{i,t}
+# \quad\text{(vanilla policy gradient, importance-weighted, no clip)}$$
+#
+# or $J^{\text{CLIP}}$ above, summed over $t$ the same way, with $\epsilon = 0.2$. Its loss is
+# `rlhf_helpers.policy_loss`, which returns $-J^{\text{CLIP}}$ averaged over all $N T$ tokens, so
+# $J^{\text{CLIP}} = -T \cdot$ `policy_loss`. At the first step $\rho = 1$ and both gradients equal
+# the policy gradient of section 5; they part from the second step on. Then, as in section 8, each
+# result trains on for 60 ordinary steps ($\eta = 1$, fresh episodes every step), and we compare
+# the final $J$ over 16 seeds (same seed, same batch for both: a paired comparison).
+
+# %%
+def reuse_one_batch(clip, seed, epochs=30, lr=5.0, n=16, eps=0.2, later_steps=60):
+    """`epochs` gradient steps on one batch from the uniform policy, then `later_steps` ordinary ones."""
+    generator = torch.Generator().manual_seed(seed)
+    words, prevs, rewards = sample(uniform, n, generator)  # (n, T) each
+    adv = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]  # (n, T): A_t, fixed for all epochs
+    old_logp = logprobs_scratch(uniform[torch.arange(T), prevs], words)  # (n, T): log pi_old, stored
+    mask = torch.ones_like(adv)  # (n, T): every position is a real action
+    theta = uniform.clone().requires_grad_(True)  # (T, N_WORDS+1, N_WORDS)
+    history = {"J": [], "entropy": []}
+    for _ in range(epochs):
+        logp = logprobs_scratch(theta[torch.arange(T), prevs], words)  # (n, T): log pi_theta
+        if clip:
+            loss, _ = rlhf_helpers.policy_loss(logp, old_logp, adv, mask, clip_eps=eps)  # mean over n*T
+            objective = -T * loss  # J^CLIP: sum over t, mean over episodes
+        else:
+            objective = (torch.exp(logp - old_logp) * adv).sum(1).mean()  # J^IS
+        (grad,) = torch.autograd.grad(objective, theta)  # (T, N_WORDS+1, N_WORDS)
+        theta = (theta + lr * grad).detach().requires_grad_(True)
+        history["J"].append(expected_return(theta).item())
+        history["entropy"].append(mean_entropy(theta).item())
+    theta = theta.detach()
+    history["kl"] = mean_kl(uniform, theta).item()
+    history["later J"] = []
+    for _ in range(later_steps):
+        words, prevs, rewards = sample(theta, 16, generator)
+        phi = phis(theta, words, prevs, rewards)["reward-to-go - V(s)"]  # (16, T)
+        theta = theta + 1.0 * per_episode_gradients(theta, words, prevs, phi).mean(0)
+        history["later J"].append(expected_return(theta).item())
+    return history
+
+
+reuse_seeds = range(16)
+reuse = {name: [reuse_one_batch(clip, seed) for seed in reuse_seeds]
+         for name, clip in (("vanilla (no clip)", False), ("PPO clip", True))}
+
+
+def seed_mean(runs, key):
+    return torch.tensor([run[key] for run in runs]).mean(0)  # mean over seeds: (steps,) or scalar
+
+
+fig = make_subplots(rows=1, cols=3, subplot_titles=("J while reusing one batch", "entropy while reusing one batch",
+                                                    "J during 60 ordinary steps afterwards"))
+for name, runs in reuse.items():
+    color = "crimson" if name.startswith("vanilla") else "royalblue"
+    for col, key in enumerate(("J", "entropy", "later J"), start=1):
+        fig.add_scatter(y=seed_mean(runs, key).tolist(), name=name, legendgroup=name, showlegend=col == 1,
+                        mode="lines", line_color=color, row=1, col=col)
+fig.update_xaxes(title_text="step on the same batch", row=1, col=1)
+fig.update_xaxes(title_text="step on the same batch", row=1, col=2)
+fig.update_xaxes(title_text="ordinary step", row=1, col=3)
+fig.update_layout(title=f"30 steps on one batch (eta 5, eps 0.2), then ordinary training "
+                        f"(mean of {len(reuse_seeds)} seeds)")
+fig.show()
+
+vanilla, clipped = reuse["vanilla (no clip)"], reuse["PPO clip"]
+for name, runs in reuse.items():
+    print(f"{name:<18} after 30 steps on the batch: J {seed_mean(runs, 'J')[-1]:6.3f}   "
+          f"KL(old || new) {seed_mean(runs, 'kl'):6.3f}   entropy {seed_mean(runs, 'entropy')[-1]:5.3f}   "
+          f"| after 60 more ordinary steps: J {seed_mean(runs, 'later J')[-1]:6.3f}")
+final_gap = torch.tensor([c["later J"][-1] - v["later J"][-1]
+                          for c, v in zip(clipped, vanilla, strict=True)])  # (seeds,): paired
+gap_se = final_gap.std().item() / len(final_gap) ** 0.5
+entropy_ratio = seed_mean(vanilla, "entropy")[-1] / seed_mean(clipped, "entropy")[-1]
+vanilla_ahead = seed_mean(vanilla, "J")[-1] > seed_mean(clipped, "J")[-1]
+print(f"\nright after the reuse, J is {'higher' if vanilla_ahead else 'lower'} without the clip; "
+      f"its entropy is {entropy_ratio:.0%} of the clipped policy's")
+print(f"final J, clip minus vanilla: {final_gap.mean():+.3f} +- {gap_se:.3f} (paired SE), clip ahead in "
+      f"{(final_gap > 0).sum().item()} of {len(final_gap)} seeds: the clip "
+      f"{'keeps' if final_gap.mean() > 2 * gap_se else 'does NOT keep'} the return that the vanilla reuse loses")
+assert final_gap.mean() > 2 * gap_se, "the clip should end with a higher return than vanilla reuse (> 2 SE)"
+assert entropy_ratio < 0.5, "vanilla reuse should collapse the entropy to under half of the clipped policy's"
+
+# %% [markdown]
+# Without the clip, each step on the old batch multiplies the ratio of every action with
+# $\hat A > 0$ and so its weight $\rho \hat A$: the steps compound into one very large step, with the
+# collapse of section 8 (the entropy panel). Right after, $J$ can even look better, since the policy
+# commits to what did well in 16 episodes; the ordinary steps afterwards show the price. With the clip,
+# an action stops being pushed once its ratio leaves the band in the helpful direction, so 30 steps on
+# one batch cannot compound (compare the two KL values printed above), and the exploration is still
+# there for the next batches. PPO alternates the two: a few epochs on a batch, then a fresh batch from the new policy.
 
 # %% [markdown]
 # ### Exercise 3: the KL between two softmax policies
@@ -566,7 +715,7 @@ def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tenso
 
 # %%
 def check_policy_kl():
-    old, new = torch.randn(3, 5, V), torch.randn(3, 5, V)
+    old, new = torch.randn(3, 5, N_WORDS), torch.randn(3, 5, N_WORDS)
     expected = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=old),
                                                  torch.distributions.Categorical(logits=new))
     torch.testing.assert_close(policy_kl(old, new), expected)
@@ -585,8 +734,6 @@ exercise_check("Exercise 3 (policy_kl)", check_policy_kl)
 #     new_logp = new_logits.log_softmax(-1)  # (..., V)
 #     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
 # ```
-# The first step with eta = 100 moves the policy by a KL of several nats, hundreds of times a trust
-# region of 0.01.
 # </details>
 
 # %% [markdown]
@@ -595,7 +742,9 @@ exercise_check("Exercise 3 (policy_kl)", check_policy_kl)
 #   reward-to-go minus a baseline and the advantage are all unbiased, with measured variance falling in
 #   that order.
 # - REINFORCE uses Monte-Carlo returns; an actor-critic learns $V$ and uses TD errors. PPO is an actor-critic.
-# - Step size in parameter space says nothing about how far the policy moves; a large step collapses it.
-#   TRPO constrains the KL; PPO clips the probability ratio instead.
+# - Step size in parameter space says nothing about how far the policy moves; a large step collapses it,
+#   and so do many steps on one batch. TRPO constrains the KL; PPO clips the probability ratio
+#   $\pi_\theta / \pi_{\text{old}}$ to $[1-\epsilon, 1+\epsilon]$ instead, which stops the steps on one batch from
+#   compounding (measured in section 9).
 #
 # Next: notebook 02 trains the reward model that supplies the final score.

@@ -37,8 +37,9 @@ import rlhf_helpers
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.sft import ensure_sft_model
-from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores, score_breakdown
+from rlhf_helpers.world import Annotator, accuracy_ceiling, grammar, hidden_scores, score_breakdown
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probability
+from rlhf_helpers.world.scorer import BIAS, SCORE_BOUND, tokenize_words
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
@@ -78,7 +79,13 @@ print("\nterms of the first chosen response:", score_breakdown(test_pairs[0]["pr
 # Because the labels are random, even a perfect model (one that knows $h$) cannot predict all of them.
 # It predicts the more likely label and is right with probability $\max(p, 1 - p)$, so on a set of pairs
 #
-# $$\text{ceiling} = \frac{1}{N}\sum_i \max(p_i, 1 - p_i), \qquad p_i = P(\text{chosen}_i \succ \text{rejected}_i).$$
+# $$\text{ceiling} = \frac{1}{N}\sum_i c_i, \qquad c_i = \max(p_i, 1 - p_i), \qquad p_i = P(\text{chosen}_i \succ \text{rejected}_i).$$
+#
+# The ceiling is an **expectation** over the annotator's coin flips. On one set of $N$ labelled pairs,
+# even the perfect model's measured accuracy scatters around it: each pair is an independent
+# Bernoulli($c_i$) trial, so its standard error is
+#
+# $$\mathrm{SE} = \frac{1}{N}\sqrt{\sum_i c_i (1 - c_i)}.$$
 
 # %%
 def pair_hidden_scores(pairs):
@@ -92,9 +99,12 @@ def pair_hidden_scores(pairs):
 h_chosen, h_rejected = pair_hidden_scores(test_pairs)  # (N,), (N,)
 p_chosen = torch.sigmoid((h_chosen - h_rejected) / DEFAULT_TEMPERATURE)  # (N,)
 ceiling = accuracy_ceiling(p_chosen.tolist())
+best_odds = torch.maximum(p_chosen, 1 - p_chosen)  # (N,): c_i, the perfect model's chance per pair
+ceiling_se = ((best_odds * (1 - best_odds)).sum().sqrt() / len(best_odds)).item()
 flipped = (h_chosen < h_rejected).float().mean().item()
 print(f"held-out pairs whose 'chosen' has the LOWER hidden score: {flipped:.1%}")
-print(f"annotator ceiling on the held-out pairs: {ceiling:.3f}")
+print(f"annotator ceiling on the {len(best_odds)} held-out pairs: {ceiling:.3f} +- {ceiling_se:.3f} "
+      "(standard error of a perfect model's measured accuracy)")
 
 fig = go.Figure(go.Histogram(x=p_chosen.tolist(), nbinsx=40))
 fig.update_layout(title=f"P(annotator prefers the labelled 'chosen') over held-out pairs (ceiling {ceiling:.3f})",
@@ -116,8 +126,9 @@ def ceiling_from_scores(score_a: torch.Tensor, score_b: torch.Tensor, temperatur
 # %%
 def check_ceiling_from_scores():
     a, b = torch.randn(200), torch.randn(200)
-    expected = accuracy_ceiling(
-        [preference_probability(x, y, 0.7) for x, y in zip(a.tolist(), b.tolist())])
+    # a loop: P(a preferred) = sigmoid((a - b) / T); the better guess is right with probability max(p, 1 - p)
+    probabilities = [1 / (1 + math.exp(-(x - y) / 0.7)) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+    expected = sum(max(p, 1 - p) for p in probabilities) / len(probabilities)
     got = ceiling_from_scores(a, b, 0.7)
     assert abs(got - expected) < 1e-5, f"expected {expected:.6f}, got {got}"
     # Known limits: identical scores give a coin flip (0.5); far-apart scores give certainty (1.0).
@@ -125,7 +136,8 @@ def check_ceiling_from_scores():
     assert abs(ceiling_from_scores(a + 100, a, 0.7) - 1.0) < 1e-6
 
 
-exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores)
+exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores,
+               hidden=[accuracy_ceiling, preference_probability])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -182,6 +194,9 @@ fig.update_layout(title="Pairs ordered correctly: comparing vs scoring", xaxis_t
 fig.show()
 for spread, s, c in zip(offset_spreads, acc_scores, acc_compare):
     print(f"offset spread {spread:4.2f}: scoring {s:.3f}   comparing {c:.3f}")
+drop_scores, drop_compare = acc_scores[0] - acc_scores[-1], acc_compare[0] - acc_compare[-1]
+print(f"from no offsets to a spread of {offset_spreads[-1]}: scoring {'loses' if drop_scores > 0 else 'gains'} "
+      f"{abs(drop_scores):.3f}, comparing {'loses' if drop_compare > 0 else 'gains'} {abs(drop_compare):.3f}")
 
 # %% [markdown]
 # ## 3. The Bradley-Terry loss
@@ -195,8 +210,11 @@ for spread, s, c in zip(offset_spreads, acc_scores, acc_compare):
 #
 # Only differences matter: adding a constant to every score changes nothing, so the reward model's
 # zero point is arbitrary. (This course's PPO uses the score as it is: the value head learns its
-# offset. Some implementations also normalise rewards with running statistics, Huang et al. 2022,
-# "The 37 implementation details of PPO"; it changes the scale the KL coefficient is weighed against.) $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
+# offset. Some implementations also normalise the reward model's scores, e.g. to mean 0 and standard
+# deviation 1 on the SFT model's samples: Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+# Preferences"; Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO: A Case Study on
+# TL;DR Summarization". Normalising changes the scale the KL coefficient is weighed against.)
+# $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
 # respect to the margin is $-(1 - \sigma(m))$: large for wrongly ordered pairs, vanishing once a pair is
 # ordered with a comfortable margin.
 
@@ -240,12 +258,11 @@ def check_bt_loss():
     c, r = torch.randn(32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
     expected = torch.stack([-torch.log(1 / (1 + torch.exp(-(a - b)))) for a, b in zip(c, r)]).mean()
     torch.testing.assert_close(bt_loss(c, r), expected)
-    torch.testing.assert_close(bt_loss(c, r), rlhf_helpers.reward_model_loss(c, r))
     far = bt_loss(torch.tensor([0.0]), torch.tensor([100.0]))
     assert torch.isfinite(far) and abs(far.item() - 100.0) < 1e-3, f"margin -100 should cost ~100, got {far}"
 
 
-exercise_check("Exercise 2 (bt_loss)", check_bt_loss)
+exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -318,7 +335,9 @@ del lora_demo
 # `LoraConfig` with `task_type="SEQ_CLS"` (and the score head in `modules_to_save`, so it is trained
 # and saved with the adapter), a `RewardConfig`, and a `RewardTrainer` on a data set of
 # `{"prompt", "chosen", "rejected"}` records. The cell runs them for a few steps on 256 pairs, so you
-# see them work:
+# see them work. What sets up the machine rather than the learning (CPU or GPU, mixed precision,
+# gradient checkpointing off, no trackers, no checkpoints) comes from one course helper,
+# `reward_config_kwargs(profile)`; every argument that shapes the learning is written out.
 
 # %%
 import tempfile
@@ -327,9 +346,9 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import RewardConfig, RewardTrainer
 
-from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
-from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
+from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
+from rlhf_helpers.stages.reward_model import reward_config_kwargs
 
 demo_tokenizer = load_tokenizer(profile)
 # the SFT model + a fresh (H -> 1) score head, in float32: the trained weights stay float32 masters
@@ -343,11 +362,8 @@ demo_lora = LoraConfig(
 with tempfile.TemporaryDirectory() as scratch:
     demo_args = RewardConfig(
         output_dir=scratch, per_device_train_batch_size=32, max_steps=8, learning_rate=profile.reward_lr,
-        max_length=profile.max_length, seed=profile.seed, logging_steps=4, report_to=[], save_strategy="no",
-        use_cpu=profile.device == "cpu",
-        **amp_flags(profile),  # autocast in the profile's dtype on CUDA; off on a CPU (TRL's default bf16 is wrong there)
-        **checkpointing_off(RewardConfig),  # on: it would break the adapter switching of notebook 05
-        disable_tqdm=True,
+        max_length=profile.max_length, seed=profile.seed, logging_steps=4, disable_tqdm=True,
+        **reward_config_kwargs(profile),  # device, autocast dtype, checkpointing off, no trackers or saves
     )
     demo_trainer = RewardTrainer(model=demo_base, args=demo_args, processing_class=demo_tokenizer,
                                  peft_config=demo_lora, train_dataset=Dataset.from_list(train_pairs[:256]))
@@ -361,7 +377,7 @@ del demo_trainer, demo_base
 # Bradley-Terry loss above; TRL appends EOS to every response, so the score is read on the EOS, as in
 # PPO's rollouts). `ensure_reward_model(profile)` trains once and caches the adapter under
 # `runs/reward-<profile>/`, where notebooks 05 and 06 find it. On the 2-core CPU of the tiny profile the
-# first training takes a few minutes; afterwards this cell only loads.
+# first training takes a while (the cell prints how long); afterwards this cell only loads.
 
 # %%
 from peft import PeftModel
@@ -467,7 +483,7 @@ def check_last_real_index():
         assert got.tolist() == expected.tolist(), f"expected {expected.tolist()}, got {got.tolist()}"
 
 
-exercise_check("Exercise 3 (last_real_index)", check_last_real_index)
+exercise_check("Exercise 3 (last_real_index)", check_last_real_index, hidden=[rlhf_helpers.last_token_index])
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>
@@ -485,12 +501,16 @@ exercise_check("Exercise 3 (last_real_index)", check_last_real_index)
 # ## 6. How good is it? Held-out accuracy against the ceiling, and learned against hidden
 #
 # Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
-# higher. It cannot exceed the annotator ceiling of section 1. Since the labels follow
+# higher. In expectation over the labels no model exceeds the annotator ceiling of section 1, but a
+# measured accuracy is one draw of these labels: it scatters around its own expectation by about the
+# standard error of section 1. The cell says, from the numbers, whether the reward model's gap to the
+# ceiling is larger than that noise, and compares it pair by pair with the perfect model (ranking by
+# $h$) on the same labels, which removes the label draw from the comparison. Since the labels follow
 # $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly would be $r = h / T_{\text{ann}} + \text{const}$:
 # a line of slope $1/T_{\text{ann}} = 2$. A real one falls short of it: the least-squares slope of $r$ on $h$ is
 # $\operatorname{corr}(r, h)\cdot\operatorname{sd}(r)/\operatorname{sd}(h)$, and every part of $h$ the model cannot
 # see (a few thousand noisy labels, two epochs, a LoRA adapter) lowers the correlation and shrinks
-# the spread of $r$, so the slope comes out below 2. The cell prints by how much.
+# the spread of $r$, so the slope is expected below 2. The cell prints it.
 
 # %%
 test_prompts = [p["prompt"] for p in test_pairs]
@@ -502,15 +522,31 @@ learned = torch.cat([r_chosen, r_rejected])  # (2N,)
 hidden = torch.cat([h_chosen, h_rejected]).float()  # (2N,)
 correlation = torch.corrcoef(torch.stack([learned, hidden]))[0, 1].item()
 slope = ((learned - learned.mean()) * (hidden - hidden.mean())).sum() / ((hidden - hidden.mean()) ** 2).sum()
-oracle_accuracy = ((h_chosen > h_rejected).float() + 0.5 * (h_chosen == h_rejected).float()).mean().item()
-print(f"held-out pairwise accuracy {accuracy:.3f}   annotator ceiling {ceiling:.3f}   "
-      f"(ranking by the hidden score itself: {oracle_accuracy:.3f})")
+model_right = (r_chosen > r_rejected).float() + 0.5 * (r_chosen == r_rejected).float()  # (N,)
+oracle_right = (h_chosen > h_rejected).float() + 0.5 * (h_chosen == h_rejected).float()  # (N,)
+oracle_accuracy = oracle_right.mean().item()
+z_ceiling = (accuracy - ceiling) / ceiling_se
+if abs(z_ceiling) < 2:
+    verdict = "within label noise of the ceiling"
+elif z_ceiling < 0:
+    verdict = "below the ceiling by more than label noise"
+else:
+    verdict = "above the ceiling by more than label noise (a lucky draw of labels)"
+paired = model_right - oracle_right  # (N,): per pair, reward model minus perfect model
+paired_se = (paired.std() / len(paired) ** 0.5).item()
+print(f"held-out pairwise accuracy {accuracy:.3f}; annotator ceiling {ceiling:.3f} +- {ceiling_se:.3f}: "
+      f"{z_ceiling:+.1f} standard errors, {verdict}")
+print(f"on the same {len(paired)} labels, ranking by the hidden score itself gets {oracle_accuracy:.3f} "
+      f"({(oracle_accuracy - ceiling) / ceiling_se:+.1f} SE from the ceiling: the luck of this label draw); "
+      f"the reward model differs from it by {paired.mean().item():+.3f} +- {paired_se:.3f} (paired SE)")
 print(f"held-out Bradley-Terry loss {held_out_loss:.3f}   corr(learned, hidden) {correlation:.3f}   "
-      f"slope {slope:.2f}: {slope * DEFAULT_TEMPERATURE:.0%} of the 1/T_ann = {1 / DEFAULT_TEMPERATURE:.1f} of a perfect fit")
+      f"slope {slope:.2f}, {'below' if slope < 1 / DEFAULT_TEMPERATURE else 'not below'} 1/T_ann = "
+      f"{1 / DEFAULT_TEMPERATURE:.1f}: {slope * DEFAULT_TEMPERATURE:.0%} of a perfect fit")
 
 fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
                     subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (r = {correlation:.2f})"))
 fig.add_bar(x=["reward model", "annotator ceiling", "chance"], y=[accuracy, ceiling, 0.5], row=1, col=1,
+            error_y=dict(array=[0.0, 2 * ceiling_se, 0.0]),  # +- 2 SE of a 500-label accuracy
             marker_color=["royalblue", "gray", "lightgray"], showlegend=False)
 fig.add_scatter(x=hidden.tolist(), y=learned.tolist(), mode="markers", marker=dict(size=4, opacity=0.5),
                 name="held-out responses", row=1, col=2)
@@ -525,7 +561,10 @@ fig.show()
 # The reward model learned from reviews that never repeat a content word and never run past 30 words
 # (the data's generator writes them that way). It has learned "praise and detail are good"; nothing in
 # its data tells it that saying the same sentence three times is bad. The hidden score does know:
-# repetition costs $0.6$ per repeated word. Score a good review sentence repeated $k$ times with both:
+# each repeated content word costs a fixed amount, and the sum of all terms is then clipped to
+# $[-B, B]$ (`SCORE_BOUND` in `rlhf_helpers.world.scorer`), so once it hits the floor more repetition
+# costs nothing more. The cell reads the cost per word and $B$ from the scorer and prints, for each $k$,
+# the repetition term and the sum before the clip. Score a good review sentence repeated $k$ times with both:
 
 # %%
 prompt = test_pairs[0]["prompt"]
@@ -540,22 +579,48 @@ gaming = [sentence * k for k in repeats]
 gaming_learned = score_pairs(reward_model, tokenizer, [prompt] * len(gaming), gaming)  # (K,)
 gaming_hidden = hidden_scores([prompt] * len(gaming), gaming)
 typical = learned.quantile(0.9).item()
+
+
+def repeated_content_words(text: str) -> int:
+    """Content words (outside grammar.FUNCTION_WORDS) that repeat an earlier one, as the scorer counts them."""
+    content = [w for w in tokenize_words(text) if w.isalpha() and w not in grammar.FUNCTION_WORDS]
+    return len(content) - len(set(content))
+
+
+terms = [score_breakdown(prompt, g) for g in gaming]
+n_repeated = [repeated_content_words(g) for g in gaming]
+unclipped = [t.sentiment + t.specificity + t.fluency + t.repetition + t.length + t.genre + BIAS for t in terms]
+for t, raw in zip(terms, unclipped, strict=True):  # the scorer's rule: total = clip(sum of terms + BIAS, -B, B)
+    assert abs(max(-SCORE_BOUND, min(SCORE_BOUND, raw)) - t.total) < 1e-9, (raw, t.total)
+cost = {t.repetition / n for t, n in zip(terms, n_repeated, strict=True) if n > 0}  # one value: a fixed cost per word
+assert len({round(c, 9) for c in cost}) == 1, cost
+print(f"hidden score: {cost.pop():+.1f} per repeated content word, total clipped to "
+      f"[{-SCORE_BOUND:+.0f}, {SCORE_BOUND:+.0f}]")
 print(f"prompt: {prompt}\nsentence:{sentence}")
-for k, r, h in zip(repeats, gaming_learned.tolist(), gaming_hidden):
-    print(f"  repeated {k}x: learned reward {r:+.2f}   hidden score {h:+.2f}")
+for k, r, h, n, t, raw in zip(repeats, gaming_learned.tolist(), gaming_hidden, n_repeated, terms, unclipped,
+                                  strict=True):
+    clip_note = f", clipped to {h:+.0f}" if raw < -SCORE_BOUND else ""
+    print(f"  repeated {k}x: learned reward {r:+.2f}   hidden score {h:+.2f}   ({n} repeated content words, "
+          f"repetition term {t.repetition + 0.0:+.2f}, sum before the clip {raw:+.2f}{clip_note})")
 print(f"(90th percentile of the learned reward on real held-out responses: {typical:+.2f})")
+learned_1x, hidden_1x = gaming_learned[0].item(), gaming_hidden[0]
+more_learned = [k for k, r in zip(repeats[1:], gaming_learned[1:].tolist(), strict=True) if r > learned_1x]
+less_hidden = [k for k, h in zip(repeats[1:], gaming_hidden[1:], strict=True) if h < hidden_1x]
+print(f"against the sentence said once, the learned reward is higher at k = {more_learned or 'none'}; "
+      f"the hidden score is lower at k = {less_hidden or 'none'}")
 
 fig = go.Figure()
 fig.add_scatter(x=repeats, y=gaming_learned.tolist(), name="learned reward", mode="lines+markers")
 fig.add_scatter(x=repeats, y=gaming_hidden, name="hidden score", mode="lines+markers")
-fig.update_layout(title="The same sentence repeated: the proxy likes it, the truth does not",
+fig.update_layout(title="The same sentence repeated: learned reward (the proxy) and hidden score (the truth)",
                   xaxis_title="times repeated", yaxis_title="score")
 fig.show()
 
 # %% [markdown]
-# PPO maximises the *learned* reward. Wherever the learned and the hidden scores disagree, as they do
-# here, an optimiser strong enough will find the disagreement: the learned reward climbs while the true
-# quality falls (**reward over-optimisation**, Gao et al. 2022). The per-token KL penalty towards the
+# PPO maximises the *learned* reward. Wherever the learned and the hidden scores disagree (the last
+# printed line says at which $k$ they do here), an optimiser strong enough will find the disagreement:
+# the learned reward climbs while the true quality falls (**reward over-optimisation**, Gao et al.
+# 2022). The per-token KL penalty towards the
 # SFT model (notebook 03) is the leash that keeps the policy where the reward model was trained;
 # notebook 06 removes it and measures what happens.
 #

@@ -49,14 +49,27 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # This is a **loss**, minimised: the minus sign turns the paper's objective (maximised; $J^{\text{CLIP}}$
 # in notebook 01, $L^{\text{CLIP}}$ without the minus in Schulman et al.) into what an optimiser descends.
 #
-# Two diagnostics are logged with it: the **clip fraction** (share of real tokens where the clipped term
-# is the one selected, so their gradient is zero) and **approx-KL**, the masked mean of
+# Two diagnostics are logged with it. The **clip fraction** is the share of real tokens where the
+# clipped term is the one `min` selects ($\text{surr2}_t < \text{surr1}_t$), which is exactly where the
+# gradient is zero: $\hat A_t > 0$ with $\rho_t > 1+\epsilon$, or $\hat A_t < 0$ with $\rho_t < 1-\epsilon$
+# (`stats["clipfrac"]` of `rlhf_helpers.policy_loss`). It is **not** the share of ratios outside
+# $[1-\epsilon, 1+\epsilon]$: a ratio outside the band on the other side ($\hat A_t > 0$ with
+# $\rho_t < 1-\epsilon$, $\hat A_t < 0$ with $\rho_t > 1+\epsilon$, a move the advantage wants undone)
+# keeps its unclipped term and its gradient, so the clip fraction can be well below the share of ratios
+# outside the band. The cell prints both on a batch. **Approx-KL** is the masked mean of
 # $(\rho_t - 1) - \log\rho_t$ (the $k_3$ estimate of $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)$ from
 # notebook 03): how far the policy has moved on this batch.
 #
-# The old log-probs must come from the policy that *sampled* the batch, not from the reference model:
-# with reference log-probs the ratio measures the distance to the SFT model, the clip binds on every
-# token once training has moved away from it, and learning stalls.
+# The old log-probs must come from the policy that *sampled* the batch, not from the reference (SFT)
+# model. With the reference's log-probs the ratio is $\pi_\theta / \pi_{\text{ref}}$, so the band stays
+# centred on the reference for the whole training instead of on the policy of each update. The clip then
+# no longer limits the step of an update. It still acts on one side only: it zeroes the gradient of a
+# token whose probability has already moved away from the reference, past the band, in the direction its
+# advantage favours ($\hat A > 0$ with $\rho > 1+\epsilon$, $\hat A < 0$ with $\rho < 1-\epsilon$), while a
+# token outside the band on the other side keeps its full gradient, which pushes it back towards the
+# reference. So it does not bind on every token; it holds the policy near the reference, or pulls it back
+# there, instead of bounding each step. Notebook 06(a) trains with this bug and measures the clip fraction
+# and approx-KL it produces.
 
 # %%
 def policy_loss_scratch(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
@@ -84,6 +97,18 @@ torch.testing.assert_close(loss, lib_loss)
 torch.testing.assert_close(clipfrac, stats["clipfrac"])
 print(f"loss {loss:.4f}   clipfrac {clipfrac:.3f}   approx_kl {stats['approx_kl']:.4f}")
 
+eps = 0.2
+ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+real = mask.bool()  # (B, T)
+outside = ((ratio > 1 + eps) | (ratio < 1 - eps)) & real  # (B, T): ratio outside [1 - eps, 1 + eps]
+cut = ((advantages > 0) & (ratio > 1 + eps)) | ((advantages < 0) & (ratio < 1 - eps))  # (B, T): gradient 0
+torch.testing.assert_close(stats["clipfrac"], (cut & real).float().sum() / mask.sum())  # the definition
+assert not (cut & real & ~outside).any(), "a clipped token always has its ratio outside the band"
+print(f"ratios outside [{1 - eps:.1f}, {1 + eps:.1f}]: {outside.sum().item()} of {int(mask.sum())} real tokens "
+      f"({outside.sum() / mask.sum():.3f}); clipped (clipfrac): {(cut & real).sum().item()} ({clipfrac:.3f}); "
+      f"the other {(outside & ~cut).sum().item()} are outside the band on the side the advantage wants "
+      f"undone, and keep their gradient")
+
 # %% [markdown]
 # ## 2. Explore the clip
 # Move the ratio, the advantage and $\epsilon$; the explorer shows both surrogate terms, the one `min`
@@ -110,9 +135,13 @@ clip_explorer
 #
 # <details><summary>Answer</summary>
 #
-# Unbounded: $\rho \hat A$ falls without limit, and the gradient keeps its full size, however
-# likely a bad action became. The dual clip caps the term at $c_{\text{dual}} \hat A$, which bounds
-# the loss and zeroes the gradient beyond $\rho = c_{\text{dual}}$.
+# Unbounded: the `min` selects the unclipped $\rho \hat A$, which falls without limit. Its slope in
+# $\rho$ is the constant $\hat A$ (what the explorer shows), but the parameters move $\log\pi_\theta$, and
+# $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$ **grows** with $\rho$: the more likely a bad
+# action has become, the harder that one token pulls, and a few such tokens can dominate the step. The
+# dual clip (Ye et al. 2020) takes $\max(\cdot,\ c_{\text{dual}}\hat A)$ for $\hat A < 0$, with
+# $c_{\text{dual}} > 1$ (e.g. 3): it bounds the objective and zeroes the gradient beyond
+# $\rho = c_{\text{dual}}$.
 # </details>
 #
 # **3.** Set $\epsilon = 0$. Where does any gradient flow?
@@ -129,13 +158,18 @@ clip_explorer
 #
 # | | $\rho < 1-\epsilon$ | $1-\epsilon \le \rho \le 1+\epsilon$ | $\rho > 1+\epsilon$ |
 # |---|---|---|---|
-# | $\hat A > 0$ | $\rho \hat A$: gradient $\rho\hat A$ (raise the good action) | $\rho \hat A$: gradient | clipped: **zero** (already raised enough) |
-# | $\hat A < 0$ | clipped: **zero** (already lowered enough) | $\rho \hat A$: gradient | $\rho \hat A$: gradient, unbounded |
+# | $\hat A > 0$ | $\rho \hat A$: gradient $\rho\hat A$ (raise the good action back) | $\rho \hat A$: gradient $\rho\hat A$ | clipped: **zero** (already raised enough) |
+# | $\hat A < 0$ | clipped: **zero** (already lowered enough) | $\rho \hat A$: gradient $\rho\hat A$ | $\rho \hat A$: gradient $\rho\hat A$, **growing** with $\rho$ (no bound) |
 #
 # The gradient with respect to the new log-prob is $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$
 # where the unclipped term is selected and 0 where the clipped one is. The bottom-right cell, a bad
-# action that became much *more* likely, keeps an unbounded weight; "dual clip" caps it at $c_{\text{dual}}\,\hat A$ (Ye et al. 2020, $c_{\text{dual}} > 1$).
-# The cell checks every case with autograd against this rule.
+# action that became much *more* likely, is not clipped at all: its gradient $\rho\hat A$ grows with
+# $\rho$. The **dual clip** (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+# Reinforcement Learning") bounds it: for $\hat A < 0$ the objective becomes
+# $\max\big(\min(\rho\hat A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A),\ c_{\text{dual}}\hat A\big)$
+# with $c_{\text{dual}} > 1$ (e.g. 3), a constant with zero gradient beyond $\rho = c_{\text{dual}}$.
+# The cell checks every case with autograd against this rule, then the bottom-right cell with and
+# without the dual clip.
 
 # %%
 eps = 0.2
@@ -150,6 +184,19 @@ expected_grad = torch.where(zero_expected, torch.zeros(6), ratios * advs)
 torch.testing.assert_close(grad, expected_grad)
 for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist()):
     print(f"A {a:+.0f}  ratio {r:.1f}  ->  d objective / d log pi = {g:+.2f}")
+
+# the bottom-right cell, far above the band: gradient rho * A without the dual clip, 0 beyond c with it
+c_dual = 3.0
+far = torch.tensor([1.5, 2.0, 5.0, 10.0])  # ratios above 1 + eps, on both sides of c_dual
+far_logp = torch.log(far).requires_grad_(True)  # old log-prob = 0
+bad = -torch.ones(len(far))  # A = -1
+(grad_plain,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(torch.exp(far_logp), bad, eps).sum(), far_logp)
+(grad_dual,) = torch.autograd.grad(
+    rlhf_helpers.clipped_surrogate(torch.exp(far_logp), bad, eps, dual_clip=c_dual).sum(), far_logp)
+torch.testing.assert_close(grad_plain, far * bad)  # rho * A: grows with rho
+torch.testing.assert_close(grad_dual, torch.where(far > c_dual, torch.zeros(len(far)), far * bad))
+for r, g, gd in zip(far.tolist(), grad_plain.tolist(), grad_dual.tolist(), strict=True):
+    print(f"A -1  ratio {r:4.1f}  ->  d objective / d log pi = {g:+6.2f}   with dual clip c = {c_dual:g}: {gd:+6.2f}")
 
 # %% [markdown]
 # ## 4. The KL-penalty form beside the clip form
@@ -211,10 +258,10 @@ def check_clipped_objective():
     lower = (a < 0) & (r < 0.8)
     expected = torch.where(upper, 1.2 * a, torch.where(lower, 0.8 * a, r * a))
     torch.testing.assert_close(clipped_objective(r, a, 0.2), expected)
-    torch.testing.assert_close(clipped_objective(r, a, 0.2), rlhf_helpers.clipped_surrogate(r, a, 0.2))
 
 
-exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective)
+exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective,
+               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -235,8 +282,9 @@ exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective)
 # the context-token reward plus unit Gaussian noise (a noisy reward model), and its advantage is that
 # reward minus the old policy's expected reward in the context, whitened. Then 10 epochs of 8 minibatches each with Adam, once
 # with the clipped loss and once with the unclipped surrogate $-\overline{\rho \hat A}$, measuring after
-# each epoch the share of samples whose ratio left $[1-\epsilon, 1+\epsilon]$, the largest ratio, and
-# the exact KL between old and new policy averaged over contexts.
+# each epoch the share of samples whose ratio left $[1-\epsilon, 1+\epsilon]$, the clip fraction of
+# section 1 on the whole batch (the share whose gradient the clip would cut), the largest ratio, the
+# exact KL between old and new policy averaged over contexts, and the gain in true expected reward.
 
 # %%
 n_ctx, n_tok, n_feat = 32, 8, 6
@@ -283,7 +331,10 @@ def run_epochs(clip: bool, epochs=10, minibatches=8, lr=0.05, eps=0.2, seed=0):
             ratio = torch.exp(new_logits.log_softmax(-1)[ctx, tok].unsqueeze(1) - batch_old_logp)  # (N, 1)
             kl = (old_pi * (old_logits.log_softmax(-1) - new_logits.log_softmax(-1))).sum(-1).mean()
             gain = ((new_logits.softmax(-1) - old_pi) * true_reward).sum(-1).mean()
+            _, batch_stats = rlhf_helpers.policy_loss(torch.log(ratio) + batch_old_logp, batch_old_logp,
+                                                      batch_adv, batch_mask, clip_eps=eps)
             history.append({"outside band": ((ratio - 1).abs() > eps).float().mean().item(),
+                            "clip fraction": batch_stats["clipfrac"].item(),
                             "max ratio": ratio.max().item(), "KL(old || new)": kl.item(),
                             "reward gain": gain.item()})
     return history, ratio.flatten()
@@ -304,19 +355,39 @@ fig.update_layout(title="Ten epochs on one batch (eps = 0.2)")
 fig.show()
 for name, history in drift.items():
     last = history[-1]
-    print(f"{name:<10} after 10 epochs: outside band {last['outside band']:.2f}   max ratio {last['max ratio']:.2f}   "
-          f"KL {last['KL(old || new)']:.3f}   reward gain {last['reward gain']:+.3f}")
+    print(f"{name:<10} after 10 epochs: outside band {last['outside band']:.2f}   clip fraction "
+          f"{last['clip fraction']:.2f}   max ratio {last['max ratio']:.2f}   KL {last['KL(old || new)']:.3f}   "
+          f"reward gain {last['reward gain']:+.3f}")
+clipped_last, free_last = drift["clipped"][-1], drift["unclipped"][-1]
+kl_times = free_last["KL(old || new)"] / clipped_last["KL(old || new)"]
+kl_clipped = [h["KL(old || new)"] for h in drift["clipped"]]  # (epochs,)
+kl_free = [h["KL(old || new)"] for h in drift["unclipped"]]  # (epochs,)
+band_edge = 1 + 0.2  # run_epochs' eps
+print(f"\nwithout the clip: {free_last['outside band']:.0%} of the ratios outside the band (clipped run "
+      f"{clipped_last['outside band']:.0%}), a KL {kl_times:.0f} times the clipped run's, and a "
+      f"{'larger' if free_last['reward gain'] > clipped_last['reward gain'] else 'smaller'} true reward gain")
+print(f"clipped run: largest ratio {clipped_last['max ratio']:.2f}, "
+      f"{'beyond' if clipped_last['max ratio'] > band_edge else 'inside'} the band's edge {band_edge:.1f}; KL after "
+      f"each epoch between {min(kl_clipped):.3f} and {max(kl_clipped):.3f} (unclipped: from {kl_free[0]:.3f} to "
+      f"{kl_free[-1]:.3f}); clip fraction {clipped_last['clip fraction']:.2f} against "
+      f"{clipped_last['outside band']:.2f} of ratios outside the band")
+assert kl_times > 5, "the text below says the unclipped policy moves much farther than the clipped one"
+assert clipped_last["max ratio"] > band_edge, "the text below says the clip does not keep every ratio in the band"
 
 # %% [markdown]
 # Without the clip, every epoch keeps pushing the same samples and the policy walks far from the one
-# that collected the data: almost every ratio leaves the band and the KL is tens of times larger. On
-# this toy the big move also gains more true reward, because the policy has only 48 parameters and the
-# advantages, though noisy, point the right way on average. With a network policy and critic-estimated
-# advantages the same move is a bet on a batch that no longer describes the policy (the importance
-# weights become huge), and notebook 01 showed what an over-large step does. With the clip, a sample
-# stops contributing once its ratio leaves the band in the helpful direction, so the drift grows much
-# more slowly. It is not a hard limit: shared parameters still move clipped samples (the KL keeps
-# creeping up), which is why PPO also caps the number of epochs and can stop early on approx-KL.
+# that collected the data (first printed line: the share of ratios outside the band, and the KL against
+# the clipped run's). The same line says whether the big move also gained more true reward; on this toy
+# it can, because the policy has only 48 parameters and the advantages, though noisy, point the right
+# way on average. With a network policy and critic-estimated advantages the same move is a bet on a
+# batch that no longer describes the policy (the importance weights become huge), and notebook 01
+# showed what an over-large step, and many steps on one batch without the clip, do. With the clip, a
+# sample stops contributing once its ratio leaves the band in the helpful direction. It is not a hard
+# limit on the ratio: the minibatch steps within an epoch, and the shared parameters, still carry
+# samples past the band (the second line prints the clipped run's largest ratio, and its KL epoch by
+# epoch against the unclipped run's), which is why PPO also caps the number of epochs, keeps the
+# learning rate small, and can stop early on approx-KL. That line also shows the two diagnostics apart:
+# the clip fraction counts only the ratios outside the band on the side the advantage pushes towards.
 #
 # The clip explorer again, with the batch's ratios after the ten clipped epochs as a histogram: set
 # the advantage's sign and see which of these samples still get a gradient.
@@ -341,13 +412,14 @@ def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.T
 def check_zero_gradient():
     r = (torch.rand(200) * 2).requires_grad_(True)
     a = torch.randn(200)
-    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, a, 0.2).sum(), r)
+    (g,) = torch.autograd.grad(torch.min(r * a, r.clamp(0.8, 1.2) * a).sum(), r)  # the objective, written out
     got = zero_gradient(r.detach(), a, 0.2)
     assert got.dtype == torch.bool, "return a boolean tensor"
     assert torch.equal(got, g == 0), f"{(got != (g == 0)).sum()} of 200 tokens classified wrongly"
 
 
-exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient)
+exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient,
+               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -432,11 +504,14 @@ def check_plain_value_loss():
     r = torch.tensor([[0.0, 0.0, 0.0]])
     m = torch.tensor([[1.0, 1.0, 0.0]])
     torch.testing.assert_close(plain_value_loss(v, r, m), torch.tensor(0.5 * (1 + 4) / 2))
-    torch.testing.assert_close(plain_value_loss(values, returns, mask),
-                               rlhf_helpers.value_loss(values, old_values, returns, mask)[0])
+    real = [(v_, g_) for row_v, row_g, row_m in zip(values.tolist(), returns.tolist(), mask.tolist(), strict=True)
+            for v_, g_, m_ in zip(row_v, row_g, row_m, strict=True) if m_]  # a loop over the real tokens
+    expected = torch.tensor(0.5 * sum((v_ - g_) ** 2 for v_, g_ in real) / len(real))
+    torch.testing.assert_close(plain_value_loss(values, returns, mask), expected)
 
 
-exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss)
+exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss,
+               hidden=[rlhf_helpers.value_loss, rlhf_helpers.masked_mean, value_loss_scratch])
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>

@@ -200,3 +200,35 @@ def pairs_seen(n_pairs: int, batch_size: int, steps: int) -> int:
     per_epoch = -(-n_pairs // batch_size)
     full_epochs, extra = divmod(steps, per_epoch)
     return full_epochs * n_pairs + min(extra * batch_size, n_pairs)
+
+
+def reward_config_kwargs(profile: Any = None, **overrides: Any) -> dict[str, Any]:
+    """The RewardConfig arguments that set up the run for `profile`, not the learning: a dict.
+
+        args = RewardConfig(output_dir=..., per_device_train_batch_size=32, learning_rate=2e-3,
+                            **reward_config_kwargs(profile))
+
+    - use_cpu on a CPU profile; bf16/fp16 from `precision.amp_flags` (autocast around float32 masters
+      on CUDA only; TRL's bf16 default is wrong on a CPU);
+    - activation (gradient) checkpointing off (`compat.checkpointing_off`): RewardConfig defaults it
+      on, which breaks the adapter switching of the shared PPO model later;
+    - report_to=[] (no tracker), save_strategy="no" (the course saves the adapter itself),
+      dataloader_num_workers=0 and dataset_num_proc=None (no worker processes).
+    `overrides` are added last and win (e.g. disable_tqdm=True). Imports TRL, which it needs for the
+    name of the checkpointing field.
+    """
+    # trl is heavy and optional (Colab ships none): imported only to train
+    from trl import RewardConfig
+
+    profile = profile or get_profile()
+    kwargs: dict[str, Any] = {
+        "use_cpu": profile.device == "cpu",
+        **amp_flags(profile),
+        **checkpointing_off(RewardConfig),
+        "report_to": [],
+        "save_strategy": "no",
+        "dataloader_num_workers": 0,
+        "dataset_num_proc": None,
+    }
+    kwargs.update(overrides)
+    return kwargs
