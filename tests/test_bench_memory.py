@@ -151,3 +151,27 @@ def test_tiny_sizes_ignore_a_random_init_override_meant_for_the_gpu_profile(monk
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"random_init": true}')
     spec = bench_memory.size_spec("tiny")
     assert spec.batch > 0 and spec.new_tokens > 0
+
+
+def test_the_recorded_figures_notebook_05_plots_match_their_sources():
+    """benchmarks/results/cpu-2026-11-23/memory.json (read by notebook 05) copies the README's CPU table and
+    the H100 run's JSON: each number must be the one in its source (0.05 MiB: the README's rounding)."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    recorded = json.loads((root / "benchmarks/results/cpu-2026-11-23/memory.json").read_text())["sizes"]
+    table = (root / "benchmarks/README.md").read_text().split("`python -m benchmarks memory`, float32:")[1]
+    cell = r"[^|\n]*\|"
+    rows = re.findall(rf"^\|{cell}{cell} (shared|four|four_lora) \| ([\d,.]+) \|{cell}{cell} \**([\d,.]+)\**",
+                      table, re.MULTILINE)[:6]  # tiny, then GPT-2: (side, parameter MB, peak MB)
+    number = lambda text: float(text.replace(",", ""))  # noqa: E731
+    for size, side_rows in zip(recorded[:2], (rows[:3], rows[3:6]), strict=True):
+        for side, params, peak in side_rows:
+            assert abs(size["param_mb"][side] - number(params)) < 0.05, (size["size"], side)
+            assert abs(size["peak_mb"][side] - number(peak)) < 0.05, (size["size"], side)
+    gpu = json.loads((root / "benchmarks/results/gpu-h100-2026-11-24/memory.json").read_text())["figures"]["figures"]
+    for side in ("shared", "four", "four_lora"):
+        assert abs(recorded[2]["param_mb"][side] - gpu[f"smollm2_{side}_param_mb"]) < 0.05
+        assert abs(recorded[2]["peak_mb"][side] - gpu[f"smollm2_{side}_peak_mb"]) < 0.05

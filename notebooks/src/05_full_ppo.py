@@ -66,6 +66,7 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import json
 import math
 from pathlib import Path
 
@@ -73,6 +74,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 from IPython.display import display
 
 import rlhf_helpers
@@ -285,7 +287,40 @@ print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one 
 # The ratios are large even on the tiny model, because the base is kept once instead of four times and
 # never needs gradients or Adam states; on the gpu profile's 135M-parameter model, whose base grows much
 # faster than its adapters, they are larger still. Parameter bytes are not the whole story: a PPO
-# step also holds activations, gradients and Adam states while it runs; section 4 measures that peak.
+# step also holds activations, gradients and Adam states while it runs. `benchmarks/bench_memory.py`
+# measures that peak for one PPO step on each layout, side by side in one run; the figure shows its
+# recorded figures (not this notebook's run) for three model sizes, and section 4 measures this run's.
+
+# %%
+recorded_file = Path(rlhf_helpers.__file__).resolve().parents[1] / "benchmarks/results/cpu-2026-11-23/memory.json"
+if recorded_file.is_file():
+    recorded = json.loads(recorded_file.read_text())
+    layouts = {"shared": "one shared base + LoRA", "four_lora": "four models, LoRA", "four": "four models, full FT"}
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("parameters (MiB)", "peak memory of one PPO step (MiB)"))
+    for col, key in ((1, "param_mb"), (2, "peak_mb")):
+        for layout, label in layouts.items():
+            fig.add_bar(x=[row["size"].split(",")[0] for row in recorded["sizes"]],
+                        y=[row[key][layout] for row in recorded["sizes"]], name=label, legendgroup=layout,
+                        showlegend=col == 1, row=1, col=col)
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="Measured by bench_memory: one shared base against four models", barmode="group",
+                      legend=dict(orientation="h", y=-0.2))
+    fig.show()
+    for row in recorded["sizes"]:
+        peak = row["peak_mb"]
+        print(f"{row['size']}: peak shared / four = {peak['shared'] / peak['four']:.2f}, "
+              f"shared / four with LoRA = {peak['shared'] / peak['four_lora']:.2f}")
+    print(f"(source: {recorded['source']})")
+    ratio = {row["size"].split(" ")[0]: row["peak_mb"]["shared"] / row["peak_mb"]["four"] for row in recorded["sizes"]}
+    assert ratio["GPT-2"] < 0.5 and ratio["tiny"] > 0.8, "the text below reads two regimes in these figures"
+else:  # a copy of the notebook without the repository's benchmarks folder
+    print(f"recorded benchmark figures not found at {recorded_file}")
+
+# %% [markdown]
+# Read the peaks against the parameter bytes. Where the weights dominate (GPT-2 small on the CPU), the
+# peak follows the parameter table. Where activations, logits and sampling buffers dominate (the tiny
+# model, or a large batch on a GPU), one PPO step costs about the same on every layout: sharing saves
+# weights, not activations. The ratios printed above say which regime each size is in.
 
 # %% [markdown]
 # ## 3. Experience making
