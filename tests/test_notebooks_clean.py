@@ -80,26 +80,40 @@ def test_setup_cell_does_nothing_outside_colab():
     namespace: dict = {}
     modules_before = set(sys.modules)
     exec(colab_setup_source(), namespace)  # must not clone or pip install here
-    assert "changed" not in namespace and callable(namespace["install_course"])
+    assert "install_course" not in namespace and "REPO" not in namespace
     assert "subprocess" not in set(sys.modules) - modules_before
 
 
-def test_setup_cell_installs_the_badge_ref_with_the_packages_function():
-    """The cell holds `install_course` verbatim and calls it with the badge's branch and the upgrades."""
-    import inspect
+def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_ref(tmp_path, monkeypatch, capsys):
+    """A Colab form (code hidden there) of a few lines. With a `google.colab` module present and the
+    clone already there, it imports `install_course` from the clone and calls it with the badge's ref
+    and the upgrades, then prints what changed (install_course itself is run for real, against a local
+    clone, by tests/test_colab_stack.py)."""
+    import types
 
-    from rlhf_helpers.course.colab_setup import install_course
-    from rlhf_helpers.course.notebook import BADGE_REF, COLAB_UPGRADES, INSTALL_REF, repo_url
+    from rlhf_helpers.course import colab_setup
+    from rlhf_helpers.course.notebook import BADGE_REF, COLAB_CLONE_DIR, COLAB_UPGRADES, INSTALL_REF, repo_url
 
     source = colab_setup_source()
-    assert INSTALL_REF == BADGE_REF
-    assert inspect.getsource(install_course) in source
-    assert f'repo_url="{repo_url()}", ref="{BADGE_REF}"' in source
-    assert "upgrade=(" + ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ")" in source
-    for name, why in COLAB_UPGRADES.items():  # the comment says why each one is upgraded
-        assert f"#   {name}: {why}" in source
-    assert "--upgrade" not in source and "-U" not in source
-    compile(source, "<setup>", "exec")
+    lines = source.splitlines()
+    assert lines[0].startswith("#@title ") and '{ display-mode: "form" }' in lines[0]
+    assert len([line for line in lines if line.strip()]) <= 12, source
+    assert INSTALL_REF == BADGE_REF and "--upgrade" not in source
+    calls = []
+
+    def fake_install(repo, ref, clone, upgrade=()):
+        calls.append((repo, ref, clone, upgrade))
+        return {"datasets": ("4.0.0", "5.2.0")}
+
+    clone = tmp_path / "clone"
+    clone.mkdir()  # already cloned: no git
+    monkeypatch.setattr(colab_setup, "install_course", fake_install)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    exec(source.replace(COLAB_CLONE_DIR, str(clone)), {})
+    assert calls == [(repo_url(), BADGE_REF, str(clone), tuple(COLAB_UPGRADES))]
+    assert sys.path[0] == str(clone)
+    assert capsys.readouterr().out == "datasets: 4.0.0 -> 5.2.0\n"
 
 
 def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch):

@@ -1,9 +1,9 @@
 """What the notebooks' Colab set-up cell does: clone the course and install it, keeping Colab's packages.
 
-The cell runs before the course is installed, so it cannot import this module: the notebook
-generator writes `install_course`'s source into the cell, followed by one call with the constants of
-`rlhf_helpers.course.notebook` written in (see `colab_setup_source`). The tests call the same function with
-a local repository in place of GitHub (tests/test_colab_setup.py). Standard library only.
+The cell (`rlhf_helpers.course.notebook.colab_setup_source`, a Colab form of a few lines) clones the
+course, puts the clone on sys.path and imports this module from it before anything is installed:
+so it uses the standard library only. The tests call the same function with a local repository in
+place of GitHub (tests/test_colab_stack.py).
 """
 
 from __future__ import annotations

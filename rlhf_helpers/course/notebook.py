@@ -17,7 +17,6 @@ them back. This module imports only the standard library at import time, so the 
 from __future__ import annotations
 
 import importlib
-import inspect
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -26,7 +25,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rlhf_helpers import __version__
-from rlhf_helpers.course.colab_setup import install_course
 from rlhf_helpers.course.exercises import hidden_from_learner
 
 #: GitHub "owner/name" of the course repository.
@@ -74,36 +72,35 @@ def colab_url(notebook: str, ref: str = BADGE_REF) -> str:
 
 
 def colab_badge(notebook: str) -> str:
-    """Markdown for the "Open in Colab" badge of `notebooks/<notebook>`."""
-    return (
-        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        f"({colab_url(notebook)})"
-    )
+    """Markdown for the "Open in Colab" link of `notebooks/<notebook>`: a text link, not Colab's badge
+    image, so that it reads the same offline, where the image cannot load."""
+    return f"**[Open in Colab \u2197]({colab_url(notebook)})**"
 
 
 def colab_setup_source() -> str:
-    """Source of the set-up cell: on Colab, clone and install the course; elsewhere do nothing.
+    """Source of the set-up cell: a Colab form (its code hidden there) that clones the course and runs
+    `rlhf_helpers.course.colab_setup.install_course` from the clone; anywhere else it does nothing.
 
-    The cell runs before the course is installed, so it cannot import this package: it holds the
-    source of `rlhf_helpers.course.colab_setup.install_course` and one call with the constants written in.
+    `install_course` uses the standard library only, so it can be imported from the clone before the
+    course is installed. It keeps every package Colab ships at its version except COLAB_UPGRADES.
     """
-
-    upgrades = "".join(f"#   {name}: {why}\n" for name, why in COLAB_UPGRADES.items())
-    upgrade_names = ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ("," if len(COLAB_UPGRADES) == 1 else "")
+    upgrade = ", ".join(f'"{name}"' for name in COLAB_UPGRADES) + ("," if len(COLAB_UPGRADES) == 1 else "")
+    clone, ref, url = COLAB_CLONE_DIR, INSTALL_REF, repo_url()
     return f"""\
-# Colab only: install the course from {repo_url()} (branch {INSTALL_REF}, the one the badge opened).
-# Every package Colab ships keeps its version (pip constraints from the whole `pip freeze`), except:
-{upgrades}# Anywhere else this cell does nothing (locally, `make lab` has installed everything).
+#@title Set up the course (Colab only; anywhere else this cell does nothing) {{ display-mode: "form" }}
 import sys
 
+if "google.colab" in sys.modules:  # clone the branch the badge opened; install it, keeping Colab's packages
+    import os
+    import subprocess
 
-{inspect.getsource(install_course).rstrip()}
+    REPO, REF, CLONE = "{url}", "{ref}", "{clone}"
+    if not os.path.isdir(CLONE):
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", REF, REPO, CLONE], check=True)
+    sys.path.insert(0, CLONE)
+    from rlhf_helpers.course.colab_setup import install_course  # standard library only
 
-
-if "google.colab" in sys.modules:
-    changed = install_course(repo_url="{repo_url()}", ref="{INSTALL_REF}",
-                             clone_dir="{COLAB_CLONE_DIR}", upgrade=({upgrade_names}))
-    for name, (old, new) in changed.items():
+    for name, (old, new) in install_course(REPO, REF, CLONE, upgrade=({upgrade})).items():
         print(f"{{name}}: {{old or 'not installed'}} -> {{new}}")"""
 
 
