@@ -443,7 +443,7 @@ def train(method, iterations=150, n=8, lr=1.0, critic_lr=1.0, seed=0):
 methods = ["REINFORCE, reward-to-go", "REINFORCE, reward-to-go - critic", "actor-critic, TD advantage"]
 seeds = range(5)
 curves = {}
-for method in tqdm(methods, desc="training"):
+for method in tqdm(methods, desc="training", leave=False):  # the bar goes away when done
     runs = torch.tensor([train(method, seed=s) for s in seeds])  # (seeds, iterations)
     curves[method] = runs.mean(0)
 
@@ -514,7 +514,7 @@ def mean_entropy(theta):
 step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
 results = {"J after step": [], "kl": [], "entropy": [], "final J": []}
 final_se = []  # standard error of the final J over the seeds
-for eta in tqdm(step_sizes, desc="step sizes"):
+for eta in tqdm(step_sizes, desc="step sizes", leave=False):
     first_js, kls, entropies, finals = [], [], [], []
     for seed in range(8):
         generator = torch.Generator().manual_seed(seed)

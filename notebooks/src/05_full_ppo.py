@@ -88,6 +88,7 @@ from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.memory import PeakMemory
 from rlhf_helpers.runtime.models import load_causal_lm
@@ -163,7 +164,7 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # start fresh. PEFT initialises $B = 0$, so at the start the policy *is* the reference.
 
 # %%
-config = PPOConfig.from_profile(profile, output_dir=str(Path("runs") / "05_full_ppo"))
+config = PPOConfig.from_profile(profile, output_dir=str(runs_dir() / "05_full_ppo"))  # beside the reward model
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
 print(f"reward adapter: {reward_dir}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
@@ -700,7 +701,8 @@ torch.manual_seed(profile.seed)
 model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
 trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores)
 start_eval = trainer.evaluate(eval_prompts)
-print({k: round(v, 3) for k, v in start_eval.items()})
+print("before training (the SFT model), held-out prompts: "
+      + ",  ".join(f"{key} {value:.3f}" for key, value in start_eval.items()))
 
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
 live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
@@ -752,9 +754,10 @@ for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
     for prompt, response, s, h in zip(samples.prompts, samples.responses, learned, hidden, strict=True):
         rows.append({"model": who, "prompt": prompt, "response": response, "learned": round(s, 2),
                      "hidden": round(h, 2)})
-samples_table = pd.DataFrame(rows)
-with pd.option_context("display.max_colwidth", 120):
-    display(samples_table.sort_values(["prompt", "model"], kind="stable"))
+samples_table = pd.DataFrame(rows).sort_values(["prompt", "model"], kind="stable").reset_index(drop=True)
+display(samples_table.style.hide(axis="index").format(precision=2)
+        .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
+        .set_caption("The same prompts and sampling seed, before (SFT) and after PPO"))
 
 # %% [markdown]
 # Read the table for **disagreements** between the two scores: a response the reward model likes and the
@@ -813,14 +816,19 @@ bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score"
                             "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
 ppo_points = pd.DataFrame([{"step": e["step"], "KL (nats)": e["eval_kl"], "hidden score": e["eval_hidden_score"],
                             "learned score": e["eval_score"]} for e in ppo_evals])
-display(bon_points.round(3))
-display(ppo_points.round(3))
+display(bon_points.style.hide(axis="index").format(precision=3)
+        .set_caption("Best-of-n of the SFT model (KL: the bound log n - (n-1)/n)"))
+display(ppo_points.style.hide(axis="index").format(precision=3)
+        .set_caption("PPO's held-out evaluations during training (KL: the k1 sum per response)"))
 
 fig = go.Figure()
 fig.add_scatter(x=bon_points["KL (nats)"], y=bon_points["hidden score"], mode="lines+markers+text",
-                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top left", name="best-of-n (SFT)")
+                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top center", name="best-of-n (SFT)",
+                cliponaxis=False)
 fig.add_scatter(x=ppo_points["KL (nats)"], y=ppo_points["hidden score"], mode="lines+markers+text",
-                text=[f"step {s}" for s in ppo_points["step"]], textposition="bottom right", name="PPO checkpoints")
+                text=[f"step {s}" if s in (0, ppo_points["step"].iloc[-1]) else "" for s in ppo_points["step"]],
+                hovertext=[f"step {s}" for s in ppo_points["step"]], textposition="bottom center",
+                name="PPO checkpoints (first and last step labelled)", cliponaxis=False)
 fig.update_layout(title="Hidden true score against KL to the SFT model (held-out prompts)",
                   xaxis_title="KL (nats per response)", yaxis_title="mean hidden score")
 fig.show()

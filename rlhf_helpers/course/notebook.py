@@ -165,9 +165,13 @@ def _profile_and_device() -> tuple[str, str]:
 
 def show_environment(print_table: bool = True) -> Environment:
     """Print the versions table, the profile/device line and the dtype line (the dtype and why it
-    fits the device); return them as an `Environment`."""
+    fits the device); make the course's plotly template the default; return them as an `Environment`."""
     profile, device = _profile_and_device()
     dtype, dtype_reason = _dtype_and_reason()
+    try:  # one figure style for every notebook (plotly and ipywidgets come with the notebook extra)
+        importlib.import_module("rlhf_helpers.widgets.style").use_course_figure_style()
+    except ImportError:
+        pass
     env = Environment(versions=package_versions(), profile=profile, device=device, colab=in_colab(),
                       dtype=dtype, dtype_reason=dtype_reason)
     if print_table:
