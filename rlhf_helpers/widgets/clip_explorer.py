@@ -113,8 +113,9 @@ class ClipExplorer(Explorer):
         fig.add_trace(go.Scatter(x=x, y=zeros, name="d objective / dρ", line={"color": "#d62728"}),
                       row=2, col=1)
         batch = [] if self.batch_ratios is None else self.batch_ratios.tolist()
-        fig.add_trace(go.Histogram(x=batch, name="your batch's ratios", histnorm="percent", opacity=0.3,
-                                   marker={"color": "#7f7f7f"}, visible=self.batch_ratios is not None,
+        # purple, not grey: grey bars would vanish on the grey zero-gradient shading
+        fig.add_trace(go.Histogram(x=batch, name="your batch's ratios", histnorm="percent", opacity=0.45,
+                                   marker={"color": "#9467bd"}, visible=self.batch_ratios is not None,
                                    xbins={"start": float(self.grid[0]), "end": float(self.grid[-1]),
                                           "size": 0.02}),
                       row=1, col=1, secondary_y=True)
@@ -123,7 +124,8 @@ class ClipExplorer(Explorer):
                           legend={"orientation": "h", "y": -0.12}, template="plotly_white")
         fig.update_yaxes(title_text="objective (maximise)", row=1, col=1, secondary_y=False)
         fig.update_yaxes(title_text="% of batch", row=1, col=1, secondary_y=True, showgrid=False,
-                         visible=self.batch_ratios is not None)
+                         visible=self.batch_ratios is not None, rangemode="tozero", tickformat=".0f",
+                         tickmode="auto", nticks=5)  # whole percents, not ticks synced to the left axis
         fig.update_yaxes(title_text="d objective / dρ", row=2, col=1)
         fig.update_xaxes(title_text="ratio ρ = π_new / π_old", row=2, col=1)
         return fig

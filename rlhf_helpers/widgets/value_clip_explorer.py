@@ -98,8 +98,10 @@ class ValueClipExplorer(Explorer):
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start], "x1": x[end],
                            "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)", "line": {"width": 0},
                            "layer": "below"})
-            annotations.append({"x": (x[start] + x[end]) / 2, "y": 0.2, "xref": "x", "yref": "paper",
-                                "showarrow": False, "text": "clipped: gradient 0", "font": {"size": 11}})
+            # at the top of the loss panel, on a white label: at y = 0.2 it sat on the gradient lines
+            annotations.append({"x": (x[start] + x[end]) / 2, "y": 0.98, "xref": "x", "yref": "paper",
+                                "yanchor": "top", "showarrow": False, "text": "clipped: gradient 0",
+                                "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.85)"})
         with self.view.batch() as fig:
             fig.data[UNCLIPPED].y = unclipped["loss"].numpy()
             fig.data[CLIPPED].y = clipped["loss"].numpy()
