@@ -66,3 +66,22 @@ def test_exercise_check_fails_a_solution_that_calls_the_library(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{EXERCISE_PASSED}  gae"
     assert lines[1].startswith(f"{EXERCISE_FAILED}  gae: LibraryShortcut: rlhf_helpers.core.gae.compute_gae is hidden")
+
+
+def test_the_private_twin_and_a_re_export_outside_the_library_are_hidden_too():
+    """`core.gae._td_errors` (what `td_errors` delegates to) and torch's own re-export of a hidden torch
+    function would otherwise let a shortcut through."""
+    from torch.distributions import kl as torch_kl
+
+    d, v, m = torch.randn(2, 4), torch.randn(2, 4), torch.ones(2, 4)
+    with hidden_from_learner([rlhf_helpers.td_errors]):
+        with pytest.raises(LibraryShortcut):
+            gae._td_errors(d, v, m, 1.0)
+    assert gae._td_errors(d, v, m, 1.0).shape == (2, 4)  # back
+    original = torch_kl.kl_divergence
+    p = torch.distributions.Categorical(logits=torch.zeros(3))
+    with hidden_from_learner([original]):
+        for call in (torch.distributions.kl_divergence, torch_kl.kl_divergence):
+            with pytest.raises(LibraryShortcut, match=r"torch\.distributions\.kl\.kl_divergence is hidden"):
+                call(p, p)
+    assert torch.distributions.kl_divergence is original and torch_kl.kl_divergence is original

@@ -49,6 +49,9 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "    return rlhf_helpers.compute_gae(rewards, zeros, ones, 1.0, 1.0)[0]\n",
         "2": "def td_advantage(rewards, values):\n"
              "    return rlhf_helpers.td_errors(rewards, values, torch.ones_like(rewards), 1.0)\n",
+        "3": "def policy_kl(old_logits, new_logits):\n    Categorical = torch.distributions.Categorical\n"
+             "    return torch.distributions.kl_divergence(Categorical(logits=old_logits), "
+             "Categorical(logits=new_logits))\n",
     },
     "02_reward_model": {
         "1": "def ceiling_from_scores(score_a, score_b, temperature):\n    return accuracy_ceiling("
@@ -84,10 +87,7 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
-NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {
-    "01_policy_gradients": {"3": "rlhf_helpers has only sampled-token KL estimators, no full-distribution KL; "
-                                 "the check's reference is torch.distributions.kl_divergence"},
-}
+NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {}
 _CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE | re.DOTALL)
 #: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}

@@ -210,10 +210,12 @@ print(f"from no offsets to a spread of {offset_spreads[-1]}: scoring {'loses' if
 #
 # Only differences matter: adding a constant to every score changes nothing, so the reward model's
 # zero point is arbitrary. (This course's PPO uses the score as it is: the value head learns its
-# offset. Some implementations also normalise the reward model's scores, e.g. to mean 0 and standard
-# deviation 1 on the SFT model's samples: Ziegler et al. 2019, "Fine-Tuning Language Models from Human
-# Preferences"; Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO: A Case Study on
-# TL;DR Summarization". Normalising changes the scale the KL coefficient is weighed against.)
+# offset. Some implementations also normalise the reward model's scores. Ziegler et al. 2019
+# ("Fine-Tuning Language Models from Human Preferences") scale them to mean 0 and standard deviation 1
+# under the initial policy's samples, as Huang et al.'s 2023 reproduction, "The N Implementation
+# Details of RLHF with PPO", does; Stiennon et al. 2020, and Huang et al. 2024 ("The N+ Implementation
+# Details of RLHF with PPO"), only shift them so that the reference summaries score 0 on average.
+# Normalising changes the scale the KL coefficient is weighed against.)
 # $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
 # respect to the margin is $-(1 - \sigma(m))$: large for wrongly ordered pairs, vanishing once a pair is
 # ordered with a comfortable margin.
@@ -262,7 +264,7 @@ def check_bt_loss():
     assert torch.isfinite(far) and abs(far.item() - 100.0) < 1e-3, f"margin -100 should cost ~100, got {far}"
 
 
-exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss])
+exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss, bradley_terry_scratch])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -331,7 +333,7 @@ del lora_demo
 # are trained. In PPO (notebook 05) this adapter sits next to the policy and value adapters on the
 # *same* base model.
 #
-# These are the TRL and peft calls, the ones RethinkFun's `train_ppo` and most tutorials use: a
+# These are the TRL and peft calls, the ones most tutorials use: a
 # `LoraConfig` with `task_type="SEQ_CLS"` (and the score head in `modules_to_save`, so it is trained
 # and saved with the adapter), a `RewardConfig`, and a `RewardTrainer` on a data set of
 # `{"prompt", "chosen", "rejected"}` records. The cell runs them for a few steps on 256 pairs, so you

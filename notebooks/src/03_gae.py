@@ -126,7 +126,10 @@ kl_explorer
 #
 # $k_1$ spreads the most and is negative for a sizeable share of 16-token batches, although its mean is
 # exact. $k_2$ and $k_3$ are never negative, and here, close to the reference, $k_3$ has the tightest
-# spread while staying unbiased: that is why it is a common choice *inside a loss* (GRPO's KL term).
+# spread while staying unbiased. GRPO puts it in its loss, but an unbiased *value* is not a correct
+# *gradient*: with the samples held fixed, the expected gradient of $k_3$ is that of the forward
+# $\mathrm{KL}(\pi_{\text{ref}} \Vert \pi)$, while $k_2$'s is that of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$
+# (notebook 07 works this out).
 # The cell after these questions prints the numbers.
 # </details>
 #
@@ -138,7 +141,9 @@ kl_explorer
 # No and no. $k_2$ agrees with the KL only to second order in $\log w$, so far from the reference it
 # overshoots. $k_3$ stays unbiased, but its spread now exceeds $k_1$'s: its low variance is a property
 # of nearby policies, and far from the reference a rare token with a large $w$ dominates a batch's
-# $k_3$ mean. This is why the course reports the exact KL (or the $k_1$ sum), never $k_3$.
+# $k_3$ mean. This is why the KL to the reference that the course reports is the $k_1$ sum over each
+# response. (The trainer's `approx_kl` is another quantity: the KL between the policy before and after
+# one update, which stays near 0, where $k_3$ is accurate.)
 # </details>
 
 # %%
@@ -471,20 +476,20 @@ best_lam = lams[min(range(len(lams)), key=mse.__getitem__)]
 print(f"lowest total error on this chain at lambda = {best_lam}")
 
 # %% [markdown]
-# At $\lambda = 0$ the target leans entirely on the critic: its error is all bias, while only one noisy
-# reward enters. At $\lambda = 1$ the critic cancels out of the target (it is the Monte-Carlo return,
+# At $\lambda = 0$ the target leans entirely on the critic, so the critic's error enters it entirely
+# as bias (the variance printed there comes from the one noisy reward that enters). At $\lambda = 1$ the critic cancels out of the target (it is the Monte-Carlo return,
 # unbiased) but every later reward's noise adds up. The best total error lies in between, here at a
 # small $\lambda$ (printed above).
 #
-# PPO for language models nevertheless usually takes $\lambda = 0.95$ (or 1) and $\gamma = 1$. The
-# difference is where the noise sits. This chain has reward noise of the same size as the critic's
-# error at **every** step, so each extra step of look-ahead adds variance. An LLM's reward is almost
-# all in one number on the **last** token; the per-token rewards before it are small KL terms with
-# little noise. A small $\lambda$ then buys little variance and costs a lot of bias: with
-# $(\gamma\lambda)^{l}$ weights, the final score reaches a token $l$ steps before the end only through
-# the critic's guesses ($0.4^{20} \approx 10^{-8}$), and early in training the value head guesses
-# badly. A large $\lambda$ lets the real score reach every token, and a poor critic argues for an
-# even larger one. Drag $\lambda$ in the explorer above and watch how far back the final score's
+# PPO for language models nevertheless usually takes $\lambda = 0.95$ (or 1) and $\gamma = 1$. This
+# chain is not a model of an LLM's noise: there, the variance of an early token's return comes from
+# sampling all the later tokens, which decide the final score, not from independent noise added at
+# each step. What the chain does show is the price of a small $\lambda$: the target then trusts the
+# critic. With $(\gamma\lambda)^{l}$ weights, the real final score reaches a token $l$ steps before the
+# end with weight $(\gamma\lambda)^{l}$ ($0.4^{20} \approx 10^{-8}$: practically only through the
+# critic's guesses), and early in training the value head guesses badly, so a small $\lambda$ trains
+# the policy on the critic's errors. Practice settles on a large $\lambda$: it lets the real score reach
+# every token, and pays for it in variance, which whitening and large batches keep in check. Drag $\lambda$ in the explorer above and watch how far back the final score's
 # advantage reaches.
 
 # %% [markdown]

@@ -201,7 +201,9 @@ for r, g, gd in zip(far.tolist(), grad_plain.tolist(), grad_dual.tolist(), stric
 # ## 4. The KL-penalty form beside the clip form
 #
 # The PPO paper's alternative (eq. 8) keeps the plain importance-weighted objective and subtracts a
-# KL penalty towards the old policy, with $\beta$ adapted to hit a target KL:
+# KL penalty towards the old policy, with $\beta$ adapted to hit a target KL. The paper penalises the
+# exact $\mathrm{KL}[\pi_{\text{old}}(\cdot \mid s_t), \pi_\theta(\cdot \mid s_t)]$ over the whole distribution;
+# here the single-sample $k_3$ estimate on the sampled token stands in for it, as most LLM code does:
 #
 # $$L^{\text{KLPEN}} = -\,\overline{\rho_t \hat A_t - \beta\, \widehat{\mathrm{KL}}_t}, \qquad
 # \widehat{\mathrm{KL}}_t = (\rho_t - 1) - \log\rho_t \quad (k_3 \text{ estimate of } \mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)).$$

@@ -149,7 +149,7 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
 # | OpenRLHF: `PolicyLoss`, `masked_mean(loss, action_mask, dim=-1).mean()` | `policy_loss`: one masked mean over **all** tokens of the minibatch | OpenRLHF averages per sequence, then over sequences (every response weighs the same); here every token weighs the same, so long responses weigh more |
 # | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
-# | the seeds' `ppo.py`: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
+# | a typical single-file PPO script: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
 #
 # ## 2. One base model, four roles
 #
@@ -287,7 +287,7 @@ print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one 
 # %% [markdown]
 # The ratios are large even on the tiny model, because the base is kept once instead of four times and
 # never needs gradients or Adam states; on the gpu profile's 135M-parameter model, whose base grows much
-# faster than its adapters, they are larger still. Parameter bytes are not the whole story: a PPO
+# faster than its adapters, the parameter ratios are larger still. Parameter bytes are not the whole story: a PPO
 # step also holds activations, gradients and Adam states while it runs. `benchmarks/bench_memory.py`
 # measures that peak for one PPO step on each layout, side by side in one run; the figure shows its
 # recorded figures (not this notebook's run) for three model sizes, and section 4 measures this run's.
@@ -320,8 +320,10 @@ else:  # a copy of the notebook without the repository's benchmarks folder
 # %% [markdown]
 # Read the peaks against the parameter bytes. Where the weights dominate (GPT-2 small on the CPU), the
 # peak follows the parameter table. Where activations, logits and sampling buffers dominate (the tiny
-# model, or a large batch on a GPU), one PPO step costs about the same on every layout: sharing saves
-# weights, not activations. The ratios printed above say which regime each size is in.
+# model, or a batch of 32 x 48 tokens on a GPU), the layouts come close: sharing saves weights, not
+# activations. On the H100 row the shared model even peaks higher than four models, because its step
+# also holds the CUDA-graph sampler's static buffers (benchmarks/README.md, bench_memory), which the
+# four-model side does not use. The ratios printed above say which regime each size is in.
 
 # %% [markdown]
 # ## 3. Experience making
@@ -588,7 +590,8 @@ exercise_check("Exercise 2 (ppo_update)", check_ppo_update,
 #             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
 #             # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
 #             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
-#             rho = torch.exp(logp.float() - batch.old_logprobs[rows])  # (b, R)
+#             log_rho = torch.where(m.bool(), logp.float() - batch.old_logprobs[rows], 0.0)  # (b, R): 0 at padding
+#             rho = torch.exp(log_rho)  # (b, R)
 #             # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
 #             surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
 #             pg_loss = -(surrogate * m).sum() / m.sum()
@@ -618,7 +621,7 @@ exercise_check("Exercise 2 (ppo_update)", check_ppo_update,
 # Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
 # eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar.
 # - `per_sequence=False` (this engine, TRL): one masked mean over **all** real tokens of the minibatch.
-# - `per_sequence=True` (OpenRLHF, the seed's `masked_mean(loss, action_mask, dim=-1).mean()`): the
+# - `per_sequence=True` (OpenRLHF's `masked_mean(loss, action_mask, dim=-1).mean()`): the
 #   masked mean over each response's own tokens first, then the plain mean over responses.
 #
 # Padding positions hold garbage (huge log-probs): they must not reach the result.
@@ -672,8 +675,10 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # counts once, so each token of a response of length $|y_i|$ weighs $1/|y_i|$. Dr. GRPO (Liu et al. 2025)
 # names that a **response-length bias**: with a positive advantage, short responses get the larger
 # per-token push; with a negative one, long responses are penalised less per token, so wrong answers
-# drift longer. The token mean (this engine, TRL's default) or a constant normaliser (Dr. GRPO's
-# `max_length`) has no such bias; notebook 07 measures it.
+# drift longer. The token mean (this engine) divides by the minibatch's token count instead: a token's
+# weight no longer depends on its own response's length, but still on the other responses' lengths in
+# the minibatch. Only a constant normaliser (Dr. GRPO's `max_length`) is length-independent; notebook
+# 07 measures the difference.
 # </details>
 
 # %% [markdown]
@@ -732,8 +737,9 @@ print(f"memory: the shared model's parameters {model.parameter_bytes()['total'] 
 # Reading the curves: the learned score should rise, and the hidden score with it as long as the reward
 # model is right in the region the policy explores; when the two part ways, the policy is exploiting the
 # reward model. KL grows as the policy leaves the reference ($\beta$ sets how far that is worth it). A
-# clip fraction of a few percent means the updates stay in the trust region; tens of percent means the
-# learning rate or the number of epochs is too large. Explained variance should climb from about 0 as
+# clip fraction of a few percent is the usual healthy range; tens of percent means the learning rate or
+# the number of epochs is too large. It counts tokens, not how far their ratios moved: a few tokens can
+# still leave the band far behind (section 7 shows the ratios of the last batch). Explained variance should climb from about 0 as
 # the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo returns).
 
 # %% [markdown]
@@ -779,15 +785,25 @@ genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_break
                   for p in load_preferences("train"))
 print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of "
       f"{len(load_preferences('train'))}")
+# the same prompt from the SFT model: was the weakness already there before PPO?
+sft_row = samples_table[(samples_table["model"] == "SFT (reference)") & (samples_table["prompt"] == gap_row["prompt"])].iloc[0]
+print(f"the SFT model on the same prompt: learned {sft_row['learned']:+.2f}, hidden {sft_row['hidden']:+.2f}, "
+      f"gap {sft_row['learned'] - sft_row['hidden']:+.2f}")
+# how often a sample contradicts its prompt's genre, before and after PPO (all the table's prompts)
+for who in ("SFT (reference)", "PPO policy"):
+    rows_of = samples_table[samples_table["model"] == who]
+    wrong = sum(score_breakdown(r["prompt"], r["response"]).genre < 0 for _, r in rows_of.iterrows())
+    print(f"{who}: {wrong} of {len(rows_of)} samples lose hidden score on the genre term")
 
 # %% [markdown]
-# A typical find on the tiny profile: a prompt about one genre ("Review of the comedy ...") answered
-# with a confident review of another ("This drama ..."). The praise and detail the reward model pays
-# for are there, so its score is high; the hidden scorer's **genre** term subtracts for every word that
-# contradicts the prompt's genre. Few of notebook 02's preference pairs contrast a right genre with a
-# wrong one (the count is printed above), so the reward model had little evidence to learn that check. That is reward hacking in miniature: the
-# policy found a direction the proxy does not see. The KL penalty keeps such drift small; notebook 06
-# removes it and the gap grows.
+# Read the printout in three steps. The worst term names what the reward model does not check for this
+# sample (often the **genre** term: a review of the wrong genre keeps the praise and detail the reward
+# model pays for, while the hidden scorer subtracts for every word that contradicts the prompt's genre;
+# few preference pairs contrast a right genre with a wrong one, the count is printed). The SFT model's
+# sample for the same prompt says whether the weakness was there before PPO. And the last two lines
+# count it before and after training: exploitation of the reward model is a gap that **grows** under
+# optimisation, not one bad sample. Six prompts are few; notebook 06 measures the gap over a whole
+# evaluation set, with and without the KL penalty.
 
 # %% [markdown]
 # ## 6. Best-of-$n$: the baseline at matched KL
@@ -849,17 +865,20 @@ peak_row = ppo_points.loc[ppo_points["hidden score"].idxmax()]
 print(f"PPO's hidden score peaked at step {int(peak_row['step'])} ({peak_row['hidden score']:.3f}, KL "
       f"{peak_row['KL (nats)']:.2f}); learned score there {peak_row['learned score']:.3f}, at the end "
       f"{final['learned score']:.3f} with hidden {final['hidden score']:.3f}")
+noise = abs(ppo_points.iloc[0]["hidden score"] - bon_points.iloc[0]["hidden score"])
+print(f"two evaluations of the SFT model (step 0, best-of-1) differ by {noise:.3f}: the scale of noise here")
 
 # %% [markdown]
 # **The verdict** is the "at matched KL" line above: which of the two reaches the higher hidden score for
 # the same distance from the SFT model on this run. Gao et al. (2022) found at scale that RL is less
 # KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL); the line
-# above says whether this small run agrees. Either way PPO can reach scores best-of-$n$ cannot at any
-# affordable $n$, by going further. What PPO buys is cost at inference:
-# best-of-$n$ samples and scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
-# And look at where PPO's hidden score peaked (printed last): if the learned score is still climbing
-# after that step while the hidden score sags, the policy is spending KL on what the reward model
-# over-rates, the start of the over-optimisation that notebook 06 measures.
+# above says whether this small run agrees. What PPO buys is cost at inference: best-of-$n$ samples and
+# scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
+#
+# Read the peak (printed last) with the evaluation's noise in mind: step 0 and best-of-1 are two
+# evaluations of the same SFT model with different samples, and their difference (printed below) is
+# the size of a difference that means nothing. A hidden score that sags by more than that while the
+# learned score keeps climbing is the start of the over-optimisation that notebook 06 measures.
 #
 # Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum over
 # each response), best-of-$n$'s is the formula, an upper bound (section 6). With a

@@ -2,9 +2,11 @@
 
     exercise_check("Exercise 2 (gae_one)", check_gae_one, hidden=[rlhf_helpers.compute_gae])
 
-While the check runs, every name bound to a hidden object, in every loaded `rlhf_helpers` module, on
-its class (for a method such as `PPOTrainer.update`) and in the notebook's own namespace, points to
-a tripwire that raises LibraryShortcut. Afterwards every name is put back. The check itself must
+While the check runs, every name bound to a hidden object, in every loaded `rlhf_helpers` module, in
+every loaded module of the object's own package (torch's re-exports too), on its class (for a method
+such as `PPOTrainer.update`) and in the notebook's own namespace, points to a tripwire that raises
+LibraryShortcut. So does the private twin a library function delegates to (`_td_errors` beside
+`td_errors`). Afterwards every name is put back. The check itself must
 then compare against an independent reference (a loop, a formula), not against the library twin.
 """
 
@@ -51,14 +53,21 @@ def _owner_of_method(obj: Any) -> Any | None:
 def hidden_from_learner(objects: Iterable[Any], namespace: MutableMapping[str, Any] | None = None
                         ) -> Iterator[None]:
     """Replace every binding of each object (library modules, its class, `namespace`) by a tripwire."""
+    objects = list(objects)
+    for obj in list(objects):  # the private twin of a function: `_name` in its module
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        twin = getattr(module, f"_{getattr(obj, '__name__', '')}", None) if module is not None else None
+        if callable(twin):
+            objects.append(twin)
     targets = {id(obj): obj for obj in objects}
     if not targets:
         yield
         return
     wires = {key: tripwire(obj) for key, obj in targets.items()}
     undo: list[tuple[Any, str, Any]] = []  # (owner, attribute or key, original)
+    packages = {"rlhf_helpers"} | {obj.__module__.split(".")[0] for obj in targets.values()}
     owners: list[Any] = [module for name, module in list(sys.modules.items())
-                         if module is not None and (name == "rlhf_helpers" or name.startswith("rlhf_helpers."))]
+                         if module is not None and name.split(".")[0] in packages]
     owners += [owner for obj in targets.values() if (owner := _owner_of_method(obj)) is not None]
     try:
         for owner in owners:

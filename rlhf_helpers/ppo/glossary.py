@@ -52,9 +52,10 @@ NOTATION = """\
 - `B` responses per batch, `t` a response token, `m_t` = 1 on real response tokens (up to and
   including the first EOS), 0 on padding; "masked mean" = sum_t m_t x_t / sum_t m_t over the batch.
 - `pi` the policy, `pi_old` the policy that sampled the batch, `ref` the reference (base model with
-  every adapter disabled), `r_t = pi(y_t) / pi_old(y_t)` the probability ratio, `eps` = clip_eps.
+  every adapter disabled), `rho_t = pi(y_t) / pi_old(y_t)` the probability ratio, `eps` = clip_eps.
 - `s` the reward-model score of a whole response, `V_t` the critic's value before token t,
-  `A_t` the GAE advantage, `R_t = A_t + V_t` the return, `beta` = kl_coef.
+  `A_t` the GAE advantage, `G_t = A_t + V_t` the return (GAE's lambda-return, the critic's target),
+  `beta` = kl_coef.
 - Healthy ranges come from one 60-step tiny-profile run (`python -m rlhf_helpers.stages.train_ppo --profile
   tiny --steps 60 --eval-every 10`, seed 0), "late" = steps 30-60; the failure examples from the same
   command with `--kl-coef 0 --steps 40` (no KL penalty) and `--kl-coef 0.05` (a weak one). Other
@@ -139,7 +140,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "differ from EOS).")),
     "explained_variance": ("rollout", _m(
         "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
-        "1 - Var_t[R_t - V_t] / Var_t[R_t] over all real tokens of the batch (V: the critic before "
+        "1 - Var_t[G_t - V_t] / Var_t[G_t] over all real tokens of the batch (V: the critic before "
         "this step's update)",
         "about 0 at step 1 (untrained critic), 0.2-0.55 within a few steps, then noisy between "
         "0.28 and 0.76 late as the policy keeps moving.",
@@ -149,7 +150,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "V_t with the state before token t).")),
     "return_mean": ("rollout", _m(
         "mean GAE return over real tokens (the critic's regression target)",
-        "masked mean of R_t = A_t (raw, before whitening) + V_t",
+        "masked mean of G_t = A_t (raw, before whitening) + V_t",
         "a little below the score (the KL penalty still to come is subtracted): about 0.3 at step "
         "1, 2.75-2.92 late.",
         "far from score - beta * kl (its upper end): the reward shaping or GAE is off (score not on the last real "
@@ -163,7 +164,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     # ------------------------------------------------------------------ updates
     "policy_loss": ("update", _m(
         "clipped surrogate loss -min(r A, clip(r) A), masked mean",
-        "masked mean of -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t), A whitened",
+        "masked mean of -min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t), A whitened",
         "small and slightly negative: -0.024 to -0.005 (whitened "
         "advantages average 0, so its "
         "level says little; the trend within an update does).",
@@ -172,7 +173,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "trains.")),
     "clipfrac": ("update", _m(
         "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
-        "masked mean of [clip(r_t) A_t < r_t A_t], the tokens where the clipped term is chosen and "
+        "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen and "
         "the gradient is zero",
         "0.016-0.064 (a few percent: the update moves the policy, the clip rarely has to stop "
         "it); with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
@@ -180,14 +181,14 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
         "minibatch: the policy does not change (no gradient reaches the adapter).")),
     "approx_kl": ("update", _m(
-        "mean (r - 1) - log r between the updated and the sampling policy (k3 estimate)",
-        "masked mean of (r_t - 1) - log r_t, an estimate of KL(pi_old || pi) that is never negative",
+        "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy (k3 estimate)",
+        "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is never negative",
         "0.003-0.03 nats per token, mostly 0.004-0.01 (0.02-0.05 with kl_coef 0).",
         "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
         "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
     "value_loss": ("update", _m(
-        "clipped value loss 0.5 * max((V - R)^2, (clip(V) - R)^2), masked mean",
-        "0.5 * masked mean of max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - R_t)^2), "
+        "clipped value loss 0.5 * max((V - G)^2, (clip(V) - G)^2), G the GAE return, masked mean",
+        "0.5 * masked mean of max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - G_t)^2), "
         "c = value_clip",
         "0.3-0.85 in the first 5 steps (the critic starts at 0, returns near the score), "
         "0.016-0.09 late.",
@@ -196,7 +197,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "than value_clip lets the critic follow.")),
     "vf_clipfrac": ("update", _m(
         "fraction of tokens where value clipping was active",
-        "masked mean of [(V_clip,t - R_t)^2 > (V_t - R_t)^2], the tokens where the clipped error is "
+        "masked mean of [(V_clip,t - G_t)^2 > (V_t - G_t)^2], the tokens where the clipped error is "
         "used (0 when value_clip is None)",
         "0.3-0.5 in the first steps (the critic chases returns far above its start), 0.002-0.044 "
         "late.",
@@ -240,7 +241,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "")),
     "ratio_mean": ("minibatch", _m(
         "mean probability ratio pi_new / pi_old over real tokens",
-        "masked mean of r_t = exp(log pi(y_t) - log pi_old(y_t))",
+        "masked mean of rho_t = exp(log pi(y_t) - log pi_old(y_t))",
         "exactly 1 at the first minibatch of the first epoch (nothing has changed yet), then "
         "within ~0.01 of 1.",
         "not 1 at the very first minibatch: the old log-probs do not come from the policy that "
@@ -248,7 +249,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "script), or dropout is on. Far from 1 later: too large updates.")),
     "ratio_max": ("minibatch", _m(
         "largest probability ratio pi_new / pi_old in the minibatch",
-        "max over real tokens of r_t",
+        "max over real tokens of rho_t",
         "1 at the first minibatch, below ~1.5-2 afterwards.",
         "huge (10 and more): a token whose probability exploded; the clip stops its gradient, but "
         "the update is unstable.")),
