@@ -85,9 +85,22 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "    return rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=eps)[0]\n",
         "4": "def bon_kl(n):\n    return best_of_n_kl(n)\n",
     },
+    "06_failure_modes": {
+        "1": "def mask_to_first_eos(responses, eos_id):\n    return library_mask_to_first_eos(responses, eos_id)\n",
+        "2": "def fit_overoptimisation(kl, hidden):\n    return tuple(fit_law(kl, hidden, 'rl')[0])\n",
+        "3": "def sequence_kl_k3(logprobs, ref_logprobs, mask):\n"
+             "    k3 = rlhf_helpers.kl_estimate(logprobs, ref_logprobs, 'k3')\n"
+             "    return rlhf_helpers.masked_sum(k3, mask, dim=1)\n",
+    },
+    "07_beyond_ppo": {
+        "1": "def rloo_from_centred(rewards):\n    return rlhf_helpers.rloo_advantages(rewards)\n",
+    },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
-NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {}
+NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {
+    "07_beyond_ppo": {"2": "the token weights are what TRL's GRPOTrainer loss implies; no library function "
+                           "computes them, and the check differentiates that loss itself"},
+}
 _CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE | re.DOTALL)
 #: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}

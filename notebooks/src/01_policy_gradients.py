@@ -581,7 +581,7 @@ assert drop_in_se > 2, "the text says the largest first step ends with a lower r
 # while the new policy stays within a KL ball of the old one,
 #
 # $$\max_\theta\ \mathbb{E}_t\Big[\tfrac{\pi_\theta(a_t \mid s_t)}{\pi_{\text{old}}(a_t \mid s_t)}\, \hat A_t\Big]
-# \quad\text{s.t.}\quad \mathbb{E}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta,$$
+# \quad\text{s.t.}\quad \mathbb{E}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}},$$
 #
 # which needs second-order machinery (conjugate gradient, line search). **PPO** folds the constraint
 # into the objective: with the ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
@@ -705,7 +705,7 @@ assert entropy_ratio < 0.5, "vanilla reuse should collapse the entropy to under 
 # Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
 # \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
 # dimension, for logits of any shape (..., V). Then check: what is the KL of the first step with
-# $\eta = 100$ printed above, and is it inside a typical trust region of $\delta = 0.01$?
+# $\eta = 100$ printed above, and is it inside a typical trust region of $\delta_{\text{KL}} = 0.01$ (the radius; $\delta_t$ stays the TD error)?
 
 # %%
 # EXERCISE 3
@@ -730,6 +730,12 @@ def check_policy_kl():
 
 exercise_check("Exercise 3 (policy_kl)", check_policy_kl,
                hidden=[policy_kl_reference, torch.distributions.kl.kl_divergence])
+
+# %%
+# The exercise's question, answered from the step-size table above (mean over its 8 seeds)
+kl_at_100 = results["kl"][step_sizes.index(100)]
+print(f"KL(old || new) of the first step at eta = 100: {kl_at_100:.2f} nats, {kl_at_100 / 0.01:.0f} times a "
+      f"trust region of 0.01 ({'inside' if kl_at_100 <= 0.01 else 'outside'} it)")
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>

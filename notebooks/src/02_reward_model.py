@@ -409,7 +409,9 @@ print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 # A causal model's hidden state at position $t$ has seen tokens $0..t$ only, so the state that has read
 # the whole (prompt, response) is the one at the **last real token** (the EOS here):
 #
-# $$r_\phi(x, y) = w^\top h_{\ell}, \qquad \ell = \text{index of the last real token}.$$
+# $$r_\phi(x, y) = w^\top \mathbf{z}_{\ell}, \qquad \ell = \text{index of the last real token},$$
+#
+# with $\mathbf{z}_\ell$ the backbone's hidden state there ($h$ stays the hidden score).
 #
 # Batches are padded to one length. With **left** padding (what the course uses, because batched
 # generation needs every prompt to end at the same column) the last real token of every row is the last
@@ -546,7 +548,7 @@ print(f"held-out Bradley-Terry loss {held_out_loss:.3f}   corr(learned, hidden) 
       f"{1 / DEFAULT_TEMPERATURE:.1f}: {slope * DEFAULT_TEMPERATURE:.0%} of a perfect fit")
 
 fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
-                    subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (r = {correlation:.2f})"))
+                    subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (Pearson {correlation:.2f})"))
 fig.add_bar(x=["reward model", "annotator ceiling", "chance"], y=[accuracy, ceiling, 0.5], row=1, col=1,
             error_y=dict(array=[0.0, 2 * ceiling_se, 0.0]),  # +- 2 SE of a 500-label accuracy
             marker_color=["royalblue", "gray", "lightgray"], showlegend=False)

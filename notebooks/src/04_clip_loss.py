@@ -538,13 +538,13 @@ exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss,
 
 # %%
 def lm_loss_scratch(logits, labels, ignore_index=-100):
-    shift_logits = logits[:, :-1]  # (B, T-1, V): position t predicts token t+1
+    shift_logits = logits[:, :-1]  # (B, T-1, vocab): position t predicts token t+1
     shift_labels = labels[:, 1:]  # (B, T-1)
     return F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
                            ignore_index=ignore_index)
 
 
-lm_logits = torch.randn(2, 7, 11, generator=gen)  # (B, T, V)
+lm_logits = torch.randn(2, 7, 11, generator=gen)  # (B, T, vocab)
 labels = torch.randint(11, (2, 7), generator=gen)  # (B, T)
 labels[0, :3] = -100  # a prompt we do not train on
 labels[1, 5:] = -100  # padding

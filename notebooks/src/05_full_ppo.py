@@ -225,8 +225,8 @@ P = demo.context_length
 def logprobs_scratch(lm, seq, attn, P):
     """log pi(y_t | ...) of the response tokens under a causal LM: (B, P + R) -> (B, R)."""
     positions = position_ids_from_mask(attn)  # (B, P + R): 0 at the first real token of each row
-    logits = lm(input_ids=seq, attention_mask=attn, position_ids=positions).logits  # (B, P + R, V)
-    logp_all = torch.log_softmax(logits[:, P - 1 : -1].float(), dim=-1)  # (B, R, V): position s predicts s + 1
+    logits = lm(input_ids=seq, attention_mask=attn, position_ids=positions).logits  # (B, P + R, vocab)
+    logp_all = torch.log_softmax(logits[:, P - 1 : -1].float(), dim=-1)  # (B, R, vocab): position s predicts s + 1
     return logp_all.gather(-1, seq[:, P:, None]).squeeze(-1)  # (B, R)
 
 
@@ -386,7 +386,7 @@ def experience_one_sequence(model, batch, i, beta, gamma, lam):
     p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
     n = ids.shape[1] - p_i  # response length
     with torch.no_grad():
-        logits = model.policy_logits(ids, attn)  # (1, L_i, V): the policy adapter on
+        logits = model.policy_logits(ids, attn)  # (1, L_i, vocab): the policy adapter on
         logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
         with model.reference():  # every adapter off: the plain SFT model
             ref = logprobs_scratch(model.lm, ids, attn, p_i)[0]  # (n,)

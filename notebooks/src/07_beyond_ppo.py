@@ -13,13 +13,14 @@
 # - what the critic does in PPO (a learned baseline $V(s_t)$ and per-token credit through GAE), and
 #   what replaces it in RLOO (the **leave-one-out** mean of the other answers to the same prompt) and in
 #   GRPO (the **group-normalised** reward);
-# - the two biases Dr. GRPO points out: dividing by a group's std, and dividing each response's loss
-#   by its own length;
+# - the two biases Dr. GRPO points out: a **question-difficulty** bias from dividing by a group's std,
+#   and a **response-length** bias from dividing each response's loss by its own length;
 # - **KL in the reward** (PPO, RLOO) against **KL in the loss** (GRPO): which KL each one's gradient
-#   actually minimises, computed exactly on a toy policy;
+#   minimises in expectation, with $k_1$, $k_2$ or $k_3$ in the loss, computed exactly on a toy policy;
 # - how PPO (ours), TRL's `GRPOTrainer` and `RLOOTrainer`, and best-of-n compare in one setting. They
 #   share the learned reward, the prompts, the LoRA policy, the CPU budget and the judge. They are
-#   compared on the frontier of hidden score against KL, on CPU seconds, on samples and on memory;
+#   compared on the frontier of hidden score against KL, on CPU seconds, on samples and on memory,
+#   every verdict printed from this run's numbers;
 # - where PPO, GRPO, RLOO and DPO each fit.
 
 # %% [setup]
@@ -31,9 +32,12 @@ env_info = show_environment()
 
 # %%
 import math
+from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
+from IPython.display import Image, display
 from plotly.subplots import make_subplots
 
 import rlhf_helpers
@@ -58,7 +62,8 @@ config = CompareConfig.from_profile(profile)
 eval_prompts = load_prompts("test")
 print(f"budget {config.train_seconds:.0f} {'CPU ' if profile.device == 'cpu' else ''}s per method; "
       f"{config.samples_per_batch} responses per batch (GRPO/RLOO: {config.prompts_per_batch} prompts x "
-      f"G = {config.group_size}); beta {config.kl_coef}; lr {config.learning_rate}; judged on "
+      f"G = {config.group_size}); beta {config.kl_coef}; lr {config.learning_rate}; GRPO loss_type "
+      f"{config.grpo_loss_type!r}, scale_rewards {config.grpo_scale_rewards!r}; judged on "
       f"{min(config.n_eval_prompts, len(eval_prompts))} held-out prompts")
 
 # %% [markdown]
@@ -85,7 +90,10 @@ print(f"budget {config.train_seconds:.0f} {'CPU ' if profile.device == 'cpu' els
 # **GRPO** (Shao et al. 2024, DeepSeekMath section 4.1.2) centres on the group mean and divides by the
 # group's standard deviation:
 #
-# $$A_i = \frac{r_i - \operatorname{mean}(r_1..r_G)}{\operatorname{std}(r_1..r_G) + \epsilon}$$
+# $$A_i = \frac{r_i - \operatorname{mean}(r_1..r_G)}{\operatorname{std}(r_1..r_G) + \epsilon_{\text{std}}}$$
+#
+# ($\epsilon_{\text{std}}$, a small constant that keeps a tied group finite, is not the clip range
+# $\epsilon$ of the PPO ratio.)
 #
 # In both, every token of response $i$ gets the same $A_i$: there is no per-token credit. The group
 # *is* the baseline, paid for with $G$ samples per prompt instead of a learned $V$.
@@ -104,15 +112,15 @@ def rloo_advantages_scratch(rewards: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def grpo_advantages_scratch(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """(N, G) -> (N, G): (r - group mean) / (group sample std + eps), with loops."""
+def grpo_advantages_scratch(rewards: torch.Tensor, eps_std: float = 1e-4) -> torch.Tensor:
+    """(N, G) -> (N, G): (r - group mean) / (group sample std + eps_std), with loops."""
     N, G = rewards.shape
     out = torch.empty_like(rewards)
     for n in range(N):
         mean = sum(rewards[n]) / G
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards[n]) / (G - 1))  # sample std, as torch.std
         for i in range(G):
-            out[n, i] = (rewards[n, i] - mean) / (std + eps)
+            out[n, i] = (rewards[n, i] - mean) / (std + eps_std)
     return out
 
 
@@ -123,11 +131,13 @@ torch.testing.assert_close(rloo_advantages_scratch(toy), rlhf_helpers.rloo_advan
 torch.testing.assert_close(grpo_advantages_scratch(toy), rlhf_helpers.grpo_advantages(toy))
 print("RLOO advantages:\n", rlhf_helpers.rloo_advantages(toy))
 print("GRPO advantages:\n", rlhf_helpers.grpo_advantages(toy))
+toy_grpo = rlhf_helpers.grpo_advantages(toy)  # (3, G)
+assert toy_grpo[1].abs().max() > 0.5 * toy_grpo[0].abs().max()  # the text: the near-tie pushes about as hard
 
 # %% [markdown]
 # Look at the second row. Its rewards differ by 0.01 (noise, for a learned reward), yet GRPO's
-# advantages there are as large as in the first row, where the rewards really differ. Dividing by the
-# group's std turns any group into advantages of about $\pm 1$. A tied group (third row) gives
+# advantages there are of the same order as in the first row, where the rewards really differ (the
+# assert above checks it). Dividing by the group's std turns any group into advantages of about $\pm 1$. A tied group (third row) gives
 # $A = 0$ everywhere: that prompt teaches nothing in this batch (TRL logs the share of such groups as
 # `frac_reward_zero_std`).
 #
@@ -148,12 +158,15 @@ def rloo_from_centred(rewards: torch.Tensor) -> torch.Tensor:
 # %%
 def check_rloo_from_centred():
     rewards = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    torch.testing.assert_close(rloo_from_centred(rewards), rlhf_helpers.rloo_advantages(rewards))
+    expected = torch.tensor([[r - (sum(row) - r) / (len(row) - 1) for r in row] for row in rewards.tolist()],
+                            dtype=torch.float64)  # a loop: each reward minus the mean of the others
+    torch.testing.assert_close(rloo_from_centred(rewards), expected)
     two = torch.tensor([[4.0, 1.0]], dtype=torch.float64)  # G = 2: each answer against the other
     torch.testing.assert_close(rloo_from_centred(two), torch.tensor([[3.0, -3.0]], dtype=torch.float64))
 
 
-exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred)
+exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred,
+               hidden=[rlhf_helpers.rloo_advantages, rlhf_helpers.grpo_advantages])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -162,7 +175,7 @@ exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred)
 # def rloo_from_centred(rewards: torch.Tensor) -> torch.Tensor:
 #     """(N, G) rewards -> (N, G) RLOO advantages, computed from r - group mean and one constant."""
 #     G = rewards.shape[1]
-#     centred = rlhf_helpers.grpo_advantages(rewards, scale="none")  # r_i - mean
+#     centred = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G): r_i - mean, Dr. GRPO's advantage
 #     return G / (G - 1) * centred  # r_i - (G mean - r_i)/(G-1) = G/(G-1) (r_i - mean)
 # ```
 # So RLOO's advantage is Dr. GRPO's times $G/(G-1)$: the same direction, the scale of a learning
@@ -187,34 +200,47 @@ group_std = rewards.std(dim=1)  # (16,)
 scaled = rlhf_helpers.grpo_advantages(rewards, scale="group").abs().mean(dim=1)  # (16,)
 centred = rlhf_helpers.grpo_advantages(rewards, scale="none").abs().mean(dim=1)  # (16,)
 
-fig = make_subplots(rows=1, cols=2, subplot_titles=("mean |A| of a group against its reward std",
-                                                    "per-token weight against response length"))
-fig.add_scatter(x=group_std.tolist(), y=scaled.tolist(), mode="markers", name="GRPO: / group std",
+fig = make_subplots(rows=2, cols=1, vertical_spacing=0.17,  # two rows: fits the output area
+                    subplot_titles=("mean |A| of a group against its reward std",
+                                    "per-token weight against response length (responses with A < 0)"))
+fig.add_scatter(x=group_std.tolist(), y=scaled.tolist(), mode="markers", name="GRPO advantages (÷ group std)",
                 marker={"size": 9, "color": "#2ca02c"}, row=1, col=1)
-fig.add_scatter(x=group_std.tolist(), y=centred.tolist(), mode="markers", name="Dr. GRPO: no division",
+fig.add_scatter(x=group_std.tolist(), y=centred.tolist(), mode="markers", name="Dr. GRPO advantages (no division)",
                 marker={"size": 9, "color": "#9467bd", "symbol": "x"}, row=1, col=1)
 fig.update_xaxes(title_text="std of the group's learned rewards", row=1, col=1)
 fig.update_yaxes(title_text="mean |advantage| in the group", row=1, col=1)
 print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to "
-      f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f}, "
-      f"without {centred.min():.2f}-{centred.max():.2f}")
+      f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f} "
+      f"(largest / smallest {scaled.max() / scaled.min():.1f}), without {centred.min():.2f}-{centred.max():.2f} "
+      f"(largest / smallest {centred.max() / centred.min():.1f})")
+assert scaled.max() / scaled.min() < centred.max() / centred.min(), \
+    "the text says the std division evens out the groups' advantage sizes"
+low_spread = group_std < group_std.median()  # (16,): the groups whose answers the reward tells apart least
+print(f"share of the total |A| that goes to the half of the groups with the smaller reward std: "
+      f"{float(scaled[low_spread].sum() / scaled.sum()):.0%} with the std division, "
+      f"{float(centred[low_spread].sum() / centred.sum()):.0%} without")
 
 # %% [markdown]
-# **Bias 1: the std.** In the left panel, with the division (green) every group's advantages have
-# about the same size, whatever its spread. The groups whose answers the reward can barely tell apart
-# push as hard as the clear ones, so the noise of the learned reward gets amplified. Without it
-# (purple), a group pushes in proportion to how much its answers differ.
+# **Bias 1: question difficulty (the std).** Dividing by the group's std gives every group
+# advantages of about the same size, whatever its spread (the top panel and the printed shares). Dr.
+# GRPO calls this a question-difficulty bias: the groups whose rewards barely differ are the questions
+# that are too easy or too hard (with a pass/fail reward: nearly all right or all wrong), and the
+# division up-weights exactly those in the update. With a learned reward, as here, it also amplifies
+# whatever small, noisy differences the reward sees inside such a group. Without the division (purple),
+# a group pushes in proportion to how much its answers differ.
 #
-# **Bias 2: the length.** GRPO as published averages each response's per-token loss over *its own*
+# **Bias 2: response length.** GRPO as published averages each response's per-token loss over *its own*
 # length $|o_i|$, then over the $B$ responses:
 #
 # $$L_{\text{GRPO}} = -\frac1B\sum_i \frac{1}{|o_i|}\sum_t \rho_{i,t} A_i \quad\Rightarrow\quad
 # \text{weight of one token of } i = \frac{A_i}{B\,|o_i|}$$
 #
-# So a long response with a negative advantage is penalised *less* per token than a short one, and
-# "when wrong, be long" is rewarded. Dr. GRPO (TRL `loss_type="dr_grpo"`) divides by a constant,
-# $B \cdot L_{\max}$; DAPO (TRL 1.16's default, `"dapo"`) by the number of tokens in the batch, also
-# the same for every response.
+# At the same advantage, a short response gets a larger update per token than a long one. Dr. GRPO
+# calls this a response-length bias, with two sides: among responses with $A_i > 0$ the shorter ones
+# are reinforced more per token, and among responses with $A_i < 0$ the longer ones are penalised
+# less per token, so "when wrong, be long" is rewarded. Dr. GRPO (TRL `loss_type="dr_grpo"`) divides
+# by a constant, $B \cdot L_{\max}$; DAPO (TRL 1.16's default, `"dapo"`) by the number of tokens in the
+# batch, also the same for every response.
 #
 # ### Exercise 2: the weight each loss puts on one token
 #
@@ -266,7 +292,7 @@ exercise_check("Exercise 2 (token_weights)", check_token_weights)
 # </details>
 
 # %% [markdown]
-# The right panel uses your `token_weights` (or, until it is written, the same formula here) on the real
+# The bottom panel uses your `token_weights` (or, until it is written, the same formula here) on the real
 # groups above, with Dr. GRPO's advantages, so that only the aggregation differs:
 
 # %%
@@ -281,23 +307,26 @@ def _weights(advantages, mask, loss_type, max_length):
 
 flat_advantages = rlhf_helpers.grpo_advantages(rewards, scale="none").flatten()  # (16 G,)
 negative = flat_advantages < 0  # the responses the update pushes down
+LOSS_LABELS = {"grpo": "GRPO", "dr_grpo": "Dr. GRPO"}  # TRL's loss_type values -> the names in the text
 for loss_type, color in (("grpo", "#2ca02c"), ("dr_grpo", "#9467bd")):
     w = _weights(flat_advantages, samples.mask, loss_type, config.max_new_tokens)  # (16 G, R)
     per_token = (w.sum(1) / samples.mask.sum(1))[negative]  # mean weight of one token of each response
     fig.add_scatter(x=lengths.flatten()[negative].tolist(), y=(-per_token).tolist(), mode="markers",
-                    name=f"{loss_type}: push-down per token (A < 0)", marker={"size": 8, "color": color},
-                    row=1, col=2)
-fig.update_xaxes(title_text="response length, tokens", row=1, col=2)
-fig.update_yaxes(title_text="|weight| of one token", type="log", row=1, col=2)
-fig.update_layout(width=1000, height=420, template="plotly_white", title="Dr. GRPO's two biases, on real groups",
-                  legend={"orientation": "h", "y": -0.25})
+                    name=f"{LOSS_LABELS[loss_type]} loss: push-down per token",
+                    marker={"size": 8, "color": color, "symbol": "diamond-open"}, row=2, col=1)
+fig.update_xaxes(title_text="response length, tokens", row=2, col=1)
+# one tick per power of ten, written as powers: plotly's default log ticks read "5, 2, 0.001, 5, 2, 100µ"
+fig.update_yaxes(title_text="|weight| of one token", type="log", dtick=1, exponentformat="power", row=2, col=1)
+fig.update_layout(height=780, title="Dr. GRPO's two biases, on real groups",
+                  legend={"orientation": "h", "y": -0.12})
 fig.show()
 
 # %% [markdown]
-# The push-down per token falls with length under "grpo": a long bad answer is punished less per token
-# than a short one. Under "dr_grpo" it depends only on the advantage. The comparison below uses TRL
-# 1.16's default for GRPO (`loss_type="dapo"`, `scale_rewards="group"`): no length bias, but the std
-# division kept.
+# Under "grpo" the push-down per token is $|A_i| / (B\,|o_i|)$: at the same advantage, a long bad answer
+# is punished less per token than a short one (the points also differ in $|A_i|$, hence the scatter).
+# Under "dr_grpo" it depends only on the advantage. The comparison below uses GRPO with the
+# `loss_type` and `scale_rewards` printed at the top (TRL 1.16's defaults, `"dapo"` and `"group"`):
+# no response-length bias, but the std division, and with it the question-difficulty bias, kept.
 #
 # ## 3. KL in the reward, or KL in the loss?
 #
@@ -311,14 +340,32 @@ fig.show()
 #
 # KL in the reward is part of the return, so the policy-gradient theorem applies to it: its expected
 # gradient is $\nabla_\theta \mathrm{KL}(\pi\,\|\,\pi_{\text{ref}})$, the KL the objective names.
-# KL in the loss is differentiated directly. For one sampled token, $\nabla k_3 = (1 - \pi_{\text{ref}}/\pi)\nabla\log\pi$,
-# whose expectation under $\pi$ is $\sum_y(\pi - \pi_{\text{ref}})\nabla\log\pi = -\sum_y \pi_{\text{ref}}\nabla\log\pi
-# = \nabla\,\mathrm{KL}(\pi_{\text{ref}}\,\|\,\pi)$: the *other* direction of the KL. The cell below
-# computes all four gradients exactly (sums over a 6-word vocabulary, no sampling) for a softmax policy.
+# KL in the loss is differentiated directly, through $\log\pi$ of a token that was sampled (the
+# sampling itself is not differentiated). For one sampled token $y \sim \pi$, with
+# $\delta = \log\pi(y) - \log\pi_{\text{ref}}(y)$, each estimator's gradient and its expectation under $\pi$:
+#
+# $$\begin{aligned}
+# k_1 = \delta:&\quad \nabla k_1 = \nabla\log\pi, &&\mathbb E_\pi[\nabla k_1] = \textstyle\sum_y \nabla\pi = 0,\\
+# k_2 = \tfrac12\delta^2:&\quad \nabla k_2 = \delta\,\nabla\log\pi, &&\mathbb E_\pi[\nabla k_2]
+#   = \nabla\,\mathrm{KL}(\pi\,\|\,\pi_{\text{ref}}),\\
+# k_3 = e^{-\delta} - 1 + \delta:&\quad \nabla k_3 = (1 - \pi_{\text{ref}}/\pi)\,\nabla\log\pi,
+#   &&\mathbb E_\pi[\nabla k_3] = -\textstyle\sum_y \pi_{\text{ref}}\nabla\log\pi
+#   = \nabla\,\mathrm{KL}(\pi_{\text{ref}}\,\|\,\pi).
+# \end{aligned}$$
+#
+# So $k_1$ in the loss does nothing in expectation (its gradient is pure noise), $k_2$ in the loss has
+# the gradient of the KL the objective names, and $k_3$ in the loss, GRPO's choice, the gradient of the
+# *other* direction of the KL. These identities hold **per token, at one state**: summed over a
+# response, a loss term is taken at the sampled prefixes as if their distribution did not depend on
+# $\theta$ (the reward version credits earlier tokens for the KL of later ones through the return; the
+# loss version does not), and after the first minibatch the tokens come from an older policy, so the
+# expectation is no longer under $\pi$. The cell below computes all the gradients exactly (sums over a
+# 6-word vocabulary, no sampling) with autograd for a softmax policy and checks the identities; then it
+# averages the per-token gradients of 4,000 sampled tokens, as a trainer would.
 
 # %%
 def exact_gradients(theta: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Exact gradients (sums over the vocabulary) w.r.t. the logits theta of a softmax policy."""
+    """Exact gradients (sums over the vocabulary) w.r.t. the logits theta (V,) of a softmax policy: {name: (V,)}."""
     ref = torch.log_softmax(ref_logits, -1)  # (V,)
 
     def grad_of(fn):
@@ -338,44 +385,69 @@ def exact_gradients(theta: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, 
         weight = (logp - ref).detach()  # the reward is a number, not differentiated
         return (logp.exp().detach() * logp * weight).sum()
 
-    def k3_in_loss(t):  # E_{y ~ pi (sampled, not differentiated)}[grad k3(y)]
-        logp = torch.log_softmax(t, -1)
-        log_ratio = ref - logp
-        return (logp.exp().detach() * (log_ratio.exp() - log_ratio - 1)).sum()
+    def in_loss(kind):  # E_{y ~ pi (sampled, not differentiated)}[grad k(y)]
+        def loss(t):
+            logp = torch.log_softmax(t, -1)  # (V,)
+            return (logp.exp().detach() * rlhf_helpers.kl_estimate(logp, ref, kind=kind)).sum()
+        return loss
 
     return {"grad KL(pi||ref)": grad_of(kl_pi_ref), "grad KL(ref||pi)": grad_of(kl_ref_pi),
-            "k1 in the reward": grad_of(k1_in_reward), "k3 in the loss": grad_of(k3_in_loss)}
+            "k1 in the reward": grad_of(k1_in_reward),
+            **{f"{kind} in the loss": grad_of(in_loss(kind)) for kind in ("k1", "k2", "k3")}}
 
 
 gen = torch.Generator().manual_seed(3)
-ref_logits = torch.randn(6, generator=gen)
-far = exact_gradients(ref_logits + 1.5 * torch.randn(6, generator=gen), ref_logits)
-torch.testing.assert_close(far["k1 in the reward"], far["grad KL(pi||ref)"])  # KL(pi || ref), exactly
-torch.testing.assert_close(far["k3 in the loss"], far["grad KL(ref||pi)"])  # the reverse KL, exactly
-cos = torch.nn.functional.cosine_similarity(far["k1 in the reward"], far["k3 in the loss"], dim=0)
-near = exact_gradients(ref_logits + 0.05 * torch.randn(6, generator=gen), ref_logits)
+ref_logits = torch.randn(6, generator=gen, dtype=torch.float64)  # (V,)
+theta = ref_logits + 1.5 * torch.randn(6, generator=gen, dtype=torch.float64)  # (V,): a policy far from ref
+far = exact_gradients(theta, ref_logits)
+torch.testing.assert_close(far["k1 in the reward"], far["grad KL(pi||ref)"])  # KL(pi || ref)
+torch.testing.assert_close(far["k1 in the loss"], torch.zeros(6, dtype=torch.float64))  # nothing in expectation
+torch.testing.assert_close(far["k2 in the loss"], far["grad KL(pi||ref)"])  # KL(pi || ref)
+torch.testing.assert_close(far["k3 in the loss"], far["grad KL(ref||pi)"])  # the reverse KL
+for name, grad in far.items():
+    print(f"{name:<17} |grad| {grad.norm():.4f}   cosine with grad KL(pi||ref) "
+          f"{torch.nn.functional.cosine_similarity(grad, far['grad KL(pi||ref)'], dim=0):+.3f}")
+
+# Sampled, as a trainer sees it: the mean of the per-token gradients of 4,000 draws y ~ pi (one state)
+ys = torch.multinomial(torch.softmax(theta, -1), 4000, replacement=True, generator=gen)  # (N,)
+for kind in ("k1", "k2", "k3"):
+    t = theta.clone().requires_grad_()
+    logp = torch.log_softmax(t, -1)[ys]  # (N,): log pi of each draw; the draws themselves are fixed
+    rlhf_helpers.kl_estimate(logp, torch.log_softmax(ref_logits, -1)[ys], kind=kind).mean().backward()
+    exact = far[f"{kind} in the loss"]
+    print(f"{kind} in the loss, 4,000 draws: |mean gradient| {t.grad.norm():.4f} (exact {exact.norm():.4f}); "
+          f"error {(t.grad - exact).norm():.4f}")
+
+near = exact_gradients(ref_logits + 0.05 * torch.randn(6, generator=gen, dtype=torch.float64), ref_logits)
 cos_near = torch.nn.functional.cosine_similarity(near["k1 in the reward"], near["k3 in the loss"], dim=0)
-print(f"far from the reference:  cosine(k1-in-reward, k3-in-loss) = {cos:.3f}")
-print(f"near the reference:      cosine = {cos_near:.4f} (both KLs agree to second order at pi = ref)")
+print(f"near the reference: cosine(k1 in the reward, k3 in the loss) = {cos_near:.4f}")
+assert cos_near > 0.99, "the text says both KLs agree to second order near pi = ref"
 
 # %% [markdown]
-# Near the reference the two are the same gradient (both KLs are $\tfrac12$ the Fisher distance to
-# second order). Far from it they point in different directions: the k3 loss pulls toward covering
-# every answer the reference gives ($\mathrm{KL}(\pi_{\text{ref}}\|\pi)$ is large where $\pi$ drops a
-# reference answer), whereas the k1 reward penalises the policy for putting mass where the reference
-# has little. With the small KLs of the runs below both keep the policy close. The difference matters
-# when $\beta$ is small and the policy drifts far. Two more practical differences: KL in the reward is
-# centred by the baseline with the score, so in RLOO it trades off against the reward inside each
-# group; KL in the loss is a separate term whose gradient does not depend on the advantage.
+# Near the reference the reward and the $k_3$ loss give the same gradient (both KLs are $\tfrac12$ the
+# Fisher distance to second order). Far from it they point in different directions (the cosines
+# above): the $k_3$ loss pulls toward covering every answer the reference gives
+# ($\mathrm{KL}(\pi_{\text{ref}}\|\pi)$ is large where $\pi$ drops a reference answer), whereas the $k_1$
+# reward penalises the policy for putting mass where the reference has little. How far from the
+# reference the runs below get, their KLs say (printed with the race); the difference grows as
+# $\beta$ shrinks and the policy drifts. Two more practical differences: KL in the reward is centred by
+# the baseline with the score, so in RLOO it trades off against the reward inside each group; KL in
+# the loss is a separate term whose gradient does not depend on the advantage.
 #
 # ## 4. The race: one reward, one budget, one judge
 #
 # Every method below trains a fresh LoRA policy (same rank, alpha and modules) on the same SFT model.
-# It samples 64 responses per batch from the same training prompts, is scored by the same learned
-# reward adapter, and has the same learning rate and $\beta$. It trains for the same budget of CPU
-# seconds of this process (wall seconds on a GPU). Model building and evaluations are not counted.
+# It samples the same number of responses per batch (printed at the top) from the same training
+# prompts, is scored by the same learned reward adapter, and has the same learning rate and $\beta$.
+# It trains for the same budget of CPU seconds of this process (wall seconds on a GPU). Model
+# building and evaluations are not counted.
 # Then the same function judges each one: one sample per held-out prompt with a fixed seed, its
 # hidden score (never seen in training), its learned reward and its KL to the SFT model.
+#
+# The budget is CPU seconds, so how many batches each method fits into it, and with that every number
+# of the race, changes a little from one run to the next even with the same seed (`CompareConfig` can
+# also stop after `max_batches`, but the evaluations are scheduled in seconds). So every verdict below
+# is printed from this run's numbers.
 #
 # | | PPO (ours, `rlhf_helpers.ppo`) | GRPO (TRL `GRPOTrainer`) | RLOO (TRL `RLOOTrainer`) |
 # |---|---|---|---|
@@ -385,7 +457,8 @@ print(f"near the reference:      cosine = {cos_near:.4f} (both KLs agree to seco
 # | KL ($\beta$ = 0.2 in the tiny profile) | $k_1$ per token in the reward | $k_3$ per token in the loss | $k_1$ per sequence in the reward |
 #
 # Best-of-n is the reference point that needs no training: draw $n$ SFT responses, keep the one the
-# learned reward likes best. Its KL to the SFT model is exactly $\log n - (n-1)/n$.
+# learned reward likes best. Its KL to the SFT model is at most $\log n - (n-1)/n$ (Beirami et al. 2024:
+# an upper bound, tight only when no single response has an appreciable probability; notebook 05).
 
 # %%
 best_of = run_best_of_n(config, profile, reward_dir, eval_prompts)
@@ -404,16 +477,82 @@ fig = comparison_figure(list(runs.values()), best_of, clock=clock, title=(
 fig.show()
 
 # %%
+unit = "CPU s" if clock == "cpu" else "s"
+
+
+def batches_and_updates(run) -> tuple[float, float]:
+    """(batches sampled, optimiser steps) at a run's last evaluation. PPO logs iterations (one batch each,
+    then epochs x minibatches steps); TRL logs optimiser steps (updates_per_batch per batch)."""
+    batches = run.final["samples"] / config.samples_per_batch
+    if run.method == "ppo":
+        return batches, run.final["step"] * run.settings["ppo_epochs"] * (
+            config.samples_per_batch // run.settings["mini_batch_size"])
+    return batches, run.final["step"]
+
+
 best4 = best_of[4]["hidden"] if 4 in best_of else best_of[max(best_of)]["hidden"]
-header = f"{'method':<20}{'hidden':>8}{'reward':>8}{'KL':>7}{'steps':>7}{'samples':>9}{'> best-of-4 at':>16}{'trained params':>16}{'peak MB':>9}"
-print(header)
+print(f"{'method':<20}{'hidden':>8}{'reward':>8}{'KL':>7}{'batches':>9}{'optimiser':>11}{'responses':>11}"
+      f"{unit:>8}{'first eval. above':>19}{'trained':>10}{'peak MB':>9}")
+print(f"{'':<20}{'':>8}{'':>8}{'':>7}{'sampled':>9}{'steps':>11}{'trained on':>11}{'':>8}"
+      f"{'best-of-4 (' + unit + ')':>19}{'params':>10}{'':>9}")
 for run in runs.values():
     f = run.final
     first = run.first_time_above(best4)
+    batches, updates = batches_and_updates(run)
     print(f"{run.label:<20}{f['eval_hidden_score']:>+8.3f}{f['eval_score']:>+8.2f}{f['eval_kl']:>7.2f}"
-          f"{f['step']:>7.0f}{f['samples']:>9.0f}{'never' if first is None else f'{first:.0f} s':>16}"
-          f"{run.trainable_parameters:>16,}{run.peak_memory_mb:>9.0f}")
+          f"{batches:>9.0f}{updates:>11.0f}{f['samples']:>11.0f}{f['train_seconds']:>8.1f}"
+          f"{'never' if first is None else f'{first:.1f}':>19}{run.trainable_parameters:>10,}"
+          f"{run.peak_memory_mb:>9.0f}")
 print(f"peak memory: {runs['ppo'].memory_how}")
+
+# %%
+se = max(row["hidden_se"] for row in best_of.values())  # noise scale: standard error of one judged mean
+frontier = sorted((row["kl"], row["hidden"], n) for n, row in best_of.items())  # best-of-n points by KL
+names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO"
+print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f}\n")
+
+print("1. The frontier: each method's last evaluation against best-of-n at its KL")
+for method, run in runs.items():
+    kl, hidden = run.final["eval_kl"], run.final["eval_hidden_score"]
+    if kl <= frontier[-1][0]:
+        line = float(np.interp(kl, [p[0] for p in frontier], [p[1] for p in frontier]))
+        print(f"   {names[method]:<5} hidden {hidden:+.3f} at KL {kl:.2f}: {abs(hidden - line):.3f} "
+              f"{'above' if hidden > line else 'below'} the best-of-n line there ({line:+.3f})")
+    else:
+        kl_n, hidden_n, n = frontier[-1]
+        print(f"   {names[method]:<5} hidden {hidden:+.3f} at KL {kl:.2f}, beyond best-of-{n}'s KL {kl_n:.2f}: "
+              f"{'above' if hidden > hidden_n else 'below'} best-of-{n}'s {hidden_n:+.3f}")
+
+ranked = sorted(runs, key=lambda m: -runs[m].final["eval_hidden_score"])
+gap = runs[ranked[0]].final["eval_hidden_score"] - runs[ranked[-1]].final["eval_hidden_score"]
+print("2. Final hidden score, highest first: " + ", ".join(
+    f"{names[m]} {runs[m].final['eval_hidden_score']:+.3f}" for m in ranked)
+    + f"; first to last {gap:.3f}, {gap / se:.1f} standard errors")
+
+passed = {m: runs[m].first_time_above(best4) for m in runs}
+order = sorted(runs, key=lambda m: math.inf if passed[m] is None else passed[m])
+print(f"3. First evaluation above best-of-4 ({best4:+.3f}), in {unit} of training: " + ", ".join(
+    f"{names[m]} {'never' if passed[m] is None else f'{passed[m]:.1f}'}" for m in order)
+    + " (evaluations are spaced: each time is an upper bound)")
+
+common = min(run.final["samples"] for run in runs.values())  # responses every method has trained on
+at_common = {m: float(np.interp(common, [r["samples"] for r in run.curve], [r["eval_hidden_score"] for r in run.curve]))
+             for m, run in runs.items()}
+print(f"4. Hidden score after {common:.0f} responses (each curve interpolated), highest first: " + ", ".join(
+    f"{names[m]} {at_common[m]:+.3f}" for m in sorted(at_common, key=lambda m: -at_common[m])))
+
+per_batch = {m: run.final["train_seconds"] / max(batches_and_updates(run)[0], 1e-9) for m, run in runs.items()}
+cheapest = min(per_batch, key=per_batch.get)
+against = (f"PPO's is {per_batch['ppo'] / per_batch[cheapest]:.1f}x {names[cheapest]}'s" if cheapest != "ppo"
+           else "PPO's is the lowest")
+print(f"5. Training {unit} per batch of {config.samples_per_batch} responses: "
+      + ", ".join(f"{names[m]} {per_batch[m]:.2f}" for m in runs) + f"; {against}")
+
+lightest = min(runs, key=lambda m: runs[m].trainable_parameters)
+print(f"6. Memory: PPO trains {runs['ppo'].trainable_parameters:,} parameters, "
+      f"{runs['ppo'].trainable_parameters / runs[lightest].trainable_parameters:.1f}x {names[lightest]}'s; "
+      f"peak memory rose " + ", ".join(f"{names[m]} {runs[m].peak_memory_mb:.0f} MB" for m in runs)
+      + f" (highest: {names[max(runs, key=lambda m: runs[m].peak_memory_mb)]})")
 
 # %% [markdown]
 # **Do the trainers compute what section 1 says?** `rlhf_helpers.compare` keeps every generation
@@ -437,42 +576,37 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 # %% [markdown]
 # ## 5. Reading the race
 #
-# - **The frontier (left panel)** is the fair comparison. Each method buys hidden score with KL, and
-#   $\beta$ sets where it stops; a method is better if its points lie *above* another's at the same KL.
-#   Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no training.
-# - **CPU seconds (middle)** mix the algorithm with the implementation: our PPO runs fused LoRA layers
-#   and its own sampler, TRL runs Hugging Face `generate` and PEFT's layers. **Samples (right)** remove
-#   the implementation: at the same number of sampled responses, which one learned more?
-# - **Memory.** PPO trains a second adapter, a value head and their Adam state: twice the trainable
-#   parameters here. On this tiny model the measured difference is tens of MB, close to the noise of a
-#   process's resident memory. On a real model the critic's forward and backward activations, and in the
-#   classic four-model set-up a whole second model, are what GRPO and RLOO save.
-# - **One seed, a short budget.** Each curve is one run; differences of about 0.1 in the hidden score
-#   are within the noise (the best-of-n standard errors above give its scale).
+# The numbered lines printed under the table are this run's verdicts. How to read them:
+#
+# - **The frontier (top panel, line 1)** is the fair comparison. Each method buys hidden score with
+#   KL, and $\beta$ sets where it stops; a method is better if its points lie *above* another's at the
+#   same KL. Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no
+#   training; line 1 says on which side of it each method's last point lies.
+# - **CPU seconds (lower left, line 3)** mix the algorithm with the implementation: our PPO runs
+#   fused LoRA layers and its own sampler, TRL runs Hugging Face `generate` and PEFT's layers.
+#   **Responses (lower right, line 4)** remove the implementation: at the same number of sampled
+#   responses, which one learned more? PPO reuses each batch for several epochs with per-token credit;
+#   the group methods see each batch once. Line 5 gives what a batch costs each of them.
+# - **Memory (line 6).** PPO trains a second adapter and a value head, with their Adam state. On a
+#   model this small a process's resident memory is a coarse measure; on a real model the critic's
+#   forward and backward activations, and in the classic four-model set-up a whole second model, are
+#   what GRPO and RLOO save.
+# - **One seed, a short budget.** Each curve is one run: a gap between two methods of a couple of
+#   standard errors (line 2 gives the gap in standard errors) is within the noise.
 #   `python -m benchmarks.bench_algorithms` runs 3 seeds x 180 CPU s per method; its table and figure
-#   are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15).
-#
-# In that benchmark (3 seeds x 180 CPU s per method, 2-core CPU; figures in benchmarks/README.md):
-# - **One frontier.** The three methods' points lie along the same curve of hidden score against KL.
-#   GRPO travels further along it: 3.3 nats at the end against 2.1-2.2 for PPO and RLOO with the same
-#   $\beta$. A likely reason: its $k_3$ loss term restrains $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$, not the
-#   KL measured here (section 3). Best-of-n sits on or above that curve: at 0.64 nats best-of-4 scores
-#   0.64, where the trained policies score about 0.35.
-# - **Per CPU second, PPO climbed first.** It passed best-of-4 after 10-15 CPU s, RLOO after 15-30 and
-#   GRPO after 16-61. By 180 CPU s the order had turned: GRPO 1.04 (at KL 3.3), RLOO 0.94, PPO 0.89
-#   (at KL 2.2). RLOO against PPO is within the noise.
-# - **Per sampled response, PPO learned the most.** It reuses each batch for 4 epochs x 4 minibatches
-#   with per-token credit, and reached its level after about 500 responses, where the group methods
-#   needed 1,500 or more. PPO pays for it with about 2.6x their CPU time per batch of 64 responses (the
-#   value pass, the value loss and 16 updates instead of 4).
-# - **Memory.** PPO trains twice the parameters (98k against 49k) and rose 278 MB above its start,
-#   against 189 MB for GRPO and RLOO, although their processes also hold a second copy of the
-#   model for the reward and the judge.
-#
-# On this task, where one scalar score judges a short answer, the critic did not buy a better
-# frontier. It bought sample efficiency and an early lead, which matter when sampling, not the
-# update, is what costs.
-#
+#   are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15), and its
+#   recorded figure (3 seeds per method, one line per seed) is below. Read its spread before drawing
+#   conclusions from one short run.
+
+# %%
+# The same race recorded by benchmarks/bench_algorithms.py: 3 seeds x 180 CPU s per method (not this run)
+recorded_race = Path(rlhf_helpers.__file__).resolve().parents[1] / "docs/img/algorithms_frontier.png"
+if recorded_race.is_file():
+    display(Image(filename=str(recorded_race), width=900))
+else:  # a copy of the notebook without the repository's docs folder
+    print(f"recorded figure not found at {recorded_race}")
+
+# %% [markdown]
 # ## 6. Where each method fits
 #
 # - **PPO with a critic**: when per-token credit matters and you can afford the second network. Long
@@ -486,7 +620,8 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 # - **GRPO**: the same group idea with std normalisation, the standard choice for verifiable rewards
 #   (maths, code, tests pass or fail), where a group is all right or all wrong and the std division
 #   rescales the rest. Mind its biases (section 2): `loss_type="dr_grpo"` with `scale_rewards="none"`
-#   removes both. And it regularises toward $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$, not $\mathrm{KL}(\pi\|\pi_{\text{ref}})$ (section 3).
+#   removes both. And its $k_3$ loss term follows, in expectation and per token, the gradient of
+#   $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$, not of $\mathrm{KL}(\pi\|\pi_{\text{ref}})$ (section 3).
 # - **DPO** (not raced here; TRL `DPOTrainer`): no sampling during training and no reward model. It
 #   fits the policy to the preference pairs directly, as if the Bradley-Terry reward of notebook 02 were
 #   $\beta\log\frac{\pi}{\pi_{\text{ref}}}$. It is the cheapest when you have a fixed preference data set

@@ -111,7 +111,7 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
     train_prompts = list(train_prompts)
     judge_fn = make_judge(config, eval_prompts)
     unit = "CPU s" if torch.device(profile.device).type != "cuda" else "s"
-    bar = tqdm(total=round(config.train_seconds, 1), desc=LABELS[method], unit=unit, disable=not progress_bar,
+    bar = tqdm(total=round(config.train_seconds, 1), desc=f"{LABELS[method]:<18}", unit=unit, disable=not progress_bar,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit)
 
     def progress(seconds: float) -> None:
