@@ -15,7 +15,8 @@
 #   the true (hidden) score can part ways; a fit of Gao et al.'s law locates the KL where the hidden
 #   score peaks, for a reward model trained on all the preference pairs and for one trained on few;
 # - **(d)** reading the logged KL: the $k_1$ estimator goes negative on single responses, $k_3$ cannot
-#   but its variance grows fast with the KL (measured); with the logits at hand, the exact KL is free;
+#   but its variance grows fast with the per-token KL (measured); with the logits at hand, the KL summed
+#   over the vocabulary at each sampled prefix costs one softmax;
 # - **(e)** an untrained value head: watch the explained variance when the policy starts to move; a
 #   value warm-up trains the critic first.
 #
@@ -608,13 +609,19 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 # $$k_1 = -\log w, \qquad k_2 = \tfrac12 (\log w)^2, \qquad k_3 = (w - 1) - \log w .$$
 #
 # $k_1$ and $k_3$ are unbiased, $k_2$ is not; they differ in variance. With the logits of both models at
-# hand, and a forward pass computes them anyway, the per-token KL needs no estimate at all:
+# hand (a forward pass computes them anyway), the KL **at each sampled prefix** needs no estimate over
+# the next token:
 #
 # $$\mathrm{KL}_t = \sum_{v \in \mathcal V} \pi(v \mid s_t)\,
 #   \big(\log\pi(v \mid s_t) - \log\pi_{\text{ref}}(v \mid s_t)\big).$$
 #
-# First on a known case: two categorical distributions over 50 words whose KL is set to 0.1, 1 and 2
-# nats (the first line printed is the baseline's per-response KL, for scale). The mean and standard
+# Summed over a response it is still an estimate of the policy's KL, because the prefixes $s_t$ are
+# sampled; it is the lowest-variance one (below it is called "exact" in that per-prefix sense).
+#
+# First on a known case: one token drawn from two categorical distributions over 50 words whose KL is
+# set to 0.1, 1 and 2 nats. The first line printed is the baseline's KL per response and **per
+# token** (the response's KL divided by its length): the per-token figure is the one to place in this
+# table. The mean and standard
 # deviation of each estimator are exact sums over the 50 words, and a sample of 10,000 draws shows what
 # a logged mean sees.
 
@@ -640,7 +647,10 @@ def policy_at_kl(target: float) -> torch.Tensor:
     return torch.log_softmax(ref_logits + (low + high) / 2 * direction, -1)
 
 
-print(f"the baseline's last batch: KL {baseline.history[-1]['kl']:.2f} nats per response (k1 mean)")
+baseline_last = baseline.history[-1]
+print(f"the baseline's last batch: KL {baseline_last['kl']:.2f} nats per response (k1 mean) over "
+      f"{baseline_last['response_length']:.1f} tokens: "
+      f"{baseline_last['kl'] / baseline_last['response_length']:.3f} nats per token")
 print(f"{'KL':>5} {'estimator':>9} {'E[k]':>8} {'std[k]':>9} {'largest k':>10} {'mean of 10,000 draws':>21}")
 spread, k2_gap = {}, {}  # (target KL, kind) -> std of one draw; target KL -> E[k2] - KL
 for target in (0.1, 1.0, 2.0):
@@ -701,8 +711,10 @@ print(f"batch means within 2 standard errors of the exact one: {', '.join(close)
 # **Recognise it:** negative per-response (or small-batch) KL values in the log come from the $k_1$
 # sum; $k_3$ gives none (it is $\ge 0$ for every token). $k_3$ pays for that with a heavy right tail: a
 # token the reference finds far likelier than the policy ($w_t \gg 1$) adds $w_t - 1 - \log w_t$, so
-# a single batch mean can jump (compare the two printed rows step by step), and the table of known KLs
-# shows how its spread grows with the KL. **Report** the exact per-token KL over the vocabulary when you
+# a single batch mean can jump (compare the two printed rows step by step). The table of known KLs
+# shows how its spread grows with the per-token KL; at this run's per-token KL (printed with it) the
+# spread per token is moderate, and a response's large $k_3$ spread comes from its few tokens whose
+# KL is high. **Report** the exact per-token KL over the vocabulary when you
 # have the logits (it costs a softmax over logits the forward pass already made), or else the $k_1$
 # sum averaged over a batch: unbiased, and its negative single values are noise, not a bug. $k_2$ is
 # biased: its expectation is not the KL (the table of known KLs; the gap grows with the per-token KL,
@@ -736,7 +748,8 @@ def check_sequence_kl_k3():
 
 
 exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
-               hidden=[rlhf_helpers.kl_estimate, rlhf_helpers.masked_sum, rlhf_helpers.shape_rewards])
+               hidden=[rlhf_helpers.kl_estimate, rlhf_helpers.masked_sum, rlhf_helpers.shape_rewards, k3_scratch,
+                       rlhf_helpers.core.kl._kl_terms])  # the estimator of the section above, and its library core
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>

@@ -81,7 +81,7 @@ print(f"budget {config.train_seconds:.0f} {'CPU ' if profile.device == 'cpu' els
 # adapter and head, its optimiser, a value pass per batch and a value loss. A critic that has not yet
 # learned gives noisy advantages (notebook 06, experiment e).
 #
-# **RLOO** (REINFORCE leave-one-out, Ahmadian et al. 2024) samples $G$ responses to each prompt. The
+# **RLOO** (REINFORCE leave-one-out: Kool et al. 2019, brought to RLHF by Ahmadian et al. 2024) samples $G$ responses to each prompt. The
 # baseline of response $i$ is the mean reward of the *other* $G-1$. It does not depend on response $i$
 # itself, so the gradient stays unbiased:
 #
@@ -166,7 +166,7 @@ def check_rloo_from_centred():
 
 
 exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred,
-               hidden=[rlhf_helpers.rloo_advantages, rlhf_helpers.grpo_advantages])
+               hidden=[rlhf_helpers.rloo_advantages, rlhf_helpers.grpo_advantages, rloo_advantages_scratch])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -509,9 +509,12 @@ print(f"peak memory: {runs['ppo'].memory_how}")
 se = max(row["hidden_se"] for row in best_of.values())  # noise scale: standard error of one judged mean
 frontier = sorted((row["kl"], row["hidden"], n) for n, row in best_of.items())  # best-of-n points by KL
 names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO"
-print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f}\n")
+se_diff = math.sqrt(2) * se  # the standard error of a difference of two such means
+print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f} "
+      f"({se_diff:.3f} for a difference of two)\n")
 
-print("1. The frontier: each method's last evaluation against best-of-n at its KL")
+print("1. The frontier: each method's last evaluation against best-of-n at its KL (best-of-n's KL is the "
+      "bound log n - (n-1)/n, not a measurement)")
 for method, run in runs.items():
     kl, hidden = run.final["eval_kl"], run.final["eval_hidden_score"]
     if kl <= frontier[-1][0]:
@@ -527,7 +530,13 @@ ranked = sorted(runs, key=lambda m: -runs[m].final["eval_hidden_score"])
 gap = runs[ranked[0]].final["eval_hidden_score"] - runs[ranked[-1]].final["eval_hidden_score"]
 print("2. Final hidden score, highest first: " + ", ".join(
     f"{names[m]} {runs[m].final['eval_hidden_score']:+.3f}" for m in ranked)
-    + f"; first to last {gap:.3f}, {gap / se:.1f} standard errors")
+    + f"; first to last {gap:.3f}, {gap / se_diff:.1f} standard errors of a difference")
+# the last evaluation is not the best one: a method can peak and fall (over-optimisation, notebook 06)
+for method, run in runs.items():
+    peak = max(run.curve, key=lambda r: r["eval_hidden_score"])
+    drop = peak["eval_hidden_score"] - run.final["eval_hidden_score"]
+    print(f"   {names[method]:<5} peaked at {peak['eval_hidden_score']:+.3f} (KL {peak['eval_kl']:.2f}); the end is "
+          f"{drop:.3f} lower, {drop / se_diff:.1f} standard errors of a difference")
 
 passed = {m: runs[m].first_time_above(best4) for m in runs}
 order = sorted(runs, key=lambda m: math.inf if passed[m] is None else passed[m])
@@ -592,7 +601,11 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 #   forward and backward activations, and in the classic four-model set-up a whole second model, are
 #   what GRPO and RLOO save.
 # - **One seed, a short budget.** Each curve is one run: a gap between two methods of a couple of
-#   standard errors (line 2 gives the gap in standard errors) is within the noise.
+#   standard errors (line 2 gives the gap in standard errors) is within the noise. Line 2 also gives
+#   each method's peak: a method whose end lies several standard errors below its peak has started to
+#   over-optimise the learned reward at this $\beta$ (notebook 06). The same $\beta$ is not the same
+#   constraint either: PPO puts it on per-token $k_1$ in the return, RLOO on the sequence $k_1$ in the
+#   reward, GRPO on per-token $k_3$ in the loss, so the final KLs are outcomes, not a controlled variable.
 #   `python -m benchmarks.bench_algorithms` runs 3 seeds x 180 CPU s per method; its table and figure
 #   are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15), and its
 #   recorded figure (3 seeds per method, one line per seed) is below. Read its spread before drawing
