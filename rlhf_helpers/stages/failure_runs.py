@@ -22,9 +22,11 @@ import torch
 from tqdm.auto import tqdm
 
 from rlhf_helpers.core.kl import kl_estimate
+from rlhf_helpers.core.masked import masked_sum
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.stages.reward_model import pearson
 from rlhf_helpers.world.scorer import hidden_scores
 
 
@@ -84,8 +86,9 @@ def step_extras(trainer: PPOTrainer) -> dict[str, Any]:
     with torch.no_grad():
         new_logprobs = model.policy_logprobs(batch.sequences, batch.attention_mask, P).float()  # (B, R)
     change = new_logprobs - batch.old_logprobs  # (B, R): what this step's update did to each sampled token
-    seq_k1 = (kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k1") * batch.mask).sum(1)  # (B,)
-    seq_k3 = (kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k3") * batch.mask).sum(1)  # (B,)
+    # masked_sum, not "* mask": whatever the padding holds stays out
+    seq_k1 = masked_sum(kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k1"), batch.mask, dim=1)  # (B,)
+    seq_k3 = masked_sum(kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k3"), batch.mask, dim=1)  # (B,)
     first = trainer.last_update_stats[0]  # the first minibatch of the first epoch
     return {
         # advantages of the batch the trainer collected (a broken update may have seen another copy)
@@ -153,7 +156,7 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
         raise ValueError(f"xs and ys must have the same length, got {len(xs)} and {len(ys)}")
     if len(xs) < 3:
         return math.nan
-    return float(torch.corrcoef(torch.tensor([list(xs), list(ys)], dtype=torch.float64))[0, 1])
+    return pearson(xs, ys)
 
 
 def third_means(values: Sequence[float]) -> list[float]:
