@@ -3,6 +3,7 @@ generated ones match their sources in notebooks/src/."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -56,24 +57,60 @@ def test_generated_notebook_matches_its_source(source: Path):
         f"{stored.name} differs from notebooks/src/{source.name}: run `python tools/build_notebooks.py`"
 
 
-def test_builder_parses_cells_badge_and_setup():
+def _cells(text: str, name: str = "07_x.ipynb") -> list[tuple[str, str, dict]]:
+    return [(cell.cell_type, cell.source, dict(cell.metadata)) for cell in builder.read_cells(text, name)]
+
+
+def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
     text = (
-        "# preamble is ignored\n# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n# %% [setup]\n# %%\nx = 1  # code\n\n"
+        "# Source of notebooks/07_x.ipynb; rebuild with ...\n#\n# more preamble\n\n"
+        "# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n\n"
+        '# %% tags=["colab-setup"]\n\n'
+        "# %%\nx = 1  # code\n\n\n"
+        "def f():\n    return 2\n\n\n"
+        '# %% tags=["solution"]\ny = 3\n\n'
+        "# %% [markdown]\n# {{colab_badge}} once more; `x`\n"
     )
-    cells = builder.parse_cells(text, "07_x.ipynb")
-    assert [kind for kind, _ in cells] == ["markdown", "code", "code"]
-    assert cells[0][1] == "# Title\n\n" + colab_badge("07_x.ipynb")
-    assert cells[1][1] == colab_setup_source()
-    assert cells[2][1] == "x = 1  # code"
+    assert _cells(text) == [
+        ("markdown", "# Title\n\n" + colab_badge("07_x.ipynb"), {}),
+        ("code", colab_setup_source(), {}),
+        ("code", "x = 1  # code\n\n\ndef f():\n    return 2", {}),  # jupytext's lines_to_next_cell dropped
+        ("code", "y = 3", {"tags": ["solution"]}),
+        ("markdown", colab_badge("07_x.ipynb") + " once more; `x`", {}),
+    ]
+    # JupyterLab (jupytext) saves the preamble back behind a `# %%` marker: still dropped, same cells.
+    assert _cells("# %%\n" + text) == _cells(text)
+    # without a preamble nothing is dropped
+    assert _cells(text[text.index("# %% [markdown]"):]) == _cells(text)
 
 
-def test_builder_rejects_unknown_cells_and_uncommented_markdown():
-    with pytest.raises(ValueError, match="unknown cell kind"):
-        builder.parse_cells("# %% [raw]\nx\n", "a.ipynb")
-    with pytest.raises(ValueError, match="must start with '#'"):
-        builder.parse_cells("# %% [markdown]\nnot a comment\n", "a.ipynb")
-    with pytest.raises(ValueError, match="no '# %%' cells"):
-        builder.parse_cells("x = 1\n", "a.ipynb")
+def test_build_notebook_has_stable_ids_and_no_jupytext_metadata(tmp_path):
+    source = tmp_path / "07_x.py"
+    source.write_text('# Source\n\n# %% [markdown]\n# # T\n\n# %% tags=["colab-setup"]\n\n# %%\nx = 1\n\n\n'
+                      "# %%\ny = 2\n", encoding="utf-8")
+    nb = builder.build_notebook(source)
+    assert builder.render(nb) == builder.render(builder.build_notebook(source))
+    assert [cell.id for cell in nb.cells] == [
+        hashlib.sha1(f"07_x.ipynb:{index}".encode()).hexdigest()[:8] for index in range(4)
+    ]
+    assert nb.metadata == {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                           "language_info": {"name": "python"}}
+    assert [cell.metadata for cell in nb.cells] == [{}, {}, {}, {}]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("# %% [markdown]\n# # T\n# %%\nx = 1\n", r"a\.ipynb: needs exactly one .*colab-setup.*found 0"),
+    ('# %% tags=["colab-setup"]\n# %% tags=["colab-setup"]\n', r"a\.ipynb: needs exactly one .*found 2"),
+    ("# %% [setup]\n# %%\nx\n", r"a\.ipynb: needs exactly one .*found 0"),  # the old marker
+    ('# %% tags=["colab-setup"]\nx = 1\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% [markdown] tags=["colab-setup"]\n# hi\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% tags=["colab-setup"]\n# %% [raw]\nx\n', r"a\.ipynb: unsupported raw cell"),
+    ('# %% tags=["colab-setup"]\n# %% [foo]\nx\n', r"a\.ipynb: unknown cell marker '# %% \[foo\]'"),
+    ('# %% tags=["colab-setup"]\n# %% hidden=true\nx\n', r"a\.ipynb: unsupported cell metadata \['hidden'\]"),
+])
+def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
+    with pytest.raises(ValueError, match=message):
+        builder.read_cells(text, "a.ipynb")
 
 
 def test_setup_cell_does_nothing_outside_colab():

@@ -1,26 +1,29 @@
-"""Build notebooks/NN_topic.ipynb from notebooks/src/NN_topic.py (percent-format sources).
+"""Build notebooks/NN_topic.ipynb from notebooks/src/NN_topic.py (jupytext percent-format sources).
 
 Usage:
     python tools/build_notebooks.py            # (re)write every notebook from its source
     python tools/build_notebooks.py --check    # exit 1 if a stored notebook differs from its source
 
-Source format (a subset of jupytext's "percent" format, parsed here so no extra package is needed):
-    # %% [markdown]        a markdown cell; each line's leading "# " (or "#") is removed
-    # %%                   a code cell, kept verbatim
-    # %% [setup]           the standard Colab set-up cell, `rlhf_helpers.course.notebook.colab_setup_source()`
-In markdown, the placeholder {{colab_badge}} becomes this notebook's "Open in Colab" badge.
-Text before the first "# %%" marker (e.g. a module comment) is ignored.
+A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
+cell (its lines commented). The course's own steps on top:
+    # %% tags=["colab-setup"]   exactly one, left empty: becomes `rlhf_helpers.course.notebook.colab_setup_source()`
+    {{colab_badge}}             in markdown: this notebook's "Open in Colab" badge
+The comments before the first `# %%` (which jupytext reads as a first, comment-only code cell) are
+dropped. Cells keep only their tags (except "colab-setup"): jupytext's layout metadata is dropped.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.
+notebooks/src/jupytext.toml lets JupyterLab open the sources as notebooks (Open With > Notebook) and
+save them back as the same script; they are deliberately not paired with notebooks/*.ipynb, which only
+this script writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,59 +33,58 @@ from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa
 
 SOURCE_DIR = ROOT / "notebooks" / "src"
 NOTEBOOK_DIR = ROOT / "notebooks"
-_MARKER = re.compile(r"^# %%(?: \[(\w+)\])?\s*$")
+SETUP_TAG = "colab-setup"
 _KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+# Cell metadata jupytext adds to record the text layout (blank lines, `# %% [md]` spellings).
+_LAYOUT_KEYS = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker", "region_name"}
 
 
-def _uncomment(line: str) -> str:
-    if line.startswith("# "):
-        return line[2:]
-    if line.startswith("#"):
-        return line[1:]
-    raise ValueError(f"markdown line must start with '#', got {line!r}")
+def _is_preamble(cell: nbformat.NotebookNode) -> bool:
+    """Whether a first cell is the comment block before the first `# %%` (with or without a marker)."""
+    return (cell.cell_type == "code" and not set(cell.metadata) - _LAYOUT_KEYS
+            and all(not line.strip() or line.startswith("#") for line in cell.source.splitlines()))
 
 
-def parse_cells(text: str, notebook_name: str) -> list[tuple[str, str]]:
-    """(cell_type, source) pairs of a percent-format source written for `notebook_name`."""
-    cells: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        match = _MARKER.match(line)
-        if match:
-            kind = match.group(1) or "code"
-            if kind not in ("code", "markdown", "setup"):
-                raise ValueError(f"{notebook_name}: unknown cell kind [{kind}]")
-            cells.append((kind, []))
-        elif cells:
-            cells[-1][1].append(line)
+def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
+    """The cells of a percent-format source written for `notebook_name`, substitutions made.
+
+    Raises ValueError (naming the notebook) for a cell jupytext could not map to code or markdown with
+    tags, and unless there is exactly one empty code cell tagged "colab-setup"."""
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    if cells and _is_preamble(cells[0]):
+        cells = cells[1:]
+    setup = [cell for cell in cells if SETUP_TAG in cell.metadata.get("tags", [])]
+    if len(setup) != 1:
+        raise ValueError(f'{notebook_name}: needs exactly one \'# %% tags=["{SETUP_TAG}"]\' cell, found {len(setup)}')
+    if setup[0].cell_type != "code" or setup[0].source.strip():
+        raise ValueError(f"{notebook_name}: the {SETUP_TAG} cell must be an empty code cell (its code is generated)")
     result = []
-    for kind, lines in cells:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        while lines and not lines[0].strip():
-            lines.pop(0)
-        if kind == "setup":
-            result.append(("code", colab_setup_source()))
-        elif kind == "markdown":
-            body = "\n".join(_uncomment(line) if line.strip() else "" for line in lines)
-            result.append(("markdown", body.replace("{{colab_badge}}", colab_badge(notebook_name))))
-        else:
-            result.append(("code", "\n".join(lines)))
-    if not result:
-        raise ValueError(f"{notebook_name}: the source has no '# %%' cells")
+    for cell in cells:
+        if cell.cell_type not in ("code", "markdown"):
+            raise ValueError(f"{notebook_name}: unsupported {cell.cell_type} cell: {cell.source[:40]!r}")
+        if "title" in cell.metadata:  # e.g. `# %% [setup]`: jupytext reads the text after `# %%` as a title
+            raise ValueError(f"{notebook_name}: unknown cell marker '# %% {cell.metadata['title']}'")
+        extra = set(cell.metadata) - _LAYOUT_KEYS - {"tags"}
+        if extra:
+            raise ValueError(f"{notebook_name}: unsupported cell metadata {sorted(extra)} (only tags are kept)")
+        tags = [tag for tag in cell.metadata.get("tags", []) if tag != SETUP_TAG]
+        source = cell.source
+        if cell is setup[0]:
+            source = colab_setup_source()
+        elif cell.cell_type == "markdown":
+            source = source.replace("{{colab_badge}}", colab_badge(notebook_name))
+        new = nbformat.v4.new_markdown_cell if cell.cell_type == "markdown" else nbformat.v4.new_code_cell
+        result.append(new(source, metadata={"tags": tags} if tags else {}))
     return result
 
 
 def build_notebook(source: Path) -> nbformat.NotebookNode:
-    """The notebook built from one source file (no outputs, stable ids)."""
+    """The notebook built from one source file (no outputs, stable ids, no jupytext metadata)."""
     name = source.with_suffix(".ipynb").name
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": dict(_KERNELSPEC), "language_info": {"name": "python"}}
-    for index, (kind, text) in enumerate(parse_cells(source.read_text(encoding="utf-8"), name)):
-        cell_id = hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
-        if kind == "markdown":
-            cell = nbformat.v4.new_markdown_cell(text, id=cell_id)
-        else:
-            cell = nbformat.v4.new_code_cell(text, id=cell_id)
+    for index, cell in enumerate(read_cells(source.read_text(encoding="utf-8"), name)):
+        cell.id = hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
         nb.cells.append(cell)
     nbformat.validate(nb)
     return nb

@@ -16,7 +16,7 @@
 # Everything here runs on a toy "language" small enough that the true values are computed exactly,
 # so every estimate can be compared with the truth.
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

@@ -13,7 +13,7 @@
 # - the bias-variance trade-off of $\lambda$, **measured** on a chain whose true values are known;
 # - whitening advantages over the real tokens only.
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

@@ -13,7 +13,7 @@
 # - **measured**: how far the ratio drifts over several epochs on one batch, with and without clipping;
 # - the value loss with clipping around the old values, and the optional LM (ptx) loss.
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

@@ -58,7 +58,7 @@
 # | `hidden_scores`, `score_breakdown` | the world's true score, which no model sees | 02 |
 # | `best_of_n` | the no-training baseline of section 6 | here |
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

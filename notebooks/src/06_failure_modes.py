@@ -26,7 +26,7 @@
 # profile), so most curves are one noisy run: look for the shape, not the third decimal. Experiment (e)
 # repeats its runs over three seeds and draws their spread.
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

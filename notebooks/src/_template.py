@@ -9,7 +9,7 @@
 # **You will learn**
 # - ...
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment

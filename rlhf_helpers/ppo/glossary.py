@@ -2,11 +2,15 @@
 
     from rlhf_helpers.ppo.glossary import METRICS, glossary_markdown
     METRICS["clipfrac"].healthy        # what it looks like in a good tiny-profile run
+    METRICS["kl"].tracker              # "objective/kl": its name in TensorBoard / trackio / W&B
     python -m rlhf_helpers.ppo.glossary            # rewrite docs/metrics.md from METRICS
     python -m rlhf_helpers.ppo.glossary --check    # exit 1 if docs/metrics.md is out of date
 
 `rlhf_helpers.ppo.metrics.GLOSSARY` (name -> one line) is derived from METRICS, and docs/metrics.md
-is generated from it, so the code, the plots' hover text and the docs say the same thing.
+is generated from it, so the code, the plots' hover text and the docs say the same thing. Each entry
+also names the metric for experiment trackers (`train_ppo --report-to`, `stages.tracking`): grouped
+like TRL's PPOTrainer (objective/, policy/, val/, loss/), with TRL's own name where TRL logs the same
+quantity; metrics.jsonl keeps the short names.
 
 Healthy ranges were read off `python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60
 --eval-every 10` (the tiny profile's defaults: rollout batch 64, minibatch 16, 4 epochs, 40 new
@@ -34,6 +38,9 @@ class MetricDoc:
     formula: str  #: how it is computed, in plain text maths over the batch's real response tokens
     healthy: str  #: what it looks like in a healthy tiny-profile run ("" for bookkeeping fields)
     bad: str  #: what an unhealthy value means: which failure mode, and what to try ("" if nothing)
+    #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x axis) and
+    #: the per-minibatch rows
+    tracker: str = ""
 
 
 #: Sections of the glossary, in order: (title, what logs them).
@@ -63,14 +70,14 @@ NOTATION = """\
 """
 
 
-def _m(meaning: str, formula: str, healthy: str, bad: str) -> MetricDoc:
-    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad)
+def _m(tracker: str, meaning: str, formula: str, healthy: str, bad: str) -> MetricDoc:
+    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad, tracker=tracker)
 
 
 #: metric name -> its documentation, grouped by GROUPS (in the order docs/metrics.md lists them).
 METRICS: dict[str, tuple[str, MetricDoc]] = {
     # ------------------------------------------------------------------ rollouts
-    "score": ("rollout", _m(
+    "score": ("rollout", _m("objective/scores",
         "mean reward-model score of the batch's responses (the proxy PPO maximises)",
         "mean_b s_b, s_b = score head on the reward adapter's hidden state at the last real token "
         "(+ missing_eos_penalty for responses cut off without EOS)",
@@ -80,7 +87,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "over-optimisation of the proxy (with --kl-coef 0 the score climbs to 3.6-3.7 while "
         "hidden_score falls to -2.7). Sudden jump to the score's ceiling with short or repetitive "
         "responses: the policy found an exploit of the reward model.")),
-    "hidden_score": ("rollout", _m(
+    "hidden_score": ("rollout", _m("objective/hidden_scores",
         "mean hidden ground-truth score of the same responses (what we really want)",
         "mean_b h(prompt_b, response_b), h = the review world's hidden scorer "
         "(rlhf_helpers.world.scorer, passed to PPOTrainer as hidden_score_fn: the engine logs it only "
@@ -91,7 +98,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "errors (raise kl_coef or stop earlier; the best checkpoint is where hidden_score peaked). "
         "Only available in this course's world: real RLHF has no hidden score, which is why KL and "
         "samples must be watched.")),
-    "kl": ("rollout", _m(
+    "kl": ("rollout", _m("objective/kl",
         "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
         "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
         "samples, before this step's update (with temperature T != 1: pi and ref both of logits / T)",
@@ -104,7 +111,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "(k1 is an estimate), but a steadily negative mean means the samples do not come from the "
         "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p, log-probs "
         "of another temperature than the sampling one).")),
-    "kl_coef": ("rollout", _m(
+    "kl_coef": ("rollout", _m("objective/kl_coef",
         "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
         "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
         "beta <- beta * (1 + e * min(B / kl_horizon, 1)) after every step (the cap keeps beta > 0)",
@@ -113,7 +120,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "adaptive beta growing every step: kl stays above target (the reward pulls harder than the "
         "penalty; the target may be too low). Shrinking to ~0: kl stays below target, the penalty "
         "no longer constrains anything.")),
-    "entropy": ("rollout", _m(
+    "entropy": ("rollout", _m("objective/token_entropy",
         "mean per-token entropy of the policy on its own responses (nats; at temperature T, of the "
         "sampling distribution softmax(logits / T))",
         "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
@@ -122,7 +129,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
         "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 it "
         "climbs to 2.0-2.1 as the policy drifts to odd tokens the reward model over-rates).")),
-    "response_length": ("rollout", _m(
+    "response_length": ("rollout", _m("completions/mean_length",
         "mean response length in tokens, EOS included",
         "mean_b sum_t m_t",
         "about 17 tokens at the start, growing to 22-24 late (the reward model likes longer "
@@ -131,14 +138,14 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "pays for length; try missing_eos_penalty or a length-aware reward. Collapsing to 1-2 "
         "tokens: the policy learned that stopping early avoids a penalty (negative scores, "
         "KL per token).")),
-    "eos_fraction": ("rollout", _m(
+    "eos_fraction": ("rollout", _m("completions/eos_fraction",
         "fraction of responses that ended with EOS before max_new_tokens",
         "mean_b [response b contains EOS]",
         "0.97-1.0: nearly every response ends on its own.",
         "falling: responses run into max_new_tokens, their last token is not an EOS and the reward "
         "model reads an unfinished text (length hacking, or a broken EOS/pad setup: pad must "
         "differ from EOS).")),
-    "explained_variance": ("rollout", _m(
+    "explained_variance": ("rollout", _m("val/explained_variance",
         "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
         "1 - Var_t[G_t - V_t] / Var_t[G_t] over all real tokens of the batch (V: the critic before "
         "this step's update)",
@@ -148,21 +155,21 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "learning rate too low, value head not warmed up, values masked wrongly). Near 1 with "
         "a falling score: suspicious, check that values do not see the future (alignment of "
         "V_t with the state before token t).")),
-    "return_mean": ("rollout", _m(
+    "return_mean": ("rollout", _m("val/return_mean",
         "mean GAE return over real tokens (the critic's regression target)",
         "masked mean of G_t = A_t (raw, before whitening) + V_t",
         "a little below the score (the KL penalty still to come is subtracted): about 0.3 at step "
         "1, 2.75-2.92 late.",
         "far from score - beta * kl (its upper end): the reward shaping or GAE is off (score not on the last real "
         "token, gamma/lambda misset).")),
-    "value_mean": ("rollout", _m(
+    "value_mean": ("rollout", _m("val/value_mean",
         "mean old value V(s_t) over real tokens",
         "masked mean of V_t from the value adapter + value head, before this step's update",
         "starts near 0 (small head init) and is within ~0.1 of return_mean after ~10 steps.",
         "lagging far behind return_mean for many steps: the critic learns too slowly (value_lr, "
         "value_warmup_steps). Exploding: value learning rate too high or returns not bounded.")),
     # ------------------------------------------------------------------ updates
-    "policy_loss": ("update", _m(
+    "policy_loss": ("update", _m("loss/policy_avg",
         "clipped surrogate loss -min(r A, clip(r) A), masked mean",
         "masked mean of -min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t), A whitened",
         "small and slightly negative: -0.024 to -0.005 (whitened "
@@ -171,7 +178,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "large in size (|loss| > 0.1 with whitened advantages): the ratios moved far from 1, see "
         "clipfrac and approx_kl. Exactly 0 every step: no advantages (reward constant) or nothing "
         "trains.")),
-    "clipfrac": ("update", _m(
+    "clipfrac": ("update", _m("policy/clipfrac_avg",
         "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
         "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen and "
         "the gradient is zero",
@@ -180,13 +187,13 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
         "minibatch: the policy does not change (no gradient reaches the adapter).")),
-    "approx_kl": ("update", _m(
+    "approx_kl": ("update", _m("policy/approxkl_avg",
         "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy (k3 estimate)",
         "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is never negative",
         "0.003-0.03 nats per token, mostly 0.004-0.01 (0.02-0.05 with kl_coef 0).",
         "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
         "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
-    "value_loss": ("update", _m(
+    "value_loss": ("update", _m("loss/value_avg",
         "clipped value loss 0.5 * max((V - G)^2, (clip(V) - G)^2), G the GAE return, masked mean",
         "0.5 * masked mean of max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - G_t)^2), "
         "c = value_clip",
@@ -195,7 +202,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "not falling: the critic does not fit the returns (value learning rate, a value adapter "
         "that is not trained, masks). Rising late with vf_clipfrac high: the returns moved faster "
         "than value_clip lets the critic follow.")),
-    "vf_clipfrac": ("update", _m(
+    "vf_clipfrac": ("update", _m("val/clipfrac_avg",
         "fraction of tokens where value clipping was active",
         "masked mean of [(V_clip,t - G_t)^2 > (V_t - G_t)^2], the tokens where the clipped error is "
         "used (0 when value_clip is None)",
@@ -203,25 +210,25 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "late.",
         "staying high: value_clip is too tight for the scale of the returns, the critic cannot "
         "catch up (raise value_clip or set it to None).")),
-    "policy_grad_norm": ("update", _m(
+    "policy_grad_norm": ("update", _m("policy/grad_norm_avg",
         "policy gradient norm before clipping to max_grad_norm",
         "||grad of the policy loss w.r.t. the policy adapter||_2 before clip_grad_norm_",
         "0.07-0.18, well below max_grad_norm = 1 (0.3-0.6 with kl_coef 0).",
         "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
         "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the run "
         "(exit status 3 from the command line).")),
-    "value_grad_norm": ("update", _m(
+    "value_grad_norm": ("update", _m("val/grad_norm_avg",
         "value gradient norm before clipping to max_grad_norm",
         "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",
         "1.7-2.7 in the first 5 steps (clipped to 1), 0.35-1.2 late.",
         "staying far above max_grad_norm: the critic's targets are badly scaled (large returns; "
         "consider score_clip or reward normalisation).")),
-    "entropy_update": ("update", _m(
+    "entropy_update": ("update", _m("policy/entropy_avg",
         "mean policy entropy seen during the update epochs",
         "masked mean of H_t computed by the updating policy in each minibatch, averaged",
         "within ~0.01 of `entropy` (the policy changes little within one step).",
         "far from `entropy`: the policy changes a lot inside one step (see approx_kl).")),
-    "ptx_loss": ("update", _m(
+    "ptx_loss": ("update", _m("loss/ptx_avg",
         "next-token loss of the policy on SFT text (only when ptx_coef > 0)",
         "mean cross-entropy of the policy on a minibatch of SFT texts (shifted labels, padding "
         "ignored); added to the policy loss as ptx_coef * ptx_loss",
@@ -229,17 +236,17 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "rising steadily: PPO is pulling the policy away from fluent text (raise ptx_coef or "
         "kl_coef).")),
     # ------------------------------------------------------------------ per minibatch
-    "epoch": ("minibatch", _m(
+    "epoch": ("minibatch", _m("",
         "index of the PPO epoch (pass over the experience batch) this minibatch belongs to",
         "0 .. ppo_epochs - 1",
         "",
         "")),
-    "minibatch": ("minibatch", _m(
+    "minibatch": ("minibatch", _m("",
         "index of the minibatch within its epoch",
         "0 .. rollout_batch_size / mini_batch_size - 1",
         "",
         "")),
-    "ratio_mean": ("minibatch", _m(
+    "ratio_mean": ("minibatch", _m("",
         "mean probability ratio pi_new / pi_old over real tokens",
         "masked mean of rho_t = exp(log pi(y_t) - log pi_old(y_t))",
         "exactly 1 at the first minibatch of the first epoch (nothing has changed yet), then "
@@ -247,61 +254,68 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "not 1 at the very first minibatch: the old log-probs do not come from the policy that "
         "sampled (e.g. the reference's log-probs used as old ones, a bug in a widely copied "
         "script), or dropout is on. Far from 1 later: too large updates.")),
-    "ratio_max": ("minibatch", _m(
+    "ratio_max": ("minibatch", _m("",
         "largest probability ratio pi_new / pi_old in the minibatch",
         "max over real tokens of rho_t",
         "1 at the first minibatch, below ~1.5-2 afterwards.",
         "huge (10 and more): a token whose probability exploded; the clip stops its gradient, but "
         "the update is unstable.")),
     # ------------------------------------------------------------------ evaluation
-    "eval_score": ("eval", _m(
+    "eval_score": ("eval", _m("eval/scores",
         "mean reward-model score on held-out prompts (fixed sampling seed)",
         "as `score`, on n_eval_prompts prompts of data/prompts_test.jsonl, one sample each",
         "close to `score` of the same step (2.8-3.05 at steps 10-60).",
         "well below `score`: the policy fits the training prompts only.")),
-    "eval_hidden_score": ("eval", _m(
+    "eval_hidden_score": ("eval", _m("eval/hidden_scores",
         "mean hidden ground-truth score on held-out prompts",
         "as `hidden_score`, on the held-out prompts",
         "0.87-1.01 at steps 10-60 (with kl_coef 0.05: 0.73-1.01, ending at 0.73).",
         "falling across evaluations while eval_score rises: over-optimisation (with kl_coef 0: "
         "0.02, -0.80, -2.42, -2.84 at steps 10-40 while eval_score rises from 3.15 to 3.65).")),
-    "eval_kl": ("eval", _m(
+    "eval_kl": ("eval", _m("eval/kl",
         "mean sequence KL to the reference on held-out prompts",
         "mean over prompts of sum_t (log pi(y_t) - log ref(y_t)) on fresh samples (k1)",
         "1.9-2.9 nats at steps 10-60 (beta = 0.2; 4.5-6.5 with beta = 0.05).",
         "as `kl`: growing without bound means nothing holds the policy near the reference (with "
         "kl_coef 0: 15, 31, 56, 65 nats at steps 10-40).")),
-    "eval_response_length": ("eval", _m(
+    "eval_response_length": ("eval", _m("eval/mean_length",
         "mean response length on held-out prompts",
         "mean over prompts of sum_t m_t",
         "21.4-24.8 tokens at steps 10-60.",
         "as `response_length`.")),
     # ------------------------------------------------------------------ timing
-    "time_rollout": ("timing", _m(
+    "time_rollout": ("timing", _m("time/rollout",
         "seconds of the rollout phase: generate, score, reference and value passes, GAE",
         "wall-clock seconds (time.perf_counter) of collect_experience",
         "0.35-1.7 s per step on one CPU thread (it grows with response_length and with the "
         "machine's load).",
         "growing much faster than response_length: the machine is busy, or generation lost its "
         "KV cache.")),
-    "time_update": ("timing", _m(
+    "time_update": ("timing", _m("time/update",
         "seconds of the update epochs",
         "wall-clock seconds of PPOTrainer.update (ppo_epochs x minibatches of policy and value "
         "forward/backward/step)",
         "1.2-4 s per step on one CPU thread (about 75% of a step).",
         "")),
-    "time_step": ("timing", _m(
+    "time_step": ("timing", _m("time/step",
         "seconds of the whole PPO iteration (rollout + update)",
         "time_rollout + time_update (evaluation and checkpoints are not included)",
         "1.5-5.8 s per step on one CPU thread (load average 2-4); several times that on a busy "
         "machine.",
         "")),
-    "step": ("timing", _m(
+    "step": ("timing", _m("",
         "PPO iterations done so far (the x axis)",
         "PPOTrainer.step_count after this step (1 for the first step)",
         "",
         "")),
 }
+
+
+def tracker_cell(name: str, doc: MetricDoc) -> str:
+    """The table's tracker column: the name, or why the metric is not sent."""
+    if doc.tracker:
+        return f"`{doc.tracker}`"
+    return "the x axis (`step=`)" if name == "step" else "not sent"
 
 
 def glossary_markdown() -> str:
@@ -317,15 +331,26 @@ def glossary_markdown() -> str:
         "the tiny profile, and what an unhealthy value means. `rlhf_helpers.ppo.metrics.GLOSSARY` "
         "holds the one-line meanings; `plot_curves` shows them when hovering a point.",
         "",
+        "With `--report-to tensorboard`, `trackio` or `wandb` the command also sends every step's metrics "
+        "to that experiment tracker (through accelerate's tracking API), under the names of the table's "
+        "second column: grouped as TRL's PPOTrainer groups them, and TRL's own name where TRL logs the "
+        "same quantity (`objective/kl`, `objective/scores`, `policy/clipfrac_avg`, `loss/value_avg`, ...). "
+        "TRL's `objective/entropy` sums -log p over a response; the per-token entropy here is "
+        "`objective/token_entropy`. metrics.jsonl keeps the short names. TensorBoard's event files go to "
+        "`<output-dir>/tracking/` (`pip install 'rlhf-helpers[tracking]'`, then `tensorboard --logdir "
+        "<output-dir>/tracking`); W&B runs offline into the same folder unless `WANDB_MODE` says otherwise "
+        "(`pip install wandb`); trackio logs to its local store (`pip install trackio`, then "
+        "`trackio show --project rlhf-ppo`).",
+        "",
         "Notation:",
         "",
         NOTATION.rstrip(),
         "",
-        "| metric | what it is |",
-        "|---|---|",
+        "| metric | in a tracker | what it is |",
+        "|---|---|---|",
     ]
     # GitHub's heading anchors keep underscores: "### hidden_score" is #hidden_score
-    lines += [f"| [`{name}`](#{name}) | {doc.meaning.replace('|', '/')} |"
+    lines += [f"| [`{name}`](#{name}) | {tracker_cell(name, doc)} | {doc.meaning.replace('|', '/')} |"
               for name, (_group, doc) in METRICS.items()]
     for group, title in GROUPS.items():
         lines += ["", f"## {title}"]

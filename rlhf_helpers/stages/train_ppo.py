@@ -21,6 +21,7 @@ adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes 
     metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
     curves.html               plotly curves of the main metrics (open in a browser, works offline)
     run.json                  the profile, the PPO config and the reward folder of this run
+    tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
 Quick runs: $RLHF_PROFILE_OVERRIDES takes JSON profile overrides, e.g.
 '{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'.
@@ -81,6 +82,7 @@ from rlhf_helpers.stages.setup_checks import (
     read_run_record,
 )
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.stages.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.world.scorer import hidden_scores
 
 #: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
@@ -117,6 +119,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reward-train-pairs", type=int, default=None,
                         help="train the reward model on only this many pairs (quick runs)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--report-to", choices=REPORT_TO, default="none",
+                        help="also log every step to this experiment tracker (default: none; see docs/metrics.md)")
     args = parser.parse_args(argv)
     for name in ("steps", "reward_train_pairs"):
         value = getattr(args, name)
@@ -188,9 +192,7 @@ def check_resume_checkpoint(output_dir: Path) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
-    # accelerate: only for a training run, which may be multi-process
-    from accelerate import Accelerator
-
+    check_tracker(args.report_to)
     try:
         profile = get_profile(args.profile)
     except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
@@ -240,7 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"--resume: the reward folder {saved_reward_dir} recorded in {output_dir / RUN_FILE} "
                              f"is damaged ({problem}); pass --reward-dir with an intact one")
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available() or profile.device == "cpu")
+    accelerator = make_accelerator(args.report_to, output_dir,
+                                   cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
         profile = profile.replace(device=str(accelerator.device))
 
@@ -266,15 +269,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         loaded = load_checkpoint(trainer, output_dir)
         if is_main:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
+    record = {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
+              "reward_dir": None if reward_dir is None else str(reward_dir),
+              "num_processes": accelerator.num_processes}
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
         append_jsonl(metrics_path, trainer.history, mode="w")
-        (output_dir / RUN_FILE).write_text(json.dumps(
-            {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
-             "reward_dir": None if reward_dir is None else str(reward_dir),
-             "num_processes": accelerator.num_processes},
-            indent=2, default=str) + "\n")
+        (output_dir / RUN_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    start_tracking(accelerator, args.report_to, output_dir, record)
 
     def log(metrics: dict[str, float]) -> None:
         if is_main:
@@ -284,6 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise CheckpointSaveError(f"could not append step {int(metrics['step'])} to {metrics_path}: "
                                           f"{disk_problem(error, output_dir)}; {trainer.last_checkpoint or 'no'} "
                                           "checkpoint is kept") from error
+            log_metrics(accelerator, metrics)
 
     status = "finished"
     try:
@@ -321,7 +325,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"(metrics.jsonl holds the same numbers)", file=sys.stderr)
     accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
     return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
-            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": is_main,
+            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": is_main, "accelerator": accelerator,
             "last_metrics": trainer.history[-1] if trainer.history else {}}
 
 
@@ -332,10 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every process prints it: under a launcher the first to exit has the others ended (SIGTERM)
         print(f"{PROG}: error: {error.message}", file=sys.stderr)
         raise
+    accelerator = summary.pop("accelerator")
     if summary.pop("is_main_process"):
         print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}), flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()  # no process exits (and has the launcher end the others) before that line
+    if accelerator.log_with:  # closes the trackers (and the process group: after the last collective)
+        accelerator.end_training()
     return {"stopped": EXIT_NON_FINITE, "write failed": EXIT_WRITE_FAILED}.get(summary["status"], 0)
 
 

@@ -1,0 +1,333 @@
+"""The same PPO run for a cluster: verl Hydra overrides and an OpenRLHF command line from a profile or PPOConfig.
+
+    from rlhf_helpers.stages.cluster_export import verl_overrides, verl_yaml, openrlhf_args
+    verl_overrides("gpu")                 # ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", ...]
+    print(verl_yaml("gpu", n_gpus=4))     # the same settings as a YAML file (python -m verl.trainer.main_ppo)
+    openrlhf_args(config, n_gpus=4)       # ["--rollout.batch_size", "256", ...] for train_ppo_ray
+    python -m rlhf_helpers.stages.cluster_export --profile gpu --format openrlhf
+    python -m rlhf_helpers.stages.cluster_export --update-docs   # rewrite the examples in docs/cluster.md
+
+The course's batch sizes are per process (`accelerate launch` runs one copy per GPU); verl and OpenRLHF take
+global ones, so `n_gpus` multiplies them. Model and data paths are placeholders (MODEL_PATH, ...) unless
+`paths` names them. `cluster_knobs` says what each setting means there and what does not carry over
+(`not_carried` lists the ones this config sets); docs/cluster.md is the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
+from rlhf_helpers.stages import cluster_knobs as knobs
+
+#: The releases this export was written against and tests/test_cluster_export.py checks (PyPI versions).
+VERL_VERSION = "0.9.1"
+OPENRLHF_VERSION = "0.11.2"  # >= 0.10.2: the dotted flags (--actor.eps_clip, --algo.kl.init_coef, ...)
+#: Sent where the course switches a clip off and the framework cannot: no score or value gets near it.
+NO_CLIP = 1.0e6
+#: verl's dual-clip constant c that never acts: above e^20, the cap verl puts on the ratio.
+DUAL_CLIP_OFF = 1.0e9
+#: Course KL estimator -> verl's algorithm.kl_penalty name (OpenRLHF takes k1/k2/k3 as they are).
+VERL_KL_NAMES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+#: Placeholders of the paths the export cannot know; `paths={"model": ...}` replaces them.
+PLACEHOLDERS = {"model": "MODEL_PATH", "reward_model": "REWARD_MODEL_PATH",
+                "train_prompts": "TRAIN_PROMPTS", "val_prompts": "VAL_PROMPTS"}
+VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
+OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+
+
+def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
+    """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile or a config."""
+    if isinstance(run, PPOConfig):
+        return run
+    return PPOConfig.from_profile(get_profile(run) if isinstance(run, str) else run)
+
+
+def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
+    unknown = set(paths or {}) - set(PLACEHOLDERS)
+    if unknown:
+        raise ValueError(f"unknown path name(s) {sorted(unknown)}; known: {sorted(PLACEHOLDERS)}")
+    return {**PLACEHOLDERS, **(paths or {})}
+
+
+def _check_gpus(n_gpus: int) -> int:
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
+    return n_gpus
+
+
+def per_token_target_kl(config: PPOConfig, mean_response_tokens: float | None = None) -> float | None:
+    """The course's target (k1 KL per sequence) as their target (mean KL per token): divided by the mean
+    response length, max_new_tokens unless given (exact when responses use the whole budget)."""
+    if config.target_kl is None:
+        return None
+    tokens = config.max_new_tokens if mean_response_tokens is None else mean_response_tokens
+    if not tokens > 0:
+        raise ValueError(f"mean_response_tokens must be > 0, got {mean_response_tokens!r}")
+    return float(config.target_kl) / float(tokens)
+
+
+def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                  paths: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Dotted verl key -> value (Python types) for the same run on `n_gpus` GPUs of one node."""
+    c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
+    a, cr, m = "actor_rollout_ref.actor.", "critic.", "actor_rollout_ref.model."
+    target = per_token_target_kl(c, mean_response_tokens)
+    s: dict[str, Any] = {
+        "data.train_batch_size": c.rollout_batch_size * n, "actor_rollout_ref.rollout.n": 1,
+        a + "ppo_mini_batch_size": c.mini_batch_size * n, cr + "ppo_mini_batch_size": c.mini_batch_size * n,
+        a + "ppo_micro_batch_size_per_gpu": c.mini_batch_size, cr + "ppo_micro_batch_size_per_gpu": c.mini_batch_size,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": c.mini_batch_size,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": c.mini_batch_size,
+        a + "ppo_epochs": c.ppo_epochs, cr + "ppo_epochs": c.ppo_epochs, a + "shuffle": True, cr + "shuffle": True,
+        "data.max_prompt_length": c.max_prompt_length, "data.truncation": "left",
+        "data.max_response_length": c.max_new_tokens, "actor_rollout_ref.rollout.temperature": float(c.temperature),
+        "algorithm.adv_estimator": "gae", "algorithm.gamma": float(c.gamma), "algorithm.lam": float(c.lam),
+        a + "clip_ratio": float(c.clip_eps), a + "clip_ratio_low": float(c.clip_eps),
+        a + "clip_ratio_high": float(c.clip_eps), a + "clip_ratio_c": DUAL_CLIP_OFF,
+        cr + "cliprange_value": NO_CLIP if c.value_clip is None else float(c.value_clip),
+        a + "entropy_coeff": float(c.entropy_coef),
+        a + "optim.clip_grad": float(c.max_grad_norm), cr + "optim.clip_grad": float(c.max_grad_norm),
+        a + "optim.lr": float(c.policy_lr), cr + "optim.lr": float(c.value_lr),
+        a + "optim.weight_decay": 0.0, cr + "optim.weight_decay": 0.0,
+        a + "optim.lr_scheduler_type": "constant", cr + "optim.lr_scheduler_type": "constant",
+        "trainer.critic_warmup": c.value_warmup_steps + 1 if c.value_warmup_steps else 0,
+        "algorithm.use_kl_in_reward": True, a + "use_kl_loss": False,
+        "algorithm.kl_ctrl.kl_coef": float(c.kl_coef), "algorithm.kl_penalty": VERL_KL_NAMES[c.kl_kind],
+        "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
+    }
+    if target is not None:
+        s.update({"algorithm.kl_ctrl.target_kl": target, "algorithm.kl_ctrl.horizon": c.kl_horizon})
+    for prefix in (m, "critic.model."):
+        s.update({prefix + "lora_rank": c.lora.r, prefix + "lora_alpha": c.lora.alpha,
+                  prefix + "target_modules": list(c.lora.target_modules)})
+    s.update({"trainer.total_training_steps": c.total_steps, "data.seed": c.seed,
+              "actor_rollout_ref.rollout.seed": c.seed, a + "data_loader_seed": c.seed,
+              cr + "data_loader_seed": c.seed})
+    rm = "reward.reward_model."
+    s.update({  # plumbing (cluster_knobs.PLUMBING)
+        m + "path": p["model"], "critic.model.path": p["model"], rm + "enable": True,
+        rm + "model_path": p["reward_model"], rm + "rollout.name": "vllm", rm + "rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "data.train_files": p["train_prompts"], "data.val_files": p["val_prompts"],
+        "trainer.n_gpus_per_node": n, "trainer.nnodes": 1, "trainer.logger": ["console"],
+    })
+    return s
+
+
+def _number(value: float | int) -> str:
+    """A number without an exponent ("0.00005", "1000000.0"): floats read as floats by YAML 1.1, Hydra's
+    override grammar and argparse (which takes "-1e-05" for an option name)."""
+    if isinstance(value, int):
+        return str(value)
+    text = format(Decimal(repr(float(value))), "f")
+    return text if "." in text else text + ".0"
+
+
+_PLAIN = re.compile(r"^[A-Za-z_/~][A-Za-z0-9_./~-]*$")
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return _number(value)
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in {"true", "false", "null", "yes", "no", "on", "off"}:
+        return text
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_scalar(v) for v in value) + "]"
+    return _scalar(value)
+
+
+def verl_overrides(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                   paths: Mapping[str, str] | None = None) -> list[str]:
+    """`key=value` Hydra overrides for `python -m verl.trainer.main_ppo` (one argument each)."""
+    return [f"{key}={_value(value)}" for key, value in
+            verl_settings(run, n_gpus, mean_response_tokens, paths).items()]
+
+
+def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+              paths: Mapping[str, str] | None = None) -> str:
+    """The same settings as nested YAML (the keys of `verl_settings`, grouped by their dotted path)."""
+    tree: dict[str, Any] = {}
+    for key, value in verl_settings(run, n_gpus, mean_response_tokens, paths).items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    lines: list[str] = []
+
+    def emit(node: dict[str, Any], indent: int) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                lines.append(" " * indent + f"{key}:")
+                emit(value, indent + 2)
+            else:
+                shown = "[" + ", ".join(_scalar(v) for v in value) + "]" if isinstance(value, list) else _scalar(value)
+                lines.append(" " * indent + f"{key}: {shown}")
+
+    emit(tree, 0)
+    return "\n".join(lines) + "\n"
+
+
+def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                 paths: Mapping[str, str] | None = None) -> str:
+    """`verl_overrides` as a shell command, one override a line (quoted where the shell needs it)."""
+    overrides = verl_overrides(run, n_gpus, mean_response_tokens, paths)
+    return " \\\n  ".join([" ".join(VERL_ENTRY), *(shlex.quote(o) for o in overrides)])
+
+
+def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                   paths: Mapping[str, str] | None = None) -> list[tuple[str, tuple[Any, ...]]]:
+    """(flag, values) pairs for train_ppo_ray, in the order of cluster_knobs.KNOBS; () for a switch."""
+    c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
+    target = per_token_target_kl(c, mean_response_tokens)
+    score_clip = NO_CLIP if c.score_clip is None else float(c.score_clip)
+    f: list[tuple[str, tuple[Any, ...]]] = [
+        ("--rollout.batch_size", (c.rollout_batch_size * n,)), ("--rollout.n_samples_per_prompt", (1,)),
+        ("--train.batch_size", (c.mini_batch_size * n,)), ("--train.micro_batch_size", (c.mini_batch_size,)),
+        ("--rollout.micro_batch_size", (c.mini_batch_size,)), ("--train.max_epochs", (c.ppo_epochs,)),
+        ("--data.max_len", (c.max_prompt_length + c.max_new_tokens,)),
+        ("--rollout.max_new_tokens", (c.max_new_tokens,)),
+        ("--rollout.temperature", (float(c.temperature),)), ("--algo.advantage.estimator", ("gae",)),
+        ("--algo.advantage.gamma", (float(c.gamma),)), ("--algo.advantage.lambd", (float(c.lam),)),
+        ("--actor.eps_clip", (float(c.clip_eps),)),
+        ("--critic.value_clip", (NO_CLIP if c.value_clip is None else float(c.value_clip),)),
+        ("--actor.entropy_coef", (float(c.entropy_coef),)),
+        ("--actor.max_norm", (float(c.max_grad_norm),)), ("--critic.max_norm", (float(c.max_grad_norm),)),
+        ("--actor.adam.lr", (float(c.policy_lr),)), ("--critic.adam.lr", (float(c.value_lr),)),
+    ]
+    for role in ("actor", "critic"):
+        f += [(f"--{role}.adam.betas", (0.9, 0.999)), (f"--{role}.lr_scheduler", ("constant",)),
+              (f"--{role}.lr_warmup_ratio", (0.0,))]
+    f += [("--critic.freezing_steps", (c.value_warmup_steps - 1,)), ("--algo.kl.init_coef", (float(c.kl_coef),)),
+          ("--algo.kl.estimator", (c.kl_kind,))]
+    if target is not None:
+        f += [("--algo.kl.target", (target,)), ("--algo.kl.horizon", (c.kl_horizon,))]
+    f += [("--reward.clip_range", (-score_clip, score_clip)), ("--ds.lora.rank", (c.lora.r,)),
+          ("--ds.lora.alpha", (c.lora.alpha,)), ("--ds.lora.dropout", (0.0,)),
+          ("--ds.lora.target_modules", tuple(c.lora.target_modules)),
+          ("--data.max_samples", (c.total_steps * c.rollout_batch_size * n,)), ("--train.num_episodes", (1,)),
+          ("--train.seed", (c.seed,))]
+    f += [("--actor.model_name_or_path", (p["model"],)), ("--critic.model_name_or_path", (p["model"],)),  # plumbing
+          ("--reward.model_name_or_path", (p["reward_model"],)), ("--data.prompt_dataset", (p["train_prompts"],)),
+          ("--data.input_key", ("prompt",))]
+    for role in ("actor", "critic", "ref", "reward"):
+        f += [(f"--{role}.num_nodes", (1,)), (f"--{role}.num_gpus_per_node", (n,))]
+    f += [("--train.colocate_all", ()), ("--vllm.num_engines", (n,)), ("--vllm.tensor_parallel_size", (1,)),
+          ("--vllm.gpu_memory_utilization", (0.5,)), ("--vllm.enable_sleep", ()), ("--ds.enable_sleep", ())]
+    return f
+
+
+def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                  paths: Mapping[str, str] | None = None) -> list[str]:
+    """The argument list of `python -m openrlhf.cli.train_ppo_ray` for the same run on `n_gpus` GPUs."""
+    out: list[str] = []
+    for flag, values in openrlhf_flags(run, n_gpus, mean_response_tokens, paths):
+        out += [flag, *(_number(v) if isinstance(v, int | float) else str(v) for v in values)]
+    return out
+
+
+def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+                     paths: Mapping[str, str] | None = None) -> str:
+    """`openrlhf_args` as a shell command, one flag a line."""
+    lines = [" ".join(OPENRLHF_ENTRY)]
+    for flag, values in openrlhf_flags(run, n_gpus, mean_response_tokens, paths):
+        shown = [_number(v) if isinstance(v, int | float) else shlex.quote(str(v)) for v in values]
+        lines.append("  " + " ".join([flag, *shown]))
+    return " \\\n".join(lines)
+
+
+def not_carried(run: str | Profile | PPOConfig) -> list[str]:
+    """The settings of this run that neither export can carry (empty for the course's profiles)."""
+    c = as_config(run)
+    out = []
+    if not c.whiten_advantages:
+        out.append("whiten_advantages=False: both frameworks always whiten GAE advantages")
+    if c.ptx_coef > 0:
+        out.append(f"ptx_coef={c.ptx_coef}: neither has an LM loss on SFT text in PPO")
+    if c.missing_eos_penalty is not None:
+        out.append(f"missing_eos_penalty={c.missing_eos_penalty}: add it in the reward function")
+    if c.vf_coef != 1.0:
+        out.append(f"vf_coef={c.vf_coef}: their critics have their own optimiser and no loss weight")
+    return out
+
+
+def doc_config() -> PPOConfig:
+    """The run docs/cluster.md shows: the gpu profile as defined (no $RLHF_PROFILE_OVERRIDES, no torch)."""
+    return PPOConfig.from_profile(gpu_profile())
+
+
+def doc_blocks() -> dict[str, str]:
+    """The generated blocks of docs/cluster.md: name -> text between its markers."""
+    run = doc_config()
+    fenced = {"verl-overrides": ("bash", verl_command(run)), "verl-yaml": ("yaml", verl_yaml(run).rstrip("\n")),
+              "openrlhf-command": ("bash", openrlhf_command(run))}
+    blocks = {name: f"```{lang}\n{text}\n```" for name, (lang, text) in fenced.items()}
+    blocks.update({"mapping": knobs.mapping_table(), "not-carried": knobs.not_carried_table(),
+                   "plumbing": knobs.plumbing_table(),
+                   "versions": f"verl {VERL_VERSION} and OpenRLHF {OPENRLHF_VERSION}"})
+    return blocks
+
+
+def render_page(text: str) -> str:
+    """`text` with every `<!-- generated:NAME -->...<!-- /generated:NAME -->` block rewritten from `doc_blocks`."""
+    blocks = doc_blocks()
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in blocks:
+            raise ValueError(f"unknown generated block {name!r} in {DOC_PATH.name}")
+        sep = "" if name == "versions" else "\n"
+        return f"<!-- generated:{name} -->{sep}{blocks[name]}{sep}<!-- /generated:{name} -->"
+
+    return re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default $RLHF_PROFILE or tiny)")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one node (batches are scaled by it)")
+    parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
+    parser.add_argument("--update-docs", action="store_true", help=f"rewrite the generated blocks of {DOC_PATH}")
+    parser.add_argument("--check-docs", action="store_true", help="exit 1 if docs/cluster.md is out of date")
+    args = parser.parse_args(argv)
+    if args.update_docs or args.check_docs:
+        old = DOC_PATH.read_text(encoding="utf-8")
+        new = render_page(old)
+        if args.check_docs:
+            print("up to date" if new == old else f"{DOC_PATH} is out of date: run with --update-docs")
+            return 0 if new == old else 1
+        DOC_PATH.write_text(new, encoding="utf-8")
+        return 0
+    run = args.profile if args.profile is not None else get_profile()
+    for line in not_carried(run):
+        print(f"not carried over: {line}", file=sys.stderr)
+    if args.format == "verl":
+        print(verl_command(run, args.gpus))
+    elif args.format == "verl-yaml":
+        print(verl_yaml(run, args.gpus), end="")
+    else:
+        print(openrlhf_command(run, args.gpus))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
