@@ -25,10 +25,12 @@ install: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes.
+# Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes, then the
+# figures of the notebooks they executed (build/executed/), in JupyterLab in a browser (screenshots: build/figures/).
 test: $(STAMP)
-	$(PY) -m pytest -m "not notebook"
+	$(PY) -m pytest -m "not notebook and not figures"
 	$(PY) -m pytest -m notebook -n 2 --durations=12 tests/test_notebooks.py
+	$(PY) -m pytest -m figures tests/test_notebook_figures_browser.py
 
 # A fresh venv holding what Colab ships (tests/colab_stack.txt); the course is not in it yet.
 # uv (from .venv) installs it: 1.3 min where pip takes 7.5 (5 GB: torch's CUDA build, see the file).
@@ -50,7 +52,8 @@ test-colab: $(COLAB_STAMP)
 	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider tests/test_colab_stack.py tests/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-runs
-	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 \
+	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs RLHF_EXECUTED_DIR=$(CURDIR)/build/colab-executed \
+	  $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 \
 	  -k test_notebook_runs_as_shipped tests/test_notebooks.py
 
 course: $(STAMP)

@@ -137,9 +137,12 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    config: dict[str, Any] = {"train_seconds": train_seconds, "eval_points": eval_points, "early_evals": early_evals}
+    # the race in CPU seconds (train_batches None), unlike notebook 07's race in batches (profile.compare_batches)
+    config: dict[str, Any] = {"train_seconds": train_seconds, "train_batches": None, "eval_points": eval_points,
+                              "early_evals": early_evals}
     if fast:
-        seeds, config = (0,), {"train_seconds": 6.0, "eval_points": 2, "early_evals": 1, "n_eval_prompts": 32}
+        seeds, config = (0,), {"train_seconds": 6.0, "train_batches": None, "eval_points": 2, "early_evals": 1,
+                               "n_eval_prompts": 32}
         png = None
     tasks = [{"method": "best_of_n", "config": config}]
     tasks += [{"method": m, "config": {**config, "seed": s}} for s in seeds for m in METHODS]

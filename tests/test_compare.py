@@ -37,8 +37,8 @@ def profile():
 
 
 def small_config(profile, **changes) -> CompareConfig:
-    """Two batches of 16 responses, however fast the CPU (the budget is far away)."""
-    values = {"train_seconds": 1e6, "max_batches": 2, "eval_points": 1, "early_evals": 0, "n_eval_prompts": 8,
+    """Two batches of 16 responses (a budget in batches: however fast the CPU)."""
+    values = {"train_batches": 2, "eval_points": 1, "early_evals": 0, "n_eval_prompts": 8,
               "samples_per_batch": 16}
     values.update(changes)
     return CompareConfig.from_profile(profile, **values)
@@ -58,8 +58,9 @@ def test_config_refuses_bad_settings(profile):
         CompareConfig(grpo_loss_type="sum")
     with pytest.raises(ValueError, match="train_seconds"):
         CompareConfig(train_seconds=0)
-    with pytest.raises(ValueError, match="max_batches"):
-        CompareConfig(max_batches=0)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="train_batches must be None or an int >= 1"):
+            CompareConfig(train_batches=bad)
     with pytest.raises(ValueError, match="method must be one of"):
         run_method("dpo", small_config(profile), profile, None, ["a prompt"])
 
@@ -67,19 +68,27 @@ def test_config_refuses_bad_settings(profile):
 def test_from_profile_takes_the_profile_settings(profile):
     config = CompareConfig.from_profile(profile)
     assert config.train_seconds == profile.compare_seconds
+    assert config.train_batches == profile.compare_batches and config.budget_unit == "batches"  # tiny: reproducible
+    assert CompareConfig.from_profile(profile, train_batches=None).budget_unit == "seconds"
     assert config.samples_per_batch == profile.rollout_batch_size
     assert (config.kl_coef, config.learning_rate) == (profile.kl_coef, profile.policy_lr)
     assert config.prompts_per_batch * config.group_size == config.samples_per_batch
 
 
 def test_eval_schedule_fires_once_per_mark():
-    schedule = EvalSchedule(budget=10.0, points=4, max_batches=5)  # marks 2.5, 5, 7.5, 10
-    fired = [schedule.due(t) for t in (1.0, 2.6, 3.0, 8.0, 9.0, 10.0)]
+    schedule = EvalSchedule(budget=10.0, points=4)  # seconds: marks 2.5, 5, 7.5, 10
+    fired = [schedule.due(t, batches=99) for t in (1.0, 2.6, 3.0, 8.0, 9.0, 10.0)]  # batches do not count
     assert fired == [False, True, False, True, False, True]  # 8.0 passes two marks: one evaluation
-    assert schedule.done(10.0) and not schedule.done(9.99)
-    assert schedule.done(1.0, batches=5) and not schedule.done(1.0, batches=4)
+    assert schedule.done(10.0) and not schedule.done(9.99, batches=10**6)
     early = EvalSchedule(budget=8.0, points=2, early=2)  # marks 1, 2 (1/4 and 1/2 of the first), 4, 8
     assert early.marks == [1.0, 2.0, 4.0, 8.0]
+    in_batches = EvalSchedule.for_config(CompareConfig(train_batches=32, eval_points=4, early_evals=2))
+    assert in_batches.unit == "batches" and in_batches.marks == [2.0, 4.0, 8.0, 16.0, 24.0, 32.0]
+    fired = [in_batches.due(1e9, batches=b) for b in (1, 2, 3, 9, 24)]  # seconds do not count
+    assert fired == [False, True, False, True, True]  # batch 9 passes marks 4 and 8: one evaluation
+    assert in_batches.done(0.0, batches=32) and not in_batches.done(1e9, batches=31)
+    with pytest.raises(ValueError, match="unit must be 'seconds' or 'batches'"):
+        EvalSchedule(budget=1.0, points=1, unit="steps")
 
 
 def test_clock_counts_only_inside_running():
@@ -127,7 +136,7 @@ def test_grpo_trainer_advantages_equal_grpo_advantages(grpo_run):
         torch.testing.assert_close(advantages, expected, atol=ADVANTAGE_ATOL, rtol=0)
 
 
-def test_run_stops_after_max_batches_and_evaluates_at_the_end(grpo_run):
+def test_run_stops_after_train_batches_and_evaluates_at_the_end(grpo_run):
     assert len(grpo_run.rewards) == 2 and grpo_run.final["step"] == 2 * 4  # 2 batches x 4 updates
     seconds = [row["train_seconds"] for row in grpo_run.curve]
     assert seconds[0] == 0.0 and seconds[-1] > 0.0
@@ -138,13 +147,28 @@ def test_run_stops_after_max_batches_and_evaluates_at_the_end(grpo_run):
 
 
 def test_every_method_starts_from_the_same_judged_point(profile, grpo_run):
-    ppo = run_method("ppo", small_config(profile, max_batches=1), profile, None, load_prompts("test"),
+    ppo = run_method("ppo", small_config(profile, train_batches=1), profile, None, load_prompts("test"),
                      progress_bar=False)
     assert ppo.final["step"] == 1 and ppo.final["samples"] == 16
     # before training every policy adapter is LoRA's B = 0, i.e. the SFT model: same seed, same samples
     for key in ("eval_hidden_score", "eval_score", "eval_response_length"):
         assert ppo.curve[0][key] == pytest.approx(grpo_run.curve[0][key], abs=1e-5)
     assert abs(ppo.curve[0]["eval_kl"]) < 1e-5
+
+
+#: what a run judges and counts; train_seconds and wall_seconds are the machine's timings, not the run's
+REPRODUCED = ("step", "samples", "eval_hidden_score", "eval_score", "eval_kl", "eval_response_length")
+
+
+@pytest.mark.parametrize("method", ["ppo", "grpo"])
+def test_a_budget_in_batches_reproduces_for_its_seed(profile, method):
+    """Notebook 07's promise: the same seed gives the same numbers, whatever the CPU time of each step.
+    One process, one thread count, the same seed: every operation repeats bit for bit, so exact equality."""
+    config = small_config(profile, eval_points=2)  # marks at batch 1 and 2: three evaluations
+    runs = [run_method(method, config, profile, None, load_prompts("test"), progress_bar=False) for _ in range(2)]
+    first, second = ([{k: row[k] for k in REPRODUCED} for row in run.curve] for run in runs)
+    assert len(first) == 3 and first == second
+    assert first[-1]["samples"] == 2 * 16 and first[-1]["eval_kl"] > 0  # trained: the policy left the SFT model
 
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.5])
@@ -165,7 +189,7 @@ def test_rloo_trainer_advantages_equal_rloo_advantages(profile, kl_coef):
 
 
 def test_dr_grpo_settings_give_centred_rewards(profile):
-    config = small_config(profile, grpo_loss_type="dr_grpo", grpo_scale_rewards="none", max_batches=1)
+    config = small_config(profile, grpo_loss_type="dr_grpo", grpo_scale_rewards="none", train_batches=1)
     run = run_method("grpo", config, profile, None, load_prompts("test"), progress_bar=False)
     assert run.settings["loss_type"] == "dr_grpo" and run.settings["scale_rewards"] == "none"
     for rewards, advantages in zip(run.rewards, run.advantages, strict=True):
@@ -254,7 +278,7 @@ def test_group_methods_refuse_too_few_or_bad_prompts_before_training(profile, me
 
 def test_exactly_one_batch_of_prompts_trains(profile):
     """The lower bound is tight: prompts_per_batch prompts give a trained batch and a second evaluation."""
-    config = small_config(profile, max_batches=1)
+    config = small_config(profile, train_batches=1)
     prompts = load_prompts("train")[: config.prompts_per_batch]
     run = run_method("rloo", config, profile, None, load_prompts("test"), train_prompts=prompts, progress_bar=False)
     assert len(run.curve) == 2 and run.curve[-1]["samples"] == config.samples_per_batch

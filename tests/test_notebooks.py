@@ -12,7 +12,9 @@ shipped run and the benchmarks cover, and it keeps CI short.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -36,7 +38,10 @@ NOTEBOOK_TIMEOUT_S = 900
 MAX_EXECUTED_BYTES = 2_000_000
 #: Profile overrides of the solutions-and-re-run pass: few, small PPO and reward-model steps.
 QUICK_PROFILE = {"ppo_steps": 3, "reward_epochs": 0.25, "rollout_batch_size": 16, "mini_batch_size": 8,
-                 "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0}
+                 "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0, "compare_batches": 2}
+#: where each passing shipped run leaves its executed notebook, for the checks that read them without running
+#: the notebooks again (tests/test_notebook_figures_browser.py); `make test-colab` points it elsewhere
+EXECUTED_DIR = Path(os.environ.get("RLHF_EXECUTED_DIR") or Path(__file__).resolve().parents[1] / "build" / "executed")
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
@@ -187,6 +192,7 @@ def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
+    (EXECUTED_DIR / path.name).unlink(missing_ok=True)  # no stale copy of an older run if this one fails
     nb = execute_notebook(path, out=tmp_path / "executed.ipynb", timeout=NOTEBOOK_TIMEOUT_S,
                           workdir=tmp_path)
     size = (tmp_path / "executed.ipynb").stat().st_size
@@ -198,6 +204,8 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
     if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh
         live = [t for t in figure_titles(nb) if LIVE_FIGURE_TITLES[path.stem] in t]
         assert len(live) == 1, live
+    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "executed.ipynb", EXECUTED_DIR / path.name)  # only a run that passed
 
 
 @pytest.mark.notebook

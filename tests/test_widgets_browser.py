@@ -86,9 +86,11 @@ def _get_json(url: str) -> object:
 
 
 @contextlib.contextmanager
-def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str]) -> Iterator[dict]:
+def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
+                settings: dict[str, dict] | None = None) -> Iterator[dict]:
     """A JupyterLab server on 127.0.0.1 with its own Jupyter folders under `base`; yields url, token,
-    root and log. `plotly_extension=False` disables plotly's renderer extension in its config folder."""
+    root and log. `plotly_extension=False` disables plotly's renderer extension in its config folder;
+    `settings` maps a plugin ("@jupyterlab/notebook-extension/tracker") to user settings of its own."""
     root = base / "root"
     root.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **kernel_env}
@@ -101,6 +103,10 @@ def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str]) 
     notification = base / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notification.parent.mkdir(parents=True)
     notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    for plugin, values in (settings or {}).items():
+        package, _, name = plugin.rpartition("/")
+        (base / "settings" / package).mkdir(parents=True, exist_ok=True)
+        (base / "settings" / package / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
     env.pop("RLHF_WIDGETS_BACKEND", None)  # the notebook names its backend
     if not plotly_extension:  # --level=user: the JUPYTER_CONFIG_DIR above, not the environment's
         subprocess.run([sys.executable, "-m", "jupyterlab.labextensions", "disable", "--level=user",

@@ -18,7 +18,7 @@
 # The course's world is synthetic on purpose: the labels come from a known *hidden* score, so we can
 # compare what the reward model learned with the truth, which no real data set allows.
 
-# %% [setup]
+# %% tags=["colab-setup"]
 
 # %%
 from rlhf_helpers.course.notebook import exercise_check, show_environment
@@ -557,6 +557,7 @@ fig.add_scatter(x=hidden.tolist(), y=learned.tolist(), mode="markers", marker=di
 fig.update_yaxes(range=[0.4, 1.0], row=1, col=1)
 fig.update_xaxes(title_text="hidden score h", row=1, col=2)
 fig.update_yaxes(title_text="learned reward r", row=1, col=2)
+fig.update_layout(title="The trained reward model on the held-out pairs")
 fig.show()
 
 # %% [markdown]

@@ -18,8 +18,8 @@ GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 #: Largest seed: TRL seeds numpy too, whose seeds are 32-bit.
 MAX_SEED = 2**32 - 1
 #: The Profile fields `CompareConfig.from_profile` reads.
-PROFILE_FIELDS = ("compare_seconds", "n_eval_prompts", "eval_batch_size", "rollout_batch_size", "policy_lr",
-                  "kl_coef", "max_prompt_length", "max_new_tokens", "lora", "seed")
+PROFILE_FIELDS = ("compare_seconds", "compare_batches", "n_eval_prompts", "eval_batch_size", "rollout_batch_size",
+                  "policy_lr", "kl_coef", "max_prompt_length", "max_new_tokens", "lora", "seed")
 
 
 def _check_real(name: str, value: object) -> None:
@@ -38,9 +38,13 @@ def _check_int(name: str, value: object) -> None:
 class CompareConfig:
     """One comparison: the same budget, prompts, reward, LoRA policy and judge for every method."""
 
-    #: training budget of each method: CPU seconds of this process on a CPU, wall seconds on a GPU (model building and
-    #: evaluations excluded)
+    #: training budget of each method when train_batches is None: CPU seconds of this process on a CPU, wall seconds
+    #: on a GPU (model building and evaluations excluded); how much each method trains in it varies from run to run
     train_seconds: float = 30.0
+    #: training budget of each method in sampled batches of samples_per_batch responses (their updates included),
+    #: the evaluations scheduled in batches too: the same responses for every method and the same numbers for the
+    #: same seed on one machine; None: the budget is train_seconds
+    train_batches: int | None = None
     eval_points: int = 4  #: evaluations spread evenly over the budget, after the one before training
     #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves climb)
     early_evals: int = 2
@@ -62,9 +66,6 @@ class CompareConfig:
     lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of every policy's adapter (the profile's)
     best_of: tuple[int, ...] = (1, 4, 16)  #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
     seed: int = 0  #: seed of every method's sampling, data order and adapter initialisation
-    #: also stop after this many sampled batches (and their updates); None: the budget alone (tests use it to be
-    #: independent of CPU speed)
-    max_batches: int | None = None
 
     def __post_init__(self) -> None:
         # numbers first, by type (TypeError for the string "30"), then by range (ValueError), naming the field
@@ -91,9 +92,9 @@ class CompareConfig:
         if self.samples_per_batch % (self.group_size * self.updates_per_batch):
             raise ValueError(f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
                              f"updates_per_batch ({self.group_size} x {self.updates_per_batch})")
-        if self.max_batches is not None and (isinstance(self.max_batches, bool) or not isinstance(self.max_batches, int)
-                                             or self.max_batches < 1):
-            raise ValueError(f"max_batches must be None or an int >= 1, got {self.max_batches!r}")
+        if self.train_batches is not None and (isinstance(self.train_batches, bool)
+                                               or not isinstance(self.train_batches, int) or self.train_batches < 1):
+            raise ValueError(f"train_batches must be None or an int >= 1, got {self.train_batches!r}")
         if not 0 < self.learning_rate < math.inf:
             raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
         if not 0 <= self.kl_coef < math.inf:  # inf would zero every RLOO advantage without a word
@@ -106,19 +107,26 @@ class CompareConfig:
             raise ValueError(f"best_of must hold ints >= 1, got {self.best_of!r}")
 
     @property
+    def budget_unit(self) -> str:
+        """"batches" when train_batches is set, else "seconds"."""
+        return "seconds" if self.train_batches is None else "batches"
+
+    @property
     def prompts_per_batch(self) -> int:
         """Prompts per GRPO/RLOO generation batch: samples_per_batch / G."""
         return self.samples_per_batch // self.group_size
 
     @classmethod
     def from_profile(cls, profile: Any, **overrides: Any) -> CompareConfig:
-        """The comparison of a profile: its budget, sampling lengths, LoRA shape, KL coefficient and
-        policy learning rate (PPO's, shared by all), its rollout batch as samples_per_batch."""
+        """The comparison of a profile: its budget (compare_batches, or compare_seconds when that is None), sampling
+        lengths, LoRA shape, KL coefficient and policy learning rate (PPO's, shared by all), its rollout batch as
+        samples_per_batch."""
         missing = [name for name in PROFILE_FIELDS if not hasattr(profile, name)]
         if missing:
             raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got "
                             f"{type(profile).__name__} without {', '.join(missing)}")
-        values = {"train_seconds": profile.compare_seconds, "n_eval_prompts": profile.n_eval_prompts,
+        values = {"train_seconds": profile.compare_seconds, "train_batches": profile.compare_batches,
+                  "n_eval_prompts": profile.n_eval_prompts,
                   "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,
                   "learning_rate": profile.policy_lr, "kl_coef": profile.kl_coef,
                   "max_prompt_length": profile.max_prompt_length, "max_new_tokens": profile.max_new_tokens,

@@ -56,7 +56,8 @@ def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[
 def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts: Sequence[str],
             judge_fn: Callable[[Any, Any], dict[str, float]],
             progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
-    """The course's PPO (policy + critic adapters on one base) for config.train_seconds."""
+    """The course's PPO (policy + critic adapters on one base) for the config's budget (batches or seconds);
+    `progress` gets the budget spent after each batch."""
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
     ppo_config = PPOConfig.from_profile(
@@ -67,7 +68,7 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts), hidden_score_fn=hidden_scores)
     clock = TrainingClock(device)
-    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches, config.early_evals)
+    schedule = EvalSchedule.for_config(config)
     run = MethodRun(method="ppo", label=LABELS["ppo"], clock=clock.kind, memory_how=meter.how,
                     trainable_parameters=sum(p.numel() for p in model.policy_parameters() + model.value_parameters()),
                     settings={k: v for k, v in ppo_config.to_dict().items()
@@ -84,8 +85,8 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
     while not schedule.done(clock.seconds, trainer.step_count):
         with clock.running():
             trainer.step()
-        progress(clock.seconds)
-        if schedule.due(clock.seconds) or schedule.done(clock.seconds, trainer.step_count):
+        progress(schedule.spent(clock.seconds, trainer.step_count))
+        if schedule.due(clock.seconds, trainer.step_count) or schedule.done(clock.seconds, trainer.step_count):
             evaluate()
     run.peak_memory_mb = meter.rise_mb()
     return run
@@ -93,8 +94,8 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
 
 def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: Sequence[str],
                train_prompts: Sequence[str] | None = None, progress_bar: bool = True) -> MethodRun:
-    """Train `method` ("ppo", "grpo" or "rloo") for config.train_seconds and judge it on `eval_prompts`;
-    a tqdm bar counts the budget's seconds."""
+    """Train `method` ("ppo", "grpo" or "rloo") for the config's budget (train_batches, else train_seconds)
+    and judge it on `eval_prompts`; a tqdm bar counts the budget's batches or seconds."""
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -110,12 +111,15 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
                       f"one {method} batch needs samples_per_batch / group_size = {config.prompts_per_batch}")
     train_prompts = list(train_prompts)
     judge_fn = make_judge(config, eval_prompts)
-    unit = "CPU s" if torch.device(profile.device).type != "cuda" else "s"
-    bar = tqdm(total=round(config.train_seconds, 1), desc=f"{LABELS[method]:<18}", unit=unit, disable=not progress_bar,
+    if config.train_batches is not None:
+        total, unit = config.train_batches, "batches"
+    else:
+        total, unit = round(config.train_seconds, 1), "CPU s" if torch.device(profile.device).type != "cuda" else "s"
+    bar = tqdm(total=total, desc=f"{LABELS[method]:<18}", unit=unit, disable=not progress_bar,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit)
 
-    def progress(seconds: float) -> None:
-        bar.update(min(seconds, bar.total) - bar.n)
+    def progress(spent: float) -> None:
+        bar.update(min(spent, bar.total) - bar.n)
 
     try:
         if method == "ppo":
@@ -126,6 +130,7 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
     finally:
         bar.close()
     run.settings["seed"] = config.seed
+    run.settings["train_batches"] = config.train_batches  # the budget: these batches, or (None) these seconds
     run.settings["train_seconds"] = config.train_seconds
     return run
 

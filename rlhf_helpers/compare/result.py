@@ -32,32 +32,49 @@ class MethodRun:
         """The last evaluation (at the end of the budget)."""
         return self.curve[-1]
 
-    def first_time_above(self, level: float) -> float | None:
-        """Training seconds of the first evaluation whose hidden score exceeds `level` (None: never)."""
+    def first_time_above(self, level: float, key: str = "train_seconds") -> float | None:
+        """`key` (train_seconds, samples, step) of the first evaluation whose hidden score exceeds `level`
+        (None: never)."""
         for row in self.curve:
             if row["eval_hidden_score"] > level:
-                return row["train_seconds"]
+                return row[key]
         return None
 
 
 class EvalSchedule:
-    """Evaluation marks at budget * k / points for k = 1..points, and `early` more at 1/2, 1/4, ... of
-    the first: `due(seconds)` is True once per mark passed (a step that crosses several marks gives one
-    evaluation). `done` once the budget is spent or, with `max_batches`, once that many batches are
-    trained on."""
+    """When a run of `budget` (seconds or batches, `unit`) is judged and when it ends.
 
-    def __init__(self, budget: float, points: int, max_batches: int | None = None, early: int = 0) -> None:
+    Evaluation marks at budget * k / points for k = 1..points, and `early` more at 1/2, 1/4, ... of the first.
+    `due(seconds, batches)` is True once per mark passed (a step that crosses several marks gives one
+    evaluation); `done(seconds, batches)` once the budget is spent. With unit "batches" the marks are counts
+    of sampled batches whose updates have all run, so the schedule does not depend on the machine's speed.
+    """
+
+    def __init__(self, budget: float, points: int, early: int = 0, unit: str = "seconds") -> None:
+        if unit not in ("seconds", "batches"):
+            raise ValueError(f"unit must be 'seconds' or 'batches', got {unit!r}")
         first = budget / points
         self.marks = [first / 2**j for j in range(early, 0, -1)] + [first * k for k in range(1, points + 1)]
         self.budget = budget
-        self.max_batches = max_batches
+        self.unit = unit
 
-    def due(self, seconds: float) -> bool:
-        passed = [m for m in self.marks if seconds >= m]
-        if not passed:
+    @classmethod
+    def for_config(cls, config: Any) -> EvalSchedule:
+        """The schedule of a CompareConfig: its train_batches, or its train_seconds when that is None."""
+        if config.train_batches is not None:
+            return cls(config.train_batches, config.eval_points, config.early_evals, unit="batches")
+        return cls(config.train_seconds, config.eval_points, config.early_evals, unit="seconds")
+
+    def spent(self, seconds: float, batches: int) -> float:
+        """The part of the budget used so far, in the schedule's unit."""
+        return float(batches) if self.unit == "batches" else seconds
+
+    def due(self, seconds: float, batches: int = 0) -> bool:
+        spent = self.spent(seconds, batches)
+        if not any(spent >= m for m in self.marks):
             return False
-        self.marks = [m for m in self.marks if seconds < m]
+        self.marks = [m for m in self.marks if spent < m]
         return True
 
     def done(self, seconds: float, batches: int = 0) -> bool:
-        return seconds >= self.budget or (self.max_batches is not None and batches >= self.max_batches)
+        return self.spent(seconds, batches) >= self.budget

@@ -102,9 +102,10 @@ def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Cal
 
         def on_step_end(self, args, state, control, **kwargs):
             clock.stop()
-            on_progress(clock.seconds)
-            done = schedule.done(clock.seconds, batches_done(state.global_step))
-            if schedule.due(clock.seconds) or done:
+            batches = batches_done(state.global_step)
+            on_progress(schedule.spent(clock.seconds, batches))
+            done = schedule.done(clock.seconds, batches)
+            if schedule.due(clock.seconds, batches) or done:
                 evaluate()
             if done:
                 control.should_training_stop = True
@@ -118,7 +119,7 @@ def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Cal
 def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any,
                    train_prompts: Sequence[str], judge_fn: Callable[[Any, Any], dict[str, float]],
                    progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
-    """Train `method` ("grpo" or "rloo") with TRL for config.train_seconds; judge it with
+    """Train `method` ("grpo" or "rloo") with TRL for the config's budget (batches or seconds); judge it with
     `judge_fn(judge_model, tokenizer)` before training and at every evaluation mark."""
     # datasets comes with trl: imported only to train
     from datasets import Dataset
@@ -135,7 +136,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     reward_fn = LearnedRewardFunction(judge, tokenizer, config.max_prompt_length)
     policy = load_causal_lm(profile)
     clock = TrainingClock(device)
-    schedule = EvalSchedule(config.train_seconds, config.eval_points, config.max_batches, config.early_evals)
+    schedule = EvalSchedule.for_config(config)
     run = MethodRun(method=method, label=method.upper(), clock=clock.kind, memory_how=meter.how)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{method}-") as output_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)

@@ -85,8 +85,12 @@ class Profile:
     # --- evaluation
     eval_batch_size: int = 64  #: prompts per batch when sampling for evaluation
     n_eval_prompts: int = 200  #: held-out prompts used to report the mean hidden score
-    #: notebook 07: training budget of each method (CPU seconds on a CPU, wall seconds on a GPU)
+    #: notebook 07: training budget of each method when compare_batches is None (CPU seconds on a CPU, wall seconds
+    #: on a GPU)
     compare_seconds: float = 30.0
+    #: notebook 07: training budget of each method in sampled batches of rollout_batch_size responses (reproducible
+    #: for a seed); None: compare_seconds
+    compare_batches: int | None = None
     # --- hub SFT (gpu profile only; TRL SFTTrainer)
     sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
     sft_lr: float = 5e-5  #: learning rate of that fine-tuning
@@ -131,8 +135,10 @@ def tiny_profile() -> Profile:
     # or higher hidden score (benchmarks/bench_ppo_learning.py, figures in benchmarks/README.md)
     # eval_batch_size 256: the 200 held-out prompts in one batch, as before evaluation was chunked (the
     # tiny vocabulary (403 tokens) keeps its 200 x 40 x V float logits at 13 MB; one batch is the fastest on a CPU)
+    # compare_batches 32: notebook 07's race in batches, so it gives the same numbers for its seed (about 32 CPU s
+    # for PPO, 16 for GRPO and RLOO here); the race in CPU seconds is benchmarks/bench_algorithms.py's
     return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",
-                   dtype="float32", kl_coef=0.2, eval_batch_size=256)
+                   dtype="float32", kl_coef=0.2, eval_batch_size=256, compare_batches=32)
 
 
 def gpu_profile() -> Profile:
@@ -156,7 +162,7 @@ def gpu_profile() -> Profile:
         value_lr=1e-4,
         lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS),
         eval_batch_size=128,
-        compare_seconds=120.0,
+        compare_seconds=120.0,  # notebook 07 in GPU wall seconds (compare_batches None): a Colab user's minutes
     )
 
 
