@@ -139,7 +139,7 @@ toy_grpo = rlhf_helpers.grpo_advantages(toy)  # (3, G)
 assert toy_grpo[1].abs().max() > 0.5 * toy_grpo[0].abs().max()  # the text: the near-tie pushes about as hard
 
 # %% [markdown]
-# Look at the second row. Its rewards differ by 0.01 (noise, for a learned reward), yet GRPO's
+# Look at the second row. Its rewards differ by at most 0.02 (noise, for a learned reward), yet GRPO's
 # advantages there are of the same order as in the first row, where the rewards really differ (the
 # assert above checks it). Dividing by the group's std turns any group into advantages of about $\pm 1$. A tied group (third row) gives
 # $A = 0$ everywhere: that prompt teaches nothing in this batch (TRL logs the share of such groups as
@@ -609,7 +609,8 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 # - **The frontier (top panel, line 1)** is the fair comparison. Each method buys hidden score with
 #   KL, and $\beta$ sets where it stops; a method is better if its points lie *above* another's at the
 #   same KL. Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no
-#   training; line 1 says on which side of it each method's last point lies.
+#   training; line 1 says on which side of it each method's last point lies, or, for a point past
+#   best-of-n's largest KL, how it compares with that last diamond (which is no longer equal KL).
 # - **Responses (lower right, lines 3 and 4)** remove the implementation: at the same number of
 #   sampled responses, which one learned more? PPO reuses each batch for several epochs with per-token
 #   credit; the group methods see each batch once. So at equal responses PPO has taken more optimiser
@@ -626,10 +627,10 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 #   model the critic's forward and backward activations, and in the classic four-model set-up a whole
 #   second model, are what GRPO and RLOO save.
 # - **One seed, a short budget.** The standard error printed above counts only the sampling of the
-#   judged responses (the largest best-of-n one, and conservative: the runs share their prompts). The
-#   variation from one training seed to another, visible in the recorded figure below, is larger, so
-#   one seed ranks nothing: read line 2's gap in standard errors as a lower bound on the noise. Line 2 also gives
-#   each method's peak: a method whose end lies several standard errors below its peak has started to
+#   judged responses (the largest best-of-n one, and conservative: the runs share their prompts). It
+#   leaves out the variation from one training seed to another (the spread of the seeds in the
+#   recorded figure below), so line 2's gap in standard errors overstates how significant the gap is,
+#   and one seed ranks nothing. Line 2 also gives each method's peak: a method whose end lies several standard errors below its peak has started to
 #   over-optimise the learned reward at this $\beta$ (notebook 06). The same $\beta$ is not the same
 #   constraint either: PPO puts it on per-token $k_1$ in the return, RLOO on the sequence $k_1$ in the
 #   reward, GRPO on per-token $k_3$ in the loss, so the final KLs are outcomes, not a controlled variable.
