@@ -155,9 +155,12 @@ def gpu_profile() -> Profile:
         reward_batch_size=32,
         reward_epochs=1.0,
         reward_lr=1e-4,
-        ppo_steps=150,
+        # An H100 measured 9.6 s per iteration at minibatch 32 (2026-11-24, host-bound: kernel launches and
+        # peft's Python, not arithmetic): 150 iterations were 24 minutes of notebook 05. 30 iterations of two
+        # minibatches of 64 keep 05 near 5 minutes (benchmarks/README, the gpu profile on a GPU).
+        ppo_steps=30,
         rollout_batch_size=128,
-        mini_batch_size=32,
+        mini_batch_size=64,
         policy_lr=5e-5,
         value_lr=1e-4,
         lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS),
