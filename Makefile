@@ -9,7 +9,7 @@ COLAB_VENV ?= .venv-colab
 COLAB_PY := $(COLAB_VENV)/bin/python
 COLAB_STAMP := $(COLAB_VENV)/.installed
 
-.PHONY: lab test test-colab course bench install lint data clean
+.PHONY: lab test test-colab course bench install lint data clean site
 
 # Create the venv if missing and install the package with its notebook and dev extras,
 # at the exact versions the tests passed with (constraints.txt).
@@ -26,11 +26,20 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes, then the
-# figures of the notebooks they executed (build/executed/), in JupyterLab in a browser (screenshots: build/figures/).
+# figures of the notebooks they executed (build/executed/), in JupyterLab in a browser (screenshots: build/figures/),
+# then the static site built from those notebooks, every page in Chromium.
 test: $(STAMP)
-	$(PY) -m pytest -m "not notebook and not figures"
+	$(PY) -m pytest -m "not notebook and not figures and not site"
 	$(PY) -m pytest -m notebook -n 2 --durations=12 tests/test_notebooks.py
 	$(PY) -m pytest -m figures tests/test_notebook_figures_browser.py
+	$(PY) tools/build_site.py
+	$(PY) -m pytest -m site tests/test_site_browser.py
+
+# The executed course as a static site in build/site/ (open build/site/index.html): the notebooks make test
+# executed (build/executed/; any missing or stale one is executed first), the notation, metrics, benchmarks
+# and cluster pages; plotly.js and MathJax served from the site, the explorers' sliders precomputed.
+site: $(STAMP)
+	$(PY) tools/build_site.py
 
 # A fresh venv holding what Colab ships (tests/colab_stack.txt); the course is not in it yet.
 # uv (from .venv) installs it: 1.3 min where pip takes 7.5 (5 GB: torch's CUDA build, see the file).

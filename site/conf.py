@@ -1,0 +1,88 @@
+"""Sphinx configuration of the course's static site (`make site`: tools/build_site.py stages the pages).
+
+Everything a page loads is served from the site itself: plotly.js from the plotly package, MathJax 2.7
+from the jupyter-server-mathjax package (copied into _static/ once the pages are written); no CDN.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import jupyter_server_mathjax
+import plotly
+
+project = "RLHF with PPO"
+author = "the RLHF with PPO course"
+copyright = "the course's authors, MIT licence"  # noqa: A001 (Sphinx's name)
+html_title = "RLHF with PPO, from policy gradients to shared-LoRA PPO"
+
+extensions = ["myst_nb"]
+nb_execution_mode = "off"  # the notebooks come executed (make test's build/executed/)
+nb_ipywidgets_js = {}  # no widget manager from a CDN: the site's copies hold no widgets
+myst_enable_extensions = ["dollarmath", "amsmath"]
+myst_heading_anchors = 4  # GitHub's heading anchors: docs/metrics.md#kl, benchmarks/README.md#...
+exclude_patterns = ["**.ipynb_checkpoints"]
+suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]  # H2 to H4 in notebooks: kept as written
+
+html_theme = "sphinx_book_theme"
+html_theme_options = {"show_toc_level": 2, "use_download_button": False, "home_page_in_toc": True}
+html_copy_source = False  # no _sources/ (2.8 MB): the notebooks are in the repository
+html_static_path = ["static"]
+html_favicon = "static/favicon.svg"  # else the browser asks for /favicon.ico, which is not there
+html_css_files = ["site.css"]
+html_last_updated_fmt = None
+html_context = {"default_mode": "light"}  # else pydata-sphinx-theme logs a console error ("invalid theme mode")
+html_show_sourcelink = False
+
+#: MathJax 2.7.9 from jupyter-server-mathjax (the files JupyterLab and nbconvert serve), under _static/mathjax/
+MATHJAX = Path(jupyter_server_mathjax.__file__).parent / "static"
+#: parts of MathJax no page of this site loads (other languages, SVG output, the accessibility explorer)
+MATHJAX_SKIP = ("localization", "jax/output/SVG", "extensions/a11y")
+mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
+mathjax2_config = {
+    # MyST marks every section tex2jax_ignore (no stray $) and its maths with the class "math"
+    "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]], "processEscapes": True,
+                "processEnvironments": True, "ignoreClass": "tex2jax_ignore|mathjax_ignore",
+                "processClass": "tex2jax_process|mathjax_process|math|output_area"},
+    # MathJax_Blank, the font it measures web fonts against, is url('about:blank') by default: Chromium logs
+    # a CORS error for it on every page. A local() name that does not exist is as blank and requests nothing.
+    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None,
+                 "styles": {"@font-face": {"font-family": "MathJax_Blank", "src": "local('MathJax_Blank')"}},
+                 # a page typesets its formulas in chunks of 50 with a 100 ms pause after each: larger, shorter
+                 "EqnChunk": 200, "EqnChunkDelay": 10},
+    "fast-preview": {"disabled": True},  # one pass, not a rough preview that is then typeset again
+    "messageStyle": "none",  # no "Typesetting math: 40%" box in the corner
+    "MathMenu": {"showLocale": False},
+    # no hidden MathML copy: Chromium styles its \mathbb letters with MathJax's TeX fonts, which the
+    # package does not ship (a 404 per page); the HTML-CSS rendering itself uses STIX-Web only
+    "menuSettings": {"zoom": "None", "assistiveMML": False},
+}
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def _plotly_where_needed(app, pagename, templatename, context, doctree) -> None:
+    """plotly.js (4.8 MB) only on the pages that draw a figure."""
+    if "rlhf-site-figure" in context.get("body", "") or "rlhf-static-explorer" in context.get("body", ""):
+        app.add_js_file("plotly.min.js")
+
+
+def _copy_vendored(app, exception) -> None:
+    """plotly.min.js and MathJax into _static/, from the installed packages; the theme's source maps out."""
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    shutil.copyfile(PLOTLY_JS, static / "plotly.min.js")
+    for source_map in static.rglob("*.map"):  # the theme's source maps (3.5 MB): only developer tools read them
+        source_map.unlink()
+    target = static / "mathjax"
+    if not (target / "MathJax.js").is_file():
+        shutil.copytree(MATHJAX, target, dirs_exist_ok=True,
+                        ignore=lambda folder, names: [n for n in names if any(
+                            (Path(folder) / n).as_posix().endswith("/" + skip) for skip in MATHJAX_SKIP)])
+
+
+def setup(app) -> dict:
+    app.connect("html-page-context", _plotly_where_needed)
+    app.connect("build-finished", _copy_vendored)
+    return {"parallel_read_safe": True}

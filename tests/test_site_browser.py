@@ -1,0 +1,228 @@
+"""The static site (`make site`, build/site/) in headless Chromium, offline: every page, one browser tab.
+
+The site is served from 127.0.0.1; every request that leaves it is refused and counted. For every page:
+
+- no console error, no uncaught exception, no failed request and no answer >= 400 (so nothing comes from
+  a CDN: plotly.js and MathJax are the site's own);
+- every plotly figure draws (its main svg and at least one drawn trace);
+- every formula is typeset by MathJax, without a TeX error;
+- every internal link (no scheme) names a file of the site, and its #anchor an id in that file.
+
+Each explorer (a plotly figure whose sliders were computed in advance, rlhf_helpers/widgets/static_explorer.py)
+is moved by a mouse click on one step of each slider: the figure must change, and the y-values it then
+draws must equal what the maths core computes for those values (tests/test_site.py, `expected_traces`).
+
+`make test` builds the site after the notebook tests and then runs this file (marker `site`). Skipped with
+a reason when chromium, playwright or the site is missing, except on CI (CI=true), where that fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import numpy as np
+import pytest
+from test_site import TOLERANCE, expected_traces
+from test_widgets_browser import browser, browser_ready  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = ROOT / "build" / "site"
+VIEWPORT = {"width": 1400, "height": 1000}
+WAIT_MS = 30_000  #: longest wait for a page's figures or maths
+FIGURES = ".rlhf-site-figure, .rlhf-static-explorer"
+#: the explorers each page shows (03: KL and GAE; 04: clip, clip with a batch, value clip; 05: clip with a batch)
+EXPLORERS = {"notebooks/03_gae.html": 2, "notebooks/04_clip_loss.html": 3, "notebooks/05_full_ppo.html": 1}
+
+pytestmark = [pytest.mark.site, pytest.mark.browser, pytest.mark.timeout(300)]
+
+
+def _pages() -> list[str]:
+    return sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html") if "_static" not in p.parts)
+
+
+@pytest.fixture(scope="module")
+def site(browser_ready) -> Iterator[str]:  # noqa: F811 (the imported fixture)
+    """build/site/ over HTTP on 127.0.0.1 (a thread of this process); yields its base URL."""
+    if not (SITE / "index.html").is_file():
+        reason = f"{SITE}/index.html is missing: build the site first (make site)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def tab(browser, site) -> Iterator[tuple[object, dict]]:  # noqa: F811 (the imported fixture)
+    """One browser tab for the whole site, and the problems it reports, by the page they belong to
+    (problems["page"] names the page being visited: a font still loading when the tab moves on is
+    aborted by the browser, which is no fault of the next page)."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    problems: dict = {"page": None, "console": [], "requests": []}
+    started: dict[object, str] = {}  # request -> the URL of the document that made it
+
+    def failed(request) -> None:
+        made_here = started.get(request, "").split("#")[0] == site + str(problems["page"])
+        if made_here or request.failure != "net::ERR_ABORTED":
+            problems["requests"].append(f"{request.url} ({request.failure})")
+
+    page.on("console", lambda msg: problems["console"].append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda err: problems["console"].append(f"uncaught: {err}"))
+    page.on("request", lambda request: started.__setitem__(request, request.frame.url))
+    page.on("requestfailed", failed)
+    page.on("response", lambda r: problems["requests"].append(f"{r.url} ({r.status})") if r.status >= 400 else None)
+    page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))  # offline
+    yield page, problems
+    context.close()
+
+
+#: every figure drawn: its main svg, and a drawn trace (a path or a bar) in it
+DRAWN = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).map(gd =>
+    !!gd.querySelector('.main-svg') && gd.querySelectorAll('.trace path, .trace .point, .box path').length > 0)"""
+#: MathJax 2 done: every formula Sphinx wrote (.math.notranslate) holds its rendering
+MATH = """() => {
+    const maths = Array.from(document.querySelectorAll('.math.notranslate'));
+    const typeset = maths.filter(m => m.querySelector('.MathJax, .MathJax_Display')).length;
+    return {done: typeset === maths.length, count: typeset,
+            errors: document.querySelectorAll('.MathJax_Error, .MathJax .merror').length};
+}"""
+LINKS = "() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
+
+
+@functools.cache
+def _ids(path: Path) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', path.read_text(encoding="utf-8")))
+
+
+def broken_links(page_url: str, hrefs: list[str], site_url: str) -> list[str]:
+    """The hrefs of a page that leave no scheme but name no file of the site (or no id in it)."""
+    broken = []
+    for href in hrefs:
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href) or href in ("", "#"):
+            continue  # external (http, mailto, javascript) or a bare "#" button
+        url = urljoin(page_url, href)
+        if not url.startswith(site_url):
+            broken.append(f"{href} (outside the site)")
+            continue
+        parts = urlsplit(url)
+        target = SITE / unquote(parts.path[len(urlsplit(site_url).path):])
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(href)
+        elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _ids(target):
+            broken.append(f"{href} (no such anchor)")
+    return broken
+
+
+@pytest.mark.parametrize("name", _pages() or ["index.html"])
+def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, name: str) -> None:
+    page, problems = tab
+    problems.update(page=name, console=[], requests=[])
+    page.goto(site + name, wait_until="load")
+    try:
+        page.wait_for_function(f"() => ({DRAWN})().every(Boolean)", timeout=WAIT_MS)
+        page.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
+    except Exception:  # say what is missing instead of only "timeout"
+        raise AssertionError(f"{name}: figures drawn {page.evaluate(DRAWN)}, maths {page.evaluate(MATH)}, "
+                             f"problems {problems}") from None
+    maths = page.evaluate(MATH)
+    assert maths["errors"] == 0, f"{name}: {maths['errors']} formulas with a TeX error"
+    if name.startswith("notebooks/0"):
+        assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
+        assert maths["count"] > 0, f"{name}: no typeset formula"
+    assert not broken_links(site + name, page.evaluate(LINKS), site), f"{name}: broken links"
+    explorers = page.evaluate("() => document.querySelectorAll('.rlhf-static-explorer').length")
+    assert explorers == EXPLORERS.get(name, 0), f"{name}: {explorers} explorers"
+    for index in range(explorers):
+        _move_every_slider(page, name, index)
+    assert not problems["console"], f"{name}: console errors {problems['console']}"
+    assert not problems["requests"], f"{name}: failed requests {problems['requests']}"
+
+
+def test_the_course_pages_are_all_there() -> None:
+    if not SITE.is_dir():
+        pytest.skip("no site built")
+    pages = set(_pages())
+    wanted = {"index.html", "notebooks/NOTATION.html", "docs/metrics.html", "docs/cluster.html",
+              "benchmarks/README.html", *(f"notebooks/{p.stem}.html" for p in (ROOT / "notebooks").glob("0*.ipynb"))}
+    assert wanted <= pages, f"missing pages: {sorted(wanted - pages)}"
+
+
+def _explorer_state(page, index: int) -> dict:
+    return page.evaluate("""i => { const gd = document.querySelectorAll('.rlhf-static-explorer')[i];
+        return {kind: gd.dataset.explorer, controls: JSON.parse(gd.dataset.controls),
+                sliders: gd.layout.sliders.map(s => ({name: s.name, active: s.active,
+                                                      values: s.steps.map(t => t.value)})),
+                data: gd.data.map(t => ({x: t.x ? Array.from(t.x) : null, y: t.y ? Array.from(t.y) : null})),
+                paths: Array.from(gd.querySelectorAll('.trace path')).map(p => p.getAttribute('d')).join('|'),
+                title: gd._fullLayout.title.text}; }""", index)
+
+
+def _click_step(page, index: int, slider: int, step: int) -> None:
+    """Click the rail of `slider` above the label of `step`, as a reader does."""
+    group = page.locator(".rlhf-static-explorer").nth(index).locator(".slider-group").nth(slider)
+    group.scroll_into_view_if_needed()
+    label = group.locator(".slider-label-group").nth(step).bounding_box()
+    rail = group.locator(".slider-rail-touch-rect").bounding_box()
+    page.mouse.click(label["x"] + label["width"] / 2, rail["y"] + rail["height"] / 2)
+
+
+def _check_numbers(state: dict, where: str) -> None:
+    params = dict(state["controls"])
+    for slider in state["sliders"]:
+        params[slider["name"]] = float(slider["values"][slider["active"]])
+    x = state["data"][0]["x"]
+    for trace, want in expected_traces(state["kind"], params, x).items():
+        got = np.array(state["data"][trace]["y"], dtype=float)
+        np.testing.assert_allclose(np.where(np.isnan(want), np.nan, got), want, **TOLERANCE,
+                                   err_msg=f"{where}: trace {trace} at {params}")
+
+
+def _move_every_slider(page, name: str, index: int) -> None:
+    """Check explorer `index` as opened, then click one step of each of its sliders in turn (so the second
+    click lands on a combination of both) and check that the figure changed, to the maths core's numbers."""
+    before = _explorer_state(page, index)
+    _check_numbers(before, f"{name} explorer {index} as opened")
+    for s, slider in enumerate(before["sliders"]):
+        step = 0 if slider["active"] != 0 else len(slider["values"]) - 1
+        previous = _explorer_state(page, index)
+        _click_step(page, index, s, step)
+        page.wait_for_function("""([i, s, step]) => document.querySelectorAll('.rlhf-static-explorer')[i]
+            .layout.sliders[s].active === step""", arg=[index, s, step], timeout=WAIT_MS)
+        page.wait_for_timeout(100)  # the update's redraw
+        after = _explorer_state(page, index)
+        where = f"{name} explorer {index} ({after['kind']}) {slider['name']} = {slider['values'][step]}"
+        assert after["paths"] != previous["paths"], f"{where}: the figure did not change"
+        assert after["title"] != previous["title"], f"{where}: the title did not change"
+        _check_numbers(after, where)
+
+
+def test_link_checker_finds_missing_files_and_anchors() -> None:
+    if not (SITE / "index.html").is_file():
+        pytest.skip("no site built")
+    site = "http://127.0.0.1:1/"
+    page = site + "notebooks/01_policy_gradients.html"
+    hrefs = ["../index.html", "NOTATION.html", "../docs/metrics.html#kl", "https://example.org", "#",
+             "missing.html", "../docs/metrics.html#no-such-anchor", "//cdn.example.org/x.js"]
+    assert broken_links(page, hrefs, site) == ["missing.html", "../docs/metrics.html#no-such-anchor (no such anchor)",
+                                               "//cdn.example.org/x.js (outside the site)"]

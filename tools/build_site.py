@@ -1,0 +1,312 @@
+"""`make site`: the executed course as a static HTML site in build/site/ (Sphinx + MyST-NB, offline).
+
+    .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site]
+
+1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used when
+   they hold the stored notebook's cells and no error; any other notebook is executed first, in the
+   `tiny` profile (`python -m rlhf_helpers.course.run_course --out build/executed NAME ...`).
+2. The pages are staged in build/site-src/ under their repository paths, so their relative links work
+   as on GitHub: an index from the README's course map, the 7 notebooks, notebooks/NOTATION.md,
+   docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file
+   becomes its path as text (it is not a page); a link to the README goes to the index.
+3. In the notebooks' site copies, every output that would need a kernel or the internet is replaced:
+   each plotly figure by HTML drawn with the site's own plotly.js; each explorer (an ipywidgets box)
+   by its static twin (`rlhf_helpers.widgets.static_explorer`: sliders whose every position the
+   explorer computed here); each tqdm bar by its last text; plotly's CDN loader outputs are dropped.
+4. sphinx-build writes build/site/ (conf: site/conf.py, which also copies plotly.js and MathJax in).
+
+Prints each step's time. Staged files are rewritten only when they change, so a second build is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
+from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
+
+EXECUTED = Path(os.environ.get("RLHF_EXECUTED_DIR") or ROOT / "build" / "executed")
+STAGE = ROOT / "build" / "site-src"
+OUT = ROOT / "build" / "site"
+DOCTREES = ROOT / "build" / "site-doctrees"
+#: the pages besides the index and the notebooks, in the order of the sidebar
+REFERENCE_PAGES = ["notebooks/NOTATION.md", "docs/metrics.md", "benchmarks/README.md", "docs/cluster.md"]
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+STATE_MIME = "application/vnd.jupyter.widget-state+json"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+#: which explorer a saved widget box is, by a control only it has
+EXPLORER_BY_CONTROL = {"advantage": "ClipExplorer", "lam": "GAEExplorer", "shift": "KLExplorer",
+                       "clip_range": "ValueClipExplorer"}
+_LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")  # markdown [text](target) and ![alt](src)
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+
+
+def notebook_pages() -> list[str]:
+    """The course notebooks' repository paths, in order."""
+    return [f"notebooks/{p.name}" for p in course_notebooks()]
+
+
+# ---------------------------------------------------------------- executed notebooks
+
+
+def stale_reason(stored: Path, executed: Path) -> str | None:
+    """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or None."""
+    if not executed.is_file():
+        return "missing"
+    ran = json.loads(executed.read_text())
+    if [c["source"] for c in ran["cells"]] != [c["source"] for c in json.loads(stored.read_text())["cells"]]:
+        return "from an older version of the notebook"
+    if any(o.get("output_type") == "error" for c in ran["cells"] for o in c.get("outputs", [])):
+        return "its run failed"
+    return None
+
+
+def ensure_executed(executed_dir: Path) -> None:
+    """Execute (tiny profile) every notebook whose executed copy is missing or stale."""
+    todo = {p.stem: stale_reason(p, executed_dir / p.name) for p in course_notebooks()}
+    todo = {stem: why for stem, why in todo.items() if why}
+    if not todo:
+        return
+    print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
+    env = {**os.environ, "RLHF_PROFILE": os.environ.get("RLHF_PROFILE", "tiny")}
+    with tempfile.TemporaryDirectory(prefix="rlhf-site-") as scratch:  # run_course writes a failed run too
+        run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--out", scratch, *todo],
+                             cwd=ROOT, env=env)
+        executed_dir.mkdir(parents=True, exist_ok=True)
+        for stem in todo:  # only the runs that passed replace what was there, as the notebook tests do
+            if stale_reason(ROOT / "notebooks" / f"{stem}.ipynb", Path(scratch) / f"{stem}.ipynb") is None:
+                shutil.copy(Path(scratch) / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
+    if run.returncode != 0:
+        raise SystemExit("a notebook failed to execute (above); the site needs every notebook executed")
+
+
+# ---------------------------------------------------------------- links
+
+
+def rewrite_links(text: str, source: str, pages: set[str]) -> tuple[str, set[str]]:
+    """Markdown of repository file `source` with its relative links fitted to the site.
+
+    Links to pages stay (the site keeps repository paths); a link to README.md goes to the index; an
+    image that exists stays and is returned, to be copied; a link to any other repository file becomes
+    its path in code. Returns the text and the repository paths of the images."""
+    images: set[str] = set()
+
+    def fit(match: re.Match) -> str:
+        bang, label, target = match.groups()
+        if _SCHEME.match(target) or target.startswith("#"):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(source), path))
+        relative = posixpath.relpath(resolved, posixpath.dirname(source) or ".")
+        if resolved in pages:
+            return match.group(0)
+        if resolved == "README.md":
+            index = posixpath.relpath("index.md", posixpath.dirname(source) or ".")
+            return f"[{label}]({index}{'#the-course-map' if anchor == 'the-course-map' else ''})"
+        if bang and (ROOT / resolved).is_file():
+            images.add(resolved)
+            return f"![{label}]({relative})"
+        code = f"`{resolved}`"
+        return code if label.strip("`") in ("", resolved, path) else f"{label} ({code})"
+
+    return _LINK.sub(fit, text), images
+
+
+def index_markdown(readme: str) -> str:
+    """The site's front page: the README's title and opening paragraph, its course map, the other pages."""
+    title, _, rest = readme.partition("\n")
+    opening = rest.strip().split("\n\n")[0]
+    course_map = re.search(r"^## The course map\n.*?(?=^## )", readme, re.M | re.S)
+    if course_map is None:
+        raise ValueError("README.md has no '## The course map' section")
+    names = [p.removesuffix(".ipynb") for p in notebook_pages()]
+    reference = [p.removesuffix(".md") for p in REFERENCE_PAGES]
+    return "\n\n".join([
+        title, opening, course_map.group(0).strip(),
+        "## Reference\n\n- [Notation](notebooks/NOTATION.md): one meaning per symbol\n"
+        "- [Metrics glossary](docs/metrics.md): every logged PPO metric, its healthy range, what a bad value means\n"
+        "- [Benchmarks](benchmarks/README.md): speed, memory and learning, against TRL\n"
+        "- [From this course to a cluster](docs/cluster.md): the PPO knobs in verl and OpenRLHF",
+        "These pages show the notebooks as executed in the `tiny` profile; the explorers' sliders move "
+        "through values computed in advance. To run the code, set up the course with `make lab`.",
+        "```{toctree}\n:hidden:\n:caption: Notebooks\n\n" + "\n".join(names) + "\n```",
+        "```{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n```",
+    ]) + "\n"
+
+
+# ---------------------------------------------------------------- notebook outputs
+
+
+def figure_html(figure: dict, element_id: str) -> str:
+    """A plotly figure (JSON) as a <div> drawn by the page's plotly.js, as wide as the page."""
+    layout = {k: v for k, v in figure.get("layout", {}).items() if k != "width"}
+    height = layout.get("height", 450)
+    spec = json.dumps({"data": figure.get("data", []), "layout": layout},
+                      separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div id="{element_id}" class="rlhf-site-figure" style="width:100%;height:{height}px"></div>\n'
+            '<script type="text/javascript">(function () {\n'
+            f'  var fig = {spec};\n'
+            f'  function draw() {{ Plotly.newPlot("{element_id}", fig.data, fig.layout, '
+            '{displaylogo: false, responsive: true}); }\n'
+            '  if (window.Plotly) { draw(); } else { window.addEventListener("load", draw); }\n'
+            '})();</script>')
+
+
+def _model(state: dict, ref: str) -> dict:
+    return state[ref.removeprefix("IPY_MODEL_")]
+
+
+def _descendants(state: dict, model: dict) -> list[dict]:
+    out = []
+    for ref in model["state"].get("children", []):
+        child = _model(state, ref)
+        out += [child, *_descendants(state, child)]
+    return out
+
+
+def explorer_controls(state: dict, box: dict) -> tuple[dict[str, object], dict[str, tuple[float, float]]]:
+    """The saved explorer box's control values (by control name) and its sliders' (min, max)."""
+    values, ranges = {}, {}
+    for model in _descendants(state, box):
+        s = model["state"]
+        classes = [c.removeprefix("rlhf-") for c in s.get("_dom_classes", []) if c.startswith("rlhf-")]
+        if model["model_name"] == "CheckboxModel" and "dual-toggle" in classes:
+            values["dual"] = s["value"]
+        elif model["model_name"] == "DropdownModel":
+            values["kl_kind"] = s["_options_labels"][s["index"]]
+        elif classes and classes[0] not in ("explorer", "status"):
+            slider, text = (_model(state, ref)["state"] for ref in s["children"])
+            values[classes[0]] = text["value"]
+            ranges[classes[0]] = (slider["min"], slider["max"])
+    return values, ranges
+
+
+def tqdm_text(state: dict, box: dict) -> str | None:
+    """A saved tqdm bar (description, progress, counter) as the text line tqdm prints, else None."""
+    parts = [_model(state, ref) for ref in box["state"].get("children", [])]
+    if [p["model_name"] for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
+        return None
+    bar = parts[1]["state"]
+    filled = round(10 * bar["value"] / bar["max"]) if bar.get("max") else 0
+    left, right = (html.unescape(p["state"]["value"]).replace("\u2007", " ") for p in (parts[0], parts[2]))
+    return f"{left}|{'█' * filled}{' ' * (10 - filled)}|{right}\n"
+
+
+def _html_output(text: str) -> dict:
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/html": text}}
+
+
+def site_notebook(nb: dict, stem: str) -> dict:
+    """The executed notebook `nb` with outputs that need neither a kernel nor the internet (see module doc)."""
+    state = nb.get("metadata", {}).pop("widgets", {}).get(STATE_MIME, {}).get("state", {})
+    for i, cell in enumerate(nb["cells"]):
+        outputs, new = cell.get("outputs", []), []
+        boxes = [_model(state, o["data"][WIDGET_MIME]["model_id"]) for o in outputs
+                 if WIDGET_MIME in o.get("data", {}) and o["data"][WIDGET_MIME]["model_id"] in state]
+        explorer = next((b for b in boxes if "rlhf-explorer" in b["state"].get("_dom_classes", [])), None)
+        for k, out in enumerate(outputs):
+            data = out.get("data", {})
+            element_id = f"{stem}-{i}-{k}"
+            if WIDGET_MIME in data:
+                model = state.get(data[WIDGET_MIME]["model_id"])
+                if model is not None and model is explorer:
+                    new.append(_html_output(_explorer_html(state, model, outputs, element_id)))
+                elif model is not None and (line := tqdm_text(state, model)) is not None:
+                    new.append({"output_type": "stream", "name": "stderr", "text": line})
+                continue  # a widget that was not saved has nothing to show
+            if PLOTLY_MIME in data:
+                if explorer is None:  # an explorer's own figure: its static twin replaces it
+                    new.append(_html_output(figure_html(data[PLOTLY_MIME], element_id)))
+                continue
+            if set(data) == {"text/html"} and "cdn.plot.ly" in "".join(data["text/html"]):
+                continue  # plotly's loader for notebook_connected figures: the site has its own plotly.js
+            new.append(out)
+        if cell["cell_type"] == "code":
+            cell["outputs"] = new
+    return nb
+
+
+def _explorer_html(state: dict, box: dict, outputs: list[dict], element_id: str) -> str:
+    controls, ranges = explorer_controls(state, box)
+    kind = next(k for c, k in EXPLORER_BY_CONTROL.items() if c in controls)
+    options: dict[str, object] = {}
+    if kind == "ClipExplorer":
+        options["ratio_range"] = ranges["ratio"]
+        figures = [o["data"][PLOTLY_MIME] for o in outputs if PLOTLY_MIME in o.get("data", {})]
+        batch = [t for f in figures for t in f["data"] if t.get("type") == "histogram" and t.get("x")]
+        if batch and batch[0].get("visible", True):
+            options["ratios"] = batch[0]["x"]
+    elif kind == "ValueClipExplorer":
+        options["value_range"] = ranges["value"]
+    return static_explorer_html(static_explorer(kind, controls, **options), element_id)
+
+
+# ---------------------------------------------------------------- staging and building
+
+
+def _write(path: Path, text: str) -> None:
+    """Write only if the content changes (Sphinx then rebuilds only what changed)."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def stage(executed_dir: Path, stage_dir: Path) -> None:
+    """Write every page's source under `stage_dir`, at its repository path."""
+    pages = {*notebook_pages(), *REFERENCE_PAGES}
+    images: set[str] = set()
+    text, found = rewrite_links(index_markdown((ROOT / "README.md").read_text(encoding="utf-8")), "README.md", pages)
+    _write(stage_dir / "index.md", text)
+    images |= found
+    for page in REFERENCE_PAGES:
+        text, found = rewrite_links((ROOT / page).read_text(encoding="utf-8"), page, pages)
+        _write(stage_dir / page, text)
+        images |= found
+    for page in notebook_pages():
+        nb = site_notebook(json.loads((executed_dir / Path(page).name).read_text()), Path(page).stem)
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                source, found = rewrite_links("".join(cell["source"]), page, pages)
+                cell["source"], images = source, images | found
+        _write(stage_dir / page, json.dumps(nb, ensure_ascii=False, indent=1) + "\n")
+    for image in images:
+        target = stage_dir / image
+        if not target.is_file() or target.read_bytes() != (ROOT / image).read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes((ROOT / image).read_bytes())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--executed", type=Path, default=EXECUTED, help="executed notebooks (make test's)")
+    parser.add_argument("--out", type=Path, default=OUT, help="the site")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    ensure_executed(args.executed)
+    executed = time.perf_counter()
+    stage(args.executed, STAGE)
+    staged = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-c",
+                    str(ROOT / "site"), "-d", str(DOCTREES), str(STAGE), str(args.out)], check=True, cwd=ROOT)
+    done = time.perf_counter()
+    print(f"site: {args.out}/index.html (executing {executed - start:.1f} s, staging {staged - executed:.1f} s, "
+          f"sphinx {done - staged:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
