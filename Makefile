@@ -25,12 +25,13 @@ install: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test; the notebook runs (one kernel each, one torch thread) two at a time on two processes, then the
-# figures of the notebooks they executed (build/executed/), in JupyterLab in a browser (screenshots: build/figures/),
-# then the static site built from those notebooks, every page in Chromium.
+# Every test: the unit tests and then the notebook runs two at a time on two processes (one kernel each, one torch
+# thread; longest first, see tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
+# in JupyterLab in a browser (screenshots: build/figures/), then the static site built from those notebooks,
+# every page in Chromium.
 test: $(STAMP)
-	$(PY) -m pytest -m "not notebook and not figures and not site"
-	$(PY) -m pytest -m notebook -n 2 --durations=12 tests/test_notebooks.py
+	$(PY) -m pytest -m "not notebook and not figures and not site" -n 2
+	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/test_notebooks.py
 	$(PY) -m pytest -m figures tests/test_notebook_figures_browser.py
 	$(PY) tools/build_site.py
 	$(PY) -m pytest -m site tests/test_site_browser.py
@@ -62,7 +63,7 @@ test-colab: $(COLAB_STAMP)
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-runs
 	RLHF_RUNS_DIR=$(CURDIR)/build/colab-runs RLHF_EXECUTED_DIR=$(CURDIR)/build/colab-executed \
-	  $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --durations=12 \
+	  $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --maxschedchunk 1 --durations=12 \
 	  -k test_notebook_runs_as_shipped tests/test_notebooks.py
 
 course: $(STAMP)

@@ -2,6 +2,7 @@
 
 Everything a page loads is served from the site itself: plotly.js from the plotly package, MathJax 2.7
 from the jupyter-server-mathjax package (copied into _static/ once the pages are written); no CDN.
+Every page's header links to the repository on GitHub (a link only: nothing is loaded from there).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import jupyter_server_mathjax
 import plotly
+
+from rlhf_helpers.course.notebook import repo_url
 
 project = "RLHF with PPO"
 author = "the RLHF with PPO course"
@@ -26,7 +29,14 @@ exclude_patterns = ["**.ipynb_checkpoints"]
 suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]  # H2 to H4 in notebooks: kept as written
 
 html_theme = "sphinx_book_theme"
-html_theme_options = {"show_toc_level": 2, "use_download_button": False, "home_page_in_toc": True}
+html_theme_options = {
+    "show_toc_level": 2, "use_download_button": False, "home_page_in_toc": True,
+    # the repository of the notebooks' Colab set-up cell: a GitHub button in every page's header
+    "repository_url": repo_url(), "repository_branch": "main", "use_repository_button": True,
+    # pydata-sphinx-theme 0.20 puts a search field in a header strip unless this is set, and the book theme
+    # already has one in the sidebar: two search boxes at the top of a wide page
+    "navbar_persistent": [],
+}
 html_copy_source = False  # no _sources/ (2.8 MB): the notebooks are in the repository
 html_static_path = ["static"]
 html_favicon = "static/favicon.svg"  # else the browser asks for /favicon.ico, which is not there

@@ -8,8 +8,11 @@ tests); `expected_traces` here is the reference both use.
 
 from __future__ import annotations
 
+import html as html_lib
 import importlib.util
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +24,12 @@ from rlhf_helpers.core.gae import compute_gae, td_errors
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.losses import clipped_surrogate, value_loss
 from rlhf_helpers.widgets import KLExplorer, TokenResponse
-from rlhf_helpers.widgets.static_explorer import SITE_SLIDERS, static_explorer, static_explorer_html
+from rlhf_helpers.widgets.static_explorer import (
+    SITE_SLIDERS,
+    static_explorer,
+    static_explorer_caption,
+    static_explorer_html,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}  #: the site keeps 7 significant digits
@@ -130,6 +138,44 @@ def test_static_html_needs_only_the_pages_plotly_and_escapes_script_ends() -> No
     assert "http" not in page and 'data-explorer="GAEExplorer"' in page
 
 
+#: the caption under each explorer: its sliders' and its fixed controls' labels as the notebook names them
+CAPTIONS = {
+    "ClipExplorer": ("sliders for advantage A and clip ε", "Fixed here: ratio ρ = 1.3, dual clip off."),
+    "GAEExplorer": ("sliders for GAE λ and KL coef β", "Fixed here: discount γ = 1, score = 1.6, KL estimator = k1."),
+    "KLExplorer": ("a slider for π far from ref", "Fixed here: tokens / batch = 16, seed = 0."),
+    "ValueClipExplorer": ("sliders for {ret} and clip range ε_V",  # {ret}: the return's label, G^λ
+                          "Fixed here: old value V_old = 0, new value V = 0.5."),
+}
+
+
+@pytest.mark.parametrize("name", [n for n in FIGURES if "-" not in n])
+def test_the_caption_names_every_slider_and_every_fixed_control_with_its_value(name: str) -> None:
+    controls, options = FIGURES[name]
+    figure = static_explorer(name, controls, **options)
+    caption = static_explorer_caption(figure)
+    sliders, fixed = (part.format(**figure["labels"]) for part in CAPTIONS[name])
+    assert caption == (f"On this page: {sliders}. {fixed} Run the notebook (JupyterLab or Colab) to move the "
+                       "others.")
+    for slider in figure["layout"]["sliders"]:
+        assert figure["labels"][slider["name"]] in caption
+    page = static_explorer_html(figure, "x-1")
+    assert page.endswith(f'<p class="rlhf-explorer-caption">{html_lib.escape(caption)}</p>')
+
+
+def test_the_caption_shows_the_dual_clip_only_when_it_is_on() -> None:
+    caption = static_explorer_caption(static_explorer("ClipExplorer", {"dual": True, "dual_clip": 3.0, "ratio": 0.8}))
+    assert "Fixed here: ratio ρ = 0.8, dual clip on, dual clip c_dual = 3." in caption
+    assert "c_dual" not in static_explorer_caption(static_explorer("ClipExplorer", {"dual_clip": 3.0}))
+
+
+def test_the_clip_slider_comes_as_close_to_eps_0_as_the_maths_core_allows() -> None:
+    figure = static_explorer("ClipExplorer", {})
+    eps = [float(step["value"]) for step in figure["layout"]["sliders"][1]["steps"]]
+    assert eps == [0.05, 0.1, 0.2, 0.3]
+    with pytest.raises(ValueError, match="clip_eps must be"):  # why 0 itself is not a step
+        static_explorer("ClipExplorer", {"eps": 0.0})
+
+
 def test_a_value_the_explorer_rejects_is_an_error_not_a_silent_page() -> None:
     with pytest.raises(ValueError, match="ClipExplorer rejects"):
         static_explorer("ClipExplorer", {"ratio": -1.0})
@@ -142,23 +188,43 @@ def test_a_value_the_explorer_rejects_is_an_error_not_a_silent_page() -> None:
 PAGES = {*build_site.notebook_pages(), *build_site.REFERENCE_PAGES}
 
 
+GITHUB = "https://github.com/rlhf-course/rlhf-ppo-course"
+
+
 def test_links_fit_the_site() -> None:
     text = ("[map](notebooks/01_policy_gradients.ipynb) [n](notebooks/NOTATION.md#x) [r](README.md#colab) "
             "[file](rlhf_helpers/widgets/backends.py) [`rlhf_helpers/ppo`](rlhf_helpers/ppo/) "
             "![shot](docs/img/ppo_curve.png) [web](https://example.org) [here](#the-course-map)")
     fitted, images = build_site.rewrite_links(text, "README.md", PAGES)
     assert fitted == ("[map](notebooks/01_policy_gradients.ipynb) [n](notebooks/NOTATION.md#x) [r](index.md) "
-                      "file (`rlhf_helpers/widgets/backends.py`) `rlhf_helpers/ppo` "
+                      f"[file]({GITHUB}/blob/main/rlhf_helpers/widgets/backends.py) "
+                      f"[`rlhf_helpers/ppo`]({GITHUB}/tree/main/rlhf_helpers/ppo) "
                       "![shot](docs/img/ppo_curve.png) [web](https://example.org) [here](#the-course-map)")
     assert images == {"docs/img/ppo_curve.png"}
     fitted, _ = build_site.rewrite_links("[a](../README.md) [b](results/x.json) [c](../docs/cluster.md)",
                                          "benchmarks/README.md", PAGES)
-    assert fitted == "[a](../index.md) b (`benchmarks/results/x.json`) [c](../docs/cluster.md)"
+    assert fitted == "[a](../index.md) b (`benchmarks/results/x.json`) [c](../docs/cluster.md)"  # not in git
+
+
+def test_a_link_whose_label_abbreviates_the_path_stays_one_link() -> None:
+    text = "([results/.../profile.json](results/gpu-h100-2026-11-24/profile.json), 5.76 s under the profiler)"
+    fitted, _ = build_site.rewrite_links(text, "benchmarks/README.md", PAGES)
+    assert fitted == ("([results/.../profile.json]"
+                      f"({GITHUB}/blob/main/benchmarks/results/gpu-h100-2026-11-24/profile.json), 5.76 s under the "
+                      "profiler)")
+
+
+def test_the_repository_is_the_one_the_colab_set_up_cell_clones() -> None:
+    assert build_site.GITHUB == GITHUB
+    cells = json.loads((ROOT / "notebooks" / "01_policy_gradients.ipynb").read_text())["cells"]
+    assert any(f'"{GITHUB}"' in "".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
 
 
 def test_the_index_is_the_readme_course_map_with_every_page_in_order() -> None:
     index = build_site.index_markdown((ROOT / "README.md").read_text(encoding="utf-8"))
     assert index.startswith("# RLHF with PPO") and "## The course map" in index
+    run_it = index.split("\n\n")[2]  # right under the opening paragraph
+    assert run_it.startswith("**Run it yourself:**") and f"]({GITHUB})" in run_it and "`make lab`" in run_it
     for page in build_site.notebook_pages():
         assert f"]({page})" in index
     toctrees = index.split("```{toctree}")[1:]
@@ -167,14 +233,22 @@ def test_the_index_is_the_readme_course_map_with_every_page_in_order() -> None:
     assert len(build_site.notebook_pages()) == 7
 
 
-def _bar_state() -> dict:
+def _bar_state(key: str = "bar", left: str = "PPO:\u2007100%", right: str = "\u20076/6\u2007[00:03&lt;00:00]",
+               hidden: bool = False) -> dict:
+    """A saved tqdm.notebook bar, as ipywidgets state: an HBox of description, progress and counter."""
     html_model = "HTMLModel"
     return {
-        "bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_a", "IPY_MODEL_b", "IPY_MODEL_c"]}},
-        "a": {"model_name": html_model, "state": {"value": "PPO:\u2007100%"}},
-        "b": {"model_name": "FloatProgressModel", "state": {"value": 6.0, "max": 6.0}},
-        "c": {"model_name": html_model, "state": {"value": "\u20076/6\u2007[00:03&lt;00:00]"}},
+        key: {"model_name": "HBoxModel", "state": {"children": [f"IPY_MODEL_{key}{p}" for p in "abc"],
+                                                   "layout": f"IPY_MODEL_{key}l"}},
+        f"{key}a": {"model_name": html_model, "state": {"value": left}},
+        f"{key}b": {"model_name": "FloatProgressModel", "state": {"value": 6.0, "max": 6.0}},
+        f"{key}c": {"model_name": html_model, "state": {"value": right}},
+        f"{key}l": {"model_name": "LayoutModel", "state": {"visibility": "hidden" if hidden else None}},
     }
+
+
+def _bar(key: str) -> dict:
+    return {"output_type": "display_data", "data": {build_site.WIDGET_MIME: {"model_id": key}, "text/plain": "HBox"}}
 
 
 def test_site_notebook_keeps_no_output_that_needs_a_kernel_or_the_internet() -> None:
@@ -183,17 +257,56 @@ def test_site_notebook_keeps_no_output_that_needs_a_kernel_or_the_internet() -> 
         {"cell_type": "code", "source": "x", "outputs": [
             {"output_type": "display_data", "data": {"text/html": '<script src="https://cdn.plot.ly/p.js"></script>'}},
             {"output_type": "display_data", "data": {build_site.PLOTLY_MIME: figure, "text/html": "<div>cdn</div>"}},
-            {"output_type": "display_data",
-             "data": {build_site.WIDGET_MIME: {"model_id": "bar"}, "text/plain": "HBox"}},
+            _bar("bar"),
             {"output_type": "stream", "name": "stdout", "text": "kept\n"}]}]}
     outputs = build_site.site_notebook(nb, "01_x")["cells"][0]["outputs"]
     assert "widgets" not in nb["metadata"]
-    assert [o["output_type"] for o in outputs] == ["display_data", "stream", "stream"]
+    assert [o["output_type"] for o in outputs] == ["display_data", "display_data", "stream"]
     html = outputs[0]["data"]["text/html"]
     assert list(outputs[0]["data"]) == ["text/html"] and "Plotly.newPlot" in html and "http" not in html
     assert '"width"' not in html and "height:300px" in html  # as wide as the page
-    assert outputs[1]["text"] == "PPO: 100%|██████████| 6/6 [00:03<00:00]\n"
+    # a finished bar: its last text, a muted line (not stderr, which the theme shows as an error)
+    assert outputs[1]["data"] == {"text/html": '<pre class="rlhf-progress">PPO: 100%|██████████| 6/6 '
+                                               '[00:03&lt;00:00]</pre>'}
     assert outputs[2]["text"] == "kept\n"
+
+
+def test_bars_the_code_closed_and_the_datasets_librarys_bars_are_dropped() -> None:
+    state = {**_bar_state("kept"), **_bar_state("hidden", left="training:\u2007100%", hidden=True),
+             **_bar_state("leave", left="step sizes:\u2007100%"), **_bar_state("leave_f", left="seed 3:\u2007100%"),
+             **_bar_state("map", left="Tokenizing train dataset:\u2007100%",
+                          right="\u2007256/256\u2007[00:00&lt;00:00, 1585.96 examples/s]")}
+    source = ('for eta in tqdm(step_sizes, desc="step sizes", leave=False):\n    pass\n'
+              'for s in tqdm(range(3), desc=f"seed {seed}",\n              leave=False):\n    pass\n')
+    nb = {"metadata": {"widgets": {build_site.STATE_MIME: {"state": state}}}, "cells": [
+        {"cell_type": "code", "source": source, "outputs": [_bar(k) for k in ("hidden", "leave", "leave_f", "map",
+                                                                              "kept")]}]}
+    outputs = build_site.site_notebook(nb, "01_x")["cells"][0]["outputs"]
+    assert [o["data"]["text/html"][:36] for o in outputs] == ['<pre class="rlhf-progress">PPO: 100%']
+
+
+def test_an_exercise_not_done_says_where_to_write_it() -> None:
+    line = ("NOT DONE  Exercise 1 (clipped_objective): the stub still raises NotImplementedError; fill it in, "
+            "or open the solution below.\n")
+    nb = {"metadata": {}, "cells": [{"cell_type": "code", "source": "exercise_check(...)", "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": ["before\n", line, "after\n"]},
+        {"output_type": "stream", "name": "stdout", "text": "PASSED  Exercise 2 (x)\n"}]}]}
+    outputs = build_site.site_notebook(nb, "04_x")["cells"][0]["outputs"]
+    assert outputs[0]["text"] == ("before\nExercise 1 (clipped_objective): write it in the notebook (JupyterLab or "
+                                  "Colab), where this check runs; the solution is below.\nafter\n")
+    assert outputs[1]["text"] == "PASSED  Exercise 2 (x)\n"
+
+
+def test_an_image_output_gets_an_alt_text_not_its_file_path() -> None:
+    image = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Image>"}}
+    nb = {"metadata": {}, "cells": [
+        {"cell_type": "code", "metadata": {}, "source": 'display(Image("docs/img/algorithms_frontier.png"))',
+         "outputs": [dict(image)]},
+        {"cell_type": "code", "metadata": {}, "source": 'display(Image("docs/img/other_plot.png"))',
+         "outputs": [dict(image)]}]}
+    cells = build_site.site_notebook(nb, "07_x", {"algorithms_frontier.png": "PPO vs GRPO"})["cells"]
+    assert cells[0]["metadata"]["mystnb"]["image"]["alt"] == "PPO vs GRPO"
+    assert cells[1]["metadata"]["mystnb"]["image"]["alt"] == "figure: other plot"
 
 
 @pytest.mark.parametrize("page", build_site.notebook_pages())
@@ -210,3 +323,48 @@ def test_executed_notebooks_become_pages_that_load_nothing_from_the_network(page
         assert "cdn." not in text and "src=\\\"http" not in text, f"{page}: {text[:300]}"
     explorers = sum("rlhf-static-explorer" in json.dumps(o) for o in outputs)
     assert explorers == {"03_gae": 2, "04_clip_loss": 3, "05_full_ppo": 1}.get(Path(page).stem, 0)
+    assert sum("rlhf-explorer-caption" in json.dumps(o) for o in outputs) == explorers
+    texts = ["".join(o["text"]) for o in outputs if o["output_type"] == "stream"]
+    assert not [t for t in texts if build_site.EXERCISE_TODO in t], f"{page}: an exercise says NOT DONE"
+    assert not [o for o in outputs if o.get("name") == "stderr" and "%|" in "".join(o["text"])], \
+        f"{page}: a progress bar as stderr"
+
+
+# ---------------------------------------------------------------- the built site (skipped when not built)
+
+SITE = ROOT / "build" / "site"
+SITE_PAGES = sorted(p for p in SITE.rglob("*.html") if "_static" not in p.parts)
+
+
+def _built() -> list[Path]:
+    if not (SITE / "index.html").is_file():
+        pytest.skip(f"{SITE}/index.html is missing: build the site first (make site)")
+    return SITE_PAGES
+
+
+def test_the_built_pages_show_no_progress_bar_as_an_error_and_no_exercise_as_not_done() -> None:
+    for page in _built():
+        text = page.read_text(encoding="utf-8")
+        stderr = re.findall(r'<div class="output stderr">.*?</div>', text, re.S)
+        assert not [s for s in stderr if "%|" in s or "it/s" in s], f"{page}: a progress bar shown as stderr"
+        assert f">{build_site.EXERCISE_TODO} " not in text and f"\n{build_site.EXERCISE_TODO} " not in text, page
+    for name, count in {"03_gae": 2, "04_clip_loss": 3, "05_full_ppo": 1}.items():
+        text = (SITE / "notebooks" / f"{name}.html").read_text(encoding="utf-8")
+        captions = re.findall(r'<p class="rlhf-explorer-caption">(On this page: .*?)</p>', text)
+        assert len(captions) == text.count('class="rlhf-static-explorer"') == count, name
+
+
+def test_every_github_link_of_the_built_site_names_a_file_or_folder_of_the_repository() -> None:
+    pages = _built()
+    tracked = set(subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                                 text=True).stdout.split("\0"))
+    folders = {"/".join(f.split("/")[:i]) for f in tracked for i in range(1, f.count("/") + 1)}
+    links = set()
+    for page in pages:
+        links |= set(re.findall(rf'href="({GITHUB}[^"#?]*)', page.read_text(encoding="utf-8")))
+    assert GITHUB in links  # the theme's repository button
+    for link in sorted(links - {GITHUB}):
+        kind, branch, path = re.fullmatch(rf"{GITHUB}/(blob|tree)/([^/]+)/(.+)", link).groups()
+        assert branch == "main", link
+        assert path in (tracked if kind == "blob" else folders), f"{link}: not in git ls-files"
+    assert any("/benchmarks/results/" in link for link in links)  # the benchmarks page's result files

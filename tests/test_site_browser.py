@@ -6,7 +6,9 @@ The site is served from 127.0.0.1; every request that leaves it is refused and c
   a CDN: plotly.js and MathJax are the site's own);
 - every plotly figure draws (its main svg and at least one drawn trace);
 - every formula is typeset by MathJax, without a TeX error;
-- every internal link (no scheme) names a file of the site, and its #anchor an id in that file.
+- every internal link (no scheme) names a file of the site, and its #anchor an id in that file (links to
+  GitHub, the repository button's among them, are only hrefs: nothing is requested from there);
+- one search field at the top of the page (the sidebar's), and the header's link to the repository.
 
 Each explorer (a plotly figure whose sliders were computed in advance, rlhf_helpers/widgets/static_explorer.py)
 is moved by a mouse click on one step of each slider: the figure must change, and the y-values it then
@@ -29,7 +31,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import numpy as np
 import pytest
-from test_site import TOLERANCE, expected_traces
+from test_site import GITHUB, TOLERANCE, expected_traces
 from test_widgets_browser import browser, browser_ready  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +152,15 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
     if name.startswith("notebooks/0"):
         assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
         assert maths["count"] > 0, f"{name}: no typeset formula"
-    assert not broken_links(site + name, page.evaluate(LINKS), site), f"{name}: broken links"
+    hrefs = page.evaluate(LINKS)
+    assert not broken_links(site + name, hrefs, site), f"{name}: broken links"
+    button = page.locator(f'a.btn-source-repository-button[href="{GITHUB}"]:visible').count()
+    assert button == 1, f"{name}: {button} repository buttons shown"
+    fields = page.locator(".search-button-field:visible").count()  # the sidebar's; no header strip with another
+    assert fields == 1, f"{name}: {fields} search fields shown at {VIEWPORT}"
+    header = page.evaluate("() => { const h = document.querySelector('#pst-header'); "
+                           "return h ? h.getBoundingClientRect().height : 0; }")
+    assert header == 0, f"{name}: a {header} px header strip above the page"
     explorers = page.evaluate("() => document.querySelectorAll('.rlhf-static-explorer').length")
     assert explorers == EXPLORERS.get(name, 0), f"{name}: {explorers} explorers"
     for index in range(explorers):
@@ -222,7 +232,7 @@ def test_link_checker_finds_missing_files_and_anchors() -> None:
         pytest.skip("no site built")
     site = "http://127.0.0.1:1/"
     page = site + "notebooks/01_policy_gradients.html"
-    hrefs = ["../index.html", "NOTATION.html", "../docs/metrics.html#kl", "https://example.org", "#",
+    hrefs = ["../index.html", "NOTATION.html", "../docs/metrics.html#kl", "https://example.org", "#", GITHUB,
              "missing.html", "../docs/metrics.html#no-such-anchor", "//cdn.example.org/x.js"]
     assert broken_links(page, hrefs, site) == ["missing.html", "../docs/metrics.html#no-such-anchor (no such anchor)",
                                                "//cdn.example.org/x.js (outside the site)"]

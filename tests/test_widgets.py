@@ -330,8 +330,8 @@ def test_clip_explorer_bad_input_shows_a_message(backend) -> None:
 
 def test_clip_explorer_typed_value_reaches_the_maths_even_outside_the_slider(backend) -> None:
     explorer = widgets.ClipExplorer(backend=backend)
-    explorer.controls["eps"].text.value = 0.0  # typed into the box: the slider stops at its min
-    assert explorer.controls["eps"].slider.value == 0.0
+    explorer.controls["eps"].text.value = 0.0  # typed into the box: the slider stops at its min (0.01)
+    assert explorer.controls["eps"].slider.value == explorer.controls["eps"].slider.min == 0.01
     assert "clip_eps" in explorer.error
     explorer.controls["eps"].slider.value = 0.3  # dragging updates the box and the figure
     assert explorer.controls["eps"].value == 0.3 and explorer.error is None

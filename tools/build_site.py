@@ -1,18 +1,23 @@
 """`make site`: the executed course as a static HTML site in build/site/ (Sphinx + MyST-NB, offline).
 
-    .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site]
+    .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site] [--no-execute]
 
 1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used when
    they hold the stored notebook's cells and no error; any other notebook is executed first, in the
-   `tiny` profile (`python -m rlhf_helpers.course.run_course --out build/executed NAME ...`).
+   `tiny` profile (`python -m rlhf_helpers.course.run_course --out build/executed NAME ...`), unless
+   --no-execute (then a stale copy is used as it is, and says so).
 2. The pages are staged in build/site-src/ under their repository paths, so their relative links work
    as on GitHub: an index from the README's course map, the 7 notebooks, notebooks/NOTATION.md,
-   docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file
-   becomes its path as text (it is not a page); a link to the README goes to the index.
+   docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or
+   folder goes to it on GitHub (the repository of the Colab set-up cell, branch main); a link to the
+   README goes to the index.
 3. In the notebooks' site copies, every output that would need a kernel or the internet is replaced:
    each plotly figure by HTML drawn with the site's own plotly.js; each explorer (an ipywidgets box)
    by its static twin (`rlhf_helpers.widgets.static_explorer`: sliders whose every position the
-   explorer computed here); each tqdm bar by its last text; plotly's CDN loader outputs are dropped.
+   explorer computed here, and a caption naming them and the controls held fixed); each finished tqdm
+   bar by its last text as a muted line, while a bar the code closed (leave=False) and the `datasets`
+   library's map/filter bars are dropped; an exercise check's "NOT DONE" line by where to write the
+   exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text.
 4. sphinx-build writes build/site/ (conf: site/conf.py, which also copies plotly.js and MathJax in).
 
 Prints each step's time. Staged files are rewritten only when they change, so a second build is quick.
@@ -21,6 +26,7 @@ Prints each step's time. Staged files are rewritten only when they change, so a 
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import os
@@ -36,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlhf_helpers.course.notebook import EXERCISE_TODO, colab_url, repo_url  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
 from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
 
@@ -53,6 +60,13 @@ EXPLORER_BY_CONTROL = {"advantage": "ClipExplorer", "lam": "GAEExplorer", "shift
                        "clip_range": "ValueClipExplorer"}
 _LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")  # markdown [text](target) and ![alt](src)
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+#: the course repository on GitHub (the Colab set-up cell's), branch main: where a non-page file is linked
+GITHUB = repo_url()
+GITHUB_BRANCH = "main"
+#: the line exercise_check prints for an exercise whose stub still raises NotImplementedError
+_EXERCISE_TODO = re.compile(rf"^{re.escape(EXERCISE_TODO)}\s+(?P<name>[^\n:]*?):[^\n]*\n?", re.M)
+EXERCISE_ON_SITE = "write it in the notebook (JupyterLab or Colab), where this check runs; the solution is below."
+_IMAGE_FILE = re.compile(r"([\w.-]+)\.(?:png|jpe?g|gif|svg|webp)\b")
 
 
 def notebook_pages() -> list[str]:
@@ -97,12 +111,33 @@ def ensure_executed(executed_dir: Path) -> None:
 # ---------------------------------------------------------------- links
 
 
+@functools.cache
+def repository_files() -> frozenset[str]:
+    """The repository's tracked files (git ls-files); every file under ROOT when git cannot say."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        return frozenset(listed.decode().split("\0")) - {""}
+    except (OSError, subprocess.CalledProcessError):
+        return frozenset(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file())
+
+
+def github_url(path: str) -> str | None:
+    """The GitHub page of repository file or folder `path` (branch GITHUB_BRANCH), None if it is not tracked."""
+    files = repository_files()
+    if path in files:
+        return f"{GITHUB}/blob/{GITHUB_BRANCH}/{path}"
+    if any(f.startswith(path.rstrip("/") + "/") for f in files):
+        return f"{GITHUB}/tree/{GITHUB_BRANCH}/{path.rstrip('/')}"
+    return None
+
+
 def rewrite_links(text: str, source: str, pages: set[str]) -> tuple[str, set[str]]:
     """Markdown of repository file `source` with its relative links fitted to the site.
 
     Links to pages stay (the site keeps repository paths); a link to README.md goes to the index; an
-    image that exists stays and is returned, to be copied; a link to any other repository file becomes
-    its path in code. Returns the text and the repository paths of the images."""
+    image that exists stays and is returned, to be copied; a link to any other repository file or folder
+    goes to it on GitHub (github_url), with its label; one to a path git does not track becomes the label
+    or the path, in code. Returns the text and the repository paths of the images."""
     images: set[str] = set()
 
     def fit(match: re.Match) -> str:
@@ -120,6 +155,9 @@ def rewrite_links(text: str, source: str, pages: set[str]) -> tuple[str, set[str
         if bang and (ROOT / resolved).is_file():
             images.add(resolved)
             return f"![{label}]({relative})"
+        url = github_url(resolved)
+        if url is not None and not bang:
+            return f"[{label or f'`{resolved}`'}]({url}{'#' + anchor if anchor else ''})"
         code = f"`{resolved}`"
         return code if label.strip("`") in ("", resolved, path) else f"{label} ({code})"
 
@@ -135,14 +173,18 @@ def index_markdown(readme: str) -> str:
         raise ValueError("README.md has no '## The course map' section")
     names = [p.removesuffix(".ipynb") for p in notebook_pages()]
     reference = [p.removesuffix(".md") for p in REFERENCE_PAGES]
+    run_it = (f"**Run it yourself:** open any notebook in Colab with the \"Open in Colab\" link at its top "
+              f"(notebook 01: [Open in Colab \u2197]({colab_url(Path(notebook_pages()[0]).name)})), or clone "
+              f"the repository, [{GITHUB.removeprefix('https://')}]({GITHUB}), and run `make lab` in the checkout "
+              "(its README's set-up section says what that installs).")
     return "\n\n".join([
-        title, opening, course_map.group(0).strip(),
+        title, opening, run_it, course_map.group(0).strip(),
         "## Reference\n\n- [Notation](notebooks/NOTATION.md): one meaning per symbol\n"
         "- [Metrics glossary](docs/metrics.md): every logged PPO metric, its healthy range, what a bad value means\n"
         "- [Benchmarks](benchmarks/README.md): speed, memory and learning, against TRL\n"
         "- [From this course to a cluster](docs/cluster.md): the PPO knobs in verl and OpenRLHF",
         "These pages show the notebooks as executed in the `tiny` profile; the explorers' sliders move "
-        "through values computed in advance. To run the code, set up the course with `make lab`.",
+        "through values computed in advance (each names the controls it holds fixed).",
         "```{toctree}\n:hidden:\n:caption: Notebooks\n\n" + "\n".join(names) + "\n```",
         "```{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n```",
     ]) + "\n"
@@ -195,26 +237,88 @@ def explorer_controls(state: dict, box: dict) -> tuple[dict[str, object], dict[s
     return values, ranges
 
 
-def tqdm_text(state: dict, box: dict) -> str | None:
-    """A saved tqdm bar (description, progress, counter) as the text line tqdm prints, else None."""
+def tqdm_parts(state: dict, box: dict) -> tuple[str, float, str] | None:
+    """A saved tqdm bar as (text left of the bar, fraction done, text right of it), else None."""
     parts = [_model(state, ref) for ref in box["state"].get("children", [])]
     if [p["model_name"] for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
         return None
     bar = parts[1]["state"]
-    filled = round(10 * bar["value"] / bar["max"]) if bar.get("max") else 0
     left, right = (html.unescape(p["state"]["value"]).replace("\u2007", " ") for p in (parts[0], parts[2]))
-    return f"{left}|{'█' * filled}{' ' * (10 - filled)}|{right}\n"
+    return left, (bar["value"] / bar["max"] if bar.get("max") else 0.0), right
+
+
+def tqdm_text(state: dict, box: dict) -> str | None:
+    """A saved tqdm bar (description, progress, counter) as the text line tqdm prints, else None."""
+    parts = tqdm_parts(state, box)
+    if parts is None:
+        return None
+    filled = round(10 * parts[1])
+    return f"{parts[0]}|{'█' * filled}{' ' * (10 - filled)}|{parts[2]}\n"
+
+
+def _closed_descriptions(source: str) -> list[re.Pattern]:
+    """The descriptions (desc=...) of the tqdm calls with leave=False in a cell's source, as patterns
+    (an f-string's {...} matches anything)."""
+    found = []
+    for call in re.findall(r"tqdm\((?:[^()]|\([^()]*\))*\)", source):
+        desc = re.search(r"\bdesc\s*=\s*(f?)(['\"])(.*?)\2", call)
+        if re.search(r"\bleave\s*=\s*False\b", call) and desc:
+            pieces = re.split(r"\{[^{}]*\}", desc.group(3)) if desc.group(1) else [desc.group(3)]
+            found.append(re.compile(".*".join(map(re.escape, pieces)) + r":"))
+    return found
+
+
+def tqdm_dropped(state: dict, box: dict, source: str) -> bool:
+    """True for a bar the page leaves out: one the code closed (leave=False: tqdm hides it when done, which
+    its saved layout records, or its description matches a leave=False call in the cell), or a map/filter
+    bar of the `datasets` library (unit "examples"), which says nothing about the course."""
+    layout = box["state"].get("layout")
+    layout = _model(state, layout)["state"] if isinstance(layout, str) and layout.removeprefix("IPY_MODEL_") in state \
+        else {}
+    if layout.get("visibility") == "hidden" or layout.get("display") == "none" or box["state"].get("visible") is False:
+        return True
+    left, _, right = tqdm_parts(state, box)
+    if re.search(r"\bexamples(/s)?\]", right):
+        return True
+    return any(pattern.match(left.strip()) for pattern in _closed_descriptions(source))
+
+
+def progress_html(line: str) -> str:
+    """A finished bar's last text as a plain, muted line (not tqdm's stderr, which the theme shows as an error)."""
+    return f'<pre class="rlhf-progress">{html.escape(line.rstrip())}</pre>'
+
+
+def site_stream(out: dict) -> dict | None:
+    """A stream output as the site shows it: an exercise's "NOT DONE" line says where the exercise is written."""
+    if out.get("name") != "stdout":
+        return out
+    text = "".join(out["text"]) if isinstance(out["text"], list) else out["text"]
+    new = _EXERCISE_TODO.sub(lambda m: f"{m.group('name').strip()}: {EXERCISE_ON_SITE}\n", text)
+    return out if new == text else {**out, "text": new}
+
+
+def image_alt(source: str, alts: dict[str, str]) -> str:
+    """Alt text of an image a cell displays: the README's alt for the image file the source names, else
+    "figure: <file name in words>", else "figure"."""
+    for match in _IMAGE_FILE.finditer(source):
+        if match.group(0) in alts:
+            return alts[match.group(0)]
+        return "figure: " + re.sub(r"[_.-]+", " ", match.group(1)).strip()
+    return "figure"
 
 
 def _html_output(text: str) -> dict:
     return {"output_type": "display_data", "metadata": {}, "data": {"text/html": text}}
 
 
-def site_notebook(nb: dict, stem: str) -> dict:
-    """The executed notebook `nb` with outputs that need neither a kernel nor the internet (see module doc)."""
+def site_notebook(nb: dict, stem: str, alts: dict[str, str] | None = None) -> dict:
+    """The executed notebook `nb` with outputs that need neither a kernel nor the internet (see module doc).
+
+    `alts`: alt texts of image files by file name (from the markdown pages), for the images cells display."""
     state = nb.get("metadata", {}).pop("widgets", {}).get(STATE_MIME, {}).get("state", {})
     for i, cell in enumerate(nb["cells"]):
         outputs, new = cell.get("outputs", []), []
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         boxes = [_model(state, o["data"][WIDGET_MIME]["model_id"]) for o in outputs
                  if WIDGET_MIME in o.get("data", {}) and o["data"][WIDGET_MIME]["model_id"] in state]
         explorer = next((b for b in boxes if "rlhf-explorer" in b["state"].get("_dom_classes", [])), None)
@@ -226,7 +330,8 @@ def site_notebook(nb: dict, stem: str) -> dict:
                 if model is not None and model is explorer:
                     new.append(_html_output(_explorer_html(state, model, outputs, element_id)))
                 elif model is not None and (line := tqdm_text(state, model)) is not None:
-                    new.append({"output_type": "stream", "name": "stderr", "text": line})
+                    if not tqdm_dropped(state, model, source):
+                        new.append(_html_output(progress_html(line)))
                 continue  # a widget that was not saved has nothing to show
             if PLOTLY_MIME in data:
                 if explorer is None:  # an explorer's own figure: its static twin replaces it
@@ -234,7 +339,10 @@ def site_notebook(nb: dict, stem: str) -> dict:
                 continue
             if set(data) == {"text/html"} and "cdn.plot.ly" in "".join(data["text/html"]):
                 continue  # plotly's loader for notebook_connected figures: the site has its own plotly.js
-            new.append(out)
+            if any(mime.startswith("image/") for mime in data):  # MyST-NB's alt is the image's file path
+                options = cell.setdefault("metadata", {}).setdefault("mystnb", {}).setdefault("image", {})
+                options.setdefault("alt", image_alt(source, alts or {}))
+            new.append(site_stream(out) if out.get("output_type") == "stream" else out)
         if cell["cell_type"] == "code":
             cell["outputs"] = new
     return nb
@@ -269,6 +377,8 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
     """Write every page's source under `stage_dir`, at its repository path."""
     pages = {*notebook_pages(), *REFERENCE_PAGES}
     images: set[str] = set()
+    alts = {posixpath.basename(src): alt for page in ("README.md", *REFERENCE_PAGES) for bang, alt, src
+            in _LINK.findall((ROOT / page).read_text(encoding="utf-8")) if bang and alt}
     text, found = rewrite_links(index_markdown((ROOT / "README.md").read_text(encoding="utf-8")), "README.md", pages)
     _write(stage_dir / "index.md", text)
     images |= found
@@ -277,7 +387,7 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
         _write(stage_dir / page, text)
         images |= found
     for page in notebook_pages():
-        nb = site_notebook(json.loads((executed_dir / Path(page).name).read_text()), Path(page).stem)
+        nb = site_notebook(json.loads((executed_dir / Path(page).name).read_text()), Path(page).stem, alts)
         for cell in nb["cells"]:
             if cell["cell_type"] == "markdown":
                 source, found = rewrite_links("".join(cell["source"]), page, pages)
@@ -294,9 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executed", type=Path, default=EXECUTED, help="executed notebooks (make test's)")
     parser.add_argument("--out", type=Path, default=OUT, help="the site")
+    parser.add_argument("--no-execute", action="store_true",
+                        help="use the executed copies as they are, even from an older version of a notebook")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    ensure_executed(args.executed)
+    if args.no_execute:
+        for notebook in course_notebooks():
+            if (why := stale_reason(notebook, args.executed / notebook.name)) == "missing":
+                raise SystemExit(f"--no-execute: {args.executed / notebook.name} is missing")
+            if why is not None:
+                print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it is", flush=True)
+    else:
+        ensure_executed(args.executed)
     executed = time.perf_counter()
     stage(args.executed, STAGE)
     staged = time.perf_counter()

@@ -402,7 +402,8 @@ exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
 
 # %% [markdown]
 # ## 4. Explore: how $\gamma$, $\lambda$ and the critic shape the advantages
-# Drag $\lambda$ and $\gamma$ and watch where the final score's credit flows along the sequence.
+# Drag $\lambda$ and $\gamma$ (on the course website: $\lambda$ and $\beta$, with $\gamma = 1$ as the title says) and
+# watch where the final score's credit flows along the sequence.
 
 # %%
 advantage_explorer = widgets.GAEExplorer()

@@ -110,8 +110,8 @@ print(f"ratios outside [{1 - eps:.1f}, {1 + eps:.1f}]: {outside.sum().item()} of
 
 # %% [markdown]
 # ## 2. Explore the clip
-# Move the ratio, the advantage and $\epsilon$; the explorer shows both surrogate terms, the one `min`
-# selects, and whether the gradient flows.
+# Move the advantage and $\epsilon$ (and, in a running notebook, the ratio and the dual clip); the
+# explorer shows both surrogate terms, the one `min` selects, and whether the gradient flows.
 
 # %%
 clip_explorer = widgets.ClipExplorer()
@@ -129,8 +129,8 @@ clip_explorer
 # only stops the policy from gaining too much, never from repairing a loss.
 # </details>
 #
-# **2.** Make $\hat A < 0$ and drag $\rho$ far above $1 + \epsilon$. Is the objective bounded? What does the
-# dual clip change?
+# **2.** Make $\hat A < 0$ and follow the curves far to the right of $1 + \epsilon$. Is the objective
+# bounded? What does the dual clip change (in a running notebook, tick it)?
 #
 # <details><summary>Answer</summary>
 #
@@ -143,13 +143,14 @@ clip_explorer
 # $\rho = c_{\text{dual}}$.
 # </details>
 #
-# **3.** Set $\epsilon = 0$. Where does any gradient flow?
+# **3.** Drag $\epsilon$ down to its smallest value, 0.01 (on the website: 0.05). Where does any gradient flow?
 #
 # <details><summary>Answer</summary>
 #
 # Only on the side that undoes a move: for $\hat A > 0$ where $\rho < 1$, for $\hat A < 0$ where
 # $\rho > 1$. Any move in the helpful direction is clipped at once: the batch can undo mistakes but
-# teaches nothing new after the first step, which is why $\epsilon$ is 0.1-0.3, not 0.
+# teaches nothing new after the first step (at $\epsilon = 0$, which the library refuses, exactly so), which is
+# why $\epsilon$ is 0.1-0.3, not close to 0.
 # </details>
 
 # %% [markdown]
@@ -435,12 +436,12 @@ exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient,
 # %% [markdown]
 # ## 6. The value loss, with clipping
 #
-# The critic regresses the GAE returns $R_t$ of notebook 03. Value clipping (as in the OpenAI baselines
+# The critic regresses the GAE returns $G^\lambda_t$ of notebook 03. Value clipping (as in the OpenAI baselines
 # and trlx) limits how far the new value may move from the value at sampling time $V_{\text{old}}$,
 # and takes the worse of the two errors:
 #
 # $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
-# L^V = \tfrac12\, \overline{\max\big((V_t - R_t)^2,\ (V^{\text{clip}}_t - R_t)^2\big)}.$$
+# L^V = \tfrac12\, \overline{\max\big((V_t - G^\lambda_t)^2,\ (V^{\text{clip}}_t - G^\lambda_t)^2\big)}.$$
 #
 # `vf_clipfrac` is the share of real tokens where the clipped error is the larger one.
 
@@ -451,15 +452,16 @@ value_explorer
 # %% [markdown]
 # #### Predict, then drag
 #
-# **1.** Put the new value $V$ within $\epsilon_V$ of $V_{\text{old}}$. Which of the two losses is used?
+# **1.** Look at the curves where the new value $V$ is within $\epsilon_V$ of $V_{\text{old}}$. Which of the two
+# losses is used?
 #
 # <details><summary>Answer</summary>
 #
 # Both terms are equal there ($V^{\text{clip}} = V$), so value clipping changes nothing inside the band.
 # </details>
 #
-# **2.** Put the return far from $V_{\text{old}}$ and drag $V$ towards it, past $V_{\text{old}} + \epsilon_V$.
-# What happens to the gradient?
+# **2.** Put the return far from $V_{\text{old}}$ and follow $V$ from $V_{\text{old}}$ towards it, past
+# $V_{\text{old}} + \epsilon_V$. What happens to the gradient?
 #
 # <details><summary>Answer</summary>
 #
@@ -489,7 +491,7 @@ print(f"value loss {v_loss:.4f}   vf_clipfrac {v_clipfrac:.3f}")
 
 # %% [markdown]
 # ### Exercise 3: the unclipped value loss
-# Write `plain_value_loss(values, returns, mask)`: $\tfrac12$ times the masked mean of $(V_t - R_t)^2$.
+# Write `plain_value_loss(values, returns, mask)`: $\tfrac12$ times the masked mean of $(V_t - G^\lambda_t)^2$.
 # It must equal the library's value loss without clipping (`clip_range=None`).
 
 # %%

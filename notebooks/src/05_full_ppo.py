@@ -699,7 +699,8 @@ for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss"
 
 # %% [markdown]
 # Before training, the held-out evaluation of the untrained policy (the SFT model itself) is the
-# starting point of every curve. The figure below refreshes every few steps while training runs.
+# starting point of every curve. The figure below refreshes every few steps while training runs (in a running notebook; a saved copy
+# shows the final curves).
 
 # %%
 torch.manual_seed(profile.seed)

@@ -777,7 +777,7 @@ exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
 # across responses, and the policy moves on that high-variance signal. The critic's quality is
 # measured by
 #
-# $$\text{explained variance} = 1 - \frac{\operatorname{Var}[R_t - V(s_t)]}{\operatorname{Var}[R_t]}$$
+# $$\text{explained variance} = 1 - \frac{\operatorname{Var}[G^\lambda_t - V(s_t)]}{\operatorname{Var}[G^\lambda_t]}$$
 #
 # (1: perfect, 0: no better than a constant, below 0: worse). The fix: a **value warm-up**, a few
 # iterations that train only the critic on the SFT policy's rollouts before the policy moves
@@ -828,7 +828,7 @@ wins = sum(a > b for a, b in zip(after, before, strict=True))
 change = np.subtract(after, before)  # paired by seed
 change_se = change.std(ddof=1) / math.sqrt(len(change))  # standard error of the mean change over the seeds
 if abs(change.mean()) <= 2 * change_se:
-    verdict = "did not change the mean explained variance beyond the seeds' spread"
+    verdict = "did not move the mean explained variance beyond two standard errors of no change"
 else:
     verdict = f"{'raised' if change.mean() > 0 else 'lowered'} the mean explained variance"
 print(f"the warm-up {verdict} of the first policy update ({np.mean(before):+.3f} -> {np.mean(after):+.3f}, "
@@ -836,9 +836,10 @@ print(f"the warm-up {verdict} of the first policy update ({np.mean(before):+.3f}
       f"{len(after)} seeds")
 
 # %% [markdown]
-# **Recognise it:** explained variance near 0 (or below) and a large value loss in the first steps
-# while the policy is already updating: look at the curves right of the dotted line and at the printed
-# explained variance of the batch of each seed's first policy update. The fix moves the policy's start
+# **Recognise it:** explained variance near 0 (or below) in the first steps while the policy is already
+# updating: look at the curves right of the dotted line and at the printed explained variance of the
+# batch of each seed's first policy update. The value loss is a weaker sign (compare the two printed
+# means and the overlap of their bands): its scale moves with the returns, explained variance does not. The fix moves the policy's start
 # past the critic's first steps; a critic initialised from the reward model is another. The bands show
 # how far three seeds of one setting already differ in runs this short.
 

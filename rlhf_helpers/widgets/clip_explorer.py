@@ -83,7 +83,7 @@ class ClipExplorer(Explorer):
         self.grid = torch.linspace(lo, hi, points, dtype=torch.float64)  # (N,) ratios
         self.batch_ratios = None if ratios is None else _as_ratio_tensor(ratios)  # (M,) or None
 
-        self.number("eps", "clip ε", eps, 0.0, 0.5, 0.01)
+        self.number("eps", "clip ε", eps, 0.01, 0.5, 0.01)  # ε = 0 is refused: an empty band
         self.number("advantage", "advantage A", advantage, -2.0, 2.0, 0.05)
         self.number("ratio", "ratio ρ", ratio, lo, hi, 0.01)
         self.dual_toggle = widgets.Checkbox(value=dual_clip is not None, description="dual clip",

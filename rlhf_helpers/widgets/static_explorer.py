@@ -4,10 +4,11 @@ For the course's static site (`make site`). Each combination of the sliders' val
 explorer itself (`Explorer.set`), which computes it with the maths core as in the notebook; the traces
 that change, the title and the shaded regions are stored per combination, and a small script swaps
 them in (`Plotly.update`) when a slider moves. So the site shows the widget's own numbers: one source
-of truth. The grid of values is kept small (tens of combinations) so the pages stay small.
+of truth. The grid of values is kept small (tens of combinations) so the pages stay small. Under the
+figure, a caption names its sliders and the controls held fixed (`static_explorer_caption`).
 
     figure = static_explorer("ClipExplorer", {"eps": 0.2, "advantage": 1.0, "ratio": 1.3})
-    html = static_explorer_html(figure, "explorer-1")   # a <div> and a <script>; needs window.Plotly
+    html = static_explorer_html(figure, "explorer-1")   # a <div>, a <script> (needs window.Plotly), a caption
 """
 
 from __future__ import annotations
@@ -53,16 +54,19 @@ def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
 
 #: the sliders each explorer gets on the site: the controls its notebook text asks the reader to move
 SITE_SLIDERS: dict[str, tuple[SiteSlider, ...]] = {
+    # ε = 0 (notebook 04's question) is refused by the maths core (clip_eps must be > 0): 0.05 comes closest
     "ClipExplorer": (SiteSlider("advantage", "advantage A = ", _steps(-2.0, 2.0, 0.5)),
-                     SiteSlider("eps", "clip ε = ", (0.1, 0.2, 0.3))),
+                     SiteSlider("eps", "clip ε = ", (0.05, 0.1, 0.2, 0.3))),
     "GAEExplorer": (SiteSlider("lam", "GAE λ = ", _steps(0.0, 1.0, 0.1)),
                     SiteSlider("kl_coef", "KL coef β = ", (0.0, 0.05, 0.1, 0.2, 0.5))),
     "KLExplorer": (SiteSlider("shift", "π far from ref: ", _steps(0.0, 3.0, 0.25)),),
-    "ValueClipExplorer": (SiteSlider("ret", "return R = ", _steps(-1.0, 2.5, 0.5)),
+    "ValueClipExplorer": (SiteSlider("ret", "return G^λ = ", _steps(-1.0, 2.5, 0.5)),
                           SiteSlider("clip_range", "clip range ε_V = ", (0.1, 0.2, 0.5, 1.0))),
 }
 #: grid points of the curves on the site (the notebook's explorers use 601 and 501: smooth, but 4x the bytes)
 SITE_OPTIONS: dict[str, dict[str, object]] = {"ClipExplorer": {"points": 121}, "ValueClipExplorer": {"points": 101}}
+#: controls that matter only while another control is on: the caption leaves them out while it is off
+ONLY_WHEN_ON = {"dual_clip": "dual"}
 
 
 def _plain(value: object) -> object:
@@ -97,13 +101,15 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
     state); `options`: constructor arguments (ratios, ratio_range, value_range, ...). Returns
     {"data", "layout", "states", "traces", "strides", "kind", "controls"}: states[k] holds, for the
     k-th combination of slider positions (row-major, `strides`), the x/y of the traces that change and
-    the title, shapes and annotations. Raises ValueError if the explorer rejects a combination.
+    the title, shapes and annotations; "labels": each control's label in the notebook ("clip ε").
+    Raises ValueError if the explorer rejects a combination.
     """
     if kind not in EXPLORERS:
         raise ValueError(f"kind must be one of {sorted(EXPLORERS)}, got {kind!r}")
     sliders = SITE_SLIDERS[kind]
     explorer = EXPLORERS[kind](backend="html", **{**SITE_OPTIONS.get(kind, {}), **options})
     controls = {name: value for name, value in controls.items() if name in explorer.controls}
+    labels = {name: getattr(control, "slider", control).description for name, control in explorer.controls.items()}
     start = {**explorer.values(), **controls}
     values = [sorted({*s.values, float(start[s.name])}) for s in sliders]  # the notebook's value is a step
     active = [v.index(float(start[s.name])) for s, v in zip(sliders, values, strict=True)]
@@ -146,7 +152,32 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
          "steps": [{"label": f"{v:g}", "value": f"{v:g}", "method": "skip"} for v in vals]}
         for i, (s, vals, a) in enumerate(zip(sliders, values, active, strict=True))]
     return {"kind": kind, "data": first["data"], "layout": layout, "states": states, "traces": traces,
-            "strides": strides, "controls": _plain(start)}
+            "strides": strides, "controls": _plain(start), "labels": labels}
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def static_explorer_caption(figure: dict) -> str:
+    """One line for under the figure: which controls its sliders move, the others' values, where to move those.
+
+    e.g. "On this page: sliders for advantage A and clip ε. Fixed here: ratio ρ = 1.3, dual clip off. Run
+    the notebook (JupyterLab or Colab) to move the others." """
+    labels, controls = figure["labels"], figure["controls"]
+    moving = [s["name"] for s in figure["layout"]["sliders"]]
+    fixed = []
+    for name, value in controls.items():
+        if name in moving or name not in labels or (name in ONLY_WHEN_ON and not controls.get(ONLY_WHEN_ON[name])):
+            continue
+        if isinstance(value, bool):
+            fixed.append(f"{labels[name]} {'on' if value else 'off'}")
+        else:
+            fixed.append(f"{labels[name]} = {value:g}" if isinstance(value, (int, float)) else
+                         f"{labels[name]} = {value}")
+    sliders = ("a slider for " if len(moving) == 1 else "sliders for ") + _listing([labels[n] for n in moving])
+    rest = f" Fixed here: {', '.join(fixed)}." if fixed else ""
+    return f"On this page: {sliders}.{rest} Run the notebook (JupyterLab or Colab) to move the others."
 
 
 # ES5; `Plotly` may load after this script (a <script> in the page's head, or deferred): wait for the page
@@ -179,8 +210,8 @@ _SCRIPT = """(function () {
 
 def static_explorer_html(figure: dict, element_id: str) -> str:
     """A <div> and the <script> that draws `figure` (from `static_explorer`) in it with the page's plotly.js
-    and swaps in the stored state when a slider moves. The div's data attributes name the explorer and
-    its starting controls (for tests)."""
+    and swaps in the stored state when a slider moves, then the caption (`static_explorer_caption`). The
+    div's data attributes name the explorer and its starting controls (for tests)."""
     spec = json.dumps({key: figure[key] for key in ("data", "layout", "states", "traces", "strides")},
                       separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     height = figure["layout"].get("height", 500)
@@ -188,4 +219,5 @@ def static_explorer_html(figure: dict, element_id: str) -> str:
     return (f'<div id="{element_id}" class="rlhf-static-explorer" data-explorer="{figure["kind"]}" '
             f'data-controls="{controls}" style="width:100%;height:{height}px"></div>\n'
             f'<script type="text/javascript">\n{_SCRIPT.replace("@ID@", element_id).replace("@SPEC@", spec)}'
-            "\n</script>")
+            "\n</script>\n"
+            f'<p class="rlhf-explorer-caption">{html.escape(static_explorer_caption(figure))}</p>')

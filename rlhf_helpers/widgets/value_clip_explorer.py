@@ -21,9 +21,9 @@ UNCLIPPED, CLIPPED, CURRENT, GRAD_UNCLIPPED, GRAD_CLIPPED = range(5)
 
 
 class ValueClipExplorer(Explorer):
-    """Sliders for clip_range ε_V, the old value V_old, the return R and the new value V; plots
-    0.5 (V − R)² and the clipped 0.5 max((V − R)², (V_old + clip(V − V_old, −ε_V, ε_V) − R)²) against V,
-    and their gradients, shading where clipping removes the gradient.
+    """Sliders for clip_range ε_V, the old value V_old, the return G = G^λ (the critic's target) and the new
+    value V; plots 0.5 (V − G)² and the clipped 0.5 max((V − G)², (V_old + clip(V − V_old, −ε_V, ε_V) − G)²)
+    against V, and their gradients, shading where clipping removes the gradient.
     """
 
     def __init__(self, clip_range: float = 0.2, old_value: float = 0.0, ret: float = 1.0,
@@ -37,7 +37,7 @@ class ValueClipExplorer(Explorer):
         self.grid = torch.linspace(lo, hi, points, dtype=torch.float64)  # (N,) new values
         self.number("clip_range", "clip range ε_V", clip_range, 0.0, 1.0, 0.01)
         self.number("old_value", "old value V_old", old_value, lo, hi, 0.05)
-        self.number("ret", "return R", ret, lo, hi, 0.05)
+        self.number("ret", "return G^λ", ret, lo, hi, 0.05)
         self.number("value", "new value V", value, lo, hi, 0.01)
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
@@ -93,7 +93,7 @@ class ValueClipExplorer(Explorer):
         annotations = [{"x": old, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
                         "showarrow": False, "text": "V_old ± ε_V"},
                        {"x": ret, "y": 0.97, "xref": "x", "yref": "paper", "showarrow": True, "ay": -25,
-                        "text": "R"}]
+                        "text": "G^λ"}]
         for start, end in _runs(zero):
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start], "x1": x[end],
                            "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)", "line": {"width": 0},
@@ -110,7 +110,7 @@ class ValueClipExplorer(Explorer):
             fig.data[CURRENT].x = [value]
             fig.data[CURRENT].y = [float(point_loss)]
             self.view.set_overlays(shapes, annotations)
-            fig.layout.title = {"text": f"value clip: ε_V = {c:g}, V_old = {old:g}, R = {ret:g}", "x": 0.01}
+            fig.layout.title = {"text": f"value clip: ε_V = {c:g}, V_old = {old:g}, G^λ = {ret:g}", "x": 0.01}
         branch = ("the clipped error is larger: no gradient, V may not move further from V_old this step"
                   if float(point_stats["vf_clipfrac"]) > 0 else "the unclipped error is used: gradient V − R")
         return f"V = {value:g}: loss {float(point_loss):.4f}; {branch}."
