@@ -136,6 +136,8 @@ broken_a = run(RefAsOldTrainer, lab_config, lab.ref_as_old_steps, "(a) broken: r
 ratio_tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)["rtol"]
 first_ratios = [e["first_ratio_mean"] for e in fixed_a.extras]
 assert all(abs(r - 1.0) < ratio_tol for r in first_ratios), (first_ratios, ratio_tol)
+print(f"fixed : largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e} "
+      f"(the check allows {ratio_tol:g}: {profile.dtype} rounding)")
 for name, lab_run in (("fixed ", fixed_a), ("broken", broken_a)):
     print(f"{name}: first-minibatch ratio mean per step {[round(e['first_ratio_mean'], 2) for e in lab_run.extras]}\n"
           f"        clip fraction per step {[round(row['clipfrac'], 3) for row in lab_run.history]}\n"
@@ -855,4 +857,4 @@ print(f"the warm-up {verdict} of the first policy update ({np.mean(before):+.3f}
 # | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ |
 # | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps |
 #
-# `docs/metrics.md` and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.
+# [docs/metrics.md](../docs/metrics.md) and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.
