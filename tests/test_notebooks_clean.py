@@ -4,12 +4,12 @@ generated ones match their sources in notebooks/src/."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from tool_scripts import load_tool
 
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source
 
@@ -17,15 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_notebooks", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = _load_builder()
+builder = load_tool("build_notebooks")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -9,16 +9,15 @@ tests); `expected_traces` here is the reference both use.
 from __future__ import annotations
 
 import html as html_lib
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tool_scripts import load_tool
 
 from rlhf_helpers.core.gae import compute_gae, td_errors
 from rlhf_helpers.core.kl import shape_rewards
@@ -35,15 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}  #: the site keeps 7 significant digits
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_site", ROOT / "tools" / "build_site.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_site", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_site = _load_builder()
+build_site = load_tool("build_site")
 
 
 def _float64(values: object) -> torch.Tensor:
