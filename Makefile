@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/test_notebooks.py
 	$(PY) -m pytest -m figures tests/test_notebook_figures_browser.py
 	$(PY) tools/build_site.py
-	$(PY) -m pytest -m site tests/test_site_browser.py
+	$(PY) -m pytest -m site tests/test_site.py tests/test_site_browser.py
 
 # The executed course as a static site in build/site/ (open build/site/index.html): the notebooks make test
 # executed (build/executed/; any missing or stale one is executed first), the notation, metrics, benchmarks
