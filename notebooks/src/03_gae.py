@@ -432,8 +432,10 @@ advantage_explorer
 #
 # <details><summary>Answer</summary>
 #
-# All zero: without the penalty the only reward is the score on the last real token, and the
-# advantages of earlier tokens differ only by the critic's values.
+# All zero: without the penalty the only reward is the score on the last real token. With
+# $\lambda = \gamma = 1$ every earlier token's advantage is then score $- V(s_t)$, so they differ only by the
+# critic's values; with $\gamma\lambda < 1$ the score also reaches token $t$ with the weight
+# $(\gamma\lambda)^{T-1-t}$.
 # </details>
 
 # %% [markdown]

@@ -139,18 +139,18 @@ clip_explorer
 # $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$ **grows** with $\rho$: the more likely a bad
 # action has become, the harder that one token pulls, and a few such tokens can dominate the step. The
 # dual clip (Ye et al. 2020) takes $\max(\cdot,\ c_{\text{dual}}\hat A)$ for $\hat A < 0$, with
-# $c_{\text{dual}} > 1$ (e.g. 3): it bounds the objective and zeroes the gradient beyond
-# $\rho = c_{\text{dual}}$.
+# $c_{\text{dual}} > 1$ (e.g. 3; the explorer starts at 2, so the flat part fits on its axis): it bounds
+# the objective and zeroes the gradient beyond $\rho = c_{\text{dual}}$.
 # </details>
 #
 # **3.** Drag $\epsilon$ down to its smallest value, 0.01 (on the website: 0.05). Where does any gradient flow?
 #
 # <details><summary>Answer</summary>
 #
-# Only on the side that undoes a move: for $\hat A > 0$ where $\rho < 1$, for $\hat A < 0$ where
-# $\rho > 1$. Any move in the helpful direction is clipped at once: the batch can undo mistakes but
-# teaches nothing new after the first step (at $\epsilon = 0$, which the library refuses, exactly so), which is
-# why $\epsilon$ is 0.1-0.3, not close to 0.
+# On the side that undoes a move, plus a sliver of band: for $\hat A > 0$ where $\rho < 1 + \epsilon$, for
+# $\hat A < 0$ where $\rho > 1 - \epsilon$. A move in the helpful direction is clipped after only $\epsilon$:
+# the batch can undo mistakes but teaches almost nothing new after its first step (at $\epsilon = 0$,
+# which the library refuses, nothing at all), which is why $\epsilon$ is 0.1-0.3, not close to 0.
 # </details>
 
 # %% [markdown]
@@ -460,12 +460,12 @@ value_explorer
 # Both terms are equal there ($V^{\text{clip}} = V$), so value clipping changes nothing inside the band.
 # </details>
 #
-# **2.** Put the return far from $V_{\text{old}}$ and follow $V$ from $V_{\text{old}}$ towards it, past
-# $V_{\text{old}} + \epsilon_V$. What happens to the gradient?
+# **2.** Put the return far from $V_{\text{old}}$ and follow $V$ from $V_{\text{old}}$ towards it, past the
+# band's edge on the return's side. What happens to the gradient?
 #
 # <details><summary>Answer</summary>
 #
-# It vanishes: the clipped value stays at $V_{\text{old}} + \epsilon_V$, farther from $R$ than $V$, so the
+# It vanishes: the clipped value stays at the band's edge ($V_{\text{old}} \pm \epsilon_V$), farther from $G^\lambda$ than $V$, so the
 # `max` picks the clipped error, whose gradient with respect to $V$ is zero. Value clipping slows a
 # critic that has a long way to go, one reason some implementations drop it.
 # </details>
@@ -492,7 +492,8 @@ print(f"value loss {v_loss:.4f}   vf_clipfrac {v_clipfrac:.3f}")
 # %% [markdown]
 # ### Exercise 3: the unclipped value loss
 # Write `plain_value_loss(values, returns, mask)`: $\tfrac12$ times the masked mean of $(V_t - G^\lambda_t)^2$.
-# It must equal the library's value loss without clipping (`clip_range=None`).
+# It must equal the library's value loss without clipping (`clip_range=None`); `value_loss` and `masked_mean`
+# are hidden while the check runs.
 
 # %%
 # EXERCISE 3

@@ -698,9 +698,10 @@ for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss"
     print(f"{key:<19} {GLOSSARY[key]}")
 
 # %% [markdown]
-# Before training, the held-out evaluation of the untrained policy (the SFT model itself) is the
-# starting point of every curve. The figure below refreshes every few steps while training runs (in a running notebook; a saved copy
-# shows the final curves).
+# The held-out evaluation printed first (the untrained policy: the SFT model itself) is step 0 of the
+# checkpoint curve in section 6. The figure below plots each training batch's own metrics from step 1 on,
+# and refreshes every few steps while training runs (in a running notebook; a saved copy shows the
+# final curves).
 
 # %%
 torch.manual_seed(profile.seed)
@@ -877,12 +878,12 @@ print(f"two evaluations of the SFT model (step 0, best-of-1) differ by {noise:.3
 # scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
 #
 # Read the peak (printed last) with the evaluation's noise in mind: step 0 and best-of-1 are two
-# evaluations of the same SFT model with different samples, and their difference (printed below) is
+# evaluations of the same SFT model with different samples, and their difference (printed above) is
 # the size of a difference that means nothing. A hidden score that sags by more than that while the
 # learned score keeps climbing is the start of the over-optimisation that notebook 06 measures.
 #
 # Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum over
-# each response), best-of-$n$'s is the formula, an upper bound (section 6). With a
+# each response), best-of-$n$'s is the formula, an upper bound (Exercise 4 below). With a
 # longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps
 # rising while the hidden score bends down, the over-optimisation that notebook 06 measures.
 

@@ -109,7 +109,7 @@ fig.show()
 #
 # PPO's ratio compares the policy being updated with the policy **that sampled the batch**:
 #
-# $$\rho_t = \frac{\pi_\theta(a_t \mid s_t)}{\pi_{\theta_{\text{old}}}(a_t \mid s_t)}, \qquad \rho_t = 1 \text{ on the first minibatch of every update.}$$
+# $$\rho_t = \frac{\pi_\theta(a_t \mid s_t)}{\pi_{\text{old}}(a_t \mid s_t)}, \qquad \rho_t = 1 \text{ on the first minibatch of every update.}$$
 #
 # A widely copied script stored the *reference* model's log-probs there. Then
 # $\rho_t = \pi_\theta / \pi_{\text{ref}}$: far from 1 as soon as training has moved the policy, the
@@ -774,14 +774,14 @@ exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
 #
 # GAE's advantages are only as good as the critic: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$ with
 # $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$. A fresh value head outputs $V \approx 0$ everywhere, so
-# early advantages are just the $\lambda$-faded returns, $\hat A_t \approx (\gamma\lambda)^{n-1-t}\,\text{score}$
+# early advantages are just the $\lambda$-faded returns, $\hat A_t \approx (\gamma\lambda)^{|y|-1-t}\,\text{score}$
 # plus KL terms: no state-dependent baseline, every token carries the whole spread of the final score
 # across responses, and the policy moves on that high-variance signal. The critic's quality is
 # measured by
 #
-# $$\text{explained variance} = 1 - \frac{\operatorname{Var}[G^\lambda_t - V(s_t)]}{\operatorname{Var}[G^\lambda_t]}$$
+# $$\text{explained variance} = 1 - \frac{\operatorname{Var}[G^\lambda_t - \hat V(s_t)]}{\operatorname{Var}[G^\lambda_t]}$$
 #
-# (1: perfect, 0: no better than a constant, below 0: worse). The fix: a **value warm-up**, a few
+# over the real tokens of a batch (1: perfect, 0: no better than a constant, below 0: worse). The fix: a **value warm-up**, a few
 # iterations that train only the critic on the SFT policy's rollouts before the policy moves
 # (`PPOConfig.value_warmup_steps`). The broken side is the baseline's first steps (no warm-up). Each
 # side runs with three seeds (sampling and prompt order; the same starting adapters): the curves are

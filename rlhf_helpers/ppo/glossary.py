@@ -179,7 +179,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "clipfrac and approx_kl. Exactly 0 every step: no advantages (reward constant) or nothing "
         "trains.")),
     "clipfrac": ("update", _m("policy/clipfrac_avg",
-        "fraction of response tokens whose ratio left [1 - eps, 1 + eps] with the clip active",
+        "fraction of response tokens where the clipped term is selected (ratio past the band on the side the "
+        "advantage favours: gradient 0)",
         "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen and "
         "the gradient is zero",
         "0.016-0.064 (a few percent: the update moves the policy, the clip rarely has to stop "

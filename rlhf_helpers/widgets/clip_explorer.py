@@ -91,7 +91,7 @@ class ClipExplorer(Explorer):
         self.dual_toggle.add_class("rlhf-dual-toggle")
         self.controls["dual"] = self.dual_toggle
         # default c = 2 (the dual-clip paper uses 3) so its flat region shows on the default ratio axis
-        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.0, 5.0, 0.1)
+        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.1, 5.0, 0.1)  # > 1
 
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
@@ -127,7 +127,7 @@ class ClipExplorer(Explorer):
                          visible=self.batch_ratios is not None, rangemode="tozero", tickformat=".0f",
                          tickmode="auto", nticks=5)  # whole percents, not ticks synced to the left axis
         fig.update_yaxes(title_text="d objective / dρ", row=2, col=1)
-        fig.update_xaxes(title_text="ratio ρ = π_new / π_old", row=2, col=1)
+        fig.update_xaxes(title_text="ratio ρ = π_θ / π_old", row=2, col=1)
         return fig
 
     def compute(self, eps: float, advantage: float, dual_clip: float | None) -> dict[str, torch.Tensor]:

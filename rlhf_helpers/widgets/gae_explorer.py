@@ -116,9 +116,9 @@ class GAEExplorer(Explorer):
                       row=2, col=1)
         fig.add_trace(go.Scatter(**bar, name="whitened A_t", mode="markers+lines",
                                  marker={"symbol": "diamond"}, line={"dash": "dot"}), row=2, col=1)
-        fig.add_trace(go.Scatter(**bar, name="return A_t + V_t", mode="lines+markers",
+        fig.add_trace(go.Scatter(**bar, name="return G^λ_t = A_t + V_t", mode="lines+markers",
                                  line={"width": 3}), row=3, col=1)
-        fig.add_trace(go.Scatter(**bar, name="Monte-Carlo return G_t", mode="lines",
+        fig.add_trace(go.Scatter(**bar, name="Monte-Carlo return Σ γ^l r_t+l", mode="lines",
                                  line={"dash": "dash", "color": "black"}), row=3, col=1)
         fig.add_trace(go.Scatter(**bar, name="critic V(s_t)", mode="lines+markers",
                                  line={"color": "#8c564b"}), row=3, col=1)
@@ -165,8 +165,8 @@ class GAEExplorer(Explorer):
         if v["lam"] == 0:
             lines.append(f"λ = 0 is one-step TD: the advantages equal the TD errors (max |A − δ| = {gap_td:.2g}).")
         elif v["lam"] == 1:
-            lines.append("λ = 1 is Monte-Carlo: the returns equal the discounted reward-to-go G_t and "
-                         f"A_t = G_t − V_t (max |return − G| = {gap_mc:.2g}).")
+            lines.append("λ = 1 is Monte-Carlo: the returns equal the discounted reward-to-go and "
+                         f"A_t = reward-to-go − V_t (max |difference| = {gap_mc:.2g}).")
         else:
             gl = v["gamma"] * v["lam"]
             horizon = "∞" if gl >= 1 else f"{1 / (1 - gl):.1f}"

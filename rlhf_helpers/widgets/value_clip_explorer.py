@@ -35,7 +35,7 @@ class ValueClipExplorer(Explorer):
             raise ValueError(f"value_range must be (low, high) with low < high and points >= 3, "
                              f"got {value_range!r}, {points!r}")
         self.grid = torch.linspace(lo, hi, points, dtype=torch.float64)  # (N,) new values
-        self.number("clip_range", "clip range ε_V", clip_range, 0.0, 1.0, 0.01)
+        self.number("clip_range", "clip range ε_V", clip_range, 0.01, 1.0, 0.01)  # > 0
         self.number("old_value", "old value V_old", old_value, lo, hi, 0.05)
         self.number("ret", "return G^λ", ret, lo, hi, 0.05)
         self.number("value", "new value V", value, lo, hi, 0.01)
@@ -47,7 +47,7 @@ class ValueClipExplorer(Explorer):
     def _empty_figure(self) -> go.Figure:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.07)
         x = self.grid.tolist()
-        fig.add_trace(go.Scatter(x=x, y=x, name="unclipped ½(V − R)²", line={"dash": "dash"}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=x, name="unclipped ½(V − G^λ)²", line={"dash": "dash"}), row=1, col=1)
         fig.add_trace(go.Scatter(x=x, y=x, name="clipped loss", line={"width": 4}), row=1, col=1)
         fig.add_trace(go.Scatter(x=[0.0], y=[0.0], mode="markers", name="current V",
                                  marker={"size": 12, "color": "black", "symbol": "x"}), row=1, col=1)
@@ -112,5 +112,5 @@ class ValueClipExplorer(Explorer):
             self.view.set_overlays(shapes, annotations)
             fig.layout.title = {"text": f"value clip: ε_V = {c:g}, V_old = {old:g}, G^λ = {ret:g}", "x": 0.01}
         branch = ("the clipped error is larger: no gradient, V may not move further from V_old this step"
-                  if float(point_stats["vf_clipfrac"]) > 0 else "the unclipped error is used: gradient V − R")
+                  if float(point_stats["vf_clipfrac"]) > 0 else "the unclipped error is used: gradient V − G^λ")
         return f"V = {value:g}: loss {float(point_loss):.4f}; {branch}."
