@@ -54,7 +54,7 @@ def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
 
 #: the sliders each explorer gets on the site: the controls its notebook text asks the reader to move
 SITE_SLIDERS: dict[str, tuple[SiteSlider, ...]] = {
-    # ε = 0 (notebook 04's question) is refused by the maths core (clip_eps must be > 0): 0.05 comes closest
+    # ε must be > 0 (the maths core refuses 0); 04 asks for the smallest ε: 0.01 live, 0.05 here
     "ClipExplorer": (SiteSlider("advantage", "advantage A = ", _steps(-2.0, 2.0, 0.5)),
                      SiteSlider("eps", "clip ε = ", (0.05, 0.1, 0.2, 0.3))),
     "GAEExplorer": (SiteSlider("lam", "GAE λ = ", _steps(0.0, 1.0, 0.1)),
