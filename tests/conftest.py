@@ -1,4 +1,5 @@
-"""Shared fixtures: seeded random batches of right-padded, variable-length sequences."""
+"""Shared fixtures (seeded random batches of right-padded, variable-length sequences; the toy trainer), the
+notebook runs' order, and the run-wide check that no test wrote into the checkout."""
 
 from __future__ import annotations
 
@@ -6,6 +7,19 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from run_folders import ROOT, changes, snapshot
+
+#: The checkout's files when the run started (`run_folders.snapshot`)
+_CHECKOUT = pytest.StashKey[dict]()
+
+try:  # hypothesis keeps its example database under build/, not in the checkout (Colab's stack lacks it)
+    from hypothesis import settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+except ImportError:
+    pass
+else:
+    settings.register_profile("course", database=DirectoryBasedExampleDatabase(ROOT / "build" / "hypothesis"))
+    settings.load_profile("course")
 
 
 def right_padded_mask(lengths: torch.Tensor, T: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -113,3 +127,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if notebook:
         others = [item for item in items if not item.get_closest_marker("notebook")]
         items[:] = others + sorted(notebook, key=_notebook_rank)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Record the checkout's files (once per run: in the controller, not in xdist's workers)."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_CHECKOUT] = snapshot(ROOT)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any test added, changed or removed a file of the checkout outside build/."""
+    before = session.config.stash.get(_CHECKOUT, None)
+    if before is None:
+        return
+    written = changes(before, snapshot(ROOT))
+    if written:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"tests wrote into the checkout (only build/ is theirs): {len(written)} change(s)", *written[:20]]
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line, red=True)
+            else:
+                print(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,7 +1,10 @@
 """Every course notebook runs end to end in the tiny profile, as shipped and with its solutions.
 
-Each notebook runs in a fresh kernel with a scratch copy as working directory (nothing is written into
-the repository). The shipped run must finish without an error and without a FAILED exercise line.
+Each notebook runs in a fresh kernel with a scratch copy as working directory and a runs folder of its own
+($RLHF_RUNS_DIR under the test's tmp_path: no two runs ever write into one folder, and nothing is written
+into the repository); only the content-keyed caches (SFT model, reward adapters) are shared, in
+$RLHF_CACHE_DIR (run_folders.SHARED_CACHE_DIR), each built once under a lock.
+The shipped run must finish without an error and without a FAILED exercise line.
 The second run swaps every exercise stub for the worked solution in the markdown below it and runs
 all cells twice in the same kernel: every exercise check must then print PASSED, and re-running
 without a restart must work. That run uses a shrunken profile (QUICK_PROFILE, passed to the kernel
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from run_folders import SHARED_CACHE_DIR
 
 from rlhf_helpers.course.notebook import (
     EXERCISE_FAILED,
@@ -177,6 +181,14 @@ def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNod
     return patched
 
 
+@pytest.fixture
+def own_runs_folder(tmp_path: Path, monkeypatch) -> Path:
+    """This notebook run's own runs folder; the caches are shared (the kernel inherits both variables)."""
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLHF_CACHE_DIR", str(SHARED_CACHE_DIR))
+    return tmp_path / "runs"
+
+
 def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy that runs every cell, then every cell again, in one kernel."""
     doubled = nbformat.from_dict(nb)
@@ -191,7 +203,7 @@ def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
+def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: Path):
     (EXECUTED_DIR / path.name).unlink(missing_ok=True)  # no stale copy of an older run if this one fails
     nb = execute_notebook(path, out=tmp_path / "executed.ipynb", timeout=NOTEBOOK_TIMEOUT_S,
                           workdir=tmp_path)
@@ -212,7 +224,7 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, monkeypatch):
+def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, monkeypatch, own_runs_folder: Path):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(QUICK_PROFILE))  # the kernel inherits it
     shipped = nbformat.read(path, as_version=4)
     n_exercises = len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells)))

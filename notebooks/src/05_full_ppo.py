@@ -83,12 +83,12 @@ from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_model_weights
+from rlhf_helpers.ppo.checkpoint import load_model_weights
 from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.runtime.artifacts import runs_dir
+from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.memory import PeakMemory
 from rlhf_helpers.runtime.models import load_causal_lm
@@ -164,10 +164,13 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # start fresh. PEFT initialises $B = 0$, so at the start the policy *is* the reference.
 
 # %%
-config = PPOConfig.from_profile(profile, output_dir=str(runs_dir() / "05_full_ppo"))  # beside the reward model
+# a new folder for this run's checkpoints (runs/05_full_ppo/run-<date>-<time>-<pid>): a second kernel never
+# writes into it, and section 8 loads the checkpoint this run wrote
+config = PPOConfig.from_profile(profile, output_dir=str(new_run_dir(runs_dir() / "05_full_ppo")))
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
-print(f"reward adapter: {reward_dir}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
+print(f"this run writes its checkpoints to {shown_path(config.output_dir)}")
+print(f"reward adapter: {shown_path(reward_dir)}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
       f"correlation with the hidden score {stored['score_hidden_correlation']:.3f})")
 model, tokenizer = build_shared_model(profile, config, reward_dir)
 print("adapters on the one base model:", list(model.peft.peft_config))
@@ -975,8 +978,8 @@ clip_explorer
 # looks complete. Each named adapter is its own peft sub-folder; the two plain heads are saved apart.
 
 # %%
-checkpoint = latest_checkpoint(config.output_dir)
-print(f"latest checkpoint: {checkpoint}")
+checkpoint = Path(trainer.last_checkpoint)  # the one this trainer wrote (not whatever a folder holds now)
+print(f"this run's last checkpoint: {shown_path(checkpoint)}")
 for path in sorted(checkpoint.rglob("*")):
     if path.is_file():
         print(f"  {path.relative_to(checkpoint)}  ({path.stat().st_size:,} bytes)")

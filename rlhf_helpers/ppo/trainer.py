@@ -3,6 +3,7 @@
     trainer = PPOTrainer(config, shared, tokenizer, prompts)
     metrics = trainer.step()          # one iteration: rollouts, then config.ppo_epochs of updates
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
+    trainer.close()                   # lets another run write into config.output_dir (so does the process's end)
 
 The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each,
 built from parameters chosen by adapter name; `update.policy_step` and `update.value_step` hold the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +50,7 @@ from rlhf_helpers.ppo.guards import (
 from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.update import policy_step, trim_minibatch, value_step
+from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
 
@@ -105,6 +108,7 @@ class PPOTrainer:
         #: per-minibatch stats of the latest update, in order: epoch, minibatch, ratio_mean, clipfrac...
         self.last_update_stats: list[dict[str, float]] = []
         self.last_checkpoint: str | None = None  #: folder of the newest checkpoint this trainer wrote
+        self.output_lock: FileLock | None = None  #: the lock on config.output_dir, from `train` to `close`
 
     # ------------------------------------------------------------------ randomness
     def _step_seed(self) -> int:
@@ -239,12 +243,17 @@ class PPOTrainer:
 
         Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
         checkpoint to config.output_dir every config.save_every steps and at the end, each only after
-        `check_weights_usable`. A NaN/inf stops the run with NonFiniteStop (on every process at
-        once); the last checkpoint written stays intact.
+        `check_weights_usable`; the folder is locked for this process until `close()` (a second live run
+        into it raises `runtime.locks.FolderInUse`). A NaN/inf stops the run with NonFiniteStop (on every
+        process at once); the last checkpoint written stays intact.
         """
         config = self.config
         target = self.step_count + steps if steps is not None else config.total_steps
         is_main = self.process_index == 0
+        if config.output_dir and is_main:  # one live run per folder: FolderInUse if another process writes there
+            if self.output_lock is not None and self.output_lock.path.parent != Path(config.output_dir):
+                self.close()
+            self.output_lock = self.output_lock or hold_run_folder(config.output_dir)
         bar = tqdm(total=max(target - self.step_count, 0), desc="PPO",
                    disable=not (config.progress_bar and is_main))
         start_step = self.step_count
@@ -279,6 +288,11 @@ class PPOTrainer:
         if config.output_dir and is_main and self.step_count == start_step:  # no step ran: save as it is
             self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
         return self.history
+
+    def close(self) -> None:
+        """Release config.output_dir's lock (taken by `train`; the end of the process releases it too)."""
+        lock, self.output_lock = self.output_lock, None
+        lock and lock.release()
 
     @torch.no_grad()
     def check_weights_usable(self) -> None:

@@ -11,7 +11,8 @@ A truncated or overwritten file, a missing one or a broken JSON file no longer m
 and a folder trained for another key is out of date. `build_cached` trains into a hidden temporary
 sibling `.tmp-<name>-<pid>`, writes the marker last, and renames the folder into place (an existing
 folder is renamed aside first): at every moment `final` is absent or complete. Temporary folders of
-killed runs (their PID no longer exists) are swept first.
+killed runs (their PID no longer exists) are swept first. One process builds a given folder at a time:
+a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it built.
 """
 
 from __future__ import annotations
@@ -22,14 +23,20 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.runtime.locks import FileLock, describe_holder
+
 #: File written last into a cached folder: its presence means the folder is complete.
 COMPLETE_MARKER = "COMPLETE.json"
-#: Environment variable naming the folder of cached runs (default: runs/ at the repository root).
+#: Environment variable naming the folder of runs (default: runs/ at the repository root).
 RUNS_DIR_ENV = "RLHF_RUNS_DIR"
+#: Environment variable naming the folder of the content-keyed caches (SFT model, reward adapters);
+#: default: the runs folder. Concurrent runs may share it: each cache is built once, atomically.
+CACHE_DIR_ENV = "RLHF_CACHE_DIR"
 #: Files of a model folder without a completion marker that identify its weights (the shipped tiny model).
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin")
 
@@ -38,6 +45,37 @@ def runs_dir() -> Path:
     """$RLHF_RUNS_DIR if set, else `runs/` at the repository root."""
     override = os.environ.get(RUNS_DIR_ENV)
     return Path(override) if override else Path(__file__).resolve().parents[2] / "runs"
+
+
+def new_run_dir(parent: str | Path, prefix: str = "run") -> Path:
+    """A new, empty folder `parent/<prefix>-YYYYmmdd-HHMMSS-<pid>` for one run (`-2`, `-3`... after it if
+    that name is taken): two runs, even started in the same second, never share one."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    for attempt in range(1, 1000):
+        folder = parent / (stem if attempt == 1 else f"{stem}-{attempt}")
+        try:
+            folder.mkdir()  # atomic: fails if another run created it first
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run folder name {stem}-N in {parent}")
+
+
+def shown_path(path: str | Path) -> str:
+    """`path` as a reader should see it: relative to the course folder when inside it, else under `~`."""
+    path = Path(path).resolve()
+    for base, shown in ((Path(__file__).resolve().parents[2], ""), (Path.home().resolve(), "~/")):
+        if path.is_relative_to(base):
+            return shown + str(path.relative_to(base)) if path != base else (shown.rstrip("/") or ".")
+    return str(path)
+
+
+def cache_dir() -> Path:
+    """$RLHF_CACHE_DIR if set, else `runs_dir()`: where the SFT model and reward adapters are cached."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override) if override else runs_dir()
 
 
 def sha256_file(path: str | Path) -> str:
@@ -218,21 +256,27 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
     if removed:
         print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer exist: "
               f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
-    problem = "forced" if force else artifact_problem(final, key, describe)
-    if problem is None:
+    if not force and artifact_problem(final, key, describe) is None:
         return final
-    if announce is not None:
-        announce(problem)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        extra = dict(train(tmp) or {})
-        marker = {**extra, "key": _as_json(dict(key)), "files": folder_checksums(tmp)}
-        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
-        if not force and artifact_problem(final, key) is None:  # another process finished first
+
+    def waiting(holder: dict[str, Any]) -> None:
+        print(f"waiting for {describe_holder(holder)}, which is building {final}", file=sys.stderr, flush=True)
+
+    # one builder at a time: a second process waits here, then finds the folder built by the first
+    with FileLock(final.parent / f".lock-{final.name}", f"the {what} folder {final}").acquire(wait=True,
+                                                                                            on_wait=waiting):
+        problem = "forced" if force else artifact_problem(final, key, describe)
+        if problem is None:
             return final
-        move_into_place(tmp, final)
-    finally:
+        if announce is not None:
+            announce(problem)
+        tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            extra = dict(train(tmp) or {})
+            marker = {**extra, "key": _as_json(dict(key)), "files": folder_checksums(tmp)}
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
+            move_into_place(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final

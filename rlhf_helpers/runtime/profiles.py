@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_helpers.runtime.artifacts import runs_dir
+from rlhf_helpers.runtime.artifacts import cache_dir
 from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
@@ -146,7 +146,7 @@ def gpu_profile() -> Profile:
     return Profile(
         name="gpu",
         base_model="HuggingFaceTB/SmolLM2-135M",
-        sft_model_path=str(runs_dir() / "sft-smollm2-135m"),  # $RLHF_RUNS_DIR, like every cached run
+        sft_model_path=str(cache_dir() / "sft-smollm2-135m"),  # $RLHF_CACHE_DIR (default: the runs folder)
         device="cuda",
         dtype="auto",  # resolved by get_profile: bfloat16, or float16 on a T4 (see precision.py)
         max_prompt_length=24,

@@ -24,9 +24,9 @@ from rlhf_helpers.runtime.artifacts import (
     COMPLETE_MARKER,
     artifact_problem,
     build_cached,
+    cache_dir,
     model_fingerprint,
     read_record,
-    runs_dir,
 )
 from rlhf_helpers.runtime.data import data_fingerprint
 from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile
@@ -64,7 +64,7 @@ def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = 
     "-random-init" follows the profile name when the SFT base has random weights (`Profile.random_init`)."""
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
-    root = Path(root) if root is not None else runs_dir()
+    root = Path(root) if root is not None else cache_dir()
     name = f"reward-{profile.name}" + ("-random-init" if getattr(profile, "random_init", False) else "")
     if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
         key = json.dumps(reward_cache_key(profile, config), sort_keys=True)

@@ -1,6 +1,7 @@
 """Checks the training command runs before any work starts: each problem is one line and exit status 2.
 
     check_output_dir(Path("runs/ppo-tiny"))        # a writable folder, or SetupError saying why not
+    lock = lock_output_dir(Path("runs/ppo-tiny"))  # this run's alone, or SetupError naming the live one
     record = read_run_record(Path("runs/ppo-tiny"))  # run.json of a run to resume, validated
 
 They run before the reward model is trained and before the model is built, so a typo or a full disk
@@ -14,6 +15,16 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from rlhf_helpers.ppo.checkpoint import (
+    LATEST_FILE,
+    TRAINER_STATE_FILE,
+    checkpoint_problem,
+    checkpoints,
+    load_trainer_state,
+    resolve_latest,
+)
+from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
 EXIT_SETUP = 2
@@ -76,6 +87,18 @@ def check_output_dir(output_dir: Path) -> None:
         raise SetupError(f"{flag} is not writable ({reason}): choose a folder you can write to") from None
 
 
+def lock_output_dir(output_dir: Path) -> FileLock | None:
+    """Lock the run's folder for this process (`runtime.locks.hold_run_folder`; keep the returned lock
+    while the run lasts), or SetupError naming the live run that holds it. Under a launcher only rank 0,
+    the process that writes the folder, takes it; the others get None."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    try:
+        return hold_run_folder(output_dir)
+    except FolderInUse as error:
+        raise SetupError(str(error)) from None
+
+
 def read_run_record(output_dir: Path) -> dict[str, Any]:
     """output_dir/run.json of a run to resume, checked: a JSON object with the profile's name and the
     PPO config the run was made with (SetupError naming what is missing)."""
@@ -94,3 +117,18 @@ def read_run_record(output_dir: Path) -> dict[str, Any]:
         raise SetupError(f"--resume: {run_file} lacks the run's PPO settings (a \"ppo_config\" object); "
                          "it was not written by this command")
     return record
+
+
+def check_resume_checkpoint(output_dir: Path) -> int:
+    """The step of output_dir's latest checkpoint, after checking every file of it (`checkpoint_problem`);
+    SetupError naming the damaged file and the newest earlier checkpoint that is intact, if any."""
+    latest, problem = resolve_latest(output_dir)
+    if problem is None:
+        problem = checkpoint_problem(latest)
+    if problem is None:
+        return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
+    intact = [p for p in reversed(checkpoints(output_dir)) if p != latest and checkpoint_problem(p) is None]
+    advice = (f"the newest intact checkpoint is {intact[0]}: write its name into {output_dir / LATEST_FILE} "
+              f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
+              if intact else "no checkpoint of it is intact: start a new --output-dir")
+    raise SetupError(f"--resume: {problem}; {advice}")

@@ -14,8 +14,9 @@ works too. A NaN/inf seen by one process stops all of them together, each with e
 
 What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
 fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in
-runs/reward-<profile>/), builds the shared model (SFT base + policy/value adapters + the reward
-adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir:
+runs/reward-<profile>/; $RLHF_CACHE_DIR moves both caches), builds the shared model (SFT base +
+policy/value adapters + the reward adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`,
+and writes into --output-dir (locked for the run: a second live run into it exits 2, naming this one's pid):
 
     step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
     metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
@@ -30,8 +31,9 @@ overrides are not read again); only --steps, --save-every and --eval-every may c
 --kl-coef, --target-kl or --seed that differs from the recorded one is refused.
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before
 the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
-writable or sits on a full disk, a --seed outside [0, 2^32 - 1], settings no run can use, a missing
-or malformed run.json or checkpoint on --resume; see stages/setup_checks.py); 3 stopped by a NaN/inf (in
+writable or sits on a full disk or is in use by another live run (its pid is named), a --seed outside
+[0, 2^32 - 1], settings no run can use, a missing or malformed run.json or checkpoint on --resume; see
+stages/setup_checks.py); 3 stopped by a NaN/inf (in
 sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
 stays as it was; 4 a checkpoint, metrics.jsonl or curves.html could not be written (a full disk is
 named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
@@ -56,15 +58,11 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
     LATEST_FILE,
-    TRAINER_STATE_FILE,
     CheckpointSaveError,
-    checkpoint_problem,
     checkpoints,
     disk_problem,
     latest_checkpoint,
     load_checkpoint,
-    load_trainer_state,
-    resolve_latest,
 )
 from rlhf_helpers.ppo.config import MAX_SEED, PPOConfig
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
@@ -79,6 +77,8 @@ from rlhf_helpers.stages.setup_checks import (
     RUN_FILE,
     SetupError,
     check_output_dir,
+    check_resume_checkpoint,
+    lock_output_dir,
     read_run_record,
 )
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -175,21 +175,6 @@ def recorded_settings(output_dir: Path, profile_name: str,
     return saved, record.get("reward_dir")
 
 
-def check_resume_checkpoint(output_dir: Path) -> int:
-    """The step of output_dir's latest checkpoint, after checking every file of it (`checkpoint_problem`);
-    SetupError naming the damaged file and the newest earlier checkpoint that is intact, if any."""
-    latest, problem = resolve_latest(output_dir)
-    if problem is None:
-        problem = checkpoint_problem(latest)
-    if problem is None:
-        return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
-    intact = [p for p in reversed(checkpoints(output_dir)) if p != latest and checkpoint_problem(p) is None]
-    advice = (f"the newest intact checkpoint is {intact[0]}: write its name into {output_dir / LATEST_FILE} "
-              f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
-              if intact else "no checkpoint of it is intact: start a new --output-dir")
-    raise SetupError(f"--resume: {problem}; {advice}")
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
     check_tracker(args.report_to)
@@ -199,6 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SetupError(str(error)) from None
     output_dir = Path(args.output_dir) if args.output_dir else runs_dir() / f"ppo-{profile.name}"
     check_output_dir(output_dir)
+    folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
@@ -324,6 +310,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"could not write {output_dir / CURVES_FILE}: {disk_problem(error, output_dir)} "
                   f"(metrics.jsonl holds the same numbers)", file=sys.stderr)
     accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
+    trainer.close()
+    if folder_lock is not None:  # the run's files are written: the folder is free for the next run
+        folder_lock.release()
     return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
             "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": is_main, "accelerator": accelerator,
             "last_metrics": trainer.history[-1] if trainer.history else {}}
