@@ -3,6 +3,7 @@ notebook runs' order, and the run-wide check that no test wrote into the checkou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -105,28 +106,32 @@ def make_trainer():
     return toy_trainer
 
 
-#: The notebook runs' order, longest first (fresh-clone CI, tiny profile: 05 ~270 s, 07 ~235 s, 06 and 02
-#: ~100 s, the others under 40 s). With `-n 2 --maxschedchunk 1` (Makefile) each worker takes the next run
-#: when it finishes, so the two long runs start at once and the short ones fill the gaps: the phase ends
-#: near half the total instead of after a long run started last.
-NOTEBOOKS_LONGEST_FIRST = ("05_", "07_", "06_", "02_", "01_", "04_", "03_")
+#: The notebook runs' order (fresh-clone CI, tiny profile, on the faster AMD machine: 05 ~200 s and 07 ~215 s when
+#: they ran side by side, ~66 s of each in the reward model's training; 06 and 02 ~100 s; the others under 40 s).
+#: With `-n 2 --maxschedchunk 1` (Makefile) each worker takes the next run when it finishes. 05 goes first and
+#: trains the shared reward cache; the other worker meanwhile runs the three notebooks that need no reward
+#: model, so 07, 06 and 02 find it built instead of waiting on its lock (or, without one, training it twice).
+NOTEBOOK_ORDER = ("05_", "01_", "03_", "04_", "07_", "06_", "02_")
+#: $RLHF_NOTEBOOK_ORDER=reversed runs them in the opposite order: the suite must pass in either.
+ORDER_ENV = "RLHF_NOTEBOOK_ORDER"
 
 
 def _notebook_rank(item: pytest.Item) -> tuple[int, int]:
-    """(0 for a run as shipped, 1 for a solutions run; the notebook's place in NOTEBOOKS_LONGEST_FIRST)."""
+    """(0 for a run as shipped, 1 for a solutions run; the notebook's place in NOTEBOOK_ORDER)."""
     solutions = int("solutions" in item.name)
     stem = item.name.partition("[")[2]
-    place = next((i for i, prefix in enumerate(NOTEBOOKS_LONGEST_FIRST) if stem.startswith(prefix)),
-                 len(NOTEBOOKS_LONGEST_FIRST))
+    place = next((i for i, prefix in enumerate(NOTEBOOK_ORDER) if stem.startswith(prefix)), len(NOTEBOOK_ORDER))
     return solutions, place
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the notebook tests longest first; every other test keeps its order (and comes before them)."""
+    """Run the notebook tests in NOTEBOOK_ORDER, shipped runs first (reversed with $RLHF_NOTEBOOK_ORDER=reversed);
+    every other test keeps its order (and comes before them)."""
     notebook = [item for item in items if item.get_closest_marker("notebook")]
     if notebook:
         others = [item for item in items if not item.get_closest_marker("notebook")]
-        items[:] = others + sorted(notebook, key=_notebook_rank)
+        ordered = sorted(notebook, key=_notebook_rank)
+        items[:] = others + (ordered[::-1] if os.environ.get(ORDER_ENV) == "reversed" else ordered)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
