@@ -13,14 +13,12 @@ from run_folders import ROOT, changes, snapshot
 #: The checkout's files when the run started (`run_folders.snapshot`)
 _CHECKOUT = pytest.StashKey[dict]()
 
-try:  # hypothesis keeps its example database under build/, not in the checkout (Colab's stack lacks it)
-    from hypothesis import settings
-    from hypothesis.database import DirectoryBasedExampleDatabase
+try:  # hypothesis keeps its folder (examples, constants) under build/, not in the checkout (Colab's stack lacks it)
+    from hypothesis.configuration import set_hypothesis_home_dir
 except ImportError:
     pass
 else:
-    settings.register_profile("course", database=DirectoryBasedExampleDatabase(ROOT / "build" / "hypothesis"))
-    settings.load_profile("course")
+    set_hypothesis_home_dir(ROOT / "build" / "hypothesis")
 
 
 def right_padded_mask(lengths: torch.Tensor, T: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -146,7 +144,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if before is None:
         return
     written = changes(before, snapshot(ROOT))
-    if written:
+    if written and exitstatus == pytest.ExitCode.OK:  # an interrupted or failed run keeps its own status
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = [f"tests wrote into the checkout (only build/ is theirs): {len(written)} change(s)", *written[:20]]
         for line in lines:

@@ -7,7 +7,8 @@ never two runs into one folder; only the content-keyed caches in SHARED_CACHE_DI
 
 Every file of the checkout is recorded by size and modification time, except in the folders the
 Makefile gives to generated files (build/, the virtual environments) and the caches of the tools
-themselves (.git, __pycache__, .pytest_cache, .ruff_cache, *.egg-info). Anything added, changed or
+themselves (.git, __pycache__, .pytest_cache, .ruff_cache, *.egg-info). A file written again with the
+same content still counts: it was written. Anything added, changed or
 removed elsewhere (runs/, notebooks/, data/, docs/...) is a test that wrote where it must not.
 """
 
@@ -28,12 +29,19 @@ SKIPPED_DIRS = {".git", "build", ".venv", ".venv-colab", "__pycache__", ".pytest
 SKIPPED_SUFFIXES = (".egg-info",)
 
 
+#: Written on request: the screenshot tests write docs/img/ when a developer sets this variable.
+SCREENSHOTS_ENV = "RLHF_WRITE_SCREENSHOTS"
+
+
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime in ns)} of every file under `root` outside SKIPPED_DIRS."""
+    """{relative path: (size, mtime in ns)} of every file under `root` outside SKIPPED_DIRS, virtual
+    environments (any folder holding a pyvenv.cfg) and, when $RLHF_WRITE_SCREENSHOTS is set, docs/img/."""
     files = {}
     for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith(".bench-venv")
-                   and not d.endswith(SKIPPED_SUFFIXES)]
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(SKIPPED_SUFFIXES)
+                   and not (Path(folder) / d / "pyvenv.cfg").is_file()]
+        if os.environ.get(SCREENSHOTS_ENV) and Path(folder) == root / "docs":
+            dirs[:] = [d for d in dirs if d != "img"]
         for name in names:
             path = Path(folder) / name
             try:

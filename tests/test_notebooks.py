@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from run_folders import SHARED_CACHE_DIR
+from run_folders import ROOT, SHARED_CACHE_DIR
 
 from rlhf_helpers.course.notebook import (
     EXERCISE_FAILED,
@@ -260,6 +260,17 @@ def test_every_exercise_hides_its_library_twin_or_says_it_has_none():
             else:
                 assert "hidden=" in rest, f"{path.stem} exercise {number} ({name}) hides nothing"
                 assert number in SHORTCUTS.get(path.stem, {}), f"{path.stem} exercise {number} has no shortcut"
+
+
+def test_a_notebook_run_gets_its_own_runs_folder_and_the_shared_cache(tmp_path: Path, own_runs_folder: Path):
+    """What the kernel of a notebook test sees: this test's runs folder (under tmp_path, outside the checkout)
+    and the shared cache folder, read back through the library's own functions."""
+    probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from rlhf_helpers.runtime.artifacts import cache_dir, runs_dir\nprint(runs_dir())\nprint(cache_dir())")])
+    nbformat.write(probe, tmp_path / "probe.ipynb")
+    seen = _stdout(execute_notebook(tmp_path / "probe.ipynb", timeout=120, workdir=tmp_path)).split()
+    assert seen == [str(own_runs_folder), str(SHARED_CACHE_DIR)]
+    assert own_runs_folder.is_relative_to(tmp_path) and not own_runs_folder.resolve().is_relative_to(ROOT)
 
 
 def test_course_has_notebooks():

@@ -96,8 +96,12 @@ def ensure_executed(executed_dir: Path) -> None:
     if not todo:
         return
     print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
-    env = {**os.environ, "RLHF_PROFILE": os.environ.get("RLHF_PROFILE", "tiny")}
     with tempfile.TemporaryDirectory(prefix="rlhf-site-") as scratch:  # run_course writes a failed run too
+        # what the runs train goes to the scratch folder, the content-keyed caches to the tests' (build/):
+        # nothing is written into the checkout outside build/
+        env = {**os.environ, "RLHF_PROFILE": os.environ.get("RLHF_PROFILE", "tiny"),
+               "RLHF_RUNS_DIR": str(Path(scratch) / "runs"),
+               "RLHF_CACHE_DIR": os.environ.get("RLHF_CACHE_DIR") or str(ROOT / "build" / "test-cache")}
         run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--out", scratch, *todo],
                              cwd=ROOT, env=env)
         executed_dir.mkdir(parents=True, exist_ok=True)

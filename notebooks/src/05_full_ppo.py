@@ -1003,6 +1003,7 @@ torch.testing.assert_close(after[real], new_logp[real])
 torch.testing.assert_close(loaded_values[real], trained_values[real])
 torch.testing.assert_close(fresh.reward_scores(seq, attn), model.reward_scores(seq, attn))
 print("after loading the checkpoint: same log-probs, values and reward scores")
+trainer.close()  # the run folder's lock (one live run per folder) is free again; a kernel restart frees it too
 
 # %% [markdown]
 # ## Summary

@@ -12,7 +12,8 @@ and a folder trained for another key is out of date. `build_cached` trains into 
 sibling `.tmp-<name>-<pid>`, writes the marker last, and renames the folder into place (an existing
 folder is renamed aside first): at every moment `final` is absent or complete. Temporary folders of
 killed runs (their PID no longer exists) are swept first. One process builds a given folder at a time:
-a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it built.
+a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it built
+(unless it forces a new build).
 """
 
 from __future__ import annotations
@@ -64,11 +65,17 @@ def new_run_dir(parent: str | Path, prefix: str = "run") -> Path:
 
 
 def shown_path(path: str | Path) -> str:
-    """`path` as a reader should see it: relative to the course folder when inside it, else under `~`."""
+    """`path` as a reader should see it, with no machine's folders in it: under $RLHF_CACHE_DIR or
+    $RLHF_RUNS_DIR when set (written so), else relative to the course folder, else under `~`."""
     path = Path(path).resolve()
-    for base, shown in ((Path(__file__).resolve().parents[2], ""), (Path.home().resolve(), "~/")):
+    bases = [(Path(os.environ[name]).resolve(), f"${name}/") for name in (CACHE_DIR_ENV, RUNS_DIR_ENV)
+             if os.environ.get(name)]
+    bases += [(Path(__file__).resolve().parents[2], ""), (Path.home().resolve(), "~/")]
+    for base, shown in bases:
+        if path == base:
+            return shown.rstrip("/") or "."
         if path.is_relative_to(base):
-            return shown + str(path.relative_to(base)) if path != base else (shown.rstrip("/") or ".")
+            return shown + str(path.relative_to(base))
     return str(path)
 
 
@@ -248,14 +255,11 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
     """`final` if it is complete for `key`; else `train(tmp)` fills a temporary folder, the marker
     {"key", "files" (SHA-256 each), and what `train` returned} is written last, and the folder is
     renamed into place. `announce(why)` is called before training ("forced", or what is wrong with
-    the cached folder: `artifact_problem`). `force` trains even when the cache is good. Dead runs'
-    temporary folders of artefacts whose names start with `family` (default: `final`'s name) are
-    removed first, with one line on stderr (`what` names the kind, e.g. "reward")."""
+    the cached folder: `artifact_problem`). `force` trains even when the cache is good (so a process
+    that waited for another builder trains again). Dead runs' temporary folders of artefacts whose
+    names start with `family` (default: `final`'s name) are removed before training, with one line on
+    stderr (`what` names the kind, e.g. "reward")."""
     final = Path(final)
-    removed = remove_dead_temporary_folders(final.parent, temporary_pattern(family or final.name))
-    if removed:
-        print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer exist: "
-              f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
     if not force and artifact_problem(final, key, describe) is None:
         return final
 
@@ -265,6 +269,10 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
     # one builder at a time: a second process waits here, then finds the folder built by the first
     with FileLock(final.parent / f".lock-{final.name}", f"the {what} folder {final}").acquire(wait=True,
                                                                                             on_wait=waiting):
+        removed = remove_dead_temporary_folders(final.parent, temporary_pattern(family or final.name))
+        if removed:  # swept under the lock: no live builder of this folder can be mid-way
+            print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer exist: "
+                  f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
         problem = "forced" if force else artifact_problem(final, key, describe)
         if problem is None:
             return final

@@ -7,13 +7,17 @@
     with FileLock(Path("runs/.lock-reward-tiny"), "the reward cache").acquire(wait=True):
         ...                                         # build the cache; a second builder waits here
 
-A lock is `flock` on a small file that records its holder ({"pid", "host", "since"}). The kernel
-drops an flock when the process holding it ends, even by kill -9, so a lock never outlives its run:
-a file that still names a holder whose lock is free is stale, and the next process takes it over
-with one line on stderr. Release deletes the file (a process that was waiting on the deleted file
-sees that and locks the new one). Inside one process a lock is re-entrant: a
-second `acquire` of a file this process already holds (the CLI, then its trainer) succeeds without
-owning it. On a system without `fcntl` (Windows) the file is written but nothing is locked.
+A lock is `flock` on a small file that records its holder ({"pid", "host", "since"}) for messages.
+The kernel drops an flock when the process holding it ends, even by kill -9, so a lock never outlives
+its run: a file that still names a holder although its lock is free is stale, and the next process
+takes it over with one line on stderr. The last release deletes the file (a process that was waiting
+on the deleted file sees that and locks the new one).
+
+Inside one process a lock is re-entrant and counted: the CLI holds its folder, then its trainer asks
+for it too, and the folder stays locked until both have released it. The process keeps one open file
+per lock (a second open and close of the same file would drop the lock on file systems that emulate
+flock with POSIX locks, NFS among them). A forked child never releases its parent's lock. On a system
+without `fcntl` (Windows) the file is written but nothing is locked.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,8 @@ except ImportError:  # pragma: no cover - Windows
 
 #: The lock file inside a run's output folder.
 RUN_LOCK_FILE = ".run.lock"
+#: How long a refused process waits for the holder to write its pid (it does so just after locking).
+HOLDER_WRITE_S = 1.0
 
 
 class FolderInUse(RuntimeError):
@@ -44,6 +51,19 @@ class FolderInUse(RuntimeError):
         super().__init__(message)
         self.path = path
         self.holder = holder
+
+
+@dataclass
+class _Held:
+    """A lock this process holds: its open file, how many FileLocks share it, and the pid that took it."""
+
+    handle: Any
+    count: int
+    pid: int
+
+
+#: (st_dev, st_ino) of each lock file this process holds -> its one open file and share count
+_HELD: dict[tuple[int, int], _Held] = {}
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
@@ -63,16 +83,31 @@ def _read_holder(handle: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _is_this_process(holder: dict[str, Any]) -> bool:
-    return holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+def _may_be_alive(holder: dict[str, Any]) -> bool:
+    """False for a record of a process on this host that no longer exists (signal 0 tests it)."""
+    if not holder.get("pid") or holder.get("host") != socket.gethostname():
+        return bool(holder.get("pid"))
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, OverflowError):
+        return True
+    return True
+
+
+def _file_key(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _same_file(handle: Any, path: Path) -> bool:
     """Whether the open `handle` is still the file at `path` (a releasing holder deletes it)."""
-    try:
-        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
+    info = os.fstat(handle.fileno())
+    return _file_key(path) == (info.st_dev, info.st_ino)
 
 
 class FileLock:
@@ -81,13 +116,21 @@ class FileLock:
     def __init__(self, path: str | Path, what: str) -> None:
         self.path = Path(path)
         self.what = what
-        self._handle: Any = None
-        self.owned = False  #: True while this object holds the flock (False when re-entered)
+        self._key: tuple[int, int] | None = None  # set while this object holds (a share of) the lock
+
+    @property
+    def held(self) -> bool:
+        return self._key is not None
 
     def acquire(self, wait: bool = False, on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
         """Take the lock and return self. Held by another live process: FolderInUse, or with `wait`
         block until it is free (`on_wait(holder)` is called once first)."""
-        if self._handle is not None:
+        if self._key is not None:
+            return self
+        key = _file_key(self.path)
+        if key in _HELD and _HELD[key].pid == os.getpid():  # this process holds it already: share it
+            _HELD[key].count += 1
+            self._key = key
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -97,15 +140,7 @@ class FileLock:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_holder(handle)
-                for _ in range(100):  # the holder writes its pid just after it locks: give it a second
-                    if holder.get("pid"):
-                        break
-                    time.sleep(0.01)
-                    holder = _read_holder(handle)
-                if _is_this_process(holder):  # re-entered (the CLI holds it, then its trainer asks)
-                    self._handle = handle
-                    return self
+                holder = self._holder_of_a_held_lock(handle)
                 if not wait:
                     handle.close()
                     raise FolderInUse(f"{self.what} is in use by {describe_holder(holder)} (lock file {self.path})",
@@ -118,7 +153,7 @@ class FileLock:
                 break
             handle.close()  # its holder released it and deleted the file meanwhile: lock the new one
         stale = _read_holder(handle)
-        if stale.get("pid") and not _is_this_process(stale):
+        if fcntl is not None and stale.get("pid"):
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
         handle.seek(0)
@@ -126,24 +161,41 @@ class FileLock:
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
         handle.flush()
-        self._handle, self.owned = handle, True
+        info = os.fstat(handle.fileno())
+        self._key = (info.st_dev, info.st_ino)
+        _HELD[self._key] = _Held(handle, 1, os.getpid())
         return self
 
-    def release(self) -> None:
-        """Delete the lock file and drop the lock (a re-entered lock only closes its handle)."""
-        handle, self._handle = self._handle, None
-        if handle is None:
-            return
-        try:
-            if self.owned and _same_file(handle, self.path):
-                self.path.unlink()  # while still locked: a waiter then finds its file gone and opens a new one
-        finally:
-            self.owned = False
-            handle.close()  # closing the last descriptor of the file drops its flock
+    def _holder_of_a_held_lock(self, handle: Any) -> dict[str, Any]:
+        """The record of the process that holds the lock now: it writes it just after locking, over the
+        record a dead holder may have left, so wait up to HOLDER_WRITE_S for a live one."""
+        deadline = time.monotonic() + HOLDER_WRITE_S
+        holder = _read_holder(handle)
+        while not _may_be_alive(holder) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            holder = _read_holder(handle)
+        return holder
 
-    @property
-    def held(self) -> bool:
-        return self._handle is not None
+    def release(self) -> None:
+        """Give up this share; the last one deletes the lock file and drops the lock. In a forked child
+        the parent's lock is left alone (only the child's copy of the file is closed)."""
+        key, self._key = self._key, None
+        held = _HELD.get(key) if key is not None else None
+        if held is None:
+            return
+        held.count -= 1
+        if held.count > 0:
+            return
+        del _HELD[key]
+        try:
+            if held.pid == os.getpid() and _same_file(held.handle, self.path):
+                if fcntl is None:  # Windows cannot delete an open file
+                    held.handle.close()
+                self.path.unlink(missing_ok=True)  # while still locked: a waiter then sees its file is gone
+        except OSError:
+            pass  # the lock itself goes with the close below; a file left behind is only stale
+        finally:
+            held.handle.close()  # closing the process's one descriptor of the file drops its flock
 
     def __enter__(self) -> FileLock:
         return self.acquire()
@@ -168,5 +220,6 @@ def hold_run_folder(folder: str | Path) -> FileLock:
         return lock.acquire()
     except FolderInUse as error:
         raise FolderInUse(f"{folder} is in use by another run: {describe_holder(error.holder)} holds its lock "
-                          f"({error.path}). Wait for that run to end or stop it, or choose another output folder",
+                          f"({error.path}). Wait for that run to end or stop it (a notebook's trainer holds it "
+                          "until `trainer.close()` or a kernel restart), or choose another output folder",
                           error.path, error.holder) from None

@@ -29,6 +29,8 @@ from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
 EXIT_SETUP = 2
 RUN_FILE = "run.json"
+#: Where launchers put a process's global rank (torchrun/accelerate, MPICH, Open MPI, MVAPICH), as accelerate reads it.
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 
 
 class SetupError(SystemExit):
@@ -91,7 +93,7 @@ def lock_output_dir(output_dir: Path) -> FileLock | None:
     """Lock the run's folder for this process (`runtime.locks.hold_run_folder`; keep the returned lock
     while the run lasts), or SetupError naming the live run that holds it. Under a launcher only rank 0,
     the process that writes the folder, takes it; the others get None."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
         return None
     try:
         return hold_run_folder(output_dir)
