@@ -26,13 +26,13 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Every test: the unit tests and then the notebook runs two at a time on two processes (one kernel each, one torch
-# thread; longest first, see tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
-# in JupyterLab in a browser (screenshots: build/figures/), then the static site built from those notebooks,
+# thread; in the order of tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
+# in JupyterLab in a browser, one JupyterLab and browser per process (screenshots: build/figures/), then the static site built from those notebooks,
 # every page in Chromium.
 test: $(STAMP)
 	$(PY) -m pytest -m "not notebook and not figures and not site" -n 2
 	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/test_notebooks.py
-	$(PY) -m pytest -m figures tests/test_notebook_figures_browser.py
+	$(PY) -m pytest -m figures -n 2 tests/test_notebook_figures_browser.py
 	$(PY) tools/build_site.py
 	$(PY) -m pytest -m site tests/test_site.py tests/test_site_browser.py
 
