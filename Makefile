@@ -27,8 +27,9 @@ lab: $(STAMP)
 
 # Every test: the unit tests and then the notebook runs two at a time on two processes (one kernel each, one torch
 # thread; in the order of tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
-# in JupyterLab in a browser, one JupyterLab and browser per process (screenshots: build/figures/), then the static site built from those notebooks,
-# every page in Chromium.
+# in JupyterLab in a browser, one JupyterLab and browser per process (screenshots: build/figures/), then the
+# static site built from those notebooks, every page in Chromium. Tests write only under build/ (tests/conftest.py
+# fails a run that wrote elsewhere in the checkout).
 test: $(STAMP)
 	$(PY) -m pytest -m "not notebook and not figures and not site" -n 2
 	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/test_notebooks.py
