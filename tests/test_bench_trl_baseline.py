@@ -181,7 +181,7 @@ def test_goal_needs_the_cpu_time_ratio_too() -> None:
 
 
 def test_on_cuda_the_gpu_goals_apply() -> None:
-    """With CUDA figures the goals are issue 20's: >= 4x faster and <= 0.3x peak CUDA memory. The first
+    """With CUDA figures the goals are the benchmark's: >= 4x faster and <= 0.3x peak CUDA memory. The first
     H100 run's figures (10.6 vs 5.44 s, 4.83 vs 5.20 GB) meet the CPU goal's 2x nearly but neither of these."""
     curve = _curve((0.0, 0.0), (0.1, 0.5))
     trl, ours = _side(10.6, 10.6, 1.0, 0.5, curve), _side(5.44, 5.4, 1.0, 0.5, curve)

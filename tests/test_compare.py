@@ -227,7 +227,7 @@ def test_judge_sees_the_policy_trl_trained(profile):
     assert (got - judge.policy_logits(ids, mask)).abs().max() == 0  # deterministic
 
 
-# ----------------------------------------------------------------------------- bad input (issue 22)
+# ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(("field", "value"), [
     ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora", {"r": 0}), ("lora", {"alpha": -1}),
     ("max_prompt_length", 0), ("seed", -1), ("seed", 2**40), ("learning_rate", float("inf")),

@@ -96,7 +96,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     assert load_jsonl(path, ("prompt",)) == [{"prompt": "é"}, {"prompt": "b"}]
 
 
-# ----------------------------------------------------------------------------- issue 22, item 9
+# ----------------------------------------------------------------------------- malformed data files
 def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path

@@ -250,7 +250,7 @@ def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_pat
     assert "removed 2 temporary reward folder(s) of runs that no longer exist" in capsys.readouterr().err
 
 
-# ---- the cache key covers the data's content (issue 22, item 2) --------------------------------
+# ---- the cache key covers the data's content --------------------------------
 
 def copy_data_dir(tmp_path):
     """A copy of the shipped data directory that a test may edit."""

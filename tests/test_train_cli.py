@@ -248,7 +248,7 @@ def test_resume_with_an_empty_or_broken_run_json_is_refused(quick_cli, capsys):
                                                                        capsys)
 
 
-# ---------------------------------------------------------------- issue 22: flags, reward folders, damaged checkpoints
+# ---------------------------------------------------------------- bad flags, reward folders, damaged checkpoints
 @pytest.mark.parametrize(("flag", "value", "expected"), [
     ("--target-kl", "inf", "--target-kl must be a finite number > 0, got inf"),
     ("--target-kl", "0", "--target-kl must be a finite number > 0, got 0.0"),

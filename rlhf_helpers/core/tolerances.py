@@ -7,7 +7,7 @@ The checks compare two computations of the same model output that round differen
 padding, another kernel, sums in another order. In float32 that rounding is ~1e-6 and the checks keep
 their own tight float32 tolerances. In bf16 or fp16 (the gpu profile) each rounding costs up to eps/2
 (bf16: eps = 2^-7 = 0.0078) and a model adds one per layer, so two correct paths drift far beyond a
-float32 tolerance: issue 13 measured up to 0.15 nats between two bf16 log-prob paths of a 30-layer
+float32 tolerance: a GPU run measured up to 0.15 nats between two bf16 log-prob paths of a 30-layer
 SmolLM2. The half-precision bound below is a fixed number of eps: above that drift, and still far below
 the errors the checks exist to catch (a position off by one, padding read as a token), which move a
 log-prob or a score by whole units.

@@ -4,7 +4,7 @@
     score_head = load_reward_adapter(peft_model, "runs/reward-tiny", hidden_size, fan_in_fan_out)
     params = params_by_adapter(peft_model, ("policy", "value", "reward"))
 
-COURSE_SPEC section 5: peft's `set_adapter` changes `requires_grad`, so parameters are chosen by
+A known peft pitfall: peft's `set_adapter` changes `requires_grad`, so parameters are chosen by
 adapter name, never by whatever happens to be trainable; a plain score head needs its own save.
 """
 

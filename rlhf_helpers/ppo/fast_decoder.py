@@ -6,8 +6,8 @@
 
 Why: a decode step of a 135M model at batch 32 is ~1,000 tiny kernels (30 layers; each LoRA
 projection alone is three products, a scale and an add). Launched one by one from Python they cost
-far more than the GPU needs to read the weights once (issue 13: 26 ms per step for `generate` on an
-H100 against a ~0.09 ms bandwidth floor). Here every LoRA adapter is folded into a copy of its base
+far more than the GPU needs to read the weights once (benchmarks/README.md: 26 ms per step for
+`generate` on an H100 against a ~0.09 ms bandwidth floor). Here every LoRA adapter is folded into a copy of its base
 weight (one product per projection), the KV cache has a static shape, and the whole step is captured
 once as a CUDA graph and replayed for every token: one launch per step. The token inputs, the cache
 column and the attention mask live in static buffers the graph reads. On a CPU (tests) the same step

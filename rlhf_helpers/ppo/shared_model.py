@@ -13,7 +13,7 @@ is 1 on real tokens. Per-token outputs (B, R) are aligned with the response toke
 output belongs to token seq[:, P + t] and is read from the hidden state at P + t - 1 (the state
 before that token is chosen).
 
-The stack's traps, handled here (COURSE_SPEC section 5):
+The stack's known traps, handled here:
 - peft's `set_adapter` makes only the active adapter trainable; `_use` restores `requires_grad` from
   the adapter names after every switch, and `policy_parameters` / `value_parameters` pick parameters
   by adapter name, never by whatever happens to be trainable.

@@ -7,7 +7,7 @@ Loss (Bradley-Terry): -log sigmoid(r(prompt, chosen) - r(prompt, rejected)), r r
 token (TRL appends EOS to each response, so the score sits on the EOS, as in PPO's rollouts).
 The folder holds peft's `adapter_config.json` / `adapter_model.safetensors` and, separately,
 `score_head.safetensors` with the scalar head (a plain head needs its own save).
-COURSE_SPEC pitfall: RewardConfig defaults to bf16 and gradient checkpointing; on a CPU both are off
+A known pitfall: RewardConfig defaults to bf16 and gradient checkpointing; on a CPU both are off
 and `use_cpu=True`.
 Precision: the sequence classifier is loaded in float32 whatever the profile's dtype, so the trained
 LoRA matrices and the score head (`modules_to_save`) are float32 master weights; on CUDA the
