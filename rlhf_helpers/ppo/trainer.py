@@ -3,7 +3,7 @@
     trainer = PPOTrainer(config, shared, tokenizer, prompts)
     metrics = trainer.step()          # one iteration: rollouts, then config.ppo_epochs of updates
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
-    trainer.close()                   # lets another run write into config.output_dir (so does the process's end)
+    trainer.close()                   # frees config.output_dir for another run (so does the process's end)
 
 The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each,
 built from parameters chosen by adapter name; `update.policy_step` and `update.value_step` hold the
@@ -243,9 +243,8 @@ class PPOTrainer:
 
         Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
         checkpoint to config.output_dir every config.save_every steps and at the end, each only after
-        `check_weights_usable`; the folder is locked for this process until `close()` (a second live run
-        into it raises `runtime.locks.FolderInUse`). A NaN/inf stops the run with NonFiniteStop (on every
-        process at once); the last checkpoint written stays intact.
+        `check_weights_usable`, in a folder locked until `close()` (another live run there: FolderInUse). A
+        NaN/inf stops the run with NonFiniteStop (on every process at once); the last checkpoint stays intact.
         """
         config = self.config
         target = self.step_count + steps if steps is not None else config.total_steps
@@ -291,8 +290,9 @@ class PPOTrainer:
 
     def close(self) -> None:
         """Release config.output_dir's lock (taken by `train`; the end of the process releases it too)."""
-        lock, self.output_lock = self.output_lock, None
-        lock and lock.release()
+        if self.output_lock is not None:
+            self.output_lock.release()
+        self.output_lock = None
 
     @torch.no_grad()
     def check_weights_usable(self) -> None:
