@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.runtime.locks import FileLock, describe_holder
+from rlhf_helpers.runtime.locks import FileLock, describe_holder, pid_is_alive
 
 #: File written last into a cached folder: its presence means the folder is complete.
 COMPLETE_MARKER = "COMPLETE.json"
@@ -193,17 +193,6 @@ def read_record(directory: str | Path) -> dict[str, Any]:
     return record
 
 
-def _pid_is_alive(pid: int) -> bool:
-    """Whether a process with this id exists (POSIX signal 0: checks, sends nothing)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
 def temporary_pattern(prefix: str) -> re.Pattern[str]:
     """`build_cached`'s temporary folders of artefacts named `prefix`...: .tmp-<name>-<pid> (training)
     and .tmp-old-<name>-<pid> (a replaced folder). Group 2 is the PID."""
@@ -226,7 +215,7 @@ def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) ->
     removed = []
     for folder in sorted(root.iterdir()):
         match = pattern.match(folder.name)
-        if match and folder.is_dir() and not _pid_is_alive(int(match.group(2))):
+        if match and folder.is_dir() and not pid_is_alive(int(match.group(2))):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed

@@ -83,17 +83,22 @@ def _read_holder(handle: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _may_be_alive(holder: dict[str, Any]) -> bool:
-    """False for a record of a process on this host that no longer exists (signal 0 tests it)."""
-    if not holder.get("pid") or holder.get("host") != socket.gethostname():
-        return bool(holder.get("pid"))
+def pid_is_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (POSIX signal 0: checks, sends nothing)."""
     try:
-        os.kill(int(holder["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, OverflowError):
+    except (PermissionError, ValueError, OverflowError):  # it exists under another user, or is no pid
         return True
     return True
+
+
+def _may_be_alive(holder: dict[str, Any]) -> bool:
+    """False for a record of a process on this host that no longer exists."""
+    if not holder.get("pid") or holder.get("host") != socket.gethostname():
+        return bool(holder.get("pid"))
+    return pid_is_alive(int(holder["pid"]))
 
 
 def _file_key(path: Path) -> tuple[int, int] | None:
