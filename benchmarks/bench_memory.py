@@ -89,16 +89,16 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
 
     if name in ("tiny", "gpt2"):
         profile = get_profile("tiny", random_init=False)  # $RLHF_PROFILE_OVERRIDES may say random_init
-        batch = profile.mini_batch_size if name == "tiny" else 8
-        new_tokens = profile.max_new_tokens if name == "tiny" else 24
+        batch = profile.ppo.mini_batch_size if name == "tiny" else 8
+        new_tokens = profile.ppo.max_new_tokens if name == "tiny" else 24
         if fast:
             batch, new_tokens = min(batch, 8), min(new_tokens, 16)
     elif name == "smollm2":
         profile = get_profile("gpu")
-        batch, new_tokens = (4, 8) if fast else (profile.mini_batch_size, profile.max_new_tokens)
+        batch, new_tokens = (4, 8) if fast else (profile.ppo.mini_batch_size, profile.ppo.max_new_tokens)
     else:
         raise ValueError(f"size must be 'tiny', 'gpt2' or 'smollm2', got {name!r}")
-    return SizeSpec(name=name, batch=batch, new_tokens=new_tokens, prompt_tokens=profile.max_prompt_length,
+    return SizeSpec(name=name, batch=batch, new_tokens=new_tokens, prompt_tokens=profile.ppo.max_prompt_length,
                     lora_r=profile.lora.r, lora_alpha=profile.lora.alpha,
                     lora_targets=tuple(profile.lora.target_modules))
 
@@ -306,9 +306,9 @@ def warm_up(side: str, device: str, dtype: torch.dtype, spec: SizeSpec) -> None:
     first-call set-up and (on CUDA) the context that any first step pays are outside the baseline."""
     import gc
 
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
     from rlhf_helpers.ppo.trainer import PPOTrainer
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
 
     tokenizer = toy_tokenizer()
     base = toy_causal_lm(tokenizer).to(device=device, dtype=dtype)
@@ -331,9 +331,9 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
     import peft  # noqa: F401  (imported before the baseline, with everything the step uses)
     import transformers  # noqa: F401
 
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.data import load_prompts
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
 
     torch.set_num_threads(1)
     spec = size_spec(size, fast)

@@ -57,12 +57,11 @@ def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: i
     import torch
 
     from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.data import load_prompts
     from rlhf_helpers.world.scorer import hidden_scores
 
-    config = PPOConfig.from_profile(profile, seed=seed, progress_bar=False, **config_overrides)
+    config = profile.ppo.replace(seed=seed, progress_bar=False, **config_overrides)
     torch.manual_seed(seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), hidden_score_fn=hidden_scores)
@@ -265,7 +264,7 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
         seeds, train_seconds, max_steps, eval_every, overopt_steps = seeds[:1], 600.0, 3, 1, 3
         n_eval_prompts = n_eval_prompts or 32
         png = None
-    eval_prompts = load_prompts("test")[: n_eval_prompts or profile.n_eval_prompts]
+    eval_prompts = load_prompts("test")[: n_eval_prompts or profile.ppo.n_eval_prompts]
     start = time.perf_counter()
     reward_dir = ensure_reward_model(profile)
     print(f"reward adapter: {reward_dir} ({time.perf_counter() - start:.0f} s)", flush=True)

@@ -76,25 +76,30 @@ TOY_PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", 
                "the film was bad .", "the plot is fine", "the acting was good"]
 
 
+#: PPOTrainer's replaceable maths (`ppo.pieces`): `toy_trainer` passes these to the trainer, not the config.
+PIECES = ("shape_rewards_fn", "advantage_fn", "policy_loss_fn", "value_loss_fn")
+
+
 def toy_trainer(*, init_seed: int = 0, dtype: torch.dtype = torch.float32, prompts=TOY_PROMPTS, reward_fn="good_count",
                 hidden_score_fn="good_count", ptx_texts=None, tokenizer=None, **config_overrides):
     """A PPOTrainer on the toy world (random 2-layer GPT-2, 12 words): the base in `dtype`, adapters and
-    heads initialised from `init_seed`, LoRA r 4 / alpha 8, TOY_TRAINER's settings with `config_overrides`.
+    heads initialised from `init_seed`, LoRA r 4 / alpha 8, TOY_TRAINER's settings with `config_overrides` (a name in PIECES goes to the trainer).
     `reward_fn` / `hidden_score_fn` default to the toy world's `good_count`."""
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.lora import LoRASpec
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
 
     tok = tokenizer or toy_tokenizer()
     lora = LoRASpec(r=4, alpha=8)
     model = SharedLoRAModel(toy_causal_lm(tok, seed=0).to(dtype), pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id, seed=init_seed, lora=lora)
+    pieces = {name: config_overrides.pop(name) for name in PIECES if name in config_overrides}
     config = PPOConfig(**{**TOY_TRAINER, "lora": lora, **config_overrides})
     return PPOTrainer(config, model, tok, prompts, reward_fn=good_count if reward_fn == "good_count" else reward_fn,
                       hidden_score_fn=good_count if hidden_score_fn == "good_count" else hidden_score_fn,
-                      ptx_texts=ptx_texts)
+                      ptx_texts=ptx_texts, **pieces)
 
 
 @pytest.fixture

@@ -56,8 +56,8 @@ def test_fast_settings_come_from_the_tiny_profile() -> None:
     profile = get_profile("tiny")
     full = bench.settings_from_profile(fast=False, device="cpu", random_init_config=None)
     assert (full.ppo_epochs, full.response_length, full.kl_coef, full.lora_r) == (
-        profile.ppo_epochs, profile.max_new_tokens, profile.kl_coef, profile.lora.r)
-    assert (full.batch_size, full.mini_batch_size) == (profile.rollout_batch_size, profile.mini_batch_size)
+        profile.ppo.ppo_epochs, profile.ppo.max_new_tokens, profile.ppo.kl_coef, profile.lora.r)
+    assert (full.batch_size, full.mini_batch_size) == (profile.ppo.rollout_batch_size, profile.ppo.mini_batch_size)
     fast = bench.settings_from_profile(fast=True, device="cpu", random_init_config=None)
     assert fast.updates < full.updates and fast.batch_size % fast.mini_batch_size == 0
 

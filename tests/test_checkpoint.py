@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.core.losses import policy_loss
 from rlhf_helpers.ppo import checkpoint as ckpt
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad ."]
@@ -141,20 +142,16 @@ def test_only_the_newest_checkpoints_are_kept(make_trainer, tmp_path):
         save_checkpoint(trainer, tmp_path, keep=0)
 
 
-def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(make_trainer, tmp_path, monkeypatch):
-    from rlhf_helpers.ppo import update as update_module
-
-    real_loss = update_module.policy_loss
+def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(make_trainer, tmp_path):
     state = {}
 
-    def nan_on_third_step(*args, **kwargs):
-        loss, stats = real_loss(*args, **kwargs)
+    def nan_on_third_step(*args):
+        loss, stats = policy_loss(*args)
         if trainer.step_count == 2:
             loss = loss * math.nan
         return loss, stats
 
-    monkeypatch.setattr(update_module, "policy_loss", nan_on_third_step)
-    trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1)
+    trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1, policy_loss_fn=nan_on_third_step)
     with pytest.raises(NonFiniteError):
         trainer.train(steps=4, callback=lambda m: state.__setitem__(int(m["step"]), model_state(trainer)))
     assert latest_checkpoint(tmp_path).name == "step-000002"
@@ -194,7 +191,7 @@ def test_a_crafted_trainer_state_is_refused_without_running_its_code(make_traine
     # the real state loads with the safe unpickler: tensors, numbers, strings, lists, dicts only
     torch.load(path / ckpt.TRAINER_STATE_FILE, weights_only=True)
     marker = tmp_path / "code-ran"
-    state = trainer.state_dict()
+    state = ckpt.trainer_state_dict(trainer)
     state["history"] = [_RunsCodeWhenUnpickled(str(marker))]
     torch.save(state, path / ckpt.TRAINER_STATE_FILE)
     fresh = make_trainer(init_seed=3)

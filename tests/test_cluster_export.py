@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile, tiny_profile
 from rlhf_helpers.stages import cluster_export as ex
 from rlhf_helpers.stages import cluster_knobs as knobs
@@ -184,9 +184,9 @@ TYPE_EXCEPTIONS = {
     "critic.model.target_modules": ("verl/workers/config/model.py", "target_modules: Optional[Any]"),
 }
 
-ADAPTIVE = PPOConfig.from_profile(gpu_profile(), target_kl=6.0, value_warmup_steps=2, value_clip=None,
+ADAPTIVE = gpu_profile().ppo.replace(target_kl=6.0, value_warmup_steps=2, value_clip=None,
                                   score_clip=5.0, kl_kind="k3", entropy_coef=0.01)
-CONFIGS = {"tiny": PPOConfig.from_profile(tiny_profile()), "gpu": PPOConfig.from_profile(gpu_profile()),
+CONFIGS = {"tiny": tiny_profile().ppo, "gpu": gpu_profile().ppo,
            "adaptive": ADAPTIVE}
 
 

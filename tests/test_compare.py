@@ -19,7 +19,6 @@ from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule
 from rlhf_helpers.core.group_advantages import group_rewards, grpo_advantages, rloo_advantages
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.lora import LoRASpec
@@ -70,8 +69,8 @@ def test_from_profile_takes_the_profile_settings(profile):
     assert config.train_seconds == profile.compare_seconds
     assert config.train_batches == profile.compare_batches and config.budget_unit == "batches"  # tiny: reproducible
     assert CompareConfig.from_profile(profile, train_batches=None).budget_unit == "seconds"
-    assert config.samples_per_batch == profile.rollout_batch_size
-    assert (config.kl_coef, config.learning_rate) == (profile.kl_coef, profile.policy_lr)
+    assert config.samples_per_batch == profile.ppo.rollout_batch_size
+    assert (config.kl_coef, config.learning_rate) == (profile.ppo.kl_coef, profile.ppo.policy_lr)
     assert config.prompts_per_batch * config.group_size == config.samples_per_batch
 
 
@@ -106,13 +105,13 @@ def test_clock_counts_only_inside_running():
 
 def test_reward_function_scores_what_ppo_scores(profile):
     torch.manual_seed(0)
-    model, tokenizer = build_shared_model(profile, PPOConfig.from_profile(profile), None)
+    model, tokenizer = build_shared_model(profile, profile.ppo, None)
     prompts = load_prompts("test")[:12]
-    samples = sample_responses(model, tokenizer, prompts, profile.max_prompt_length, profile.max_new_tokens)
+    samples = sample_responses(model, tokenizer, prompts, profile.ppo.max_prompt_length, profile.ppo.max_new_tokens)
     expected = score_samples(model, samples)  # PPO's scores: (B,)
     P = samples.context_length
     completion_ids = [row[P:][mask.bool()].tolist() for row, mask in zip(samples.sequences, samples.mask, strict=True)]
-    reward_fn = LearnedRewardFunction(model, tokenizer, profile.max_prompt_length)
+    reward_fn = LearnedRewardFunction(model, tokenizer, profile.ppo.max_prompt_length)
     scores = reward_fn(prompts=prompts, completions=samples.responses, completion_ids=completion_ids)
     # same ids, same mask up to the EOS: only the padded width may differ, which a causal model ignores
     torch.testing.assert_close(torch.tensor(scores), expected, atol=1e-5, rtol=1e-5)
@@ -206,7 +205,7 @@ def test_judge_sees_the_policy_trl_trained(profile):
     from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
     from rlhf_helpers.runtime.models import load_causal_lm
 
-    config = PPOConfig.from_profile(profile)
+    config = profile.ppo
     judge, tokenizer = build_shared_model(profile, config, None)
     base = load_causal_lm(profile)
     trl_like = get_peft_model(base, lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,

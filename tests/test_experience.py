@@ -13,12 +13,12 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.gae import gae_reference
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.masked import masked_whiten
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad .", "the plot is fine", "the acting was good"]

@@ -41,7 +41,7 @@ def test_lab_sizes_follow_the_profile():
     tiny = LabSizes.from_profile(get_profile("tiny"))
     assert (tiny.batch, tiny.mini_batch, tiny.epochs) == (16, 8, 2)
     assert tiny.long_steps == 30 and tiny.short_steps == 12 and tiny.warmup_steps == 4
-    quick = LabSizes.from_profile(get_profile("tiny", ppo_steps=3, rollout_batch_size=4, ppo_epochs=1))
+    quick = LabSizes.from_profile(get_profile("tiny", total_steps=3, rollout_batch_size=4, mini_batch_size=2, ppo_epochs=1))
     assert quick.batch >= 2 and quick.epochs >= 1 and min(quick.long_steps, quick.short_steps) >= 2
     config = tiny.ppo_config(get_profile("tiny"), kl_coef=0.0)
     assert (config.rollout_batch_size, config.ppo_epochs, config.kl_coef) == (16, 2, 0.0)

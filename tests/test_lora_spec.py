@@ -12,13 +12,13 @@ import torch
 from rlhf_helpers.compare import CompareConfig
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.masked import masked_mean
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.guards import NonFiniteStop, non_finite_stops_run
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime import artifacts
 from rlhf_helpers.runtime.lora import GPT2_TARGETS, LLAMA_TARGETS, LoRASpec
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward_model import RewardTrainingConfig
 
@@ -36,7 +36,7 @@ def test_a_bad_spec_names_its_field(changes, error, match):
 
 def test_the_profile_spec_reaches_every_config():
     for profile in (get_profile("tiny"), get_profile("gpu")):
-        assert PPOConfig.from_profile(profile).lora is profile.lora
+        assert profile.ppo.lora is profile.lora
         assert RewardTrainingConfig.from_profile(profile).lora is profile.lora
         assert CompareConfig.from_profile(profile).lora is profile.lora
     assert get_profile("tiny").lora == LoRASpec(8, 16, GPT2_TARGETS)
@@ -46,7 +46,7 @@ def test_the_profile_spec_reaches_every_config():
 def test_a_partial_override_keeps_the_profile_targets():
     gpu = get_profile("gpu", lora={"r": 4})
     assert gpu.lora == LoRASpec(4, 32, LLAMA_TARGETS)  # not the GPT-2 default targets
-    assert PPOConfig.from_profile(gpu, lora={"alpha": 8}).lora == LoRASpec(4, 8, LLAMA_TARGETS)
+    assert gpu.ppo.replace(lora={"alpha": 8}).lora == LoRASpec(4, 8, LLAMA_TARGETS)
     assert CompareConfig.from_profile(gpu).replace(lora={"r": 2}).lora == LoRASpec(2, 32, LLAMA_TARGETS)
 
 

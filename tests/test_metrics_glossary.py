@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from rlhf_helpers.ppo import glossary
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.metrics import GLOSSARY, describe
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
 

@@ -43,7 +43,7 @@ MAX_EXECUTED_BYTES = 2_000_000
 #: Profile overrides of the solutions-and-re-run pass: few, small PPO steps. The reward-model settings are the
 #: shipped ones, so this pass loads the reward adapters the shipped runs cached (the same check of the same
 #: code) instead of training quick ones of its own.
-QUICK_PROFILE = {"ppo_steps": 3, "rollout_batch_size": 16, "mini_batch_size": 8,
+QUICK_PROFILE = {"total_steps": 3, "rollout_batch_size": 16, "mini_batch_size": 8,
                  "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0, "compare_batches": 2}
 #: where each passing shipped run leaves its executed notebook, for the checks that read them without running
 #: the notebooks again (tests/test_notebook_figures_browser.py); `make test-colab` points it elsewhere

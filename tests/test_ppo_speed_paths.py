@@ -123,7 +123,7 @@ def make_trainer(make_trainer):
 
 
 def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(make_trainer, tok):
-    from rlhf_helpers.ppo.update import trim_minibatch
+    from rlhf_helpers.ppo.minibatch import trim_minibatch
 
     trainer = make_trainer(tok)
     trainer.step()
@@ -183,21 +183,20 @@ def trainable(trainer) -> list[torch.nn.Parameter]:
 
 def uncut_minibatch(batch, rows):
     """`trim_minibatch` without the cut: every column of the experience batch, as the plain loop."""
-    from rlhf_helpers.ppo.update import Minibatch
+    from rlhf_helpers.ppo.minibatch import Minibatch
 
     return Minibatch(sequences=batch.sequences[rows], attention_mask=batch.attention_mask[rows],
                      context_length=batch.context_length, mask=batch.mask[rows],
-                     old_logprobs=batch.old_logprobs[rows], old_values=batch.values[rows],
+                     old_logprobs=batch.old_logprobs[rows], values=batch.values[rows],
                      advantages=batch.advantages[rows], returns=batch.returns[rows])
 
 
 @pytest.mark.slow
-def test_grouped_update_without_the_cut_is_bit_identical_to_the_alternating_loop(make_trainer, tok, monkeypatch):
-    """All policy steps then all value steps = alternating them, to the bit, with the real Adam.
+def test_update_without_the_cut_is_bit_identical_to_the_plain_loop(make_trainer, tok, monkeypatch):
+    """`PPOTrainer.update` = the plain alternating loop below, to the bit, with the real Adam.
 
-    This holds on any CPU: both orders run the same float operations on the same inputs (the two
-    adapters share no trainable parameter), and a CPU kernel given the same inputs, shapes and
-    thread count returns the same bits. Only the order of independent steps differs.
+    This holds on any CPU: both run the same float operations on the same inputs, and a CPU kernel
+    given the same inputs, shapes and thread count returns the same bits.
     """
     from rlhf_helpers.ppo import trainer as trainer_module
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
-from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
+from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint, trainer_state_dict
 from rlhf_helpers.ppo.memory_estimate import (
     FLOAT32_BYTES,
     LLAMA_PROJECTIONS,
@@ -169,7 +169,7 @@ def test_no_grad_scaler_without_float16(make_trainer, dtype, one_torch_thread):
     trainer = make_trainer(dtype)
     assert not trainer.policy_opt.scaler.is_enabled() and not trainer.value_opt.scaler.is_enabled()
     trainer.step()
-    assert "policy_scaler" not in trainer.state_dict()  # checkpoints of float32/bf16 runs unchanged
+    assert "policy_scaler" not in trainer_state_dict(trainer)  # checkpoints of float32/bf16 runs unchanged
 
 
 def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop(make_trainer, one_torch_thread):
@@ -344,21 +344,21 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
         warnings.simplefilter("ignore", FutureWarning)
         shared = SharedLoRAModel(build_llama(config, dtype), pad_token_id=0, eos_token_id=1, fast_sampling=False,
                                  lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
-    P, R = profile.max_prompt_length, profile.max_new_tokens
+    P, R = profile.ppo.max_prompt_length, profile.ppo.max_new_tokens
 
     def response_logits(rows: int) -> torch.Tensor:
         ids = torch.randint(2, 53, (rows, P + R), generator=torch.Generator().manual_seed(rows))  # (rows, P + R)
         with torch.no_grad():
             return shared.policy_logits(ids, torch.ones_like(ids))[:, P - 1 : -1]  # (rows, R, V)
 
-    mb, batch = response_logits(profile.mini_batch_size), response_logits(profile.rollout_batch_size)
-    assert mb.shape == (profile.mini_batch_size, R, shape.vocab_size) and mb.dtype == dtype
+    mb, batch = response_logits(profile.ppo.mini_batch_size), response_logits(profile.ppo.rollout_batch_size)
+    assert mb.shape == (profile.ppo.mini_batch_size, R, shape.vocab_size) and mb.dtype == dtype
     upcast = mb.float().element_size()  # logprobs_from_logits works on a float32 copy
     # update: the logits in the compute dtype and four float32 copies; scoring: the logits and two
     assert phases["update"].logits == mb.numel() * (mb.element_size() + 4 * upcast)
     assert phases["rollout scoring"].logits == batch.numel() * (batch.element_size() + 2 * upcast)
 
-    ids = torch.randint(2, 53, (profile.rollout_batch_size, P + R))  # (B, P + R): a full-length rollout
+    ids = torch.randint(2, 53, (profile.ppo.rollout_batch_size, P + R))  # (B, P + R): a full-length rollout
     with torch.no_grad():
         cache = shared.lm(input_ids=ids, use_cache=True).past_key_values
     layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -374,17 +374,17 @@ def test_sampler_buffers_count_a_real_fast_decoder(one_torch_thread):
 
     config = small_llama_config()
     shape = ModelShape.from_config(config)
-    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, eval_batch_size=4, max_prompt_length=5,
+    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, mini_batch_size=3, eval_batch_size=4, max_prompt_length=5,
                           max_new_tokens=7, lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         shared = SharedLoRAModel(build_llama(config, torch.float16), pad_token_id=0, eos_token_id=1,
                                  fast_sampling=False, lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
-    P = profile.max_prompt_length
-    for batch in (profile.rollout_batch_size, profile.eval_batch_size, profile.rollout_batch_size):
+    P = profile.ppo.max_prompt_length
+    for batch in (profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size, profile.ppo.rollout_batch_size):
         ids = torch.randint(2, 50, (batch, P))  # (batch, P) full-width prompts
-        decoder.prefill(ids, torch.ones_like(ids), profile.max_new_tokens)
+        decoder.prefill(ids, torch.ones_like(ids), profile.ppo.max_new_tokens)
     assert len(decoder.entries) == MAX_GRAPHS
     folded = sum(w.numel() * w.element_size() for layer in decoder.weights for w, _ in layer.values())
     biggest = max(sum(t.numel() * t.element_size() for t in entry.keys + entry.values)

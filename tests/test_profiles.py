@@ -28,7 +28,7 @@ def test_environment_variable_and_argument(monkeypatch):
     assert get_profile("tiny").name == "tiny"  # the argument wins
     gpu = get_profile()
     assert gpu.dtype == "bfloat16" and gpu.torch_dtype is torch.bfloat16
-    assert gpu.rollout_batch_size > get_profile("tiny").rollout_batch_size
+    assert gpu.ppo.rollout_batch_size > get_profile("tiny").ppo.rollout_batch_size
     monkeypatch.setenv(PROFILE_ENV, "huge")
     with pytest.raises(ValueError, match=PROFILE_ENV):
         get_profile()
@@ -44,10 +44,10 @@ def test_auto_follows_cuda_availability(monkeypatch):
 
 
 def test_overrides_and_replace():
-    profile = get_profile("tiny", ppo_steps=3, kl_coef=0.0)
-    assert profile.ppo_steps == 3 and profile.kl_coef == 0.0
+    profile = get_profile("tiny", total_steps=3, kl_coef=0.0)
+    assert profile.ppo.total_steps == 3 and profile.ppo.kl_coef == 0.0
     assert profile.replace(seed=5).seed == 5
-    with pytest.raises(ValueError, match="unknown Profile field"):
+    with pytest.raises(ValueError, match="unknown profile setting"):
         get_profile("tiny", not_a_field=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         profile.seed = 1  # type: ignore[misc]
@@ -74,14 +74,14 @@ def test_profiles_and_data_import_no_heavy_library():
 
 def test_overrides_from_the_environment(monkeypatch):
     monkeypatch.delenv("RLHF_PROFILE", raising=False)
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"ppo_steps": 3, "lora": {"target_modules": ["c_attn"]}}')
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"total_steps": 3, "lora": {"target_modules": ["c_attn"]}}')
     profile = get_profile()
-    assert profile.ppo_steps == 3
+    assert profile.ppo.total_steps == 3
     assert profile.lora.target_modules == ("c_attn",)
-    assert get_profile(ppo_steps=7).ppo_steps == 7  # keyword overrides win
+    assert get_profile(total_steps=7).ppo.total_steps == 7  # keyword overrides win
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"ppo_stepz": 3}')
     with pytest.raises(ValueError, match="ppo_stepz"):
         get_profile()
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", "ppo_steps=3")
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", "total_steps=3")
     with pytest.raises(ValueError, match="RLHF_PROFILE_OVERRIDES"):
         get_profile()

@@ -173,9 +173,9 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
     """In bf16 the one-token sampling products round differently from the update's forward, so the
     old log-probs must be that forward's: equal to `policy_logprobs` of the rollout, and (LoRA B = 0
     at the start: policy = reference, bit for bit) a KL of exactly 0 at step 0."""
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.ppo.experience import collect_experience, sampling_logprobs_are_exact
     from rlhf_helpers.runtime.models import load_causal_lm
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
     from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny", dtype="bfloat16")

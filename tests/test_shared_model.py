@@ -280,12 +280,11 @@ def test_parameter_bytes_add_up(shared):
 def test_shipped_tiny_model_smoke():
     """build_shared_model on the shipped tiny SFT model: the reference is the plain SFT model."""
     from rlhf_helpers.ppo.build import build_shared_model
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny")
-    model, tokenizer = build_shared_model(profile, PPOConfig.from_profile(profile), reward_dir=None)
+    model, tokenizer = build_shared_model(profile, profile.ppo, reward_dir=None)
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     ids, attn = left_padded(tokenizer, ["Review of the horror film Night Lake:",
                                          "Review of the comedy Big Day: a fun film ."])

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages import train_ppo as train
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1,
         "n_eval_prompts": 8}
@@ -69,7 +72,7 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as bad:
         train.main(["--steps", "0"])
-    assert bad.value.code == 2 and "--steps must be >= 1, got 0" in capsys.readouterr().err
+    assert bad.value.code == 2 and "--total-steps/--steps must be a positive int, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no checkpoint found"):
         train.main(["--profile", "tiny", "--resume", "--output-dir", str(tmp_path / "nothing"),
                     "--reward-dir", str(tmp_path)])
@@ -223,14 +226,14 @@ def test_full_disk_is_refused_before_any_work(quick_cli, capsys, monkeypatch):
 @pytest.mark.parametrize("seed", [2**63, 2**32, -1])
 def test_seed_out_of_range_is_refused(quick_cli, capsys, seed):
     line = setup_error(["--seed", str(seed), "--output-dir", str(quick_cli / "ppo")], capsys)
-    assert line.endswith(f"error: --seed must be in [0, {2**32 - 1}], got {seed}")
+    assert line.endswith(f"error: --seed must be an int in [0, {2**32 - 1}], got {seed}")
 
 
 def test_rollout_batch_of_one_with_whitening_is_refused(quick_cli, capsys, monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(
         {**TINY, "rollout_batch_size": 1, "mini_batch_size": 1, "max_new_tokens": 1}))
     line = setup_error(["--output-dir", str(quick_cli / "ppo")], capsys)
-    assert "the profile's PPO settings: rollout_batch_size must be >= 2 when whiten_advantages is True" in line
+    assert "$RLHF_PROFILE_OVERRIDES: rollout_batch_size must be >= 2 when whiten_advantages is True" in line
 
 
 def test_resume_with_an_empty_or_broken_run_json_is_refused(quick_cli, capsys):
@@ -250,8 +253,8 @@ def test_resume_with_an_empty_or_broken_run_json_is_refused(quick_cli, capsys):
 
 # ---------------------------------------------------------------- bad flags, reward folders, damaged checkpoints
 @pytest.mark.parametrize(("flag", "value", "expected"), [
-    ("--target-kl", "inf", "--target-kl must be a finite number > 0, got inf"),
-    ("--target-kl", "0", "--target-kl must be a finite number > 0, got 0.0"),
+    ("--target-kl", "inf", "--target-kl must be None or a finite number > 0, got inf"),
+    ("--target-kl", "0", "--target-kl must be None or a finite number > 0, got 0.0"),
     ("--kl-coef", "nan", "--kl-coef must be a finite number >= 0, got nan"),
     ("--kl-coef", "-1", "--kl-coef must be a finite number >= 0, got -1.0"),
     ("--reward-dir", "", "--reward-dir must name a folder, got an empty path"),
@@ -416,3 +419,71 @@ def test_a_full_disk_during_a_save_names_it_keeps_the_previous_checkpoint_and_lo
     assert (out / "latest").read_text().strip() == "step-000001"
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1.0]  # the failed step is not logged
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_every_ppo_config_field_is_a_flag_whose_help_is_its_doc(capsys):
+    """The flag set is made from PPOConfig's fields (nested LoRA fields as --lora-*), each documented."""
+    import dataclasses
+
+    from rlhf_helpers.runtime.config_fields import field_docs
+    from rlhf_helpers.runtime.lora import LoRASpec
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
+
+    parser = train.build_parser()
+    flags = {option for action in parser._actions for option in action.option_strings}
+    fields = [f.name for f in dataclasses.fields(PPOConfig) if f.name != "lora"]
+    fields += [f"lora_{f.name}" for f in dataclasses.fields(LoRASpec)]
+    expected = {"--" + name.replace("_", "-") for name in fields}
+    assert expected <= flags, sorted(expected - flags)
+    run_flags = {"--help", "-h", "--profile", "--resume", "--reward-dir", "--reward-train-pairs", "--no-progress",
+                 "--report-to", "--steps"}
+    negations = {"--no-" + flag[2:] for flag in expected}  # --whiten-advantages / --no-whiten-advantages
+    assert flags - expected - negations == run_flags  # nothing else, no field left out
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    docs = {**field_docs(PPOConfig), **{f"lora_{name}": doc for name, doc in field_docs(LoRASpec).items()}}
+    del docs["lora"]  # a group of flags (--lora-r, --lora-alpha, --lora-target-modules), each with its doc
+    assert len(docs) == len(fields)
+    for doc in docs.values():
+        assert doc and " ".join(doc.split()) in text
+
+
+def test_ppo_flags_reach_the_config_and_none_unsets(quick_cli):
+    """Every kind of flag lands in the run's config: numbers, a bool pair, `none`, the LoRA shape."""
+    args = train.parse_args(["--clip-eps", "0.1", "--no-whiten-advantages", "--value-clip", "none",
+                             "--lora-r", "4", "--lora-target-modules", "c_attn", "--steps", "7", "--kl-kind", "k3"])
+    from rlhf_helpers.runtime.config_fields import given_field_values
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
+
+    given = given_field_values(args, PPOConfig)
+    assert given == {"clip_eps": 0.1, "whiten_advantages": False, "value_clip": None, "total_steps": 7,
+                     "kl_kind": "k3", "lora": {"r": 4, "target_modules": ("c_attn",)}}
+    config = get_profile("tiny").ppo.replace(**given)
+    assert (config.clip_eps, config.whiten_advantages, config.value_clip, config.lora.r,
+            config.lora.alpha, config.lora.target_modules) == (0.1, False, None, 4, 16, ("c_attn",))
+    assert given_field_values(train.parse_args([]), PPOConfig) == {}  # nothing given: the profile decides
+
+
+def test_a_resumed_run_refuses_any_changed_setting_that_is_not_resumable(quick_cli, capsys):
+    """Every PPO flag is compared with run.json before anything is loaded: a changed one is refused, never
+    ignored; the resumable ones (--steps, --save-every...) pass."""
+    import dataclasses
+
+    out = quick_cli / "resume-flags"
+    (out / "step-000001").mkdir(parents=True)
+    (out / "latest").write_text("step-000001\n")
+    profile = get_profile("tiny")
+    record = {"profile": dataclasses.asdict(profile), "ppo_config": profile.ppo.to_dict(), "reward_dir": None}
+    (out / "run.json").write_text(json.dumps(record))
+    line = setup_error(["--resume", "--steps", "2", "--clip-eps", "0.3", "--output-dir", str(out)], capsys)
+    assert line.endswith("--clip-eps 0.3 differs from the run's 0.2 (run.json); a resumed run keeps its settings: "
+                         "start a new --output-dir to change it")
+    line = setup_error(["--resume", "--steps", "2", "--lora-r", "2", "--output-dir", str(out)], capsys)
+    assert "--lora-r 2 differs from the run's 8" in line
+    line = setup_error(["--resume", "--steps", "2", "--no-whiten-advantages", "--output-dir", str(out)], capsys)
+    assert "--whiten-advantages False differs from the run's True" in line
+    # the same values, or resumable ones, get past the settings to the checkpoint's own check
+    line = setup_error(["--resume", "--steps", "2", "--clip-eps", "0.2", "--save-every", "3",
+                        "--output-dir", str(out)], capsys)
+    assert "differs" not in line and "step-000001" in line

@@ -226,7 +226,7 @@ def test_two_processes_a_bad_flag_is_one_line_and_exit_2_on_each(tmp_path):
     returncode, output, _, out = launch_two_processes(tmp_path, "--steps", "3", "--target-kl", "inf")
     root, codes = launcher_report(output)
     assert returncode == 1 and root == 2 and codes <= {2, -15}, output[-3000:]
-    assert 1 <= output.count("error: --target-kl must be a finite number > 0, got inf") <= 2
+    assert 1 <= output.count("error: --target-kl must be None or a finite number > 0, got inf") <= 2
     assert "Traceback" not in worker_output(output)
     assert not out.exists()
 

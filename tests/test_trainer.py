@@ -12,9 +12,9 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController, shape_rewards
 from rlhf_helpers.core.losses import policy_loss
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.testing import good_count
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the movie is great .",
            "the film was bad .", "the plot is fine", "the acting was good"]
@@ -115,7 +115,8 @@ def test_non_finite_update_inputs_raise_before_any_weight_changes(make_trainer):
     batch = trainer.last_batch
     batch.advantages[0, 0] = math.nan
     before = snapshot(trainer.model.policy_parameters())
-    with pytest.raises(NonFiniteError, match="advantages has 1 NaN/inf value"):
+    # the loss checks its inputs (a batch made elsewhere: collect_experience checks its own advantages)
+    with pytest.raises(NonFiniteError, match="advantages must be finite.* at PPO step 1"):
         trainer.update(batch, torch.Generator().manual_seed(0))
     assert not changed(before, trainer.model.policy_parameters())
     # a weight gone non-finite: the policy's log-probs are caught before any optimiser step
@@ -307,6 +308,6 @@ def test_eval_batch_size_comes_from_the_profile_and_must_be_positive():
 
     for name in ("tiny", "gpu"):
         profile = get_profile(name)
-        assert PPOConfig.from_profile(profile).eval_batch_size == profile.eval_batch_size
+        assert profile.ppo.eval_batch_size == profile.ppo.eval_batch_size
     with pytest.raises(ValueError, match="eval_batch_size"):
         PPOConfig(eval_batch_size=0)

@@ -40,8 +40,8 @@ from benchmarks.trl_baseline.common import (  # noqa: E402
 
 def engine_config(settings: BenchSettings) -> Any:
     """Our PPOConfig with the benchmark's matched settings."""
-    from rlhf_helpers.ppo.config import PPOConfig
     from rlhf_helpers.runtime.lora import LoRASpec
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
 
     return PPOConfig(
         rollout_batch_size=settings.batch_size,

@@ -26,7 +26,7 @@
 # ```text
 # inputs: SFT model (the base), reward adapter + score head (notebook 02), prompts
 # policy adapter θ and value adapter ψ on the base, B = 0: the policy starts as the reference
-# for iteration = 1 .. ppo_steps:
+# for iteration = 1 .. total_steps:
 #     # experience (no gradients), section 3
 #     x        ← rollout_batch_size prompts
 #     y        ← sample from π_θ(· | x)                          # temperature 1, stop at EOS
@@ -84,7 +84,7 @@ from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
-from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -103,8 +103,8 @@ ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 
 torch.manual_seed(profile.seed)
 if profile.device == "cpu":
     torch.set_num_threads(1)  # the tiny model's matrices are too small to gain from a second thread
-print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollout_batch_size} prompts, "
-      f"{profile.ppo_epochs} epochs of minibatches of {profile.mini_batch_size}")
+print(f"profile {profile.name}: {profile.ppo.total_steps} PPO steps of {profile.ppo.rollout_batch_size} prompts, "
+      f"{profile.ppo.ppo_epochs} epochs of minibatches of {profile.ppo.mini_batch_size}")
 
 # %% [markdown]
 # ## 1. Four roles, three losses
@@ -166,7 +166,7 @@ print(f"profile {profile.name}: {profile.ppo_steps} PPO steps of {profile.rollou
 # %%
 # a new folder for this run's checkpoints (runs/05_full_ppo/run-<date>-<time>-<pid>): a second kernel never
 # writes into it, and section 8 loads the checkpoint this run wrote
-config = PPOConfig.from_profile(profile, output_dir=str(new_run_dir(runs_dir() / "05_full_ppo")))
+config = profile.ppo.replace(output_dir=str(new_run_dir(runs_dir() / "05_full_ppo")))
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
 print(f"this run writes its checkpoints to {shown_path(config.output_dir)}")
@@ -217,7 +217,7 @@ display(role_table)
 
 # %%
 gen = torch.Generator().manual_seed(profile.seed)
-eval_prompts = load_prompts("test")[: profile.n_eval_prompts]
+eval_prompts = load_prompts("test")[: profile.ppo.n_eval_prompts]
 train_prompts = load_prompts("train")
 demo_prompts = [train_prompts[i] for i in torch.randperm(len(train_prompts), generator=gen)[:8].tolist()]
 torch.manual_seed(profile.seed)

@@ -46,7 +46,7 @@ from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.ppo.experience import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
@@ -195,7 +195,7 @@ exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred,
 
 # %%
 torch.manual_seed(profile.seed)
-sft, tokenizer = build_shared_model(profile, PPOConfig.from_profile(profile), reward_dir)
+sft, tokenizer = build_shared_model(profile, profile.ppo, reward_dir)
 group_prompts = [p for p in load_prompts("train")[:16] for _ in range(config.group_size)]  # G in a row
 samples = sample_responses(sft, tokenizer, group_prompts, config.max_prompt_length, config.max_new_tokens)
 rewards = group_rewards(score_samples(sft, samples), config.group_size)  # (16, G)
@@ -690,7 +690,7 @@ else:  # a copy of the notebook without the repository's docs folder
 # %%
 from rlhf_helpers.stages.cluster_export import OPENRLHF_VERSION, VERL_VERSION, not_carried, openrlhf_args, verl_overrides
 
-ppo_config = PPOConfig.from_profile(profile)  # this notebook's profile, as notebook 05 trains it
+ppo_config = profile.ppo  # this notebook's profile, as notebook 05 trains it
 # a few of the PPO knobs (the full lists hold batch sizes, optimiser, LoRA and placement too)
 KNOBS = ("adv_estimator", "gamma", "lam", "clip_ratio=", "cliprange_value", "kl_coef", "ppo_epochs", "lora_rank",
          "eps_clip", "value_clip", "kl.init_coef", "kl.estimator", "advantage.lambd", "max_epochs", "lora.rank")

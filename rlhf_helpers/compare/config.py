@@ -18,8 +18,7 @@ GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 #: Largest seed: TRL seeds numpy too, whose seeds are 32-bit.
 MAX_SEED = 2**32 - 1
 #: The Profile fields `CompareConfig.from_profile` reads.
-PROFILE_FIELDS = ("compare_seconds", "compare_batches", "n_eval_prompts", "eval_batch_size", "rollout_batch_size",
-                  "policy_lr", "kl_coef", "max_prompt_length", "max_new_tokens", "lora", "seed")
+PROFILE_FIELDS = ("compare_seconds", "compare_batches", "ppo")
 
 
 def _check_real(name: str, value: object) -> None:
@@ -126,10 +125,10 @@ class CompareConfig:
             raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got "
                             f"{type(profile).__name__} without {', '.join(missing)}")
         values = {"train_seconds": profile.compare_seconds, "train_batches": profile.compare_batches,
-                  "n_eval_prompts": profile.n_eval_prompts,
-                  "eval_batch_size": profile.eval_batch_size, "samples_per_batch": profile.rollout_batch_size,
-                  "learning_rate": profile.policy_lr, "kl_coef": profile.kl_coef,
-                  "max_prompt_length": profile.max_prompt_length, "max_new_tokens": profile.max_new_tokens,
+                  "n_eval_prompts": profile.ppo.n_eval_prompts,
+                  "eval_batch_size": profile.ppo.eval_batch_size, "samples_per_batch": profile.ppo.rollout_batch_size,
+                  "learning_rate": profile.ppo.policy_lr, "kl_coef": profile.ppo.kl_coef,
+                  "max_prompt_length": profile.ppo.max_prompt_length, "max_new_tokens": profile.ppo.max_new_tokens,
                   "lora": profile.lora, "seed": profile.seed}
         if "lora" in overrides:  # {"r": 4} keeps the profile's targets
             overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}

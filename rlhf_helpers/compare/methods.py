@@ -18,7 +18,6 @@ from rlhf_helpers.compare.config import METHODS, CompareConfig
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
 from rlhf_helpers.compare.trl_methods import run_trl_method
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.evaluation import evaluate_policy
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
@@ -60,8 +59,8 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
     `progress` gets the budget spent after each batch."""
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
-    ppo_config = PPOConfig.from_profile(
-        profile, seed=config.seed, progress_bar=False, policy_lr=config.learning_rate, kl_coef=config.kl_coef,
+    ppo_config = profile.ppo.replace(
+        seed=config.seed, progress_bar=False, policy_lr=config.learning_rate, kl_coef=config.kl_coef,
         rollout_batch_size=config.samples_per_batch, max_prompt_length=config.max_prompt_length,
         max_new_tokens=config.max_new_tokens, lora=config.lora, eval_batch_size=config.eval_batch_size)
     torch.manual_seed(config.seed)
@@ -145,7 +144,7 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     prompts = list(eval_prompts)[: config.n_eval_prompts]
     check_prompt_list("eval_prompts[:config.n_eval_prompts]", prompts, 2,
                       "the standard error of a mean needs two samples")
-    ppo_config = PPOConfig.from_profile(profile, seed=config.seed, lora=config.lora)
+    ppo_config = profile.ppo.replace(seed=config.seed, lora=config.lora)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     clock = TrainingClock(model.device)
     with clock.running():

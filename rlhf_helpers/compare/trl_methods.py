@@ -31,7 +31,6 @@ from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
 from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.runtime.models import load_causal_lm
 
 #: Steps TRL may take at most: the budget, not this, ends a run.
@@ -131,7 +130,7 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
     torch.manual_seed(config.seed)
-    judge_config = PPOConfig.from_profile(profile, seed=config.seed, lora=config.lora)
+    judge_config = profile.ppo.replace(seed=config.seed, lora=config.lora)
     judge, tokenizer = build_shared_model(profile, judge_config, reward_dir)
     reward_fn = LearnedRewardFunction(judge, tokenizer, config.max_prompt_length)
     policy = load_causal_lm(profile)

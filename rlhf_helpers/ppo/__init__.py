@@ -2,7 +2,7 @@
 
 Import from the submodules (this package imports nothing itself):
 
-    from rlhf_helpers.ppo.config import PPOConfig
+    from rlhf_helpers.runtime.ppo_config import PPOConfig
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.ppo.checkpoint import save_checkpoint, load_checkpoint

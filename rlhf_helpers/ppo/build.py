@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 
 def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path | None) -> tuple[SharedLoRAModel, Any]:

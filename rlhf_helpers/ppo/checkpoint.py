@@ -204,7 +204,7 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         shutil.rmtree(tmp)
     try:
         save_model_weights(trainer.model, tmp)
-        torch.save(trainer.state_dict(), tmp / TRAINER_STATE_FILE)
+        torch.save(trainer_state_dict(trainer), tmp / TRAINER_STATE_FILE)
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again: move the old copy aside first
             old = output_dir / f".old-{name}-{os.getpid()}"
@@ -249,11 +249,11 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
         raise FileNotFoundError(f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
     state = load_trainer_state(path / TRAINER_STATE_FILE)  # refused before any weight is touched
     load_model_weights(trainer.model, path)
-    trainer.load_state_dict(state)
+    restore_trainer_state(trainer, state)
     return path
 
 
-#: What `PPOTrainer.state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of ours.
+#: What `trainer_state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of ours.
 TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller", "history", "torch_rng")
 
 
@@ -281,3 +281,36 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path} is not a PPO trainer state: it lacks {missing}")
     return state
+
+
+def trainer_state_dict(trainer: Any) -> dict[str, Any]:
+    """A PPOTrainer's optimisers, KL controller, step, metrics history and RNG states (weights are saved apart),
+    and under fp16 the loss scalers (plain floats and ints: `weights_only` loading reads them)."""
+    state: dict[str, Any] = {
+        "step": trainer.step_count,
+        **trainer.policy_opt.state_dict(),
+        **trainer.value_opt.state_dict(),
+        "kl_controller": dict(vars(trainer.kl_controller)),
+        "history": list(trainer.history),
+        "torch_rng": torch.random.get_rng_state(),
+        "config": trainer.config.to_dict(),
+    }
+    if trainer.policy_opt.scaler.is_enabled():
+        state["overflow_skips"] = {"policy": trainer.policy_opt.overflow_skips,
+                                   "value": trainer.value_opt.overflow_skips}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
+    """Inverse of `trainer_state_dict`."""
+    trainer.step_count = int(state["step"])
+    trainer.policy_opt.load_state_dict(state)
+    trainer.value_opt.load_state_dict(state)
+    for key, value in state["kl_controller"].items():
+        setattr(trainer.kl_controller, key, value)
+    trainer.history = list(state["history"])
+    torch.random.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])

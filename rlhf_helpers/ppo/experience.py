@@ -18,9 +18,10 @@ from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.masked import masked_mean, masked_whiten
 from rlhf_helpers.core.tokens import mask_to_first_eos
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.guards import check_all_finite, non_finite_stops_run
+from rlhf_helpers.ppo.pieces import AdvantageFn, ShapeRewardsFn, rewards_and_kl
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: reward_fn(prompts, responses) -> one score per pair (replaces the reward adapter when given)
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -181,9 +182,12 @@ def collect_experience(
     kl_coef: float,
     reward_fn: RewardFn | None = None,
     step: int | None = None,
+    shape_rewards_fn: ShapeRewardsFn | None = None,
+    advantage_fn: AdvantageFn = compute_gae,
 ) -> Experience:
     """Generate (keeping the sampling policy's log-probs), score, run the reference and value passes,
-    shape rewards, and run GAE."""
+    shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's shaping (None:
+    `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     reuse = sampling_logprobs_are_exact(model)
@@ -218,18 +222,26 @@ def collect_experience(
         scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
 
     start = time.perf_counter()
-    # r_t = -beta * kl_t + [t = last] * score
-    rewards, kl = shape_rewards(scores, old_logprobs.float(), ref_logprobs.float(), mask, kl_coef,
-                                kl_kind=config.kl_kind, score_clip=config.score_clip)  # (B, R), (B, R)
-    check_all_finite("shaped rewards", rewards, step)
-    # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-    advantages, returns = compute_gae(rewards, values, mask, config.gamma, config.lam)  # (B, R), (B, R)
-    if config.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)  # (B, R)
+    logprobs, ref_logprobs = old_logprobs.float(), ref_logprobs.float()
+    with non_finite_stops_run(step):
+        # r_t = -beta * kl_t + [t = last] * score
+        if shape_rewards_fn is None:
+            rewards, kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind=config.kl_kind,
+                                        score_clip=config.score_clip)  # (B, R), (B, R)
+        else:
+            rewards, kl = rewards_and_kl(shape_rewards_fn(scores, logprobs, ref_logprobs, mask, kl_coef),
+                                         logprobs, ref_logprobs, mask)  # (B, R), (B, R)
+        check_all_finite("shaped rewards", rewards, step)
+        # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
+        advantages, returns = advantage_fn(rewards, values, mask, config.gamma, config.lam)  # (B, R), (B, R)
+        check_all_finite("advantages", advantages, step)
+        check_all_finite("returns", returns, step)
+        if config.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)  # (B, R)
     timings["gae"] = time.perf_counter() - start
     return Experience(
         prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
-        context_length=P, mask=mask, old_logprobs=old_logprobs.float(), ref_logprobs=ref_logprobs.float(),
+        context_length=P, mask=mask, old_logprobs=logprobs, ref_logprobs=ref_logprobs,
         entropy=entropy.float(), values=values, scores=scores, rewards=rewards, kl=kl,
         advantages=advantages, returns=returns, ended_with_eos=samples.ended_with_eos, timings=timings,
     )

@@ -1,7 +1,7 @@
 """The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all processes.
 
-    with collective_stop(accelerator):          # every process runs the block, then all agree:
-        batch = collect_experience(...)         # a NonFiniteStop on any one of them is raised on all
+    with guard(accelerator, step):              # every process runs the block, then all agree:
+        batch = collect_experience(...)         # a NaN/inf on any one of them stops all, naming the step
     check_finite_parameters("policy", params, step)
 
 Under `accelerate launch` each process checks its own rollouts and losses. A process that met a NaN
@@ -137,3 +137,12 @@ def collective_stop(accelerator: Any) -> Iterator[None]:
     except Exception as caught:  # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
         error = caught
     agree_to_stop(accelerator, error)
+
+
+@contextmanager
+def guard(accelerator: Any, step: int | None) -> Iterator[None]:
+    """The one wrapper of a PPO run's work: the maths core's NonFiniteError becomes NonFiniteStop at `step`
+    (`non_finite_stops_run`), then every process votes (`collective_stop`), so a NaN/inf or an error on
+    any process stops all of them at the same point. Identity, apart from the NaN message, on one process."""
+    with collective_stop(accelerator), non_finite_stops_run(step):
+        yield

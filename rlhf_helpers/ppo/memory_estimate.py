@@ -232,7 +232,8 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
     s, N, H, V = _dtype_bytes(profile), shape.parameter_count(), shape.hidden_size, shape.vocab_size
     targets = tuple(profile.lora.target_modules)
     lora = shape.lora_parameter_count(profile.lora.r, targets)
-    B, b, R, P = profile.rollout_batch_size, profile.mini_batch_size, profile.max_new_tokens, profile.max_prompt_length
+    ppo = profile.ppo
+    B, b, R, P = ppo.rollout_batch_size, ppo.mini_batch_size, ppo.max_new_tokens, ppo.max_prompt_length
     if fast_sampling is None:
         fast_sampling = str(profile.device).startswith("cuda")
     resident = {"weights": s * N + FLOAT32_BYTES * (3 * lora + 2 * H + 1), "autocast_copies": 0,
@@ -264,8 +265,8 @@ def sampler_bytes(shape: ModelShape, profile: Any, s: int) -> int:
     caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length + max_new_tokens
     rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation batches."""
     folded = s * shape.num_layers * sum(i * o for i, o in shape.projection_shapes().values())
-    width = -(-(profile.max_prompt_length + profile.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
-    batch = max(profile.rollout_batch_size, profile.eval_batch_size)
+    width = -(-(profile.ppo.max_prompt_length + profile.ppo.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
+    batch = max(profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size)
     cache = batch * width * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * s
     return folded + MAX_GRAPHS * cache
 

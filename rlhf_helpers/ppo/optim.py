@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.guards import check_all_finite, check_finite_parameters, collective_stop
+from rlhf_helpers.ppo.guards import check_all_finite, check_finite_parameters, guard
 from rlhf_helpers.runtime.precision import MIN_LOSS_SCALE, make_grad_scaler
 
 
@@ -59,7 +59,7 @@ class AdapterOptimizer:
                     param.grad = self.accelerator.reduce(param.grad, reduction="mean")
         # every process holds the same averaged gradients and weights, but the stop is voted anyway:
         # the next collective operation must never meet a process that has left
-        with collective_stop(self.accelerator):
+        with guard(self.accelerator, step):
             self.scaler.unscale_(self.optimizer)  # g = g_scaled / S (a no-op without fp16)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             if not bool(torch.isfinite(norm)):

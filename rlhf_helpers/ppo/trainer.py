@@ -5,13 +5,18 @@
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
     trainer.close()                   # frees config.output_dir for another run (so does the process's end)
 
-The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each,
-built from parameters chosen by adapter name; `update.policy_step` and `update.value_step` hold the
-maths of one minibatch. Under `accelerate launch` each process samples its own prompts and gradients
-are averaged across processes before every optimiser step (plain data parallelism). A NaN/inf seen by
-one process stops every process at the same point (`guards.collective_stop`), so none waits forever
-in an all-reduce; weights are checked after every optimiser step, and before a checkpoint is written
-the updated policy and critic must give finite outputs on their latest batch.
+`update` is the whole optimisation of one iteration in one loop (as cleanrl writes it): for each epoch,
+a shuffle; for each minibatch, the policy's forward -> loss -> backward -> step, then the value's.
+The maths are functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss; the
+library's by default), so a learner's own GAE or clip loss can drive the training.
+
+The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each
+(Adam, gradient all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate
+launch` each process samples its own prompts and gradients are averaged across processes before
+every optimiser step (plain data parallelism). Every stretch of work that ends in a collective
+operation runs inside `self.guard()`: a NaN/inf (or an error) on one process stops every process at
+the same point, so none waits forever in an all-reduce. Before a checkpoint is written the updated
+policy and critic must give finite outputs on their latest batch.
 
 Precision: the frozen base may be bf16 or fp16 (it is never updated); the trained weights (LoRA
 matrices, value head) are float32 masters, with a loss scaler per optimiser on an fp16 base
@@ -29,10 +34,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
-from rlhf_helpers.core.losses import lm_loss
+from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
+from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import (
     Experience,
@@ -41,16 +47,21 @@ from rlhf_helpers.ppo.experience import (
     rollout_metrics,
     tokenize_prompts,
 )
-from rlhf_helpers.ppo.guards import (
-    NonFiniteStop,
-    check_all_finite,
-    collective_stop,
-    non_finite_stops_run,
-)
+from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard
+from rlhf_helpers.ppo.minibatch import trim_minibatch
 from rlhf_helpers.ppo.optim import AdapterOptimizer
+from rlhf_helpers.ppo.pieces import (
+    AdvantageFn,
+    PolicyLossFn,
+    ShapeRewardsFn,
+    ValueLossFn,
+    check_piece,
+    policy_loss_and_stats,
+    value_loss_and_stats,
+)
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.update import policy_step, trim_minibatch, value_step
 from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
 
@@ -74,6 +85,11 @@ class PPOTrainer:
         hidden_score_fn: ScoreFn | None = None,
         ptx_texts: Sequence[str] | None = None,
         accelerator: Any = None,
+        *,
+        shape_rewards_fn: ShapeRewardsFn | None = None,
+        advantage_fn: AdvantageFn = compute_gae,
+        policy_loss_fn: PolicyLossFn = policy_loss,
+        value_loss_fn: ValueLossFn = value_loss,
     ) -> None:
         if not isinstance(config, PPOConfig):
             raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -84,6 +100,9 @@ class PPOTrainer:
                              "model from the config (`build_shared_model`, or SharedLoRAModel(..., lora=config.lora))")
         if config.ptx_coef > 0 and not ptx_texts:
             raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
+        for name, fn in (("shape_rewards_fn", shape_rewards_fn), ("advantage_fn", advantage_fn),
+                         ("policy_loss_fn", policy_loss_fn), ("value_loss_fn", value_loss_fn)):
+            check_piece(name, fn)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -92,6 +111,9 @@ class PPOTrainer:
         self.hidden_score_fn = hidden_score_fn
         self.ptx_texts = list(ptx_texts) if ptx_texts else []
         self.accelerator = accelerator
+        #: the maths of PPO (`pieces`): None shaping is the library's with config.kl_kind and score_clip
+        self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn
+        self.policy_loss_fn, self.value_loss_fn = policy_loss_fn, value_loss_fn
         self.process_index = accelerator.process_index if accelerator is not None else 0
         self.num_processes = accelerator.num_processes if accelerator is not None else 1
         fp16 = needs_grad_scaler(model)  # an fp16 base: loss scaling per optimiser
@@ -121,6 +143,11 @@ class PPOTrainer:
         """Prompt order and minibatch shuffles of this step."""
         return torch.Generator().manual_seed(self._step_seed())
 
+    def guard(self, step: int | None = None) -> Any:
+        """The one wrapper of every stretch of work that ends in a collective operation: a NaN/inf met in it
+        stops the run (NonFiniteStop naming the step), on every process at once (`guards.guard`)."""
+        return guard(self.accelerator, self.step_count if step is None else step)
+
     def sample_prompts(self, generator: torch.Generator) -> list[str]:
         n = self.config.rollout_batch_size
         if n <= len(self.prompts):
@@ -136,12 +163,12 @@ class PPOTrainer:
         generator = self._step_generator()
         start = time.perf_counter()
         devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), collective_stop(self.accelerator), \
-                non_finite_stops_run(self.step_count):
+        with torch.random.fork_rng(devices=devices), self.guard():
             torch.manual_seed(self._step_seed())  # sampling draws from the step's seed only
             batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
                                        kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
-                                       step=self.step_count)
+                                       step=self.step_count, shape_rewards_fn=self.shape_rewards_fn,
+                                       advantage_fn=self.advantage_fn)
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
         update_stats = self.update(batch, generator)
@@ -168,7 +195,7 @@ class PPOTrainer:
         values = self.accelerator.reduce(values, reduction="mean")
         return dict(zip(keys, values.tolist(), strict=True))
 
-    def _ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
+    def ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
         """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the pretraining data)."""
         picks = torch.randint(len(self.ptx_texts), (self.config.mini_batch_size,), generator=generator)
         texts = [self.ptx_texts[i] for i in picks.tolist()]
@@ -179,50 +206,51 @@ class PPOTrainer:
         return lm_loss(logits, labels, ignore_index=-100)
 
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
-        """config.ppo_epochs passes of shuffled minibatches: clip loss (+ entropy bonus, + ptx) on the
-        policy adapter, clipped value loss on the value adapter and head. Returns mean stats.
+        """config.ppo_epochs passes over the batch in shuffled minibatches. On each: the policy step
+        (L = L_clip - c_ent * H + c_ptx * L_lm), then the value step (c_vf * L_V). Returns the mean stats.
 
-        The two adapters share no trainable parameter and neither loss reads the other's output, so
-        all policy steps run first and then all value steps, over the same minibatches in the same
-        order: the same updates as alternating them, with two adapter switches instead of two per
-        minibatch. Each minibatch is cut to the columns holding a real token of one of its rows.
-        """
-        config = self.config
-        B = len(batch)
+        The two adapters share no trainable parameter and neither loss reads the other's output, so the
+        order of the two steps changes no number. Each minibatch is cut to the columns holding a real
+        token of one of its rows (`trim_minibatch`)."""
+        c, model, step = self.config, self.model, self.step_count
+        train_policy = step >= c.value_warmup_steps  # value warm-up: the critic learns the returns first
         self.last_update_stats = []
-        train_policy = self.step_count >= config.value_warmup_steps
-        with collective_stop(self.accelerator):
-            check_all_finite("advantages", batch.advantages, self.step_count)
-            check_all_finite("returns", batch.returns, self.step_count)
-        ptx_loss = (lambda: self._ptx_loss(generator)) if config.ptx_coef > 0 else None
-        minibatches: list[tuple[int, int, torch.Tensor]] = []  # (epoch, index, rows)
-        policy_stats: list[dict[str, float]] = []
-        for epoch in range(config.ppo_epochs):
-            order = torch.randperm(B, generator=generator)  # drawn before this epoch's ptx picks
-            for first in range(0, B, config.mini_batch_size):
-                rows = order[first : first + config.mini_batch_size].to(batch.sequences.device)
-                minibatches.append((epoch, first // config.mini_batch_size, rows))
-                policy_stats.append(policy_step(self.model, trim_minibatch(batch, rows), config, self.policy_opt,
-                                                self.step_count, train_policy, ptx_loss=ptx_loss))
-        value_stats = [value_step(self.model, trim_minibatch(batch, rows), config, self.value_opt, self.step_count)
-                       for _, _, rows in minibatches]
-
-        sums: dict[str, float] = {}
-        for (epoch, index, _), policy, value in zip(minibatches, policy_stats, value_stats, strict=True):
-            stats = {
-                "policy_loss": policy["policy_loss"], "clipfrac": policy["clipfrac"],
-                "approx_kl": policy["approx_kl"], "value_loss": value["value_loss"],
-                "vf_clipfrac": value["vf_clipfrac"], "policy_grad_norm": policy["policy_grad_norm"],
-                "value_grad_norm": value["value_grad_norm"], "entropy_update": policy["entropy_update"],
-            }
-            if "ptx_loss" in policy:
-                sums["ptx_loss"] = sums.get("ptx_loss", 0.0) + policy["ptx_loss"]
-            for key, number in stats.items():
-                sums[key] = sums.get(key, 0.0) + number
-            self.last_update_stats.append({
-                "epoch": float(epoch), "minibatch": float(index),
-                "ratio_mean": policy["ratio_mean"], "ratio_max": policy["ratio_max"], **stats})
-        return {key: number / len(minibatches) for key, number in sums.items()}
+        for epoch in range(c.ppo_epochs):
+            order = torch.randperm(len(batch), generator=generator).to(batch.sequences.device)  # (B,)
+            for index, first in enumerate(range(0, len(batch), c.mini_batch_size)):
+                mb = trim_minibatch(batch, order[first : first + c.mini_batch_size])
+                # policy: forward -> loss -> backward -> step
+                with self.guard():  # on every process before the gradient all-reduce
+                    logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
+                        mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
+                        entropy_grad=c.entropy_coef > 0, temperature=c.temperature)
+                    args = (logprobs.float(), mb.old_logprobs, mb.advantages, mb.mask, c.clip_eps)
+                    pg_loss, pg = policy_loss_and_stats(self.policy_loss_fn(*args), *args)
+                    mean_entropy = masked_mean(entropy.float(), mb.mask)
+                    # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
+                    loss = pg_loss - c.entropy_coef * mean_entropy
+                    ptx = self.ptx_loss(generator) if c.ptx_coef > 0 else None
+                    loss = loss + c.ptx_coef * ptx if ptx is not None else loss
+                    check_all_finite("policy loss", loss.detach(), step)
+                policy_norm = self.policy_opt.backward_and_step(loss, step) if train_policy else 0.0
+                # value: forward -> loss -> backward -> step
+                with self.guard():
+                    new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
+                    args = (new_values, mb.values, mb.returns, mb.mask, c.value_clip)
+                    v_loss, v = value_loss_and_stats(self.value_loss_fn(*args), *args)
+                    check_all_finite("value loss", v_loss.detach(), step)
+                value_norm = self.value_opt.backward_and_step(c.vf_coef * v_loss, step)
+                self.last_update_stats.append({
+                    "epoch": float(epoch), "minibatch": float(index), "ratio_mean": float(pg["ratio_mean"]),
+                    "ratio_max": float(pg["ratio_max"]), "policy_loss": float(pg_loss.detach()),
+                    "clipfrac": float(pg["clipfrac"]), "approx_kl": float(pg["approx_kl"]),
+                    "value_loss": float(v_loss.detach()), "vf_clipfrac": float(v.get("vf_clipfrac", 0.0)),
+                    "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
+                    "entropy_update": float(mean_entropy.detach()),
+                    **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
+        skip = ("epoch", "minibatch", "ratio_mean", "ratio_max")  # per-minibatch only
+        return {key: sum(row[key] for row in self.last_update_stats) / len(self.last_update_stats)
+                for key in self.last_update_stats[0] if key not in skip}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
@@ -260,12 +288,12 @@ class PPOTrainer:
             while self.step_count < target:
                 metrics = self.step()
                 if eval_prompts is not None and config.eval_every and self.step_count % config.eval_every == 0:
-                    with collective_stop(self.accelerator), non_finite_stops_run(self.step_count - 1):
+                    with self.guard(self.step_count - 1):
                         metrics.update(self.evaluate(eval_prompts[: config.n_eval_prompts]))
                 save = bool(config.output_dir) and (
                     self.step_count >= target or (config.save_every > 0 and self.step_count % config.save_every == 0))
                 if save:  # before the step is logged: a step whose weights cannot be saved is not reported
-                    with collective_stop(self.accelerator):
+                    with self.guard(self.step_count - 1):
                         self.check_weights_usable()
                 bar.update(1)
                 bar.set_postfix(score=f"{metrics['score']:.2f}", kl=f"{metrics['kl']:.2f}",
@@ -309,7 +337,7 @@ class PPOTrainer:
         real = batch.mask.bool()  # (B, R)
         step = self.step_count - 1  # the step whose update made these weights
         try:
-            with non_finite_stops_run(step):
+            with guard(None, step):
                 logp = self.model.policy_logprobs(seq, attn, P, temperature=self.config.temperature)  # (B, R)
                 values = self.model.values(seq, attn, P).float()  # (B, R)
             check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)
@@ -317,34 +345,3 @@ class PPOTrainer:
         except NonFiniteStop as error:
             raise NonFiniteStop(f"the weights after the update of PPO step {step} fail on their own batch "
                                  f"(checked before saving them): {error}") from None
-
-    # ------------------------------------------------------------------ state for checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Optimisers, KL controller, step, metrics history and RNG states (weights are saved apart),
-        and under fp16 the loss scalers (plain floats and ints: `weights_only` loading reads them)."""
-        state: dict[str, Any] = {
-            "step": self.step_count,
-            **self.policy_opt.state_dict(),
-            **self.value_opt.state_dict(),
-            "kl_controller": dict(vars(self.kl_controller)),
-            "history": list(self.history),
-            "torch_rng": torch.random.get_rng_state(),
-            "config": self.config.to_dict(),
-        }
-        if self.policy_opt.scaler.is_enabled():
-            state["overflow_skips"] = {"policy": self.policy_opt.overflow_skips, "value": self.value_opt.overflow_skips}
-        if torch.cuda.is_available():
-            state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict`."""
-        self.step_count = int(state["step"])
-        self.policy_opt.load_state_dict(state)
-        self.value_opt.load_state_dict(state)
-        for key, value in state["kl_controller"].items():
-            setattr(self.kl_controller, key, value)
-        self.history = list(state["history"])
-        torch.random.set_rng_state(state["torch_rng"])
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -2,7 +2,8 @@
 
     profile = get_profile()            # reads $RLHF_PROFILE, default "tiny"
     profile = get_profile("gpu")       # or "tiny" / "auto"
-    profile = get_profile(ppo_steps=5) # any field can be overridden
+    profile = get_profile(total_steps=5) # any Profile or PPOConfig field can be overridden
+    profile.ppo                        # its PPO settings: a PPOConfig
 
 - "tiny" (default): the shipped word-level GPT-2 in data/models/tiny-sft, float32, CPU; the
   whole course runs offline in minutes.
@@ -29,17 +30,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf_helpers.runtime.artifacts import cache_dir
+from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.data import data_dir
-from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec, as_lora_spec
+from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
 
 #: Environment variable that picks the profile when `get_profile` gets no name.
 PROFILE_ENV = "RLHF_PROFILE"
-#: Environment variable with a JSON object of field overrides, e.g. '{"ppo_steps": 5}' (quick runs).
+#: Environment variable with a JSON object of field overrides, e.g. '{"total_steps": 5}' (quick runs):
+#: any Profile field, or any PPOConfig field by name.
 OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
 PROFILE_NAMES = ("tiny", "gpu", "auto")
 
@@ -57,34 +62,14 @@ class Profile:
     sft_model_path: str  #: directory of the supervised-fine-tuned model every later stage starts from
     device: str  #: torch device for models and tensors: "cpu" or "cuda"
     dtype: str  #: compute dtype name: "float32", "bfloat16", "float16", or "auto" (by device; see precision.py)
-    seed: int = 0  #: seed of torch, sampling and data order
-    # --- sequence lengths
-    max_prompt_length: int = 16  #: prompts are at most this many tokens (longer ones are cut from the left)
-    max_new_tokens: int = 40  #: response length limit when sampling (tokens, EOS included)
+    #: every PPO setting, with the course's seed (`seed`) and LoRA shape (`lora`) of every stage
+    ppo: PPOConfig = field(default_factory=PPOConfig)
     max_length: int = 64  #: longest prompt + response the models see (reward-model training, SFT)
-    temperature: float = 1.0  #: sampling temperature of rollouts (1.0, no top-k/top-p: PPO needs the true policy)
     # --- reward model (TRL RewardTrainer + LoRA)
     reward_batch_size: int = 32  #: preference pairs per reward-model step
     reward_epochs: float = 2.0  #: passes over preferences_train.jsonl
     reward_lr: float = 2e-3  #: reward-model learning rate (LoRA + score head)
-    # --- PPO
-    ppo_steps: int = 60  #: PPO iterations (each: a rollout batch, then several epochs of updates)
-    rollout_batch_size: int = 64  #: prompts sampled per PPO iteration
-    mini_batch_size: int = 16  #: sequences per gradient step inside an iteration
-    ppo_epochs: int = 4  #: passes over each rollout batch
-    policy_lr: float = 1e-3  #: learning rate of the policy adapter
-    value_lr: float = 1e-3  #: learning rate of the value adapter and value head
-    clip_eps: float = 0.2  #: PPO clip range epsilon of the ratio
-    value_clip: float | None = 0.2  #: value clipping range around the old values (None: no clipping)
-    kl_coef: float = 0.05  #: beta of the per-token KL penalty (initial value if adaptive)
-    target_kl: float | None = None  #: target KL of the adaptive controller (None: fixed beta)
-    gamma: float = 1.0  #: discount of GAE
-    lam: float = 0.95  #: lambda of GAE
-    # --- LoRA adapters (policy, value, reward share one base model)
-    lora: LoRASpec = LoRASpec()  #: rank, alpha and target modules of every adapter (the one LoRA spec)
-    # --- evaluation
-    eval_batch_size: int = 64  #: prompts per batch when sampling for evaluation
-    n_eval_prompts: int = 200  #: held-out prompts used to report the mean hidden score
+    # --- notebook 07
     #: notebook 07: training budget of each method when compare_batches is None (CPU seconds on a CPU, wall seconds
     #: on a GPU)
     compare_seconds: float = 30.0
@@ -102,7 +87,19 @@ class Profile:
 
     def __post_init__(self) -> None:
         check_dtype_name(self.dtype)
-        object.__setattr__(self, "lora", as_lora_spec(self.lora))  # a mapping of its fields too
+        if isinstance(self.ppo, Mapping):  # a recorded profile (run.json)
+            object.__setattr__(self, "ppo", PPOConfig.from_dict(dict(self.ppo)))
+        check_field_types(self)
+
+    @property
+    def seed(self) -> int:
+        """The seed of every stage (SFT, reward model, PPO): held by the PPO config."""
+        return self.ppo.seed
+
+    @property
+    def lora(self) -> LoRASpec:
+        """The LoRA shape of every adapter (policy, value, reward): held by the PPO config."""
+        return self.ppo.lora
 
     @property
     def torch_dtype(self):
@@ -118,13 +115,19 @@ class Profile:
         return self.name == "tiny"
 
     def replace(self, **changes: Any) -> Profile:
-        """A copy with some fields changed; unknown field names raise ValueError."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        """A copy with some fields changed. A PPOConfig field name changes `ppo` (`replace(clip_eps=0.1)`,
+        `replace(lora={"r": 4})` keeping the targets); unknown names raise ValueError."""
+        own = {f.name for f in dataclasses.fields(self)}
+        ppo_fields = {f.name for f in dataclasses.fields(PPOConfig)}
+        unknown = set(changes) - own - ppo_fields
         if unknown:
-            raise ValueError(f"unknown Profile field(s): {sorted(unknown)}")
-        if "lora" in changes:  # {"r": 4} changes the rank and keeps this profile's targets
-            changes["lora"] = as_lora_spec(changes["lora"], self.lora)
-        return dataclasses.replace(self, **changes)
+            raise ValueError(f"unknown profile setting(s) {sorted(unknown)}: a setting is a Profile field "
+                             f"({', '.join(sorted(own - {'ppo'}))}) or a PPOConfig field "
+                             f"({', '.join(sorted(ppo_fields))})")
+        ppo = changes.pop("ppo", self.ppo)
+        ppo = PPOConfig.from_dict(dict(ppo)) if isinstance(ppo, Mapping) else ppo
+        ppo_changes = {name: changes.pop(name) for name in list(changes) if name in ppo_fields}
+        return dataclasses.replace(self, ppo=ppo.replace(**ppo_changes) if ppo_changes else ppo, **changes)
 
 
 def tiny_profile() -> Profile:
@@ -138,7 +141,7 @@ def tiny_profile() -> Profile:
     # compare_batches 32: notebook 07's race in batches, so it gives the same numbers for its seed (about 32 CPU s
     # for PPO, 16 for GRPO and RLOO here); the race in CPU seconds is benchmarks/bench_algorithms.py's
     return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",
-                   dtype="float32", kl_coef=0.2, eval_batch_size=256, compare_batches=32)
+                   dtype="float32", ppo=PPOConfig(kl_coef=0.2, eval_batch_size=256), compare_batches=32)
 
 
 def gpu_profile() -> Profile:
@@ -149,22 +152,15 @@ def gpu_profile() -> Profile:
         sft_model_path=str(cache_dir() / "sft-smollm2-135m"),  # $RLHF_CACHE_DIR (default: the runs folder)
         device="cuda",
         dtype="auto",  # resolved by get_profile: bfloat16, or float16 on a T4 (see precision.py)
-        max_prompt_length=24,
-        max_new_tokens=48,
         max_length=96,
         reward_batch_size=32,
         reward_epochs=1.0,
         reward_lr=1e-4,
-        # An H100 measured 9.6 s per iteration at minibatch 32 (2026-11-24, host-bound: kernel launches and
-        # peft's Python, not arithmetic): 150 iterations were 24 minutes of notebook 05. 30 iterations of two
-        # minibatches of 64 keep 05 near 5 minutes (benchmarks/README, the gpu profile on a GPU).
-        ppo_steps=30,
-        rollout_batch_size=128,
-        mini_batch_size=64,
-        policy_lr=5e-5,
-        value_lr=1e-4,
-        lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS),
-        eval_batch_size=128,
+        # 30 iterations of two minibatches of 64 keep notebook 05 near 5 minutes on an H100 (150 iterations
+        # of minibatch 32 took 24: host-bound; benchmarks/README.md, the gpu profile on a GPU)
+        ppo=PPOConfig(max_prompt_length=24, max_new_tokens=48, total_steps=30, rollout_batch_size=128,
+                      mini_batch_size=64, policy_lr=5e-5, value_lr=1e-4, eval_batch_size=128,
+                      lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS)),
         compare_seconds=120.0,  # notebook 07 in GPU wall seconds (compare_batches None): a Colab user's minutes
     )
 
@@ -192,7 +188,7 @@ def env_overrides() -> dict[str, Any]:
     try:
         values = json.loads(raw)
     except json.JSONDecodeError as err:
-        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object such as '{{\"ppo_steps\": 5}}', "
+        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object such as '{{\"total_steps\": 5}}', "
                          f"got {raw!r} ({err})") from None
     if not isinstance(values, dict):
         raise ValueError(f"${OVERRIDES_ENV} must be a JSON object, got {raw!r}")
@@ -216,8 +212,13 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     """
     resolved = resolve_profile_name(name)
     profile = tiny_profile() if resolved == "tiny" else gpu_profile()
-    values = {**env_overrides(), **overrides}
-    profile = profile.replace(**values) if values else profile
+    from_env = env_overrides()
+    try:
+        profile = profile.replace(**from_env) if from_env else profile
+    except ValueError as error:  # name where the bad setting came from
+        raise ValueError(f"${OVERRIDES_ENV}: {error}") from None
+    profile = profile.replace(**overrides) if overrides else profile
+    values = {**from_env, **overrides}
     if profile.random_init and profile.is_tiny:
         raise ValueError("random_init must be False in the tiny profile (it ships its own model); "
                          "use it with the gpu profile")

@@ -24,7 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.config import PPOConfig
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
 from rlhf_helpers.stages import cluster_knobs as knobs
 
@@ -49,7 +49,7 @@ def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
     """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile or a config."""
     if isinstance(run, PPOConfig):
         return run
-    return PPOConfig.from_profile(get_profile(run) if isinstance(run, str) else run)
+    return (get_profile(run) if isinstance(run, str) else run).ppo
 
 
 def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
@@ -272,7 +272,7 @@ def not_carried(run: str | Profile | PPOConfig) -> list[str]:
 
 def doc_config() -> PPOConfig:
     """The run docs/cluster.md shows: the gpu profile as defined (no $RLHF_PROFILE_OVERRIDES, no torch)."""
-    return PPOConfig.from_profile(gpu_profile())
+    return gpu_profile().ppo
 
 
 def doc_blocks() -> dict[str, str]:

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from rlhf_helpers.core.kl import kl_estimate
 from rlhf_helpers.core.masked import masked_sum
-from rlhf_helpers.ppo.config import PPOConfig
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.stages.reward_model import pearson
 from rlhf_helpers.world.scorer import hidden_scores
 
@@ -47,17 +47,18 @@ class LabSizes:
     @classmethod
     def from_profile(cls, profile: Any) -> LabSizes:
         """The lab of a profile (tiny: 16 prompts a step, 30 long steps, 12 short ones)."""
-        batch = max(2, profile.rollout_batch_size // 4)
-        return cls(batch=batch, mini_batch=max(1, batch // 2), epochs=max(1, profile.ppo_epochs // 2),
-                   long_steps=max(2, profile.ppo_steps // 2), short_steps=max(2, profile.ppo_steps // 5),
-                   ref_as_old_steps=max(2, profile.ppo_steps // 30), warmup_steps=max(1, profile.ppo_steps // 15),
-                   critic_steps=max(2, profile.ppo_steps // 20))
+        ppo = profile.ppo
+        batch = max(2, ppo.rollout_batch_size // 4)
+        return cls(batch=batch, mini_batch=max(1, batch // 2), epochs=max(1, ppo.ppo_epochs // 2),
+                   long_steps=max(2, ppo.total_steps // 2), short_steps=max(2, ppo.total_steps // 5),
+                   ref_as_old_steps=max(2, ppo.total_steps // 30), warmup_steps=max(1, ppo.total_steps // 15),
+                   critic_steps=max(2, ppo.total_steps // 20))
 
     def ppo_config(self, profile: Any, **overrides: Any) -> PPOConfig:
         """The profile's PPOConfig with the lab's batch, minibatch and epochs, no progress bar."""
         values = dict(rollout_batch_size=self.batch, mini_batch_size=self.mini_batch, ppo_epochs=self.epochs,
                       progress_bar=False)
-        return PPOConfig.from_profile(profile, **{**values, **overrides})
+        return profile.ppo.replace(**{**values, **overrides})
 
 
 def adapter_state(model: SharedLoRAModel) -> list[torch.Tensor]:

@@ -24,11 +24,13 @@ and writes into --output-dir (locked for the run: a second live run into it exit
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Quick runs: $RLHF_PROFILE_OVERRIDES takes JSON profile overrides, e.g.
-'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'.
+Settings: every PPOConfig field is a flag (`--help` lists them with their docs: --clip-eps, --entropy-coef,
+--lora-r, --whiten-advantages/--no-whiten-advantages, --target-kl none...); a flag not given keeps the
+profile's value. $RLHF_PROFILE_OVERRIDES takes the same settings as JSON, e.g.
+'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
 --resume continues with the PPO settings and reward folder recorded in run.json (the environment's
-overrides are not read again); only --steps, --save-every and --eval-every may change, and a
---kl-coef, --target-kl or --seed that differs from the recorded one is refused.
+overrides are not read again); only --total-steps (--steps), --save-every, --eval-every and the progress bar
+may change, and any other PPO flag that differs from the recorded value is refused (exit 2).
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before
 the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
 writable or sits on a full disk or is in use by another live run (its pid is named), a --seed outside
@@ -46,6 +48,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -64,12 +67,13 @@ from rlhf_helpers.ppo.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
-from rlhf_helpers.ppo.config import MAX_SEED, PPOConfig
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
+from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
 from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_model import RewardTrainingConfig
@@ -96,47 +100,57 @@ CURVES_FILE = "curves.html"
 PROG = "python -m rlhf_helpers.stages.train_ppo"
 
 
+#: the PPO settings a resumed run may change; every other one is the run's own (run.json)
+RESUMABLE = ("total_steps", "save_every", "eval_every", "progress_bar", "output_dir")
+#: the command line's own defaults where they differ from the profile's
+CLI_DEFAULTS = {"save_every": 10}
+#: other names of some PPO flags
+ALIASES = {"total_steps": ("--steps",)}
+NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
+         "save_every": "default here: 10", "output_dir": "default: runs/ppo-<profile>"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the run's own flags, then one flag per PPOConfig field (help: its `#:` doc)."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Shared-LoRA PPO on a course profile.")
+    run = parser.add_argument_group("the run")
+    run.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the latest checkpoint in --output-dir, with the settings of its run.json "
+                          f"(only {', '.join(flag_name(name) for name in RESUMABLE)} may change)")
+    run.add_argument("--reward-dir", default=None,
+                     help="use this trained reward folder instead of ensure_reward_model")
+    run.add_argument("--reward-train-pairs", type=int, default=None,
+                     help="train the reward model on only this many pairs (quick runs)")
+    run.add_argument("--no-progress", dest="progress_bar", action="store_false", default=argparse.SUPPRESS,
+                     help="hide the progress bar (the same as --no-progress-bar)")
+    run.add_argument("--report-to", choices=REPORT_TO, default="none",
+                     help="also log every step to this experiment tracker (default: none; see docs/metrics.md)")
+    ppo = parser.add_argument_group("PPO settings", "every field of PPOConfig; a flag not given keeps the "
+                                    "profile's value (and $RLHF_PROFILE_OVERRIDES')")
+    add_field_flags(ppo, PPOConfig, aliases=ALIASES, notes=NOTES)
+    return parser
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG,
-                                     description="Shared-LoRA PPO on a course profile.")
-    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="total PPO iterations of the run (default: the profile's ppo_steps); "
-                             "with --resume the run continues up to this total")
-    parser.add_argument("--output-dir", default=None,
-                        help="checkpoints, metrics.jsonl, curves.html (default: runs/ppo-<profile>)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --output-dir")
-    parser.add_argument("--kl-coef", type=float, default=None, help="beta of the KL penalty")
-    parser.add_argument("--target-kl", type=float, default=None,
-                        help="target sequence KL: use the adaptive KL controller")
-    parser.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps")
-    parser.add_argument("--eval-every", type=int, default=0,
-                        help="evaluate on held-out prompts every this many steps (0: never)")
-    parser.add_argument("--seed", type=int, default=None, help="seed (default: the profile's)")
-    parser.add_argument("--reward-dir", default=None,
-                        help="use this trained reward folder instead of ensure_reward_model")
-    parser.add_argument("--reward-train-pairs", type=int, default=None,
-                        help="train the reward model on only this many pairs (quick runs)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--report-to", choices=REPORT_TO, default="none",
-                        help="also log every step to this experiment tracker (default: none; see docs/metrics.md)")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("steps", "reward_train_pairs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.save_every < 0 or args.eval_every < 0:
-        parser.error("--save-every and --eval-every must be >= 0")
-    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
-        parser.error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
-    if args.kl_coef is not None and not 0 <= args.kl_coef < math.inf:
-        parser.error(f"--kl-coef must be a finite number >= 0, got {args.kl_coef}")
-    if args.target_kl is not None and not 0 < args.target_kl < math.inf:
-        parser.error(f"--target-kl must be a finite number > 0, got {args.target_kl}")
+    if args.reward_train_pairs is not None and args.reward_train_pairs < 1:
+        parser.error(f"--reward-train-pairs must be >= 1, got {args.reward_train_pairs}")
     if args.reward_dir is not None and not args.reward_dir.strip():
         parser.error("--reward-dir must name a folder, got an empty path")
     return args
+
+
+def flag_error(error: Exception, given: dict[str, Any], source: str) -> str:
+    """A config error names a field ("kl_coef must be..."): the flag when the command line set it, else
+    the field after `source` (where the value came from)."""
+    message = str(error)
+    field = re.match(r"[\w.]*", message).group(0)  # "kl_coef", "lora.r"
+    if field.split(".")[0] not in given:
+        return f"{source}: {message}"
+    names = "/".join((flag_name(field.replace(".", "_")), *ALIASES.get(field, ())))
+    return names + message[len(field):]
 
 
 def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
@@ -156,23 +170,37 @@ def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
         plot_curves(history).write_html(str(path), include_plotlyjs=True)
 
 
-def recorded_settings(output_dir: Path, profile_name: str,
-                      chosen: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """(ppo_config, reward_dir) recorded in output_dir/run.json; SetupError when run.json is missing or
-    malformed, when the run was made with another profile, or when a setting in `chosen` (from the
-    command line) differs from the record."""
+def flat_settings(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"lora": {"r": 8}} -> {"lora_r": 8}: one entry per flag."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out.update(flat_settings(value, f"{prefix}{key}_") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
+def resumed_config(output_dir: Path, profile_name: str, given: dict[str, Any]) -> tuple[PPOConfig, str | None]:
+    """(the PPO config, the reward folder) recorded in output_dir/run.json, with the resumable flags of
+    `given` applied. SetupError when run.json is missing or malformed, when the run was made with another
+    profile, or when a flag that is not resumable differs from the record (it would be silently ignored)."""
     record = read_run_record(output_dir)
     recorded_profile = record["profile"]["name"]
     if recorded_profile != profile_name:
         raise SetupError(f"--resume: {output_dir} is a run of the {recorded_profile!r} profile, "
                          f"not {profile_name!r}")
-    saved = record["ppo_config"]
-    for key, value in chosen.items():
-        if saved.get(key) != value:
-            flag = "--" + key.replace("_", "-")
-            raise SetupError(f"--resume: {flag} {value} differs from the run's {saved.get(key)} (run.json); "
-                             "a resumed run keeps its settings: start a new --output-dir to change it")
-    return saved, record.get("reward_dir")
+    try:
+        saved = PPOConfig.from_dict(record["ppo_config"])
+    except (TypeError, ValueError) as error:
+        raise SetupError(f"{output_dir / RUN_FILE}: {error}") from None
+    try:
+        wanted = saved.replace(**given)
+    except (TypeError, ValueError) as error:
+        raise SetupError(flag_error(error, given, f"{output_dir / RUN_FILE}")) from None
+    recorded = flat_settings(saved.to_dict())
+    for key, value in flat_settings(wanted.to_dict()).items():
+        if key not in RESUMABLE and value != recorded[key]:
+            raise SetupError(f"--resume: {flag_name(key)} {value} differs from the run's {recorded[key]} "
+                             "(run.json); a resumed run keeps its settings: start a new --output-dir to change it")
+    return wanted, record.get("reward_dir")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = get_profile(args.profile)
     except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
-    output_dir = Path(args.output_dir) if args.output_dir else runs_dir() / f"ppo-{profile.name}"
+    output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else runs_dir() / f"ppo-{profile.name}"
     check_output_dir(output_dir)
     folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
@@ -191,23 +219,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
         raise SetupError(f"--resume: no checkpoint found in {output_dir}")
 
-    # what may change between the parts of one run; every other PPO setting is the run's own
-    run_control: dict[str, Any] = {"output_dir": str(output_dir), "save_every": args.save_every,
-                                   "eval_every": args.eval_every, "progress_bar": not args.no_progress}
-    if args.steps is not None:
-        run_control["total_steps"] = args.steps
-    chosen = {key: value for key, value in (("kl_coef", args.kl_coef), ("target_kl", args.target_kl),
-                                            ("seed", args.seed)) if value is not None}
+    given = given_field_values(args, PPOConfig)  # the PPO flags on the command line
+    given["output_dir"] = str(output_dir)
     saved_reward_dir = None
-    try:
-        if args.resume:
-            saved_config, saved_reward_dir = recorded_settings(output_dir, profile.name, chosen)
-            config = PPOConfig.from_dict({**saved_config, **run_control})
-        else:
-            config = PPOConfig.from_profile(profile, **chosen, **run_control)
-    except (TypeError, ValueError) as error:  # a setting no run can use (the profile's, or run.json's)
-        source = f"{output_dir / RUN_FILE}" if args.resume else "the profile's PPO settings"
-        raise SetupError(f"{source}: {error}") from None
+    if args.resume:
+        config, saved_reward_dir = resumed_config(output_dir, profile.name, given)
+    else:
+        try:
+            config = profile.ppo.replace(**{**CLI_DEFAULTS, **given})
+        except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
+            raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
     if args.resume:
         # the checkpoint is read (safely) and checked file by file before the model is built
         resumed_step = check_resume_checkpoint(output_dir)

@@ -1,4 +1,13 @@
-"""The typed configuration of one PPO run (cleanrl style: one docstring-comment per field)."""
+"""The typed configuration of one PPO run (cleanrl style: one `#:` comment per field).
+
+    config = PPOConfig(clip_eps=0.1)          # the defaults, one field changed
+    config = get_profile("tiny").ppo          # a profile's PPO settings are a PPOConfig
+    config = config.replace(total_steps=5)    # a validated copy
+
+The one place the PPO settings and their defaults live: the profiles hold one, the training command
+line makes a flag of every field (`config_fields.add_field_flags`, help = the `#:` comment), and
+$RLHF_PROFILE_OVERRIDES reaches every field by name.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
 #: Largest seed: per-step seeds are (seed * 1_000_003 + step) * 64 + process (trainer._step_seed) and
@@ -16,7 +26,7 @@ MAX_SEED = 2**32 - 1
 
 @dataclass
 class PPOConfig:
-    """Every knob of the shared-LoRA PPO loop; `from_profile` fills it from a course profile."""
+    """Every knob of the shared-LoRA PPO loop."""
 
     # --- rollouts
     rollout_batch_size: int = 64  #: prompts sampled per PPO iteration (one experience batch)
@@ -60,7 +70,7 @@ class PPOConfig:
     save_every: int = 0  #: write a checkpoint every this many iterations (0: only at the end)
     output_dir: str | None = None  #: where checkpoints and metrics go (None: nothing written)
     eval_every: int = 0  #: evaluate on held-out prompts every this many iterations (0: never)
-    n_eval_prompts: int = 64  #: held-out prompts per evaluation
+    n_eval_prompts: int = 200  #: held-out prompts per evaluation
     #: prompts per batch of `PPOTrainer.evaluate` (sampling, log-prob and reward passes): bounds the
     #: (batch, response length, vocabulary) logits one pass holds in memory
     eval_batch_size: int = 64
@@ -71,23 +81,24 @@ class PPOConfig:
         self.validate()
 
     def validate(self) -> PPOConfig:
-        """Raise ValueError naming the first field whose value cannot work."""
+        """Raise ValueError naming the first field whose value cannot work (its type first)."""
+        check_field_types(self)
         for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
                      "max_new_tokens", "total_steps", "kl_horizon", "n_eval_prompts",
                      "eval_batch_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.rollout_batch_size % self.mini_batch_size:
             raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
                              f"mini_batch_size ({self.mini_batch_size})")
         for name in ("temperature", "clip_eps", "max_grad_norm", "policy_lr", "value_lr"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         for name in ("vf_coef", "entropy_coef", "ptx_coef", "kl_coef"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         for name in ("gamma", "lam"):
             value = getattr(self, name)
@@ -95,11 +106,13 @@ class PPOConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         for name in ("value_clip", "target_kl", "score_clip"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and 0 < value < math.inf):
+            if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
+        if self.missing_eos_penalty is not None and not math.isfinite(self.missing_eos_penalty):
+            raise ValueError(f"missing_eos_penalty must be None or a finite number, got {self.missing_eos_penalty!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+        if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
         if self.whiten_advantages and self.rollout_batch_size < 2:
             raise ValueError("rollout_batch_size must be >= 2 when whiten_advantages is True: whitening "
@@ -139,32 +152,3 @@ class PPOConfig:
         if unknown:
             raise ValueError(f"unknown PPOConfig field(s): {sorted(unknown)}")
         return cls(**values)
-
-    @classmethod
-    def from_profile(cls, profile: Any, **overrides: Any) -> PPOConfig:
-        """The profile's PPO sizes (`rlhf_helpers.runtime.profiles.Profile`), then `overrides`."""
-        values = {
-            "rollout_batch_size": profile.rollout_batch_size,
-            "mini_batch_size": profile.mini_batch_size,
-            "ppo_epochs": profile.ppo_epochs,
-            "max_prompt_length": profile.max_prompt_length,
-            "max_new_tokens": profile.max_new_tokens,
-            "temperature": profile.temperature,
-            "clip_eps": profile.clip_eps,
-            "value_clip": profile.value_clip,
-            "kl_coef": profile.kl_coef,
-            "target_kl": profile.target_kl,
-            "gamma": profile.gamma,
-            "lam": profile.lam,
-            "policy_lr": profile.policy_lr,
-            "value_lr": profile.value_lr,
-            "lora": profile.lora,
-            "total_steps": profile.ppo_steps,
-            "seed": profile.seed,
-            "n_eval_prompts": profile.n_eval_prompts,
-            "eval_batch_size": profile.eval_batch_size,
-        }
-        if "lora" in overrides:  # {"r": 4} keeps the profile's targets
-            overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}
-        values.update(overrides)
-        return cls.from_dict(values)

@@ -1,0 +1,139 @@
+"""What a config dataclass says about its fields: their `#:` docs, their exact types, their command-line flags.
+
+    field_docs(PPOConfig)["clip_eps"]          # "PPO ratio clip range epsilon"
+    check_field_types(config)                  # ValueError: mini_batch_size must be an int, got bool True
+    add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-..., ...
+    changes = given_field_values(args, PPOConfig)   # {"clip_eps": 0.1} for the flags a user gave
+
+The configs document each field with a `#:` comment (cleanrl style); reading those comments here
+makes the same text the `--help` of every flag, so the flags and the docs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from typing import Any
+
+_FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:#:\s*(.*))?$")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its `#:` comment: the `#:` lines right above the field, then the one on its line."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    docs: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(cls).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            above.append(text[2:].strip())
+            continue
+        match = _FIELD_LINE.match(text)
+        if match and match.group(1) in names:
+            docs[match.group(1)] = " ".join([*above, match.group(2) or ""]).strip()
+        above = []
+    return docs
+
+
+def _allowed(hint: Any) -> tuple[Any, ...]:
+    """The types a hint admits: (int,), (float, NoneType), (tuple[str, ...],) ..."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _matches(value: Any, kind: Any) -> bool:
+    """True if `value` is exactly of type `kind` (a bool is never an int; an int is a float)."""
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, tuple) and all(isinstance(item, str) for item in value)
+    return isinstance(value, kind)
+
+
+_NAMES = {int: "an int", float: "a number", bool: "a bool (true or false)", str: "a string",
+          type(None): "None"}
+
+
+def check_field_types(config: Any, prefix: str = "") -> None:
+    """ValueError naming the first field whose value is not of its annotated type, its value and the type
+    expected: `mini_batch_size must be an int, got bool True`. Where a number belongs a bool is refused."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        kinds = _allowed(hints[field.name])
+        if not any(_matches(value, kind) for kind in kinds):
+            expected = " or ".join(_NAMES.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
+            raise ValueError(f"{prefix}{field.name} must be {expected}, got {type(value).__name__} {value!r}")
+
+
+def flag_name(field: str, prefix: str = "") -> str:
+    """The command-line flag of a field: clip_eps -> --clip-eps, lora's r -> --lora-r."""
+    return "--" + (prefix + field).replace("_", "-")
+
+
+def _or_none(kind: Any) -> Any:
+    """argparse type of an `X | None` field: an X, or the word none (or null)."""
+    def parse(text: str) -> Any:
+        if text.strip().lower() in ("none", "null"):
+            return None
+        return kind(text)
+    parse.__name__ = f"{kind.__name__} or none"  # argparse names it in "invalid ... value"
+    return parse
+
+
+def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[str, tuple[str, ...]] | None = None,
+                    notes: dict[str, str] | None = None, prefix: str = "") -> None:
+    """One flag per field of `cls` (nested dataclasses: one per inner field, `--lora-r`), its help the
+    field's `#:` doc (plus `notes[name]`). A flag not given sets nothing (argparse.SUPPRESS), so the
+    caller's config keeps its value. Bools get --x / --no-x; `X | None` fields also take the word none."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    aliases, notes = aliases or {}, notes or {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            add_field_flags(parser, hint, prefix=f"{prefix}{field.name}_")
+            continue
+        kinds = [kind for kind in _allowed(hint) if kind is not type(None)]
+        names = (flag_name(field.name, prefix), *aliases.get(field.name, ()))
+        help_text = docs.get(field.name, "") + (f" ({notes[field.name]})" if field.name in notes else "")
+        dest = prefix + field.name
+        kind = kinds[0]
+        if kind is bool:
+            parser.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text)
+        elif typing.get_origin(kind) is tuple:
+            parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS, metavar="NAME", help=help_text)
+        elif len(kinds) < len(_allowed(hint)):  # X | None
+            parser.add_argument(*names, dest=dest, type=_or_none(kind), default=argparse.SUPPRESS,
+                                metavar="PATH" if kind is str else f"{kind.__name__.upper()}|none", help=help_text)
+        else:
+            parser.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
+
+
+def given_field_values(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
+    """{field: value} of the flags `add_field_flags` made that the command line gave (nested dataclasses as
+    a mapping: {"lora": {"r": 4}}); `--target-kl none` is given: {"target_kl": None}."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        dest = prefix + field.name
+        if dataclasses.is_dataclass(hints[field.name]):
+            inner = given_field_values(args, hints[field.name], prefix=f"{dest}_")
+            if inner:
+                out[field.name] = inner
+        elif hasattr(args, dest):  # the flags default to SUPPRESS: set only when given
+            value = getattr(args, dest)
+            out[field.name] = tuple(value) if isinstance(value, list) else value
+    return out
