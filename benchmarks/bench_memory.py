@@ -52,8 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as `python benchmarks/bench_memory.py`
     sys.path.insert(0, str(REPO_ROOT))
 
-from rlhf_helpers.core.kl import last_token_index  # noqa: E402
-from rlhf_helpers.core.tokens import position_ids_from_mask  # noqa: E402
+from rlhf_helpers.core.tokens import last_token_index, position_ids_from_mask  # noqa: E402
 from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d  # noqa: E402
 from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu  # noqa: E402
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel  # noqa: E402
@@ -306,7 +305,9 @@ def warm_up(side: str, device: str, dtype: torch.dtype, spec: SizeSpec) -> None:
     first-call set-up and (on CUDA) the context that any first step pays are outside the baseline."""
     import gc
 
-    from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' toy world, not installed
+    from toy_world import toy_causal_lm, toy_tokenizer
+
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.ppo_config import PPOConfig
 

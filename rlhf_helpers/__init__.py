@@ -34,7 +34,7 @@ _EXPORTS = {
     "reward_model_loss": "core.losses",
     "pairwise_accuracy": "core.losses",
     "kl_estimate": "core.kl",
-    "last_token_index": "core.kl",
+    "last_token_index": "core.tokens",
     "shape_rewards": "core.kl",
     "FixedKLController": "core.kl",
     "AdaptiveKLController": "core.kl",
@@ -90,7 +90,6 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
         AdaptiveKLController,
         FixedKLController,
         kl_estimate,
-        last_token_index,
         shape_rewards,
     )
     from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
@@ -104,3 +103,4 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, imported eag
         value_loss,
     )
     from rlhf_helpers.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+    from rlhf_helpers.core.tokens import last_token_index

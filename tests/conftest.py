@@ -83,10 +83,11 @@ PIECES = ("shape_rewards_fn", "advantage_fn", "policy_loss_fn", "value_loss_fn")
 def toy_trainer(*, init_seed: int = 0, dtype: torch.dtype = torch.float32, prompts=TOY_PROMPTS, reward_fn="good_count",
                 hidden_score_fn="good_count", ptx_texts=None, tokenizer=None, **config_overrides):
     """A PPOTrainer on the toy world (random 2-layer GPT-2, 12 words): the base in `dtype`, adapters and
-    heads initialised from `init_seed`, LoRA r 4 / alpha 8, TOY_TRAINER's settings with `config_overrides` (a name in PIECES goes to the trainer).
-    `reward_fn` / `hidden_score_fn` default to the toy world's `good_count`."""
+    heads initialised from `init_seed`, LoRA r 4 / alpha 8, TOY_TRAINER's settings with `config_overrides`
+    (a name in PIECES goes to the trainer). `reward_fn` / `hidden_score_fn` default to the toy world's `good_count`."""
+    from toy_world import good_count, toy_causal_lm, toy_tokenizer
+
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-    from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.lora import LoRASpec
     from rlhf_helpers.runtime.ppo_config import PPOConfig

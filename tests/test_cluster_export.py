@@ -1,6 +1,6 @@
 """The verl / OpenRLHF export names only settings the pinned releases have, with the course's values.
 
-The pinned wheels (cluster_export.VERL_VERSION, OPENRLHF_VERSION) are read as zip files, never installed or
+The pinned wheels (export.VERL_VERSION, OPENRLHF_VERSION) are read as zip files, never installed or
 imported: verl's Hydra config is composed from trainer/config/ppo_trainer.yaml and the files its defaults
 lists name, and OpenRLHF's argparse parser is rebuilt from the add_argument calls of cli/train_ppo_ray.py
 (read with ast). They live in build/ecosystem/; a missing one is fetched with `pip download --no-deps`,
@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
+from rlhf_helpers.cluster import export as ex
+from rlhf_helpers.cluster import knobs
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile, tiny_profile
-from rlhf_helpers.stages import cluster_export as ex
-from rlhf_helpers.stages import cluster_knobs as knobs
+
+DOCS_CLUSTER = Path(__file__).resolve().parents[1] / "docs" / "cluster.md"
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_DIR = ROOT / "build" / "ecosystem"
@@ -411,18 +413,18 @@ def test_lora_leaves_the_critic_head_frozen_in_both(verl_zip, openrlhf_zip):
 
 
 def test_the_page_shows_what_the_code_writes_now():
-    text = ex.DOC_PATH.read_text(encoding="utf-8")
+    text = DOCS_CLUSTER.read_text(encoding="utf-8")
     names = set(re.findall(r"<!-- generated:([\w-]+) -->", text))
-    assert names == set(ex.doc_blocks()), f"generated blocks in {ex.DOC_PATH.name}: {sorted(names)}"
+    assert names == set(ex.doc_blocks()), f"generated blocks in {DOCS_CLUSTER.name}: {sorted(names)}"
     assert ex.render_page(text) == text, \
-        "docs/cluster.md is out of date: python -m rlhf_helpers.stages.cluster_export --update-docs"
+        "docs/cluster.md is out of date: python tools/write_docs.py"
     assert "```bash\npython -m verl.trainer.main_ppo" in text and ex.OPENRLHF_VERSION in text
 
 
 def test_the_pages_relative_links_exist():
-    text = ex.DOC_PATH.read_text(encoding="utf-8")
+    text = DOCS_CLUSTER.read_text(encoding="utf-8")
     targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not t.startswith(("http://", "https://", "#"))]
-    assert targets and all((ex.DOC_PATH.parent / t.split("#")[0]).exists() for t in targets), targets
+    assert targets and all((DOCS_CLUSTER.parent / t.split("#")[0]).exists() for t in targets), targets
 
 
 def test_bad_arguments_are_refused():

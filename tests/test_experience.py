@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.core.checks import NonFiniteError
@@ -15,7 +16,6 @@ from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.masked import masked_whiten
 from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig

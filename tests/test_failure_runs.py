@@ -1,4 +1,4 @@
-"""Notebook 06's harness (`rlhf_helpers.stages.failure_runs`) on the tiny profile: short real PPO runs."""
+"""Notebook 06's harness (`rlhf_helpers.course.failure_runs`) on the tiny profile: short real PPO runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.runtime.data import load_prompts
-from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.failure_runs import (
+from rlhf_helpers.course.failure_runs import (
     LabSizes,
     adapter_state,
     correlation,
@@ -21,6 +17,10 @@ from rlhf_helpers.stages.failure_runs import (
     series,
     third_means,
 )
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.profiles import get_profile
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,7 +41,8 @@ def test_lab_sizes_follow_the_profile():
     tiny = LabSizes.from_profile(get_profile("tiny"))
     assert (tiny.batch, tiny.mini_batch, tiny.epochs) == (16, 8, 2)
     assert tiny.long_steps == 30 and tiny.short_steps == 12 and tiny.warmup_steps == 4
-    quick = LabSizes.from_profile(get_profile("tiny", total_steps=3, rollout_batch_size=4, mini_batch_size=2, ppo_epochs=1))
+    quick = LabSizes.from_profile(get_profile("tiny", total_steps=3, rollout_batch_size=4, mini_batch_size=2,
+                                              ppo_epochs=1))
     assert quick.batch >= 2 and quick.epochs >= 1 and min(quick.long_steps, quick.short_steps) >= 2
     config = tiny.ppo_config(get_profile("tiny"), kl_coef=0.0)
     assert (config.rollout_batch_size, config.ppo_epochs, config.kl_coef) == (16, 2, 0.0)

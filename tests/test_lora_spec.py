@@ -8,19 +8,19 @@ import json
 
 import pytest
 import torch
+from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.compare import CompareConfig
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.guards import NonFiniteStop, non_finite_stops_run
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime import artifacts
 from rlhf_helpers.runtime.lora import GPT2_TARGETS, LLAMA_TARGETS, LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 
 
 @pytest.mark.parametrize(("changes", "error", "match"), [

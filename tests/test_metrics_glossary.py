@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tool_scripts import load_tool
+from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
-from rlhf_helpers.ppo import glossary
+from rlhf_helpers.ppo import metric_docs as glossary
 from rlhf_helpers.ppo.metrics import GLOSSARY, describe
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import good_count, toy_causal_lm, toy_tokenizer
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -16,19 +17,21 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
 
 
-def test_docs_metrics_md_is_the_generated_glossary():
-    stored = glossary.DOC_PATH.read_text(encoding="utf-8")
-    assert stored == glossary.glossary_markdown(), "run `python -m rlhf_helpers.ppo.glossary`"
+def test_the_checkouts_generated_docs_are_what_the_code_writes(capsys):
+    assert load_tool("write_docs").main(["--check"]) == 0, capsys.readouterr().err
 
 
-def test_check_flag_catches_a_stale_file(tmp_path, capsys):
-    out = tmp_path / "metrics.md"
-    assert glossary.main(["--check", "--out", str(out)]) == 1  # missing
-    assert glossary.main(["--out", str(out)]) == 0
-    assert glossary.main(["--check", "--out", str(out)]) == 0
-    out.write_text(out.read_text() + "edited by hand\n")
-    assert glossary.main(["--check", "--out", str(out)]) == 1
-    assert "out of date" in capsys.readouterr().err
+def test_check_flag_catches_a_stale_page(tmp_path, capsys):
+    write_docs = load_tool("write_docs")
+    (tmp_path / "cluster.md").write_text((write_docs.DOCS / "cluster.md").read_text())
+    assert write_docs.main(["--check", "--docs", str(tmp_path)]) == 1  # metrics.md missing
+    assert write_docs.main(["--docs", str(tmp_path)]) == 0
+    assert write_docs.main(["--check", "--docs", str(tmp_path)]) == 0
+    assert (tmp_path / "metrics.md").read_text() == glossary.metrics_markdown()
+    page = tmp_path / "metrics.md"
+    page.write_text(page.read_text() + "edited by hand\n")
+    assert write_docs.main(["--check", "--docs", str(tmp_path)]) == 1
+    assert "metrics.md is out of date" in capsys.readouterr().err
 
 
 def test_every_logged_key_has_an_entry_and_every_entry_is_logged():
@@ -49,7 +52,7 @@ def test_every_logged_key_has_an_entry_and_every_entry_is_logged():
     assert per_minibatch - set(GLOSSARY) == set(), "per-minibatch stats without a glossary entry"
     assert set(GLOSSARY) - logged - per_minibatch == set(), "glossary entries nothing logs"
     # the one-line meanings are the glossary's, in metrics.GLOSSARY and in the generated docs
-    doc = glossary.glossary_markdown()
+    doc = glossary.metrics_markdown()
     for name, (group, entry) in glossary.METRICS.items():
         assert describe(name) == entry.meaning
         assert group in glossary.GROUPS

@@ -1,4 +1,4 @@
-"""PPOTrainer's replaceable maths (ppo/pieces.py): a user's reward shaping, advantages and losses drive real training."""
+"""PPOTrainer's replaceable maths (ppo/pieces.py): a user's shaping, advantages and losses drive real training."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.losses import policy_loss, value_loss
 from rlhf_helpers.core.masked import masked_whiten
+
 
 def numbers(history):
     """The metrics of each iteration that are numbers of the run, not of the clock."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.runtime.lora import LoRASpec
 
 TEXTS = ["the movie was good .", "the plot", "acting is great and the film was fine ."]

@@ -125,7 +125,7 @@ def test_reward_model_trains_float32_masters_whatever_the_profile_dtype(tmp_path
     from safetensors.torch import load_file
 
     from rlhf_helpers.runtime.data import load_preferences
-    from rlhf_helpers.stages import reward_model as rt
+    from rlhf_helpers.stages import reward_training as rt
 
     profile = get_profile("tiny", dtype="bfloat16")  # on the CPU: no autocast, float32 masters
     config = rt.RewardTrainingConfig.from_profile(profile, max_train_pairs=16, epochs=1.0, batch_size=8)
@@ -374,8 +374,9 @@ def test_sampler_buffers_count_a_real_fast_decoder(one_torch_thread):
 
     config = small_llama_config()
     shape = ModelShape.from_config(config)
-    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, mini_batch_size=3, eval_batch_size=4, max_prompt_length=5,
-                          max_new_tokens=7, lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
+    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, mini_batch_size=3, eval_batch_size=4,
+                          max_prompt_length=5, max_new_tokens=7,
+                          lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         shared = SharedLoRAModel(build_llama(config, torch.float16), pad_token_id=0, eos_token_id=1,

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.reward_model import reward_config_kwargs
+from rlhf_helpers.stages.reward_training import reward_config_kwargs
 
 trl = pytest.importorskip("trl")
 

@@ -11,9 +11,9 @@ from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages import reward as rt
-from rlhf_helpers.stages import reward_model
+from rlhf_helpers.stages import reward_training
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_cache_dir, reward_metrics
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig, pearson
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig, pearson
 
 torch.set_num_threads(1)
 
@@ -63,7 +63,7 @@ def test_pairs_seen_counts_the_short_last_batch_of_each_epoch(n, batch, steps, e
                 break
             seen += min(batch, n - start)
             step += 1
-    assert reward_model.pairs_seen(n, batch, steps) == seen == expected
+    assert reward_training.pairs_seen(n, batch, steps) == seen == expected
 
 
 def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(trained):
@@ -93,7 +93,7 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
     assert torch.allclose(got, torch.tensor(expected), atol=1e-4)
     assert got.std() > 0
     # and the scores of the evaluation helper agree with both
-    scored = reward_model.score_pairs(reference, tok, [p["prompt"] for p in eval_pairs[:4]],
+    scored = reward_training.score_pairs(reference, tok, [p["prompt"] for p in eval_pairs[:4]],
                             [p["chosen"] for p in eval_pairs[:4]])
     assert torch.allclose(scored, torch.tensor(expected), atol=1e-4)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.ppo.testing import toy_causal_lm, toy_tokenizer
 from rlhf_helpers.runtime.lora import LoRASpec
 
 torch.set_num_threads(1)

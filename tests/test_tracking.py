@@ -16,8 +16,8 @@ import pytest
 # thread, a model build that fails): imported so pytest finds it here, requested by name
 from test_train_cli import quick_cli, read_metrics, setup_error  # noqa: F401
 
-from rlhf_helpers.ppo.glossary import METRICS
-from rlhf_helpers.stages import tracking
+from rlhf_helpers.ppo import tracking
+from rlhf_helpers.ppo.metric_docs import METRICS
 
 #: metrics.jsonl key -> the name TRL's PPOTrainer (the PPOv2 design) logs the same quantity under.
 TRL_NAMES = {"kl": "objective/kl", "score": "objective/scores", "clipfrac": "policy/clipfrac_avg",
@@ -174,8 +174,8 @@ def test_wandb_runs_offline_into_the_run_folder_unless_wandb_mode_is_set(tmp_pat
 
 
 def test_the_generated_docs_name_the_folders_the_code_uses():
-    from rlhf_helpers.ppo.glossary import glossary_markdown
+    from rlhf_helpers.ppo.metric_docs import metrics_markdown
 
-    doc = glossary_markdown()
+    doc = metrics_markdown()
     assert f"`<output-dir>/{tracking.TRACKING_DIR}/`" in doc and f"--project {tracking.PROJECT}`" in doc
     assert tracking.INSTALL["tensorboard"] in doc

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from toy_world import good_count
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController, shape_rewards
 from rlhf_helpers.core.losses import policy_loss
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
-from rlhf_helpers.ppo.testing import good_count
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 

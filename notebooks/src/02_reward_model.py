@@ -350,7 +350,7 @@ from trl import RewardConfig, RewardTrainer
 
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
-from rlhf_helpers.stages.reward_model import reward_config_kwargs
+from rlhf_helpers.stages.reward_training import reward_config_kwargs
 
 demo_tokenizer = load_tokenizer(profile)
 # the SFT model + a fresh (H -> 1) score head, in float32: the trained weights stay float32 masters
@@ -386,7 +386,7 @@ from peft import PeftModel
 
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.stages.reward import ensure_reward_model, is_cached_reward_model, reward_metrics
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig, score_pairs
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig, score_pairs
 
 reward_config = RewardTrainingConfig.from_profile(profile)
 print(reward_config)
@@ -445,7 +445,7 @@ with torch.no_grad():
     scratch_scores = score_head(hidden[:, -1, :]).squeeze(-1)  # (B,): left padding -> last column
 library_scores = score_pairs(reward_model, tokenizer, prompts, responses).to(device)  # (B,)
 torch.testing.assert_close(scratch_scores, library_scores, rtol=1e-4, atol=1e-4)
-print("last-column reading matches rlhf_helpers.stages.reward_model.score_pairs:",
+print("last-column reading matches rlhf_helpers.stages.reward_training.score_pairs:",
       [round(s, 3) for s in scratch_scores.tolist()])
 
 # What goes wrong: the same batch right-padded, read at the last column (a pad token for the short rows).

@@ -22,7 +22,7 @@
 #
 # The engine (`rlhf_helpers.ppo`) has none of these bugs. To break it, this notebook subclasses or wraps
 # its pieces here, in the notebook, never with switches inside the library; the harness that runs each
-# variant from a saved start is `rlhf_helpers.stages.failure_runs`. Runs are short (sizes come from the
+# variant from a saved start is `rlhf_helpers.course.failure_runs`. Runs are short (sizes come from the
 # profile), so most curves are one noisy run: look for the shape, not the third decimal. Experiment (e)
 # repeats its runs over three seeds and draws their spread.
 
@@ -51,7 +51,7 @@ from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.failure_runs import (
+from rlhf_helpers.course.failure_runs import (
     LabSizes,
     adapter_state,
     correlation,
@@ -62,7 +62,7 @@ from rlhf_helpers.stages.failure_runs import (
     third_means,
 )
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world.scorer import score_breakdown
 

@@ -684,11 +684,11 @@ else:  # a copy of the notebook without the repository's docs folder
 # versions. It says which units differ (their batch sizes are global, ours per process; their
 # adaptive-KL target is per token, ours per response) and what does not carry over: the shared base
 # becomes a separate critic model, and with LoRA both train only that critic's adapter, not its value
-# head, which the course trains (the page says how to train it there). `rlhf_helpers.stages.cluster_export`
+# head, which the course trains (the page says how to train it there). `rlhf_helpers.cluster.export`
 # writes the same settings for either:
 
 # %%
-from rlhf_helpers.stages.cluster_export import OPENRLHF_VERSION, VERL_VERSION, not_carried, openrlhf_args, verl_overrides
+from rlhf_helpers.cluster.export import OPENRLHF_VERSION, VERL_VERSION, not_carried, openrlhf_args, verl_overrides
 
 ppo_config = profile.ppo  # this notebook's profile, as notebook 05 trains it
 # a few of the PPO knobs (the full lists hold batch sizes, optimiser, LoRA and placement too)

@@ -73,11 +73,6 @@ class BestOfNResult:
         """Hidden score of each chosen response."""
         return self.hidden_scores.gather(1, self.pick()[:, None])[:, 0].tolist()
 
-    @property
-    def chosen_reward_scores(self) -> list[float]:
-        """Learned reward of each chosen response."""
-        return self.reward_scores.gather(1, self.pick()[:, None])[:, 0].tolist()
-
 
 def _default_hidden(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
     return hidden_scores(list(prompts), list(responses))

@@ -24,6 +24,7 @@ from rlhf_helpers.core.checks import (
     check_same_shape,
     check_tensor,
 )
+from rlhf_helpers.core.tokens import _last_token_index
 
 KL_KINDS = ("k1", "k2", "k3")  #: names accepted by kl_estimate
 
@@ -63,26 +64,6 @@ def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> N
     check_finite("ref_logprobs", ref_logprobs)
 
 
-def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty rows.
-
-    mask must be (B, T) with T >= 1, hold only 0 and 1, and be one block of ones per row.
-    """
-    check_ndim("mask", mask, 2, "(B, T)")
-    check_nonempty("mask", mask)
-    check_mask("mask", mask, "mask", mask)
-    check_mask_contiguous("mask", mask)
-    return _last_token_index(mask)
-
-
-def _last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """`last_token_index` for an already validated mask."""
-    T = mask.shape[1]
-    flipped_first = torch.flip(mask.to(torch.int8), dims=[1]).argmax(dim=1)  # (B,)
-    last = T - 1 - flipped_first  # (B,)
-    return torch.where(mask.bool().any(dim=1), last, torch.full_like(last, -1))
-
-
 def shape_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
@@ -116,7 +97,7 @@ def shape_rewards(
     _check_logprob_pair(logprobs, ref_logprobs)
     check_mask("mask", mask, "logprobs", logprobs)
     check_mask_contiguous("mask", mask)
-    last = _last_token_index(mask)  # (B,)
+    last = _last_token_index(mask)  # (B,), the mask validated above
     if bool((last < 0).any()):
         raise ValueError("mask has a row with no real token: its score has nowhere to go")
     check_finite("scores", scores)

@@ -2,11 +2,14 @@
 
     position_ids_from_mask(attention_mask)   # (B, L) positions over real tokens, 0 at left padding
     mask_to_first_eos(responses, eos_id)     # (B, R) 1 up to and including each row's first EOS
+    last_token_index(mask)                   # (B,) index of each row's last real token (-1: none)
 """
 
 from __future__ import annotations
 
 import torch
+
+from rlhf_helpers.core.checks import check_mask, check_mask_contiguous, check_ndim, check_nonempty
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -28,3 +31,23 @@ def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tenso
     is_eos = (responses == eos_token_id).long()  # (B, R)
     after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0  # (B, R): strictly after the first EOS
     return (~after_eos).float()  # (B, R)
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty rows.
+
+    mask must be (B, T) with T >= 1, hold only 0 and 1, and be one block of ones per row.
+    """
+    check_ndim("mask", mask, 2, "(B, T)")
+    check_nonempty("mask", mask)
+    check_mask("mask", mask, "mask", mask)
+    check_mask_contiguous("mask", mask)
+    return _last_token_index(mask)
+
+
+def _last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """`last_token_index` for an already validated mask."""
+    T = mask.shape[1]
+    flipped_first = torch.flip(mask.to(torch.int8), dims=[1]).argmax(dim=1)  # (B,)
+    last = T - 1 - flipped_first  # (B,)
+    return torch.where(mask.bool().any(dim=1), last, torch.full_like(last, -1))

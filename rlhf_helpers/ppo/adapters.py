@@ -20,7 +20,7 @@ from torch import nn
 
 from rlhf_helpers.ppo.value_head import ScalarHead
 
-#: File names of the reward step's output read by `load_reward_adapter` (see stages/reward_model.py).
+#: File names of the reward step's output read by `load_reward_adapter` (see stages/reward_training.py).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
@@ -54,7 +54,7 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     for path in (weights, head_file, config_file):
         if not path.is_file():
             raise FileNotFoundError(f"reward_dir lacks {path.name}: {directory} must be written by "
-                                    "rlhf_helpers.stages.reward_model.train_reward_model")
+                                    "rlhf_helpers.stages.reward_training.train_reward_model")
     saved = json.loads(config_file.read_text())
     peft_model.add_adapter("reward", lora_config(saved["r"], saved["lora_alpha"],
                                                   sorted(saved["target_modules"]), fan_in_fan_out))

@@ -283,11 +283,3 @@ def estimate_memory(profile: Any, shape: ModelShape | None = None) -> dict[str, 
     shape = shape or model_shape(profile)
     return {"sft": estimate_sft_memory(profile, shape), "reward": estimate_reward_memory(profile, shape),
             "ppo": estimate_ppo_memory(profile, shape)}
-
-
-def format_estimate(estimate: MemoryEstimate) -> str:
-    """One line: stage, phase, total and each non-zero part, in MiB."""
-    parts = ", ".join(f"{name} {getattr(estimate, name) / 2**20:.0f}" for name in
-                      ("weights", "autocast_copies", "gradients", "optimizer_states", "activations", "logits",
-                       "kv_cache", "sampler_buffers") if getattr(estimate, name))
-    return f"{estimate.stage} ({estimate.phase}): {estimate.total / 2**20:.0f} MiB = {parts}"

@@ -1,19 +1,22 @@
-"""Names and one-line meanings of the metrics `PPOTrainer.step` logs, and a plotly figure of their curves.
+"""Names and one-line meanings of the metrics `PPOTrainer.step` logs, a plotly figure of their curves, and the
+run folder's metrics.jsonl / curves.html writers.
 
     from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
     fig = plot_curves(trainer.history, keys=("score", "hidden_score", "kl"))
 
-docs/metrics.md is the long form (generated from rlhf_helpers.ppo.glossary): formulas, healthy ranges,
+docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): formulas, healthy ranges,
 failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.glossary import METRICS
+from rlhf_helpers.ppo.metric_docs import METRICS
 
 #: metric name -> one line: what it is (derived from glossary.METRICS, which also holds each metric's
 #: formula, healthy range and failure modes; docs/metrics.md is generated from it).
@@ -82,3 +85,20 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
     fig.update_xaxes(title_text="PPO step")
     fig.update_layout(title=title, height=260 * rows, margin=dict(t=80, l=40, r=20, b=40))
     return fig
+
+
+def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
+    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON)."""
+    def clean(value: Any) -> Any:
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    with open(path, mode, encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps({k: clean(v) for k, v in row.items()}) + "\n")
+        handle.flush()
+
+
+def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
+    """curves.html with plotly.js inlined (opens offline)."""
+    if history:
+        plot_curves(history).write_html(str(path), include_plotlyjs=True)

@@ -35,9 +35,8 @@ from peft import get_peft_model
 from torch import nn
 
 from rlhf_helpers.core.checks import check_temperature, check_token_batch
-from rlhf_helpers.core.kl import last_token_index
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
-from rlhf_helpers.core.tokens import mask_to_first_eos, position_ids_from_mask
+from rlhf_helpers.core.tokens import last_token_index, mask_to_first_eos, position_ids_from_mask
 from rlhf_helpers.ppo.adapters import (
     load_reward_adapter,
     lora_config,
@@ -241,12 +240,6 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         if not entropy_grad:  # a statistic only: backward skips the softmax over the vocabulary
             response_logits = response_logits.detach()
         return logp, entropy_from_logits(response_logits)  # (B, R), (B, R)
-
-    def _response_logprobs(self, logits: torch.Tensor, input_ids: torch.Tensor, context_length: int,
-                           with_entropy: bool):
-        # logits at position s give the distribution of token s + 1
-        response_logits = logits[:, context_length - 1 : -1]  # (B, R, V)
-        return self._logprobs_of(response_logits, input_ids[:, context_length:], with_entropy)
 
     def policy_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits of the policy (policy adapter on): (B, L) -> (B, L, V)."""

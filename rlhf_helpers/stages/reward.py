@@ -30,7 +30,7 @@ from rlhf_helpers.runtime.artifacts import (
 )
 from rlhf_helpers.runtime.data import data_fingerprint
 from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig, train_reward_model
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 
 #: The data files a reward adapter is trained and measured on (under rlhf_helpers.runtime.data.data_dir()).

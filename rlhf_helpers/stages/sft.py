@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_helpers.runtime.architectures import architecture_of
-from rlhf_helpers.runtime.artifacts import artifact_problem, build_cached
+from rlhf_helpers.runtime.artifacts import build_cached
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpus
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
@@ -193,12 +193,6 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
         # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
         "data": data_fingerprint(SFT_DATA_FILES),
     }
-
-
-def sft_dir_problem(directory: str | Path, key: Mapping[str, Any]) -> str | None:
-    """Why the SFT folder `directory` cannot be reused for `key` (`sft_cache_key`), in a few words;
-    None when it is complete and intact for `key` (`artifacts.artifact_problem`)."""
-    return artifact_problem(directory, key, OUT_OF_DATE)
 
 
 def _describe(profile: Profile) -> str:

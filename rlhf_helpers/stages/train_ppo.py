@@ -35,7 +35,7 @@ Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on st
 the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
 writable or sits on a full disk or is in use by another live run (its pid is named), a --seed outside
 [0, 2^32 - 1], settings no run can use, a missing or malformed run.json or checkpoint on --resume; see
-stages/setup_checks.py); 3 stopped by a NaN/inf (in
+ppo/run_folder.py); 3 stopped by a NaN/inf (in
 sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
 stays as it was; 4 a checkpoint, metrics.jsonl or curves.html could not be written (a full disk is
 named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 import sys
 import traceback
@@ -68,16 +67,8 @@ from rlhf_helpers.ppo.checkpoint import (
     load_checkpoint,
 )
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
-from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.runtime.artifacts import runs_dir
-from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
-from rlhf_helpers.runtime.data import load_prompts
-from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
-from rlhf_helpers.stages.reward_model import RewardTrainingConfig
-from rlhf_helpers.stages.setup_checks import (
+from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
+from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
     check_output_dir,
@@ -85,8 +76,16 @@ from rlhf_helpers.stages.setup_checks import (
     lock_output_dir,
     read_run_record,
 )
+from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.artifacts import runs_dir
+from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.ppo_config import PPOConfig
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
+from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
-from rlhf_helpers.stages.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.world.scorer import hidden_scores
 
 #: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
@@ -153,23 +152,6 @@ def flag_error(error: Exception, given: dict[str, Any], source: str) -> str:
     return names + message[len(field):]
 
 
-def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
-    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON)."""
-    def clean(value: Any) -> Any:
-        return None if isinstance(value, float) and not math.isfinite(value) else value
-
-    with open(path, mode, encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: clean(v) for k, v in row.items()}) + "\n")
-        handle.flush()
-
-
-def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
-    """curves.html with plotly.js inlined (opens offline)."""
-    if history:
-        plot_curves(history).write_html(str(path), include_plotlyjs=True)
-
-
 def flat_settings(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"lora": {"r": 8}} -> {"lora_r": 8}: one entry per flag."""
     out: dict[str, Any] = {}
@@ -211,6 +193,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
     output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else runs_dir() / f"ppo-{profile.name}"
+    given = {**given_field_values(args, PPOConfig), "output_dir": str(output_dir)}  # the PPO flags given
+    try:  # before the folder is touched; a resumed run checks its flags against run.json below
+        config = None if args.resume else profile.ppo.replace(**{**CLI_DEFAULTS, **given})
+    except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
+        raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
     check_output_dir(output_dir)
     folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
@@ -219,17 +206,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
         raise SetupError(f"--resume: no checkpoint found in {output_dir}")
 
-    given = given_field_values(args, PPOConfig)  # the PPO flags on the command line
-    given["output_dir"] = str(output_dir)
     saved_reward_dir = None
     if args.resume:
         config, saved_reward_dir = resumed_config(output_dir, profile.name, given)
-    else:
-        try:
-            config = profile.ppo.replace(**{**CLI_DEFAULTS, **given})
-        except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
-            raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
-    if args.resume:
         # the checkpoint is read (safely) and checked file by file before the model is built
         resumed_step = check_resume_checkpoint(output_dir)
         if resumed_step >= config.total_steps:

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -49,9 +47,3 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         model_max_length=MODEL_MAX_LENGTH,
     )
     return tokenizer
-
-
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:
-    """Write the tokenizer files into `directory` (created if missing)."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(directory))

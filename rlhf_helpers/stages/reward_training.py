@@ -1,4 +1,4 @@
-"""The reward model: TRL's RewardTrainer with a LoRA adapter (task SEQ_CLS) on the SFT base.
+"""Training the reward model: TRL's RewardTrainer with a LoRA adapter (task SEQ_CLS) on the SFT base.
 
     result = train_reward_model(profile, "runs/reward")   # writes the adapter and its score head
     shared = SharedLoRAModel(base_lm, ..., reward_dir="runs/reward")

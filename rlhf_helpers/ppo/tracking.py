@@ -12,7 +12,7 @@
 `--report-to none` (the default) builds a plain `Accelerator` and writes no tracking folder: metrics.jsonl
 and curves.html are the run's record either way. Otherwise `Accelerator(log_with=..., project_dir=
 <output-dir>/tracking)`, `init_trackers(PROJECT, config=<run.json, flattened>)`, then `accelerator.log`
-per PPO step, under the tracker names of `ppo.glossary.METRICS` (TRL's grouping); accelerate runs all of
+per PPO step, under the tracker names of `ppo.metric_docs.METRICS` (TRL's grouping); accelerate runs all of
 it on the main process only. Where each tracker writes, with no account needed:
 
 - tensorboard: event files in <output-dir>/tracking/rlhf-ppo/ (`pip install 'rlhf-helpers[tracking]'`);
@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.glossary import METRICS
-from rlhf_helpers.stages.setup_checks import SetupError
+from rlhf_helpers.ppo.metric_docs import METRICS
+from rlhf_helpers.ppo.run_folder import SetupError
 
 #: --report-to choices; "none" is the default.
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")

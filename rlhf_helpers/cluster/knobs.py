@@ -1,10 +1,10 @@
-"""The knob-by-knob map from this course's PPO to verl and OpenRLHF (data; `cluster_export` writes the values).
+"""The knob-by-knob map from this course's PPO to verl and OpenRLHF (data; `cluster.export` writes the values).
 
-    from rlhf_helpers.stages.cluster_knobs import KNOBS, NOT_CARRIED, mapping_table
+    from rlhf_helpers.cluster.knobs import KNOBS, NOT_CARRIED, mapping_table
     KNOBS[0].verl          # ("data.train_batch_size",): the verl key(s) a course knob sets
     print(mapping_table()) # the markdown table of docs/cluster.md
 
-Every note was checked against the source of the pinned releases (`cluster_export.VERL_VERSION`,
+Every note was checked against the source of the pinned releases (`export.VERL_VERSION`,
 `OPENRLHF_VERSION`): verl's trainer/config YAMLs, trainer/ppo/core_algos.py, trainer/ppo/v1/trainer_base.py
 and workers/; OpenRLHF's cli/train_ppo_ray.py, trainer/ and models/. tests/test_cluster_export.py checks
 every key against verl's composed config and every flag against OpenRLHF's argparse definitions.

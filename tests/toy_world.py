@@ -1,4 +1,4 @@
-"""A tiny random world for fast tests and examples: a 12-word tokenizer and a 2-layer random GPT-2."""
+"""The toy world of the tests: a 12-word tokenizer and a 2-layer random GPT-2 (fast, no files)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """The same PPO run for a cluster: verl Hydra overrides and an OpenRLHF command line from a profile or PPOConfig.
 
-    from rlhf_helpers.stages.cluster_export import verl_overrides, verl_yaml, openrlhf_args
+    from rlhf_helpers.cluster.export import verl_overrides, verl_yaml, openrlhf_args
     verl_overrides("gpu")                 # ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", ...]
     print(verl_yaml("gpu", n_gpus=4))     # the same settings as a YAML file (python -m verl.trainer.main_ppo)
     openrlhf_args(config, n_gpus=4)       # ["--rollout.batch_size", "256", ...] for train_ppo_ray
-    python -m rlhf_helpers.stages.cluster_export --profile gpu --format openrlhf
-    python -m rlhf_helpers.stages.cluster_export --update-docs   # rewrite the examples in docs/cluster.md
+    python -m rlhf_helpers.cluster.export --profile gpu --format openrlhf
+    python tools/write_docs.py                           # rewrite the examples in docs/cluster.md
 
 The course's batch sizes are per process (`accelerate launch` runs one copy per GPU); verl and OpenRLHF take
 global ones, so `n_gpus` multiplies them. Model and data paths are placeholders (MODEL_PATH, ...) unless
-`paths` names them. `cluster_knobs` says what each setting means there and what does not carry over
+`paths` names them. `cluster.knobs` says what each setting means there and what does not carry over
 (`not_carried` lists the ones this config sets); docs/cluster.md is the page.
 """
 
@@ -21,12 +21,11 @@ import shlex
 import sys
 from collections.abc import Mapping
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.cluster import knobs
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
-from rlhf_helpers.stages import cluster_knobs as knobs
 
 #: The releases this export was written against and tests/test_cluster_export.py checks (PyPI versions).
 VERL_VERSION = "0.9.1"
@@ -42,7 +41,6 @@ PLACEHOLDERS = {"model": "MODEL_PATH", "reward_model": "REWARD_MODEL_PATH",
                 "train_prompts": "TRAIN_PROMPTS", "val_prompts": "VAL_PROMPTS"}
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
 
 
 def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
@@ -114,7 +112,7 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response
               "actor_rollout_ref.rollout.seed": c.seed, a + "data_loader_seed": c.seed,
               cr + "data_loader_seed": c.seed})
     rm = "reward.reward_model."
-    s.update({  # plumbing (cluster_knobs.PLUMBING)
+    s.update({  # plumbing (knobs.PLUMBING)
         m + "path": p["model"], "critic.model.path": p["model"], rm + "enable": True,
         rm + "model_path": p["reward_model"], rm + "rollout.name": "vllm", rm + "rollout.tensor_model_parallel_size": 1,
         "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
@@ -196,7 +194,7 @@ def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_
 
 def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
                    paths: Mapping[str, str] | None = None) -> list[tuple[str, tuple[Any, ...]]]:
-    """(flag, values) pairs for train_ppo_ray, in the order of cluster_knobs.KNOBS; () for a switch."""
+    """(flag, values) pairs for train_ppo_ray, in the order of knobs.KNOBS; () for a switch."""
     c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
     target = per_token_target_kl(c, mean_response_tokens)
     score_clip = NO_CLIP if c.score_clip is None else float(c.score_clip)
@@ -294,7 +292,7 @@ def render_page(text: str) -> str:
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in blocks:
-            raise ValueError(f"unknown generated block {name!r} in {DOC_PATH.name}")
+            raise ValueError(f"unknown generated block {name!r} in the page")
         sep = "" if name == "versions" else "\n"
         return f"<!-- generated:{name} -->{sep}{blocks[name]}{sep}<!-- /generated:{name} -->"
 
@@ -306,17 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default $RLHF_PROFILE or tiny)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one node (batches are scaled by it)")
     parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
-    parser.add_argument("--update-docs", action="store_true", help=f"rewrite the generated blocks of {DOC_PATH}")
-    parser.add_argument("--check-docs", action="store_true", help="exit 1 if docs/cluster.md is out of date")
     args = parser.parse_args(argv)
-    if args.update_docs or args.check_docs:
-        old = DOC_PATH.read_text(encoding="utf-8")
-        new = render_page(old)
-        if args.check_docs:
-            print("up to date" if new == old else f"{DOC_PATH} is out of date: run with --update-docs")
-            return 0 if new == old else 1
-        DOC_PATH.write_text(new, encoding="utf-8")
-        return 0
     run = args.profile if args.profile is not None else get_profile()
     for line in not_carried(run):
         print(f"not carried over: {line}", file=sys.stderr)

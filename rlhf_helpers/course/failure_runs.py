@@ -26,7 +26,7 @@ from rlhf_helpers.core.masked import masked_sum
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.stages.reward_model import pearson
+from rlhf_helpers.stages.reward_training import pearson
 from rlhf_helpers.world.scorer import hidden_scores
 
 
