@@ -185,7 +185,7 @@ class FourModels(SharedLoRAModel):
         #: the plain sampling loop on every device (SharedLoRAModel's fast CUDA sampler folds a shared
         #: base's adapters; these copies have none to fold)
         self.fast_sampling = False
-        self._fast_decoder = None
+        self.fast_decoder = None
         nn.Module.train(self, False)  # dropout off, as in the shared model
 
     # ------------------------------------------------------------------ what SharedLoRAModel reads
@@ -198,7 +198,7 @@ class FourModels(SharedLoRAModel):
     def device(self) -> torch.device:
         return next(self.policy.parameters()).device
 
-    def _use(self, adapter: str) -> None:
+    def use(self, adapter: str) -> None:
         """Nothing to switch: every role has its own model (only the policy samples here)."""
         if adapter != "policy":
             raise ValueError(f"adapter must be 'policy' for FourModels, got {adapter!r}")

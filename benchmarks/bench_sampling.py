@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rlhf_helpers.ppo.sampling import sample_model
 from rlhf_helpers.runtime.lora import LoRASpec
 
 #: LoRA targets and rank of the gpu profile (rlhf_helpers.runtime.profiles.gpu_profile).
@@ -98,7 +99,7 @@ def weight_bytes_per_step(shared: Any) -> int:
 
 
 def _prompts(tokenizer: Any, batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from rlhf_helpers.ppo.experience import tokenize_prompts
+    from rlhf_helpers.ppo.samples import tokenize_prompts
     from rlhf_helpers.runtime.data import load_prompts
 
     texts = load_prompts("train")[:batch]
@@ -128,7 +129,7 @@ def time_sampler(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens:
             torch.manual_seed(i)
             _sync(device)
             start = time.perf_counter()
-            seq = shared.generate(ids, attn, new_tokens)
+            seq = sample_model(shared, ids, attn, new_tokens).sequences
             _sync(device)
             if i >= 2:
                 times.append((time.perf_counter() - start) / (seq.shape[1] - ids.shape[1]))
@@ -138,7 +139,7 @@ def time_sampler(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens:
 def time_hf_generate(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens: int, repeats: int) -> float:
     """Median seconds per decode step of transformers' `generate` (sampling, policy adapter on)."""
     device = ids.device
-    shared._use("policy")
+    shared.use("policy")
     times = []
     for i in range(repeats + 1):
         torch.manual_seed(i)
@@ -163,7 +164,7 @@ def check_equal_paths(device: str, batch: int, new_tokens: int, small: bool) -> 
     for fast in (False, True):
         shared.fast_sampling = fast
         torch.manual_seed(7)
-        out[fast] = shared.generate_with_logprobs(ids, attn, new_tokens)
+        out[fast] = sample_model(shared, ids, attn, new_tokens, with_logprobs=True)
     (seq_p, logp_p, _), (seq_f, logp_f, _) = out[False], out[True]
     width = min(seq_p.shape[1], seq_f.shape[1]) - ids.shape[1]
     same = (seq_p[:, ids.shape[1]:][:, :width] == seq_f[:, ids.shape[1]:][:, :width])
@@ -182,7 +183,7 @@ def check_bf16_vs_forward(shared: Any, ids: torch.Tensor, attn: torch.Tensor, ne
     for fast in (False, True):
         shared.fast_sampling = fast
         torch.manual_seed(11)
-        seq, logp, _ = shared.generate_with_logprobs(ids, attn, new_tokens)
+        seq, logp, _ = sample_model(shared, ids, attn, new_tokens, with_logprobs=True)
         mask = shared.response_mask(seq[:, P:])
         forward = shared.policy_logprobs(seq, torch.cat([attn, mask.long()], dim=1), P)
         figures[f"{'fast' if fast else 'plain'}_loop_vs_forward_max_logprob_diff"] = float(

@@ -11,6 +11,7 @@ from toy_world import toy_causal_lm, toy_tokenizer
 
 from benchmarks import bench_memory
 from benchmarks.bench_memory import SizeSpec, build_side, compare, parameter_bytes
+from rlhf_helpers.ppo.sampling import sample_model
 
 R = 4
 SPEC = SizeSpec("toy", batch=2, new_tokens=4, prompt_tokens=6, lora_r=R, lora_alpha=8,
@@ -90,9 +91,9 @@ def test_four_models_sample_and_score_like_the_shared_model_at_the_start(toy):
     ids = torch.tensor([[0, 3, 4, 6], [3, 4, 5, 6]])  # (2, 4) left-padded prompts
     attn = (ids != tok.pad_token_id).long()  # (2, 4)
     torch.manual_seed(7)
-    seq_shared = shared.generate(ids, attn, 5)
+    seq_shared = sample_model(shared, ids, attn, 5).sequences
     torch.manual_seed(7)
-    seq_four = four.generate(ids, attn, 5)
+    seq_four = sample_model(four, ids, attn, 5).sequences
     assert torch.equal(seq_shared, seq_four)
     full = torch.ones_like(seq_four)
     torch.testing.assert_close(four.policy_logprobs(seq_four, full, 4), shared.policy_logprobs(seq_four, full, 4))

@@ -19,7 +19,7 @@ from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule
 from rlhf_helpers.core.group_advantages import group_rewards, grpo_advantages, rloo_advantages
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.experience import sample_responses, score_samples
+from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile

@@ -11,6 +11,7 @@ import torch
 from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu
+from rlhf_helpers.ppo.sampling import sample_model
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
@@ -81,9 +82,9 @@ def test_sampling_logprobs_equal_a_fresh_full_forward(tok, temperature):
     model = perturbed_shared(tok)
     ids, attn = left_padded(tok, TEXTS + ["the", "the film"])
     torch.manual_seed(3)
-    plain = model.generate(ids, attn, max_new_tokens=10, temperature=temperature)
+    plain = sample_model(model, ids, attn, max_new_tokens=10, temperature=temperature).sequences
     torch.manual_seed(3)
-    seq, logp, entropy = model.generate_with_logprobs(ids, attn, max_new_tokens=10, temperature=temperature)
+    seq, logp, entropy = sample_model(model, ids, attn, max_new_tokens=10, temperature=temperature, with_logprobs=True)
     assert torch.equal(seq, plain)  # the same random draws
     P = ids.shape[1]
     mask = model.response_mask(seq[:, P:])  # (B, R) up to and including EOS
@@ -102,7 +103,7 @@ def test_sampling_logprobs_of_the_reference_are_the_reference_logprobs(tok):
     model = perturbed_shared(tok)
     ids, attn = left_padded(tok, TEXTS)
     torch.manual_seed(0)
-    seq, logp, _ = model.generate_with_logprobs(ids, attn, max_new_tokens=6, adapter=None)
+    seq, logp, _ = sample_model(model, ids, attn, max_new_tokens=6, adapter=None, with_logprobs=True)
     P = ids.shape[1]
     mask = model.response_mask(seq[:, P:])
     ref = model.ref_logprobs(seq, torch.cat([attn, mask.long()], dim=1), P)

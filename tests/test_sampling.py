@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
-from rlhf_helpers.ppo.sampling import PlainDecoder, sample
+from rlhf_helpers.ppo.sampling import PlainDecoder, sample, sample_model
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
@@ -64,7 +64,7 @@ def shared(tokenizer):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    from rlhf_helpers.ppo.experience import tokenize_prompts
+    from rlhf_helpers.ppo.samples import tokenize_prompts
 
     texts = ["the film was", "a slow , quiet story about", "i", "the acting in this one was simply"]
     return tokenize_prompts(tokenizer, texts, 16, "cpu")  # (4, P) left-padded
@@ -75,8 +75,8 @@ def _sample_both(shared, ids, attn, adapter, temperature=1.0, new_tokens=12, see
     for fast in (False, True):
         shared.fast_sampling = fast
         torch.manual_seed(seed)
-        out[fast] = shared.generate_with_logprobs(ids, attn, new_tokens, temperature=temperature,
-                                                  adapter=adapter)
+        out[fast] = sample_model(shared, ids, attn, new_tokens, temperature=temperature,
+                                                  adapter=adapter, with_logprobs=True)
     shared.fast_sampling = False
     return out[False], out[True]
 
@@ -116,7 +116,7 @@ def test_the_adapter_folded_in_is_the_one_asked_for(shared, prompts):
 def test_reading_the_stop_flag_less_often_changes_nothing(shared, prompts, every):
     """Steps sampled after every row ended are all pad and are cut: same sequences and log-probs."""
     ids, attn = prompts
-    shared._use("policy")
+    shared.use("policy")
     results = []
     for check in (1, every):
         torch.manual_seed(5)
@@ -173,7 +173,8 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
     """In bf16 the one-token sampling products round differently from the update's forward, so the
     old log-probs must be that forward's: equal to `policy_logprobs` of the rollout, and (LoRA B = 0
     at the start: policy = reference, bit for bit) a KL of exactly 0 at step 0."""
-    from rlhf_helpers.ppo.experience import collect_experience, sampling_logprobs_are_exact
+    from rlhf_helpers.ppo.experience import collect_experience
+    from rlhf_helpers.ppo.samples import sampling_logprobs_are_exact
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.ppo_config import PPOConfig
     from rlhf_helpers.runtime.profiles import get_profile
@@ -193,7 +194,7 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
 
 
 def test_float32_rollouts_keep_the_sampling_loops_log_probs(tokenizer):
-    from rlhf_helpers.ppo.experience import sampling_logprobs_are_exact
+    from rlhf_helpers.ppo.samples import sampling_logprobs_are_exact
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.profiles import get_profile
 
@@ -210,7 +211,7 @@ def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(sh
     ids, attn = prompts
     shared.fast_sampling = False
     torch.manual_seed(9)
-    expected = shared.generate(ids, attn, 8)
+    expected = sample_model(shared, ids, attn, 8).sequences
 
     real_decode = StaticLlamaDecoder.decode
     calls = []
@@ -225,7 +226,7 @@ def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(sh
     shared.fast_sampling = True
     torch.manual_seed(9)
     with pytest.warns(RuntimeWarning, match="fast sampling failed .*RuntimeError"):
-        got = shared.generate(ids, attn, 8)
+        got = sample_model(shared, ids, attn, 8).sequences
     assert torch.equal(got, expected) and shared.fast_sampling is False
 
 
@@ -235,7 +236,7 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_dropped(sha
     drops its graphs, and returns the eager logits, so the samples equal the plain loop's."""
     ids, attn = prompts
     decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
-    shared._use("policy")
+    shared.use("policy")
     decoder.load_adapter("policy")
     torch.manual_seed(2)
     plain = sample(shared.lm, ids, attn, 6, eos_token_id=shared.eos_token_id,

@@ -11,6 +11,7 @@ import torch
 from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.core.tokens import position_ids_from_mask
+from rlhf_helpers.ppo.sampling import sample_model
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
@@ -153,7 +154,7 @@ def test_requires_grad_by_adapter_after_every_switch(tok, shared, method):
         "ref": lambda: shared.ref_logprobs(ids, attn, 2),
         "values": lambda: shared.values(ids, attn, 2),
         "reward": lambda: shared.reward_scores(ids, attn),
-        "generate": lambda: shared.generate(ids, attn, max_new_tokens=3, adapter="reward"),
+        "generate": lambda: sample_model(shared, ids, attn, max_new_tokens=3, adapter="reward").sequences,
     }
     calls["values"]()  # start from another active adapter
     calls[method]()
@@ -207,7 +208,7 @@ def test_reward_read_at_last_real_token_equals_sequence_alone(tok, shared):
     # an independent read: the reward adapter's last hidden state of the row alone through the head
     alone = row_alone(ids, attn, 0)[None]
     with torch.no_grad():
-        shared._use("reward")
+        shared.use("reward")
         hidden = shared.backbone(input_ids=alone).last_hidden_state[0, -1]  # (H,)
         expected = hidden @ shared.score_head.linear.weight[0]
     assert torch.allclose(scores[0], expected, atol=1e-5)
@@ -226,7 +227,7 @@ def test_dropout_stays_off(tok):
 def test_generate_pads_after_eos_and_mask_covers_through_eos(tok, shared):
     ids, attn = left_padded(tok, TEXTS)
     torch.manual_seed(0)
-    seq = shared.generate(ids, attn, max_new_tokens=12)
+    seq = sample_model(shared, ids, attn, max_new_tokens=12).sequences
     responses = seq[:, ids.shape[1]:]  # (B, R)
     mask = shared.response_mask(responses)
     for row in range(responses.shape[0]):
@@ -294,7 +295,7 @@ def test_shipped_tiny_model_smoke():
     assert torch.allclose(ref[1, -1], plain_logprobs(plain, row)[-1], atol=1e-5)
     assert torch.allclose(model.policy_logprobs(ids, attn, 4), ref, atol=1e-6)
     torch.manual_seed(0)
-    seq = model.generate(ids, attn, max_new_tokens=5)
+    seq = sample_model(model, ids, attn, max_new_tokens=5).sequences
     assert seq.shape[0] == 2 and 1 <= seq.shape[1] - ids.shape[1] <= 5
     assert model.reward_scores(seq, torch.ones_like(seq)).shape == (2,)
 
@@ -303,7 +304,7 @@ def test_tempered_generation_log_probs_equal_the_tempered_policy_log_probs(tok, 
     torch.manual_seed(0)
     prompt = tok(["the movie was", "the plot"], return_tensors="pt", padding=True, padding_side="left")
     ids, attn = prompt["input_ids"], prompt["attention_mask"]
-    seq, logp, ent = shared.generate_with_logprobs(ids, attn, max_new_tokens=6, temperature=0.7)
+    seq, logp, ent = sample_model(shared, ids, attn, max_new_tokens=6, temperature=0.7, with_logprobs=True)
     P = ids.shape[1]
     mask = shared.response_mask(seq[:, P:]).bool()  # (B, R)
     full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)

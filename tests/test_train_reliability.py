@@ -11,6 +11,7 @@ import torch
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.experience import collect_experience
+from rlhf_helpers.ppo.sampling import sample_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]
@@ -46,11 +47,11 @@ def test_non_finite_sampling_logits_stop_before_multinomial(make_trainer, value)
     prompt_ids = torch.tensor([[3, 4, 6]])  # "the movie was"
     with pytest.raises(ValueError, match=r"sampling logits must be finite, but 1 of 1 rows met NaN or inf "
                                          r"at response token 0"):
-        trainer.model.generate(prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4)
+        sample_model(trainer.model, prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4)
     with pytest.raises(NonFiniteError, match="sampling logits must be finite.* at PPO step 7"):
         collect_experience(trainer.model, trainer.tokenizer, PROMPTS, trainer.config, kl_coef=0.1, step=7)
     # the reference (adapters off) is not broken and still samples
-    trainer.model.generate(prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4, adapter=None)
+    sample_model(trainer.model, prompt_ids, torch.ones_like(prompt_ids), max_new_tokens=4, adapter=None)
 
 
 def test_non_finite_weights_after_an_optimiser_step_stop_that_step(make_trainer, tmp_path, monkeypatch):

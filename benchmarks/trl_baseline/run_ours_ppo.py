@@ -88,6 +88,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     import transformers
     from transformers import AutoModelForCausalLM
 
+    from rlhf_helpers.ppo.sampling import sample_model
+
     if settings.lora_r < 1:
         raise ValueError("our engine trains LoRA adapters only: lora_r must be >= 1")
     rss_after_imports = current_rss_mb()
@@ -102,8 +104,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     def run_eval(update: int) -> dict[str, float]:
         result = evaluate(
             tokenizer, eval_prompts, settings,
-            lambda ids, mask: model.generate(ids, mask, settings.response_length,
-                                             temperature=settings.temperature),
+            lambda ids, mask: sample_model(model, ids, mask, settings.response_length,
+                                             temperature=settings.temperature).sequences,
             model.policy_logprobs, model.ref_logprobs)
         return {"update": update, **result}
 

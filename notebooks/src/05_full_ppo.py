@@ -85,7 +85,8 @@ from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.ppo.experience import collect_experience, sample_responses, score_samples
+from rlhf_helpers.ppo.experience import collect_experience
+from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path

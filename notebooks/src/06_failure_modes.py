@@ -46,7 +46,7 @@ import rlhf_helpers
 from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.experience import sample_responses
+from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts

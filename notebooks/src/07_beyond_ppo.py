@@ -47,7 +47,7 @@ from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.ppo.experience import sample_responses, score_samples
+from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf_helpers.ppo.experience import RewardFn, sample_responses, score_samples
+from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.world.scorer import hidden_scores
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.experience import tokenize_prompts
+from rlhf_helpers.ppo.samples import tokenize_prompts
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rlhf_helpers.ppo.experience import RewardFn, sample_responses, score_samples
+from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 #: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g. rlhf_helpers.world.scorer.hidden_scores)

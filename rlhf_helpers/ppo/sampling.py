@@ -1,7 +1,8 @@
 """Sampling responses from the shared model: one loop, two ways to run a decode step.
 
-    out = sample(lm, prompt_ids, prompt_mask, max_new_tokens=48, eos_token_id=..., pad_token_id=...,
-                 with_logprobs=True)          # out.sequences (B, P + R), out.logprobs (B, R), out.entropy (B, R)
+    out = sample_model(shared, prompt_ids, prompt_mask, max_new_tokens=48, with_logprobs=True)
+    out.sequences, out.logprobs, out.entropy     # (B, P + R), (B, R), (B, R)
+    out = sample(lm, prompt_ids, prompt_mask, max_new_tokens=48, eos_token_id=..., pad_token_id=...)  # any LM
 
 The loop draws y_t ~ softmax(z_t / T) for every row at once (no top-k, no top-p: PPO needs the
 policy's own distribution) until every row has written its EOS or R = max_new_tokens; a row that
@@ -13,7 +14,8 @@ ended writes pad. Two decoders compute z_t:
   KV cache, each LoRA adapter folded into its base weight, captured once as a CUDA graph and
   replayed every token (that module says why). On a CPU it runs eagerly (tests).
 
-`SamplingMixin` gives `SharedLoRAModel` its public `generate` / `generate_with_logprobs`.
+`sample_model(shared, ...)` samples a `SharedLoRAModel` (the adapter chosen, the fast decoder where it
+applies); `samples.sample_responses` turns prompt texts into a `Samples` batch with it.
 
 Host-device syncs: the stop test (has every row ended?) is read every `stop_check_every` tokens
 (CUDA: 8), not every token; the columns sampled after the last row ended are all pad and are cut
@@ -24,9 +26,9 @@ the two decoders' logits agree.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -40,11 +42,11 @@ from rlhf_helpers.core.checks import (
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 
-@dataclass
-class SampleOutput:
-    """What the sampling loop returns."""
+class SampleOutput(NamedTuple):
+    """What the sampling loop returns (a named tuple: `seq, logp, ent = sample_model(...)` unpacks it)."""
 
     sequences: torch.Tensor  #: (B, P + R) prompt ids then sampled ids (pad after a row's EOS)
     logprobs: torch.Tensor | None  #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs only)
@@ -161,87 +163,50 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         torch.stack(entropies, dim=1)[:, :width])  # (B, R) each
 
 
-# ----------------------------------------------------------------------------- the model's sampling API
-class SamplingMixin:
-    """`generate` and `generate_with_logprobs` of `SharedLoRAModel` (which provides `lm`, `_use`,
-    `reference`, the token ids, `fast_sampling` and `_fast_decoder`)."""
+# ----------------------------------------------------------------------------- sampling the shared model
+@torch.no_grad()
+def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 temperature: float = 1.0, adapter: str | None = "policy", with_logprobs: bool = False) -> SampleOutput:
+    """Sample responses of the shared model to left-padded prompts with a KV cache: (B, P) -> SampleOutput with
+    sequences (B, P + R), R <= max_new_tokens (and, `with_logprobs`, logprobs and entropy (B, R)).
 
-    lm: nn.Module
-    pad_token_id: int
-    eos_token_id: int
-    fast_sampling: bool
-    _fast_decoder: Any
+    y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution). A row
+    stops after its EOS; later positions hold pad. `adapter=None` samples the reference. Uses the global
+    torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise NonFiniteError after the loop.
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 temperature: float = 1.0, adapter: str | None = "policy") -> torch.Tensor:
-        """Sample responses to left-padded prompts with a KV cache: (B, P) -> (B, P + R), R <= max_new_tokens.
-
-        y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
-        A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference.
-        Uses the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
-        NonFiniteError (a ValueError) after the loop instead of crashing `torch.multinomial`.
-        """
-        return self._generate(input_ids, attention_mask, max_new_tokens, temperature, adapter, False)[0]
-
-    @torch.no_grad()
-    def generate_with_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`generate`, plus the log-prob and the entropy of the sampling model at every sampled token:
-        (B, P) -> sequences (B, P + R), log pi(y_t | prompt, y_<t) (B, R), H_t (B, R).
-
-        Both are read from the logits the sampling loop computes anyway, so the rollout needs no
-        second policy forward. They belong to the distribution that sampled the tokens,
-        softmax(z / temperature), and equal `policy_logprobs(seq, attn, P, with_entropy=True,
-        temperature=temperature)` of the returned sequences up to float rounding on every token up
-        to and including EOS: same positions (counted over real tokens), same attended tokens, one
-        KV-cached token per step instead of one full pass. After a row's EOS they belong to pad
-        (meaningless, finite, masked by every consumer). Same random draws as `generate`.
-        """
-        sequences, logprobs, entropy = self._generate(input_ids, attention_mask, max_new_tokens,
-                                                      temperature, adapter, True)
-        return sequences, logprobs, entropy
-
-    def _generate(self, input_ids, attention_mask, max_new_tokens, temperature, adapter, with_logprobs):
-        check_token_batch(input_ids, attention_mask)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        check_temperature(temperature)
-        if adapter is None:
-            with self.reference():
-                return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, None)
-        self._use(adapter)
-        return self._sample(input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter)
-
-    def _sample(self, input_ids, attention_mask, max_new_tokens, temperature, with_logprobs, adapter):
-        def run(decoder: Decoder) -> SampleOutput:
-            return sample(self.lm, input_ids, attention_mask, max_new_tokens, eos_token_id=self.eos_token_id,
-                          pad_token_id=self.pad_token_id, temperature=temperature,
-                          with_logprobs=with_logprobs, decoder=decoder)
-
-        if self.fast_sampling:
+    The log-probs and entropies are read from the logits the loop computes anyway, so a rollout needs no
+    second policy forward. They belong to the distribution that sampled, softmax(z / temperature), and
+    equal `model.policy_logprobs(seq, attn, P, with_entropy=True, temperature=temperature)` up to float
+    rounding on every token up to and including EOS (after it they belong to pad: finite, masked).
+    On CUDA a Llama-family model samples with the fast decoder (`model.fast_sampling`); if that path itself
+    fails, it warns and this model samples with the plain loop from then on, drawing the same tokens.
+    """
+    check_token_batch(input_ids, attention_mask)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_temperature(temperature)
+    settings = dict(eos_token_id=model.eos_token_id, pad_token_id=model.pad_token_id, temperature=temperature,
+                    with_logprobs=with_logprobs)
+    with model.reference() if adapter is None else contextlib.nullcontext():
+        if adapter is not None:
+            model.use(adapter)
+        if model.fast_sampling:
             devices = [input_ids.device] if input_ids.device.type == "cuda" else []
             rng = _rng_states(devices)
             try:
-                out = run(self._fast_decoder_with(adapter))
-                return out.sequences, out.logprobs, out.entropy
+                if model.fast_decoder is None:  # built once, then each adapter is folded into its weights
+                    model.fast_decoder = StaticLlamaDecoder(model.lm)
+                model.fast_decoder.load_adapter(adapter)
+                return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=model.fast_decoder,
+                              **settings)
             except NonFiniteError:  # broken weights: no other decoder would do better
                 raise
             except Exception as error:  # a failure of the fast path itself
                 warnings.warn(f"fast sampling failed ({type(error).__name__}: {error}); this model samples "
-                              "with the plain loop from now on", RuntimeWarning, stacklevel=4)
-                self.fast_sampling, self._fast_decoder = False, None
+                              "with the plain loop from now on", RuntimeWarning, stacklevel=2)
+                model.fast_sampling, model.fast_decoder = False, None
                 _set_rng_states(devices, rng)  # the plain loop draws what the fast one would have
-        out = run(PlainDecoder(self.lm))
-        return out.sequences, out.logprobs, out.entropy
-
-    def _fast_decoder_with(self, adapter: str | None) -> Decoder:
-        """The model's static-cache decoder (built once), with `adapter` folded into its weights."""
-        if self._fast_decoder is None:
-            self._fast_decoder = StaticLlamaDecoder(self.lm)
-        self._fast_decoder.load_adapter(adapter)
-        return self._fast_decoder
+        return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=PlainDecoder(model.lm), **settings)
 
 
 def _rng_states(devices: list[torch.device]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -6,7 +6,7 @@
     ref = shared.ref_logprobs(seq, attn, P)        # (B, R) with every adapter disabled
     v = shared.values(seq, attn, P)                # (B, R) value adapter + value head
     r = shared.reward_scores(seq, attn)            # (B,) reward adapter + score head, last real token
-    seq, logp, ent = shared.generate_with_logprobs(prompt_ids, prompt_attn, max_new_tokens=40)
+    seq, logp, ent = sample_model(shared, prompt_ids, prompt_attn, 40, with_logprobs=True)  # ppo.sampling
 
 Sequences are left-padded prompts of width P followed by responses of width R = L - P; `attn` (B, L)
 is 1 on real tokens. Per-token outputs (B, R) are aligned with the response tokens: position t of the
@@ -14,7 +14,7 @@ output belongs to token seq[:, P + t] and is read from the hidden state at P + t
 before that token is chosen).
 
 The stack's known traps, handled here:
-- peft's `set_adapter` makes only the active adapter trainable; `_use` restores `requires_grad` from
+- peft's `set_adapter` makes only the active adapter trainable; `use` restores `requires_grad` from
   the adapter names after every switch, and `policy_parameters` / `value_parameters` pick parameters
   by adapter name, never by whatever happens to be trainable.
 - gradient checkpointing re-runs forwards during backward, possibly under another adapter: refused.
@@ -46,7 +46,6 @@ from rlhf_helpers.ppo.adapters import (
 )
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
-from rlhf_helpers.ppo.sampling import SamplingMixin
 from rlhf_helpers.ppo.value_head import ScalarHead
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
@@ -73,7 +72,7 @@ def _check_context(context_length: int, length: int) -> None:
                          f"got {context_length}")
 
 
-class SharedLoRAModel(SamplingMixin, nn.Module):
+class SharedLoRAModel(nn.Module):
     """A causal LM with `policy`, `value` and `reward` LoRA adapters, a value head and a score head.
 
     `fused_gelu=True` (default) swaps GPT-2's gelu_new for torch's fused kernel of the same formula
@@ -144,9 +143,10 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         #: sample with the static-cache decoder (CUDA graphs on a GPU); None: on CUDA when supported
         self.fast_sampling = (device.type == "cuda" and supports_fast_decoder(self.lm)
                               if fast_sampling is None else bool(fast_sampling))
-        self._fast_decoder: StaticLlamaDecoder | None = None
+        #: the static-cache decoder `sampling.sample_model` builds on first use (fast_sampling only)
+        self.fast_decoder: StaticLlamaDecoder | None = None
         self.score_head.requires_grad_(False)
-        self._use("policy")
+        self.use("policy")
         super().train(False)  # dropout off for good
 
     # ------------------------------------------------------------------ adapters and parameters
@@ -156,7 +156,7 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
             for param in params:
                 param.requires_grad_(adapter in TRAINED_ADAPTERS)
 
-    def _use(self, adapter: str) -> None:
+    def use(self, adapter: str) -> None:
         """Activate one adapter, then undo what `set_adapter` did to requires_grad."""
         if adapter not in ADAPTERS:
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
@@ -244,7 +244,7 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
     def policy_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits of the policy (policy adapter on): (B, L) -> (B, L, V)."""
         check_token_batch(input_ids, attention_mask)
-        self._use("policy")
+        self.use("policy")
         return self._logits(input_ids, attention_mask)
 
     def policy_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -258,7 +258,7 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         _check_context(context_length, input_ids.shape[1])
         check_token_batch(input_ids, attention_mask)
         check_temperature(temperature)
-        self._use("policy")
+        self.use("policy")
         logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
         return self._logprobs_of(logits, input_ids[:, context_length:], with_entropy, entropy_grad,
                                  temperature)
@@ -295,14 +295,14 @@ class SharedLoRAModel(SamplingMixin, nn.Module):
         """V(s_t) before each response token (value adapter + value head): (B, L) -> (B, R)."""
         check_token_batch(input_ids, attention_mask)
         _check_context(context_length, input_ids.shape[1])
-        self._use("value")
+        self.use("value")
         hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
         return self.value_head(hidden[:, context_length - 1 : -1])  # (B, R)
 
     def reward_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Reward-model score at each row's last real token (reward adapter, no gradient): (B, L) -> (B,)."""
         check_token_batch(input_ids, attention_mask)
-        self._use("reward")
+        self.use("reward")
         with torch.no_grad():
             hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
             last = last_token_index(attention_mask)  # (B,)

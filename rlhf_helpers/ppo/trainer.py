@@ -40,13 +40,7 @@ from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
-from rlhf_helpers.ppo.experience import (
-    Experience,
-    RewardFn,
-    collect_experience,
-    rollout_metrics,
-    tokenize_prompts,
-)
+from rlhf_helpers.ppo.experience import Experience, collect_experience, rollout_metrics
 from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard
 from rlhf_helpers.ppo.minibatch import trim_minibatch
 from rlhf_helpers.ppo.optim import AdapterOptimizer
@@ -59,6 +53,7 @@ from rlhf_helpers.ppo.pieces import (
     policy_loss_and_stats,
     value_loss_and_stats,
 )
+from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
 from rlhf_helpers.runtime.ppo_config import PPOConfig
