@@ -120,7 +120,7 @@ def _no_eos(shared: Any):
 
 def time_sampler(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens: int, fast: bool,
                  repeats: int) -> float:
-    """Median seconds per decode step of generate_with_logprobs (prefill included, then / steps)."""
+    """Median seconds per decode step of sampling.sample_model (prefill included, then / steps)."""
     device = ids.device
     shared.fast_sampling = fast
     times = []

@@ -12,7 +12,8 @@ from rlhf_helpers.course import notebook as header
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-MARKDOWN_FILES = [ROOT / "README.md", *sorted((ROOT / "notebooks").glob("*.md"))]
+MARKDOWN_FILES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "docs" / "running.md",
+                  *sorted((ROOT / "notebooks").glob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")  # markdown [text](target)
 _HREF = re.compile(r"""(?:href|src)=["']([^"']+)["']""")
 _COLAB = re.compile(r"^https://colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/(.+)$")
@@ -78,3 +79,37 @@ def test_link_checker_catches_a_missing_file():
                        "https://colab.research.google.com/github/x/y/blob/main/a.ipynb"]
     assert not (ROOT / "nothing/here.md").exists()
     assert _COLAB.match(targets[2]).group(1) != header.REPO_SLUG
+
+
+def test_contributing_names_only_functions_and_files_that_exist():
+    """CONTRIBUTING.md's iteration map names `file:function` hops and its table names modules and test
+    files: each must exist, and every module of the package must be in the table, so the page cannot rot."""
+    import ast
+
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    hops = re.findall(r"`(?:rlhf_helpers/\w+/)?(\w+\.py):(\w+)`", text)
+    assert len(hops) >= 12
+    for file, function in hops:
+        paths = list((ROOT / "rlhf_helpers").rglob(file))
+        assert len(paths) == 1, f"{file}: {paths}"
+        names = {node.name for node in ast.walk(ast.parse(paths[0].read_text())) if isinstance(node, ast.FunctionDef)}
+        assert function in names, f"{file} has no function {function}"
+    table = text[text.index("| module | tests |"):]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:] if line.startswith("| ")]
+    covered = set()
+    for modules, tests in rows:
+        for test in re.findall(r"test_[\w*]+\.py", tests):
+            assert list((ROOT / "tests").glob(test)), test
+        for module in re.findall(r"[\w/]+(?:\.py|/)", modules):
+            if module == "benchmarks/":  # the one row outside the package
+                assert (ROOT / module).is_dir()
+                continue
+            if module.endswith("/"):
+                found = [p for p in (ROOT / "rlhf_helpers" / module).glob("*.py") if p.name != "__init__.py"]
+            else:
+                found = [ROOT / "rlhf_helpers" / module]
+            assert all(p.is_file() for p in found) and found, module
+            covered |= {p.relative_to(ROOT / "rlhf_helpers").as_posix() for p in found}
+    package = {p.relative_to(ROOT / "rlhf_helpers").as_posix() for p in (ROOT / "rlhf_helpers").rglob("*.py")
+               if p.name != "__init__.py"}
+    assert package - covered == set(), "modules missing from CONTRIBUTING.md's table"

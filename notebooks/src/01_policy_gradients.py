@@ -113,7 +113,7 @@ def sample(theta: torch.Tensor, n: int, generator: torch.Generator):
 gen = torch.Generator().manual_seed(0)
 uniform = torch.zeros(T, N_WORDS + 1, N_WORDS)  # logits of the uniform policy
 words, prevs, rewards = sample(uniform, 3, gen)
-for row, r in zip(words, rewards):
+for row, r in zip(words, rewards, strict=True):
     print(" ".join(VOCAB[i] for i in row), "  rewards:", [round(x, 1) for x in r.tolist()])
 
 # %% [markdown]
@@ -529,7 +529,7 @@ for eta in tqdm(step_sizes, desc="step sizes", leave=False):
             phi = phis(theta, words, prevs, rewards)["reward-to-go - V(s)"]
             theta = theta + 1.0 * per_episode_gradients(theta, words, prevs, phi).mean(0)
         finals.append(expected_return(theta).item())
-    for key, values in zip(results, (first_js, kls, entropies, finals)):
+    for key, values in zip(results, (first_js, kls, entropies, finals), strict=True):
         results[key].append(sum(values) / len(values))
     final_se.append(torch.tensor(finals).std().item() / len(finals) ** 0.5)
 

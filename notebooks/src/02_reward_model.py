@@ -192,7 +192,7 @@ fig.add_scatter(x=offset_spreads, y=acc_scores, name="score each (two raters)", 
 fig.update_layout(title="Pairs ordered correctly: comparing vs scoring", xaxis_title="spread of rater offsets",
                   yaxis_title="fraction of pairs ordered correctly", yaxis_range=[0.5, 1.0])
 fig.show()
-for spread, s, c in zip(offset_spreads, acc_scores, acc_compare):
+for spread, s, c in zip(offset_spreads, acc_scores, acc_compare, strict=True):
     print(f"offset spread {spread:4.2f}: scoring {s:.3f}   comparing {c:.3f}")
 drop_scores, drop_compare = acc_scores[0] - acc_scores[-1], acc_compare[0] - acc_compare[-1]
 print(f"from no offsets to a spread of {offset_spreads[-1]}: scoring {'loses' if drop_scores > 0 else 'gains'} "
@@ -258,7 +258,7 @@ def bt_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch
 # %%
 def check_bt_loss():
     c, r = torch.randn(32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
-    expected = torch.stack([-torch.log(1 / (1 + torch.exp(-(a - b)))) for a, b in zip(c, r)]).mean()
+    expected = torch.stack([-torch.log(1 / (1 + torch.exp(-(a - b)))) for a, b in zip(c, r, strict=True)]).mean()
     torch.testing.assert_close(bt_loss(c, r), expected)
     far = bt_loss(torch.tensor([0.0]), torch.tensor([100.0]))
     assert torch.isfinite(far) and abs(far.item() - 100.0) < 1e-3, f"margin -100 should cost ~100, got {far}"
@@ -434,7 +434,7 @@ device = next(reward_model.parameters()).device
 sample = test_pairs[:6]
 prompts = [p["prompt"] for p in sample]
 responses = [p["chosen"] for p in sample]
-texts = [x + y + tokenizer.eos_token for x, y in zip(prompts, responses)]
+texts = [x + y + tokenizer.eos_token for x, y in zip(prompts, responses, strict=True)]
 enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(device)
 input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]  # (B, L), (B, L)
 position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L): 0 on the first real token
@@ -458,7 +458,7 @@ with torch.no_grad():
     last = enc_r["attention_mask"].sum(dim=1) - 1  # (B,): right padding -> count - 1
     right = score_head(hidden_r[torch.arange(len(texts)), last]).squeeze(-1)  # (B,)
 torch.testing.assert_close(right, library_scores, rtol=1e-4, atol=1e-4)
-for n_pad, w, r in zip((enc_r["attention_mask"] == 0).sum(1).tolist(), wrong.tolist(), right.tolist()):
+for n_pad, w, r in zip((enc_r["attention_mask"] == 0).sum(1).tolist(), wrong.tolist(), right.tolist(), strict=True):
     print(f"right-padded row with {n_pad} pads: last column {w:+.3f}   last real token {r:+.3f}")
 
 # %% [markdown]

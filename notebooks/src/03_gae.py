@@ -260,9 +260,9 @@ def n_step_return(rewards, values, mask, gamma, n):
     B, T = rewards.shape
     out = torch.zeros(B, T)
     for t in range(T):
-        for l in range(n):
-            if t + l < T:
-                out[:, t] += gamma**l * rewards[:, t + l] * mask[:, t + l]
+        for k in range(n):
+            if t + k < T:
+                out[:, t] += gamma**k * rewards[:, t + k] * mask[:, t + k]
         if t + n < T:
             out[:, t] += gamma**n * values[:, t + n] * mask[:, t + n]
     return out * mask
@@ -313,10 +313,10 @@ lengths_big = torch.randint(1, T_big + 1, (B_big,), generator=gen)
 mask_big = (torch.arange(T_big)[None, :] < lengths_big[:, None]).float()  # (B, T)
 rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
 values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
-for g, l in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
-    ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, l)
+for g, lam_g in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
+    ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, lam_g)
     for fn in (rlhf_helpers.compute_gae, gae_matrix_scratch):
-        a, r = fn(rewards_big, values_big, mask_big, g, l)
+        a, r = fn(rewards_big, values_big, mask_big, g, lam_g)
         torch.testing.assert_close(a * mask_big, ref_a * mask_big)
         torch.testing.assert_close(r * mask_big, ref_r * mask_big)
 print("gae_reference == compute_gae == matrix from scratch (3 settings of gamma, lambda)")
@@ -366,7 +366,7 @@ def check_gae_loop():
         for i, n in enumerate(lengths):
             delta = [r[i, t] + gamma_c * (v[i, t + 1] if t + 1 < n else 0.0) - v[i, t] for t in range(n)]
             for t in range(n):
-                expected[i, t] = sum((gamma_c * lam_c) ** l * delta[t + l] for l in range(n - t))
+                expected[i, t] = sum((gamma_c * lam_c) ** k * delta[t + k] for k in range(n - t))
         advantages_c, returns_c = gae_loop(r, v, mask_c, gamma_c, lam_c)
         assert advantages_c.shape == returns_c.shape == (4, 8), "both outputs are (B, T)"
         torch.testing.assert_close(advantages_c, expected, msg=f"advantages, gamma={gamma_c}, lambda={lam_c}")
@@ -465,7 +465,7 @@ for lam_i in lams:  # 8 settings, well under a second: no progress bar
     _, ret = rlhf_helpers.compute_gae(chain_rewards, chain_values, chain_mask, 1.0, lam_i)  # (N, T)
     bias2.append(((ret.mean(0) - true_v) ** 2).mean().item())
     variance.append(ret.var(0).mean().item())
-mse = [b + v for b, v in zip(bias2, variance)]
+mse = [b + v for b, v in zip(bias2, variance, strict=True)]
 
 fig = go.Figure()
 for name, ys in [("bias²", bias2), ("variance", variance), ("bias² + variance", mse)]:
@@ -473,7 +473,7 @@ for name, ys in [("bias²", bias2), ("variance", variance), ("bias² + variance"
 fig.update_layout(title="GAE returns as estimates of the true value, against lambda",
                   xaxis_title="lambda", yaxis_title="mean over t")
 fig.show()
-for lam_i, b, v in zip(lams, bias2, variance):
+for lam_i, b, v in zip(lams, bias2, variance, strict=True):
     print(f"lambda {lam_i:4.2f}: bias² {b:6.3f}   variance {v:6.3f}   sum {b + v:6.3f}")
 best_lam = lams[min(range(len(lams)), key=mse.__getitem__)]
 print(f"lowest total error on this chain at lambda = {best_lam}")

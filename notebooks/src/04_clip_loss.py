@@ -21,7 +21,6 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
-import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 from plotly.subplots import make_subplots
@@ -182,7 +181,7 @@ objective = rlhf_helpers.clipped_surrogate(torch.exp(new_logp), advs, eps)  # (6
 zero_expected = ((advs > 0) & (ratios > 1 + eps)) | ((advs < 0) & (ratios < 1 - eps))
 expected_grad = torch.where(zero_expected, torch.zeros(6), ratios * advs)
 torch.testing.assert_close(grad, expected_grad)
-for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist()):
+for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist(), strict=True):
     print(f"A {a:+.0f}  ratio {r:.1f}  ->  d objective / d log pi = {g:+.2f}")
 
 # the bottom-right cell, far above the band: gradient rho * A without the dual clip, 0 beyond c with it

@@ -74,8 +74,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 from IPython.display import display
+from plotly.subplots import make_subplots
 
 import rlhf_helpers
 from rlhf_helpers import widgets
@@ -84,10 +84,9 @@ from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
-from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.ppo.experience import collect_experience
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
+from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts

@@ -45,12 +45,6 @@ from plotly.subplots import make_subplots
 import rlhf_helpers
 from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.core.tolerances import close_tolerance
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.samples import sample_responses
-from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.ppo.trainer import PPOTrainer
-from rlhf_helpers.runtime.data import load_prompts
-from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.course.failure_runs import (
     LabSizes,
     adapter_state,
@@ -61,6 +55,12 @@ from rlhf_helpers.course.failure_runs import (
     series,
     third_means,
 )
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.metrics import plot_curves
+from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model

@@ -36,7 +36,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 from IPython.display import Image, display
 from plotly.subplots import make_subplots
@@ -46,7 +45,6 @@ from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
