@@ -174,8 +174,8 @@ def test_wandb_runs_offline_into_the_run_folder_unless_wandb_mode_is_set(tmp_pat
 
 
 def test_the_generated_docs_name_the_folders_the_code_uses():
-    from rlhf_helpers.ppo.metric_docs import metrics_markdown
+    from tool_scripts import load_tool
 
-    doc = metrics_markdown()
+    doc = load_tool("write_docs").metrics_markdown()
     assert f"`<output-dir>/{tracking.TRACKING_DIR}/`" in doc and f"--project {tracking.PROJECT}`" in doc
     assert tracking.INSTALL["tensorboard"] in doc

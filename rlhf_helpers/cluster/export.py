@@ -23,9 +23,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from rlhf_helpers.cluster import knobs
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
+from rlhf_helpers.runtime.profiles import Profile, get_profile
 
 #: The releases this export was written against and tests/test_cluster_export.py checks (PyPI versions).
 VERL_VERSION = "0.9.1"
@@ -266,37 +265,6 @@ def not_carried(run: str | Profile | PPOConfig) -> list[str]:
     if c.vf_coef != 1.0:
         out.append(f"vf_coef={c.vf_coef}: their critics have their own optimiser and no loss weight")
     return out
-
-
-def doc_config() -> PPOConfig:
-    """The run docs/cluster.md shows: the gpu profile as defined (no $RLHF_PROFILE_OVERRIDES, no torch)."""
-    return gpu_profile().ppo
-
-
-def doc_blocks() -> dict[str, str]:
-    """The generated blocks of docs/cluster.md: name -> text between its markers."""
-    run = doc_config()
-    fenced = {"verl-overrides": ("bash", verl_command(run)), "verl-yaml": ("yaml", verl_yaml(run).rstrip("\n")),
-              "openrlhf-command": ("bash", openrlhf_command(run))}
-    blocks = {name: f"```{lang}\n{text}\n```" for name, (lang, text) in fenced.items()}
-    blocks.update({"mapping": knobs.mapping_table(), "not-carried": knobs.not_carried_table(),
-                   "plumbing": knobs.plumbing_table(),
-                   "versions": f"verl {VERL_VERSION} and OpenRLHF {OPENRLHF_VERSION}"})
-    return blocks
-
-
-def render_page(text: str) -> str:
-    """`text` with every `<!-- generated:NAME -->...<!-- /generated:NAME -->` block rewritten from `doc_blocks`."""
-    blocks = doc_blocks()
-
-    def fill(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in blocks:
-            raise ValueError(f"unknown generated block {name!r} in the page")
-        sep = "" if name == "versions" else "\n"
-        return f"<!-- generated:{name} -->{sep}{blocks[name]}{sep}<!-- /generated:{name} -->"
-
-    return re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
 
 
 def main(argv: list[str] | None = None) -> int:
