@@ -101,15 +101,15 @@ def collect_experience(
     shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's shaping (None:
     `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract)."""
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    reuse = sampling_logprobs_are_exact(model)
-    with non_finite_stops_run(step):
+    with non_finite_stops_run(step):  # the maths core's NaN checks name this PPO step
+        start = time.perf_counter()
         # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
         # reference). In float32 they are read from the sampling loop's logits (TRL does the same): a
         # fresh policy forward gives them again up to float rounding, so the first minibatch of the
         # first epoch sees ratio 1 (to ~1e-6). In bf16/fp16, or with the fast decoder's folded
         # weights, the loop's one-token products round differently from the update's forward (up to
         # 0.15 nats per token at 30 layers in bf16): the old log-probs then come from that forward.
+        reuse = sampling_logprobs_are_exact(model)
         samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
                                    config.max_new_tokens, temperature=config.temperature, with_logprobs=reuse)
         seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
@@ -118,24 +118,20 @@ def collect_experience(
         else:
             old_logprobs, entropy = model.policy_logprobs(
                 seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
-    timings["generate"] = time.perf_counter() - start
+        timings["generate"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    with non_finite_stops_run(step):
+        start = time.perf_counter()
         # the reference at the policy's temperature: the KL compares the two sampling distributions
         ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature)  # (B, R)
         values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
         scores = score_samples(model, samples, reward_fn)  # (B,)
-    timings["forward_passes"] = time.perf_counter() - start
-    check_all_finite("reward scores", scores, step)
-    check_all_finite("values", values, step)
-    check_all_finite("policy log-probs", old_logprobs * mask, step)
-    if config.missing_eos_penalty is not None:
-        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
+        timings["forward_passes"] = time.perf_counter() - start
+        check_all_finite("reward scores", scores, step)
+        if config.missing_eos_penalty is not None:
+            scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
 
-    start = time.perf_counter()
-    logprobs, ref_logprobs = old_logprobs.float(), ref_logprobs.float()
-    with non_finite_stops_run(step):
+        start = time.perf_counter()
+        logprobs, ref_logprobs = old_logprobs.float(), ref_logprobs.float()
         # r_t = -beta * kl_t + [t = last] * score
         if shape_rewards_fn is None:
             rewards, kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind=config.kl_kind,
@@ -143,14 +139,15 @@ def collect_experience(
         else:
             rewards, kl = rewards_and_kl(shape_rewards_fn(scores, logprobs, ref_logprobs, mask, kl_coef),
                                          logprobs, ref_logprobs, mask)  # (B, R), (B, R)
-        check_all_finite("shaped rewards", rewards, step)
         # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
         advantages, returns = advantage_fn(rewards, values, mask, config.gamma, config.lam)  # (B, R), (B, R)
-        check_all_finite("advantages", advantages, step)
-        check_all_finite("returns", returns, step)
+        # what the update reads, in the order it was made: the first non-finite one is named
+        for what, tensor in {"values": values, "policy log-probs": logprobs * mask, "shaped rewards": rewards,
+                             "advantages": advantages, "returns": returns}.items():
+            check_all_finite(what, tensor, step)
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)  # (B, R)
-    timings["gae"] = time.perf_counter() - start
+        timings["gae"] = time.perf_counter() - start
     return Experience(
         prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
         context_length=P, mask=mask, old_logprobs=logprobs, ref_logprobs=ref_logprobs,
