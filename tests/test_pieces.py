@@ -112,3 +112,14 @@ def test_a_piece_returning_nan_stops_the_run_naming_what(make_trainer):
     trainer = make_trainer(advantage_fn=lambda r, v, m, g, lam: (r * float("nan"), r))
     with pytest.raises(NonFiniteError, match="advantages has .* NaN/inf value.* at PPO step 0"):
         trainer.step()
+
+
+def test_none_pieces_and_partial_stats_fall_back_to_the_library(make_trainer):
+    """None is the library's piece; stats a piece leaves out are measured by the library's loss."""
+    default = make_trainer()
+    fallback = make_trainer(shape_rewards_fn=None, advantage_fn=None, value_loss_fn=None,
+                            policy_loss_fn=lambda *args: (policy_loss(*args)[0], {"clipfrac": policy_loss(*args)[1]
+                                                                                  ["clipfrac"]}))
+    default.train(steps=1)
+    fallback.train(steps=1)
+    assert numbers(default.history) == numbers(fallback.history)

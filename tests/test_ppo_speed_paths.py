@@ -229,7 +229,7 @@ CUT_ATOL = 1e-4
 
 
 @pytest.mark.slow
-def test_grouped_and_cut_update_equals_the_alternating_loop(make_trainer, tok):
+def test_cut_update_equals_the_uncut_plain_loop(make_trainer, tok):
     # clip_eps 1e3 and no value clip: a smooth objective (see CUT_ATOL); the clipping itself is
     # elementwise on real tokens, which the cut does not touch (tests/test_losses.py covers it)
     fast, slow = (make_trainer(tok, clip_eps=1e3, value_clip=None) for _ in range(2))

@@ -85,3 +85,12 @@ def test_overrides_from_the_environment(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", "total_steps=3")
     with pytest.raises(ValueError, match="RLHF_PROFILE_OVERRIDES"):
         get_profile()
+
+
+def test_a_ppo_mapping_changes_only_its_fields():
+    """{"ppo": {...}} is a set of changes to the profile's PPO config, not a fresh default config."""
+    tiny = get_profile("tiny")
+    changed = tiny.replace(ppo={"clip_eps": 0.1})
+    assert changed.ppo.clip_eps == 0.1
+    assert changed.ppo == tiny.ppo.replace(clip_eps=0.1)  # the tiny profile's kl_coef 0.2 and the rest kept
+    assert changed.ppo.kl_coef == 0.2 != type(tiny.ppo)().kl_coef

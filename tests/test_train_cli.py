@@ -487,3 +487,23 @@ def test_a_resumed_run_refuses_any_changed_setting_that_is_not_resumable(quick_c
     line = setup_error(["--resume", "--steps", "2", "--clip-eps", "0.2", "--save-every", "3",
                         "--output-dir", str(out)], capsys)
     assert "differs" not in line and "step-000001" in line
+
+
+def test_overrides_reach_what_the_command_line_defaults_and_a_rule_names_the_flag(quick_cli, capsys, monkeypatch):
+    """$RLHF_PROFILE_OVERRIDES' save_every and output_dir are kept (the command line's own defaults give way),
+    and a rule between two settings broken by one flag names that flag."""
+    out = quick_cli / "from-env"
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, "save_every": 3, "output_dir": str(out)}))
+    built = {}
+
+    def capture(profile, config, reward_dir):
+        built["config"] = config
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(train, "build_shared_model", capture)
+    with pytest.raises(AssertionError, match="the model was built"):
+        train.run(train.parse_args(["--profile", "tiny"]))
+    assert (built["config"].save_every, built["config"].output_dir) == (3, str(out))
+    line = setup_error(["--mini-batch-size", "3", "--output-dir", str(quick_cli / "x")], capsys)
+    assert line.endswith("the profile's PPO settings with --mini-batch-size: rollout_batch_size (8) must be a "
+                         "multiple of mini_batch_size (3)")

@@ -1,8 +1,8 @@
 """The one source of truth for what every logged PPO metric means: formula, healthy range, failure modes.
 
     from rlhf_helpers.ppo.metric_docs import METRICS
-    METRICS["clipfrac"].healthy        # what it looks like in a good tiny-profile run
-    METRICS["kl"].tracker              # "objective/kl": its name in TensorBoard / trackio / W&B
+    group, doc = METRICS["clipfrac"]   # group "update"; doc.healthy: what a good tiny-profile run shows
+    METRICS["kl"][1].tracker           # "objective/kl": its name in TensorBoard / trackio / W&B
     python tools/write_docs.py         # rewrite docs/metrics.md (and docs/cluster.md) from the code
 
 `rlhf_helpers.ppo.metrics.GLOSSARY` (name -> one line) is derived from METRICS, and docs/metrics.md
@@ -21,8 +21,6 @@ They are guides for that profile, not laws: other models and batch sizes move th
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-#: Where the generated glossary lives in the repository.
 
 
 @dataclass(frozen=True)

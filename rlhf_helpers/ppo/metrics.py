@@ -18,7 +18,7 @@ from typing import Any
 
 from rlhf_helpers.ppo.metric_docs import METRICS
 
-#: metric name -> one line: what it is (derived from glossary.METRICS, which also holds each metric's
+#: metric name -> one line: what it is (derived from metric_docs.METRICS, which also holds each metric's
 #: formula, healthy range and failure modes; docs/metrics.md is generated from it).
 GLOSSARY: dict[str, str] = {name: doc.meaning for name, (_group, doc) in METRICS.items()}
 

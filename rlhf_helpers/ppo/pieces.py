@@ -12,10 +12,12 @@ Each piece is called with positional arguments, in this order (tensors (B, T), `
     value_loss_fn(values, old_values, returns, mask, clip_range)        -> loss, or (loss, stats)
 
 The library's own (`core.kl.shape_rewards` with the config's kl_kind and score_clip, `core.gae.compute_gae`,
-`core.losses.policy_loss`, `core.losses.value_loss`) are the defaults. A piece that returns a bare loss
-or bare rewards still gets every metric: the missing stats (clipfrac, approx_kl, ratio_mean...; the
-per-token KL) are measured by the library's function on the same inputs, without gradient, so the
-curves of a learner's loss and of the library's are read the same way.
+`core.losses.policy_loss`, `core.losses.value_loss`) are the defaults, also when a piece is given as None.
+config.kl_kind and config.score_clip configure the library's shaping only: a shaping function of yours
+gets kl_coef and does the rest itself. A piece that returns a bare loss or bare rewards, or stats
+without some of the metrics, still gets every metric: what is missing (clipfrac, approx_kl, ratio_mean,
+ratio_max, vf_clipfrac; the per-token KL) is measured by the library's function on the same inputs,
+without gradient, so the curves of a learner's loss and of the library's are read the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ PolicyLossFn = Callable[..., Any]
 ValueLossFn = Callable[..., Any]
 
 
+#: the stats of a policy loss that the trainer logs, and of a value loss
+POLICY_STATS = {"clipfrac", "approx_kl", "ratio_mean", "ratio_max"}
+VALUE_STATS = {"vf_clipfrac"}
+
+
 def check_piece(name: str, fn: Any) -> None:
     """ValueError naming the argument unless `fn` is callable (None: the library's piece)."""
     if fn is not None and not callable(fn):
@@ -54,18 +61,20 @@ def rewards_and_kl(out: Any, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
 
 def policy_loss_and_stats(out: Any, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                           mask: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A policy loss function's result as (loss, stats): its own stats, or the library loss's when it
-    returned a bare loss (measured without gradient on the same inputs)."""
-    if isinstance(out, tuple):
-        return out
+    """A policy loss function's result as (loss, stats): its own stats, completed by the library loss's
+    (measured without gradient on the same inputs) when it returned a bare loss or left some out."""
+    loss, stats = out if isinstance(out, tuple) else (out, {})
+    if POLICY_STATS <= stats.keys():
+        return loss, stats
     with torch.no_grad():
-        return out, policy_loss(logprobs.detach(), old_logprobs, advantages, mask, clip_eps)[1]
+        return loss, {**policy_loss(logprobs.detach(), old_logprobs, advantages, mask, clip_eps)[1], **stats}
 
 
 def value_loss_and_stats(out: Any, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                          mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A value loss function's result as (loss, stats), as `policy_loss_and_stats`."""
-    if isinstance(out, tuple):
-        return out
+    loss, stats = out if isinstance(out, tuple) else (out, {})
+    if VALUE_STATS <= stats.keys():
+        return loss, stats
     with torch.no_grad():
-        return out, value_loss(values.detach(), old_values, returns, mask, clip_range)[1]
+        return loss, {**value_loss(values.detach(), old_values, returns, mask, clip_range)[1], **stats}

@@ -41,7 +41,7 @@ from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, collect_experience, rollout_metrics
-from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard
+from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard, non_finite_stops_run
 from rlhf_helpers.ppo.minibatch import trim_minibatch
 from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.pieces import (
@@ -82,9 +82,9 @@ class PPOTrainer:
         accelerator: Any = None,
         *,
         shape_rewards_fn: ShapeRewardsFn | None = None,
-        advantage_fn: AdvantageFn = compute_gae,
-        policy_loss_fn: PolicyLossFn = policy_loss,
-        value_loss_fn: ValueLossFn = value_loss,
+        advantage_fn: AdvantageFn | None = compute_gae,
+        policy_loss_fn: PolicyLossFn | None = policy_loss,
+        value_loss_fn: ValueLossFn | None = value_loss,
     ) -> None:
         if not isinstance(config, PPOConfig):
             raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -106,9 +106,9 @@ class PPOTrainer:
         self.hidden_score_fn = hidden_score_fn
         self.ptx_texts = list(ptx_texts) if ptx_texts else []
         self.accelerator = accelerator
-        #: the maths of PPO (`pieces`): None shaping is the library's with config.kl_kind and score_clip
-        self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn
-        self.policy_loss_fn, self.value_loss_fn = policy_loss_fn, value_loss_fn
+        #: the maths of PPO (`pieces`); None: the library's (shaping: with config.kl_kind and score_clip)
+        self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn or compute_gae
+        self.policy_loss_fn, self.value_loss_fn = policy_loss_fn or policy_loss, value_loss_fn or value_loss
         self.process_index = accelerator.process_index if accelerator is not None else 0
         self.num_processes = accelerator.num_processes if accelerator is not None else 1
         fp16 = needs_grad_scaler(model)  # an fp16 base: loss scaling per optimiser
@@ -207,39 +207,39 @@ class PPOTrainer:
         The two adapters share no trainable parameter and neither loss reads the other's output, so the
         order of the two steps changes no number. Each minibatch is cut to the columns holding a real
         token of one of its rows (`trim_minibatch`)."""
-        c, model, step = self.config, self.model, self.step_count
-        train_policy = step >= c.value_warmup_steps  # value warm-up: the critic learns the returns first
+        config, model, step = self.config, self.model, self.step_count
+        train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
         self.last_update_stats = []
-        for epoch in range(c.ppo_epochs):
+        for epoch in range(config.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).to(batch.sequences.device)  # (B,)
-            for index, first in enumerate(range(0, len(batch), c.mini_batch_size)):
-                mb = trim_minibatch(batch, order[first : first + c.mini_batch_size])
+            for index, first in enumerate(range(0, len(batch), config.mini_batch_size)):
+                mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
                 # policy: forward -> loss -> backward -> step
                 with self.guard():  # on every process before the gradient all-reduce
                     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
                         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
-                        entropy_grad=c.entropy_coef > 0, temperature=c.temperature)
-                    args = (logprobs.float(), mb.old_logprobs, mb.advantages, mb.mask, c.clip_eps)
-                    pg_loss, pg = policy_loss_and_stats(self.policy_loss_fn(*args), *args)
+                        entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
+                    inputs = (logprobs.float(), mb.old_logprobs, mb.advantages, mb.mask, config.clip_eps)
+                    pg_loss, pg_stats = policy_loss_and_stats(self.policy_loss_fn(*inputs), *inputs)
                     mean_entropy = masked_mean(entropy.float(), mb.mask)
                     # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
-                    loss = pg_loss - c.entropy_coef * mean_entropy
-                    ptx = self.ptx_loss(generator) if c.ptx_coef > 0 else None
-                    loss = loss + c.ptx_coef * ptx if ptx is not None else loss
+                    loss = pg_loss - config.entropy_coef * mean_entropy
+                    ptx = self.ptx_loss(generator) if config.ptx_coef > 0 else None
+                    loss = loss + config.ptx_coef * ptx if ptx is not None else loss
                     check_all_finite("policy loss", loss.detach(), step)
                 policy_norm = self.policy_opt.backward_and_step(loss, step) if train_policy else 0.0
                 # value: forward -> loss -> backward -> step
                 with self.guard():
                     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-                    args = (new_values, mb.values, mb.returns, mb.mask, c.value_clip)
-                    v_loss, v = value_loss_and_stats(self.value_loss_fn(*args), *args)
+                    inputs = (new_values, mb.values, mb.returns, mb.mask, config.value_clip)
+                    v_loss, v_stats = value_loss_and_stats(self.value_loss_fn(*inputs), *inputs)
                     check_all_finite("value loss", v_loss.detach(), step)
-                value_norm = self.value_opt.backward_and_step(c.vf_coef * v_loss, step)
+                value_norm = self.value_opt.backward_and_step(config.vf_coef * v_loss, step)
                 self.last_update_stats.append({
-                    "epoch": float(epoch), "minibatch": float(index), "ratio_mean": float(pg["ratio_mean"]),
-                    "ratio_max": float(pg["ratio_max"]), "policy_loss": float(pg_loss.detach()),
-                    "clipfrac": float(pg["clipfrac"]), "approx_kl": float(pg["approx_kl"]),
-                    "value_loss": float(v_loss.detach()), "vf_clipfrac": float(v.get("vf_clipfrac", 0.0)),
+                    "epoch": float(epoch), "minibatch": float(index), "ratio_mean": float(pg_stats["ratio_mean"]),
+                    "ratio_max": float(pg_stats["ratio_max"]), "policy_loss": float(pg_loss.detach()),
+                    "clipfrac": float(pg_stats["clipfrac"]), "approx_kl": float(pg_stats["approx_kl"]),
+                    "value_loss": float(v_loss.detach()), "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
                     "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
                     "entropy_update": float(mean_entropy.detach()),
                     **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
@@ -332,7 +332,7 @@ class PPOTrainer:
         real = batch.mask.bool()  # (B, R)
         step = self.step_count - 1  # the step whose update made these weights
         try:
-            with guard(None, step):
+            with non_finite_stops_run(step):  # inside train's own guard: no second vote
                 logp = self.model.policy_logprobs(seq, attn, P, temperature=self.config.temperature)  # (B, R)
                 values = self.model.values(seq, attn, P).float()  # (B, R)
             check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)

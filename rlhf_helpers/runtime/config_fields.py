@@ -27,7 +27,11 @@ def field_docs(cls: type) -> dict[str, str]:
     names = {f.name for f in dataclasses.fields(cls)}
     docs: dict[str, str] = {}
     above: list[str] = []
-    for line in inspect.getsource(cls).splitlines():
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # no source at hand (a frozen app): flags without help
+        return docs
+    for line in source.splitlines():
         text = line.strip()
         if text.startswith("#:"):
             above.append(text[2:].strip())
@@ -56,7 +60,7 @@ def _matches(value: Any, kind: Any) -> bool:
         return False
     if kind is float:
         return isinstance(value, int | float)
-    if typing.get_origin(kind) is tuple:
+    if typing.get_origin(kind) is tuple:  # the configs' only tuples are tuple[str, ...]
         return isinstance(value, tuple) and all(isinstance(item, str) for item in value)
     return isinstance(value, kind)
 
@@ -65,7 +69,7 @@ _NAMES = {int: "an int", float: "a number", bool: "a bool (true or false)", str:
           type(None): "None"}
 
 
-def check_field_types(config: Any, prefix: str = "") -> None:
+def check_field_types(config: Any) -> None:
     """ValueError naming the first field whose value is not of its annotated type, its value and the type
     expected: `mini_batch_size must be an int, got bool True`. Where a number belongs a bool is refused."""
     hints = typing.get_type_hints(type(config))
@@ -74,7 +78,7 @@ def check_field_types(config: Any, prefix: str = "") -> None:
         kinds = _allowed(hints[field.name])
         if not any(_matches(value, kind) for kind in kinds):
             expected = " or ".join(_NAMES.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
-            raise ValueError(f"{prefix}{field.name} must be {expected}, got {type(value).__name__} {value!r}")
+            raise ValueError(f"{field.name} must be {expected}, got {type(value).__name__} {value!r}")
 
 
 def flag_name(field: str, prefix: str = "") -> str:
@@ -108,6 +112,7 @@ def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[st
         kinds = [kind for kind in _allowed(hint) if kind is not type(None)]
         names = (flag_name(field.name, prefix), *aliases.get(field.name, ()))
         help_text = docs.get(field.name, "") + (f" ({notes[field.name]})" if field.name in notes else "")
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         dest = prefix + field.name
         kind = kinds[0]
         if kind is bool:

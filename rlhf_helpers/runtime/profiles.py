@@ -125,7 +125,7 @@ class Profile:
                              f"({', '.join(sorted(own - {'ppo'}))}) or a PPOConfig field "
                              f"({', '.join(sorted(ppo_fields))})")
         ppo = changes.pop("ppo", self.ppo)
-        ppo = PPOConfig.from_dict(dict(ppo)) if isinstance(ppo, Mapping) else ppo
+        ppo = self.ppo.replace(**ppo) if isinstance(ppo, Mapping) else ppo  # a mapping: changes to this one
         ppo_changes = {name: changes.pop(name) for name in list(changes) if name in ppo_fields}
         return dataclasses.replace(self, ppo=ppo.replace(**ppo_changes) if ppo_changes else ppo, **changes)
 

@@ -26,7 +26,8 @@ and writes into --output-dir (locked for the run: a second live run into it exit
 
 Settings: every PPOConfig field is a flag (`--help` lists them with their docs: --clip-eps, --entropy-coef,
 --lora-r, --whiten-advantages/--no-whiten-advantages, --target-kl none...); a flag not given keeps the
-profile's value. $RLHF_PROFILE_OVERRIDES takes the same settings as JSON, e.g.
+profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile, so its seed and
+lora reach every stage (the SFT and reward models too), e.g.
 '{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
 --resume continues with the PPO settings and reward folder recorded in run.json (the environment's
 overrides are not read again); only --total-steps (--steps), --save-every, --eval-every and the progress bar
@@ -82,7 +83,7 @@ from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -106,7 +107,8 @@ CLI_DEFAULTS = {"save_every": 10}
 #: other names of some PPO flags
 ALIASES = {"total_steps": ("--steps",)}
 NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
-         "save_every": "default here: 10", "output_dir": "default: runs/ppo-<profile>"}
+         "save_every": "default here: 10, unless $RLHF_PROFILE_OVERRIDES sets it",
+         "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +149,10 @@ def flag_error(error: Exception, given: dict[str, Any], source: str) -> str:
     message = str(error)
     field = re.match(r"[\w.]*", message).group(0)  # "kl_coef", "lora.r"
     if field.split(".")[0] not in given:
-        return f"{source}: {message}"
+        # a rule between fields ("rollout_batch_size (64) must be a multiple of mini_batch_size (3)"): name
+        # the flags given that it mentions
+        mentioned = [flag_name(name) for name in given if name != "output_dir" and re.search(rf"\b{name}\b", message)]
+        return f"{source}{' with ' + ', '.join(mentioned) if mentioned else ''}: {message}"
     names = "/".join((flag_name(field.replace(".", "_")), *ALIASES.get(field, ())))
     return names + message[len(field):]
 
@@ -192,10 +197,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = get_profile(args.profile)
     except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
-    output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else runs_dir() / f"ppo-{profile.name}"
+    chosen_dir = getattr(args, "output_dir", None) or profile.ppo.output_dir  # the flag, else the overrides'
+    output_dir = Path(chosen_dir) if chosen_dir else runs_dir() / f"ppo-{profile.name}"
     given = {**given_field_values(args, PPOConfig), "output_dir": str(output_dir)}  # the PPO flags given
+    # the command line's own defaults, unless $RLHF_PROFILE_OVERRIDES sets the field
+    defaults = {name: value for name, value in CLI_DEFAULTS.items() if name not in env_overrides()}
     try:  # before the folder is touched; a resumed run checks its flags against run.json below
-        config = None if args.resume else profile.ppo.replace(**{**CLI_DEFAULTS, **given})
+        config = None if args.resume else profile.ppo.replace(**{**defaults, **given})
     except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
         raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
     check_output_dir(output_dir)
