@@ -4,12 +4,14 @@ Each notebook runs in a fresh kernel with a scratch copy as working directory an
 ($RLHF_RUNS_DIR under the test's tmp_path: no two runs ever write into one folder, and nothing is written
 into the repository); only the content-keyed caches (SFT model, reward adapters) are shared, in
 $RLHF_CACHE_DIR (run_folders.SHARED_CACHE_DIR), each built once under a lock.
-The shipped run must finish without an error and without a FAILED exercise line.
+The shipped run must finish without an error and without a FAILED exercise line; then, as a learner
+does after Run All, each worked solution is pasted at the end and its check must pass ("Late n").
 The second run swaps every exercise stub for the worked solution in the markdown below it and runs
 all cells twice in the same kernel: every exercise check must then print PASSED, and re-running
 without a restart must work. That run uses a shrunken profile (QUICK_PROFILE, passed to the kernel
 through $RLHF_PROFILE_OVERRIDES): it checks the exercises and the re-run, not the learning, which the
-shipped run and the benchmarks cover, and it keeps CI short.
+shipped run and the benchmarks cover, and it keeps CI short. In it, after each check, the library
+shortcut (SHORTCUTS) and every plausible wrong answer (tests/wrong_answers/) must each print FAILED.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from mistakes import load_mistakes
 from run_folders import ROOT, SHARED_CACHE_DIR
 
 from rlhf_helpers.course.notebook import (
@@ -117,8 +120,10 @@ _CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE |
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}
 
 
-def _stdout(nb: nbformat.NotebookNode) -> str:
-    return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+def _stdout(nb: nbformat.NotebookNode | list) -> str:
+    """The stream outputs of a notebook's (or a list of cells') code cells, in order."""
+    cells = nb if isinstance(nb, list) else nb.cells
+    return "".join(out.get("text", "") for cell in cells if cell.cell_type == "code"
                    for out in cell.get("outputs", []) if out.get("output_type") == "stream")
 
 
@@ -164,22 +169,48 @@ def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return patched
 
 
+def solutions_of(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """Exercise number -> the source of its worked solution (the markdown's Solution n block)."""
+    return {number: code for cell in nb.cells if cell.cell_type == "markdown"
+            for number, code in _SOLUTION.findall(cell.source)}
+
+
 def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
-    """A copy where, after each check cell of an exercise in SHORTCUTS[stem], the shortcut replaces the
-    solution and the check runs again as "Shortcut n", then the worked solution is defined again."""
-    solutions = {number: code for cell in nb.cells if cell.cell_type == "markdown"
-                 for number, code in _SOLUTION.findall(cell.source)}
+    """A copy where, after each exercise's check cell, every wrong answer replaces the solution in turn
+    and the check runs again: the shortcut of SHORTCUTS[stem] as "Shortcut n", each plausible mistake of
+    tests/wrong_answers/<stem>.py as "Mistake n.k"; then the worked solution is defined again."""
+    solutions, mistakes = solutions_of(nb), load_mistakes(stem)
     patched = nbformat.from_dict(nb)
     cells = []
     for cell in patched.cells:
         cells.append(cell)
         call = _CHECK_CALL.search(cell.source) if cell.cell_type == "code" else None
-        if call and call.group(1) in SHORTCUTS.get(stem, {}):
-            number = call.group(1)
-            rerun = call.group(0).replace(f'"Exercise {number} ', f'"Shortcut {number} ', 1)
-            cells.append(nbformat.v4.new_code_cell(SHORTCUTS[stem][number] + "\n\n" + rerun))
+        if not call:
+            continue
+        number = call.group(1)
+        wrong = [(f"Shortcut {number}", SHORTCUTS[stem][number])] if number in SHORTCUTS.get(stem, {}) else []
+        wrong += [(f"Mistake {number}.{k}", mistake.apply(solutions[number]))
+                  for k, mistake in enumerate(mistakes.get(number, []), start=1)]
+        for label, code in wrong:
+            rerun = call.group(0).replace(f'"Exercise {number} ', f'"{label} ', 1)
+            cells.append(nbformat.v4.new_code_cell(code + "\n\n" + rerun))
+        if wrong:
             cells.append(nbformat.v4.new_code_cell(solutions[number]))
     patched.cells = cells
+    return patched
+
+
+def with_late_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy with, after its last cell, each exercise's worked solution and its check again (labelled
+    "Late n"): what a learner does after Run All with the stubs, pasting the solution at the end."""
+    solutions = solutions_of(nb)
+    patched = nbformat.from_dict(nb)
+    for cell in nb.cells:
+        call = _CHECK_CALL.search(cell.source) if cell.cell_type == "code" else None
+        if call:
+            number = call.group(1)
+            rerun = call.group(0).replace(f'"Exercise {number} ', f'"Late {number} ', 1)
+            patched.cells.append(nbformat.v4.new_code_cell(solutions[number] + "\n\n" + rerun))
     return patched
 
 
@@ -207,8 +238,16 @@ def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: Path):
     (EXECUTED_DIR / path.name).unlink(missing_ok=True)  # no stale copy of an older run if this one fails
-    nb = execute_notebook(path, out=tmp_path / "executed.ipynb", timeout=NOTEBOOK_TIMEOUT_S,
-                          workdir=tmp_path)
+    shipped = nbformat.read(path, as_version=4)
+    late = with_late_solutions(shipped)  # after Run All, each solution pasted at the end must pass its check
+    nbformat.write(late, tmp_path / path.name)
+    ran = execute_notebook(tmp_path / path.name, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
+    late_lines = [(status, name) for status, name in _CHECK_LINE.findall(_stdout(ran.cells[len(shipped.cells):]))
+                  if name.startswith("Late")]
+    nb = nbformat.from_dict(ran)
+    nb.cells = nb.cells[: len(shipped.cells)]  # the notebook as shipped, executed
+    nbformat.write(nb, tmp_path / "executed.ipynb")
+    assert late_lines and all(status == EXERCISE_PASSED for status, _ in late_lines), late_lines
     size = (tmp_path / "executed.ipynb").stat().st_size
     assert size <= MAX_EXECUTED_BYTES, f"executed notebook is {size / 1e6:.1f} MB; largest parts: {largest_parts(nb)}"
     lines = _CHECK_LINE.findall(_stdout(nb))
@@ -237,6 +276,8 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
     lines = _CHECK_LINE.findall(_stdout(executed))
     exercises = [(status, name) for status, name in lines if name.startswith("Exercise")]
     shortcuts = [(status, name) for status, name in lines if name.startswith("Shortcut")]
+    mistakes = [(status, name) for status, name in lines if name.startswith("Mistake")]
+    n_mistakes = sum(len(wrong) for wrong in load_mistakes(path.stem).values())
     assert n_exercises > 0
     assert len(exercises) == 2 * n_exercises, lines  # every check, in both passes
     assert all(status == EXERCISE_PASSED for status, _ in exercises), lines
@@ -244,6 +285,10 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
     assert len(shortcuts) == 2 * len(SHORTCUTS.get(path.stem, {})), lines
     assert all(status == EXERCISE_FAILED for status, _ in shortcuts), lines
     assert _stdout(executed).count("LibraryShortcut") >= len(shortcuts)
+    # every plausible wrong answer is rejected, in both passes, and not for calling the library
+    assert len(mistakes) == 2 * n_mistakes, lines
+    passed = [name for status, name in mistakes if status != EXERCISE_FAILED]
+    assert not passed, f"plausible wrong answers the checks let through: {sorted(set(passed))}"
 
 
 def test_every_exercise_hides_its_library_twin_or_says_it_has_none():

@@ -8,6 +8,8 @@ A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [m
 cell (its lines commented). The course's own steps on top:
     # %% tags=["colab-setup"]   exactly one, left empty: becomes `rlhf_helpers.course.notebook.colab_setup_source()`
     {{colab_badge}}             in markdown: this notebook's "Open in Colab" badge
+    # %% tags=["claim-check"]   a cell asserting the prose's claims (`rlhf_helpers.course.claims`): its
+                                source is stored collapsed (jupyter.source_hidden), and the site leaves it off
 The comments before the first `# %%` (which jupytext reads as a first, comment-only code cell) are
 dropped. Cells keep only their tags (except "colab-setup"): jupytext's layout metadata is dropped.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.
@@ -34,6 +36,7 @@ from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa
 SOURCE_DIR = ROOT / "notebooks" / "src"
 NOTEBOOK_DIR = ROOT / "notebooks"
 SETUP_TAG = "colab-setup"
+CLAIM_TAG = "claim-check"
 _KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 # Cell metadata jupytext adds to record the text layout (blank lines, `# %% [md]` spellings).
 _LAYOUT_KEYS = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker", "region_name"}
@@ -73,8 +76,13 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
             source = colab_setup_source()
         elif cell.cell_type == "markdown":
             source = source.replace("{{colab_badge}}", colab_badge(notebook_name))
+        if CLAIM_TAG in tags and cell.cell_type != "code":
+            raise ValueError(f"{notebook_name}: a {CLAIM_TAG} cell must be code: {source[:40]!r}")
         new = nbformat.v4.new_markdown_cell if cell.cell_type == "markdown" else nbformat.v4.new_code_cell
-        result.append(new(source, metadata={"tags": tags} if tags else {}))
+        metadata = {"tags": tags} if tags else {}
+        if CLAIM_TAG in tags:  # collapsed in JupyterLab: the learner reads the claim, not its assertion
+            metadata["jupyter"] = {"source_hidden": True}
+        result.append(new(source, metadata=metadata))
     return result
 
 

@@ -17,7 +17,8 @@
    explorer computed here, and a caption naming them and the controls held fixed); each finished tqdm
    bar by its last text as a muted line, while a bar the code closed (leave=False) and the `datasets`
    library's map/filter bars are dropped; an exercise check's "NOT DONE" line by where to write the
-   exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text.
+   exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text. The cells that
+   check the prose's claims on the run's numbers (tag "claim-check") are left off.
 4. sphinx-build writes build/site/ (conf: site/conf.py, which also copies plotly.js and MathJax in).
 
 Prints each step's time. Staged files are rewritten only when they change, so a second build is quick.
@@ -54,6 +55,7 @@ DOCTREES = ROOT / "build" / "site-doctrees"
 REFERENCE_PAGES = ["notebooks/NOTATION.md", "docs/metrics.md", "benchmarks/README.md", "docs/cluster.md"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATE_MIME = "application/vnd.jupyter.widget-state+json"
+CLAIM_TAG = "claim-check"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 #: which explorer a saved widget box is, by a control only it has
 EXPLORER_BY_CONTROL = {"advantage": "ClipExplorer", "lam": "GAEExplorer", "shift": "KLExplorer",
@@ -320,6 +322,8 @@ def site_notebook(nb: dict, stem: str, alts: dict[str, str] | None = None) -> di
 
     `alts`: alt texts of image files by file name (from the markdown pages), for the images cells display."""
     state = nb.get("metadata", {}).pop("widgets", {}).get(STATE_MIME, {}).get("state", {})
+    # a claim-check cell asserts the prose above it on the run's numbers: nothing for a reader of the site
+    nb["cells"] = [cell for cell in nb["cells"] if CLAIM_TAG not in cell.get("metadata", {}).get("tags", [])]
     for i, cell in enumerate(nb["cells"]):
         outputs, new = cell.get("outputs", []), []
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
