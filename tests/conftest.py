@@ -77,7 +77,7 @@ TOY_PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", 
 
 
 #: PPOTrainer's replaceable maths (`ppo.pieces`): `toy_trainer` passes these to the trainer, not the config.
-PIECES = ("shape_rewards_fn", "advantage_fn", "policy_loss_fn", "value_loss_fn")
+PIECES = ("shape_rewards_fn", "advantage_fn", "policy_loss_fn", "value_loss_fn", "update_fn")
 
 
 def toy_trainer(*, init_seed: int = 0, dtype: torch.dtype = torch.float32, prompts=TOY_PROMPTS, reward_fn="good_count",

@@ -128,3 +128,98 @@ def test_none_pieces_and_partial_stats_fall_back_to_the_library(make_trainer):
     default.train(steps=1)
     fallback.train(steps=1)
     assert numbers(default.history) == numbers(fallback.history)
+
+
+def update_loop(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+    """A learner's update loop, written from the equations: no column trimming, the value loss inline."""
+    P, B, losses = batch.context_length, len(batch), []
+    for _ in range(config.ppo_epochs):
+        order = torch.randperm(B, generator=generator)  # (B,)
+        for first in range(0, B, config.mini_batch_size):
+            rows = order[first : first + config.mini_batch_size]
+            seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]
+            logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
+            pg = policy_loss_fn(logp, batch.old_logprobs[rows], batch.advantages[rows], m, config.clip_eps)
+            policy_opt.zero_grad()
+            pg.backward()
+            torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+            policy_opt.step()
+            V, V_old, G = model.values(seq, attn, P).float(), batch.values[rows], batch.returns[rows]
+            V_clip = V_old + (V - V_old).clamp(-config.value_clip, config.value_clip)  # (b, R)
+            v = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
+            value_opt.zero_grad()
+            (config.vf_coef * v).backward()
+            torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+            value_opt.step()
+            losses.append((pg.item(), v.item()))
+    return losses
+
+
+def with_sgd(trainer, lr=0.5):
+    """The trainer's two optimisers swapped for plain SGD: two correct loops then differ only by rounding
+    (Adam divides by sqrt(v), so where a gradient is ~0 rounding picks the direction of a full step)."""
+    trainer.policy_opt.optimizer = torch.optim.SGD(trainer.model.policy_parameters(), lr=lr)
+    trainer.value_opt.optimizer = torch.optim.SGD(trainer.model.value_parameters(), lr=lr)
+    return trainer
+
+
+def moved_policy(trainer, scale=0.3):
+    """The policy adapter set to seeded random weights: the policy is no longer the reference, so a loop
+    that takes the reference's log-probs as the old ones gives other losses."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in trainer.model.policy_parameters():
+            param.copy_(scale * torch.randn(param.shape, generator=g))
+    return trainer
+
+
+def test_an_update_loop_of_ones_own_trains_like_the_library_update(make_trainer):
+    """From the same weights and the same batch, a loop written from the equations (update_fn) gives the
+    library update's losses and weights, and its curves keep the clip loss's stats."""
+    library = with_sgd(moved_policy(make_trainer(vf_coef=0.5)))  # not 1: a loop that leaves it out differs
+    mine = with_sgd(moved_policy(make_trainer(update_fn=update_loop, vf_coef=0.5)))
+    library.step()
+    mine.step()
+    got = torch.tensor([(row["policy_loss"], row["value_loss"]) for row in mine.last_update_stats])
+    expected = torch.tensor([(row["policy_loss"], row["value_loss"]) for row in library.last_update_stats])
+    # float32: the library cuts each minibatch to its real columns, so its matrix products sum in another
+    # order (~1e-7 relative per product, a few hundred products deep); SGD keeps a difference at the size of
+    # the rounding that made it. 1e-4 relative is three orders above that and far below what a wrong loop moves.
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    for a, b in zip(mine.model.policy_parameters(), library.model.policy_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert {"clipfrac", "approx_kl"} <= mine.history[-1].keys()
+    for row, reference in zip(mine.last_update_stats, library.last_update_stats, strict=True):
+        assert abs(row["approx_kl"] - reference["approx_kl"]) <= 1e-4 + 1e-3 * abs(reference["approx_kl"])
+
+
+def test_an_update_loop_that_moves_nothing_is_caught_by_its_losses(make_trainer):
+    """The loop's own numbers are what the run reports: one that never steps its optimiser trains nothing."""
+    def lazy(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        return [(0.0, 0.0)]
+
+    trainer = make_trainer(update_fn=lazy)
+    before = [p.detach().clone() for p in trainer.model.policy_parameters()]
+    trainer.step()
+    assert trainer.history[-1]["policy_loss"] == 0.0 and "clipfrac" not in trainer.history[-1]
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.policy_parameters(), strict=True))
+
+
+@pytest.mark.parametrize("setting, message", [({"entropy_coef": 0.01}, "entropy_coef must be 0"),
+                                              ({"ptx_coef": 0.1}, "ptx_coef must be 0"),
+                                              ({"value_warmup_steps": 1}, "value_warmup_steps must be 0")])
+def test_update_fn_refuses_settings_it_cannot_honour(make_trainer, setting, message):
+    kwargs = {"ptx_texts": ["the movie was good ."]} if "ptx_coef" in setting else {}
+    with pytest.raises(ValueError, match=f"update_fn .*{message}"):
+        make_trainer(update_fn=update_loop, **setting, **kwargs)
+
+
+@pytest.mark.parametrize("result, error, message", [
+    (None, ValueError, "list of \\(policy loss, value loss\\) pairs"),
+    ([], ValueError, "returned no losses"),
+    ([(float("nan"), 0.0)], Exception, "update_fn's losses"),
+])
+def test_update_fn_results_are_checked(make_trainer, result, error, message):
+    trainer = make_trainer(update_fn=lambda *args: result)
+    with pytest.raises(error, match=message):
+        trainer.step()

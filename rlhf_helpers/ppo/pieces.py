@@ -11,6 +11,15 @@ Each piece is called with positional arguments, in this order (tensors (B, T), `
     policy_loss_fn(logprobs, old_logprobs, advantages, mask, clip_eps)  -> loss, or (loss, stats)
     value_loss_fn(values, old_values, returns, mask, clip_range)        -> loss, or (loss, stats)
 
+and the whole update loop of one iteration can be replaced too:
+
+    update_fn(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn)
+        -> [(policy loss, value loss) of every minibatch, in order]
+
+where the optimisers are plain torch optimisers over `model.policy_parameters()` and
+`model.value_parameters()`, and `policy_loss_fn(logprobs, old_logprobs, advantages, mask, clip_eps)`
+returns the loss alone (the run's policy loss piece; the trainer records its stats on each call).
+
 The library's own (`core.kl.shape_rewards` with the config's kl_kind and score_clip, `core.gae.compute_gae`,
 `core.losses.policy_loss`, `core.losses.value_loss`) are the defaults, also when a piece is given as None.
 config.kl_kind and config.score_clip configure the library's shaping only: a shaping function of yours
@@ -29,6 +38,8 @@ import torch
 
 from rlhf_helpers.core.kl import kl_estimate
 from rlhf_helpers.core.losses import policy_loss, value_loss
+from rlhf_helpers.ppo.guards import check_all_finite
+from rlhf_helpers.runtime.precision import needs_grad_scaler
 
 #: shape_rewards_fn(scores (B,), logprobs, ref_logprobs, mask, kl_coef) -> rewards (B, T) or (rewards, kl)
 ShapeRewardsFn = Callable[..., Any]
@@ -38,6 +49,8 @@ AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 PolicyLossFn = Callable[..., Any]
 #: value_loss_fn(values, old_values, returns, mask, clip_range) -> loss, or (loss, stats)
 ValueLossFn = Callable[..., Any]
+#: update_fn(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn) -> [(policy, value loss)]
+UpdateFn = Callable[..., Any]
 
 
 #: the stats of a policy loss that the trainer logs, and of a value loss
@@ -49,6 +62,18 @@ def check_piece(name: str, fn: Any) -> None:
     """ValueError naming the argument unless `fn` is callable (None: the library's piece)."""
     if fn is not None and not callable(fn):
         raise ValueError(f"{name} must be a function (or None for the library's), got {type(fn).__name__}")
+
+
+def minibatch_losses(out: Any, name: str = "update_fn") -> list[tuple[float, float]]:
+    """An update function's result checked: a non-empty list of (policy loss, value loss) pairs of numbers."""
+    try:
+        pairs = [(float(policy), float(value)) for policy, value in out]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must return a list of (policy loss, value loss) pairs, one per minibatch, "
+                         f"got {type(out).__name__}") from None
+    if not pairs:
+        raise ValueError(f"{name} returned no losses: it must take at least one minibatch step")
+    return pairs
 
 
 def rewards_and_kl(out: Any, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
@@ -78,3 +103,42 @@ def value_loss_and_stats(out: Any, values: torch.Tensor, old_values: torch.Tenso
         return loss, stats
     with torch.no_grad():
         return loss, {**value_loss(values.detach(), old_values, returns, mask, clip_range)[1], **stats}
+
+
+def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
+    """ValueError naming the setting an `update_fn` cannot honour: it is one process's plain loop of the
+    clipped policy loss and the value loss, with plain torch optimisers (no fp16 loss scaling)."""
+    unsupported = [(config.entropy_coef > 0, "entropy_coef must be 0"), (config.ptx_coef > 0, "ptx_coef must be 0"),
+                   (config.value_warmup_steps > 0, "value_warmup_steps must be 0"),
+                   (accelerator is not None and accelerator.num_processes > 1, "it runs on one process only"),
+                   (needs_grad_scaler(model), "an fp16 base needs the library's loss scaling")]
+    reasons = [reason for bad, reason in unsupported if bad]
+    if reasons:
+        raise ValueError("update_fn (your own update loop) cannot run with these settings: " + "; ".join(reasons)
+                         + ". Leave update_fn out to use the library's update")
+
+
+def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any, batch: Any, policy_opt: Any,
+                  value_opt: Any, config: Any, generator: torch.Generator, step: int) -> list[dict[str, float]]:
+    """One iteration's update by `update_fn`; returns the stats of each minibatch (its two losses, and the
+    policy loss's stats when it called `policy_loss_fn` once per minibatch). NonFiniteStop on a NaN loss."""
+    recorded: list[dict[str, float]] = []
+
+    def loss_only(logprobs, old_logprobs, advantages, mask, clip_eps):
+        inputs = (logprobs.float(), old_logprobs, advantages, mask, clip_eps)
+        loss, stats = policy_loss_and_stats(policy_loss_fn(*inputs), *inputs)
+        recorded.append({key: float(value) for key, value in stats.items()})
+        return loss
+
+    losses = minibatch_losses(update_fn(model, batch, policy_opt, value_opt, config, generator, loss_only))
+    check_all_finite("update_fn's losses", torch.tensor(losses, dtype=torch.float64), step)
+    stats = [{"policy_loss": policy, "value_loss": value} for policy, value in losses]
+    if len(recorded) == len(stats):  # one policy loss per minibatch: its stats belong to the curves
+        stats = [{**row, **extra} for row, extra in zip(stats, recorded, strict=True)]
+    return stats
+
+
+def mean_update_stats(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The mean over an update's minibatches of each stat (the per-minibatch-only ones left out)."""
+    skip = ("epoch", "minibatch", "ratio_mean", "ratio_max")
+    return {key: sum(row[key] for row in rows) / len(rows) for key in rows[0] if key not in skip}

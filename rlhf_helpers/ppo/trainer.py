@@ -7,8 +7,8 @@
 
 `update` is the whole optimisation of one iteration in one loop (as cleanrl writes it): for each epoch,
 a shuffle; for each minibatch, the policy's forward -> loss -> backward -> step, then the value's.
-The maths are functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss; the
-library's by default), so a learner's own GAE or clip loss can drive the training.
+The maths are functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even
+the update loop; the library's by default), so a learner's own GAE, loss or loop can drive the training.
 
 The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each
 (Adam, gradient all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate
@@ -18,9 +18,8 @@ operation runs inside `self.guard()`: a NaN/inf (or an error) on one process sto
 the same point, so none waits forever in an all-reduce. Before a checkpoint is written the updated
 policy and critic must give finite outputs on their latest batch.
 
-Precision: the frozen base may be bf16 or fp16 (it is never updated); the trained weights (LoRA
-matrices, value head) are float32 masters, with a loss scaler per optimiser on an fp16 base
-(`optim`).
+Precision: the frozen base may be bf16 or fp16 (never updated); the trained weights (LoRA matrices,
+value head) are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
 """
 
 from __future__ import annotations
@@ -48,9 +47,13 @@ from rlhf_helpers.ppo.pieces import (
     AdvantageFn,
     PolicyLossFn,
     ShapeRewardsFn,
+    UpdateFn,
     ValueLossFn,
     check_piece,
+    check_update_fn_settings,
+    mean_update_stats,
     policy_loss_and_stats,
+    run_update_fn,
     value_loss_and_stats,
 )
 from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
@@ -58,13 +61,6 @@ from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import needs_grad_scaler
-
-
-def make_kl_controller(config: PPOConfig) -> FixedKLController | AdaptiveKLController:
-    """Fixed beta, or the adaptive controller when config.target_kl is set."""
-    if config.target_kl is None:
-        return FixedKLController(config.kl_coef)
-    return AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
 
 
 class PPOTrainer:
@@ -85,6 +81,7 @@ class PPOTrainer:
         advantage_fn: AdvantageFn | None = compute_gae,
         policy_loss_fn: PolicyLossFn | None = policy_loss,
         value_loss_fn: ValueLossFn | None = value_loss,
+        update_fn: UpdateFn | None = None,
     ) -> None:
         if not isinstance(config, PPOConfig):
             raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -96,8 +93,11 @@ class PPOTrainer:
         if config.ptx_coef > 0 and not ptx_texts:
             raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
         for name, fn in (("shape_rewards_fn", shape_rewards_fn), ("advantage_fn", advantage_fn),
-                         ("policy_loss_fn", policy_loss_fn), ("value_loss_fn", value_loss_fn)):
+                         ("policy_loss_fn", policy_loss_fn), ("value_loss_fn", value_loss_fn),
+                         ("update_fn", update_fn)):
             check_piece(name, fn)
+        if update_fn is not None:
+            check_update_fn_settings(config, model, accelerator)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -109,6 +109,8 @@ class PPOTrainer:
         #: the maths of PPO (`pieces`); None: the library's (shaping: with config.kl_kind and score_clip)
         self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn or compute_gae
         self.policy_loss_fn, self.value_loss_fn = policy_loss_fn or policy_loss, value_loss_fn or value_loss
+        #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update`'s own
+        self.update_fn = update_fn
         self.process_index = accelerator.process_index if accelerator is not None else 0
         self.num_processes = accelerator.num_processes if accelerator is not None else 1
         fp16 = needs_grad_scaler(model)  # an fp16 base: loss scaling per optimiser
@@ -118,7 +120,9 @@ class PPOTrainer:
         #: the same for the value adapter and its head
         self.value_opt = AdapterOptimizer("value", model.value_parameters(), config.value_lr,
                                           config.max_grad_norm, fp16, model.device.type, accelerator)
-        self.kl_controller = make_kl_controller(config)
+        #: fixed beta, or the adaptive controller when config.target_kl is set
+        self.kl_controller = (FixedKLController(config.kl_coef) if config.target_kl is None
+                              else AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon))
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
         self.last_batch: Experience | None = None  #: the experience batch of the latest step
@@ -207,6 +211,12 @@ class PPOTrainer:
         The two adapters share no trainable parameter and neither loss reads the other's output, so the
         order of the two steps changes no number. Each minibatch is cut to the columns holding a real
         token of one of its rows (`trim_minibatch`)."""
+        if self.update_fn is not None:  # the caller's loop; the run's policy loss, its stats recorded
+            with self.guard():
+                self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn, self.model, batch,
+                                                       self.policy_opt.optimizer, self.value_opt.optimizer,
+                                                       self.config, generator, self.step_count)
+            return mean_update_stats(self.last_update_stats)
         config, model, step = self.config, self.model, self.step_count
         train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
         self.last_update_stats = []
@@ -243,9 +253,7 @@ class PPOTrainer:
                     "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
                     "entropy_update": float(mean_entropy.detach()),
                     **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
-        skip = ("epoch", "minibatch", "ratio_mean", "ratio_max")  # per-minibatch only
-        return {key: sum(row[key] for row in self.last_update_stats) / len(self.last_update_stats)
-                for key in self.last_update_stats[0] if key not in skip}
+        return mean_update_stats(self.last_update_stats)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
