@@ -32,6 +32,7 @@ from rlhf_helpers.course.notebook import (
     EXERCISE_PASSED,
     EXERCISE_TODO,
     exercise_check,
+    exercise_outcome,
 )
 from rlhf_helpers.course.run_course import course_notebooks, execute_notebook
 
@@ -92,12 +93,16 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     "05_full_ppo": {
         "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"
              "    return rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=beta)[0]\n",
-        "2": "def ppo_update(model, batch, policy_opt, value_opt, config, generator):\n"
-             "    library.update(batch, generator)\n"
-             "    return [(s['policy_loss'], s['value_loss']) for s in library.last_update_stats]\n",
+        "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
+             "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
         "3": "def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps, per_sequence=False):\n"
              "    return rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=eps)[0]\n",
-        "4": "def bon_kl(n):\n    return best_of_n_kl(n)\n",
+        "4": "def ppo_update(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):\n"
+             "    shortcut = PPOTrainer(config, model, tokenizer, train_prompts)\n"
+             "    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = policy_opt, value_opt\n"
+             "    shortcut.update(batch, generator)\n"
+             "    return [(s['policy_loss'], s['value_loss']) for s in shortcut.last_update_stats]\n",
+        "5": "def bon_kl(n):\n    return best_of_n_kl(n)\n",
     },
     "06_failure_modes": {
         "1": "def mask_to_first_eos(responses, eos_id):\n    return library_mask_to_first_eos(responses, eos_id)\n",
@@ -322,13 +327,13 @@ def test_course_has_notebooks():
     assert NOTEBOOKS, "notebooks/ holds no NN_topic.ipynb"
 
 
-def test_every_notebook_has_two_to_four_exercises_with_solutions():
+def test_every_notebook_has_two_to_five_exercises_with_solutions():
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         text = "\n".join(cell.source for cell in nb.cells)
         exercises = sorted(_EXERCISE.findall(text))
         solutions = sorted(number for number, _ in _SOLUTION.findall(text))
-        assert 2 <= len(exercises) <= 4, f"{path.name}: {len(exercises)} exercises"
+        assert 2 <= len(exercises) <= 5, f"{path.name}: {len(exercises)} exercises"
         assert exercises == [str(n) for n in range(1, len(exercises) + 1)], f"{path.name}: numbered {exercises}"
         assert exercises == solutions, f"{path.name}: exercises {exercises} vs solutions {solutions}"
 
@@ -365,6 +370,8 @@ def test_exercise_check_reports_each_outcome(capsys):
 
     for name, check in [("e1", lambda: None), ("e2", todo), ("e3", wrong), ("e4", crash)]:
         assert exercise_check(name, check) is None  # never raises
+    assert [exercise_outcome(name) for name in ("e1", "e2", "e3", "e4", "e5")] == [
+        EXERCISE_PASSED, EXERCISE_TODO, EXERCISE_FAILED, EXERCISE_FAILED, None]
     text = capsys.readouterr().out
     assert _CHECK_LINE.findall(text) == [(EXERCISE_PASSED, "e1"), (EXERCISE_TODO, "e2"),
                                          (EXERCISE_FAILED, "e3"), (EXERCISE_FAILED, "e4")]
@@ -373,6 +380,8 @@ def test_exercise_check_reports_each_outcome(capsys):
     assert out[1].startswith(f"{EXERCISE_TODO}  e2")
     assert out[2].startswith(f"{EXERCISE_FAILED}  e3") and "one is not two" in out[2]
     assert out[3].startswith(f"{EXERCISE_FAILED}  e4") and "KeyError" in out[3]
+    exercise_check("e1", wrong)  # the latest check counts
+    assert exercise_outcome("e1") == EXERCISE_FAILED
 
 
 def test_execute_notebook_rejects_a_bad_timeout(tmp_path: Path):

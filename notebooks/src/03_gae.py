@@ -12,6 +12,10 @@
 # - the reverse loop (as in trlx) and a vectorised GAE, proven equal;
 # - the bias-variance trade-off of $\lambda$, **measured** on a chain whose true values are known;
 # - whitening advantages over the real tokens only.
+#
+# **Prerequisites:** notebooks 01 (policy gradients, reward-to-go, TD errors, the critic) and 02 (the
+# reward model's one score per response); padded (B, T) batches with a mask.
+# **Time:** about 2 h
 
 # %% tags=["colab-setup"]
 
@@ -23,12 +27,15 @@ env_info = show_environment()
 # %%
 import time
 
+import pandas as pd
 import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
+from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
+from rlhf_helpers.course.claims import check_claims
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
@@ -43,8 +50,15 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # $$r_t = -\beta\, \widehat{\mathrm{KL}}_t + [t = t_{\text{last}}]\; \text{score},$$
 #
 # a penalty for drifting from the reference at every token plus the reward model's score on the last
-# real token. The penalty keeps the policy close to a model that still writes fluent text, and is
-# what stops it exploiting the reward model's blind spots.
+# real token. The penalty keeps the policy close to a model that still writes fluent text. It **bounds**
+# the exploitation of the reward model's blind spots; it does not stop it. Summed over a response, the
+# penalty charges $\beta$ per nat of KL to the reference, so the policy moves only as far as the gain in
+# learned score pays for; where the reward model over-rates a flaw, that gain looks real to the policy,
+# and it moves towards the flaw within that budget. Notebook 05 shows a policy trained with the penalty on still writing a sample the reward model
+# over-rates (a review in the wrong genre: a high learned score, a low hidden true score), and notebook
+# 06 measures the true score falling behind the learned one as the KL grows. At scale, Gao et al. (2022)
+# found that a larger penalty moves the policy along much the same true-score-against-KL curve, as
+# stopping earlier would, rather than onto a better one.
 #
 # ### KL estimators
 # With $w = \pi_{\text{ref}}(a_t \mid s_t) / \pi(a_t \mid s_t)$ for a token sampled from $\pi$, three
@@ -65,7 +79,7 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # notebook 06 shows it on a trained policy.
 
 # %%
-def kl_scratch(logprobs, ref_logprobs, kind="k1"):
+def kl_scratch(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from log-probs of tokens sampled from pi: (B, T) -> (B, T)."""
     log_w = ref_logprobs - logprobs  # (B, T): log(pi_ref / pi)
     if kind == "k1":
@@ -148,21 +162,29 @@ kl_explorer
 
 # %%
 # The answers above, computed with the explorer's own numbers (300 batches of 16 tokens each)
-answers = {}
+answers, exact = {}, {}
 for shift in (0.5, 3.0):
     result = kl_explorer.compute(shift=shift, n_samples=16, seed=0)
-    means = result["batch_means"]  # estimator -> (300,) batch means
-    answers[shift] = {k: (float(v.mean()), float(v.std()), float((v < 0).float().mean())) for k, v in means.items()}
-    print(f"shift {shift}: exact KL {result['exact']:.3f}")
-    for k, (mean, std, negative) in answers[shift].items():
-        print(f"   {k}: mean of batch means {mean:.3f}   spread (std) {std:.3f}   negative batches {negative:.0%}")
-near, far = answers[0.5], answers[3.0]
-assert near["k1"][2] > 0.1 and near["k2"][2] == near["k3"][2] == 0, "answer 2: k1 is negative in many batches"
-assert near["k3"][1] < near["k2"][1] < near["k1"][1], "answer 2: near the reference k1 spreads the most, k3 the least"
-assert far["k2"][0] > 1.2 * kl_explorer.compute(shift=3.0, n_samples=16, seed=0)["exact"], "answer 3: k2 overshoots"
-assert far["k3"][1] > far["k1"][1], "answer 3: far from the reference k3 spreads more than k1"
-print("k3's spread grows from", f"{near['k3'][1] / near['k1'][1]:.2f}x k1's near the reference to",
-      f"{far['k3'][1] / far['k1'][1]:.2f}x k1's far from it")
+    exact[shift] = result["exact"]
+    for k, v in result["batch_means"].items():  # estimator -> (300,) batch means
+        answers[shift, k] = {"mean of batch means": float(v.mean()), "spread (std)": float(v.std()),
+                             "negative batches": float((v < 0).float().mean())}
+near = {k: answers[0.5, k] for k in ("k1", "k2", "k3")}
+far = {k: answers[3.0, k] for k in ("k1", "k2", "k3")}
+table = pd.DataFrame(answers.values(), index=pd.MultiIndex.from_tuples(answers, names=["shift", "estimator"]))
+table.insert(0, "exact KL", [exact[shift] for shift, _ in answers])
+display(table.style.format({"negative batches": "{:.0%}"}, precision=3).format_index("{:g}", level=0))
+
+# %% tags=["claim-check"]
+check_claims({
+    "answer 2: near the reference k1 is negative in many batches, k2 and k3 in none":
+        near["k1"]["negative batches"] > 0.1 and near["k2"]["negative batches"] == near["k3"]["negative batches"] == 0,
+    "answer 2: near the reference k1 spreads the most, k3 the least":
+        near["k3"]["spread (std)"] < near["k2"]["spread (std)"] < near["k1"]["spread (std)"],
+    "answer 3: far from the reference k2 overshoots the exact KL":
+        far["k2"]["mean of batch means"] > 1.2 * exact[3.0],
+    "answer 3: far from the reference k3 spreads more than k1": far["k3"]["spread (std)"] > far["k1"]["spread (std)"],
+}, any_profile=True)
 
 # %% [markdown]
 # ### Shaping the rewards of a padded batch
@@ -170,11 +192,12 @@ print("k3's spread grows from", f"{near['k3'][1] / near['k1'][1]:.2f}x k1's near
 # token of each row; padding gets no reward.
 
 # %%
-def shape_rewards_scratch(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind="k1"):
+def shape_rewards_scratch(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+                          kl_coef: float, kl_kind: str = "k1") -> tuple[torch.Tensor, torch.Tensor]:
     """r_t = -beta * KL_t on real tokens, plus the score on the last real token: (B,), (B, T) -> (B, T)."""
     kl = kl_scratch(logprobs, ref_logprobs, kl_kind) * mask  # (B, T)
     rewards = -kl_coef * kl  # (B, T)
-    last = mask.sum(1).long() - 1  # (B,): index of the last real token (right padding)
+    last = rlhf_helpers.last_token_index(mask)  # (B,): index of the last real token (Exercise 1 writes it)
     rewards[torch.arange(len(scores)), last] += scores
     return rewards, kl
 
@@ -208,13 +231,22 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
 
 # %%
 def check_last_token_index():
-    m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
-    got = last_token_index(m)
-    assert got.tolist() == [2, 0, 3], f"expected [2, 0, 3], got {got.tolist()}"
-    lengths = torch.randint(1, 9, (16,), generator=torch.Generator().manual_seed(4))
+    m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)  # (3, 4)
+    lengths = torch.randint(1, 9, (16,), generator=torch.Generator().manual_seed(4))  # (16,)
     random_mask = (torch.arange(8)[None, :] < lengths[:, None]).float()  # (16, 8), right-padded
-    expected = [max(t for t in range(8) if row[t] == 1) for row in random_mask.tolist()]  # a loop over each row
-    assert last_token_index(random_mask).tolist() == expected
+    for mask_c in (m, random_mask):
+        got = last_token_index(mask_c)
+        assert isinstance(got, torch.Tensor) and got.shape == (len(mask_c),), \
+            f"return one index per row, shape ({len(mask_c)},); got {getattr(got, 'shape', type(got))}"
+        assert got.dtype == torch.long, (
+            f"your indices have dtype {got.dtype}; an index must be an integer tensor, torch.long: "
+            "rewards[rows, last] with float indices raises IndexError (convert with .long())")
+        for row, index in zip(mask_c.tolist(), got.tolist(), strict=True):
+            expected = max(t for t in range(len(row)) if row[t] == 1)  # a loop over the row
+            assert index == expected, (
+                f"for the mask row {[int(x) for x in row]} you return {index}, expected {expected}"
+                + ("; that is the first padding position, one past the last real token" if index == expected + 1
+                   else "; that is the FIRST real token: the last one is what you need" if index == 0 else ""))
 
 
 exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[rlhf_helpers.last_token_index])
@@ -245,17 +277,19 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 # $$\hat A_t = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{t+l} = G_t^\lambda - V(s_t), \qquad \text{returns}_t = \hat A_t + V(s_t).$$
 #
 # $\lambda = 0$ gives $\hat A_t = \delta_t$ (one-step TD: low variance, biased by the critic);
-# $\lambda = 1$ gives the Monte-Carlo return minus $V$ (unbiased, high variance).
+# $\lambda = 1$ gives the (discounted) Monte-Carlo return minus $V$ (unbiased, high variance).
 # The cell builds $G^\lambda$ literally from n-step returns and checks that it equals
 # `compute_gae`'s returns.
 
 # %%
-def td_scratch(rewards, values, mask, gamma):
+def td_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """delta_t = r_t + gamma V(s_t+1) - V(s_t) on real tokens, V = 0 past the end: (B, T) -> (B, T)."""
     next_values = F.pad(values[:, 1:] * mask[:, 1:], (0, 1))  # (B, T): V(s_{t+1}), 0 past the end
     return (rewards + gamma * next_values - values) * mask  # (B, T)
 
 
-def n_step_return(rewards, values, mask, gamma, n):
+def n_step_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                  n: int) -> torch.Tensor:
     """G_t^(n) on every real token: (B, T) -> (B, T)."""
     B, T = rewards.shape
     out = torch.zeros(B, T)
@@ -268,7 +302,8 @@ def n_step_return(rewards, values, mask, gamma, n):
     return out * mask
 
 
-def lambda_return(rewards, values, mask, gamma, lam):
+def lambda_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                  lam: float) -> torch.Tensor:
     """(1 - lam) sum_n lam^(n-1) G^(n); from n = T on, every G^(n) is the full return."""
     T = rewards.shape[1]
     total = sum((1 - lam) * lam ** (n - 1) * n_step_return(rewards, values, mask, gamma, n)
@@ -296,7 +331,8 @@ print("td_errors matches; returns == lambda-return built from n-step returns == 
 # discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$.
 
 # %%
-def gae_matrix_scratch(rewards, values, mask, gamma, lam):
+def gae_matrix_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                       lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A = delta @ D^T with D[t, u] = (gamma * lam)^(u - t) for u >= t."""
     T = rewards.shape[1]
     steps = torch.arange(T)
@@ -369,8 +405,25 @@ def check_gae_loop():
                 expected[i, t] = sum((gamma_c * lam_c) ** k * delta[t + k] for k in range(n - t))
         advantages_c, returns_c = gae_loop(r, v, mask_c, gamma_c, lam_c)
         assert advantages_c.shape == returns_c.shape == (4, 8), "both outputs are (B, T)"
-        torch.testing.assert_close(advantages_c, expected, msg=f"advantages, gamma={gamma_c}, lambda={lam_c}")
-        torch.testing.assert_close(returns_c, (expected + v) * mask_c, msg=f"returns, gamma={gamma_c}, lambda={lam_c}")
+        for name, got, want in (("advantages", advantages_c, expected), ("returns", returns_c, (expected + v) * mask_c)):
+            wrong = ~torch.isclose(got.double(), want, rtol=1e-6, atol=1e-8)  # (4, 8)
+            if not wrong.any():
+                continue
+            i = int(wrong.any(1).nonzero()[0])  # the first row that differs
+            t = int(wrong[i].nonzero()[-1])  # its last differing position: the reverse loop goes wrong there first
+            n, diff = lengths[i], float(got[i, t] - want[i, t])
+            where = f"match for t > {t} and differ at t = {t}"
+            if t >= n:
+                where = f"are not 0 at the padding position t = {t}"
+                hint = "padding must hold 0 and must not feed the row's last real token: multiply by the mask"
+            elif t == n - 1 < 7 and abs(diff - gamma_c * float(v[i, t + 1])) < 1e-6:
+                hint = "the last real token must bootstrap from V = 0, not from the value stored at the padding"
+            else:
+                hint = ("check delta_t = r_t + gamma V(s_t+1) - V(s_t) and A_t = delta_t + gamma lambda A_t+1, "
+                        "computed from t = T-1 down to 0")
+            raise AssertionError(
+                f"gamma={gamma_c}, lambda={lam_c}, row {i} ({n} real tokens of 8): your {name} {where}: "
+                f"got {float(got[i, t]):.4f}, expected {float(want[i, t]):.4f}. Hint: {hint}")
 
 
 exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
@@ -466,24 +519,40 @@ for lam_i in lams:  # 8 settings, well under a second: no progress bar
     bias2.append(((ret.mean(0) - true_v) ** 2).mean().item())
     variance.append(ret.var(0).mean().item())
 mse = [b + v for b, v in zip(bias2, variance, strict=True)]
+best_lam = lams[min(range(len(lams)), key=mse.__getitem__)]
 
+# %%
 fig = go.Figure()
 for name, ys in [("bias²", bias2), ("variance", variance), ("bias² + variance", mse)]:
     fig.add_scatter(x=lams, y=ys, name=name, mode="lines+markers")
 fig.update_layout(title="GAE returns as estimates of the true value, against lambda",
                   xaxis_title="lambda", yaxis_title="mean over t")
 fig.show()
-for lam_i, b, v in zip(lams, bias2, variance, strict=True):
-    print(f"lambda {lam_i:4.2f}: bias² {b:6.3f}   variance {v:6.3f}   sum {b + v:6.3f}")
-best_lam = lams[min(range(len(lams)), key=mse.__getitem__)]
+display(pd.DataFrame({"lambda": lams, "bias²": bias2, "variance": variance, "bias² + variance": mse})
+        .style.hide(axis="index").format(precision=3).format({"lambda": "{:.2f}"}))
 print(f"lowest total error on this chain at lambda = {best_lam}")
 
 # %% [markdown]
 # At $\lambda = 0$ the target leans entirely on the critic, so the critic's error enters it entirely
-# as bias (the variance printed there comes from the one noisy reward that enters). At $\lambda = 1$ the critic cancels out of the target (it is the Monte-Carlo return,
-# unbiased) but every later reward's noise adds up. The best total error lies in between, here at a
-# small $\lambda$ (printed above).
-#
+# as bias; the variance there, about 1, is that of the one noisy reward that enters. At $\lambda = 1$
+# the critic cancels out of the target (it is the Monte-Carlo return, unbiased: bias$^2$ below 0.01)
+# but the noise of every later reward adds up, to a variance of about 10.5 (the mean over $t$ of the
+# $20 - t$ rewards left). Along the table bias$^2$ falls and the variance rises at every step of
+# $\lambda$. The best total error lies in between, at a small $\lambda$ (0.2 to 0.4 on this chain): more
+# than 0.1 below $\lambda = 0$'s, and about a sixth of $\lambda = 1$'s.
+
+# %% tags=["claim-check"]
+check_claims({
+    "at lambda 0 the variance is about 1 (one noisy reward)": abs(variance[0] - 1.0) < 0.1,
+    "at lambda 1 bias² is below 0.01 and the variance about 10.5": bias2[-1] < 0.01 and abs(variance[-1] - 10.5) < 0.5,
+    "bias² falls and the variance rises at every step of lambda":
+        all(bias2[i] > bias2[i + 1] and variance[i] < variance[i + 1] for i in range(len(lams) - 1)),
+    "the lowest total error is at lambda 0.2 to 0.4": best_lam in (0.2, 0.4),
+    "more than 0.1 below lambda 0's total error": mse[0] - min(mse) > 0.1,
+    "about a sixth of lambda 1's total error": 5 < mse[-1] / min(mse) < 8,
+}, any_profile=True)
+
+# %% [markdown]
 # PPO for language models nevertheless usually takes $\lambda = 0.95$ (or 1) and $\gamma = 1$. This
 # chain is not a model of an LLM's noise: there, the variance of an early token's return comes from
 # sampling all the later tokens, which decide the final score, not from independent noise added at
@@ -492,8 +561,8 @@ print(f"lowest total error on this chain at lambda = {best_lam}")
 # end with weight $(\gamma\lambda)^{l}$ ($0.4^{20} \approx 10^{-8}$: practically only through the
 # critic's guesses), and early in training the value head guesses badly, so a small $\lambda$ trains
 # the policy on the critic's errors. Practice settles on a large $\lambda$: it lets the real score reach
-# every token, and pays for it in variance, which whitening and large batches keep in check. Drag $\lambda$ in the explorer above and watch how far back the final score's
-# advantage reaches.
+# every token, and pays for it in variance, which whitening and large batches keep in check. Drag
+# $\lambda$ in the explorer above and watch how far back the final score's advantage reaches.
 
 # %% [markdown]
 # ## 6. Whitening advantages, with masks
@@ -510,7 +579,8 @@ print(f"lowest total error on this chain at lambda = {best_lam}")
 # add almost nothing but still count in $n$, and **shrink** it. The cell measures both cases.
 
 # %%
-def whiten_scratch(x, mask, eps=1e-8):
+def whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with mean and unbiased var over the real tokens; 0 at padding: (B, T)."""
     n = mask.sum()
     mean = (x * mask).sum() / n
     var = (((x - mean) * mask) ** 2).sum() / (n - 1)  # unbiased, over real tokens only
@@ -521,20 +591,39 @@ adv_big, _ = rlhf_helpers.compute_gae(rewards_big, values_big, mask_big, 1.0, 0.
 white = whiten_scratch(adv_big, mask_big)
 torch.testing.assert_close(white, rlhf_helpers.masked_whiten(adv_big, mask_big) * mask_big)
 naive = (adv_big - adv_big.mean()) / adv_big.std()  # ignores the mask: wrong
-real = mask_big.bool()
-print(f"masked:   mean {white[real].mean():+.3f}  std {white[real].std():.3f}  max |value at padding| {white[~real].abs().max():.3f}")
-print(f"unmasked: mean {naive[real].mean():+.3f}  std {naive[real].std():.3f}  max |value at padding| {naive[~real].abs().max():.3f}")
+real = mask_big.bool()  # (B, T)
+display(pd.DataFrame(
+    [{"whitening": name, "mean over real tokens": float(w[real].mean()), "std over real tokens": float(w[real].std()),
+      "max |value at padding|": float(w[~real].abs().max())} for name, w in (("masked", white), ("unmasked", naive))]
+).style.hide(axis="index").format(precision=3))
 
+# %%
 # sigma over the real tokens against sigma over every position (padding zeros included): for this batch,
 # and for the same advantages moved 3 of their own sigmas away from 0
 sigma_of_real = adv_big[real].std().item()
-effects = []
+sigmas = {}
 for label, moved in (("this batch", adv_big * mask_big), ("moved by +3 sigma", (adv_big + 3 * sigma_of_real) * mask_big)):
-    sigma_real, sigma_all = moved[real].std().item(), moved.std().item()
-    effects.append("inflate" if sigma_all > sigma_real else "shrink")
-    print(f"{label:<18} sigma over real tokens {sigma_real:.3f}, with the padding zeros {sigma_all:.3f}: "
-          f"the zeros {effects[-1]} it")
-assert set(effects) == {"inflate", "shrink"}, "the text above promises one case of each"
+    sigmas[label] = {"mean over real tokens": moved[real].mean().item(), "sigma over real tokens": moved[real].std().item(),
+                     "sigma with the padding zeros": moved.std().item()}
+display(pd.DataFrame(sigmas).T.style.format(precision=3))
+
+# %% [markdown]
+# For this batch, whose real advantages are centred near 0 compared with their spread, the zeros
+# **shrink** $\sigma$ (from about 2.8 to about 1.9); moved 3 of their own $\sigma$ away from 0, the same
+# advantages have their $\sigma$ **inflated** by the zeros (to about 4.8). Either way the unmasked
+# statistics are wrong, and the unmasked whitening above leaves its real tokens with a standard deviation
+# far from 1 and puts non-zero values on the padding.
+
+# %% tags=["claim-check"]
+check_claims({
+    "this batch: the zeros shrink sigma from about 2.8 to about 1.9":
+        abs(sigmas["this batch"]["sigma over real tokens"] - 2.8) < 0.1
+        and abs(sigmas["this batch"]["sigma with the padding zeros"] - 1.9) < 0.1,
+    "moved by 3 sigma: the zeros inflate sigma to about 4.8":
+        abs(sigmas["moved by +3 sigma"]["sigma with the padding zeros"] - 4.8) < 0.1,
+    "unmasked whitening: std over real tokens far from 1, padding non-zero":
+        abs(float(naive[real].std()) - 1) > 0.3 and float(naive[~real].abs().max()) > 0.01,
+}, any_profile=True)
 
 # %% [markdown]
 # ### Exercise 3: masked mean
@@ -549,13 +638,27 @@ def masked_mean_scratch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # %%
 def check_masked_mean():
-    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
-    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    torch.testing.assert_close(masked_mean_scratch(x, m), torch.tensor(2.0))
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])  # (2, 3): 100 at the padding
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # (2, 3): rows of 2 and 1 real tokens
+    got = masked_mean_scratch(x, m)
+    assert isinstance(got, torch.Tensor) and got.dim() == 0, \
+        f"return one number (a 0-d tensor), the mean over the whole batch; got {getattr(got, 'shape', type(got))}"
+    slips = {  # what the usual slips return on this x and m
+        1.0: "you divided by every position, padding included: divide by the number of real tokens, mask.sum()",
+        2.25: "you averaged each row's mean, so the 1-token row weighs as much as the 2-token row; "
+              "every real token must weigh the same: one sum over the batch, divided by mask.sum()",
+        102.0: "the padding's values entered the sum: multiply x by the mask before summing",
+        51.0: "the mask is ignored: sum x * mask and divide by mask.sum()",
+    }
+    hint = next((text for value, text in slips.items() if abs(float(got) - value) < 1e-4), "")
+    assert abs(float(got) - 2.0) < 1e-6, \
+        f"x = {x.tolist()}, mask = {m.tolist()}: you return {float(got):.4f}, expected (1 + 2 + 3) / 3 = 2. {hint}"
     real_values = [a for row, keep in zip(adv_big.tolist(), mask_big.tolist(), strict=True)
                    for a, k in zip(row, keep, strict=True) if k]  # a loop over the real tokens
-    expected = torch.tensor(sum(real_values) / len(real_values))
-    torch.testing.assert_close(masked_mean_scratch(adv_big, mask_big), expected)
+    expected = sum(real_values) / len(real_values)
+    got = float(masked_mean_scratch(adv_big, mask_big))
+    assert abs(got - expected) < 1e-5, \
+        f"on the (16, 24) batch of section 3 you return {got:.5f}, expected {expected:.5f} (a loop over its real tokens)"
 
 
 exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean,
@@ -575,7 +678,8 @@ exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean,
 # %% [markdown]
 # ## Summary
 # - Per-token reward: $-\beta \widehat{\mathrm{KL}}_t$ everywhere plus the score on the last real token;
-#   $k_1$ can go negative, $k_3$ cannot, both are unbiased.
+#   $k_1$ can go negative, $k_3$ cannot, both are unbiased. The penalty bounds how far the policy moves to
+#   exploit the reward model; it does not stop the exploitation.
 # - GAE: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$; returns $= \hat A + V$ are $\lambda$-returns.
 #   The reverse loop and the vectorised form agree to float precision.
 # - $\lambda$ trades the critic's bias against the rewards' variance, measured above.

@@ -5,6 +5,11 @@
 #
 # {{colab_badge}}
 #
+# **Prerequisites:** notebooks 01-04 (the policy gradient, the reward model, GAE, the clipped loss);
+# Exercise 2 here reuses your `gae_loop` from notebook 03.
+#
+# **Time:** about 3.5-4 h
+#
 # **You will learn**
 # - the four roles of RLHF-PPO (policy, reference, value, reward) and its three losses (clip policy
 #   loss, value loss, optional ptx loss);
@@ -13,13 +18,16 @@
 #   memory saved against four separate models;
 # - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
 #   shaped rewards, advantages), and the whole computation for one sequence from scratch;
-# - PPO's update, **written by you** (epochs, shuffled minibatches, ratio against the stored log-probs,
-#   clipped policy and value losses, gradient clipping, one optimiser per adapter) and checked against
-#   the library's on the same batch;
-# - training with curves of the learned score, the hidden true score, KL, clip fraction, value loss and
-#   explained variance; samples before and after;
+# - PPO, **written by you**: the shaped reward, GAE, the clipped loss and the update loop (epochs,
+#   shuffled minibatches, ratio against the stored log-probs, clipped policy and value losses, gradient
+#   clipping, one optimiser per adapter), each checked against an independent reference;
+# - **your code trains the model** in section 4 (the library's piece stands in for any exercise not
+#   done yet), and one plausible bug, the ratio taken against the reference, trains visibly worse;
+# - curves of the learned score, the hidden true score, KL, clip fraction, value loss and explained
+#   variance; samples before and after;
 # - **measured**: PPO against best-of-$n$ sampling at matched KL (at most $\log n - \frac{n-1}{n}$);
-# - saving the adapters atomically and loading them into a fresh model that gives the same log-probs.
+# - saving the adapters and loading them into a fresh model that gives the same log-probs. The
+#   engineering (memory, checkpoint files, the flags of other frameworks) is in the appendix.
 #
 # ### The whole loop on one screen
 #
@@ -35,8 +43,8 @@
 #     V_old    ← V_ψ(x, y_<t)                per token
 #     score    ← r_φ(x, y)                   per response        # read at the last real token
 #     r_t      ← −β (logπ_old − logπ_ref) + [t = last] · score   # Exercise 1
-#     Â, G^λ   ← GAE(r, V_old; γ, λ);  Â ← whiten(Â) over real tokens            # notebook 03
-#     # update, section 3 (Exercise 2)
+#     Â, G^λ   ← GAE(r, V_old; γ, λ);  Â ← whiten(Â) over real tokens            # Exercise 2 (notebook 03)
+#     # update, section 3 (Exercise 4; its loss L^CLIP is Exercise 3)
 #     for epoch = 1 .. ppo_epochs:
 #         for each minibatch of a fresh shuffle:
 #             ρ   ← exp(log π_θ − logπ_old)
@@ -66,6 +74,7 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -82,6 +91,8 @@ from rlhf_helpers import widgets
 from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.course.claims import check_claims
+from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
 from rlhf_helpers.ppo.experience import collect_experience
@@ -92,12 +103,14 @@ from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.memory import PeakMemory
 from rlhf_helpers.runtime.models import load_causal_lm
+from rlhf_helpers.runtime.precision import needs_grad_scaler
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.widgets.live_figure import LiveFigure
 from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
 
+# %%
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 02 may have done it), then reused
 torch.manual_seed(profile.seed)
@@ -132,24 +145,7 @@ print(f"profile {profile.name}: {profile.ppo.total_steps} PPO steps of {profile.
 # sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + c_{\text{ptx}}L^{\text{ptx}}$
 # (ptx is off by default), the critic $L^V$.
 #
-# ### Coming from TRL, OpenRLHF or a single-file script?
-#
-# TRL removed its `PPOTrainer` (TRL 1.16 has none; 1.10 keeps it under `trl.experimental.ppo`), and the
-# course needs what no current library gives in one readable place: all four roles on **one** base
-# model, every line next to the equation it implements and covered by a test, fast enough to train on a
-# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own, in short modules of one job each
-# (`config`, `experience`, `update`, `optim`, `trainer`...). Where the
-# pieces you may know went:
-#
-# | you may know | here | what differs |
-# |---|---|---|
-# | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
-# | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
-# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked below against the plain SFT model |
-# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
-# | OpenRLHF: `PolicyLoss`, `masked_mean(loss, action_mask, dim=-1).mean()` | `policy_loss`: one masked mean over **all** tokens of the minibatch | OpenRLHF averages per sequence, then over sequences (every response weighs the same); here every token weighs the same, so long responses weigh more |
-# | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
-# | a typical single-file PPO script: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
+# The appendix maps these pieces to TRL's, OpenRLHF's and verl's for readers who know those frameworks.
 #
 # ## 2. One base model, four roles
 #
@@ -247,7 +243,1013 @@ print("reference (adapters off) == plain SFT model: OK;  fresh policy (B = 0) ==
 del plain_base
 
 # %% [markdown]
-# ### Memory: one shared base against four models
+# ## 3. Experience making
+#
+# `collect_experience` runs steps 1-4 of the loop without gradients. One batch of the untrained policy:
+
+# %%
+torch.manual_seed(profile.seed)
+batch_prompts = [train_prompts[i] for i in
+                 torch.randperm(len(train_prompts), generator=gen)[: config.rollout_batch_size].tolist()]
+batch = collect_experience(model, tokenizer, batch_prompts, config, kl_coef=config.kl_coef)
+print(f"{len(batch)} responses, padded response width R = {batch.mask.shape[1]}, "
+      f"mean length {batch.mask.sum(1).mean():.1f} tokens, EOS reached by {batch.ended_with_eos.float().mean():.0%}")
+print("timings (s):", {k: round(v, 2) for k, v in batch.timings.items()})
+
+
+def sequence_table(batch, i):
+    """One response of a batch, token by token (real tokens only)."""
+    n = int(batch.mask[i].sum())
+    tokens = batch.sequences[i, batch.context_length : batch.context_length + n].tolist()
+    return pd.DataFrame({
+        "token": tokenizer.convert_ids_to_tokens(tokens),
+        "logprob": batch.old_logprobs[i, :n].tolist(),
+        "ref logprob": batch.ref_logprobs[i, :n].tolist(),
+        "kl (k1)": batch.kl[i, :n].tolist(),
+        "value": batch.values[i, :n].tolist(),
+        "shaped reward": batch.rewards[i, :n].tolist(),
+        "advantage (whitened)": batch.advantages[i, :n].tolist(),
+        "return": batch.returns[i, :n].tolist(),
+    }).round(4) + {"token": "", **dict.fromkeys(["logprob", "ref logprob", "kl (k1)", "value", "shaped reward",
+                                                  "advantage (whitened)", "return"], 0.0)}  # + 0.0: no "-0.0"
+
+
+row = 0
+print(f"prompt: {batch.prompts[row]!r}\nresponse: {batch.responses[row]!r}\nreward-model score: {batch.scores[row]:.3f}")
+display(sequence_table(batch, row))
+
+# %% [markdown]
+# The fresh policy equals the reference, so every KL is 0 (up to float rounding) and the shaped reward
+# is 0 except on the last token (EOS), which carries the reward model's score. The freshly initialised
+# critic predicts small values (under 0.5 in size here), so every $\delta_t$ is small except the
+# last, and with $\gamma = 1$ the return $|y| - 1 - t$ tokens before the end is about
+# $\lambda^{|y|-1-t}\,\text{score}$: GAE's $\lambda$ fades the score towards the start of the response
+# until the critic learns to carry it.
+
+# %% tags=["claim-check"]
+real_tokens = batch.mask.bool()  # (B, R)
+check_claims({
+    "the fresh policy's per-token KL is 0 up to rounding": bool(batch.kl[real_tokens].abs().max() < 1e-4),
+    "the fresh critic's values are under 0.5 in size": bool(batch.values[real_tokens].abs().max() < 0.5),
+})
+
+# %% [markdown]
+# ### The same computation for one sequence, from scratch
+#
+# Take one response alone, **without padding**, and recompute everything with plain forward passes and
+# the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
+#
+# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = |y|-1]\,\text{score},\qquad
+# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_{|y|} = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
+
+# %%
+def experience_one_sequence(model, batch, i, beta, gamma, lam):
+    """Log-probs, ref log-probs, values, score, shaped rewards, raw advantages and returns of row i."""
+    P = batch.context_length
+    real = batch.attention_mask[i].bool()  # (P + R,)
+    ids = batch.sequences[i][real][None, :]  # (1, L_i): the prompt and response, no padding at all
+    attn = torch.ones_like(ids)  # (1, L_i)
+    p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
+    n = ids.shape[1] - p_i  # response length
+    with torch.no_grad():
+        logits = model.policy_logits(ids, attn)  # (1, L_i, vocab): the policy adapter on
+        logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
+        with model.reference():  # every adapter off: the plain SFT model
+            ref = logprobs_scratch(model.lm, ids, attn, p_i)[0]  # (n,)
+        values = model.values(ids, attn, p_i)[0].float()  # (n,)
+        score = model.reward_scores(ids, attn)[0].float()  # ()
+    rewards = -beta * (logp - ref)  # (n,)
+    rewards[-1] += score
+    advantages = torch.zeros(n, device=values.device)  # (n,)
+    next_value, next_adv = 0.0, 0.0
+    for t in reversed(range(n)):
+        delta = rewards[t] + gamma * next_value - values[t]
+        next_adv = delta + gamma * lam * next_adv
+        advantages[t] = next_adv
+        next_value = values[t]
+    return {"logprobs": logp, "ref_logprobs": ref, "values": values, "score": score, "rewards": rewards,
+            "advantages": advantages, "returns": advantages + values}
+
+
+
+# %%
+i = 1
+mine = experience_one_sequence(model, batch, i, config.kl_coef, config.gamma, config.lam)
+n = int(batch.mask[i].sum())
+tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)  # unpadded vs padded: rounding only
+torch.testing.assert_close(mine["logprobs"], batch.old_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["ref_logprobs"], batch.ref_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["values"], batch.values[i, :n], **tol)
+torch.testing.assert_close(mine["score"], batch.scores[i], **tol)
+torch.testing.assert_close(mine["rewards"], batch.rewards[i, :n], **tol)
+torch.testing.assert_close(mine["returns"], batch.returns[i, :n], **tol)
+# the library whitens the advantages over the whole batch: undo that with the batch's raw advantages
+raw = batch.returns - batch.values  # (B, R): raw advantages, 0 at padding
+torch.testing.assert_close(rlhf_helpers.masked_whiten(raw, batch.mask)[i, :n], batch.advantages[i, :n], **tol)
+torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
+print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
+
+# %% [markdown]
+# ### Exercise 1: the shaped per-token reward
+# Write `shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)`, step 3 of the loop for a whole
+# batch: the $k_1$ penalty on **every** real token and the score added on the **last real** token,
+#
+# $$r_{it} = -\beta\, m_{it}\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i,$$
+#
+# where $\ell_i$ is the index of the last real token of row $i$. (B,) scores and (B, R) tensors in,
+# (B, R) out, 0 at padding. Responses end at different columns, and padding positions may hold
+# anything, even NaN. The library's reward-shaping functions are hidden while the check runs; it
+# compares with a loop over the real tokens, then with the batch PPO just made. Section 4 trains with
+# your function once it passes.
+
+# %%
+# EXERCISE 1
+def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+                   beta: float) -> torch.Tensor:
+    """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
+    raise NotImplementedError
+
+
+# %%
+def first_difference(got: torch.Tensor, expected: torch.Tensor, mask: torch.Tensor, what: str) -> str | None:
+    """Where a learner's (B, T) tensor first differs from the expected one, said in the learner's terms."""
+    wrong = ~torch.isclose(got.double(), expected.double(), rtol=1e-5, atol=1e-6)  # (B, T); NaN is wrong
+    if not wrong.any():
+        return None
+    i, t = (int(k) for k in wrong.nonzero()[0])
+    n = int(mask[i].sum())
+    where = ["a padding position (it must hold 0)", "the last real token", "a real token before the last"][
+        (t < n) + (t < n - 1)]
+    return (f"your {what} differ first at row {i}, token {t}: {where} of a row with {n} real tokens; "
+            f"got {float(got[i, t]):.4f}, expected {float(expected[i, t]):.4f}")
+
+
+def check_shaped_rewards():
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 3, 1, 4]
+    mask_c = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).float()  # (4, 6)
+    logp = -torch.rand(4, 6, generator=g) * 3  # (4, 6)
+    ref = logp + 0.5 * torch.randn(4, 6, generator=g)  # (4, 6)
+    ref[1, 3:] = float("nan")  # padding may hold garbage: it must not leak in
+    scores_c = torch.tensor([1.5, -2.0, 0.7, 3.0])  # (4,)
+    expected = torch.zeros(4, 6)
+    for i, n in enumerate(lengths):  # one row at a time, its real tokens only
+        for t in range(n):
+            expected[i, t] = -0.1 * (logp[i, t] - ref[i, t]) + (scores_c[i] if t == n - 1 else 0.0)
+    got = shaped_rewards(scores_c, logp, ref, mask_c, 0.1)
+    assert got.shape == (4, 6), f"expected shape (4, 6), got {tuple(got.shape)}"
+    problem = first_difference(got, expected, mask_c, "shaped rewards (beta = 0.1)")
+    assert problem is None, problem
+    on_batch = shaped_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, config.kl_coef)
+    problem = first_difference(on_batch * batch.mask, batch.rewards * batch.mask, batch.mask, "rewards on PPO's batch")
+    assert problem is None, problem
+
+
+exercise_check("Exercise 1 (shaped_rewards)", check_shaped_rewards,
+               hidden=[rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate, rlhf_helpers.last_token_index,
+                       experience_one_sequence])
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+#                    beta: float) -> torch.Tensor:
+#     """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
+#     real = mask.bool()  # (B, R)
+#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
+#     rewards = -beta * k1  # (B, R)
+#     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
+#     rewards[torch.arange(len(scores)), last] += scores
+#     return rewards
+# ```
+# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN. Putting the
+# score on the last *column* gives it to padding for every response shorter than the batch.)
+# </details>
+
+# %% [markdown]
+# ### Exercise 2: GAE on the batch (your notebook 03 code)
+# Paste your `gae_loop(rewards, values, mask, gamma, lam)` from notebook 03 (Exercise 2), or write it
+# again: the reverse loop over a right-padded (B, T) batch,
+#
+# $$\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t),\qquad \hat A_t = \delta_t + \gamma\lambda\,\hat A_{t+1},\qquad
+# G^\lambda_t = \hat A_t + V(s_t),$$
+#
+# with $V = 0$ and $\hat A = 0$ after a row's last real token, returning `(advantages, returns)`, both 0
+# at padding. Make its new tensors on the device of `rewards` (`torch.zeros_like`, `rewards.new_zeros`),
+# so that it also runs on a GPU. The check compares it with a plain loop over each row's real tokens,
+# on random data with garbage in the padding and on the batch PPO just made; the library's GAE is hidden.
+
+# %%
+# EXERCISE 2
+def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+             lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
+    raise NotImplementedError
+
+
+# %%
+def gae_by_row(rewards, values, mask, gamma, lam):
+    """The check's reference: one row at a time, its real tokens only, V = 0 after the last."""
+    advantages = torch.zeros(rewards.shape, dtype=torch.float64)  # (B, T)
+    for i in range(rewards.shape[0]):
+        n, running = int(mask[i].sum()), 0.0
+        for t in reversed(range(n)):
+            next_value = float(values[i, t + 1]) if t + 1 < n else 0.0
+            running = float(rewards[i, t]) + gamma * next_value - float(values[i, t]) + gamma * lam * running
+            advantages[i, t] = running
+    return advantages, (advantages + values.double()) * mask.double()
+
+
+def check_gae_loop():
+    g = torch.Generator().manual_seed(7)
+    lengths = [5, 1, 8, 3]
+    mask_c = (torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]).float()  # (4, 8), right-padded
+    r = torch.randn(4, 8, generator=g) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
+    v = torch.randn(4, 8, generator=g) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
+    cases = [(r, v, mask_c, 0.9, 0.5, "random rows"), (r, v, mask_c, 1.0, 0.0, "random rows"),
+             (batch.rewards, batch.values, batch.mask, config.gamma, config.lam, "PPO's batch")]
+    for rewards_c, values_c, mask_c2, gamma_c, lam_c, data in cases:
+        want_a, want_r = gae_by_row(rewards_c, values_c, mask_c2, gamma_c, lam_c)
+        got_a, got_r = gae_loop(rewards_c, values_c, mask_c2, gamma_c, lam_c)
+        for what, got, want in (("advantages", got_a, want_a), ("returns", got_r, want_r)):
+            problem = first_difference(got, want, mask_c2, f"{what} ({data}, gamma {gamma_c}, lambda {lam_c})")
+            assert problem is None, problem + (". A reverse loop goes wrong first at the end of a row: the last "
+                                               "real token bootstraps from V = 0, never from the padding")
+
+
+exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
+               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference,
+                       experience_one_sequence])
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+#              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+#     """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
+#     B, T = rewards.shape
+#     advantages = torch.zeros_like(rewards)  # (B, T)
+#     running = rewards.new_zeros(B)  # (B,): A_{t+1}, 0 past the end
+#     next_value = rewards.new_zeros(B)  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(T)):
+#         real = mask[:, t]  # (B,)
+#         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         advantages[:, t] = running
+#         next_value = values[:, t] * real  # padding's value never reaches a real token
+#     return advantages, (advantages + values) * mask
+# ```
+# </details>
+
+# %% [markdown]
+# ### Exercise 3: the masked clipped loss, per token or per sequence
+#
+# Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
+# eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar,
+#
+# $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
+# L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t}.$$
+#
+# - `per_sequence=False` (this engine, TRL, OpenRLHF's default `token-mean`): one masked mean over
+#   **all** real tokens of the minibatch, as written above.
+# - `per_sequence=True` (OpenRLHF's `seq-mean-token-mean`): the masked mean over each response's own
+#   tokens first, then the plain mean over responses.
+#
+# Padding positions hold garbage (huge log-probs): they must not reach the result. Section 4 trains
+# with your loss (`per_sequence=False`) once it passes.
+
+# %%
+# EXERCISE 3
+def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+    """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+    raise NotImplementedError
+
+
+# %%
+def check_clipped_policy_loss():
+    g = torch.Generator().manual_seed(11)
+    lengths = [7, 3, 1, 5, 6]
+    mask = (torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]).float()  # (b, R)
+    logp = -2 + 0.3 * torch.randn(5, 7, generator=g)  # (b, R)
+    old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
+    adv = torch.randn(5, 7, generator=g)  # (b, R)
+    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
+    per_row = []  # a plain loop over each response's real tokens
+    for i, n in enumerate(lengths):
+        rho = torch.exp(logp[i, :n] - old[i, :n])
+        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]))  # (n,)
+    token_mean = torch.cat(per_row).mean()  # every real token of the minibatch weighs the same
+    sequence_mean = torch.stack([row.mean() for row in per_row]).mean()  # every response weighs the same
+    unclipped = -torch.cat([torch.exp(logp[i, :n] - old[i, :n]) * adv[i, :n] for i, n in enumerate(lengths)]).mean()
+    for per_sequence, expected in ((False, token_mean), (True, sequence_mean)):
+        got = clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=per_sequence)
+        assert got.dim() == 0, f"per_sequence={per_sequence}: return one scalar, got shape {tuple(got.shape)}"
+        hints = [(torch.isfinite(got), "it is not finite: the padding's huge log-probs reached it (mask them "
+                                       "before exp, e.g. with torch.where)"),
+                 (not torch.isclose(got, -expected, rtol=1e-5), "it has the wrong sign: the loss is MINUS the clipped objective"),
+                 (not torch.isclose(got, unclipped, rtol=1e-5) or per_sequence, "it equals the unclipped loss: "
+                                                                               "take the min with the clipped term"),
+                 (not torch.isclose(got, sequence_mean if not per_sequence else token_mean, rtol=1e-5),
+                  "it uses the other reduction: per_sequence=False averages all real tokens at once, "
+                  "per_sequence=True each response's tokens first")]
+        hint = next((text for fine, text in hints if not fine), "compare min(rho A, clip(rho) A) token by token")
+        assert torch.isclose(got, expected, rtol=1e-5, atol=1e-7), (
+            f"per_sequence={per_sequence}: your loss is {float(got):.5f}, expected {float(expected):.5f}; {hint}")
+
+
+exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
+               hidden=[rlhf_helpers.policy_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+#                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
+#     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
+#     real = mask.bool()  # (b, R)
+#     log_rho = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (b, R): 0 at padding
+#     rho = torch.exp(log_rho)  # (b, R)
+#     surrogate = torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask  # (b, R)
+#     if per_sequence:
+#         return -(surrogate.sum(dim=1) / mask.sum(dim=1)).mean()
+#     return -surrogate.sum() / mask.sum()
+# ```
+# Per token, a 40-token response counts 40 times as much as a 1-token one; per sequence, each response
+# counts once, so each token of a response of length $|y_i|$ weighs $1/|y_i|$. Dr. GRPO (Liu et al. 2025)
+# names that a **response-length bias**: with a positive advantage, short responses get the larger
+# per-token push; with a negative one, long responses are penalised less per token, so wrong answers
+# drift longer. The token mean (this engine) divides by the minibatch's token count instead: a token's
+# weight no longer depends on its own response's length, but still on the other responses' lengths in
+# the minibatch. Only a constant normaliser (Dr. GRPO's `max_length`) is length-independent; notebook
+# 07 measures the difference.
+# </details>
+
+# %% [markdown]
+# ### Exercise 4: PPO's update loop
+#
+# Experience in hand, the update is the part that learns, and now you write it. For every one of
+# `config.ppo_epochs` epochs, take a fresh shuffle of the batch, cut it into minibatches of
+# `config.mini_batch_size`, and on each minibatch take two optimiser steps, one per adapter (each
+# chosen by name, section 2):
+#
+# - **policy** (policy adapter on, `model.policy_logprobs(seq, attn, P, temperature=config.temperature)`):
+#   the loss `policy_loss_fn(logprobs, old_logprobs, advantages, mask, config.clip_eps)` (your Exercise 3,
+#   or the library's), with the log-probs **stored at sampling time** as the old ones;
+# - **critic** (value adapter on, `model.values(seq, attn, P)`): the clipped value loss around the
+#   rollout's values, scaled by `config.vf_coef` before the backward pass,
+#
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
+# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}{\sum_t m_t};$$
+#
+# - each step clips the gradient norm of **its own** adapter's parameters (`model.policy_parameters()`,
+#   `model.value_parameters()`) to `config.max_grad_norm` before its optimiser moves them.
+#
+# The advantages $\hat A_t$ and returns $G^\lambda_t$ are fixed for the whole update: they came with
+# the batch (`batch.advantages`, `batch.returns`, `batch.values`, `batch.old_logprobs`, `batch.mask`,
+# and `batch.sequences`, `batch.attention_mask`, `batch.context_length` for the forward passes). Shuffle
+# with `torch.randperm(B, generator=generator)` once per epoch, and take the minibatches in that order.
+# Return the (policy loss, value loss) of every minibatch, as floats, in order.
+#
+# The check runs the library's update and yours from the same weights, on the same batch, with the same
+# shuffles, in two settings: without gradient clipping and with a clip that binds. Its batch comes from a
+# policy that has already **moved** away from the reference, so the stored log-probs and the reference's
+# differ, and its `vf_coef` is 0.5. Both updates use plain SGD, with a policy step large enough to move the
+# ratios out of the clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float
+# rounding decides the direction of a full-size step, and two correct implementations drift apart by far
+# more than rounding. SGD keeps every difference at the size of the rounding that caused it. The check
+# uses a model of its own, so it leaves this notebook's model as it is. Section 4 trains with your loop
+# once it passes.
+
+# %%
+# EXERCISE 4
+def ppo_update(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn) -> list[tuple[float, float]]:
+    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+    (policy loss, value loss) of every minibatch, in order."""
+    raise NotImplementedError
+
+
+# %%
+# The check's own model: the policy adapter moved away from the reference (random weights added), so
+# that a batch's stored log-probs and the reference's differ; and its own small batch.
+check_model, _ = build_shared_model(profile, config, reward_dir)
+with torch.no_grad():
+    g_moved = torch.Generator().manual_seed(1)
+    for param in check_model.policy_parameters():
+        param.add_(0.05 * torch.randn(param.shape, generator=g_moved).to(param))
+check_config = config.replace(rollout_batch_size=16, mini_batch_size=4, ppo_epochs=2, vf_coef=0.5)
+torch.manual_seed(profile.seed)
+check_batch = collect_experience(check_model, tokenizer, batch_prompts[:16], check_config, kl_coef=config.kl_coef)
+check_trainable = check_model.policy_parameters() + check_model.value_parameters()
+check_start = [p.detach().clone() for p in check_trainable]
+POLICY_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
+VALUE_LR = 0.05  # small: the critic's gradients are ~10x the policy's, and unclipped they would diverge
+moved_by = (check_batch.old_logprobs - check_batch.ref_logprobs)[check_batch.mask.bool()].abs().mean()
+print(f"check batch: mean |log pi_old - log pi_ref| = {moved_by:.3f} per token (0 for a fresh policy)")
+
+
+def restore_check_model():
+    with torch.no_grad():
+        for param, weight in zip(check_trainable, check_start, strict=True):
+            param.copy_(weight)
+
+
+def library_update(cfg):
+    """The library's update of the check's batch under `cfg` with SGD: (losses (n, 2), weights, stats)."""
+    restore_check_model()
+    reference = PPOTrainer(cfg, check_model, tokenizer, train_prompts)
+    reference.policy_opt.optimizer = torch.optim.SGD(check_model.policy_parameters(), lr=POLICY_LR)
+    reference.value_opt.optimizer = torch.optim.SGD(check_model.value_parameters(), lr=VALUE_LR)
+    reference.update(check_batch, torch.Generator().manual_seed(0))
+    stats = reference.last_update_stats
+    losses = torch.tensor([(row["policy_loss"], row["value_loss"]) for row in stats])  # (n, 2)
+    return losses, [p.detach().clone() for p in check_trainable], stats
+
+
+# %%
+# The library's update in the check's two settings, run here once (before the check hides it).
+free_config = check_config.replace(max_grad_norm=1e6)  # no clipping: vf_coef shows in every value step
+free_run = library_update(free_config)
+norms = [row["policy_grad_norm"] for row in free_run[2]]
+clipped_config = check_config.replace(max_grad_norm=0.5 * min(norms))  # binds on every policy step
+clipped_run = library_update(clipped_config)
+restore_check_model()
+print(f"library update: {len(free_run[0])} minibatch steps per adapter; largest clip fraction "
+      f"{max(row['clipfrac'] for row in free_run[2]):.2f}; policy gradient norms {min(norms):.2f}-{max(norms):.2f}, "
+      f"clipped to {clipped_config.max_grad_norm:.2f} in the second setting")
+
+
+def reference_clip_loss(logprobs, old_logprobs, advantages, mask, eps):
+    """L^CLIP, token mean: the loss the check hands to your loop (the library's is hidden)."""
+    rho = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0.0))  # (b, R)
+    return -(torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask).sum() / mask.sum()
+
+
+# %%
+def update_difference(got, expected, cfg):
+    """The first minibatch whose policy or value loss differs, and the likely cause, in words."""
+    per_epoch = math.ceil(cfg.rollout_batch_size / cfg.mini_batch_size)
+    for k in range(len(expected)):
+        epoch, index = divmod(k, per_epoch)
+        at = f"minibatch {k} (epoch {epoch}, #{index})"
+        for column, role in ((0, "policy"), (1, "value")):
+            g, e = float(got[k, column]), float(expected[k, column])
+            if abs(g - e) <= 1e-5 + 1e-4 * abs(e):
+                continue
+            if role == "policy" and k == 0:
+                cause = ("the loss on unchanged weights differs: take the ratio against the log-probs stored at "
+                         "sampling (batch.old_logprobs), never the reference's, and pass the mask")
+            elif index == 0 and epoch > 0:
+                cause = "every epoch needs a fresh shuffle: torch.randperm(B, generator=generator) inside the epoch loop"
+            elif role == "policy":
+                cause = ("the previous policy step moved the weights differently: clip the gradient norm of the "
+                         "policy adapter's own parameters to config.max_grad_norm before policy_opt.step()")
+            elif k == 0:
+                cause = "the value loss: 1/2 x masked mean of max((V - G)^2, (V_clip - G)^2), V_clip around batch.values"
+            else:
+                cause = ("the previous value step moved the weights differently: scale the value loss by "
+                         "config.vf_coef before backward, and clip the value adapter's own gradient norm")
+            return (f"your {role} losses match up to {at} and differ there: got {g:.5f}, expected {e:.5f}. "
+                    f"Likely cause: {cause}")
+    return None
+
+
+# %%
+def check_ppo_update():
+    try:
+        for cfg, (expected, weights, _), setting in ((free_config, free_run, "no gradient clipping"),
+                                                      (clipped_config, clipped_run, "a binding gradient clip")):
+            restore_check_model()
+            losses = ppo_update(check_model, check_batch,
+                                torch.optim.SGD(check_model.policy_parameters(), lr=POLICY_LR),
+                                torch.optim.SGD(check_model.value_parameters(), lr=VALUE_LR), cfg,
+                                torch.Generator().manual_seed(0), reference_clip_loss)
+            got = torch.tensor(losses, dtype=torch.float32)  # (minibatches, 2)
+            assert got.shape == expected.shape, (
+                f"with {setting}: expected {len(expected)} (policy loss, value loss) pairs ({cfg.ppo_epochs} epochs x "
+                f"{len(expected) // cfg.ppo_epochs} minibatches), got shape {tuple(got.shape)}")
+            problem = update_difference(got, expected, cfg)
+            assert problem is None, f"with {setting}: {problem}"
+            for param, weight in zip(check_trainable, weights, strict=True):
+                torch.testing.assert_close(param.detach(), weight, **close_tolerance(profile.torch_dtype, atol=1e-5,
+                                           rtol=1e-4), msg=f"with {setting}: the adapter weights after the update")
+    finally:
+        restore_check_model()
+
+
+exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
+               hidden=[PPOTrainer.update, rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
+                       rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
+
+# %% [markdown]
+# <details><summary>Solution 4</summary>
+#
+# ```python
+# def ppo_update(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn) -> list[tuple[float, float]]:
+#     """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
+#     (policy loss, value loss) of every minibatch, in order."""
+#     P, B, eps_v = batch.context_length, len(batch), config.value_clip
+#     losses = []
+#     for epoch in range(config.ppo_epochs):
+#         order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
+#         for first in range(0, B, config.mini_batch_size):
+#             rows = order[first : first + config.mini_batch_size]  # (b,)
+#             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+#             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+#             # policy: the ratio against the log-probs stored at sampling, inside the clipped loss
+#             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
+#             pg_loss = policy_loss_fn(logp, batch.old_logprobs[rows], A, m, config.clip_eps)
+#             policy_opt.zero_grad()
+#             pg_loss.backward()
+#             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+#             policy_opt.step()
+#             # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-G)^2, (V^clip-G)^2)
+#             V = model.values(seq, attn, P).float()  # (b, R)
+#             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+#             v_loss = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
+#             value_opt.zero_grad()
+#             (config.vf_coef * v_loss).backward()
+#             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+#             value_opt.step()
+#             losses.append((pg_loss.item(), v_loss.item()))
+#     return losses
+# ```
+# The mistakes this check catches include the ratio against the reference's log-probs (notebook 06 (a)),
+# one shuffle for all epochs, a missing `vf_coef`, no gradient clip or one clip over both adapters, no
+# value clip, and the mask left out of the value loss's mean.
+# </details>
+
+# %% [markdown]
+# ## 4. Training, with your code
+#
+# `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
+# minibatches; the policy adapter and the value adapter (with its head) each have their own optimiser
+# (Adam), and each loss is back-propagated with its own adapter active. At the end it writes a
+# checkpoint. It takes PPO's maths as arguments, the library's by default: `shape_rewards_fn`
+# (Exercise 1), `advantage_fn` (Exercise 2), `policy_loss_fn` (Exercise 3) and `update_fn` (Exercise 4).
+# The cell below passes each of your functions whose check passed, and the library's for the others;
+# the line it prints says which is which. Solve an exercise, run its check, and run this section again:
+# your code trains the model. (On an fp16 base, a T4 GPU, the library's update stays: it scales the
+# loss against fp16 underflow, which a plain loop does not.)
+#
+# After steps 1, 2, 4, 8, ... (and the last) the cell samples the held-out prompts with a fixed seed
+# (`trainer.evaluate`): these evaluations are compared with best-of-$n$ in section 6. The curves: the
+# learned score PPO maximises, the **hidden** true score it cannot see (the synthetic world's ground
+# truth), the sequence KL to the reference, and the update's diagnostics:
+
+# %%
+for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss", "explained_variance"):
+    print(f"{key:<19} {GLOSSARY[key]}")
+
+# %%
+YOUR_PIECES = (("shape_rewards_fn", "Exercise 1 (shaped_rewards)", shaped_rewards),
+               ("advantage_fn", "Exercise 2 (gae_loop)", gae_loop),
+               ("policy_loss_fn", "Exercise 3 (clipped_policy_loss)", clipped_policy_loss),
+               ("update_fn", "Exercise 4 (ppo_update)", ppo_update))
+torch.manual_seed(profile.seed)
+model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
+pieces = {arg: fn for arg, exercise, fn in YOUR_PIECES if exercise_outcome(exercise) == EXERCISE_PASSED}
+if "update_fn" in pieces and needs_grad_scaler(model):
+    del pieces["update_fn"]  # fp16 base: the library's update, with its loss scaling
+names = {arg: exercise.partition("(")[2].rstrip(")") for arg, exercise, _ in YOUR_PIECES}
+yours = [names[arg] for arg in names if arg in pieces]
+library_side = [names[arg] for arg in names if arg not in pieces]
+print("This run trains with your " + (", ".join(yours) or "code nowhere yet") + ", and the library's "
+      + (", ".join(library_side) or "nothing") + ".")
+trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores, **pieces)
+start_eval = trainer.evaluate(eval_prompts)
+print("before training (the SFT model), held-out prompts: "
+      + ",  ".join(f"{key} {value:.3f}" for key, value in start_eval.items()))
+
+# %% [markdown]
+# The held-out evaluation printed above (the untrained policy: the SFT model itself) is step 0 of the
+# checkpoint curve in section 6. The figure below plots each training batch's own metrics from step 1 on,
+# and refreshes every few steps while training runs (in a running notebook; a saved copy shows the
+# final curves).
+
+# %%
+CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
+live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
+refresh_every = max(1, config.total_steps // 10)
+eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
+ppo_evals = [{"step": 0, **start_eval}]
+
+
+def after_step(metrics):
+    """Called by `train` after every PPO step: evaluate at eval_steps, refresh the figure."""
+    if trainer.step_count in eval_steps:
+        ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
+    if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
+        shown = [key for key in CURVES if key in trainer.history[-1]]  # a loop of yours may log fewer
+        live_curves.update(plot_curves(trainer.history, keys=shown, columns=3))
+
+
+peak = PeakMemory()  # resident memory of this process, from here to the end of training (appendix A)
+history = trainer.train(callback=after_step)
+peak_rise_mb = peak.rise_mb()
+
+# %%
+def mean_of(rows, key):
+    return float(np.mean([row[key] for row in rows]))
+
+
+early, late = history[:5], history[-5:]
+curve_table = pd.DataFrame([{"metric": key, "first 5 steps": mean_of(early, key), "last 5 steps": mean_of(late, key)}
+                            for key in ("score", "hidden_score", "kl", "clipfrac", "explained_variance")
+                            if key in history[-1]])
+display(curve_table.style.hide(axis="index").format(precision=3)
+        .set_caption(f"Training batches, mean of the first and last 5 of {len(history)} steps"))
+print(f"time per step {np.mean([h['time_step'] for h in history]):.1f} s")
+
+# %% [markdown]
+# Reading the curves. The learned score rises, and the hidden score with it, as long as the reward
+# model is right in the region the policy explores; when the two part ways, the policy is exploiting the
+# reward model. KL grows as the policy leaves the reference ($\beta$ sets how far that is worth it). A
+# clip fraction of a few percent is the usual healthy range; tens of percent means the learning rate or
+# the number of epochs is too large. It counts tokens, not how far their ratios moved: a few tokens can
+# still leave the band far behind (section 7 shows the ratios of the last batch). Explained variance
+# climbs as the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo
+# returns).
+#
+# On the shipped seed, from the first five steps to the last five (the table above): the learned score
+# rises by more than 1 (from about 1.5 to about 3.0), and the hidden score by more than 0.3 (from about
+# 0.3 to about 0.8); the KL grows from under 1 nat to over 1.5; the clip fraction stays under 10%; and
+# the explained variance rises by more than 0.1 (from about 0.35 to about 0.55).
+
+# %% tags=["claim-check"]
+check_claims({
+    "the learned score rises by more than 1": mean_of(late, "score") - mean_of(early, "score") > 1.0,
+    "the hidden score rises by more than 0.3": mean_of(late, "hidden_score") - mean_of(early, "hidden_score") > 0.3,
+    "the KL grows from under 1 nat to over 1.5": mean_of(early, "kl") < 1.0 < 1.5 < mean_of(late, "kl"),
+    "the clip fraction stays under 10%": max(mean_of(early, "clipfrac"), mean_of(late, "clipfrac")) < 0.1,
+    "the explained variance rises by more than 0.1":
+        mean_of(late, "explained_variance") - mean_of(early, "explained_variance") > 0.1,
+})
+
+# %% [markdown]
+# ### One plausible bug, trained
+#
+# Many single-file PPO scripts store the **reference** model's log-probs where the old ones belong. Then
+# $\rho_t = \pi_\theta / \pi_{\text{ref}}$ instead of $\pi_\theta / \pi_{\text{old}}$. On the first step
+# the two are the same (the fresh policy is the reference), so nothing looks wrong. Later the ratio
+# measures how far the policy is from the SFT model, not how far this update moved it: the clip is
+# centred on the SFT model, and every token whose ratio has left $[1-\epsilon, 1+\epsilon]$ in the
+# advantage's direction gets no gradient. The trainer below changes exactly one thing, the old
+# log-probs its update sees, and trains from the same start with the same seed for the first
+# `BUG_STEPS` steps.
+
+# %%
+class RatioAgainstReference(PPOTrainer):
+    """BROKEN ON PURPOSE: the update's "old" log-probs are the reference's."""
+
+    def update(self, batch, generator):
+        return super().update(dataclasses.replace(batch, old_logprobs=batch.ref_logprobs), generator)
+
+
+BUG_STEPS = config.total_steps // 2
+torch.manual_seed(profile.seed)
+bug_model, _ = build_shared_model(profile, config, reward_dir)
+bug_trainer = RatioAgainstReference(config.replace(output_dir=None), bug_model, tokenizer, train_prompts,
+                                    hidden_score_fn=hidden_scores)
+bug_history = bug_trainer.train(steps=BUG_STEPS)
+
+# %%
+fig = make_subplots(rows=1, cols=3, subplot_titles=("learned score", "hidden score", "KL to the reference"),
+                    horizontal_spacing=0.08)
+for name, rows, color in (("this run (section 4)", history[:BUG_STEPS], "royalblue"),
+                          ("ratio against the reference", bug_history, "crimson")):
+    for col, key in enumerate(("score", "hidden_score", "kl"), start=1):
+        fig.add_scatter(x=[row["step"] for row in rows], y=[row[key] for row in rows], name=name, line_color=color,
+                        legendgroup=name, showlegend=col == 1, row=1, col=col)
+fig.update_xaxes(title_text="PPO step")
+fig.update_layout(title="The same run with one bug: the ratio against the reference's log-probs",
+                  legend=dict(orientation="h", y=-0.25))
+fig.show()
+bug_table = pd.DataFrame([{"run": name, **{key: mean_of(rows[-5:], key) for key in ("score", "hidden_score", "kl",
+                                                                                     "clipfrac")}}
+                          for name, rows in (("this run", history[:BUG_STEPS]), ("ratio against the reference",
+                                                                                 bug_history))])
+display(bug_table.style.hide(axis="index").format(precision=3)
+        .set_caption(f"Mean of steps {BUG_STEPS - 4}-{BUG_STEPS}"))
+
+# %% [markdown]
+# Nothing fails and no number turns NaN, yet the bug stalls the training. On the shipped seed, over
+# steps 26-30: the buggy run's learned score is still about where both runs began (about 1.5, against
+# about 2.9 for the correct run), its hidden score is lower by more than 0.3, its KL stays under half of
+# the correct run's, and its clip fraction is more than twice as high. Every update clips tokens for
+# their distance from the SFT model, not for the size of this update, so the policy is held near the
+# SFT model. Notebook 06 (a) shows how to recognise it in the logged ratios.
+
+# %% tags=["claim-check"]
+check_claims({
+    "the buggy run's learned score is lower by more than 0.8":
+        mean_of(bug_history[-5:], "score") < mean_of(history[BUG_STEPS - 5 : BUG_STEPS], "score") - 0.8,
+    "its hidden score is lower by more than 0.3":
+        mean_of(bug_history[-5:], "hidden_score") < mean_of(history[BUG_STEPS - 5 : BUG_STEPS], "hidden_score") - 0.3,
+    "its KL stays under half of the correct run's":
+        mean_of(bug_history[-5:], "kl") < 0.5 * mean_of(history[BUG_STEPS - 5 : BUG_STEPS], "kl"),
+    "its clip fraction is more than twice as high":
+        mean_of(bug_history[-5:], "clipfrac") > 2 * mean_of(history[BUG_STEPS - 5 : BUG_STEPS], "clipfrac"),
+    "its learned score stays within 0.5 of where both runs began":
+        abs(mean_of(bug_history[-5:], "score") - mean_of(history[:5], "score")) < 0.5,
+})
+
+# %% [markdown]
+# ## 5. Samples before and after
+#
+# The same held-out prompts and the same sampling seed, from the reference (the SFT model, adapters
+# off) and from the trained policy, each with its learned score and its hidden true score:
+
+# %%
+show_prompts = eval_prompts[:6]
+rows = []
+for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
+    torch.manual_seed(profile.seed + 1)
+    samples = sample_responses(model, tokenizer, show_prompts, config.max_prompt_length, config.max_new_tokens,
+                               adapter=adapter)
+    learned = score_samples(model, samples).tolist()
+    hidden = hidden_scores(samples.prompts, samples.responses)
+    for prompt, response, s, h in zip(samples.prompts, samples.responses, learned, hidden, strict=True):
+        genre_term = score_breakdown(prompt, response).genre
+        rows.append({"model": who, "prompt": prompt, "response": response, "learned": round(s, 2),
+                     "hidden": round(h, 2), "gap": round(s - h, 2), "genre term": round(genre_term, 2)})
+samples_table = pd.DataFrame(rows).sort_values(["prompt", "model"], kind="stable").reset_index(drop=True)
+display(samples_table.style.hide(axis="index").format(precision=2)
+        .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
+        .set_caption("The same prompts and sampling seed, before (SFT) and after PPO"))
+
+# %% [markdown]
+# Read the table for **disagreements** between the two scores: a response the reward model likes and the
+# hidden scorer does not is where the reward model is wrong, and where PPO can exploit it. The cell below
+# takes the policy's sample with the largest gap and splits its hidden score into its terms
+# (`score_breakdown`, notebook 02), so you can see which part of quality the reward model failed to check.
+
+# %%
+policy_rows = samples_table[samples_table["model"] == "PPO policy"]
+gap_row = policy_rows.loc[policy_rows["gap"].idxmax()]
+terms = score_breakdown(gap_row["prompt"], gap_row["response"])
+sft_row = samples_table[(samples_table["model"] == "SFT (reference)")
+                        & (samples_table["prompt"] == gap_row["prompt"])].iloc[0]
+print(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}")
+print(f"learned {gap_row['learned']:+.2f}   hidden {gap_row['hidden']:+.2f}   gap {gap_row['gap']:+.2f};  "
+      f"the SFT model's sample for this prompt: gap {sft_row['gap']:+.2f}")
+worst_terms = sorted(((name, getattr(terms, name)) for name in ("sentiment", "specificity", "fluency",
+                                                                 "repetition", "length", "genre")),
+                     key=lambda item: item[1])
+print("hidden score terms, worst first: " + ", ".join(f"{name} {value:+.2f}" for name, value in worst_terms))
+pairs = load_preferences("train")
+genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_breakdown(p["prompt"], p["rejected"]).genre
+                  for p in pairs)
+print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of {len(pairs)}")
+gap_summary = samples_table.groupby("model", sort=False).agg(
+    mean_gap=("gap", "mean"), wrong_genre=("genre term", lambda terms: int((terms < 0).sum())))
+display(gap_summary.round(2))
+
+# %% [markdown]
+# Here the policy's largest gap is a review of the **wrong genre** (its genre term is negative): it keeps
+# the praise and detail the reward model pays for, while the hidden scorer subtracts for every word that
+# contradicts the prompt's genre, and few preference pairs contrast a right genre with a wrong one (the
+# count is printed). The SFT model's sample for the same prompt has the same fault, so this blind spot of
+# the reward model was there before PPO. How often the policy lands in such spots after training is a
+# question six prompts cannot answer. Section 6 compares held-out means over the whole evaluation set,
+# and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of the training
+# batches parting as PPO pushes into the reward model's errors.
+
+# %% tags=["claim-check"]
+check_claims({
+    "the policy's largest gap is a wrong-genre sample": bool(gap_row["genre term"] < 0),
+    "the SFT model's sample for that prompt has the wrong genre too": bool(sft_row["genre term"] < 0),
+})
+
+# %% [markdown]
+# ## 6. Best-of-$n$: the baseline at matched KL
+#
+# Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
+# likes best. It moves the output distribution away from the SFT model too. The usual formula
+# (Stiennon et al. 2020, appendix G.3) is
+#
+# $$\mathrm{KL}(\pi_{\text{best-of-}n} \Vert \pi_{\text{SFT}}) \le \log n - \frac{n-1}{n},$$
+#
+# an **upper bound** for any discrete distribution of responses (Beirami et al. 2024, "Theoretical
+# guarantees on the best-of-n alignment policy"). It is an equality only in the limit where no single
+# response has an appreciable probability; distinct rewards are not enough. Where the SFT model often
+# repeats a response (short, common answers), the true KL is smaller than the formula, so the
+# best-of-$n$ points below sit, if anything, too far to the right.
+#
+# So each $n$ is one point (KL, hidden score), and PPO's held-out evaluations during training are a curve
+# through the same plane. PPO is worth its cost where its curve lies above the best-of-$n$ points at the
+# same KL. Both pick or push by the **learned** reward; both are graded by the hidden score.
+
+# %%
+n_max = 8
+bon = best_of_n(model, tokenizer, eval_prompts, n=n_max, max_new_tokens=config.max_new_tokens,
+                max_prompt_length=config.max_prompt_length, adapter=None, seed=profile.seed)
+bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score": bon.hidden_mean(k),
+                            "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
+ppo_points = pd.DataFrame([{"step": e["step"], "KL (nats)": e["eval_kl"], "hidden score": e["eval_hidden_score"],
+                            "learned score": e["eval_score"]} for e in ppo_evals])
+display(bon_points.style.hide(axis="index").format(precision=3)
+        .set_caption("Best-of-n of the SFT model (KL: the bound log n - (n-1)/n)"))
+display(ppo_points.style.hide(axis="index").format(precision=3)
+        .set_caption("PPO's held-out evaluations during training (KL: the k1 sum per response)"))
+
+# %%
+fig = go.Figure()
+fig.add_scatter(x=bon_points["KL (nats)"], y=bon_points["hidden score"], mode="lines+markers+text",
+                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top center", name="best-of-n (SFT)",
+                cliponaxis=False)
+fig.add_scatter(x=ppo_points["KL (nats)"], y=ppo_points["hidden score"], mode="lines+markers+text",
+                text=[f"step {s}" if s in (0, ppo_points["step"].iloc[-1]) else "" for s in ppo_points["step"]],
+                hovertext=[f"step {s}" for s in ppo_points["step"]], textposition="bottom center",
+                name="PPO checkpoints (first and last step labelled)", cliponaxis=False)
+fig.update_layout(title="Hidden true score against KL to the SFT model (held-out prompts)",
+                  xaxis_title="KL (nats per response)", yaxis_title="mean hidden score")
+fig.show()
+
+# %%
+final = ppo_points.iloc[-1]
+by_kl = ppo_points.sort_values("KL (nats)")  # PPO's curve, read at best-of-n's KLs (linear in between)
+bon_points["PPO at this KL"] = np.interp(bon_points["KL (nats)"], by_kl["KL (nats)"], by_kl["hidden score"])
+matched = bon_points[(bon_points["n"] > 1) & (bon_points["KL (nats)"] <= final["KL (nats)"])]
+display(matched.style.hide(axis="index").format(precision=3)
+        .set_caption("Hidden score at matched KL: best-of-n against PPO's curve"))
+noise = abs(ppo_points.iloc[0]["hidden score"] - bon_points.iloc[0]["hidden score"])
+settled = ppo_points[ppo_points["step"] >= 8]  # the evaluations from step 8 on
+print(f"two evaluations of the SFT model (step 0, best-of-1) differ by {noise:.3f}: the scale of noise here")
+print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min():.2f}-"
+      f"{settled['KL (nats)'].max():.2f} nats, hidden score {settled['hidden score'].min():.3f}-"
+      f"{settled['hidden score'].max():.3f}")
+
+# %% [markdown]
+# **The verdict** on the shipped seed: at every matched KL, best-of-$n$'s hidden score lies above PPO's
+# curve, by more than 0.1, which is more than the difference between two evaluations of the same SFT
+# model (printed above). On this run, as in Gao et al.'s (2022) experiments at scale, PPO is less
+# KL-efficient than best-of-$n$. From step 8 on, PPO's evaluation KL stays between 1.8 and 3.3 nats and
+# its hidden score within 0.3 of its best: the run has settled, and the differences between its later
+# checkpoints are not large against the evaluation's noise, so they are no sign of over-optimisation.
+#
+# What PPO buys is cost at inference: best-of-$n$ samples and scores $n$ responses for every prompt,
+# forever; the PPO policy samples **one**. Gao et al. (2022) found at scale that RL is less KL-efficient
+# than best-of-$n$ (their RL curves reach a given gold score only at a larger KL).
+#
+# Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum over
+# each response); best-of-$n$'s is the formula, an upper bound (Exercise 5 below). And a longer run does
+# not move PPO's curve right for ever: at a fixed $\beta$ the objective $\mathbb{E}[r] - \beta\,\mathrm{KL}$
+# has a maximiser at a finite KL, $\pi^*(y \mid x) \propto \pi_{\text{ref}}(y \mid x)\,\exp(r(x, y)/\beta)$,
+# and training approaches it. Only a smaller $\beta$ moves that optimum to a larger KL, where the learned
+# score can keep rising while the hidden score bends down: the over-optimisation that notebook 06
+# produces by setting $\beta = 0$.
+
+# %% tags=["claim-check"]
+check_claims({
+    "best-of-n is ahead of PPO by more than 0.1 at every matched KL":
+        bool((matched["hidden score"] - matched["PPO at this KL"] > 0.1).all()) and len(matched) > 0,
+    "from step 8 on, PPO's evaluation KL stays between 1.8 and 3.3 nats":
+        bool(settled["KL (nats)"].between(1.8, 3.3).all()) and len(settled) > 1,
+    "from step 8 on, PPO's hidden score stays within 0.3 of its best":
+        bool(settled["hidden score"].max() - settled["hidden score"].min() < 0.3),
+})
+
+# %% [markdown]
+# ### Exercise 5: the best-of-$n$ KL
+# Write `bon_kl(n)`, the bound above. The check compares it with the **exact** KL of best-of-$n$ on a
+# categorical distribution with many equally likely outcomes and distinct rewards (the limit where the
+# bound is tight), where outcome $i$ (ranked by reward, CDF $F_i = i/K$) is picked with probability
+# $F_i^n - F_{i-1}^n$.
+
+# %%
+# EXERCISE 5
+def bon_kl(n: int) -> float:
+    """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
+    raise NotImplementedError
+
+
+# %%
+def check_bon_kl():
+    K = 100_000  # outcomes, uniform base distribution, all rewards distinct
+    F = torch.arange(K + 1, dtype=torch.float64) / K  # (K + 1,) CDF by reward rank
+    for n in (1, 2, 4, 8, 16):
+        p_bon = F[1:] ** n - F[:-1] ** n  # (K,)
+        exact = float((p_bon * torch.log(p_bon * K)).sum())
+        got = bon_kl(n)
+        assert isinstance(got, float | int), f"n = {n}: return a float, got {type(got).__name__}"
+        assert abs(got - exact) < 1e-3, (f"n = {n}: your bound is {got:.5f}, the exact KL {exact:.5f} "
+                                          "(in nats: natural log; it is 0 at n = 1)")
+
+
+exercise_check("Exercise 5 (bon_kl)", check_bon_kl, hidden=[best_of_n_kl])
+
+# %% [markdown]
+# <details><summary>Solution 5</summary>
+#
+# ```python
+# def bon_kl(n: int) -> float:
+#     """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
+#     return math.log(n) - (n - 1) / n
+# ```
+# Derivation: with $u = F(y)$ uniform, best-of-$n$ has density $n u^{n-1}$, so the KL is
+# $\int_0^1 n u^{n-1} \log(n u^{n-1})\,du = \log n + (n-1)\,\mathbb{E}[\log u] = \log n - \frac{n-1}{n}$.
+# </details>
+
+# %% [markdown]
+# ## 7. The clip on the real batch
+#
+# After training, recompute the policy's log-probs on the last experience batch and divide by the
+# log-probs stored when it was sampled: these are the ratios $\rho_t$ the last update epochs produced.
+# Choose the advantage's sign and see which of these tokens are in a zero-gradient region.
+
+# %%
+last_batch = trainer.last_batch
+with torch.no_grad():
+    new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask,
+                                     last_batch.context_length).float()  # (B, R)
+real = last_batch.mask.bool()  # (B, R)
+batch_ratios = torch.exp(new_logp - last_batch.old_logprobs)[real]  # (N,) real tokens only
+batch_advantages = last_batch.advantages[real]  # (N,)
+eps = config.clip_eps
+outside = ((batch_ratios - 1).abs() > eps).float().mean().item()
+# the clip fraction (glossary, notebook 04): where the clipped term is the active one, i.e. the gradient is 0
+clipped = ((batch_advantages > 0) & (batch_ratios > 1 + eps)) | ((batch_advantages < 0) & (batch_ratios < 1 - eps))
+clip_fraction = clipped.float().mean().item()
+print(f"{batch_ratios.numel()} ratios: min {batch_ratios.min():.3f}, max {batch_ratios.max():.3f}")
+print(f"outside [1 - eps, 1 + eps]: {outside:.1%};  clip fraction with this batch's advantages: {clip_fraction:.1%}")
+
+# %% [markdown]
+# The clip fraction can only be the smaller of the two numbers. A ratio outside the band is clipped
+# only when the advantage's sign pushes it further out ($\hat A > 0$ above $1 + \epsilon$, $\hat A < 0$
+# below $1 - \epsilon$); a ratio outside the band whose advantage pulls it back keeps its full
+# gradient. The clip fraction (`clipfrac` in the curves and the glossary) counts only the first kind;
+# CleanRL and Stable-Baselines3 log the other number, the share outside the band (notebook 04). These
+# ratios are measured after the update ended; each minibatch's logged `clipfrac` was measured during
+# it, against the weights of that moment. The clip removed the incentive to move these ratios further,
+# not the movement itself: some ratios end well outside the band.
+
+# %% tags=["claim-check"]
+check_claims({"a clipped token is always outside the band": clip_fraction <= outside}, any_profile=True)
+check_claims({"some ratios end well outside the band (beyond 1 + 2 eps or below 1 - 2 eps)":
+              bool(((batch_ratios - 1).abs() > 2 * eps).any())})
+
+# %% [markdown]
+# The explorer's x-axis stops at 3 so that the clip band stays readable; ratios beyond it are counted in
+# the rightmost bar (the printout says how many).
+
+# %%
+axis_end = min(3.0, max(2.0, math.ceil(float(batch_ratios.max()) * 10) / 10 + 0.1))
+print(f"ratios beyond the axis (> {axis_end}): {int((batch_ratios > axis_end).sum())}")
+clip_explorer = widgets.ClipExplorer(eps=eps, ratios=batch_ratios.clamp(max=axis_end), ratio_range=(0.0, axis_end))
+clip_explorer
+
+# %% [markdown]
+# ## 8. Saving and loading the adapters
+#
+# At the end of `train` the trainer wrote a checkpoint (appendix B lists its files and how it is written
+# safely). A fresh shared model (base + untrained policy and value adapters) gives different log-probs;
+# after loading the checkpoint's adapters and heads it must give exactly the trained model's log-probs,
+# values and scores:
+
+# %%
+checkpoint = Path(trainer.last_checkpoint)  # the one this trainer wrote (not whatever a folder holds now)
+fresh, _ = build_shared_model(profile, config, reward_dir)
+seq, attn, P_last = last_batch.sequences, last_batch.attention_mask, last_batch.context_length
+with torch.no_grad():
+    before = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    load_model_weights(fresh, checkpoint)
+    after = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    trained_values = model.values(seq, attn, P_last).float()  # (B, R)
+    loaded_values = fresh.values(seq, attn, P_last).float()  # (B, R)
+print(f"fresh model vs trained: max |difference in log-prob| {(before - new_logp)[real].abs().max():.3f}")
+torch.testing.assert_close(after[real], new_logp[real])
+torch.testing.assert_close(loaded_values[real], trained_values[real])
+torch.testing.assert_close(fresh.reward_scores(seq, attn), model.reward_scores(seq, attn))
+print("after loading the checkpoint: same log-probs, values and reward scores")
+trainer.close()  # the run folder's lock (one live run per folder) is free again; a kernel restart frees it too
+
+# %% [markdown]
+# ## Summary
+# - Four roles on one base: the policy and value adapters are trained (one optimiser each, parameters
+#   picked by adapter name), the reward adapter is frozen, and the reference is the base with the
+#   adapters off, checked equal to the plain SFT model.
+# - Experience: generate, score, reference and value passes, $r_t = -\beta\,\mathrm{KL}_t + [\text{last}]\,\text{score}$,
+#   GAE, whitening; recomputed for one unpadded sequence from scratch.
+# - You wrote the shaped reward, GAE, the clipped loss and the update loop, and with them the trainer
+#   trains the model; the ratio taken against the reference instead of the stored log-probs trains
+#   worse, though nothing fails.
+# - Training curves: the learned and the hidden score, KL, clip fraction, value loss, explained variance.
+# - Best-of-$n$ moves at most $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
+# - A fresh model loaded from a checkpoint reproduces the trained log-probs.
+#
+# Next: notebook 06 breaks PPO on purpose, in five ways, and shows what each failure looks like.
+#
+# ## Appendix: the engineering
+#
+# Optional reading: what the shared model saves in memory, how a checkpoint is written, and where the
+# pieces of other frameworks went.
+
+# %% [markdown]
+# ### A. Memory: one shared base against four models
 #
 # Parameter bytes, counted from the tensors. Trained parameters also need a gradient and Adam's two
 # moments: 3 more copies of their bytes. Two savings are at work, and the table separates them:
@@ -286,6 +1288,9 @@ print(f"adapters: {', '.join(f'{a} {sizes[a] / MB:.3f} MB' for a in ('policy', '
       f"base {base_bytes / MB:.3f} MB")
 print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one shared base instead of four: "
       f"{total[1] / total[2]:.1f}x less;  both: {total[0] / total[2]:.1f}x less")
+print(f"this run: the shared model's parameters {model.parameter_bytes()['total'] / MB:.1f} MB; training rose "
+      f"{peak_rise_mb:.0f} MB above the memory held before it ({peak.how}): activations, gradients, Adam states "
+      "and the evaluation's sampling")
 
 # %% [markdown]
 # The ratios are large even on the tiny model, because the base is kept once instead of four times and
@@ -293,7 +1298,7 @@ print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one 
 # faster than its adapters, the parameter ratios are larger still. Parameter bytes are not the whole story: a PPO
 # step also holds activations, gradients and Adam states while it runs. `benchmarks/bench_memory.py`
 # measures that peak for one PPO step on each layout, side by side in one run; the figure shows its
-# recorded figures (not this notebook's run) for three model sizes, and section 4 measures this run's.
+# recorded figures (not this notebook's run) for three model sizes; the line above gives this run's rise.
 
 # %%
 recorded_file = Path(rlhf_helpers.__file__).resolve().parents[1] / "benchmarks/results/cpu-2026-11-23/memory.json"
@@ -315,8 +1320,6 @@ if recorded_file.is_file():
         print(f"{row['size']}: peak shared / four = {peak['shared'] / peak['four']:.2f}, "
               f"shared / four with LoRA = {peak['shared'] / peak['four_lora']:.2f}")
     print(f"(source: {recorded['source']})")
-    ratio = {row["size"].split(" ")[0]: row["peak_mb"]["shared"] / row["peak_mb"]["four"] for row in recorded["sizes"]}
-    assert ratio["GPT-2"] < 0.5 and ratio["tiny"] > 0.8, "the text below reads two regimes in these figures"
 else:  # a copy of the notebook without the repository's benchmarks folder
     print(f"recorded benchmark figures not found at {recorded_file}")
 
@@ -328,649 +1331,13 @@ else:  # a copy of the notebook without the repository's benchmarks folder
 # also holds the CUDA-graph sampler's static buffers (benchmarks/README.md, bench_memory), which the
 # four-model side does not use. The ratios printed above say which regime each size is in.
 
-# %% [markdown]
-# ## 3. Experience making
-#
-# `collect_experience` runs steps 1-4 of the loop without gradients. One batch of the untrained policy:
-
-# %%
-torch.manual_seed(profile.seed)
-batch_prompts = [train_prompts[i] for i in
-                 torch.randperm(len(train_prompts), generator=gen)[: config.rollout_batch_size].tolist()]
-batch = collect_experience(model, tokenizer, batch_prompts, config, kl_coef=config.kl_coef)
-print(f"{len(batch)} responses, padded response width R = {batch.mask.shape[1]}, "
-      f"mean length {batch.mask.sum(1).mean():.1f} tokens, EOS reached by {batch.ended_with_eos.float().mean():.0%}")
-print("timings (s):", {k: round(v, 2) for k, v in batch.timings.items()})
-
-
-def sequence_table(batch, i):
-    """One response of a batch, token by token (real tokens only)."""
-    n = int(batch.mask[i].sum())
-    tokens = batch.sequences[i, batch.context_length : batch.context_length + n].tolist()
-    return pd.DataFrame({
-        "token": tokenizer.convert_ids_to_tokens(tokens),
-        "logprob": batch.old_logprobs[i, :n].tolist(),
-        "ref logprob": batch.ref_logprobs[i, :n].tolist(),
-        "kl (k1)": batch.kl[i, :n].tolist(),
-        "value": batch.values[i, :n].tolist(),
-        "shaped reward": batch.rewards[i, :n].tolist(),
-        "advantage (whitened)": batch.advantages[i, :n].tolist(),
-        "return": batch.returns[i, :n].tolist(),
-    }).round(4) + {"token": "", **dict.fromkeys(["logprob", "ref logprob", "kl (k1)", "value", "shaped reward",
-                                                  "advantage (whitened)", "return"], 0.0)}  # + 0.0: no "-0.0"
-
-
-row = 0
-print(f"prompt: {batch.prompts[row]!r}\nresponse: {batch.responses[row]!r}\nreward-model score: {batch.scores[row]:.3f}")
-display(sequence_table(batch, row))
-
-# %% [markdown]
-# The fresh policy equals the reference, so every KL is 0 and the shaped reward is 0 except on the last
-# token (EOS), which carries the reward model's score. The freshly initialised critic predicts about 0
-# everywhere, so every $\delta_t$ is about 0 except the last, and with $\gamma = 1$ the return $|y| - 1 - t$
-# tokens before the end is about $\lambda^{|y|-1-t}\,\text{score}$: GAE's $\lambda$ fades the score
-# towards the start of the response until the critic learns to carry it.
-#
-# ### The same computation for one sequence, from scratch
-#
-# Take one response alone, **without padding**, and recompute everything with plain forward passes and
-# the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
-#
-# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = |y|-1]\,\text{score},\qquad
-# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_{|y|} = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
-
-# %%
-def experience_one_sequence(model, batch, i, beta, gamma, lam):
-    """Log-probs, ref log-probs, values, score, shaped rewards, raw advantages and returns of row i."""
-    P = batch.context_length
-    real = batch.attention_mask[i].bool()  # (P + R,)
-    ids = batch.sequences[i][real][None, :]  # (1, L_i): the prompt and response, no padding at all
-    attn = torch.ones_like(ids)  # (1, L_i)
-    p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
-    n = ids.shape[1] - p_i  # response length
-    with torch.no_grad():
-        logits = model.policy_logits(ids, attn)  # (1, L_i, vocab): the policy adapter on
-        logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
-        with model.reference():  # every adapter off: the plain SFT model
-            ref = logprobs_scratch(model.lm, ids, attn, p_i)[0]  # (n,)
-        values = model.values(ids, attn, p_i)[0].float()  # (n,)
-        score = model.reward_scores(ids, attn)[0].float()  # ()
-    rewards = -beta * (logp - ref)  # (n,)
-    rewards[-1] += score
-    advantages = torch.zeros(n, device=values.device)  # (n,)
-    next_value, next_adv = 0.0, 0.0
-    for t in reversed(range(n)):
-        delta = rewards[t] + gamma * next_value - values[t]
-        next_adv = delta + gamma * lam * next_adv
-        advantages[t] = next_adv
-        next_value = values[t]
-    return {"logprobs": logp, "ref_logprobs": ref, "values": values, "score": score, "rewards": rewards,
-            "advantages": advantages, "returns": advantages + values}
-
-
-i = 1
-mine = experience_one_sequence(model, batch, i, config.kl_coef, config.gamma, config.lam)
-n = int(batch.mask[i].sum())
-tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)  # unpadded vs padded: rounding only
-torch.testing.assert_close(mine["logprobs"], batch.old_logprobs[i, :n], **tol)
-torch.testing.assert_close(mine["ref_logprobs"], batch.ref_logprobs[i, :n], **tol)
-torch.testing.assert_close(mine["values"], batch.values[i, :n], **tol)
-torch.testing.assert_close(mine["score"], batch.scores[i], **tol)
-torch.testing.assert_close(mine["rewards"], batch.rewards[i, :n], **tol)
-torch.testing.assert_close(mine["returns"], batch.returns[i, :n], **tol)
-# the library whitens the advantages over the whole batch: undo that with the batch's raw advantages
-raw = batch.returns - batch.values  # (B, R): raw advantages, 0 at padding
-torch.testing.assert_close(rlhf_helpers.masked_whiten(raw, batch.mask)[i, :n], batch.advantages[i, :n], **tol)
-torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
-print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
-
-# %% [markdown]
-# ### Exercise 1: the shaped per-token reward
-# Write `shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)`, step 3 of the loop for a whole
-# batch: the $k_1$ penalty on **every** real token and the score added on the **last real** token,
-#
-# $$r_{it} = -\beta\, m_{it}\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i,
-# \qquad \ell_i = \text{index of the last real token of row } i,$$
-#
-# (B,) scores and (B, R) tensors in, (B, R) out, 0 at padding. Responses end at different columns, and
-# padding positions may hold anything, even NaN. The library's reward-shaping functions are hidden while
-# the check runs; it compares with a loop over the real tokens, then with the batch PPO just made.
-
-# %%
-# EXERCISE 1
-def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
-                   beta: float) -> torch.Tensor:
-    """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
-    raise NotImplementedError
-
-
-# %%
-def check_shaped_rewards():
-    g = torch.Generator().manual_seed(5)
-    lengths = [6, 3, 1, 4]
-    mask_c = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).float()  # (4, 6)
-    logp = -torch.rand(4, 6, generator=g) * 3  # (4, 6)
-    ref = logp + 0.5 * torch.randn(4, 6, generator=g)  # (4, 6)
-    ref[1, 3:] = float("nan")  # padding may hold garbage: it must not leak in
-    scores_c = torch.tensor([1.5, -2.0, 0.7, 3.0])  # (4,)
-    expected = torch.zeros(4, 6)
-    for i, n in enumerate(lengths):  # one row at a time, its real tokens only
-        for t in range(n):
-            expected[i, t] = -0.1 * (logp[i, t] - ref[i, t]) + (scores_c[i] if t == n - 1 else 0.0)
-    got = shaped_rewards(scores_c, logp, ref, mask_c, 0.1)
-    assert got.shape == (4, 6), f"expected shape (4, 6), got {tuple(got.shape)}"
-    torch.testing.assert_close(got, expected)
-    on_batch = shaped_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, config.kl_coef)
-    torch.testing.assert_close(on_batch * batch.mask, batch.rewards * batch.mask, msg="the batch PPO made")
-
-
-exercise_check("Exercise 1 (shaped_rewards)", check_shaped_rewards,
-               hidden=[rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate, rlhf_helpers.last_token_index,
-                       experience_one_sequence])
-
-# %% [markdown]
-# <details><summary>Solution 1</summary>
-#
-# ```python
-# def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
-#                    beta: float) -> torch.Tensor:
-#     """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
-#     real = mask.bool()  # (B, R)
-#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
-#     rewards = -beta * k1  # (B, R)
-#     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
-#     rewards[torch.arange(len(scores)), last] += scores
-#     return rewards
-# ```
-# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN. Putting the
-# score on the last *column* gives it to padding for every response shorter than the batch.)
-# </details>
-
-# %% [markdown]
-# ### Exercise 2: PPO's update loop
-#
-# Experience in hand, the update is the part that learns, and now you write it. `PPOTrainer.update(batch)`
-# runs, for every one of `ppo_epochs` epochs, a fresh shuffle of the batch cut into minibatches, and
-# for each minibatch two optimiser steps, one per adapter (each chosen by name, section 2):
-#
-# - **policy** (policy adapter on, `model.policy_logprobs(seq, attn, P, temperature=...)`): the ratio
-#   against the log-probs **stored at sampling time**, and the clipped loss of notebook 04,
-#
-# $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
-# L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t};$$
-#
-# - **critic** (value adapter on, `model.values(seq, attn, P)`): the clipped value loss around the
-#   rollout's values, scaled by `config.vf_coef` before the backward pass,
-#
-# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
-# L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}{\sum_t m_t};$$
-#
-# - each step clips the gradient norm of its adapter's parameters (`model.policy_parameters()`,
-#   `model.value_parameters()`) to `config.max_grad_norm` before the optimiser moves them.
-#
-# The advantages $\hat A_t$ and returns $G^\lambda_t$ are fixed for the whole update: they came with
-# the batch (`batch.advantages`, `batch.returns`, `batch.values`, `batch.old_logprobs`, `batch.mask`,
-# and `batch.sequences`, `batch.attention_mask`, `batch.context_length` for the forward passes). Shuffle
-# with `torch.randperm(B, generator=generator)` once per epoch, and take the minibatches in that order.
-# Return the (policy loss, value loss) of every minibatch, as floats, in order. The library adds an
-# entropy bonus, the ptx loss and several processes, all off here.
-#
-# The check runs the library's update and yours from the same adapter weights, on the same batch, with
-# the same shuffles. Both use plain SGD for it, with a step large enough to move the ratios out of the
-# clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float rounding
-# (the library cuts each minibatch to its real columns) decides the direction of a full-size step, and
-# two correct implementations drift apart by far more than rounding. SGD keeps every difference at the
-# size of the rounding that caused it. While your update runs, the library's update and losses are hidden.
-
-# %%
-# EXERCISE 2
-def ppo_update(model, batch, policy_opt, value_opt, config, generator) -> list[tuple[float, float]]:
-    """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
-    (policy loss, value loss) of every minibatch, in order."""
-    raise NotImplementedError
-
-
-# %%
-# The library's update on this batch, run once here (before the check hides it): the reference.
-trainable = model.policy_parameters() + model.value_parameters()
-start_weights = [p.detach().clone() for p in trainable]
-SGD_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
-library = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores)
-library.policy_opt.optimizer = torch.optim.SGD(model.policy_parameters(), lr=SGD_LR)
-library.value_opt.optimizer = torch.optim.SGD(model.value_parameters(), lr=SGD_LR)
-library.update(batch, torch.Generator().manual_seed(0))
-library_weights = [p.detach().clone() for p in trainable]
-library_losses = torch.tensor([(s["policy_loss"], s["value_loss"]) for s in library.last_update_stats])
-library_clipfrac = max(s["clipfrac"] for s in library.last_update_stats)
-moved = max((w - s0).abs().max().item() for w, s0 in zip(library_weights, start_weights, strict=True))
-print(f"library update: {len(library_losses)} minibatch steps per adapter, largest weight change {moved:.3f}, "
-      f"largest clip fraction {library_clipfrac:.2f}")
-
-
-def restore_start_weights():
-    with torch.no_grad():
-        for param, weight in zip(trainable, start_weights, strict=True):
-            param.copy_(weight)
-
-
-# %%
-def check_ppo_update():
-    restore_start_weights()
-    try:
-        losses = ppo_update(model, batch, torch.optim.SGD(model.policy_parameters(), lr=SGD_LR),
-                            torch.optim.SGD(model.value_parameters(), lr=SGD_LR), config,
-                            torch.Generator().manual_seed(0))
-        got = torch.tensor(losses, dtype=torch.float32)  # (minibatches, 2)
-        assert got.shape == library_losses.shape, f"expected {tuple(library_losses.shape)} losses, got {tuple(got.shape)}"
-        # float32 rounding of two different column layouts, ~1e-7 relative per op, kept that size by SGD
-        # (close_tolerance widens it to the rounding of bf16/fp16 when the gpu profile computes in those)
-        tol = close_tolerance(profile.torch_dtype, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(got, library_losses, **tol, msg="(policy loss, value loss) per minibatch")
-        for param, weight in zip(trainable, library_weights, strict=True):
-            torch.testing.assert_close(param.detach(), weight, **tol, msg="adapter weights after the update")
-    finally:
-        restore_start_weights()  # leave the model as it was: section 4 trains a fresh one anyway
-
-
-exercise_check("Exercise 2 (ppo_update)", check_ppo_update,
-               hidden=[PPOTrainer.update, rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
-                       rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
-
-# %% [markdown]
-# <details><summary>Solution 2</summary>
-#
-# ```python
-# def ppo_update(model, batch, policy_opt, value_opt, config, generator) -> list[tuple[float, float]]:
-#     """config.ppo_epochs passes of shuffled minibatches over one experience batch; returns the
-#     (policy loss, value loss) of every minibatch, in order."""
-#     P, B, eps, eps_v = batch.context_length, len(batch), config.clip_eps, config.value_clip
-#     losses = []
-#     for epoch in range(config.ppo_epochs):
-#         order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
-#         for first in range(0, B, config.mini_batch_size):
-#             rows = order[first : first + config.mini_batch_size]  # (b,)
-#             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
-#             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
-#             # rho_t = exp(log pi_theta(y_t) - log pi_old(y_t)), old = stored at sampling
-#             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature)  # (b, R)
-#             log_rho = torch.where(m.bool(), logp.float() - batch.old_logprobs[rows], 0.0)  # (b, R): 0 at padding
-#             rho = torch.exp(log_rho)  # (b, R)
-#             # L^CLIP = -sum_t m_t min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
-#             surrogate = torch.min(rho * A, rho.clamp(1 - eps, 1 + eps) * A)  # (b, R)
-#             pg_loss = -(surrogate * m).sum() / m.sum()
-#             policy_opt.zero_grad()
-#             pg_loss.backward()
-#             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
-#             policy_opt.step()
-#             # V^clip = V_old + clip(V - V_old, -eps_V, eps_V); L^V = 1/2 masked mean of max((V-G)^2, (V^clip-G)^2)
-#             V = model.values(seq, attn, P).float()  # (b, R)
-#             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
-#             v_loss = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
-#             value_opt.zero_grad()
-#             (config.vf_coef * v_loss).backward()
-#             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
-#             value_opt.step()
-#             losses.append((pg_loss.item(), v_loss.item()))
-#     return losses
-# ```
-# The bugs this check catches: the ratio against the reference's log-probs instead of the stored ones
-# (notebook 06 (a)); one shuffle for all epochs; the mask left out of a mean; no value clip; the
-# gradient clipped over both adapters at once, or not at all.
-# </details>
-
-# %% [markdown]
-# ### Exercise 3: the masked clipped loss, per token or per sequence
-#
-# Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
-# eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar.
-# - `per_sequence=False` (this engine, TRL): one masked mean over **all** real tokens of the minibatch.
-# - `per_sequence=True` (OpenRLHF's `masked_mean(loss, action_mask, dim=-1).mean()`): the
-#   masked mean over each response's own tokens first, then the plain mean over responses.
-#
-# Padding positions hold garbage (huge log-probs): they must not reach the result.
-
-# %%
-# EXERCISE 3
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
-    """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
-    raise NotImplementedError
-
-
-# %%
-def check_clipped_policy_loss():
-    g = torch.Generator().manual_seed(11)
-    lengths = [7, 3, 1, 5, 6]
-    mask = (torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]).float()  # (b, R)
-    logp = -2 + 0.3 * torch.randn(5, 7, generator=g)  # (b, R)
-    old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
-    adv = torch.randn(5, 7, generator=g)  # (b, R)
-    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
-    per_row = []  # a plain loop over each response's real tokens
-    for i, n in enumerate(lengths):
-        rho = torch.exp(logp[i, :n] - old[i, :n])
-        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]))  # (n,)
-    token_mean = torch.cat(per_row).mean()  # every real token of the minibatch weighs the same
-    sequence_mean = torch.stack([row.mean() for row in per_row]).mean()  # every response weighs the same
-    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2), token_mean)
-    torch.testing.assert_close(clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=True), sequence_mean)
-
-
-exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
-               hidden=[rlhf_helpers.policy_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
-
-# %% [markdown]
-# <details><summary>Solution 3</summary>
-#
-# ```python
-# def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-#                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
-#     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
-#     real = mask.bool()  # (b, R)
-#     log_rho = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (b, R): 0 at padding
-#     rho = torch.exp(log_rho)  # (b, R)
-#     surrogate = torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask  # (b, R)
-#     if per_sequence:
-#         return -(surrogate.sum(dim=1) / mask.sum(dim=1)).mean()
-#     return -surrogate.sum() / mask.sum()
-# ```
-# Per token, a 40-token response counts 40 times as much as a 1-token one; per sequence, each response
-# counts once, so each token of a response of length $|y_i|$ weighs $1/|y_i|$. Dr. GRPO (Liu et al. 2025)
-# names that a **response-length bias**: with a positive advantage, short responses get the larger
-# per-token push; with a negative one, long responses are penalised less per token, so wrong answers
-# drift longer. The token mean (this engine) divides by the minibatch's token count instead: a token's
-# weight no longer depends on its own response's length, but still on the other responses' lengths in
-# the minibatch. Only a constant normaliser (Dr. GRPO's `max_length`) is length-independent; notebook
-# 07 measures the difference.
-# </details>
-
-# %% [markdown]
-# ## 4. Training
-#
-# `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
-# minibatches; the policy adapter and the value adapter (with its head) each have their own Adam
-# optimiser, and each loss is back-propagated with its own adapter active. At the end it writes a
-# checkpoint. After steps 1, 2, 4, 8, ... (and the last) the cell below samples the held-out prompts
-# with a fixed seed (`trainer.evaluate`): these PPO checkpoints are compared with best-of-$n$ in section 6.
-#
-# The curves: the learned score PPO maximises, the **hidden** true score it cannot see (the synthetic
-# world's ground truth), the sequence KL to the reference, and the update's diagnostics:
-
-# %%
-for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss", "explained_variance"):
-    print(f"{key:<19} {GLOSSARY[key]}")
-
-# %% [markdown]
-# The held-out evaluation printed first (the untrained policy: the SFT model itself) is step 0 of the
-# checkpoint curve in section 6. The figure below plots each training batch's own metrics from step 1 on,
-# and refreshes every few steps while training runs (in a running notebook; a saved copy shows the
-# final curves).
-
-# %%
-torch.manual_seed(profile.seed)
-model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
-trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores)
-start_eval = trainer.evaluate(eval_prompts)
-print("before training (the SFT model), held-out prompts: "
-      + ",  ".join(f"{key} {value:.3f}" for key, value in start_eval.items()))
-
-CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
-live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
-refresh_every = max(1, config.total_steps // 10)
-eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
-ppo_evals = [{"step": 0, **start_eval}]
-
-
-def after_step(metrics):
-    """Called by `train` after every PPO step: evaluate at eval_steps, refresh the figure."""
-    if trainer.step_count in eval_steps:
-        ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
-    if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
-        live_curves.update(plot_curves(trainer.history, keys=CURVES, columns=3))
-
-
-peak = PeakMemory()  # resident memory of this process, from here to the end of training
-history = trainer.train(callback=after_step)
-last = history[-1]
-print(f"after {len(history)} steps: score {last['score']:.3f}  hidden {last['hidden_score']:.3f}  "
-      f"kl {last['kl']:.3f}  time/step {sum(h['time_step'] for h in history) / len(history):.1f} s")
-print(f"memory: the shared model's parameters {model.parameter_bytes()['total'] / 2**20:.1f} MB; training rose "
-      f"{peak.rise_mb():.0f} MB above the memory held before it ({peak.how}): activations, gradients, "
-      f"Adam states and the evaluation's sampling")
-
-# %% [markdown]
-# Reading the curves: the learned score should rise, and the hidden score with it as long as the reward
-# model is right in the region the policy explores; when the two part ways, the policy is exploiting the
-# reward model. KL grows as the policy leaves the reference ($\beta$ sets how far that is worth it). A
-# clip fraction of a few percent is the usual healthy range; tens of percent means the learning rate or
-# the number of epochs is too large. It counts tokens, not how far their ratios moved: a few tokens can
-# still leave the band far behind (section 7 shows the ratios of the last batch). Explained variance should climb from about 0 as
-# the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo returns).
-
-# %% [markdown]
-# ## 5. Samples before and after
-#
-# The same held-out prompts and the same sampling seed, from the reference (the SFT model, adapters
-# off) and from the trained policy, each with its learned score and its hidden true score:
-
-# %%
-show_prompts = eval_prompts[:6]
-rows = []
-for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
-    torch.manual_seed(profile.seed + 1)
-    samples = sample_responses(model, tokenizer, show_prompts, config.max_prompt_length, config.max_new_tokens,
-                               adapter=adapter)
-    learned = score_samples(model, samples).tolist()
-    hidden = hidden_scores(samples.prompts, samples.responses)
-    for prompt, response, s, h in zip(samples.prompts, samples.responses, learned, hidden, strict=True):
-        rows.append({"model": who, "prompt": prompt, "response": response, "learned": round(s, 2),
-                     "hidden": round(h, 2)})
-samples_table = pd.DataFrame(rows).sort_values(["prompt", "model"], kind="stable").reset_index(drop=True)
-display(samples_table.style.hide(axis="index").format(precision=2)
-        .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
-        .set_caption("The same prompts and sampling seed, before (SFT) and after PPO"))
-
-# %% [markdown]
-# Read the table for **disagreements** between the two scores: a response the reward model likes and the
-# hidden scorer does not is where PPO has started to exploit the reward model. The cell below takes the
-# policy's sample with the largest gap and splits its hidden score into its terms (`score_breakdown`,
-# notebook 02), so you can see which part of quality the reward model failed to check.
-
-# %%
-policy_rows = samples_table[samples_table["model"] == "PPO policy"]
-gap_row = policy_rows.loc[(policy_rows["learned"] - policy_rows["hidden"]).idxmax()]
-terms = score_breakdown(gap_row["prompt"], gap_row["response"])
-print(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}")
-print(f"learned {gap_row['learned']:+.2f}   hidden {gap_row['hidden']:+.2f}   gap {gap_row['learned'] - gap_row['hidden']:+.2f}")
-worst_terms = sorted(((name, getattr(terms, name)) for name in ("sentiment", "specificity", "fluency",
-                                                                 "repetition", "length", "genre")),
-                     key=lambda item: item[1])
-print("hidden score terms, worst first: " + ", ".join(f"{name} {value:+.2f}" for name, value in worst_terms))
-genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_breakdown(p["prompt"], p["rejected"]).genre
-                  for p in load_preferences("train"))
-print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of "
-      f"{len(load_preferences('train'))}")
-# the same prompt from the SFT model: was the weakness already there before PPO?
-sft_row = samples_table[(samples_table["model"] == "SFT (reference)") & (samples_table["prompt"] == gap_row["prompt"])].iloc[0]
-print(f"the SFT model on the same prompt: learned {sft_row['learned']:+.2f}, hidden {sft_row['hidden']:+.2f}, "
-      f"gap {sft_row['learned'] - sft_row['hidden']:+.2f}")
-# how often a sample contradicts its prompt's genre, before and after PPO (all the table's prompts)
-for who in ("SFT (reference)", "PPO policy"):
-    rows_of = samples_table[samples_table["model"] == who]
-    wrong = sum(score_breakdown(r["prompt"], r["response"]).genre < 0 for _, r in rows_of.iterrows())
-    print(f"{who}: {wrong} of {len(rows_of)} samples lose hidden score on the genre term")
-
-# %% [markdown]
-# Read the printout in three steps. The worst term names what the reward model does not check for this
-# sample (often the **genre** term: a review of the wrong genre keeps the praise and detail the reward
-# model pays for, while the hidden scorer subtracts for every word that contradicts the prompt's genre;
-# few preference pairs contrast a right genre with a wrong one, the count is printed). The SFT model's
-# sample for the same prompt says whether the weakness was there before PPO. And the last two lines
-# count it before and after training: exploitation of the reward model is a gap that **grows** under
-# optimisation, not one bad sample. Six prompts are few; notebook 06 measures the gap over a whole
-# evaluation set, with and without the KL penalty.
-
-# %% [markdown]
-# ## 6. Best-of-$n$: the baseline at matched KL
-#
-# Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
-# likes best. It moves the output distribution away from the SFT model too. The usual formula
-# (Stiennon et al. 2020, appendix G.3) is
-#
-# $$\mathrm{KL}(\pi_{\text{best-of-}n} \Vert \pi_{\text{SFT}}) \le \log n - \frac{n-1}{n},$$
-#
-# an **upper bound** for any discrete distribution of responses (Beirami et al. 2024, "Theoretical
-# guarantees on the best-of-n alignment policy"). It is an equality only in the limit where no single
-# response has an appreciable probability; distinct rewards are not enough. Where the SFT model often
-# repeats a response (short, common answers), the true KL is smaller than the formula, so the
-# best-of-$n$ points below sit, if anything, too far to the right.
-#
-# So each $n$ is one point (KL, hidden score), and PPO's held-out evaluations during training are a curve
-# through the same plane. PPO is worth its cost where its curve lies above the best-of-$n$ points at the
-# same KL. Both pick or push by the **learned** reward; both are graded by the hidden score.
-
-# %%
-n_max = 8
-bon = best_of_n(model, tokenizer, eval_prompts, n=n_max, max_new_tokens=config.max_new_tokens,
-                max_prompt_length=config.max_prompt_length, adapter=None, seed=profile.seed)
-bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score": bon.hidden_mean(k),
-                            "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
-ppo_points = pd.DataFrame([{"step": e["step"], "KL (nats)": e["eval_kl"], "hidden score": e["eval_hidden_score"],
-                            "learned score": e["eval_score"]} for e in ppo_evals])
-display(bon_points.style.hide(axis="index").format(precision=3)
-        .set_caption("Best-of-n of the SFT model (KL: the bound log n - (n-1)/n)"))
-display(ppo_points.style.hide(axis="index").format(precision=3)
-        .set_caption("PPO's held-out evaluations during training (KL: the k1 sum per response)"))
-
-fig = go.Figure()
-fig.add_scatter(x=bon_points["KL (nats)"], y=bon_points["hidden score"], mode="lines+markers+text",
-                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top center", name="best-of-n (SFT)",
-                cliponaxis=False)
-fig.add_scatter(x=ppo_points["KL (nats)"], y=ppo_points["hidden score"], mode="lines+markers+text",
-                text=[f"step {s}" if s in (0, ppo_points["step"].iloc[-1]) else "" for s in ppo_points["step"]],
-                hovertext=[f"step {s}" for s in ppo_points["step"]], textposition="bottom center",
-                name="PPO checkpoints (first and last step labelled)", cliponaxis=False)
-fig.update_layout(title="Hidden true score against KL to the SFT model (held-out prompts)",
-                  xaxis_title="KL (nats per response)", yaxis_title="mean hidden score")
-fig.show()
-final = ppo_points.iloc[-1]
-matched = bon_points[bon_points["KL (nats)"] <= final["KL (nats)"]]  # best-of-n points within PPO's KL
-print(f"PPO at KL {final['KL (nats)']:.2f}: hidden score {final['hidden score']:.3f}")
-if len(matched):
-    best = matched.loc[matched["hidden score"].idxmax()]
-    print(f"best best-of-n within that KL: n = {int(best['n'])} at KL {best['KL (nats)']:.2f}, hidden score "
-          f"{best['hidden score']:.3f}")
-    # PPO's hidden score at best-of-n's KL, read off the PPO curve (evaluations sorted by KL, linear in between)
-    by_kl = ppo_points.sort_values("KL (nats)")
-    ppo_there = float(np.interp(best["KL (nats)"], by_kl["KL (nats)"], by_kl["hidden score"]))
-    lead = best["hidden score"] - ppo_there
-    print(f"at matched KL {best['KL (nats)']:.2f}: best-of-{int(best['n'])} {best['hidden score']:.3f} vs PPO "
-          f"{ppo_there:.3f} -> {'best-of-n' if lead > 0 else 'PPO'} is ahead by {abs(lead):.3f}")
-peak_row = ppo_points.loc[ppo_points["hidden score"].idxmax()]
-print(f"PPO's hidden score peaked at step {int(peak_row['step'])} ({peak_row['hidden score']:.3f}, KL "
-      f"{peak_row['KL (nats)']:.2f}); learned score there {peak_row['learned score']:.3f}, at the end "
-      f"{final['learned score']:.3f} with hidden {final['hidden score']:.3f}")
-noise = abs(ppo_points.iloc[0]["hidden score"] - bon_points.iloc[0]["hidden score"])
-print(f"two evaluations of the SFT model (step 0, best-of-1) differ by {noise:.3f}: the scale of noise here")
-
-# %% [markdown]
-# **The verdict** is the "at matched KL" line above: which of the two reaches the higher hidden score for
-# the same distance from the SFT model on this run. Gao et al. (2022) found at scale that RL is less
-# KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a larger KL); the line
-# above says whether this small run agrees. What PPO buys is cost at inference: best-of-$n$ samples and
-# scores $n$ responses for every prompt, forever; the PPO policy samples **one**.
-#
-# Read the peak (printed last) with the evaluation's noise in mind: step 0 and best-of-1 are two
-# evaluations of the same SFT model with different samples, and their difference (printed above) is
-# the size of a difference that means nothing. A hidden score that sags by more than that while the
-# learned score keeps climbing is the start of the over-optimisation that notebook 06 measures.
-#
-# Two caveats when reading the plot. PPO's KL is an estimate from its own samples (the $k_1$ sum over
-# each response), best-of-$n$'s is the formula, an upper bound (Exercise 4 below). With a
-# longer run, or a smaller $\beta$, PPO's curve keeps moving right: past some KL the learned score keeps
-# rising while the hidden score bends down, the over-optimisation that notebook 06 measures.
-
-# %% [markdown]
-# ### Exercise 4: the best-of-$n$ KL
-# Write `bon_kl(n)`, the bound above. The check compares it with the **exact** KL of best-of-$n$ on a
-# categorical distribution with many equally likely outcomes and distinct rewards (the limit where the
-# bound is tight),
-# where outcome $i$ (ranked by reward, CDF $F_i = i/K$) is picked with probability $F_i^n - F_{i-1}^n$.
-
-# %%
-# EXERCISE 4
-def bon_kl(n: int) -> float:
-    """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
-    raise NotImplementedError
-
-
-# %%
-def check_bon_kl():
-    K = 100_000  # outcomes, uniform base distribution, all rewards distinct
-    F = torch.arange(K + 1, dtype=torch.float64) / K  # (K + 1,) CDF by reward rank
-    for n in (1, 2, 4, 8, 16):
-        p_bon = F[1:] ** n - F[:-1] ** n  # (K,)
-        exact = float((p_bon * torch.log(p_bon * K)).sum())
-        assert abs(bon_kl(n) - exact) < 1e-3, f"n = {n}: {bon_kl(n):.5f} vs exact {exact:.5f}"
-
-
-exercise_check("Exercise 4 (bon_kl)", check_bon_kl, hidden=[best_of_n_kl])
-
-# %% [markdown]
-# <details><summary>Solution 4</summary>
-#
-# ```python
-# def bon_kl(n: int) -> float:
-#     """log n - (n - 1) / n: KL(best-of-n || base) in nats, tight when no outcome is likely on its own."""
-#     return math.log(n) - (n - 1) / n
-# ```
-# Derivation: with $u = F(y)$ uniform, best-of-$n$ has density $n u^{n-1}$, so the KL is
-# $\int_0^1 n u^{n-1} \log(n u^{n-1})\,du = \log n + (n-1)\,\mathbb{E}[\log u] = \log n - \frac{n-1}{n}$.
-# </details>
-
-# %% [markdown]
-# ## 7. The clip on the real batch
-#
-# After training, recompute the policy's log-probs on the last experience batch and divide by the
-# log-probs stored when it was sampled: these are the ratios $\rho_t$ the last update epochs produced.
-# Choose the advantage's sign and see which of these tokens are in a zero-gradient region.
-
-# %%
-last_batch = trainer.last_batch
-with torch.no_grad():
-    new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask,
-                                     last_batch.context_length).float()  # (B, R)
-real = last_batch.mask.bool()  # (B, R)
-batch_ratios = torch.exp(new_logp - last_batch.old_logprobs)[real]  # (N,) real tokens only
-batch_advantages = last_batch.advantages[real]  # (N,)
-eps = config.clip_eps
-outside = ((batch_ratios - 1).abs() > eps).float().mean().item()
-# the clip fraction (glossary, notebook 04): where the clipped term is the active one, i.e. the gradient is 0
-clipped = ((batch_advantages > 0) & (batch_ratios > 1 + eps)) | ((batch_advantages < 0) & (batch_ratios < 1 - eps))
-clip_fraction = clipped.float().mean().item()
-print(f"{batch_ratios.numel()} ratios: min {batch_ratios.min():.3f}, max {batch_ratios.max():.3f}")
-print(f"outside [1 - eps, 1 + eps]: {outside:.1%};  clip fraction with this batch's advantages: {clip_fraction:.1%}")
-assert clip_fraction <= outside, "a clipped token is always outside the band"
-
-# %% [markdown]
-# The clip fraction can only be the smaller of the two numbers. A ratio outside the band is clipped
-# only when the advantage's sign pushes it further out ($\hat A > 0$ above $1 + \epsilon$, $\hat A < 0$
-# below $1 - \epsilon$); a ratio outside the band whose advantage pulls it back keeps its full
-# gradient. The clip fraction (`clipfrac` in the curves and the glossary) counts only the first kind.
-# These ratios are measured after the update ended; each minibatch's logged `clipfrac` was measured
-# during it, against the weights of that moment.
-#
-# The explorer's x-axis stops at 3 so that the clip band stays readable; ratios beyond it are counted in
-# the rightmost bar (the printout says how many).
-
-# %%
-axis_end = min(3.0, max(2.0, math.ceil(float(batch_ratios.max()) * 10) / 10 + 0.1))
-print(f"ratios beyond the axis (> {axis_end}): {int((batch_ratios > axis_end).sum())}")
-clip_explorer = widgets.ClipExplorer(eps=eps, ratios=batch_ratios.clamp(max=axis_end), ratio_range=(0.0, axis_end))
-clip_explorer
-
-# %% [markdown]
-# ## 8. Saving and loading the adapters
+# %% tags=["claim-check"]
+if recorded_file.is_file():
+    ratio = {row["size"].split(" ")[0]: row["peak_mb"]["shared"] / row["peak_mb"]["four"] for row in recorded["sizes"]}
+    check_claims({"GPT-2 small on the CPU: the shared model's peak is under half of four models'": ratio["GPT-2"] < 0.5,
+                  "the tiny model: the layouts come close (ratio above 0.8)": ratio["tiny"] > 0.8}, any_profile=True)
+
+# ### B. The checkpoint on disk
 #
 # At the end of `train` the trainer wrote an **atomic** checkpoint: everything goes into a hidden
 # temporary folder, is flushed to disk, and only then is renamed to `step-NNNNNN`, and the `latest`
@@ -978,42 +1345,28 @@ clip_explorer
 # looks complete. Each named adapter is its own peft sub-folder; the two plain heads are saved apart.
 
 # %%
-checkpoint = Path(trainer.last_checkpoint)  # the one this trainer wrote (not whatever a folder holds now)
 print(f"this run's last checkpoint: {shown_path(checkpoint)}")
 for path in sorted(checkpoint.rglob("*")):
     if path.is_file():
         print(f"  {path.relative_to(checkpoint)}  ({path.stat().st_size:,} bytes)")
 
 # %% [markdown]
-# A fresh shared model (base + untrained policy and value adapters) gives different log-probs; after
-# loading the checkpoint's adapters and heads it must give exactly the trained model's log-probs, values
-# and scores:
-
-# %%
-fresh, _ = build_shared_model(profile, config, reward_dir)
-seq, attn, P_last = last_batch.sequences, last_batch.attention_mask, last_batch.context_length
-with torch.no_grad():
-    before = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
-    load_model_weights(fresh, checkpoint)
-    after = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
-    trained_values = model.values(seq, attn, P_last).float()  # (B, R)
-    loaded_values = fresh.values(seq, attn, P_last).float()  # (B, R)
-print(f"fresh model vs trained: max |difference in log-prob| {(before - new_logp)[real].abs().max():.3f}")
-torch.testing.assert_close(after[real], new_logp[real])
-torch.testing.assert_close(loaded_values[real], trained_values[real])
-torch.testing.assert_close(fresh.reward_scores(seq, attn), model.reward_scores(seq, attn))
-print("after loading the checkpoint: same log-probs, values and reward scores")
-trainer.close()  # the run folder's lock (one live run per folder) is free again; a kernel restart frees it too
-
-# %% [markdown]
-# ## Summary
-# - Four roles on one base: the policy and value adapters are trained (one optimiser each, parameters
-#   picked by adapter name), the reward adapter is frozen, and the reference is the base with the
-#   adapters off, checked equal to the plain SFT model.
-# - Experience: generate, score, reference and value passes, $r_t = -\beta\,\mathrm{KL}_t + [\text{last}]\,\text{score}$,
-#   GAE, whitening; recomputed for one unpadded sequence from scratch.
-# - Training curves: the learned and the hidden score, KL, clip fraction, value loss, explained variance.
-# - Best-of-$n$ moves at most $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
-# - Checkpoints are written atomically; a fresh model loaded from one reproduces the trained log-probs.
+# ### C. Coming from TRL, OpenRLHF or a single-file script?
 #
-# Next: notebook 06 pushes the policy further and watches the learned and the hidden reward part ways.
+# TRL removed its `PPOTrainer` (TRL 1.16 has none; 1.10 keeps it under `trl.experimental.ppo`), and the
+# course needs what no current library gives in one readable place: all four roles on **one** base
+# model, every line next to the equation it implements and covered by a test, fast enough to train on a
+# laptop CPU in minutes. So `rlhf_helpers.ppo` is a small trainer of its own, in short modules of one job each
+# (`experience`, `samples`, `pieces`, `optim`, `trainer`...). Where the
+# pieces you may know went:
+#
+# | you may know | here | what differs |
+# |---|---|---|
+# | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
+# | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
+# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked below against the plain SFT model |
+# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
+# | OpenRLHF 0.11.2: `PolicyLoss`, `--actor.loss_agg_mode token-mean` (the default) | `policy_loss`: one masked mean over **all** tokens of the minibatch | the same reduction; OpenRLHF's `seq-mean-token-mean` (and GSPO) average per sequence first, then over sequences, as Exercise 3's `per_sequence=True` |
+# | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
+# | a typical single-file PPO script: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |
+#

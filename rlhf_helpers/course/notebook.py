@@ -186,6 +186,14 @@ def show_environment(print_table: bool = True) -> Environment:
 
 #: First words of the line `exercise_check` prints for a passed, failed and unattempted exercise.
 EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
+#: how the latest check of each exercise went in this kernel, by the name given to `exercise_check`
+_OUTCOMES: dict[str, str] = {}
+
+
+def exercise_outcome(name: str) -> str | None:
+    """EXERCISE_PASSED, EXERCISE_FAILED or EXERCISE_TODO: the latest check of `name` in this kernel (None:
+    never checked). A notebook uses a learner's function only where its check passed."""
+    return _OUTCOMES.get(name)
 
 
 def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] = ()) -> None:
@@ -202,13 +210,16 @@ def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] =
         with hidden_from_learner(hidden, getattr(check, "__globals__", None)):
             check()
     except NotImplementedError:
+        _OUTCOMES[name] = EXERCISE_TODO
         print(f"{EXERCISE_TODO}  {name}: the stub still raises NotImplementedError; "
               "fill it in, or open the solution below.")
         return
     except Exception as error:  # the learner's code may fail in any way: report, don't crash
+        _OUTCOMES[name] = EXERCISE_FAILED
         first, *rest = str(error).splitlines() or [""]
         print(f"{EXERCISE_FAILED}  {name}: {type(error).__name__}: {first}")
         for line in rest:  # e.g. assert_close's mismatch report
             print(f"    {line}")
         return
+    _OUTCOMES[name] = EXERCISE_PASSED
     print(f"{EXERCISE_PASSED}  {name}")

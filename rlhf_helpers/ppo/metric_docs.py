@@ -175,7 +175,12 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "fraction of response tokens where the clipped term is selected (ratio past the band on the side the "
         "advantage favours: gradient 0)",
         "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen and "
-        "the gradient is zero",
+        "the gradient is zero: the convention of TRL (`pg_losses2 > pg_losses`, on the negated terms), trlx and "
+        "OpenRLHF (`torch.lt(surr2, surr1)`). CleanRL, Stable-Baselines3 and OpenAI baselines log another share "
+        "under the same name, the ratios outside the band, [|rho_t - 1| > eps] (CleanRL: "
+        "`((ratio - 1.0).abs() > args.clip_coef)`). It also counts the tokens past the band on the side the "
+        "advantage wants undone, which keep their gradient, so on the same batch it is never lower than this "
+        "one and can be well above it",
         "0.016-0.064 (a few percent: the update moves the policy, the clip rarely has to stop "
         "it); with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
         "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
