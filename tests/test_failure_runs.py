@@ -15,7 +15,7 @@ from rlhf_helpers.course.failure_runs import (
     run_variant,
     seed_band,
     series,
-    third_means,
+    third_stats,
 )
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -103,11 +103,15 @@ def test_run_variant_refuses_zero_steps(lab):
         run_variant(PPOTrainer, config, model, tokenizer, prompts, 0, start=start)
 
 
-def test_seed_band_third_means_and_correlation():
+def test_seed_band_third_stats_and_correlation():
     runs = [[{"step": 1.0, "x": 1.0}, {"step": 2.0, "x": 4.0}], [{"step": 1.0, "x": 3.0}, {"step": 2.0, "x": 0.0}]]
     assert seed_band(runs, "x") == {"step": [1.0, 2.0], "mean": [2.0, 2.0], "low": [1.0, 0.0], "high": [3.0, 4.0]}
     with pytest.raises(ValueError):
         seed_band([runs[0], runs[0][:1]], "x")
-    assert third_means([1, 1, 1, 4, 4, 4, 7, 7, 7]) == [1, 4, 7]
+    assert [m for m, _ in third_stats([1, 1, 1, 4, 4, 4, 7, 7, 7])] == [1, 4, 7]
+    assert [se for _, se in third_stats([1, 1, 1, 4, 4, 4, 7, 7, 7])] == [0, 0, 0]
+    (_, se), *_ = third_stats([1, 3, 5, 0, 0, 0])  # first third: [1, 3], sample std sqrt(2), over sqrt(2)
+    assert se == pytest.approx(1.0)
+    assert math.isnan(third_stats([2.0, 4.0])[2][1])  # a third of one value has no spread
     assert correlation([1, 2, 3, 4], [2, 4, 6, 8]) == pytest.approx(1.0)
     assert math.isnan(correlation([1, 2], [3, 4]))

@@ -585,7 +585,7 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # drift longer. The token mean (this engine) divides by the minibatch's token count instead: a token's
 # weight no longer depends on its own response's length, but still on the other responses' lengths in
 # the minibatch. Only a constant normaliser (Dr. GRPO's `max_length`) is length-independent; notebook
-# 07 measures the difference.
+# 07 shows the per-token weight each normaliser gives.
 # </details>
 
 # %% [markdown]
@@ -817,8 +817,10 @@ if "update_fn" in pieces and needs_grad_scaler(model):
 names = {arg: exercise.partition("(")[2].rstrip(")") for arg, exercise, _ in YOUR_PIECES}
 yours = [names[arg] for arg in names if arg in pieces]
 library_side = [names[arg] for arg in names if arg not in pieces]
-print("This run trains with your " + (", ".join(yours) or "code nowhere yet") + ", and the library's "
-      + (", ".join(library_side) or "nothing") + ".")
+pieces_line = "This run trains with your " + (", ".join(yours) or "code in no piece yet")
+if library_side:
+    pieces_line += ", and with the library's " + ", ".join(library_side)
+print(pieces_line + ".")
 trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores, **pieces)
 start_eval = trainer.evaluate(eval_prompts)
 print("before training (the SFT model), held-out prompts: "

@@ -5,6 +5,10 @@
 #
 # {{colab_badge}}
 #
+# **Prerequisites:** notebooks 02 (the reward model), 03 (GAE), 04 (the clipped loss) and 05 (the full PPO loop): the PPO ratio and its clip, the KL penalty in the reward, GAE advantages and explained variance.
+#
+# **Time:** about 2.5 h
+#
 # **You will learn** to recognise four bugs that real RLHF code has shipped with, and one misreading
 # of a logged number, each from its numbers and curves, broken and fixed side by side:
 # - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch,
@@ -12,8 +16,9 @@
 # - **(b)** pad equal to EOS: the EOS token is masked as padding, so its own advantage no longer
 #   reaches the stop decision (measured);
 # - **(c)** KL coefficient 0: nothing holds the policy near the SFT model, so the learned reward and
-#   the true (hidden) score can part ways; a fit of Gao et al.'s law locates the KL where the hidden
-#   score peaks, for a reward model trained on all the preference pairs and for one trained on few;
+#   the true (hidden) score of the training batches part ways; a fit of Gao et al.'s law locates the KL
+#   where the hidden score peaks, for a reward model trained on all the preference pairs and for one
+#   trained on few;
 # - **(d)** reading the logged KL: the $k_1$ estimator goes negative on single responses, $k_3$ cannot
 #   but its variance grows fast with the per-token KL (measured); with the logits at hand, the KL summed
 #   over the vocabulary at each sampled prefix costs one softmax;
@@ -38,13 +43,16 @@ import dataclasses
 import math
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import torch
+from IPython.display import display
 from plotly.subplots import make_subplots
 
 import rlhf_helpers
 from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.failure_runs import (
     LabSizes,
     adapter_state,
@@ -53,7 +61,7 @@ from rlhf_helpers.course.failure_runs import (
     run_variant,
     seed_band,
     series,
-    third_means,
+    third_stats,
 )
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.metrics import plot_curves
@@ -66,6 +74,7 @@ from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world.scorer import score_breakdown
 
+# %%
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime (notebook 02 may have done it), then reused
 torch.manual_seed(profile.seed)
@@ -135,14 +144,16 @@ broken_a = run(RefAsOldTrainer, lab_config, lab.ref_as_old_steps, "(a) broken: r
 # log-probs' forward and the update's run on other shapes, so other kernels round them (core.tolerances)
 ratio_tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)["rtol"]
 first_ratios = [e["first_ratio_mean"] for e in fixed_a.extras]
-assert all(abs(r - 1.0) < ratio_tol for r in first_ratios), (first_ratios, ratio_tol)
-print(f"fixed : largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e} "
-      f"(the check allows {ratio_tol:g}: {profile.dtype} rounding)")
-for name, lab_run in (("fixed ", fixed_a), ("broken", broken_a)):
-    print(f"{name}: first-minibatch ratio mean per step {[round(e['first_ratio_mean'], 2) for e in lab_run.extras]}\n"
-          f"        clip fraction per step {[round(row['clipfrac'], 3) for row in lab_run.history]}\n"
-          f"        approx-KL per step {[round(row['approx_kl'], 3) for row in lab_run.history]}")
+print(f"fixed: largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e} "
+      f"(the check below allows {ratio_tol:g}: {profile.dtype} rounding)")
+table_a = pd.DataFrame([{"run": name, "step": k + 1, "ratio mean, first minibatch": e["first_ratio_mean"],
+                         "clip fraction": row["clipfrac"], "approx-KL": row["approx_kl"]}
+                        for name, lab_run in (("fixed", fixed_a), ("broken", broken_a))
+                        for k, (e, row) in enumerate(zip(lab_run.extras, lab_run.history, strict=True))])
+display(table_a.style.hide(axis="index").format(precision=3))
+mean_a = table_a.groupby("run")[["clip fraction", "approx-KL"]].mean()  # mean over each run's steps
 
+# %%
 fig = make_subplots(rows=1, cols=3, subplot_titles=("ratio mean, first minibatch of each step",
                                                     "clip fraction (mean over the update)", "approx-KL of the update"))
 for name, lab_run, color in (("broken: ref log-probs as old", broken_a, "crimson"),
@@ -156,22 +167,35 @@ fig.update_xaxes(title_text="PPO step after the baseline")
 fig.update_layout(title="(a) The same trained state, updated with the right and with the wrong old log-probs")
 fig.show()
 
-for key in ("clipfrac", "approx_kl"):
-    broken_values, fixed_values = series(broken_a.history, key)[1], series(fixed_a.history, key)[1]
-    broken_mean, fixed_mean = np.mean(broken_values), np.mean(fixed_values)
-    trend = "rose" if broken_values[-1] > broken_values[0] else "fell"
-    print(f"{key:>9}, mean over the steps: broken {broken_mean:.3f}, fixed {fixed_mean:.3f} "
-          f"(broken / fixed = {broken_mean / max(fixed_mean, 1e-12):.1f}); over its {len(broken_values)} steps the "
-          f"broken run's {trend} from {broken_values[0]:.3f} to {broken_values[-1]:.3f}")
-
 # %% [markdown]
-# **Recognise it:** look at the first panel. A correct update starts every step at ratio 1 (exactly
-# 1 up to float rounding; the assert above checks it, and so do the engine's tests); the broken one starts wherever
-# $\pi_\theta / \pi_{\text{ref}}$ happens to be. Then compare the clip fraction and approx-KL with
-# the healthy run's (the last two printed lines give the ratio): in the broken run both measure how far
-# the policy is from the SFT model, not the size of one update, and every token the clip catches gets
-# no gradient. Whether that distance rises or falls over the steps is not a rule (the clip is now
-# centred on the SFT model): the printed line says which way it went here.
+# **Recognise it:** look at the first panel. A correct update starts every step at ratio 1: exactly 1
+# up to float rounding (here the largest deviation is below $10^{-6}$; the check allows $10^{-4}$ in
+# float32, and the engine's tests check it too). The broken one starts wherever
+# $\pi_\theta / \pi_{\text{ref}}$ happens to be: here about 1.6 at the first step and 1.2 at the second,
+# more than 0.1 away from 1 at every step. Then compare the clip fraction and approx-KL with the healthy
+# run's: in the broken run both measure how far the policy is from the SFT model, not the size of one
+# update, and every token the clip catches gets no gradient. Averaged over the steps, the broken run's
+# clip fraction (about 0.17) and its approx-KL (about 0.13) are each more than ten times the fixed run's
+# (about 0.01 and 0.003). Which way they move from step to step is not a rule (the clip is now centred on
+# the SFT model), and two steps could not show a trend anyway.
+
+# %% tags=["claim-check"]
+check_claims({"the fixed update starts every step at ratio 1, within float rounding":
+              all(abs(r - 1.0) < ratio_tol for r in first_ratios)}, any_profile=True)
+check_claims({
+    "the fixed run's first-minibatch ratio deviates from 1 by less than 1e-6":
+        max(abs(r - 1.0) for r in first_ratios) < 1e-6,
+    "the broken run's first-minibatch ratio is more than 0.1 from 1 at every step":
+        all(abs(e["first_ratio_mean"] - 1.0) > 0.1 for e in broken_a.extras),
+    "the broken run's first ratio is about 1.6, then about 1.2":
+        1.45 < broken_a.extras[0]["first_ratio_mean"] < 1.75 and 1.1 < broken_a.extras[1]["first_ratio_mean"] < 1.35,
+    "broken clip fraction about 0.17, fixed about 0.01, more than ten times apart":
+        abs(mean_a.loc["broken", "clip fraction"] - 0.17) < 0.03 and mean_a.loc["fixed", "clip fraction"] < 0.02
+        and mean_a.loc["broken", "clip fraction"] > 10 * mean_a.loc["fixed", "clip fraction"],
+    "broken approx-KL about 0.13, fixed about 0.003, more than ten times apart":
+        abs(mean_a.loc["broken", "approx-KL"] - 0.13) < 0.03 and mean_a.loc["fixed", "approx-KL"] < 0.006
+        and mean_a.loc["broken", "approx-KL"] > 10 * mean_a.loc["fixed", "approx-KL"],
+})
 
 # %% [markdown]
 # ## (b) Pad equal to EOS
@@ -244,23 +268,43 @@ fig.update_yaxes(title_text="change of its log-prob in the update", row=1, col=1
 fig.update_layout(title=f"(b) EOS tokens of {lab.short_steps} PPO steps: does the update follow their advantage?")
 fig.show()
 
-corr = {}  # (run, "EOS" or "other") -> correlation(advantage, log-prob change)
+corr_rows = []  # one row per run and token group: correlation(advantage, log-prob change)
 for name, extras in (("broken", broken_b.extras), ("fixed", fixed_b_extras)):
-    corr[name, "EOS"] = correlation([a for e in extras for a in e["eos_advantage"]],
-                                    [d for e in extras for d in e["eos_change"]])
-    corr[name, "other"] = correlation([a for e in extras for a in e["other_advantage"]],
-                                      [d for e in extras for d in e["other_change"]])
-    print(f"{name:<6}: correlation(advantage, log-prob change)  EOS tokens {corr[name, 'EOS']:+.2f}   "
-          f"other tokens {corr[name, 'other']:+.2f}")
-gap = {name: corr[name, "other"] - corr[name, "EOS"] for name in ("broken", "fixed")}
-print(f"EOS tokens follow their advantage {'less' if corr['broken', 'EOS'] < corr['fixed', 'EOS'] else 'no less'} "
-      f"in the broken run than in the fixed one ({corr['broken', 'EOS']:+.2f} against {corr['fixed', 'EOS']:+.2f}); "
-      f"control minus EOS: broken {gap['broken']:+.2f}, fixed {gap['fixed']:+.2f}")
+    for group, prefix in (("EOS", "eos"), ("other", "other")):
+        xs, ys = [a for e in extras for a in e[f"{prefix}_advantage"]], [d for e in extras for d in e[f"{prefix}_change"]]
+        r = correlation(xs, ys)
+        corr_rows.append({"run": name, "tokens": group, "n": len(xs), "correlation": r,
+                          "standard error": math.sqrt((1 - r**2) / max(len(xs) - 2, 1))})  # of a Pearson r
+corr_table = pd.DataFrame(corr_rows).set_index(["run", "tokens"])
+display(corr_table.style.format({"correlation": "{:+.2f}", "standard error": "{:.3f}"}))
+corr = corr_table["correlation"].to_dict()  # (run, tokens) -> r
+corr_se = corr_table["standard error"].to_dict()
+
+# %% [markdown]
+# **What this run shows:** over the first 12 steps (about 190 sampled EOS tokens on each side), the
+# update moves the EOS tokens' log-probs with their advantage in the fixed run (correlation about
+# $+0.4$) and against it in the broken run (about $-0.2$). The gap, about 0.6, is more than four times
+# the standard error of a difference of the two correlations (about 0.1). The control, every other
+# token, correlates alike in both runs (about $+0.3$ each, within 0.05 of each other): the broken
+# update still follows the advantages everywhere except at the stop decision.
+
+# %% tags=["claim-check"]
+eos_gap = corr["fixed", "EOS"] - corr["broken", "EOS"]
+check_claims({
+    "at least 150 EOS tokens on each side": min(corr_table.loc[(run, "EOS"), "n"] for run in ("broken", "fixed")) >= 150,
+    "fixed EOS correlation about +0.4": 0.25 < corr["fixed", "EOS"] < 0.55,
+    "broken EOS correlation about -0.2": -0.35 < corr["broken", "EOS"] < -0.05,
+    "the EOS gap is about 0.6 and more than four standard errors of a difference":
+        0.45 < eos_gap < 0.8 and eos_gap > 4 * math.hypot(corr_se["fixed", "EOS"], corr_se["broken", "EOS"]),
+    "other tokens correlate alike (about +0.3, within 0.05)":
+        abs(corr["fixed", "other"] - corr["broken", "other"]) < 0.05
+        and all(0.2 < corr[run, "other"] < 0.4 for run in ("broken", "fixed")),
+})
 
 # %% [markdown]
 # **Recognise it:** EOS positions that are 0 in the loss mask (print one row of the mask, as above), and
 # an EOS probability that does not follow its advantage: compare the EOS correlation of the two runs,
-# and each with its control (the last printed line). In the broken run the EOS tokens get no gradient
+# and each with its control (the table). In the broken run the EOS tokens get no gradient
 # of their own; they can still move, because they share weights with the tokens that do. A policy
 # that cannot be taught when to stop drifts in length with no pressure on the stop token; a long run
 # can end with responses cut at `max_new_tokens` (watch `eos_fraction` and `response_length`). The fix
@@ -280,19 +324,33 @@ def mask_to_first_eos(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 # %%
+def first_mask_error(got: torch.Tensor, responses: torch.Tensor, eos_id: int) -> str | None:
+    """What is wrong with a (B, R) EOS mask, said in the exercise's terms (None when it is right)."""
+    if not isinstance(got, torch.Tensor) or got.shape != responses.shape:
+        return f"expected a tensor of shape {tuple(responses.shape)}, got {getattr(got, 'shape', type(got))}"
+    if not got.is_floating_point():
+        return f"your mask has dtype {got.dtype}: return a float mask (it multiplies float losses)"
+    for row, ids in enumerate(responses.tolist()):
+        first = ids.index(eos_id) if eos_id in ids else None  # position of the first EOS, or no EOS
+        for t in range(len(ids)):
+            want = 1.0 if first is None or t <= first else 0.0
+            if float(got[row, t]) != want:
+                where = ("row without any EOS: every token is real" if first is None else
+                         "the first EOS itself: it is a real token, so it belongs in the mask" if t == first else
+                         f"before the first EOS (at {first})" if t < first else
+                         f"after the first EOS (at {first}): padding or a later EOS, not part of the response")
+                return (f"row {row} {ids}, position {t}: your mask is {float(got[row, t]):g}, expected {want:g} "
+                        f"({where})")
+    return None
+
+
 def check_mask_to_first_eos():
     eos = 2
-    ids = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 0], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])
-    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).float()
-    torch.testing.assert_close(mask_to_first_eos(ids, eos), expected)
-    random_ids = torch.randint(0, 6, (20, 12), generator=torch.Generator().manual_seed(0))
-    expected = torch.zeros(20, 12)  # a loop: 1 up to and including the first EOS of each row
-    for row, ids in enumerate(random_ids.tolist()):
-        for t, token in enumerate(ids):
-            expected[row, t] = 1.0
-            if token == eos:
-                break
-    torch.testing.assert_close(mask_to_first_eos(random_ids, eos), expected)
+    ids = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 0], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])  # (4, 5)
+    random_ids = torch.randint(0, 6, (20, 12), generator=torch.Generator().manual_seed(0))  # (20, 12)
+    for responses in (ids, random_ids):
+        error = first_mask_error(mask_to_first_eos(responses.clone(), eos), responses, eos)
+        assert error is None, error
 
 
 exercise_check("Exercise 1 (mask_to_first_eos)", check_mask_to_first_eos, hidden=[library_mask_to_first_eos])
@@ -318,6 +376,12 @@ exercise_check("Exercise 1 (mask_to_first_eos)", check_mask_to_first_eos, hidden
 # of praise). The signature to look for (Gao et al. 2022): the **learned** reward keeps rising while the
 # **hidden** score, what we actually want, rises at first and then falls. This is the key plot of RLHF.
 # Both runs below start from the same adapters with the same seeds: only $\beta$ differs.
+#
+# What is measured: after every PPO step, the mean learned reward, mean hidden score and mean KL
+# ($k_1$, nats per response) of **that step's training batch**, 16 training prompts with one response
+# each, sampled from the policy being trained. It is not a held-out evaluation: each point is a noisy
+# mean of 16 responses to other prompts, so the runs are compared over thirds of their steps, each
+# third's mean with its standard error (the spread of its step means divided by $\sqrt{\text{steps}}$).
 
 # %%
 broken_c = run(PPOTrainer, lab_config.replace(kl_coef=0.0), lab.long_steps, "(c) broken: kl_coef = 0")
@@ -334,19 +398,22 @@ for name, lab_run, color in (("beta = 0", broken_c, "crimson"),
     fig.add_scatter(x=series(lab_run.history, "kl")[0], y=series(lab_run.history, "kl")[1], name=name, row=1, col=3,
                     line_color=color)
 fig.update_xaxes(title_text="PPO step")
-fig.update_layout(title="(c) Learned reward against hidden score, without and with the KL penalty")
+fig.update_layout(title="(c) Training batches: learned reward against hidden score, without and with the KL penalty")
 fig.show()
 
-print("means over the first, middle and last third of each run:")
-for name, lab_run in (("broken (beta = 0)", broken_c), (f"fixed (beta = {lab_config.kl_coef})", baseline)):
-    learned, hidden, kl = (third_means(series(lab_run.history, key)[1]) for key in ("score", "hidden_score", "kl"))
-    print(f"  {name:<20} learned {' '.join(f'{v:+.2f}' for v in learned)}   hidden "
-          f"{' '.join(f'{v:+.2f}' for v in hidden)}   KL {' '.join(f'{v:.1f}' for v in kl)}")
-    parted = hidden[2] < hidden[1] and learned[2] >= learned[1]
-    print(f"  {'':<20} last third: hidden score {'fell' if hidden[2] < hidden[1] else 'did not fall'}, learned "
-          f"reward {'did not fall' if learned[2] >= learned[1] else 'fell'} -> over-optimisation signature: "
-          f"{'yes' if parted else 'no'}")
-print("\nresponses of the beta = 0 policy, with their hidden score terms:")
+
+# %%
+thirds = {}  # (run, metric) -> [(mean, se)] * 3
+for name, lab_run in (("beta = 0", broken_c), (f"beta = {lab_config.kl_coef}", baseline)):
+    for key in ("score", "hidden_score", "kl"):
+        thirds[name, key] = third_stats(series(lab_run.history, key)[1])
+labels = {"score": "learned reward", "hidden_score": "hidden score", "kl": "KL (nats / response)"}
+third_table = pd.DataFrame({f"{part} third": [f"{m:+.2f} ± {se:.2f}" for m, se in (v[i] for v in thirds.values())]
+                            for i, part in enumerate(("first", "middle", "last"))},
+                           index=pd.MultiIndex.from_tuples([(run, labels[key]) for run, key in thirds],
+                                                           names=["run", "training-batch mean"]))
+display(third_table)
+print("responses of the beta = 0 policy (its last batch), with their hidden score terms:")
 hacked = broken_c.trainer.last_batch
 for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))[:3]:
     terms = score_breakdown(prompt, response)
@@ -354,13 +421,43 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
           f"length {terms.length:+.2f})")
 
 # %% [markdown]
+# **What this run shows** (means over thirds of the training batches, ± standard error):
+# - $\beta = 0$: the KL climbs to about 47 nats per response in the last third, more than ten times the
+#   penalised run's (about 2). From the middle to the last third the learned reward still rises
+#   (about $+2.6 \to +3.0$) while the hidden score falls by about 1.3 (about $+0.3 \to -1.0$), more than
+#   five standard errors of the difference: the over-optimisation signature.
+# - $\beta = 0.2$: the hidden score does not fall; it rises a little from the middle to the last third
+#   (about $+0.8 \to +0.9$), within two standard errors of no change.
+
+# %% tags=["claim-check"]
+def third_change(run: str, key: str) -> tuple[float, float]:
+    """(last third - middle third, its standard error) of one run's metric."""
+    (m1, s1), (m2, s2) = thirds[run, key][1:]
+    return m2 - m1, math.hypot(s1, s2)
+
+
+free, penalised = "beta = 0", f"beta = {lab_config.kl_coef}"
+check_claims({
+    "beta = 0: KL about 47 in the last third, more than ten times the penalised run's (about 2)":
+        35 < thirds[free, "kl"][2][0] < 60 and 1.5 < thirds[penalised, "kl"][2][0] < 3.5
+        and thirds[free, "kl"][2][0] > 10 * thirds[penalised, "kl"][2][0],
+    "beta = 0: the learned reward rises from the middle to the last third (about +2.6 to +3.0)":
+        0.1 < third_change(free, "score")[0] < 0.6,
+    "beta = 0: the hidden score falls by about 1.3, more than five standard errors":
+        -1.6 < third_change(free, "hidden_score")[0] < -1.0
+        and -third_change(free, "hidden_score")[0] > 5 * third_change(free, "hidden_score")[1],
+    "beta = 0.2: the hidden score rises a little (about +0.8 to +0.9), within two standard errors":
+        0 < third_change(penalised, "hidden_score")[0] < 2 * third_change(penalised, "hidden_score")[1],
+})
+
+# %% [markdown]
 # **Recognise it:** the signature of over-optimisation is a KL that keeps growing, a learned reward
-# that is still rising or flat, and a hidden score that falls; the cell above checks the last two on
-# the thirds of each run (one noisy run each: compare the thirds, not single steps). Read the samples
-# too, with the fluency and repetition terms of their hidden score printed under each. In real runs
-# there is no hidden score: read samples, and keep a held-out evaluation the policy is not optimised
-# on. The fix is the KL penalty (fixed $\beta$ or an adaptive controller with a target KL), and early
-# stopping.
+# that is still rising or flat, and a hidden score that falls; compare the thirds of each run, with
+# their standard errors, not single steps. Read the samples too, with the fluency and repetition terms
+# of their hidden score printed under each. In real runs there is no hidden score: read samples, and
+# keep a held-out evaluation the policy is not optimised on (notebook 05 has one; this lab reads only
+# the training batches). The fix is the KL penalty (fixed $\beta$ or an adaptive controller with a
+# target KL), and early stopping.
 
 # %% [markdown]
 # ### How far can the proxy be pushed?
@@ -385,8 +482,10 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 #
 # $$d^* = \exp\!\left(\frac{\alpha_{\text{G}}}{\beta_{\text{G}}} - 1\right), \qquad \mathrm{KL}^* = (d^*)^2 .$$
 #
-# Each PPO step of the $\beta = 0$ run is one point (KL of its batch, mean hidden score); the penalised
-# run's points are drawn in the same plane.
+# Each PPO step of the $\beta = 0$ run is one point (the $k_1$ KL and the mean hidden score of its
+# training batch); the penalised run's points are drawn in the same plane. How precisely one run
+# locates the peak: refit on the steps drawn with replacement, 1,000 times (a bootstrap over the steps),
+# and read the middle 95% of the refitted $\mathrm{KL}^*$ and the spread of the refitted peak heights.
 
 # %%
 def law_features(d: np.ndarray, form: str) -> np.ndarray:
@@ -402,50 +501,85 @@ def fit_law(kl: list[float], hidden: list[float], form: str) -> tuple[np.ndarray
     return coef, float(((law_features(d, form) @ coef - hidden) ** 2).sum())
 
 
-def rl_peak(coef: np.ndarray) -> float:
-    """d* where the RL law's h(d) peaks, exp(alpha_G / beta_G - 1); inf when beta_G <= 0 (no peak)."""
+def rl_peak(coef: np.ndarray) -> tuple[float, float]:
+    """(d*, h(d*)) where the RL law peaks, d* = exp(alpha_G / beta_G - 1); (inf, nan) when beta_G <= 0."""
     c_g, alpha_g, beta_g = coef
-    return float(np.exp(alpha_g / beta_g - 1)) if beta_g > 0 else math.inf
+    if beta_g <= 0:
+        return math.inf, math.nan
+    d_star = float(np.exp(alpha_g / beta_g - 1))
+    return d_star, float(law_features(np.array([d_star]), "rl")[0] @ coef)
 
 
+def bootstrap_peak(kl: list[float], hidden: list[float], n: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Refit the RL law on the steps drawn with replacement: the middle 95% of KL* and the standard
+    deviation of the peak height over the refits (a fit without a peak counts as KL* = inf)."""
+    rng = np.random.default_rng(seed)
+    kl, hidden = np.asarray(kl), np.asarray(hidden)
+    peaks = [rl_peak(fit_law(kl[i], hidden[i], "rl")[0]) for i in rng.integers(0, len(kl), (n, len(kl)))]
+    kl_star = np.array([d**2 for d, _ in peaks])  # (n,)
+    low, high = np.quantile(kl_star, [0.025, 0.975], method="inverted_cdf")  # no interpolation next to inf
+    return {"KL* low": float(low), "KL* high": float(high), "peak se": float(np.nanstd([h for _, h in peaks]))}
+
+
+# %%
 kl_c, hidden_c = series(broken_c.history, "kl")[1], series(broken_c.history, "hidden_score")[1]
 d_c = np.sqrt(np.clip(kl_c, 0.0, None))  # (N,)
+enough = len(d_c) >= 6  # three coefficients need clearly more than three points
+fits = {form: fit_law(kl_c, hidden_c, form) for form in ("rl", "bon")}  # form -> (coefficients, RSS)
+display(pd.DataFrame([{"law": {"rl": "RL", "bon": "best-of-n"}[form], "c_G": coef[0], "alpha_G": coef[1],
+                       "beta_G": coef[2], "residual sum of squares": rss} for form, (coef, rss) in fits.items()])
+        .style.hide(axis="index").format(precision=3))
+d_star, peak_c = rl_peak(fits["rl"][0])
+no_boot = dict.fromkeys(("KL* low", "KL* high", "peak se"), math.nan)  # too few steps to refit
+boot_c = bootstrap_peak(kl_c, hidden_c) if enough else no_boot
+print(f"free intercept c_G of the RL fit {fits['rl'][0][0]:+.3f}; hidden score of the first batch, sampled "
+      f"from the SFT policy before any update: {hidden_c[0]:+.3f}")
+print(f"RL law: hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}, fitted peak "
+      f"{peak_c:+.2f}); bootstrap: KL* from {boot_c['KL* low']:.1f} to {boot_c['KL* high']:.1f}, peak height "
+      f"+- {boot_c['peak se']:.2f}; "
+      f"the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
+
+# %%
 fig = go.Figure()
 fig.add_scatter(x=d_c, y=hidden_c, mode="markers", name="beta = 0, one point per step", marker_color="crimson")
 fig.add_scatter(x=np.sqrt(np.clip(series(baseline.history, "kl")[1], 0.0, None)),
                 y=series(baseline.history, "hidden_score")[1], mode="markers", name=f"beta = {lab_config.kl_coef}",
                 marker_color="royalblue")
-if len(d_c) >= 6:  # three coefficients need clearly more than three points
-    grid = np.linspace(0.0, d_c.max(), 100)
-    fits = {}
-    for form, label, dash in (("rl", "RL law", "solid"), ("bon", "best-of-n law", "dash")):
-        fits[form] = fit_law(kl_c, hidden_c, form)
-        coef, rss = fits[form]
-        fig.add_scatter(x=grid, y=law_features(grid, form) @ coef, mode="lines", name=f"{label} fit",
+grid = np.linspace(0.0, d_c.max(), 100)
+for form, label, dash in (("rl", "RL law", "solid"), ("bon", "best-of-n law", "dash")):
+    if enough:
+        fig.add_scatter(x=grid, y=law_features(grid, form) @ fits[form][0], mode="lines", name=f"{label} fit",
                         line=dict(color="black", dash=dash))
-        print(f"{label:>13}: c_G {coef[0]:+.3f}  alpha_G {coef[1]:+.3f}  beta_G {coef[2]:+.3f}   "
-              f"residual sum of squares {rss:.2f}")
-    better = min(fits, key=lambda form: fits[form][1])
-    print(f"the {'RL' if better == 'rl' else 'best-of-n'} form fits this run better")
-    print(f"free intercept c_G of the RL fit {fits['rl'][0][0]:+.3f}; hidden score of the first batch, sampled "
-          f"from the SFT policy before any update: {hidden_c[0]:+.3f}")
-    d_star = rl_peak(fits["rl"][0])
-    if 0 < d_star <= d_c.max():
-        fig.add_vline(x=d_star, line_dash="dot", line_color="gray")
-        print(f"the RL law's hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}); "
-              f"the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
-    else:
-        print("the RL law's fitted curve has no peak inside the range (no rise-then-fall in this run)")
-else:
-    print(f"only {len(d_c)} steps: too few points to fit three coefficients")
-fig.update_layout(title="(c) Hidden score against the distance from the SFT model",
+if enough and 0 < d_star <= d_c.max():
+    fig.add_vline(x=d_star, line_dash="dot", line_color="gray")
+fig.update_layout(title="(c) Hidden score of the training batches against the distance from the SFT model",
                   xaxis_title="d = sqrt(KL to the reference)", yaxis_title="mean hidden score of the batch")
 fig.show()
 
 # %% [markdown]
+# **What this run shows:** the RL form fits the $\beta = 0$ run better than the best-of-$n$ form
+# (residual sum of squares about 2.1 against 2.8). Its free intercept (about $-0.4$) lies within 0.2 of
+# the first batch's hidden score (about $-0.3$). Its hidden score peaks at $\mathrm{KL}^* \approx 4$ nats
+# per response; the bootstrap puts $\mathrm{KL}^*$ between about 3 and 5.5. The penalised run ended at
+# a KL of about 2.3, left of that peak.
+
+# %% tags=["claim-check"]
+check_claims({
+    "the RL form fits better (RSS about 2.1 against 2.8)":
+        fits["rl"][1] < 0.85 * fits["bon"][1] and 1.8 < fits["rl"][1] < 2.4 and 2.4 < fits["bon"][1] < 3.1,
+    "the free intercept (about -0.4) is within 0.2 of the first batch's hidden score (about -0.3)":
+        abs(fits["rl"][0][0] - hidden_c[0]) < 0.2 and -0.55 < fits["rl"][0][0] < -0.3 and -0.4 < hidden_c[0] < -0.2,
+    "KL* is about 4 nats per response": 3.5 < d_star**2 < 5,
+    "the bootstrap puts KL* between about 3 and 5.5": 2.5 < boot_c["KL* low"] < 3.5 and 4.8 < boot_c["KL* high"] < 6.2,
+    "the penalised run ended left of the peak, at a KL of about 2.3":
+        1.8 < baseline.history[-1]["kl"] < 2.8 and baseline.history[-1]["kl"] < boot_c["KL* low"],
+})
+
+# %% [markdown]
 # **Read it:** left of $d^*$ optimising the learned reward also improves what we want; right of it
 # every extra nat of KL makes it worse. A KL penalty (or a target KL) is how you choose where on this
-# curve training stops. The fit is one noisy run: read $d^*$ as a rough location, not a constant.
+# curve training stops. The fit is one noisy run: read $d^*$ as a rough location (the bootstrap range),
+# not a constant.
 #
 # ### A weaker reward model
 #
@@ -463,24 +597,26 @@ weak_model, _ = build_shared_model(profile, lab_config, weak_dir)  # same base, 
 weak_c = run_variant(PPOTrainer, lab_config.replace(kl_coef=0.0), weak_model, tokenizer, prompts, lab.long_steps,
                      start=initial_state, desc="(c) beta = 0, weak reward model")
 
-sweep = {}  # name -> what the figure and the verdicts read
+# %%
+sweep = {}  # name -> what the figure and the claims read
 for name, folder, lab_run, color in (("all pairs", reward_dir, broken_c, "crimson"),
                                      ("250 pairs", weak_dir, weak_c, "darkorange")):
     metrics = reward_metrics(folder)
     kl, hidden = series(lab_run.history, "kl")[1], series(lab_run.history, "hidden_score")[1]
-    d = np.sqrt(np.clip(kl, 0.0, None))  # (N,)
-    coef = fit_law(kl, hidden, "rl")[0] if len(d) >= 6 else None  # three coefficients need more than 3 points
-    d_star = rl_peak(coef) if coef is not None else math.inf
-    peak_inside = 0 < d_star <= d.max()
-    sweep[name] = dict(pairs=int(metrics["train_pairs"]), color=color, d=d, hidden=hidden, coef=coef, d_star=d_star,
-                       proxy=series(lab_run.history, "score")[1], peak_inside=peak_inside,
-                       peak=float(law_features(np.array([d_star]), "rl")[0] @ coef) if peak_inside else math.nan)
-    fit = ("too few points to fit" if coef is None else f"RL fit c_G {coef[0]:+.2f} alpha_G {coef[1]:+.2f} "
-           f"beta_G {coef[2]:+.2f}; " + (f"hidden score peaks at KL* = {d_star**2:.1f} (fitted peak "
-                                         f"{sweep[name]['peak']:+.2f})" if peak_inside else "no peak inside the range"))
-    print(f"reward model on {sweep[name]['pairs']:>4} pairs: held-out pair accuracy "
-          f"{metrics['pairwise_accuracy']:.3f}, correlation with the hidden score {metrics['score_hidden_correlation']:.2f};  {fit}")
+    coef = fit_law(kl, hidden, "rl")[0]
+    d_star_rm, peak_rm = rl_peak(coef)
+    sweep[name] = dict(pairs=int(metrics["train_pairs"]), color=color, d=np.sqrt(np.clip(kl, 0.0, None)), coef=coef,
+                       hidden=hidden, proxy=series(lab_run.history, "score")[1], d_star=d_star_rm, peak=peak_rm,
+                       accuracy=metrics["pairwise_accuracy"], correlation=metrics["score_hidden_correlation"],
+                       **(bootstrap_peak(kl, hidden) if enough else no_boot))
+sweep_table = pd.DataFrame([{"reward model": f"{row['pairs']} pairs", "held-out pair accuracy": row["accuracy"],
+                             "correlation with hidden": row["correlation"], "c_G": row["coef"][0],
+                             "alpha_G": row["coef"][1], "beta_G": row["coef"][2], "KL*": row["d_star"] ** 2,
+                             "KL* low (bootstrap)": row["KL* low"], "KL* high (bootstrap)": row["KL* high"],
+                             "fitted peak": row["peak"], "peak se (bootstrap)": row["peak se"]} for row in sweep.values()])
+display(sweep_table.style.hide(axis="index").format(precision=2))
 
+# %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=("learned (proxy) reward of its own reward model",
                                                     "hidden (gold) score, with the RL law's fit"))
 for row in sweep.values():
@@ -488,30 +624,42 @@ for row in sweep.values():
     fig.add_scatter(x=row["d"], y=row["proxy"], mode="markers", name=label, marker_color=row["color"], row=1, col=1)
     fig.add_scatter(x=row["d"], y=row["hidden"], mode="markers", name=label, marker_color=row["color"],
                     showlegend=False, row=1, col=2)
-    if row["coef"] is not None:
+    if enough:
         grid = np.linspace(0.0, row["d"].max(), 100)
         fig.add_scatter(x=grid, y=law_features(grid, "rl") @ row["coef"], mode="lines", line_color=row["color"],
                         name=f"RL law fit, {row['pairs']} pairs", row=1, col=2)
-    if row["peak_inside"]:
+    if enough and 0 < row["d_star"] <= row["d"].max():
         fig.add_vline(x=row["d_star"], line_dash="dot", line_color=row["color"], row=1, col=2)
 fig.update_xaxes(title_text="d = sqrt(KL to the reference)")
 fig.update_layout(title="(c) beta = 0 on a reward model trained on all pairs and on 250 pairs")
 fig.show()
 
+# %% [markdown]
+# **What this run shows:** the reward model trained on 250 pairs is the weaker one on held-out pairs
+# (accuracy about 0.75 against 0.81; correlation with the hidden score about 0.8 against 0.9). Pushed
+# with $\beta = 0$, it over-optimises sooner: its fitted hidden score peaks at $\mathrm{KL}^* \approx 1$
+# nat per response against about 4, and the two bootstrap ranges do not overlap. Its fitted peak is
+# lower too (about $+0.3$ against $+0.4$), but by less than two standard errors of the difference: one
+# run per reward model does not settle the height.
+
+# %% tags=["claim-check"]
 strong, weak = sweep["all pairs"], sweep["250 pairs"]
-if strong["peak_inside"] and weak["peak_inside"]:
-    print(f"the reward model on {weak['pairs']} pairs over-optimises "
-          f"{'sooner' if weak['d_star'] < strong['d_star'] else 'later'}: its fitted hidden score peaks at KL* = "
-          f"{weak['d_star']**2:.1f} against {strong['d_star']**2:.1f} nats, and "
-          f"{'lower' if weak['peak'] < strong['peak'] else 'higher'} "
-          f"({weak['peak']:+.2f} against {strong['peak']:+.2f})")
-else:
-    print("at least one fit has no peak inside its range: no comparison of the peaks in this run")
+check_claims({
+    "the 250-pair model is weaker on held-out pairs (about 0.75 against 0.81)":
+        0.70 < weak["accuracy"] < 0.78 and 0.78 < strong["accuracy"] < 0.84 and weak["accuracy"] < strong["accuracy"],
+    "its correlation with the hidden score is lower (about 0.8 against 0.9)":
+        0.7 < weak["correlation"] < 0.85 and 0.88 < strong["correlation"] < 0.97,
+    "KL* about 1 against about 4": 0.7 < weak["d_star"] ** 2 < 1.4 and 3.5 < strong["d_star"] ** 2 < 5,
+    "the bootstrap ranges of KL* do not overlap": weak["KL* high"] < strong["KL* low"],
+    "the weak model's fitted peak is lower (about +0.3 against +0.4) by less than two standard errors":
+        0.15 < weak["peak"] < 0.35 and 0.33 < strong["peak"] < 0.5
+        and 0 < strong["peak"] - weak["peak"] < 2 * math.hypot(strong["peak se"], weak["peak se"]),
+})
 
 # %% [markdown]
 # One run per reward model: read the two peaks as rough locations. In real work there is no hidden
-# score to fit; what carries over is the habit of checking a reward model's held-out accuracy (printed
-# above) before trusting how far the policy may be pushed on it.
+# score to fit; what carries over is the habit of checking a reward model's held-out accuracy (in the
+# table above) before trusting how far the policy may be pushed on it.
 #
 # ### Exercise 2: fit the over-optimisation law
 # Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c_{\text{G}}, \alpha_{\text{G}}, \beta_{\text{G}})$
@@ -530,8 +678,17 @@ def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, f
 def check_fit_overoptimisation():
     kl = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
     exact = [0.3 + 0.8 * k**0.5 - 0.1 * k**0.5 * math.log(k**0.5) if k > 0 else 0.3 for k in kl]  # obeys the law
-    c, alpha, beta_g = fit_overoptimisation(kl, exact)
-    assert max(abs(c - 0.3), abs(alpha - 0.8), abs(beta_g - 0.1)) < 1e-6, (c, alpha, beta_g)
+    got = fit_overoptimisation(list(kl), list(exact))
+    assert len(got) == 3 and all(isinstance(v, float) for v in got), \
+        f"return three Python floats (c_G, alpha_G, beta_G), got {got!r}"
+    assert not any(math.isnan(v) for v in got), \
+        f"your fit returned nan {got}: is a negative or zero KL reaching a sqrt or a log (d log d = 0 at d = 0)?"
+    c, alpha, beta_g = got
+    hint = (" your beta_G has the right size and the wrong sign: the law subtracts beta_G d log d"
+            if abs(beta_g + 0.1) < 1e-6 else " are you fitting on d = sqrt(KL), with the columns (1, d, -d log d)?")
+    assert max(abs(c - 0.3), abs(alpha - 0.8), abs(beta_g - 0.1)) < 1e-6, \
+        (f"on points that obey h = 0.3 + 0.8 d - 0.1 d log d exactly, your fit gives c_G {c:.4f}, alpha_G "
+         f"{alpha:.4f}, beta_G {beta_g:.4f} (expected 0.3, 0.8, 0.1);" + hint)
     g = torch.Generator().manual_seed(3)
     noisy_kl = (torch.rand(40, generator=g, dtype=torch.float64) * 50 - 1).tolist()  # a few negative values
     noisy_h = (torch.randn(40, generator=g, dtype=torch.float64)).tolist()
@@ -539,7 +696,16 @@ def check_fit_overoptimisation():
     d_log_d = np.array([x * math.log(x) if x > 0 else 0.0 for x in d])  # (40,): d log d, 0 at d = 0
     reference, *_ = np.linalg.lstsq(np.stack([np.ones_like(d), d, -d_log_d], axis=1), np.array(noisy_h),
                                     rcond=None)  # the normal equations' solution, from numpy
-    np.testing.assert_allclose(fit_overoptimisation(noisy_kl, noisy_h), reference, rtol=1e-6, atol=1e-9)
+    try:
+        got = fit_overoptimisation(list(noisy_kl), list(noisy_h))
+    except RuntimeError as error:  # e.g. a least-squares solver that met nan
+        raise AssertionError(f"on 40 noisy points, some with KL < 0, your fit raised {type(error).__name__}: does a "
+                             "negative KL reach the square root (nan)? Treat KL < 0 as 0 first") from None
+    why = (" a negative KL reached the square root: clamp KL at 0 first" if any(math.isnan(v) for v in got)
+           else " the points with KL < 0 count as d = 0")
+    assert np.allclose(got, reference, rtol=1e-6, atol=1e-9), \
+        (f"on 40 noisy points (some KL < 0) your fit gives {np.round(got, 4).tolist()}, numpy's least squares "
+         f"{np.round(reference, 4).tolist()}:" + why)
 
 
 exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation, hidden=[fit_law, law_features])
@@ -591,6 +757,7 @@ print(f"per token: k1 negative on {(k1[real] < 0).float().mean():.0%} of tokens,
 print(f"per sequence: k1 negative for {(seq_k1 < 0).float().mean():.0%} of responses, k3 for {(seq_k3 < 0).float().mean():.0%}")
 print(f"batch mean sequence KL: k1 {seq_k1.mean():+.3f}   k3 {seq_k3.mean():+.3f}")
 
+# %%
 fig = make_subplots(rows=1, cols=3, subplot_titles=("k1 per token, last batch", "k3 per token, last batch",
                                                     "share of responses with sequence KL < 0"))
 fig.add_histogram(x=k1[real].tolist(), nbinsx=60, row=1, col=1, marker_color="crimson", name="k1", showlegend=False)
@@ -608,6 +775,21 @@ print("batch-mean sequence KL per step, k1:", " ".join(f"{e['k1_mean']:+.2f}" fo
 print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" for e in baseline.extras))
 
 # %% [markdown]
+# **What this run shows:** in the baseline's last batch, $k_1$ is negative on about half of the real
+# tokens (between 35% and 60%) and its sum is negative for a few responses (fewer than 15%, more than
+# none); $k_3$ is negative on no token and no response. Per step, $k_3$'s batch mean jumps where
+# $k_1$'s does not: at one step it exceeds $k_1$'s by more than 4 nats per response.
+
+# %% tags=["claim-check"]
+check_claims({
+    "k1 is negative on 35-60% of the real tokens": 0.35 < float((k1[real] < 0).float().mean()) < 0.6,
+    "k1's sum is negative for some responses, fewer than 15%": 0 < float((seq_k1 < 0).float().mean()) < 0.15,
+    "k3 is negative on no token and no response": not bool((k3[real] < 0).any() or (seq_k3 < 0).any()),
+    "at one step k3's batch mean exceeds k1's by more than 4 nats":
+        max(e["k3_mean"] - e["k1_mean"] for e in baseline.extras) > 4,
+})
+
+# %% [markdown]
 # ### Which KL to report?
 #
 # Every logged KL above is a sample estimate. Three estimators, with $\log w = \log\pi_{\text{ref}}(y) - \log\pi(y)$
@@ -623,14 +805,14 @@ print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" fo
 #   \big(\log\pi(v \mid s_t) - \log\pi_{\text{ref}}(v \mid s_t)\big).$$
 #
 # Summed over a response it is still an estimate of the policy's KL, because the prefixes $s_t$ are
-# sampled; it is the lowest-variance one (below it is called "exact" in that per-prefix sense).
+# sampled; it removes the noise of the sampled next token, which usually makes it the lowest-variance
+# one (below it is called "exact" in that per-prefix sense, and the second table measures its spread).
 #
 # First on a known case: one token drawn from two categorical distributions over 50 words whose KL is
-# set to 0.1, 1 and 2 nats. The first line printed is the baseline's KL per response and **per
+# set to 0.1, 1 and 2 nats. The line printed first is the baseline's KL per response and **per
 # token** (the response's KL divided by its length): the per-token figure is the one to place in this
-# table. The mean and standard
-# deviation of each estimator are exact sums over the 50 words, and a sample of 10,000 draws shows what
-# a logged mean sees.
+# table. The mean and standard deviation of each estimator are exact sums over the 50 words, and a
+# sample of 10,000 draws shows what a logged mean sees.
 
 # %%
 gen = torch.Generator().manual_seed(0)
@@ -654,30 +836,53 @@ def policy_at_kl(target: float) -> torch.Tensor:
     return torch.log_softmax(ref_logits + (low + high) / 2 * direction, -1)
 
 
+# %%
 baseline_last = baseline.history[-1]
+kl_per_token = baseline_last["kl"] / baseline_last["response_length"]
 print(f"the baseline's last batch: KL {baseline_last['kl']:.2f} nats per response (k1 mean) over "
-      f"{baseline_last['response_length']:.1f} tokens: "
-      f"{baseline_last['kl'] / baseline_last['response_length']:.3f} nats per token")
-print(f"{'KL':>5} {'estimator':>9} {'E[k]':>8} {'std[k]':>9} {'largest k':>10} {'mean of 10,000 draws':>21}")
-spread, k2_gap = {}, {}  # (target KL, kind) -> std of one draw; target KL -> E[k2] - KL
+      f"{baseline_last['response_length']:.1f} tokens: {kl_per_token:.3f} nats per token")
+known_rows = []  # one row per (target KL, estimator): exact moments over the 50 words, and a sample mean
 for target in (0.1, 1.0, 2.0):
     logp = policy_at_kl(target)  # (V,)
     draws = torch.multinomial(logp.exp(), 10_000, replacement=True, generator=gen)  # (N,) words y ~ pi
     for kind in ("k1", "k2", "k3"):
         k = rlhf_helpers.kl_estimate(logp, ref_logp, kind=kind)  # (V,): the estimate if word v is drawn
         mean = float((logp.exp() * k).sum())  # exact expectation under pi
-        spread[target, kind] = math.sqrt(float((logp.exp() * (k - mean) ** 2).sum()))
-        if kind == "k2":
-            k2_gap[target] = mean - exact_kl(logp, ref_logp)
-        print(f"{exact_kl(logp, ref_logp):5.2f} {kind:>9} {mean:8.3f} {spread[target, kind]:9.3f} "
-              f"{float(k.max()):10.1f} {float(k[draws].mean()):21.3f}")
-    torch.testing.assert_close(float((logp.exp() * rlhf_helpers.kl_estimate(logp, ref_logp, kind="k3")).sum()),
-                               exact_kl(logp, ref_logp))  # k3 is unbiased: E[k3] = KL exactly
-for target in (0.1, 1.0, 2.0):
-    ratio = spread[target, "k3"] / spread[target, "k1"]
-    print(f"KL {target}: k3's standard deviation is {ratio:.2f} x k1's ({'smaller' if ratio < 1 else 'larger'})")
-assert spread[0.1, "k3"] < spread[1.0, "k3"] < spread[2.0, "k3"], "the text says k3's spread grows with the KL"
-assert abs(k2_gap[0.1]) < abs(k2_gap[1.0]) < abs(k2_gap[2.0]), "the text says k2's bias grows with the KL"
+        known_rows.append({"KL": exact_kl(logp, ref_logp), "target": target, "estimator": kind, "E[k]": mean,
+                           "E[k] - KL": mean - exact_kl(logp, ref_logp),
+                           "std[k]": math.sqrt(float((logp.exp() * (k - mean) ** 2).sum())),
+                           "largest k": float(k.max()), "mean of 10,000 draws": float(k[draws].mean())})
+known = pd.DataFrame(known_rows)
+spread = known.pivot(index="target", columns="estimator", values="std[k]")  # (3 KLs, 3 estimators)
+bias = known.pivot(index="target", columns="estimator", values="E[k] - KL")
+display(known.drop(columns="target").style.hide(axis="index").format(precision=3))
+display(pd.DataFrame({"KL": [f"{t:g}" for t in spread.index], "std[k3] / std[k1]": spread["k3"] / spread["k1"]})
+        .style.hide(axis="index").format(precision=2))
+
+# %% [markdown]
+# **What the table shows** (exact sums over the 50 words, fixed seed): $k_1$ and $k_3$ have expectation
+# exactly the KL; $k_2$'s expectation misses it by a gap that grows with the KL (about $-0.004$,
+# $+0.03$ and $+0.77$ nats). $k_3$'s standard deviation grows fast with the KL: about a third of
+# $k_1$'s at 0.1 nat, about 7 times $k_1$'s at 1 nat and hundreds of times at 2 nats, where one rare word
+# gives $k_3$ above a million: a mean of 10,000 draws seldom contains it, and then misses $\mathbb E[k_3]$
+# (compare the last column with $\mathbb E[k]$). The baseline's last batch sits at about 0.1 nat per
+# token, where $k_3$'s spread per token is the smaller one.
+
+# %% tags=["claim-check"]
+check_claims({
+    "k1 and k3 are unbiased: E[k] = KL": bool((bias[["k1", "k3"]].abs() < 1e-9).all().all()),
+    "k2's gap grows with the KL: about -0.004, +0.03, +0.77":
+        abs(bias.loc[0.1, "k2"] + 0.004) < 0.002 and abs(bias.loc[1.0, "k2"] - 0.03) < 0.01
+        and abs(bias.loc[2.0, "k2"] - 0.77) < 0.03,
+    "k3's spread grows with the KL": spread.loc[0.1, "k3"] < spread.loc[1.0, "k3"] < spread.loc[2.0, "k3"],
+    "std k3 / std k1: about 1/3 at 0.1 nat, about 7 at 1, hundreds at 2":
+        0.25 < spread.loc[0.1, "k3"] / spread.loc[0.1, "k1"] < 0.4
+        and 5.5 < spread.loc[1.0, "k3"] / spread.loc[1.0, "k1"] < 7.5
+        and spread.loc[2.0, "k3"] / spread.loc[2.0, "k1"] > 100,
+    "at 2 nats one word gives k3 above a million":
+        float(known.query("target == 2.0 and estimator == 'k3'")["largest k"].iloc[0]) > 1e6,
+}, any_profile=True)
+check_claims({"the baseline's last batch has about 0.1 nat of KL per token": 0.05 < kl_per_token < 0.15})
 
 # %% [markdown]
 # Then on the run's own tokens: the baseline's final policy answers the held-out prompts, and each
@@ -703,16 +908,30 @@ per_response = {"exact": ((logp_all.exp() * (logp_all - ref_all)).sum(-1) * samp
 for kind in ("k1", "k2", "k3"):
     per_response[kind] = (rlhf_helpers.kl_estimate(logp, ref_lp, kind=kind) * samples.mask).sum(1)  # (B,)
 B = len(logp)
-print(f"{'':>6} {'mean':>7} {'std':>7} {'min':>7} {'max':>7} {'mean - exact':>18}   over {B} responses")
-for name, values in per_response.items():
-    diff = values - per_response["exact"]  # (B,)
-    print(f"{name:>6} {values.mean():7.3f} {values.std():7.3f} {values.min():7.2f} {values.max():7.2f} "
-          f"{diff.mean():+9.3f} +- {diff.std() / B**0.5:.3f}")
-order = sorted(per_response, key=lambda name: float(per_response[name].std()))
-print(f"spread across responses, smallest to largest: {' < '.join(order)}")
-close = [name for name in ("k1", "k2", "k3") if abs(float((per_response[name] - per_response["exact"]).mean()))
-         <= 2 * float((per_response[name] - per_response["exact"]).std()) / B**0.5]
-print(f"batch means within 2 standard errors of the exact one: {', '.join(close) or 'none'}")
+response_table = pd.DataFrame([{"estimator": name, "mean": float(v.mean()), "std": float(v.std()),
+                                "min": float(v.min()), "max": float(v.max()),
+                                "mean - exact": float((v - per_response["exact"]).mean()),
+                                "its standard error": float((v - per_response["exact"]).std() / B**0.5)}
+                               for name, v in per_response.items()]).set_index("estimator")
+print(f"sequence KL (nats per response) over the same {B} held-out responses:")
+display(response_table.style.format(precision=3).format("{:+.3f}", subset=["mean - exact"]))
+
+# %% [markdown]
+# **What this run shows:** over these 200 responses the spread across responses orders exact $<k_1<k_2<k_3$
+# (standard deviations about 1.0, 1.6, 2.9 and 5.6 nats); $k_1$ goes below 0 for some responses,
+# $k_3$ never. Each estimator's batch mean lies within two standard errors of the exact one (gaps
+# about $+0.13$, $-0.03$ and $+0.32$, standard errors about 0.12, 0.16 and 0.36).
+
+# %% tags=["claim-check"]
+std_of = response_table["std"]
+gap_in_se = (response_table["mean - exact"] / response_table["its standard error"]).drop("exact")
+check_claims({
+    "spread: exact < k1 < k2 < k3": bool(std_of["exact"] < std_of["k1"] < std_of["k2"] < std_of["k3"]),
+    "standard deviations about 1.0, 1.6, 2.9 and 5.6":
+        bool(np.allclose(std_of[["exact", "k1", "k2", "k3"]], [1.0, 1.6, 2.9, 5.6], rtol=0.12)),
+    "k1 below 0 for some responses, k3 never": bool(response_table.loc["k1", "min"] < 0 <= response_table.loc["k3", "min"]),
+    "each batch mean within two standard errors of the exact one": bool((gap_in_se.abs() < 2).all()),
+})
 
 # %% [markdown]
 # **Recognise it:** negative per-response (or small-batch) KL values in the log come from the $k_1$
@@ -745,13 +964,32 @@ def check_sequence_kl_k3():
     g = torch.Generator().manual_seed(1)
     logp = -torch.rand(6, 9, generator=g) * 3  # (B, R)
     ref = logp + 0.5 * torch.randn(6, 9, generator=g)  # (B, R)
-    mask = (torch.arange(9)[None, :] < torch.tensor([9, 3, 5, 1, 7, 8])[:, None]).float()  # (B, R)
-    expected = torch.tensor([sum(((r - lp).exp() - 1 - (r - lp)).item() for lp, r, m in zip(lr, rr, mr, strict=True) if m)
-                             for lr, rr, mr in zip(logp, ref, mask, strict=True)])
-    got = sequence_kl_k3(logp, ref, mask)
-    torch.testing.assert_close(got, expected)
+    lengths = [9, 3, 5, 1, 7, 8]
+    mask = (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, R)
+    got = sequence_kl_k3(logp.clone(), ref.clone(), mask.clone())
+    assert isinstance(got, torch.Tensor) and got.shape == (6,), \
+        f"expected one KL per response, shape (6,), got {getattr(got, 'shape', type(got))}"
+
+    def per_row(fn) -> torch.Tensor:  # a loop over each response's real tokens: fn(log pi, log ref) per token
+        return torch.tensor([sum(fn(lp, r) for lp, r in zip(lr[:n].tolist(), rr[:n].tolist(), strict=True))
+                             for lr, rr, n in zip(logp, ref, lengths, strict=True)])
+
+    expected = per_row(lambda lp, r: math.expm1(r - lp) - (r - lp))  # k3 = (w - 1) - log w, w = ref / pi
+    if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+        known = {"k1 = log pi - log ref (not k3)": per_row(lambda lp, r: lp - r),
+                 "k3 with the ratio upside down, w = pi / ref": per_row(lambda lp, r: math.expm1(lp - r) - (lp - r)),
+                 "a mean over the real tokens, not a sum": per_row(lambda lp, r: math.expm1(r - lp) - (r - lp))
+                 / torch.tensor(lengths, dtype=torch.float32),
+                 "a mean over all 9 positions, padding included": per_row(lambda lp, r: math.expm1(r - lp) - (r - lp)) / 9}
+        same = [what for what, values in known.items() if torch.allclose(got, values, rtol=1e-4, atol=1e-5)]
+        row = int((got - expected).abs().argmax())
+        raise AssertionError(f"response {row} ({lengths[row]} real tokens of 9): your KL {float(got[row]):.4f}, "
+                             f"expected {float(expected[row]):.4f}"
+                             + (f"; your values match {same[0]}" if same else
+                                "; are the padding positions (mask 0) left out of the sum?"))
     assert bool((got >= 0).all()), "k3 sums of real tokens can never be negative"
-    torch.testing.assert_close(sequence_kl_k3(logp, logp, mask), torch.zeros(6))  # same policy: KL 0
+    torch.testing.assert_close(sequence_kl_k3(logp, logp, mask), torch.zeros(6),
+                               msg="the same policy twice must give KL 0 for every response")
 
 
 exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
@@ -796,6 +1034,7 @@ warmed = {seed: run(PPOTrainer, lab_config.replace(seed=seed, value_warmup_steps
           for seed in lab.seeds}
 
 
+# %%
 def add_band(fig, band, offset, name, color, row, col, showlegend):
     """The mean of several seeds as a line, their min-max range as a shaded band; x shifted by -offset."""
     xs = [x - offset for x in band["step"]]
@@ -817,33 +1056,44 @@ fig.update_xaxes(title_text="PPO step (policy updates; <= 0: critic warm-up)")
 fig.update_layout(title="(e) The critic without and with a value warm-up")
 fig.show()
 
-first_ev = {}  # side -> explained variance of the batch of the first policy update, per seed
-for name, runs, offset in (("no warm-up", no_warmup, 0), (f"after {lab.warmup_steps} warm-up steps", warmed,
-                                                          lab.warmup_steps)):
-    first_ev[name] = [r.history[offset]["explained_variance"] for r in runs.values()]
-    v_loss = [row["value_loss"] for r in runs.values() for row in r.history[offset : offset + lab.critic_steps]]
-    print(f"{name:<22}: explained variance of the first policy update per seed "
-          f"{' '.join(f'{v:+.3f}' for v in first_ev[name])} (mean {np.mean(first_ev[name]):+.3f});  value loss over "
-          f"the first {lab.critic_steps} policy updates, mean {np.mean(v_loss):.3f}")
-before, after = first_ev.values()
-wins = sum(a > b for a, b in zip(after, before, strict=True))
-change = np.subtract(after, before)  # paired by seed
+# %%
+ev_rows = []  # one row per side and seed: the first policy update's batch, and the value loss after it
+for name, runs, offset in (("no warm-up", no_warmup, 0), (f"{lab.warmup_steps} warm-up steps", warmed, lab.warmup_steps)):
+    for seed, r in runs.items():
+        ev_rows.append({"side": name, "seed": seed, "explained variance, first policy update":
+                        r.history[offset]["explained_variance"], "value loss, mean of the first updates":
+                        np.mean([row["value_loss"] for row in r.history[offset : offset + lab.critic_steps]])})
+ev_table = pd.DataFrame(ev_rows)
+display(ev_table.style.hide(axis="index").format(precision=3))
+before, after = (ev_table[ev_table["side"] == side]["explained variance, first policy update"].to_numpy()
+                 for side in ev_table["side"].unique())
+change = after - before  # (seeds,): paired by seed
 change_se = change.std(ddof=1) / math.sqrt(len(change))  # standard error of the mean change over the seeds
-if abs(change.mean()) <= 2 * change_se:
-    verdict = "did not move the mean explained variance beyond two standard errors of no change"
-else:
-    verdict = f"{'raised' if change.mean() > 0 else 'lowered'} the mean explained variance"
-print(f"the warm-up {verdict} of the first policy update ({np.mean(before):+.3f} -> {np.mean(after):+.3f}, "
-      f"change {change.mean():+.3f}, standard error {change_se:.3f} over {len(change)} seeds); higher in {wins} of "
-      f"{len(after)} seeds")
+print(f"change of the first update's explained variance, mean over {len(change)} seeds: {change.mean():+.3f} "
+      f"(standard error {change_se:.3f})")
+
+# %% [markdown]
+# **What this run shows:** without a warm-up, the critic explains nothing of the returns at the first
+# policy update (explained variance within 0.03 of 0 in each of the 3 seeds). After 4 warm-up steps it
+# explains about a fifth of their variance (between 0.15 and 0.3 in every seed). The mean change,
+# about $+0.22$, is more than five times its standard error over the seeds (about 0.03).
+
+# %% tags=["claim-check"]
+check_claims({
+    "no warm-up: explained variance within 0.03 of 0 in every seed": bool((np.abs(before) < 0.03).all()),
+    "after the warm-up: between 0.15 and 0.3 in every seed": bool(((after > 0.15) & (after < 0.3)).all()),
+    "mean change about +0.22, more than five standard errors":
+        0.17 < change.mean() < 0.27 and change.mean() > 5 * change_se,
+})
 
 # %% [markdown]
 # **Recognise it:** explained variance near 0 (or below) in the first steps while the policy is already
-# updating: look at the curves right of the dotted line and at the printed explained variance of the
-# batch of each seed's first policy update. The value loss is a weaker sign (compare the two printed
-# means and the overlap of their bands): its scale moves with the returns, explained variance does not. The fix moves the policy's start
-# past the critic's first steps; a critic initialised from the reward model is another. The bands show
-# how far three seeds of one setting already differ in runs this short.
+# updating: look at the curves right of the dotted line and at the table's explained variance of the
+# batch of each seed's first policy update. The value loss is a weaker sign (compare its two columns
+# in the table and the overlap of the bands): its scale moves with the returns, explained variance does
+# not. The fix moves the policy's start past the critic's first steps; a critic initialised from the
+# reward model is another. The bands show how far three seeds of one setting already differ in runs
+# this short.
 
 
 # %% [markdown]
@@ -853,7 +1103,7 @@ print(f"the warm-up {verdict} of the first policy update ({np.mean(before):+.3f}
 # |---|---|---|
 # | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's |
 # | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` |
-# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score (held-out evaluation) down |
+# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score of the training batches down (in a real run: a held-out evaluation and samples) |
 # | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ |
 # | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps |
 #

@@ -5,9 +5,14 @@
 #
 # {{colab_badge}}
 #
-# TRL no longer ships a `PPOTrainer`. Most people who run RL on language models today reach for
-# **GRPO** or **RLOO**, which TRL ships and describes as PPO without a value function. This notebook
-# measures what the critic buys, against a ground truth no real data set has: the hidden score.
+# **Prerequisites:** notebooks 01 (policy gradients and baselines), 02 (the reward model), 03 (GAE), 05 (the full PPO loop and best-of-n) and 06 (over-optimisation, the critic's warm-up): advantages, the KL penalty and the hidden score.
+#
+# **Time:** about 2 h
+#
+# TRL 1.16 ships no `PPOTrainer`. Most people who run RL on language models today reach for
+# **GRPO** or **RLOO**, which TRL ships: both drop PPO's value function and take the baseline from the
+# other answers to the same prompt. This notebook measures what the critic buys, against a ground
+# truth no real data set has: the hidden score.
 #
 # **You will learn**
 # - what the critic does in PPO (a learned baseline $V(s_t)$ and per-token credit through GAE), and
@@ -20,8 +25,7 @@
 # - how PPO (ours), TRL's `GRPOTrainer` and `RLOOTrainer`, and best-of-n compare in one setting. They
 #   share the learned reward, the prompts, the LoRA policy, the number of sampled batches and the
 #   judge. They are compared on the frontier of hidden score against KL, on samples, on CPU seconds
-#   and on memory,
-#   every verdict printed from this run's numbers;
+#   and on memory, each claim checked on this run's numbers;
 # - where PPO, GRPO, RLOO and DPO each fit.
 
 # %% tags=["colab-setup"]
@@ -36,6 +40,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from IPython.display import Image, display
 from plotly.subplots import make_subplots
@@ -44,6 +49,7 @@ import rlhf_helpers
 from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.core.group_advantages import group_rewards
+from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_prompts
@@ -60,8 +66,9 @@ reward_dir = ensure_reward_model(profile)  # notebook 02's reward adapter (train
 config = CompareConfig.from_profile(profile)
 eval_prompts = load_prompts("test")
 # the budget of every method: sampled batches (tiny profile: the same numbers for the seed every run) or seconds
+seconds_kind = {"cpu": "CPU s"}.get(profile.device, "GPU s")
 budget = (f"{config.train_batches} batches of {config.samples_per_batch} responses" if config.train_batches
-          else f"{config.train_seconds:.0f} {'CPU ' if profile.device == 'cpu' else 'GPU '}s")
+          else f"{config.train_seconds:.0f} {seconds_kind}")
 print(f"budget {budget} per method; "
       f"{config.samples_per_batch} responses per batch (GRPO/RLOO: {config.prompts_per_batch} prompts x "
       f"G = {config.group_size}); beta {config.kl_coef}; lr {config.learning_rate}; GRPO loss_type "
@@ -133,16 +140,25 @@ torch.testing.assert_close(rloo_advantages_scratch(toy), rlhf_helpers.rloo_advan
 torch.testing.assert_close(grpo_advantages_scratch(toy), rlhf_helpers.grpo_advantages(toy))
 print("RLOO advantages:\n", rlhf_helpers.rloo_advantages(toy))
 print("GRPO advantages:\n", rlhf_helpers.grpo_advantages(toy))
-toy_grpo = rlhf_helpers.grpo_advantages(toy)  # (3, G)
-assert toy_grpo[1].abs().max() > 0.5 * toy_grpo[0].abs().max()  # the text: the near-tie pushes about as hard
 
 # %% [markdown]
-# Look at the second row. Its rewards differ by at most 0.02 (noise, for a learned reward), yet GRPO's
-# advantages there are of the same order as in the first row, where the rewards really differ (the
-# assert above checks it). Dividing by the group's std turns any group into advantages of about $\pm 1$. A tied group (third row) gives
-# $A = 0$ everywhere: that prompt teaches nothing in this batch (TRL logs the share of such groups as
+# Look at the second row. Its rewards differ by at most 0.02 (noise, for a learned reward), and RLOO's
+# advantages there stay below 0.02 in size. GRPO's reach about $\pm 1.2$, close to the largest of the
+# first row (about 1.4), where the rewards really differ. Dividing by the group's std turns any group
+# that is not tied into advantages of about $\pm 1$. A tied group (third row) gives $A = 0$ everywhere:
+# that prompt teaches nothing in this batch (TRL logs the share of such groups as
 # `frac_reward_zero_std`).
-#
+
+# %% tags=["claim-check"]
+toy_rloo, toy_grpo = rlhf_helpers.rloo_advantages(toy), rlhf_helpers.grpo_advantages(toy)  # (3, G) each
+check_claims({
+    "RLOO's advantages in the near-tied row stay below 0.02": float(toy_rloo[1].abs().max()) < 0.02,
+    "GRPO's reach about 1.2 there, against about 1.4 in the spread row":
+        abs(float(toy_grpo[1].abs().max()) - 1.2) < 0.05 and abs(float(toy_grpo[0].abs().max()) - 1.4) < 0.05,
+    "a tied group gets A = 0 under both": float(toy_rloo[2].abs().max()) == 0 == float(toy_grpo[2].abs().max()),
+}, any_profile=True)
+
+# %% [markdown]
 # ### Exercise 1: RLOO is a rescaled, centred reward
 #
 # The leave-one-out baseline looks different from "subtract the group mean", but
@@ -159,12 +175,31 @@ def rloo_from_centred(rewards: torch.Tensor) -> torch.Tensor:
 
 # %%
 def check_rloo_from_centred():
-    rewards = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    rewards = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # (N, G)
     expected = torch.tensor([[r - (sum(row) - r) / (len(row) - 1) for r in row] for row in rewards.tolist()],
                             dtype=torch.float64)  # a loop: each reward minus the mean of the others
-    torch.testing.assert_close(rloo_from_centred(rewards), expected)
+    got = rloo_from_centred(rewards.clone())
+    assert isinstance(got, torch.Tensor) and got.shape == rewards.shape, \
+        f"expected one advantage per response, shape {tuple(rewards.shape)}, got {getattr(got, 'shape', type(got))}"
+    if not torch.allclose(got, expected):
+        centred = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G)
+        scale = float((got * centred).sum() / (centred * centred).sum())  # least-squares got ~ scale * centred
+        others = rewards.sum(dim=1, keepdim=True) - rewards  # (N, G): the sum of the other rewards
+        if torch.allclose(got, rewards - others / 5):
+            hint = "you divide the sum of the other rewards by G = 5; there are G - 1 = 4 others"
+        elif not torch.allclose(got.sum(dim=1), torch.zeros(6, dtype=torch.float64)):
+            hint = "the advantages of one group do not sum to 0: centre on each group's mean (over its G answers)"
+        elif torch.allclose(got, scale * centred):
+            hint = (f"yours are {scale:.3f} x (r - group mean); the leave-one-out mean leaves r_i out, which "
+                    f"scales them by G / (G - 1) = {5 / 4:.3f} for G = 5")
+        else:
+            hint = "each advantage is r_i minus the mean of the OTHER G - 1 rewards of its group"
+        row, col = divmod(int((got - expected).abs().argmax()), 5)
+        raise AssertionError(f"group {row}, answer {col}: your advantage {float(got[row, col]):+.4f}, expected "
+                             f"{float(expected[row, col]):+.4f}; {hint}")
     two = torch.tensor([[4.0, 1.0]], dtype=torch.float64)  # G = 2: each answer against the other
-    torch.testing.assert_close(rloo_from_centred(two), torch.tensor([[3.0, -3.0]], dtype=torch.float64))
+    torch.testing.assert_close(rloo_from_centred(two), torch.tensor([[3.0, -3.0]], dtype=torch.float64),
+                               msg="with G = 2 each answer's baseline is the other one: [[4, 1]] -> [[3, -3]]")
 
 
 exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred,
@@ -215,12 +250,10 @@ print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_s
       f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f} "
       f"(largest / smallest {scaled.max() / scaled.min():.1f}), without {centred.min():.2f}-{centred.max():.2f} "
       f"(largest / smallest {centred.max() / centred.min():.1f})")
-assert scaled.max() / scaled.min() < centred.max() / centred.min(), \
-    "the text says the std division evens out the groups' advantage sizes"
 low_spread = group_std < group_std.median()  # (16,): the groups whose answers the reward tells apart least
+share = {"with": float(scaled[low_spread].sum() / scaled.sum()), "without": float(centred[low_spread].sum() / centred.sum())}
 print(f"share of the total |A| that goes to the half of the groups with the smaller reward std: "
-      f"{float(scaled[low_spread].sum() / scaled.sum()):.0%} with the std division, "
-      f"{float(centred[low_spread].sum() / centred.sum()):.0%} without")
+      f"{share['with']:.0%} with the std division, {share['without']:.0%} without")
 
 # %% [markdown]
 # **Bias 1: question difficulty (the std).** Dividing by the group's std gives every group
@@ -231,6 +264,22 @@ print(f"share of the total |A| that goes to the half of the groups with the smal
 # whatever small, noisy differences the reward sees inside such a group. Without the division (purple),
 # a group pushes in proportion to how much its answers differ.
 #
+# In this run the 16 groups' reward std ranges over a factor of about 6 (0.4 to 2.5). With the std
+# division, their mean $|A|$ differs by less than a factor of 1.5 from the smallest to the largest;
+# without it, by more than a factor of 5 (about 7). The half of the groups with the smaller reward std
+# gets more than 40% of the total $|A|$ with the division (an even split would be 50%), and less than 30%
+# without it.
+
+# %% tags=["claim-check"]
+check_claims({
+    "reward std from about 0.4 to 2.5": 0.3 < float(group_std.min()) < 0.5 and 2.2 < float(group_std.max()) < 2.8,
+    "mean |A| differs by less than 1.5x with the division": float(scaled.max() / scaled.min()) < 1.5,
+    "and by more than 5x without it": float(centred.max() / centred.min()) > 5,
+    "the low-std half gets more than 40% of |A| with the division, less than 30% without":
+        share["with"] > 0.4 and share["without"] < 0.3,
+})
+
+# %% [markdown]
 # **Bias 2: response length.** GRPO as published averages each response's per-token loss over *its own*
 # length $|o_i|$, then over the $B$ responses:
 #
@@ -241,8 +290,8 @@ print(f"share of the total |A| that goes to the half of the groups with the smal
 # calls this a response-length bias, with two sides: among responses with $A_i > 0$ the shorter ones
 # are reinforced more per token, and among responses with $A_i < 0$ the longer ones are penalised
 # less per token, so "when wrong, be long" is rewarded. Dr. GRPO (TRL `loss_type="dr_grpo"`) divides
-# by a constant, $B \cdot L_{\max}$; DAPO (TRL 1.16's default, `"dapo"`) by the number of tokens in the
-# batch, also the same for every response.
+# by a constant, $B \cdot L_{\max}$; DAPO (TRL 1.16's default, `"dapo"`) by the number of response
+# tokens in the whole generation batch, also the same for every response.
 #
 # ### Exercise 2: the weight each loss puts on one token
 #
@@ -267,15 +316,40 @@ def aggregated_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Te
     return (per_token * mask).sum() / (per_token.size(0) * max_length)  # dr_grpo
 
 
+# %%
 def check_token_weights():
     gen = torch.Generator().manual_seed(2)
     B, T = 6, 9
-    mask = (torch.arange(T)[None, :] < torch.tensor([2, 9, 4, 1, 7, 5])[:, None]).float()  # (B, T)
+    lengths = [2, 9, 4, 1, 7, 5]
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, T)
     advantages = torch.randn(B, generator=gen)
     for loss_type in ("grpo", "dr_grpo"):
         logp = torch.randn(B, T, generator=gen).requires_grad_()
         aggregated_loss(logp, advantages, mask, loss_type, T).backward()
-        torch.testing.assert_close(token_weights(advantages, mask, loss_type, T), -logp.grad)
+        expected = -logp.grad  # (B, T): what autograd says each token weighs
+        got = token_weights(advantages.clone(), mask.clone(), loss_type, T)
+        assert isinstance(got, torch.Tensor) and got.shape == (B, T), \
+            (f"{loss_type}: expected one weight per token, a (B, T) = {(B, T)} tensor, got "
+             f"{getattr(got, 'shape', type(got))} (padding included, with weight 0: multiply by the mask)")
+        padding = got[mask == 0]
+        assert bool((padding == 0).all()), \
+            f"{loss_type}: padding positions must weigh 0, yours hold up to {float(padding.abs().max()):.4f}"
+        if not torch.allclose(got, expected, rtol=1e-5, atol=1e-7):
+            row = int((got - expected).abs().amax(dim=1).argmax())
+            a = advantages[:, None] * mask  # (B, T)
+            known = {"the weights of the loss itself: the sign is flipped (w multiplies -log pi)": -expected,
+                     "no 1/B for the mean over the B responses": B * expected,
+                     "each response's own length |o_i| as the divisor (GRPO's, not Dr. GRPO's constant)":
+                         a / (B * mask.sum(dim=1, keepdim=True)),
+                     "the batch's token count as the divisor (DAPO's), not each response's own length":
+                         a / mask.sum(),
+                     "B * max_length as the divisor (Dr. GRPO's constant), not each response's own length":
+                         a / (B * T)}
+            same = [what for what, values in known.items() if torch.allclose(got, values, rtol=1e-5, atol=1e-7)]
+            raise AssertionError(
+                f"{loss_type}: response {row} (length {lengths[row]}, A = {float(advantages[row]):+.3f}), one token "
+                f"weighs {float(got[row, 0]):+.5f} in yours, {float(expected[row, 0]):+.5f} in TRL's loss "
+                f"(B = {B}, max_length {T})" + "".join(f"; yours use {what}" for what in same[:1]))
 
 
 exercise_check("Exercise 2 (token_weights)", check_token_weights)
@@ -338,7 +412,7 @@ fig.show()
 # |---|---|---|
 # | PPO (here) | per token, in the **reward**: $r_t = -\beta(\log\pi - \log\pi_{\text{ref}})$, then GAE | $k_1$ |
 # | RLOO (TRL) | per sequence, in the **reward**, before the baseline: $r - \beta\sum_t(\log\pi - \log\pi_{\text{ref}})$ | $k_1$ |
-# | GRPO (TRL) | per token, added to the **loss**: $\beta\,k_3$ with $k_3 = \frac{\pi_{\text{ref}}}{\pi} - \log\frac{\pi_{\text{ref}}}{\pi} - 1$ | $k_3 \ge 0$ |
+# | GRPO (TRL 1.16) | per token, added to the **loss**: $\beta\,\rho_t k_3$ with $k_3 = \frac{\pi_{\text{ref}}}{\pi} - \log\frac{\pi_{\text{ref}}}{\pi} - 1$ and $\rho_t = \pi/\pi_{\text{old}}$ the token's ratio (`use_bias_correction_kl=True`, the default) | $k_3 \ge 0$, times $\rho_t$ |
 #
 # KL in the reward is part of the return, so the policy-gradient theorem applies to it: its expected
 # gradient is $\nabla_\theta \mathrm{KL}(\pi\,\|\,\pi_{\text{ref}})$, the KL the objective names.
@@ -356,14 +430,26 @@ fig.show()
 # \end{aligned}$$
 #
 # So $k_1$ in the loss does nothing in expectation (its gradient is pure noise), $k_2$ in the loss has
-# the gradient of the KL the objective names, and $k_3$ in the loss, GRPO's choice, the gradient of the
-# *other* direction of the KL. These identities hold **per token, at one state**: summed over a
-# response, a loss term is taken at the sampled prefixes as if their distribution did not depend on
-# $\theta$ (the reward version credits earlier tokens for the KL of later ones through the return; the
-# loss version does not), and after the first minibatch the tokens come from an older policy, so the
-# expectation is no longer under $\pi$. The cell below computes all the gradients exactly (sums over a
-# 6-word vocabulary, no sampling) with autograd for a softmax policy and checks the identities; then it
-# averages the per-token gradients of 4,000 sampled tokens, as a trainer would.
+# the gradient of the KL the objective names, and plain $k_3$ in the loss, the GRPO paper's choice, the
+# gradient of the *other* direction of the KL.
+#
+# TRL 1.16 does not use plain $k_3$: by default (`use_bias_correction_kl=True`, after DeepSeek-V3.2) it
+# multiplies each token's $k_3$ by that token's importance ratio $\rho = \pi/\pi_{\text{old}}$, which is
+# 1 in value on fresh samples but not in gradient: $\nabla\rho = \rho\,\nabla\log\pi$. At $\rho = 1$,
+#
+# $$\nabla(\rho\,k_3) = k_3\,\nabla\log\pi + (1 - \pi_{\text{ref}}/\pi)\,\nabla\log\pi = \delta\,\nabla\log\pi
+#   = \nabla k_2, \qquad \mathbb E_\pi[\nabla(\rho\,k_3)] = \nabla\,\mathrm{KL}(\pi\,\|\,\pi_{\text{ref}}),$$
+#
+# the KL the objective names, as $k_2$'s: the loss keeps $k_3$'s value ($\ge 0$, unbiased) and gets $k_2$'s
+# gradient. The GRPO of the race below runs with this default.
+#
+# These identities hold **per token, at one state**: summed over a response, a loss term is taken at
+# the sampled prefixes as if their distribution did not depend on $\theta$ (the reward version credits
+# earlier tokens for the KL of later ones through the return; the loss version does not), and after
+# the first minibatch the tokens come from an older policy, so the expectation is no longer under
+# $\pi$. The cells below compute all the gradients exactly (sums over a 6-word vocabulary, no sampling)
+# with autograd for a softmax policy and check the identities; then they average the per-token
+# gradients of 4,000 sampled tokens, as a trainer would.
 
 # %%
 def exact_gradients(theta: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -387,29 +473,54 @@ def exact_gradients(theta: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, 
         weight = (logp - ref).detach()  # the reward is a number, not differentiated
         return (logp.exp().detach() * logp * weight).sum()
 
-    def in_loss(kind):  # E_{y ~ pi (sampled, not differentiated)}[grad k(y)]
+    def in_loss(kind, times_ratio=False):  # E_{y ~ pi (sampled, not differentiated)}[grad (rho) k(y)]
         def loss(t):
             logp = torch.log_softmax(t, -1)  # (V,)
-            return (logp.exp().detach() * rlhf_helpers.kl_estimate(logp, ref, kind=kind)).sum()
+            ratio = torch.exp(logp - logp.detach()) if times_ratio else 1.0  # (V,): 1 in value, not in gradient
+            return (logp.exp().detach() * ratio * rlhf_helpers.kl_estimate(logp, ref, kind=kind)).sum()
         return loss
 
     return {"grad KL(pi||ref)": grad_of(kl_pi_ref), "grad KL(ref||pi)": grad_of(kl_ref_pi),
             "k1 in the reward": grad_of(k1_in_reward),
-            **{f"{kind} in the loss": grad_of(in_loss(kind)) for kind in ("k1", "k2", "k3")}}
+            **{f"{kind} in the loss": grad_of(in_loss(kind)) for kind in ("k1", "k2", "k3")},
+            "ratio x k3 in the loss (TRL)": grad_of(in_loss("k3", times_ratio=True))}
 
 
+# %%
 gen = torch.Generator().manual_seed(3)
 ref_logits = torch.randn(6, generator=gen, dtype=torch.float64)  # (V,)
 theta = ref_logits + 1.5 * torch.randn(6, generator=gen, dtype=torch.float64)  # (V,): a policy far from ref
 far = exact_gradients(theta, ref_logits)
-torch.testing.assert_close(far["k1 in the reward"], far["grad KL(pi||ref)"])  # KL(pi || ref)
-torch.testing.assert_close(far["k1 in the loss"], torch.zeros(6, dtype=torch.float64))  # nothing in expectation
-torch.testing.assert_close(far["k2 in the loss"], far["grad KL(pi||ref)"])  # KL(pi || ref)
-torch.testing.assert_close(far["k3 in the loss"], far["grad KL(ref||pi)"])  # the reverse KL
-for name, grad in far.items():
-    print(f"{name:<17} |grad| {grad.norm():.4f}   cosine with grad KL(pi||ref) "
-          f"{torch.nn.functional.cosine_similarity(grad, far['grad KL(pi||ref)'], dim=0):+.3f}")
+cosine = torch.nn.functional.cosine_similarity
+display(pd.DataFrame([{"gradient": name, "|grad|": float(grad.norm()),
+                       "cosine with grad KL(pi||ref)": float(cosine(grad, far["grad KL(pi||ref)"], dim=0)),
+                       "cosine with grad KL(ref||pi)": float(cosine(grad, far["grad KL(ref||pi)"], dim=0))}
+                      for name, grad in far.items()]).style.hide(axis="index").format(precision=3))
 
+# %% [markdown]
+# **What the exact sums show** (float64, fixed seed, a policy far from the reference): $k_1$ in the
+# reward, $k_2$ in the loss and TRL's ratio $\times\,k_3$ in the loss all have exactly the gradient of
+# $\mathrm{KL}(\pi\|\pi_{\text{ref}})$; plain $k_3$ in the loss has exactly that of
+# $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$; $k_1$ in the loss has zero gradient. Here the two KLs'
+# gradients point about 35 degrees apart (cosine about 0.82).
+
+# %% tags=["claim-check"]
+def same(name: str, target: str) -> bool:
+    """Whether one exact gradient equals another (float64 rounding)."""
+    return torch.allclose(far[name], far[target], rtol=1e-9, atol=1e-12)
+
+
+check_claims({
+    "k1 in the reward: grad KL(pi||ref)": same("k1 in the reward", "grad KL(pi||ref)"),
+    "k2 in the loss: grad KL(pi||ref)": same("k2 in the loss", "grad KL(pi||ref)"),
+    "ratio x k3 in the loss (TRL 1.16): grad KL(pi||ref)": same("ratio x k3 in the loss (TRL)", "grad KL(pi||ref)"),
+    "plain k3 in the loss: grad KL(ref||pi)": same("k3 in the loss", "grad KL(ref||pi)"),
+    "k1 in the loss: zero": bool(far["k1 in the loss"].abs().max() < 1e-12),
+    "the two KLs' gradients: cosine about 0.82":
+        abs(float(cosine(far["grad KL(pi||ref)"], far["grad KL(ref||pi)"], dim=0)) - 0.82) < 0.02,
+}, any_profile=True)
+
+# %%
 # Sampled, as a trainer sees it: the mean of the per-token gradients of 4,000 draws y ~ pi (one state)
 ys = torch.multinomial(torch.softmax(theta, -1), 4000, replacement=True, generator=gen)  # (N,)
 for kind in ("k1", "k2", "k3"):
@@ -421,21 +532,26 @@ for kind in ("k1", "k2", "k3"):
           f"error {(t.grad - exact).norm():.4f}")
 
 near = exact_gradients(ref_logits + 0.05 * torch.randn(6, generator=gen, dtype=torch.float64), ref_logits)
-cos_near = torch.nn.functional.cosine_similarity(near["k1 in the reward"], near["k3 in the loss"], dim=0)
-print(f"near the reference: cosine(k1 in the reward, k3 in the loss) = {cos_near:.4f}")
-assert cos_near > 0.99, "the text says both KLs agree to second order near pi = ref"
+cos_near = float(cosine(near["k1 in the reward"], near["k3 in the loss"], dim=0))
+print(f"near the reference: cosine(k1 in the reward, plain k3 in the loss) = {cos_near:.4f}")
 
 # %% [markdown]
-# Near the reference the reward and the $k_3$ loss give the same gradient (both KLs are $\tfrac12$ the
-# Fisher distance to second order). Far from it they point in different directions (the cosines
-# above): the $k_3$ loss pulls toward covering every answer the reference gives
-# ($\mathrm{KL}(\pi_{\text{ref}}\|\pi)$ is large where $\pi$ drops a reference answer), whereas the $k_1$
-# reward penalises the policy for putting mass where the reference has little. How far from the
-# reference the runs below get, their KLs say (printed with the race); the difference grows as
-# $\beta$ shrinks and the policy drifts. Two more practical differences: KL in the reward is centred by
-# the baseline with the score, so in RLOO it trades off against the reward inside each group; KL in
-# the loss is a separate term whose gradient does not depend on the advantage.
-#
+# With 4,000 draws each sampled mean gradient lands near its exact value (the printed errors); the
+# $k_1$ loss's is pure noise around 0. Near the reference the reward and the plain $k_3$ loss give
+# the same gradient (cosine above 0.99: both KLs are $\tfrac12$ the Fisher distance to second order).
+# Far from it they point in different directions (cosine about 0.82 in the table): the plain $k_3$
+# loss pulls toward covering every answer the reference gives ($\mathrm{KL}(\pi_{\text{ref}}\|\pi)$ is
+# large where $\pi$ drops a reference answer), whereas the $k_1$ reward penalises the policy for
+# putting mass where the reference has little. TRL's ratio $\times\,k_3$ follows the reward's
+# direction, per token and in expectation, at any distance. Two more practical differences: KL in the
+# reward is centred by the baseline with the score, so in RLOO it trades off against the reward inside
+# each group; KL in the loss is a separate term whose gradient does not depend on the advantage.
+
+# %% tags=["claim-check"]
+check_claims({"near the reference, the k1 reward and the plain k3 loss agree (cosine above 0.99)": cos_near > 0.99},
+             any_profile=True)
+
+# %% [markdown]
 # ## 4. The race: one reward, one budget, one judge
 #
 # Every method below trains a fresh LoRA policy (same rank, alpha and modules) on the same SFT model,
@@ -458,14 +574,14 @@ assert cos_near > 0.99, "the text says both KLs agree to second order near pi = 
 #
 # The other race, the same CPU seconds for every method, rewards the faster implementation with more
 # batches. It is `benchmarks/bench_algorithms.py`'s, over 3 seeds; its recorded figure is in section 5.
-# Another seed gives other numbers here, so every verdict below is printed from this run's.
+# Another seed gives other numbers here: the claims of section 5 are this seed's, checked on this run.
 #
 # | | PPO (ours, `rlhf_helpers.ppo`) | GRPO (TRL `GRPOTrainer`) | RLOO (TRL `RLOOTrainer`) |
 # |---|---|---|---|
 # | per batch | 64 prompts x 1 response | 16 prompts x G = 4 | 16 prompts x G = 4 |
 # | baseline | critic (value adapter + head) and GAE, per token | group mean / group std | leave-one-out mean |
 # | updates per batch | 4 epochs x 4 minibatches, clipped ratio per token | 4 minibatches, clipped ratio per token | 4 minibatches, clipped ratio **per sequence** |
-# | KL ($\beta$ = 0.2 in the tiny profile) | $k_1$ per token in the reward | $k_3$ per token in the loss | $k_1$ per sequence in the reward |
+# | KL ($\beta$ = 0.2 in the tiny profile) | $k_1$ per token in the reward | ratio $\times\,k_3$ per token in the loss | $k_1$ per sequence in the reward |
 #
 # Best-of-n is the reference point that needs no training: draw $n$ SFT responses, keep the one the
 # learned reward likes best. Its KL to the SFT model is at most $\log n - (n-1)/n$ (Beirami et al. 2024:
@@ -501,18 +617,15 @@ def batches_and_updates(run) -> tuple[float, float]:
 
 
 best4 = best_of[4]["hidden"] if 4 in best_of else best_of[max(best_of)]["hidden"]
-print(f"{'method':<20}{'hidden':>8}{'reward':>8}{'KL':>7}{'batches':>9}{'optimiser':>11}{'responses':>11}"
-      f"{unit:>8}{'first eval. above':>19}{'trained':>10}{'peak MB':>9}")
-print(f"{'':<20}{'':>8}{'':>8}{'':>7}{'sampled':>9}{'steps':>11}{'trained on':>11}{'':>8}"
-      f"{'best-of-4 (resp.)':>19}{'params':>10}{'':>9}")
-for run in runs.values():
-    f = run.final
-    first = run.first_time_above(best4, key="samples")
-    batches, updates = batches_and_updates(run)
-    print(f"{run.label:<20}{f['eval_hidden_score']:>+8.3f}{f['eval_score']:>+8.2f}{f['eval_kl']:>7.2f}"
-          f"{batches:>9.0f}{updates:>11.0f}{f['samples']:>11.0f}{f['train_seconds']:>8.1f}"
-          f"{'never' if first is None else f'{first:.0f}':>19}{run.trainable_parameters:>10,}"
-          f"{run.peak_memory_mb:>9.0f}")
+race_table = pd.DataFrame([{
+    "method": run.label, "hidden": run.final["eval_hidden_score"], "reward": run.final["eval_score"],
+    "KL": run.final["eval_kl"], "batches sampled": batches_and_updates(run)[0],
+    "optimiser steps": batches_and_updates(run)[1], "responses trained on": run.final["samples"],
+    unit: run.final["train_seconds"], "trained params": run.trainable_parameters, "peak MB": run.peak_memory_mb}
+    for run in runs.values()])
+display(race_table.style.hide(axis="index").format(
+    {"hidden": "{:+.3f}", "reward": "{:+.2f}", "KL": "{:.2f}", "batches sampled": "{:.0f}", "optimiser steps": "{:.0f}",
+     "responses trained on": "{:.0f}", unit: "{:.1f}", "trained params": "{:,}", "peak MB": "{:.0f}"}))
 print("hidden, reward: means at the last evaluation; KL: nats per response; CPU s: training only, evaluations "
       "excluded;\ntrained params: PPO's include the value adapter and head; peak MB: " + runs["ppo"].memory_how)
 
@@ -522,63 +635,110 @@ frontier = sorted((row["kl"], row["hidden"], n) for n, row in best_of.items())  
 names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO"
 se_diff = math.sqrt(2) * se  # the standard error of a difference of two such means
 print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f} "
-      f"({se_diff:.3f} for a difference of two)\n")
-
-print("1. The frontier: each method's last evaluation against best-of-n at its KL (best-of-n's KL is the "
-      "bound log n - (n-1)/n, not a measurement)")
+      f"({se_diff:.3f} for a difference of two)")
+last_kl, last_hidden, last_n = frontier[-1]  # best-of-n's largest n: the frontier's last point
+vs_frontier = {}  # method -> (the compared best-of-n hidden score, its KL): the line at equal KL, or the last point
 for method, run in runs.items():
-    kl, hidden = run.final["eval_kl"], run.final["eval_hidden_score"]
-    if kl <= frontier[-1][0]:
-        line = float(np.interp(kl, [p[0] for p in frontier], [p[1] for p in frontier]))
-        print(f"   {names[method]:<5} hidden {hidden:+.3f} at KL {kl:.2f}: {abs(hidden - line):.3f} "
-              f"{'above' if hidden > line else 'below'} the best-of-n line there ({line:+.3f})")
-    else:  # past the frontier's last point: compared with that point, in standard errors
-        kl_n, hidden_n, n = frontier[-1]
-        print(f"   {names[method]:<5} hidden {hidden:+.3f} at KL {kl:.2f}, beyond the frontier's range (best-of-{n}, KL "
-              f"{kl_n:.2f}): {abs(hidden - hidden_n):.3f} {'above' if hidden > hidden_n else 'below'} its "
-              f"{hidden_n:+.3f} ({abs(hidden - hidden_n) / se_diff:.1f} SE of a difference) at {kl - kl_n:.2f} nats more KL")
+    kl = run.final["eval_kl"]
+    line = float(np.interp(kl, [p[0] for p in frontier], [p[1] for p in frontier]))  # flat past the last point
+    vs_frontier[method] = (line, min(kl, last_kl))
+frontier_table = pd.DataFrame([{
+    "method": names[m], "hidden": runs[m].final["eval_hidden_score"], "KL": runs[m].final["eval_kl"],
+    "best-of-n hidden there": vs_frontier[m][0], "at best-of-n KL": vs_frontier[m][1],
+    "method - best-of-n": runs[m].final["eval_hidden_score"] - vs_frontier[m][0],
+    "in SE of a difference": (runs[m].final["eval_hidden_score"] - vs_frontier[m][0]) / se_diff} for m in runs])
+print(f"the frontier: each method's last evaluation against best-of-n at its KL, or against best-of-{last_n} "
+      f"(KL {last_kl:.2f}) past it; best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
+display(frontier_table.style.hide(axis="index").format(precision=3))
 
-ranked = sorted(runs, key=lambda m: -runs[m].final["eval_hidden_score"])
-gap = runs[ranked[0]].final["eval_hidden_score"] - runs[ranked[-1]].final["eval_hidden_score"]
-print("2. Final hidden score, highest first: " + ", ".join(
-    f"{names[m]} {runs[m].final['eval_hidden_score']:+.3f}" for m in ranked)
-    + f"; first to last {gap:.3f}, {gap / se_diff:.1f} standard errors of a difference")
-# the last evaluation is not the best one: a method can peak and fall (over-optimisation, notebook 06)
-for method, run in runs.items():
-    peak = max(run.curve, key=lambda r: r["eval_hidden_score"])
-    drop = peak["eval_hidden_score"] - run.final["eval_hidden_score"]
-    print(f"   {names[method]:<5} peaked at {peak['eval_hidden_score']:+.3f} (KL {peak['eval_kl']:.2f}); the end is "
-          f"{drop:.3f} lower, {drop / se_diff:.1f} standard errors of a difference")
+# %%
+# the last evaluation is not always the best one: a method can peak and fall (over-optimisation, notebook 06)
+peaks = {m: max(run.curve, key=lambda r: r["eval_hidden_score"]) for m, run in runs.items()}
+common = min(run.final["samples"] for run in runs.values()) / 4  # a quarter of every method's responses
 
-passed = {m: runs[m].first_time_above(best4, key="samples") for m in runs}
-took = {m: runs[m].first_time_above(best4) for m in runs}  # the same evaluation, in training seconds
-order = sorted(runs, key=lambda m: math.inf if passed[m] is None else passed[m])
-print(f"3. First evaluation above best-of-4 ({best4:+.3f}), in responses trained on ({unit} of training): " + ", ".join(
-    f"{names[m]} {'never' if passed[m] is None else f'{passed[m]:.0f} ({took[m]:.1f})'}" for m in order)
-    + " (evaluations are spaced: each is an upper bound)")
 
-# a quarter of the responses every method has trained on: the end is line 2, the early climb is here
-common = min(run.final["samples"] for run in runs.values()) / 4
-at_common = {m: float(np.interp(common, [r["samples"] for r in run.curve], [r["eval_hidden_score"] for r in run.curve]))
-             for m, run in runs.items()}
-kl_common = {m: float(np.interp(common, [r["samples"] for r in run.curve], [r["eval_kl"] for r in run.curve]))
-             for m, run in runs.items()}
-print(f"4. Hidden score after {common:.0f} responses, a quarter of the budget (each curve interpolated), highest "
-      "first: " + ", ".join(f"{names[m]} {at_common[m]:+.3f} (KL {kl_common[m]:.2f})"
-                            for m in sorted(at_common, key=lambda m: -at_common[m])))
+def at_common(run, key: str) -> float:
+    """A run's evaluation curve at `common` responses trained on, interpolated."""
+    return float(np.interp(common, [r["samples"] for r in run.curve], [r[key] for r in run.curve]))
 
+
+progress_table = pd.DataFrame([{
+    "method": names[m], "final hidden": run.final["eval_hidden_score"], "best hidden": peaks[m]["eval_hidden_score"],
+    "at KL": peaks[m]["eval_kl"], "final below best (SE)": (peaks[m]["eval_hidden_score"]
+                                                            - run.final["eval_hidden_score"]) / se_diff,
+    "first above best-of-4 (responses)": run.first_time_above(best4, key="samples"),
+    f"... ({unit} of training)": run.first_time_above(best4),
+    f"hidden after {common:.0f} responses": at_common(run, "eval_hidden_score"),
+    f"KL after {common:.0f} responses": at_common(run, "eval_kl")} for m, run in runs.items()])
+print(f"best-of-4: {best4:+.3f}; evaluations are spaced, so each 'first above' is an upper bound")
+display(progress_table.style.hide(axis="index").format(precision=3).format(
+    "{:.0f}", subset=["first above best-of-4 (responses)"], na_rep="never").format(
+    "{:.1f}", subset=[f"... ({unit} of training)"], na_rep="never"))
+
+# %%
 per_batch = {m: run.final["train_seconds"] / max(batches_and_updates(run)[0], 1e-9) for m, run in runs.items()}
-cheapest = min(per_batch, key=per_batch.get)
-against = (f"PPO's is {per_batch['ppo'] / per_batch[cheapest]:.1f}x {names[cheapest]}'s" if cheapest != "ppo"
-           else "PPO's is the lowest")
-print(f"5. Training {unit} per batch of {config.samples_per_batch} responses: "
-      + ", ".join(f"{names[m]} {per_batch[m]:.2f}" for m in runs) + f"; {against}")
+cost_table = pd.DataFrame([{"method": names[m], f"training {unit} per batch of {config.samples_per_batch}": per_batch[m],
+                            "trained params": runs[m].trainable_parameters, "peak MB": runs[m].peak_memory_mb}
+                           for m in runs])
+display(cost_table.style.hide(axis="index").format(precision=2).format("{:,}", subset=["trained params"])
+        .format("{:.0f}", subset=["peak MB"]))
 
-lightest = min(runs, key=lambda m: runs[m].trainable_parameters)
-print(f"6. Memory: PPO trains {runs['ppo'].trainable_parameters:,} parameters, "
-      f"{runs['ppo'].trainable_parameters / runs[lightest].trainable_parameters:.1f}x {names[lightest]}'s; "
-      f"peak memory rose " + ", ".join(f"{names[m]} {runs[m].peak_memory_mb:.0f} MB" for m in runs)
-      + f" (highest: {names[max(runs, key=lambda m: runs[m].peak_memory_mb)]})")
+# %% [markdown]
+# **What this run shows** (seed 0, tiny profile; one standard error of a difference of two judged means
+# is about 0.11):
+# - **Final hidden score:** PPO about $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. PPO beats GRPO by
+#   more than 2.5 standard errors of a difference (about 3); PPO and RLOO differ by less than 2 (about
+#   1.2), which one seed cannot separate. Each method's best evaluation is its last or within one
+#   standard error of it: no sign of over-optimisation within this budget.
+# - **The frontier:** PPO and GRPO end well past best-of-16's KL (about 1.8 nats), RLOO close to it
+#   (about 1.9). RLOO's point matches best-of-16's hidden score to within half a standard error. GRPO's
+#   lies below it by more than 1.5 standard errors (about 2), with more KL: pure selection from the SFT
+#   model does at least as well. PPO's lies above it by less than 2 standard errors (about 1.2), with
+#   more KL, so it is not a win at equal KL.
+# - **Responses:** after a quarter of the budget (512 responses), PPO's hidden score is already about
+#   $+0.9$, more than 2 standard errors above best-of-4's ($+0.64$) and above both group methods (about
+#   $+0.5$, still below best-of-4), at a KL more than twice theirs: it takes four times the optimiser
+#   steps per batch. The table's "first above best-of-4" column counts crossings between spaced
+#   evaluations, some by less than 0.02: read the gaps at 512 responses instead.
+# - **Cost:** PPO's training takes more than 1.5 times the CPU seconds per batch of each group method
+#   (the seconds change from run to run). It trains twice their parameters plus the value head (98,433
+#   against 49,152). The peak memory is not claimed: it changes from run to run, and on a model this
+#   small it is set by other overheads (TRL's generation, the judge's model copy).
+
+# %% tags=["claim-check"]
+final = {m: runs[m].final["eval_hidden_score"] for m in runs}
+gain = dict(zip(runs, frontier_table["in SE of a difference"], strict=True))  # method - best-of-n, in SE
+quarter = {m: at_common(runs[m], "eval_hidden_score") for m in runs}
+crossing = [r["eval_hidden_score"] - best4 for run in runs.values() for r in run.curve
+            if r["samples"] == run.first_time_above(best4, key="samples")]  # how far each first crossing is above
+check_claims({
+    "final hidden: PPO about +1.0, RLOO about +0.87, GRPO about +0.65":
+        abs(final["ppo"] - 1.0) < 0.06 and abs(final["rloo"] - 0.87) < 0.06 and abs(final["grpo"] - 0.65) < 0.06,
+    "PPO beats GRPO by more than 2.5 SE of a difference": final["ppo"] - final["grpo"] > 2.5 * se_diff,
+    "PPO and RLOO differ by less than 2 SE": 0 < final["ppo"] - final["rloo"] < 2 * se_diff,
+    "each method's best evaluation is its last or within one SE":
+        all(peaks[m]["eval_hidden_score"] - final[m] < se_diff for m in runs),
+    "one SE of a difference is about 0.11": 0.09 < se_diff < 0.13,
+    "PPO and GRPO end well past best-of-16's KL (about 1.8), RLOO close to it (about 1.9)":
+        last_n == 16 and 1.7 < last_kl < 1.95 and min(runs[m].final["eval_kl"] for m in ("ppo", "grpo")) > last_kl + 0.3
+        and abs(runs["rloo"].final["eval_kl"] - 1.9) < 0.15,
+    "RLOO matches best-of-16 within half an SE": abs(gain["rloo"]) < 0.5,
+    "GRPO lies more than 1.5 SE below it": gain["grpo"] < -1.5,
+    "PPO lies above it by less than 2 SE": 0 < gain["ppo"] < 2,
+    "after 512 responses PPO is about +0.9, more than 2 SE above best-of-4 (+0.64)":
+        common == 512 and abs(quarter["ppo"] - 0.9) < 0.08 and abs(best4 - 0.64) < 0.03
+        and quarter["ppo"] - best4 > 2 * se_diff,
+    "the group methods are about +0.5 there, below best-of-4":
+        all(abs(quarter[m] - 0.48) < 0.08 and quarter[m] < best4 for m in ("grpo", "rloo")),
+    "at a KL more than twice theirs": all(at_common(runs["ppo"], "eval_kl") > 2 * at_common(runs[m], "eval_kl")
+                                          for m in ("grpo", "rloo")),
+    "some first crossings of best-of-4 are by less than 0.02": min(crossing, default=math.inf) < 0.02,
+    "PPO takes more than 1.5 times the CPU seconds per batch": per_batch["ppo"] > 1.5 * max(per_batch["grpo"],
+                                                                                             per_batch["rloo"]),
+    "PPO trains 98,433 parameters, the group methods 49,152":
+        runs["ppo"].trainable_parameters == 98_433 and runs["grpo"].trainable_parameters == 49_152
+        == runs["rloo"].trainable_parameters,
+})
 
 # %% [markdown]
 # **Do the trainers compute what section 1 says?** `rlhf_helpers.compare` keeps every generation
@@ -602,40 +762,40 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
 # %% [markdown]
 # ## 5. Reading the race
 #
-# The numbered lines printed under the table are this run's verdicts. How to read them:
+# How to read the tables above, and what they cannot say:
 #
-# - **The frontier (top panel, line 1)** is the fair comparison. Each method buys hidden score with
-#   KL, and $\beta$ sets where it stops; a method is better if its points lie *above* another's at the
-#   same KL. Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no
-#   training; line 1 says on which side of it each method's last point lies, or, for a point past
-#   best-of-n's largest KL, how it compares with that last diamond (which is no longer equal KL).
-# - **Responses (lower right, lines 3 and 4)** remove the implementation: at the same number of
+# - **The frontier (top panel, frontier table)** is the fair comparison. Each method buys hidden score
+#   with KL, and $\beta$ sets where it stops; a method is better if its points lie *above* another's at
+#   the same KL. Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no
+#   training; the frontier table says how far each method's last point lies above or below that line
+#   at its KL, or, for a point past best-of-n's largest KL, above or below that last diamond (which is
+#   then no longer equal KL).
+# - **Responses (lower right, progress table)** remove the implementation: at the same number of
 #   sampled responses, which one learned more? PPO reuses each batch for several epochs with per-token
 #   credit; the group methods see each batch once. So at equal responses PPO has taken more optimiser
-#   steps and may have moved further from the SFT model (line 4 prints each KL): this panel measures
+#   steps and may have moved further from the SFT model (the table gives each KL): this panel measures
 #   sample efficiency, not progress per update. The top panel compares at equal KL.
-# - **CPU seconds (lower left, line 5)** mix the algorithm with the implementation and the work per
+# - **CPU seconds (lower left, cost table)** mix the algorithm with the implementation and the work per
 #   batch: our PPO runs fused LoRA layers and its own sampler and takes more optimiser steps per
-#   batch, TRL runs Hugging Face `generate` and PEFT's layers. Line 5 gives what a batch costs each of
-#   them. These seconds, and the peak memory, are the numbers of the race that change from one run to
-#   the next.
-# - **Memory (line 6).** PPO trains a second adapter and a value head, with their Adam state. On a
-#   model this small that is a few hundred kilobytes, and other overheads (TRL's generation, the
-#   judge's second model copy) can set the peak, so line 6 may name a group method highest. On a real
-#   model the critic's forward and backward activations, and in the classic four-model set-up a whole
-#   second model, are what GRPO and RLOO save.
-# - **One seed, a short budget.** The standard error printed above counts only the sampling of the
-#   judged responses (the largest best-of-n one, and conservative: the runs share their prompts). It
-#   leaves out the variation from one training seed to another (the spread of the seeds in the
-#   recorded figure below), so line 2's gap in standard errors overstates how significant the gap is,
-#   and one seed ranks nothing. Line 2 also gives each method's peak: a method whose end lies several standard errors below its peak has started to
+#   batch, TRL runs Hugging Face `generate` and PEFT's layers. These seconds, and the peak memory, are
+#   the numbers of the race that change from one run to the next.
+# - **Memory.** PPO trains a second adapter and a value head, with their Adam state. On a model this
+#   small that is a few hundred kilobytes, and other overheads (TRL's generation, the judge's second
+#   model copy) can set the peak, so a group method can show the highest peak. On a real model the
+#   critic's forward and backward activations, and in the classic four-model set-up a whole second
+#   model, are what GRPO and RLOO save.
+# - **One seed, a short budget.** The standard error used above counts only the sampling of the judged
+#   responses (the largest best-of-n one, and conservative: the runs share their prompts). It leaves
+#   out the variation from one training seed to another (the spread of the seeds in the recorded figure
+#   below), so a gap in standard errors overstates how significant it is, and one seed ranks nothing.
+#   A method whose last evaluation lies several standard errors below its best has started to
 #   over-optimise the learned reward at this $\beta$ (notebook 06). The same $\beta$ is not the same
 #   constraint either: PPO puts it on per-token $k_1$ in the return, RLOO on the sequence $k_1$ in the
-#   reward, GRPO on per-token $k_3$ in the loss, so the final KLs are outcomes, not a controlled variable.
-#   `python -m benchmarks.bench_algorithms` runs 3 seeds x 180 CPU s per method; its table and figure
-#   are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15), and its
-#   recorded figure (3 seeds per method, one line per seed) is below. Read its spread before drawing
-#   conclusions from one short run.
+#   reward, GRPO on per-token ratio $\times\,k_3$ in the loss, so the final KLs are outcomes, not a
+#   controlled variable. `python -m benchmarks.bench_algorithms` runs 3 seeds x 180 CPU s per method;
+#   its table and figure are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15),
+#   and its recorded figure (3 seeds per method, one line per seed) is below. Read its spread before
+#   drawing conclusions from one short run.
 
 # %%
 # The same race recorded by benchmarks/bench_algorithms.py: 3 seeds x 180 CPU s per method (not this run)
@@ -659,8 +819,10 @@ else:  # a copy of the notebook without the repository's docs folder
 # - **GRPO**: the same group idea with std normalisation, the standard choice for verifiable rewards
 #   (maths, code, tests pass or fail), where a group is all right or all wrong and the std division
 #   rescales the rest. Mind its biases (section 2): `loss_type="dr_grpo"` with `scale_rewards="none"`
-#   removes both. And its $k_3$ loss term follows, in expectation and per token, the gradient of
-#   $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$, not of $\mathrm{KL}(\pi\|\pi_{\text{ref}})$ (section 3).
+#   removes both. And check which KL its loss term follows (section 3): plain $k_3$ in the loss (the
+#   GRPO paper's, or TRL's with `use_bias_correction_kl=False`) follows, in expectation and per token,
+#   the gradient of $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$; TRL 1.16's default, $k_3$ times the token's
+#   ratio, that of $\mathrm{KL}(\pi\|\pi_{\text{ref}})$.
 # - **DPO** (not raced here; TRL `DPOTrainer`): no sampling during training and no reward model. It
 #   fits the policy to the preference pairs directly, as if the Bradley-Terry reward of notebook 02 were
 #   $\beta\log\frac{\pi}{\pi_{\text{ref}}}$. It is the cheapest when you have a fixed preference data set

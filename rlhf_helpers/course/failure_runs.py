@@ -160,9 +160,18 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
     return pearson(xs, ys)
 
 
-def third_means(values: Sequence[float]) -> list[float]:
-    """Means of the first, middle and last third of a curve (a short run is noisy: compare thirds)."""
+def third_stats(values: Sequence[float]) -> list[tuple[float, float]]:
+    """(mean, standard error) of the first, middle and last third of a curve (a short run is noisy:
+    compare thirds). The error is the spread of the third's values over sqrt(count), nan for one value."""
     n = len(values)
     cuts = [0, max(1, n // 3), max(2, 2 * n // 3), n]
-    return [sum(values[a:b]) / (b - a) if b > a else math.nan for a, b in zip(cuts, cuts[1:], strict=False)]
-
+    out = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        part = [float(v) for v in values[a:b]]
+        if not part:
+            out.append((math.nan, math.nan))
+            continue
+        mean = sum(part) / len(part)
+        spread = math.sqrt(sum((v - mean) ** 2 for v in part) / (len(part) - 1)) if len(part) > 1 else math.nan
+        out.append((mean, spread / math.sqrt(len(part))))
+    return out
