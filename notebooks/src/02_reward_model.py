@@ -5,9 +5,16 @@
 #
 # {{colab_badge}}
 #
+# **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
+#
+# **Time:** about 1.5-2 h
+#
 # **You will learn**
+# - where every model of the course starts: the **SFT** stage, its next-token loss counted on the response
+#   only, a few steps of it written out, and what `ensure_sft_model` runs instead;
 # - what preference data is (prompt, chosen, rejected), where its labels come from, and why people are
-#   asked to *compare* two answers instead of *scoring* one (**measured** on simulated raters);
+#   asked to *compare* two answers instead of *scoring* each (a simulation of raters: what a comparison
+#   cancels, and what scores need to do as well);
 # - the Bradley-Terry model and its loss $-\log\sigma(r_{\text{chosen}} - r_{\text{rejected}})$, and its shape;
 # - a reward model = the SFT model plus a scalar score head, read at the **last real token** (with left
 #   padding), written from scratch and checked against the library;
@@ -26,20 +33,29 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import json
 import math
+from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
+from IPython.display import display
 from plotly.subplots import make_subplots
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import rlhf_helpers
-from rlhf_helpers.runtime.data import load_preferences
+from rlhf_helpers.course.claims import check_claims
+from rlhf_helpers.ppo.sampling import sample
+from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
+from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world import Annotator, accuracy_ceiling, grammar, hidden_scores, score_breakdown
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, preference_probability
-from rlhf_helpers.world.scorer import BIAS, SCORE_BOUND, tokenize_words
+from rlhf_helpers.world.scorer import BIAS, MAX_WORDS, SCORE_BOUND, tokenize_words
+from rlhf_helpers.world.tiny_model import TinyModelConfig, collate, encode_examples
 
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
@@ -49,12 +65,172 @@ print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {pr
       f"batch {profile.reward_batch_size}, lr {profile.reward_lr}")
 
 # %% [markdown]
-# ## 1. Preference data and the annotator
+# ## 1. Where the models start: supervised fine-tuning (SFT)
+#
+# Every model in this course starts as the **SFT model**: a language model fine-tuned on (prompt, good
+# response) pairs, here the movie reviews of `data/sft.jsonl` (`load_sft_corpus()`). The reward model of
+# this notebook is that model with a score head; the policy and the frozen reference of notebook 05 start
+# as that model too. SFT is next-token cross-entropy counted on the response only: the prompt is given,
+# not something the model should learn to write. With $x_{i,t}$ token $t$ of row $i$ of a batch of
+# "prompt response EOS" texts,
+#
+# $$\mathcal L_{\text{SFT}}(\theta) = -\frac{\sum_i \sum_{t \ge 1} m_{i,t} \log \pi_\theta(x_{i,t} \mid x_{i,<t})}{\sum_i \sum_{t \ge 1} m_{i,t}},
+# \qquad m_{i,t} = \begin{cases} 1 & x_{i,t} \text{ is a response token or the EOS,} \\ 0 & x_{i,t} \text{ is a prompt token or padding.} \end{cases}$$
+#
+# The EOS is appended so that the model learns to stop. The mean runs over every counted token of the
+# batch (a long response weighs more than a short one), as Hugging Face's loss with `labels` does.
+#
+# What the course runs is `ensure_sft_model(profile)` (`rlhf_helpers.stages.sft`), called in the cell above:
+# - **gpu profile**: it loads the pretrained hub model (SmolLM2-135M), fine-tunes it with TRL's
+#   `SFTTrainer` with `completion_only_loss=True` (this mask; TRL appends the EOS) for `profile.sft_epochs`
+#   epochs, and caches the result;
+# - **tiny profile**: it does nothing, because the SFT model is shipped in `data/models/tiny-sft`. It was
+#   made by `rlhf_helpers.world.tiny_model.train_tiny_model` from random weights: 600 AdamW steps of the
+#   same loss with $m = 1$ on every real token (standing in for pretraining, which a hub model has already
+#   had), then 400 steps of the masked loss above, in batches of 64.
+#
+# Below: the batch and the loss written out and checked against the library's batches; then 40 steps
+# of it on fresh random weights of the same architecture (no pretraining at all, so the fall is easy to
+# see), a few seconds in the tiny profile.
+
+# %%
+sft_records = load_sft_corpus()  # [{"prompt": ..., "completion": ...}, ...]
+tokenizer = load_tokenizer(profile)
+
+
+def sft_batch(records: list[dict], max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and loss mask m of "prompt completion<eos>": three (B, L) tensors."""
+    rows, counted = [], []
+    for record in records:
+        prompt_ids = tokenizer(record["prompt"])["input_ids"]
+        response_ids = tokenizer(record["completion"])["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt_ids + response_ids)[:max_length])
+        counted.append(([0] * len(prompt_ids) + [1] * len(response_ids))[:max_length])  # m: response + EOS
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)  # (B, L)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)  # (B, L)
+    loss_mask = torch.zeros(len(rows), width)  # (B, L)
+    for i, (ids, m) in enumerate(zip(rows, counted, strict=True)):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        loss_mask[i, : len(ids)] = torch.tensor(m, dtype=torch.float)
+    return input_ids.to(profile.device), attention_mask.to(profile.device), loss_mask.to(profile.device)
+
+
+def sft_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             loss_mask: torch.Tensor) -> torch.Tensor:
+    """The masked next-token loss above: three (B, L) tensors -> scalar."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V): position t predicts t+1
+    token_logprobs = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1): log pi(x_t | x_<t)
+    m = loss_mask[:, 1:]  # (B, L-1): m of each predicted token
+    return -(token_logprobs * m).sum() / m.sum()
+
+# %% [markdown]
+# The check: on 64 records, `sft_loss` on the course's SFT model equals the library's language-model loss
+# `rlhf_helpers.lm_loss` (shifted logits, labels $-100$ not counted) on the batches the library fine-tuned
+# the tiny model with (`world.tiny_model.collate` with `response_only=True`: label $-100$ on the prompt
+# and the padding). The two build the mask differently, so they agree only if both mask the same tokens.
+
+# %%
+sft_model = load_causal_lm(profile)  # the course's SFT model
+eval_records = sft_records[:64]
+library_batch = collate(encode_examples(tokenizer, eval_records, profile.max_length), tokenizer.pad_token_id,
+                        response_only=True)
+with torch.no_grad():
+    ours = sft_loss(sft_model, *sft_batch(eval_records, profile.max_length))
+    library_logits = sft_model(input_ids=library_batch["input_ids"].to(profile.device),
+                               attention_mask=library_batch["attention_mask"].to(profile.device)).logits  # (B, L, V)
+    theirs = rlhf_helpers.lm_loss(library_logits, library_batch["labels"].to(profile.device))
+torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+print(f"sft_loss matches the library's labelled batches: {ours.item():.3f} nats per response token")
+
+# %%
+sft_steps, sft_batch_size = 40, 32
+sample_prompts = load_prompts("test")[:32]  # held-out prompts to sample from
+prompt_batch = tokenizer(sample_prompts, return_tensors="pt", padding=True, padding_side="left").to(profile.device)
+
+
+def sft_report(model: torch.nn.Module, name: str) -> dict:
+    """The loss on the 64 check records, and one sample per prompt as PPO samples (temperature 1, no top-k)."""
+    with torch.no_grad():
+        loss = sft_loss(model, *sft_batch(eval_records, profile.max_length)).item()
+    torch.manual_seed(profile.seed)  # the same draws for every model
+    sequences = sample(model, prompt_batch["input_ids"], prompt_batch["attention_mask"], 40,
+                       tokenizer.eos_token_id, tokenizer.pad_token_id).sequences  # (B, P + R)
+    responses = sequences[:, prompt_batch["input_ids"].shape[1]:]  # (B, R): pad after each row's EOS
+    ended = (responses == tokenizer.eos_token_id).any(dim=1)  # (B,)
+    first = sample_prompts[0] + " " + tokenizer.decode(responses[0], skip_special_tokens=True).strip()
+    return {"model": name, "loss": loss, "ended": int(ended.sum()), "sample": first}
+
+
+torch.manual_seed(profile.seed)  # the fresh weights
+fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(profile.sft_model_path)).to(profile.device)
+before = sft_report(fresh, "fresh random weights (before)")
+# the tiny model's peak rate (3e-3): from random weights, a fine-tuning rate would barely move the loss
+optimizer = torch.optim.AdamW(fresh.parameters(), lr=TinyModelConfig().learning_rate, weight_decay=0.01)
+order = torch.Generator().manual_seed(profile.seed)  # which records each step sees
+sft_losses = []
+for _ in range(sft_steps):
+    rows = torch.randint(len(sft_records), (sft_batch_size,), generator=order).tolist()
+    loss = sft_loss(fresh, *sft_batch([sft_records[i] for i in rows], profile.max_length))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(fresh.parameters(), 1.0)  # as the library does: one odd batch cannot jump far
+    optimizer.step()
+    sft_losses.append(loss.item())
+after = sft_report(fresh, f"after {sft_steps} steps of SFT")
+course_sft = sft_report(sft_model, "the course's SFT model (ensure_sft_model)")
+uniform_loss = math.log(fresh.config.vocab_size)  # a uniform guess over the vocabulary
+del optimizer, fresh, sft_model  # the reward model below loads its own copy
+
+# %%
+fig = go.Figure(go.Scatter(x=list(range(1, sft_steps + 1)), y=sft_losses, mode="lines+markers",
+                           name="masked loss of each step's batch"))
+fig.add_hline(y=uniform_loss, line_dash="dot", annotation_text="log V: a uniform guess")
+fig.add_hline(y=course_sft["loss"], line_dash="dash", annotation_text="the course's SFT model (check records)")
+fig.update_layout(title="SFT from random weights: the masked next-token loss", xaxis_title="step",
+                  yaxis_title="loss (nats per response token)")
+fig.show()
+sft_table = pd.DataFrame([before, after, course_sft]).rename(columns={
+    "loss": "loss on the 64 check records", "ended": f"samples ending with EOS (of {len(sample_prompts)})",
+    "sample": "first sample (prompt + response)"})
+display(sft_table.style.hide(axis="index").format(precision=2))
+
+# %% [markdown]
+# The fresh model's loss starts at $\log V \approx 6.0$ ($V = 403$ tokens in the tiny profile): random
+# weights spread the probability evenly, and its samples are strings of unrelated words that rarely stop
+# (at most a quarter end with EOS). In 40 steps of 32 records the loss falls below 3 nats per token,
+# and the samples turn into review-like sentences that stop: at least three quarters end with EOS. The
+# course's SFT model, trained for 1000 steps of 64, is lower still (about 1.7 on the check records) and
+# ends every sample with EOS.
+#
+# The demo leaves out what matters only at scale: the library warms the learning rate up and decays it
+# (cosine), and goes through the corpus in epochs instead of drawing random batches (the tiny model's
+# recipe also batches records of similar length together, so less of each batch is padding).
+
+# %% tags=["claim-check"]
+tiny_log_path = Path(profile.sft_model_path) / "training_log.json"
+tiny_log = json.loads(tiny_log_path.read_text())["config"] if tiny_log_path.is_file() else {}
+check_claims({
+    "the shipped model: 600 steps on every token, then 400 masked steps, batches of 64":
+        (tiny_log.get("pretrain_steps"), tiny_log.get("sft_steps"), tiny_log.get("batch_size")) == (600, 400, 64),
+    "the fresh model's first loss is log V ~ 6.0 (within 0.3)":
+        abs(sft_losses[0] - uniform_loss) < 0.3 and abs(uniform_loss - 6.0) < 0.05,
+    "after 40 steps the loss is below 3 (mean of the last 10 steps)": sum(sft_losses[-10:]) / 10 < 3.0,
+    "the course's SFT model is lower still, about 1.7": 1.6 < course_sft["loss"] < min(1.8, after["loss"]),
+    "the course's SFT model ends every sample with EOS": course_sft["ended"] == len(sample_prompts),
+    "the fresh model ends at most a quarter of its samples": before["ended"] <= len(sample_prompts) // 4,
+    "after 40 steps at least three quarters end with EOS": after["ended"] >= 3 * len(sample_prompts) // 4,
+})
+
+# %% [markdown]
+# ## 2. Preference data and the annotator
 #
 # Each record is a prompt and two responses; a labeller read both and said which one is better. Here
 # the labeller is simulated: it knows each response's hidden score $h$ (positive sentiment, specific
-# details, grammatical sentences, no repeated words, the prompt's genre; `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with
-# the Bradley-Terry probability
+# details, grammatical sentences, no repeated content words, no more than 30 words, the prompt's genre;
+# `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with the Bradley-Terry probability
 #
 # $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T_{\text{ann}}}\right), \qquad T_{\text{ann}} = 0.5$$
 # (the annotator's temperature; plain $T$ is a sequence length everywhere in the course),
@@ -88,7 +264,7 @@ print("\nterms of the first chosen response:", score_breakdown(test_pairs[0]["pr
 # $$\mathrm{SE} = \frac{1}{N}\sqrt{\sum_i c_i (1 - c_i)}.$$
 
 # %%
-def pair_hidden_scores(pairs):
+def pair_hidden_scores(pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden score of every chosen and every rejected response: two (N,) tensors."""
     prompts = [p["prompt"] for p in pairs]
     chosen = torch.tensor(hidden_scores(prompts, [p["chosen"] for p in pairs]))  # (N,)
@@ -112,6 +288,18 @@ fig.update_layout(title=f"P(annotator prefers the labelled 'chosen') over held-o
 fig.show()
 
 # %% [markdown]
+# About one held-out label in eight names as "chosen" the response with the lower hidden score, and the
+# ceiling is about 0.85 with a standard error of about 0.014: no reward model can be expected to agree
+# with more than about 85% of these labels.
+
+# %% tags=["claim-check"]
+check_claims({
+    "about one label in eight favours the lower hidden score (0.10 to 0.15)": 0.10 < flipped < 0.15,
+    "the ceiling is about 0.85 (0.83 to 0.87)": 0.83 < ceiling < 0.87,
+    "its standard error is about 0.014 (0.012 to 0.016)": 0.012 < ceiling_se < 0.016,
+}, any_profile=True)
+
+# %% [markdown]
 # ### Exercise 1: the ceiling from the hidden scores
 # Write `ceiling_from_scores(score_a, score_b, temperature)`: the annotator's probabilities
 # $\sigma((h_a - h_b)/T_{\text{ann}})$ for each pair, then the mean of $\max(p, 1-p)$. Return a Python float.
@@ -125,15 +313,27 @@ def ceiling_from_scores(score_a: torch.Tensor, score_b: torch.Tensor, temperatur
 
 # %%
 def check_ceiling_from_scores():
-    a, b = torch.randn(200), torch.randn(200)
-    # a loop: P(a preferred) = sigmoid((a - b) / T); the better guess is right with probability max(p, 1 - p)
-    probabilities = [1 / (1 + math.exp(-(x - y) / 0.7)) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
-    expected = sum(max(p, 1 - p) for p in probabilities) / len(probabilities)
-    got = ceiling_from_scores(a, b, 0.7)
-    assert abs(got - expected) < 1e-5, f"expected {expected:.6f}, got {got}"
+    a, b = torch.randn(2, 200, generator=torch.Generator().manual_seed(0))  # (N,) each; the global RNG untouched
+
+    def ceiling_loop(scale: float) -> float:  # mean of max(p, 1 - p), p = sigmoid((a - b) * scale), as a loop
+        probabilities = [1 / (1 + math.exp(-(x - y) * scale)) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+        return sum(max(p, 1 - p) for p in probabilities) / len(probabilities)
+
+    got, expected = ceiling_from_scores(a, b, 0.7), ceiling_loop(1 / 0.7)
+    assert isinstance(got, float), f"return a Python float (a tensor's .item()), got {type(got).__name__}"
+    mean_p = sum(1 / (1 + math.exp(-(x - y) / 0.7)) for x, y in zip(a.tolist(), b.tolist(), strict=True)) / 200
+    known = {"the mean of p itself: the share of labels 'chosen' wins, not the best guess's accuracy": mean_p,
+             "the mean of min(p, 1 - p): the worse guess, not the better": 1 - expected,
+             "sigmoid(a - b) without the temperature": ceiling_loop(1.0),
+             "(a - b) * temperature: the temperature divides the difference": ceiling_loop(0.7)}
+    why = next((name for name, value in known.items() if abs(got - value) < 1e-5), "")
+    assert abs(got - expected) < 1e-5, (f"on 200 random pairs at temperature 0.7 your ceiling is {got:.4f}, "
+                                        f"expected {expected:.4f}" + (f"; that is {why}" if why else ""))
     # Known limits: identical scores give a coin flip (0.5); far-apart scores give certainty (1.0).
-    assert abs(ceiling_from_scores(a, a, 0.7) - 0.5) < 1e-6
-    assert abs(ceiling_from_scores(a + 100, a, 0.7) - 1.0) < 1e-6
+    same = ceiling_from_scores(a, a, 0.7)
+    assert abs(same - 0.5) < 1e-6, f"identical scores must give 0.5 (each label a coin flip), got {same}"
+    far = ceiling_from_scores(a + 100, a, 0.7)
+    assert abs(far - 1.0) < 1e-6, f"scores 100 apart must give 1.0 (every label predictable), got {far}"
 
 
 exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores,
@@ -151,55 +351,116 @@ exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores,
 # </details>
 
 # %% [markdown]
-# ## 2. Why compare instead of score?
+# ## 3. Why compare instead of score?
 #
-# Ask people for an absolute score (say 1 to 10) and each one uses the scale differently: one is
-# generous, one is harsh, one uses only the middle. Model rater $j$'s absolute rating of a response
-# with true quality $q$ as $y = s_j q + b_j + \varepsilon$ (scale $s_j$, offset $b_j$, noise
-# $\varepsilon$). If two responses were rated by two different raters, ordering them by their ratings
-# mixes the raters' offsets into the comparison. Asked to *compare* the two, one rater's offset cancels;
-# the scale does not cancel, but a positive scale cannot flip the order (only the noise can):
+# Ask people for an absolute score (say 1 to 10) and each uses the scale differently: one is generous,
+# one is harsh, one spreads the scale wide. Model rater $j$'s judgement of a response of true quality $q$ as
 #
-# $$y_a - y_b = s_j (q_a - q_b) + \varepsilon_a - \varepsilon_b .$$
+# $$y = s_j\, q + b_j + \varepsilon, \qquad s_j > 0 \text{ (scale)}, \quad b_j \text{ (offset)}, \quad \varepsilon \sim \mathcal N(0, \sigma^2) \text{ (noise)}.$$
 #
-# Below, $q$ is the hidden score of the held-out responses; we count how often each protocol orders a
-# pair correctly as the raters' offsets spread out.
+# A **comparison** is one rater judging both responses and saying which is better, the sign of
+#
+# $$y_a - y_b = s_j (q_a - q_b) + \varepsilon_a - \varepsilon_b :$$
+#
+# the offset cancels, and a positive scale cannot flip the order (only the noise can). **Scores** are
+# usually collected one response at a time, so the two responses of a pair are often scored by two
+# raters $j \ne k$, and then $y_a - y_b = s_j q_a - s_k q_b + (b_j - b_k) + \varepsilon_a - \varepsilon_b$:
+# both raters' offsets and scales enter the order.
+#
+# The cell simulates this model; it does not measure people, it shows what the model implies. To keep
+# the protocols comparable, all three use the same pool of 20 raters (the same scales and offsets), the
+# same noise draws ($\sigma = 0.3$), and the hidden scores of the held-out pairs as $q$; only who judges
+# what differs:
+# - **compare**: one rater per pair judges both responses (the same numbers as that rater scoring both);
+# - **score, two raters**: each response scored by its own rater from the pool;
+# - **score, two raters, standardised**: those scores with each rater's scores shifted and scaled to mean 0
+#   and standard deviation 1 over all the responses that rater scored (about 50 each), the usual repair.
+#
+# We count the pairs each protocol orders the way $q$ does, as the spread of the offsets $b_j$ grows.
 
 # %%
 gen = torch.Generator().manual_seed(profile.seed)
 q_a, q_b = h_chosen, h_rejected  # (N,): true qualities of the two responses of each pair
-noise = 0.3  # per-judgement noise, the same in both protocols
+n, n_raters, noise = len(q_a), 20, 0.3
 offset_spreads = [0.0, 0.25, 0.5, 1.0, 1.5, 2.0]
-acc_scores, acc_compare = [], []
-for spread in offset_spreads:
-    n = len(q_a)
-    scale_1, scale_2 = torch.exp(0.3 * torch.randn(2, n, generator=gen))  # (N,) each: rater scales
-    offset_1, offset_2 = spread * torch.randn(2, n, generator=gen)  # (N,) each: rater offsets
-    eps_a, eps_b = noise * torch.randn(2, n, generator=gen)  # (N,) each
-    truth = torch.sign(q_a - q_b)  # (N,)
-    # absolute scores: a rated by rater 1, b by rater 2
-    y_a = scale_1 * q_a + offset_1 + eps_a  # (N,)
-    y_b = scale_2 * q_b + offset_2 + eps_b  # (N,)
-    # comparison: rater 1 sees both; the offset cancels
-    d = scale_1 * (q_a - q_b) + eps_a - eps_b  # (N,)
-    keep = truth != 0
-    acc_scores.append((torch.sign(y_a - y_b) == truth)[keep].float().mean().item())
-    acc_compare.append((torch.sign(d) == truth)[keep].float().mean().item())
+# one draw of everything random, shared by every protocol and every spread
+scale = torch.exp(0.3 * torch.randn(n_raters, generator=gen))  # (R,): s_j, around 1
+unit_offset = torch.randn(n_raters, generator=gen)  # (R,): b_j = spread * unit_offset_j
+pair_rater, rater_a, rater_b = torch.randint(n_raters, (3, n), generator=gen)  # (N,) each
+eps_a, eps_b = noise * torch.randn(2, n, generator=gen)  # (N,) each: the noise of each judgement
+truth = torch.sign(q_a - q_b)  # (N,)
+keep = truth != 0  # (N,): a pair of equal quality has no right order
 
-fig = go.Figure()
-fig.add_scatter(x=offset_spreads, y=acc_compare, name="compare the two (one rater)", mode="lines+markers")
-fig.add_scatter(x=offset_spreads, y=acc_scores, name="score each (two raters)", mode="lines+markers")
-fig.update_layout(title="Pairs ordered correctly: comparing vs scoring", xaxis_title="spread of rater offsets",
-                  yaxis_title="fraction of pairs ordered correctly", yaxis_range=[0.5, 1.0])
+
+def judge(q: torch.Tensor, rater: torch.Tensor, eps: torch.Tensor, spread: float) -> torch.Tensor:
+    """y = s_j q + b_j + eps of each response, judged by rater[i]: (M,) -> (M,)."""
+    return scale[rater] * q + spread * unit_offset[rater] + eps
+
+
+def standardise_per_rater(y: torch.Tensor, rater: torch.Tensor) -> torch.Tensor:
+    """Each rater's scores shifted and scaled to mean 0 and standard deviation 1: (M,) -> (M,)."""
+    z = torch.empty_like(y)
+    for j in range(n_raters):
+        theirs = rater == j  # (M,)
+        z[theirs] = (y[theirs] - y[theirs].mean()) / y[theirs].std()
+    return z
+
+
+def ordered_right(y_a: torch.Tensor, y_b: torch.Tensor) -> float:
+    """Share of pairs (with a right order) that y_a - y_b orders the way q does."""
+    return (torch.sign(y_a - y_b) == truth)[keep].float().mean().item()
+
+# %%
+score_raters = torch.cat([rater_a, rater_b])  # (2N,): who scores each response
+rows = []
+for spread in offset_spreads:
+    scores = judge(torch.cat([q_a, q_b]), score_raters, torch.cat([eps_a, eps_b]), spread)  # (2N,)
+    standard = standardise_per_rater(scores, score_raters)  # (2N,)
+    rows.append({"offset spread": spread,
+                 "compare (one rater)": ordered_right(judge(q_a, pair_rater, eps_a, spread),
+                                                      judge(q_b, pair_rater, eps_b, spread)),
+                 "score, two raters": ordered_right(scores[:n], scores[n:]),
+                 "score, two raters, standardised": ordered_right(standard[:n], standard[n:])})
+protocols = pd.DataFrame(rows).set_index("offset spread")  # share of pairs ordered correctly
+per_rater = torch.bincount(score_raters, minlength=n_raters)  # (R,)
+print(f"each rater scored between {per_rater.min().item()} and {per_rater.max().item()} responses")
+
+fig = go.Figure([go.Scatter(x=offset_spreads, y=protocols[c].tolist(), name=c, mode="lines+markers")
+                 for c in protocols.columns])
+fig.update_layout(title="Pairs ordered correctly: the same raters, three protocols",
+                  xaxis_title="spread of rater offsets", yaxis_title="fraction of pairs ordered correctly",
+                  yaxis_range=[0.5, 1.0])
 fig.show()
-for spread, s, c in zip(offset_spreads, acc_scores, acc_compare, strict=True):
-    print(f"offset spread {spread:4.2f}: scoring {s:.3f}   comparing {c:.3f}")
-drop_scores, drop_compare = acc_scores[0] - acc_scores[-1], acc_compare[0] - acc_compare[-1]
-print(f"from no offsets to a spread of {offset_spreads[-1]}: scoring {'loses' if drop_scores > 0 else 'gains'} "
-      f"{abs(drop_scores):.3f}, comparing {'loses' if drop_compare > 0 else 'gains'} {abs(drop_compare):.3f}")
+display(protocols.round(3))
 
 # %% [markdown]
-# ## 3. The Bradley-Terry loss
+# What the run shows, for this model of raters:
+# - **comparing** orders the same share of pairs (about 0.92) at every offset spread: the offset cancels
+#   inside one rater's judgement;
+# - **scoring with two raters** is already a little worse without any offsets (the two raters' scales
+#   differ) and loses more than 0.1 of accuracy as the offsets spread to 2;
+# - **standardising** each rater's scores repairs almost all of it (within 0.02 of comparing at every
+#   spread), because each rater here scored about 50 responses, enough to estimate their offset and scale.
+#
+# So in this model comparisons are barely more informative than calibrated scores. Their advantage is
+# that they need no calibration: one judgement by one person cancels that person's offset, with no
+# history of their other ratings. Whether real raters behave like this model is a question about
+# people that a simulation cannot answer.
+
+# %% tags=["claim-check"]
+compared, two_raters = protocols["compare (one rater)"], protocols["score, two raters"]
+check_claims({
+    "comparing: the same share at every spread, about 0.92": compared.max() - compared.min() < 0.005
+                                                             and abs(compared.mean() - 0.92) < 0.02,
+    "two raters: below comparing already at spread 0": two_raters.iloc[0] < compared.iloc[0] - 0.01,
+    "two raters: loses more than 0.1 from spread 0 to 2": two_raters.iloc[0] - two_raters.iloc[-1] > 0.1,
+    "standardised: within 0.02 of comparing at every spread":
+        (protocols["score, two raters, standardised"] - compared).abs().max() < 0.02,
+    "each rater scored about 50 responses (30 to 70)": 30 <= per_rater.min().item() and per_rater.max().item() <= 70,
+})
+
+# %% [markdown]
+# ## 4. The Bradley-Terry loss
 #
 # A reward model $r_\phi(x, y)$ gives one number per (prompt, response). Bradley-Terry turns two such
 # numbers into a preference probability, and training maximises the likelihood of the labels
@@ -257,11 +518,29 @@ def bt_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch
 
 # %%
 def check_bt_loss():
-    c, r = torch.randn(32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
-    expected = torch.stack([-torch.log(1 / (1 + torch.exp(-(a - b)))) for a, b in zip(c, r, strict=True)]).mean()
-    torch.testing.assert_close(bt_loss(c, r), expected)
+    c, r = torch.randn(2, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (N,) each
+
+    def loop(margins: list[float]) -> torch.Tensor:  # mean of -log(1 / (1 + exp(-m))), one pair at a time
+        return torch.tensor(sum(-math.log(1 / (1 + math.exp(-m))) for m in margins) / len(margins),
+                            dtype=torch.float64)
+
+    margins = (c - r).tolist()
+    expected = loop(margins)
+    got = bt_loss(c, r)
+    assert isinstance(got, torch.Tensor) and got.dim() == 0, \
+        f"return a scalar tensor (the mean over the pairs), got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}"
+    assert got.dtype == c.dtype, f"the loss should keep the scores' dtype ({c.dtype}), got {got.dtype}"
+    known = {"the margin the wrong way round (r_r - r_c, or softplus(m) for softplus(-m)): it favours the rejected":
+             loop([-m for m in margins]),
+             "log sigmoid without the minus sign: a log-probability is <= 0, the loss is its negative": -expected,
+             "the sum over the pairs, not the mean": expected * len(margins)}
+    why = next((name for name, value in known.items() if torch.allclose(got.detach().double(), value)), "")
+    torch.testing.assert_close(got, expected, msg=f"on 32 random pairs your loss is {got.item():.4f}, expected "
+                               f"{expected.item():.4f}" + (f"; that is {why}" if why else ""))
     far = bt_loss(torch.tensor([0.0]), torch.tensor([100.0]))
-    assert torch.isfinite(far) and abs(far.item() - 100.0) < 1e-3, f"margin -100 should cost ~100, got {far}"
+    assert torch.isfinite(far), (f"a margin of -100 gives {far.item()}: sigmoid(-100) rounds to 0 and log(0) = -inf; "
+                                 "use F.logsigmoid(m) (or -F.softplus(-m)), which never forms sigmoid(m)")
+    assert abs(far.item() - 100.0) < 1e-3, f"a margin of -100 should cost about 100, got {far.item():.4f}"
 
 
 exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss, bradley_terry_scratch])
@@ -277,7 +556,7 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.rewar
 # </details>
 
 # %% [markdown]
-# ## 4. Train the reward model: TRL's RewardTrainer with a LoRA adapter
+# ## 5. Train the reward model: TRL's RewardTrainer with a LoRA adapter
 #
 # ### LoRA in one equation
 #
@@ -298,7 +577,6 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.rewar
 from peft import get_peft_model
 
 from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
-from rlhf_helpers.runtime.models import load_causal_lm
 
 # float32 for this check (the gpu profile computes in bf16 or fp16): it compares peft's layer with the
 # equation, so both sides must round alike; in half precision they would differ by rounding alone
@@ -348,7 +626,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import RewardConfig, RewardTrainer
 
-from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.runtime.models import load_sequence_classifier
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
 from rlhf_helpers.stages.reward_training import reward_config_kwargs
 
@@ -384,7 +662,6 @@ del demo_trainer, demo_base
 # %%
 from peft import PeftModel
 
-from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.stages.reward import ensure_reward_model, is_cached_reward_model, reward_metrics
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, score_pairs
 
@@ -397,14 +674,13 @@ stored = reward_metrics(reward_dir)
 print(f"reward adapter in {reward_dir}; trained on {stored['train_pairs']:.0f} distinct pairs "
       f"({stored.get('pairs_seen', stored['train_pairs']):.0f} pair passes) in {stored['train_seconds']:.0f} s")
 
-tokenizer = load_tokenizer(profile)
 reward_model = PeftModel.from_pretrained(load_sequence_classifier(profile, num_labels=1), str(reward_dir)).eval()
 trainable = sum(p.numel() for n, p in reward_model.named_parameters() if "lora_" in n or "score" in n)
 total = sum(p.numel() for p in reward_model.parameters())
 print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 
 # %% [markdown]
-# ## 5. The score head reads the last real token
+# ## 6. The score head reads the last real token
 #
 # A causal model's hidden state at position $t$ has seen tokens $0..t$ only, so the state that has read
 # the whole (prompt, response) is the one at the **last real token** (the EOS here):
@@ -415,8 +691,9 @@ print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 #
 # Batches are padded to one length. With **left** padding (what the course uses, because batched
 # generation needs every prompt to end at the same column) the last real token of every row is the last
-# column, $\ell = L - 1$; with right padding it is $\ell = \sum_t m_t - 1$. Reading a padding position
-# instead gives a score of the pad token, a silent bug. GPT-2 also needs `position_ids` counted over the
+# column, $\ell = L - 1$; with right padding it is $\ell = \sum_t a_t - 1$ ($a$ the attention mask).
+# Reading a padding position instead scores the hidden state of a pad token: a number that looks like a
+# score and is not the trained one, a silent bug. GPT-2 also needs `position_ids` counted over the
 # real tokens (it does not derive them from a left-padded mask). Below, from scratch: tokenise a
 # left-padded batch, run the backbone, read the last column, apply the head; then compare with
 # `score_pairs`, which goes through Hugging Face's sequence-classification forward.
@@ -431,9 +708,9 @@ backbone = getattr(lm_with_head, lm_with_head.base_model_prefix)  # the transfor
 score_head = lm_with_head.score  # Linear(H, 1) (peft keeps its trained copy)
 device = next(reward_model.parameters()).device
 
-sample = test_pairs[:6]
-prompts = [p["prompt"] for p in sample]
-responses = [p["chosen"] for p in sample]
+few_pairs = test_pairs[:6]
+prompts = [p["prompt"] for p in few_pairs]
+responses = [p["chosen"] for p in few_pairs]
 texts = [x + y + tokenizer.eos_token for x, y in zip(prompts, responses, strict=True)]
 enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(device)
 input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]  # (B, L), (B, L)
@@ -475,16 +752,27 @@ def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 # %%
 def check_last_real_index():
-    gen_check = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, 10, (32,), generator=gen_check)  # (B,)
+    lengths = torch.randint(1, 10, (32,), generator=torch.Generator().manual_seed(0))  # (B,): real tokens of 10
     cols = torch.arange(10)[None, :]  # (1, L)
-    right_padded = (cols < lengths[:, None]).long()  # (B, L)
-    left_padded = (cols >= 10 - lengths[:, None]).long()  # (B, L)
-    for mask in (right_padded, left_padded, torch.ones(4, 7, dtype=torch.long)):
-        expected = torch.tensor([max(t for t in range(mask.shape[1]) if row[t] == 1) for row in mask.tolist()])
+    masks = {"right-padded": (cols < lengths[:, None]).long(),  # (B, L)
+             "left-padded": (cols >= 10 - lengths[:, None]).long(),  # (B, L)
+             "unpadded": torch.ones(4, 7, dtype=torch.long)}  # (B, L)
+    for kind, mask in masks.items():
+        expected = [max(t for t, m in enumerate(row) if m == 1) for row in mask.tolist()]  # (B,)
         got = last_real_index(mask)
-        assert got.dtype == torch.long, f"expected dtype long, got {got.dtype}"
-        assert got.tolist() == expected.tolist(), f"expected {expected.tolist()}, got {got.tolist()}"
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (mask.shape[0],), \
+            f"{kind} mask {tuple(mask.shape)}: expected a ({mask.shape[0]},) tensor, got {tuple(getattr(got, 'shape', ()))}"
+        assert got.dtype == torch.long, (f"{kind} mask: got dtype {got.dtype}; an index must be long (int64) "
+                                         "to pick a position, as in hidden[rows, index]")
+        wrong = [i for i, (g, e) in enumerate(zip(got.tolist(), expected, strict=True)) if g != e]
+        if not wrong:
+            continue
+        row, g = mask[wrong[0]].tolist(), got[wrong[0]].item()
+        known = {expected[wrong[0]] + 1: "one past the last real token (the first pad, or positions counted from 1)",
+                 row.index(1): "the first real token, not the last (argmax returns the first maximum)",
+                 sum(row) - 1: "sum(mask) - 1, the last real index only when the padding is on the right"}
+        raise AssertionError(f"{kind} mask: {len(wrong)} of {len(expected)} rows wrong; row {row}: got {g}, "
+                             f"expected {expected[wrong[0]]}" + (f"; that is {known[g]}" if g in known else ""))
 
 
 exercise_check("Exercise 3 (last_real_index)", check_last_real_index, hidden=[rlhf_helpers.last_token_index])
@@ -502,19 +790,21 @@ exercise_check("Exercise 3 (last_real_index)", check_last_real_index, hidden=[rl
 # </details>
 
 # %% [markdown]
-# ## 6. How good is it? Held-out accuracy against the ceiling, and learned against hidden
+# ## 7. How good is it? Held-out accuracy against the ceiling, and learned against hidden
 #
 # Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
-# higher. In expectation over the labels no model exceeds the annotator ceiling of section 1, but a
+# higher. In expectation over the labels no model exceeds the annotator ceiling of section 2, but a
 # measured accuracy is one draw of these labels: it scatters around its own expectation by about the
-# standard error of section 1. The cell says, from the numbers, whether the reward model's gap to the
-# ceiling is larger than that noise, and compares it pair by pair with the perfect model (ranking by
-# $h$) on the same labels, which removes the label draw from the comparison. Since the labels follow
-# $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly would be $r = h / T_{\text{ann}} + \text{const}$:
-# a line of slope $1/T_{\text{ann}} = 2$. A real one falls short of it: the least-squares slope of $r$ on $h$ is
-# $\operatorname{corr}(r, h)\cdot\operatorname{sd}(r)/\operatorname{sd}(h)$, and every part of $h$ the model cannot
-# see (a few thousand noisy labels, two epochs, a LoRA adapter) lowers the correlation and shrinks
-# the spread of $r$, so the slope is expected below 2. The cell prints it.
+# standard error of section 2. Comparing the reward model pair by pair with the perfect model (ranking
+# by $h$) on the same labels removes the label draw from the comparison: the paired difference has its
+# own, smaller standard error.
+#
+# Since the labels follow $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly
+# would be $r = h / T_{\text{ann}} + \text{const}$: a line of slope $1/T_{\text{ann}} = 2$. A real one
+# falls short of it: the least-squares slope of $r$ on $h$ is
+# $\operatorname{corr}(r, h)\cdot\operatorname{sd}(r)/\operatorname{sd}(h)$, and every part of $h$ the
+# model cannot see (a few thousand noisy labels, two epochs, a LoRA adapter) lowers the correlation and
+# shrinks the spread of $r$, so the slope is expected below 2.
 
 # %%
 test_prompts = [p["prompt"] for p in test_pairs]
@@ -523,36 +813,36 @@ r_rejected = score_pairs(reward_model, tokenizer, test_prompts, [p["rejected"] f
 accuracy = rlhf_helpers.pairwise_accuracy(r_chosen, r_rejected)
 held_out_loss = rlhf_helpers.reward_model_loss(r_chosen, r_rejected).item()
 learned = torch.cat([r_chosen, r_rejected])  # (2N,)
-hidden = torch.cat([h_chosen, h_rejected]).float()  # (2N,)
-correlation = torch.corrcoef(torch.stack([learned, hidden]))[0, 1].item()
-slope = ((learned - learned.mean()) * (hidden - hidden.mean())).sum() / ((hidden - hidden.mean()) ** 2).sum()
+hidden_all = torch.cat([h_chosen, h_rejected]).float()  # (2N,)
+correlation = torch.corrcoef(torch.stack([learned, hidden_all]))[0, 1].item()
+centred = hidden_all - hidden_all.mean()  # (2N,)
+slope = (((learned - learned.mean()) * centred).sum() / (centred**2).sum()).item()
 model_right = (r_chosen > r_rejected).float() + 0.5 * (r_chosen == r_rejected).float()  # (N,)
 oracle_right = (h_chosen > h_rejected).float() + 0.5 * (h_chosen == h_rejected).float()  # (N,)
 oracle_accuracy = oracle_right.mean().item()
 z_ceiling = (accuracy - ceiling) / ceiling_se
-if abs(z_ceiling) < 2:
-    verdict = "within label noise of the ceiling"
-elif z_ceiling < 0:
-    verdict = "below the ceiling by more than label noise"
-else:
-    verdict = "above the ceiling by more than label noise (a lucky draw of labels)"
 paired = model_right - oracle_right  # (N,): per pair, reward model minus perfect model
-paired_se = (paired.std() / len(paired) ** 0.5).item()
-print(f"held-out pairwise accuracy {accuracy:.3f}; annotator ceiling {ceiling:.3f} +- {ceiling_se:.3f}: "
-      f"{z_ceiling:+.1f} standard errors, {verdict}")
-print(f"on the same {len(paired)} labels, ranking by the hidden score itself gets {oracle_accuracy:.3f} "
-      f"({(oracle_accuracy - ceiling) / ceiling_se:+.1f} SE from the ceiling: the luck of this label draw); "
-      f"the reward model differs from it by {paired.mean().item():+.3f} +- {paired_se:.3f} (paired SE)")
-print(f"held-out Bradley-Terry loss {held_out_loss:.3f}   corr(learned, hidden) {correlation:.3f}   "
-      f"slope {slope:.2f}, {'below' if slope < 1 / DEFAULT_TEMPERATURE else 'not below'} 1/T_ann = "
-      f"{1 / DEFAULT_TEMPERATURE:.1f}: {slope * DEFAULT_TEMPERATURE:.0%} of a perfect fit")
+paired_mean, paired_se = paired.mean().item(), (paired.std() / len(paired) ** 0.5).item()
+display(pd.DataFrame({"value": {
+    "held-out pairwise accuracy of the reward model": accuracy,
+    "annotator ceiling (a perfect model's expected accuracy)": ceiling,
+    f"standard error of a {len(test_pairs)}-label accuracy": ceiling_se,
+    "reward model minus ceiling, in standard errors": z_ceiling,
+    "ranking by the hidden score, on the same labels": oracle_accuracy,
+    "reward model minus ranking by h, same labels": paired_mean,
+    "its paired standard error": paired_se,
+    "held-out Bradley-Terry loss": held_out_loss,
+    "corr(learned, hidden)": correlation,
+    f"slope of learned on hidden (perfect fit: 1/T_ann = {1 / DEFAULT_TEMPERATURE:.0f})": slope,
+}}).round(3))
 
+# %%
 fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
                     subplot_titles=("pairwise accuracy (held out)", f"learned vs hidden score (Pearson {correlation:.2f})"))
 fig.add_bar(x=["reward model", "annotator ceiling", "chance"], y=[accuracy, ceiling, 0.5], row=1, col=1,
             error_y=dict(array=[0.0, 2 * ceiling_se, 0.0]),  # +- 2 SE of a 500-label accuracy
             marker_color=["royalblue", "gray", "lightgray"], showlegend=False)
-fig.add_scatter(x=hidden.tolist(), y=learned.tolist(), mode="markers", marker=dict(size=4, opacity=0.5),
+fig.add_scatter(x=hidden_all.tolist(), y=learned.tolist(), mode="markers", marker=dict(size=4, opacity=0.5),
                 name="held-out responses", row=1, col=2)
 fig.update_yaxes(range=[0.4, 1.0], row=1, col=1)
 fig.update_xaxes(title_text="hidden score h", row=1, col=2)
@@ -561,15 +851,48 @@ fig.update_layout(title="The trained reward model on the held-out pairs")
 fig.show()
 
 # %% [markdown]
-# ## 7. What a reward model has never seen: a preview of reward hacking
+# The reward model ranks about 81% of the held-out pairs the way their labels do, against a ceiling of
+# about 85%: below it by more than one and a half standard errors (about 2.7 here). Whether that is the
+# luck of the labels, the paired comparison settles: on the same labels, ranking by the hidden score
+# gets about 86% (this draw of labels is a little kinder than the ceiling's expectation), and the reward
+# model trails it by about 5 points, more than twice the paired standard error of about 1.4 points: the
+# shortfall is the model's.
+# Its scores still follow the hidden ones closely (correlation about 0.93), with a slope of about 1.5:
+# three quarters of the perfect fit's 2.
+
+# %% tags=["claim-check"]
+check_claims({
+    "accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84,
+    "more than 1.5 standard errors below the ceiling": z_ceiling < -1.5,
+    "ranking by h on the same labels: about 86%, above the ceiling": 0.85 < oracle_accuracy < 0.87
+                                                                      and oracle_accuracy > ceiling,
+    "the reward model trails it by about 5 points (3 to 7)": -0.07 < paired_mean < -0.03,
+    "by more than twice the paired standard error, about 1.4 points": paired_mean < -2 * paired_se
+                                                                       and 0.012 < paired_se < 0.016,
+    "correlation about 0.93 (0.90 to 0.96)": 0.90 < correlation < 0.96,
+    "slope about 1.5 (1.3 to 1.7), below 2": 1.3 < slope < 1.7,
+})
+
+# %% [markdown]
+# ## 8. What a reward model has never seen: a preview of reward hacking
 #
 # The reward model learned from reviews that never repeat a content word and never run past 30 words
-# (the data's generator writes them that way). It has learned "praise and detail are good"; nothing in
-# its data tells it that saying the same sentence three times is bad. The hidden score does know:
-# each repeated content word costs a fixed amount, and the sum of all terms is then clipped to
-# $[-B, B]$ (`SCORE_BOUND` in `rlhf_helpers.world.scorer`), so once it hits the floor more repetition
-# costs nothing more. The cell reads the cost per word and $B$ from the scorer and prints, for each $k$,
-# the repetition term and the sum before the clip. Score a good review sentence repeated $k$ times with both:
+# (the data's generator writes them that way; the check below counts them). No label ever showed it
+# what repeating costs, so whatever it says about a repeated sentence is extrapolation from reviews
+# that don't repeat. The hidden score does know: each repeated content word costs a fixed amount, and
+# the sum of all terms is then clipped to $[-B, B]$ (`SCORE_BOUND` in `rlhf_helpers.world.scorer`), so
+# once it hits the floor more repetition costs nothing more.
+
+# %% tags=["claim-check"]
+train_terms = [score_breakdown(p["prompt"], text) for p in train_pairs for text in (p["chosen"], p["rejected"])]
+check_claims({
+    "no training response repeats a content word": all(t.repetition == 0 for t in train_terms),
+    "no training response runs past 30 words": MAX_WORDS == 30 and max(t.n_words for t in train_terms) <= MAX_WORDS,
+}, any_profile=True)
+
+# %% [markdown]
+# Score a good review sentence repeated $k$ times with both. The table shows, for each $k$, the
+# repetition term of the hidden score and the sum of its terms before the clip.
 
 # %%
 prompt = test_pairs[0]["prompt"]
@@ -581,7 +904,7 @@ candidates = {" " + p["chosen"].strip().split(".")[0].strip() + "." for p in tes
 candidates = sorted(c for c in candidates if len(tokenizer(c)["input_ids"]) <= room)
 sentence = max(candidates, key=lambda c: hidden_scores([prompt], [c])[0])  # the best-scoring short one
 gaming = [sentence * k for k in repeats]
-gaming_learned = score_pairs(reward_model, tokenizer, [prompt] * len(gaming), gaming)  # (K,)
+gaming_learned = score_pairs(reward_model, tokenizer, [prompt] * len(gaming), gaming).tolist()  # (K,)
 gaming_hidden = hidden_scores([prompt] * len(gaming), gaming)
 typical = learned.quantile(0.9).item()
 
@@ -595,49 +918,78 @@ def repeated_content_words(text: str) -> int:
 terms = [score_breakdown(prompt, g) for g in gaming]
 n_repeated = [repeated_content_words(g) for g in gaming]
 unclipped = [t.sentiment + t.specificity + t.fluency + t.repetition + t.length + t.genre + BIAS for t in terms]
-for t, raw in zip(terms, unclipped, strict=True):  # the scorer's rule: total = clip(sum of terms + BIAS, -B, B)
-    assert abs(max(-SCORE_BOUND, min(SCORE_BOUND, raw)) - t.total) < 1e-9, (raw, t.total)
-cost = {t.repetition / n for t, n in zip(terms, n_repeated, strict=True) if n > 0}  # one value: a fixed cost per word
-assert len({round(c, 9) for c in cost}) == 1, cost
-print(f"hidden score: {cost.pop():+.1f} per repeated content word, total clipped to "
-      f"[{-SCORE_BOUND:+.0f}, {SCORE_BOUND:+.0f}]")
+cost_per_word = [t.repetition / n for t, n in zip(terms, n_repeated, strict=True) if n > 0]
 print(f"prompt: {prompt}\nsentence:{sentence}")
-for k, r, h, n, t, raw in zip(repeats, gaming_learned.tolist(), gaming_hidden, n_repeated, terms, unclipped,
-                                  strict=True):
-    clip_note = f", clipped to {h:+.0f}" if raw < -SCORE_BOUND else ""
-    print(f"  repeated {k}x: learned reward {r:+.2f}   hidden score {h:+.2f}   ({n} repeated content words, "
-          f"repetition term {t.repetition + 0.0:+.2f}, sum before the clip {raw:+.2f}{clip_note})")
-print(f"(90th percentile of the learned reward on real held-out responses: {typical:+.2f})")
-learned_1x, hidden_1x = gaming_learned[0].item(), gaming_hidden[0]
-more_learned = [k for k, r in zip(repeats[1:], gaming_learned[1:].tolist(), strict=True) if r > learned_1x]
-less_hidden = [k for k, h in zip(repeats[1:], gaming_hidden[1:], strict=True) if h < hidden_1x]
-print(f"against the sentence said once, the learned reward is higher at k = {more_learned or 'none'}; "
-      f"the hidden score is lower at k = {less_hidden or 'none'}")
+print(f"hidden score: {cost_per_word[0]:+.1f} per repeated content word, total clipped to "
+      f"[{-SCORE_BOUND:+.0f}, {SCORE_BOUND:+.0f}]; 90th percentile of the learned reward on real held-out "
+      f"responses: {typical:+.2f}")
+display(pd.DataFrame({"times repeated": repeats, "learned reward": gaming_learned, "hidden score": gaming_hidden,
+                      "repeated content words": n_repeated, "repetition term": [t.repetition + 0.0 for t in terms],
+                      "sum of the terms before the clip": unclipped}).set_index("times repeated").round(2))
 
+# %% tags=["claim-check"]
+check_claims({  # the scorer's rule, as the text above states it
+    "the hidden score is the sum of its terms clipped to [-B, B]":
+        all(abs(max(-SCORE_BOUND, min(SCORE_BOUND, raw)) - t.total) < 1e-9
+            for t, raw in zip(terms, unclipped, strict=True)),
+    "every repeated content word costs the same": max(cost_per_word) - min(cost_per_word) < 1e-9,
+}, any_profile=True)
+
+# %%
 fig = go.Figure()
-fig.add_scatter(x=repeats, y=gaming_learned.tolist(), name="learned reward", mode="lines+markers")
+fig.add_scatter(x=repeats, y=gaming_learned, name="learned reward", mode="lines+markers")
 fig.add_scatter(x=repeats, y=gaming_hidden, name="hidden score", mode="lines+markers")
 fig.update_layout(title="The same sentence repeated: learned reward (the proxy) and hidden score (the truth)",
                   xaxis_title="times repeated", yaxis_title="score")
 fig.show()
 
 # %% [markdown]
-# PPO maximises the *learned* reward. Wherever the learned and the hidden scores disagree (the last
-# printed line says at which $k$ they do here), an optimiser strong enough will find the disagreement:
-# the learned reward climbs while the true quality falls (**reward over-optimisation**, Gao et al.
-# 2022). The per-token KL penalty towards the
-# SFT model (notebook 03) is the leash that keeps the policy where the reward model was trained;
-# notebook 06 removes it and measures what happens.
+# On this sentence the learned reward is higher for every repeated version than for the sentence said
+# once. It is highest at 2× (about +2.7 against +1.4, near the 90th percentile of real held-out
+# responses), then lower at 3× and 4× (under +2) but still above +1.4. The hidden score falls from
+# +1.3 to -1.6 at 2× and sits on the floor, -3, from 3× on.
+#
+# So the reward model is not blind to the repetition: its score drops after 2×. What the run supports
+# is narrower: on this sentence the learned reward stays above the sentence said once at every $k$ up
+# to 4, while the hidden score drops by about 3 points at 2× and to its floor after. The training data
+# contain no repeated sentence, so no label tied repetition to a cost: the learned reward of a repeated
+# sentence is an extrapolation, and here it points the wrong way at 2× and is too weak after.
+
+# %% tags=["claim-check"]
+once, twice = gaming_learned[0], gaming_learned[1]
+check_claims({
+    "learned: every repeated version scores above the sentence said once": min(gaming_learned[1:]) > once,
+    "learned: highest at 2x, about +2.7 against about +1.4": max(gaming_learned) == twice
+                                                             and 2.4 < twice < 3.0 and 1.1 < once < 1.7,
+    "learned at 2x: near the 90th percentile of real responses (within 0.4)": abs(twice - typical) < 0.4,
+    "learned: lower at 3x and 4x (under +2), by more than 0.5 below 2x":
+        max(gaming_learned[2:]) < min(2.0, twice - 0.5),
+    "hidden: +1.3 once, -1.6 at 2x, the floor -3 from 3x on":
+        [round(h, 1) for h in gaming_hidden] == [1.3, -1.6, -SCORE_BOUND, -SCORE_BOUND],
+})
+
+# %% [markdown]
+# PPO maximises the *learned* reward. Where the learned and the hidden scores disagree (here at every
+# $k \ge 2$: the learned reward is above the sentence said once, the hidden score far below it), an
+# optimiser strong enough will find the disagreement: the learned reward climbs while the true quality
+# falls (**reward over-optimisation**, Gao et al. 2022). The per-token KL penalty towards the SFT model
+# (notebook 03) is the leash that keeps the policy where the reward model was trained; notebook 06
+# removes it and measures what happens.
 #
 # ## Summary
-# - Preference pairs are labelled by comparing two responses; a comparison cancels the rater's offset,
-#   and the rater's scale cannot flip its order, which is why comparisons are easier to collect
-#   consistently than scores.
+# - Every model starts as the SFT model: next-token cross-entropy on the response and its EOS, the
+#   prompt and the padding masked out. `ensure_sft_model` runs it with TRL's `SFTTrainer` (gpu profile)
+#   or finds it shipped (tiny profile).
+# - Preference pairs are labelled by comparing two responses. In the simulated raters, a comparison
+#   cancels the rater's offset and the rater's scale cannot flip its order; scores by different raters
+#   match it only after each rater's scores are calibrated, which a comparison never needs.
 # - Bradley-Terry: $P(y_c \succ y_r) = \sigma(r_c - r_r)$, loss $-\log\sigma(r_c - r_r)$; only
 #   differences of scores matter.
 # - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token;
 #   with left padding that is the last column.
 # - On noisy labels the held-out accuracy is bounded by the annotator ceiling; the learned score tracks
-#   the hidden one on data like its training data, and not beyond it.
+#   the hidden one on data like its training data (correlation about 0.93). On a repeated sentence, which
+#   its data never contained, it scores every repetition above the original while the hidden score drops
+#   to its floor.
 #
 # Next: notebook 03 turns one reward score per response into a reward per token.
