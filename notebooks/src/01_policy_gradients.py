@@ -637,7 +637,9 @@ fig.show()
 # those 16 episodes, so **$J$ right after the step rises with every larger $\eta$**. But **the entropy
 # falls with every larger $\eta$**, and at $\eta = 300$ the policy is nearly deterministic at once (mean
 # entropy **below 0.2 nats**, of a maximum $\ln 4 \approx 1.39$). Its exact gradient with respect to the
-# logits, $\pi(a \mid s)\,(Q(s, a) - V(s))$, is then nearly zero for every action, it rarely samples the
+# logits of state $s$, $d_t(s)\,\pi(a \mid s)\,(Q(s, a) - V(s))$ (with $d_t(s)$ the probability of being in
+# $s$), is then nearly zero for every action, because $\pi(a \mid s) \approx 0$ for all but the chosen
+# action and $Q - V \approx 0$ for that one; it rarely samples the
 # alternatives, and ordinary steps afterwards undo an unlucky commitment only slowly. The final $J$ says
 # what that costs: the three smallest step sizes end at about 1.85 to 1.9, less than two standard
 # errors apart; **from $\eta = 10$ on, the final $J$ falls with every larger first step**, and
@@ -694,8 +696,9 @@ check_claims({
 #
 # $$J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) = J(\theta_{\text{old}}) + \sum_{t=0}^{T-1} \mathbb{E}_{s_t \sim d^{\pi_{\text{old}}}_t,\ a_t \sim \pi_{\text{old}}}\big[\rho_t\, A^{\text{old}}(s_t, a_t)\big],$$
 #
-# which a batch from $\pi_{\text{old}}$ can estimate. It is TRPO's surrogate (Schulman et al., 2015,
-# eq. 14, which calls it $L$; it is maximised, so this course writes $J$) and, without the constant,
+# which a batch from $\pi_{\text{old}}$ can estimate. It is TRPO's surrogate (Schulman et al., 2015, who
+# define it as $L$ in eq. 3 and estimate it from samples in eq. 14; it is maximised, so this course
+# writes $J$) and, without the constant,
 # PPO's $L^{\text{CPI}}$ (Schulman et al., 2017, eq. 6). It agrees with $J$ to **first order** at $\theta_{\text{old}}$:
 # - same value: at $\theta = \theta_{\text{old}}$ every $\rho_t = 1$, and $\mathbb{E}_{a \sim \pi_{\text{old}}}[A^{\text{old}}(s, a)] = 0$;
 # - same gradient: $\nabla_\theta \rho_t = \rho_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$, so at $\theta_{\text{old}}$
@@ -703,7 +706,8 @@ check_claims({
 #   the policy gradient of section 5 with $\Phi_t = A$.
 #
 # Away from $\theta_{\text{old}}$ the two differ only through the state distribution, which drifts further
-# the more the policy changes. TRPO's Theorem 1 bounds the gap, in the discounted setting (where $J$ and
+# the more the policy changes. TRPO's Theorem 1 bounds the gap with the total-variation distance; since
+# $D_{\text{TV}}^2 \le \mathrm{KL}$ it gives this bound (their eq. 9), in the discounted setting (where $J$ and
 # $J^{\text{CPI}}$ are the discounted returns, and $J^{\text{CPI}}$ uses the old policy's discounted state distribution):
 #
 # $$J(\theta) \ge J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) - \frac{4 \gamma \max_{s,a} \lvert A^{\text{old}}(s,a) \rvert}{(1-\gamma)^2}\, \max_s \mathrm{KL}\big(\pi_{\text{old}}(\cdot \mid s) \,\Vert\, \pi_\theta(\cdot \mid s)\big).$$

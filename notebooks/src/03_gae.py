@@ -54,9 +54,9 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # the exploitation of the reward model's blind spots; it does not stop it. Summed over a response, the
 # penalty charges $\beta$ per nat of KL to the reference, so the policy moves only as far as the gain in
 # learned score pays for; where the reward model over-rates a flaw, that gain looks real to the policy,
-# and it moves towards the flaw within that budget. Notebook 05 shows a policy trained with the penalty on still writing a sample the reward model
-# over-rates (a review in the wrong genre: a high learned score, a low hidden true score), and notebook
-# 06 measures the true score falling behind the learned one as the KL grows. At scale, Gao et al. (2022)
+# and it moves towards the flaw within that budget. Notebook 05 shows such a blind spot (a review in the
+# wrong genre: a high learned score, a low hidden true score), and notebook 06 (c) measures the true
+# score falling behind the learned one as the KL grows once the penalty is removed. At scale, Gao et al. (2022)
 # found that a larger penalty moves the policy along much the same true-score-against-KL curve, as
 # stopping earlier would, rather than onto a better one.
 #
@@ -561,7 +561,8 @@ check_claims({
 # end with weight $(\gamma\lambda)^{l}$ ($0.4^{20} \approx 10^{-8}$: practically only through the
 # critic's guesses), and early in training the value head guesses badly, so a small $\lambda$ trains
 # the policy on the critic's errors. Practice settles on a large $\lambda$: it lets the real score reach
-# every token, and pays for it in variance, which whitening and large batches keep in check. Drag
+# every token, and pays for it in variance, which large batches keep in check (whitening fixes the
+# scale of the step, not the noise of the estimate). Drag
 # $\lambda$ in the explorer above and watch how far back the final score's advantage reaches.
 
 # %% [markdown]

@@ -145,7 +145,8 @@ print(f"profile {profile.name}: {profile.ppo.total_steps} PPO steps of {profile.
 # sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + c_{\text{ptx}}L^{\text{ptx}}$
 # (ptx is off by default), the critic $L^V$.
 #
-# The appendix maps these pieces to TRL's, OpenRLHF's and verl's for readers who know those frameworks.
+# Appendix C maps these pieces to TRL's and OpenRLHF's for readers who know those frameworks (notebook
+# 07 maps the settings of verl and OpenRLHF).
 #
 # ## 2. One base model, four roles
 #
@@ -612,7 +613,8 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # the batch (`batch.advantages`, `batch.returns`, `batch.values`, `batch.old_logprobs`, `batch.mask`,
 # and `batch.sequences`, `batch.attention_mask`, `batch.context_length` for the forward passes). Shuffle
 # with `torch.randperm(B, generator=generator)` once per epoch, and take the minibatches in that order.
-# Return the (policy loss, value loss) of every minibatch, as floats, in order.
+# Return the (policy loss, value loss) of every minibatch, as floats, in order, where the value loss is
+# $L^V$ itself, before the `vf_coef` scaling.
 #
 # The check runs the library's update and yours from the same weights, on the same batch, with the same
 # shuffles, in two settings: without gradient clipping and with a clip that binds. Its batch comes from a
@@ -873,8 +875,9 @@ print(f"time per step {np.mean([h['time_step'] for h in history]):.1f} s")
 # clip fraction of a few percent is the usual healthy range; tens of percent means the learning rate or
 # the number of epochs is too large. It counts tokens, not how far their ratios moved: a few tokens can
 # still leave the band far behind (section 7 shows the ratios of the last batch). Explained variance
-# climbs as the critic learns the returns (a critic stuck near 0 makes GAE no better than Monte-Carlo
-# returns).
+# climbs as the critic learns the returns. A critic stuck near 0 makes GAE with $\lambda < 1$ worse than
+# Monte-Carlo returns: the final score then reaches a token $k$ steps before the end only faded by
+# $\lambda^k$.
 #
 # On the shipped seed, from the first five steps to the last five (the table above): the learned score
 # rises by more than 1 (from about 1.5 to about 3.0), and the hidden score by more than 0.3 (from about
@@ -911,7 +914,7 @@ class RatioAgainstReference(PPOTrainer):
         return super().update(dataclasses.replace(batch, old_logprobs=batch.ref_logprobs), generator)
 
 
-BUG_STEPS = config.total_steps // 2
+BUG_STEPS = config.total_steps // 3
 torch.manual_seed(profile.seed)
 bug_model, _ = build_shared_model(profile, config, reward_dir)
 bug_trainer = RatioAgainstReference(config.replace(output_dir=None), bug_model, tokenizer, train_prompts,
@@ -939,7 +942,7 @@ display(bug_table.style.hide(axis="index").format(precision=3)
 
 # %% [markdown]
 # Nothing fails and no number turns NaN, yet the bug stalls the training. On the shipped seed, over
-# steps 26-30: the buggy run's learned score is still about where both runs began (about 1.5, against
+# steps 16-20: the buggy run's learned score is still about where both runs began (about 1.5, against
 # about 2.9 for the correct run), its hidden score is lower by more than 0.3, its KL stays under half of
 # the correct run's, and its clip fraction is more than twice as high. Every update clips tokens for
 # their distance from the SFT model, not for the size of this update, so the policy is held near the
@@ -1014,16 +1017,15 @@ display(gap_summary.round(2))
 # Here the policy's largest gap is a review of the **wrong genre** (its genre term is negative): it keeps
 # the praise and detail the reward model pays for, while the hidden scorer subtracts for every word that
 # contradicts the prompt's genre, and few preference pairs contrast a right genre with a wrong one (the
-# count is printed). The SFT model's sample for the same prompt has the same fault, so this blind spot of
-# the reward model was there before PPO. How often the policy lands in such spots after training is a
-# question six prompts cannot answer. Section 6 compares held-out means over the whole evaluation set,
+# count is printed). The line above also gives the SFT model's gap on the same prompt: the reward
+# model's blind spot is there before PPO, and the SFT model can land in it too. How often the policy
+# lands in such spots after training is a question six prompts cannot answer. Section 6 compares held-out means over the whole evaluation set,
 # and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of the training
 # batches parting as PPO pushes into the reward model's errors.
 
 # %% tags=["claim-check"]
 check_claims({
     "the policy's largest gap is a wrong-genre sample": bool(gap_row["genre term"] < 0),
-    "the SFT model's sample for that prompt has the wrong genre too": bool(sft_row["genre term"] < 0),
 })
 
 # %% [markdown]
@@ -1087,10 +1089,11 @@ print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min()
 
 # %% [markdown]
 # **The verdict** on the shipped seed: at every matched KL, best-of-$n$'s hidden score lies above PPO's
-# curve, by more than 0.1, which is more than the difference between two evaluations of the same SFT
-# model (printed above). On this run, as in Gao et al.'s (2022) experiments at scale, PPO is less
-# KL-efficient than best-of-$n$. From step 8 on, PPO's evaluation KL stays between 1.8 and 3.3 nats and
-# its hidden score within 0.3 of its best: the run has settled, and the differences between its later
+# curve, by 0.1 to 0.35. That is only one to about two standard errors of the difference between two
+# evaluations (about 0.1, notebook 07 measures it), on one seed, with PPO's value read between two
+# checkpoints: the direction agrees with Gao et al. (2022), who found RL less KL-efficient than
+# best-of-$n$ at scale, but this run alone does not establish it. From step 8 on, PPO's evaluation KL
+# stays between 1.5 and 3.5 nats and its hidden score within 0.3 of its best: the run has settled, and the differences between its later
 # checkpoints are not large against the evaluation's noise, so they are no sign of over-optimisation.
 #
 # What PPO buys is cost at inference: best-of-$n$ samples and scores $n$ responses for every prompt,
@@ -1107,10 +1110,10 @@ print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min()
 
 # %% tags=["claim-check"]
 check_claims({
-    "best-of-n is ahead of PPO by more than 0.1 at every matched KL":
-        bool((matched["hidden score"] - matched["PPO at this KL"] > 0.1).all()) and len(matched) > 0,
-    "from step 8 on, PPO's evaluation KL stays between 1.8 and 3.3 nats":
-        bool(settled["KL (nats)"].between(1.8, 3.3).all()) and len(settled) > 1,
+    "best-of-n is ahead of PPO by 0.1 to 0.35 at every matched KL":
+        bool((matched["hidden score"] - matched["PPO at this KL"]).between(0.1, 0.35).all()) and len(matched) > 0,
+    "from step 8 on, PPO's evaluation KL stays between 1.5 and 3.5 nats":
+        bool(settled["KL (nats)"].between(1.5, 3.5).all()) and len(settled) > 1,
     "from step 8 on, PPO's hidden score stays within 0.3 of its best":
         bool(settled["hidden score"].max() - settled["hidden score"].min() < 0.3),
 })
@@ -1339,6 +1342,7 @@ if recorded_file.is_file():
     check_claims({"GPT-2 small on the CPU: the shared model's peak is under half of four models'": ratio["GPT-2"] < 0.5,
                   "the tiny model: the layouts come close (ratio above 0.8)": ratio["tiny"] > 0.8}, any_profile=True)
 
+# %% [markdown]
 # ### B. The checkpoint on disk
 #
 # At the end of `train` the trainer wrote an **atomic** checkpoint: everything goes into a hidden

@@ -422,12 +422,13 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 
 # %% [markdown]
 # **What this run shows** (means over thirds of the training batches, ± standard error):
-# - $\beta = 0$: the KL climbs to about 47 nats per response in the last third, more than ten times the
-#   penalised run's (about 2). From the middle to the last third the learned reward still rises
-#   (about $+2.6 \to +3.0$) while the hidden score falls by about 1.3 (about $+0.3 \to -1.0$), more than
-#   five standard errors of the difference: the over-optimisation signature.
-# - $\beta = 0.2$: the hidden score does not fall; it rises a little from the middle to the last third
-#   (about $+0.8 \to +0.9$), within two standard errors of no change.
+# - $\beta = 0$: the KL climbs to about 40 to 50 nats per response in the last third, more than ten
+#   times the penalised run's (about 2). From the middle to the last third the learned reward still rises
+#   (about $+2.65 \to +2.9$ to $+3.0$) while the hidden score falls by about 1.2 to 1.3 (from about
+#   $+0.3$ to about $-0.9$ to $-1.0$), more than four standard errors of the difference: the
+#   over-optimisation signature.
+# - $\beta = 0.2$: the hidden score does not fall: from the middle to the last third it changes by
+#   less than two standard errors (about $+0.8 \to +0.9$).
 
 # %% tags=["claim-check"]
 def third_change(run: str, key: str) -> tuple[float, float]:
@@ -438,16 +439,16 @@ def third_change(run: str, key: str) -> tuple[float, float]:
 
 free, penalised = "beta = 0", f"beta = {lab_config.kl_coef}"
 check_claims({
-    "beta = 0: KL about 47 in the last third, more than ten times the penalised run's (about 2)":
-        35 < thirds[free, "kl"][2][0] < 60 and 1.5 < thirds[penalised, "kl"][2][0] < 3.5
+    "beta = 0: KL about 40 to 50 in the last third, more than ten times the penalised run's (about 2)":
+        30 < thirds[free, "kl"][2][0] < 65 and 1.5 < thirds[penalised, "kl"][2][0] < 3.5
         and thirds[free, "kl"][2][0] > 10 * thirds[penalised, "kl"][2][0],
-    "beta = 0: the learned reward rises from the middle to the last third (about +2.6 to +3.0)":
-        0.1 < third_change(free, "score")[0] < 0.6,
-    "beta = 0: the hidden score falls by about 1.3, more than five standard errors":
-        -1.6 < third_change(free, "hidden_score")[0] < -1.0
-        and -third_change(free, "hidden_score")[0] > 5 * third_change(free, "hidden_score")[1],
-    "beta = 0.2: the hidden score rises a little (about +0.8 to +0.9), within two standard errors":
-        0 < third_change(penalised, "hidden_score")[0] < 2 * third_change(penalised, "hidden_score")[1],
+    "beta = 0: the learned reward rises from the middle to the last third (about +2.65 to +2.9-3.0)":
+        0.05 < third_change(free, "score")[0] < 0.6,
+    "beta = 0: the hidden score falls by about 1.2 to 1.3, more than four standard errors":
+        -1.7 < third_change(free, "hidden_score")[0] < -0.9
+        and -third_change(free, "hidden_score")[0] > 4 * third_change(free, "hidden_score")[1],
+    "beta = 0.2: the hidden score changes by less than two standard errors (no fall)":
+        abs(third_change(penalised, "hidden_score")[0]) < 2 * third_change(penalised, "hidden_score")[1],
 })
 
 # %% [markdown]
@@ -557,18 +558,19 @@ fig.update_layout(title="(c) Hidden score of the training batches against the di
 fig.show()
 
 # %% [markdown]
-# **What this run shows:** the RL form fits the $\beta = 0$ run better than the best-of-$n$ form
-# (residual sum of squares about 2.1 against 2.8). Its free intercept (about $-0.4$) lies within 0.2 of
-# the first batch's hidden score (about $-0.3$). Its hidden score peaks at $\mathrm{KL}^* \approx 4$ nats
+# **What this run shows:** the RL form fits the $\beta = 0$ run better than the best-of-$n$ form (a
+# lower residual sum of squares: about 2.1, against about 2.3 to 2.8; the margin is modest, and one run
+# cannot rank the two forms firmly). Its free intercept (about $-0.4$ to $-0.5$) lies within 0.3 of the
+# first batch's hidden score (about $-0.3$). Its hidden score peaks at $\mathrm{KL}^* \approx 4$ nats
 # per response; the bootstrap puts $\mathrm{KL}^*$ between about 3 and 5.5. The penalised run ended at
 # a KL of about 2.3, left of that peak.
 
 # %% tags=["claim-check"]
 check_claims({
-    "the RL form fits better (RSS about 2.1 against 2.8)":
-        fits["rl"][1] < 0.85 * fits["bon"][1] and 1.8 < fits["rl"][1] < 2.4 and 2.4 < fits["bon"][1] < 3.1,
-    "the free intercept (about -0.4) is within 0.2 of the first batch's hidden score (about -0.3)":
-        abs(fits["rl"][0][0] - hidden_c[0]) < 0.2 and -0.55 < fits["rl"][0][0] < -0.3 and -0.4 < hidden_c[0] < -0.2,
+    "the RL form fits better (RSS about 2.1 against 2.3 to 2.8)":
+        fits["rl"][1] < fits["bon"][1] and 1.8 < fits["rl"][1] < 2.4 and 2.2 < fits["bon"][1] < 3.1,
+    "the free intercept (about -0.4 to -0.5) is within 0.3 of the first batch's hidden score (about -0.3)":
+        abs(fits["rl"][0][0] - hidden_c[0]) < 0.3 and -0.65 < fits["rl"][0][0] < -0.3 and -0.4 < hidden_c[0] < -0.2,
     "KL* is about 4 nats per response": 3.5 < d_star**2 < 5,
     "the bootstrap puts KL* between about 3 and 5.5": 2.5 < boot_c["KL* low"] < 3.5 and 4.8 < boot_c["KL* high"] < 6.2,
     "the penalised run ended left of the peak, at a KL of about 2.3":
@@ -639,7 +641,7 @@ fig.show()
 # (accuracy about 0.75 against 0.81; correlation with the hidden score about 0.8 against 0.9). Pushed
 # with $\beta = 0$, it over-optimises sooner: its fitted hidden score peaks at $\mathrm{KL}^* \approx 1$
 # nat per response against about 4, and the two bootstrap ranges do not overlap. Its fitted peak is
-# lower too (about $+0.3$ against $+0.4$), but by less than two standard errors of the difference: one
+# lower too (about $+0.3$ against $+0.4$ to $+0.5$), but by less than two standard errors of the difference: one
 # run per reward model does not settle the height.
 
 # %% tags=["claim-check"]
@@ -651,8 +653,8 @@ check_claims({
         0.7 < weak["correlation"] < 0.85 and 0.88 < strong["correlation"] < 0.97,
     "KL* about 1 against about 4": 0.7 < weak["d_star"] ** 2 < 1.4 and 3.5 < strong["d_star"] ** 2 < 5,
     "the bootstrap ranges of KL* do not overlap": weak["KL* high"] < strong["KL* low"],
-    "the weak model's fitted peak is lower (about +0.3 against +0.4) by less than two standard errors":
-        0.15 < weak["peak"] < 0.35 and 0.33 < strong["peak"] < 0.5
+    "the weak model's fitted peak is lower (about +0.3 against +0.4 to +0.5) by less than two standard errors":
+        0.15 < weak["peak"] < 0.35 and 0.33 < strong["peak"] < 0.6
         and 0 < strong["peak"] - weak["peak"] < 2 * math.hypot(strong["peak se"], weak["peak se"]),
 })
 
@@ -865,8 +867,9 @@ display(pd.DataFrame({"KL": [f"{t:g}" for t in spread.index], "std[k3] / std[k1]
 # $+0.03$ and $+0.77$ nats). $k_3$'s standard deviation grows fast with the KL: about a third of
 # $k_1$'s at 0.1 nat, about 7 times $k_1$'s at 1 nat and hundreds of times at 2 nats, where one rare word
 # gives $k_3$ above a million: a mean of 10,000 draws seldom contains it, and then misses $\mathbb E[k_3]$
-# (compare the last column with $\mathbb E[k]$). The baseline's last batch sits at about 0.1 nat per
-# token, where $k_3$'s spread per token is the smaller one.
+# (compare the last column with $\mathbb E[k]$). The baseline's last batch averages about 0.1 nat per
+# token, but that is an average over tokens: on the tokens where the policy has moved far from the
+# reference, $k_3$'s spread is the larger one, as the next cells measure on the run's own responses.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -1013,8 +1016,8 @@ exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
 # GAE's advantages are only as good as the critic: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$ with
 # $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$. A fresh value head outputs $V \approx 0$ everywhere, so
 # early advantages are just the $\lambda$-faded returns, $\hat A_t \approx (\gamma\lambda)^{|y|-1-t}\,\text{score}$
-# plus KL terms: no state-dependent baseline, every token carries the whole spread of the final score
-# across responses, and the policy moves on that high-variance signal. The critic's quality is
+# plus KL terms: no state-dependent baseline, every token carries the spread of the final score across
+# responses (faded by $(\gamma\lambda)^{|y|-1-t}$), and the policy moves on that high-variance signal. The critic's quality is
 # measured by
 #
 # $$\text{explained variance} = 1 - \frac{\operatorname{Var}[G^\lambda_t - \hat V(s_t)]}{\operatorname{Var}[G^\lambda_t]}$$

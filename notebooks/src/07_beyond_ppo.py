@@ -685,21 +685,22 @@ display(cost_table.style.hide(axis="index").format(precision=2).format("{:,}", s
 
 # %% [markdown]
 # **What this run shows** (seed 0, tiny profile; one standard error of a difference of two judged means
-# is about 0.11):
-# - **Final hidden score:** PPO about $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. PPO beats GRPO by
-#   more than 2.5 standard errors of a difference (about 3); PPO and RLOO differ by less than 2 (about
-#   1.2), which one seed cannot separate. Each method's best evaluation is its last or within one
-#   standard error of it: no sign of over-optimisation within this budget.
+# is about 0.11). A single seed is one draw: where two methods differ by less than about two standard
+# errors, another seed (or another CPU, whose rounding changes which tokens are sampled) can swap them.
+# - **Final hidden score:** PPO about $+0.8$ to $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. GRPO ends
+#   lowest, by more than 0.1; PPO and RLOO are within two and a half standard errors of each other, which
+#   one seed cannot separate. Each method's best evaluation is its last or within one and a half
+#   standard errors of it: no clear sign of over-optimisation within this budget.
 # - **The frontier:** PPO and GRPO end well past best-of-16's KL (about 1.8 nats), RLOO close to it
-#   (about 1.9). RLOO's point matches best-of-16's hidden score to within half a standard error. GRPO's
-#   lies below it by more than 1.5 standard errors (about 2), with more KL: pure selection from the SFT
-#   model does at least as well. PPO's lies above it by less than 2 standard errors (about 1.2), with
-#   more KL, so it is not a win at equal KL.
+#   (about 1.9). RLOO's point matches best-of-16's hidden score to within one standard error; GRPO's lies
+#   more than one standard error below it (about 2), with more KL: pure selection from the SFT model does
+#   at least as well. PPO's lies within two standard errors of it, with more KL, so it is not a win at
+#   equal KL.
 # - **Responses:** after a quarter of the budget (512 responses), PPO's hidden score is already about
-#   $+0.9$, more than 2 standard errors above best-of-4's ($+0.64$) and above both group methods (about
-#   $+0.5$, still below best-of-4), at a KL more than twice theirs: it takes four times the optimiser
-#   steps per batch. The table's "first above best-of-4" column counts crossings between spaced
-#   evaluations, some by less than 0.02: read the gaps at 512 responses instead.
+#   $+0.9$, more than 1.5 standard errors above best-of-4's ($+0.64$) and above both group methods
+#   (about $+0.5$, still below best-of-4), at a KL more than twice theirs: it takes four times the
+#   optimiser steps per batch. The table's "first above best-of-4" column counts crossings between spaced
+#   evaluations, some by a few hundredths: read the gaps at 512 responses instead.
 # - **Cost:** PPO's training takes more than 1.5 times the CPU seconds per batch of each group method
 #   (the seconds change from run to run). It trains twice their parameters plus the value head (98,433
 #   against 49,152). The peak memory is not claimed: it changes from run to run, and on a model this
@@ -712,27 +713,27 @@ quarter = {m: at_common(runs[m], "eval_hidden_score") for m in runs}
 crossing = [r["eval_hidden_score"] - best4 for run in runs.values() for r in run.curve
             if r["samples"] == run.first_time_above(best4, key="samples")]  # how far each first crossing is above
 check_claims({
-    "final hidden: PPO about +1.0, RLOO about +0.87, GRPO about +0.65":
-        abs(final["ppo"] - 1.0) < 0.06 and abs(final["rloo"] - 0.87) < 0.06 and abs(final["grpo"] - 0.65) < 0.06,
-    "PPO beats GRPO by more than 2.5 SE of a difference": final["ppo"] - final["grpo"] > 2.5 * se_diff,
-    "PPO and RLOO differ by less than 2 SE": 0 < final["ppo"] - final["rloo"] < 2 * se_diff,
-    "each method's best evaluation is its last or within one SE":
-        all(peaks[m]["eval_hidden_score"] - final[m] < se_diff for m in runs),
+    "final hidden: PPO about +0.8 to +1.0, RLOO about +0.87, GRPO about +0.65":
+        0.7 < final["ppo"] < 1.1 and abs(final["rloo"] - 0.87) < 0.15 and abs(final["grpo"] - 0.65) < 0.15,
+    "GRPO ends lowest, by more than 0.1": final["grpo"] < min(final["ppo"], final["rloo"]) - 0.1,
+    "PPO and RLOO are within 2.5 SE of each other": abs(final["ppo"] - final["rloo"]) < 2.5 * se_diff,
+    "each method's best evaluation is its last or within 1.5 SE":
+        all(peaks[m]["eval_hidden_score"] - final[m] < 1.5 * se_diff for m in runs),
     "one SE of a difference is about 0.11": 0.09 < se_diff < 0.13,
     "PPO and GRPO end well past best-of-16's KL (about 1.8), RLOO close to it (about 1.9)":
         last_n == 16 and 1.7 < last_kl < 1.95 and min(runs[m].final["eval_kl"] for m in ("ppo", "grpo")) > last_kl + 0.3
         and abs(runs["rloo"].final["eval_kl"] - 1.9) < 0.15,
-    "RLOO matches best-of-16 within half an SE": abs(gain["rloo"]) < 0.5,
-    "GRPO lies more than 1.5 SE below it": gain["grpo"] < -1.5,
-    "PPO lies above it by less than 2 SE": 0 < gain["ppo"] < 2,
-    "after 512 responses PPO is about +0.9, more than 2 SE above best-of-4 (+0.64)":
-        common == 512 and abs(quarter["ppo"] - 0.9) < 0.08 and abs(best4 - 0.64) < 0.03
-        and quarter["ppo"] - best4 > 2 * se_diff,
+    "RLOO matches best-of-16 within one SE": abs(gain["rloo"]) < 1,
+    "GRPO lies more than one SE below it": gain["grpo"] < -1,
+    "PPO lies within two SE of it": abs(gain["ppo"]) < 2,
+    "after 512 responses PPO is about +0.9, more than 1.5 SE above best-of-4 (+0.64)":
+        common == 512 and abs(quarter["ppo"] - 0.9) < 0.15 and abs(best4 - 0.64) < 0.05
+        and quarter["ppo"] - best4 > 1.5 * se_diff,
     "the group methods are about +0.5 there, below best-of-4":
-        all(abs(quarter[m] - 0.48) < 0.08 and quarter[m] < best4 for m in ("grpo", "rloo")),
+        all(abs(quarter[m] - 0.48) < 0.15 and quarter[m] < best4 for m in ("grpo", "rloo")),
     "at a KL more than twice theirs": all(at_common(runs["ppo"], "eval_kl") > 2 * at_common(runs[m], "eval_kl")
                                           for m in ("grpo", "rloo")),
-    "some first crossings of best-of-4 are by less than 0.02": min(crossing, default=math.inf) < 0.02,
+    "some first crossings of best-of-4 are by a few hundredths": min(crossing, default=math.inf) < 0.05,
     "PPO takes more than 1.5 times the CPU seconds per batch": per_batch["ppo"] > 1.5 * max(per_batch["grpo"],
                                                                                              per_batch["rloo"]),
     "PPO trains 98,433 parameters, the group methods 49,152":
@@ -826,8 +827,9 @@ else:  # a copy of the notebook without the repository's docs folder
 # - **DPO** (not raced here; TRL `DPOTrainer`): no sampling during training and no reward model. It
 #   fits the policy to the preference pairs directly, as if the Bradley-Terry reward of notebook 02 were
 #   $\beta\log\frac{\pi}{\pi_{\text{ref}}}$. It is the cheapest when you have a fixed preference data set
-#   and no need to explore beyond it. It cannot improve on answers the pairs do not cover, which online
-#   methods like the three above do by sampling and scoring new ones.
+#   and no need to explore beyond it. It gets no feedback on its own new samples: what it learns about
+#   responses the pairs do not cover comes only through the parameters they share with the covered ones,
+#   while online methods like the three above sample new responses and score them.
 #
 # Whichever you choose, keep what this course measured: a held-out judge the policy never trains on,
 # the KL to the starting model next to every score, and best-of-n as the bar to clear.
