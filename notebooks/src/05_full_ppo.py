@@ -548,15 +548,17 @@ def check_clipped_policy_loss():
     for per_sequence, expected in ((False, token_mean), (True, sequence_mean)):
         got = clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=per_sequence)
         assert got.dim() == 0, f"per_sequence={per_sequence}: return one scalar, got shape {tuple(got.shape)}"
-        hints = [(torch.isfinite(got), "it is not finite: the padding's huge log-probs reached it (mask them "
-                                       "before exp, e.g. with torch.where)"),
-                 (not torch.isclose(got, -expected, rtol=1e-5), "it has the wrong sign: the loss is MINUS the clipped objective"),
-                 (not torch.isclose(got, unclipped, rtol=1e-5) or per_sequence, "it equals the unclipped loss: "
-                                                                               "take the min with the clipped term"),
-                 (not torch.isclose(got, sequence_mean if not per_sequence else token_mean, rtol=1e-5),
-                  "it uses the other reduction: per_sequence=False averages all real tokens at once, "
-                  "per_sequence=True each response's tokens first")]
-        hint = next((text for fine, text in hints if not fine), "compare min(rho A, clip(rho) A) token by token")
+        other_reduction = {False: sequence_mean, True: token_mean}[per_sequence]
+        symptoms = [  # (what the wrong loss equals, the likely cause)
+            (not torch.isfinite(got), "it is not finite: the padding's huge log-probs reached it (mask them before "
+                                      "exp, e.g. with torch.where)"),
+            (torch.isclose(got, -expected, rtol=1e-5), "it has the wrong sign: the loss is MINUS the clipped objective"),
+            (not per_sequence and torch.isclose(got, unclipped, rtol=1e-5),
+             "it equals the unclipped loss: take the min with the clipped term"),
+            (torch.isclose(got, other_reduction, rtol=1e-5), "it uses the other reduction: per_sequence=False "
+                                                             "averages all real tokens at once, per_sequence=True "
+                                                             "each response's tokens first")]
+        hint = next((text for seen, text in symptoms if seen), "compare min(rho A, clip(rho) A) token by token")
         assert torch.isclose(got, expected, rtol=1e-5, atol=1e-7), (
             f"per_sequence={per_sequence}: your loss is {float(got):.5f}, expected {float(expected):.5f}; {hint}")
 
