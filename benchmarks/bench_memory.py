@@ -87,7 +87,7 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
     from rlhf_helpers.runtime.profiles import get_profile
 
     if name in ("tiny", "gpt2"):
-        profile = get_profile("tiny", random_init=False)  # $RLHF_PROFILE_OVERRIDES may say random_init
+        profile = get_profile("tiny", weights="shipped")  # $RLHF_PROFILE_OVERRIDES may name gpu weights
         batch = profile.ppo.mini_batch_size if name == "tiny" else 8
         new_tokens = profile.ppo.max_new_tokens if name == "tiny" else 24
         if fast:

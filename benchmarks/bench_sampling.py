@@ -64,7 +64,7 @@ def build_model(device: str, dtype: torch.dtype, small: bool) -> tuple[Any, Any]
     from rlhf_helpers.runtime.models import load_tokenizer
     from rlhf_helpers.runtime.profiles import get_profile
 
-    tokenizer = load_tokenizer(get_profile("tiny", random_init=False))  # the env may ask random_init for gpu
+    tokenizer = load_tokenizer(get_profile("tiny", weights="shipped"))  # the env may name gpu weights
     spec = dict(SMOLLM2_135M_CONFIG)
     if small:
         spec.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -10,6 +10,9 @@ import pytest
 import torch
 from run_folders import ROOT, changes, snapshot
 
+# No test may reach the model hub (the gpu profile's weights "auto" would ask it): offline resolves to "gguf"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 #: The checkout's files when the run started (`run_folders.snapshot`)
 _CHECKOUT = pytest.StashKey[dict]()
 

@@ -146,10 +146,10 @@ def test_four_models_reference_takes_the_policys_temperature(toy, temperature):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_tiny_sizes_ignore_a_random_init_override_meant_for_the_gpu_profile(monkeypatch):
-    """tools/gpu_checks.sh sets RLHF_PROFILE_OVERRIDES='{"random_init": true}' for every stage; the
-    tiny-size specs must still build (random_init is a gpu-profile field)."""
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"random_init": true}')
+def test_tiny_sizes_ignore_a_weights_override_meant_for_the_gpu_profile(monkeypatch):
+    """tools/gpu_checks.sh sets RLHF_PROFILE_OVERRIDES='{"weights": "random"}' (or gguf) for every stage; the
+    tiny-size specs must still build (hub, gguf and random weights are the gpu profile's)."""
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "random"}')
     spec = bench_memory.size_spec("tiny")
     assert spec.batch > 0 and spec.new_tokens > 0
 

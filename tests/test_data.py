@@ -150,7 +150,7 @@ def test_the_gpu_sft_folder_follows_the_cache_dir_which_defaults_to_the_runs_dir
 
     monkeypatch.delenv("RLHF_CACHE_DIR", raising=False)
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "elsewhere"))
-    assert get_profile("gpu").sft_model_path == str(tmp_path / "elsewhere" / "sft-smollm2-135m")
-    assert get_profile("gpu", random_init=True).sft_model_path.startswith(str(tmp_path / "elsewhere"))
+    assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "elsewhere" / "sft-smollm2-135m")
+    assert get_profile("gpu", weights="random").sft_model_path.startswith(str(tmp_path / "elsewhere"))
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))  # the caches may live apart from the runs
-    assert get_profile("gpu").sft_model_path == str(tmp_path / "cache" / "sft-smollm2-135m")
+    assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "cache" / "sft-smollm2-135m")

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def small_corpus(monkeypatch):
     """64 SFT records instead of 8000: TRL tokenises the whole data set even for two steps."""
     records = rlhf_helpers.runtime.data.load_sft_corpus()[:64]
-    monkeypatch.setattr(rlhf_helpers.runtime.data, "load_sft_corpus", lambda: list(records))
+    monkeypatch.setattr(sft, "load_sft_corpus", lambda: list(records))  # the name sft.py calls
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def trainings(monkeypatch):
 
 
 def random_init_profile(tmp_path: Path, **changes):
-    values = dict(device="cpu", dtype="float32", random_init=True, sft_batch_size=4,
+    values = dict(device="cpu", dtype="float32", weights="random", sft_batch_size=4,
                   sft_model_path=str(tmp_path / "runs" / "sft-random-init"))
     values.update(changes)
     return get_profile("gpu", **values)
@@ -73,7 +73,7 @@ def test_trains_once_then_reuses_the_cache(tmp_path, small_corpus, trainings, ca
     assert path == Path(profile.sft_model_path) and len(trainings) == 1
     assert "fine-tuning" in capsys.readouterr().out
     marker = json.loads((path / COMPLETE_MARKER).read_text())
-    assert marker["key"]["random_init"] is True
+    assert marker["key"]["weights"] == {"source": "random", "file": None}
     assert marker["key"]["base_model"] == profile.base_model
     assert marker["key"]["architecture"] == SMALL_ARCHITECTURE
     assert marker["key"]["sft"]["lr"] == profile.sft_lr and marker["key"]["sft"]["max_steps"] == STEPS
@@ -160,18 +160,25 @@ def test_tiny_profile_is_a_no_op(trainings, capsys):
 
 def test_random_init_settings(monkeypatch, tmp_path, capsys):
     real = gpu_profile().sft_model_path
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"random_init": true}')
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "random"}')
     profile = get_profile("gpu")
-    assert profile.random_init and profile.sft_model_path == real + "-random-init"
+    assert profile.weights == "random" and profile.sft_model_path == real + "-random-init"
     assert reward_cache_dir(profile).name == "reward-gpu-random-init"  # the real reward cache stays clean
-    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf"}')
+    assert get_profile("gpu").sft_model_path == real + "-gguf"
+    assert reward_cache_dir(get_profile("gpu")).name == "reward-gpu-gguf"
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "hub"}')
+    assert get_profile("gpu").sft_model_path == real
     assert reward_cache_dir(get_profile("gpu")).name == "reward-gpu"
-    with pytest.raises(ValueError, match="random_init"):
-        get_profile("tiny", random_init=True)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
+    with pytest.raises(ValueError, match="weights must be 'shipped' in the tiny profile"):
+        get_profile("tiny", weights="random")
+    with pytest.raises(ValueError, match="random_init was replaced by weights"):  # an old script's setting
+        get_profile("gpu", random_init=True)
     with pytest.raises(ValueError, match="sft_model_path"):  # random weights where the real model belongs
-        ensure_sft_model(gpu_profile().replace(random_init=True, device="cpu"))
-    with pytest.raises(ValueError, match="architecture"):  # a hub model comes with its own
-        ensure_sft_model(get_profile("gpu", sft_model_path=str(tmp_path / "sft")),
+        ensure_sft_model(gpu_profile().replace(weights="random", device="cpu"))
+    with pytest.raises(ValueError, match="architecture"):  # hub weights come with their own
+        ensure_sft_model(get_profile("gpu", weights="hub", sft_model_path=str(tmp_path / "sft")),
                          architecture=SMALL_ARCHITECTURE)
     assert capsys.readouterr().out == ""  # refused before it starts
     assert architecture_of("HuggingFaceTB/SmolLM2-135M") == SMOLLM2_135M_CONFIG

@@ -327,7 +327,7 @@ def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, mo
 def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):
     from rlhf_helpers.stages.sft import sft_cache_key
 
-    profile = get_profile("gpu", random_init=True, device="cpu")
+    profile = get_profile("gpu", weights="random", device="cpu")
     key = sft_cache_key(profile)
     data = copy_data_dir(tmp_path)
     monkeypatch.setenv("RLHF_DATA_DIR", str(data))

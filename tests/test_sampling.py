@@ -263,9 +263,9 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_dropped(sha
 
 def test_bench_sampling_builds_under_gpu_checks_environment(monkeypatch):
     """bench_sampling loads the shipped tokenizer through the tiny profile; under tools/gpu_checks.sh's
-    RLHF_PROFILE_OVERRIDES='{"random_init": true}' that used to raise before any timing (first GPU run)."""
+    RLHF_PROFILE_OVERRIDES='{"weights": "random"}' that used to raise before any timing (first GPU run)."""
     from benchmarks.bench_sampling import build_model
 
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"random_init": true}')
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "random"}')
     shared, tokenizer = build_model("cpu", torch.float32, small=True)
     assert shared.device.type == "cpu" and tokenizer.pad_token_id is not None

@@ -52,7 +52,9 @@ def machine() -> dict[str, Any]:
         out["driver"] = smi.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         out["driver"] = None
-    for name in ("transformers", "peft", "trl", "accelerate", "datasets"):
+    # which weights the gpu profile ran on: gpu_checks.sh sets {"weights": "gguf"} or {"weights": "random"}
+    out["profile_overrides"] = os.environ.get("RLHF_PROFILE_OVERRIDES")
+    for name in ("transformers", "peft", "trl", "accelerate", "datasets", "gguf"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

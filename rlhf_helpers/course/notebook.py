@@ -134,6 +134,8 @@ class Environment:
     dtype: str = "unknown"
     #: The dtype and why it fits the device, e.g. "float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)".
     dtype_reason: str = "unknown"
+    #: Where the profile's weights come from, in words (`runtime.weights.describe_weights`), or "unknown".
+    weights: str = "unknown"
 
 
 def _dtype_and_reason() -> tuple[str, str]:
@@ -147,33 +149,36 @@ def _dtype_and_reason() -> tuple[str, str]:
         return "unknown", "unknown"
 
 
-def _profile_and_device() -> tuple[str, str]:
-    """Name and device of `rlhf_helpers.runtime.profiles.get_profile()`, guarded for older checkouts."""
+def _profile_and_device() -> tuple[str, str, str]:
+    """Name, device and weights (in words) of `rlhf_helpers.runtime.profiles.get_profile()`, guarded for older
+    checkouts."""
     try:
         profiles = importlib.import_module("rlhf_helpers.runtime.profiles")
+        weights = importlib.import_module("rlhf_helpers.runtime.weights")
         profile = profiles.get_profile()
     except (ImportError, AttributeError):
         profile = None
     if profile is not None:
         name = str(getattr(profile, "name", "unknown"))
         device = str(getattr(profile, "device", "cpu"))
-        return name, device
+        where = weights.describe_weights(getattr(profile, "weights", "auto"), getattr(profile, "base_model", ""))
+        return name, device, where
     import torch  # only here: the header's own import stays light
 
-    return "unknown", "cuda" if torch.cuda.is_available() else "cpu"
+    return "unknown", "cuda" if torch.cuda.is_available() else "cpu", "unknown"
 
 
 def show_environment(print_table: bool = True) -> Environment:
     """Print the versions table, the profile/device line and the dtype line (the dtype and why it
     fits the device); make the course's plotly template the default; return them as an `Environment`."""
-    profile, device = _profile_and_device()
+    profile, device, weights = _profile_and_device()
     dtype, dtype_reason = _dtype_and_reason()
     try:  # one figure style for every notebook (plotly and ipywidgets come with the notebook extra)
         importlib.import_module("rlhf_helpers.widgets.style").use_course_figure_style()
     except ImportError:
         pass
     env = Environment(versions=package_versions(), profile=profile, device=device, colab=in_colab(),
-                      dtype=dtype, dtype_reason=dtype_reason)
+                      dtype=dtype, dtype_reason=dtype_reason, weights=weights)
     if print_table:
         width = max(len(name) for name in env.versions)
         for name, ver in env.versions.items():
@@ -181,6 +186,7 @@ def show_environment(print_table: bool = True) -> Environment:
         where = "Colab" if env.colab else "local"
         print(f"profile: {env.profile}   device: {env.device}   ({where})")
         print(f"dtype: {env.dtype_reason}")
+        print(f"weights: {env.weights}")
     return env
 
 

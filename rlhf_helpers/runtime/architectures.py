@@ -3,7 +3,7 @@
     spec = architecture_of("HuggingFaceTB/SmolLM2-135M")   # a dict: model_type plus config fields
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
 
-The gpu profile's `random_init` mode, the TRL-baseline benchmark and the memory benchmark build the
+The gpu profile's random weights (`weights="random"`), the TRL-baseline benchmark and the memory benchmark build the
 same architecture this way on a machine without hub access. Imports nothing (the TRL-baseline venv
 reads it too).
 """

