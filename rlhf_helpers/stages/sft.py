@@ -185,12 +185,15 @@ def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = Non
 def load_gguf_base() -> tuple[Any, Any]:
     """(model, tokenizer) from the GGUF file (`runtime.weights.gguf_file`), de-quantised to float32.
 
-    The config forgets that it came from a GGUF file: the fine-tuned folder is plain safetensors, and a
+    The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a GGUF file: the fine-tuned folder is plain safetensors, and a
     `quantization_config` left in its config.json would send every later `from_pretrained` looking for it.
     Dropouts are 0, as in every model of the course.
     """
     path = require_gguf_file()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # the file's tokenizer asks for WordPiece's clean-up, which strips spaces before punctuation in BPE text
+    # (transformers refuses it with a warning on every decode): off, also in the saved SFT folder
+    tokenizer.clean_up_tokenization_spaces = False
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=master_dtype())
     model.config.quantization_config = None
     for name in ("quantization_config", "_pre_quantization_dtype"):
