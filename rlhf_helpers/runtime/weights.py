@@ -73,6 +73,12 @@ def require_gguf_file() -> Path:
     return path
 
 
+def require_weights(weights: str) -> None:
+    """Raise FileNotFoundError (how to get it) when `weights` is "gguf" and the file is missing."""
+    if weights == "gguf":
+        require_gguf_file()
+
+
 def hub_offline_by_setting() -> bool:
     """True when $HF_HUB_OFFLINE or $TRANSFORMERS_OFFLINE says not to ask the hub."""
     return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

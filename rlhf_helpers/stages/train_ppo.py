@@ -6,11 +6,10 @@
     CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo --profile tiny  # 2 CPU processes
 
-Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with
-no GPU visible each process runs on the CPU and they talk over gloo (run.json records num_processes).
-`accelerate launch --cpu --num_processes 2` silently starts ONE process (its --cpu launcher ignores
---num_processes without an MPI hostfile). `torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo`
-works too. A NaN/inf seen by one process stops all of them together, each with exit status 3.
+Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with no GPU
+visible each process runs on the CPU, over gloo (run.json records num_processes). `accelerate launch --cpu
+--num_processes 2` silently starts ONE process (no MPI hostfile). `torchrun --nproc_per_node 2 -m
+rlhf_helpers.stages.train_ppo` works too. A NaN/inf seen by one process stops all of them, each with exit 3.
 
 What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
 fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in
@@ -24,10 +23,9 @@ and writes into --output-dir (locked for the run: a second live run into it exit
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Settings: every PPOConfig field is a flag (`--help` lists them with their docs: --clip-eps, --entropy-coef,
---lora-r, --whiten-advantages/--no-whiten-advantages, --target-kl none...); a flag not given keeps the
-profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile, so its seed and
-lora reach every stage (the SFT and reward models too), e.g.
+Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a
+flag not given keeps the profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the
+profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
 '{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
 --resume continues with the PPO settings and reward folder recorded in run.json (the environment's
 overrides are not read again); only --total-steps (--steps), --save-every, --eval-every and the progress bar
@@ -84,6 +82,7 @@ from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
+from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -197,6 +196,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = get_profile(args.profile)
     except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
+    try:
+        require_weights(profile.weights)  # offline with no GGUF file: how to get it, before anything is built
+    except FileNotFoundError as error:
+        raise SetupError(f"the gpu profile's weights: {error}") from None
     chosen_dir = getattr(args, "output_dir", None) or profile.ppo.output_dir  # the flag, else the overrides'
     output_dir = Path(chosen_dir) if chosen_dir else runs_dir() / f"ppo-{profile.name}"
     given = {**given_field_values(args, PPOConfig), "output_dir": str(output_dir)}  # the PPO flags given
