@@ -60,7 +60,10 @@ mathjax2_config = {
     "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None,
                  "styles": {"@font-face": {"font-family": "MathJax_Blank", "src": "local('MathJax_Blank')"}},
                  # a page typesets its formulas in chunks of 50 with a 100 ms pause after each: larger, shorter
-                 "EqnChunk": 200, "EqnChunkDelay": 10},
+                 "EqnChunk": 200, "EqnChunkDelay": 10,
+                 # a display formula wider than its column breaks at an operator instead of being cut (site.css
+                 # lets what still does not fit scroll)
+                 "linebreaks": {"automatic": True, "width": "container"}},
     "fast-preview": {"disabled": True},  # one pass, not a rough preview that is then typeset again
     "messageStyle": "none",  # no "Typesetting math: 40%" box in the corner
     "MathMenu": {"showLocale": False},

@@ -108,6 +108,43 @@ MATH = """() => {
             errors: document.querySelectorAll('.MathJax_Error, .MathJax .merror').length};
 }"""
 LINKS = "() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
+#: what a reader cannot see without the page hiding it: a display formula, a table or an output line cut by an
+#: element that hides its overflow (none may be: long ones wrap or scroll), and the page wider than the window
+#: (on a phone a long line widens the whole page), naming the element that widens it
+CLIPPED = """() => {
+    const hides = e => ['hidden', 'clip'].includes(getComputedStyle(e).overflowX);
+    const cut = e => hides(e) && e.scrollWidth > e.clientWidth + 1;
+    const out = [];
+    document.querySelectorAll('div.math').forEach((m, i) => {
+        if ([m, ...m.querySelectorAll('*')].some(cut)) out.push('formula ' + i + ': ' + m.textContent.slice(0, 60));
+    });
+    document.querySelectorAll('article table, article pre').forEach((t, i) => {
+        const width = t.getBoundingClientRect().width;
+        for (let a = t; a && a !== document.body; a = a.parentElement) {
+            const o = getComputedStyle(a).overflowX;
+            if (o === 'auto' || o === 'scroll') break;
+            const over = a === t ? a.scrollWidth > a.clientWidth + 1 : width > a.clientWidth + 1;
+            if ((o === 'hidden' || o === 'clip') && over) {
+                out.push(t.tagName.toLowerCase() + ' ' + i + ': ' + t.textContent.trim().slice(0, 60)); break;
+            }
+        }
+    });
+    const view = window.innerWidth;
+    if (document.documentElement.scrollWidth > view + 1) {
+        const wide = Array.from(document.querySelectorAll('body *')).filter(e => {
+            if (e.getBoundingClientRect().right <= view + 1) return false;
+            for (let a = e.parentElement; a; a = a.parentElement) {
+                if (getComputedStyle(a).overflowX !== 'visible') return false;
+            }
+            return true;
+        }).map(e => e.tagName.toLowerCase() + ' "' + e.textContent.slice(0, 40) + '"');
+        const width = document.documentElement.scrollWidth;
+        out.push('page ' + width + ' px wide in ' + view + ': ' + wide.slice(-3).join(', '));
+    }
+    return out;
+}"""
+#: a phone's window (the widths a learner reads the site at: VIEWPORT and this)
+PHONE = {"width": 390, "height": 844}
 
 
 @functools.cache
@@ -149,6 +186,8 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
                              f"problems {problems}") from None
     maths = page.evaluate(MATH)
     assert maths["errors"] == 0, f"{name}: {maths['errors']} formulas with a TeX error"
+    clipped = page.evaluate(CLIPPED)
+    assert not clipped, f"{name} at {VIEWPORT['width']} px: cut off or too wide: {clipped}"
     if name.startswith("notebooks/0"):
         assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
         assert maths["count"] > 0, f"{name}: no typeset formula"
@@ -167,6 +206,39 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
         _move_every_slider(page, name, index)
     assert not problems["console"], f"{name}: console errors {problems['console']}"
     assert not problems["requests"], f"{name}: failed requests {problems['requests']}"
+
+
+@pytest.fixture(scope="module")
+def phone(browser, site) -> Iterator[object]:  # noqa: F811 (the imported fixture)
+    """One tab at a phone's width, offline like `tab`."""
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))
+    yield page
+    context.close()
+
+
+@pytest.mark.parametrize("name", _pages() or ["index.html"])
+def test_on_a_phone_nothing_is_cut_off_and_the_page_keeps_its_width(phone, site, name: str) -> None:
+    phone.goto(site + name, wait_until="load")
+    phone.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
+    clipped = phone.evaluate(CLIPPED)
+    assert not clipped, f"{name} at {PHONE['width']} px: cut off or too wide: {clipped}"
+
+
+def test_the_clipping_check_sees_a_cut_formula_a_cut_table_and_a_widened_page(phone) -> None:
+    """CLIPPED on pages broken on purpose: the theme's old rule (a formula in an overflow-hidden box), a table in
+    one, and an unbreakable line that widens the page; and on the same page fixed, nothing."""
+    wide = "x" * 300
+    broken = (f'<article><div class="math" style="overflow:hidden;width:200px"><span>{wide}</span></div>'
+              f'<div style="overflow:hidden;width:200px"><table><tr><td>{wide}</td></tr></table></div>'
+              f'<p style="white-space:nowrap">{wide}</p></article>')
+    phone.set_content(broken)
+    found = phone.evaluate(CLIPPED)
+    assert [f.split(" ")[0] for f in found] == ["formula", "table", "page"], found
+    phone.set_content(broken.replace("overflow:hidden", "overflow:auto").replace("white-space:nowrap",
+                                                                                "overflow-wrap:anywhere"))
+    assert phone.evaluate(CLIPPED) == []
 
 
 def test_the_course_pages_are_all_there() -> None:
