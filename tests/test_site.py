@@ -355,6 +355,16 @@ def test_the_built_pages_show_no_progress_bar_as_an_error_and_no_exercise_as_not
 
 
 @pytest.mark.site  # after make site (make test builds it)
+def test_a_generated_block_inside_a_sentence_stays_in_its_paragraph() -> None:
+    """docs/cluster.md's first sentence ends in a generated block (the pinned versions): a marker comment on a
+    line of its own would start an HTML block and split the sentence into two paragraphs."""
+    text = (SITE / "docs" / "cluster.html").read_text(encoding="utf-8")
+    paragraphs = [re.sub(r"<[^>]+>", "", p) for p in re.findall(r"<p>(.*?)</p>", text, re.S)]
+    first = next(p for p in paragraphs if "to their settings, for" in p)
+    assert re.search(r"for\s+verl \d", first), first
+
+
+@pytest.mark.site  # after make site (make test builds it)
 def test_every_github_link_of_the_built_site_names_a_file_or_folder_of_the_repository() -> None:
     pages = _built()
     tracked = set(subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
