@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
+from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER, shown_path
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages import reward as rt
@@ -202,7 +202,7 @@ def test_a_damaged_cached_folder_is_trained_again_and_says_so(tmp_path, monkeypa
     assert ensure_reward_model(profile, root=tmp_path) == final
     assert len(calls) == 2  # trained again, into the same folder
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"reward cache {final} is damaged" in err and "training it again" in err
+    assert err.count("\n") == 1 and f"reward cache {shown_path(final)} is damaged" in err and "training it again" in err
     assert (rt.reward_dir_problem(final) is None) and (final / "score_head.safetensors").read_bytes() == b"head"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reward-tiny"]  # no temporary folder left
     assert ensure_reward_model(profile, root=tmp_path) == final and len(calls) == 2  # cached again

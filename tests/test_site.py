@@ -355,6 +355,14 @@ def test_the_built_pages_show_no_progress_bar_as_an_error_and_no_exercise_as_not
 
 
 @pytest.mark.site  # after make site (make test builds it)
+def test_no_page_shows_the_folders_of_the_machine_that_built_it() -> None:
+    """Outputs print paths relative to the course (`artifacts.shown_path`): a reader never sees the builder's
+    checkout, e.g. in front of runs/reward-tiny or data/models/tiny-sft."""
+    for page in _built():
+        assert str(ROOT) not in page.read_text(encoding="utf-8"), f"{page} shows {ROOT}"
+
+
+@pytest.mark.site  # after make site (make test builds it)
 def test_a_generated_block_inside_a_sentence_stays_in_its_paragraph() -> None:
     """docs/cluster.md's first sentence ends in a generated block (the pinned versions): a marker comment on a
     line of its own would start an HTML block and split the sentence into two paragraphs."""

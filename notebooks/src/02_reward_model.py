@@ -48,6 +48,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import rlhf_helpers
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.ppo.sampling import sample
+from rlhf_helpers.runtime.artifacts import shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 from rlhf_helpers.runtime.profiles import get_profile
@@ -61,7 +62,7 @@ profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
 torch.manual_seed(profile.seed)
 torch.set_num_threads(1)  # a model this small: a second thread only adds hand-offs (4x slower per step under load)
-print(f"profile {profile.name}: base {profile.sft_model_path}, reward epochs {profile.reward_epochs}, "
+print(f"profile {profile.name}: base {shown_path(profile.sft_model_path)}, reward epochs {profile.reward_epochs}, "
       f"batch {profile.reward_batch_size}, lr {profile.reward_lr}")
 
 # %% [markdown]
@@ -671,7 +672,7 @@ was_cached = is_cached_reward_model(profile, reward_config)
 print("loading the cached reward adapter" if was_cached else "training the reward adapter (TRL RewardTrainer)...")
 reward_dir = ensure_reward_model(profile, reward_config)
 stored = reward_metrics(reward_dir)
-print(f"reward adapter in {reward_dir}; trained on {stored['train_pairs']:.0f} distinct pairs "
+print(f"reward adapter in {shown_path(reward_dir)}; trained on {stored['train_pairs']:.0f} distinct pairs "
       f"({stored.get('pairs_seen', stored['train_pairs']):.0f} pair passes) in {stored['train_seconds']:.0f} s")
 
 reward_model = PeftModel.from_pretrained(load_sequence_classifier(profile, num_labels=1), str(reward_dir)).eval()

@@ -253,7 +253,8 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
         return final
 
     def waiting(holder: dict[str, Any]) -> None:
-        print(f"waiting for {describe_holder(holder)}, which is building {final}", file=sys.stderr, flush=True)
+        print(f"waiting for {describe_holder(holder)}, which is building {shown_path(final)}", file=sys.stderr,
+              flush=True)
 
     # one builder at a time: a second process waits here, then finds the folder built by the first
     with FileLock(final.parent / f".lock-{final.name}", f"the {what} folder {final}").acquire(wait=True,

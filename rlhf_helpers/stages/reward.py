@@ -27,6 +27,7 @@ from rlhf_helpers.runtime.artifacts import (
     cache_dir,
     model_fingerprint,
     read_record,
+    shown_path,
 )
 from rlhf_helpers.runtime.data import data_fingerprint
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
@@ -104,7 +105,8 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     def announce(problem: str) -> None:
         if final.exists():
             state = "out of date" if problem.startswith("it was trained") else "damaged"
-            print(f"reward cache {final} is {state} ({problem}): training it again", file=sys.stderr, flush=True)
+            print(f"reward cache {shown_path(final)} is {state} ({problem}): training it again", file=sys.stderr,
+                  flush=True)
 
     return build_cached(final, reward_cache_key(profile, config),
                         lambda tmp: {"metrics": train_reward_model(profile, tmp, config)},

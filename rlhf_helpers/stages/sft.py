@@ -26,7 +26,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_helpers.runtime.architectures import architecture_of
-from rlhf_helpers.runtime.artifacts import build_cached
+from rlhf_helpers.runtime.artifacts import build_cached, shown_path
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpus
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
@@ -269,11 +269,11 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
 
     def announce(problem: str) -> None:
         reasons.append(problem)
-        print(f"SFT model: fine-tuning {_describe(profile)} into {final} ({problem})", flush=True)
+        print(f"SFT model: fine-tuning {_describe(profile)} into {shown_path(final)} ({problem})", flush=True)
 
     build_cached(final, key, train, describe=OUT_OF_DATE, force=force, announce=announce, what="SFT")
     if not reasons:
-        print(f"SFT model: reusing the cached {final} ({_describe(profile)})", flush=True)
+        print(f"SFT model: reusing the cached {shown_path(final)} ({_describe(profile)})", flush=True)
     return final
 
 
