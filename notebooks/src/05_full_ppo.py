@@ -1428,15 +1428,17 @@ recorded_file = Path(rlhf_helpers.__file__).resolve().parents[1] / "benchmarks/r
 if recorded_file.is_file():
     recorded = json.loads(recorded_file.read_text())
     layouts = {"shared": "one shared base + LoRA", "four_lora": "four models, LoRA", "four": "four models, full FT"}
+    colours = dict(zip(layouts, ("#1f77b4", "#ff7f0e", "#2ca02c"), strict=True))  # one colour per layout, both panels
     fig = make_subplots(rows=1, cols=2, subplot_titles=("parameters (MiB)", "peak memory of one PPO step (MiB)"))
     for col, key in ((1, "param_mb"), (2, "peak_mb")):
         for layout, label in layouts.items():
             fig.add_bar(x=[row["size"].split(",")[0] for row in recorded["sizes"]],
                         y=[row[key][layout] for row in recorded["sizes"]], name=label, legendgroup=layout,
-                        showlegend=col == 1, row=1, col=col)
+                        marker_color=colours[layout], showlegend=col == 1, row=1, col=col)
     fig.update_yaxes(type="log")
+    # the legend above the panels: below them it would sit on the x-axis labels
     fig.update_layout(title="Measured by bench_memory: one shared base against four models", barmode="group",
-                      legend=dict(orientation="h", y=-0.2))
+                      legend=dict(orientation="h", x=0, y=1.12, yanchor="bottom"), margin=dict(t=120))
     fig.show()
     for row in recorded["sizes"]:
         peak = row["peak_mb"]
