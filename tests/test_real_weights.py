@@ -143,8 +143,8 @@ def test_the_response_mask_stops_at_the_first_eos(pipeline):
 def test_the_first_minibatch_has_ratio_one(pipeline):
     """The old log-probs come from the sampling loop's logits (KV cache); the first minibatch recomputes them
     in one fresh forward: equal up to float32 rounding of two summation orders (measured here: mean ratio 1 to
-    5e-7, largest 1 + 1e-5). 1e-4 on the mean and 1e-3 on the largest leave room for other kernels; a ratio
-    taken against anything but the sampling policy is off by far more."""
+    5e-7, largest 1 + 1e-5). 1e-4 on the mean and 1e-3 on the largest leave room for other kernels; old
+    log-probs of other tokens, positions or a shifted mask would be off by far more."""
     stats = pipeline["first_stats"][0]
     assert stats["epoch"] == 0 and stats["minibatch"] == 0
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
