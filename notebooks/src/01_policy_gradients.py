@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 import rlhf_helpers
 from rlhf_helpers.course.claims import check_claims
+from rlhf_helpers.widgets.style import fit_labels
 
 torch.manual_seed(0)
 # The tensors here are tiny: extra threads cost more in synchronisation than they save.
@@ -630,7 +631,7 @@ for col, key in enumerate(("J after step", "KL(old || new)", "entropy", "final J
     fig.update_xaxes(type="log", title_text="first step size eta", row=1, col=col)
 fig.update_layout(title=f"One large step from the uniform policy "
                         f"(mean of 8 seeds; max entropy = {math.log(N_WORDS):.2f})")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %% [markdown]
 # A large first step looks like progress: the policy jumps straight to the actions that did well in
@@ -889,7 +890,7 @@ fig.update_xaxes(title_text="step on the same batch", row=1, col=2)
 fig.update_xaxes(title_text="ordinary step", row=1, col=3)
 fig.update_layout(title=f"30 steps on one batch (eta 5, eps 0.2), then ordinary training "
                         f"(mean of {len(reuse_seeds)} seeds)")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %%
 reuse_table = pd.DataFrame({name: {

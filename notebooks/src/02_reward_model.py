@@ -845,7 +845,7 @@ fig.add_bar(x=["reward model", "annotator ceiling", "chance"], y=[accuracy, ceil
             marker_color=["royalblue", "gray", "lightgray"], showlegend=False)
 fig.add_scatter(x=hidden_all.tolist(), y=learned.tolist(), mode="markers", marker=dict(size=4, opacity=0.5),
                 name="held-out responses", row=1, col=2)
-fig.update_yaxes(range=[0.4, 1.0], row=1, col=1)
+fig.update_yaxes(range=[0.4, 0.95], row=1, col=1)  # no tick at 1.0 under the panel title
 fig.update_xaxes(title_text="hidden score h", row=1, col=2)
 fig.update_yaxes(title_text="learned reward r", row=1, col=2)
 fig.update_layout(title="The trained reward model on the held-out pairs")

@@ -72,6 +72,7 @@ from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.widgets.style import fit_labels
 from rlhf_helpers.world.scorer import score_breakdown
 
 # %%
@@ -165,7 +166,7 @@ for name, lab_run, color in (("broken: ref log-probs as old", broken_a, "crimson
                         showlegend=False)
 fig.update_xaxes(title_text="PPO step after the baseline")
 fig.update_layout(title="(a) The same trained state, updated with the right and with the wrong old log-probs")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %% [markdown]
 # **Recognise it:** look at the first panel. A correct update starts every step at ratio 1: exactly 1
@@ -266,7 +267,7 @@ for col, extras, color in ((1, broken_b.extras, "crimson"), (2, fixed_b_extras, 
 fig.update_xaxes(title_text="advantage of the sampled EOS token (correct pipeline)")
 fig.update_yaxes(title_text="change of its log-prob in the update", row=1, col=1)
 fig.update_layout(title=f"(b) EOS tokens of {lab.short_steps} PPO steps: does the update follow their advantage?")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 corr_rows = []  # one row per run and token group: correlation(advantage, log-prob change)
 for name, extras in (("broken", broken_b.extras), ("fixed", fixed_b_extras)):
@@ -399,7 +400,7 @@ for name, lab_run, color in (("beta = 0", broken_c, "crimson"),
                     line_color=color)
 fig.update_xaxes(title_text="PPO step")
 fig.update_layout(title="(c) Training batches: learned reward against hidden score, without and with the KL penalty")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 
 # %%
@@ -634,7 +635,7 @@ for row in sweep.values():
         fig.add_vline(x=row["d_star"], line_dash="dot", line_color=row["color"], row=1, col=2)
 fig.update_xaxes(title_text="d = sqrt(KL to the reference)")
 fig.update_layout(title="(c) beta = 0 on a reward model trained on all pairs and on 250 pairs")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %% [markdown]
 # **What this run shows:** the reward model trained on 250 pairs is the weaker one on held-out pairs
@@ -772,7 +773,7 @@ fig.update_xaxes(title_text="KL estimate per token", row=1, col=1)
 fig.update_xaxes(title_text="KL estimate per token", row=1, col=2)
 fig.update_xaxes(title_text="PPO step (baseline)", row=1, col=3)
 fig.update_layout(title="(d) k1 against k3: the same tokens, the same responses")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 print("batch-mean sequence KL per step, k1:", " ".join(f"{e['k1_mean']:+.2f}" for e in baseline.extras))
 print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" for e in baseline.extras))
 
@@ -1057,7 +1058,7 @@ for name, runs, offset, color in (("broken: no warm-up", no_warmup, 0, "crimson"
 fig.add_vline(x=0.5, line_dash="dot", line_color="gray")
 fig.update_xaxes(title_text="PPO step (policy updates; <= 0: critic warm-up)")
 fig.update_layout(title="(e) The critic without and with a value warm-up")
-fig.show()
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %%
 ev_rows = []  # one row per side and seed: the first policy update's batch, and the value loss after it

@@ -120,7 +120,8 @@ class ClipExplorer(Explorer):
                                           "size": 0.02}),
                       row=1, col=1, secondary_y=True)
         fig.update_layout(height=560, width=FIGURE_WIDTH, font=FIGURE_FONT,
-                          margin={"l": 60, "r": 60, "t": 70, "b": 50}, uirevision="keep",
+                          # t: room for the two-line case labels between the title and the plot
+                          margin={"l": 60, "r": 60, "t": 82, "b": 50}, uirevision="keep",
                           legend={"orientation": "h", "y": -0.12}, template="plotly_white")
         fig.update_yaxes(title_text="objective (maximise)", row=1, col=1, secondary_y=False)
         fig.update_yaxes(title_text="% of batch", row=1, col=1, secondary_y=True, showgrid=False,
