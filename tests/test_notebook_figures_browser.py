@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from figure_overlaps import OVERLAPS
 from test_notebooks import EXECUTED_DIR, NOTEBOOKS
 from test_widgets_browser import (  # noqa: F401 (fixtures)
     _jupyterlab,
@@ -114,8 +115,8 @@ FIGURES = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel .js-p
         const area = gd.closest('.jp-OutputArea-output') ?? gd.parentElement;
         const svgs = Array.from(gd.querySelectorAll('.main-svg')).map(svg => svg.getBoundingClientRect().width);
         return {width: Math.max(...svgs), area: area.clientWidth,
-                title: (gd.querySelector('.gtitle')?.textContent ?? '').trim()};
-    })"""
+                title: (gd.querySelector('.gtitle')?.textContent ?? '').trim(), overlaps: (OVERLAPS)(gd)};
+    })""".replace("OVERLAPS", OVERLAPS)
 
 
 def _scroll_through(page) -> None:
@@ -165,6 +166,8 @@ def test_figures_fit_the_output_area_with_a_title(course_lab, browser, path: Pat
         # +1 px: the output area and plotly round their widths separately to whole pixels
         too_wide = [f for f in figures if f["width"] > f["area"] + 1]
         assert not too_wide, f"{path.name}: figures wider than their output area: {too_wide}"
+        colliding = {i: f["overlaps"] for i, f in enumerate(figures) if f["overlaps"]}
+        assert not colliding, f"{path.name}: labels running into each other, by figure (in order): {colliding}"
         untitled = [i for i, f in enumerate(figures) if not f["title"]]
         assert not untitled, f"{path.name}: figures {untitled} (in order) have no title"
         plots = page.locator(".jp-NotebookPanel .js-plotly-plot:has(.main-svg)")

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import numpy as np
 import pytest
+from figure_overlaps import OVERLAPS
 from test_site import GITHUB, TOLERANCE, expected_traces
 from test_widgets_browser import browser, browser_ready  # noqa: F401 (fixtures)
 
@@ -188,6 +189,10 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
     assert maths["errors"] == 0, f"{name}: {maths['errors']} formulas with a TeX error"
     clipped = page.evaluate(CLIPPED)
     assert not clipped, f"{name} at {VIEWPORT['width']} px: cut off or too wide: {clipped}"
+    collisions = page.evaluate(f"() => Array.from(document.querySelectorAll('{FIGURES}'))"
+                               f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
+    colliding = {i: c for i, c in enumerate(collisions) if c}
+    assert not colliding, f"{name}: labels running into each other, by figure: {colliding}"
     if name.startswith("notebooks/0"):
         assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
         assert maths["count"] > 0, f"{name}: no typeset formula"
@@ -224,6 +229,11 @@ def test_on_a_phone_nothing_is_cut_off_and_the_page_keeps_its_width(phone, site,
     phone.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
     clipped = phone.evaluate(CLIPPED)
     assert not clipped, f"{name} at {PHONE['width']} px: cut off or too wide: {clipped}"
+    # the explorers' sliders, legends and labels (figures with panels side by side are read on a wider screen)
+    collisions = phone.evaluate(f"() => Array.from(document.querySelectorAll('.rlhf-static-explorer'))"
+                                f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
+    colliding = {i: c for i, c in enumerate(collisions) if c}
+    assert not colliding, f"{name} at {PHONE['width']} px: explorer labels running into each other: {colliding}"
 
 
 def test_the_clipping_check_sees_a_cut_formula_a_cut_table_and_a_widened_page(phone) -> None:
@@ -239,6 +249,33 @@ def test_the_clipping_check_sees_a_cut_formula_a_cut_table_and_a_widened_page(ph
     phone.set_content(broken.replace("overflow:hidden", "overflow:auto").replace("white-space:nowrap",
                                                                                 "overflow-wrap:anywhere"))
     assert phone.evaluate(CLIPPED) == []
+
+
+def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_are_wrapped(tab, site) -> None:
+    """Three long subplot titles side by side in the text column collide; `fit_labels` wraps them apart."""
+    from plotly.subplots import make_subplots
+
+    from rlhf_helpers.widgets.style import fit_labels, use_course_figure_style
+
+    use_course_figure_style()
+    page, problems = tab
+    problems.update(page="notebooks/05_full_ppo.html", console=[], requests=[])
+    page.goto(site + "notebooks/05_full_ppo.html", wait_until="load")  # a page with plotly.js
+    titles = ("ratio mean, first minibatch of each step", "clip fraction (mean over the update)", "approx-KL")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=titles)
+    for col in (1, 2, 3):
+        fig.add_scatter(x=[0, 1], y=[0, 1], row=1, col=col, showlegend=False)
+    draw = f"""async figure => {{
+        const gd = document.createElement('div');
+        gd.style.width = '784px';
+        document.querySelector('article').prepend(gd);
+        await Plotly.newPlot(gd, figure.data, figure.layout);
+        const found = ({OVERLAPS})(gd);
+        gd.remove();
+        return found;
+    }}"""
+    assert page.evaluate(draw, fig.to_plotly_json()), "side-by-side long subplot titles should collide"
+    assert page.evaluate(draw, fit_labels(fig).to_plotly_json()) == []
 
 
 def test_the_course_pages_are_all_there() -> None:

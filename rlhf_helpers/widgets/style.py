@@ -53,15 +53,24 @@ def wrap_label(text: str, max_chars: int) -> str:
     return "<br>".join(lines)
 
 
+def _legend_px(fig: go.Figure, size: float) -> int:
+    """Width a vertical legend at the right takes from the panels (0 for a horizontal or hidden one)."""
+    names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
+    if fig.layout.showlegend is False or fig.layout.legend.orientation == "h" or len(names) < 2:
+        return 0
+    return int(max(map(len, names)) * CHAR_WIDTH_PER_PX * size) + 50  # + the symbol and padding
+
+
 def fit_labels(fig: go.Figure, width: int = READ_WIDTH_PX) -> go.Figure:
     """Wrap the subplot titles and x-axis titles of a figure with several panels so that each fits its panel
-    when the figure is `width` px wide: side by side, long ones would run into their neighbours. The top
-    margin grows by a line for each extra line of the tallest subplot title. Returns `fig`."""
+    when the figure is `width` px wide (less its margins and a legend at the right): side by side, long ones
+    would run into their neighbours. The top margin grows by a line for each extra line of the tallest subplot
+    title. Returns `fig`."""
     template = pio.templates[COURSE_TEMPLATE].layout if COURSE_TEMPLATE in pio.templates else go.Layout()
     margin_l = fig.layout.margin.l if fig.layout.margin.l is not None else (template.margin.l or 80)
     margin_r = fig.layout.margin.r if fig.layout.margin.r is not None else (template.margin.r or 80)
-    plot_px = width - margin_l - margin_r
     size = (fig.layout.font.size or template.font.size or 12)
+    plot_px = width - margin_l - margin_r - _legend_px(fig, size)
     panels = []  # (domain start, domain end) of each x-axis
     for name in [key for key in fig.layout if key.startswith("xaxis")]:
         axis = fig.layout[name]
