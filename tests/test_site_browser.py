@@ -148,6 +148,13 @@ CLIPPED = """() => {
 PHONE = {"width": 390, "height": 844}
 
 
+def label_collisions(page, selector: str) -> dict[int, list[str]]:
+    """The colliding labels (`figure_overlaps.OVERLAPS`) of each figure matching `selector`, by its index."""
+    found = page.evaluate(f"() => Array.from(document.querySelectorAll('{selector}'))"
+                          f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
+    return {i: labels for i, labels in enumerate(found) if labels}
+
+
 @functools.cache
 def _ids(path: Path) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', path.read_text(encoding="utf-8")))
@@ -189,9 +196,7 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
     assert maths["errors"] == 0, f"{name}: {maths['errors']} formulas with a TeX error"
     clipped = page.evaluate(CLIPPED)
     assert not clipped, f"{name} at {VIEWPORT['width']} px: cut off or too wide: {clipped}"
-    collisions = page.evaluate(f"() => Array.from(document.querySelectorAll('{FIGURES}'))"
-                               f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
-    colliding = {i: c for i, c in enumerate(collisions) if c}
+    colliding = label_collisions(page, FIGURES)
     assert not colliding, f"{name}: labels running into each other, by figure: {colliding}"
     if name.startswith("notebooks/0"):
         assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
@@ -230,9 +235,7 @@ def test_on_a_phone_nothing_is_cut_off_and_the_page_keeps_its_width(phone, site,
     clipped = phone.evaluate(CLIPPED)
     assert not clipped, f"{name} at {PHONE['width']} px: cut off or too wide: {clipped}"
     # the explorers' sliders, legends and labels (figures with panels side by side are read on a wider screen)
-    collisions = phone.evaluate(f"() => Array.from(document.querySelectorAll('.rlhf-static-explorer'))"
-                                f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
-    colliding = {i: c for i, c in enumerate(collisions) if c}
+    colliding = label_collisions(phone, ".rlhf-static-explorer")
     assert not colliding, f"{name} at {PHONE['width']} px: explorer labels running into each other: {colliding}"
 
 
