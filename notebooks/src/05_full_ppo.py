@@ -1110,13 +1110,13 @@ display(recorded_samples.style.hide(axis="index").format(precision=2)
 # - **The critic learns the returns.** Its value loss falls and its explained variance, near 0 at the start,
 #   ends above 0.5.
 # - **The policy converges on one register.** Before PPO, 7 of the 12 answers have a sentiment term of 0 or
-#   below (mixed or non-committal); three are one-liners such as "I am not sure what to think.". After PPO all
+#   below (mixed, negative or non-committal); three are one-liners such as "I am not sure what to think.". After PPO all
 #   twelve are stacked praise, with a sentiment term above 1.35. The hidden score rises for 11 of the 12
 #   prompts. On the 200 held-out prompts the answers grow by about ten tokens.
 # - **Where the gap is largest, the hidden scorer takes away what the reward model does not price.** In the two
 #   policy answers with the largest gap, one has a sentence outside the world's grammar (its fluency term is
-#   -1, notebook 02) and the other repeats a phrase; the repetition costs more than its praise earned, and
-#   that prompt is the one whose hidden score falls.
+#   -1, notebook 02) and the other repeats a phrase; the repetition costs more than the praise it gained over
+#   the SFT answer, and that prompt is the one whose hidden score falls.
 #
 # These two answers are notebook 06's subject in miniature: PPO finds what the reward model under-prices, and
 # the KL penalty only bounds how far it goes.
