@@ -26,9 +26,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# Jupyter refuses to run as root (containers, some cloud VMs) unless told it may.
+# Jupyter refuses to run as root (containers, some cloud VMs) unless told it may. The contents manager
+# hands JupyterLab each notebook with the metadata its kernel will write, so none opens as modified.
+LAB_CONTENTS := --ServerApp.contents_manager_class=rlhf_helpers.course.lab_contents.CourseContentsManager
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_CONTENTS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Every test: the unit tests and then the notebook runs two at a time on two processes (one kernel each, one torch
 # thread; in the order of tests/conftest.py), then the figures of the notebooks they executed (build/executed/)

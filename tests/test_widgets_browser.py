@@ -87,10 +87,11 @@ def _get_json(url: str) -> object:
 
 @contextlib.contextmanager
 def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
-                settings: dict[str, dict] | None = None) -> Iterator[dict]:
+                settings: dict[str, dict] | None = None, server_args: tuple[str, ...] = ()) -> Iterator[dict]:
     """A JupyterLab server on 127.0.0.1 with its own Jupyter folders under `base`; yields url, token,
     root and log. `plotly_extension=False` disables plotly's renderer extension in its config folder;
-    `settings` maps a plugin ("@jupyterlab/notebook-extension/tracker") to user settings of its own."""
+    `settings` maps a plugin ("@jupyterlab/notebook-extension/tracker") to user settings of its own;
+    `server_args` are more command-line options for the server."""
     root = base / "root"
     root.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **kernel_env}
@@ -119,6 +120,7 @@ def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
          f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
          "--LabApp.extension_manager=readonly",  # no PyPI look-ups (CI has no internet)
+         *server_args,
          *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
     )

@@ -117,6 +117,11 @@ print("kl_scratch matches rlhf_helpers.kl_estimate for k1, k2, k3")
 # %% [markdown]
 # Move the reference away from the policy and compare the three estimators with the exact KL: their
 # means, their spread, and how often $k_1$ comes out negative.
+#
+# *If an explorer is gone when you come back:* closing a notebook's tab in JupyterLab closes its widgets'
+# connection to the kernel, so a notebook reopened while its kernel still runs shows "Error displaying
+# widget: model not found" where each explorer was. Run the explorer's cell again. Reloading the browser
+# page instead keeps them.
 
 # %%
 kl_explorer = widgets.KLExplorer()

@@ -188,6 +188,11 @@ check_claims({
 # ## 2. Explore the clip
 # Move the advantage and $\epsilon$ (and, in a running notebook, the ratio and the dual clip); the
 # explorer shows both surrogate terms, the one `min` selects, and whether the gradient flows.
+#
+# *If an explorer is gone when you come back:* closing a notebook's tab in JupyterLab closes its widgets'
+# connection to the kernel, so a notebook reopened while its kernel still runs shows "Error displaying
+# widget: model not found" where each explorer was. Run the explorer's cell again. Reloading the browser
+# page instead keeps them.
 
 # %%
 clip_explorer = widgets.ClipExplorer()
