@@ -71,6 +71,13 @@ def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(tens
         for key, value in row.items():
             if key != "step":
                 expected.setdefault(tracking.TRACKER_NAMES[key], []).append((int(row["step"]), value))
+    # and the run doctor's counts at the last step: steps per rule that fired, findings per severity
+    from rlhf_helpers.ppo.diagnosis import diagnose
+    from rlhf_helpers.stages.diagnose import tracker_values
+
+    doctor = tracker_values(diagnose(out))
+    assert {"doctor/errors", "doctor/warnings", "doctor/infos"} <= set(doctor)
+    expected.update({name: [(3, value)] for name, value in doctor.items()})
 
     events = EventAccumulator(str(out / tracking.TRACKING_DIR / tracking.PROJECT), size_guidance={"scalars": 0})
     events.Reload()

@@ -65,6 +65,13 @@ def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
     assert [r["step"] for r in rows2] == [1.0, 2.0]
     assert rows2[0] == rows[0]  # step 1's row came back from the checkpoint's history unchanged
     assert len([p for p in runs.iterdir() if p.name.startswith("reward-")]) == 1  # cached, not retrained
+    # the run doctor read the whole resumed history: printed at the end, and diagnosis.json as diagnose() says
+    from rlhf_helpers.ppo.diagnosis import diagnose
+
+    assert "run doctor: 2 steps read" in second.stderr
+    written = json.loads((out / "diagnosis.json").read_text())
+    assert written == json.loads(json.dumps(diagnose(out).to_json()))
+    assert written["steps"] == 2 and written["facts"]["max_new_tokens"] == run["ppo_config"]["max_new_tokens"]
 
 
 def test_cli_rejects_bad_arguments(tmp_path, capsys):

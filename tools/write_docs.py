@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlhf_helpers.cluster import knobs
 from rlhf_helpers.cluster.export import OPENRLHF_VERSION, VERL_VERSION, openrlhf_command, verl_command, verl_yaml
+from rlhf_helpers.ppo.diagnosis_types import rule_docs
 from rlhf_helpers.ppo.metric_docs import GROUPS, METRICS, NOTATION, MetricDoc
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile
@@ -79,6 +80,19 @@ def metrics_markdown() -> str:
                 lines.append(f"- **Healthy:** {doc.healthy}")
             if doc.bad:
                 lines.append(f"- **Bad values mean:** {doc.bad}")
+            readers = [rule for rule, (reads, _) in rule_docs().items() if name in reads]
+            if readers:
+                lines.append("- **Run doctor rules reading it:** " + ", ".join(f"[`{r}`](#{r})" for r in readers))
+    lines += ["", "## The run doctor", "",
+              "`rlhf_helpers.ppo.diagnosis.diagnose` reads a run's metrics (a list of dicts, a `PPOTrainer`, a run "
+              "folder or a TRL output folder) and names the failure signatures below; `python -m "
+              "rlhf_helpers.stages.diagnose RUN_DIR` prints them, and the training command prints them at the end "
+              "of a run and writes them to `diagnosis.json`. Each threshold's source is in "
+              "`rlhf_helpers/ppo/diagnosis_types.py` (`Thresholds`). `non_finite` reads every metric."]
+    for rule, (reads, when) in rule_docs().items():
+        lines += ["", f"### {rule}", "", f"- **Fires:** {when}"]
+        if reads:
+            lines.append("- **Reads:** " + ", ".join(f"[`{m}`](#{m})" if m in METRICS else f"`{m}`" for m in reads))
     return "\n".join(lines) + "\n"
 
 

@@ -95,6 +95,7 @@ from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
+from rlhf_helpers.ppo.diagnosis import diagnose, format_findings, mark_findings
 from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
@@ -845,12 +846,14 @@ ppo_evals = [{"step": 0, **start_eval}]
 
 
 def after_step(metrics):
-    """Called by `train` after every PPO step: evaluate at eval_steps, refresh the figure."""
+    """Called by `train` after every PPO step: evaluate at eval_steps, refresh the figure and the doctor's marks."""
     if trainer.step_count in eval_steps:
         ppo_evals.append({"step": trainer.step_count, **trainer.evaluate(eval_prompts)})
     if trainer.step_count % refresh_every == 0 or trainer.step_count == config.total_steps:
         shown = [key for key in CURVES if key in trainer.history[-1]]  # a loop of yours may log fewer
-        live_curves.update(plot_curves(trainer.history, keys=shown, columns=3))
+        # the run doctor's findings so far: crosses on the curves they read, listed under the title
+        live_curves.update(mark_findings(plot_curves(trainer.history, keys=shown, columns=3), trainer.history,
+                                         diagnose(trainer), shown))
 
 
 peak = PeakMemory()  # resident memory of this process, from here to the end of training (appendix A)
@@ -895,6 +898,23 @@ check_claims({
     "the explained variance rises by more than 0.1":
         mean_of(late, "explained_variance") - mean_of(early, "explained_variance") > 0.1,
 })
+
+# %% [markdown]
+# **The run doctor.** `rlhf_helpers.ppo.diagnosis.diagnose` reads a run's logged metrics and names the
+# failure signatures it recognises. For each one it gives the steps, the numbers, what the signature
+# usually means, what to check first and where this course teaches it. [docs/metrics.md](../docs/metrics.md#the-run-doctor)
+# lists the rules and where each threshold comes from. The live figure above marked the findings while
+# the run trained: crosses on the curves a rule reads, red for an error, orange for a warning. The
+# command-line run prints the same list at its end and writes it to `diagnosis.json`. On the shipped
+# seed this run has no finding above "info". If your own pieces trained it and an error shows here,
+# start with that finding's "check first" line; notebook 06 breaks a run in each of these ways.
+
+# %%
+run_diagnosis = diagnose(trainer)
+print(format_findings(run_diagnosis))
+
+# %% tags=["claim-check"]
+check_claims({"the run doctor finds nothing above info": all(f.severity == "info" for f in run_diagnosis.findings)})
 
 # %% [markdown]
 # ### One plausible bug, trained

@@ -23,7 +23,9 @@
 #   but its variance grows fast with the per-token KL (measured); with the logits at hand, the KL summed
 #   over the vocabulary at each sampled prefix costs one softmax;
 # - **(e)** an untrained value head: watch the explained variance when the policy starts to move; a
-#   value warm-up trains the critic first.
+#   value warm-up trains the critic first;
+# - to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`), which names each of these from a run's
+#   metrics, and to break a run of your own and read its findings.
 #
 # The engine (`rlhf_helpers.ppo`) has none of these bugs. To break it, this notebook subclasses or wraps
 # its pieces here, in the notebook, never with switches inside the library; the harness that runs each
@@ -64,6 +66,7 @@ from rlhf_helpers.course.failure_runs import (
     third_stats,
 )
 from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -113,6 +116,34 @@ fig = plot_curves(baseline.history, keys=("score", "hidden_score", "kl", "respon
                                           "explained_variance", "clipfrac"),
                  title="Baseline: a correct lab run")
 fig.show()
+
+
+# %% [markdown]
+# ### The run doctor
+#
+# Every experiment below ends with the **run doctor**: `rlhf_helpers.ppo.diagnosis.diagnose` reads a run's
+# logged metrics and names the failure signatures it recognises. For each finding it gives the steps,
+# the numbers, what the signature usually means, what to check first and where this course teaches it
+# ([docs/metrics.md](../docs/metrics.md#the-run-doctor) lists its rules and where each threshold comes
+# from). A finding is an "error" (the run is broken), a "warning" (likely a problem) or an "info" (worth
+# knowing). On the baseline it finds one info and nothing else: the policy's first update used a critic
+# that explained nothing. Every run without a value warm-up starts that way; (e) is about it.
+
+# %%
+def doctor(history_or_run):
+    """Print the run doctor's findings on a lab run (its trainer: history and settings) or on a history;
+    return them as {rule: severity}."""
+    source = history_or_run.trainer if hasattr(history_or_run, "trainer") else history_or_run
+    diagnosis = diagnose(source)
+    print(format_findings(diagnosis))
+    return {f.rule: f.severity for f in diagnosis.findings}
+
+
+baseline_findings = doctor(baseline)
+
+# %% tags=["claim-check"]
+check_claims({"the baseline's one finding is the untrained critic, an info":
+              baseline_findings == {"untrained_critic": "info"}})
 
 # %% [markdown]
 # ## (a) Reference log-probs used as the old log-probs
@@ -197,6 +228,27 @@ check_claims({
         abs(mean_a.loc["broken", "approx-KL"] - 0.13) < 0.03 and mean_a.loc["fixed", "approx-KL"] < 0.006
         and mean_a.loc["broken", "approx-KL"] > 10 * mean_a.loc["fixed", "approx-KL"],
 })
+
+# %%
+print("(a) fixed:")
+findings_a = {"fixed": doctor(fixed_a)}
+print("\n(a) broken:")
+findings_a["broken"] = doctor(broken_a)
+
+# %% [markdown]
+# The doctor names the bug: `first_ratio_not_one`, an error at both steps of the broken run. It adds a
+# warning, `off_policy`, because the broken run's approx-KL is far above a healthy update's; that is a
+# consequence of the same bug, as its "check first" line says. The fixed run has no finding.
+
+# %% tags=["claim-check"]
+check_claims({
+    "broken: first_ratio_not_one, an error at both steps":
+        findings_a["broken"].get("first_ratio_not_one") == "error"
+        and next(f for f in diagnose(broken_a.trainer).findings if f.rule == "first_ratio_not_one").steps == (1, 2),
+    "broken: besides it only the off_policy warning": set(findings_a["broken"]) == {"first_ratio_not_one", "off_policy"},
+    "fixed: no finding": findings_a["fixed"] == {},
+})
+
 
 # %% [markdown]
 # ## (b) Pad equal to EOS
@@ -300,6 +352,28 @@ check_claims({
     "other tokens correlate alike (about +0.3, within 0.05)":
         abs(corr["fixed", "other"] - corr["broken", "other"]) < 0.05
         and all(0.2 < corr[run, "other"] < 0.4 for run in ("broken", "fixed")),
+})
+
+# %%
+print("(b) fixed (the baseline's first steps):")
+findings_b = {"fixed": doctor(baseline.history[: lab.short_steps])}
+print("\n(b) broken:")
+findings_b["broken"] = doctor(broken_b)
+print("eos_in_mask of the broken run, by step:", [round(row["eos_in_mask"], 3) for row in broken_b.history])
+
+# %% [markdown]
+# The doctor names it: `eos_masked`, an error at every step. The update's loss mask keeps almost none
+# of the sampled EOS tokens: `eos_in_mask` is 0 at most steps and below 0.1 at every step (the broken
+# mask keeps the EOS of a response that is nothing else), where a correct update logs exactly 1. The
+# fixed side, the baseline's first steps, has only the info about the untrained critic.
+
+# %% tags=["claim-check"]
+check_claims({
+    "broken: eos_masked, an error": findings_b["broken"].get("eos_masked") == "error",
+    "broken: eos_in_mask below 0.1 at every step, 0 at most steps":
+        all(row["eos_in_mask"] < 0.1 for row in broken_b.history)
+        and sum(row["eos_in_mask"] == 0.0 for row in broken_b.history) * 2 > len(broken_b.history),
+    "fixed: nothing above info": all(severity == "info" for severity in findings_b["fixed"].values()),
 })
 
 # %% [markdown]
@@ -450,6 +524,23 @@ check_claims({
         and -third_change(free, "hidden_score")[0] > 4 * third_change(free, "hidden_score")[1],
     "beta = 0.2: the hidden score changes by less than two standard errors (no fall)":
         abs(third_change(penalised, "hidden_score")[0]) < 2 * third_change(penalised, "hidden_score")[1],
+})
+
+# %%
+print("(c) broken (beta = 0):")
+findings_c = doctor(broken_c)
+
+# %% [markdown]
+# The doctor flags the $\beta = 0$ run with `over_optimisation`, a warning: the hidden score's last third
+# lies more than two standard errors below its best third while the learned score did not fall. In a
+# real run it reads the held-out evaluations' hidden score the same way, when there is one. The baseline
+# ($\beta = 0.2$, its findings above) has no such finding.
+
+# %% tags=["claim-check"]
+check_claims({
+    "beta = 0: over_optimisation, a warning, and no error":
+        findings_c.get("over_optimisation") == "warning" and "error" not in findings_c.values(),
+    "beta = 0.2 (the baseline): no over_optimisation": "over_optimisation" not in baseline_findings,
 })
 
 # %% [markdown]
@@ -1090,6 +1181,26 @@ check_claims({
         0.17 < change.mean() < 0.27 and change.mean() > 5 * change_se,
 })
 
+# %%
+findings_e = {}
+for name, runs in (("no warm-up", no_warmup), ("warm-up", warmed)):
+    for seed, r in runs.items():
+        print(f"(e) {name}, seed {seed}:")
+        findings_e[name, seed] = doctor(r)
+
+# %% [markdown]
+# Without a warm-up the doctor notes `untrained_critic` in each of the three seeds. It is an info, not a
+# warning: the explained variance is below 0.1 at the policy's first update, which the policy survives
+# here. After the warm-up it notes nothing. A critic that still explains nothing five steps after the
+# warm-up would be a warning, `critic_not_learning`.
+
+# %% tags=["claim-check"]
+check_claims({
+    "no warm-up: untrained_critic (info) and nothing else, in every seed":
+        all(findings_e["no warm-up", seed] == {"untrained_critic": "info"} for seed in lab.seeds),
+    "warm-up: no finding in any seed": all(findings_e["warm-up", seed] == {} for seed in lab.seeds),
+})
+
 # %% [markdown]
 # **Recognise it:** explained variance near 0 (or below) in the first steps while the policy is already
 # updating: look at the curves right of the dotted line and at the table's explained variance of the
@@ -1101,14 +1212,45 @@ check_claims({
 
 
 # %% [markdown]
+# ## Your turn: break a run and ask the doctor
+#
+# The cell below raises the policy's learning rate thirty-fold and trains six steps from the fresh
+# adapters. Before you run it, predict which rules will fire. Then break a run your own way and read
+# each finding's "check first" line. Some breaks to try: `kl_coef=0.0` with more steps, `ppo_epochs=16`,
+# `clip_eps=10.0` (no clip at all), `RefAsOldTrainer` or `PadIsEosTrainer` from above, or a trainer
+# subclass of your own.
+#
+# On the shipped seed, the thirty-fold learning rate gets two warnings and no error. The first is
+# `off_policy`: the clip fraction or the approx-KL is above its healthy band at every step. The second
+# is `collapse`: by the fifth step, the 16 responses of the batch hold at most four distinct texts.
+
+# %%
+shipped_break = lab_config.replace(policy_lr=lab_config.policy_lr * 30)
+my_config = shipped_break  # your change here, e.g. lab_config.replace(kl_coef=0.0)
+my_trainer_class = PPOTrainer  # or RefAsOldTrainer, PadIsEosTrainer, a subclass of your own
+my_run = run(my_trainer_class, my_config, lab.short_steps // 2, "your broken run")
+my_findings = doctor(my_run)
+
+# %% tags=["claim-check"]
+if my_config is shipped_break and my_trainer_class is PPOTrainer:  # the text describes the shipped break only
+    check_claims({
+        "two warnings, off_policy and collapse, and no error":
+            {r for r, sev in my_findings.items() if sev == "warning"} == {"off_policy", "collapse"}
+            and "error" not in my_findings.values(),
+        "off_policy at every step": len(next(f for f in diagnose(my_run.trainer).findings
+                                             if f.rule == "off_policy").steps) == len(my_run.history),
+        "at most four distinct responses at step 5": my_run.history[4]["distinct_responses"] * lab.batch <= 4,
+    })
+
+# %% [markdown]
 # ## Summary: what each failure looks like
 #
-# | failure | first sign | curve to look at |
-# |---|---|---|
-# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's |
-# | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` |
-# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score of the training batches down (in a real run: a held-out evaluation and samples) |
-# | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ |
-# | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps |
+# | failure | first sign | curve to look at | the run doctor says |
+# |---|---|---|---|
+# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's | `first_ratio_not_one` (error) |
+# | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` | `eos_masked` (error) |
+# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score of the training batches down (in a real run: a held-out evaluation and samples) | `over_optimisation` (warning) |
+# | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ | nothing: one negative batch is noise (`negative_kl` waits for 5 in a row) |
+# | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps | `untrained_critic` (info) |
 #
 # [docs/metrics.md](../docs/metrics.md) and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.

@@ -61,15 +61,32 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - (target - values[m]).var() / var) if var > 0 else float("nan")
 
 
+def eos_kept_share(batch: Experience, eos_token_id: int) -> float:
+    """The share of the batch's sampled EOS tokens (each response's first) that its loss mask keeps: 1 when the
+    mask is built from the first EOS; below 1 when a "not padding" mask with pad == EOS hides them (the
+    update then never trains the decision to stop). 1.0 when no response stopped at an EOS."""
+    responses = batch.sequences[:, batch.context_length:]  # (B, R)
+    ended = batch.ended_with_eos  # (B,)
+    if not bool(ended.any()):
+        return 1.0
+    first_eos = (responses == eos_token_id).int().argmax(dim=1, keepdim=True)  # (B, 1): the first EOS's column
+    kept = batch.mask.gather(1, first_eos).squeeze(1)  # (B,)
+    return float(kept[ended].float().mean())
+
+
 def rollout_metrics(batch: Experience, kl_coef: float,
                     hidden_score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
-                    ) -> dict[str, float]:
-    """The rollout half of an iteration's metrics (docs/metrics.md): reward, k1 sequence KL, entropy,
-    lengths, critic fit; with `hidden_score_fn`, the mean ground-truth score of the batch too."""
+                    score_clip: float | None = None) -> dict[str, float]:
+    """The rollout half of an iteration's metrics (docs/metrics.md): reward and its spread, k1 sequence
+    KL, entropy, lengths, distinct responses, critic fit; with `hidden_score_fn`, the mean ground-truth
+    score of the batch; with `score_clip`, the share of scores the clip cuts."""
     mask = batch.mask
     seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=1)  # (B,) k1 sequence KL
+    scores = batch.scores.float()  # (B,)
     metrics = {
-        "score": float(batch.scores.mean()),
+        "score": float(scores.mean()),
+        "score_std": float(scores.std(unbiased=False)),
+        "distinct_responses": len(set(batch.responses)) / len(batch.responses),
         "kl": float(seq_kl.mean()),
         "kl_coef": float(kl_coef),
         "entropy": float(masked_mean(batch.entropy, mask)),
@@ -79,6 +96,8 @@ def rollout_metrics(batch: Experience, kl_coef: float,
         "return_mean": float(masked_mean(batch.returns, mask)),
         "value_mean": float(masked_mean(batch.values, mask)),
     }
+    if score_clip is not None:
+        metrics["score_clipped"] = float((scores.abs() >= score_clip).float().mean())
     if hidden_score_fn is not None:
         hidden = hidden_score_fn(batch.prompts, batch.responses)
         metrics["hidden_score"] = sum(hidden) / len(hidden)

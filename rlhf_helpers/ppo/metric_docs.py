@@ -138,6 +138,24 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "falling: responses run into max_new_tokens, their last token is not an EOS and the reward "
         "model reads an unfinished text (length hacking, or a broken EOS/pad setup: pad must "
         "differ from EOS).")),
+    "score_std": ("rollout", _m("objective/scores_std",
+        "spread (standard deviation) of the reward-model scores within the batch",
+        "sqrt(mean_b (s_b - mean_b s_b)^2), over the batch's B responses",
+        "1.16-1.78 in the first 5 steps, narrowing to 0.28-0.84 late as the policy settles on what the "
+        "reward model likes.",
+        "0: every response got the same reward, so the reward teaches nothing (a reward function that "
+        "returns a constant, e.g. 0.0 after a parsing failure; a saturated reward model).")),
+    "distinct_responses": ("rollout", _m("completions/distinct_share",
+        "share of the batch's responses that are distinct texts",
+        "number of distinct decoded responses / B",
+        "0.97-1.0: at most one repeated response in a batch of 64.",
+        "falling towards 1/B: the policy gives (nearly) every prompt the same reply, mode collapse.")),
+    "score_clipped": ("rollout", _m("objective/scores_clipped",
+        "share of the batch's scores at or beyond +-score_clip (logged only when score_clip is set)",
+        "mean_b [|s_b| >= score_clip]",
+        "not logged on the tiny profile (score_clip None); near 0 when the clip only trims outliers.",
+        "half the batch or more: the reward is saturated, clipped responses all look equally good "
+        "(raise score_clip; check what the policy found).")),
     "explained_variance": ("rollout", _m("val/explained_variance",
         "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
         "1 - Var_t[G_t - V_t] / Var_t[G_t] over all real tokens of the batch (V: the critic before "
@@ -234,6 +252,18 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "close to the SFT model's own loss on its corpus, rising a little as PPO moves the policy.",
         "rising steadily: PPO is pulling the policy away from fluent text (raise ptx_coef or "
         "kl_coef).")),
+    "first_ratio": ("update", _m("policy/first_ratio",
+        "mean probability ratio of the first minibatch of the first epoch (before any update)",
+        "ratio_mean of the update's first minibatch: masked mean of exp(log pi(y_t) - log pi_old(y_t))",
+        "1 up to float rounding: within 1.2e-7 of 1 at every step of the 60 (float32).",
+        "not 1: the old log-probs are not the sampling policy's (the reference's used as old ones, "
+        "dropout on, a temperature mismatch); the run doctor's first_ratio_not_one.")),
+    "eos_in_mask": ("update", _m("policy/eos_in_mask",
+        "share of the sampled EOS tokens (each response's first) that the update's loss mask keeps",
+        "mean over responses that stopped at EOS of m_t at their first EOS (1.0 if none stopped)",
+        "exactly 1 at every step (the mask is built up to and including the first EOS).",
+        "below 1: the mask hides EOS (pad == EOS with a 'not padding' mask), the stop decision is "
+        "never trained; the run doctor's eos_masked.")),
     # ------------------------------------------------------------------ per minibatch
     "epoch": ("minibatch", _m("",
         "index of the PPO epoch (pass over the experience batch) this minibatch belongs to",

@@ -139,6 +139,10 @@ def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any,
 
 
 def mean_update_stats(rows: list[dict[str, float]]) -> dict[str, float]:
-    """The mean over an update's minibatches of each stat (the per-minibatch-only ones left out)."""
+    """The mean over an update's minibatches of each stat (the per-minibatch-only ones left out), and the
+    first minibatch's mean ratio as `first_ratio` (1 up to rounding when the old log-probs are right)."""
     skip = ("epoch", "minibatch", "ratio_mean", "ratio_max")
-    return {key: sum(row[key] for row in rows) / len(rows) for key in rows[0] if key not in skip}
+    means = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0] if key not in skip}
+    if "ratio_mean" in rows[0]:
+        means["first_ratio"] = rows[0]["ratio_mean"]
+    return means

@@ -5,21 +5,20 @@
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
     trainer.close()                   # frees config.output_dir for another run (so does the process's end)
 
-`update` is the whole optimisation of one iteration in one loop (as cleanrl writes it): for each epoch,
-a shuffle; for each minibatch, the policy's forward -> loss -> backward -> step, then the value's.
-The maths are functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even
-the update loop; the library's by default), so a learner's own GAE, loss or loop can drive the training.
+`update` is the whole optimisation of one iteration in one loop (as cleanrl writes it): for each epoch, a shuffle;
+for each minibatch, the policy's forward -> loss -> backward -> step, then the value's. The maths are functions
+passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update loop; the library's
+by default), so a learner's own GAE, loss or loop can drive the training.
 
-The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each
-(Adam, gradient all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate
-launch` each process samples its own prompts and gradients are averaged across processes before
-every optimiser step (plain data parallelism). Every stretch of work that ends in a collective
-operation runs inside `self.guard()`: a NaN/inf (or an error) on one process stops every process at
-the same point, so none waits forever in an all-reduce. Before a checkpoint is written the updated
-policy and critic must give finite outputs on their latest batch.
+The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each (Adam, gradient
+all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate launch` each process samples
+its own prompts and gradients are averaged across processes before every optimiser step (plain data parallelism).
+Every stretch of work that ends in a collective operation runs inside `self.guard()`: a NaN/inf (or an error) on one
+process stops every process at the same point, so none waits forever in an all-reduce. Before a checkpoint is
+written the updated policy and critic must give finite outputs on their latest batch.
 
-Precision: the frozen base may be bf16 or fp16 (never updated); the trained weights (LoRA matrices,
-value head) are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
+Precision: the frozen base may be bf16 or fp16 (never updated); the trained weights (LoRA matrices, value head)
+are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
-from rlhf_helpers.ppo.experience import Experience, collect_experience, rollout_metrics
+from rlhf_helpers.ppo.experience import Experience, collect_experience, eos_kept_share, rollout_metrics
 from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard, non_finite_stops_run
 from rlhf_helpers.ppo.minibatch import trim_minibatch
 from rlhf_helpers.ppo.optim import AdapterOptimizer
@@ -173,7 +172,7 @@ class PPOTrainer:
         update_stats = self.update(batch, generator)
         update_seconds = time.perf_counter() - start
         self.last_batch = batch
-        metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn)
+        metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn, config.score_clip)
         metrics.update(update_stats)
         metrics["time_rollout"] = rollout_seconds
         metrics["time_update"] = update_seconds
@@ -211,12 +210,13 @@ class PPOTrainer:
         The two adapters share no trainable parameter and neither loss reads the other's output, so the
         order of the two steps changes no number. Each minibatch is cut to the columns holding a real
         token of one of its rows (`trim_minibatch`)."""
+        eos_kept = {"eos_in_mask": eos_kept_share(batch, self.model.eos_token_id)}  # the mask this update trains on
         if self.update_fn is not None:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
                 self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn, self.model, batch,
                                                        self.policy_opt.optimizer, self.value_opt.optimizer,
                                                        self.config, generator, self.step_count)
-            return mean_update_stats(self.last_update_stats)
+            return {**mean_update_stats(self.last_update_stats), **eos_kept}
         config, model, step = self.config, self.model, self.step_count
         train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
         self.last_update_stats = []
@@ -253,7 +253,7 @@ class PPOTrainer:
                     "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
                     "entropy_update": float(mean_entropy.detach()),
                     **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
-        return mean_update_stats(self.last_update_stats)
+        return {**mean_update_stats(self.last_update_stats), **eos_kept}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,

@@ -6,39 +6,38 @@
     CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo --profile tiny  # 2 CPU processes
 
-Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with no GPU
-visible each process runs on the CPU, over gloo (run.json records num_processes). `accelerate launch --cpu
---num_processes 2` silently starts ONE process (no MPI hostfile). `torchrun --nproc_per_node 2 -m
-rlhf_helpers.stages.train_ppo` works too. A NaN/inf seen by one process stops all of them, each with exit 3.
+Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with no GPU visible
+each process runs on the CPU, over gloo (run.json records num_processes). `accelerate launch --cpu --num_processes 2`
+silently starts ONE process (no MPI hostfile); `torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo` works.
+A NaN/inf seen by one process stops all of them, each with exit 3.
 
-What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
-fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in
-runs/reward-<profile>/; $RLHF_CACHE_DIR moves both caches), builds the shared model (SFT base +
-policy/value adapters + the reward adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`,
-and writes into --output-dir (locked for the run: a second live run into it exits 2, naming this one's pid):
+What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is fine-tuned
+once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in runs/reward-<profile>/;
+$RLHF_CACHE_DIR moves both caches), builds the shared model (SFT base + policy/value adapters + the reward
+adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir (locked for
+the run: a second live run into it exits 2, naming this one's pid):
 
     step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
     metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
     curves.html               plotly curves of the main metrics (open in a browser, works offline)
+    diagnosis.json            the run doctor's findings (`stages.diagnose`; also printed on stderr at the end)
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a
-flag not given keeps the profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the
-profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
-'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
---resume continues with the PPO settings and reward folder recorded in run.json (the environment's
-overrides are not read again); only --total-steps (--steps), --save-every, --eval-every and the progress bar
-may change, and any other PPO flag that differs from the recorded value is refused (exit 2).
-Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before
-the reward model or the PPO model is built: an --output-dir that is a file, lies under one, is not
-writable or sits on a full disk or is in use by another live run (its pid is named), a --seed outside
-[0, 2^32 - 1], settings no run can use, a missing or malformed run.json or checkpoint on --resume; see
-ppo/run_folder.py); 3 stopped by a NaN/inf (in
-sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint
-stays as it was; 4 a checkpoint, metrics.jsonl or curves.html could not be written (a full disk is
-named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
-checkpoint failed).
+Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag
+not given keeps the profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile,
+so its seed and lora reach every stage (the SFT and reward models too), e.g. '{"rollout_batch_size": 8,
+"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with the PPO settings and
+reward folder recorded in run.json (the environment's overrides are not read again); only --total-steps (--steps),
+--save-every, --eval-every and the progress bar may change; any other PPO flag that differs is refused (exit 2).
+Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward
+model or the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a
+full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
+run can use, a missing or malformed run.json or checkpoint on --resume; see
+ppo/run_folder.py); 3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
+message; the last good checkpoint stays as it was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json
+could not be written (a full disk is named as such; the previous checkpoint stays as it was, and metrics.jsonl
+never logs a step whose checkpoint failed).
 """
 
 from __future__ import annotations
@@ -83,6 +82,7 @@ from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
+from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -92,12 +92,11 @@ from rlhf_helpers.world.scorer import hidden_scores
 EXIT_PEER_FAILED = 1
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
-#: Exit status of a run stopped because a checkpoint, metrics.jsonl or curves.html could not be written.
+#: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written.
 EXIT_WRITE_FAILED = 4
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
 PROG = "python -m rlhf_helpers.stages.train_ppo"
-
 
 #: the PPO settings a resumed run may change; every other one is the run's own (run.json)
 RESUMABLE = ("total_steps", "save_every", "eval_every", "progress_bar", "output_dir")
@@ -314,12 +313,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         accelerator.wait_for_everyone()
         raise SystemExit(EXIT_PEER_FAILED) from None
     if is_main:
-        try:
+        try:  # the curves, then the run doctor's findings: printed, diagnosis.json, the tracker
             write_curves(trainer.history, output_dir / CURVES_FILE)
+            report_diagnosis(trainer, output_dir, accelerator)
         except OSError as error:
             status = "write failed"
-            print(f"could not write {output_dir / CURVES_FILE}: {disk_problem(error, output_dir)} "
-                  f"(metrics.jsonl holds the same numbers)", file=sys.stderr)
+            print(f"could not write {CURVES_FILE} or {DIAGNOSIS_FILE} in {output_dir}: "
+                  f"{disk_problem(error, output_dir)} (metrics.jsonl holds the same numbers)", file=sys.stderr)
     accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
     trainer.close()
     if folder_lock is not None:  # the run's files are written: the folder is free for the next run

@@ -1,0 +1,203 @@
+"""The run doctor: reads a run's metric history and names the known RLHF failure signatures it shows.
+
+    from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
+    findings = diagnose(trainer)                 # a live PPOTrainer (its history and its settings)
+    findings = diagnose("runs/ppo-tiny")         # a run folder: metrics.jsonl + run.json, or TRL's trainer_state.json
+    findings = diagnose(history, facts=RunFacts(max_new_tokens=40))   # a list of per-step metric dicts
+    print(format_findings(findings))
+    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny                # the same from a shell
+
+Each finding names its rule, the steps where it holds, the evidence in numbers, what it usually means,
+what to check first and where the course teaches it; they come sorted by severity ("error", "warning",
+"info"). The rules and their thresholds are in `diagnosis_rules`; every threshold says where it comes
+from (docs/metrics.md's healthy ranges, measured tiny-profile runs, or plain arithmetic).
+
+TRL's GRPOTrainer and RLOOTrainer log other names; `TRL_NAMES` maps those that mean the same quantity
+(reward, reward_std, frac_reward_zero_std, kl, entropy, completions/mean_length, completions/clipped_ratio,
+clip_ratio/region_mean), so a TRL run folder is read too. The rules whose metric TRL does not log
+(first_ratio, explained_variance, hidden scores) stay silent on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.ppo.diagnosis_rules import RULES
+from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs, spans
+from rlhf_helpers.runtime.data import load_jsonl
+
+__all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
+           "mark_findings", "load_history", "DIAGNOSIS_FILE"]
+
+DIAGNOSIS_FILE = "diagnosis.json"  #: what the training command writes into its run folder
+SEVERITIES = ("error", "warning", "info")
+
+#: TRL log name -> this course's metric name, for the quantities that mean the same (TRL 1.x GRPO / RLOO)
+TRL_NAMES: dict[str, str] = {
+    "reward": "score",  # mean reward of the batch's completions
+    "reward_std": "score_std",  # spread of the rewards (TRL: the mean of the per-group std)
+    "frac_reward_zero_std": "zero_std_fraction",  # share of prompt groups whose rewards are all equal
+    "kl": "kl_per_token",  # TRL's k3 per-token KL to the reference (ours, `kl`, is k1 per sequence)
+    "entropy": "entropy",  # mean per-token entropy of the policy
+    "completions/mean_length": "response_length",  # mean completion length in tokens
+    "clip_ratio/region_mean": "clipfrac",  # share of tokens whose ratio left the clip band
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What `diagnose` found, with the facts it used: what diagnosis.json holds."""
+
+    findings: list[Finding]  #: sorted by severity, then in the order of the rules (diagnosis_rules.RULES)
+    steps: int  #: steps read
+    facts: RunFacts  #: the run's settings the rules used
+    thresholds: Thresholds = field(default_factory=Thresholds)  #: the thresholds the rules used
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "findings": [f.to_json() for f in self.findings],
+                "facts": asdict(self.facts), "thresholds": asdict(self.thresholds)}
+
+
+def _trl_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One TRL log entry in this course's names (entries without a reward, e.g. the final summary, give {})."""
+    if "reward" not in row:
+        return {}
+    out = {ours: row[theirs] for theirs, ours in TRL_NAMES.items() if theirs in row}
+    if "completions/clipped_ratio" in row:  # share of completions cut at the length limit (no EOS)
+        out["eos_fraction"] = 1.0 - float(row["completions/clipped_ratio"])
+    out["step"] = row.get("step")
+    return out
+
+
+def load_history(source: str | Path) -> tuple[list[dict[str, Any]], RunFacts]:
+    """The metric history of a run folder or a metrics.jsonl, and the settings run.json records.
+
+    A folder of this course's training command holds metrics.jsonl and run.json; a TRL output folder holds
+    trainer_state.json (at its top, or in its newest checkpoint-N folder), read through TRL_NAMES."""
+    path = Path(source)
+    if path.is_dir():
+        if (path / "metrics.jsonl").is_file():
+            return load_history(path / "metrics.jsonl")
+        top = path / "trainer_state.json"
+        saved = sorted((p for p in path.glob("checkpoint-*/trainer_state.json")
+                        if p.parent.name.removeprefix("checkpoint-").isdigit()),
+                       key=lambda p: int(p.parent.name.removeprefix("checkpoint-")))
+        state = top if top.is_file() else (saved[-1] if saved else None)
+        if state is None:
+            raise ValueError(f"source {path} holds no metrics.jsonl (this course's runs) and no trainer_state.json "
+                             f"(TRL's): pass a run folder")
+        return _load_trl(state)
+    if not path.is_file():
+        raise ValueError(f"source must be a run folder or a metrics.jsonl, got {str(path)!r} (no such file)")
+    if path.name == "trainer_state.json":
+        return _load_trl(path)
+    return load_jsonl(path), _facts_of_run_json(path.parent / "run.json")
+
+
+def _load_trl(state_file: Path) -> tuple[list[dict[str, Any]], RunFacts]:
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        log = state["log_history"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{state_file}: not a TRL trainer_state.json with a log_history ({err})") from None
+    rows = [r for r in (_trl_row(entry) for entry in log if isinstance(entry, dict)) if r]
+    return rows, RunFacts(source="trl")
+
+
+def _facts_of_run_json(run_file: Path) -> RunFacts:
+    if not run_file.is_file():
+        return RunFacts()
+    try:
+        record = json.loads(run_file.read_text(encoding="utf-8"))
+        config, profile = record.get("ppo_config", {}), record.get("profile", {})
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{run_file}: not a run record ({err})") from None
+    return RunFacts(max_new_tokens=config.get("max_new_tokens"), score_clip=config.get("score_clip"),
+                    value_warmup_steps=int(config.get("value_warmup_steps") or 0),
+                    dtype=str(profile.get("dtype") or "float32"))
+
+
+def _facts_of_trainer(trainer: Any) -> RunFacts:
+    config = trainer.config
+    dtype = str(getattr(trainer.model, "dtype", "float32")).replace("torch.", "")
+    return RunFacts(max_new_tokens=config.max_new_tokens, score_clip=config.score_clip,
+                    value_warmup_steps=config.value_warmup_steps, dtype=dtype)
+
+
+def diagnose(source: Any, *, facts: RunFacts | None = None,
+             thresholds: Thresholds | None = None) -> Diagnosis:
+    """Run every rule on a run's history.
+
+    `source`: a list of per-step metric dicts (`PPOTrainer.history`, metrics.jsonl's rows), a live
+    `PPOTrainer` (anything with `history` and `config`), or the path of a run folder or metrics.jsonl.
+    `facts`: the run's settings (max_new_tokens, score_clip, warm-up, dtype); read from the trainer or
+    run.json when not given. `thresholds`: the rules' thresholds (defaults: `Thresholds()`)."""
+    thresholds = thresholds or Thresholds()
+    if isinstance(source, (str, Path)):
+        history, found = load_history(source)
+    elif hasattr(source, "history") and hasattr(source, "config"):
+        history, found = list(source.history), _facts_of_trainer(source)
+    elif isinstance(source, Sequence) and all(isinstance(row, Mapping) for row in source):
+        history, found = [dict(row) for row in source], RunFacts()
+    else:
+        raise ValueError("source must be a list of metric dicts, a PPOTrainer, or a run folder / metrics.jsonl "
+                         f"path, got {type(source).__name__}")
+    facts = facts or found
+    rows = [{**row, "step": _step(row, index)} for index, row in enumerate(history)]
+    findings = [finding for rule in RULES if (finding := rule(rows, facts, thresholds)) is not None]
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))  # stable: within a severity, in RULES order
+    return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds)
+
+
+def _step(row: Mapping[str, Any], index: int) -> int:
+    value = row.get("step")
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else index + 1
+
+
+def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
+    """The findings as text, one block each (what `train_ppo` prints at the end of a run)."""
+    if min_severity not in SEVERITIES:
+        raise ValueError(f"min_severity must be one of {SEVERITIES}, got {min_severity!r}")
+    shown = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) <= SEVERITIES.index(min_severity)]
+    if not shown:
+        return f"run doctor: {diagnosis.steps} steps read, no finding" + (
+            "" if min_severity == "info" else f" at {min_severity} or above")
+    lines = [f"run doctor: {diagnosis.steps} steps read, {len(shown)} finding(s)"]
+    for finding in shown:
+        lines.append(finding.text())
+    return "\n".join(lines)
+
+
+#: marker colour of a finding's steps on the curves, by severity (info findings are listed, not marked)
+MARK_COLORS = {"error": "crimson", "warning": "darkorange"}
+
+
+def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Diagnosis, keys: Sequence[str],
+                  columns: int = 3) -> Any:
+    """Show the doctor's findings on a `metrics.plot_curves` figure of `history` drawn with `keys` and `columns`:
+    crosses at the steps of each error (red) or warning (orange) on the panels of the metrics its rule reads,
+    and every finding listed under the title. Returns the figure."""
+    reads = {rule: metrics for rule, (metrics, _) in rule_docs().items()}
+    for finding in diagnosis.findings:
+        if finding.severity not in MARK_COLORS:
+            continue
+        for index, key in enumerate(keys):
+            if key not in reads.get(finding.rule, ()):
+                continue
+            points = [(row["step"], row[key]) for row in history if int(row.get("step", 0)) in finding.steps
+                      and isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+            fig.add_scatter(x=[x for x, _ in points], y=[y for _, y in points], mode="markers", showlegend=False,
+                            marker={"symbol": "x", "size": 9, "color": MARK_COLORS[finding.severity]},
+                            hovertemplate=f"step %{{x}}: {finding.rule} ({finding.severity})<extra></extra>",
+                            row=index // columns + 1, col=index % columns + 1)
+    # one line per finding, so a long list never runs past the figure's width
+    listed = [f"{f.severity} {f.rule} (steps {spans(f.steps)})" for f in diagnosis.findings] or ["no finding"]
+    lines = "".join(f"<br><sup>run doctor: {line}</sup>" for line in listed)
+    top = fig.layout.margin.t or 80
+    fig.update_layout(title_text=f"{fig.layout.title.text or ''}{lines}", margin_t=top + 18 * len(listed))
+    return fig

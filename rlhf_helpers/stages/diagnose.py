@@ -1,0 +1,80 @@
+"""Command line: the run doctor on a finished run, and the doctor's report at the end of a training run.
+
+    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny                    # print the findings
+    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny --json             # diagnosis.json's content on stdout
+    python -m rlhf_helpers.stages.diagnose trl-out/ --min-severity warning  # a TRL GRPOTrainer/RLOOTrainer folder
+
+RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` writes them), a
+metrics.jsonl, or a TRL output folder (trainer_state.json, at its top or in its newest checkpoint-N): TRL's
+names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`). It reads and prints;
+it writes nothing. Exit status: 0 read (whatever it found); 2 no run could be read there (one line).
+
+`train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
+diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the tracker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.ppo.diagnosis import DIAGNOSIS_FILE, SEVERITIES, Diagnosis, diagnose, format_findings
+
+PROG = "python -m rlhf_helpers.stages.diagnose"
+
+
+def write_diagnosis(diagnosis: Diagnosis, output_dir: Path) -> Path:
+    """diagnosis.json in `output_dir`, written to a temporary name and renamed (never half written)."""
+    path = output_dir / DIAGNOSIS_FILE
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def tracker_values(diagnosis: Diagnosis) -> dict[str, float]:
+    """What the trackers get: per rule that fired, the number of steps it holds at, and the counts by severity."""
+    values = {f"doctor/{f.rule}": float(len(f.steps)) for f in diagnosis.findings}
+    values.update({f"doctor/{level}s": float(sum(f.severity == level for f in diagnosis.findings))
+                   for level in SEVERITIES})
+    return values
+
+
+def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None) -> Diagnosis:
+    """The end of a training run: diagnose its history, print the findings on stderr, write diagnosis.json
+    and log the tracker values at the last step. OSError when diagnosis.json cannot be written."""
+    diagnosis = diagnose(trainer)
+    print(format_findings(diagnosis), file=sys.stderr, flush=True)
+    write_diagnosis(diagnosis, output_dir)
+    if accelerator is not None and getattr(accelerator, "trackers", None) and trainer.history:
+        accelerator.log(tracker_values(diagnosis), step=int(trainer.history[-1]["step"]))
+    return diagnosis
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="a run folder (metrics.jsonl + run.json), a metrics.jsonl, or a TRL output folder")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON (diagnosis.json's content)")
+    parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
+                        help="print only findings at this severity or above (default: info, everything)")
+    args = parser.parse_args(argv)
+    try:
+        diagnosis = diagnose(args.run_dir)
+    except (ValueError, OSError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2))
+    else:
+        print(format_findings(diagnosis, args.min_severity))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
