@@ -902,19 +902,30 @@ check_claims({
 # %% [markdown]
 # **The run doctor.** `rlhf_helpers.ppo.diagnosis.diagnose` reads a run's logged metrics and names the
 # failure signatures it recognises. For each one it gives the steps, the numbers, what the signature
-# usually means, what to check first and where this course teaches it. [docs/metrics.md](../docs/metrics.md#the-run-doctor)
-# lists the rules and where each threshold comes from. The live figure above marked the findings while
-# the run trained: crosses on the curves a rule reads, red for an error, orange for a warning. The
-# command-line run prints the same list at its end and writes it to `diagnosis.json`. On the shipped
-# seed this run has no finding above "info". If your own pieces trained it and an error shows here,
-# start with that finding's "check first" line; notebook 06 breaks a run in each of these ways.
+# usually means, what to check first and where this course teaches it. A finding is an "error" (the run
+# is broken), a "warning" (likely a problem) or an "info" (worth knowing).
+# [docs/metrics.md](../docs/metrics.md#the-run-doctor) lists the rules and where each threshold comes
+# from. The live figure above showed the findings while the run trained: each one listed under the
+# title, and the steps of an error (red) or a warning (orange) crossed on the curves its rule reads. The
+# command-line run prints the same list at its end and writes it to `diagnosis.json`.
+#
+# On the shipped seed this run has no finding above "info". Its one info says that the policy's first
+# update used a critic that had not learned the returns yet (explained variance near 0): the value head
+# starts untrained. Notebook 06, section (e), shows what a value warm-up (`value_warmup_steps`, a few
+# critic-only steps first) changes. If your own pieces trained this run and an error shows here, start
+# with that finding's "check first" line; notebook 06 breaks runs on purpose and shows the doctor
+# naming each failure.
 
 # %%
 run_diagnosis = diagnose(trainer)
 print(format_findings(run_diagnosis))
 
 # %% tags=["claim-check"]
-check_claims({"the run doctor finds nothing above info": all(f.severity == "info" for f in run_diagnosis.findings)})
+check_claims({
+    "the run doctor finds nothing above info": all(f.severity == "info" for f in run_diagnosis.findings),
+    "its one info is the untrained critic at step 1":
+        [(f.rule, f.steps) for f in run_diagnosis.findings] == [("untrained_critic", (1,))],
+})
 
 # %% [markdown]
 # ### One plausible bug, trained

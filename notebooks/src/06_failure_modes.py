@@ -24,8 +24,8 @@
 #   over the vocabulary at each sampled prefix costs one softmax;
 # - **(e)** an untrained value head: watch the explained variance when the policy starts to move; a
 #   value warm-up trains the critic first;
-# - to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`), which names each of these from a run's
-#   metrics, and to break a run of your own and read its findings.
+# - to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`), which names each of the four bugs from a
+#   run's metrics, and to break a run of your own and read its findings.
 #
 # The engine (`rlhf_helpers.ppo`) has none of these bugs. To break it, this notebook subclasses or wraps
 # its pieces here, in the notebook, never with switches inside the library; the harness that runs each
@@ -105,9 +105,9 @@ def run(trainer_class, config, steps, desc, start=initial_state, extras=False):
 # %% [markdown]
 # ## The healthy baseline
 #
-# One correct run with the profile's KL coefficient $\beta$. It is the "fixed" side of (b), (c) and (e),
-# its final state (a policy that has moved away from the reference) is where both sides of (a) start,
-# and (d) reads its batches.
+# One correct run with the profile's KL coefficient $\beta$. It is the "fixed" side of (b) and (c). It
+# has no value warm-up, so its first steps are the "broken" side of (e). Its final state (a policy that
+# has moved away from the reference) is where both sides of (a) start, and (d) reads its batches.
 
 # %%
 baseline = run(PPOTrainer, lab_config, lab.long_steps, "baseline (correct)", extras=True)
@@ -127,7 +127,8 @@ fig.show()
 # ([docs/metrics.md](../docs/metrics.md#the-run-doctor) lists its rules and where each threshold comes
 # from). A finding is an "error" (the run is broken), a "warning" (likely a problem) or an "info" (worth
 # knowing). On the baseline it finds one info and nothing else: the policy's first update used a critic
-# that explained nothing. Every run without a value warm-up starts that way; (e) is about it.
+# that explained nothing. Every run that starts from fresh value adapters without a warm-up starts that
+# way; (e) is about it.
 
 # %%
 def doctor(history_or_run):
@@ -359,13 +360,15 @@ print("(b) fixed (the baseline's first steps):")
 findings_b = {"fixed": doctor(baseline.history[: lab.short_steps])}
 print("\n(b) broken:")
 findings_b["broken"] = doctor(broken_b)
-print("eos_in_mask of the broken run, by step:", [round(row["eos_in_mask"], 3) for row in broken_b.history])
+for name, history in (("fixed", baseline.history[: lab.short_steps]), ("broken", broken_b.history)):
+    print(f"eos_in_mask of the {name} run, by step:", [round(row["eos_in_mask"], 3) for row in history])
 
 # %% [markdown]
 # The doctor names it: `eos_masked`, an error at every step. The update's loss mask keeps almost none
-# of the sampled EOS tokens: `eos_in_mask` is 0 at most steps and below 0.1 at every step (the broken
-# mask keeps the EOS of a response that is nothing else), where a correct update logs exactly 1. The
-# fixed side, the baseline's first steps, has only the info about the untrained critic.
+# of the sampled EOS tokens: `eos_in_mask` (the share of sampled EOS tokens the update's mask keeps) is 0
+# at most steps and below 0.1 at every step; the broken mask keeps only the EOS of a response that is
+# nothing else. The fixed side, the baseline's first steps, logs exactly 1 at every step and has only the
+# info about the untrained critic.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -373,6 +376,8 @@ check_claims({
     "broken: eos_in_mask below 0.1 at every step, 0 at most steps":
         all(row["eos_in_mask"] < 0.1 for row in broken_b.history)
         and sum(row["eos_in_mask"] == 0.0 for row in broken_b.history) * 2 > len(broken_b.history),
+    "fixed: eos_in_mask exactly 1 at every step":
+        all(row["eos_in_mask"] == 1.0 for row in baseline.history[: lab.short_steps]),
     "fixed: nothing above info": all(severity == "info" for severity in findings_b["fixed"].values()),
 })
 
@@ -532,9 +537,8 @@ findings_c = doctor(broken_c)
 
 # %% [markdown]
 # The doctor flags the $\beta = 0$ run with `over_optimisation`, a warning: the hidden score's last third
-# lies more than two standard errors below its best third while the learned score did not fall. In a
-# real run it reads the held-out evaluations' hidden score the same way, when there is one. The baseline
-# ($\beta = 0.2$, its findings above) has no such finding.
+# lies more than two standard errors below its best third while the learned score did not fall. The
+# baseline ($\beta = 0.2$, its findings above) has no such finding.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -1189,10 +1193,12 @@ for name, runs in (("no warm-up", no_warmup), ("warm-up", warmed)):
         findings_e[name, seed] = doctor(r)
 
 # %% [markdown]
-# Without a warm-up the doctor notes `untrained_critic` in each of the three seeds. It is an info, not a
-# warning: the explained variance is below 0.1 at the policy's first update, which the policy survives
-# here. After the warm-up it notes nothing. A critic that still explains nothing five steps after the
-# warm-up would be a warning, `critic_not_learning`.
+# Without a warm-up the doctor notes `untrained_critic` in each of the three seeds: the explained
+# variance is below 0.1 at the policy's first update. After the warm-up it notes nothing. The rule is an
+# info, not a warning, by design: a policy that starts on an untrained critic still learns (the baseline
+# does), only from a noisier signal at first, so the doctor points it out without calling the run
+# broken. Its warning for the critic, `critic_not_learning`, is for a critic that still explains nothing
+# five steps after the warm-up.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -1216,30 +1222,43 @@ check_claims({
 #
 # The cell below raises the policy's learning rate thirty-fold and trains six steps from the fresh
 # adapters. Before you run it, predict which rules will fire. Then break a run your own way and read
-# each finding's "check first" line. Some breaks to try: `kl_coef=0.0` with more steps, `ppo_epochs=16`,
-# `clip_eps=10.0` (no clip at all), `RefAsOldTrainer` or `PadIsEosTrainer` from above, or a trainer
-# subclass of your own.
-#
-# On the shipped seed, the thirty-fold learning rate gets two warnings and no error. The first is
-# `off_policy`: the clip fraction or the approx-KL is above its healthy band at every step. The second
-# is `collapse`: by the fifth step, the 16 responses of the batch hold at most four distinct texts.
+# each finding's "check first" line. Some breaks to try:
+# - `kl_coef=0.0` with `my_steps = lab.long_steps` (over-optimisation compares thirds of a run: six
+#   steps are too few);
+# - `ppo_epochs=16`, or `clip_eps=10.0` (no clip at all);
+# - `RefAsOldTrainer` with `my_start = trained_state` (from the fresh adapters the policy is the
+#   reference at first, and the bug shows only from the second step), or `PadIsEosTrainer`;
+# - a trainer subclass of your own.
 
 # %%
 shipped_break = lab_config.replace(policy_lr=lab_config.policy_lr * 30)
 my_config = shipped_break  # your change here, e.g. lab_config.replace(kl_coef=0.0)
 my_trainer_class = PPOTrainer  # or RefAsOldTrainer, PadIsEosTrainer, a subclass of your own
-my_run = run(my_trainer_class, my_config, lab.short_steps // 2, "your broken run")
+my_steps, my_start = lab.short_steps // 2, initial_state
+my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_start)
 my_findings = doctor(my_run)
 
+# %% [markdown]
+# On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the info
+# every run from fresh value adapters gets. The first is `off_policy`: at every step the clip fraction or
+# the approx-KL is above the band the rule allows. The second is `collapse`: by the fifth step,
+# `distinct_responses` (the share of the batch's responses that are distinct texts) says the 16
+# responses hold at most four distinct texts, and the policy's entropy has fallen below half its value
+# at step 1. The doctor's "check first" line for it starts with the learning rate.
+
 # %% tags=["claim-check"]
-if my_config is shipped_break and my_trainer_class is PPOTrainer:  # the text describes the shipped break only
+shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps // 2
+           and my_start is initial_state)
+if shipped:  # the text describes the shipped break only
     check_claims({
-        "two warnings, off_policy and collapse, and no error":
+        "two warnings, off_policy and collapse, no error, and the untrained critic's info":
             {r for r, sev in my_findings.items() if sev == "warning"} == {"off_policy", "collapse"}
-            and "error" not in my_findings.values(),
+            and "error" not in my_findings.values() and my_findings.get("untrained_critic") == "info",
         "off_policy at every step": len(next(f for f in diagnose(my_run.trainer).findings
                                              if f.rule == "off_policy").steps) == len(my_run.history),
         "at most four distinct responses at step 5": my_run.history[4]["distinct_responses"] * lab.batch <= 4,
+        "entropy below half its step-1 value by step 5":
+            min(row["entropy"] for row in my_run.history[:5]) < 0.5 * my_run.history[0]["entropy"],
     })
 
 # %% [markdown]
@@ -1247,10 +1266,10 @@ if my_config is shipped_break and my_trainer_class is PPOTrainer:  # the text de
 #
 # | failure | first sign | curve to look at | the run doctor says |
 # |---|---|---|---|
-# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's | `first_ratio_not_one` (error) |
+# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's | `first_ratio_not_one` (error), and `off_policy` (warning) as its consequence |
 # | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` | `eos_masked` (error) |
 # | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score of the training batches down (in a real run: a held-out evaluation and samples) | `over_optimisation` (warning) |
-# | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ | nothing: one negative batch is noise (`negative_kl` waits for 5 in a row) |
+# | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ | nothing on the baseline: its rule, `negative_kl`, warns only after 5 steps in a row with a negative batch mean (one is noise) |
 # | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps | `untrained_critic` (info) |
 #
 # [docs/metrics.md](../docs/metrics.md) and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.diagnosis_rules import RULES
-from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs, spans
+from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs
 from rlhf_helpers.runtime.data import load_jsonl
 
 __all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
@@ -196,7 +196,7 @@ def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Dia
                             hovertemplate=f"step %{{x}}: {finding.rule} ({finding.severity})<extra></extra>",
                             row=index // columns + 1, col=index % columns + 1)
     # one line per finding, so a long list never runs past the figure's width
-    listed = [f"{f.severity} {f.rule} (steps {spans(f.steps)})" for f in diagnosis.findings] or ["no finding"]
+    listed = [f"{f.severity} {f.rule} ({f.where()})" for f in diagnosis.findings] or ["no finding"]
     lines = "".join(f"<br><sup>run doctor: {line}</sup>" for line in listed)
     top = fig.layout.margin.t or 80
     fig.update_layout(title_text=f"{fig.layout.title.text or ''}{lines}", margin_t=top + 18 * len(listed))

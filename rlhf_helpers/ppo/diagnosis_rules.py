@@ -41,7 +41,7 @@ def _sustained(hits: list[tuple[int, float]], available: int, thresholds: Thresh
 
 def _fmt(hits: list[tuple[int, float]], key: str, limit: int = 4) -> str:
     shown = ", ".join(f"step {s}: {key} {v:.4g}" for s, v in hits[:limit])
-    return shown + (f" (and {len(hits) - limit} more steps)" if len(hits) > limit else "")
+    return shown + (f" (and {len(hits) - limit} more steps of {key})" if len(hits) > limit else "")
 
 
 def non_finite(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
@@ -138,12 +138,12 @@ def off_policy(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     if not _sustained([(s, 0.0) for s in hits], available, t):
         return None
     evidence = "; ".join(part for part in (_fmt(clip, "clipfrac"), _fmt(kl, "approx_kl")) if part)
-    return Finding("off_policy", "warning", "each update moves the policy too far", tuple(hits),
-                   evidence + f" (healthy: clipfrac <= {t.clipfrac_high}, approx_kl <= {t.approx_kl_high})",
-                   "the trust region does not hold: the clip stops most tokens' gradients and the update "
-                   "leaves the batch's policy behind",
-                   "the learning rate, ppo_epochs and the number of minibatches per epoch (lower them); "
-                   "and first_ratio (an update that starts off 1 looks the same)",
+    return Finding("off_policy", "warning", "the updates move the policy far from the one that sampled", tuple(hits),
+                   evidence + f" (fires above clipfrac {t.clipfrac_high:g} or approx_kl {t.approx_kl_high:g})",
+                   "the trust region does not hold: many ratios leave the clip band, their tokens get no "
+                   "gradient, and the update drifts from the batch's policy",
+                   "the learning rate, ppo_epochs and the number of minibatches per epoch (lower them); and "
+                   "first_ratio: old log-probs that are not the sampling policy's show the same numbers",
                    f"{GLOSSARY_PAGE}#clipfrac and notebooks/04_clip_loss.ipynb")
 
 
@@ -165,9 +165,11 @@ def critic(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     cold = _where(first_policy, "explained_variance", lambda v: v < t.cold_critic_ev)
     if cold:
         return Finding("untrained_critic", "info", "the policy's first update used an untrained critic",
-                       tuple(s for s, _ in cold), _fmt(cold, "explained_variance"),
-                       "the first advantages are the returns' noise: the policy's first steps move on a "
-                       "high-variance signal (normal without a value warm-up)",
+                       tuple(s for s, _ in cold), _fmt(cold, "explained_variance")
+                       + f" (below {t.cold_critic_ev:g}: the critic has not learned the returns yet)",
+                       "the first advantages have no state-dependent baseline: the policy's first update follows "
+                       "the raw, lambda-faded returns, a high-variance signal (expected with fresh value adapters "
+                       "and no value warm-up)",
                        "value_warmup_steps: a few critic-only steps before the policy moves",
                        f"{LAB}, section (e)")
     return None
@@ -178,13 +180,15 @@ def collapse(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     low = _where(rows, "entropy", lambda v: start is not None and v < t.entropy_drop * start)
     same = _where(rows, "distinct_responses", lambda v: v < t.distinct_floor)
     if _sustained(low, _has(rows, "entropy"), t) or _sustained(same, _has(rows, "distinct_responses"), t):
-        parts = [p for p in (_fmt(low, "entropy") + (f" (step 1: {start:.4g})" if low else ""),
-                             _fmt(same, "distinct_responses")) if p]
+        parts = [p for p in (_fmt(low, "entropy") + (f" (below {t.entropy_drop:g} x step 1's {start:.4g})"
+                                                        if low else ""),
+                             _fmt(same, "distinct_responses") + (f" (below {t.distinct_floor:g})" if same else ""))
+                 if p]
         return Finding("collapse", "warning", "the policy collapses onto a few responses",
                        tuple(sorted({s for s, _ in low} | {s for s, _ in same})), "; ".join(parts),
                        "mode collapse: every prompt gets (nearly) the same reply, often one the reward model "
-                       "overrates", "kl_coef (raise it), the learning rate (lower it), entropy_coef, and a "
-                       "few samples by eye", f"{GLOSSARY_PAGE}#entropy")
+                       "overrates", "the learning rate (lower it), kl_coef (raise it), entropy_coef, and a few "
+                       "samples by eye", f"{GLOSSARY_PAGE}#entropy and {LAB}, 'Your turn'")
     return None
 
 
@@ -227,7 +231,7 @@ def over_optimisation(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | N
         found = test(rows, hidden, learned, t)
         if found:
             steps, evidence = found
-            return Finding("over_optimisation", "warning", "the learned score rises while the true score falls",
+            return Finding("over_optimisation", "warning", "the hidden score falls while the learned score holds",
                            steps, evidence, "the policy exploits the reward model's errors (reward hacking); the "
                            "best checkpoint is before the fall", "kl_coef (raise it), stop earlier, and read "
                            "samples of the late steps", f"{LAB}, section (c)")
@@ -259,8 +263,8 @@ def _thirds_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[
     if not (fall > t.overoptimisation_z * noise and s3[2][0] >= s3[best][0]):
         return None
     last = tuple(s for s, _, _ in pairs[max(2, 2 * len(pairs) // 3):])
-    return last, (f"{hidden} {h3[best][0]:.3g} -> {h3[2][0]:.3g} (best third -> last third; fall {fall:.3g} > "
-                  f"{t.overoptimisation_z:g} x its standard error {noise:.2g}) while {learned} "
+    return last, (f"{hidden} {h3[best][0]:.3g} -> {h3[2][0]:.3g} (best third -> last third: a fall of {fall:.3g}, "
+                  f"over {t.overoptimisation_z:g} standard errors of {noise:.2g}) while {learned} "
                   f"{s3[best][0]:.3g} -> {s3[2][0]:.3g}")
 
 

@@ -32,9 +32,13 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "steps": list(self.steps)}
 
+    def where(self) -> str:
+        """"step 3" or "steps 1-3, 7"."""
+        return f"step {self.steps[0]}" if len(self.steps) == 1 else f"steps {spans(self.steps)}"
+
     def text(self) -> str:
         """A few lines for a terminal or a notebook."""
-        return (f"[{self.severity}] {self.rule}: {self.title} (steps {spans(self.steps)})\n"
+        return (f"[{self.severity}] {self.rule}: {self.title} ({self.where()})\n"
                 f"    evidence: {self.evidence}\n    usually: {self.meaning}\n"
                 f"    check first: {self.check_first}\n    learn more: {self.learn_more}")
 
