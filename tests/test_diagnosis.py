@@ -300,3 +300,37 @@ def test_the_reference_as_old_and_the_hidden_eos_are_named_on_a_toy_run(one_torc
     eos = next(f for f in hidden.findings if f.rule == "eos_masked")
     # every step where a sampled response stopped at EOS (a random toy model: at least one of the two)
     assert eos.severity == "error" and set(eos.steps) <= {1, 2} and eos.steps
+
+
+def test_a_real_trl_grpo_log_with_a_constant_reward_is_named(tmp_path, one_torch_thread):
+    """TRL's own GRPOTrainer log (trainer_state.json), not a hand-written one: a reward that is always 0.0 (a
+    parser that never matches) trains nothing, and the doctor says so; a reward that varies gets no finding."""
+    pytest.importorskip("trl")
+    import warnings
+
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+    from rlhf_helpers.runtime.profiles import get_profile
+
+    profile = get_profile("tiny")
+    prompts = Dataset.from_dict({"prompt": ["the movie was", "the film is", "the plot was", "the acting is"] * 4})
+    found = {}
+    for name, reward in (("constant", lambda prompts, completions, **_: [0.0] * len(completions)),
+                         ("words", lambda prompts, completions, **_: [float(len(c.split())) for c in completions])):
+        torch.manual_seed(0)
+        out = tmp_path / name
+        args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=8, max_steps=3, logging_steps=1, save_strategy="no", report_to="none",
+                          use_cpu=True, learning_rate=1e-3, disable_tqdm=True, gradient_checkpointing=False, beta=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TRL's notes on defaults
+            trainer = GRPOTrainer(model=load_causal_lm(profile), reward_funcs=reward, args=args,
+                                  processing_class=load_tokenizer(profile), train_dataset=prompts)
+            trainer.train()
+        trainer.save_state()
+        found[name] = {f.rule: (f.severity, f.steps) for f in diagnose(out).findings}
+    assert found["constant"] == {"no_learning_signal": ("error", (1, 2, 3))}
+    assert "no_learning_signal" not in found["words"]

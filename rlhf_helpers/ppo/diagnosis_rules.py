@@ -65,10 +65,10 @@ def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | 
     groups = _where(rows, "zero_std_fraction", lambda v: v >= t.zero_std_share)
     all_groups = [(s, v) for s, v in groups if v >= 1.0]
     if flat or all_groups:
-        hits = sorted(set(flat) | set(all_groups))
+        steps = sorted({s for s, _ in flat} | {s for s, _ in all_groups})
         evidence = _fmt(flat, "score_std") if flat else _fmt(all_groups, "zero_std_fraction")
         return Finding("no_learning_signal", "error", "every response of a batch got the same reward",
-                       tuple(s for s, _ in hits), evidence,
+                       tuple(steps), evidence,
                        "the reward carries no information: every advantage from it is 0 (GRPO/RLOO) or only "
                        "the KL penalty and the critic's noise move the policy (PPO)",
                        "the reward function's output on a few responses by hand (a constant such as 0.0 from a "

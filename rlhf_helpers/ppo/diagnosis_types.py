@@ -118,6 +118,7 @@ class Thresholds:
 def spans(steps: Sequence[int]) -> str:
     """1, 2, 3, 7 -> "1-3, 7"."""
     out, start = [], None
+    steps = sorted(set(steps))
     for i, s in enumerate(steps):
         if start is None:
             start = s
