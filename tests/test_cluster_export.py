@@ -438,3 +438,24 @@ def test_bad_arguments_are_refused():
         ex.per_token_target_kl(ADAPTIVE, mean_response_tokens=0)
     assert "--actor.model_name_or_path" in ex.openrlhf_args("tiny", paths={"model": "/m"})
     assert ex.openrlhf_args("tiny", paths={"model": "/m"})[ex.openrlhf_args("tiny").index("MODEL_PATH")] == "/m"
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--gpus", "0"], None, "--gpus must be an int >= 1, got 0"),
+    (["--gpus", "-2"], None, "--gpus must be an int >= 1, got -2"),
+    (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
+    ([], '{"mini_batch_size": 3}', "rollout_batch_size (64) must be a multiple of mini_batch_size (3)"),
+    ([], '{"lora": "r=4"}', "lora must be a LoRASpec or a mapping of its fields, got str"),
+])
+def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys, argv, env, message):
+    from rlhf_helpers.cluster.export import main
+
+    if env is None:
+        monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    else:
+        monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", env)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""  # one line, no half-written command

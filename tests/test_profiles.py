@@ -94,3 +94,53 @@ def test_a_ppo_mapping_changes_only_its_fields():
     assert changed.ppo.clip_eps == 0.1
     assert changed.ppo == tiny.ppo.replace(clip_eps=0.1)  # the tiny profile's kl_coef 0.2 and the rest kept
     assert changed.ppo.kl_coef == 0.2 != type(tiny.ppo)().kl_coef
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"reward_batch_size": 0}, "reward_batch_size must be an int >= 1, got 0"),
+    ({"sft_batch_size": -2}, "sft_batch_size must be an int >= 1, got -2"),
+    ({"compare_batches": 0}, "compare_batches must be None or an int >= 1, got 0"),
+    ({"reward_epochs": 0}, "reward_epochs must be a finite number > 0, got 0"),
+    ({"reward_lr": float("nan")}, "reward_lr must be a finite number > 0, got nan"),
+    ({"sft_epochs": -1.0}, "sft_epochs must be a finite number > 0, got -1.0"),
+    ({"sft_lr": 0.0}, "sft_lr must be a finite number > 0, got 0.0"),
+    ({"compare_seconds": float("inf")}, "compare_seconds must be a finite number > 0, got inf"),
+    ({"max_length": 4}, "max_length must be an int > max_prompt_length (16): a prompt and at least one"),
+    ({"max_length": 16}, "max_length must be an int > max_prompt_length (16)"),
+    ({"max_length": 20, "max_prompt_length": 24}, "max_length must be an int > max_prompt_length (24)"),
+    ({"sft_model_path": "/nonexistent"},
+     "sft_model_path must be a model folder (with config.json), got '/nonexistent'"),
+])
+def test_a_profile_setting_out_of_range_is_refused_by_name(overrides, message):
+    """Each was accepted once and failed later, after a model was built (or trained on nothing)."""
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        get_profile("tiny", **overrides)
+
+
+def test_the_edges_of_the_ranges_are_accepted():
+    profile = get_profile("tiny", max_length=17, reward_batch_size=1, sft_batch_size=1, compare_batches=1)
+    assert (profile.max_length, profile.reward_batch_size, profile.compare_batches) == (17, 1, 1)
+
+
+def test_the_reward_command_refuses_bad_settings_with_exit_2_before_any_model(monkeypatch, tmp_path, capsys):
+    from rlhf_helpers.stages import reward
+
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    for argv, env, message in [
+        (["--max-train-pairs=-3990"], None, "max_train_pairs must be None or an int >= 1, got -3990"),
+        (["--max-train-pairs=0"], None, "max_train_pairs must be None or an int >= 1, got 0"),
+        (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
+        ([], '{"reward_batch_size": 0}', "reward_batch_size must be an int >= 1, got 0"),
+        ([], '{"lora": {"r": "4"}}', "lora.r must be an int, got str '4'"),
+    ]:
+        if env is None:
+            monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+        else:
+            monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", env)
+        with pytest.raises(SystemExit) as stopped:
+            reward.main(["--out", str(tmp_path / "reward"), *argv])
+        assert stopped.value.code == 2, argv
+        assert message in capsys.readouterr().err, (argv, env)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()  # nothing built or written

@@ -268,20 +268,23 @@ def not_carried(run: str | Profile | PPOConfig) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default $RLHF_PROFILE or tiny)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one node (batches are scaled by it)")
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
+                        help="default: $RLHF_PROFILE or tiny")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one node, >= 1 (batches are scaled by it)")
     parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
     args = parser.parse_args(argv)
-    run = args.profile if args.profile is not None else get_profile()
+    writers = {"verl": verl_command, "verl-yaml": verl_yaml, "openrlhf": openrlhf_command}
+    try:  # a bad setting ($RLHF_PROFILE_OVERRIDES, --gpus) is one line and exit 2
+        if args.gpus < 1:
+            raise ValueError(f"--gpus must be an int >= 1, got {args.gpus}")
+        run = get_profile(args.profile)
+        text = writers[args.format](run, args.gpus)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
     for line in not_carried(run):
         print(f"not carried over: {line}", file=sys.stderr)
-    if args.format == "verl":
-        print(verl_command(run, args.gpus))
-    elif args.format == "verl-yaml":
-        print(verl_yaml(run, args.gpus), end="")
-    else:
-        print(openrlhf_command(run, args.gpus))
+    print(text, end="" if args.format == "verl-yaml" else "\n")
     return 0
 
 

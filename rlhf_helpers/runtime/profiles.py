@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.runtime.artifacts import cache_dir
@@ -95,6 +97,24 @@ class Profile:
         if isinstance(self.ppo, Mapping):  # a recorded profile (run.json)
             object.__setattr__(self, "ppo", PPOConfig.from_dict(dict(self.ppo)))
         check_field_types(self)
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """ValueError naming the first setting outside its range (types are checked before)."""
+        counts = {"reward_batch_size": self.reward_batch_size, "sft_batch_size": self.sft_batch_size}
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.compare_batches is not None and self.compare_batches < 1:
+            raise ValueError(f"compare_batches must be None or an int >= 1, got {self.compare_batches!r}")
+        positive = {"reward_epochs": self.reward_epochs, "reward_lr": self.reward_lr, "sft_epochs": self.sft_epochs,
+                    "sft_lr": self.sft_lr, "compare_seconds": self.compare_seconds}
+        for name, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.max_length <= self.ppo.max_prompt_length:  # reward and SFT pairs: a prompt and a response
+            raise ValueError(f"max_length must be an int > max_prompt_length ({self.ppo.max_prompt_length}): a "
+                             f"prompt and at least one response token, got {self.max_length!r}")
 
     @property
     def seed(self) -> int:
@@ -236,6 +256,9 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     if profile.is_tiny and profile.weights != "shipped":
         raise ValueError(f"weights must be 'shipped' in the tiny profile (it ships its own model), got "
                          f"{profile.weights!r}; 'hub', 'gguf' and 'random' are for the gpu profile")
+    if profile.is_tiny and "sft_model_path" in values and not Path(profile.sft_model_path, "config.json").is_file():
+        raise ValueError(f"sft_model_path must be a model folder (with config.json), got {profile.sft_model_path!r}; "
+                         f"the tiny profile's own is {_default_tiny_path()}")
     if not profile.is_tiny:
         if profile.weights == "shipped":
             raise ValueError("weights='shipped' is the tiny profile's own model; the gpu profile takes "

@@ -120,17 +120,22 @@ def reward_metrics(directory: str | Path) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
-    parser = argparse.ArgumentParser(description="Train the reward-model LoRA adapter with TRL.")
-    parser.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.stages.reward",
+                                     description="Train the reward-model LoRA adapter with TRL.")
+    parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
+                        help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
-    parser.add_argument("--max-train-pairs", type=int, default=None)
+    parser.add_argument("--max-train-pairs", type=int, default=None, help="train on the first N pairs only (N >= 1)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file()):
         parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it would be "
                      "replaced, so choose a new or empty folder")
-    profile = get_profile(args.profile)
-    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
+    try:  # a bad setting is one line and exit 2, before any model is built
+        profile = get_profile(args.profile)
+        config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
     ensure_sft_model(profile)
     metrics: dict[str, float] = {}
 

@@ -65,6 +65,10 @@ class RewardTrainingConfig:
         for name in ("epochs", "learning_rate"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_train_pairs is not None and (isinstance(self.max_train_pairs, bool)
+                                                 or not isinstance(self.max_train_pairs, int)
+                                                 or self.max_train_pairs < 1):
+            raise ValueError(f"max_train_pairs must be None or an int >= 1, got {self.max_train_pairs!r}")
 
     @classmethod
     def from_profile(cls, profile: Any, **overrides: Any) -> RewardTrainingConfig:

@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_tracker(args.report_to)
     try:
         profile = get_profile(args.profile)
-    except ValueError as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
+    except (ValueError, TypeError) as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
     try:
         require_weights(profile.weights)  # offline with no GGUF file: how to get it, before anything is built
