@@ -164,3 +164,45 @@ def test_package_versions_marks_missing_packages():
     from rlhf_helpers.course.notebook import package_versions
 
     assert package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"] == "not installed"
+
+
+@pytest.fixture
+def scratch_builder(tmp_path, monkeypatch):
+    """The builder pointed at a copy of three course sources in a temporary folder (the checkout is untouched)."""
+    src, out = tmp_path / "src", tmp_path / "notebooks"
+    src.mkdir()
+    out.mkdir()
+    for source in builder.sources()[:3]:
+        (src / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(builder, "SOURCE_DIR", src)
+    monkeypatch.setattr(builder, "NOTEBOOK_DIR", out)
+    return src, out
+
+
+def test_a_source_with_a_byte_order_mark_builds_the_same_notebook(scratch_builder):
+    src, out = scratch_builder
+    assert builder.main([]) == 0
+    clean = {p.name: p.read_text() for p in out.iterdir()}
+    first = sorted(src.iterdir())[0]
+    first.write_bytes(b"\xef\xbb\xbf" + first.read_bytes())  # what some Windows editors save
+    assert builder.main([]) == 0
+    assert {p.name: p.read_text() for p in out.iterdir()} == clean
+    assert "\ufeff" not in "".join(clean.values())
+
+
+def test_a_bad_source_writes_no_notebook_and_names_the_file(scratch_builder, capsys):
+    src, out = scratch_builder
+    sources = sorted(src.iterdir())
+    # a byte that is not UTF-8 on line 3 of the last source; the first two are fine
+    lines = sources[-1].read_bytes().split(b"\n")
+    lines[2] += b" \xff"
+    sources[-1].write_bytes(b"\n".join(lines))
+    assert builder.main([]) == 2
+    err = capsys.readouterr().err
+    assert f"{sources[-1].name}, line 3: not valid UTF-8" in err and "no notebook was written" in err
+    assert list(out.iterdir()) == []  # not even the notebooks of the good sources before it
+    # a malformed source (a second colab-setup cell) after two good ones: the same
+    sources[-1].write_bytes(sources[0].read_bytes().replace(b'# %% tags=["colab-setup"]',
+                                                             b'# %% tags=["colab-setup"]\n\n# %% tags=["colab-setup"]'))
+    assert builder.main([]) == 2
+    assert "needs exactly one" in capsys.readouterr().err and list(out.iterdir()) == []

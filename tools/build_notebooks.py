@@ -3,6 +3,7 @@
 Usage:
     python tools/build_notebooks.py            # (re)write every notebook from its source
     python tools/build_notebooks.py --check    # exit 1 if a stored notebook differs from its source
+    (exit 2, writing nothing, when a source cannot be read or built: the message names the file)
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
@@ -86,12 +87,25 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
     return result
 
 
+def read_source(source: Path) -> str:
+    """A source's text: UTF-8, a byte order mark at its start dropped (an editor's, not code: kept, it would
+    start the first cell and break its first line). ValueError naming the file and line for a byte that is
+    not UTF-8."""
+    data = source.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{source.name}, line {line}: not valid UTF-8 ({error.reason}); "
+                         "save the file as UTF-8") from None
+
+
 def build_notebook(source: Path) -> nbformat.NotebookNode:
     """The notebook built from one source file (no outputs, stable ids, no jupytext metadata)."""
     name = source.with_suffix(".ipynb").name
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": dict(_KERNELSPEC), "language_info": {"name": "python"}}
-    for index, cell in enumerate(read_cells(source.read_text(encoding="utf-8"), name)):
+    for index, cell in enumerate(read_cells(read_source(source), name)):
         cell.id = hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
         nb.cells.append(cell)
     nbformat.validate(nb)
@@ -112,16 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
     args = parser.parse_args(argv)
-    stale = []
+    built = {}  # every source is read and built before any notebook is written: a bad one changes nothing
     for source in sources():
-        target = NOTEBOOK_DIR / source.with_suffix(".ipynb").name
-        text = render(build_notebook(source))
+        try:
+            built[NOTEBOOK_DIR / source.with_suffix(".ipynb").name] = render(build_notebook(source))
+        except (ValueError, nbformat.ValidationError) as error:
+            print(f"build_notebooks: error: {error} (no notebook was written)", file=sys.stderr)
+            return 2
+    stale = []
+    for target, text in built.items():
         if args.check:
             if not target.exists() or target.read_text(encoding="utf-8") != text:
                 stale.append(target.name)
         else:
             target.write_text(text, encoding="utf-8")
-            print(f"wrote {target.relative_to(ROOT)}")
+            print(f"wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
     if stale:
         print("out of date (run `python tools/build_notebooks.py`): " + ", ".join(stale))
         return 1
