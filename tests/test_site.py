@@ -387,3 +387,38 @@ def test_every_github_link_of_the_built_site_names_a_file_or_folder_of_the_repos
         assert branch == "main", link
         assert path in (tracked if kind == "blob" else folders), f"{link}: not in git ls-files"
     assert any("/benchmarks/results/" in link for link in links)  # the benchmarks page's result files
+
+
+def test_an_executed_copy_cut_short_is_stale_not_a_traceback(tmp_path) -> None:
+    stored = ROOT / "notebooks" / "01_policy_gradients.ipynb"  # the first one --no-execute looks at
+    cut = tmp_path / stored.name
+    cut.write_text(stored.read_text(encoding="utf-8")[:5000], encoding="utf-8")  # a run killed mid-write
+    assert build_site.stale_reason(stored, cut) == "unreadable (JSONDecodeError)"
+    cut.write_bytes(b"\xff\xfe{}")
+    assert build_site.stale_reason(stored, cut) == "unreadable (UnicodeDecodeError)"
+    cut.write_text('{"cells": 3}', encoding="utf-8")
+    assert build_site.stale_reason(stored, cut) == "unreadable (TypeError)"
+    with pytest.raises(SystemExit, match="is unreadable"):
+        build_site.main(["--executed", str(tmp_path), "--out", str(tmp_path / "site"), "--no-execute"])
+
+
+def test_the_site_replaces_only_a_site_it_built(tmp_path) -> None:
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "index.html").write_text("new")
+    (built / ".buildinfo").write_text("sphinx")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    with pytest.raises(SystemExit, match="is not a site this tool built"):
+        build_site.replace_site(built, mine)
+    assert (mine / "notes.txt").read_text() == "a user's file"
+    old = tmp_path / "old-site"
+    old.mkdir()
+    (old / ".buildinfo").write_text("sphinx")
+    (old / "stale.html").write_text("old page")
+    build_site.replace_site(built, old)
+    assert sorted(p.name for p in old.iterdir()) == [".buildinfo", "index.html"]
+    build_site.replace_site(built, tmp_path / "new" / "site")
+    assert (tmp_path / "new" / "site" / "index.html").read_text() == "new"
+    assert not list(tmp_path.glob("**/jupyter_execute"))

@@ -83,8 +83,12 @@ def stale_reason(stored: Path, executed: Path) -> str | None:
     """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or None."""
     if not executed.is_file():
         return "missing"
-    ran = json.loads(executed.read_text())
-    if [c["source"] for c in ran["cells"]] != [c["source"] for c in json.loads(stored.read_text())["cells"]]:
+    try:  # a copy cut short (a killed run, a full disk) is run again, like a missing one
+        ran = json.loads(executed.read_text(encoding="utf-8"))
+        ran_sources = [c["source"] for c in ran["cells"]]
+    except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return f"unreadable ({type(error).__name__})"
+    if ran_sources != [c["source"] for c in json.loads(stored.read_text(encoding="utf-8"))["cells"]]:
         return "from an older version of the notebook"
     if any(o.get("output_type") == "error" for c in ran["cells"] for o in c.get("outputs", [])):
         return "its run failed"
@@ -408,6 +412,17 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
             target.write_bytes((ROOT / image).read_bytes())
 
 
+def replace_site(built: Path, out: Path) -> None:
+    """Put the built site at `out`, replacing a site this tool built there before (it has Sphinx's .buildinfo);
+    SystemExit for an `out` that is a file or a folder of something else (never deleted)."""
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / ".buildinfo").is_file()):
+        raise SystemExit(f"--out {out} exists and is not a site this tool built; choose a new or empty folder")
+    if out.is_dir():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executed", type=Path, default=EXECUTED, help="executed notebooks (make test's)")
@@ -418,8 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.no_execute:
         for notebook in course_notebooks():
-            if (why := stale_reason(notebook, args.executed / notebook.name)) == "missing":
-                raise SystemExit(f"--no-execute: {args.executed / notebook.name} is missing")
+            why = stale_reason(notebook, args.executed / notebook.name)
+            if why is not None and (why == "missing" or why.startswith("unreadable")):
+                raise SystemExit(f"--no-execute: {args.executed / notebook.name} is {why}")
             if why is not None:
                 print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it is", flush=True)
     else:
@@ -427,8 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     executed = time.perf_counter()
     stage(args.executed, STAGE)
     staged = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-c",
-                    str(ROOT / "site"), "-d", str(DOCTREES), str(STAGE), str(args.out)], check=True, cwd=ROOT)
+    # MyST-NB writes a jupyter_execute/ folder beside Sphinx's output folder: build in a scratch folder, so
+    # that nothing lands beside --out, then put the site in place
+    with tempfile.TemporaryDirectory(prefix="rlhf-sphinx-") as scratch:
+        built = Path(scratch) / "site"
+        subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-c",
+                        str(ROOT / "site"), "-d", str(DOCTREES), str(STAGE), str(built)], check=True, cwd=ROOT)
+        replace_site(built, args.out)
     done = time.perf_counter()
     print(f"site: {args.out}/index.html (executing {executed - start:.1f} s, staging {staged - executed:.1f} s, "
           f"sphinx {done - staged:.1f} s)")
