@@ -284,3 +284,66 @@ def test_summarize_and_sample_quality_agree_with_statistics():
                                                                                 responses)))
     with pytest.raises(ValueError, match="ended_with_eos"):
         sample_quality([PROMPT], responses[:1], [True, True])
+
+
+# ----------------------------------------------------------------------------- the builder keeps other people's files
+def _users_data_folder(tmp_path):
+    """A data folder as a user makes one: the shipped files, their own prompts_train.jsonl, no model."""
+    import shutil
+
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    for path in data_dir().glob("*.jsonl"):
+        shutil.copy(path, folder / path.name)
+    (folder / "prompts_train.jsonl").write_text('{"prompt": "My own prompt about"}\n', encoding="utf-8")
+    return folder
+
+
+def test_following_the_missing_model_advice_keeps_the_users_data(tmp_path, monkeypatch, capsys):
+    """The advice a missing tiny model gives, followed to the letter, trains the model and changes no data file;
+    a plain build into that folder refuses, naming the file, and writes nothing."""
+    from rlhf_helpers.runtime.models import load_tokenizer
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.world import build
+
+    folder = _users_data_folder(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
+    with pytest.raises(FileNotFoundError) as missing:
+        load_tokenizer(get_profile("tiny"))
+    advice = str(missing.value)
+    assert f"world.build --model-only --out {folder}`" in advice and "changes no data file" in advice
+
+    with pytest.raises(SystemExit) as refused:
+        build.main(["--out", str(folder)])  # the shipped settings: the other four files are the builder's
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "mydata holds prompts_train.jsonl, which this builder did not write" in err
+    assert "nothing was written" in err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+    build.main(["--out", str(folder), "--fast", "--model-only"])  # the advice
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # no data file touched
+    assert (folder / build.TINY_MODEL_SUBDIR / "training_log.json").is_file()
+    assert not (folder / "README.md").exists()
+
+
+def test_the_builder_replaces_its_own_files_and_refuses_a_foreign_card_or_model(tmp_path, capsys):
+    from rlhf_helpers.world import build
+
+    out = tmp_path / "world"
+    build.main(["--out", str(out), "--fast", "--skip-model"])
+    build.main(["--out", str(out), "--fast", "--skip-model"])  # its own files, same settings: no conflict
+    assert build.foreign_files(out, build.data_files(0, build.FAST_SIZES)[0], model=True) == []
+    assert build.foreign_files(out, build.data_files(1, build.FAST_SIZES)[0], model=False) == [
+        name for name in build.data_files(0)[0]]  # another seed writes other records: all five differ
+    (out / "README.md").write_text("# My notes\n")
+    (out / build.TINY_MODEL_SUBDIR).mkdir(parents=True)
+    (out / build.TINY_MODEL_SUBDIR / "config.json").write_text("{}")
+    assert build.foreign_files(out, build.data_files(0, build.FAST_SIZES)[0], model=True) == [
+        "README.md", "models/tiny-sft"]
+    with pytest.raises(SystemExit):
+        build.main(["--out", str(out), "--fast"])
+    assert (out / "README.md").read_text() == "# My notes\n"
+    build.main(["--out", str(out), "--fast", "--force"])
+    assert (out / "README.md").read_text().startswith(build.CARD_TITLE)

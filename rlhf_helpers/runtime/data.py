@@ -72,7 +72,8 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
         raise IsADirectoryError(f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
     if not path.is_file():
         raise FileNotFoundError(
-            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build`)"
+            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build --out "
+            f"{path.parent}`: it writes what is missing and replaces no file it did not write)"
         )
     records: list[dict[str, Any]] = []
     with path.open("rb") as handle:  # bytes, decoded line by line: a bad byte gets its line number
@@ -120,13 +121,17 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
     return records
 
 
+def jsonl_text(records: Sequence[dict[str, Any]]) -> str:
+    """Records as JSONL text: one JSON object per line, key order kept, non-ASCII as is, trailing newline."""
+    return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+
+
 def write_jsonl(path: str | Path, records: Sequence[dict[str, Any]]) -> None:
-    """Write records one JSON object per line (UTF-8, key order kept, trailing newline)."""
+    """Write records as `jsonl_text` (UTF-8)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.write(jsonl_text(records))
 
 
 def _check_split(split: str) -> None:

@@ -52,7 +52,8 @@ def _model_path(profile: Profile, path: str | Path | None) -> str:
     chosen = Path(path) if path is not None else Path(profile.sft_model_path)
     if not chosen.is_dir():
         if path is None and profile.is_tiny:
-            hint = "rebuild it with `python -m rlhf_helpers.world.build`"
+            hint = (f"train it with `python -m rlhf_helpers.world.build --model-only --out {chosen.parent.parent}`, "
+                    "which reads that folder's sft.jsonl and changes no data file")
         elif path is None:
             hint = ("call `rlhf_helpers.stages.sft.ensure_sft_model(profile)` first: it fine-tunes the "
                     "hub model once and caches it there")

@@ -1,11 +1,16 @@
 """Regenerate everything in data/ from a seed: prompts, SFT corpus, preference pairs, the data
 card, and the tiny model.
 
-    python -m rlhf_helpers.world.build [--fast] [--seed N] [--out data/] [--skip-model]
+    python -m rlhf_helpers.world.build [--fast] [--seed N] [--out data/] [--skip-model | --model-only] [--force]
 
 `--fast` writes small files and trains the tiny model for a few steps (for tests); the shipped
 data is the default, seed 0. Data files are a pure function of the seed (see `records.py`); the
-model is reproducible on the same machine and torch version.
+model is reproducible on the same machine and torch version. `--model-only` trains the tiny model on
+the folder's own sft.jsonl and writes nothing else.
+
+It never replaces what it did not write: a JSONL file whose content differs from the one it would write,
+a README.md that is not its data card, or a models/tiny-sft folder without its training_log.json stop
+the build before anything is written (exit 2, naming them); `--force` replaces them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf_helpers.runtime.data import data_dir, load_prompts, load_sft_corpus, write_jsonl
+from rlhf_helpers.runtime.data import data_dir, jsonl_text, load_prompts, load_sft_corpus, write_jsonl
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, accuracy_ceiling
 from rlhf_helpers.world.quality import sample_quality, summarize
 from rlhf_helpers.world.records import (
@@ -44,26 +49,55 @@ FAST_SIZES: dict[str, int] = {
 TINY_MODEL_SUBDIR = Path("models") / "tiny-sft"
 
 
-def build_data(out: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict:
-    """Write the five JSONL files into `out`; return statistics for the data card."""
+CARD_TITLE = "# Data of the review world"  #: the data card's first line: a README.md without it is not the builder's
+
+
+def data_files(seed: int = 0, sizes: dict[str, int] | None = None) -> tuple[dict[str, list[dict]], dict]:
+    """The five JSONL files' records (file name -> records) and the statistics for the data card."""
     sizes = dict(sizes or DEFAULT_SIZES)
     stats: dict = {"seed": seed, "sizes": sizes, "annotator_temperature": DEFAULT_TEMPERATURE}
+    files: dict[str, list[dict]] = {}
     for split in ("train", "test"):
-        records = [prompt_record(seed, split, i) for i in range(sizes[f"prompts_{split}"])]
-        write_jsonl(out / f"prompts_{split}.jsonl", records)
-    sft = [sft_record(seed, i) for i in range(sizes["sft"])]
-    write_jsonl(out / "sft.jsonl", sft)
+        files[f"prompts_{split}.jsonl"] = [prompt_record(seed, split, i) for i in range(sizes[f"prompts_{split}"])]
+    sft = files["sft.jsonl"] = [sft_record(seed, i) for i in range(sizes["sft"])]
     sft_scores = hidden_scores([r["prompt"] for r in sft], [r["completion"] for r in sft])
     stats["sft_scores"] = summarize(sft_scores)
     for split in ("train", "test"):
         pairs = [preference_record(seed, split, i) for i in range(sizes[f"preferences_{split}"])]
-        write_jsonl(out / f"preferences_{split}.jsonl", [record for record, _ in pairs])
+        files[f"preferences_{split}.jsonl"] = [record for record, _ in pairs]
         p_chosen = [p for _, p in pairs]
         stats[f"preferences_{split}"] = {
             "accuracy_ceiling": accuracy_ceiling(p_chosen),
             # how often the label agrees with the higher hidden score
             "label_agrees_with_score": sum(p > 0.5 for p in p_chosen) / len(p_chosen),
         }
+    return files, stats
+
+
+def foreign_files(out: Path, files: dict[str, list[dict]] | None, model: bool) -> list[str]:
+    """What a build into `out` would replace that this builder did not write (or wrote otherwise): JSONL files
+    whose content differs from `files`', a README.md that is not the data card, a models/tiny-sft folder without
+    training_log.json (when `model`)."""
+    found = []
+    for name, records in (files or {}).items():
+        path = out / name
+        if path.exists() and (not path.is_file() or path.read_bytes() != jsonl_text(records).encode("utf-8")):
+            found.append(name)
+    card = out / "README.md"
+    if files is not None and card.exists() and (not card.is_file() or not card.read_bytes().startswith(
+            CARD_TITLE.encode())):
+        found.append("README.md")
+    model_dir = out / TINY_MODEL_SUBDIR
+    if model and model_dir.exists() and not (model_dir / "training_log.json").is_file():
+        found.append(TINY_MODEL_SUBDIR.as_posix())
+    return found
+
+
+def build_data(out: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict:
+    """Write the five JSONL files into `out`; return statistics for the data card."""
+    files, stats = data_files(seed, sizes)
+    for name, records in files.items():
+        write_jsonl(out / name, records)
     return stats
 
 
@@ -112,7 +146,7 @@ def write_card(out: Path, stats: dict, model_log: dict | None) -> None:
     """Write data/README.md: what each file is, how it was made, sizes, the accuracy ceiling."""
     sizes = stats["sizes"]
     lines = [
-        "# Data of the review world",
+        CARD_TITLE,
         "",
         "Everything here is synthetic and regenerated by one command (seed "
         f"{stats['seed']}):",
@@ -198,16 +232,31 @@ def write_card(out: Path, stats: dict, model_log: dict | None) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the statistics it wrote into the card."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.world.build", description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of every record and the model")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default data/)")
     parser.add_argument("--fast", action="store_true", help="small files, few training steps")
-    parser.add_argument("--skip-model", action="store_true", help="write the data files only")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--skip-model", action="store_true", help="write the data files only")
+    only.add_argument("--model-only", action="store_true",
+                      help="train the tiny model on the folder's own sft.jsonl; write no data file and no card")
+    parser.add_argument("--force", action="store_true", help="replace files this builder did not write")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = data_dir()
+    files = None
+    if not args.model_only:
+        files, stats = data_files(args.seed, FAST_SIZES if args.fast else None)
+    foreign = foreign_files(args.out, files, model=not args.skip_model)
+    if foreign and not args.force:
+        parser.error(f"{args.out} holds {', '.join(foreign)}, which this builder did not write (or wrote with "
+                     "other settings); nothing was written. Build into a new --out folder, pass --model-only to "
+                     "train only the tiny model on the folder's own sft.jsonl, or --force to replace them")
     args.out.mkdir(parents=True, exist_ok=True)
-    stats = build_data(args.out, args.seed, FAST_SIZES if args.fast else None)
+    if args.model_only:
+        return {"data": None, "model": build_model(args.out, args.seed, args.fast)}
+    for name, records in files.items():
+        write_jsonl(args.out / name, records)
     model_log = None if args.skip_model else build_model(args.out, args.seed, args.fast)
     write_card(args.out, stats, model_log)
     return {"data": stats, "model": model_log}
