@@ -186,3 +186,20 @@ def test_the_generated_docs_name_the_folders_the_code_uses():
     doc = load_tool("write_docs").metrics_markdown()
     assert f"`<output-dir>/{tracking.TRACKING_DIR}/`" in doc and f"--project {tracking.PROJECT}`" in doc
     assert tracking.INSTALL["tensorboard"] in doc
+
+
+@pytest.mark.usefixtures("quick_cli")
+def test_a_tracking_path_that_is_a_file_or_read_only_exits_2_before_any_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tracking, "tracker_available", lambda package: True)
+    out = tmp_path / "ppo"
+    out.mkdir()
+    (out / tracking.TRACKING_DIR).write_text("my notes")
+    line = setup_error(["--report-to", "tensorboard", "--output-dir", str(out)], capsys)
+    assert line.endswith(f"--report-to tensorboard: {out / tracking.TRACKING_DIR} is a file; the tracker writes a "
+                         "folder there (move the file, or choose another --output-dir)")
+    (out / tracking.TRACKING_DIR).unlink()
+    (out / tracking.TRACKING_DIR).mkdir()
+    monkeypatch.setattr(tracking.os, "access", lambda path, mode: False)  # what a read-only folder answers
+    line = setup_error(["--report-to", "tensorboard", "--output-dir", str(out)], capsys)
+    assert line.endswith(f"{out / tracking.TRACKING_DIR} is not writable (its permissions); fix them, or choose "
+                         "another --output-dir")

@@ -50,11 +50,22 @@ def tracker_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def check_tracker(report_to: str) -> None:
-    """SetupError naming the package and how to install it, when --report-to names one that is missing."""
-    if report_to != "none" and not tracker_available(report_to):
+def check_tracker(report_to: str, output_dir: Path | None = None) -> None:
+    """SetupError naming the package and how to install it, when --report-to names one that is missing; and,
+    given the run's folder, when its tracking/ path is a file or a folder this process cannot write to
+    (found before any model is built, not by the tracker after it)."""
+    if report_to == "none":
+        return
+    if not tracker_available(report_to):
         raise SetupError(f"--report-to {report_to}: the {report_to} package is not installed; "
                          f"install it with `{INSTALL[report_to]}`, or leave --report-to out")
+    tracking = None if output_dir is None else output_dir / TRACKING_DIR
+    if tracking is not None and tracking.exists() and not tracking.is_dir():
+        raise SetupError(f"--report-to {report_to}: {tracking} is a file; the tracker writes a folder there "
+                         "(move the file, or choose another --output-dir)")
+    if tracking is not None and tracking.is_dir() and not os.access(tracking, os.W_OK | os.X_OK):
+        raise SetupError(f"--report-to {report_to}: {tracking} is not writable (its permissions); "
+                         "fix them, or choose another --output-dir")
 
 
 def make_accelerator(report_to: str, output_dir: Path, cpu: bool) -> Any:

@@ -190,7 +190,6 @@ def resumed_config(output_dir: Path, profile_name: str, given: dict[str, Any]) -
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
-    check_tracker(args.report_to)
     try:
         profile = get_profile(args.profile)
     except (ValueError, TypeError) as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
@@ -208,6 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = None if args.resume else profile.ppo.replace(**{**defaults, **given})
     except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
         raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
+    check_tracker(args.report_to, output_dir)  # before the folder is touched
     check_output_dir(output_dir)
     folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
