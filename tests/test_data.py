@@ -154,3 +154,52 @@ def test_the_gpu_sft_folder_follows_the_cache_dir_which_defaults_to_the_runs_dir
     assert get_profile("gpu", weights="random").sft_model_path.startswith(str(tmp_path / "elsewhere"))
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))  # the caches may live apart from the runs
     assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "cache" / "sft-smollm2-135m")
+
+
+def test_a_key_given_twice_in_one_record_is_refused_with_file_and_line(tmp_path):
+    """json keeps the last of two equal keys; an empty first prompt then hides behind a good second one."""
+    from rlhf_helpers.runtime.data import load_jsonl
+
+    path = tmp_path / "prompts_train.jsonl"
+    path.write_text('{"prompt": "The film was"}\n{"prompt": "", "prompt": "The movie was"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"prompts_train.jsonl, line 2: the key 'prompt' appears twice"):
+        load_jsonl(path, fields=["prompt"])
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text('{"prompt": "a", "meta": {"k": 1, "k": 2}}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 1: the key 'k' appears twice"):
+        load_jsonl(nested)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "prompts_train.jsonl").write_text(""), "prompts_train.jsonl"),
+    (lambda d: (d / "prompts_test.jsonl").open("a").write("not json\n"),
+     f"prompts_test.jsonl, line {DEFAULT_SIZES['prompts_test'] + 1}: not valid JSON"),
+    (lambda d: ((d / "prompts_train.jsonl").unlink(), (d / "prompts_train.jsonl").mkdir()), "is a folder"),
+    (lambda d: (d / "preferences_train.jsonl").write_text('{"prompt": "a", "chosen": "b"}\n'),
+     "preferences_train.jsonl, line 1: missing field 'rejected'"),
+])
+def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypatch, capsys, damage, message):
+    """Through the training command: one line, exit 2, before any model is built (was a traceback, exit 1)."""
+    import json
+    import os
+
+    from rlhf_helpers.runtime.data import data_dir
+    from rlhf_helpers.stages import train_ppo
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for path in data_dir().glob("*.jsonl"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "models").mkdir()
+    os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
+    damage(folder)
+    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
+    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(train_ppo, "ensure_sft_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as stopped:
+        train_ppo.main(["--profile", "tiny", "--steps", "1", "--output-dir", str(tmp_path / "ppo")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1, err
+    assert "error: data: " in err[0] and message in err[0], err

@@ -24,6 +24,7 @@ from rlhf_helpers.ppo.checkpoint import (
     load_trainer_state,
     resolve_latest,
 )
+from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
@@ -134,3 +135,16 @@ def check_resume_checkpoint(output_dir: Path) -> int:
               f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
               if intact else "no checkpoint of it is intact: start a new --output-dir")
     raise SetupError(f"--resume: {problem}; {advice}")
+
+
+def read_prompts(preferences: bool) -> dict[str, list[str]]:
+    """The prompts of both splits ("train", "test"), read and checked line by line before any model is built;
+    with `preferences` (the reward model is to be trained) the preference files are checked too. SetupError
+    naming the file and line of a bad record, a missing file or a folder where a file belongs."""
+    try:
+        if preferences:
+            for split in ("train", "test"):
+                load_preferences(split)
+        return {split: load_prompts(split) for split in ("train", "test")}
+    except (ValueError, OSError) as error:  # the loaders name the file (and the line)
+        raise SetupError(f"data: {error}") from None

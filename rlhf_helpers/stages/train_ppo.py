@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -72,17 +71,17 @@ from rlhf_helpers.ppo.run_folder import (
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
-    read_run_record,
+    read_prompts,
 )
 from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
-from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
+from rlhf_helpers.stages.resume import ALIASES, RESUMABLE, flag_error, resumed_config
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -98,12 +97,8 @@ METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
 PROG = "python -m rlhf_helpers.stages.train_ppo"
 
-#: the PPO settings a resumed run may change; every other one is the run's own (run.json)
-RESUMABLE = ("total_steps", "save_every", "eval_every", "progress_bar", "output_dir")
 #: the command line's own defaults where they differ from the profile's
 CLI_DEFAULTS = {"save_every": 10}
-#: other names of some PPO flags
-ALIASES = {"total_steps": ("--steps",)}
 NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
          "save_every": "default here: 10, unless $RLHF_PROFILE_OVERRIDES sets it",
          "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
@@ -139,53 +134,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.reward_dir is not None and not args.reward_dir.strip():
         parser.error("--reward-dir must name a folder, got an empty path")
     return args
-
-
-def flag_error(error: Exception, given: dict[str, Any], source: str) -> str:
-    """A config error names a field ("kl_coef must be..."): the flag when the command line set it, else
-    the field after `source` (where the value came from)."""
-    message = str(error)
-    field = re.match(r"[\w.]*", message).group(0)  # "kl_coef", "lora.r"
-    if field.split(".")[0] not in given:
-        # a rule between fields ("rollout_batch_size (64) must be a multiple of mini_batch_size (3)"): name
-        # the flags given that it mentions
-        mentioned = [flag_name(name) for name in given if name != "output_dir" and re.search(rf"\b{name}\b", message)]
-        return f"{source}{' with ' + ', '.join(mentioned) if mentioned else ''}: {message}"
-    names = "/".join((flag_name(field.replace(".", "_")), *ALIASES.get(field, ())))
-    return names + message[len(field):]
-
-
-def flat_settings(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"lora": {"r": 8}} -> {"lora_r": 8}: one entry per flag."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        out.update(flat_settings(value, f"{prefix}{key}_") if isinstance(value, dict) else {prefix + key: value})
-    return out
-
-
-def resumed_config(output_dir: Path, profile_name: str, given: dict[str, Any]) -> tuple[PPOConfig, str | None]:
-    """(the PPO config, the reward folder) recorded in output_dir/run.json, with the resumable flags of
-    `given` applied. SetupError when run.json is missing or malformed, when the run was made with another
-    profile, or when a flag that is not resumable differs from the record (it would be silently ignored)."""
-    record = read_run_record(output_dir)
-    recorded_profile = record["profile"]["name"]
-    if recorded_profile != profile_name:
-        raise SetupError(f"--resume: {output_dir} is a run of the {recorded_profile!r} profile, "
-                         f"not {profile_name!r}")
-    try:
-        saved = PPOConfig.from_dict(record["ppo_config"])
-    except (TypeError, ValueError) as error:
-        raise SetupError(f"{output_dir / RUN_FILE}: {error}") from None
-    try:
-        wanted = saved.replace(**given)
-    except (TypeError, ValueError) as error:
-        raise SetupError(flag_error(error, given, f"{output_dir / RUN_FILE}")) from None
-    recorded = flat_settings(saved.to_dict())
-    for key, value in flat_settings(wanted.to_dict()).items():
-        if key not in RESUMABLE and value != recorded[key]:
-            raise SetupError(f"--resume: {flag_name(key)} {value} differs from the run's {recorded[key]} "
-                             "(run.json); a resumed run keeps its settings: start a new --output-dir to change it")
-    return wanted, record.get("reward_dir")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"--resume: the reward folder {saved_reward_dir} recorded in {output_dir / RUN_FILE} "
                              f"is damaged ({problem}); pass --reward-dir with an intact one")
 
+    prompts = read_prompts(preferences=args.reward_dir is None and saved_reward_dir is None)  # bad data: exit 2
     accelerator = make_accelerator(args.report_to, output_dir,
                                    cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
@@ -257,7 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     model.to(accelerator.device)
-    trainer = PPOTrainer(config, model, tokenizer, load_prompts("train"), hidden_score_fn=hidden_scores,
+    trainer = PPOTrainer(config, model, tokenizer, prompts["train"], hidden_score_fn=hidden_scores,
                          accelerator=accelerator)
     is_main = accelerator.is_main_process
     metrics_path = output_dir / METRICS_FILE
@@ -287,7 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     status = "finished"
     try:
-        trainer.train(eval_prompts=load_prompts("test") if config.eval_every else None, callback=log)
+        trainer.train(eval_prompts=prompts["test"] if config.eval_every else None, callback=log)
     except NonFiniteError as error:
         status = "stopped"
         if is_main:
