@@ -67,7 +67,8 @@ def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | 
     if flat or all_groups:
         steps = sorted({s for s, _ in flat} | {s for s, _ in all_groups})
         evidence = _fmt(flat, "score_std") if flat else _fmt(all_groups, "zero_std_fraction")
-        return Finding("no_learning_signal", "error", "every response of a batch got the same reward",
+        # TRL's reward_std is the mean spread within prompt groups: 0 there is "every group flat", the same verdict
+        return Finding("no_learning_signal", "error", "the rewards have no spread to learn from",
                        tuple(steps), evidence,
                        "the reward carries no information: every advantage from it is 0 (GRPO/RLOO) or only "
                        "the KL penalty and the critic's noise move the policy (PPO)",
