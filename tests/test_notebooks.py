@@ -387,3 +387,22 @@ def test_exercise_check_reports_each_outcome(capsys):
 def test_execute_notebook_rejects_a_bad_timeout(tmp_path: Path):
     with pytest.raises(ValueError, match="timeout"):
         execute_notebook(NOTEBOOKS[0], timeout=0, workdir=tmp_path)
+
+
+def test_relative_folder_variables_reach_the_kernel_as_absolute_paths(tmp_path: Path, monkeypatch):
+    """A kernel runs in a scratch folder: "runs" there is not the caller's "runs". The caller's working
+    directory decides, once, what a relative $RLHF_RUNS_DIR / $RLHF_CACHE_DIR / $RLHF_DATA_DIR means."""
+    from rlhf_helpers.course.run_course import kernel_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLHF_RUNS_DIR", "runs")
+    monkeypatch.setenv("RLHF_CACHE_DIR", "../cache")
+    monkeypatch.setenv("RLHF_DATA_DIR", str(tmp_path / "data"))  # absolute already: kept
+    monkeypatch.delenv("RLHF_WIDGETS_BACKEND", raising=False)
+    env = kernel_env()
+    assert env["RLHF_RUNS_DIR"] == str(tmp_path / "runs")
+    assert env["RLHF_CACHE_DIR"] == str(tmp_path / ".." / "cache")
+    assert env["RLHF_DATA_DIR"] == str(tmp_path / "data")
+    assert env["RLHF_WIDGETS_BACKEND"] == "html"  # the headless default, under the caller's variables
+    monkeypatch.setenv("RLHF_WIDGETS_BACKEND", "output")
+    assert kernel_env()["RLHF_WIDGETS_BACKEND"] == "output"

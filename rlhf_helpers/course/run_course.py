@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlhf_helpers.runtime.artifacts import CACHE_DIR_ENV, RUNS_DIR_ENV
+from rlhf_helpers.runtime.data import DATA_DIR_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 
@@ -36,6 +39,17 @@ HEADLESS_ENV = {"RLHF_PROFILE": "tiny", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFF
 KERNEL_ENV = {"RLHF_WIDGETS_BACKEND": "html", "PLOTLY_RENDERER": "plotly_mimetype+notebook_connected"}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in kernel tracebacks
+
+
+def kernel_env() -> dict[str, str]:
+    """The environment a notebook's kernel gets: KERNEL_ENV under the caller's variables, with the folders that
+    $RLHF_RUNS_DIR, $RLHF_CACHE_DIR and $RLHF_DATA_DIR name made absolute against the caller's working
+    directory (the kernel runs in another folder, where a relative path would name another place)."""
+    env = {**KERNEL_ENV, **os.environ}  # the caller's variables win
+    for name in (RUNS_DIR_ENV, CACHE_DIR_ENV, DATA_DIR_ENV):
+        if env.get(name):
+            env[name] = str(Path(env[name]).expanduser().absolute())
+    return env
 
 
 def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -68,7 +82,7 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(cwd)}})
         try:
-            client.execute(env={**KERNEL_ENV, **os.environ})  # the caller's variables win
+            client.execute(env=kernel_env())
         finally:
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
