@@ -203,3 +203,47 @@ def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and len(err) == 1, err
     assert "error: data: " in err[0] and message in err[0], err
+
+
+def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(tmp_path, monkeypatch, capsys):
+    import json
+    import os
+
+    from rlhf_helpers.runtime.data import data_dir
+    from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages import train_ppo
+
+    tokenizer = load_tokenizer(get_profile("tiny"))
+    assert unknown_tokens(tokenizer, load_prompts("train")) == (0.0, 0)  # the shipped prompts: every token known
+    share, only = unknown_tokens(tokenizer, ["Review of the drama Bitter Road:", "😀😀", "مرحبا"])
+    ids = tokenizer(["Review of the drama Bitter Road:", "😀😀", "مرحبا"], add_special_tokens=False)["input_ids"]
+    assert only == 2 and share == sum(t == tokenizer.unk_token_id for row in ids for t in row) / sum(map(len, ids))
+    assert unknown_tokens(tokenizer, []) == (0.0, 0)
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for path in data_dir().glob("*.jsonl"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "models").mkdir()
+    os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
+    with (folder / "prompts_train.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"prompt": "😀😀 🎬", "genre": "drama", "title": "X"}) + "\n")
+    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *a, **k: None)
+
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):
+        raise Built
+
+    monkeypatch.setattr(train_ppo, "build_shared_model", build)
+    with pytest.raises(Built):
+        train_ppo.main(["--profile", "tiny", "--steps", "1", "--output-dir", str(tmp_path / "ppo")])
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    total = len(load_prompts("train", folder))
+    assert len(warned) == 1 and f"(1 of {total} prompts are nothing else)" in warned[0], warned
+    assert warned[0].startswith("warning: 0.0") and "% of the training prompts' tokens are unknown" in warned[0]

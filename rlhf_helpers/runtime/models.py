@@ -136,3 +136,19 @@ def load_sequence_classifier(
                      num_labels=num_labels)
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def unknown_tokens(tokenizer: Any, texts: list[str]) -> tuple[float, int]:
+    """(the share of the texts' tokens that are the tokenizer's unknown token, how many texts are nothing else).
+
+    A word-level tokenizer (the tiny profile's) maps emoji, other scripts and unseen words to one unknown token:
+    such a prompt reaches the policy as the same "<unk> <unk> ..." whatever it said. (0.0, 0) for a tokenizer
+    without an unknown token (byte-level BPE: every text has a spelling)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not texts:
+        return 0.0, 0
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    total = sum(len(row) for row in ids)
+    unknown = sum(token == unk for row in ids for token in row)
+    only = sum(1 for row in ids if row and all(token == unk for token in row))
+    return unknown / max(total, 1), only

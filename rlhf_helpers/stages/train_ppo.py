@@ -77,6 +77,7 @@ from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, mak
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
+from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
@@ -203,6 +204,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.reward_train_pairs)
         with accelerator.main_process_first():  # one process trains, the others find it cached
             reward_dir = ensure_reward_model(profile, reward_config)
+    unknown, only_unknown = unknown_tokens(load_tokenizer(profile), prompts["train"])
+    if unknown > 0 and accelerator.is_main_process:  # once: what the policy is asked is not what the file says
+        print(f"warning: {100 * unknown:.2g}% of the training prompts' tokens are unknown to the tokenizer ("
+              f"{only_unknown} of {len(prompts['train'])} prompts are nothing else): they reach the policy as "
+              "the unknown token whatever they said (emoji, another script, words the tiny vocabulary lacks)",
+              file=sys.stderr)
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     model.to(accelerator.device)
