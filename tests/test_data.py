@@ -170,6 +170,26 @@ def test_a_key_given_twice_in_one_record_is_refused_with_file_and_line(tmp_path)
         load_jsonl(nested)
 
 
+def training_data_copy(tmp_path, monkeypatch):
+    """A copy of the shipped data files (the tiny model linked, not copied) as $RLHF_DATA_DIR, a runs folder in
+    tmp_path and small PPO batches: a training command's inputs that a test may damage."""
+    import json
+    import os
+
+    from rlhf_helpers.runtime.data import data_dir
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for path in data_dir().glob("*.jsonl"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "models").mkdir()
+    os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
+    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
+    return folder
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "prompts_train.jsonl").write_text(""), "prompts_train.jsonl"),
     (lambda d: (d / "prompts_test.jsonl").open("a").write("not json\n"),
@@ -180,22 +200,11 @@ def test_a_key_given_twice_in_one_record_is_refused_with_file_and_line(tmp_path)
 ])
 def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypatch, capsys, damage, message):
     """Through the training command: one line, exit 2, before any model is built (was a traceback, exit 1)."""
-    import json
-    import os
 
-    from rlhf_helpers.runtime.data import data_dir
     from rlhf_helpers.stages import train_ppo
 
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for path in data_dir().glob("*.jsonl"):
-        (folder / path.name).write_bytes(path.read_bytes())
-    (folder / "models").mkdir()
-    os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
+    folder = training_data_copy(tmp_path, monkeypatch)
     damage(folder)
-    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
-    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
     monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a, **k: pytest.fail("the model was built"))
     monkeypatch.setattr(train_ppo, "ensure_sft_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as stopped:
@@ -207,9 +216,7 @@ def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypa
 
 def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(tmp_path, monkeypatch, capsys):
     import json
-    import os
 
-    from rlhf_helpers.runtime.data import data_dir
     from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
     from rlhf_helpers.runtime.profiles import get_profile
     from rlhf_helpers.stages import train_ppo
@@ -221,17 +228,9 @@ def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(
     assert only == 2 and share == sum(t == tokenizer.unk_token_id for row in ids for t in row) / sum(map(len, ids))
     assert unknown_tokens(tokenizer, []) == (0.0, 0)
 
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for path in data_dir().glob("*.jsonl"):
-        (folder / path.name).write_bytes(path.read_bytes())
-    (folder / "models").mkdir()
-    os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
+    folder = training_data_copy(tmp_path, monkeypatch)
     with (folder / "prompts_train.jsonl").open("a", encoding="utf-8") as handle:
         handle.write(json.dumps({"prompt": "😀😀 🎬", "genre": "drama", "title": "X"}) + "\n")
-    monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
-    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
     monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *a, **k: None)
 
     class Built(Exception):
