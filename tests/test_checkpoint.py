@@ -199,3 +199,38 @@ def test_a_crafted_trainer_state_is_refused_without_running_its_code(make_traine
         load_checkpoint(fresh, tmp_path)
     assert not marker.exists()
     assert fresh.step_count == 0  # nothing of the refused state was applied
+
+
+def test_a_checkpoint_is_a_complete_reward_source_for_a_resumed_run(make_trainer, tmp_path):
+    """A resumed run builds its reward adapter from the checkpoint (its reward folder may be gone): a model
+    built with reward_dir=<checkpoint> scores like the model that saved it, with another reward LoRA rank too
+    (the shape comes from the checkpoint's adapter_config.json, not from the new model's spec)."""
+    from toy_world import toy_causal_lm, toy_tokenizer
+
+    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.runtime.lora import LoRASpec
+
+    tok = toy_tokenizer()
+    saved = make_trainer()
+    with torch.no_grad():  # a trained-looking reward adapter and head: LoRA's B starts at 0, so perturb both
+        generator = torch.Generator().manual_seed(5)
+        for param in saved.model.adapter_parameters("reward"):
+            param.add_(0.3 * torch.randn(param.shape, generator=generator))
+        saved.model.score_head.linear.weight.add_(torch.randn(saved.model.score_head.linear.weight.shape,
+                                                              generator=generator))
+    path = save_checkpoint(saved, tmp_path)
+    ids = torch.tensor([tok.encode("the movie was great .")] * 2)  # (2, L)
+    mask = torch.ones_like(ids)  # (2, L)
+    expected = saved.model.reward_scores(ids, mask)  # (2,)
+
+    def built(reward_dir):
+        return SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
+                               eos_token_id=tok.eos_token_id, seed=7, lora=LoRASpec(r=2, alpha=4),
+                               reward_dir=reward_dir)
+
+    torch.testing.assert_close(built(path).reward_scores(ids, mask), expected, rtol=0, atol=0)
+    # control: without the checkpoint the scores differ (a test that could not fail proves nothing)
+    assert not torch.allclose(built(None).reward_scores(ids, mask), expected)
+    (path / "heads.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="lacks heads.safetensors"):
+        built(path)

@@ -20,8 +20,8 @@ TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo
         "n_eval_prompts": 8}
 
 
-def run_cli(args: list[str], runs: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(TINY), RLHF_RUNS_DIR=str(runs),
+def run_cli(args: list[str], runs: Path, overrides: dict | None = TINY) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(overrides) if overrides else "", RLHF_RUNS_DIR=str(runs),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     return subprocess.run([sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "tiny",
                            "--no-progress", *args],
@@ -56,15 +56,26 @@ def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
     refused = run_cli(["--steps", "2", "--output-dir", str(out), "--reward-train-pairs", "64"], runs)
     assert refused.returncode != 0 and "--resume" in refused.stderr
 
+    # the resume needs neither the reward folder (the checkpoint holds the reward model) nor the overrides
+    # again (run.json holds the profile): neither is rebuilt from what the environment says now
+    import shutil
+
+    shutil.rmtree(reward_dirs[0])
     second = run_cli(["--steps", "2", "--output-dir", str(out), "--reward-train-pairs", "64",
-                      "--kl-coef", "0.1", "--resume"], runs)
+                      "--kl-coef", "0.1", "--resume"], runs, overrides=None)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr and "step-000001" in second.stderr
     assert (out / "latest").read_text().strip() == "step-000002"
     rows2 = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows2] == [1.0, 2.0]
     assert rows2[0] == rows[0]  # step 1's row came back from the checkpoint's history unchanged
-    assert len([p for p in runs.iterdir() if p.name.startswith("reward-")]) == 1  # cached, not retrained
+    assert not [p for p in runs.iterdir() if p.name.startswith("reward-")]  # not retrained
+    # run.json still records what the run did: only the resumable total changed
+    resumed = json.loads((out / "run.json").read_text())
+    assert resumed["ppo_config"] == {**run["ppo_config"], "total_steps": 2}
+    same = [key for key in run if key != "ppo_config"]
+    assert {key: resumed[key] for key in same} == {key: run[key] for key in same} and resumed.keys() == run.keys()
+    assert run["reward_dir"] == str(reward_dirs[0]) and run["reward_train_pairs"] == 64
     # the run doctor read the whole resumed history: printed at the end, and diagnosis.json as diagnose() says
     from rlhf_helpers.ppo.diagnosis import diagnose
 
@@ -494,6 +505,97 @@ def test_a_resumed_run_refuses_any_changed_setting_that_is_not_resumable(quick_c
     line = setup_error(["--resume", "--steps", "2", "--clip-eps", "0.2", "--save-every", "3",
                         "--output-dir", str(out)], capsys)
     assert "differs" not in line and "step-000001" in line
+
+
+@pytest.fixture
+def recorded_run(quick_cli):
+    """A run folder as the command leaves it, for the checks a resume makes before it reads the checkpoint:
+    run.json written by `run_record` under the TINY overrides (reward model trained on 64 pairs), and a
+    `latest` pointer (its checkpoint is a bare folder: a resume that passes every check stops there)."""
+    from rlhf_helpers.stages.resume import run_record
+
+    out = quick_cli / "recorded"
+    (out / "step-000001").mkdir(parents=True)
+    (out / "latest").write_text("step-000001\n")
+    profile = get_profile("tiny")
+    record = run_record(profile, profile.ppo.replace(save_every=10), quick_cli / "reward-a", 64, 1)
+    (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return out
+
+
+def resume_line(out: Path, argv: list[str], capsys) -> str:
+    """The one line of a resume of `out` with `argv` (refused, or stopped at the bare checkpoint); run.json
+    is never rewritten by either."""
+    before = (out / "run.json").read_bytes()
+    line = setup_error(["--resume", "--steps", "2", "--output-dir", str(out), *argv], capsys)
+    assert (out / "run.json").read_bytes() == before
+    return line
+
+
+PASSED = "step-000001"  # a resume that passed the settings' checks stops at the bare checkpoint, named
+
+
+def test_a_resume_refuses_another_reward_folder_or_pair_count(recorded_run, capsys):
+    """The checkpoint holds the run's reward model: --reward-dir and --reward-train-pairs may only repeat run.json."""
+    other = recorded_run.parent / "reward-b"
+    line = resume_line(recorded_run, ["--reward-dir", str(other)], capsys)
+    assert line.endswith(f"--resume: --reward-dir {other} differs from the run's {recorded_run.parent / 'reward-a'} "
+                         "(run.json); the checkpoint holds the run's reward model, which a resumed run keeps: leave "
+                         "the flag out, or start a new --output-dir")
+    line = resume_line(recorded_run, ["--reward-train-pairs", "32"], capsys)
+    assert "--reward-train-pairs 32 differs from the run's 64 (run.json)" in line
+    # the same folder spelled another way, and the same pair count, pass
+    same = recorded_run.parent / "x" / ".." / "reward-a"
+    assert PASSED in resume_line(recorded_run, ["--reward-dir", str(same), "--reward-train-pairs", "64"], capsys)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"kl_coef": 0.5}, "sets kl_coef 0.5, the run's is 0.2"),
+    ({"lora": {"r": 2}}, "sets lora_r 2, the run's is 8"),
+    ({"reward_lr": 0.5}, "sets reward_lr 0.5, the run's is 0.002"),
+    ({"max_length": 80}, "sets max_length 80, the run's is 64"),
+    ({"seed": 3}, "sets seed 3, the run's is 0"),
+])
+def test_a_resume_refuses_overrides_that_differ_from_run_json(recorded_run, capsys, monkeypatch, extra, named):
+    """$RLHF_PROFILE_OVERRIDES on a resume may repeat the record or change a resumable setting; any other
+    change would be silently ignored (the run keeps run.json's profile), so it is refused by name."""
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, **extra}))
+    line = resume_line(recorded_run, [], capsys)
+    assert f"--resume: $RLHF_PROFILE_OVERRIDES {named!s}" in line and "leave it out" in line
+
+
+def test_a_resume_takes_its_profile_from_run_json(recorded_run, capsys, monkeypatch):
+    """No overrides, the record's own, or a resumable one: the resume goes on, and builds what run.json says."""
+    for overrides in ("", json.dumps(TINY), json.dumps({**TINY, "total_steps": 3, "save_every": 1})):
+        monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", overrides)
+        assert PASSED in resume_line(recorded_run, [], capsys)
+    # a recorded setting the defaults lack reaches the resumed run without the environment repeating it
+    record = json.loads((recorded_run / "run.json").read_text())
+    record["profile"]["reward_lr"] = 0.01
+    (recorded_run / "run.json").write_text(json.dumps(record))
+    from rlhf_helpers.stages.resume import resumed_profile
+
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", "")
+    assert resumed_profile(record, get_profile("tiny"), {}, recorded_run).reward_lr == 0.01
+    assert resumed_profile(record, get_profile("tiny"), {}, recorded_run).ppo.rollout_batch_size == 8  # TINY's
+
+
+def test_a_resume_refuses_prompt_files_the_run_did_not_train_on(recorded_run, capsys, monkeypatch, tmp_path):
+    """run.json records the prompts' SHA-256: another $RLHF_DATA_DIR (or an edited file) is refused, naming it."""
+    import shutil
+
+    from rlhf_helpers.runtime.data import data_dir
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("prompts_train.jsonl", "prompts_test.jsonl"):
+        shutil.copy(data_dir() / name, data / name)
+    monkeypatch.setenv("RLHF_DATA_DIR", str(data))
+    assert PASSED in resume_line(recorded_run, [], capsys)  # the same bytes elsewhere: the same prompts
+    with open(data / "prompts_test.jsonl", "a") as handle:
+        handle.write(json.dumps({"prompt": "One more", "genre": "drama", "title": "x"}) + "\n")
+    line = resume_line(recorded_run, [], capsys)
+    assert f"--resume: {data / 'prompts_test.jsonl'} is not the file the run trained on" in line
 
 
 def test_overrides_reach_what_the_command_line_defaults_and_a_rule_names_the_flag(quick_cli, capsys, monkeypatch):

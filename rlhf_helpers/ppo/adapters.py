@@ -23,6 +23,10 @@ from rlhf_helpers.ppo.value_head import ScalarHead
 #: File names of the reward step's output read by `load_reward_adapter` (see stages/reward_training.py).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+#: A PPO checkpoint's layout (ppo/checkpoint.py): one peft sub-folder per adapter, both heads in one file.
+CHECKPOINT_ADAPTERS_DIR = "adapters"
+CHECKPOINT_HEADS_FILE = "heads.safetensors"
 
 
 def uses_conv1d(model: nn.Module) -> bool:
@@ -44,13 +48,24 @@ def refuse_checkpointing(model: nn.Module) -> None:
                          "use another adapter than the forward did, giving silently wrong gradients")
 
 
+def reward_files(directory: str | Path) -> tuple[Path, Path, Path, str]:
+    """(adapter config, adapter weights, head file, the head's key prefix) of a reward source: the reward
+    step's folder, or a PPO checkpoint (its adapters/reward/ and the score_head.* entries of its heads file,
+    so a resumed run needs no reward folder)."""
+    directory = Path(directory)
+    in_checkpoint = directory / CHECKPOINT_ADAPTERS_DIR / "reward"
+    if in_checkpoint.is_dir():
+        return (in_checkpoint / ADAPTER_CONFIG_FILE, in_checkpoint / ADAPTER_WEIGHTS_FILE,
+                directory / CHECKPOINT_HEADS_FILE, "score_head.")
+    return directory / ADAPTER_CONFIG_FILE, directory / ADAPTER_WEIGHTS_FILE, directory / SCORE_HEAD_FILE, ""
+
+
 def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int,
                         fan_in_fan_out: bool) -> ScalarHead:
-    """Add the frozen `reward` adapter from the reward step's folder to `peft_model`; return its score head."""
+    """Add the frozen `reward` adapter from the reward step's folder (or a PPO checkpoint) to `peft_model`;
+    return its score head."""
     directory = Path(directory)
-    weights = directory / ADAPTER_WEIGHTS_FILE
-    head_file = directory / SCORE_HEAD_FILE
-    config_file = directory / "adapter_config.json"
+    config_file, weights, head_file, head_prefix = reward_files(directory)
     for path in (weights, head_file, config_file):
         if not path.is_file():
             raise FileNotFoundError(f"reward_dir lacks {path.name}: {directory} must be written by "
@@ -64,10 +79,10 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     if missing or not state:
         raise ValueError(f"reward adapter in {directory} does not fit this base model "
                          f"(missing {missing[:3]}...)")
-    head = load_file(str(head_file))
-    if head["weight"].shape != (1, hidden_size):
-        raise ValueError(f"score head weight must have shape (1, {hidden_size}), got "
-                         f"{tuple(head['weight'].shape)}")
+    head = {k[len(head_prefix):]: v for k, v in load_file(str(head_file)).items() if k.startswith(head_prefix)}
+    if "weight" not in head or head["weight"].shape != (1, hidden_size):
+        shape = tuple(head["weight"].shape) if "weight" in head else "none"
+        raise ValueError(f"score head weight must have shape (1, {hidden_size}), got {shape}")
     score = ScalarHead(hidden_size, bias="bias" in head)
     score.linear.load_state_dict(head)
     return score

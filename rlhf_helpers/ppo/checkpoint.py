@@ -30,15 +30,15 @@ import torch
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from rlhf_helpers.ppo.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
+from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
 
 LATEST_FILE = "latest"
 #: Names of checkpoint folders (what `latest` may point at).
 CHECKPOINT_NAME = re.compile(r"^step-\d{6,}$")
-HEADS_FILE = "heads.safetensors"
 TRAINER_STATE_FILE = "trainer_state.pt"
-ADAPTERS_DIR = "adapters"
 #: Temporary folders of `save_checkpoint`: .tmp-step-NNNNNN-<pid> and .old-step-NNNNNN-<pid>.
 TEMPORARY_CHECKPOINT = re.compile(r"^\.(?:tmp|old)-(step-\d+)-(\d+)$")
 #: Complete checkpoints kept in output_dir (older ones are deleted after a save).

@@ -27,9 +27,11 @@ the run: a second live run into it exits 2, naming this one's pid):
 Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag
 not given keeps the profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile,
 so its seed and lora reach every stage (the SFT and reward models too), e.g. '{"rollout_batch_size": 8,
-"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with the PPO settings and
-reward folder recorded in run.json (the environment's overrides are not read again); only --total-steps (--steps),
---save-every, --eval-every and the progress bar may change; any other PPO flag that differs is refused (exit 2).
+"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with what run.json
+records: the profile, the PPO settings, the reward model (its weights come from the checkpoint, so the reward folder
+may be gone) and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every and the
+progress bar may change. Any other flag, override or prompt file that differs from the record is refused (exit 2),
+and run.json keeps recording what the run did (`stages/resume.py`).
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward
 model or the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a
 full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
@@ -43,7 +45,6 @@ never logs a step whose checkpoint failed).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import traceback
@@ -72,6 +73,7 @@ from rlhf_helpers.ppo.run_folder import (
     check_resume_checkpoint,
     lock_output_dir,
     read_prompts,
+    read_run_record,
 )
 from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -82,7 +84,15 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
-from rlhf_helpers.stages.resume import ALIASES, RESUMABLE, flag_error, resumed_config
+from rlhf_helpers.stages.resume import (
+    ALIASES,
+    RESUMABLE,
+    check_resumed_inputs,
+    flag_error,
+    resumed_config,
+    resumed_profile,
+    run_record,
+)
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -165,29 +175,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
         raise SetupError(f"--resume: no checkpoint found in {output_dir}")
 
-    saved_reward_dir = None
-    if args.resume:
-        config, saved_reward_dir = resumed_config(output_dir, profile.name, given)
+    record = None
+    if args.resume:  # what run.json recorded, with only the resumable settings changed
+        record = read_run_record(output_dir)
+        check_resumed_inputs(record, args.reward_dir, args.reward_train_pairs, output_dir)
+        from_env = env_overrides()
+        config = resumed_config(record, output_dir, profile.name, {  # first: refuses a run of another profile
+            **{name: value for name, value in from_env.items() if name in RESUMABLE}, **given})
+        profile = resumed_profile(record, profile, from_env, output_dir)
         # the checkpoint is read (safely) and checked file by file before the model is built
         resumed_step = check_resume_checkpoint(output_dir)
         if resumed_step >= config.total_steps:
             raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
                              f"is already at step {resumed_step}; pass a larger total to train further")
-
-    if args.reward_dir is not None:
+    elif args.reward_dir is not None:
         problem = reward_dir_problem(args.reward_dir)  # the cache's own checksums: a zeroed adapter fails
         if problem is not None:
             if Path(args.reward_dir).is_file():
                 problem = "it is a file, not a folder"
             raise SetupError(f"--reward-dir {args.reward_dir}: not a complete reward folder ({problem}); train one "
                              "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
-    elif saved_reward_dir is not None and Path(saved_reward_dir).is_dir():
-        problem = reward_dir_problem(saved_reward_dir)
-        if problem is not None:  # its weights come from the checkpoint, but its files give the adapter's shape
-            raise SetupError(f"--resume: the reward folder {saved_reward_dir} recorded in {output_dir / RUN_FILE} "
-                             f"is damaged ({problem}); pass --reward-dir with an intact one")
 
-    prompts = read_prompts(preferences=args.reward_dir is None and saved_reward_dir is None)  # bad data: exit 2
+    prompts = read_prompts(preferences=args.reward_dir is None and record is None)  # bad data: exit 2
     accelerator = make_accelerator(args.report_to, output_dir,
                                    cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
@@ -195,13 +204,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     with accelerator.main_process_first():  # gpu profile: one process fine-tunes the SFT model, the others reuse it
         ensure_sft_model(profile)
-    if args.reward_dir is not None:
-        reward_dir: Path | None = Path(args.reward_dir)
-    elif saved_reward_dir is not None and Path(saved_reward_dir).is_dir():
-        # the checkpoint holds the reward adapter's weights; the folder gives its shape (r, targets)
-        reward_dir = Path(saved_reward_dir)
+    reward_pairs = None if args.reward_dir is not None else args.reward_train_pairs
+    if record is not None:  # the checkpoint holds the reward adapter's weights and shape: no reward folder needed
+        reward_dir: Path | None = latest_checkpoint(output_dir)
+    elif args.reward_dir is not None:
+        reward_dir = Path(args.reward_dir)
     else:
-        reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.reward_train_pairs)
+        reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=reward_pairs)
         with accelerator.main_process_first():  # one process trains, the others find it cached
             reward_dir = ensure_reward_model(profile, reward_config)
     unknown, only_unknown = unknown_tokens(load_tokenizer(profile), prompts["train"])
@@ -221,9 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         loaded = load_checkpoint(trainer, output_dir)
         if is_main:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
-    record = {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
-              "reward_dir": None if reward_dir is None else str(reward_dir),
-              "num_processes": accelerator.num_processes}
+    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record)
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
