@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -85,3 +87,153 @@ def test_the_private_twin_and_a_re_export_outside_the_library_are_hidden_too():
             with pytest.raises(LibraryShortcut, match=r"torch\.distributions\.kl\.kl_divergence is hidden"):
                 call(p, p)
     assert torch.distributions.kl_divergence is original and torch_kl.kl_divergence is original
+
+
+LIBRARY = '''
+import functools
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+def _decorate(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapper
+
+@_decorate
+def wrapped_mean(x, mask):  # a closure: hidden by its bindings, not by its code
+    return (x * mask).sum() / mask.sum()
+'''
+LATER = '''
+from fakelib.core import masked_mean, wrapped_mean
+
+TABLE = {"mean": masked_mean, "wrapped": wrapped_mean}
+LISTED = [wrapped_mean]
+
+def by_default(x, mask, fn=masked_mean):
+    return fn(x, mask)
+
+def wrapped_by_default(x, mask, *, fn=wrapped_mean):
+    return fn(x, mask)
+'''
+
+
+@pytest.fixture
+def fake_library(tmp_path, monkeypatch):
+    """A package `fakelib` whose module `later` is imported for the first time during a check."""
+    package = tmp_path / "fakelib"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "core.py").write_text(LIBRARY)
+    (package / "later.py").write_text(LATER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in [name for name in sys.modules if name.split(".")[0] == "fakelib"]:
+        del sys.modules[name]
+
+
+def test_what_a_check_imports_gets_everything_back(fake_library):
+    """A module first imported during the check binds the hidden functions then; afterwards every way it
+    reaches them works again (a name, a dict, a default argument), a closure-wrapped one included."""
+    import importlib
+
+    core = importlib.import_module("fakelib.core")
+    x, m = torch.tensor([[1.0, 2.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    with hidden_from_learner([core.masked_mean, core.wrapped_mean]):
+        later = importlib.import_module("fakelib.later")
+        calls = (lambda: later.masked_mean, lambda: later.TABLE["mean"], lambda: later.by_default,
+                 lambda: later.wrapped_mean, lambda: later.TABLE["wrapped"], lambda: later.LISTED[0],
+                 lambda: later.wrapped_by_default)
+        for call in calls:
+            with pytest.raises(LibraryShortcut, match=r"fakelib\.core\.\w+ is hidden"):
+                call()(x, m)
+    for call in (*calls, lambda: core.wrapped_mean):
+        assert float(call()(x, m)) == 1.5
+    assert later.wrapped_mean is core.wrapped_mean and later.TABLE["wrapped"] is core.wrapped_mean
+
+
+def test_the_issue_s_case_a_library_module_imported_during_a_check_works_afterwards():
+    """rlhf_helpers.ppo.experience imported for the first time while masked_mean is hidden (a fresh process,
+    so that the import really is the first)."""
+    import subprocess
+
+    code = ("import torch\nimport rlhf_helpers.core.masked as masked\n"
+            "from rlhf_helpers.course.exercises import hidden_from_learner\n"
+            "assert 'rlhf_helpers.ppo.experience' not in __import__('sys').modules\n"
+            "with hidden_from_learner([masked.masked_mean]):\n    import rlhf_helpers.ppo.experience as experience\n"
+            "print(float(experience.masked_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0]))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr[-2000:]
+
+
+def _namespace(source: str) -> dict:
+    """A notebook-like namespace: the learner's function and its check defined in one globals dict."""
+    namespace: dict = {"torch": torch, "rlhf_helpers": rlhf_helpers}
+    exec(source, namespace)  # noqa: S102  # test code, written above
+    return namespace
+
+
+def test_a_check_fails_a_library_call_through_a_default_argument_or_a_dict(capsys):
+    namespace = _namespace(
+        "import rlhf_helpers\n"
+        "def by_default(x, m, mean=rlhf_helpers.masked_mean):\n    return mean(x, m)\n"
+        "TABLE = {'mean': rlhf_helpers.masked_mean}\n"
+        "def by_dict(x, m):\n    return TABLE['mean'](x, m)\n"
+        "def check(fn):\n    x, m = torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0])\n"
+        "    assert float(fn(x, m)) == 1.0\n")
+    for name in ("by_default", "by_dict"):
+        exercise_check(f"Exercise 1 ({name})", lambda name=name: namespace["check"](namespace[name]),
+                       hidden=[rlhf_helpers.masked_mean])
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (by_") and "masked_mean is hidden" in line
+               for line in lines) and len(lines) == 2
+    assert float(namespace["by_dict"](torch.tensor([2.0]), torch.tensor([1.0]))) == 2.0  # back afterwards
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ("    x.mul_(mask)\n    return x.sum() / mask.sum()", "x"),
+    ("    mask[mask == 0] = 0\n    return (x * mask).sum() / mask.sum()", "mask"),  # a write, even of equal values
+    ("    batch['x'] *= batch['mask']\n    return batch['x'].sum()", "batch['x']"),
+])
+def test_a_check_fails_a_function_that_changes_its_arguments_in_place(capsys, body, named):
+    """The caller's tensors would change under it: torch counts every in-place write (`_version`), so the
+    check names the argument even when the values returned are right."""
+    args = "batch" if "batch" in body else "x, mask"
+    namespace = _namespace(
+        f"def mean_of(x, mask):\n    return (x * mask).sum() / mask.sum()\n"
+        f"def learner({args}):\n{body}\n"
+        "def check():\n    x, mask = torch.tensor([1.0, 3.0, 9.0]), torch.tensor([1.0, 1.0, 0.0])\n"
+        "    want = mean_of(x, mask)\n"
+        f"    got = learner({'dict(x=x, mask=mask)' if args == 'batch' else 'x, mask'})\n"
+        "    assert got.shape == want.shape\n")
+    exercise_check("Exercise 1 (learner)", namespace["check"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (learner): AssertionError: learner changed its argument "
+                           f"{named} in place"), line
+    assert getattr(namespace["learner"], "__wrapped__", None) is None  # the learner's own function is back
+    exec(f"def learner({args}):\n    return 0 * torch.ones(())\n", namespace)  # one that writes nothing passes
+    exercise_check("Exercise 1 (learner)", namespace["check"])
+    assert capsys.readouterr().out.strip() == f"{EXERCISE_PASSED}  Exercise 1 (learner)"
+
+
+def test_a_check_that_never_ends_stops_with_failed_and_the_alarm_is_put_back(capsys):
+    import signal
+    import time
+
+    def endless():
+        t = 3
+        while t >= 0:  # the classic slip: the index never moves
+            pass
+
+    before = signal.getsignal(signal.SIGALRM)
+    start = time.monotonic()
+    exercise_check("Exercise 1 (endless)", endless, seconds=0.5)
+    elapsed = time.monotonic() - start
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (endless): CheckTimeout: the check stopped after 0.5 s")
+    assert elapsed < 30  # stopped, not finished (it never would); generous for a loaded machine
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    exercise_check("Exercise 1 (quick)", lambda: None, seconds=0.5)  # a check within its limit passes
+    time.sleep(0.7)  # and no alarm is left to fire after it
+    assert capsys.readouterr().out.strip() == f"{EXERCISE_PASSED}  Exercise 1 (quick)"

@@ -252,6 +252,26 @@ torch.testing.assert_close(per_episode_gradients(theta_random, words, prevs, phi
 print("closed-form score matches autograd")
 
 # %% [markdown]
+# ### How the exercise checks work
+#
+# Each exercise ends with a check cell that prints one line: **PASSED**; **FAILED**, with what differs and a
+# hint; or **NOT DONE** while the stub still raises `NotImplementedError`. A check:
+# - compares your function with an independent definition (a loop or a formula) on inputs it chooses,
+#   including the edge cases the exercise is about (padding, a row with one real token...);
+# - hides the library function the exercise teaches: while the check runs, calling it fails, however
+#   your code reaches it (its name, an import, a default argument, a dict);
+# - fails a function that changes a tensor it was given in place (`x *= mask`, `ratio.clamp_(...)`),
+#   because later cells would see the changed data;
+# - stops with FAILED when it runs far longer than it should (an endless loop), instead of hanging.
+#
+# What a check cannot see:
+# - inputs it does not try: PASSED is evidence, not a proof;
+# - the library's code copied into your cell, or a library function the check does not hide;
+# - a change your function makes to a tensor it did not get as an argument (a notebook variable, say).
+#
+# A solution under each check shows one way to write it.
+
+# %% [markdown]
 # ### Exercise 1: reward-to-go
 #
 # Write `reward_to_go(rewards)`: for per-token rewards of shape (N, T) return

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import importlib
 import platform
+import re
 import sys
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rlhf_helpers import __version__
-from rlhf_helpers.course.exercises import hidden_from_learner
+from rlhf_helpers.course.exercises import guard_in_place, hidden_from_learner, time_limit
 
 #: GitHub "owner/name" of the course repository.
 REPO_SLUG = "rlhf-course/rlhf-ppo-course"
@@ -202,18 +205,45 @@ def exercise_outcome(name: str) -> str | None:
     return _OUTCOMES.get(name)
 
 
-def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] = ()) -> None:
+#: seconds an exercise's check may run before it stops with FAILED (the slowest, 05's ppo_update, takes a few)
+CHECK_SECONDS = 120.0
+_LEARNER_NAME = re.compile(r"\((\w+)\)\s*$")  # "Exercise 2 (gae_loop)" -> gae_loop
+
+
+@contextmanager
+def _guarded_learner(name: str, namespace: MutableMapping[str, Any] | None) -> Iterator[None]:
+    """While the check runs, the function the exercise names (in its namespace) fails when it changes a
+    tensor it was given in place (`course.exercises.guard_in_place`)."""
+    match = _LEARNER_NAME.search(name)
+    function = namespace.get(match.group(1)) if match and namespace is not None else None
+    if not isinstance(function, types.FunctionType):
+        yield
+        return
+    guarded = guard_in_place(function)
+    namespace[match.group(1)] = guarded
+    try:
+        yield
+    finally:
+        if namespace.get(match.group(1)) is guarded:
+            namespace[match.group(1)] = function
+
+
+def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] = (),
+                   seconds: float | None = CHECK_SECONDS) -> None:
     """Run an exercise's `check` and print one line saying how it went; never raises.
 
     `check` runs the learner's code and asserts on it. A stub that still raises
     NotImplementedError prints "NOT DONE", a failed assertion or any other error prints "FAILED"
     with the message, so a notebook with unsolved exercises still runs top to bottom.
     `hidden`: the library functions (or methods) the exercise teaches. While `check` runs they raise
-    LibraryShortcut wherever they are bound (course.exercises), so calling them fails the check.
+    LibraryShortcut however they are reached (course.exercises), so calling them fails the check.
+    The function named in brackets in `name` ("Exercise 2 (gae_loop)") fails the check when it changes a
+    tensor it was given in place, and a check running past `seconds` stops with FAILED (an endless loop).
     Returns None, so the cell shows only that line.
     """
+    namespace = getattr(check, "__globals__", None)
     try:
-        with hidden_from_learner(hidden, getattr(check, "__globals__", None)):
+        with hidden_from_learner(hidden, namespace), _guarded_learner(name, namespace), time_limit(seconds):
             check()
     except NotImplementedError:
         _OUTCOMES[name] = EXERCISE_TODO

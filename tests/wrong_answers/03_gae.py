@@ -27,5 +27,7 @@ MISTAKES = {
         Mistake("averaged the per-row means, so short rows weigh as much as long ones",
                 "(x * mask).sum() / mask.sum()", "((x * mask).sum(dim=1) / mask.sum(dim=1)).mean()"),
         Mistake("summed x without the mask, so the padding's values enter", "(x * mask).sum()", "x.sum()"),
+        Mistake("masked the caller's x in place (x.mul_), so the padding values it held are gone",
+                "(x * mask).sum()", "x.mul_(mask).sum()"),
     ],
 }

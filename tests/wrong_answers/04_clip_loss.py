@@ -10,6 +10,8 @@ MISTAKES = {
                 "torch.clamp(ratio, 1 - eps, 1 + eps) * adv"),
         Mistake("clipped the product ratio * A instead of the ratio",
                 "torch.clamp(ratio, 1 - eps, 1 + eps) * adv", "torch.clamp(ratio * adv, 1 - eps, 1 + eps)"),
+        Mistake("clamped the caller's ratios in place (the values returned are right; the ratios are not)",
+                "torch.clamp(ratio, 1 - eps, 1 + eps) * adv", "ratio.clamp_(1 - eps, 1 + eps) * adv"),
     ],
     "2": [
         Mistake("flagged every ratio outside the band, whatever the advantage's sign",
