@@ -109,7 +109,8 @@ def test_a_ppo_mapping_changes_only_its_fields():
     ({"max_length": 16}, "max_length must be an int > max_prompt_length (16)"),
     ({"max_length": 20, "max_prompt_length": 24}, "max_length must be an int > max_prompt_length (24)"),
     ({"sft_model_path": "/nonexistent"},
-     "sft_model_path must be a model folder (with config.json), got '/nonexistent'"),
+     "sft_model_path must be a model folder (config.json and model.safetensors or pytorch_model.bin), got "
+     "'/nonexistent'"),
 ])
 def test_a_profile_setting_out_of_range_is_refused_by_name(overrides, message):
     """Each was accepted once and failed later, after a model was built (or trained on nothing)."""

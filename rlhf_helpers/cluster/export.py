@@ -16,6 +16,7 @@ global ones, so `n_gpus` multiplies them. Model and data paths are placeholders 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import sys
@@ -46,10 +47,20 @@ def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
     """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile or a config."""
     if isinstance(run, PPOConfig):
         return run
-    return (get_profile(run) if isinstance(run, str) else run).ppo
+    if isinstance(run, str):
+        return get_profile(run).ppo
+    if not isinstance(run, Profile):
+        raise ValueError(f"run must be a profile name, a Profile or a PPOConfig, got {type(run).__name__} {run!r}")
+    return run.ppo
 
 
 def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
+    if paths is not None and not isinstance(paths, Mapping):
+        raise ValueError(f"paths must be a mapping such as {{'model': '/models/sft'}}, got {type(paths).__name__} "
+                         f"{paths!r}")
+    bad = {name: path for name, path in (paths or {}).items() if not isinstance(path, str) or not path.strip()}
+    if bad:
+        raise ValueError(f"paths must map each name to a non-empty path string, got {bad!r}")
     unknown = set(paths or {}) - set(PLACEHOLDERS)
     if unknown:
         raise ValueError(f"unknown path name(s) {sorted(unknown)}; known: {sorted(PLACEHOLDERS)}")
@@ -65,11 +76,14 @@ def _check_gpus(n_gpus: int) -> int:
 def per_token_target_kl(config: PPOConfig, mean_response_tokens: float | None = None) -> float | None:
     """The course's target (k1 KL per sequence) as their target (mean KL per token): divided by the mean
     response length, max_new_tokens unless given (exact when responses use the whole budget)."""
+    if mean_response_tokens is not None and (isinstance(mean_response_tokens, bool)
+                                             or not isinstance(mean_response_tokens, (int, float))
+                                             or not 0 < mean_response_tokens < math.inf):
+        raise ValueError(f"mean_response_tokens must be None or a finite number > 0, got "
+                         f"{type(mean_response_tokens).__name__} {mean_response_tokens!r}")
     if config.target_kl is None:
         return None
     tokens = config.max_new_tokens if mean_response_tokens is None else mean_response_tokens
-    if not tokens > 0:
-        raise ValueError(f"mean_response_tokens must be > 0, got {mean_response_tokens!r}")
     return float(config.target_kl) / float(tokens)
 
 

@@ -102,8 +102,10 @@ class CompareConfig:
             raise ValueError(f"grpo_loss_type must be one of {GRPO_LOSS_TYPES}, got {self.grpo_loss_type!r}")
         if self.grpo_scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"grpo_scale_rewards must be 'group', 'batch' or 'none', got {self.grpo_scale_rewards!r}")
-        if not self.best_of or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.best_of):
-            raise ValueError(f"best_of must hold ints >= 1, got {self.best_of!r}")
+        if (not isinstance(self.best_of, (tuple, list)) or not self.best_of
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.best_of)):
+            raise ValueError(f"best_of must be a non-empty tuple of ints >= 1, got {type(self.best_of).__name__} "
+                             f"{self.best_of!r}")
 
     @property
     def budget_unit(self) -> str:

@@ -99,27 +99,48 @@ def load_history(source: str | Path) -> tuple[list[dict[str, Any]], RunFacts]:
     return load_jsonl(path), _facts_of_run_json(path.parent / "run.json")
 
 
-def _load_trl(state_file: Path) -> tuple[list[dict[str, Any]], RunFacts]:
+def _read_json(path: Path) -> Any:
+    """The JSON in `path`; ValueError naming the file when it is not UTF-8 JSON."""
     try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-        log = state["log_history"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{state_file}: not a TRL trainer_state.json with a log_history ({err})") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not UTF-8 JSON ({err})") from None
+
+
+def _load_trl(state_file: Path) -> tuple[list[dict[str, Any]], RunFacts]:
+    state = _read_json(state_file)
+    log = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(log, list):
+        raise ValueError(f"{state_file}: not a TRL trainer_state.json (expected an object with a log_history "
+                         f"list, got {type(log).__name__} {log!r:.60})")
     rows = [r for r in (_trl_row(entry) for entry in log if isinstance(entry, dict)) if r]
     return rows, RunFacts(source="trl")
+
+
+def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[type, ...], low: float) -> Any:
+    """section[key] when it is None or a number of `kinds` >= low (never a bool); else ValueError naming it."""
+    value = section.get(key)
+    if value is None or (isinstance(value, kinds) and not isinstance(value, bool) and value >= low):
+        return value
+    kind = "an int" if kinds == (int,) else "a number"
+    raise ValueError(f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r}")
 
 
 def _facts_of_run_json(run_file: Path) -> RunFacts:
     if not run_file.is_file():
         return RunFacts()
-    try:
-        record = json.loads(run_file.read_text(encoding="utf-8"))
-        config, profile = record.get("ppo_config", {}), record.get("profile", {})
-    except (json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{run_file}: not a run record ({err})") from None
-    return RunFacts(max_new_tokens=config.get("max_new_tokens"), score_clip=config.get("score_clip"),
-                    value_warmup_steps=int(config.get("value_warmup_steps") or 0),
-                    dtype=str(profile.get("dtype") or "float32"))
+    record = _read_json(run_file)
+    config = record.get("ppo_config", {}) if isinstance(record, dict) else None
+    profile = record.get("profile", {}) if isinstance(record, dict) else None
+    if not isinstance(config, dict) or not isinstance(profile, dict):
+        raise ValueError(f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
+    dtype = profile.get("dtype") or "float32"
+    if not isinstance(dtype, str):
+        raise ValueError(f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r}")
+    return RunFacts(max_new_tokens=_checked(run_file, config, "max_new_tokens", (int,), 1),
+                    score_clip=_checked(run_file, config, "score_clip", (int, float), 0),
+                    value_warmup_steps=_checked(run_file, config, "value_warmup_steps", (int,), 0) or 0,
+                    dtype=dtype)
 
 
 def _facts_of_trainer(trainer: Any) -> RunFacts:

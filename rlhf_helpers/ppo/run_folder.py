@@ -24,7 +24,7 @@ from rlhf_helpers.ppo.checkpoint import (
     load_trainer_state,
     resolve_latest,
 )
-from rlhf_helpers.runtime.data import load_preferences, load_prompts
+from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
@@ -137,14 +137,52 @@ def check_resume_checkpoint(output_dir: Path) -> int:
     raise SetupError(f"--resume: {problem}; {advice}")
 
 
-def read_prompts(preferences: bool) -> dict[str, list[str]]:
+def read_prompts(preferences: bool, sft: bool = False) -> dict[str, list[str]]:
     """The prompts of both splits ("train", "test"), read and checked line by line before any model is built;
-    with `preferences` (the reward model is to be trained) the preference files are checked too. SetupError
+    with `preferences` (the reward model is to be trained) the preference files are checked too; with `sft`
+    (ptx_coef > 0) also "sft": the SFT texts (prompt + completion) the ptx loss trains on. SetupError
     naming the file and line of a bad record, a missing file or a folder where a file belongs."""
     try:
         if preferences:
             for split in ("train", "test"):
                 load_preferences(split)
-        return {split: load_prompts(split) for split in ("train", "test")}
+        texts = {split: load_prompts(split) for split in ("train", "test")}
+        if sft:
+            texts["sft"] = [record["prompt"] + record["completion"] for record in load_sft_corpus()]
+        return texts
     except (ValueError, OSError) as error:  # the loaders name the file (and the line)
         raise SetupError(f"data: {error}") from None
+
+
+#: LoRA target names each model family has (transformers' module names), for a typo found before any model is built
+KNOWN_TARGETS = {"gpt2": {"c_attn", "c_proj", "c_fc", "lm_head", "attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                          "mlp.c_proj"},
+                 "llama": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}}
+
+
+def check_model_limits(model_dir: str | Path, config: Any, max_length: int) -> None:
+    """SetupError when the settings do not fit the model in `model_dir` (its config.json; a folder without one,
+    such as a gpu-profile SFT model not fine-tuned yet, is not checked): prompt + response longer than its
+    positions, a LoRA rank above its hidden size, or a LoRA target it has no module of."""
+    config_file = Path(model_dir) / "config.json"
+    try:
+        model = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    positions = model.get("n_positions") or model.get("max_position_embeddings")
+    if isinstance(positions, int):
+        if config.max_prompt_length + config.max_new_tokens > positions:
+            raise SetupError(f"--max-prompt-length {config.max_prompt_length} + --max-new-tokens "
+                             f"{config.max_new_tokens} = {config.max_prompt_length + config.max_new_tokens} tokens "
+                             f"exceed the model's {positions} positions ({config_file})")
+        if max_length > positions:
+            raise SetupError(f"max_length {max_length} exceeds the model's {positions} positions ({config_file})")
+    hidden = model.get("n_embd") or model.get("hidden_size")
+    if isinstance(hidden, int) and config.lora.r > hidden:
+        raise SetupError(f"--lora-r {config.lora.r} exceeds the model's hidden size {hidden}: a rank above it adds "
+                         f"nothing a full update would not ({config_file})")
+    known = KNOWN_TARGETS.get(model.get("model_type"))
+    unknown = sorted(set(config.lora.target_modules) - known) if known else []
+    if unknown:
+        raise SetupError(f"--lora-target-modules: {', '.join(unknown)} is not a module of this "
+                         f"{model.get('model_type')} model; its names: {', '.join(sorted(known))}")

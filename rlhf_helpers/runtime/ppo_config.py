@@ -89,6 +89,8 @@ class PPOConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ValueError("output_dir must be None or a folder, got an empty string")
         if self.rollout_batch_size % self.mini_batch_size:
             raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
                              f"mini_batch_size ({self.mini_batch_size})")

@@ -33,6 +33,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ PROFILE_ENV = "RLHF_PROFILE"
 #: any Profile field, or any PPOConfig field by name.
 OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
 PROFILE_NAMES = ("tiny", "gpu", "auto")
+#: the torch devices a profile may name (a GPU's index after "cuda:")
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?|mps")
 
 
 def _default_tiny_path() -> str:
@@ -101,6 +104,11 @@ class Profile:
 
     def _check_ranges(self) -> None:
         """ValueError naming the first setting outside its range (types are checked before)."""
+        for name in ("base_model", "sft_model_path"):
+            if not getattr(self, name).strip():
+                raise ValueError(f"{name} must be a hub id or a folder, got an empty string")
+        if not DEVICE_NAME.fullmatch(self.device):
+            raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {self.device!r}")
         counts = {"reward_batch_size": self.reward_batch_size, "sft_batch_size": self.sft_batch_size}
         for name, value in counts.items():
             if value < 1:
@@ -145,6 +153,12 @@ class Profile:
         if "random_init" in changes:  # the setting before `weights` (recorded runs, old scripts)
             raise ValueError("random_init was replaced by weights: use weights='random' (random_init true) or "
                              "weights='auto' (random_init false)")
+        if "name" in changes and changes["name"] != self.name:  # the name picks the profile: not a setting
+            raise ValueError(f"name is not a setting: choose the profile with get_profile(name) or ${PROFILE_ENV} "
+                             f"(one of {PROFILE_NAMES}), got {changes['name']!r}")
+        if "ppo" in changes and not isinstance(changes["ppo"], (Mapping, PPOConfig)):
+            raise ValueError(f"ppo must be a PPOConfig or a mapping of its fields, got "
+                             f"{type(changes['ppo']).__name__} {changes['ppo']!r}")
         own = {f.name for f in dataclasses.fields(self)}
         ppo_fields = {f.name for f in dataclasses.fields(PPOConfig)}
         unknown = set(changes) - own - ppo_fields
@@ -197,6 +211,8 @@ def gpu_profile() -> Profile:
 def resolve_profile_name(name: str | None = None) -> str:
     """"tiny" or "gpu" from a name, $RLHF_PROFILE, or the default "tiny"; resolves "auto"."""
     chosen = name if name is not None else os.environ.get(PROFILE_ENV, "tiny")
+    if not isinstance(chosen, str):
+        raise ValueError(f"name must be one of {PROFILE_NAMES}, got {type(chosen).__name__} {chosen!r}")
     chosen = chosen.strip().lower()
     if chosen not in PROFILE_NAMES:
         source = "name" if name is not None else f"${PROFILE_ENV}"
@@ -209,13 +225,21 @@ def resolve_profile_name(name: str | None = None) -> str:
     return chosen
 
 
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:  # json keeps the last silently: say which setting was given twice
+        raise ValueError(f"${OVERRIDES_ENV} sets {', '.join(repeated)} twice; give each setting once")
+    return dict(pairs)
+
+
 def env_overrides() -> dict[str, Any]:
     """Field overrides from $RLHF_PROFILE_OVERRIDES (a JSON object), {} when it is unset."""
     raw = os.environ.get(OVERRIDES_ENV, "").strip()
     if not raw:
         return {}
     try:
-        values = json.loads(raw)
+        values = json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
     except json.JSONDecodeError as err:
         raise ValueError(f"${OVERRIDES_ENV} must be a JSON object such as '{{\"total_steps\": 5}}', "
                          f"got {raw!r} ({err})") from None
@@ -232,6 +256,13 @@ WEIGHTS_SUFFIX = {"hub": "", "gguf": "-gguf", "random": "-random-init"}
 def weights_sft_path(sft_model_path: str, weights: str) -> str:
     """The SFT folder of a run with base weights `weights`: `sft_model_path` + WEIGHTS_SUFFIX[weights]."""
     return str(sft_model_path).rstrip("/\\") + WEIGHTS_SUFFIX[weights]
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """True for a folder transformers can load a model from: config.json and its weights."""
+    folder = Path(path)
+    return (folder / "config.json").is_file() and any((folder / name).is_file() for name in (
+        "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
 
 
 def get_profile(name: str | None = None, **overrides: Any) -> Profile:
@@ -256,9 +287,10 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     if profile.is_tiny and profile.weights != "shipped":
         raise ValueError(f"weights must be 'shipped' in the tiny profile (it ships its own model), got "
                          f"{profile.weights!r}; 'hub', 'gguf' and 'random' are for the gpu profile")
-    if profile.is_tiny and "sft_model_path" in values and not Path(profile.sft_model_path, "config.json").is_file():
-        raise ValueError(f"sft_model_path must be a model folder (with config.json), got {profile.sft_model_path!r}; "
-                         f"the tiny profile's own is {_default_tiny_path()}")
+    if profile.is_tiny and "sft_model_path" in values and not is_model_folder(profile.sft_model_path):
+        raise ValueError(f"sft_model_path must be a model folder (config.json and model.safetensors or "
+                         f"pytorch_model.bin), got {profile.sft_model_path!r}; the tiny profile's own is "
+                         f"{_default_tiny_path()}")
     if not profile.is_tiny:
         if profile.weights == "shipped":
             raise ValueError("weights='shipped' is the tiny profile's own model; the gpu profile takes "

@@ -37,6 +37,7 @@ from rlhf_helpers.ppo.adapters import (
     uses_conv1d,
 )
 from rlhf_helpers.runtime.compat import checkpointing_off
+from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
@@ -59,12 +60,13 @@ class RewardTrainingConfig:
 
     def __post_init__(self) -> None:
         self.lora = as_lora_spec(self.lora)
+        check_field_types(self)  # exact types: a bool or "4" is never read as a number
         for name in ("batch_size", "max_length"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         for name in ("epochs", "learning_rate"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
         if self.max_train_pairs is not None and (isinstance(self.max_train_pairs, bool)
                                                  or not isinstance(self.max_train_pairs, int)
                                                  or self.max_train_pairs < 1):

@@ -69,6 +69,7 @@ from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
 from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
+    check_model_limits,
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
@@ -196,7 +197,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"--reward-dir {args.reward_dir}: not a complete reward folder ({problem}); train one "
                              "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
 
-    prompts = read_prompts(preferences=args.reward_dir is None and record is None)  # bad data: exit 2
+    check_model_limits(profile.sft_model_path, config, profile.max_length)  # before anything is built
+    prompts = read_prompts(preferences=args.reward_dir is None and record is None,  # bad data: exit 2
+                           sft=config.ptx_coef > 0)
     accelerator = make_accelerator(args.report_to, output_dir,
                                    cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
@@ -223,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     model.to(accelerator.device)
     trainer = PPOTrainer(config, model, tokenizer, prompts["train"], hidden_score_fn=hidden_scores,
-                         accelerator=accelerator)
+                         accelerator=accelerator, ptx_texts=prompts.get("sft"))
     is_main = accelerator.is_main_process
     metrics_path = output_dir / METRICS_FILE
     if args.resume:
