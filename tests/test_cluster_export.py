@@ -459,3 +459,25 @@ def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys
     assert stopped.value.code == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""  # one line, no half-written command
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"run": 5}, "run must be a profile name, a Profile or a PPOConfig, got int 5"),
+    ({"run": {"clip_eps": 0.1}}, "run must be a profile name, a Profile or a PPOConfig, got dict"),
+    ({"paths": ["model"]}, "paths must be a mapping such as {'model': '/models/sft'}, got list"),
+    ({"paths": {"model": 5}}, "paths must map each name to a non-empty path string, got {'model': 5}"),
+    ({"paths": {"model": ""}}, "paths must map each name to a non-empty path string"),
+    ({"mean_response_tokens": "5"}, "mean_response_tokens must be None or a finite number > 0, got str '5'"),
+    ({"mean_response_tokens": True}, "mean_response_tokens must be None or a finite number > 0, got bool True"),
+    ({"mean_response_tokens": 0}, "mean_response_tokens must be None or a finite number > 0, got int 0"),
+    ({"mean_response_tokens": float("nan")}, "mean_response_tokens must be None or a finite number > 0"),
+])
+def test_the_export_refuses_arguments_of_the_wrong_kind_by_name(kwargs, message):
+    """Before: tracebacks (AttributeError, TypeError naming nothing), or a bad token count accepted whenever
+    the run had no target_kl (the only case that read it)."""
+    from rlhf_helpers.cluster.export import openrlhf_args, verl_settings
+
+    run = kwargs.pop("run", "tiny")
+    for export in (verl_settings, openrlhf_args):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            export(run, **kwargs)

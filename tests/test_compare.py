@@ -302,3 +302,11 @@ def test_best_of_n_needs_two_eval_prompts_for_its_standard_error(profile):
         run_best_of_n(small_config(profile), profile, None, ["the movie was"])
     with pytest.raises(ValueError, match="at least 2 needed"):
         run_best_of_n(small_config(profile).replace(n_eval_prompts=1), profile, None, ["a", "b"])
+
+
+def test_best_of_must_be_a_tuple_not_one_number():
+    """best_of=5 was a TypeError ('int' object is not iterable) naming no field."""
+    from rlhf_helpers.runtime.profiles import get_profile
+
+    with pytest.raises(ValueError, match=r"best_of must be a non-empty tuple of ints >= 1, got int 5"):
+        CompareConfig.from_profile(get_profile("tiny"), best_of=5)

@@ -334,3 +334,42 @@ def test_a_real_trl_grpo_log_with_a_constant_reward_is_named(tmp_path, one_torch
         found[name] = {f.rule: (f.severity, f.steps) for f in diagnose(out).findings}
     assert found["constant"] == {"no_learning_signal": ("error", (1, 2, 3))}
     assert "no_learning_signal" not in found["words"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("run.json", '{"ppo_config": 5, "profile": {}}', "not a run record"),
+    ("run.json", '{"ppo_config": {}, "profile": "tiny"}', "not a run record"),
+    ("run.json", '{"ppo_config": {"max_new_tokens": "40"}, "profile": {}}',
+     "max_new_tokens must be an int >= 1, got str '40'"),
+    ("run.json", '{"ppo_config": {"value_warmup_steps": "x"}, "profile": {}}',
+     "value_warmup_steps must be an int >= 0, got str 'x'"),
+    ("run.json", '{"ppo_config": {"score_clip": "5"}, "profile": {}}', "score_clip must be a number >= 0, got str"),
+    ("run.json", '{"ppo_config": {}, "profile": {"dtype": 16}}', "dtype must be a dtype name, got int 16"),
+    ("run.json", b'{"ppo_config": {\xff}}', "not UTF-8 JSON"),
+    ("metrics.jsonl", '{"step": 1, "kl": "0.5"}\n', "row 1: kl must be a number, got str '0.5'"),
+    ("metrics.jsonl", '{"step": 1, "entropy": [1.5]}\n', "row 1: entropy must be a number, got list"),
+    ("metrics.jsonl", '{"step": 1, "clipfrac": true}\n', "row 1: clipfrac must be a number, got bool True"),
+])
+def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(tmp_path, capsys, name, text, message):
+    """Before: tracebacks (AttributeError, TypeError), or the value silently read as 'not logged'."""
+    from rlhf_helpers.stages.diagnose import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
+    (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(tmp_path) in err, err
+
+
+@pytest.mark.parametrize("log, message", [
+    ("5", "not a TRL trainer_state.json (expected an object with a log_history list, got int"),
+    ("null", "not a TRL trainer_state.json (expected an object with a log_history list, got NoneType"),
+    ("[]", "holds no logged step"),
+    ('[{"step": 1, "reward": "0.5"}]', "row 1: score must be a number, got str '0.5'"),
+])
+def test_a_trl_state_with_a_log_of_the_wrong_shape_is_one_line(tmp_path, capsys, log, message):
+    from rlhf_helpers.stages.diagnose import main
+
+    (tmp_path / "trainer_state.json").write_text('{"log_history": ' + log + "}")
+    assert main([str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

@@ -145,3 +145,44 @@ def test_the_reward_command_refuses_bad_settings_with_exit_2_before_any_model(mo
         assert stopped.value.code == 2, argv
         assert message in capsys.readouterr().err, (argv, env)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()  # nothing built or written
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: get_profile(5), "name must be one of ('tiny', 'gpu', 'auto'), got int 5"),
+    (lambda: get_profile(True), "name must be one of ('tiny', 'gpu', 'auto'), got bool True"),
+    (lambda: get_profile("tiny", ppo=5), "ppo must be a PPOConfig or a mapping of its fields, got int 5"),
+    (lambda: get_profile("tiny", ppo=None, clip_eps=0.1), "ppo must be a PPOConfig or a mapping of its fields, got "
+                                                          "NoneType None"),
+    (lambda: get_profile("tiny").replace(name="gpu"), "name is not a setting"),  # a tiny profile renamed
+    (lambda: get_profile("tiny", device="banana"), "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'banana'"),
+    (lambda: get_profile("tiny", device=""), "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got ''"),
+    (lambda: get_profile("tiny", base_model=" "), "base_model must be a hub id or a folder, got an empty string"),
+    (lambda: get_profile("tiny", output_dir=""), "output_dir must be None or a folder, got an empty string"),
+])
+def test_a_setting_of_the_wrong_kind_is_a_value_error_naming_it(call, message):
+    """Each was an AttributeError traceback, or was accepted and failed (or did something else) later."""
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+def test_the_environment_names_a_setting_given_twice_or_a_profile_name_inside_it(monkeypatch):
+    import re
+
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"total_steps": 1, "total_steps": 2}')
+    with pytest.raises(ValueError, match=re.escape("$RLHF_PROFILE_OVERRIDES sets total_steps twice")):
+        get_profile("tiny")
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"name": "foo"}')
+    with pytest.raises(ValueError, match=re.escape("name is not a setting: choose the profile with get_profile(name) "
+                                                   "or $RLHF_PROFILE")):
+        get_profile("tiny")
+
+
+def test_a_tiny_model_folder_without_weights_is_refused(tmp_path):
+    """config.json alone is not a model: transformers fails on it only when the model is built."""
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="sft_model_path must be a model folder"):
+        get_profile("tiny", sft_model_path=str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert get_profile("tiny", sft_model_path=str(tmp_path)).sft_model_path == str(tmp_path)

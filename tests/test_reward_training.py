@@ -335,3 +335,24 @@ def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):
     with (data / "sft.jsonl").open("a") as handle:
         handle.write(json.dumps({"prompt": "The film", "completion": " was fine."}) + "\n")
     assert sft_cache_key(profile)["data"] != key["data"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"batch_size": True}, "batch_size must be an int, got bool True"),
+    ({"batch_size": "4"}, "batch_size must be an int, got str '4'"),
+    ({"batch_size": 4.5}, "batch_size must be an int, got float 4.5"),
+    ({"max_length": None}, "max_length must be an int, got NoneType None"),
+    ({"epochs": True}, "epochs must be a number, got bool True"),
+    ({"epochs": float("inf")}, "epochs must be a finite number > 0, got inf"),
+    ({"learning_rate": "0.1"}, "learning_rate must be a number, got str '0.1'"),
+    ({"seed": "0"}, "seed must be an int, got str '0'"),
+])
+def test_reward_training_settings_of_the_wrong_type_are_refused_by_name(overrides, message):
+    """Before: a bool or 4.5 was accepted (True as batch size 1), a string was a TypeError naming nothing."""
+    import re
+
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.reward_training import RewardTrainingConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RewardTrainingConfig.from_profile(get_profile("tiny"), **overrides)

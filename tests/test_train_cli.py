@@ -616,3 +616,42 @@ def test_overrides_reach_what_the_command_line_defaults_and_a_rule_names_the_fla
     line = setup_error(["--mini-batch-size", "3", "--output-dir", str(quick_cli / "x")], capsys)
     assert line.endswith("the profile's PPO settings with --mini-batch-size: rollout_batch_size (8) must be a "
                          "multiple of mini_batch_size (3)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-new-tokens", "100"], "--max-prompt-length 16 + --max-new-tokens 100 = 116 tokens exceed the model's 64 "
+                                  "positions"),
+    (["--max-prompt-length", "60"], "--max-prompt-length 60 + --max-new-tokens 8 = 68 tokens exceed the model's 64"),
+    (["--lora-r", "4096"], "--lora-r 4096 exceeds the model's hidden size"),
+    (["--lora-target-modules", "c_attn", "nope"], "--lora-target-modules: nope is not a module of this gpt2 model"),
+])
+def test_settings_the_model_cannot_hold_are_refused_before_it_is_built(quick_cli, capsys, argv, message):
+    """Before: a 24-line peft or allocator traceback after the reward model was trained, or (a response past
+    the model's positions, one unknown LoRA target beside a known one) a run that trained and exited 0."""
+    line = setup_error(["--output-dir", str(quick_cli / "limits"), *argv], capsys)
+    assert message in line, line
+
+
+def test_a_ptx_coefficient_trains_on_the_sft_texts(quick_cli, monkeypatch):
+    """--ptx-coef > 0 was a ValueError traceback (no ptx_texts): the command now passes the SFT corpus."""
+    from rlhf_helpers.runtime.data import load_sft_corpus
+
+    seen = {}
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise AssertionError("captured")
+
+    monkeypatch.setattr(train, "build_shared_model", lambda *a, **k: (torch_module(), None))
+    monkeypatch.setattr(train, "PPOTrainer", capture)
+    with pytest.raises(AssertionError, match="captured"):
+        train.main(["--profile", "tiny", "--steps", "1", "--no-progress", "--ptx-coef", "0.5",
+                    "--output-dir", str(quick_cli / "ptx")])
+    corpus = load_sft_corpus()
+    assert seen["ptx_texts"] == [r["prompt"] + r["completion"] for r in corpus] and len(corpus) > 0
+
+
+def torch_module():
+    import torch
+
+    return torch.nn.Linear(1, 1)

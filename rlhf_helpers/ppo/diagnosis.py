@@ -169,10 +169,22 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
         raise ValueError("source must be a list of metric dicts, a PPOTrainer, or a run folder / metrics.jsonl "
                          f"path, got {type(source).__name__}")
     facts = facts or found
+    _check_values(history, source)
     rows = [{**row, "step": _step(row, index)} for index, row in enumerate(history)]
     findings = [finding for rule in RULES if (finding := rule(rows, facts, thresholds)) is not None]
     findings.sort(key=lambda f: SEVERITIES.index(f.severity))  # stable: within a severity, in RULES order
     return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds)
+
+
+def _check_values(history: Sequence[Mapping[str, Any]], source: Any) -> None:
+    """ValueError naming the row and metric of the first value that is not a number (or None): the rules read
+    numbers, and a string or a list would silently read as "not logged"."""
+    where = f"{source}: " if isinstance(source, (str, Path)) else ""
+    for index, row in enumerate(history):
+        for key, value in row.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} "
+                                 f"{value!r:.40}")
 
 
 def _step(row: Mapping[str, Any], index: int) -> int:
