@@ -655,3 +655,42 @@ def torch_module():
     import torch
 
     return torch.nn.Linear(1, 1)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("no model", "model directory not found"),
+    ("config not JSON", "config.json does not load"),
+    ("weights truncated", "model.safetensors is damaged (SafetensorError: truncated or overwritten)"),
+    ("weights missing", "holds no weights (model.safetensors or pytorch_model.bin)"),
+    ("tokenizer missing", "its tokenizer does not load"),
+    ("another model's vocabulary", "not one model's files"),
+])
+def test_a_damaged_tiny_model_in_the_data_folder_is_one_line(quick_cli, capsys, monkeypatch, damage, message):
+    """$RLHF_DATA_DIR's models/tiny-sft, damaged: before, each was a traceback from transformers, safetensors or
+    torch, after the reward model had started training."""
+    import shutil
+
+    from rlhf_helpers.runtime.data import data_dir
+
+    data = quick_cli / "data"
+    shutil.copytree(data_dir(), data, ignore=shutil.ignore_patterns("*.md"))
+    model = data / "models" / "tiny-sft"
+    if damage == "no model":
+        shutil.rmtree(model)
+    elif damage == "config not JSON":
+        (model / "config.json").write_text("{not json")
+    elif damage == "weights truncated":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif damage == "weights missing":
+        (model / "model.safetensors").unlink()
+    elif damage == "tokenizer missing":
+        for path in model.iterdir():
+            if "token" in path.name or path.name in ("vocab.json", "merges.txt", "vocab.txt"):
+                path.unlink()
+    else:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": 50}))
+    monkeypatch.setenv("RLHF_DATA_DIR", str(data))
+    line = setup_error(["--output-dir", str(quick_cli / "damaged")], capsys)
+    assert "the tiny profile's SFT model: " in line and message in line, line

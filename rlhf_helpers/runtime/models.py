@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -152,3 +153,42 @@ def unknown_tokens(tokenizer: Any, texts: list[str]) -> tuple[float, int]:
     unknown = sum(token == unk for row in ids for token in row)
     only = sum(1 for row in ids if row and all(token == unk for token in row))
     return unknown / max(total, 1), only
+
+
+def model_folder_problem(profile: Profile) -> str | None:
+    """What keeps the profile's SFT model folder from loading, in one line, or None: checked before a run trains
+    anything (tiny profile: the shipped model, or $RLHF_DATA_DIR's). A folder not there (a gpu-profile SFT model
+    not fine-tuned yet) is no problem here when the profile fine-tunes it; the tiny profile's must be there."""
+    folder = Path(profile.sft_model_path)
+    if not folder.is_dir():
+        if not profile.is_tiny:
+            return None
+        try:
+            _model_path(profile, None)
+        except FileNotFoundError as error:
+            return str(error)
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        return f"{folder / 'config.json'} does not load ({str(error).splitlines()[0]})"
+    weights = folder / "model.safetensors"
+    if weights.is_file():
+        try:
+            with safe_open(str(weights), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # safetensors raises its own SafetensorError
+            return f"{weights} is damaged ({type(error).__name__}: truncated or overwritten)"
+    elif not any((folder / name).is_file() for name in ("pytorch_model.bin", "model.safetensors.index.json",
+                                                          "pytorch_model.bin.index.json")):
+        return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return f"its tokenizer does not load: {folder} holds no tokenizer.json, tokenizer_config.json or vocab.json"
+    try:
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # transformers raises OSError, ValueError or its own errors for a broken tokenizer
+        return f"its tokenizer does not load ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:  # ids past the embedding: an index error mid-run
+        return f"its tokenizer has {len(tokenizer)} tokens, the model's config.json {vocab}: not one model's files"
+    return None

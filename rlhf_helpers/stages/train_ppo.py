@@ -80,7 +80,7 @@ from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, mak
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
-from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
+from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
@@ -197,7 +197,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"--reward-dir {args.reward_dir}: not a complete reward folder ({problem}); train one "
                              "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
 
-    check_model_limits(profile.sft_model_path, config, profile.max_length)  # before anything is built
+    problem = model_folder_problem(profile)  # a damaged or foreign model folder: before anything is built
+    if problem is not None:
+        raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
+    check_model_limits(profile.sft_model_path, config, profile.max_length)
     prompts = read_prompts(preferences=args.reward_dir is None and record is None,  # bad data: exit 2
                            sft=config.ptx_coef > 0)
     accelerator = make_accelerator(args.report_to, output_dir,
