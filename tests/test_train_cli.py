@@ -91,6 +91,9 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         train.main(["--steps", "0"])
     assert bad.value.code == 2 and "--total-steps/--steps must be a positive int, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:  # was "name must be one of...": the flag is named now
+        train.main(["--profile", "cpu"])
+    assert bad.value.code == 2 and "argument --profile: invalid choice: 'cpu'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no checkpoint found"):
         train.main(["--profile", "tiny", "--resume", "--output-dir", str(tmp_path / "nothing"),
                     "--reward-dir", str(tmp_path)])

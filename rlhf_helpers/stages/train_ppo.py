@@ -82,7 +82,7 @@ from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
 from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import env_overrides, get_profile
+from rlhf_helpers.runtime.profiles import PROFILE_NAMES, env_overrides, get_profile
 from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
 from rlhf_helpers.stages.resume import (
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: the run's own flags, then one flag per PPOConfig field (help: its `#:` doc)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Shared-LoRA PPO on a course profile.")
     run = parser.add_argument_group("the run")
-    run.add_argument("--profile", default=None, help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
+    run.add_argument("--profile", default=None, choices=PROFILE_NAMES,
+                     help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
     run.add_argument("--resume", action="store_true",
                      help="continue from the latest checkpoint in --output-dir, with the settings of its run.json "
                           f"(only {', '.join(flag_name(name) for name in RESUMABLE)} may change)")
