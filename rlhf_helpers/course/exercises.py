@@ -187,7 +187,8 @@ def _tensors(value: Any, label: str, depth: int = 1) -> Iterator[tuple[str, Any]
 def guard_in_place(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function`, failing with AssertionError when it changes a tensor it was given in place (torch counts
     every in-place write in a tensor's `_version`): a caller's tensors must not change under it."""
-    names = list(getattr(getattr(function, "__code__", None), "co_varnames", ()))
+    code = getattr(function, "__code__", None)
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []  # the positional parameters
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         labelled = [(names[i] if i < len(names) else f"argument {i + 1}", a) for i, a in enumerate(args)]
