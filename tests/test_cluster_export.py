@@ -441,8 +441,10 @@ def test_bad_arguments_are_refused():
 
 
 @pytest.mark.parametrize("argv, env, message", [
-    (["--gpus", "0"], None, "--gpus must be an int >= 1, got 0"),
-    (["--gpus", "-2"], None, "--gpus must be an int >= 1, got -2"),
+    (["--gpus", "0"], None, "--gpus must be an int in [1, 72] (the GPUs of one node), got 0"),
+    (["--gpus", "-2"], None, "--gpus must be an int in [1, 72] (the GPUs of one node), got -2"),
+    (["--gpus", "73"], None, "--gpus must be an int in [1, 72]"),  # was accepted up to 10**30: nnodes is 1
+    (["--gpus", str(10**30)], None, "--gpus must be an int in [1, 72]"),
     (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
     ([], '{"mini_batch_size": 3}', "rollout_batch_size (64) must be a multiple of mini_batch_size (3)"),
     ([], '{"lora": "r=4"}', "lora must be a LoRASpec or a mapping of its fields, got str"),
@@ -463,6 +465,8 @@ def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"run": 5}, "run must be a profile name, a Profile or a PPOConfig, got int 5"),
+    ({"run": "cpu"}, "run 'cpu': name must be one of ('tiny', 'gpu', 'auto'), got 'cpu'"),  # named the argument
+    ({"n_gpus": 73}, "n_gpus must be an int in [1, 72]"),
     ({"run": {"clip_eps": 0.1}}, "run must be a profile name, a Profile or a PPOConfig, got dict"),
     ({"paths": ["model"]}, "paths must be a mapping such as {'model': '/models/sft'}, got list"),
     ({"paths": {"model": 5}}, "paths must map each name to a non-empty path string, got {'model': 5}"),

@@ -361,6 +361,17 @@ def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(tmp_path, capsys
     assert len(err.splitlines()) == 1 and message in err and str(tmp_path) in err, err
 
 
+def test_a_run_json_that_is_a_folder_is_named_not_read_as_no_settings(tmp_path, capsys):
+    """Before: the doctor skipped it and diagnosed without the run's settings, exit 0."""
+    from rlhf_helpers.stages.diagnose import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
+    (tmp_path / "run.json").mkdir()
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{tmp_path / 'run.json'} is a folder" in err, err
+
+
 @pytest.mark.parametrize("log, message", [
     ("5", "not a TRL trainer_state.json (expected an object with a log_history list, got int"),
     ("null", "not a TRL trainer_state.json (expected an object with a log_history list, got NoneType"),

@@ -347,3 +347,83 @@ def test_the_builder_replaces_its_own_files_and_refuses_a_foreign_card_or_model(
     assert (out / "README.md").read_text() == "# My notes\n"
     build.main(["--out", str(out), "--fast", "--force"])
     assert (out / "README.md").read_text().startswith(build.CARD_TITLE)
+
+
+def test_a_card_with_a_persons_notes_is_theirs(tmp_path, capsys):
+    """Before: `--skip-model` replaced a README.md that was the card with notes added below it."""
+    from rlhf_helpers.world import build
+
+    out = tmp_path / "world"
+    build.main(["--out", str(out), "--fast", "--skip-model"])
+    card = out / "README.md"
+    assert build.is_builders_card(card) and build.is_builders_card(data_dir() / "README.md")  # the shipped one too
+    for edit in (lambda text: text + "\nMy notes.\n", lambda text: text.replace("Everything", "All", 1)):
+        mine = edit(card.read_text(encoding="utf-8"))
+        card.write_text(mine, encoding="utf-8")
+        assert not build.is_builders_card(card)
+        with pytest.raises(SystemExit) as refused:
+            build.main(["--out", str(out), "--fast", "--skip-model"])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and "holds README.md, which this builder did not write" in err
+        assert card.read_text(encoding="utf-8") == mine
+    build.main(["--out", str(out), "--fast", "--skip-model", "--force"])
+    assert build.is_builders_card(card)
+
+
+def _refused(build, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as refused:
+        build.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and not any("Traceback" in line for line in err), err
+    return err[-1]
+
+
+def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys):
+    """Before: FileExistsError or NotADirectoryError tracebacks, the second after the data files were written."""
+    from rlhf_helpers.world import build
+
+    a_file = tmp_path / "afile"
+    a_file.write_text("mine")
+    assert _refused(build, ["--out", str(a_file), "--fast", "--skip-model"], capsys).endswith(
+        f"--out {a_file}: {a_file} is a file, not a folder")
+    assert _refused(build, ["--out", str(a_file / "sub"), "--fast", "--skip-model"], capsys).endswith(
+        f"--out {a_file / 'sub'}: {a_file} is a file, not a folder")
+    out = tmp_path / "world"
+    out.mkdir()
+    (out / "models").write_text("mine")
+    line = _refused(build, ["--out", str(out), "--fast"], capsys)
+    assert "holds models (a file), which this builder did not write" in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["models"] and a_file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("sft.jsonl", '{"prompt": "a"\n', "sft.jsonl, line 1: not valid JSON"),
+    ("sft.jsonl", None, "sft.jsonl is a folder"),
+    ("prompts_test.jsonl", '{"prompt": "a"\n', "prompts_test.jsonl, line 1: not valid JSON"),
+])
+def test_model_only_checks_the_folders_files_before_replacing_the_model(tmp_path, capsys, name, text, message):
+    """Before: a traceback, for prompts_test.jsonl after model.safetensors had been overwritten."""
+    from rlhf_helpers.world import build
+
+    out = tmp_path / "world"
+    build.main(["--out", str(out), "--fast"])
+    weights = out / build.TINY_MODEL_SUBDIR / "model.safetensors"
+    before = weights.read_bytes()
+    (out / name).unlink()
+    if text is None:
+        (out / name).mkdir()
+    else:
+        (out / name).write_text(text)
+    line = _refused(build, ["--out", str(out), "--fast", "--model-only"], capsys)
+    assert "--model-only trains on the folder's own files" in line and message in line, line
+    assert weights.read_bytes() == before
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**70)])
+def test_the_builder_refuses_a_seed_outside_numpys_range(tmp_path, capsys, seed):
+    """Before: accepted, writing a data set the card called seed -1 (the model's torch seed wraps around)."""
+    from rlhf_helpers.world import build
+
+    line = _refused(build, ["--out", str(tmp_path / "w"), "--fast", "--skip-model", "--seed", seed], capsys)
+    assert line.endswith(f"--seed must be an int in [0, 4294967295], got {seed}")
+    assert not (tmp_path / "w").exists()

@@ -39,6 +39,8 @@ VERL_KL_NAMES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 #: Placeholders of the paths the export cannot know; `paths={"model": ...}` replaces them.
 PLACEHOLDERS = {"model": "MODEL_PATH", "reward_model": "REWARD_MODEL_PATH",
                 "train_prompts": "TRAIN_PROMPTS", "val_prompts": "VAL_PROMPTS"}
+#: The most GPUs one node (one NVLink domain: GB200 NVL72) holds; the export writes one-node runs (nnodes=1).
+MAX_GPUS_PER_NODE = 72
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
 
@@ -48,7 +50,10 @@ def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
     if isinstance(run, PPOConfig):
         return run
     if isinstance(run, str):
-        return get_profile(run).ppo
+        try:
+            return get_profile(run).ppo
+        except ValueError as error:  # the profile name, or $RLHF_PROFILE_OVERRIDES: say it came through `run`
+            raise ValueError(f"run {run!r}: {error}") from None
     if not isinstance(run, Profile):
         raise ValueError(f"run must be a profile name, a Profile or a PPOConfig, got {type(run).__name__} {run!r}")
     return run.ppo
@@ -68,8 +73,8 @@ def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _check_gpus(n_gpus: int) -> int:
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or not 1 <= n_gpus <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"n_gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one node), got {n_gpus!r}")
     return n_gpus
 
 
@@ -285,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one node, >= 1 (batches are scaled by it)")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help=f"GPUs of the one node, 1 to {MAX_GPUS_PER_NODE} (batches are scaled by it)")
     parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
     args = parser.parse_args(argv)
     writers = {"verl": verl_command, "verl-yaml": verl_yaml, "openrlhf": openrlhf_command}
     try:  # a bad setting ($RLHF_PROFILE_OVERRIDES, --gpus) is one line and exit 2
-        if args.gpus < 1:
-            raise ValueError(f"--gpus must be an int >= 1, got {args.gpus}")
+        if not 1 <= args.gpus <= MAX_GPUS_PER_NODE:
+            raise ValueError(f"--gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one node), got "
+                             f"{args.gpus}")
         run = get_profile(args.profile)
         text = writers[args.format](run, args.gpus)
     except (ValueError, TypeError) as error:

@@ -26,6 +26,7 @@ from rlhf_helpers.ppo.checkpoint import (
 )
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
+from rlhf_helpers.runtime.preflight import batch_memory_problem, device_problem, model_limits_problem
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
 EXIT_SETUP = 2
@@ -60,14 +61,14 @@ def _probe_write(folder: Path) -> None:
         probe.unlink(missing_ok=True)
 
 
-def check_output_dir(output_dir: Path) -> None:
+def check_output_dir(output_dir: Path, flag_name: str = "--output-dir") -> None:
     """Make sure `output_dir` is, or can become, a folder this process can write into.
 
     Refused with SetupError: a path that is a file or lies under one, a folder that cannot be
     created or written (permissions, a read-only file system: `os.access` and a probe write, since
     root passes permission checks that a read-only mount still refuses), and a full disk.
     """
-    flag = f"--output-dir {output_dir}"
+    flag = f"{flag_name} {output_dir}"
     if output_dir.exists() and not output_dir.is_dir():
         raise SetupError(f"{flag} is a file, not a folder: choose a folder for the run")
     parent = output_dir
@@ -154,35 +155,19 @@ def read_prompts(preferences: bool, sft: bool = False) -> dict[str, list[str]]:
         raise SetupError(f"data: {error}") from None
 
 
-#: LoRA target names each model family has (transformers' module names), for a typo found before any model is built
-KNOWN_TARGETS = {"gpt2": {"c_attn", "c_proj", "c_fc", "lm_head", "attn.c_attn", "attn.c_proj", "mlp.c_fc",
-                          "mlp.c_proj"},
-                 "llama": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}}
-
-
-def check_model_limits(model_dir: str | Path, config: Any, max_length: int) -> None:
-    """SetupError when the settings do not fit the model in `model_dir` (its config.json; a folder without one,
-    such as a gpu-profile SFT model not fine-tuned yet, is not checked): prompt + response longer than its
-    positions, a LoRA rank above its hidden size, or a LoRA target it has no module of."""
-    config_file = Path(model_dir) / "config.json"
-    try:
-        model = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    positions = model.get("n_positions") or model.get("max_position_embeddings")
-    if isinstance(positions, int):
-        if config.max_prompt_length + config.max_new_tokens > positions:
-            raise SetupError(f"--max-prompt-length {config.max_prompt_length} + --max-new-tokens "
-                             f"{config.max_new_tokens} = {config.max_prompt_length + config.max_new_tokens} tokens "
-                             f"exceed the model's {positions} positions ({config_file})")
-        if max_length > positions:
-            raise SetupError(f"max_length {max_length} exceeds the model's {positions} positions ({config_file})")
-    hidden = model.get("n_embd") or model.get("hidden_size")
-    if isinstance(hidden, int) and config.lora.r > hidden:
-        raise SetupError(f"--lora-r {config.lora.r} exceeds the model's hidden size {hidden}: a rank above it adds "
-                         f"nothing a full update would not ({config_file})")
-    known = KNOWN_TARGETS.get(model.get("model_type"))
-    unknown = sorted(set(config.lora.target_modules) - known) if known else []
-    if unknown:
-        raise SetupError(f"--lora-target-modules: {', '.join(unknown)} is not a module of this "
-                         f"{model.get('model_type')} model; its names: {', '.join(sorted(known))}")
+def check_run_fits(profile: Any, config: Any, prompts: dict[str, list[str]]) -> None:
+    """SetupError when this run cannot work here, found before any model is built (`runtime.preflight`): a device
+    torch cannot use on this machine, settings the SFT model cannot hold (prompt + response beyond its positions,
+    a LoRA rank above its hidden size, a target it lacks), a batch whose logits alone exceed the memory, or more
+    evaluation prompts than the test file has."""
+    if profile.device != "cpu" and (problem := device_problem(profile.device)) is not None:
+        raise SetupError(f"the {profile.name} profile's {problem}")
+    problem = model_limits_problem(profile.sft_model_path, profile.max_length, config.lora, config.max_prompt_length,
+                                   config.max_new_tokens)
+    rows = max(config.rollout_batch_size, config.eval_batch_size if config.eval_every else 0)
+    problem = problem or batch_memory_problem(profile.sft_model_path, rows, config.max_new_tokens, profile.device)
+    if problem is not None:
+        raise SetupError(f"settings (flags or $RLHF_PROFILE_OVERRIDES): {problem}")
+    if config.eval_every and config.n_eval_prompts > len(prompts["test"]):
+        raise SetupError(f"n_eval_prompts {config.n_eval_prompts} exceeds the {len(prompts['test'])} prompts of "
+                         "prompts_test.jsonl: lower it, or pass --eval-every 0 to train without evaluations")

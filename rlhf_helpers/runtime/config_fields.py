@@ -96,11 +96,38 @@ def _or_none(kind: Any) -> Any:
     return parse
 
 
+#: The words a bool flag takes as its value (`--whiten-advantages false`), case ignored.
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+class BoolFlag(argparse.Action):
+    """A bool field's flag: bare --x sets True, --x true|false (yes/no, on/off, 1/0) sets that, so
+    `--x false` is not "unrecognized arguments: false". Built with `negative=True` it is --no-x: bare only."""
+
+    def __init__(self, option_strings: list[str], dest: str, negative: bool = False, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", **kwargs)
+        self.negative = negative
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values is None:
+            setattr(namespace, self.dest, not self.negative)
+            return
+        positive = option_string.replace("--no-", "--", 1) if option_string else ""
+        if self.negative:
+            parser.error(f"argument {option_string} takes no value, got {values!r} (write {positive} true or "
+                         "false instead)")
+        word = values.strip().lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            parser.error(f"argument {option_string}: expected true or false, got {values!r}")
+        setattr(namespace, self.dest, word in TRUE_WORDS)
+
+
 def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[str, tuple[str, ...]] | None = None,
                     notes: dict[str, str] | None = None, prefix: str = "") -> None:
     """One flag per field of `cls` (nested dataclasses: one per inner field, `--lora-r`), its help the
     field's `#:` doc (plus `notes[name]`). A flag not given sets nothing (argparse.SUPPRESS), so the
-    caller's config keeps its value. Bools get --x / --no-x; `X | None` fields also take the word none."""
+    caller's config keeps its value. Bools get --x [true|false] / --no-x; `X | None` fields also take the word none."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     aliases, notes = aliases or {}, notes or {}
@@ -116,8 +143,10 @@ def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[st
         dest = prefix + field.name
         kind = kinds[0]
         if kind is bool:
-            parser.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                                help=help_text)
+            parser.add_argument(*names, dest=dest, action=BoolFlag, default=argparse.SUPPRESS, metavar="true|false",
+                                help=f"{help_text} (--no-{names[0][2:]}: false)")
+            parser.add_argument(*(f"--no-{name[2:]}" for name in names), dest=dest, action=BoolFlag, negative=True,
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         elif typing.get_origin(kind) is tuple:
             parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS, metavar="NAME", help=help_text)
         elif len(kinds) < len(_allowed(hint)):  # X | None

@@ -3,6 +3,9 @@
     folder = ensure_reward_model(profile)        # runs/reward-<profile>/, trained first if needed
     python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward   # train into a folder
 
+The command checks before it builds anything (exit 2, one line): its settings, the device, the SFT model folder
+and what it can hold (`runtime.preflight`), the preference files (named with the line), and --out.
+
 The cache follows `runtime.artifacts` (completion marker written last, SHA-256 of every file, atomic
 rename). Its key is what decides the adapter: the SFT model's content (not its path), every training
 setting and the preference data's content, so an edited data file or a fine-tuned-again SFT model
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.ppo.run_folder import SetupError, check_output_dir
 from rlhf_helpers.runtime.artifacts import (
     COMPLETE_MARKER,
     artifact_problem,
@@ -29,7 +33,9 @@ from rlhf_helpers.runtime.artifacts import (
     read_record,
     shown_path,
 )
-from rlhf_helpers.runtime.data import data_fingerprint
+from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
+from rlhf_helpers.runtime.models import model_folder_problem
+from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
@@ -118,6 +124,26 @@ def reward_metrics(directory: str | Path) -> dict[str, float]:
     return read_record(directory)["metrics"]
 
 
+def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
+    """SetupError unless a reward model can train here, found before any model is built: a device torch cannot
+    use on this machine, a damaged SFT model folder, settings it cannot hold (max_length beyond its positions, a
+    LoRA rank above its hidden size, a target it lacks), or a bad preference file (named with its line)."""
+    problem = device_problem(profile.device)
+    if problem is not None:
+        raise SetupError(f"the {profile.name} profile's {problem}")
+    problem = model_folder_problem(profile)
+    if problem is not None:
+        raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
+    problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
+    if problem is not None:
+        raise SetupError(f"settings ($RLHF_PROFILE_OVERRIDES): {problem}")
+    try:
+        for split in ("train", "test"):
+            load_preferences(split)
+    except (ValueError, OSError) as error:  # the loader names the file (and the line)
+        raise SetupError(f"data: {error}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.stages.reward",
@@ -127,15 +153,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
     parser.add_argument("--max-train-pairs", type=int, default=None, help="train on the first N pairs only (N >= 1)")
     args = parser.parse_args(argv)
+    if not args.out.strip():
+        parser.error("--out must name a folder, got an empty path")
     out = Path(args.out)
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file()):
         parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it would be "
                      "replaced, so choose a new or empty folder")
-    try:  # a bad setting is one line and exit 2, before any model is built
+    try:  # a bad setting, machine, model folder or data file is one line and exit 2, before any model is built
         profile = get_profile(args.profile)
         config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
+        check_can_train(profile, config)
+        check_output_dir(out, flag_name="--out")
     except (ValueError, TypeError) as error:
         parser.error(str(error))
+    except SetupError as error:
+        parser.error(error.message)
     ensure_sft_model(profile)
     metrics: dict[str, float] = {}
 

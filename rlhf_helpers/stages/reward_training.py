@@ -41,6 +41,7 @@ from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
+from rlhf_helpers.runtime.ppo_config import MAX_SEED
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores
@@ -56,7 +57,7 @@ class RewardTrainingConfig:
     max_length: int = 64  #: pairs whose prompt + response is longer are dropped by TRL
     lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of the reward adapter (the profile's)
     max_train_pairs: int | None = None  #: use only the first this many training pairs (None: all)
-    seed: int = 0  #: seed of initialisation and data order
+    seed: int = 0  #: seed of initialisation and data order, in [0, MAX_SEED]
 
     def __post_init__(self) -> None:
         self.lora = as_lora_spec(self.lora)
@@ -71,6 +72,8 @@ class RewardTrainingConfig:
                                                  or not isinstance(self.max_train_pairs, int)
                                                  or self.max_train_pairs < 1):
             raise ValueError(f"max_train_pairs must be None or an int >= 1, got {self.max_train_pairs!r}")
+        if not 0 <= self.seed <= MAX_SEED:  # transformers' set_seed hands it to numpy, which takes no other
+            raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
 
     @classmethod
     def from_profile(cls, profile: Any, **overrides: Any) -> RewardTrainingConfig:

@@ -35,8 +35,10 @@ and run.json keeps recording what the run did (`stages/resume.py`).
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward
 model or the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a
 full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
-run can use, a missing or malformed run.json or checkpoint on --resume; see
-ppo/run_folder.py); 3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
+run can use, a device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed
+the memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on
+--resume; see ppo/run_folder.py and runtime/preflight.py);
+3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
 message; the last good checkpoint stays as it was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json
 could not be written (a full disk is named as such; the previous checkpoint stays as it was, and metrics.jsonl
 never logs a step whose checkpoint failed).
@@ -69,9 +71,9 @@ from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
 from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
-    check_model_limits,
     check_output_dir,
     check_resume_checkpoint,
+    check_run_fits,
     lock_output_dir,
     read_prompts,
     read_run_record,
@@ -144,8 +146,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.reward_train_pairs is not None and args.reward_train_pairs < 1:
         parser.error(f"--reward-train-pairs must be >= 1, got {args.reward_train_pairs}")
-    if args.reward_dir is not None and not args.reward_dir.strip():
-        parser.error("--reward-dir must name a folder, got an empty path")
+    for flag in ("reward_dir", "output_dir"):
+        value = getattr(args, flag, None)
+        if value is not None and not value.strip():
+            parser.error(f"{flag_name(flag)} must name a folder, got an empty path")
     return args
 
 
@@ -201,9 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     problem = model_folder_problem(profile)  # a damaged or foreign model folder: before anything is built
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
-    check_model_limits(profile.sft_model_path, config, profile.max_length)
     prompts = read_prompts(preferences=args.reward_dir is None and record is None,  # bad data: exit 2
                            sft=config.ptx_coef > 0)
+    check_run_fits(profile, config, prompts)
     accelerator = make_accelerator(args.report_to, output_dir,
                                    cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`

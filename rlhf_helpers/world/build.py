@@ -16,6 +16,7 @@ the build before anything is written (exit 2, naming them); `--force` replaces t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -49,7 +50,25 @@ FAST_SIZES: dict[str, int] = {
 TINY_MODEL_SUBDIR = Path("models") / "tiny-sft"
 
 
-CARD_TITLE = "# Data of the review world"  #: the data card's first line: a README.md without it is not the builder's
+CARD_TITLE = "# Data of the review world"  #: the data card's first line
+#: The card's last line: the SHA-256 of every line above it, so a card a person edited (notes added) is theirs
+CARD_SEAL = "<!-- written by python -m rlhf_helpers.world.build; sha256 of the text above: {} -->"
+MAX_SEED = 2**32 - 1  #: numpy's seed range (the records' RNGs take any int; the model's torch seed takes these)
+
+
+def sealed_card(text: str) -> str:
+    """The data card with its seal line appended (`CARD_SEAL`)."""
+    return text + CARD_SEAL.format(hashlib.sha256(text.encode("utf-8")).hexdigest()) + "\n"
+
+
+def is_builders_card(path: Path) -> bool:
+    """True when `path` is a data card exactly as this builder wrote it: its seal matches the text above it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    body, _, seal = text.rstrip("\n").rpartition("\n")
+    return text.startswith(CARD_TITLE) and sealed_card(body + "\n") == text
 
 
 def data_files(seed: int = 0, sizes: dict[str, int] | None = None) -> tuple[dict[str, list[dict]], dict]:
@@ -84,11 +103,13 @@ def foreign_files(out: Path, files: dict[str, list[dict]] | None, model: bool) -
         if path.exists() and (not path.is_file() or path.read_bytes() != jsonl_text(records).encode("utf-8")):
             found.append(name)
     card = out / "README.md"
-    if files is not None and card.exists() and (not card.is_file() or not card.read_bytes().startswith(
-            CARD_TITLE.encode())):
+    if files is not None and card.exists() and not is_builders_card(card):
         found.append("README.md")
     model_dir = out / TINY_MODEL_SUBDIR
-    if model and model_dir.exists() and not (model_dir / "training_log.json").is_file():
+    blocking = [folder for folder in (out / "models", model_dir) if folder.exists() and not folder.is_dir()]
+    if model and blocking:  # a file where the model's folder goes
+        found.append(f"{blocking[0].relative_to(out).as_posix()} (a file)")
+    elif model and model_dir.exists() and not (model_dir / "training_log.json").is_file():
         found.append(TINY_MODEL_SUBDIR.as_posix())
     return found
 
@@ -227,7 +248,7 @@ def write_card(out: Path, stats: dict, model_log: dict | None) -> None:
         lines += ["", "Corpus scores use all of sft.jsonl; distinct-n uses as many corpus records as",
                   "there are samples. The gap in mean score comes mostly from repeated words and",
                   "broken sentences in the samples: room for RL to improve."]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    (out / "README.md").write_text(sealed_card("\n".join(lines) + "\n"), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -244,6 +265,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = data_dir()
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must be an int in [0, {MAX_SEED}], got {args.seed}")
+    blocked = next((folder for folder in (args.out, *args.out.parents) if folder.exists()), None)
+    if blocked is not None and not blocked.is_dir():
+        parser.error(f"--out {args.out}: {blocked} is a file, not a folder")
+    if args.model_only:  # the folder's own files train and measure the model: checked before anything is replaced
+        try:
+            load_sft_corpus(args.out), load_prompts("test", args.out)
+        except (ValueError, OSError) as error:  # the loaders name the file (and the line)
+            parser.error(f"--model-only trains on the folder's own files: {error}")
     files = None
     if not args.model_only:
         files, stats = data_files(args.seed, FAST_SIZES if args.fast else None)
