@@ -538,6 +538,19 @@ def resume_line(out: Path, argv: list[str], capsys) -> str:
 PASSED = "step-000001"  # a resume that passed the settings' checks stops at the bare checkpoint, named
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("reward_dir", 5, "reward_dir must be a folder path or null, got int 5"),
+    ("reward_train_pairs", "64", "reward_train_pairs must be an int or null, got str '64'"),
+    ("reward_train_pairs", True, "reward_train_pairs must be an int or null, got bool True"),
+    ("prompts", ["a"], "prompts must be an object of SHA-256s or null, got list"),
+])
+def test_a_resume_refuses_a_record_field_of_the_wrong_type(recorded_run, capsys, key, value, expected):
+    """Before: a reward_dir of 5 resumed and was copied into the new run.json as it was."""
+    record = json.loads((recorded_run / "run.json").read_text())
+    (recorded_run / "run.json").write_text(json.dumps({**record, key: value}))
+    assert expected in resume_line(recorded_run, [], capsys)
+
+
 def test_a_resume_refuses_another_reward_folder_or_pair_count(recorded_run, capsys):
     """The checkpoint holds the run's reward model: --reward-dir and --reward-train-pairs may only repeat run.json."""
     other = recorded_run.parent / "reward-b"

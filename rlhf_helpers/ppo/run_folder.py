@@ -103,6 +103,11 @@ def lock_output_dir(output_dir: Path) -> FileLock | None:
         raise SetupError(str(error)) from None
 
 
+#: run.json's other fields a resumed run keeps: (key, the types allowed besides null, what they are in words)
+RECORD_FIELDS = (("reward_dir", str, "a folder path"), ("reward_train_pairs", int, "an int"),
+                 ("prompts", dict, "an object of SHA-256s"), ("data_dir", str, "a folder path"))
+
+
 def read_run_record(output_dir: Path) -> dict[str, Any]:
     """output_dir/run.json of a run to resume, checked: a JSON object with the profile's name and the
     PPO config the run was made with (SetupError naming what is missing)."""
@@ -120,6 +125,11 @@ def read_run_record(output_dir: Path) -> dict[str, Any]:
     if not isinstance(record.get("ppo_config"), dict):
         raise SetupError(f"--resume: {run_file} lacks the run's PPO settings (a \"ppo_config\" object); "
                          "it was not written by this command")
+    for key, kinds, expected in RECORD_FIELDS:  # kept as they are by the resumed run's record: never a wrong type
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise SetupError(f"--resume: {run_file}'s {key} must be {expected} or null, got {type(value).__name__} "
+                             f"{value!r:.60}; it was not written by this command")
     return record
 
 
