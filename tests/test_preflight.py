@@ -41,9 +41,9 @@ def test_model_limits_are_read_from_the_models_config():
     assert f"exceed the model's {positions} positions" in preflight.model_limits_problem(
         TINY_MODEL, positions, spec, positions - 1, 2)
     assert f"max_length {positions + 1} exceeds" in preflight.model_limits_problem(TINY_MODEL, positions + 1, spec)
-    assert f"lora r {hidden + 1} exceeds the model's hidden size {hidden}" in preflight.model_limits_problem(
+    assert f"lora.r {hidden + 1} exceeds the model's hidden size {hidden}" in preflight.model_limits_problem(
         TINY_MODEL, positions, LoRASpec(r=hidden + 1))
-    assert "lora target_modules: nope is not a module of this gpt2 model" in preflight.model_limits_problem(
+    assert "lora.target_modules: nope is not a module of this gpt2 model" in preflight.model_limits_problem(
         TINY_MODEL, positions, LoRASpec(target_modules=("c_attn", "nope")))
 
 
@@ -144,9 +144,9 @@ def test_the_reward_command_names_a_data_folder_that_is_not_one(tmp_path, monkey
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"lora": {"target_modules": ["nope"]}}, "lora target_modules: nope is not a module of this gpt2 model"),
+    ({"lora": {"target_modules": ["nope"]}}, "lora.target_modules: nope is not a module of this gpt2 model"),
     ({"lora": {"target_modules": ["c_attn", "nope"]}}, "nope is not a module"),  # trained and exited 0 before
-    ({"lora": {"r": 2**40}}, f"lora r {2**40} exceeds the model's hidden size {TINY_CONFIG['n_embd']}"),
+    ({"lora": {"r": 2**40}}, f"lora.r {2**40} exceeds the model's hidden size {TINY_CONFIG['n_embd']}"),
     ({"max_length": TINY_CONFIG["n_positions"] + 1}, f"exceeds the model's {TINY_CONFIG['n_positions']} positions"),
     ({"device": "cuda"}, "the tiny profile's device 'cuda': torch sees no CUDA GPU"),
     ({"device": "cuda:7"}, "the tiny profile's device 'cuda:7': torch sees no CUDA GPU"),
@@ -260,3 +260,17 @@ def test_a_bool_flag_names_a_word_it_cannot_read(capsys, argv, message):
     with pytest.raises(SystemExit) as stopped:
         parse_args(argv)
     assert stopped.value.code == 2 and capsys.readouterr().err.strip().endswith(message)
+
+
+def test_train_reward_model_checks_the_model_limits_before_it_loads_a_model(monkeypatch, tmp_path):
+    """Before: RewardTrainingConfig(max_length=10**6) trained; r=2**40 was an allocator traceback."""
+    from rlhf_helpers.stages import reward_training
+    from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
+
+    monkeypatch.setattr(reward_training, "load_sequence_classifier", lambda *a, **k: pytest.fail("a model loaded"))
+    profile = get_profile("tiny")
+    for overrides, message in [({"max_length": 10**6}, "max_length 1000000 exceeds the model's"),
+                               ({"lora": {"r": 2**40}}, "lora.r 1099511627776 exceeds the model's hidden size")]:
+        config = RewardTrainingConfig.from_profile(profile, **overrides)
+        with pytest.raises(ValueError, match=message):
+            train_reward_model(profile, tmp_path / "reward", config)

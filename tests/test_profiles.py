@@ -186,3 +186,22 @@ def test_a_tiny_model_folder_without_weights_is_refused(tmp_path):
         get_profile("tiny", sft_model_path=str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert get_profile("tiny", sft_model_path=str(tmp_path)).sft_model_path == str(tmp_path)
+
+
+def test_the_tiny_profile_has_no_base_model_apart_from_its_sft_model(monkeypatch, tmp_path):
+    """Before: {"base_model": "/nonexistent/model"} trained (the tiny profile never reads it) and run.json recorded
+    a base the run did not use."""
+    import re
+    import shutil
+
+    from rlhf_helpers.runtime.data import data_dir
+
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"base_model": "/nonexistent/model"}')
+    with pytest.raises(ValueError, match=re.escape("base_model is not used by the tiny profile")):
+        get_profile("tiny")
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
+    other = tmp_path / "other-tiny"
+    shutil.copytree(data_dir() / "models" / "tiny-sft", other)
+    profile = get_profile("tiny", sft_model_path=str(other))
+    assert profile.base_model == profile.sft_model_path == str(other)  # what run.json records is what ran
+    assert get_profile("tiny", base_model=str(other), sft_model_path=str(other)).base_model == str(other)

@@ -635,11 +635,13 @@ def test_overrides_reach_what_the_command_line_defaults_and_a_rule_names_the_fla
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-new-tokens", "100"], "max_prompt_length 16 + max_new_tokens 100 = 116 tokens exceed the model's 64 "
-                                  "positions"),
-    (["--max-prompt-length", "60"], "max_prompt_length 60 + max_new_tokens 8 = 68 tokens exceed the model's 64"),
-    (["--lora-r", "4096"], "lora r 4096 exceeds the model's hidden size"),
-    (["--lora-target-modules", "c_attn", "nope"], "lora target_modules: nope is not a module of this gpt2 model"),
+    (["--max-new-tokens", "100"], "max_prompt_length (--max-prompt-length) 16 + max_new_tokens (--max-new-tokens) "
+                                  "100 = 116 tokens exceed the model's 64 positions"),
+    (["--max-prompt-length", "60"], "max_prompt_length (--max-prompt-length) 60 + max_new_tokens (--max-new-tokens) "
+                                    "8 = 68 tokens exceed the model's 64"),
+    (["--lora-r", "4096"], "lora.r (--lora-r) 4096 exceeds the model's hidden size"),
+    (["--lora-target-modules", "c_attn", "nope"],
+     "lora.target_modules (--lora-target-modules): nope is not a module of this gpt2 model"),
 ])
 def test_settings_the_model_cannot_hold_are_refused_before_it_is_built(quick_cli, capsys, argv, message):
     """Before: a 24-line peft or allocator traceback after the reward model was trained, or (a response past

@@ -165,6 +165,11 @@ def read_prompts(preferences: bool, sft: bool = False) -> dict[str, list[str]]:
         raise SetupError(f"data: {error}") from None
 
 
+#: The training command's flags of the PPO settings a model limits (max_length is a profile setting: no flag)
+PPO_FLAGS = {"max_prompt_length": "--max-prompt-length", "max_new_tokens": "--max-new-tokens",
+             "lora.r": "--lora-r", "lora.target_modules": "--lora-target-modules"}
+
+
 def check_run_fits(profile: Any, config: Any, prompts: dict[str, list[str]]) -> None:
     """SetupError when this run cannot work here, found before any model is built (`runtime.preflight`): a device
     torch cannot use on this machine, settings the SFT model cannot hold (prompt + response beyond its positions,
@@ -173,7 +178,7 @@ def check_run_fits(profile: Any, config: Any, prompts: dict[str, list[str]]) -> 
     if profile.device != "cpu" and (problem := device_problem(profile.device)) is not None:
         raise SetupError(f"the {profile.name} profile's {problem}")
     problem = model_limits_problem(profile.sft_model_path, profile.max_length, config.lora, config.max_prompt_length,
-                                   config.max_new_tokens)
+                                   config.max_new_tokens, flags=PPO_FLAGS)
     rows = max(config.rollout_batch_size, config.eval_batch_size if config.eval_every else 0)
     problem = problem or batch_memory_problem(profile.sft_model_path, rows, config.max_new_tokens, profile.device)
     if problem is not None:

@@ -43,11 +43,15 @@ def device_problem(device: str) -> str | None:
 
 
 def model_limits_problem(model_dir: str | Path, max_length: int, lora: Any, prompt_tokens: int | None = None,
-                         new_tokens: int | None = None) -> str | None:
+                         new_tokens: int | None = None, flags: dict[str, str] | None = None) -> str | None:
     """What in these settings the model in `model_dir` cannot take (read from its config.json), or None:
     `max_length` (or prompt + new tokens) beyond its positions, a LoRA rank above its hidden size, a LoRA target
     it has no module of. A folder without a readable config.json (a gpu-profile SFT model not fine-tuned yet)
-    is not checked here."""
+    is not checked here. Settings are named by field ("lora.r"), followed by the caller's flag for it when
+    `flags` has one ("lora.r (--lora-r)")."""
+    def name(field: str) -> str:
+        return f"{field} ({flags[field]})" if flags and field in flags else field
+
     config_file = Path(model_dir) / "config.json"
     try:
         model = json.loads(config_file.read_text(encoding="utf-8"))
@@ -58,19 +62,19 @@ def model_limits_problem(model_dir: str | Path, max_length: int, lora: Any, prom
     positions = model.get("n_positions") or model.get("max_position_embeddings")
     if isinstance(positions, int):
         if prompt_tokens is not None and new_tokens is not None and prompt_tokens + new_tokens > positions:
-            return (f"max_prompt_length {prompt_tokens} + max_new_tokens {new_tokens} = {prompt_tokens + new_tokens}"
-                    f" tokens exceed the model's {positions} positions ({config_file})")
+            return (f"{name('max_prompt_length')} {prompt_tokens} + {name('max_new_tokens')} {new_tokens} = "
+                    f"{prompt_tokens + new_tokens} tokens exceed the model's {positions} positions ({config_file})")
         if max_length > positions:
-            return f"max_length {max_length} exceeds the model's {positions} positions ({config_file})"
+            return f"{name('max_length')} {max_length} exceeds the model's {positions} positions ({config_file})"
     hidden = model.get("n_embd") or model.get("hidden_size")
     if isinstance(hidden, int) and lora.r > hidden:
-        return (f"lora r {lora.r} exceeds the model's hidden size {hidden}: a rank above it adds nothing a full "
-                f"update would not ({config_file})")
+        return (f"{name('lora.r')} {lora.r} exceeds the model's hidden size {hidden}: a rank above it adds nothing "
+                f"a full update would not ({config_file})")
     known = KNOWN_TARGETS.get(model.get("model_type"))
     unknown = sorted(set(lora.target_modules) - known) if known else []
     if unknown:
-        return (f"lora target_modules: {', '.join(unknown)} is not a module of this {model.get('model_type')} "
-                f"model; its names: {', '.join(sorted(known))}")
+        return (f"{name('lora.target_modules')}: {', '.join(unknown)} is not a module of this "
+                f"{model.get('model_type')} model; its names: {', '.join(sorted(known))}")
     return None
 
 

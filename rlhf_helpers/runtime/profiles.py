@@ -287,6 +287,11 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     if profile.is_tiny and profile.weights != "shipped":
         raise ValueError(f"weights must be 'shipped' in the tiny profile (it ships its own model), got "
                          f"{profile.weights!r}; 'hub', 'gguf' and 'random' are for the gpu profile")
+    if profile.is_tiny and "base_model" in values and values["base_model"] != profile.sft_model_path:
+        raise ValueError(f"base_model is not used by the tiny profile (it fine-tunes no SFT model: its base is the SFT "
+                         f"model), got {values['base_model']!r}; set sft_model_path to train from another model")
+    if profile.is_tiny and "sft_model_path" in values:  # the base is the SFT model itself (run.json records both)
+        profile = profile.replace(base_model=profile.sft_model_path)
     if profile.is_tiny and "sft_model_path" in values and not is_model_folder(profile.sft_model_path):
         raise ValueError(f"sft_model_path must be a model folder (config.json and model.safetensors or "
                          f"pytorch_model.bin), got {profile.sft_model_path!r}; the tiny profile's own is "

@@ -43,6 +43,7 @@ from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
 from rlhf_helpers.runtime.ppo_config import MAX_SEED
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
+from rlhf_helpers.runtime.preflight import model_limits_problem
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores
 
@@ -162,6 +163,9 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     eval_pairs = list(eval_pairs if eval_pairs is not None else load_preferences("test"))
     if not train_pairs:
         raise ValueError("train_pairs must not be empty")
+    problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
+    if problem is not None:  # before the model is built: peft's and torch's own errors name neither setting
+        raise ValueError(problem)
 
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(profile)
