@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from rlhf_helpers.runtime.data import data_dir, jsonl_text, load_prompts, load_sft_corpus, write_jsonl
+from rlhf_helpers.runtime.ppo_config import MAX_SEED
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, accuracy_ceiling
 from rlhf_helpers.world.quality import sample_quality, summarize
 from rlhf_helpers.world.records import (
@@ -53,7 +54,6 @@ TINY_MODEL_SUBDIR = Path("models") / "tiny-sft"
 CARD_TITLE = "# Data of the review world"  #: the data card's first line
 #: The card's last line: the SHA-256 of every line above it, so a card a person edited (notes added) is theirs
 CARD_SEAL = "<!-- written by python -m rlhf_helpers.world.build; sha256 of the text above: {} -->"
-MAX_SEED = 2**32 - 1  #: numpy's seed range (the records' RNGs take any int; the model's torch seed takes these)
 
 
 def sealed_card(text: str) -> str:
