@@ -175,7 +175,8 @@ def check_run_fits(profile: Any, config: Any, prompts: dict[str, list[str]]) -> 
     torch cannot use on this machine, settings the SFT model cannot hold (prompt + response beyond its positions,
     a LoRA rank above its hidden size, a target it lacks), a batch whose logits alone exceed the memory, or more
     evaluation prompts than the test file has."""
-    if profile.device != "cpu" and (problem := device_problem(profile.device)) is not None:
+    problem = device_problem(profile.device)
+    if problem is not None:
         raise SetupError(f"the {profile.name} profile's {problem}")
     problem = model_limits_problem(profile.sft_model_path, profile.max_length, config.lora, config.max_prompt_length,
                                    config.max_new_tokens, flags=PPO_FLAGS)

@@ -26,6 +26,16 @@ KNOWN_TARGETS = {"gpt2": {"c_attn", "c_proj", "c_fc", "lm_head", "attn.c_attn", 
 LOGIT_BYTES = 2
 
 
+def _model_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The model's config.json as a dict, or None where it cannot be read (the caller then checks nothing:
+    a gpu-profile SFT model is not fine-tuned yet, and `models.model_folder_problem` names a damaged one)."""
+    try:
+        model = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return model if isinstance(model, dict) else None
+
+
 def device_problem(device: str) -> str | None:
     """Why torch cannot run on `device` here ("cuda" with no CUDA GPU visible, an index past the last GPU,
     "mps" off a Mac), or None. A run silently moved to the CPU would take hours instead of minutes."""
@@ -53,11 +63,8 @@ def model_limits_problem(model_dir: str | Path, max_length: int, lora: Any, prom
         return f"{field} ({flags[field]})" if flags and field in flags else field
 
     config_file = Path(model_dir) / "config.json"
-    try:
-        model = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(model, dict):
+    model = _model_config(model_dir)
+    if model is None:
         return None
     positions = model.get("n_positions") or model.get("max_position_embeddings")
     if isinstance(positions, int):
@@ -92,11 +99,8 @@ def batch_memory_problem(model_dir: str | Path, rows: int, new_tokens: int, devi
     holds its (rows, new_tokens, vocabulary) logits at once (at least 2 bytes each), so a batch whose logits
     alone exceed the memory fails (MemoryError, or an allocator traceback deep in torch) whatever else the
     run holds. The vocabulary size is read from config.json."""
-    try:
-        model = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    vocab = model.get("vocab_size") if isinstance(model, dict) else None
+    model = _model_config(model_dir)
+    vocab = model.get("vocab_size") if model is not None else None
     if not isinstance(vocab, int):
         return None
     needed = rows * new_tokens * vocab * LOGIT_BYTES
