@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 
 import pytest
@@ -361,15 +362,17 @@ def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(tmp_path, capsys
     assert len(err.splitlines()) == 1 and message in err and str(tmp_path) in err, err
 
 
-def test_a_run_json_that_is_a_folder_is_named_not_read_as_no_settings(tmp_path, capsys):
+@pytest.mark.parametrize("make", [lambda path: path.mkdir(), lambda path: path.symlink_to(path.parent / "gone"),
+                                  lambda path: os.mkfifo(path)], ids=["folder", "broken link", "pipe"])
+def test_a_run_json_that_is_not_a_file_is_named_not_read_as_no_settings(tmp_path, capsys, make):
     """Before: the doctor skipped it and diagnosed without the run's settings, exit 0."""
     from rlhf_helpers.stages.diagnose import main
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
-    (tmp_path / "run.json").mkdir()
+    make(tmp_path / "run.json")
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{tmp_path / 'run.json'} is a folder" in err, err
+    assert len(err.splitlines()) == 1 and f"{tmp_path / 'run.json'} is not a readable file" in err, err
 
 
 @pytest.mark.parametrize("log, message", [

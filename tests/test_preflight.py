@@ -168,6 +168,20 @@ def test_the_reward_command_refuses_an_empty_out_or_one_under_a_file(tmp_path, c
     assert a_file.read_text() == "mine"
 
 
+def test_the_reward_command_keeps_a_persons_files_in_a_reward_folder(tmp_path, capsys, reward_cli):
+    """Before: a reward folder with notes added was replaced whole (its COMPLETE.json was all the check asked for)."""
+    from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
+
+    out = tmp_path / "reward"
+    out.mkdir()
+    (out / "adapter.safetensors").write_bytes(b"weights")
+    (out / COMPLETE_MARKER).write_text(json.dumps({"files": {"adapter.safetensors": "0" * 64}}))
+    (out / "notes.txt").write_text("mine")
+    line = reward_cli(["--out", str(out)], capsys)
+    assert f"--out {out} holds notes.txt, which the reward command did not write" in line, line
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_the_reward_config_refuses_a_seed_numpy_cannot_take():
     from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 
@@ -222,10 +236,14 @@ def test_training_refuses_more_evaluation_prompts_than_the_test_file_has(tmp_pat
 
 
 def test_training_refuses_a_rollout_batch_beyond_the_machines_memory(tmp_path, capsys, train_cli):
-    """Before: a MemoryError traceback after the reward model trained."""
+    """Before: a MemoryError traceback after the reward model trained. An evaluation batch holds at most
+    n_eval_prompts rows, so a huge eval_batch_size alone is no problem."""
     line = train_cli(["--output-dir", str(tmp_path / "ppo"), "--rollout-batch-size", str(10**9),
                       "--mini-batch-size", str(10**9)], capsys)
     assert "a batch of 1000000000 prompts x" in line and "lower rollout_batch_size" in line, line
+    with pytest.raises(pytest.fail.Exception, match="the reward model trained"):
+        train_cli(["--output-dir", str(tmp_path / "eval"), "--eval-every", "1", "--eval-batch-size", str(10**9)],
+                  capsys)
 
 
 def test_training_refuses_an_empty_output_dir(capsys, train_cli):

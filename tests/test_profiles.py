@@ -205,3 +205,5 @@ def test_the_tiny_profile_has_no_base_model_apart_from_its_sft_model(monkeypatch
     profile = get_profile("tiny", sft_model_path=str(other))
     assert profile.base_model == profile.sft_model_path == str(other)  # what run.json records is what ran
     assert get_profile("tiny", base_model=str(other), sft_model_path=str(other)).base_model == str(other)
+    # the same folder spelled another way is the same folder
+    assert get_profile("tiny", base_model=f"{other}/", sft_model_path=str(other)).base_model == str(other)

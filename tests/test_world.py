@@ -378,9 +378,15 @@ def _refused(build, argv, capsys) -> str:
     return err[-1]
 
 
-def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys):
-    """Before: FileExistsError or NotADirectoryError tracebacks, the second after the data files were written."""
+def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys, monkeypatch):
+    """Before: FileExistsError or NotADirectoryError tracebacks, the second after the data files were written;
+    `--out ""` wrote into the current folder."""
     from rlhf_helpers.world import build
+
+    monkeypatch.chdir(tmp_path)
+    assert _refused(build, ["--out", "", "--fast", "--skip-model"], capsys).endswith(
+        "--out must name a folder, got an empty path")
+    assert list(tmp_path.iterdir()) == []
 
     a_file = tmp_path / "afile"
     a_file.write_text("mine")

@@ -127,9 +127,9 @@ def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[typ
 
 
 def _facts_of_run_json(run_file: Path) -> RunFacts:
-    if run_file.exists() and not run_file.is_file():  # never silently read as "no settings recorded"
-        raise ValueError(f"{run_file} is a folder, not the run's settings file; move it away to diagnose the "
-                         "metrics alone")
+    if (run_file.exists() or run_file.is_symlink()) and not run_file.is_file():  # never read as "none recorded"
+        raise ValueError(f"{run_file} is not a readable file (a folder, a broken link or a pipe), so the run's "
+                         "settings are unknown; move it away to diagnose the metrics alone")
     if not run_file.is_file():
         return RunFacts()
     record = _read_json(run_file)

@@ -180,10 +180,12 @@ def check_run_fits(profile: Any, config: Any, prompts: dict[str, list[str]]) -> 
         raise SetupError(f"the {profile.name} profile's {problem}")
     problem = model_limits_problem(profile.sft_model_path, profile.max_length, config.lora, config.max_prompt_length,
                                    config.max_new_tokens, flags=PPO_FLAGS)
-    rows = max(config.rollout_batch_size, config.eval_batch_size if config.eval_every else 0)
+    # an evaluation batch holds at most n_eval_prompts rows, however large eval_batch_size is
+    eval_rows = min(config.eval_batch_size, config.n_eval_prompts) if config.eval_every else 0
+    rows = max(config.rollout_batch_size, eval_rows)
     problem = problem or batch_memory_problem(profile.sft_model_path, rows, config.max_new_tokens, profile.device)
     if problem is not None:
-        raise SetupError(f"settings (flags or $RLHF_PROFILE_OVERRIDES): {problem}")
+        raise SetupError(f"settings that do not fit the {profile.name} profile's SFT model or this machine: {problem}")
     if config.eval_every and config.n_eval_prompts > len(prompts["test"]):
         raise SetupError(f"n_eval_prompts {config.n_eval_prompts} exceeds the {len(prompts['test'])} prompts of "
                          "prompts_test.jsonl: lower it, or pass --eval-every 0 to train without evaluations")

@@ -139,6 +139,16 @@ def folder_checksums(directory: Path) -> dict[str, str]:
             for path in sorted(directory.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER}
 
 
+def unrecorded_files(directory: Path) -> list[str]:
+    """Files under `directory` that its marker does not list (all of them when it has no readable marker):
+    a person's, which replacing the folder would delete."""
+    record, _ = read_marker(directory)
+    files = record.get("files") if isinstance(record, dict) else None
+    listed = set(files) if isinstance(files, dict) else set()
+    return [name for path in sorted(directory.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER
+            and (name := str(path.relative_to(directory))) not in listed]
+
+
 def files_problem(directory: Path, record: Any) -> str | None:
     """Why the files of `directory` do not match the checksums its marker `record` lists, or None."""
     files = record.get("files") if isinstance(record, dict) else None

@@ -43,7 +43,7 @@ def device_problem(device: str) -> str | None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             return (f"device {device!r}: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is "
-                    "False); use the tiny profile, or set \"device\": \"cpu\" in $RLHF_PROFILE_OVERRIDES")
+                    "False); set \"device\": \"cpu\" in $RLHF_PROFILE_OVERRIDES to run on the CPU")
         index = int(device.partition(":")[2] or 0)
         if index >= count:
             return f"device {device!r}: this machine has {count} CUDA GPU(s), numbered 0 to {count - 1}"

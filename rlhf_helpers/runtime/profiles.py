@@ -265,6 +265,11 @@ def is_model_folder(path: str | Path) -> bool:
         "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
 
 
+def _same_folder(first: str, second: str) -> bool:
+    """True when two paths name one folder however they are spelled (a trailing slash, a relative path, a link)."""
+    return Path(first).resolve() == Path(second).resolve()
+
+
 def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     """The profile named `name` (or $RLHF_PROFILE, default "tiny"), with overrides applied.
 
@@ -287,7 +292,7 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     if profile.is_tiny and profile.weights != "shipped":
         raise ValueError(f"weights must be 'shipped' in the tiny profile (it ships its own model), got "
                          f"{profile.weights!r}; 'hub', 'gguf' and 'random' are for the gpu profile")
-    if profile.is_tiny and "base_model" in values and values["base_model"] != profile.sft_model_path:
+    if profile.is_tiny and "base_model" in values and not _same_folder(values["base_model"], profile.sft_model_path):
         raise ValueError(f"base_model is not used by the tiny profile (it fine-tunes no SFT model: its base is the SFT "
                          f"model), got {values['base_model']!r}; set sft_model_path to train from another model")
     if profile.is_tiny and "sft_model_path" in values:  # the base is the SFT model itself (run.json records both)

@@ -32,6 +32,7 @@ from rlhf_helpers.runtime.artifacts import (
     model_fingerprint,
     read_record,
     shown_path,
+    unrecorded_files,
 )
 from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
 from rlhf_helpers.runtime.models import model_folder_problem
@@ -136,7 +137,7 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
     problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
     if problem is not None:
-        raise SetupError(f"settings ($RLHF_PROFILE_OVERRIDES): {problem}")
+        raise SetupError(f"settings that do not fit the {profile.name} profile's SFT model: {problem}")
     try:
         for split in ("train", "test"):
             load_preferences(split)
@@ -156,9 +157,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     if not args.out.strip():
         parser.error("--out must name a folder, got an empty path")
     out = Path(args.out)
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file()):
+    if out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file():
         parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it would be "
                      "replaced, so choose a new or empty folder")
+    if out.is_dir() and (extra := unrecorded_files(out)):  # a reward folder with a person's files added
+        parser.error(f"--out {out} holds {', '.join(extra[:3])}, which the reward command did not write; it would "
+                     "be replaced with the folder, so move them away or choose a new folder")
     try:  # a bad setting, machine, model folder or data file is one line and exit 2, before any model is built
         profile = get_profile(args.profile)
         config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the statistics it wrote into the card."""
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.world.build", description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of every record and the model")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default data/)")
+    parser.add_argument("--out", default=None, help="output directory (default data/)")
     parser.add_argument("--fast", action="store_true", help="small files, few training steps")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--skip-model", action="store_true", help="write the data files only")
@@ -263,8 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
                       help="train the tiny model on the folder's own sft.jsonl; write no data file and no card")
     parser.add_argument("--force", action="store_true", help="replace files this builder did not write")
     args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = data_dir()
+    if args.out is not None and not args.out.strip():
+        parser.error("--out must name a folder, got an empty path")
+    args.out = data_dir() if args.out is None else Path(args.out)
     if not 0 <= args.seed <= MAX_SEED:
         parser.error(f"--seed must be an int in [0, {MAX_SEED}], got {args.seed}")
     blocked = next((folder for folder in (args.out, *args.out.parents) if folder.exists()), None)
