@@ -67,7 +67,7 @@ def is_builders_card(path: Path) -> bool:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return False
-    body, _, seal = text.rstrip("\n").rpartition("\n")
+    body = text.rstrip("\n").rpartition("\n")[0]  # everything above the seal line
     return text.startswith(CARD_TITLE) and sealed_card(body + "\n") == text
 
 
@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--out {args.out}: {blocked} is a file, not a folder")
     if args.model_only:  # the folder's own files train and measure the model: checked before anything is replaced
         try:
-            load_sft_corpus(args.out), load_prompts("test", args.out)
+            load_sft_corpus(args.out)
+            load_prompts("test", args.out)
         except (ValueError, OSError) as error:  # the loaders name the file (and the line)
             parser.error(f"--model-only trains on the folder's own files: {error}")
     files = None
