@@ -123,10 +123,12 @@ def test_thresholds_sit_where_they_say():
     ratio = broken(lambda r, i: r.update(first_ratio=1.0 + 9e-5))
     assert rules(ratio) == {}  # within float32's 1e-4
     assert rules(ratio, facts=RunFacts(dtype="bfloat16")) == {}
-    bf16 = broken(lambda r, i: r.update(first_ratio=1.03))
-    assert "first_ratio_not_one" in rules(bf16)
-    assert "first_ratio_not_one" not in rules(bf16, facts=RunFacts(dtype="bfloat16"))  # 8 eps = 0.0625 in bf16
-    assert "first_ratio_not_one" in rules(bf16, facts=RunFacts(dtype="float16"))  # 8 eps = 0.0078 in fp16
+    bf16_noise = broken(lambda r, i: r.update(first_ratio=1.0 + 9e-4))  # inside bf16's eps / 8 = 9.8e-4
+    assert "first_ratio_not_one" in rules(bf16_noise)
+    assert rules(bf16_noise, facts=RunFacts(dtype="bfloat16")) == {}
+    assert "first_ratio_not_one" in rules(bf16_noise, facts=RunFacts(dtype="float16"))  # fp16: eps / 8 = 1.2e-4
+    moved = broken(lambda r, i: r.update(first_ratio=1.0034))  # the smallest reference-as-old deviation measured
+    assert all("first_ratio_not_one" in rules(moved, facts=RunFacts(dtype=d)) for d in ("float32", "bf16", "fp16"))
 
 
 def test_the_length_runaway_needs_max_new_tokens():

@@ -20,6 +20,7 @@ clip_ratio/region_mean), so a TRL run folder is read too. The rules whose metric
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -27,12 +28,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.core.tolerances import dtype_name
 from rlhf_helpers.ppo.diagnosis_rules import RULES
 from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs
 from rlhf_helpers.runtime.data import load_jsonl
 
 __all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
-           "mark_findings", "load_history", "DIAGNOSIS_FILE"]
+           "mark_findings", "load_history", "compute_record", "DIAGNOSIS_FILE"]
 
 DIAGNOSIS_FILE = "diagnosis.json"  #: what the training command writes into its run folder
 SEVERITIES = ("error", "warning", "info")
@@ -137,20 +139,45 @@ def _facts_of_run_json(run_file: Path) -> RunFacts:
     profile = record.get("profile", {}) if isinstance(record, dict) else None
     if not isinstance(config, dict) or not isinstance(profile, dict):
         raise ValueError(f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
-    dtype = profile.get("dtype") or "float32"
-    if not isinstance(dtype, str):
-        raise ValueError(f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r}")
-    return RunFacts(max_new_tokens=_checked(run_file, config, "max_new_tokens", (int,), 1),
-                    score_clip=_checked(run_file, config, "score_clip", (int, float), 0),
-                    value_warmup_steps=_checked(run_file, config, "value_warmup_steps", (int,), 0) or 0,
-                    dtype=dtype)
+    settings = {"max_new_tokens": _checked(run_file, config, "max_new_tokens", (int,), 1),
+                "score_clip": _checked(run_file, config, "score_clip", (int, float), 0),
+                "value_warmup_steps": _checked(run_file, config, "value_warmup_steps", (int,), 0) or 0}
+    compute = record.get("compute")  # what the run computed in; older records hold the profile's dtype only
+    if compute is not None and not isinstance(compute, dict):
+        raise ValueError(f"{run_file}: compute must be an object ({{\"dtype\": ..., \"loss_scaling\": ...}}), got "
+                         f"{type(compute).__name__} {compute!r:.40}")
+    dtype = compute.get("dtype") if compute is not None else profile.get("dtype")
+    scaling = compute.get("loss_scaling", False) if compute is not None else False
+    if not isinstance(dtype, str):  # None too: a record that does not say how the run computed
+        raise ValueError(f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r:.40}")
+    if not isinstance(scaling, bool):
+        raise ValueError(f"{run_file}: loss_scaling must be true or false, got {type(scaling).__name__} "
+                         f"{scaling!r:.40}")
+    try:
+        facts = RunFacts(dtype=dtype, loss_scaling=scaling)
+    except ValueError as error:  # "bf16", "torch.bfloat16" are read; an unknown name is refused, never float32
+        raise ValueError(f"{run_file}: {error}") from None
+    return dataclasses.replace(facts, **settings)
+
+
+def compute_record(trainer: Any) -> dict[str, Any]:
+    """{"dtype", "loss_scaling"}: the dtype a trainer's forward passes compute in (its model's `compute_dtype`:
+    the frozen base's, bf16 or fp16 over float32 masters on a GPU) and whether a loss scaler runs (fp16).
+    run.json records it; the doctor's float tolerances follow it. ValueError for a model that does not say."""
+    dtype = getattr(trainer.model, "compute_dtype", None)
+    if dtype is None:  # never guessed: a float32 guess would judge a bf16 run by float32's tolerances
+        raise ValueError(f"trainer.model ({type(trainer.model).__name__}) has no compute_dtype: pass "
+                         "facts=RunFacts(dtype=...) to diagnose")
+    scaler = getattr(getattr(trainer, "policy_opt", None), "scaler", None)
+    return {"dtype": dtype_name(dtype), "loss_scaling": bool(scaler is not None and scaler.is_enabled())}
 
 
 def _facts_of_trainer(trainer: Any) -> RunFacts:
     config = trainer.config
-    dtype = str(getattr(trainer.model, "dtype", "float32")).replace("torch.", "")
+    compute = compute_record(trainer)
     return RunFacts(max_new_tokens=config.max_new_tokens, score_clip=config.score_clip,
-                    value_warmup_steps=config.value_warmup_steps, dtype=dtype)
+                    value_warmup_steps=config.value_warmup_steps, dtype=compute["dtype"],
+                    loss_scaling=compute["loss_scaling"])
 
 
 def diagnose(source: Any, *, facts: RunFacts | None = None,

@@ -60,10 +60,11 @@ def non_finite(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
+    spread = t.spread_for(facts.dtype)  # scores one rounding step apart are equal
     flat = [(int(row["step"]), std) for row in rows if (std := _value(row, "score_std")) is not None
-            and std <= t.score_spread * max(1.0, abs(_value(row, "score") or 0.0))]
+            and std <= spread * max(1.0, abs(_value(row, "score") or 0.0))]
     groups = _where(rows, "zero_std_fraction", lambda v: v >= t.zero_std_share)
-    all_groups = [(s, v) for s, v in groups if v >= 1.0]
+    all_groups = [(s, v) for s, v in groups if v >= 1.0 - t.share_tolerance]  # a share of counts: 1 up to rounding
     if flat or all_groups:
         steps = sorted({s for s, _ in flat} | {s for s, _ in all_groups})
         evidence = _fmt(flat, "score_std") if flat else _fmt(all_groups, "zero_std_fraction")
@@ -101,8 +102,9 @@ def first_ratio_not_one(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding |
 
 
 def eos_masked(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    # a share of counts: exactly 1 when the mask is built from the first EOS, whatever the batch
-    hits = _where(rows, "eos_in_mask", lambda v: v < 1.0)
+    # a share of counts: 1 when the mask is built from the first EOS, whatever the batch (up to the rounding of
+    # the float32 arithmetic that may have computed it: share_tolerance)
+    hits = _where(rows, "eos_in_mask", lambda v: v < 1.0 - t.share_tolerance)
     if not hits:
         return None
     return Finding("eos_masked", "error", "the loss mask hides the sampled EOS tokens", tuple(s for s, _ in hits),

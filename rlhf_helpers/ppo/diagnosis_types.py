@@ -10,10 +10,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlhf_helpers.core.tolerances import HALF_RTOL_EPS
-
-#: machine epsilon of the float formats a run computes in (torch.finfo(dtype).eps)
-EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+from rlhf_helpers.core.tolerances import (
+    FLOAT32_RATIO_TOLERANCE,
+    FLOAT32_SPREAD_TOLERANCE,
+    SHARE_TOLERANCE,
+    dtype_name,
+    ratio_tolerance,
+    spread_tolerance,
+)
 
 
 @dataclass(frozen=True)
@@ -50,24 +54,37 @@ class RunFacts:
     max_new_tokens: int | None = None  #: the response length limit (None: unknown; the long-length rule is off)
     score_clip: float | None = None  #: the reward clip (None: off; the saturation rule reads `score_clipped`)
     value_warmup_steps: int = 0  #: critic-only steps before the policy's first update
-    dtype: str = "float32"  #: the precision of the forward passes ("float32", "bfloat16", "float16")
+    #: the dtype the forward passes compute in (the frozen base's, or autocast's), not the float32 masters';
+    #: any spelling ("bf16", "torch.bfloat16") is stored as its one name (`core.tolerances.dtype_name`)
+    dtype: str = "float32"
     source: str = "rlhf_helpers"  #: who wrote the history: "rlhf_helpers" or "trl"
+    loss_scaling: bool = False  #: float16 with a gradient scaler (skipped steps on overflow are expected)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))  # an unknown dtype is an error, never float32
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """The rules' thresholds, each with where its value comes from (docs/metrics.md has the healthy ranges:
-    one 60-step tiny-profile run, seed 0, and its --kl-coef 0 / 0.05 variants)."""
+    one 60-step tiny-profile run, seed 0, and its --kl-coef 0 / 0.05 variants) and the runs it was checked on
+    (`CHECKED_ON`). The comparisons that rounding can tip (first_ratio, the shares of counts, equal scores) take
+    their tolerance from the run's compute dtype (`core.tolerances`)."""
 
     #: score_std <= this x max(1, |score|): the batch's scores are equal. float32 keeps equal scores equal and
     #: rounds different ones apart by more than its eps (1.2e-7); a healthy tiny batch has score_std 0.27-1.78.
-    score_spread: float = 1e-6
+    #: 16-bit runs: one eps of their dtype (`spread_for`; the H200 bf16 run's score_std: 0.61-0.70).
+    score_spread: float = FLOAT32_SPREAD_TOLERANCE
     #: share of prompt groups with equal rewards (TRL's frac_reward_zero_std) from which at most half the batch
     #: carries an advantage: the group advantage of such a group is 0 for every completion.
     zero_std_share: float = 0.5
     #: |first_ratio - 1| allowed in float32/64. A correct update measured < 1.2e-7 (60 tiny steps); 1e-4 is the
-    #: course's float32 tolerance for two roundings of one computation. 16-bit runs: HALF_RTOL_EPS x eps.
-    ratio_tolerance: float = 1e-4
+    #: course's float32 tolerance for two roundings of one computation. 16-bit runs: eps / 8 (`ratio_tolerance_for`,
+    #: core.tolerances.HALF_RATIO_EPS says why: bf16 9.8e-4, fp16 1.2e-4).
+    ratio_tolerance: float = FLOAT32_RATIO_TOLERANCE
+    #: a share of counts (eos_in_mask, zero_std_fraction) within this of 1 is 1: a share missing one count in
+    #: 10^5 is 1 - 1e-5; float32 arithmetic on an exact 1 errs by ~6e-8 (the H200 run logged 0.99999994).
+    share_tolerance: float = SHARE_TOLERANCE
     #: consecutive steps with a negative mean k1 sequence KL. k1's batch mean is an unbiased, roughly
     #: symmetric estimate of a KL >= 0: at a true KL of 0 each step is negative with probability <= 1/2, five
     #: in a row with <= 1/32; a learning policy's KL is positive from step 2 on (glossary: kl).
@@ -111,8 +128,41 @@ class Thresholds:
     eval_fall: float = 0.5
 
     def ratio_tolerance_for(self, dtype: str) -> float:
-        """The first-ratio tolerance of a precision: 16-bit floats round a log-prob to HALF_RTOL_EPS x eps."""
-        return max(self.ratio_tolerance, HALF_RTOL_EPS * EPS[dtype]) if dtype in EPS else self.ratio_tolerance
+        """The first-ratio tolerance of a compute dtype (any spelling): `ratio_tolerance` in float32/64, at least
+        eps / 8 in a 16-bit dtype (`core.tolerances.ratio_tolerance`)."""
+        return ratio_tolerance(dtype, float32=self.ratio_tolerance)
+
+    def spread_for(self, dtype: str) -> float:
+        """The relative score spread under which a batch's scores are equal, in a compute dtype (any spelling)."""
+        return spread_tolerance(dtype, float32=self.score_spread)
+
+
+#: threshold -> the runs it was checked on: the healthy ones stay on its healthy side, the broken ones (where
+#: named) cross it. "tiny float32": the tiny profile's 60-step runs (docs/metrics.md) and the tests' healthy
+#: histories; "CPU bf16/fp16": tests/test_gpu_paths.py's gpu-profile runs on the CPU (random SmolLM2-shaped
+#: weights, and the GGUF weights in bf16); "H200": tests/fixtures/gpu-runs/h200-2026-11-27-cli (bf16, 20 steps).
+CHECKED_ON: dict[str, str] = {
+    "score_spread": "tiny float32 (score_std 0.27-1.78), CPU bf16/fp16, H200 (0.60-0.76); a constant reward crosses it",
+    "zero_std_share": "TRL GRPO logs of the tests (a constant reward crosses it); our runs do not log it",
+    "ratio_tolerance": "tiny float32 (< 1.2e-7), CPU bf16/fp16 (0), H200 bf16 (<= 2.3e-4 against 9.8e-4); the "
+                       "reference as old log-probs crosses it in float32, bf16 and fp16 from the policy's first move",
+    "share_tolerance": "tiny float32 and CPU bf16/fp16 (exactly 1), H200 (0.99999994); pad == EOS crosses it (0)",
+    "negative_kl_steps": "tiny float32, CPU bf16/fp16, H200 (KL >= 0 from step 2); a count of steps, not a value: "
+                         "rounding is as likely to push a step's KL up as down",
+    "clipfrac_high": "tiny float32 (0.016-0.064), H200 (0.0094-0.047); notebook 06's 30x learning rate crosses it",
+    "approx_kl_high": "tiny float32 (0.003-0.03), H200 (0.0014-0.0073); notebook 06's 30x learning rate crosses it",
+    "sustain_steps": "a count of steps: the same in every dtype",
+    "critic_grace_steps": "tiny float32 (explained variance 0.2-0.55 within a few steps), H200 (up to 0.64)",
+    "cold_critic_ev": "tiny float32 (within 0.03 of 0 untrained, 0.15-0.3 warmed up), H200 (-0.07 at step 1)",
+    "entropy_drop": "tiny float32 (>= 0.87 of step 1's), H200 (5.8-7.3 nats: >= 0.79 of step 1's)",
+    "distinct_floor": "tiny float32 (0.97-1.0), H200 (0.99-1.0)",
+    "short_length": "tiny float32 (17-24 tokens), H200 (16-26)",
+    "eos_floor": "tiny float32 (0.97-1.0), H200 (0.95-1.0)",
+    "long_share": "a share of max_new_tokens: the same in every dtype",
+    "clipped_share": "a share of the batch: the same in every dtype; tiny float32 with score_clip (0)",
+    "overoptimisation_z": "tiny float32 (kl_coef 0.2: silent; kl_coef 0: fires), H200 (silent, 20 steps)",
+    "eval_fall": "tiny float32 (healthy range 0.14; kl_coef 0 falls 2.86), H200 (silent: 2 evaluations)",
+}
 
 
 def spans(steps: Sequence[int]) -> str:
@@ -137,14 +187,16 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
                        "error: any logged value is NaN or infinite (explained_variance aside: NaN when the returns "
                        "are constant)"),
         "no_learning_signal": (("score_std", "score"),
-                               f"error: score_std <= {t.score_spread:g} x max(1, |score|) at a step (all scores "
-                               f"equal); from TRL logs also frac_reward_zero_std = 1, and a warning when it is >= "
-                               f"{t.zero_std_share:g} at {n} steps"),
+                               f"error: score_std <= {t.score_spread:g} x max(1, |score|) in float32 (bf16: "
+                               f"{t.spread_for('bfloat16'):g}, fp16: {t.spread_for('float16'):g}) at a step (all "
+                               f"scores equal); from TRL logs also frac_reward_zero_std = 1, and a warning when it "
+                               f"is >= {t.zero_std_share:g} at {n} steps"),
         "first_ratio_not_one": (("first_ratio",),
                                 f"error: |first_ratio - 1| > {t.ratio_tolerance:g} in float32 (bf16: "
                                 f"{t.ratio_tolerance_for('bfloat16'):g}, fp16: {t.ratio_tolerance_for('float16'):g}) "
                                 "at a step; a correct update measured < 1e-6"),
-        "eos_masked": (("eos_in_mask",), "error: eos_in_mask < 1 at a step (exactly 1 when the mask is right)"),
+        "eos_masked": (("eos_in_mask",), f"error: eos_in_mask < 1 - {t.share_tolerance:g} at a step (1 when the mask "
+                                         "is right)"),
         "negative_kl": (("kl",), f"warning: kl < 0 at {t.negative_kl_steps} steps in a row (by chance at most "
                                  f"1/{2 ** t.negative_kl_steps} when the true KL is 0)"),
         "off_policy": (("clipfrac", "approx_kl"),

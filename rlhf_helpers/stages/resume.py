@@ -140,10 +140,13 @@ def check_resumed_inputs(record: dict[str, Any], reward_dir: str | None, reward_
 
 
 def run_record(profile: Any, config: PPOConfig, reward_dir: Path | None, reward_train_pairs: int | None,
-               num_processes: int, resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+               num_processes: int, resumed: dict[str, Any] | None = None,
+               compute: dict[str, Any] | None = None) -> dict[str, Any]:
     """What run.json holds: what the run did. A resumed run keeps the record's reward folder, reward pairs and
-    prompts (its own came from the checkpoint), and updates the settings it may change."""
+    prompts (its own came from the checkpoint), and updates the settings it may change. `compute`: the dtype the
+    forward passes computed in and whether a loss scaler ran (`diagnosis.compute_record`: the doctor reads it)."""
     record = {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
+              **({"compute": compute} if compute is not None else {}),
               "reward_dir": None if reward_dir is None else str(reward_dir),
               "reward_train_pairs": reward_train_pairs,  # None: all pairs, or a --reward-dir
               "prompts": data_fingerprint(PROMPT_FILES), "data_dir": str(data_dir().resolve()),

@@ -66,6 +66,7 @@ from rlhf_helpers.ppo.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
+from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
 from rlhf_helpers.ppo.run_folder import (
@@ -241,7 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         loaded = load_checkpoint(trainer, output_dir)
         if is_main:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
-    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record)
+    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record,
+                        compute=compute_record(trainer))
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
