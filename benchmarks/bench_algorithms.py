@@ -29,9 +29,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-OUT_DIR = REPO / "runs" / "bench_algorithms"
 PNG_PATH = REPO / "docs" / "img" / "algorithms_frontier.png"
 METHODS = ("ppo", "grpo", "rloo")
+
+
+def out_dir() -> Path:
+    """Where the results and the HTML figure go: runs/bench_algorithms/, under $RLHF_RUNS_DIR when it is set."""
+    from rlhf_helpers.runtime.artifacts import runs_dir
+
+    return runs_dir() / "bench_algorithms"
 
 
 def _worker(task: dict[str, Any]) -> dict[str, Any]:
@@ -122,8 +128,8 @@ def render(results: dict[str, Any], png: str | Path | None) -> str:
     seconds = results["runs"][0]["settings"].get("train_seconds")
     fig = comparison_figure(results["runs"], {int(n): row for n, row in results["best_of"].items()},
                             title=f"Tiny profile, {seconds:.0f} CPU s per run, seeds {seeds}: same reward, same judge")
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    html = OUT_DIR / "algorithms.html"
+    out_dir().mkdir(parents=True, exist_ok=True)
+    html = out_dir() / "algorithms.html"
     fig.write_html(str(html), include_plotlyjs="cdn")
     if png is None:
         return f"figure written: {html} (no PNG)"
@@ -150,8 +156,8 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
                              max_tasks_per_child=1) as pool:
         outputs = list(pool.map(_worker, tasks))
     results = {"best_of": outputs[0]["best_of"], "runs": outputs[1:], "config": config, "jobs": jobs}
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "results.json").write_text(json.dumps(results, indent=1))
+    out_dir().mkdir(parents=True, exist_ok=True)
+    (out_dir() / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results))
     print(render(results, png))
     return {f"{row['method']}_final_hidden": row["hidden"][0] for row in summarise(results)}

@@ -1,7 +1,7 @@
 """Memory of one shared base with LoRA roles against four separate models, doing one PPO step's work.
 
     python -m benchmarks memory                       # tiny and GPT-2-small sizes on the CPU (~3-5 min)
-    python -m benchmarks memory --fast                # tiny size only (~30 s)
+    python -m benchmarks memory --fast                # tiny, and SmolLM2 shrunk to 2 layers (~45 s)
     python -m benchmarks.bench_memory --sizes smollm2 --batch 4 --new-tokens 8   # gpu architecture, CPU
     python -m benchmarks.bench_memory --device cuda   # gpu profile's architecture and sizes, bf16
 
@@ -66,6 +66,18 @@ TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-sft"
 #: GPT-2 small (124M parameters with GPT-2's vocabulary), randomly initialised.
 GPT2_SMALL_CONFIG: dict[str, Any] = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
                                      "n_embd": 768, "n_layer": 12, "n_head": 12}
+#: transformer layers of the random-init sizes in a fast (smoke) run
+FAST_LAYERS = 2
+
+
+def architecture(size: str, layers: int | None = None) -> dict[str, Any]:
+    """The config fields of a random-init size ("gpt2", "smollm2"), with `layers` transformer layers if given."""
+    from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
+
+    spec = dict(GPT2_SMALL_CONFIG if size == "gpt2" else SMOLLM2_135M_CONFIG)
+    if layers is not None:
+        spec["n_layer" if size == "gpt2" else "num_hidden_layers"] = layers
+    return spec
 
 
 @dataclass
@@ -79,6 +91,9 @@ class SizeSpec:
     lora_r: int  #: LoRA rank of every adapter
     lora_alpha: int  #: LoRA alpha
     lora_targets: tuple[str, ...]  #: module names LoRA wraps
+    #: transformer layers of a random-init size (gpt2, smollm2); None: the architecture's own. A fast run keeps 2:
+    #: the same code path (architecture, vocabulary, LoRA targets, dtype) in a stack a CPU runs in seconds
+    layers: int | None = None
 
 
 def size_spec(name: str, fast: bool = False) -> SizeSpec:
@@ -86,6 +101,7 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
     smaller batch, to stay near a minute per side on one CPU thread); smollm2 the gpu profile's."""
     from rlhf_helpers.runtime.profiles import get_profile
 
+    layers = FAST_LAYERS if fast and name in ("gpt2", "smollm2") else None
     if name in ("tiny", "gpt2"):
         profile = get_profile("tiny", weights="shipped")  # $RLHF_PROFILE_OVERRIDES may name gpu weights
         batch = profile.ppo.mini_batch_size if name == "tiny" else 8
@@ -99,7 +115,7 @@ def size_spec(name: str, fast: bool = False) -> SizeSpec:
         raise ValueError(f"size must be 'tiny', 'gpt2' or 'smollm2', got {name!r}")
     return SizeSpec(name=name, batch=batch, new_tokens=new_tokens, prompt_tokens=profile.ppo.max_prompt_length,
                     lora_r=profile.lora.r, lora_alpha=profile.lora.alpha,
-                    lora_targets=tuple(profile.lora.target_modules))
+                    lora_targets=tuple(profile.lora.target_modules), layers=layers)
 
 
 # ----------------------------------------------------------------------------- models
@@ -113,18 +129,19 @@ def load_tokenizer() -> Any:
     return tokenizer
 
 
-def load_base(size: str, tokenizer: Any, dtype: torch.dtype, device: str, seed: int = 0) -> nn.Module:
+def load_base(size: str, tokenizer: Any, dtype: torch.dtype, device: str, seed: int = 0,
+              layers: int | None = None) -> nn.Module:
     """The base causal LM of a size (dropout 0, eval mode): the shipped tiny model, or a randomly
-    initialised GPT-2 small / SmolLM2-135M (the gpu profile's architecture; no hub here)."""
+    initialised GPT-2 small / SmolLM2-135M (the gpu profile's architecture; no hub here), with `layers`
+    transformer layers when given."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
     from rlhf_helpers.runtime.models import dropout_overrides
 
     if size == "tiny":
         config = AutoConfig.from_pretrained(str(TINY_MODEL_DIR))
     else:
-        spec = dict(GPT2_SMALL_CONFIG if size == "gpt2" else SMOLLM2_135M_CONFIG)
+        spec = architecture(size, layers)
         config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     for key, value in dropout_overrides(config).items():
         setattr(config, key, value)
@@ -316,8 +333,10 @@ def warm_up(side: str, device: str, dtype: torch.dtype, spec: SizeSpec) -> None:
     targets = tuple(t for t in spec.lora_targets if t in {"c_attn", "c_proj", "c_fc"}) or ("c_attn",)
     toy_spec = SizeSpec("toy", 2, 2, 4, 2, 4, targets)
     model = build_side(side, base, tokenizer, toy_spec)
+    # the config's LoRA spec is the model's (the trainer refuses two specs): r 2 on the toy's own targets
     config = PPOConfig(rollout_batch_size=2, mini_batch_size=2, ppo_epochs=1, max_prompt_length=4,
-                       max_new_tokens=2, lora=LoRASpec(r=2, alpha=4), progress_bar=False)
+                       max_new_tokens=2, lora=LoRASpec(r=toy_spec.lora_r, alpha=toy_spec.lora_alpha,
+                                                       target_modules=toy_spec.lora_targets), progress_bar=False)
     PPOTrainer(config, model, tokenizer, ["the movie was"], hidden_score_fn=None).step()
     del model, base
     gc.collect()
@@ -353,7 +372,7 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
     cuda_baseline = torch.cuda.memory_allocated() if on_cuda else 0
 
     wall, cpu = time.perf_counter(), time.process_time()
-    model = build_side(side, load_base(size, tokenizer, torch_dtype, device, seed), tokenizer, spec, seed)
+    model = build_side(side, load_base(size, tokenizer, torch_dtype, device, seed, spec.layers), tokenizer, spec, seed)
     built_mb = peak_rss_mb()
     config = PPOConfig(rollout_batch_size=spec.batch, mini_batch_size=spec.batch, ppo_epochs=1,
                        max_prompt_length=spec.prompt_tokens, max_new_tokens=spec.new_tokens,
@@ -428,7 +447,7 @@ def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
     """`rlhf_helpers.ppo.memory_estimate.estimate_ppo_memory` of the step a side ran (`asdict(SizeSpec)`) on `device`:
     rollout batch = minibatch = spec["batch"], the fast sampler on CUDA; None for sizes that are not
     the gpu profile's Llama."""
-    from rlhf_helpers.ppo.memory_estimate import estimate_ppo_memory
+    from rlhf_helpers.ppo.memory_estimate import ModelShape, estimate_ppo_memory
     from rlhf_helpers.runtime.profiles import get_profile
 
     if spec["name"] != "smollm2":
@@ -438,7 +457,8 @@ def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
                           lora=LoRASpec(r=spec["lora_r"], alpha=spec["lora_alpha"],
                                         target_modules=tuple(spec["lora_targets"])),
                           eval_batch_size=spec["batch"])
-    return estimate_ppo_memory(profile, fast_sampling=device == "cuda")
+    shape = ModelShape.from_config(architecture("smollm2", spec.get("layers")))
+    return estimate_ppo_memory(profile, shape, fast_sampling=device == "cuda")
 
 
 def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] | None = None,
@@ -450,7 +470,8 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
     if "shared" not in sides:
         raise ValueError(f"sides must include 'shared' (the ratios are shared / other), got {sides}")
     if sizes is None:
-        sizes = ("smollm2",) if device == "cuda" else (("tiny",) if fast else ("tiny", "gpt2"))
+        # fast on the CPU: the tiny model and the gpu profile's SmolLM2 architecture shrunk to FAST_LAYERS layers
+        sizes = ("smollm2",) if device == "cuda" else (("tiny", "smollm2") if fast else ("tiny", "gpt2"))
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     figures: dict[str, Any] = {"device": device, "dtype": dtype, "load_avg_1min": os.getloadavg()[0]}
     details: dict[str, Any] = {}
@@ -472,6 +493,7 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
                       f"against the measured peak above", flush=True)
         figures[f"{size}_batch"] = results["shared"]["spec"]["batch"]
         figures[f"{size}_new_tokens"] = results["shared"]["spec"]["new_tokens"]
+        figures[f"{size}_layers"] = results["shared"]["spec"].get("layers") or "all"  # fast: a shrunken stack
         details[size] = results
     figures["load_avg_1min_end"] = os.getloadavg()[0]
     return figures, details
@@ -486,7 +508,8 @@ def main(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] | None 
 
 def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fast", action="store_true", help="tiny size only, smaller steps")
+    parser.add_argument("--fast", action="store_true",
+                        help="smaller steps; on the CPU the tiny size and smollm2 with 2 layers")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--sizes", default=None, help="comma-separated: tiny, gpt2, smollm2")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")

@@ -35,9 +35,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-OUT_DIR = REPO / "runs" / "bench_ppo_learning"
 PNG_PATH = REPO / "docs" / "img" / "ppo_curve.png"
 BEST_OF = (1, 4, 16)
+
+
+def out_dir() -> Path:
+    """Where the results and the HTML figure go: runs/bench_ppo_learning/, under $RLHF_RUNS_DIR when it is set."""
+    from rlhf_helpers.runtime.artifacts import runs_dir
+
+    return runs_dir() / "bench_ppo_learning"
 
 
 def _setup(threads: int) -> None:
@@ -296,8 +302,8 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
                 "train_seconds_budget": train_seconds}
     results = {"settings": settings, "baselines": baselines, "ppo": ppo_runs, "overopt": overopt}
     results["figures"] = figures = summarise(results)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / ("results-fast.json" if fast else "results.json")).write_text(json.dumps(results, indent=1))
+    out_dir().mkdir(parents=True, exist_ok=True)
+    (out_dir() / ("results-fast.json" if fast else "results.json")).write_text(json.dumps(results, indent=1))
     print(render(results, None if fast else png, fast))
     return figures
 
@@ -355,11 +361,11 @@ def render(results: dict[str, Any], png: str | Path | None, fast: bool = False) 
     fig = make_figure(results["ppo"], results["baselines"], results["overopt"], results["settings"]["clock"],
                       n_prompts=results["settings"]["n_eval_prompts"])
     if png is None:
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        html = OUT_DIR / ("ppo_curve-fast.html" if fast else "ppo_curve.html")
+        out_dir().mkdir(parents=True, exist_ok=True)
+        html = out_dir() / ("ppo_curve-fast.html" if fast else "ppo_curve.html")
         fig.write_html(str(html))
         return f"figure written: {html} (no PNG)"
-    return save_png(fig, OUT_DIR / "ppo_curve.html", Path(png))
+    return save_png(fig, out_dir() / "ppo_curve.html", Path(png))
 
 
 def replot(results_path: str | Path, png: str | Path | None = PNG_PATH) -> dict[str, Any]:

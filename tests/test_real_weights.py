@@ -74,7 +74,8 @@ def pipeline(tmp_path_factory):
         first_stats = list(trainer.last_update_stats)
         trainer.step()
         yield {"profile": profile, "sft_dir": sft_dir, "model": model, "tokenizer": tokenizer,
-               "trainer": trainer, "first": first, "first_stats": first_stats, "root": root}
+               "trainer": trainer, "first": first, "first_stats": first_stats, "root": root,
+               "reward_dir": reward_dir}
     finally:
         patch.undo()
         torch.set_num_threads(threads)
@@ -192,3 +193,25 @@ def test_the_recorded_gpu_run_is_what_the_readmes_quote():
     readme = (root / "README.md").read_text()
     seconds = record["seconds"]
     assert f"{seconds['sft']:.0f} s SFT, {seconds['reward']:.0f} s reward, {seconds['ppo']:.0f} s PPO" in readme
+
+
+def test_ppo_on_a_bf16_base_of_the_real_weights_is_healthy_to_the_doctor(pipeline):
+    """The gpu profile's PPO as on a GPU: the fine-tuned GGUF model's frozen base in bfloat16, float32 LoRA masters,
+    its BPE tokenizer with the added pad (the file's pad is its EOS). Two steps: run.json's compute record names
+    bfloat16, the first minibatch's ratio is 1 within bf16's tolerance, every sampled EOS is in the mask, and the
+    doctor, judging by bf16, finds no error; its one warning may be the true length_runaway of a 10-token budget."""
+    from rlhf_helpers.core.tolerances import ratio_tolerance
+    from rlhf_helpers.ppo.diagnosis import compute_record, diagnose
+
+    profile = pipeline["profile"].replace(dtype="bfloat16")
+    model, tokenizer = build_shared_model(profile, profile.ppo, pipeline["reward_dir"])
+    assert model.compute_dtype == torch.bfloat16 and tokenizer.pad_token_id != tokenizer.eos_token_id
+    trainer = PPOTrainer(profile.ppo, model, tokenizer, load_prompts("train")[:64])
+    history = [trainer.step() for _ in range(2)]
+    assert compute_record(trainer) == {"dtype": "bfloat16", "loss_scaling": False}
+    assert all(abs(row["first_ratio"] - 1) <= ratio_tolerance("bfloat16") for row in history)
+    assert all(row["eos_in_mask"] == 1.0 for row in history)
+    found = {f.rule: f.severity for f in diagnose(trainer).findings if f.severity != "info"}
+    # the only warning allowed is the true one: the Instruct model's replies run past 10 tokens (no EOS yet)
+    assert set(found) <= {"length_runaway"}, found
+    assert "length_runaway" not in found or all(row["eos_fraction"] < 0.5 for row in history)

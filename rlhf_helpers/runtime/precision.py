@@ -137,11 +137,12 @@ def amp_flags(profile: Any) -> dict[str, bool]:
     """Hugging Face TrainingArguments' mixed-precision flags for `profile` (its `dtype` and `device`).
 
     {"bf16": True} for bfloat16 and {"fp16": True} for float16 (autocast + GradScaler around float32
-    master weights), on CUDA only; on the CPU, or for float32, both False.
+    master weights); for float32 both False. The CPU computes in float32 unless a profile names a 16-bit
+    dtype: then it autocasts as a GPU would (torch has bf16 and fp16 autocast and a GradScaler on the CPU),
+    which is how the tests run the gpu profile's mixed-precision paths without a GPU.
     """
     dtype = resolve_dtype(profile.dtype, profile.device)
-    on_cuda = str(profile.device).startswith("cuda")
-    return {"bf16": on_cuda and dtype == "bfloat16", "fp16": on_cuda and dtype == "float16"}
+    return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
 
 
 def needs_grad_scaler(module: Any) -> bool:

@@ -93,6 +93,9 @@ class Profile:
     #: "random" (the architecture with random weights and the shipped tokenizer), "auto" (get_profile: hub where
     #: it answers, else gguf); the tiny profile: "shipped"
     weights: str = "auto"
+    #: weights "random" only: changes to base_model's architecture (`runtime.architectures`), e.g.
+    #: {"num_hidden_layers": 2}: a smaller stack on the same code path, for CPU tests of the gpu profile
+    architecture: dict | None = None
 
     def __post_init__(self) -> None:
         check_dtype_name(self.dtype)
@@ -308,6 +311,9 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
         profile = profile.replace(weights=resolve_weights(profile.weights))
         if "sft_model_path" not in values:
             profile = profile.replace(sft_model_path=weights_sft_path(profile.sft_model_path, profile.weights))
+    if profile.architecture is not None and profile.weights != "random":
+        raise ValueError(f"architecture changes the random-init model only (weights='random'), got weights="
+                         f"{profile.weights!r}: hub and gguf weights come with their own")
     if profile.dtype == AUTO:
         profile = profile.replace(dtype=resolve_dtype(AUTO, profile.device))
     return profile

@@ -181,7 +181,7 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
             output_dir=scratch, per_device_train_batch_size=config.batch_size,
             num_train_epochs=config.epochs, learning_rate=config.learning_rate,
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
-            use_cpu=on_cpu, **amp_flags(profile),  # {"bf16": ..., "fp16": ...}: autocast on CUDA only
+            use_cpu=on_cpu, **amp_flags(profile),  # {"bf16": ..., "fp16": ...}: autocast in a 16-bit dtype
             **checkpointing_off(RewardConfig),  # RewardConfig's default True breaks adapter switching later
             report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
             disable_tqdm=False,

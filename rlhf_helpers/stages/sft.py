@@ -130,11 +130,20 @@ def random_init_tokenizer_dir() -> Path:
 
 def random_init_architecture(profile: Profile, architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The architecture a random-init run builds: `architecture` if given, else the one of
-    `profile.base_model` (`runtime.architectures`). Refused when the profile's weights are not random."""
+    `profile.base_model` (`runtime.architectures`) with the profile's `architecture` changes. Refused when the
+    profile's weights are not random, or a change names a field the base architecture lacks."""
     if profile.weights != "random":
         raise ValueError("architecture is only used with weights='random' (hub and gguf weights come with "
                          f"their own), got weights={profile.weights!r}")
-    spec = dict(architecture) if architecture is not None else architecture_of(profile.base_model)
+    if architecture is not None:
+        spec = dict(architecture)
+    else:
+        spec = architecture_of(profile.base_model)
+        unknown = sorted(set(profile.architecture or {}) - set(spec))
+        if unknown:
+            raise ValueError(f"architecture changes {unknown} name no field of {profile.base_model}'s architecture "
+                             f"({', '.join(sorted(spec))})")
+        spec.update(profile.architecture or {})
     if "model_type" not in spec:
         raise ValueError(f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
     return spec
