@@ -32,7 +32,8 @@ LAB_CONTENTS := --ServerApp.contents_manager_class=rlhf_helpers.course.lab_conte
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_CONTENTS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test: the unit tests and then the notebook runs two at a time on two processes (one kernel each, one torch
+# Every test: the unit tests (with the gpu profile's CLI run on the CPU in bf16 and fp16, tests/test_gpu_paths.py, and
+# every benchmark at its --fast size, tests/test_bench_smoke.py) and then the notebook runs two at a time on two processes (one kernel each, one torch
 # thread; in the order of tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
 # in JupyterLab in a browser, one JupyterLab and browser per process (screenshots: build/figures/), then the
 # static site built from those notebooks, every page in Chromium. Tests write only under build/ (tests/conftest.py

@@ -187,3 +187,28 @@ def test_notebook_06_s_bugs_are_errors_in_every_dtype_and_the_fixed_run_has_none
     assert ref_as_old.severity == "error" and list(ref_as_old.steps) == [2, 3]
     hidden = next(f for f in diagnose(_toy_run(EosHidden, dtype, 2, seed)).findings if f.rule == "eos_masked")
     assert hidden.severity == "error" and hidden.steps
+
+
+def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
+    """diagnosis_types.CHECKED_ON quotes the H200 run's ranges; they are its metrics' (rounded as quoted), and each
+    lies on the healthy side of its threshold."""
+    from rlhf_helpers.ppo.diagnosis import Thresholds
+    from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON
+
+    rows, _ = load_history(H200)
+
+    def span(key, digits):
+        values = [r[key] for r in rows]
+        return f"{min(values):.{digits}g}-{max(values):.{digits}g}"
+
+    t = Thresholds()
+    quoted = {"score_spread": f"H200 ({span('score_std', 2)})", "clipfrac_high": f"H200 ({span('clipfrac', 2)})",
+              "approx_kl_high": f"H200 ({span('approx_kl', 2)})",
+              "short_length": f"H200 ({span('response_length', 2)})", "distinct_floor": "H200 (0.99-1.0)"}
+    for name, text in quoted.items():
+        assert text in CHECKED_ON[name], (name, text, CHECKED_ON[name])
+    assert max(r["clipfrac"] for r in rows) <= t.clipfrac_high and max(r["approx_kl"] for r in rows) <= t.approx_kl_high
+    assert min(r["entropy"] for r in rows) / rows[0]["entropy"] >= 0.79 > t.entropy_drop
+    assert min(r["eos_fraction"] for r in rows) >= 0.945 > t.eos_floor
+    assert min(r["distinct_responses"] for r in rows) >= 0.99 > t.distinct_floor
+    assert max(abs(r["first_ratio"] - 1) for r in rows) <= 2.3e-4 < ratio_tolerance("bf16") / 4

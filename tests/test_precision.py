@@ -103,12 +103,16 @@ def test_show_environment_prints_the_dtype_and_why(monkeypatch, capsys):
     assert "dtype: float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)" in capsys.readouterr().out
 
 
-def test_amp_flags_autocast_around_float32_masters_on_cuda_only(monkeypatch):
+def test_amp_flags_autocast_around_float32_masters_in_a_16_bit_dtype(monkeypatch):
+    """By the compute dtype: a T4 autocasts fp16, a bf16 profile bf16, float32 never; the CPU computes in float32
+    (the tiny profile, the gpu profile's "auto" there) unless a profile names a 16-bit dtype, which then autocasts
+    as on a GPU (how tests/test_gpu_paths.py runs the gpu profile's mixed precision without one)."""
     fake_gpu(monkeypatch, (7, 5))
     assert amp_flags(get_profile("gpu")) == {"bf16": False, "fp16": True}
     assert amp_flags(get_profile("gpu", dtype="bfloat16")) == {"bf16": True, "fp16": False}
     assert amp_flags(get_profile("gpu", dtype="float32")) == {"bf16": False, "fp16": False}
-    assert amp_flags(get_profile("gpu", device="cpu", dtype="float16")) == {"bf16": False, "fp16": False}
+    assert amp_flags(get_profile("gpu", device="cpu")) == {"bf16": False, "fp16": False}  # auto: float32
+    assert amp_flags(get_profile("gpu", device="cpu", dtype="float16")) == {"bf16": False, "fp16": True}
     assert amp_flags(get_profile("tiny")) == {"bf16": False, "fp16": False}
     assert precision.master_dtype() is torch.float32
 

@@ -13,6 +13,7 @@ checkout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from rlhf_helpers.cluster import knobs
 from rlhf_helpers.cluster.export import OPENRLHF_VERSION, VERL_VERSION, openrlhf_command, verl_command, verl_yaml
-from rlhf_helpers.ppo.diagnosis_types import rule_docs
+from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON, Thresholds, rule_docs
 from rlhf_helpers.ppo.metric_docs import GROUPS, METRICS, NOTATION, MetricDoc
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile
@@ -93,6 +94,13 @@ def metrics_markdown() -> str:
         lines += ["", f"### {rule}", "", f"- **Fires:** {when}"]
         if reads:
             lines.append("- **Reads:** " + ", ".join(f"[`{m}`](#{m})" if m in METRICS else f"`{m}`" for m in reads))
+    lines += ["", "### Where the thresholds were checked", "",
+              "The comparisons rounding can tip take their tolerance from the dtype the run computed in "
+              "(`compute` in run.json: the frozen base's or autocast's, not the float32 masters'), by "
+              "`rlhf_helpers.core.tolerances`. Each threshold and the runs it was checked on:", "",
+              "| threshold | value | checked on |", "|---|---|---|"]
+    defaults = dataclasses.asdict(Thresholds())
+    lines += [f"| `{name}` | {defaults[name]:g} | {where} |" for name, where in CHECKED_ON.items()]
     return "\n".join(lines) + "\n"
 
 

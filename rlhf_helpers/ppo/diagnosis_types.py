@@ -142,7 +142,7 @@ class Thresholds:
 #: histories; "CPU bf16/fp16": tests/test_gpu_paths.py's gpu-profile runs on the CPU (random SmolLM2-shaped
 #: weights, and the GGUF weights in bf16); "H200": tests/fixtures/gpu-runs/h200-2026-11-27-cli (bf16, 20 steps).
 CHECKED_ON: dict[str, str] = {
-    "score_spread": "tiny float32 (score_std 0.27-1.78), CPU bf16/fp16, H200 (0.60-0.76); a constant reward crosses it",
+    "score_spread": "tiny float32 (score_std 0.27-1.78), CPU bf16/fp16, H200 (0.6-0.76); a constant reward crosses it",
     "zero_std_share": "TRL GRPO logs of the tests (a constant reward crosses it); our runs do not log it",
     "ratio_tolerance": "tiny float32 (< 1.2e-7), CPU bf16/fp16 (0), H200 bf16 (<= 2.3e-4 against 9.8e-4); the "
                        "reference as old log-probs crosses it in float32, bf16 and fp16 from the policy's first move",
@@ -159,8 +159,8 @@ CHECKED_ON: dict[str, str] = {
     "short_length": "tiny float32 (17-24 tokens), H200 (16-26)",
     "eos_floor": "tiny float32 (0.97-1.0), H200 (0.95-1.0)",
     "long_share": "a share of max_new_tokens: the same in every dtype",
-    "clipped_share": "a share of the batch: the same in every dtype; tiny float32 with score_clip (0)",
-    "overoptimisation_z": "tiny float32 (kl_coef 0.2: silent; kl_coef 0: fires), H200 (silent, 20 steps)",
+    "clipped_share": "a share of the batch: the same in every dtype (no run of these logs score_clip)",
+    "overoptimisation_z": "tiny float32 (docs/metrics.md's runs), CPU bf16/fp16 and H200 (silent, 20 steps)",
     "eval_fall": "tiny float32 (healthy range 0.14; kl_coef 0 falls 2.86), H200 (silent: 2 evaluations)",
 }
 
