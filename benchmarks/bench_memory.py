@@ -91,17 +91,18 @@ class SizeSpec:
     lora_r: int  #: LoRA rank of every adapter
     lora_alpha: int  #: LoRA alpha
     lora_targets: tuple[str, ...]  #: module names LoRA wraps
-    #: transformer layers of a random-init size (gpt2, smollm2); None: the architecture's own. A fast run keeps 2:
-    #: the same code path (architecture, vocabulary, LoRA targets, dtype) in a stack a CPU runs in seconds
+    #: transformer layers of a random-init size (gpt2, smollm2); None: the architecture's own. The default fast
+    #: run on the CPU keeps 2 for smollm2: the same code path (architecture, vocabulary, LoRA targets, dtype) in a
+    #: stack a CPU runs in seconds
     layers: int | None = None
 
 
-def size_spec(name: str, fast: bool = False) -> SizeSpec:
+def size_spec(name: str, fast: bool = False, layers: int | None = None) -> SizeSpec:
     """The default step of each size: tiny and gpt2 use the tiny profile's PPO settings (gpt2 with a
     smaller batch, to stay near a minute per side on one CPU thread); smollm2 the gpu profile's."""
     from rlhf_helpers.runtime.profiles import get_profile
 
-    layers = FAST_LAYERS if fast and name in ("gpt2", "smollm2") else None
+    layers = layers if name in ("gpt2", "smollm2") else None  # the tiny model is shipped: its layers are its own
     if name in ("tiny", "gpt2"):
         profile = get_profile("tiny", weights="shipped")  # $RLHF_PROFILE_OVERRIDES may name gpu weights
         batch = profile.ppo.mini_batch_size if name == "tiny" else 8
@@ -343,7 +344,8 @@ def warm_up(side: str, device: str, dtype: torch.dtype, spec: SizeSpec) -> None:
 
 
 def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float32", batch: int | None = None,
-                 new_tokens: int | None = None, fast: bool = False, seed: int = 0) -> dict[str, Any]:
+                 new_tokens: int | None = None, fast: bool = False, seed: int = 0,
+                 layers: int | None = None) -> dict[str, Any]:
     """Build one side and run one PPO step in this process; return its memory figures.
 
     Call in a fresh process (see `run_side`): the peak RSS of a process never goes down.
@@ -356,7 +358,7 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
     from rlhf_helpers.runtime.ppo_config import PPOConfig
 
     torch.set_num_threads(1)
-    spec = size_spec(size, fast)
+    spec = size_spec(size, fast, layers)
     if batch is not None:
         spec.batch = batch
     if new_tokens is not None:
@@ -400,7 +402,7 @@ def measure_side(side: str, size: str, device: str = "cpu", dtype: str = "float3
 
 
 def run_side(side: str, size: str, device: str, dtype: str, batch: int | None, new_tokens: int | None,
-             fast: bool, timeout: float = 1800.0) -> dict[str, Any]:
+             fast: bool, timeout: float = 1800.0, layers: int | None = None) -> dict[str, Any]:
     """`measure_side` in a fresh subprocess (one thread); its figures."""
     command = [sys.executable, "-m", "benchmarks.bench_memory", "--worker", side, "--sizes", size,
                "--device", device, "--dtype", dtype]
@@ -410,6 +412,8 @@ def run_side(side: str, size: str, device: str, dtype: str, batch: int | None, n
         command += ["--new-tokens", str(new_tokens)]
     if fast:
         command.append("--fast")
+    if layers is not None:
+        command += ["--layers", str(layers)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -463,22 +467,24 @@ def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
 
 def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] | None = None,
                 sides: tuple[str, ...] = SIDES, dtype: str | None = None, batch: int | None = None,
-                new_tokens: int | None = None, verbose: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+                new_tokens: int | None = None, verbose: bool = True,
+                layers: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run every (size, side) in its own subprocess: (flat figures, every side's own figures by size)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if "shared" not in sides:
         raise ValueError(f"sides must include 'shared' (the ratios are shared / other), got {sides}")
     if sizes is None:
-        # fast on the CPU: the tiny model and the gpu profile's SmolLM2 architecture shrunk to FAST_LAYERS layers
         sizes = ("smollm2",) if device == "cuda" else (("tiny", "smollm2") if fast else ("tiny", "gpt2"))
+        if fast and device == "cpu" and layers is None:  # the smoke run: SmolLM2's architecture in FAST_LAYERS layers
+            layers = FAST_LAYERS
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     figures: dict[str, Any] = {"device": device, "dtype": dtype, "load_avg_1min": os.getloadavg()[0]}
     details: dict[str, Any] = {}
     for size in sizes:
         results = {}
         for side in sides:
-            results[side] = run_side(side, size, device, dtype, batch, new_tokens, fast)
+            results[side] = run_side(side, size, device, dtype, batch, new_tokens, fast, layers=layers)
             if verbose:
                 r = results[side]
                 peak = r.get("cuda_peak_mb", r["peak_above_baseline_mb"])
@@ -501,21 +507,23 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
 
 def main(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] | None = None,
          sides: tuple[str, ...] = SIDES, dtype: str | None = None, batch: int | None = None,
-         new_tokens: int | None = None) -> dict[str, Any]:
+         new_tokens: int | None = None, layers: int | None = None) -> dict[str, Any]:
     """Flat figures (MB per side, shared/four ratios, goal) of `measure_all`."""
-    return measure_all(fast, device, sizes, sides, dtype, batch, new_tokens)[0]
+    return measure_all(fast, device, sizes, sides, dtype, batch, new_tokens, layers=layers)[0]
 
 
 def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true",
-                        help="smaller steps; on the CPU the tiny size and smollm2 with 2 layers")
+                        help="smaller steps; without --sizes on the CPU: the tiny size and smollm2 with 2 layers")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--sizes", default=None, help="comma-separated: tiny, gpt2, smollm2")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on cuda)")
     parser.add_argument("--batch", type=int, default=None, help="override the size's batch")
     parser.add_argument("--new-tokens", type=int, default=None, help="override the size's max new tokens")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="transformer layers of gpt2/smollm2 (default: all; --fast alone on the CPU: 2)")
     parser.add_argument("--json", default=None, help="write every figure of every side to this file")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -523,10 +531,10 @@ def cli(argv: list[str] | None = None) -> None:
     if args.worker:  # one side in this process; its figures as the last line of stdout
         dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
         print(json.dumps(measure_side(args.worker, sizes[0], args.device, dtype, args.batch,
-                                      args.new_tokens, args.fast)))
+                                      args.new_tokens, args.fast, layers=args.layers)))
         return
     figures, details = measure_all(args.fast, args.device, sizes, tuple(args.sides.split(",")), args.dtype,
-                                   args.batch, args.new_tokens)
+                                   args.batch, args.new_tokens, layers=args.layers)
     for key, value in figures.items():
         print(f"  {key:45s} {value:.4g}" if isinstance(value, float) else f"  {key:45s} {value}")
     if args.json:

@@ -77,9 +77,10 @@ def test_the_h200_run_gives_nothing_above_info():
 
 def test_the_h200_run_with_the_reference_as_old_log_probs_is_an_error_from_the_first_move():
     """With the reference's log-probs as the old ones, the first minibatch's ratio is the mean over its tokens of
-    pi_old / pi_ref = exp(logp_old - logp_ref), at least exp(mean(logp_old - logp_ref)) by Jensen; that mean is
-    the run's k1 KL per token, kl / response_length. Step 1 (policy = reference, KL 0) gives 1 even with the bug;
-    every later step of the H200 run gives a lower bound far outside bf16's tolerance."""
+    pi_old / pi_ref = exp(logp_old - logp_ref), at least exp(mean(logp_old - logp_ref)) by Jensen. That mean over
+    the first minibatch (half the batch) is estimated by the batch's k1 KL per token, kl / response_length: an
+    estimate of the bound, not the bound itself, but at step 2 it is already 16x outside bf16's tolerance. Step 1
+    (policy = reference, KL 0) gives 1 even with the bug."""
     rows, facts = load_history(H200)
     broken = [{**row, "first_ratio": math.exp(row["kl"] / row["response_length"])} for row in rows]
     finding = next(f for f in diagnose(broken, facts=facts).findings if f.rule == "first_ratio_not_one")
@@ -212,3 +213,10 @@ def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
     assert min(r["eos_fraction"] for r in rows) >= 0.945 > t.eos_floor
     assert min(r["distinct_responses"] for r in rows) >= 0.99 > t.distinct_floor
     assert max(abs(r["first_ratio"] - 1) for r in rows) <= 2.3e-4 < ratio_tolerance("bf16") / 4
+
+
+def test_every_threshold_says_where_it_was_checked():
+    from rlhf_helpers.ppo.diagnosis import Thresholds
+    from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON
+
+    assert set(CHECKED_ON) == {f.name for f in dataclasses.fields(Thresholds)}

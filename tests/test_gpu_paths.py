@@ -91,3 +91,43 @@ def check_the_run_is_healthy(cli_run):
     assert mean("eos_fraction", rows) > 0.9  # the SFT model learned to stop: no length runaway
     assert all(r["policy_grad_norm"] > 0 and r["value_grad_norm"] > 0 for r in rows)  # both adapters train
     assert "eval_hidden_score" in rows[9] and "eval_hidden_score" in rows[19]  # the evaluation path ran too
+
+
+# ----------------------------------------------------------------------------- Profile.architecture
+def test_the_architecture_changes_only_a_random_init_model_and_only_its_fields():
+    import dataclasses
+
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.sft import random_init_architecture
+
+    profile = get_profile("gpu", device="cpu", weights="random", architecture={"num_hidden_layers": 2})
+    spec = random_init_architecture(profile)
+    assert spec["num_hidden_layers"] == 2 and spec["model_type"] == "llama" and spec["hidden_size"] == 576
+    with pytest.raises(ValueError, match="architecture changes the random-init model only"):
+        get_profile("gpu", device="cpu", weights="gguf", architecture={"num_hidden_layers": 2})
+    with pytest.raises(ValueError, match=r"\['num_layers'\] name no field"):
+        random_init_architecture(dataclasses.replace(profile, architecture={"num_layers": 2}))
+
+
+def test_resume_compares_the_architecture_with_the_record(tmp_path):
+    """A resumed run keeps its model: an override that changes, adds or drops an architecture field is refused in
+    one line (it raised KeyError on a field the record lacked), and a record from before the field (no
+    architecture key) is a model with none changed."""
+    import dataclasses
+
+    from rlhf_helpers.ppo.run_folder import SetupError
+    from rlhf_helpers.runtime.profiles import get_profile
+    from rlhf_helpers.stages.resume import resumed_profile
+
+    shrunk = {"num_hidden_layers": 2}
+    profile = get_profile("gpu", device="cpu", weights="random", architecture=shrunk)
+    record = {"profile": json.loads(json.dumps(dataclasses.asdict(profile)))}
+    assert resumed_profile(record, profile, {"architecture": shrunk}, tmp_path).architecture == shrunk
+    for override, named in (({"num_hidden_layers": 3}, "architecture_num_hidden_layers 3"),
+                            ({"num_hidden_layers": 2, "hidden_size": 64}, "architecture_hidden_size 64")):
+        with pytest.raises(SetupError, match=named):
+            resumed_profile(record, profile, {"architecture": override}, tmp_path)
+    old = {"profile": {k: v for k, v in record["profile"].items() if k != "architecture"}}
+    assert resumed_profile(old, profile, {}, tmp_path).architecture is None
+    with pytest.raises(SetupError, match="architecture_num_hidden_layers 2, the run's is None"):
+        resumed_profile(old, profile, {"architecture": shrunk}, tmp_path)

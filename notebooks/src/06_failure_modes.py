@@ -53,7 +53,7 @@ from plotly.subplots import make_subplots
 
 import rlhf_helpers
 from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
-from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.core.tolerances import ratio_tolerance
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.failure_runs import (
     LabSizes,
@@ -131,11 +131,11 @@ fig.show()
 # way; (e) is about it.
 
 # %%
-def doctor(history_or_run):
-    """Print the run doctor's findings on a lab run (its trainer: history and settings) or on a history;
-    return them as {rule: severity}."""
+def doctor(history_or_run, facts=None):
+    """Print the run doctor's findings on a lab run (its trainer: history and settings) or on a history judged
+    with `facts` (a run's settings, with the dtype it computed in); return them as {rule: severity}."""
     source = history_or_run.trainer if hasattr(history_or_run, "trainer") else history_or_run
-    diagnosis = diagnose(source)
+    diagnosis = diagnose(source, facts=facts)
     print(format_findings(diagnosis))
     return {f.rule: f.severity for f in diagnosis.findings}
 
@@ -173,9 +173,9 @@ fixed_a = run(PPOTrainer, lab_config, lab.ref_as_old_steps, "(a) fixed", start=t
 broken_a = run(RefAsOldTrainer, lab_config, lab.ref_as_old_steps, "(a) broken: ref as old", start=trained_state,
                extras=True)
 
-# correct engine: ratio 1 at the start, up to rounding. float32: 1e-4; bf16/fp16 (gpu profile): the old
-# log-probs' forward and the update's run on other shapes, so other kernels round them (core.tolerances)
-ratio_tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)["rtol"]
+# correct engine: ratio 1 at the start, up to rounding: the run doctor's tolerance. float32: 1e-4; bf16/fp16 (gpu
+# profile): eps / 8, as the old log-probs' forward and the update's run on other shapes (core.tolerances)
+ratio_tol = ratio_tolerance(profile.dtype)
 first_ratios = [e["first_ratio_mean"] for e in fixed_a.extras]
 print(f"fixed: largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e} "
       f"(the check below allows {ratio_tol:g}: {profile.dtype} rounding)")
@@ -357,7 +357,7 @@ check_claims({
 
 # %%
 print("(b) fixed (the baseline's first steps):")
-findings_b = {"fixed": doctor(baseline.history[: lab.short_steps])}
+findings_b = {"fixed": doctor(baseline.history[: lab.short_steps], facts=diagnose(baseline.trainer).facts)}
 print("\n(b) broken:")
 findings_b["broken"] = doctor(broken_b)
 for name, history in (("fixed", baseline.history[: lab.short_steps]), ("broken", broken_b.history)):

@@ -186,8 +186,10 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
 
     `source`: a list of per-step metric dicts (`PPOTrainer.history`, metrics.jsonl's rows), a live
     `PPOTrainer` (anything with `history` and `config`), or the path of a run folder or metrics.jsonl.
-    `facts`: the run's settings (max_new_tokens, score_clip, warm-up, dtype); read from the trainer or
-    run.json when not given. `thresholds`: the rules' thresholds (defaults: `Thresholds()`)."""
+    `facts`: the run's settings (max_new_tokens, score_clip, warm-up, the dtype it computed in); read from the
+    trainer or run.json when not given. A bare list (or a folder without run.json) without `facts` is judged as a
+    float32 run, the strictest tolerances: pass the run's facts (e.g. `diagnose(trainer).facts`) for a 16-bit one.
+    `thresholds`: the rules' thresholds (defaults: `Thresholds()`)."""
     thresholds = thresholds or Thresholds()
     if isinstance(source, (str, Path)):
         history, found = load_history(source)

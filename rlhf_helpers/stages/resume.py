@@ -93,6 +93,7 @@ def resumed_profile(record: dict[str, Any], current: Any, overrides: dict[str, A
     run.json lacks). SetupError when `overrides` ($RLHF_PROFILE_OVERRIDES) set a field that is not resumable to
     another value than the run's: it would be silently ignored."""
     recorded = {k: v for k, v in record["profile"].items() if k not in ("name", *MACHINE_FIELDS)}
+    recorded.setdefault("architecture", None)  # a record from before the field: the model was not changed
     try:
         profile = current.replace(**recorded)
     except (TypeError, ValueError) as error:
@@ -104,11 +105,15 @@ def resumed_profile(record: dict[str, Any], current: Any, overrides: dict[str, A
     for name, value in overrides.items():
         if name in RESUMABLE or (name in AUTO_FIELDS and value == "auto"):
             continue
-        wanted = flat_settings(_plain(dataclasses.asdict(profile.replace(**{name: value}))))
-        for key, new in wanted.items():
-            if new != saved[key]:
+        try:
+            wanted = flat_settings(_plain(dataclasses.asdict(profile.replace(**{name: value}))))
+        except (TypeError, ValueError) as error:
+            raise SetupError(f"--resume: ${OVERRIDES_ENV}: {error}") from None
+        for key in sorted(wanted.keys() | saved.keys()):  # a nested setting (architecture) may add or drop keys
+            new, old = wanted.get(key), saved.get(key)
+            if new != old:
                 shown = key.removeprefix("ppo_")
-                raise SetupError(f"--resume: ${OVERRIDES_ENV} sets {shown} {new!r}, the run's is {saved[key]!r} "
+                raise SetupError(f"--resume: ${OVERRIDES_ENV} sets {shown} {new!r}, the run's is {old!r} "
                                  f"({RUN_FILE}); a resumed run keeps its settings: leave it out, or start a new "
                                  "--output-dir to change it")
     return profile

@@ -36,6 +36,7 @@ from rlhf_helpers.runtime.artifacts import (
 )
 from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
 from rlhf_helpers.runtime.models import model_folder_problem
+from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
@@ -57,6 +58,8 @@ def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -
     values["lora"] = config.lora.to_dict()
     return {"sft_model_path": str(profile.sft_model_path),  # recorded for people; not compared
             "sft_model": model_fingerprint(profile.sft_model_path), "config": values,
+            # the arithmetic's dtype: a bf16- and an fp16-autocast adapter are not one cached model
+            "autocast": amp_flags(profile),
             "data": data_fingerprint(REWARD_DATA_FILES)}
 
 

@@ -221,8 +221,8 @@ def reward_config_kwargs(profile: Any = None, **overrides: Any) -> dict[str, Any
         args = RewardConfig(output_dir=..., per_device_train_batch_size=32, learning_rate=2e-3,
                             **reward_config_kwargs(profile))
 
-    - use_cpu on a CPU profile; bf16/fp16 from `precision.amp_flags` (autocast around float32 masters
-      on CUDA only; TRL's bf16 default is wrong on a CPU);
+    - use_cpu on a CPU profile; bf16/fp16 from `precision.amp_flags` (autocast around float32 masters in a
+      16-bit dtype; a CPU computes in float32 unless its profile names one; TRL's bf16 default is wrong there);
     - activation (gradient) checkpointing off (`compat.checkpointing_off`): RewardConfig defaults it
       on, which breaks the adapter switching of the shared PPO model later;
     - report_to=[] (no tracker), save_strategy="no" (the course saves the adapter itself),

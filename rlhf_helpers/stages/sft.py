@@ -42,9 +42,10 @@ def sft_config(
 
     Mixed precision around float32 master weights (the model must be loaded with
     `precision.master_dtype()`, float32): `bf16=True` (autocast) when the profile computes in
-    bfloat16 on CUDA, `fp16=True` (autocast + GradScaler) when it computes in float16 (a T4),
-    neither on a CPU, where `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are
-    wrong there). Full AdamW on bf16 weights would round most updates away (see precision.py).
+    bfloat16, `fp16=True` (autocast + GradScaler) when it computes in float16 (a T4), neither in
+    float32 (a CPU's default; a CPU profile that names a 16-bit dtype autocasts as a GPU would). On a CPU
+    `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are wrong there). Full AdamW on
+    bf16 weights would round most updates away (see precision.py).
     """
     # trl is heavy and optional (Colab ships none): imported only to train
     from trl import SFTConfig
@@ -230,7 +231,8 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
         "architecture": (random_init_architecture(profile, architecture)
                          if profile.weights == "random" or architecture is not None else None),
         "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr, "batch_size": profile.sft_batch_size,
-                "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps},
+                "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps,
+                "autocast": amp_flags(profile)},  # the arithmetic's dtype: bf16 and fp16 runs train apart
         # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
         "data": data_fingerprint(SFT_DATA_FILES),
     }
