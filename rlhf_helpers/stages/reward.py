@@ -47,7 +47,8 @@ REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
 #: How a reward folder trained for another key is described, by the part of the key that differs.
 OUT_OF_DATE = {"data": "on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)",
                "sft_model": "on another SFT model (it was fine-tuned again)",
-               "config": "with other settings"}
+               "config": "with other settings",
+               "autocast": "in another precision (bf16 or fp16 autocast, or none)"}
 
 
 def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -> dict[str, Any]:

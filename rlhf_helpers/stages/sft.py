@@ -119,7 +119,7 @@ OUT_OF_DATE = {
     "base_model": "from another base model",
     "weights": "from other base weights (hub, gguf or random init)",
     "architecture": "with another architecture",
-    "sft": "with other settings (epochs, learning rate, batch size, length, seed or steps)",
+    "sft": "with other settings (epochs, learning rate, batch size, length, seed, steps or autocast precision)",
     "version": "by another version of the course",
 }
 
