@@ -11,6 +11,8 @@ cell (its lines commented). The course's own steps on top:
     {{colab_badge}}             in markdown: this notebook's "Open in Colab" badge
     # %% tags=["claim-check"]   a cell asserting the prose's claims (`rlhf_helpers.course.claims`): its
                                 source is stored collapsed (jupyter.source_hidden), and the site leaves it off
+    ## Deep dive: <title>       a markdown cell opening an optional deep dive (rlhf_helpers.course.deep_dives):
+                                stored with jp-MarkdownHeadingCollapsed, so JupyterLab shows the section folded
 The comments before the first `# %%` (which jupytext reads as a first, comment-only code cell) are
 dropped. Cells keep only their tags (except "colab-setup"): jupytext's layout metadata is dropped.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.
@@ -32,6 +34,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlhf_helpers.course.deep_dives import is_deep_dive_heading  # noqa: E402
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa: E402
 
 SOURCE_DIR = ROOT / "notebooks" / "src"
@@ -83,6 +86,8 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
         metadata = {"tags": tags} if tags else {}
         if CLAIM_TAG in tags:  # collapsed in JupyterLab: the learner reads the claim, not its assertion
             metadata["jupyter"] = {"source_hidden": True}
+        if cell.cell_type == "markdown" and is_deep_dive_heading(source):  # optional: JupyterLab shows it folded
+            metadata["jp-MarkdownHeadingCollapsed"] = True
         result.append(new(source, metadata=metadata))
     return result
 

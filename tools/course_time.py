@@ -1,0 +1,142 @@
+"""How long each notebook's core path and its deep dives take a learner: the README's course-map times.
+
+Usage:
+    python tools/course_time.py              # a table: core and deep-dive minutes per notebook, and the counts
+    python tools/course_time.py 05 07        # only the notebooks whose names start with these prefixes
+    python tools/course_time.py --check      # exit 1 when the README's course map states other minutes
+
+The minutes are an estimate, made the same way for every notebook from what it contains, counted in the
+stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
+- prose: the markdown's words (solution blocks excepted), read at READING_WORDS_PER_MIN;
+- code: the lines of the code cells a learner reads (not the exercise stubs, the checks, the hidden claim
+  checks or the Colab set-up cell), at CODE_LINES_PER_MIN;
+- exercises: EXERCISE_BASE_MIN each, plus EXERCISE_MIN_PER_LINE per line of its worked solution (the
+  statements a learner writes, not the signature, the docstring or comments).
+The rates are those of a first-year PhD student working carefully through dense technical material; they put
+the course as it stood before the core/deep-dive split (26k words of prose, 2.3k code lines to read, 22
+exercises) at 25 hours, inside an instructor's independent estimate of 22 to 28 hours for it. Running the
+cells adds the CPU time the course map lists beside these minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlhf_helpers.course.deep_dives import as_cells, in_deep_dive  # noqa: E402
+
+NOTEBOOK_DIR = ROOT / "notebooks"
+README = ROOT / "README.md"
+#: words of technical prose with equations read per minute, carefully (a fifth of casual reading speed)
+READING_WORDS_PER_MIN = 50.0
+#: lines of course code read and understood per minute
+CODE_LINES_PER_MIN = 5.0
+#: minutes per exercise before writing anything: reading its task, the check's messages, a first attempt
+EXERCISE_BASE_MIN = 15.0
+#: minutes per line of an exercise's worked solution: writing, running the check, fixing
+EXERCISE_MIN_PER_LINE = 2.0
+_SOLUTION = re.compile(r"<details><summary>Solution \d+</summary>.*?</details>", re.DOTALL)
+_SOLUTION_CODE = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
+_ROW = re.compile(r"^\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| (\d+) min core \+ (\d+) min deep dives \|", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one part of a notebook (its core, or its deep dives together) asks of a learner."""
+
+    #: words of markdown prose, solution blocks excepted
+    words: int
+    #: lines of code a learner reads
+    code_lines: int
+    #: lines of each exercise's worked solution
+    exercise_lines: tuple[int, ...]
+
+    @property
+    def minutes(self) -> float:
+        """The estimated minutes, by the rates above."""
+        exercises = sum(EXERCISE_BASE_MIN + EXERCISE_MIN_PER_LINE * n for n in self.exercise_lines)
+        return self.words / READING_WORDS_PER_MIN + self.code_lines / CODE_LINES_PER_MIN + exercises
+
+
+def solution_lines(code: str) -> int:
+    """The statements a learner writes in a worked solution: its lines minus blanks, comments, `def` lines
+    and docstrings."""
+    body = re.sub(r'("""|\'\'\').*?\1', "", code, flags=re.DOTALL)
+    return sum(1 for line in body.splitlines()
+               if line.strip() and not line.lstrip().startswith(("#", "def ", "@")))
+
+
+def _read_code(source: str, tags: tuple[str, ...]) -> int:
+    """Code lines a learner reads in one code cell (0 for a stub, a check, a hidden claim check)."""
+    if "claim-check" in tags or re.search(r"^# EXERCISE \d+", source, re.MULTILINE):
+        return 0
+    if "exercise_check(" in source or re.search(r"^def check_", source, re.MULTILINE):
+        return 0
+    if source.startswith("#@title Set up the course"):
+        return 0
+    return sum(1 for line in source.splitlines() if line.strip())
+
+
+def parts(path: Path) -> tuple[Part, Part]:
+    """(core, deep dives) of one stored notebook."""
+    nb = nbformat.read(path, as_version=4)
+    cells = as_cells(nb.cells)
+    counts = {False: [0, 0, []], True: [0, 0, []]}
+    for cell, deep in zip(cells, in_deep_dive(cells), strict=True):
+        if cell.kind == "markdown":
+            counts[deep][0] += len(_SOLUTION.sub(" ", cell.source).split())
+            counts[deep][2] += [solution_lines(code) for _, code in _SOLUTION_CODE.findall(cell.source)]
+        else:
+            counts[deep][1] += _read_code(cell.source, cell.tags)
+    return tuple(Part(words, lines, tuple(ex)) for words, lines, ex in (counts[False], counts[True]))
+
+
+def notebooks(prefixes: list[str] | None = None) -> list[Path]:
+    """The course's notebooks, in order, those starting with one of `prefixes` when given."""
+    found = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    return [p for p in found if not prefixes or any(p.name.startswith(prefix) for prefix in prefixes)]
+
+
+def rounded(minutes: float) -> int:
+    """Minutes as the course map states them: to the nearest 5."""
+    return int(5 * round(minutes / 5))
+
+
+def readme_minutes(text: str) -> dict[str, tuple[int, int]]:
+    """Notebook number -> (core, deep-dive) minutes as the README's course map states them."""
+    return {number: (int(core), int(deep)) for number, core, deep in _ROW.findall(text)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 05")
+    parser.add_argument("--check", action="store_true", help="fail when the README states other minutes")
+    args = parser.parse_args(argv)
+    measured, total = {}, [0.0, 0.0]
+    print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, exercise lines")
+    for path in notebooks(args.prefixes):
+        core, deep = parts(path)
+        measured[path.name[:2]] = (rounded(core.minutes), rounded(deep.minutes))
+        total[0], total[1] = total[0] + core.minutes, total[1] + deep.minutes
+        print(f"{path.stem:<24} {core.minutes:8.0f} {deep.minutes:8.0f}   {core.words}, {core.code_lines}, "
+              f"{list(core.exercise_lines)}")
+    print(f"{'total (hours)':<24} {total[0] / 60:8.1f} {total[1] / 60:8.1f}")
+    if not args.check:
+        return 0
+    stated = readme_minutes(README.read_text(encoding="utf-8"))
+    wrong = {n: (stated.get(n), m) for n, m in measured.items() if stated.get(n) != m}
+    for number, (says, should) in wrong.items():
+        print(f"README course map, notebook {number}: states {says}, the notebook measures {should} (core, deep)")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
