@@ -73,8 +73,9 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "[preference_probability(a, b, temperature) for a, b in zip(score_a.tolist(), score_b.tolist())])\n",
         "2": "def bt_loss(chosen_scores, rejected_scores):\n"
              "    return rlhf_helpers.reward_model_loss(chosen_scores, rejected_scores)\n",
-        "3": "def last_real_index(attention_mask):\n"
-             "    return rlhf_helpers.last_token_index(attention_mask.flip(1).cummax(1).values.flip(1).float())\n",
+        "3": "def score_at_last_token(head_outputs, attention_mask):\n"
+             "    last = rlhf_helpers.last_token_index(attention_mask)\n"
+             "    return head_outputs[torch.arange(len(last)), last]\n",
     },
     "03_gae": {
         "1": "def last_token_index(mask):\n    return rlhf_helpers.last_token_index(mask)\n",

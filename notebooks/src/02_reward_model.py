@@ -7,17 +7,18 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
-# **Time:** about 1.5-2 h
+# **Time:** about 1.5 h for the core; the three deep dives add about 30 min
 #
 # **You will learn**
 # - where every model of the course starts: the **SFT** stage, its next-token loss counted on the response
 #   only, a few steps of it written out, and what `ensure_sft_model` runs instead;
-# - what preference data is (prompt, chosen, rejected), where its labels come from, and why people are
-#   asked to *compare* two answers instead of *scoring* each (a simulation of raters: what a comparison
-#   cancels, and what scores need to do as well);
+# - what preference data is (prompt, chosen, rejected), where its labels come from, and (a deep dive) why
+#   people are asked to *compare* two answers instead of *scoring* each: a simulation of raters, what a
+#   comparison cancels, and what scores need to do as well;
 # - the Bradley-Terry model and its loss $-\log\sigma(r_{\text{chosen}} - r_{\text{rejected}})$, and its shape;
-# - a reward model = the SFT model plus a scalar score head, read at the **last real token** (with left
-#   padding), written from scratch and checked against the library;
+# - a reward model = the SFT model plus a scalar score head, read at the **last real token**, written from
+#   scratch and checked against the library; you write the gather that finds that token for any padding
+#   (left, right, or a left-padded prompt followed by a right-padded response);
 # - training it with TRL's `RewardTrainer` and a LoRA adapter; its held-out accuracy against the best any
 #   model can reach on noisy labels; its score against the hidden true score;
 # - what a reward model has never seen, and what PPO will do with that (a preview of reward hacking).
@@ -90,9 +91,8 @@ print(f"profile {profile.name}: base {shown_path(profile.sft_model_path)}, rewar
 #   same loss with $m = 1$ on every real token (standing in for pretraining, which a hub model has already
 #   had), then 400 steps of the masked loss above, in batches of 64.
 #
-# Below: the batch and the loss written out and checked against the library's batches; then 40 steps
-# of it on fresh random weights of the same architecture (no pretraining at all, so the fall is easy to
-# see), a few seconds in the tiny profile.
+# Below: the batch and the loss written out and checked against the library's batches; then, in a deep
+# dive, 40 steps of it on fresh random weights of the same architecture.
 
 # %%
 sft_records = load_sft_corpus()  # [{"prompt": ..., "completion": ...}, ...]
@@ -145,6 +145,24 @@ with torch.no_grad():
     theirs = rlhf_helpers.lm_loss(library_logits, library_batch["labels"].to(profile.device))
 torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 print(f"sft_loss matches the library's labelled batches: {ours.item():.3f} nats per response token")
+del sft_model  # the reward model below loads its own copy
+
+# %% tags=["claim-check"]
+tiny_log_path = Path(profile.sft_model_path) / "training_log.json"
+tiny_log = json.loads(tiny_log_path.read_text())["config"] if tiny_log_path.is_file() else {}
+check_claims({
+    "the shipped model: 600 steps on every token, then 400 masked steps, batches of 64":
+        (tiny_log.get("pretrain_steps"), tiny_log.get("sft_steps"), tiny_log.get("batch_size")) == (600, 400, 64),
+})
+
+# %% [markdown]
+# ### Deep dive: 40 steps of SFT from random weights
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# The loss above, minimised for 40 steps on fresh random weights of the same architecture (no
+# pretraining at all, so the fall is easy to see), a few seconds in the tiny profile. Each model is
+# judged by its loss on the 64 check records and by 32 samples, drawn as PPO draws them.
 
 # %%
 sft_steps, sft_batch_size = 40, 32
@@ -181,9 +199,9 @@ for _ in range(sft_steps):
     optimizer.step()
     sft_losses.append(loss.item())
 after = sft_report(fresh, f"after {sft_steps} steps of SFT")
-course_sft = sft_report(sft_model, "the course's SFT model (ensure_sft_model)")
+course_sft = sft_report(load_causal_lm(profile), "the course's SFT model (ensure_sft_model)")
 uniform_loss = math.log(fresh.config.vocab_size)  # a uniform guess over the vocabulary
-del optimizer, fresh, sft_model  # the reward model below loads its own copy
+del optimizer, fresh
 
 # %%
 fig = go.Figure(go.Scatter(x=list(range(1, sft_steps + 1)), y=sft_losses, mode="lines+markers",
@@ -211,11 +229,7 @@ display(sft_table.style.hide(axis="index").format(precision=2))
 # recipe also batches records of similar length together, so less of each batch is padding).
 
 # %% tags=["claim-check"]
-tiny_log_path = Path(profile.sft_model_path) / "training_log.json"
-tiny_log = json.loads(tiny_log_path.read_text())["config"] if tiny_log_path.is_file() else {}
 check_claims({
-    "the shipped model: 600 steps on every token, then 400 masked steps, batches of 64":
-        (tiny_log.get("pretrain_steps"), tiny_log.get("sft_steps"), tiny_log.get("batch_size")) == (600, 400, 64),
     "the fresh model's first loss is log V ~ 6.0 (within 0.3)":
         abs(sft_losses[0] - uniform_loss) < 0.3 and abs(uniform_loss - 6.0) < 0.05,
     "after 40 steps the loss is below 3 (mean of the last 10 steps)": sum(sft_losses[-10:]) / 10 < 3.0,
@@ -352,7 +366,9 @@ exercise_check("Exercise 1 (ceiling_from_scores)", check_ceiling_from_scores,
 # </details>
 
 # %% [markdown]
-# ## 3. Why compare instead of score?
+# ## Deep dive: why compare instead of score?
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # Ask people for an absolute score (say 1 to 10) and each uses the scale differently: one is generous,
 # one is harsh, one spreads the scale wide. Model rater $j$'s judgement of a response of true quality $q$ as
@@ -461,7 +477,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 4. The Bradley-Terry loss
+# ## 3. The Bradley-Terry loss
 #
 # A reward model $r_\phi(x, y)$ gives one number per (prompt, response). Bradley-Terry turns two such
 # numbers into a preference probability, and training maximises the likelihood of the labels
@@ -508,13 +524,36 @@ fig.show()
 # %% [markdown]
 # ### Exercise 2: the Bradley-Terry loss
 # Write `bt_loss(chosen_scores, rejected_scores)`, the mean of $-\log\sigma(r_c - r_r)$. Make it stable:
-# a margin of $-100$ must give a loss of about 100, not `inf`.
+# a margin of $-100$ must give a loss of about 100, not `inf`. Training follows the loss's gradient, so
+# the check compares it too, with respect to both score vectors: with $m_i = r_{c,i} - r_{r,i}$ over $N$ pairs,
+#
+# $$\frac{\partial \mathcal L}{\partial r_{c,i}} = -\frac{1 - \sigma(m_i)}{N}, \qquad
+# \frac{\partial \mathcal L}{\partial r_{r,i}} = +\frac{1 - \sigma(m_i)}{N}.$$
 
 # %%
 # EXERCISE 2
 def bt_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
     """Mean Bradley-Terry loss -log sigmoid(r_c - r_r): (N,), (N,) -> scalar."""
     raise NotImplementedError
+
+
+# %%
+# The check below compares the loss's gradients with the formula above; this helper says which one differs.
+def compare_bt_gradients(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor, margins: list[float]
+                         ) -> None:
+    """Raise AssertionError unless d loss / d chosen = -(1 - sigmoid(m)) / N and d loss / d rejected = +(...)."""
+    push = torch.tensor([(1 - 1 / (1 + math.exp(-m))) / len(margins) for m in margins], dtype=torch.float64)  # (N,)
+    assert loss.requires_grad, "the loss has no gradient at all: it was rebuilt outside the graph (.item(), torch.tensor)"
+    grads = torch.autograd.grad(loss, (chosen, rejected), allow_unused=True)
+    for name, grad, want, formula in (("chosen", grads[0], -push, "-(1 - sigmoid(m)) / N"),
+                                      ("rejected", grads[1], push, "+(1 - sigmoid(m)) / N")):
+        grad = torch.zeros_like(want) if grad is None else grad  # (N,): None when the branch is cut
+        assert grad.abs().max() > 0, (f"no gradient reaches the {name} scores: that branch is cut from the graph "
+                                      "(.detach(), .item() or a new tensor), so training would never move them")
+        assert not torch.allclose(grad, -want), (f"the gradient with respect to the {name} scores has the wrong "
+                                                 "sign: a step would move them the wrong way")
+        torch.testing.assert_close(grad, want, msg=f"the gradient with respect to the {name} scores differs from "
+                                   f"{formula}")
 
 
 # %%
@@ -527,21 +566,24 @@ def check_bt_loss():
 
     margins = (c - r).tolist()
     expected = loop(margins)
-    got = bt_loss(c, r)
+    c_leaf, r_leaf = c.clone().requires_grad_(True), r.clone().requires_grad_(True)  # (N,) each
+    got = bt_loss(c_leaf, r_leaf)
     assert isinstance(got, torch.Tensor) and got.dim() == 0, \
         f"return a scalar tensor (the mean over the pairs), got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}"
     assert got.dtype == c.dtype, f"the loss should keep the scores' dtype ({c.dtype}), got {got.dtype}"
     known = {"the margin the wrong way round (r_r - r_c, or softplus(m) for softplus(-m)): it favours the rejected":
              loop([-m for m in margins]),
              "log sigmoid without the minus sign: a log-probability is <= 0, the loss is its negative": -expected,
-             "the sum over the pairs, not the mean": expected * len(margins)}
+             "the sum over the pairs, not the mean": expected * len(margins),
+             "r_c + r_r: the rejected score enters with a plus sign": loop((c + r).tolist())}
     why = next((name for name, value in known.items() if torch.allclose(got.detach().double(), value)), "")
-    torch.testing.assert_close(got, expected, msg=f"on 32 random pairs your loss is {got.item():.4f}, expected "
+    torch.testing.assert_close(got.detach(), expected, msg=f"on 32 random pairs your loss is {got.item():.4f}, expected "
                                f"{expected.item():.4f}" + (f"; that is {why}" if why else ""))
     far = bt_loss(torch.tensor([0.0]), torch.tensor([100.0]))
     assert torch.isfinite(far), (f"a margin of -100 gives {far.item()}: sigmoid(-100) rounds to 0 and log(0) = -inf; "
                                  "use F.logsigmoid(m) (or -F.softplus(-m)), which never forms sigmoid(m)")
     assert abs(far.item() - 100.0) < 1e-3, f"a margin of -100 should cost about 100, got {far.item():.4f}"
+    compare_bt_gradients(got, c_leaf, r_leaf, margins)
 
 
 exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss, bradley_terry_scratch])
@@ -557,22 +599,24 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.rewar
 # </details>
 
 # %% [markdown]
-# ## 5. Train the reward model: TRL's RewardTrainer with a LoRA adapter
+# ## 4. Train the reward model: TRL's RewardTrainer with a LoRA adapter
 #
-# ### LoRA in one equation
+# Fine-tuning every weight of the model for every role would need a full copy of the model per role.
+# **LoRA** (Hu et al. 2021) freezes each weight matrix $W_0$ and learns a low-rank correction next to it,
 #
-# Fine-tuning every weight of the model for every role (reward model here; policy and critic in
-# notebook 05) would need a full copy of the model per role. **LoRA** (Hu et al. 2021) freezes each
-# weight matrix $W_0 \in \mathbb{R}^{d_{\text{out}} \times d_{\text{in}}}$ and learns a low-rank correction
-# next to it:
+# $$f(x) = W_0 x + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},\ r \ll \min(d_{\text{in}}, d_{\text{out}}),$$
 #
-# $$f(x) = W_0 x + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},\ r \ll \min(d_{\text{in}}, d_{\text{out}}).$$
+# with $B$ starting at zero, so a fresh adapter changes nothing, and switching the adapter off gives
+# $W_0$ back exactly (notebook 05's frozen reference model, for free). Only $A$ and $B$ are trained:
+# $r(d_{\text{in}} + d_{\text{out}})$ numbers instead of $d_{\text{in}} d_{\text{out}}$ per matrix.
+
+# %% [markdown]
+# ### Deep dive: LoRA checked against peft
 #
-# $A$ starts random and $B$ starts at **zero**, so a fresh adapter changes nothing: the adapted model
-# starts as the model it adapts. Only $A$ and $B$ are trained: $r(d_{\text{in}} + d_{\text{out}})$ numbers
-# instead of $d_{\text{in}} d_{\text{out}}$. Switching the adapter off gives $W_0$ back exactly, which
-# notebook 05 uses to get the frozen reference model for free. The cell checks the equation against
-# peft on one projection of the profile's model.
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# $A$ starts random and $B$ at zero. The cell below gives $B$ random values (as if training had moved
+# it) and checks the equation above against peft on one projection of the profile's model.
 
 # %%
 from peft import get_peft_model
@@ -627,6 +671,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import RewardConfig, RewardTrainer
 
+from rlhf_helpers.ppo.adapters import uses_conv1d
 from rlhf_helpers.runtime.models import load_sequence_classifier
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
 from rlhf_helpers.stages.reward_training import reward_config_kwargs
@@ -681,7 +726,7 @@ total = sum(p.numel() for p in reward_model.parameters())
 print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 
 # %% [markdown]
-# ## 6. The score head reads the last real token
+# ## 5. The score head reads the last real token
 #
 # A causal model's hidden state at position $t$ has seen tokens $0..t$ only, so the state that has read
 # the whole (prompt, response) is the one at the **last real token** (the EOS here):
@@ -690,9 +735,14 @@ print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 #
 # with $\mathbf{z}_\ell$ the backbone's hidden state there ($h$ stays the hidden score).
 #
-# Batches are padded to one length. With **left** padding (what the course uses, because batched
-# generation needs every prompt to end at the same column) the last real token of every row is the last
-# column, $\ell = L - 1$; with right padding it is $\ell = \sum_t a_t - 1$ ($a$ the attention mask).
+# Batches are padded to one length, and where the last real token sits depends on the padding
+# ($a$ is the attention mask, 1 on real tokens):
+# - **left** padding (`0 0 1 1 1`; what the course uses, because batched generation needs every prompt
+#   to end at the same column): the last column, $\ell = L - 1$;
+# - **right** padding (`1 1 1 0 0`; how TRL's reward trainer pads): $\ell = \sum_t a_t - 1$;
+# - a left-padded prompt followed by a response padded after its EOS (`0 1 1 1 1 0`; the rollouts of
+#   notebook 05, which the reward model scores): neither formula.
+#
 # Reading a padding position instead scores the hidden state of a pad token: a number that looks like a
 # score and is not the trained one, a silent bug. GPT-2 also needs `position_ids` counted over the
 # real tokens (it does not derive them from a left-padded mask). Below, from scratch: tokenise a
@@ -740,58 +790,95 @@ for n_pad, w, r in zip((enc_r["attention_mask"] == 0).sum(1).tolist(), wrong.tol
     print(f"right-padded row with {n_pad} pads: last column {w:+.3f}   last real token {r:+.3f}")
 
 # %% [markdown]
-# ### Exercise 3: the last real token, whatever the padding
-# Write `last_real_index(attention_mask)`: for each row of a (B, L) 0/1 mask, the index of its last 1
-# (shape (B,), dtype long). It must work for left padding, right padding, and no padding.
+# ### Exercise 3: the score at the last real token, whatever the padding
+#
+# The head is linear, so applying it at every position is cheap: `score_head(hidden).squeeze(-1)` is a
+# (B, L) tensor $s_{i,t} = w^\top \mathbf{z}_{i,t}$, one candidate score per position, and the reward of
+# row $i$ is $r_i = s_{i, \ell_i}$ with $\ell_i = \max\{t : a_{i,t} = 1\}$. (Hugging Face's
+# `GPT2ForSequenceClassification` does the same: it applies its head at every position and then picks one,
+# finding the last real token from the pad id.)
+#
+# Write `score_at_last_token(head_outputs, attention_mask)`: from the head's (B, L) outputs and the (B, L)
+# 0/1 mask, return the (B,) scores $r_i$. It must work on a batch that mixes all the layouts above and
+# unpadded rows, without a Python loop over the rows. The reward model trains through this gather, so
+# the gradient must reach `head_outputs` (at the last real token of each row, nowhere else); the check
+# compares it too.
 
 # %%
 # EXERCISE 3
-def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last 1 in each row of a (B, L) 0/1 mask, any padding side -> (B,) long."""
+def score_at_last_token(head_outputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's entry of head_outputs at its last real token: (B, L), (B, L) 0/1 mask -> (B,)."""
     raise NotImplementedError
 
 
 # %%
-def check_last_real_index():
-    lengths = torch.randint(1, 10, (32,), generator=torch.Generator().manual_seed(0))  # (B,): real tokens of 10
-    cols = torch.arange(10)[None, :]  # (1, L)
-    masks = {"right-padded": (cols < lengths[:, None]).long(),  # (B, L)
-             "left-padded": (cols >= 10 - lengths[:, None]).long(),  # (B, L)
-             "unpadded": torch.ones(4, 7, dtype=torch.long)}  # (B, L)
-    for kind, mask in masks.items():
-        expected = [max(t for t, m in enumerate(row) if m == 1) for row in mask.tolist()]  # (B,)
-        got = last_real_index(mask)
-        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (mask.shape[0],), \
-            f"{kind} mask {tuple(mask.shape)}: expected a ({mask.shape[0]},) tensor, got {tuple(getattr(got, 'shape', ()))}"
-        assert got.dtype == torch.long, (f"{kind} mask: got dtype {got.dtype}; an index must be long (int64) "
-                                         "to pick a position, as in hidden[rows, index]")
-        wrong = [i for i, (g, e) in enumerate(zip(got.tolist(), expected, strict=True)) if g != e]
-        if not wrong:
+# The check below compares your scores with a loop; this helper says which row differs, and where you read it.
+def explain_row(got: torch.Tensor, expected: torch.Tensor, outputs: torch.Tensor, rows: list[list[int]],
+                names: list[str], last: list[int]) -> None:
+    """Raise AssertionError at the first row whose score differs, naming the position it was read at."""
+    for i, (row, name) in enumerate(zip(rows, names, strict=True)):
+        if abs(got[i].item() - expected[i].item()) < 1e-5:  # a float32 copy of the right value passes
             continue
-        row, g = mask[wrong[0]].tolist(), got[wrong[0]].item()
-        known = {expected[wrong[0]] + 1: "one past the last real token (the first pad, or positions counted from 1)",
-                 row.index(1): "the first real token, not the last (argmax returns the first maximum)",
-                 sum(row) - 1: "sum(mask) - 1, the last real index only when the padding is on the right"}
-        raise AssertionError(f"{kind} mask: {len(wrong)} of {len(expected)} rows wrong; row {row}: got {g}, "
-                             f"expected {expected[wrong[0]]}" + (f"; that is {known[g]}" if g in known else ""))
+        known = {sum(row) - 1: "sum(mask) - 1, the last real token only when the padding is on the right",
+                 len(row) - 1: "the last column, the last real token only when the padding is on the left",
+                 row.index(1): "the first real token, not the last (argmax returns the first maximum)"}
+        read_at = [t for t in range(len(row)) if abs(got[i].item() - outputs[i, t].item()) < 1e-5]
+        where = f"; you read position {read_at[0]}" if read_at else "; that is no single position's output"
+        why = known.get(read_at[0], "") if read_at else ""
+        raise AssertionError(f"row {i} ({name}, mask {row}): got {got[i].item():.4f}, expected "
+                             f"{expected[i].item():.4f}, the output at position {last[i]}" + where
+                             + (f", {why}" if why else ""))
 
 
-exercise_check("Exercise 3 (last_real_index)", check_last_real_index, hidden=[rlhf_helpers.last_token_index])
+# %%
+def check_score_at_last_token():
+    layouts = {"left-padded": [0, 0, 0, 1, 1, 1, 1, 1], "left-padded, one pad": [0, 1, 1, 1, 1, 1, 1, 1],
+               "right-padded": [1, 1, 1, 1, 0, 0, 0, 0], "right-padded, one real token": [1, 0, 0, 0, 0, 0, 0, 0],
+               "prompt left-padded, response right-padded": [0, 0, 1, 1, 1, 1, 1, 0],
+               "prompt left-padded, short response": [0, 1, 1, 1, 1, 0, 0, 0], "unpadded": [1] * 8}
+    rows = list(layouts.values())
+    generator = torch.Generator().manual_seed(0)
+    outputs = torch.randn(len(rows), 8, dtype=torch.float64, generator=generator).requires_grad_(True)  # (B, L)
+    weights = torch.randn(len(rows), dtype=torch.float64, generator=generator)  # (B,): a loss's d/d score
+    last = [max(t for t, a in enumerate(row) if a == 1) for row in rows]  # the loop definition of l_i
+    expected = torch.stack([outputs[i, t] for i, t in enumerate(last)]).detach()  # (B,)
+    got = score_at_last_token(outputs, torch.tensor(rows))
+    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+    assert shape != (len(rows), len(rows)), ("your scores are (B, B): head_outputs[:, index] takes every row's "
+                                             "index from every row; pair row i with its own index, "
+                                             "head_outputs[torch.arange(B), index]")
+    assert shape == (len(rows),), f"expected ({len(rows)},) scores, one per row, got {shape}"
+    explain_row(got.detach(), expected, outputs.detach(), rows, list(layouts), last)
+    assert got.requires_grad, ("no gradient reaches head_outputs: the scores were rebuilt outside the autograd "
+                               "graph (torch.tensor, .tolist(), .item() or .detach()), so training could not "
+                               "move the score head or the adapter")
+    (grad,) = torch.autograd.grad((got * weights).sum(), outputs)  # (B, L)
+    expected_grad = torch.zeros_like(grad)  # (B, L): d (w . r) / d s = w_i at (i, l_i), 0 elsewhere
+    for i, t in enumerate(last):
+        expected_grad[i, t] = weights[i]
+    torch.testing.assert_close(grad, expected_grad, msg="the gradient with respect to head_outputs must be "
+                               "each row's loss weight at its last real token and 0 everywhere else")
+
+
+exercise_check("Exercise 3 (score_at_last_token)", check_score_at_last_token,
+               hidden=[rlhf_helpers.last_token_index])
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>
 #
 # ```python
-# def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
-#     """Index of the last 1 in each row of a (B, L) 0/1 mask, any padding side -> (B,) long."""
-#     L = attention_mask.shape[1]
+# def score_at_last_token(head_outputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+#     """Each row's entry of head_outputs at its last real token: (B, L), (B, L) 0/1 mask -> (B,)."""
+#     B, L = attention_mask.shape
 #     positions = torch.arange(L, device=attention_mask.device)  # (L,)
-#     return (positions * attention_mask.long()).max(dim=1).values  # (B,): largest position holding a 1
+#     last = (positions * attention_mask.long()).max(dim=1).values  # (B,): the largest position holding a 1
+#     rows = torch.arange(B, device=head_outputs.device)  # (B,)
+#     return head_outputs[rows, last]  # (B,): row i's output at its own last real token
 # ```
 # </details>
 
 # %% [markdown]
-# ## 7. How good is it? Held-out accuracy against the ceiling, and learned against hidden
+# ## 6. How good is it? Held-out accuracy against the ceiling, and learned against hidden
 #
 # Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
 # higher. In expectation over the labels no model exceeds the annotator ceiling of section 2, but a
@@ -875,7 +962,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 8. What a reward model has never seen: a preview of reward hacking
+# ## 7. What a reward model has never seen: a preview of reward hacking
 #
 # The reward model learned from reviews that never repeat a content word and never run past 30 words
 # (the data's generator writes them that way; the check below counts them). No label ever showed it
@@ -981,16 +1068,75 @@ check_claims({
 # - Every model starts as the SFT model: next-token cross-entropy on the response and its EOS, the
 #   prompt and the padding masked out. `ensure_sft_model` runs it with TRL's `SFTTrainer` (gpu profile)
 #   or finds it shipped (tiny profile).
-# - Preference pairs are labelled by comparing two responses. In the simulated raters, a comparison
-#   cancels the rater's offset and the rater's scale cannot flip its order; scores by different raters
-#   match it only after each rater's scores are calibrated, which a comparison never needs.
+# - Preference pairs are labelled by comparing two responses. In the deep dive's simulated raters, a
+#   comparison cancels the rater's offset and the rater's scale cannot flip its order; scores by different
+#   raters match it only after each rater's scores are calibrated, which a comparison never needs.
 # - Bradley-Terry: $P(y_c \succ y_r) = \sigma(r_c - r_r)$, loss $-\log\sigma(r_c - r_r)$; only
 #   differences of scores matter.
-# - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token;
-#   with left padding that is the last column.
+# - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token,
+#   the largest position whose attention mask is 1: the last column only with left padding, and neither
+#   the last column nor the count of real tokens minus one when a response is padded after a left-padded
+#   prompt.
 # - On noisy labels the held-out accuracy is bounded by the annotator ceiling; the learned score tracks
 #   the hidden one on data like its training data (correlation about 0.93). On a repeated sentence, which
 #   its data never contained, it scores every repetition above the original while the hidden score drops
 #   to its floor.
 #
 # Next: notebook 03 turns one reward score per response into a reward per token.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. You add 3.0 to every score the reward model gives. What changes in the Bradley-Terry loss, in its
+#    gradients, and in the pairwise accuracy?
+#
+# <details><summary>Answer</summary>
+#
+# Nothing. Both the loss $-\log\sigma(r_c - r_r)$ and its gradients depend on the scores only through the
+# margin $r_c - r_r$, and so does the ranking; the zero point of a reward model is arbitrary. (PPO uses the
+# score as it is; in this course its value head learns the offset.)
+# </details>
+#
+# 2. Why can no reward model be expected to agree with more than about 85% of the held-out labels here,
+#    and why can ranking by the hidden score still measure 86%?
+#
+# <details><summary>Answer</summary>
+#
+# The labels are Bradley-Terry coin flips: a pair is labelled "chosen" with probability
+# $p = \sigma((h_c - h_r)/T_{\text{ann}})$, so even a model that knows $h$ is right on a pair only with
+# probability $\max(p, 1 - p)$. The ceiling is the mean of that over the pairs, an **expectation** over
+# the labels. One set of 500 labels is one draw, and a measured accuracy scatters around its expectation
+# by about one standard error (about 0.014 here), so 86% on this draw is no contradiction.
+# </details>
+#
+# 3. A batch row from notebook 05 has the mask `0 0 1 1 1 1 0 0` (a left-padded prompt, then a response
+#    padded after its EOS). Which position gives its reward, and what would `mask.sum() - 1` and the last
+#    column read instead?
+#
+# <details><summary>Answer</summary>
+#
+# Position 5, the last 1 (the EOS): only the hidden state there has read the whole prompt and response.
+# `mask.sum() - 1` is 3, a token inside the row whose hidden state has not seen the end of the response;
+# the last column, 7, is padding. Both return a number that looks like a score and is not the trained one.
+# </details>
+#
+# 4. The loss's gradient with respect to the margin is $-(1 - \sigma(m))$. Which pairs move the reward
+#    model most, and how much does a pair it already orders with a margin of 5 contribute?
+#
+# <details><summary>Answer</summary>
+#
+# Pairs it orders the wrong way or barely right: their $1 - \sigma(m)$ is above one half. At $m = 5$,
+# $1 - \sigma(5) \approx 0.007$, so that pair barely moves the model, and the loss does not keep pushing
+# well-ordered pairs apart.
+# </details>
+#
+# 5. On a sentence repeated twice the learned reward is higher than on the sentence said once, while the
+#    hidden score falls by about 3 points. Why did training not teach the reward model otherwise?
+#
+# <details><summary>Answer</summary>
+#
+# No training response repeats a content word, so no label ever compared a repeated text with anything:
+# the reward model's score of one is an extrapolation. PPO maximises that learned score, so it can find
+# and exploit such gaps; the KL penalty towards the SFT model (notebook 03) keeps the policy near the
+# data the reward model was trained on.
+# </details>
