@@ -6,16 +6,15 @@
 # {{colab_badge}}
 #
 # **You will learn**
-# - how RLHF turns one reward-model score per answer into a reward per token, with a KL penalty
-#   towards the reference model, and why the reported KL can be negative (estimators k1, k2, k3);
-# - TD errors, n-step returns and $\lambda$-returns, and generalised advantage estimation (GAE);
-# - the reverse loop (as in trlx) and a vectorised GAE, proven equal;
-# - the bias-variance trade-off of $\lambda$, **measured** on a chain whose true values are known;
+# - how one reward-model score per answer becomes a reward per token, with a KL penalty towards the
+#   reference model (estimators $k_1$, $k_2$, $k_3$);
+# - TD errors, $\lambda$-returns and GAE, which you write as trlx's reverse loop over a padded batch;
+# - what $\lambda$ trades: the critic's bias against the rewards' variance;
 # - whitening advantages over the real tokens only.
 #
 # **Prerequisites:** notebooks 01 (policy gradients, reward-to-go, TD errors, the critic) and 02 (the
 # reward model's one score per response); padded (B, T) batches with a mask.
-# **Time:** about 2 h
+# **Time:** about 2 h for the core; the deep dives (collapsed) add about 1 h
 
 # %% tags=["colab-setup"]
 
@@ -25,6 +24,7 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import math
 import time
 
 import pandas as pd
@@ -40,6 +40,7 @@ from rlhf_helpers.course.claims import check_claims
 torch.manual_seed(0)
 torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 
+
 # %% [markdown]
 # ## 1. From one score to a reward per token
 #
@@ -51,14 +52,8 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 #
 # a penalty for drifting from the reference at every token plus the reward model's score on the last
 # real token. The penalty keeps the policy close to a model that still writes fluent text. It **bounds**
-# the exploitation of the reward model's blind spots; it does not stop it. Summed over a response, the
-# penalty charges $\beta$ per nat of KL to the reference, so the policy moves only as far as the gain in
-# learned score pays for; where the reward model over-rates a flaw, that gain looks real to the policy,
-# and it moves towards the flaw within that budget. Notebook 05 shows such a blind spot (a review in the
-# wrong genre: a high learned score, a low hidden true score), and notebook 06 (c) measures the true
-# score falling behind the learned one as the KL grows once the penalty is removed. At scale, Gao et al. (2022)
-# found that a larger penalty moves the policy along much the same true-score-against-KL curve, as
-# stopping earlier would, rather than onto a better one.
+# the exploitation of the reward model's blind spots, it does not stop it: the policy moves towards a flaw
+# the reward model over-rates as far as the gain in learned score pays for $\beta$ per nat of KL.
 #
 # ### KL estimators
 # With $w = \pi_{\text{ref}}(a_t \mid s_t) / \pi(a_t \mid s_t)$ for a token sampled from $\pi$, three
@@ -66,17 +61,9 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 #
 # $$k_1 = -\log w, \qquad k_2 = \tfrac12 (\log w)^2, \qquad k_3 = (w - 1) - \log w .$$
 #
-# $k_1$ is unbiased but is negative whenever the sampled token is *more* likely under the reference; a
-# batch mean of $k_1$ can therefore be negative. $k_3$ is unbiased and never negative; $k_2$ is never
-# negative and biased (it matches the KL only to second order in $\log w$).
-#
-# **What to report.** These estimators exist for when only the sampled token's log-probs are at hand.
-# A PPO step has the full logits of the policy and the reference at every position anyway, so the
-# exact per-token KL, $\sum_v \pi(v \mid s_t)\,(\log\pi(v \mid s_t) - \log\pi_{\text{ref}}(v \mid s_t))$, costs
-# one more reduction; report it, or the $k_1$ sum (unbiased). $k_3$'s low variance holds only near the
-# reference: $w = \pi_{\text{ref}}/\pi$ is heavy-tailed once the policy has moved, and a rare token with
-# a large $w$ then dominates a batch's $k_3$ mean. The predict questions below measure both regimes;
-# notebook 06 shows it on a trained policy.
+# $k_1$ is unbiased but negative whenever the sampled token is *more* likely under the reference, so a
+# batch mean can be negative. $k_3$ is unbiased and never negative; $k_2$ is never negative and biased
+# (right only to second order in $\log w$). The course shapes rewards with $k_1$.
 
 # %%
 def kl_scratch(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
@@ -90,17 +77,34 @@ def kl_scratch(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
         return torch.expm1(log_w) - log_w  # (w - 1) - log w, accurate for small log_w
     raise ValueError(f"kind must be k1, k2 or k3, got {kind!r}")
 
+# %% [markdown]
+# ### Deep dive: the three estimators, measured
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# **What to report.** These estimators exist for when only the sampled token's log-probs are at hand.
+# A PPO step has the full logits of the policy and the reference at every position anyway, so the
+# exact per-token KL, $\sum_v \pi(v \mid s_t)\,(\log\pi(v \mid s_t) - \log\pi_{\text{ref}}(v \mid s_t))$, costs
+# one more reduction; report it, or the $k_1$ sum (unbiased). $k_3$'s low variance holds only near the
+# reference: $w = \pi_{\text{ref}}/\pi$ is heavy-tailed once the policy has moved, and a rare token with
+# a large $w$ then dominates a batch's $k_3$ mean. The predict questions below measure both regimes;
+# notebook 06 shows it on a trained policy. (On the penalty itself: at scale, Gao et al. (2022) found
+# that a larger $\beta$ moves the policy along much the same true-score-against-KL curve, as stopping
+# earlier would, rather than onto a better one.)
+#
+# First two nearby distributions over a vocabulary of 50 tokens, with 20 000 tokens sampled from $\pi$:
+# one histogram per estimator.
 
-# Two nearby distributions over a vocabulary of 50 tokens; sample 20 000 tokens from pi.
+# %%
+sample_gen = torch.Generator().manual_seed(0)
 vocab = 50
-policy_logits = torch.randn(vocab)
-ref_logits = policy_logits + 0.3 * torch.randn(vocab)
+policy_logits = torch.randn(vocab, generator=sample_gen)
+ref_logits = policy_logits + 0.3 * torch.randn(vocab, generator=sample_gen)
 true_kl = F.kl_div(ref_logits.log_softmax(-1), policy_logits.log_softmax(-1), log_target=True,
                    reduction="sum")  # KL(pi || ref)
-tokens = torch.multinomial(policy_logits.softmax(-1), 20_000, replacement=True)  # (N,)
+tokens = torch.multinomial(policy_logits.softmax(-1), 20_000, replacement=True, generator=sample_gen)  # (N,)
 logp = policy_logits.log_softmax(-1)[tokens].unsqueeze(0)  # (1, N)
 ref_logp = ref_logits.log_softmax(-1)[tokens].unsqueeze(0)  # (1, N)
-
 print(f"exact KL(pi || ref) = {true_kl:.4f}")
 fig = go.Figure()
 for kind in ("k1", "k2", "k3"):
@@ -191,6 +195,7 @@ check_claims({
     "answer 3: far from the reference k3 spreads more than k1": far["k3"]["spread (std)"] > far["k1"]["spread (std)"],
 }, any_profile=True)
 
+
 # %% [markdown]
 # ### Shaping the rewards of a padded batch
 # Below, three responses of lengths 5, 3 and 6 (right-padded to 6). The score lands on the last real
@@ -218,9 +223,7 @@ rewards, kl = shape_rewards_scratch(scores, logprobs, ref_logprobs, mask, kl_coe
 lib_rewards, lib_kl = rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
 torch.testing.assert_close(rewards * mask, lib_rewards * mask)
 torch.testing.assert_close(kl * mask, lib_kl * mask)
-print("rewards (B, T):")
-for row in rewards:
-    print("  " + " ".join(f"{x:+.3f}" for x in row.tolist()))
+print("rewards (B, T):\n", rewards)
 
 # %% [markdown]
 # ### Exercise 1: where does the score go?
@@ -266,6 +269,7 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 # ```
 # </details>
 
+
 # %% [markdown]
 # ## 2. TD errors, n-step returns, $\lambda$-returns
 #
@@ -283,8 +287,6 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 #
 # $\lambda = 0$ gives $\hat A_t = \delta_t$ (one-step TD: low variance, biased by the critic);
 # $\lambda = 1$ gives the (discounted) Monte-Carlo return minus $V$ (unbiased, high variance).
-# The cell builds $G^\lambda$ literally from n-step returns and checks that it equals
-# `compute_gae`'s returns.
 
 # %%
 def td_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -293,99 +295,24 @@ def td_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, 
     return (rewards + gamma * next_values - values) * mask  # (B, T)
 
 
-def n_step_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                  n: int) -> torch.Tensor:
-    """G_t^(n) on every real token: (B, T) -> (B, T)."""
-    B, T = rewards.shape
-    out = torch.zeros(B, T)
-    for t in range(T):
-        for k in range(n):
-            if t + k < T:
-                out[:, t] += gamma**k * rewards[:, t + k] * mask[:, t + k]
-        if t + n < T:
-            out[:, t] += gamma**n * values[:, t + n] * mask[:, t + n]
-    return out * mask
-
-
-def lambda_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                  lam: float) -> torch.Tensor:
-    """(1 - lam) sum_n lam^(n-1) G^(n); from n = T on, every G^(n) is the full return."""
-    T = rewards.shape[1]
-    total = sum((1 - lam) * lam ** (n - 1) * n_step_return(rewards, values, mask, gamma, n)
-                for n in range(1, T))
-    return total + lam ** (T - 1) * n_step_return(rewards, values, mask, gamma, T)  # tail weight
-
-
 values = torch.randn(B, T) * mask  # (B, T): critic values on real tokens
 gamma, lam = 0.99, 0.9
 torch.testing.assert_close(td_scratch(rewards, values, mask, gamma),
                            rlhf_helpers.td_errors(rewards, values, mask, gamma))
-advantages, returns = rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)
-torch.testing.assert_close(returns * mask, lambda_return(rewards, values, mask, gamma, lam))
-torch.testing.assert_close((advantages + values) * mask, returns * mask)
-print("td_errors matches; returns == lambda-return built from n-step returns == advantages + values")
+print("td_scratch matches rlhf_helpers.td_errors")
 
 # %% [markdown]
-# ## 3. The reverse loop and the vectorised version
+# ## 3. The reverse loop
 #
 # The recursion $\hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}$ (with $\hat A = 0$ past the end) is how
-# trlx and most PPO code compute GAE: one backwards loop over $t$, for the whole batch at once. You write
-# that loop in Exercise 2. `rlhf_helpers.gae_reference` is the same loop one sample at a time (the
-# library's reference); `rlhf_helpers.compute_gae` is its vectorised version. A third way, from scratch
-# here: the sum $\sum_l (\gamma\lambda)^l \delta_{t+l}$ is a matrix product with an upper triangular
-# discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$.
-
-# %%
-def gae_matrix_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                       lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A = delta @ D^T with D[t, u] = (gamma * lam)^(u - t) for u >= t."""
-    T = rewards.shape[1]
-    steps = torch.arange(T)
-    offsets = (steps[None, :] - steps[:, None]).clamp(min=0)  # (T, T): u - t
-    discount = torch.triu((gamma * lam) ** offsets.double()).to(rewards.dtype)  # (T, T)
-    deltas = td_scratch(rewards, values, mask, gamma)  # (B, T)
-    advantages = (deltas @ discount.T) * mask  # (B, T)
-    return advantages, (advantages + values) * mask
-
-
-gen = torch.Generator().manual_seed(1)
-B_big, T_big = 16, 24
-lengths_big = torch.randint(1, T_big + 1, (B_big,), generator=gen)
-mask_big = (torch.arange(T_big)[None, :] < lengths_big[:, None]).float()  # (B, T)
-rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
-values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
-for g, lam_g in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
-    ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, lam_g)
-    for fn in (rlhf_helpers.compute_gae, gae_matrix_scratch):
-        a, r = fn(rewards_big, values_big, mask_big, g, lam_g)
-        torch.testing.assert_close(a * mask_big, ref_a * mask_big)
-        torch.testing.assert_close(r * mask_big, ref_r * mask_big)
-print("gae_reference == compute_gae == matrix from scratch (3 settings of gamma, lambda)")
-
-# %%
-# How much the vectorised forms save on a PPO-sized batch (one run; timings on a shared CPU are noisy).
-rewards_t, values_t = torch.randn(64, 256), torch.randn(64, 256)
-mask_t = torch.ones(64, 256)
-for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference),
-                 ("compute_gae", rlhf_helpers.compute_gae),
-                 ("matrix from scratch", gae_matrix_scratch)]:
-    repeats = 1 if fn is rlhf_helpers.gae_reference else 5  # the per-sample loop is slow
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn(rewards_t, values_t, mask_t, 1.0, 0.95)
-    print(f"{name:<34} {(time.perf_counter() - start) / repeats * 1e3:8.2f} ms per call")
-
-# %% [markdown]
-# ### Exercise 2: GAE on a padded batch
-# Write `gae_loop(rewards, values, mask, gamma, lam)`, the batched reverse loop, for a right-padded
-# (B, T) batch whose rows have different lengths. Return `(advantages, returns)`, both (B, T), with
-# $\text{returns} = \hat A + V$ and both 0 at padding. Three things the batch makes easy to get wrong:
-# - after a row's last real token $V = 0$: never bootstrap from whatever the padding holds;
-# - padding positions of `rewards` and `values` may hold anything (the check puts large values there);
-# - a row must not receive anything from its neighbours.
+# trlx and most PPO code compute GAE: one backwards loop over $t$, for the whole batch at once.
 #
-# $\lambda = 0$ must give the TD errors, and $\gamma = \lambda = 1$ the reward-to-go minus $V$. The
-# library's GAE functions are hidden while the check runs.
+# ### Exercise 2: GAE on a padded batch
+# Write `gae_loop(rewards, values, mask, gamma, lam)`, that loop, for a right-padded (B, T) batch whose
+# rows have different lengths. Return `(advantages, returns)`, both (B, T), with
+# $\text{returns} = \hat A + V$ and both 0 at padding. After a row's last real token $V = 0$: never
+# bootstrap from the padding, which may hold anything (the check puts large values there). The library's
+# GAE functions are hidden while the check runs.
 
 # %%
 # EXERCISE 2
@@ -432,8 +359,8 @@ def check_gae_loop():
 
 
 exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
-               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.gae_reference, rlhf_helpers.td_errors,
-                       gae_matrix_scratch, td_scratch, n_step_return, lambda_return])
+               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.gae_reference, rlhf_helpers.td_errors, td_scratch])
+
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -442,16 +369,14 @@ exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
 # def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
 #              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
 #     """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
-#     B, T = rewards.shape
 #     advantages = torch.zeros_like(rewards)  # (B, T)
-#     running = torch.zeros(B, dtype=rewards.dtype)  # (B,): A_{t+1}, 0 past the end
-#     next_value = torch.zeros(B, dtype=rewards.dtype)  # (B,): V(s_{t+1}), 0 past the end
-#     for t in reversed(range(T)):
-#         real = mask[:, t]  # (B,)
+#     running = torch.zeros_like(rewards[:, 0])  # (B,): A_{t+1}, 0 past the end
+#     next_value = torch.zeros_like(rewards[:, 0])  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(rewards.shape[1])):
 #         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         running = (delta + gamma * lam * running) * mask[:, t]  # 0 on padding: the last real token starts fresh
 #         advantages[:, t] = running
-#         next_value = values[:, t] * real  # padding's value never reaches a real token
+#         next_value = values[:, t] * mask[:, t]  # padding's value never reaches a real token
 #     return advantages, (advantages + values) * mask
 # ```
 # Multiplying by the mask inside the loop is what handles the ends: on padding both `running` and
@@ -459,7 +384,106 @@ exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
 # </details>
 
 # %% [markdown]
-# ## 4. Explore: how $\gamma$, $\lambda$ and the critic shape the advantages
+# ### Deep dive: the $\lambda$-return from n-step returns, and GAE as a matrix product
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Two other ways to the same advantages. First the $\lambda$-return of section 2, built literally as a
+# weighted sum of n-step returns, against `compute_gae`'s returns on the shaped rewards of section 1.
+
+# %%
+def n_step_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                  n: int) -> torch.Tensor:
+    """G_t^(n) on every real token: (B, T) -> (B, T)."""
+    B, T = rewards.shape
+    out = torch.zeros(B, T)
+    for t in range(T):
+        for k in range(n):
+            if t + k < T:
+                out[:, t] += gamma**k * rewards[:, t + k] * mask[:, t + k]
+        if t + n < T:
+            out[:, t] += gamma**n * values[:, t + n] * mask[:, t + n]
+    return out * mask
+
+
+def lambda_return(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                  lam: float) -> torch.Tensor:
+    """(1 - lam) sum_n lam^(n-1) G^(n); from n = T on, every G^(n) is the full return."""
+    T = rewards.shape[1]
+    total = sum((1 - lam) * lam ** (n - 1) * n_step_return(rewards, values, mask, gamma, n)
+                for n in range(1, T))
+    return total + lam ** (T - 1) * n_step_return(rewards, values, mask, gamma, T)  # tail weight
+
+
+_, returns = rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)
+torch.testing.assert_close(returns * mask, lambda_return(rewards, values, mask, gamma, lam))
+print("returns == the lambda-return built from n-step returns")
+
+# %% [markdown]
+# `rlhf_helpers.gae_reference` is your loop one sample at a time (the library's reference). A third way,
+# from scratch here: the sum $\sum_l (\gamma\lambda)^l \delta_{t+l}$ is a matrix product with an upper
+# triangular discount matrix $D_{t,u} = (\gamma\lambda)^{u-t}$ for $u \ge t$. The three agree on a batch
+# of 16 responses of 1 to 24 tokens.
+
+# %%
+def gae_matrix_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                       lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A = delta @ D^T with D[t, u] = (gamma * lam)^(u - t) for u >= t."""
+    T = rewards.shape[1]
+    steps = torch.arange(T)
+    offsets = (steps[None, :] - steps[:, None]).clamp(min=0)  # (T, T): u - t
+    discount = torch.triu((gamma * lam) ** offsets.double()).to(rewards.dtype)  # (T, T)
+    deltas = td_scratch(rewards, values, mask, gamma)  # (B, T)
+    advantages = (deltas @ discount.T) * mask  # (B, T)
+    return advantages, (advantages + values) * mask
+
+
+gen = torch.Generator().manual_seed(1)
+B_big, T_big = 16, 24
+lengths_big = torch.randint(1, T_big + 1, (B_big,), generator=gen)
+mask_big = (torch.arange(T_big)[None, :] < lengths_big[:, None]).float()  # (B, T)
+rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+for g, lam_g in [(1.0, 0.95), (0.99, 0.0), (0.9, 1.0)]:
+    ref_a, ref_r = rlhf_helpers.gae_reference(rewards_big, values_big, mask_big, g, lam_g)
+    for fn in (rlhf_helpers.compute_gae, gae_matrix_scratch):
+        a, r = fn(rewards_big, values_big, mask_big, g, lam_g)
+        torch.testing.assert_close(a * mask_big, ref_a * mask_big)
+        torch.testing.assert_close(r * mask_big, ref_r * mask_big)
+print("gae_reference == compute_gae == matrix from scratch (3 settings of gamma, lambda)")
+
+# %%
+# How much the vectorised forms save on a PPO-sized batch (one run; timings on a shared CPU are noisy).
+rewards_t, values_t = torch.randn(64, 256), torch.randn(64, 256)
+mask_t = torch.ones(64, 256)
+for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference),
+                 ("compute_gae", rlhf_helpers.compute_gae),
+                 ("matrix from scratch", gae_matrix_scratch)]:
+    repeats = 1 if fn is rlhf_helpers.gae_reference else 5  # the per-sample loop is slow
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(rewards_t, values_t, mask_t, 1.0, 0.95)
+    print(f"{name:<34} {(time.perf_counter() - start) / repeats * 1e3:8.2f} ms per call")
+
+
+# %% [markdown]
+# ## 4. Choosing $\lambda$
+#
+# At $\lambda = 0$ the target trusts the critic entirely: its errors enter as bias, and one noisy reward
+# enters the variance. At $\lambda = 1$ the critic's later guesses cancel out (the Monte-Carlo return,
+# unbiased), but the noise of every later reward adds up. In between, the final score reaches a token
+# $l$ steps before the end with weight $(\gamma\lambda)^{l}$, the rest only through the critic's guesses.
+#
+# PPO for language models usually takes $\gamma = 1$ and $\lambda = 0.95$ (or 1): early in training the
+# value head guesses badly, and a large $\lambda$ lets the real score reach every token; large batches
+# pay for the variance. The deep dives below let you drag $\lambda$ and $\gamma$, and measure bias and
+# variance on a chain whose true values are known.
+
+# %% [markdown]
+# ### Deep dive: drag $\lambda$ and $\gamma$
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
 # Drag $\lambda$ and $\gamma$ (on the course website: $\lambda$ and $\beta$, with $\gamma = 1$ as the title says) and
 # watch where the final score's credit flows along the sequence.
 
@@ -497,7 +521,9 @@ advantage_explorer
 # </details>
 
 # %% [markdown]
-# ## 5. Bias against variance, measured
+# ### Deep dive: bias against variance, measured on a chain
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # A chain of $T = 20$ steps with a noisy reward $r_t = \mu_t + \varepsilon_t$,
 # $\varepsilon_t \sim \mathcal N(0, 1)$, has the true value $V(s_t) = \sum_{u \ge t} \mu_u$ ($\gamma = 1$).
@@ -558,44 +584,117 @@ check_claims({
 }, any_profile=True)
 
 # %% [markdown]
-# PPO for language models nevertheless usually takes $\lambda = 0.95$ (or 1) and $\gamma = 1$. This
-# chain is not a model of an LLM's noise: there, the variance of an early token's return comes from
+# This chain is not a model of an LLM's noise: there, the variance of an early token's return comes from
 # sampling all the later tokens, which decide the final score, not from independent noise added at
-# each step. What the chain does show is the price of a small $\lambda$: the target then trusts the
-# critic. With $(\gamma\lambda)^{l}$ weights, the real final score reaches a token $l$ steps before the
-# end with weight $(\gamma\lambda)^{l}$ ($0.4^{20} \approx 10^{-8}$: practically only through the
-# critic's guesses), and early in training the value head guesses badly, so a small $\lambda$ trains
-# the policy on the critic's errors. Practice settles on a large $\lambda$: it lets the real score reach
-# every token, and pays for it in variance, which large batches keep in check (whitening fixes the
-# scale of the step, not the noise of the estimate). Drag
-# $\lambda$ in the explorer above and watch how far back the final score's advantage reaches.
+# each step. What the chain does show is the price of a small $\lambda$, as section 4 says: the target
+# then trusts the critic, whose error here has a standard deviation of 1 at every step.
 
 # %% [markdown]
-# ## 6. Whitening advantages, with masks
+# ## 5. Whitening advantages, with masks
 #
 # PPO normalises advantages per batch so the step size does not depend on the reward scale:
 #
-# $$\tilde A_t = \frac{\hat A_t - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, \qquad
-# \mu = \frac{\sum_t m_t \hat A_t}{\sum_t m_t}, \qquad \sigma^2 = \frac{\sum_t m_t (\hat A_t - \mu)^2}{\sum_t m_t - 1}$$
+# $$\tilde A_t = m_t\,\frac{\hat A_t - \mu}{\sqrt{\sigma^2 + \epsilon}}, \qquad
+# \mu = \frac{\sum_t m_t \hat A_t}{\sum_t m_t}, \qquad \sigma^2 = \frac{\sum_t m_t (\hat A_t - \mu)^2}{\sum_t m_t - 1},
+# \qquad \epsilon = 10^{-8},$$
 #
-# where $m_t$ is the mask. Including the padding positions pulls $\mu$ towards 0, and the padded zeros
-# become non-zero "advantages" after the shift. What they do to $\sigma$ depends on the batch: each zero
-# adds a squared deviation $(0 - \mu_{\text{all}})^2$, so when the real advantages sit far from 0
-# compared with their spread, the zeros **inflate** $\sigma$; when they are centred near 0, the zeros
-# add almost nothing but still count in $n$, and **shrink** it. The cell measures both cases.
+# where $m_t$ is the mask and the sums run over the whole batch: one mean and one variance over all
+# its real tokens.
+#
+# ### Exercise 3: whiten over the real tokens
+# Write `masked_whiten_scratch(x, mask, eps=1e-8)`, the equation above, for a (B, T) batch whose rows
+# have different lengths and whose padding may hold anything. Match it exactly, as the library and TRL's
+# `masked_whiten` do: variance divided by $n - 1$, $\epsilon$ inside the square root. The check loops over
+# the real tokens, also on advantages that barely differ (where $\epsilon$ matters) and with another
+# `eps`; the library's masked reductions are hidden while it runs.
 
 # %%
-def whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with mean and unbiased var over the real tokens; 0 at padding: (B, T)."""
-    n = mask.sum()
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / (n - 1)  # unbiased, over real tokens only
-    return (x - mean) * torch.rsqrt(var + eps) * mask  # (B, T), 0 at padding
+# EXERCISE 3
+def masked_whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with the mean and unbiased var over the real tokens; 0 at padding: (B, T)."""
+    raise NotImplementedError
 
 
-adv_big, _ = rlhf_helpers.compute_gae(rewards_big, values_big, mask_big, 1.0, 0.95)
-white = whiten_scratch(adv_big, mask_big)
-torch.testing.assert_close(white, rlhf_helpers.masked_whiten(adv_big, mask_big) * mask_big)
+# %%
+def check_masked_whiten():
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 2, 4, 1]  # 13 real tokens of 24; the last row holds one
+    m = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).double()  # (4, 6), right-padded
+    noise = torch.randn(3, 4, 6, generator=g, dtype=torch.float64)  # (3, 4, 6)
+    cases = [("advantages of spread about 2", 1 + 2 * noise[0], None),  # (what, real values, eps; None: default)
+             ("advantages that barely differ (spread 1e-4, so var is near the default eps)", 3 + 1e-4 * noise[1], None),
+             ("eps=0.5", noise[2], 0.5)]
+    for what, x_real, eps_c in cases:
+        x = x_real * m + 50 * (1 - m)  # (4, 6): 50 at the padding
+        got = masked_whiten_scratch(x, m) if eps_c is None else masked_whiten_scratch(x, m, eps=eps_c)
+        assert isinstance(got, torch.Tensor) and got.shape == x.shape, f"return a tensor of x's shape, {tuple(x.shape)}"
+        assert bool((got[m == 0] == 0).all()), f"{what}: the padding must hold 0 (multiply the result by the mask)"
+        cells = [(i, t) for i, n_i in enumerate(lengths) for t in range(n_i)]  # a loop over the real tokens
+        real, mine = [float(x[c]) for c in cells], [float(got[c]) for c in cells]
+        n, eps_used, mean = len(real), 1e-8 if eps_c is None else eps_c, sum(real) / len(real)
+        dev = [a - mean for a in real]  # deviations from the mean over the real tokens
+        var = sum(d * d for d in dev) / (n - 1)
+        expected = [d / math.sqrt(var + eps_used) for d in dev]
+        wrong = [k for k in range(n) if abs(mine[k] - expected[k]) > 1e-6 * max(map(abs, expected))]
+        if not wrong:
+            continue
+        divisor = sum(d * d for d in dev) / sum(d * o for d, o in zip(dev, mine, strict=True))  # if centred right
+        slips = {"your variance divides by n; the equation's (unbiased, as torch.var) divides by n - 1":
+                 math.sqrt(var * (n - 1) / n + eps_used),
+                 "you add eps to the standard deviation, sqrt(var) + eps (as CleanRL does); the equation puts it "
+                 "inside the square root, sqrt(var + eps)": math.sqrt(var) + eps_used,
+                 f"the eps passed ({eps_used:g}) is not in your divisor, sqrt(var) (give or take 1e-8)": math.sqrt(var),
+                 "the padding's values entered your variance: mask the deviations before squaring":
+                 math.sqrt(var + (24 - n) * (50 - mean) ** 2 / (n - 1) + eps_used)}  # + the padding's deviations
+        hint = next((text for text, d in slips.items() if abs(divisor - d) <= 1e-6 * d), "")
+        if abs(sum(mine) / n) > 1e-6:
+            hint = "your output's mean over the real tokens is not 0: subtract their mean, sum(x * mask) / mask.sum()"
+        raise AssertionError(f"{what}: at (row, t) = {cells[wrong[0]]} you return {mine[wrong[0]]:.6g}, expected "
+                             f"{expected[wrong[0]]:.6g} (a loop over the real tokens). {hint}")
+
+
+exercise_check("Exercise 3 (masked_whiten_scratch)", check_masked_whiten,
+               hidden=[rlhf_helpers.masked_whiten, rlhf_helpers.masked_mean, rlhf_helpers.masked_var,
+                       rlhf_helpers.masked_sum])
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def masked_whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+#     """(x - mean) / sqrt(var + eps) with the mean and unbiased var over the real tokens; 0 at padding: (B, T)."""
+#     n = mask.sum()  # real tokens in the whole batch
+#     mean = (x * mask).sum() / n
+#     var = (((x - mean) * mask) ** 2).sum() / (n - 1)  # unbiased; the padding's deviations masked out
+#     return (x - mean) / torch.sqrt(var + eps) * mask  # (B, T): 0 at padding
+# ```
+# Every sum runs over the whole batch, so a token weighs the same whatever the length of its row; the
+# final `* mask` puts the padding back to 0, since `x - mean` is not 0 there. `x[mask.bool()]` with
+# `.mean()` and `.var()` gives the same statistics (`torch.var` divides by $n - 1$ by default).
+# </details>
+
+# %% [markdown]
+# ### Deep dive: what the padding does to $\sigma$
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Including the padding positions pulls $\mu$ towards 0, and the padded zeros become non-zero
+# "advantages" after the shift. What they do to $\sigma$ depends on the batch: each zero adds a squared
+# deviation $(0 - \mu_{\text{all}})^2$, so when the real advantages sit far from 0 compared with their
+# spread, the zeros **inflate** $\sigma$; when they are centred near 0, the zeros add almost nothing but
+# still count in $n$, and **shrink** it. The cells compare the library's masked whitening with an
+# unmasked one on GAE advantages ($\gamma = 1$, $\lambda = 0.95$) of 16 random responses of 1 to 24
+# tokens, and measure both cases.
+
+# %%
+gen = torch.Generator().manual_seed(1)
+B_big, T_big = 16, 24
+lengths_big = torch.randint(1, T_big + 1, (B_big,), generator=gen)
+mask_big = (torch.arange(T_big)[None, :] < lengths_big[:, None]).float()  # (B, T)
+rewards_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+values_big = torch.randn(B_big, T_big, generator=gen) * mask_big
+adv_big, _ = rlhf_helpers.compute_gae(rewards_big, values_big, mask_big, 1.0, 0.95)  # (B, T)
+white = rlhf_helpers.masked_whiten(adv_big, mask_big)  # (B, T): what Exercise 3 computes
 naive = (adv_big - adv_big.mean()) / adv_big.std()  # ignores the mask: wrong
 real = mask_big.bool()  # (B, T)
 display(pd.DataFrame(
@@ -631,64 +730,51 @@ check_claims({
         abs(float(naive[real].std()) - 1) > 0.3 and float(naive[~real].abs().max()) > 0.01,
 }, any_profile=True)
 
-# %% [markdown]
-# ### Exercise 3: masked mean
-# Write `masked_mean_scratch(x, mask)`: the mean of `x` over the positions where `mask` is 1.
-
-# %%
-# EXERCISE 3
-def masked_mean_scratch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x over positions with mask == 1: (B, T), (B, T) -> scalar."""
-    raise NotImplementedError
-
-
-# %%
-def check_masked_mean():
-    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])  # (2, 3): 100 at the padding
-    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # (2, 3): rows of 2 and 1 real tokens
-    got = masked_mean_scratch(x, m)
-    assert isinstance(got, torch.Tensor) and got.dim() == 0, \
-        f"return one number (a 0-d tensor), the mean over the whole batch; got {getattr(got, 'shape', type(got))}"
-    slips = {  # what the usual slips return on this x and m
-        1.0: "you divided by every position, padding included: divide by the number of real tokens, mask.sum()",
-        2.25: "you averaged each row's mean, so the 1-token row weighs as much as the 2-token row; "
-              "every real token must weigh the same: one sum over the batch, divided by mask.sum()",
-        102.0: "the padding's values entered the sum: multiply x by the mask before summing",
-        51.0: "the mask is ignored: sum x * mask and divide by mask.sum()",
-    }
-    hint = next((text for value, text in slips.items() if abs(float(got) - value) < 1e-4), "")
-    assert abs(float(got) - 2.0) < 1e-6, \
-        f"x = {x.tolist()}, mask = {m.tolist()}: you return {float(got):.4f}, expected (1 + 2 + 3) / 3 = 2. {hint}"
-    real_values = [a for row, keep in zip(adv_big.tolist(), mask_big.tolist(), strict=True)
-                   for a, k in zip(row, keep, strict=True) if k]  # a loop over the real tokens
-    expected = sum(real_values) / len(real_values)
-    got = float(masked_mean_scratch(adv_big, mask_big))
-    assert abs(got - expected) < 1e-5, \
-        f"on the (16, 24) batch of section 3 you return {got:.5f}, expected {expected:.5f} (a loop over its real tokens)"
-
-
-exercise_check("Exercise 3 (masked_mean_scratch)", check_masked_mean,
-               hidden=[rlhf_helpers.masked_mean, rlhf_helpers.masked_sum, rlhf_helpers.masked_whiten,
-                       rlhf_helpers.masked_var, whiten_scratch])
-
-# %% [markdown]
-# <details><summary>Solution 3</summary>
-#
-# ```python
-# def masked_mean_scratch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """Mean of x over positions with mask == 1: (B, T), (B, T) -> scalar."""
-#     return (x * mask).sum() / mask.sum()
-# ```
-# </details>
 
 # %% [markdown]
 # ## Summary
 # - Per-token reward: $-\beta \widehat{\mathrm{KL}}_t$ everywhere plus the score on the last real token;
-#   $k_1$ can go negative, $k_3$ cannot, both are unbiased. The penalty bounds how far the policy moves to
-#   exploit the reward model; it does not stop the exploitation.
-# - GAE: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$; returns $= \hat A + V$ are $\lambda$-returns.
-#   The reverse loop and the vectorised form agree to float precision.
-# - $\lambda$ trades the critic's bias against the rewards' variance, measured above.
-# - Whiten advantages over real tokens only.
+#   $k_1$ can go negative, $k_3$ cannot, both are unbiased.
+# - GAE: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, returns $= \hat A + V$; on a padded batch the
+#   reverse loop masks the running advantage and the next value.
+# - $\lambda$ trades the critic's bias against the rewards' variance.
+# - Whitening: one mean and one unbiased variance over the batch's real tokens, 0 at padding.
 #
 # Next: notebook 04 feeds these advantages to PPO's clipped loss.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1.** A batch's mean $k_1$ KL to the reference is $-0.01$. Is the code broken?
+#
+# <details><summary>Answer</summary>
+#
+# Not necessarily: $k_1 = \log\pi - \log\pi_{\text{ref}}$ of a sampled token is negative wherever the
+# reference likes that token more. It is unbiased, so it equals the KL only on average, and near the
+# reference a batch's noise can exceed the KL.
+# </details>
+#
+# **2.** With $\gamma = 1$ and $\lambda = 0$, what is the advantage of a response's last real token, with
+# score $s$, KL estimate $k$ and value $V_{\text{last}}$? What does the token before it see of $s$?
+#
+# <details><summary>Answer</summary>
+#
+# $\hat A = s - \beta k - V_{\text{last}}$, since $V = 0$ after the last token. The token before sees $s$
+# only through the critic's guess $V_{\text{last}}$ in its TD error.
+# </details>
+#
+# **3.** With $\lambda = 1$, is the advantage free of the critic?
+#
+# <details><summary>Answer</summary>
+#
+# No: $\hat A_t = G_t - V(s_t)$. The later guesses cancel out, but $V(s_t)$ stays as a baseline. A baseline
+# that depends only on the state does not bias the policy gradient; a poor one adds variance.
+# </details>
+#
+# **4.** What does whitening the advantages fix, and what not?
+#
+# <details><summary>Answer</summary>
+#
+# Their scale, and with it the size of the policy step, whatever the rewards' scale. Not their noise:
+# signal and noise are scaled alike.
+# </details>
