@@ -60,13 +60,16 @@ _CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO
 #: expects FAILED (the check hides that function), then restores the worked solution.
 SHORTCUTS: dict[str, dict[str, str]] = {
     "01_policy_gradients": {
-        "1": "def reward_to_go(rewards):\n    zeros, ones = torch.zeros_like(rewards), torch.ones_like(rewards)\n"
-             "    return rlhf_helpers.compute_gae(rewards, zeros, ones, 1.0, 1.0)[0]\n",
-        "2": "def td_advantage(rewards, values):\n"
+        "1": "def td_advantage(rewards, values):\n"
              "    return rlhf_helpers.td_errors(rewards, values, torch.ones_like(rewards), 1.0)\n",
-        "3": "def policy_kl(old_logits, new_logits):\n    Categorical = torch.distributions.Categorical\n"
+        "2": "def policy_kl(old_logits, new_logits):\n    Categorical = torch.distributions.Categorical\n"
              "    return torch.distributions.kl_divergence(Categorical(logits=old_logits), "
              "Categorical(logits=new_logits))\n",
+        "3": "def response_logprobs(logits, input_ids, attention_mask, prompt_lengths):\n"
+             "    L = input_ids.shape[1]\n"
+             "    logp = F.pad(rlhf_helpers.logprobs_from_logits(logits[:, :-1], input_ids[:, 1:]), (1, 0))\n"
+             "    start = L - attention_mask.sum(dim=1) + prompt_lengths\n"
+             "    return logp * (torch.arange(L)[None, :] >= start[:, None])\n",
     },
     "02_reward_model": {
         "1": "def ceiling_from_scores(score_a, score_b, temperature):\n    return accuracy_ceiling("

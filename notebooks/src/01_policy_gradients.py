@@ -6,7 +6,7 @@
 # {{colab_badge}}
 #
 # **Prerequisites:** none of the other notebooks; PyTorch tensors and autograd, expectation and variance, gradient ascent.
-# **Time:** about 2 h
+# **Time:** about 1.75 h for the core; the deep dive adds about 30 min
 #
 # **You will learn**
 # - how a language model is a policy, and where RLHF sits among pretraining, SFT and RLHF;
@@ -14,9 +14,11 @@
 #   and four choices of $\Phi_t$, with the **measured** variance of each;
 # - actor-critic: replacing Monte-Carlo returns by a learned value function (PPO is an actor-critic);
 # - what an over-large step does to a policy;
-# - the performance-difference lemma and the surrogate objective that TRPO and PPO maximise, which
-#   matches $J$ only near the old policy: the reason for a trust region, and for PPO's clip;
-# - **measured**: many steps on one batch, with and without the clip.
+# - the surrogate objective that TRPO and PPO maximise to reuse a batch, which matches $J$ only near the
+#   old policy: the reason for a trust region, and for PPO's clip;
+# - **measured**: many steps on one batch, with and without the clip;
+# - how the same log-probs come out of a language model's logits on a left-padded batch (you write it);
+# - in a deep dive: the performance-difference lemma behind the surrogate, and TRPO's bound.
 #
 # Everything here runs on a toy "language" small enough that the true values are computed exactly,
 # so every estimate can be compared with the truth.
@@ -252,91 +254,6 @@ torch.testing.assert_close(per_episode_gradients(theta_random, words, prevs, phi
 print("closed-form score matches autograd")
 
 # %% [markdown]
-# ### How the exercise checks work
-#
-# Each exercise ends with a check cell that prints one line: **PASSED**; **FAILED**, with what differs and a
-# hint; or **NOT DONE** while the stub still raises `NotImplementedError`. A check:
-# - compares your function with an independent definition (a loop or a formula) on inputs it chooses,
-#   including the edge cases the exercise is about (padding, a row with one real token...);
-# - hides the library function the exercise teaches: while the check runs, calling it fails, however
-#   your code reaches it (its name, an import, a default argument, a dict);
-# - fails a function that changes a tensor it was given in place (`x *= mask`, `ratio.clamp_(...)`),
-#   because later cells would see the changed data;
-# - stops with FAILED when it runs far longer than it should (an endless loop), instead of hanging.
-#
-# What a check cannot see:
-# - inputs it does not try: PASSED is evidence, not a proof;
-# - the library's code copied into your cell, or a library function the check does not hide;
-# - a change your function makes to a tensor it did not get as an argument (a notebook variable, say).
-#
-# A solution under each check shows one way to write it.
-
-# %% [markdown]
-# ### Exercise 1: reward-to-go
-#
-# Write `reward_to_go(rewards)`: for per-token rewards of shape (N, T) return
-# $G_t = \sum_{t' \ge t} r_{t'}$, also (N, T). No Python loop over $t$ is needed.
-
-# %%
-# EXERCISE 1
-def reward_to_go(rewards: torch.Tensor) -> torch.Tensor:
-    """G_t = sum_{t' >= t} r_t' for rewards (N, T) -> (N, T)."""
-    raise NotImplementedError
-
-
-# %%
-# The exercise checks below compare your answer with a loop definition; this helper says where it differs.
-def explain_mismatch(got: object, expected: torch.Tensor, name: str, known: dict[str, torch.Tensor],
-                     labels: tuple[str, str] = ("episode", "t")) -> None:
-    """Raise AssertionError unless `got` matches `expected` (a 2-D tensor): say at which columns it
-    differs, and name the mistake when `got` matches one of `known` (description -> what it computes)."""
-    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        raise AssertionError(f"your {name} has shape {shape}, expected {tuple(expected.shape)}")
-    close = torch.isclose(got.float(), expected, rtol=1.3e-6, atol=1e-5)  # (rows, columns)
-    if close.all():
-        return
-    row, col = labels
-    good = [j for j in range(expected.shape[1]) if close[:, j].all()]
-    bad = [j for j in range(expected.shape[1]) if j not in good]
-    i, j = (~close).nonzero()[0].tolist()
-    where = f"matches for {col} in {good} and differs" if good else "differs"
-    message = (f"your {name} {where} at {col} = {bad} ({row} {i}, {col} = {j}: got {got[i, j].item():.4f}, "
-               f"expected {expected[i, j].item():.4f})")
-    for description, wrong in known.items():
-        if torch.allclose(got.float(), wrong, rtol=1.3e-6, atol=1e-5):
-            message += f": it equals {description}"
-            break
-    raise AssertionError(message)
-
-
-# %%
-def check_reward_to_go():
-    r = torch.randn(5, T, generator=torch.Generator().manual_seed(1))  # (5, T)
-    expected = torch.stack([r[:, t:].sum(1) for t in range(T)], dim=1)  # (5, T): the loop definition
-    explain_mismatch(reward_to_go(r.clone()), expected, "reward-to-go", known={
-        "the sum of the rewards up to t (a forward cumulative sum); G_t sums from t to the end": r.cumsum(1),
-        "the reversed cumulative sum not flipped back: position t holds the sum of the last t+1 rewards":
-            r.flip(1).cumsum(1),
-        "the sum from t+1 on; G_t includes r_t itself": expected - r,
-        "a cumulative sum over the episodes (dim 0) instead of over time (dim 1)": r.flip(0).cumsum(0).flip(0),
-    })
-
-
-exercise_check("Exercise 1 (reward_to_go)", check_reward_to_go,
-               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.gae_reference, rlhf_helpers.td_errors])
-
-# %% [markdown]
-# <details><summary>Solution 1</summary>
-#
-# ```python
-# def reward_to_go(rewards: torch.Tensor) -> torch.Tensor:
-#     """G_t = sum_{t' >= t} r_t' for rewards (N, T) -> (N, T)."""
-#     return rewards.flip(1).cumsum(1).flip(1)  # (N, T): cumulative sum from the end
-# ```
-# </details>
-
-# %% [markdown]
 # ## 6. Measuring the variance of each estimator
 #
 # An estimate of the gradient averages $N = 16$ episodes. We draw $K = 400$ such estimates, from
@@ -352,8 +269,8 @@ exercise_check("Exercise 1 (reward_to_go)", check_reward_to_go,
 
 # %%
 def g_t(rewards: torch.Tensor) -> torch.Tensor:
-    """Reference reward-to-go for the rest of the notebook (independent of Exercise 1): (N, T) -> (N, T)."""
-    return rewards.flip(1).cumsum(1).flip(1)  # (N, T)
+    """Reward-to-go G_t = sum_{t' >= t} r_t': (N, T) -> (N, T)."""
+    return rewards.flip(1).cumsum(1).flip(1)  # (N, T): a cumulative sum run from the end
 
 
 def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
@@ -449,13 +366,59 @@ check_claims({
 # notebook 03, which interpolates between the two).
 
 # %% [markdown]
-# ### Exercise 2: the one-step TD advantage
+# ### How the exercise checks work
+#
+# Each exercise ends with a check cell that prints one line: **PASSED**; **FAILED**, with what differs and a
+# hint; or **NOT DONE** while the stub still raises `NotImplementedError`. A check:
+# - compares your function with an independent definition (a loop or a formula) on inputs it chooses,
+#   including the edge cases the exercise is about (padding, a row with one real token...);
+# - hides the library function the exercise teaches: while the check runs, calling it fails, however
+#   your code reaches it (its name, an import, a default argument, a dict);
+# - fails a function that changes a tensor it was given in place (`x *= mask`, `ratio.clamp_(...)`),
+#   because later cells would see the changed data;
+# - stops with FAILED when it runs far longer than it should (an endless loop), instead of hanging.
+#
+# What a check cannot see:
+# - inputs it does not try: PASSED is evidence, not a proof;
+# - the library's code copied into your cell, or a library function the check does not hide;
+# - a change your function makes to a tensor it did not get as an argument (a notebook variable, say).
+#
+# A solution under each check shows one way to write it.
+
+# %%
+# The exercise checks below compare your answer with a loop definition; this helper says where it differs.
+def explain_mismatch(got: object, expected: torch.Tensor, name: str, known: dict[str, torch.Tensor],
+                     labels: tuple[str, str] = ("episode", "t")) -> None:
+    """Raise AssertionError unless `got` matches `expected` (a 2-D tensor): say at which columns it
+    differs, and name the mistake when `got` matches one of `known` (description -> what it computes)."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise AssertionError(f"your {name} has shape {shape}, expected {tuple(expected.shape)}")
+    close = torch.isclose(got.float(), expected, rtol=1.3e-6, atol=1e-5)  # (rows, columns)
+    if close.all():
+        return
+    row, col = labels
+    good = [j for j in range(expected.shape[1]) if close[:, j].all()]
+    bad = [j for j in range(expected.shape[1]) if j not in good]
+    i, j = (~close).nonzero()[0].tolist()
+    where = f"matches for {col} in {good} and differs" if good else "differs"
+    message = (f"your {name} {where} at {col} = {bad} ({row} {i}, {col} = {j}: got {got[i, j].item():.4f}, "
+               f"expected {expected[i, j].item():.4f})")
+    for description, wrong in known.items():
+        if torch.allclose(got.float(), wrong, rtol=1.3e-6, atol=1e-5):
+            message += f": it equals {description}"
+            break
+    raise AssertionError(message)
+
+
+# %% [markdown]
+# ### Exercise 1: the one-step TD advantage
 #
 # Write `td_advantage(rewards, values)`: rewards and critic values $V_w(s_t)$ are (N, T); return
 # $\delta_t = r_t + V_w(s_{t+1}) - V_w(s_t)$ with $V_w(s_T) = 0$, shape (N, T).
 
 # %%
-# EXERCISE 2
+# EXERCISE 1
 def td_advantage(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """delta_t = r_t + V(s_{t+1}) - V(s_t), V after the last step = 0: (N, T), (N, T) -> (N, T)."""
     raise NotImplementedError
@@ -478,11 +441,11 @@ def check_td_advantage():
     })
 
 
-exercise_check("Exercise 2 (td_advantage)", check_td_advantage,
+exercise_check("Exercise 1 (td_advantage)", check_td_advantage,
                hidden=[rlhf_helpers.td_errors, rlhf_helpers.compute_gae, rlhf_helpers.gae_reference])
 
 # %% [markdown]
-# <details><summary>Solution 2</summary>
+# <details><summary>Solution 1</summary>
 #
 # ```python
 # def td_advantage(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -689,137 +652,33 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 9. Why a trust region: the surrogate objective
+# ## 9. Reusing a batch: the surrogate objective, the trust region and PPO's clip
 #
-# Section 8 measured that a large step can hurt. Here is why: the objective that a step on old data
-# improves matches $J$ only near the old policy. Write
-# $A^{\text{old}} = Q^{\pi_{\text{old}}} - V^{\pi_{\text{old}}}$ for the advantage of the policy that
-# collected the data, and $d^{\pi}_t(s)$ for the probability that policy $\pi$ is in state $s$ at step
-# $t$ (`state_occupancy` above).
+# Sampling is the expensive part of RLHF (a language model generates every response token by token), so
+# PPO takes several gradient steps on each batch. After the first step the batch no longer comes from
+# the policy being improved, $\pi_\theta$, but from the one that collected it, $\pi_{\text{old}}$. Importance
+# weighting corrects the **actions**: with the ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
+# the **surrogate objective** (of conservative policy iteration, CPI; TRPO's $L$, PPO's $L^{\text{CPI}}$),
+# estimated on the batch as
 #
-# **Performance-difference lemma** (Kakade and Langford, 2002). For any two policies,
+# $$\hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big],$$
 #
-# $$J(\theta) - J(\theta_{\text{old}}) = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} A^{\text{old}}(s_t, a_t)\Big]
-# = \sum_{t=0}^{T-1} \mathbb{E}_{s_t \sim d^{\pi_\theta}_t,\ a_t \sim \pi_\theta}\big[A^{\text{old}}(s_t, a_t)\big].$$
+# with $\hat{\mathbb{E}}_t$ the average over the batch's steps and $\hat A_t$ an estimate of the advantage
+# $A^{\text{old}}$ of the policy that collected the data, has at $\theta = \theta_{\text{old}}$ (where every
+# $\rho_t = 1$ and $\nabla_\theta \rho_t = \nabla_\theta \log \pi_\theta(a_t \mid s_t)$) exactly the policy
+# gradient of section 5 with $\Phi_t = \hat A_t$. It cannot correct the **states**: the batch visits the
+# states the old policy goes to, not those the new one would. So the surrogate tracks the true gain in
+# $J$ only near $\theta_{\text{old}}$, and parts from it as the policies separate (the deep dive at the end
+# of this notebook proves it with the performance-difference lemma and measures the gap on the toy).
+# Hence: maximise the surrogate, but only near the old policy.
 #
-# Proof: $A^{\text{old}}(s_t, a_t) = \mathbb{E}\big[r_t + V^{\text{old}}(s_{t+1}) \mid s_t, a_t\big] - V^{\text{old}}(s_t)$,
-# so along an episode of $\pi_\theta$ the sum telescopes to $\sum_t r_t - V^{\text{old}}(s_0)$ (since
-# $V^{\text{old}}(s_T) = 0$), whose expectation is $J(\theta) - J(\theta_{\text{old}})$ because $s_0$ does
-# not depend on the policy. (With a discount $\gamma$ and no fixed end, the same steps give
-# $\frac{1}{1-\gamma}\,\mathbb{E}_{s \sim d^{\pi_\theta}_\gamma,\, a \sim \pi_\theta}[A^{\text{old}}(s, a)]$,
-# with $d^{\pi}_\gamma$ the normalised discounted state distribution.)
-#
-# The actions can be drawn from the old policy instead, exactly, by importance weighting:
-# $\mathbb{E}_{a \sim \pi_\theta}[A^{\text{old}}] = \mathbb{E}_{a \sim \pi_{\text{old}}}[\rho\, A^{\text{old}}]$
-# with $\rho = \pi_\theta(a \mid s) / \pi_{\text{old}}(a \mid s)$. The states cannot: $d^{\pi_\theta}$ is where
-# the *new* policy goes, and the only episodes we have come from the old one. Replacing $d^{\pi_\theta}_t$
-# by $d^{\pi_{\text{old}}}_t$ gives the **surrogate objective** of conservative policy iteration (CPI),
-#
-# $$J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) = J(\theta_{\text{old}}) + \sum_{t=0}^{T-1} \mathbb{E}_{s_t \sim d^{\pi_{\text{old}}}_t,\ a_t \sim \pi_{\text{old}}}\big[\rho_t\, A^{\text{old}}(s_t, a_t)\big],$$
-#
-# which a batch from $\pi_{\text{old}}$ can estimate. It is TRPO's surrogate (Schulman et al., 2015, who
-# define it as $L$ in eq. 3 and estimate it from samples in eq. 14; it is maximised, so this course
-# writes $J$) and, without the constant,
-# PPO's $L^{\text{CPI}}$ (Schulman et al., 2017, eq. 6). It agrees with $J$ to **first order** at $\theta_{\text{old}}$:
-# - same value: at $\theta = \theta_{\text{old}}$ every $\rho_t = 1$, and $\mathbb{E}_{a \sim \pi_{\text{old}}}[A^{\text{old}}(s, a)] = 0$;
-# - same gradient: $\nabla_\theta \rho_t = \rho_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$, so at $\theta_{\text{old}}$
-#   the surrogate's gradient is $\mathbb{E}\big[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, A^{\text{old}}(s_t, a_t)\big]$,
-#   the policy gradient of section 5 with $\Phi_t = A$.
-#
-# Away from $\theta_{\text{old}}$ the two differ only through the state distribution, which drifts further
-# the more the policy changes. TRPO's Theorem 1 bounds the gap with the total-variation distance; since
-# $D_{\text{TV}}^2 \le \mathrm{KL}$ it gives this bound (their eq. 9), in the discounted setting (where $J$ and
-# $J^{\text{CPI}}$ are the discounted returns, and $J^{\text{CPI}}$ uses the old policy's discounted state distribution):
-#
-# $$J(\theta) \ge J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) - \frac{4 \gamma \max_{s,a} \lvert A^{\text{old}}(s,a) \rvert}{(1-\gamma)^2}\, \max_s \mathrm{KL}\big(\pi_{\text{old}}(\cdot \mid s) \,\Vert\, \pi_\theta(\cdot \mid s)\big).$$
-#
-# So a gain of the surrogate is guaranteed to be a gain of $J$ only where it exceeds a penalty that grows
-# with the KL from the old policy: maximise the surrogate, but only within a small KL of $\theta_{\text{old}}$.
-# That is what a trust region enforces, and what PPO's clip approximates (section 10). The toy has
-# every quantity exactly, so the next cell computes both sides. On a random pair of policies, **the lemma
-# holds exactly**, **$J^{\text{CPI}}$ has $J$'s value and gradient at $\theta_{\text{old}}$**, and away from
-# it, for this pair far apart, **the surrogate predicts more than twice the true gain**.
-
-# %%
-def advantage_table(theta: torch.Tensor) -> torch.Tensor:
-    """A(t, p, a) = Q(t, p, a) - V(t, p) of the policy with logits theta: (T, N_WORDS+1, N_WORDS)."""
-    values, qs = exact_values(theta)
-    return qs - values[..., None]
-
-
-def gain_exact(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """sum_t E_{s ~ d_t of NEW, a ~ NEW}[A_old(s, a)]: J(new) - J(old) by the lemma."""
-    return (state_occupancy(new)[..., None] * torch.softmax(new, -1) * advantage_table(old)).sum()
-
-
-def gain_surrogate(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """sum_t E_{s ~ d_t of OLD, a ~ NEW}[A_old(s, a)] = J^CPI_old(new) - J(old): the states of the old policy."""
-    return (state_occupancy(old)[..., None] * torch.softmax(new, -1) * advantage_table(old)).sum()
-
-
-pair = torch.Generator().manual_seed(3)
-theta_a = torch.randn(T, N_WORDS + 1, N_WORDS, generator=pair)  # an old policy
-theta_b = theta_a + 0.5 * torch.randn(T, N_WORDS + 1, N_WORDS, generator=pair)  # a new one
-theta_new = theta_a.clone().requires_grad_(True)
-(surrogate_grad,) = torch.autograd.grad(gain_surrogate(theta_a, theta_new), theta_new)  # at theta = theta_old
-print(f"J(new) - J(old) = {(expected_return(theta_b) - expected_return(theta_a)).item():+.5f}   "
-      f"lemma: {gain_exact(theta_a, theta_b).item():+.5f}   surrogate: {gain_surrogate(theta_a, theta_b).item():+.5f}")
-
-# %% tags=["claim-check"]
-check_claims({
-    "the lemma holds exactly": abs(gain_exact(theta_a, theta_b).item()
-                                   - (expected_return(theta_b) - expected_return(theta_a)).item()) < 1e-5,
-    "J^CPI has J's value at theta_old": abs(gain_surrogate(theta_a, theta_a).item()) < 1e-6,
-    "J^CPI has J's gradient at theta_old": torch.allclose(surrogate_grad, exact_gradient(theta_a), atol=1e-6),
-    "for this pair the surrogate predicts more than twice the true gain":
-        gain_surrogate(theta_a, theta_b).item() > 2 * gain_exact(theta_a, theta_b).item() > 0,
-}, any_profile=True)
-
-# %% [markdown]
-# How fast do they part? Step from the uniform policy $\theta_u$ along the exact gradient,
-# $\theta = \theta_u + \eta\, \nabla J(\theta_u)$, and compare the true gain with the one the surrogate predicts:
-
-# %%
-surrogate_rows = []
-for eta in (0.1, 1, 10, 30, 100):
-    theta = uniform + eta * exact_gradient(uniform)  # (T, N_WORDS+1, N_WORDS)
-    true_gain, predicted = gain_exact(uniform, theta).item(), gain_surrogate(uniform, theta).item()
-    surrogate_rows.append({"eta": eta, "KL(old || new)": mean_kl(uniform, theta).item(), "J gain": true_gain,
-                           "surrogate gain": predicted, "gap": predicted - true_gain,
-                           "gap / J gain": (predicted - true_gain) / true_gain})
-surrogate_table = pd.DataFrame(surrogate_rows).set_index("eta")
-display(surrogate_table.style.format("{:.3g}"))
-
-# %% [markdown]
-# The gap is of **second order**, like the KL: from $\eta = 0.1$ to $\eta = 1$ the gain grows about 10×
-# and the gap about 100×. The surrogate **overestimates the gain at every step size** here, by **under
-# 1%** up to $\eta = 1$ and by **over 5%** from $\eta = 10$ on (mean KL of about 0.05 and more). On this toy, with exact
-# advantages, the error stays moderate. A real optimiser maximises a *batch estimate* of $J^{\text{CPI}}$,
-# with estimated advantages, and the next section shows what many steps on such an estimate do.
-
-# %% tags=["claim-check"]
-grows = surrogate_table.loc[1] / surrogate_table.loc[0.1]  # how much each column grows from eta 0.1 to 1
-check_claims({
-    "from eta 0.1 to 1 the gain grows about 10x": 9 < grows["J gain"] < 11,
-    "and the gap about 100x": 80 < grows["gap"] < 120,
-    "the surrogate overestimates the gain at every step size": bool((surrogate_table["gap"] > 0).all()),
-    "by under 1% up to eta = 1": bool((surrogate_table.loc[:1, "gap / J gain"] < 0.01).all()),
-    "by over 5% from eta = 10 on": bool((surrogate_table.loc[10:, "gap / J gain"] > 0.05).all()),
-    "where the mean KL is about 0.05 and more": bool((surrogate_table.loc[10:, "KL(old || new)"] > 0.04).all()),
-}, any_profile=True)
-
-# %% [markdown]
-# ## 10. From the trust region to PPO's clip
-#
-# **TRPO** maximises the surrogate while the new policy stays inside a KL ball around the old one: a
-# constraint in place of the bound's penalty (whose coefficient would force tiny steps), and the average KL
-# over the batch's states in place of its maximum:
+# **TRPO** maximises it while the new policy stays inside a KL ball around the old one, with the
+# average KL over the batch's states:
 #
 # $$\max_\theta\ \hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big]
-# \quad\text{s.t.}\quad \hat{\mathbb{E}}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}},$$
+# \quad\text{s.t.}\quad \hat{\mathbb{E}}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}}.$$
 #
-# where $\hat{\mathbb{E}}_t$ averages over the batch's steps and $\hat A_t$ estimates $A^{\text{old}}$. Solving
-# it needs second-order machinery (conjugate gradient, line search). **PPO** drops the constraint and
+# Solving it needs second-order machinery (conjugate gradient, line search). **PPO** drops the constraint and
 # changes the objective instead: with the same ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
 #
 # $$J^{\text{CLIP}}(\theta) = \hat{\mathbb{E}}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big]
@@ -972,16 +831,22 @@ check_claims({
 })
 
 # %% [markdown]
-# ### Exercise 3: the KL between two softmax policies
+# ### Exercise 2: the KL between two softmax policies
 #
 # Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
 # \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
 # dimension, for logits of any shape (..., V). Then answer from the step-size table of section 8: what
 # is the mean KL of the first step with $\eta = 100$, and is it inside a typical trust region of
 # $\delta_{\text{KL}} = 0.01$ (the radius; $\delta_t$ stays the TD error)? Which step sizes are?
+#
+# A KL is also a loss term (TRPO's constraint, the KL penalty of notebook 03), so the check compares its
+# gradients too, with respect to both sets of logits $z$, against their closed forms:
+#
+# $$\frac{\partial\, \mathrm{KL}}{\partial z_{\text{new}}} = \pi_{\text{new}} - \pi_{\text{old}}, \qquad
+# \frac{\partial\, \mathrm{KL}}{\partial z_{\text{old}}(v)} = \pi_{\text{old}}(v)\,\big(\log \pi_{\text{old}}(v) - \log \pi_{\text{new}}(v) - \mathrm{KL}\big).$$
 
 # %%
-# EXERCISE 3
+# EXERCISE 2
 def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
     raise NotImplementedError
@@ -1012,13 +877,25 @@ def check_policy_kl():
         "a mean over the actions where the formula has a sum": (p_old * (p_old.log() - p_new.log())).mean(-1),
     }, labels=("row", "column"))
     assert torch.all(policy_kl(old, old).abs() < 1e-6), "KL of a policy with itself must be 0"
+    weights = torch.randn(3, 5, generator=generator)  # (3, 5): a loss's d/d KL
+    old_leaf, new_leaf = old.clone().requires_grad_(True), new.clone().requires_grad_(True)  # (3, 5, V) each
+    got_old, got_new = torch.autograd.grad((policy_kl(old_leaf, new_leaf) * weights).sum(), (old_leaf, new_leaf),
+                                           allow_unused=True)
+    log_ratio = p_old.log() - p_new.log()  # (3, 5, V)
+    for name, grad, want in (("new", got_new, weights[..., None] * (p_new - p_old)),
+                             ("old", got_old, weights[..., None] * p_old * (log_ratio - expected[..., None]))):
+        assert grad is not None and grad.abs().max() > 0, (
+            f"no gradient reaches the {name} logits: they are cut from the graph (.detach()?), so a KL penalty "
+            "or constraint could not move that policy")
+        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5,
+                                   msg=f"the gradient with respect to the {name} logits differs from its closed form")
 
 
-exercise_check("Exercise 3 (policy_kl)", check_policy_kl,
+exercise_check("Exercise 2 (policy_kl)", check_policy_kl,
                hidden=[policy_kl_reference, torch.distributions.kl.kl_divergence])
 
 # %% [markdown]
-# <details><summary>Solution 3</summary>
+# <details><summary>Solution 2</summary>
 #
 # ```python
 # def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
@@ -1041,6 +918,256 @@ check_claims({
 })
 
 # %% [markdown]
+# ## 10. From the toy to a language model: the log-probs of the response tokens
+#
+# Everything above needs one number per action, $\log \pi_\theta(a_t \mid s_t)$: the ratio $\rho_t$, the
+# policy gradient and the KL are all built from it. In the toy it was a row of a table of logits. With a
+# language model it is the same gather from the model's logits, and three details of how a batch is laid
+# out decide which numbers are right (notebook 05's rollouts and losses depend on each of them):
+# 1. **Shift by one.** A causal LM run on tokens $x_0 \dots x_{L-1}$ returns logits $z_t$ at every
+#    position, and $z_t$ is the distribution of the **next** token, so token $t$'s log-prob comes from
+#    the logits one position earlier: $\log \pi_\theta(x_t \mid x_{<t}) = z_{t-1}[x_t] - \log \sum_v e^{z_{t-1}[v]}$.
+#    Token 0 has no prediction, and the last position's logits predict a token the batch does not hold.
+# 2. **Left padding.** Rows have different lengths; padding them on the left makes every row end at the
+#    last column (generation continues all rows at the same column). The pads are not text.
+# 3. **Only the response is an action.** The prompt is the initial state $s_0$, given, not chosen by the
+#    policy, so its tokens get no log-prob, exactly as the toy's start symbol got none.
+#
+# Row $i$ of the batch is `pad ... pad | prompt | response`, with attention mask $a_i$ (1 on real tokens)
+# and $P_i$ real prompt tokens, so its response starts at column $c_i = (L - \sum_t a_{i,t}) + P_i$
+# (its pads, then its prompt). With $z_{i,t}$ the logits of row $i$ at position $t$:
+#
+# $$\ell_{i,t} = \begin{cases} z_{i,t-1}[x_{i,t}] - \log \sum_v e^{z_{i,t-1}[v]} & t \ge c_i \quad\text{(a response token)} \\ 0 & t < c_i \quad\text{(padding or prompt)}. \end{cases}$$
+
+# %% [markdown]
+# ### Exercise 3: the response log-probs of a left-padded batch
+#
+# Write `response_logprobs(logits, input_ids, attention_mask, prompt_lengths)`: from the logits (B, L, V),
+# the tokens (B, L), the attention mask (B, L) and the prompt lengths $P_i$ (B,), return $\ell$, a (B, L)
+# tensor whose column $t$ holds token $t$'s log-prob on response tokens and 0 elsewhere, without a Python
+# loop. Build it from the logits (`log_softmax` or `logsumexp`, then `gather`):
+# `rlhf_helpers.logprobs_from_logits` and `logprobs_scratch` are hidden. The policy gradient flows through
+# these numbers into the model, so the check compares the gradient with respect to the logits as well as
+# the values.
+
+# %%
+# EXERCISE 3
+def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      prompt_lengths: torch.Tensor) -> torch.Tensor:
+    """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
+    raise NotImplementedError
+
+
+# %%
+# The check below compares your answer with this loop, and with what some mistakes compute.
+def logprob_loop(logits: torch.Tensor, input_ids: torch.Tensor, starts: list[int], source: int = -1,
+                 strict: bool = False) -> torch.Tensor:
+    """l[i, t] = log softmax(z[i, t + source])[x[i, t]] where t >= starts[i] (t > with strict), else 0: (B, L)."""
+    table = torch.zeros(input_ids.shape, dtype=logits.dtype)  # (B, L)
+    for i, start in enumerate(starts):
+        for t in range(input_ids.shape[1]):
+            if (t > start if strict else t >= start) and 0 <= t + source < input_ids.shape[1]:
+                z = logits[i, t + source]  # (V,): the logits that score token t
+                table[i, t] = z[input_ids[i, t]] - torch.logsumexp(z, dim=0)
+    return table
+
+
+def detached_normaliser_grad(weights: torch.Tensor, input_ids: torch.Tensor, starts: list[int], vocab: int
+                             ) -> torch.Tensor:
+    """d sum(w * l) / d z when log sum exp z is detached: w[i, t] on the chosen logit z[i, t-1, x_t] only."""
+    grad = torch.zeros(*input_ids.shape, vocab, dtype=weights.dtype)  # (B, L, V)
+    for i, start in enumerate(starts):
+        for t in range(start, input_ids.shape[1]):
+            grad[i, t - 1, input_ids[i, t]] = weights[i, t]
+    return grad
+
+# %%
+def check_response_logprobs():
+    generator = torch.Generator().manual_seed(5)
+    layout = [(0, 3), (2, 4), (4, 1), (1, 5), (5, 3)]  # (pads, prompt tokens) per row; L = 9, responses 6, 3, 4, 3, 1
+    B, L, V = len(layout), 9, 6
+    mask = torch.tensor([[0] * pads + [1] * (L - pads) for pads, _ in layout])  # (B, L): left padding
+    prompt_lengths = torch.tensor([p for _, p in layout])  # (B,)
+    ids = torch.randint(1, V, (B, L), generator=generator).masked_fill(mask == 0, 0)  # (B, L): pad id 0
+    logits = (2 * torch.randn(B, L, V, generator=generator)).requires_grad_(True)  # (B, L, V)
+    weights = torch.randn(B, L, generator=generator)  # (B, L): a loss's d/d l
+    starts = [pads + p for pads, p in layout]  # c_i
+    expected = logprob_loop(logits, ids, starts)  # (B, L), differentiable
+    got, z = response_logprobs(logits, ids.clone(), mask.clone(), prompt_lengths.clone()), logits.detach()
+    explain_mismatch(got.detach() if isinstance(got, torch.Tensor) else got, expected.detach(), "log-probs", known={
+        "token t scored by the logits at position t, which predict token t+1: shift the logits by one":
+            logprob_loop(z, ids, starts, source=0),
+        "one column off: column t holds token t+1's log-prob (the padding added on the wrong side?)":
+            F.pad(logprob_loop(z, ids, [s + 1 for s in starts])[:, 1:], (0, 1)),
+        "log-probs before the response in padded rows: the response starts after the left padding, at "
+        "(L - sum of the mask) + prompt length, not at the prompt length": logprob_loop(z, ids, [p for _, p in layout]),
+        "log-probs on the prompt tokens: the prompt is given, not chosen by the policy; only the response "
+        "is scored": logprob_loop(z, ids, [pads for pads, _ in layout]),
+        "the first response token is 0: the response starts at column (pads + prompt length) itself":
+            logprob_loop(z, ids, starts, strict=True),
+    }, labels=("row", "column"))
+    assert got.requires_grad, "no gradient reaches the logits: the log-probs were rebuilt outside the graph"
+    grad, expected_grad = (torch.autograd.grad((x * weights).sum(), logits)[0] for x in (got, expected))  # (B, L, V)
+    assert not torch.allclose(grad, detached_normaliser_grad(weights, ids, starts, V)), (
+        "the values are right but the gradient is not: the normaliser log sum exp z was detached, so a step "
+        "would push the chosen logit up without pushing the other tokens' logits down")
+    torch.testing.assert_close(grad, expected_grad, msg="the values are right but the gradient with respect "
+                               "to the logits is not")
+    extreme = z.clone()
+    extreme[0, L - 2, ids[0, L - 1]] = -800.0  # the last token of row 0 at a probability of about e^-800
+    assert torch.isfinite(response_logprobs(extreme, ids, mask, prompt_lengths)[0, L - 1]), (
+        "a response token of probability about e^-800 got -inf: softmax rounds it to 0 before the log; "
+        "use log_softmax, or z - logsumexp(z), which never form that probability")
+
+
+exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
+               hidden=[rlhf_helpers.logprobs_from_logits, logprobs_scratch])
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+#                       prompt_lengths: torch.Tensor) -> torch.Tensor:
+#     """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
+#     L = input_ids.shape[1]
+#     z = logits[:, :-1]  # (B, L-1, V): position t-1's logits predict token t
+#     next_tokens = input_ids[:, 1:].unsqueeze(-1)  # (B, L-1, 1): the tokens they predict
+#     token_logp = z.gather(-1, next_tokens).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (B, L-1)
+#     token_logp = F.pad(token_logp, (1, 0))  # (B, L): column t holds token t's log-prob; token 0 has none
+#     start = (L - attention_mask.sum(dim=1)) + prompt_lengths  # (B,): after the pads and the prompt
+#     is_response = torch.arange(L, device=input_ids.device)[None, :] >= start[:, None]  # (B, L)
+#     return token_logp * is_response  # (B, L): 0 on the pads and the prompt
+# ```
+# </details>
+#
+# Notebook 05 computes exactly these numbers for the policy, the frozen reference and the old policy
+# of every rollout, with one more layout detail: the responses there are padded on the right after
+# their EOS, so a response mask is built from the EOS as well.
+
+# %% [markdown]
+# ## Deep dive: the performance-difference lemma, the CPI surrogate and TRPO's bound
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Section 9 stated that the surrogate objective, which a step on old data improves, matches $J$ only
+# near the old policy. Here is the proof, and the gap measured on the toy. Write
+# $A^{\text{old}} = Q^{\pi_{\text{old}}} - V^{\pi_{\text{old}}}$ for the advantage of the policy that
+# collected the data, and $d^{\pi}_t(s)$ for the probability that policy $\pi$ is in state $s$ at step
+# $t$ (`state_occupancy` above).
+#
+# **Performance-difference lemma** (Kakade and Langford, 2002). For any two policies,
+#
+# $$J(\theta) - J(\theta_{\text{old}}) = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} A^{\text{old}}(s_t, a_t)\Big]
+# = \sum_{t=0}^{T-1} \mathbb{E}_{s_t \sim d^{\pi_\theta}_t,\ a_t \sim \pi_\theta}\big[A^{\text{old}}(s_t, a_t)\big].$$
+#
+# Proof: $A^{\text{old}}(s_t, a_t) = \mathbb{E}\big[r_t + V^{\text{old}}(s_{t+1}) \mid s_t, a_t\big] - V^{\text{old}}(s_t)$,
+# so along an episode of $\pi_\theta$ the sum telescopes to $\sum_t r_t - V^{\text{old}}(s_0)$ (since
+# $V^{\text{old}}(s_T) = 0$), whose expectation is $J(\theta) - J(\theta_{\text{old}})$ because $s_0$ does
+# not depend on the policy. (With a discount $\gamma$ and no fixed end, the same steps give
+# $\frac{1}{1-\gamma}\,\mathbb{E}_{s \sim d^{\pi_\theta}_\gamma,\, a \sim \pi_\theta}[A^{\text{old}}(s, a)]$,
+# with $d^{\pi}_\gamma$ the normalised discounted state distribution.)
+#
+# The actions can be drawn from the old policy instead, exactly, by importance weighting:
+# $\mathbb{E}_{a \sim \pi_\theta}[A^{\text{old}}] = \mathbb{E}_{a \sim \pi_{\text{old}}}[\rho\, A^{\text{old}}]$
+# with $\rho = \pi_\theta(a \mid s) / \pi_{\text{old}}(a \mid s)$. The states cannot: $d^{\pi_\theta}$ is where
+# the *new* policy goes, and the only episodes we have come from the old one. Replacing $d^{\pi_\theta}_t$
+# by $d^{\pi_{\text{old}}}_t$ gives the **surrogate objective** of conservative policy iteration (CPI),
+#
+# $$J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) = J(\theta_{\text{old}}) + \sum_{t=0}^{T-1} \mathbb{E}_{s_t \sim d^{\pi_{\text{old}}}_t,\ a_t \sim \pi_{\text{old}}}\big[\rho_t\, A^{\text{old}}(s_t, a_t)\big],$$
+#
+# which a batch from $\pi_{\text{old}}$ can estimate. It is TRPO's surrogate (Schulman et al., 2015, who
+# define it as $L$ in eq. 3 and estimate it from samples in eq. 14; it is maximised, so this course
+# writes $J$) and, without the constant,
+# PPO's $L^{\text{CPI}}$ (Schulman et al., 2017, eq. 6). It agrees with $J$ to **first order** at $\theta_{\text{old}}$:
+# - same value: at $\theta = \theta_{\text{old}}$ every $\rho_t = 1$, and $\mathbb{E}_{a \sim \pi_{\text{old}}}[A^{\text{old}}(s, a)] = 0$;
+# - same gradient: $\nabla_\theta \rho_t = \rho_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$, so at $\theta_{\text{old}}$
+#   the surrogate's gradient is $\mathbb{E}\big[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, A^{\text{old}}(s_t, a_t)\big]$,
+#   the policy gradient of section 5 with $\Phi_t = A$.
+#
+# Away from $\theta_{\text{old}}$ the two differ only through the state distribution, which drifts further
+# the more the policy changes. TRPO's Theorem 1 bounds the gap with the total-variation distance; since
+# $D_{\text{TV}}^2 \le \mathrm{KL}$ it gives this bound (their eq. 9), in the discounted setting (where $J$ and
+# $J^{\text{CPI}}$ are the discounted returns, and $J^{\text{CPI}}$ uses the old policy's discounted state distribution):
+#
+# $$J(\theta) \ge J^{\text{CPI}}_{\theta_{\text{old}}}(\theta) - \frac{4 \gamma \max_{s,a} \lvert A^{\text{old}}(s,a) \rvert}{(1-\gamma)^2}\, \max_s \mathrm{KL}\big(\pi_{\text{old}}(\cdot \mid s) \,\Vert\, \pi_\theta(\cdot \mid s)\big).$$
+#
+# So a gain of the surrogate is guaranteed to be a gain of $J$ only where it exceeds a penalty that grows
+# with the KL from the old policy: maximise the surrogate, but only within a small KL of $\theta_{\text{old}}$.
+# That is what a trust region enforces, and what PPO's clip approximates (section 9). The toy has
+# every quantity exactly, so the next cell computes both sides. On a random pair of policies, **the lemma
+# holds exactly**, **$J^{\text{CPI}}$ has $J$'s value and gradient at $\theta_{\text{old}}$**, and away from
+# it, for this pair far apart, **the surrogate predicts more than twice the true gain**.
+
+# %%
+def advantage_table(theta: torch.Tensor) -> torch.Tensor:
+    """A(t, p, a) = Q(t, p, a) - V(t, p) of the policy with logits theta: (T, N_WORDS+1, N_WORDS)."""
+    values, qs = exact_values(theta)
+    return qs - values[..., None]
+
+
+def gain_exact(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """sum_t E_{s ~ d_t of NEW, a ~ NEW}[A_old(s, a)]: J(new) - J(old) by the lemma."""
+    return (state_occupancy(new)[..., None] * torch.softmax(new, -1) * advantage_table(old)).sum()
+
+
+def gain_surrogate(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """sum_t E_{s ~ d_t of OLD, a ~ NEW}[A_old(s, a)] = J^CPI_old(new) - J(old): the states of the old policy."""
+    return (state_occupancy(old)[..., None] * torch.softmax(new, -1) * advantage_table(old)).sum()
+
+
+pair = torch.Generator().manual_seed(3)
+theta_a = torch.randn(T, N_WORDS + 1, N_WORDS, generator=pair)  # an old policy
+theta_b = theta_a + 0.5 * torch.randn(T, N_WORDS + 1, N_WORDS, generator=pair)  # a new one
+theta_new = theta_a.clone().requires_grad_(True)
+(surrogate_grad,) = torch.autograd.grad(gain_surrogate(theta_a, theta_new), theta_new)  # at theta = theta_old
+print(f"J(new) - J(old) = {(expected_return(theta_b) - expected_return(theta_a)).item():+.5f}   "
+      f"lemma: {gain_exact(theta_a, theta_b).item():+.5f}   surrogate: {gain_surrogate(theta_a, theta_b).item():+.5f}")
+
+# %% tags=["claim-check"]
+check_claims({
+    "the lemma holds exactly": abs(gain_exact(theta_a, theta_b).item()
+                                   - (expected_return(theta_b) - expected_return(theta_a)).item()) < 1e-5,
+    "J^CPI has J's value at theta_old": abs(gain_surrogate(theta_a, theta_a).item()) < 1e-6,
+    "J^CPI has J's gradient at theta_old": torch.allclose(surrogate_grad, exact_gradient(theta_a), atol=1e-6),
+    "for this pair the surrogate predicts more than twice the true gain":
+        gain_surrogate(theta_a, theta_b).item() > 2 * gain_exact(theta_a, theta_b).item() > 0,
+}, any_profile=True)
+
+# %% [markdown]
+# How fast do they part? Step from the uniform policy $\theta_u$ along the exact gradient,
+# $\theta = \theta_u + \eta\, \nabla J(\theta_u)$, and compare the true gain with the one the surrogate predicts:
+
+# %%
+surrogate_rows = []
+for eta in (0.1, 1, 10, 30, 100):
+    theta = uniform + eta * exact_gradient(uniform)  # (T, N_WORDS+1, N_WORDS)
+    true_gain, predicted = gain_exact(uniform, theta).item(), gain_surrogate(uniform, theta).item()
+    surrogate_rows.append({"eta": eta, "KL(old || new)": mean_kl(uniform, theta).item(), "J gain": true_gain,
+                           "surrogate gain": predicted, "gap": predicted - true_gain,
+                           "gap / J gain": (predicted - true_gain) / true_gain})
+surrogate_table = pd.DataFrame(surrogate_rows).set_index("eta")
+display(surrogate_table.style.format("{:.3g}"))
+
+# %% [markdown]
+# The gap is of **second order**, like the KL: from $\eta = 0.1$ to $\eta = 1$ the gain grows about 10×
+# and the gap about 100×. The surrogate **overestimates the gain at every step size** here, by **under
+# 1%** up to $\eta = 1$ and by **over 5%** from $\eta = 10$ on (mean KL of about 0.05 and more). On this toy, with exact
+# advantages, the error stays moderate. A real optimiser maximises a *batch estimate* of $J^{\text{CPI}}$,
+# with estimated advantages, and section 9 showed what many steps on such an estimate do.
+
+# %% tags=["claim-check"]
+grows = surrogate_table.loc[1] / surrogate_table.loc[0.1]  # how much each column grows from eta 0.1 to 1
+check_claims({
+    "from eta 0.1 to 1 the gain grows about 10x": 9 < grows["J gain"] < 11,
+    "and the gap about 100x": 80 < grows["gap"] < 120,
+    "the surrogate overestimates the gain at every step size": bool((surrogate_table["gap"] > 0).all()),
+    "by under 1% up to eta = 1": bool((surrogate_table.loc[:1, "gap / J gain"] < 0.01).all()),
+    "by over 5% from eta = 10 on": bool((surrogate_table.loc[10:, "gap / J gain"] > 0.05).all()),
+    "where the mean KL is about 0.05 and more": bool((surrogate_table.loc[10:, "KL(old || new)"] > 0.04).all()),
+}, any_profile=True)
+
+# %% [markdown]
 # ## Summary
 # - The policy gradient weights $\nabla \log \pi(a_t \mid s_t)$ by $\Phi_t$; total return, reward-to-go,
 #   reward-to-go minus a baseline and the advantage are all unbiased, and at both policies measured the
@@ -1049,14 +1176,72 @@ check_claims({
 #   actor-critic also bootstraps from a learned $V$ with TD errors. PPO is an actor-critic.
 # - The size of a step in parameter space does not control how far the policy moves: one large step
 #   collapses it, and so do many unclipped steps on one batch.
-# - By the performance-difference lemma, $J(\theta) - J(\theta_{\text{old}})$ is the old advantage averaged over
-#   the **new** policy's states and actions. The CPI surrogate uses the old policy's states instead: it
-#   matches $J$ to first order at $\theta_{\text{old}}$ and parts from it as the policies separate, which is
-#   why TRPO maximises it inside a KL trust region.
+# - To reuse a batch, TRPO and PPO maximise the surrogate $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$: importance
+#   weighting corrects the actions, not the states, so it has the policy gradient at $\theta_{\text{old}}$ and
+#   parts from $J$ as the policies separate, which is why TRPO maximises it inside a KL trust region
+#   (the deep dive proves it with the performance-difference lemma).
 # - PPO clips instead: once a token's ratio $\pi_\theta / \pi_{\text{old}}$ has left $[1-\epsilon, 1+\epsilon]$ in
 #   the direction its advantage favours, that token's gradient is zero, so nothing rewards pushing the
 #   ratio further. The clip removes the incentive, not the movement: ratios still end outside the band
-#   (section 10; notebooks 04 and 05), but 30 steps on one batch moved the policy far less than without the
+#   (section 9; notebooks 04 and 05), but 30 steps on one batch moved the policy far less than without the
 #   clip (mean KL more than 10 times smaller) and kept most of its entropy.
+# - With a language model, token $t$'s log-prob comes from the logits at position $t-1$; in a left-padded
+#   batch row $i$'s response starts after its pads and its prompt, and only the response tokens are
+#   actions.
 #
 # Next: notebook 02 trains the reward model that supplies the final score.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why may the policy gradient weight $\nabla \log \pi(a_t \mid s_t)$ by the reward-to-go instead of the
+#    whole return, without bias?
+#
+# <details><summary>Answer</summary>
+#
+# The rewards collected before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t \sim \pi}[\nabla \log \pi(a_t \mid s_t)] =
+# \nabla \sum_a \pi(a \mid s_t) = \nabla 1 = 0$, so their terms have expectation zero: dropping them changes
+# only the variance, which section 6 measured falling.
+# </details>
+#
+# 2. Subtracting a baseline $b(s_t)$ leaves the gradient unbiased. Would a baseline that depends on the
+#    action, $b(s_t, a_t)$, also do so, and why is $V(s_t)$ a good choice?
+#
+# <details><summary>Answer</summary>
+#
+# No: the argument uses $\mathbb{E}_{a}[\nabla \log \pi(a \mid s)]\, b(s) = 0$, which holds only because $b$
+# comes out of the expectation over $a$; a $b(s, a)$ does not, and in general biases the estimate.
+# $V(s_t)$ centres the weight: an action is pushed up only if it did better than usual from that state.
+# </details>
+#
+# 3. After one step with $\eta = 300$ the toy policy is nearly deterministic. Why do ordinary steps
+#    afterwards repair an unlucky commitment only slowly?
+#
+# <details><summary>Answer</summary>
+#
+# The exact gradient for the logits of a state is $d_t(s)\,\pi(a \mid s)\,(Q(s, a) - V(s))$. For the
+# actions it almost never takes, $\pi(a \mid s) \approx 0$; for the one it takes, $Q - V \approx 0$. So the
+# gradient is nearly zero everywhere, and the policy rarely samples the alternatives that would show them
+# to be better.
+# </details>
+#
+# 4. With $\epsilon = 0.2$ and $\hat A_t > 0$, a token's ratio has reached 1.35. What does that token add to
+#    the gradient of $J^{\text{CLIP}}$, and can its ratio still grow?
+#
+# <details><summary>Answer</summary>
+#
+# Nothing: its term is $\min(\rho_t \hat A_t, 1.2\, \hat A_t) = 1.2\, \hat A_t$, flat in $\theta$. The ratio can
+# still grow: other tokens' gradients move shared parameters, and a long step overshoots. The clip
+# removes the incentive, not the movement (section 9 measured most ratios outside the band after 30
+# clipped steps).
+# </details>
+#
+# 5. A left-padded row is `pad pad p1 p2 r1 r2 r3` (columns 0 to 6, a prompt of 2 tokens). Which
+#    position's logits give $\log \pi(r_1 \mid \cdot)$, and which columns of `response_logprobs` are 0?
+#
+# <details><summary>Answer</summary>
+#
+# The logits at column 3 (where `p2` sits) predict the token at column 4, $r_1$. Columns 0 to 3 (two pads,
+# two prompt tokens) are 0; columns 4, 5 and 6 hold the log-probs computed from the logits at columns 3, 4
+# and 5, and the logits at column 6 go unused.
+# </details>
