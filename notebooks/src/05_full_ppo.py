@@ -92,7 +92,8 @@ from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.claims import check_claims
-from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
+from rlhf_helpers.course.notebook import trust_learner_function
+from rlhf_helpers.course.update_check import explain_update_difference, update_loop
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import load_model_weights
 from rlhf_helpers.ppo.diagnosis import diagnose, format_findings, mark_findings
@@ -519,8 +520,10 @@ exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
 # - `per_sequence=True` (OpenRLHF's `seq-mean-token-mean`): the masked mean over each response's own
 #   tokens first, then the plain mean over responses.
 #
-# Padding positions hold garbage (huge log-probs): they must not reach the result. Section 4 trains
-# with your loss (`per_sequence=False`) once it passes.
+# Padding positions hold garbage (huge log-probs): they must not reach the result. The check compares
+# the value with a plain loop over each response's tokens, and then the gradient with respect to
+# `logprobs` (autograd of your loss against autograd of the loop), since a loss with the right value can
+# still push the policy the wrong way. Section 4 trains with your loss (`per_sequence=False`) once it passes.
 
 # %%
 # EXERCISE 3
@@ -528,6 +531,43 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
     raise NotImplementedError
+
+
+# %%
+def clip_loss_loop(x, old, adv, lengths, reduction):
+    """The check's reference: L^CLIP (eps 0.2) by a plain loop over each response's real tokens."""
+    per_row = []
+    for i, n in enumerate(lengths):
+        rho = torch.exp(x[i, :n] - old[i, :n])
+        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]))  # (n,)
+    if reduction == "unclipped":
+        return -torch.cat([torch.exp(x[i, :n] - old[i, :n]) * adv[i, :n] for i, n in enumerate(lengths)]).mean()
+    # token: every real token of the minibatch weighs the same; sequence: every response weighs the same
+    return torch.cat(per_row).mean() if reduction == "token" else torch.stack([r.mean() for r in per_row]).mean()
+
+
+def gradient_problem(got_grad, want_grad, mask, logp_minus_old):
+    """Where d loss / d logprobs first differs from the loop's, and why, in words (None: it agrees)."""
+    wrong = ~torch.isclose(got_grad, want_grad, rtol=1e-4, atol=1e-7)  # (b, R); NaN is wrong
+    in_band = (logp_minus_old.exp() - 1).abs() < 0.2  # (b, R): both terms of the min are equal there
+    if not wrong.any():
+        return None
+    i, t = (int(k) for k in wrong.nonzero()[0])
+    said = (f"the value is right, but d loss / d logprobs differs first at row {i}, token {t} (got "
+            f"{float(got_grad[i, t]):.5f}, expected {float(want_grad[i, t]):.5f})")
+    if mask[i, t] == 0:
+        return said + (". That is padding, which must get no gradient: mask the log-ratio with torch.where "
+                       "before exp (0 x exp(500) is NaN in the backward pass too)")
+    if bool((wrong <= in_band).all()) and torch.allclose(got_grad[in_band], 0.5 * want_grad[in_band], rtol=1e-4,
+                                                         atol=1e-7):
+        return said + (". Inside the clip band your gradient is half the true one, and right everywhere else: there "
+                       "both terms of the min are equal, autograd splits the gradient between them, and your "
+                       "clipped term passes none back. Do not .detach() the clipped branch: rho.clamp(1 - eps, "
+                       "1 + eps) carries the gradient of rho inside the band")
+    ratio = float((logp_minus_old[i, t]).exp())
+    return said + (f", a real token with ratio {ratio:.3f} (the band is [0.8, 1.2]). Some step between logprobs and "
+                   "the loss drops or changes its gradient (a .detach(), torch.no_grad(), a tensor rebuilt from plain "
+                   "numbers)")
 
 
 # %%
@@ -539,29 +579,33 @@ def check_clipped_policy_loss():
     old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
     adv = torch.randn(5, 7, generator=g)  # (b, R)
     garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
-    per_row = []  # a plain loop over each response's real tokens
-    for i, n in enumerate(lengths):
-        rho = torch.exp(logp[i, :n] - old[i, :n])
-        per_row.append(-torch.min(rho * adv[i, :n], rho.clamp(0.8, 1.2) * adv[i, :n]))  # (n,)
-    token_mean = torch.cat(per_row).mean()  # every real token of the minibatch weighs the same
-    sequence_mean = torch.stack([row.mean() for row in per_row]).mean()  # every response weighs the same
-    unclipped = -torch.cat([torch.exp(logp[i, :n] - old[i, :n]) * adv[i, :n] for i, n in enumerate(lengths)]).mean()
-    for per_sequence, expected in ((False, token_mean), (True, sequence_mean)):
-        got = clipped_policy_loss(garbage, old, adv, mask, 0.2, per_sequence=per_sequence)
+    unclipped = clip_loss_loop(garbage, old, adv, lengths, "unclipped")
+    for per_sequence, reduction, other in ((False, "token", "sequence"), (True, "sequence", "token")):
+        x = garbage.clone().requires_grad_(True)
+        expected = clip_loss_loop(x, old, adv, lengths, reduction)
+        (want_grad,) = torch.autograd.grad(expected, x)  # (b, R): autograd of the reference loop
+        expected, other_reduction = expected.detach(), clip_loss_loop(garbage, old, adv, lengths, other)
+        y = garbage.clone().requires_grad_(True)
+        got = clipped_policy_loss(y, old, adv, mask, 0.2, per_sequence=per_sequence)
         assert got.dim() == 0, f"per_sequence={per_sequence}: return one scalar, got shape {tuple(got.shape)}"
-        other_reduction = {False: sequence_mean, True: token_mean}[per_sequence]
+        value = got.detach()
         symptoms = [  # (what the wrong loss equals, the likely cause)
-            (not torch.isfinite(got), "it is not finite: the padding's huge log-probs reached it (mask them before "
-                                      "exp, e.g. with torch.where)"),
-            (torch.isclose(got, -expected, rtol=1e-5), "it has the wrong sign: the loss is MINUS the clipped objective"),
-            (not per_sequence and torch.isclose(got, unclipped, rtol=1e-5),
+            (not torch.isfinite(value), "it is not finite: the padding's huge log-probs reached it (mask them before "
+                                        "exp, e.g. with torch.where)"),
+            (torch.isclose(value, -expected, rtol=1e-5), "it has the wrong sign: the loss is MINUS the clipped "
+                                                         "objective"),
+            (not per_sequence and torch.isclose(value, unclipped, rtol=1e-5),
              "it equals the unclipped loss: take the min with the clipped term"),
-            (torch.isclose(got, other_reduction, rtol=1e-5), "it uses the other reduction: per_sequence=False "
-                                                             "averages all real tokens at once, per_sequence=True "
-                                                             "each response's tokens first")]
+            (torch.isclose(value, other_reduction, rtol=1e-5), "it uses the other reduction: per_sequence=False "
+                                                               "averages all real tokens at once, per_sequence=True "
+                                                               "each response's tokens first")]
         hint = next((text for seen, text in symptoms if seen), "compare min(rho A, clip(rho) A) token by token")
-        assert torch.isclose(got, expected, rtol=1e-5, atol=1e-7), (
-            f"per_sequence={per_sequence}: your loss is {float(got):.5f}, expected {float(expected):.5f}; {hint}")
+        assert torch.isclose(value, expected, rtol=1e-5, atol=1e-7), (
+            f"per_sequence={per_sequence}: your loss is {float(value):.5f}, expected {float(expected):.5f}; {hint}")
+        assert got.requires_grad, (f"per_sequence={per_sequence}: the value is right, but it carries no gradient to "
+                                   "logprobs (a .detach(), torch.no_grad() or .item() on the way)")
+        problem = gradient_problem(torch.autograd.grad(got, y)[0], want_grad, mask, logp - old)
+        assert problem is None, f"per_sequence={per_sequence}: {problem}"
 
 
 exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
@@ -622,7 +666,11 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # The check runs the library's update and yours from the same weights, on the same batch, with the same
 # shuffles, in two settings: without gradient clipping and with a clip that binds. Its batch comes from a
 # policy that has already **moved** away from the reference, so the stored log-probs and the reference's
-# differ, and its `vf_coef` is 0.5. Both updates use plain SGD, with a policy step large enough to move the
+# differ. Every setting your loop reads has a value of its own there (temperature 0.8, `clip_eps` 0.15,
+# `value_clip` 0.05, `vf_coef` 0.4, minibatches of 4, 2 epochs): none is at its default, which a loop that
+# ignores it would use, and no two are equal, so a loop that reads the wrong field gets other numbers. Where
+# your losses differ, the check replays the update with one common mistake at a time and names the one
+# that gives your numbers. Both updates use plain SGD, with a policy step large enough to move the
 # ratios out of the clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float
 # rounding decides the direction of a full-size step, and two correct implementations drift apart by far
 # more than rounding. SGD keeps every difference at the size of the rounding that caused it. The check
@@ -645,9 +693,13 @@ with torch.no_grad():
     g_moved = torch.Generator().manual_seed(1)
     for param in check_model.policy_parameters():
         param.add_(0.05 * torch.randn(param.shape, generator=g_moved).to(param))
-check_config = config.replace(rollout_batch_size=16, mini_batch_size=4, ppo_epochs=2, vf_coef=0.5)
+# every setting the loop reads gets a value of its own: none at PPOConfig's default (what a loop that ignores it
+# uses), no two equal (so a loop that reads the wrong field gets other numbers)
+check_config = config.replace(rollout_batch_size=16, mini_batch_size=4, ppo_epochs=2, temperature=0.8, clip_eps=0.15,
+                              value_clip=0.05, vf_coef=0.4, kl_coef=0.1, lam=0.9)
 torch.manual_seed(profile.seed)
-check_batch = collect_experience(check_model, tokenizer, batch_prompts[:16], check_config, kl_coef=config.kl_coef)
+check_batch = collect_experience(check_model, tokenizer, batch_prompts[:16], check_config,
+                                 kl_coef=check_config.kl_coef)
 check_trainable = check_model.policy_parameters() + check_model.value_parameters()
 check_start = [p.detach().clone() for p in check_trainable]
 POLICY_LR = 2.0  # large: the later minibatches see ratios outside [1 - eps, 1 + eps]
@@ -660,6 +712,7 @@ def restore_check_model():
     with torch.no_grad():
         for param, weight in zip(check_trainable, check_start, strict=True):
             param.copy_(weight)
+            param.grad = None  # no gradient left over from an earlier run
 
 
 def library_update(cfg):
@@ -694,35 +747,17 @@ def reference_clip_loss(logprobs, old_logprobs, advantages, mask, eps):
 
 
 # %%
-def update_difference(got, expected, cfg):
-    """The first minibatch whose policy or value loss differs, and the likely cause, in words."""
-    per_epoch = math.ceil(cfg.rollout_batch_size / cfg.mini_batch_size)
-    for k in range(len(expected)):
-        epoch, index = divmod(k, per_epoch)
-        at = f"minibatch {k} (epoch {epoch}, #{index})"
-        for column, role in ((0, "policy"), (1, "value")):
-            g, e = float(got[k, column]), float(expected[k, column])
-            if abs(g - e) <= 1e-5 + 1e-4 * abs(e):
-                continue
-            if role == "policy" and k == 0:
-                cause = ("the loss on unchanged weights differs: take the ratio against the log-probs stored at "
-                         "sampling (batch.old_logprobs), never the reference's, and pass the mask")
-            elif index == 0 and epoch > 0:
-                cause = "every epoch needs a fresh shuffle: torch.randperm(B, generator=generator) inside the epoch loop"
-            elif role == "policy":
-                cause = ("the previous policy step moved the weights differently: clip the gradient norm of the "
-                         "policy adapter's own parameters to config.max_grad_norm before policy_opt.step()")
-            elif k == 0:
-                cause = "the value loss: 1/2 x masked mean of max((V - G)^2, (V_clip - G)^2), V_clip around batch.values"
-            else:
-                cause = ("the previous value step moved the weights differently: scale the value loss by "
-                         "config.vf_coef before backward, and clip the value adapter's own gradient norm")
-            return (f"your {role} losses match up to {at} and differ there: got {g:.5f}, expected {e:.5f}. "
-                    f"Likely cause: {cause}")
-    return None
+def replay_with(cfg):
+    """Runs the check's own plain loop with one mistake (update_check.update_loop): where your numbers differ,
+    the hint names the mistake that reproduces them."""
+    def replay(changes, minibatches):
+        restore_check_model()
+        return update_loop(check_model, check_batch, torch.optim.SGD(check_model.policy_parameters(), lr=POLICY_LR),
+                           torch.optim.SGD(check_model.value_parameters(), lr=VALUE_LR), cfg,
+                           torch.Generator().manual_seed(0), reference_clip_loss, minibatches=minibatches, **changes)
+    return replay
 
 
-# %%
 def check_ppo_update():
     try:
         for cfg, (expected, weights, _), setting in ((free_config, free_run, "no gradient clipping"),
@@ -734,13 +769,15 @@ def check_ppo_update():
                                 torch.Generator().manual_seed(0), reference_clip_loss)
             got = torch.tensor(losses, dtype=torch.float32)  # (minibatches, 2)
             assert got.shape == expected.shape, (
-                f"with {setting}: expected {len(expected)} (policy loss, value loss) pairs ({cfg.ppo_epochs} epochs x "
-                f"{len(expected) // cfg.ppo_epochs} minibatches), got shape {tuple(got.shape)}")
-            problem = update_difference(got, expected, cfg)
+                f"with {setting}: expected {len(expected)} (policy loss, value loss) pairs (config.ppo_epochs = "
+                f"{cfg.ppo_epochs} epochs x {len(expected) // cfg.ppo_epochs} minibatches of config.mini_batch_size "
+                f"= {cfg.mini_batch_size}), got shape {tuple(got.shape)}")
+            weights_after = [param.detach().clone() for param in check_trainable]
+            problem = explain_update_difference(got, expected, cfg, replay_with(cfg))
             assert problem is None, f"with {setting}: {problem}"
-            for param, weight in zip(check_trainable, weights, strict=True):
-                torch.testing.assert_close(param.detach(), weight, **close_tolerance(profile.torch_dtype, atol=1e-5,
-                                           rtol=1e-4), msg=f"with {setting}: the adapter weights after the update")
+            for param, weight in zip(weights_after, weights, strict=True):
+                torch.testing.assert_close(param, weight, **close_tolerance(profile.torch_dtype, atol=1e-5, rtol=1e-4),
+                                           msg=f"with {setting}: the adapter weights after the update")
     finally:
         restore_check_model()
 
@@ -783,8 +820,10 @@ exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
 #     return losses
 # ```
 # The mistakes this check catches include the ratio against the reference's log-probs (notebook 06 (a)),
-# one shuffle for all epochs, a missing `vf_coef`, no gradient clip or one clip over both adapters, no
-# value clip, and the mask left out of the value loss's mean.
+# the temperature left out of the new log-probs, advantages re-normalised in every minibatch (CleanRL's
+# `norm_adv`: here they were whitened once per batch), one shuffle for all epochs, a missing `vf_coef` or
+# one read from another field, a setting left at its default, no gradient clip or one clip over both
+# adapters, the value clipped with `clip_eps` or not at all, and the mask left out of the value loss's mean.
 # </details>
 
 # %% [markdown]
@@ -796,7 +835,8 @@ exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
 # checkpoint. It takes PPO's maths as arguments, the library's by default: `shape_rewards_fn`
 # (Exercise 1), `advantage_fn` (Exercise 2), `policy_loss_fn` (Exercise 3) and `update_fn` (Exercise 4).
 # The cell below passes each of your functions whose check passed, and the library's for the others;
-# the line it prints says which is which. Solve an exercise, run its check, and run this section again:
+# a function you redefined after its check is checked again first, and used only if it passes. The
+# lines it prints say which piece is whose, and why. Solve an exercise, run its check, and run this section again:
 # your code trains the model. (On an fp16 base, a T4 GPU, the library's update stays: it scales the
 # loss against fp16 underflow, which a plain loop does not.)
 #
@@ -816,16 +856,24 @@ YOUR_PIECES = (("shape_rewards_fn", "Exercise 1 (shaped_rewards)", shaped_reward
                ("update_fn", "Exercise 4 (ppo_update)", ppo_update))
 torch.manual_seed(profile.seed)
 model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
-pieces = {arg: fn for arg, exercise, fn in YOUR_PIECES if exercise_outcome(exercise) == EXERCISE_PASSED}
-if "update_fn" in pieces and needs_grad_scaler(model):
-    del pieces["update_fn"]  # fp16 base: the library's update, with its loss scaling
 names = {arg: exercise.partition("(")[2].rstrip(")") for arg, exercise, _ in YOUR_PIECES}
+pieces, why = {}, {}
+for arg, exercise, fn in YOUR_PIECES:  # a function redefined after its check passed is checked again here
+    trusted, why[arg] = trust_learner_function(exercise, fn)
+    if trusted and arg == "update_fn" and needs_grad_scaler(model):
+        trusted, why[arg] = False, "an fp16 base needs the library's update, with its loss scaling"
+    if trusted:
+        pieces[arg] = fn
 yours = [names[arg] for arg in names if arg in pieces]
 library_side = [names[arg] for arg in names if arg not in pieces]
 pieces_line = "This run trains with your " + (", ".join(yours) or "code in no piece yet")
 if library_side:
     pieces_line += ", and with the library's " + ", ".join(library_side)
 print(pieces_line + ".")
+for arg in names:  # why, where it is not simply "its check passed"
+    if arg not in pieces or why[arg] != "its check passed":
+        side = "yours" if arg in pieces else "the library's"
+        print(f"  {names[arg]}: {side}, because {why[arg]}")
 trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores, **pieces)
 start_eval = trainer.evaluate(eval_prompts)
 print("before training (the SFT model), held-out prompts: "

@@ -17,12 +17,13 @@ them back. This module imports only the standard library at import time, so the 
 from __future__ import annotations
 
 import importlib
+import io
 import platform
 import re
 import sys
 import types
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -199,6 +200,21 @@ EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
 _OUTCOMES: dict[str, str] = {}
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """The latest check of one exercise: how to run it again, and the learner's function it ran."""
+
+    check: Callable[[], None]
+    hidden: tuple[Any, ...]
+    seconds: float | None
+    #: the function named in brackets in the exercise's name, as the check found it (None: no such function)
+    function: Any
+
+
+#: the latest check of each exercise in this kernel, by the name given to `exercise_check`
+_CHECKED: dict[str, _Checked] = {}
+
+
 def exercise_outcome(name: str) -> str | None:
     """EXERCISE_PASSED, EXERCISE_FAILED or EXERCISE_TODO: the latest check of `name` in this kernel (None:
     never checked). A notebook uses a learner's function only where its check passed."""
@@ -210,22 +226,65 @@ CHECK_SECONDS = 120.0
 _LEARNER_NAME = re.compile(r"\((\w+)\)\s*$")  # "Exercise 2 (gae_loop)" -> gae_loop
 
 
+def _learner_function(name: str, namespace: MutableMapping[str, Any] | None) -> types.FunctionType | None:
+    """The function an exercise's name names in brackets, as the namespace holds it now (None: there is none)."""
+    match = _LEARNER_NAME.search(name)
+    function = namespace.get(match.group(1)) if match and namespace is not None else None
+    return function if isinstance(function, types.FunctionType) else None
+
+
+def same_function(a: Any, b: Any) -> bool:
+    """Whether two functions are one: the same object, or equal code (the same unchanged cell run again)."""
+    if a is b:
+        return True
+    return isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType) and a.__code__ == b.__code__
+
+
+def checked_function_is(name: str, function: Any) -> bool:
+    """Whether the latest check of exercise `name` ran `function` (or a function with equal code): a pass
+    recorded for one function says nothing about a function defined after it."""
+    record = _CHECKED.get(name)
+    return record is not None and record.function is not None and same_function(record.function, function)
+
+
+def trust_learner_function(name: str, function: Any) -> tuple[bool, str]:
+    """Whether a notebook may use the learner's `function` for exercise `name`, and why, in a few words.
+
+    A function is trusted when the latest check of `name` ran it (`checked_function_is`) and passed. One defined
+    after its check is checked again here, quietly (its line is not printed): it is trusted when that check
+    passes. Never raises."""
+    record = _CHECKED.get(name)
+    if record is None:
+        return False, "its check has not run"
+    if not checked_function_is(name, function):
+        with redirect_stdout(io.StringIO()) as said:
+            exercise_check(name, record.check, record.hidden, record.seconds)
+        if _OUTCOMES.get(name) == EXERCISE_PASSED and checked_function_is(name, function):
+            return True, "it was redefined after its check; checked again now, it passes"
+        first = (said.getvalue().strip().splitlines() or [""])[0]  # "FAILED  Exercise 4 (ppo_update): why"
+        return False, f"it was redefined after its check; checked again now: {first}"
+    outcome = _OUTCOMES.get(name)
+    if outcome == EXERCISE_PASSED:
+        return True, "its check passed"
+    return False, "its check is not done yet" if outcome == EXERCISE_TODO else "its check failed"
+
+
 @contextmanager
 def _guarded_learner(name: str, namespace: MutableMapping[str, Any] | None) -> Iterator[None]:
     """While the check runs, the function the exercise names (in its namespace) fails when it changes a
     tensor it was given in place (`course.exercises.guard_in_place`)."""
-    match = _LEARNER_NAME.search(name)
-    function = namespace.get(match.group(1)) if match and namespace is not None else None
-    if not isinstance(function, types.FunctionType):
+    function = _learner_function(name, namespace)
+    if function is None:
         yield
         return
+    key = _LEARNER_NAME.search(name).group(1)
     guarded = guard_in_place(function)
-    namespace[match.group(1)] = guarded
+    namespace[key] = guarded
     try:
         yield
     finally:
-        if namespace.get(match.group(1)) is guarded:
-            namespace[match.group(1)] = function
+        if namespace.get(key) is guarded:
+            namespace[key] = function
 
 
 def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] = (),
@@ -239,9 +298,12 @@ def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] =
     LibraryShortcut however they are reached (course.exercises), so calling them fails the check.
     The function named in brackets in `name` ("Exercise 2 (gae_loop)") fails the check when it changes a
     tensor it was given in place, and a check running past `seconds` stops with FAILED (an endless loop).
-    Returns None, so the cell shows only that line.
+    The check and the function it ran are recorded: `trust_learner_function` trusts that function only
+    (`checked_function_is`), and checks a function redefined after it again. Returns None, so the cell shows
+    only that line.
     """
     namespace = getattr(check, "__globals__", None)
+    _CHECKED[name] = _Checked(check, tuple(hidden), seconds, _learner_function(name, namespace))
     try:
         with hidden_from_learner(hidden, namespace), _guarded_learner(name, namespace), time_limit(seconds):
             check()
