@@ -84,15 +84,15 @@ SHORTCUTS: dict[str, dict[str, str]] = {
         "1": "def last_token_index(mask):\n    return rlhf_helpers.last_token_index(mask)\n",
         "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
              "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
-        "3": "def masked_mean_scratch(x, mask):\n    return rlhf_helpers.masked_mean(x, mask)\n",
+        "3": "def masked_whiten_scratch(x, mask, eps=1e-8):\n    return rlhf_helpers.masked_whiten(x, mask, eps=eps)\n",
     },
     "04_clip_loss": {
         "1": "def clipped_objective(ratio, adv, eps):\n    return rlhf_helpers.clipped_surrogate(ratio, adv, eps)\n",
         "2": "def zero_gradient(ratio, adv, eps):\n    r = ratio.clone().requires_grad_(True)\n"
              "    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, adv, eps).sum(), r)\n"
              "    return g == 0\n",
-        "3": "def plain_value_loss(values, returns, mask):\n"
-             "    return rlhf_helpers.value_loss(values, values.detach(), returns, mask)[0]\n",
+        "3": "def clipped_value_loss(values, old_values, returns, mask, eps_v):\n"
+             "    return rlhf_helpers.value_loss(values, old_values, returns, mask, clip_range=eps_v)[0]\n",
     },
     "05_full_ppo": {
         "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"
@@ -110,10 +110,10 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     },
     "06_failure_modes": {
         "1": "def mask_to_first_eos(responses, eos_id):\n    return library_mask_to_first_eos(responses, eos_id)\n",
-        "2": "def fit_overoptimisation(kl, hidden):\n    return tuple(fit_law(kl, hidden, 'rl')[0])\n",
-        "3": "def sequence_kl_k3(logprobs, ref_logprobs, mask):\n"
-             "    k3 = rlhf_helpers.kl_estimate(logprobs, ref_logprobs, 'k3')\n"
-             "    return rlhf_helpers.masked_sum(k3, mask, dim=1)\n",
+        "2": "def adaptive_kl_betas(kls, init_beta, target, horizon, batch_size):\n"
+             "    controller = rlhf_helpers.AdaptiveKLController(init_beta, target, horizon)\n"
+             "    return [controller.update(kl, batch_size) for kl in kls]\n",
+        "3": "def fit_overoptimisation(kl, hidden):\n    return tuple(fit_law(kl, hidden, 'rl')[0])\n",
     },
     "07_beyond_ppo": {
         "1": "def rloo_from_centred(rewards):\n    return rlhf_helpers.rloo_advantages(rewards)\n",
@@ -298,6 +298,31 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
     assert len(mistakes) == 2 * n_mistakes, lines
     passed = [name for status, name in mistakes if status != EXERCISE_FAILED]
     assert not passed, f"plausible wrong answers the checks let through: {sorted(set(passed))}"
+
+
+#: What section 4 of 05 prints when all four of the learner's pieces train the run
+ALL_FOUR_PIECES = "This run trains with your shaped_rewards, gae_loop, clipped_policy_loss, ppo_update."
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
+def test_05_trains_with_every_worked_solution_as_shipped(tmp_path: Path, monkeypatch, own_runs_folder: Path):
+    """05 with every worked solution, once, on the shipped profile (the solutions run above uses QUICK_PROFILE,
+    where the claims are not checked): every check passes, the learner's four pieces train the run, and every
+    claim of the text holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    path = next(p for p in NOTEBOOKS if p.stem == "05_full_ppo")
+    nb = with_solutions(nbformat.read(path, as_version=4))
+    nbformat.write(nb, tmp_path / path.name)
+    executed = execute_notebook(tmp_path / path.name, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
+    out = _stdout(executed)
+    lines = _CHECK_LINE.findall(out)
+    assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), lines
+    assert all(status == EXERCISE_PASSED for status, _ in lines), lines
+    assert ALL_FOUR_PIECES in out.splitlines(), [line for line in out.splitlines() if "This run trains" in line]
+    claim_cells = sum("claim-check" in cell.metadata.get("tags", []) for cell in nb.cells)
+    assert "Not checked" not in out and out.count("Checked on this run") == claim_cells
 
 
 def test_every_exercise_hides_its_library_twin_or_says_it_has_none():
