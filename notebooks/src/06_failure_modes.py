@@ -5,33 +5,23 @@
 #
 # {{colab_badge}}
 #
-# **Prerequisites:** notebooks 02 (the reward model), 03 (GAE), 04 (the clipped loss) and 05 (the full PPO loop): the PPO ratio and its clip, the KL penalty in the reward, GAE advantages and explained variance.
+# **Prerequisites:** notebooks 02 to 05: the PPO ratio and its clip, the KL penalty in the reward, GAE and explained variance.
 #
-# **Time:** about 2.5 h
+# **Time:** about 2 h for the core; the deep dives (collapsed, marked "Deep dive") add about 1.5 h.
 #
-# **You will learn** to recognise four bugs that real RLHF code has shipped with, and one misreading
-# of a logged number, each from its numbers and curves, broken and fixed side by side:
-# - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch,
-#   and the clip fraction and approx-KL measure the distance to the SFT model;
-# - **(b)** pad equal to EOS: the EOS token is masked as padding, so its own advantage no longer
-#   reaches the stop decision (measured);
-# - **(c)** KL coefficient 0: nothing holds the policy near the SFT model, so the learned reward and
-#   the true (hidden) score of the training batches part ways; a fit of Gao et al.'s law locates the KL
-#   where the hidden score peaks, for a reward model trained on all the preference pairs and for one
-#   trained on few;
-# - **(d)** reading the logged KL: the $k_1$ estimator goes negative on single responses, $k_3$ cannot
-#   but its variance grows fast with the per-token KL (measured); with the logits at hand, the KL summed
-#   over the vocabulary at each sampled prefix costs one softmax;
-# - **(e)** an untrained value head: watch the explained variance when the policy starts to move; a
-#   value warm-up trains the critic first;
-# - to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`), which names each of the four bugs from a
-#   run's metrics, and to break a run of your own and read its findings.
+# **You will learn** to recognise bugs that real RLHF code has shipped with, from their numbers and
+# curves, broken and fixed side by side, and to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`),
+# which names them from a run's metrics:
+# - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch;
+# - **(b)** pad equal to EOS: the stop decision gets no gradient of its own;
+# - **(c)** KL coefficient 0: the learned reward rises while the true (hidden) score falls; you write
+#   the adaptive KL controller that steers $\beta$ to a target KL;
+# - then to break a run of your own and read the doctor's findings.
 #
-# The engine (`rlhf_helpers.ppo`) has none of these bugs. To break it, this notebook subclasses or wraps
-# its pieces here, in the notebook, never with switches inside the library; the harness that runs each
-# variant from a saved start is `rlhf_helpers.course.failure_runs`. Runs are short (sizes come from the
-# profile), so most curves are one noisy run: look for the shape, not the third decimal. Experiment (e)
-# repeats its runs over three seeds and draws their spread.
+# Deep dives: (e) an untrained value head; Gao et al.'s over-optimisation law; what pad == EOS does to
+# the stop token; (d) the KL estimators on the run's own tokens. The engine (`rlhf_helpers.ppo`) has none
+# of these bugs: the notebook breaks it by subclassing its pieces. Runs are short: look for the shape,
+# not the third decimal.
 
 # %% tags=["colab-setup"]
 
@@ -105,9 +95,8 @@ def run(trainer_class, config, steps, desc, start=initial_state, extras=False):
 # %% [markdown]
 # ## The healthy baseline
 #
-# One correct run with the profile's KL coefficient $\beta$. It is the "fixed" side of (b) and (c). It
-# has no value warm-up, so its first steps are the "broken" side of (e). Its final state (a policy that
-# has moved away from the reference) is where both sides of (a) start, and (d) reads its batches.
+# One correct run with the profile's KL coefficient $\beta$: the "fixed" side of (b) and (c). Its final
+# state, a policy that has moved away from the reference, is where both sides of (a) start.
 
 # %%
 baseline = run(PPOTrainer, lab_config, lab.long_steps, "baseline (correct)", extras=True)
@@ -121,14 +110,11 @@ fig.show()
 # %% [markdown]
 # ### The run doctor
 #
-# Every experiment below ends with the **run doctor**: `rlhf_helpers.ppo.diagnosis.diagnose` reads a run's
-# logged metrics and names the failure signatures it recognises. For each finding it gives the steps,
-# the numbers, what the signature usually means, what to check first and where this course teaches it
-# ([docs/metrics.md](../docs/metrics.md#the-run-doctor) lists its rules and where each threshold comes
-# from). A finding is an "error" (the run is broken), a "warning" (likely a problem) or an "info" (worth
-# knowing). On the baseline it finds one info and nothing else: the policy's first update used a critic
-# that explained nothing. Every run that starts from fresh value adapters without a warm-up starts that
-# way; (e) is about it.
+# Every experiment below ends with the **run doctor**: `diagnose` reads a run's logged metrics and names
+# the failure signatures it recognises, with the steps, the numbers and what to check first
+# ([docs/metrics.md](../docs/metrics.md#the-run-doctor) lists the rules and their thresholds). A finding is an "error" (broken), a "warning" (likely a problem) or
+# an "info" (worth knowing). On the baseline it finds one info: the policy's first update used a critic
+# that explained nothing, as every run from fresh value adapters without a warm-up does (deep dive (e)).
 
 # %%
 def doctor(history_or_run, facts=None):
@@ -154,12 +140,11 @@ check_claims({"the baseline's one finding is the untrained critic, an info":
 # $$\rho_t = \frac{\pi_\theta(a_t \mid s_t)}{\pi_{\text{old}}(a_t \mid s_t)}, \qquad \rho_t = 1 \text{ on the first minibatch of every update.}$$
 #
 # A widely copied script stored the *reference* model's log-probs there. Then
-# $\rho_t = \pi_\theta / \pi_{\text{ref}}$: far from 1 as soon as training has moved the policy, the
-# clip binds on many tokens from the first minibatch on (zero gradient there), and the "trust region"
-# is around the SFT model instead of around the last policy. The broken trainer below changes exactly
-# one thing, the old log-probs its update sees. Both runs start from the baseline's final state (at
-# the very start of training the policy *is* the reference, and the bug is invisible) and train a few
-# more steps.
+# $\rho_t = \pi_\theta / \pi_{\text{ref}}$, far from 1 once training has moved the policy: the clip binds
+# from the first minibatch on (zero gradient there), and the "trust region" surrounds the SFT model
+# instead of the last policy. The broken trainer changes only the old log-probs its update sees. Both
+# runs start from the baseline's final state (at the start of training the policy *is* the reference,
+# and the bug is invisible).
 
 # %%
 class RefAsOldTrainer(PPOTrainer):
@@ -186,31 +171,12 @@ table_a = pd.DataFrame([{"run": name, "step": k + 1, "ratio mean, first minibatc
 display(table_a.style.hide(axis="index").format(precision=3))
 mean_a = table_a.groupby("run")[["clip fraction", "approx-KL"]].mean()  # mean over each run's steps
 
-# %%
-fig = make_subplots(rows=1, cols=3, subplot_titles=("ratio mean, first minibatch of each step",
-                                                    "clip fraction (mean over the update)", "approx-KL of the update"))
-for name, lab_run, color in (("broken: ref log-probs as old", broken_a, "crimson"),
-                             ("fixed: old = sampling policy", fixed_a, "royalblue")):
-    xs = series(lab_run.history, "clipfrac")[0]
-    fig.add_scatter(x=xs, y=[e["first_ratio_mean"] for e in lab_run.extras], name=name, row=1, col=1, line_color=color)
-    for col, key in ((2, "clipfrac"), (3, "approx_kl")):
-        fig.add_scatter(x=xs, y=series(lab_run.history, key)[1], name=name, row=1, col=col, line_color=color,
-                        showlegend=False)
-fig.update_xaxes(title_text="PPO step after the baseline")
-fig.update_layout(title="(a) The same trained state, updated with the right and with the wrong old log-probs")
-fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
-
 # %% [markdown]
-# **Recognise it:** look at the first panel. A correct update starts every step at ratio 1: exactly 1
-# up to float rounding (here the largest deviation is below $10^{-6}$; the check allows $10^{-4}$ in
-# float32, and the engine's tests check it too). The broken one starts wherever
-# $\pi_\theta / \pi_{\text{ref}}$ happens to be: here about 1.6 at the first step and 1.2 at the second,
-# more than 0.1 away from 1 at every step. Then compare the clip fraction and approx-KL with the healthy
-# run's: in the broken run both measure how far the policy is from the SFT model, not the size of one
-# update, and every token the clip catches gets no gradient. Averaged over the steps, the broken run's
-# clip fraction (about 0.17) and its approx-KL (about 0.13) are each more than ten times the fixed run's
-# (about 0.01 and 0.003). Which way they move from step to step is not a rule (the clip is now centred on
-# the SFT model), and two steps could not show a trend anyway.
+# **Recognise it:** in the table, a correct update starts every step at ratio 1 up to float rounding
+# (here within $10^{-6}$; the check allows $10^{-4}$ in float32). The broken one starts wherever
+# $\pi_\theta / \pi_{\text{ref}}$ happens to be: about 1.6, then about 1.2. Its clip fraction and
+# approx-KL now measure the distance to the SFT model, not the size of one update: averaged over the
+# steps, about 0.17 and 0.13, each more than ten times the fixed run's (about 0.01 and 0.003).
 
 # %% tags=["claim-check"]
 check_claims({"the fixed update starts every step at ratio 1, within float rounding":
@@ -218,8 +184,6 @@ check_claims({"the fixed update starts every step at ratio 1, within float round
 check_claims({
     "the fixed run's first-minibatch ratio deviates from 1 by less than 1e-6":
         max(abs(r - 1.0) for r in first_ratios) < 1e-6,
-    "the broken run's first-minibatch ratio is more than 0.1 from 1 at every step":
-        all(abs(e["first_ratio_mean"] - 1.0) > 0.1 for e in broken_a.extras),
     "the broken run's first ratio is about 1.6, then about 1.2":
         1.45 < broken_a.extras[0]["first_ratio_mean"] < 1.75 and 1.1 < broken_a.extras[1]["first_ratio_mean"] < 1.35,
     "broken clip fraction about 0.17, fixed about 0.01, more than ten times apart":
@@ -260,9 +224,8 @@ check_claims({
 # $$m_t = [y_t \ne \texttt{pad}] \;\Rightarrow\; m_{t_{\text{EOS}}} = 0 .$$
 #
 # Then the EOS token gets no advantage and no gradient: the decision to *stop* is never reinforced or
-# punished, and the score lands on the token before it. (`SharedLoRAModel` refuses pad == EOS, and the
-# library builds the mask from the first EOS instead.) The broken trainer rebuilds its update batch
-# with the naive mask, then recomputes rewards, GAE and whitening with the library's own functions.
+# punished, and the score lands on the token before it. The broken trainer rebuilds its update batch
+# with the naive mask, then recomputes rewards, GAE and whitening with the library's functions.
 
 # %%
 def eos_masked_as_padding(batch, eos_token_id, config, kl_coef):
@@ -303,58 +266,6 @@ for row in range(3):
 
 broken_b = run(PadIsEosTrainer, lab_config, lab.short_steps, "(b) broken: pad == EOS", extras=True)
 
-# %% [markdown]
-# What the update does to the stop decision, measured: after every step, the change in log-probability
-# of each sampled token, $\Delta_t = \log\pi_{\text{new}}(y_t) - \log\pi_{\text{old}}(y_t)$, against the
-# advantage $\hat A_t$ the **correct** pipeline gives that token. A working policy gradient raises
-# tokens with $\hat A_t > 0$ and lowers the others, so $\Delta_t$ and $\hat A_t$ are positively
-# correlated. Below: every sampled EOS token of the first steps of the baseline (fixed) and of the
-# broken run, and the same correlation on all other tokens as a control.
-
-# %%
-fixed_b_extras = baseline.extras[: lab.short_steps]  # the baseline's first steps: same start, same seeds
-fig = make_subplots(rows=1, cols=2, subplot_titles=("broken: pad == EOS", "fixed: mask up to and including EOS"))
-for col, extras, color in ((1, broken_b.extras, "crimson"), (2, fixed_b_extras, "royalblue")):
-    fig.add_scatter(x=[a for e in extras for a in e["eos_advantage"]], y=[d for e in extras for d in e["eos_change"]],
-                    mode="markers", marker=dict(size=4, opacity=0.5, color=color), row=1, col=col, showlegend=False)
-fig.update_xaxes(title_text="advantage of the sampled EOS token (correct pipeline)")
-fig.update_yaxes(title_text="change of its log-prob in the update", row=1, col=1)
-fig.update_layout(title=f"(b) EOS tokens of {lab.short_steps} PPO steps: does the update follow their advantage?")
-fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
-
-corr_rows = []  # one row per run and token group: correlation(advantage, log-prob change)
-for name, extras in (("broken", broken_b.extras), ("fixed", fixed_b_extras)):
-    for group, prefix in (("EOS", "eos"), ("other", "other")):
-        xs, ys = [a for e in extras for a in e[f"{prefix}_advantage"]], [d for e in extras for d in e[f"{prefix}_change"]]
-        r = correlation(xs, ys)
-        corr_rows.append({"run": name, "tokens": group, "n": len(xs), "correlation": r,
-                          "standard error": math.sqrt((1 - r**2) / max(len(xs) - 2, 1))})  # of a Pearson r
-corr_table = pd.DataFrame(corr_rows).set_index(["run", "tokens"])
-display(corr_table.style.format({"correlation": "{:+.2f}", "standard error": "{:.3f}"}))
-corr = corr_table["correlation"].to_dict()  # (run, tokens) -> r
-corr_se = corr_table["standard error"].to_dict()
-
-# %% [markdown]
-# **What this run shows:** over the first 12 steps (about 190 sampled EOS tokens on each side), the
-# update moves the EOS tokens' log-probs with their advantage in the fixed run (correlation about
-# $+0.4$) and against it in the broken run (about $-0.2$). The gap, about 0.6, is more than four times
-# the standard error of a difference of the two correlations (about 0.1). The control, every other
-# token, correlates alike in both runs (about $+0.3$ each, within 0.05 of each other): the broken
-# update still follows the advantages everywhere except at the stop decision.
-
-# %% tags=["claim-check"]
-eos_gap = corr["fixed", "EOS"] - corr["broken", "EOS"]
-check_claims({
-    "at least 150 EOS tokens on each side": min(corr_table.loc[(run, "EOS"), "n"] for run in ("broken", "fixed")) >= 150,
-    "fixed EOS correlation about +0.4": 0.25 < corr["fixed", "EOS"] < 0.55,
-    "broken EOS correlation about -0.2": -0.35 < corr["broken", "EOS"] < -0.05,
-    "the EOS gap is about 0.6 and more than four standard errors of a difference":
-        0.45 < eos_gap < 0.8 and eos_gap > 4 * math.hypot(corr_se["fixed", "EOS"], corr_se["broken", "EOS"]),
-    "other tokens correlate alike (about +0.3, within 0.05)":
-        abs(corr["fixed", "other"] - corr["broken", "other"]) < 0.05
-        and all(0.2 < corr[run, "other"] < 0.4 for run in ("broken", "fixed")),
-})
-
 # %%
 print("(b) fixed (the baseline's first steps):")
 findings_b = {"fixed": doctor(baseline.history[: lab.short_steps], facts=diagnose(baseline.trainer).facts)}
@@ -364,11 +275,10 @@ for name, history in (("fixed", baseline.history[: lab.short_steps]), ("broken",
     print(f"eos_in_mask of the {name} run, by step:", [round(row["eos_in_mask"], 3) for row in history])
 
 # %% [markdown]
-# The doctor names it: `eos_masked`, an error at every step. The update's loss mask keeps almost none
-# of the sampled EOS tokens: `eos_in_mask` (the share of sampled EOS tokens the update's mask keeps) is 0
-# at most steps and below 0.1 at every step; the broken mask keeps only the EOS of a response that is
-# nothing else. The fixed side, the baseline's first steps, logs exactly 1 at every step and has only the
-# info about the untrained critic.
+# The doctor names it: `eos_masked`, an error. `eos_in_mask`, the share of sampled EOS tokens the
+# update's mask keeps, is 0 at most steps and below 0.1 at every step (the broken mask keeps only the EOS
+# of a response that is nothing else). The fixed side logs exactly 1 at every step and has only the info
+# about the untrained critic.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -382,14 +292,12 @@ check_claims({
 })
 
 # %% [markdown]
-# **Recognise it:** EOS positions that are 0 in the loss mask (print one row of the mask, as above), and
-# an EOS probability that does not follow its advantage: compare the EOS correlation of the two runs,
-# and each with its control (the table). In the broken run the EOS tokens get no gradient
-# of their own; they can still move, because they share weights with the tokens that do. A policy
-# that cannot be taught when to stop drifts in length with no pressure on the stop token; a long run
-# can end with responses cut at `max_new_tokens` (watch `eos_fraction` and `response_length`). The fix
-# is a pad token distinct from EOS (`rlhf_helpers.runtime.models.ensure_distinct_pad`) and a mask built from
-# the first EOS.
+# **Recognise it:** EOS positions that are 0 in the loss mask (as printed above), and `eos_in_mask`
+# below 1. The EOS tokens get no gradient of their own (they still move through shared weights; the
+# deep dive below measures how). With no pressure on the stop token, a long run can drift in length
+# until responses are cut at `max_new_tokens` (watch `eos_fraction`). The fix: a pad token distinct from
+# EOS (`rlhf_helpers.runtime.models.ensure_distinct_pad`; `SharedLoRAModel` refuses pad == EOS) and a
+# mask built from the first EOS.
 #
 # ### Exercise 1: an EOS-aware response mask
 # Write `mask_to_first_eos(responses, eos_id)`: for each row of a (B, R) tensor of token ids, 1 on every
@@ -448,20 +356,71 @@ exercise_check("Exercise 1 (mask_to_first_eos)", check_mask_to_first_eos, hidden
 # </details>
 
 # %% [markdown]
+# ### Deep dive: what pad == EOS does to the stop decision
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Measured: after every step, the change in log-probability
+# of each sampled token, $\Delta_t = \log\pi_{\text{new}}(y_t) - \log\pi_{\text{old}}(y_t)$, against the
+# advantage $\hat A_t$ the **correct** pipeline gives that token. A working policy gradient raises
+# tokens with $\hat A_t > 0$ and lowers the others, so $\Delta_t$ and $\hat A_t$ are positively
+# correlated. Below: every sampled EOS token of the first steps of the baseline (fixed) and of the
+# broken run, and the same correlation on all other tokens as a control.
+
+# %%
+fixed_b_extras = baseline.extras[: lab.short_steps]  # the baseline's first steps: same start, same seeds
+fig = make_subplots(rows=1, cols=2, subplot_titles=("broken: pad == EOS", "fixed: mask up to and including EOS"))
+for col, extras, color in ((1, broken_b.extras, "crimson"), (2, fixed_b_extras, "royalblue")):
+    fig.add_scatter(x=[a for e in extras for a in e["eos_advantage"]], y=[d for e in extras for d in e["eos_change"]],
+                    mode="markers", marker=dict(size=4, opacity=0.5, color=color), row=1, col=col, showlegend=False)
+fig.update_xaxes(title_text="advantage of the sampled EOS token (correct pipeline)")
+fig.update_yaxes(title_text="change of its log-prob in the update", row=1, col=1)
+fig.update_layout(title=f"(b) EOS tokens of {lab.short_steps} PPO steps: does the update follow their advantage?")
+fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
+
+corr_rows = []  # one row per run and token group: correlation(advantage, log-prob change)
+for name, extras in (("broken", broken_b.extras), ("fixed", fixed_b_extras)):
+    for group, prefix in (("EOS", "eos"), ("other", "other")):
+        xs, ys = [a for e in extras for a in e[f"{prefix}_advantage"]], [d for e in extras for d in e[f"{prefix}_change"]]
+        r = correlation(xs, ys)
+        corr_rows.append({"run": name, "tokens": group, "n": len(xs), "correlation": r,
+                          "standard error": math.sqrt((1 - r**2) / max(len(xs) - 2, 1))})  # of a Pearson r
+corr_table = pd.DataFrame(corr_rows).set_index(["run", "tokens"])
+display(corr_table.style.format({"correlation": "{:+.2f}", "standard error": "{:.3f}"}))
+corr = corr_table["correlation"].to_dict()  # (run, tokens) -> r
+corr_se = corr_table["standard error"].to_dict()
+
+# %% [markdown]
+# **What this run shows:** over the first 12 steps (about 190 sampled EOS tokens on each side), the
+# update moves the EOS tokens' log-probs with their advantage in the fixed run (correlation about
+# $+0.4$) and against it in the broken run (about $-0.2$). The gap, about 0.6, is more than four times
+# the standard error of a difference of the two correlations (about 0.1). The control, every other
+# token, correlates alike in both runs (about $+0.3$ each, within 0.05 of each other): the broken
+# update still follows the advantages everywhere except at the stop decision.
+
+# %% tags=["claim-check"]
+eos_gap = corr["fixed", "EOS"] - corr["broken", "EOS"]
+check_claims({
+    "at least 150 EOS tokens on each side": min(corr_table.loc[(run, "EOS"), "n"] for run in ("broken", "fixed")) >= 150,
+    "fixed EOS correlation about +0.4": 0.25 < corr["fixed", "EOS"] < 0.55,
+    "broken EOS correlation about -0.2": -0.35 < corr["broken", "EOS"] < -0.05,
+    "the EOS gap is about 0.6 and more than four standard errors of a difference":
+        0.45 < eos_gap < 0.8 and eos_gap > 4 * math.hypot(corr_se["fixed", "EOS"], corr_se["broken", "EOS"]),
+    "other tokens correlate alike (about +0.3, within 0.05)":
+        abs(corr["fixed", "other"] - corr["broken", "other"]) < 0.05
+        and all(0.2 < corr[run, "other"] < 0.4 for run in ("broken", "fixed")),
+})
+
+# %% [markdown]
 # ## (c) KL coefficient 0: reward over-optimisation
 #
 # The per-token reward is $r_t = -\beta\,\widehat{\mathrm{KL}}_t + [t = \text{last}]\; r_\phi(x, y)$.
-# With $\beta = 0$ nothing holds the policy near the SFT model, where the reward model $r_\phi$ was
-# trained and is accurate. PPO is free to find what $r_\phi$ over-rates (notebook 02: repetition, piles
-# of praise). The signature to look for (Gao et al. 2022): the **learned** reward keeps rising while the
-# **hidden** score, what we actually want, rises at first and then falls. This is the key plot of RLHF.
-# Both runs below start from the same adapters with the same seeds: only $\beta$ differs.
-#
-# What is measured: after every PPO step, the mean learned reward, mean hidden score and mean KL
-# ($k_1$, nats per response) of **that step's training batch**, 16 training prompts with one response
-# each, sampled from the policy being trained. It is not a held-out evaluation: each point is a noisy
-# mean of 16 responses to other prompts, so the runs are compared over thirds of their steps, each
-# third's mean with its standard error (the spread of its step means divided by $\sqrt{\text{steps}}$).
+# With $\beta = 0$ nothing holds the policy near the SFT model, where the reward model $r_\phi$ is
+# accurate, so PPO is free to find what $r_\phi$ over-rates (notebook 02: repetition, piles of praise).
+# The signature (Gao et al. 2022): the **learned** reward keeps rising while the **hidden** score, what
+# we want, rises and then falls. Both runs start from the same adapters and seeds; only $\beta$ differs.
+# Each point is the mean of **that step's training batch** (16 responses), so the runs are compared
+# over thirds of their steps, each third's mean with its standard error.
 
 # %%
 broken_c = run(PPOTrainer, lab_config.replace(kl_coef=0.0), lab.long_steps, "(c) broken: kl_coef = 0")
@@ -487,12 +446,8 @@ thirds = {}  # (run, metric) -> [(mean, se)] * 3
 for name, lab_run in (("beta = 0", broken_c), (f"beta = {lab_config.kl_coef}", baseline)):
     for key in ("score", "hidden_score", "kl"):
         thirds[name, key] = third_stats(series(lab_run.history, key)[1])
-labels = {"score": "learned reward", "hidden_score": "hidden score", "kl": "KL (nats / response)"}
-third_table = pd.DataFrame({f"{part} third": [f"{m:+.2f} ± {se:.2f}" for m, se in (v[i] for v in thirds.values())]
-                            for i, part in enumerate(("first", "middle", "last"))},
-                           index=pd.MultiIndex.from_tuples([(run, labels[key]) for run, key in thirds],
-                                                           names=["run", "training-batch mean"]))
-display(third_table)
+        print(f"{name:>10}  {key:>12}, first / middle / last third: "
+              + "   ".join(f"{m:+.2f} ± {se:.2f}" for m, se in thirds[name, key]))
 print("responses of the beta = 0 policy (its last batch), with their hidden score terms:")
 hacked = broken_c.trainer.last_batch
 for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))[:3]:
@@ -502,13 +457,12 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 
 # %% [markdown]
 # **What this run shows** (means over thirds of the training batches, ± standard error):
-# - $\beta = 0$: the KL climbs to about 40 to 50 nats per response in the last third, more than ten
-#   times the penalised run's (about 2). From the middle to the last third the learned reward still rises
-#   (about $+2.65 \to +2.9$ to $+3.0$) while the hidden score falls by about 1.2 to 1.3 (from about
-#   $+0.3$ to about $-0.9$ to $-1.0$), more than four standard errors of the difference: the
-#   over-optimisation signature.
-# - $\beta = 0.2$: the hidden score does not fall: from the middle to the last third it changes by
-#   less than two standard errors (about $+0.8 \to +0.9$).
+# - $\beta = 0$: the KL reaches about 40 to 50 nats per response in the last third, more than ten times
+#   the penalised run's (about 2). From the middle to the last third the learned reward still rises (about
+#   $+2.65 \to +2.9$ to $+3.0$) while the hidden score falls by about 1.2 to 1.3 (from about $+0.3$ to
+#   about $-0.9$ to $-1.0$), more than four standard errors: the over-optimisation signature.
+# - $\beta = 0.2$: from the middle to the last third the hidden score changes by less than two standard
+#   errors (about $+0.8 \to +0.9$): no fall.
 
 # %% tags=["claim-check"]
 def third_change(run: str, key: str) -> tuple[float, float]:
@@ -548,16 +502,146 @@ check_claims({
 })
 
 # %% [markdown]
-# **Recognise it:** the signature of over-optimisation is a KL that keeps growing, a learned reward
-# that is still rising or flat, and a hidden score that falls; compare the thirds of each run, with
-# their standard errors, not single steps. Read the samples too, with the fluency and repetition terms
-# of their hidden score printed under each. In real runs there is no hidden score: read samples, and
-# keep a held-out evaluation the policy is not optimised on (notebook 05 has one; this lab reads only
-# the training batches). The fix is the KL penalty (fixed $\beta$ or an adaptive controller with a
-# target KL), and early stopping.
+# **Recognise it:** a KL that keeps growing, a learned reward still rising or flat, and a hidden score
+# that falls; compare thirds with their standard errors, not single steps, and read the samples. In real
+# runs there is no hidden score: read samples, and keep a held-out evaluation the policy is not trained
+# on (notebook 05 has one). The fix is the KL penalty, a fixed $\beta$ or a target KL, and early stopping.
 
 # %% [markdown]
-# ### How far can the proxy be pushed?
+# ### Exercise 2: an adaptive KL controller
+#
+# A fixed $\beta$ is a guess: too small and the run above happens, too large and the policy cannot move.
+# Ziegler et al. (2019, "Fine-Tuning Language Models from Human Preferences") steer $\beta$ so that the
+# measured KL stays near a target. After step $t$, with $\mathrm{KL}_t$ its measured KL (nats per
+# response) and $n$ the responses it sampled:
+#
+# $$e_t = \operatorname{clip}\!\Big(\frac{\mathrm{KL}_t - \mathrm{KL}_{\text{target}}}{\mathrm{KL}_{\text{target}}},
+#   -0.2,\ 0.2\Big), \qquad \beta_{t+1} = \beta_t\,(1 + K_\beta\, e_t), \qquad
+#   K_\beta = \min\!\Big(\frac{n}{\text{horizon}},\ 1\Big).$$
+#
+# A KL above the target raises $\beta$; the clip keeps one odd batch from moving it by more than
+# $20\% \times K_\beta$. The horizon counts **samples**, not steps. Ziegler et al.'s code and TRL's old
+# `AdaptiveKLController` use $K_\beta = n / \text{horizon}$ (horizon 10,000 by default); the course's
+# caps it at 1: for $n > 5 \times$ horizon and a KL below the target, $\beta$ would turn negative.
+#
+# Write `adaptive_kl_betas(kls, init_beta, target, horizon, batch_size)`: the $\beta$ after each update,
+# for the KLs measured at successive steps, each step sampling `batch_size` responses.
+
+# %%
+# EXERCISE 2
+def adaptive_kl_betas(kls: list[float], init_beta: float, target: float, horizon: int, batch_size: int) -> list[float]:
+    """beta after each update of the proportional controller fed the KLs in order, from init_beta."""
+    raise NotImplementedError
+
+
+# %%
+def controller_run(kls, init_beta, gain, error, step=lambda beta, k, e: beta * (1 + k * e)) -> np.ndarray:
+    """(T,) beta after each update, for a gain K, an error e(KL) and an update rule: the mistakes' betas."""
+    betas = [init_beta]
+    for kl in kls:
+        betas.append(step(betas[-1], gain, error(kl)))
+    return np.array(betas[1:])
+
+
+def controller_mistakes(kls, init_beta, target, horizon, batch_size) -> dict[str, np.ndarray]:
+    """What each plausible mistake's betas would be, keyed by the hint that names it."""
+    gain = min(batch_size / horizon, 1.0)
+
+    def clip(x):
+        return min(max(x, -0.2), 0.2)
+
+    def relative(kl):
+        return clip((kl - target) / target)
+
+    right = controller_run(kls, init_beta, gain, relative)
+    return {
+        "an unclipped error: e_t is clipped to [-0.2, 0.2]":
+            controller_run(kls, init_beta, gain, lambda kl: (kl - target) / target),
+        "the clip on the absolute error KL - target: divide by the target, then clip":
+            controller_run(kls, init_beta, gain, lambda kl: clip(kl - target) / target),
+        "the error relative to the measured KL: e_t divides by the target, not by KL_t":
+            controller_run(kls, init_beta, gain, lambda kl: clip((kl - target) / kl)),
+        "the sign flipped: a KL above the target raises beta":
+            controller_run(kls, init_beta, gain, lambda kl: -relative(kl)),
+        "K_beta = 1 / horizon: the horizon counts samples, so one step covers batch_size / horizon of it":
+            controller_run(kls, init_beta, min(1 / horizon, 1.0), relative),
+        "K_beta = horizon / batch_size, upside down: it is batch_size / horizon":
+            controller_run(kls, init_beta, min(horizon / batch_size, 1.0), relative),
+        f"K_beta = batch_size / horizon = {batch_size / horizon:g}, not capped at 1: beta can turn negative":
+            controller_run(kls, init_beta, batch_size / horizon, relative),
+        "an additive update beta + K e_t: the update multiplies beta by 1 + K e_t":
+            controller_run(kls, init_beta, gain, relative, step=lambda beta, k, e: beta + k * e),
+        "the beta before each update (your list starts with init_beta): return the beta after each":
+            np.concatenate([[init_beta], right[:-1]]),
+    }
+
+
+def check_adaptive_kl_betas():
+    cases = [  # (init_beta, target, horizon, batch_size, KLs): no two settings equal, none at a value that hides
+        (0.15, 6.0, 400, 48, [13.0, 6.6, 2.0, 5.4, 6.0, 9.5, 7.2, 0.5, 4.8, 30.0]),  # K = 0.12
+        (0.3, 2.5, 16, 96, [1.0, 2.75, 0.2, 2.25, 5.0, 1.9]),  # n / horizon = 6: K capped at 1
+    ]
+    for init_beta, target, horizon, batch_size, kls in cases:
+        got = adaptive_kl_betas(list(kls), init_beta, target, horizon, batch_size)
+        assert len(got) == len(kls), f"expected one beta per measured KL ({len(kls)}), got {len(got)}"
+        got = np.array([float(beta) for beta in got])  # (T,)
+        # the reference as a product: beta_t = init_beta * prod_{s <= t} (1 + K e_s)
+        errors = np.clip(np.array(kls) / target - 1.0, -0.2, 0.2)  # (T,): the clipped relative errors
+        gain = min(batch_size / horizon, 1.0)
+        expected = init_beta * np.cumprod(1.0 + gain * errors)  # (T,)
+        if np.allclose(got, expected, rtol=1e-9, atol=1e-12):
+            continue
+        same = [what for what, values in controller_mistakes(kls, init_beta, target, horizon, batch_size).items()
+                if np.allclose(got, values, rtol=1e-9, atol=1e-12)]
+        t = int(np.argmax(~np.isclose(got, expected, rtol=1e-9, atol=1e-12)))  # the first update that differs
+        raise AssertionError(
+            f"target {target}, horizon {horizon}, batch_size {batch_size}, init_beta {init_beta}: after update "
+            f"{t} (KL {kls[t]}) your beta is {got[t]:.6f}, expected {expected[t]:.6f} (e_t = {errors[t]:+.3f}, "
+            f"K_beta = {gain:g})" + (f"; yours match {same[0]}" if same else ""))
+
+
+exercise_check("Exercise 2 (adaptive_kl_betas)", check_adaptive_kl_betas,
+               hidden=[rlhf_helpers.AdaptiveKLController.update])  # the trainer's controller
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def adaptive_kl_betas(kls: list[float], init_beta: float, target: float, horizon: int, batch_size: int) -> list[float]:
+#     """beta after each update of the proportional controller fed the KLs in order, from init_beta."""
+#     gain = min(batch_size / horizon, 1.0)  # K_beta: the share of the horizon (in samples) one step covers
+#     betas = [init_beta]
+#     for kl in kls:
+#         error = min(max((kl - target) / target, -0.2), 0.2)  # e_t: the relative error, clipped
+#         betas.append(betas[-1] * (1.0 + gain * error))
+#     return betas[1:]
+# ```
+# </details>
+#
+# `PPOConfig(target_kl=..., kl_horizon=...)` gives the trainer this controller, started at `kl_coef`;
+# it updates after every step. Started at $\beta = 0$ it would stay at 0 (the update multiplies), so the
+# library refuses that start.
+
+# %%
+gain = min(lab.batch / lab_config.kl_horizon, 1.0)  # K_beta of one lab step at the config's horizon
+most = (1 + 0.2 * gain) ** lab.long_steps  # the largest rise over a whole lab run: e_t = +0.2 at every step
+print(f"horizon {lab_config.kl_horizon} samples, {lab.batch} responses per step: K_beta = {gain:.4f}, so beta "
+      f"moves by at most {0.2 * gain:.2%} a step and rises by a factor of at most {most:.4f} over {lab.long_steps} "
+      "steps")
+
+# %% [markdown]
+# **Units matter:** at the default horizon of 10,000 samples and this lab's 16 responses a step,
+# $K_\beta = 0.0016$: $\beta$ moves by less than 1% over a whole 30-step lab run. On a run this short the
+# controller acts only with a horizon of a few batches.
+
+# %% tags=["claim-check"]
+check_claims({"K_beta = 0.0016 here; beta moves by less than 1% over a whole 30-step lab run":
+              lab.batch == 16 and lab.long_steps == 30 and abs(gain - 0.0016) < 1e-12 and 1.009 < most < 1.01})
+
+# %% [markdown]
+# ### Deep dive: how far can the proxy be pushed?
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # Gao et al. (2022, "Scaling laws for reward model overoptimization") measure the distance from the
 # initial policy as $d = \sqrt{\mathrm{KL}}$ and fit the gold (here: hidden) score with two laws, one per
@@ -679,7 +763,7 @@ check_claims({
 # curve training stops. The fit is one noisy run: read $d^*$ as a rough location (the bootstrap range),
 # not a constant.
 #
-# ### A weaker reward model
+# #### A weaker reward model
 #
 # Gao et al. also vary the reward model: with more parameters or more preference data, the gold score
 # rises higher and over-optimisation sets in more slowly. Here: the same $\beta = 0$ run,
@@ -759,14 +843,15 @@ check_claims({
 # score to fit; what carries over is the habit of checking a reward model's held-out accuracy (in the
 # table above) before trusting how far the policy may be pushed on it.
 #
-# ### Exercise 2: fit the over-optimisation law
+# #### Exercise 3: fit the over-optimisation law
 # Write `fit_overoptimisation(kl, hidden)`: the least-squares coefficients $(c_{\text{G}}, \alpha_{\text{G}}, \beta_{\text{G}})$
 # of Gao et al.'s RL law $h = c_{\text{G}} + \alpha_{\text{G}} d - \beta_{\text{G}}\, d \log d$, $d = \sqrt{\mathrm{KL}}$, from two
-# lists of equal length, as three Python floats, without numpy (the check compares against
-# `numpy.linalg.lstsq`). Treat negative KL values as 0, and use $d \log d = 0$ at $d = 0$ (its limit).
+# lists of equal length, as three Python floats. Any least-squares solver will do (`torch.linalg.lstsq`,
+# `numpy.linalg.lstsq`); the check hides this notebook's `fit_law` and `law_features`, so build the
+# design matrix yourself. Treat negative KL values as 0, and use $d \log d = 0$ at $d = 0$ (its limit).
 
 # %%
-# EXERCISE 2
+# EXERCISE 3
 def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
     """Least-squares (c, alpha, beta_G) of hidden = c + alpha * d - beta_G * d * log(d), d = sqrt(kl)."""
     raise NotImplementedError
@@ -806,10 +891,10 @@ def check_fit_overoptimisation():
          f"{np.round(reference, 4).tolist()}:" + why)
 
 
-exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation, hidden=[fit_law, law_features])
+exercise_check("Exercise 3 (fit_overoptimisation)", check_fit_overoptimisation, hidden=[fit_law, law_features])
 
 # %% [markdown]
-# <details><summary>Solution 2</summary>
+# <details><summary>Solution 3</summary>
 #
 # ```python
 # def fit_overoptimisation(kl: list[float], hidden: list[float]) -> tuple[float, float, float]:
@@ -824,9 +909,11 @@ exercise_check("Exercise 2 (fit_overoptimisation)", check_fit_overoptimisation, 
 # </details>
 
 # %% [markdown]
-# ## (d) Negative KL from the $k_1$ estimator
+# ## Deep dive: (d) negative KL from the $k_1$ estimator
 #
-# The logged KL is estimated from the sampled tokens. With $\log w_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Notebook 03 introduced the estimators; here they meet a trained run. The logged KL is estimated from the sampled tokens. With $\log w_t = \log\pi_{\text{ref}}(a_t) - \log\pi(a_t)$:
 #
 # $$k_1 = -\log w_t, \qquad k_3 = (w_t - 1) - \log w_t \;\ge 0 .$$
 #
@@ -1046,68 +1133,11 @@ check_claims({
 # so on tokens whose KL is small it can hide in the noise). In the reward, $k_1$ per token is fine on
 # average, but its negative tokens become *positive* rewards, a bonus for going where the reference is
 # more confident.
-#
-# ### Exercise 3: sequence KL with $k_3$
-# Write `sequence_kl_k3(logprobs, ref_logprobs, mask)`: the $k_3$ estimate summed over each response's
-# real tokens, shape (B,).
-
-# %%
-# EXERCISE 3
-def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
-    raise NotImplementedError
-
-
-# %%
-def check_sequence_kl_k3():
-    g = torch.Generator().manual_seed(1)
-    logp = -torch.rand(6, 9, generator=g) * 3  # (B, R)
-    ref = logp + 0.5 * torch.randn(6, 9, generator=g)  # (B, R)
-    lengths = [9, 3, 5, 1, 7, 8]
-    mask = (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, R)
-    got = sequence_kl_k3(logp.clone(), ref.clone(), mask.clone())
-    assert isinstance(got, torch.Tensor) and got.shape == (6,), \
-        f"expected one KL per response, shape (6,), got {getattr(got, 'shape', type(got))}"
-
-    def per_row(fn) -> torch.Tensor:  # a loop over each response's real tokens: fn(log pi, log ref) per token
-        return torch.tensor([sum(fn(lp, r) for lp, r in zip(lr[:n].tolist(), rr[:n].tolist(), strict=True))
-                             for lr, rr, n in zip(logp, ref, lengths, strict=True)])
-
-    expected = per_row(lambda lp, r: math.expm1(r - lp) - (r - lp))  # k3 = (w - 1) - log w, w = ref / pi
-    if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
-        known = {"k1 = log pi - log ref (not k3)": per_row(lambda lp, r: lp - r),
-                 "k3 with the ratio upside down, w = pi / ref": per_row(lambda lp, r: math.expm1(lp - r) - (lp - r)),
-                 "a mean over the real tokens, not a sum": per_row(lambda lp, r: math.expm1(r - lp) - (r - lp))
-                 / torch.tensor(lengths, dtype=torch.float32),
-                 "a mean over all 9 positions, padding included": per_row(lambda lp, r: math.expm1(r - lp) - (r - lp)) / 9}
-        same = [what for what, values in known.items() if torch.allclose(got, values, rtol=1e-4, atol=1e-5)]
-        row = int((got - expected).abs().argmax())
-        raise AssertionError(f"response {row} ({lengths[row]} real tokens of 9): your KL {float(got[row]):.4f}, "
-                             f"expected {float(expected[row]):.4f}"
-                             + (f"; your values match {same[0]}" if same else
-                                "; are the padding positions (mask 0) left out of the sum?"))
-    assert bool((got >= 0).all()), "k3 sums of real tokens can never be negative"
-    torch.testing.assert_close(sequence_kl_k3(logp, logp, mask), torch.zeros(6),
-                               msg="the same policy twice must give KL 0 for every response")
-
-
-exercise_check("Exercise 3 (sequence_kl_k3)", check_sequence_kl_k3,
-               hidden=[rlhf_helpers.kl_estimate, rlhf_helpers.masked_sum, rlhf_helpers.shape_rewards, k3_scratch,
-                       rlhf_helpers.core.kl._kl_terms])  # the estimator of the section above, and its library core
 
 # %% [markdown]
-# <details><summary>Solution 3</summary>
+# ## Deep dive: (e) an untrained value head
 #
-# ```python
-# def sequence_kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """sum_t m_t ((w_t - 1) - log w_t), w_t = exp(ref_t - logp_t): (B, R) x3 -> (B,)."""
-#     log_w = ref_logprobs - logprobs  # (B, R)
-#     return ((torch.expm1(log_w) - log_w) * mask).sum(dim=1)  # (B,)
-# ```
-# </details>
-
-# %% [markdown]
-# ## (e) An untrained value head
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # GAE's advantages are only as good as the critic: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$ with
 # $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$. A fresh value head outputs $V \approx 0$ everywhere, so
@@ -1221,14 +1251,12 @@ check_claims({
 # ## Your turn: break a run and ask the doctor
 #
 # The cell below raises the policy's learning rate thirty-fold and trains six steps from the fresh
-# adapters. Before you run it, predict which rules will fire. Then break a run your own way and read
-# each finding's "check first" line. Some breaks to try:
-# - `kl_coef=0.0` with `my_steps = lab.long_steps` (over-optimisation compares thirds of a run: six
-#   steps are too few);
+# adapters. Predict which rules will fire before you run it. Then break a run your own way and read each
+# finding's "check first" line. Some breaks to try:
+# - `kl_coef=0.0` with `my_steps = lab.long_steps` (six steps are too few for over-optimisation);
 # - `ppo_epochs=16`, or `clip_eps=10.0` (no clip at all);
-# - `RefAsOldTrainer` with `my_start = trained_state` (from the fresh adapters the policy is the
-#   reference at first, and the bug shows only from the second step), or `PadIsEosTrainer`;
-# - a trainer subclass of your own.
+# - `target_kl=2.0, kl_horizon=32` (your controller of Exercise 2: $\beta$ is logged as `kl_coef`);
+# - `RefAsOldTrainer` with `my_start = trained_state`, or `PadIsEosTrainer`.
 
 # %%
 shipped_break = lab_config.replace(policy_lr=lab_config.policy_lr * 30)
@@ -1239,12 +1267,11 @@ my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_
 my_findings = doctor(my_run)
 
 # %% [markdown]
-# On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the info
-# every run from fresh value adapters gets. The first is `off_policy`: at every step the clip fraction or
-# the approx-KL is above the band the rule allows. The second is `collapse`: by the fifth step,
-# `distinct_responses` (the share of the batch's responses that are distinct texts) says the 16
-# responses hold at most four distinct texts, and the policy's entropy has fallen below half its value
-# at step 1. The doctor's "check first" line for it starts with the learning rate.
+# On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the
+# untrained critic's info. `off_policy`: at every step the clip fraction or the approx-KL is above the
+# rule's band. `collapse`: by the fifth step the 16 responses hold at most four distinct texts
+# (`distinct_responses`), and the entropy has fallen below half its step-1 value. The doctor's "check
+# first" line for it starts with the learning rate.
 
 # %% tags=["claim-check"]
 shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps // 2
@@ -1265,12 +1292,55 @@ if shipped:  # the text describes the shipped break only
 # %% [markdown]
 # ## Summary: what each failure looks like
 #
-# | failure | first sign | curve to look at | the run doctor says |
-# |---|---|---|---|
-# | (a) ref log-probs as old | ratio $\ne 1$ on the first minibatch of a step | clip fraction and approx-KL far above a healthy run's | `first_ratio_not_one` (error), and `off_policy` (warning) as its consequence |
-# | (b) pad == EOS | EOS positions 0 in the loss mask | EOS log-probs that do not follow their advantages; length drift, `eos_fraction` | `eos_masked` (error) |
-# | (c) $\beta = 0$ | KL grows without a bound | learned reward up, hidden score of the training batches down (in a real run: a held-out evaluation and samples) | `over_optimisation` (warning) |
-# | (d) one KL estimator trusted | negative $k_1$ per response; $k_3$ means that jump | exact KL against $k_1$, $k_2$, $k_3$ | nothing on the baseline: its rule, `negative_kl`, warns only after 5 steps in a row with a negative batch mean (one is noise) |
-# | (e) untrained critic | explained variance $\approx 0$ when the policy starts updating | value loss and explained variance of the first steps | `untrained_critic` (info) |
+# | failure | first sign | the run doctor says |
+# |---|---|---|
+# | (a) ref log-probs as old | ratio $\ne 1$ on a step's first minibatch; clip fraction and approx-KL far above a healthy run's | `first_ratio_not_one` (error), `off_policy` (warning) |
+# | (b) pad == EOS | EOS positions 0 in the loss mask: `eos_in_mask` below 1 | `eos_masked` (error) |
+# | (c) $\beta = 0$ | KL grows without a bound; learned reward up, hidden score (in a real run: a held-out evaluation, samples) down | `over_optimisation` (warning) |
+# | (d) one KL estimator trusted (deep dive) | negative $k_1$ per response; $k_3$ means that jump | `negative_kl` (warning) after 5 negative batch means in a row |
+# | (e) untrained critic (deep dive) | explained variance $\approx 0$ when the policy starts updating | `untrained_critic` (info) |
 #
 # [docs/metrics.md](../docs/metrics.md) and `rlhf_helpers.ppo.metrics.GLOSSARY` describe every logged metric.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. In a run's log, the mean ratio on the first minibatch of step 10 is 1.4. What is wrong, and what do
+#    that run's clip fraction and approx-KL measure?
+#
+# <details><summary>Answer</summary>
+#
+# The old log-probs are not the sampling policy's (typically the reference's, as in (a)): on the first
+# minibatch the ratio must be 1. It is $\pi_\theta / \pi_{\text{ref}}$ instead, so the clip fraction and
+# approx-KL measure the distance to the SFT model, not one update's size.
+# </details>
+#
+# 2. With pad == EOS and the mask `responses != pad_id`, which token loses its gradient, and why can its
+#    probability still change?
+#
+# <details><summary>Answer</summary>
+#
+# The EOS that ends each response: masked like padding, it gets no loss term, so the decision to stop
+# is never reinforced or punished directly. It still moves through the weights it shares with the
+# tokens that do get gradients.
+# </details>
+#
+# 3. With $\beta = 0$ the learned reward still rises at the end of the run. Why is that not good news,
+#    and what would you watch in a real run, with no hidden score?
+#
+# <details><summary>Answer</summary>
+#
+# The reward model is accurate only near the SFT model's responses; unheld, PPO finds what it
+# over-rates while the true quality falls. Watch the KL, read samples, and keep a held-out evaluation.
+# </details>
+#
+# 4. An adaptive controller starts at $\beta = 0.1$, with a target KL of 6 nats, a horizon of 10,000
+#    samples and 64 responses a step; the measured KL is 12 at every step. What is $\beta$ after 100
+#    steps? And if it started at $\beta = 0$?
+#
+# <details><summary>Answer</summary>
+#
+# $e_t = \operatorname{clip}((12 - 6)/6, -0.2, 0.2) = 0.2$ and $K_\beta = 0.0064$, so every step multiplies
+# $\beta$ by 1.00128: $0.1 \times 1.00128^{100} \approx 0.114$. Started at 0 it stays 0 (the update
+# multiplies).
+# </details>
