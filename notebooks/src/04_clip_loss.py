@@ -9,14 +9,12 @@
 # - the probability ratio and the clipped surrogate objective, term by term;
 # - the six cases ($\hat A$ positive or negative, ratio below, inside or above the band) and exactly where
 #   the gradient is zero, checked with autograd;
-# - PPO's KL-penalty form beside the clip form, and the clip fraction and approx-KL diagnostics (two
-#   conventions of each, and which one each framework logs);
-# - **measured**: how far the ratio drifts over several epochs on one batch, with and without clipping;
-# - the value loss with clipping around the old values, and the optional LM (ptx) loss.
+# - the clip fraction and approx-KL diagnostics;
+# - the value loss with clipping around the old values, which you write, and the optional LM (ptx) loss.
 #
 # **Prerequisites:** notebooks 01 (policy gradients, the importance ratio, why PPO clips) and 03
 # (advantages, and the KL estimators $k_1$, $k_2$, $k_3$).
-# **Time:** about 1.5-2 h
+# **Time:** about 1.5-2 h for the core; the deep dives (collapsed) add about 1 h
 
 # %% tags=["colab-setup"]
 
@@ -55,7 +53,53 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # This is a **loss**, minimised: the minus sign turns the paper's objective (maximised; $J^{\text{CLIP}}$
 # in notebook 01, $L^{\text{CLIP}}$ without the minus in Schulman et al.) into what an optimiser descends.
 #
-# Two diagnostics are logged with it, and each comes in more than one convention.
+# Two diagnostics are logged with it. The **clip fraction** is the share of real tokens where `min`
+# selects the clipped term ($\text{surr2}_t < \text{surr1}_t$), which is exactly where the gradient is
+# zero: $\hat A_t > 0$ with $\rho_t > 1+\epsilon$, or $\hat A_t < 0$ with $\rho_t < 1-\epsilon$. The
+# **approx-KL** says how far the policy has moved on this batch: an estimate of
+# $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_\theta)$ from the sampled tokens, notebook 03's $k_3$ with $w = \rho_t$,
+# as a masked mean $\overline{(\rho_t - 1) - \log\rho_t}$. Frameworks log other conventions of both
+# (the deep dive below compares them): check which one a log shows before comparing numbers.
+#
+# The old log-probs must come from the policy that *sampled* the batch, not from the reference (SFT)
+# model. With the reference's log-probs the ratio is $\pi_\theta / \pi_{\text{ref}}$, so the band stays
+# centred on the reference for the whole training instead of on the policy of each update. The clip then
+# no longer limits the step of an update: it zeroes the gradient of tokens that have moved past the band,
+# away from the reference, in the direction their advantage favours, and leaves the full gradient to
+# those outside it on the other side, which pulls them back. It holds the policy near the reference
+# instead of bounding each step. Notebook 06(a) trains with this bug.
+
+# %%
+def policy_loss_scratch(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, clip_eps: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """-masked mean of min(ratio * A, clip(ratio) * A), plus clip fraction: (B, T) inputs -> 2 scalars."""
+    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+    surr1 = ratio * advantages  # (B, T)
+    surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages  # (B, T)
+    objective = torch.min(surr1, surr2)  # (B, T)
+    loss = -(objective * mask).sum() / mask.sum()
+    clipped = (surr2 < surr1).float()  # (B, T): the clipped term is selected
+    clipfrac = (clipped * mask).sum() / mask.sum()
+    return loss, clipfrac
+
+
+gen = torch.Generator().manual_seed(0)
+B, T = 4, 10
+mask = (torch.arange(T)[None, :] < torch.tensor([10, 7, 4, 9])[:, None]).float()  # (B, T)
+old_logprobs = -torch.rand(B, T, generator=gen) * 4  # (B, T)
+logprobs = old_logprobs + 0.3 * torch.randn(B, T, generator=gen)  # (B, T): after some updates
+advantages = torch.randn(B, T, generator=gen) * mask  # (B, T)
+
+loss, clipfrac = policy_loss_scratch(logprobs, old_logprobs, advantages, mask)
+lib_loss, stats = rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
+torch.testing.assert_close(loss, lib_loss)
+torch.testing.assert_close(clipfrac, stats["clipfrac"])
+print(f"loss {loss:.4f}   clipfrac {clipfrac:.3f}   approx_kl {stats['approx_kl']:.4f}")
+
+# %% [markdown]
+# ### Deep dive: the clip fraction and approx-KL, framework by framework
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # **Clip fraction.** Two different shares go by this name:
 #
@@ -107,43 +151,7 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add overhead
 # `approxkl = 0.5 * (logprobs_diff**2).mean()`, a plain mean that also counts the padding, where the
 # difference is 0. **This course logs $k_3$** as `approx_kl` (`stats["approx_kl"]`).
 #
-# The old log-probs must come from the policy that *sampled* the batch, not from the reference (SFT)
-# model. With the reference's log-probs the ratio is $\pi_\theta / \pi_{\text{ref}}$, so the band stays
-# centred on the reference for the whole training instead of on the policy of each update. The clip then
-# no longer limits the step of an update. It still acts on one side only: it zeroes the gradient of a
-# token whose probability has already moved away from the reference, past the band, in the direction its
-# advantage favours ($\hat A > 0$ with $\rho > 1+\epsilon$, $\hat A < 0$ with $\rho < 1-\epsilon$), while a
-# token outside the band on the other side keeps its full gradient, which pushes it back towards the
-# reference. So it does not bind on every token; it holds the policy near the reference, or pulls it back
-# there, instead of bounding each step. Notebook 06(a) trains with this bug and measures the clip fraction
-# and approx-KL it produces.
-
-# %%
-def policy_loss_scratch(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, clip_eps: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
-    """-masked mean of min(ratio * A, clip(ratio) * A), plus clip fraction: (B, T) inputs -> 2 scalars."""
-    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
-    surr1 = ratio * advantages  # (B, T)
-    surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages  # (B, T)
-    objective = torch.min(surr1, surr2)  # (B, T)
-    loss = -(objective * mask).sum() / mask.sum()
-    clipped = (surr2 < surr1).float()  # (B, T): the clipped term is selected
-    clipfrac = (clipped * mask).sum() / mask.sum()
-    return loss, clipfrac
-
-
-gen = torch.Generator().manual_seed(0)
-B, T = 4, 10
-mask = (torch.arange(T)[None, :] < torch.tensor([10, 7, 4, 9])[:, None]).float()  # (B, T)
-old_logprobs = -torch.rand(B, T, generator=gen) * 4  # (B, T)
-logprobs = old_logprobs + 0.3 * torch.randn(B, T, generator=gen)  # (B, T): after some updates
-advantages = torch.randn(B, T, generator=gen) * mask  # (B, T)
-
-loss, clipfrac = policy_loss_scratch(logprobs, old_logprobs, advantages, mask)
-lib_loss, stats = rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
-torch.testing.assert_close(loss, lib_loss)
-torch.testing.assert_close(clipfrac, stats["clipfrac"])
-print(f"loss {loss:.4f}   clipfrac {clipfrac:.3f}   approx_kl {stats['approx_kl']:.4f}")
+# The cell measures every convention on the batch above.
 
 # %%
 # Both clip-fraction conventions, and three approx-KL estimators, on this batch's real tokens
@@ -184,8 +192,158 @@ check_claims({
     "k1 negative, about -0.02": -0.025 < approx_kl["k1 = mean(-log ratio)"] < -0.01,
 }, any_profile=True)
 
+
 # %% [markdown]
-# ## 2. Explore the clip
+# ## 2. The six cases, and where the gradient is zero
+#
+# | | $\rho < 1-\epsilon$ | $1-\epsilon \le \rho \le 1+\epsilon$ | $\rho > 1+\epsilon$ |
+# |---|---|---|---|
+# | $\hat A > 0$ | $\rho \hat A$: gradient $\rho\hat A$ (raise the good action back) | $\rho \hat A$: gradient $\rho\hat A$ | clipped: **zero** (already raised enough) |
+# | $\hat A < 0$ | clipped: **zero** (already lowered enough) | $\rho \hat A$: gradient $\rho\hat A$ | $\rho \hat A$: gradient $\rho\hat A$, **growing** with $\rho$ (no bound) |
+#
+# The gradient with respect to the new log-prob is $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$
+# where the unclipped term is selected and 0 where the clipped one is. So the clip only stops a policy
+# from gaining too much on a token, never from repairing a loss. The bottom-right cell, a bad action that
+# became much *more* likely, is not clipped at all: its gradient grows with $\rho$ (the dual clip, in a
+# deep dive below, bounds it). Nor is the clip a hard limit on the ratio: steps on other tokens, through
+# shared parameters, still move a clipped token's ratio (a deep dive below measures it over ten epochs).
+# The cell checks every case with autograd.
+
+# %%
+eps = 0.2
+ratios = torch.tensor([0.5, 1.0, 1.5, 0.5, 1.0, 1.5])
+advs = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
+new_logp = torch.log(ratios).requires_grad_(True)  # old log-prob = 0, so ratio = exp(new_logp)
+objective = rlhf_helpers.clipped_surrogate(torch.exp(new_logp), advs, eps)  # (6,): to maximise
+(grad,) = torch.autograd.grad(objective.sum(), new_logp)
+
+zero_expected = ((advs > 0) & (ratios > 1 + eps)) | ((advs < 0) & (ratios < 1 - eps))
+expected_grad = torch.where(zero_expected, torch.zeros(6), ratios * advs)
+torch.testing.assert_close(grad, expected_grad)
+for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist(), strict=True):
+    print(f"A {a:+.0f}  ratio {r:.1f}  ->  d objective / d log pi = {g:+.2f}")
+
+# %% [markdown]
+# ### Exercise 1: the clipped surrogate, elementwise
+# Write `clipped_objective(ratio, adv, eps)`: the per-token $\min(\rho\hat A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)$.
+# The check compares its values with the table above, and its gradient with respect to the ratio with
+# the rule: $\hat A$ where the unclipped term is selected, 0 where the clipped one is. It uses
+# $\epsilon = 0.3$.
+
+# %%
+# EXERCISE 1
+def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
+    raise NotImplementedError
+
+
+# %%
+def check_clipped_objective():
+    g = torch.Generator().manual_seed(11)
+    eps = 0.3  # not the usual 0.2, so a band written as (0.8, 1.2) shows
+    r = torch.rand(60, generator=g, dtype=torch.float64) * 2  # (60,): ratios in [0, 2]
+    a = torch.randn(60, generator=g, dtype=torch.float64)  # (60,)
+    upper, lower = (a > 0) & (r > 1 + eps), (a < 0) & (r < 1 - eps)  # (60,): the clipped term is the min
+    expected = torch.where(upper, (1 + eps) * a, torch.where(lower, (1 - eps) * a, r * a))  # (60,): the table
+    expected_grad = torch.where(upper | lower, torch.zeros_like(a), a)  # (60,): d objective / d ratio
+    got = clipped_objective(r, a, eps)
+    assert isinstance(got, torch.Tensor) and got.shape == r.shape, "return one value per token, shaped like ratio"
+    wrong = ~torch.isclose(got, expected, rtol=1e-9, atol=1e-12)  # (60,)
+    slips = {  # what the usual slips compute, and what to say about each
+        "you took the max of the two terms; PPO takes the pessimistic min": torch.max(r * a, r.clamp(1 - eps, 1 + eps) * a),
+        "you return the clipped term alone; take the min with the unclipped ratio * A, so a token on the "
+        "side the advantage wants undone keeps ratio * A": r.clamp(1 - eps, 1 + eps) * a,
+        "you clipped the product ratio * A; clip the ratio, then multiply by A":
+            torch.min(r * a, (r * a).clamp(1 - eps, 1 + eps)),
+        "you clipped at 0.8 and 1.2; clip at 1 - eps and 1 + eps": torch.min(r * a, r.clamp(0.8, 1.2) * a),
+    }
+    hint = next((text for text, value in slips.items() if torch.allclose(got, value)), "")
+    i = int(wrong.nonzero()[0]) if wrong.any() else 0
+    assert not wrong.any(), (f"{int(wrong.sum())} of 60 tokens differ (eps = {eps}), e.g. A = {float(a[i]):+.2f} "
+                             f"with ratio {float(r[i]):.2f}: got {float(got[i]):.4f}, expected {float(expected[i]):.4f}. {hint}")
+    r_grad = r.clone().requires_grad_(True)
+    out = clipped_objective(r_grad, a, eps)
+    assert out.requires_grad, "your objective carries no gradient w.r.t. the ratio: no .detach(), .item() or no_grad"
+    (grad,) = torch.autograd.grad(out.sum(), r_grad)  # (60,)
+    wrong = ~torch.isclose(grad, expected_grad, rtol=1e-9, atol=1e-12)  # (60,)
+    inside = (r >= 1 - eps) & (r <= 1 + eps)  # (60,): the band, where the two terms are equal
+    hint = ("inside the band the two terms are equal and torch.min splits the gradient between them, so a "
+            ".detach() on one term halves it there" if bool(torch.isclose(grad[inside], a[inside] / 2).all()) else "")
+    i = int(wrong.nonzero()[0]) if wrong.any() else 0
+    assert not wrong.any(), (f"your values are right, but d objective / d ratio differs at {int(wrong.sum())} of 60 "
+                             f"tokens, e.g. A = {float(a[i]):+.2f} with ratio {float(r[i]):.2f}: got {float(grad[i]):.4f}, "
+                             f"expected {float(expected_grad[i]):.4f} (A where the unclipped term is selected, 0 where "
+                             f"the clipped one is). {hint}")
+
+
+exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective,
+               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+#     """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
+#     return torch.min(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Exercise 2: which tokens get no gradient?
+# Write `zero_gradient(ratio, adv, eps)` returning a boolean tensor: True where the clipped objective's
+# gradient with respect to the ratio is zero. The check compares it with autograd, with $\epsilon = 0.3$.
+
+# %%
+# EXERCISE 2
+def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
+    raise NotImplementedError
+
+
+# %%
+def check_zero_gradient():
+    g = torch.Generator().manual_seed(12)
+    eps = 0.3  # not the usual 0.2, so a band written as (0.8, 1.2) shows
+    r = (torch.rand(200, generator=g) * 2).requires_grad_(True)  # (200,): ratios in [0, 2]
+    a = torch.randn(200, generator=g)  # (200,)
+    (grad,) = torch.autograd.grad(torch.min(r * a, r.clamp(1 - eps, 1 + eps) * a).sum(), r)  # the objective, written out
+    got = zero_gradient(r.detach(), a, eps)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.bool, "return a boolean tensor"
+    assert got.shape == r.shape, f"return one flag per token, shape {tuple(r.shape)}; got {tuple(got.shape)}"
+    zero, ratio = grad == 0, r.detach()  # (200,), (200,)
+    cases = []
+    for sign_name, sign in (("A > 0", a > 0), ("A < 0", a < 0)):
+        for side_name, side in (("ratio < 0.7", ratio < 1 - eps), ("ratio in [0.7, 1.3]", (ratio >= 1 - eps) & (ratio <= 1 + eps)),
+                                ("ratio > 1.3", ratio > 1 + eps)):
+            wrong = sign & side & (got != zero)  # (200,)
+            if wrong.any():
+                truth = "zero" if bool(zero[wrong].all()) else "not zero"
+                said = "zero" if bool(got[wrong].all()) else "not zero"
+                cases.append(f"{int(wrong.sum())} tokens with {sign_name} and {side_name}: you say {said}, "
+                             f"autograd's gradient is {truth}")
+    assert not cases, f"eps = {eps}: {int((got != zero).sum())} of 200 tokens classified wrongly: " + "; ".join(cases)
+
+
+exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient,
+               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+#     """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
+#     return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
+# ```
+# </details>
+
+
+# %% [markdown]
+# ### Deep dive: drag the clip, and the dual clip
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
 # Move the advantage and $\epsilon$ (and, in a running notebook, the ratio and the dual clip); the
 # explorer shows both surrogate terms, the one `min` selects, and whether the gradient flows.
 #
@@ -235,37 +393,13 @@ clip_explorer
 # </details>
 
 # %% [markdown]
-# ## 3. The six cases, and where the gradient is zero
-#
-# | | $\rho < 1-\epsilon$ | $1-\epsilon \le \rho \le 1+\epsilon$ | $\rho > 1+\epsilon$ |
-# |---|---|---|---|
-# | $\hat A > 0$ | $\rho \hat A$: gradient $\rho\hat A$ (raise the good action back) | $\rho \hat A$: gradient $\rho\hat A$ | clipped: **zero** (already raised enough) |
-# | $\hat A < 0$ | clipped: **zero** (already lowered enough) | $\rho \hat A$: gradient $\rho\hat A$ | $\rho \hat A$: gradient $\rho\hat A$, **growing** with $\rho$ (no bound) |
-#
-# The gradient with respect to the new log-prob is $\partial(\rho\hat A)/\partial\log\pi_\theta = \rho\hat A$
-# where the unclipped term is selected and 0 where the clipped one is. The bottom-right cell, a bad
-# action that became much *more* likely, is not clipped at all: its gradient $\rho\hat A$ grows with
-# $\rho$. The **dual clip** (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
-# Reinforcement Learning") bounds it: for $\hat A < 0$ the objective becomes
+# The **dual clip** (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
+# Learning") bounds the bottom-right cell of the table: for $\hat A < 0$ the objective becomes
 # $\max\big(\min(\rho\hat A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A),\ c_{\text{dual}}\hat A\big)$
 # with $c_{\text{dual}} > 1$ (e.g. 3), a constant with zero gradient beyond $\rho = c_{\text{dual}}$.
-# The cell checks every case with autograd against this rule, then the bottom-right cell with and
-# without the dual clip.
+# The cell checks that cell with and without the dual clip.
 
 # %%
-eps = 0.2
-ratios = torch.tensor([0.5, 1.0, 1.5, 0.5, 1.0, 1.5])
-advs = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
-new_logp = torch.log(ratios).requires_grad_(True)  # old log-prob = 0, so ratio = exp(new_logp)
-objective = rlhf_helpers.clipped_surrogate(torch.exp(new_logp), advs, eps)  # (6,): to maximise
-(grad,) = torch.autograd.grad(objective.sum(), new_logp)
-
-zero_expected = ((advs > 0) & (ratios > 1 + eps)) | ((advs < 0) & (ratios < 1 - eps))
-expected_grad = torch.where(zero_expected, torch.zeros(6), ratios * advs)
-torch.testing.assert_close(grad, expected_grad)
-for r, a, g in zip(ratios.tolist(), advs.tolist(), grad.tolist(), strict=True):
-    print(f"A {a:+.0f}  ratio {r:.1f}  ->  d objective / d log pi = {g:+.2f}")
-
 # the bottom-right cell, far above the band: gradient rho * A without the dual clip, 0 beyond c with it
 c_dual = 3.0
 far = torch.tensor([1.5, 2.0, 5.0, 10.0])  # ratios above 1 + eps, on both sides of c_dual
@@ -279,8 +413,11 @@ torch.testing.assert_close(grad_dual, torch.where(far > c_dual, torch.zeros(len(
 for r, g, gd in zip(far.tolist(), grad_plain.tolist(), grad_dual.tolist(), strict=True):
     print(f"A -1  ratio {r:4.1f}  ->  d objective / d log pi = {g:+6.2f}   with dual clip c = {c_dual:g}: {gd:+6.2f}")
 
+
 # %% [markdown]
-# ## 4. The KL-penalty form beside the clip form
+# ## Deep dive: the KL-penalty form beside the clip form
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # The PPO paper's alternative (eq. 8) keeps the plain importance-weighted objective and subtracts a
 # KL penalty towards the old policy, with $\beta$ adapted to hit a target KL. The paper penalises the
@@ -322,60 +459,9 @@ fig.show()
 # policy and a separate KL penalty towards the *reference* model inside the reward (notebook 03).
 
 # %% [markdown]
-# ### Exercise 1: the clipped surrogate, elementwise
-# Write `clipped_objective(ratio, adv, eps)`: the per-token $\min(\rho\hat A, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)$.
-
-# %%
-# EXERCISE 1
-def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
-    """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
-    raise NotImplementedError
-
-
-# %%
-def check_clipped_objective():
-    g = torch.Generator().manual_seed(11)
-    r = torch.rand(50, generator=g) * 2  # (50,): ratios in [0, 2]
-    a = torch.randn(50, generator=g)  # (50,)
-    # Independent form: case by case from the table above.
-    upper = (a > 0) & (r > 1.2)
-    lower = (a < 0) & (r < 0.8)
-    expected = torch.where(upper, 1.2 * a, torch.where(lower, 0.8 * a, r * a))  # (50,)
-    got = clipped_objective(r, a, 0.2)
-    assert isinstance(got, torch.Tensor) and got.shape == r.shape, "return one value per token, shaped like ratio"
-    wrong = ~torch.isclose(got, expected, rtol=1e-5, atol=1e-6)  # (50,)
-    if not wrong.any():
-        return
-    slips = {  # what the usual slips compute, and what to say about each
-        "you took the max of the two terms; PPO takes the pessimistic min":
-            torch.max(r * a, r.clamp(0.8, 1.2) * a),
-        "you return the clipped term alone; take the min with the unclipped ratio * A, so a token on the "
-        "side the advantage wants undone keeps ratio * A": r.clamp(0.8, 1.2) * a,
-        "you clipped the product ratio * A; clip the ratio, then multiply by A":
-            torch.min(r * a, (r * a).clamp(0.8, 1.2)),
-    }
-    hint = next((text for text, value in slips.items() if torch.allclose(got, value)), "")
-    i = int(wrong.nonzero()[0])
-    band = "below the band" if r[i] < 0.8 else "above the band" if r[i] > 1.2 else "inside the band"
-    raise AssertionError(f"{int(wrong.sum())} of 50 tokens differ, e.g. A = {float(a[i]):+.2f} with ratio "
-                         f"{float(r[i]):.2f} ({band}): got {float(got[i]):.4f}, expected {float(expected[i]):.4f}. {hint}")
-
-
-exercise_check("Exercise 1 (clipped_objective)", check_clipped_objective,
-               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
-
-# %% [markdown]
-# <details><summary>Solution 1</summary>
+# ## Deep dive: several epochs on one batch, and how far the ratio drifts
 #
-# ```python
-# def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
-#     """min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), elementwise."""
-#     return torch.min(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
-# ```
-# </details>
-
-# %% [markdown]
-# ## 5. Several epochs on one batch: how far does the ratio drift?
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # PPO reuses each batch for several epochs of minibatch steps. Here a small softmax policy over 8
 # "tokens" in 32 "contexts", with logits $W x_s$ from shared context features (so a step on one
@@ -505,56 +591,9 @@ check_claims({
 batch_clip_explorer = widgets.ClipExplorer(ratios=final_ratios["clipped"])
 batch_clip_explorer
 
-# %% [markdown]
-# ### Exercise 2: which tokens get no gradient?
-# Write `zero_gradient(ratio, adv, eps)` returning a boolean tensor: True where the clipped objective's
-# gradient with respect to the ratio is zero. The check compares it with autograd.
-
-# %%
-# EXERCISE 2
-def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
-    """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
-    raise NotImplementedError
-
-
-# %%
-def check_zero_gradient():
-    g = torch.Generator().manual_seed(12)
-    r = (torch.rand(200, generator=g) * 2).requires_grad_(True)  # (200,): ratios in [0, 2]
-    a = torch.randn(200, generator=g)  # (200,)
-    (grad,) = torch.autograd.grad(torch.min(r * a, r.clamp(0.8, 1.2) * a).sum(), r)  # the objective, written out
-    got = zero_gradient(r.detach(), a, 0.2)
-    assert isinstance(got, torch.Tensor) and got.dtype == torch.bool, "return a boolean tensor"
-    assert got.shape == r.shape, f"return one flag per token, shape {tuple(r.shape)}; got {tuple(got.shape)}"
-    zero, ratio = grad == 0, r.detach()  # (200,), (200,)
-    cases = []
-    for sign_name, sign in (("A > 0", a > 0), ("A < 0", a < 0)):
-        for side_name, side in (("ratio < 0.8", ratio < 0.8), ("ratio in [0.8, 1.2]", (ratio >= 0.8) & (ratio <= 1.2)),
-                                ("ratio > 1.2", ratio > 1.2)):
-            wrong = sign & side & (got != zero)  # (200,)
-            if wrong.any():
-                truth = "zero" if bool(zero[wrong].all()) else "not zero"
-                said = "zero" if bool(got[wrong].all()) else "not zero"
-                cases.append(f"{int(wrong.sum())} tokens with {sign_name} and {side_name}: you say {said}, "
-                             f"autograd's gradient is {truth}")
-    assert not cases, f"{int((got != zero).sum())} of 200 tokens classified wrongly: " + "; ".join(cases)
-
-
-exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient,
-               hidden=[rlhf_helpers.clipped_surrogate, rlhf_helpers.policy_loss])
 
 # %% [markdown]
-# <details><summary>Solution 2</summary>
-#
-# ```python
-# def zero_gradient(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
-#     """True where d min(ratio A, clip(ratio) A) / d ratio == 0 (adv != 0, ratio not on a band edge)."""
-#     return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
-# ```
-# </details>
-
-# %% [markdown]
-# ## 6. The value loss, with clipping
+# ## 3. The value loss, with clipping
 #
 # The critic regresses the GAE returns $G^\lambda_t$ of notebook 03. Value clipping (as in the OpenAI baselines
 # and trlx) limits how far the new value may move from the value at sampling time $V_{\text{old}}$,
@@ -563,7 +602,8 @@ exercise_check("Exercise 2 (zero_gradient)", check_zero_gradient,
 # $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
 # L^V = \tfrac12\, \overline{\max\big((V_t - G^\lambda_t)^2,\ (V^{\text{clip}}_t - G^\lambda_t)^2\big)}.$$
 #
-# `vf_clipfrac` is the share of real tokens where the clipped error is the larger one.
+# The overline is the masked mean over the real tokens, as in $L^{\text{CLIP}}$. `vf_clipfrac` is the share
+# of real tokens where the clipped error is the larger one.
 
 # %%
 value_explorer = widgets.ValueClipExplorer()
@@ -590,81 +630,86 @@ value_explorer
 # critic that has a long way to go, one reason some implementations drop it.
 # </details>
 
-# %%
-def value_loss_scratch(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """0.5 * masked mean of max((V - G)^2, (V_clip - G)^2), plus vf_clipfrac: (B, T) inputs -> 2 scalars."""
-    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)  # (B, T)
-    err = (values - returns) ** 2  # (B, T)
-    err_clipped = (clipped - returns) ** 2  # (B, T)
-    loss = 0.5 * (torch.max(err, err_clipped) * mask).sum() / mask.sum()
-    vf_clipfrac = ((err_clipped > err).float() * mask).sum() / mask.sum()
-    return loss, vf_clipfrac
-
-
-old_values = torch.randn(B, T, generator=gen)  # (B, T)
-values = old_values + 0.5 * torch.randn(B, T, generator=gen)  # (B, T)
-returns = torch.randn(B, T, generator=gen)  # (B, T)
-v_loss, v_clipfrac = value_loss_scratch(values, old_values, returns, mask, 0.2)
-lib_v_loss, v_stats = rlhf_helpers.value_loss(values, old_values, returns, mask, clip_range=0.2)
-torch.testing.assert_close(v_loss, lib_v_loss)
-torch.testing.assert_close(v_clipfrac, v_stats["vf_clipfrac"])
-print(f"value loss {v_loss:.4f}   vf_clipfrac {v_clipfrac:.3f}")
 
 # %% [markdown]
-# ### Exercise 3: the unclipped value loss
-# Write `plain_value_loss(values, returns, mask)`: $\tfrac12$ times the masked mean of $(V_t - G^\lambda_t)^2$.
-# It must equal the library's value loss without clipping (`clip_range=None`); `value_loss` and `masked_mean`
-# are hidden while the check runs.
+# ### Exercise 3: the clipped value loss
+# Write `clipped_value_loss(values, old_values, returns, mask, eps_v)`: $L^V$ above, one number for a
+# (B, T) batch whose rows have different lengths. The check compares it with a loop over the real tokens,
+# and its gradient with respect to `values` (the critic's parameters reach the loss only through them)
+# with the rule: $(V_t - G^\lambda_t)/n$ where the unclipped error is the larger or the two are equal, 0
+# where the clipped one is larger, for $n$ real tokens. It uses $\epsilon_V = 0.45$. `value_loss` and
+# `masked_mean` are hidden while it runs.
 
 # %%
 # EXERCISE 3
-def plain_value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """0.5 * masked mean of (values - returns)^2 over real tokens: (B, T) inputs -> scalar."""
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       eps_v: float) -> torch.Tensor:
+    """0.5 * masked mean of max((V - G)^2, (V_clip - G)^2) over real tokens: (B, T) inputs -> scalar."""
     raise NotImplementedError
 
 
 # %%
-def check_plain_value_loss():
-    v = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])  # (2, 3): 9 at the padding
-    r = torch.zeros(2, 3)  # (2, 3)
-    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # (2, 3): rows of 2 and 1 real tokens
-    got = plain_value_loss(v, r, m)
-    assert isinstance(got, torch.Tensor) and got.dim() == 0, \
-        f"return one number (a 0-d tensor); got {getattr(got, 'shape', type(got))}"
-    slips = {  # what the usual slips return on this v, r, m
-        14 / 3: "you left out the 1/2 (it makes the gradient V - G)",
-        7 / 6: "you divided by every position, padding included: divide by mask.sum()",
-        257 / 6: "the padding's errors entered the sum: multiply the squared errors by the mask",
-        7.0: "you summed the squared errors without dividing by the number of real tokens",
-        5.75 / 2: "you averaged each row's mean; every real token must weigh the same",
-    }
-    hint = next((text for value, text in slips.items() if abs(float(got) - value) < 1e-4), "")
-    assert abs(float(got) - 7 / 3) < 1e-5, (f"with V = {v.tolist()}, G = 0 and mask {m.tolist()} you return "
-                                            f"{float(got):.4f}, expected 0.5 * (1 + 4 + 9) / 3 = 2.3333. {hint}")
-    real = [(v_, g_) for row_v, row_g, row_m in zip(values.tolist(), returns.tolist(), mask.tolist(), strict=True)
-            for v_, g_, m_ in zip(row_v, row_g, row_m, strict=True) if m_]  # a loop over the real tokens
-    expected = 0.5 * sum((v_ - g_) ** 2 for v_, g_ in real) / len(real)
-    got = float(plain_value_loss(values, returns, mask))
-    assert abs(got - expected) < 1e-5 * max(1.0, expected), \
-        f"on the (4, 10) batch of section 6 you return {got:.5f}, expected {expected:.5f} (a loop over its real tokens)"
+def check_clipped_value_loss():
+    g, eps_v, lengths = torch.Generator().manual_seed(13), 0.45, [8, 5, 3, 6]  # eps_v: not the policy's 0.2
+    mask_c = (torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]).double()  # (4, 8), right-padded
+    old_v = torch.randint(-16, 17, (4, 8), generator=g).double() / 8 + 40 * (1 - mask_c)  # (4, 8): 40 at padding
+    v = old_v + torch.randint(-8, 9, (4, 8), generator=g).double() / 8  # (4, 8): grid of 1/8, in and out of the band
+    ret = torch.randint(-24, 25, (4, 8), generator=g).double() / 8 + 1 / 32  # (4, 8): off the grid, no tie outside
+    cells = [(i, t) for i, n_i in enumerate(lengths) for t in range(n_i)]  # the real tokens
+    def by_loop(centres, clip=eps_v, pick=max):  # the loss and its gradient w.r.t. V, token by token
+        loss, grad = 0.0, torch.zeros(4, 8, dtype=torch.float64)
+        for c in cells:
+            v_clip = float(centres[c]) + min(max(float(v[c] - centres[c]), -clip), clip)
+            err, err_clip = float(v[c] - ret[c]) ** 2, (v_clip - float(ret[c])) ** 2
+            loss += 0.5 * pick(err, err_clip)
+            grad[c] = float(v[c] - ret[c]) if err >= err_clip else 0.0  # in the band V_clip = V exactly (grid)
+        return loss / len(cells), grad / len(cells)
+    want, want_grad = by_loop(old_v)
+    got = clipped_value_loss(v, old_v, ret, mask_c, eps_v)
+    assert isinstance(got, torch.Tensor) and got.dim() == 0, f"return a 0-d tensor; got {getattr(got, 'shape', got)}"
+    slips = {"you take the min of the two errors; the clipped loss takes the max": by_loop(old_v, pick=min)[0],
+             "you clip around the return G; clip the change from the old value, V_old + clip(V - V_old)": by_loop(ret)[0],
+             "you clip V itself; clip its change from the old value, V_old + clip(V - V_old)": by_loop(0 * v)[0],
+             "you clip with 0.2, not with eps_v": by_loop(old_v, clip=0.2)[0],
+             "you left out the 1/2 (it makes the gradient V - G)": 2 * want,
+             "you divided by every position, padding included: divide by mask.sum()": want * len(cells) / 32}
+    hint = next((text for text, value in slips.items() if abs(float(got) - value) < 1e-9 * max(1.0, abs(value))), "")
+    assert abs(float(got) - want) < 1e-9 * max(1.0, want), \
+        f"you return {float(got):.6f}, expected {want:.6f} (a loop over the real tokens, eps_v = {eps_v}). {hint}"
+    out = clipped_value_loss(v_grad := v.clone().requires_grad_(True), old_v, ret, mask_c, eps_v)
+    assert out.requires_grad, "your loss carries no gradient w.r.t. the values: no .detach(), .item() or no_grad"
+    (grad,) = torch.autograd.grad(out, v_grad)  # (4, 8)
+    wrong = ~torch.isclose(grad, want_grad, rtol=1e-9, atol=1e-12)  # (4, 8)
+    band = ((v - old_v).abs() <= eps_v) & (mask_c > 0)  # (4, 8): real tokens inside the band, where V_clip = V
+    hint = ("the two errors are equal there and torch.max splits the gradient between them: a .detach() on one "
+            "branch halves it" if torch.allclose(grad[band], want_grad[band] / 2) else "")
+    assert not wrong.any(), (f"your loss is right, but its gradient w.r.t. V differs at {int(wrong.sum())} of "
+                             f"{len(cells)} real tokens, {int((wrong & band).sum())} of them inside the band. {hint}")
 
 
-exercise_check("Exercise 3 (plain_value_loss)", check_plain_value_loss,
-               hidden=[rlhf_helpers.value_loss, rlhf_helpers.masked_mean, value_loss_scratch])
+exercise_check("Exercise 3 (clipped_value_loss)", check_clipped_value_loss,
+               hidden=[rlhf_helpers.value_loss, rlhf_helpers.masked_mean])
 
 # %% [markdown]
 # <details><summary>Solution 3</summary>
 #
 # ```python
-# def plain_value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-#     """0.5 * masked mean of (values - returns)^2 over real tokens: (B, T) inputs -> scalar."""
-#     return 0.5 * (((values - returns) ** 2) * mask).sum() / mask.sum()
+# def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+#                        eps_v: float) -> torch.Tensor:
+#     """0.5 * masked mean of max((V - G)^2, (V_clip - G)^2) over real tokens: (B, T) inputs -> scalar."""
+#     v_clipped = old_values + torch.clamp(values - old_values, -eps_v, eps_v)  # (B, T): within eps_v of V_old
+#     err = (values - returns) ** 2  # (B, T)
+#     err_clipped = (v_clipped - returns) ** 2  # (B, T)
+#     return 0.5 * (torch.max(err, err_clipped) * mask).sum() / mask.sum()
 # ```
+# The `max` keeps the larger error, so clipping only ever removes gradient: where $V$ has left the band
+# on the return's side, the clipped error is the larger and $V$ gets no gradient. Inside the band the two
+# errors are equal and `torch.max` sends half the gradient through each branch, so both must stay
+# differentiable.
 # </details>
 
 # %% [markdown]
-# ## 7. The LM (ptx) loss
+# ## 4. The LM (ptx) loss
 #
 # InstructGPT's "PPO-ptx" adds a next-token loss on ordinary text to the policy's loss, so RL does not
 # erode what the model already does well. InstructGPT takes that text from its pretraining data; this
@@ -694,17 +739,54 @@ torch.testing.assert_close(lm_loss_scratch(lm_logits, labels), rlhf_helpers.lm_l
 print(f"ptx loss of random logits {lm_loss_scratch(lm_logits, labels):.4f} "
       f"(uniform guessing would give log 11 = {torch.log(torch.tensor(11.0)):.4f})")
 
+
 # %% [markdown]
 # ## Summary
 # - $\rho = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ with old log-probs from the sampling policy;
 #   $L^{\text{CLIP}} = -\overline{\min(\rho\hat A, \operatorname{clip}(\rho)\hat A)}$ over real tokens.
 # - The gradient is zero exactly when the clipped term is selected: $\hat A > 0, \rho > 1+\epsilon$ or
-#   $\hat A < 0, \rho < 1-\epsilon$.
-# - Clip fraction: this course, TRL, trlx and OpenRLHF count the tokens whose clipped term is selected (no
-#   gradient); CleanRL, Stable-Baselines3 and OpenAI baselines count the ratios outside the band, a share
-#   never lower. Approx-KL: this course logs $k_3$; CleanRL logs $k_1$ and $k_3$, OpenRLHF $k_1$, TRL $k_2$.
-# - Over several epochs the clip slows the ratio's drift, measured above; it is not a hard bound.
-# - Value clipping takes the worse of the clipped and unclipped errors; the ptx loss is a shifted
-#   next-token loss with ignored positions.
+#   $\hat A < 0, \rho < 1-\epsilon$. This course's clip fraction counts those tokens; its approx-KL is $k_3$.
+# - Value clipping takes the worse of the clipped and unclipped errors; its gradient, like the policy
+#   loss's, needs both branches differentiable.
+# - The ptx loss is a shifted next-token loss with ignored positions.
 #
 # Next: notebook 05 puts these pieces into the full PPO loop on a language model.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1.** With $\hat A > 0$, $\epsilon = 0.2$ and $\rho = 0.5$, does the clip zero this token's gradient?
+#
+# <details><summary>Answer</summary>
+#
+# No. Below the band the `min` selects the unclipped $\rho\hat A$, so the token keeps its gradient: the
+# clip never stops the policy from repairing a drop in a good action's probability.
+# </details>
+#
+# **2.** Why must the old log-probs come from the policy that sampled the batch, not from the reference?
+#
+# <details><summary>Answer</summary>
+#
+# With the reference's the ratio is $\pi_\theta/\pi_{\text{ref}}$ and the band stays centred on the
+# reference for the whole training. The clip then no longer bounds each update's step; it holds the policy
+# near the reference instead.
+# </details>
+#
+# **3.** Your clipped value loss gives the library's value on every batch, yet your critic learns more
+# slowly. What could be wrong?
+#
+# <details><summary>Answer</summary>
+#
+# A detached branch. Inside the band the two errors are equal and `torch.max` splits the gradient between
+# them, so `.detach()` on one branch halves the gradient of every token there; the values do not change.
+# Compare gradients, not only values.
+# </details>
+#
+# **4.** After ten epochs on one batch with $\epsilon = 0.2$, can a token's ratio be 2?
+#
+# <details><summary>Answer</summary>
+#
+# Yes. Past the band the clip zeroes only that token's own gradient; steps on other tokens still move the
+# shared parameters, and its ratio with them. Hence PPO also caps the epochs, keeps the learning rate small,
+# and can stop early on approx-KL.
+# </details>
