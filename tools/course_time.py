@@ -11,7 +11,9 @@ stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
 - code: the lines of the code cells a learner reads (not the exercise stubs, the checks, the hidden claim
   checks or the Colab set-up cell), at CODE_LINES_PER_MIN;
 - exercises: EXERCISE_BASE_MIN each, plus EXERCISE_MIN_PER_LINE per line of its worked solution (the
-  statements a learner writes, not the signature, the docstring or comments).
+  statements a learner writes, not the signature, the docstring or comments); a line an earlier notebook's
+  solutions already hold counts REUSED_MIN_PER_LINE (and an exercise made only of such lines,
+  REUSED_EXERCISE_BASE_MIN instead of the base).
 The rates are those of a first-year PhD student working carefully through dense technical material; they put
 the course as it stood before the core/deep-dive split (26k words of prose, 2.3k code lines to read, 22
 exercises) at 25 hours, inside an instructor's independent estimate of 22 to 28 hours for it. Running the
@@ -31,7 +33,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlhf_helpers.course.deep_dives import as_cells, in_deep_dive  # noqa: E402
+from rlhf_helpers.course.deep_dives import as_cells, heading, in_deep_dive  # noqa: E402
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 README = ROOT / "README.md"
@@ -43,6 +45,10 @@ CODE_LINES_PER_MIN = 5.0
 EXERCISE_BASE_MIN = 15.0
 #: minutes per line of an exercise's worked solution: writing, running the check, fixing
 EXERCISE_MIN_PER_LINE = 2.0
+#: minutes per line a learner wrote before, in an earlier notebook's exercise (the same statement)
+REUSED_MIN_PER_LINE = 0.5
+#: minutes for an exercise made only of lines written before (pasting an earlier answer)
+REUSED_EXERCISE_BASE_MIN = 5.0
 _SOLUTION = re.compile(r"<details><summary>Solution \d+</summary>.*?</details>", re.DOTALL)
 _SOLUTION_CODE = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
 _ROW = re.compile(r"^\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| (\d+) min core \+ (\d+) min deep dives \|", re.MULTILINE)
@@ -53,25 +59,35 @@ class Part:
     """What one part of a notebook (its core, or its deep dives together) asks of a learner."""
 
     #: words of markdown prose, solution blocks excepted
-    words: int
+    words: int = 0
     #: lines of code a learner reads
-    code_lines: int
-    #: lines of each exercise's worked solution
-    exercise_lines: tuple[int, ...]
+    code_lines: int = 0
+    #: per exercise: (lines of its worked solution new to the learner, lines an earlier notebook's solutions hold)
+    exercise_lines: tuple[tuple[int, int], ...] = ()
 
     @property
     def minutes(self) -> float:
         """The estimated minutes, by the rates above."""
-        exercises = sum(EXERCISE_BASE_MIN + EXERCISE_MIN_PER_LINE * n for n in self.exercise_lines)
+        exercises = sum((EXERCISE_BASE_MIN if new else REUSED_EXERCISE_BASE_MIN) + EXERCISE_MIN_PER_LINE * new
+                        + REUSED_MIN_PER_LINE * reused for new, reused in self.exercise_lines)
         return self.words / READING_WORDS_PER_MIN + self.code_lines / CODE_LINES_PER_MIN + exercises
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.words + other.words, self.code_lines + other.code_lines,
+                    self.exercise_lines + other.exercise_lines)
+
+
+def solution_statements(code: str) -> list[str]:
+    """The statements a learner writes in a worked solution, whitespace normalised: its lines minus blanks,
+    comments (a trailing one included), `def` lines and docstrings."""
+    body = re.sub(r'("""|\'\'\').*?\1', "", code, flags=re.DOTALL)
+    lines = (" ".join(line.split("  #", 1)[0].split()) for line in body.splitlines())
+    return [line for line in lines if line and not line.startswith(("#", "def ", "@"))]
 
 
 def solution_lines(code: str) -> int:
-    """The statements a learner writes in a worked solution: its lines minus blanks, comments, `def` lines
-    and docstrings."""
-    body = re.sub(r'("""|\'\'\').*?\1', "", code, flags=re.DOTALL)
-    return sum(1 for line in body.splitlines()
-               if line.strip() and not line.lstrip().startswith(("#", "def ", "@")))
+    """How many statements a learner writes in a worked solution (`solution_statements`)."""
+    return len(solution_statements(code))
 
 
 def _read_code(source: str, tags: tuple[str, ...]) -> int:
@@ -85,18 +101,42 @@ def _read_code(source: str, tags: tuple[str, ...]) -> int:
     return sum(1 for line in source.splitlines() if line.strip())
 
 
-def parts(path: Path) -> tuple[Part, Part]:
-    """(core, deep dives) of one stored notebook."""
-    nb = nbformat.read(path, as_version=4)
-    cells = as_cells(nb.cells)
-    counts = {False: [0, 0, []], True: [0, 0, []]}
+def cell_parts(path: Path, earlier: set[str]) -> list[tuple[str, bool, Part]]:
+    """(section heading, in a deep dive, what the cell asks) for each cell of a stored notebook; `earlier`:
+    the solution statements of the notebooks before it (this notebook's are added to it)."""
+    cells = as_cells(nbformat.read(path, as_version=4).cells)
+    result, section, written = [], "(top)", set()
     for cell, deep in zip(cells, in_deep_dive(cells), strict=True):
+        found = heading(cell.source) if cell.kind == "markdown" else None
+        section = found[1] if found is not None and found[0] == 2 else section
         if cell.kind == "markdown":
-            counts[deep][0] += len(_SOLUTION.sub(" ", cell.source).split())
-            counts[deep][2] += [solution_lines(code) for _, code in _SOLUTION_CODE.findall(cell.source)]
+            exercises = []
+            for _, code in _SOLUTION_CODE.findall(cell.source):
+                statements = solution_statements(code)
+                reused = sum(1 for line in statements if line in earlier)
+                exercises.append((len(statements) - reused, reused))
+                written |= set(statements)
+            part = Part(words=len(_SOLUTION.sub(" ", cell.source).split()), exercise_lines=tuple(exercises))
         else:
-            counts[deep][1] += _read_code(cell.source, cell.tags)
-    return tuple(Part(words, lines, tuple(ex)) for words, lines, ex in (counts[False], counts[True]))
+            part = Part(code_lines=_read_code(cell.source, cell.tags))
+        result.append((section, deep, part))
+    earlier |= written
+    return result
+
+
+def parts(path: Path, earlier: set[str] | None = None) -> tuple[Part, Part]:
+    """(core, deep dives) of one stored notebook (`earlier`: as in `cell_parts`; by default the solution
+    statements of the course's notebooks before it)."""
+    if earlier is None:
+        earlier = set()
+        for before in notebooks():
+            if before.name >= path.name:
+                break
+            cell_parts(before, earlier)
+    core, deep = Part(), Part()
+    for _, in_deep, part in cell_parts(path, earlier):
+        core, deep = (core, deep + part) if in_deep else (core + part, deep)
+    return core, deep
 
 
 def notebooks(prefixes: list[str] | None = None) -> list[Path]:
@@ -119,15 +159,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 05")
     parser.add_argument("--check", action="store_true", help="fail when the README states other minutes")
+    parser.add_argument("--sections", action="store_true", help="also the minutes of each ## section")
     args = parser.parse_args(argv)
-    measured, total = {}, [0.0, 0.0]
-    print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, exercise lines")
-    for path in notebooks(args.prefixes):
-        core, deep = parts(path)
+    measured, total, earlier = {}, [0.0, 0.0], set()
+    print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, (new, reused) exercise lines")
+    for path in notebooks():
+        cells = cell_parts(path, earlier)
+        if args.prefixes and not any(path.name.startswith(prefix) for prefix in args.prefixes):
+            continue
+        core = sum((part for _, deep, part in cells if not deep), Part())
+        deep = sum((part for _, deep, part in cells if deep), Part())
         measured[path.name[:2]] = (rounded(core.minutes), rounded(deep.minutes))
         total[0], total[1] = total[0] + core.minutes, total[1] + deep.minutes
         print(f"{path.stem:<24} {core.minutes:8.0f} {deep.minutes:8.0f}   {core.words}, {core.code_lines}, "
               f"{list(core.exercise_lines)}")
+        if args.sections:
+            for name in dict.fromkeys(section for section, _, _ in cells):
+                for flag, label in ((False, "core"), (True, "deep")):
+                    minutes = sum((p for s, d, p in cells if s == name and d == flag), Part()).minutes
+                    if minutes >= 0.5:
+                        print(f"    {label} {minutes:5.0f}  {name[:70]}")
     print(f"{'total (hours)':<24} {total[0] / 60:8.1f} {total[1] / 60:8.1f}")
     if not args.check:
         return 0
