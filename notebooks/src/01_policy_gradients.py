@@ -6,19 +6,20 @@
 # {{colab_badge}}
 #
 # **Prerequisites:** none of the other notebooks; PyTorch tensors and autograd, expectation and variance, gradient ascent.
-# **Time:** about 1.75 h for the core; the deep dive adds about 30 min
+# **Time:** about 3.5 h for the core; the deep dives add about 45 min
 #
 # **You will learn**
 # - how a language model is a policy, and where RLHF sits among pretraining, SFT and RLHF;
 # - the policy-gradient estimator $\nabla_\theta J = \mathbb{E}\left[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\,\Phi_t\right]$
-#   and four choices of $\Phi_t$, with the **measured** variance of each;
+#   and four choices of $\Phi_t$ (their **measured** variance in a deep dive);
 # - actor-critic: replacing Monte-Carlo returns by a learned value function (PPO is an actor-critic);
 # - what an over-large step does to a policy;
 # - the surrogate objective that TRPO and PPO maximise to reuse a batch, which matches $J$ only near the
 #   old policy: the reason for a trust region, and for PPO's clip;
 # - **measured**: many steps on one batch, with and without the clip;
 # - how the same log-probs come out of a language model's logits on a left-padded batch (you write it);
-# - in a deep dive: the performance-difference lemma behind the surrogate, and TRPO's bound.
+# - in deep dives: the variance of each $\Phi_t$, REINFORCE against actor-critic in training, and the
+#   performance-difference lemma behind the surrogate, with TRPO's bound.
 #
 # Everything here runs on a toy "language" small enough that the true values are computed exactly,
 # so every estimate can be compared with the truth.
@@ -254,18 +255,8 @@ torch.testing.assert_close(per_episode_gradients(theta_random, words, prevs, phi
 print("closed-form score matches autograd")
 
 # %% [markdown]
-# ## 6. Measuring the variance of each estimator
-#
-# An estimate of the gradient averages $N = 16$ episodes. We draw $K = 400$ such estimates, from
-# independent episodes, and compute each choice of $\Phi_t$ on the same episodes (a paired comparison).
-# For each we report
-# - the **total variance** $\sum_i \operatorname{Var}_k[\hat g_{k,i}]$ over all parameters $i$;
-# - the squared **bias** $\lVert \bar g - \nabla J \rVert^2$ of the mean $\bar g$ of the $K$ estimates
-#   against the exact gradient. For an unbiased estimator its expectation is the variance $/K$ (the
-#   noise level of the mean), so a bias² of that size is what no bias looks like.
-#
-# The baseline and the advantage use the exact $V$ and $Q$ here, to isolate the effect of the choice of
-# $\Phi_t$; the next section learns them.
+# The four choices of $\Phi_t$ as code, used by the rest of the notebook. Reward-to-go is a cumulative
+# sum run from the end; the baseline and the advantage use the exact $V$ and $Q$ of section 4.
 
 # %%
 def g_t(rewards: torch.Tensor) -> torch.Tensor:
@@ -287,6 +278,23 @@ def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
     }
 
 
+# %% [markdown]
+# ## Deep dive: measuring the variance of each estimator
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# An estimate of the gradient averages $N = 16$ episodes. We draw $K = 400$ such estimates, from
+# independent episodes, and compute each choice of $\Phi_t$ on the same episodes (a paired comparison).
+# For each we report
+# - the **total variance** $\sum_i \operatorname{Var}_k[\hat g_{k,i}]$ over all parameters $i$;
+# - the squared **bias** $\lVert \bar g - \nabla J \rVert^2$ of the mean $\bar g$ of the $K$ estimates
+#   against the exact gradient. For an unbiased estimator its expectation is the variance $/K$ (the
+#   noise level of the mean), so a bias² of that size is what no bias looks like.
+#
+# The baseline and the advantage use the exact $V$ and $Q$ here, to isolate the effect of the choice of
+# $\Phi_t$; section 6 learns them.
+
+# %%
 def measure_variance(theta: torch.Tensor, n_per_estimate: int = 16, n_estimates: int = 400,
                      seed: int = 0) -> dict[str, dict[str, float]]:
     """Per choice of Phi_t: total variance of an n_per_estimate-episode estimate, bias^2, and variance / K."""
@@ -352,7 +360,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 7. Actor-critic: learning the baseline
+# ## 6. Actor-critic: learning the baseline
 #
 # In practice $V$ is unknown. An **actor-critic** learns it: a critic $V_w(s)$ fitted by regression to
 # the observed reward-to-go, $\min_w \tfrac12 (V_w(s_t) - G_t)^2$, and an advantage from its one-step
@@ -456,6 +464,10 @@ exercise_check("Exercise 1 (td_advantage)", check_td_advantage,
 # </details>
 
 # %% [markdown]
+# ### Deep dive: REINFORCE against actor-critic on the toy
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
 # Now train the same policy three ways for 150 iterations of 8 episodes each, plain gradient ascent
 # $\theta \leftarrow \theta + \eta \hat g$, and plot the exact $J(\theta)$ after every step
 # (mean of 5 seeds): REINFORCE with reward-to-go, reward-to-go minus the learned critic, and the
@@ -463,7 +475,7 @@ exercise_check("Exercise 1 (td_advantage)", check_td_advantage,
 
 # %%
 def td_reference(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Reference TD errors (independent of Exercise 2): (N, T), (N, T) -> (N, T)."""
+    """Reference TD errors (independent of Exercise 1): (N, T), (N, T) -> (N, T)."""
     return rewards + F.pad(values[:, 1:], (0, 1)) - values  # (N, T)
 
 
@@ -521,7 +533,7 @@ display(training_table.round(3))
 # word's own reward, and the final score reaches the earlier words only as the critic learns their values.
 # That bias costs nothing to the middle method, whose critic is only a baseline. A critic pays off when
 # episodes are long and the return is one noisy number at the end, which is the LLM case (hundreds of
-# tokens, one reward-model score). The paired measurement of section 6 is the cleaner comparison of the
+# tokens, one reward-model score). The paired measurement of the variance deep dive is the cleaner comparison of the
 # estimators themselves.
 
 # %% tags=["claim-check"]
@@ -533,7 +545,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 8. An over-large step collapses the policy
+# ## 7. An over-large step collapses the policy
 #
 # Gradient ascent has no notion of "how far" the policy moved: the step is measured in parameter space,
 # but what matters is the change in the distribution. Take **one** step from the uniform policy with a
@@ -652,7 +664,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 9. Reusing a batch: the surrogate objective, the trust region and PPO's clip
+# ## 8. Reusing a batch: the surrogate objective, the trust region and PPO's clip
 #
 # Sampling is the expensive part of RLHF (a language model generates every response token by token), so
 # PPO takes several gradient steps on each batch. After the first step the batch no longer comes from
@@ -703,7 +715,7 @@ check_claims({
 # The clip exists so that one batch can be used for several steps. Here is what it changes, on the
 # toy: from the uniform policy, sample one batch of 16 episodes, store its log-probs
 # $\log \pi_{\text{old}}$ and advantages $\hat A_t$ (reward-to-go minus the exact $V(s_t)$, as in
-# section 8), then take 30 plain gradient steps of size $\eta = 5$ on that **same** batch, maximising either
+# section 7), then take 30 plain gradient steps of size $\eta = 5$ on that **same** batch, maximising either
 # the batch estimate of the CPI surrogate's gain,
 #
 # $$\hat J^{\text{CPI}}(\theta) = \frac1N \sum_{i=1}^{N} \sum_{t} \rho_{i,t}\, \hat A_{i,t}
@@ -712,7 +724,7 @@ check_claims({
 # or $J^{\text{CLIP}}$ above, summed over $t$ the same way, with $\epsilon = 0.2$. Its loss is
 # `rlhf_helpers.policy_loss`, which returns $-J^{\text{CLIP}}$ averaged over all $N T$ tokens, so
 # $J^{\text{CLIP}} = -T \cdot$ `policy_loss`. At the first step $\rho = 1$ and both gradients equal
-# the policy-gradient estimate of section 5; they part once ratios leave the band. Then, as in section 8,
+# the policy-gradient estimate of section 5; they part once ratios leave the band. Then, as in section 7,
 # each result trains on for 60 ordinary steps ($\eta = 1$, fresh episodes every step), and we compare
 # the final $J$ over 16 seeds (same seed, same batch for both: a paired comparison).
 
@@ -795,7 +807,7 @@ print(f"final J, clip minus unclipped: {final_gap.mean():+.3f} +- {gap_se:.3f} (
 # actions there. Its maximum is therefore a deterministic choice at every visited state, of the action
 # with the largest summed weighted advantage in these 16 episodes, and nothing in the objective says
 # stop on the way. The 30 steps head there: the mean KL from the old policy ends **more than 10 times**
-# the clipped run's, and the entropy **under a third** of it, the collapse of section 8. Right after the
+# the clipped run's, and the entropy **under a third** of it, the collapse of section 7. Right after the
 # reuse, **$J$ is higher without the clip**, since the policy commits to what did well in 16 episodes;
 # the 60 ordinary steps afterwards show the price: **the clipped run ends ahead, by more than 3 paired
 # standard errors**, in at least 14 of the 16 seeds.
@@ -835,7 +847,7 @@ check_claims({
 #
 # Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
 # \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
-# dimension, for logits of any shape (..., V). Then answer from the step-size table of section 8: what
+# dimension, for logits of any shape (..., V). Then answer from the step-size table of section 7: what
 # is the mean KL of the first step with $\eta = 100$, and is it inside a typical trust region of
 # $\delta_{\text{KL}} = 0.01$ (the radius; $\delta_t$ stays the TD error)? Which step sizes are?
 #
@@ -918,7 +930,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 10. From the toy to a language model: the log-probs of the response tokens
+# ## 9. From the toy to a language model: the log-probs of the response tokens
 #
 # Everything above needs one number per action, $\log \pi_\theta(a_t \mid s_t)$: the ratio $\rho_t$, the
 # policy gradient and the KL are all built from it. In the toy it was a row of a table of logits. With a
@@ -959,7 +971,7 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_m
 
 
 # %%
-# The check below compares your answer with this loop, and with what some mistakes compute.
+# Part of the check below: the loop it compares your answer with, what some mistakes compute, and the gradient.
 def logprob_loop(logits: torch.Tensor, input_ids: torch.Tensor, starts: list[int], source: int = -1,
                  strict: bool = False) -> torch.Tensor:
     """l[i, t] = log softmax(z[i, t + source])[x[i, t]] where t >= starts[i] (t > with strict), else 0: (B, L)."""
@@ -980,6 +992,19 @@ def detached_normaliser_grad(weights: torch.Tensor, input_ids: torch.Tensor, sta
         for t in range(start, input_ids.shape[1]):
             grad[i, t - 1, input_ids[i, t]] = weights[i, t]
     return grad
+
+
+def check_response_gradient(got: torch.Tensor, expected: torch.Tensor, logits: torch.Tensor,
+                            weights: torch.Tensor, detached: torch.Tensor) -> None:
+    """Raise AssertionError unless d sum(w * got) / d logits equals the loop's, naming a detached normaliser."""
+    assert got.requires_grad, "no gradient reaches the logits: the log-probs were rebuilt outside the graph"
+    grad, expected_grad = (torch.autograd.grad((x * weights).sum(), logits)[0] for x in (got, expected))  # (B, L, V)
+    assert not torch.allclose(grad, detached), (
+        "the values are right but the gradient is not: the normaliser log sum exp z was detached, so a step "
+        "would push the chosen logit up without pushing the other tokens' logits down")
+    torch.testing.assert_close(grad, expected_grad, msg="the values are right but the gradient with respect "
+                               "to the logits is not")
+
 
 # %%
 def check_response_logprobs():
@@ -1006,13 +1031,7 @@ def check_response_logprobs():
         "the first response token is 0: the response starts at column (pads + prompt length) itself":
             logprob_loop(z, ids, starts, strict=True),
     }, labels=("row", "column"))
-    assert got.requires_grad, "no gradient reaches the logits: the log-probs were rebuilt outside the graph"
-    grad, expected_grad = (torch.autograd.grad((x * weights).sum(), logits)[0] for x in (got, expected))  # (B, L, V)
-    assert not torch.allclose(grad, detached_normaliser_grad(weights, ids, starts, V)), (
-        "the values are right but the gradient is not: the normaliser log sum exp z was detached, so a step "
-        "would push the chosen logit up without pushing the other tokens' logits down")
-    torch.testing.assert_close(grad, expected_grad, msg="the values are right but the gradient with respect "
-                               "to the logits is not")
+    check_response_gradient(got, expected, logits, weights, detached_normaliser_grad(weights, ids, starts, V))
     extreme = z.clone()
     extreme[0, L - 2, ids[0, L - 1]] = -800.0  # the last token of row 0 at a probability of about e^-800
     assert torch.isfinite(response_logprobs(extreme, ids, mask, prompt_lengths)[0, L - 1]), (
@@ -1032,12 +1051,10 @@ exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
 #     """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
 #     L = input_ids.shape[1]
 #     z = logits[:, :-1]  # (B, L-1, V): position t-1's logits predict token t
-#     next_tokens = input_ids[:, 1:].unsqueeze(-1)  # (B, L-1, 1): the tokens they predict
-#     token_logp = z.gather(-1, next_tokens).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (B, L-1)
-#     token_logp = F.pad(token_logp, (1, 0))  # (B, L): column t holds token t's log-prob; token 0 has none
+#     token_logp = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (B, L-1)
 #     start = (L - attention_mask.sum(dim=1)) + prompt_lengths  # (B,): after the pads and the prompt
 #     is_response = torch.arange(L, device=input_ids.device)[None, :] >= start[:, None]  # (B, L)
-#     return token_logp * is_response  # (B, L): 0 on the pads and the prompt
+#     return F.pad(token_logp, (1, 0)) * is_response  # (B, L): column t holds token t's log-prob, 0 off the response
 # ```
 # </details>
 #
@@ -1094,7 +1111,7 @@ exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
 #
 # So a gain of the surrogate is guaranteed to be a gain of $J$ only where it exceeds a penalty that grows
 # with the KL from the old policy: maximise the surrogate, but only within a small KL of $\theta_{\text{old}}$.
-# That is what a trust region enforces, and what PPO's clip approximates (section 9). The toy has
+# That is what a trust region enforces, and what PPO's clip approximates (section 8). The toy has
 # every quantity exactly, so the next cell computes both sides. On a random pair of policies, **the lemma
 # holds exactly**, **$J^{\text{CPI}}$ has $J$'s value and gradient at $\theta_{\text{old}}$**, and away from
 # it, for this pair far apart, **the surrogate predicts more than twice the true gain**.
@@ -1154,7 +1171,7 @@ display(surrogate_table.style.format("{:.3g}"))
 # and the gap about 100×. The surrogate **overestimates the gain at every step size** here, by **under
 # 1%** up to $\eta = 1$ and by **over 5%** from $\eta = 10$ on (mean KL of about 0.05 and more). On this toy, with exact
 # advantages, the error stays moderate. A real optimiser maximises a *batch estimate* of $J^{\text{CPI}}$,
-# with estimated advantages, and section 9 showed what many steps on such an estimate do.
+# with estimated advantages, and section 8 showed what many steps on such an estimate do.
 
 # %% tags=["claim-check"]
 grows = surrogate_table.loc[1] / surrogate_table.loc[0.1]  # how much each column grows from eta 0.1 to 1
@@ -1170,8 +1187,8 @@ check_claims({
 # %% [markdown]
 # ## Summary
 # - The policy gradient weights $\nabla \log \pi(a_t \mid s_t)$ by $\Phi_t$; total return, reward-to-go,
-#   reward-to-go minus a baseline and the advantage are all unbiased, and at both policies measured the
-#   variance falls in that order.
+#   reward-to-go minus a baseline and the advantage are all unbiased, and at both policies measured (deep
+#   dive) the variance falls in that order.
 # - REINFORCE weights actions by Monte-Carlo returns (a learned critic can be its baseline); an
 #   actor-critic also bootstraps from a learned $V$ with TD errors. PPO is an actor-critic.
 # - The size of a step in parameter space does not control how far the policy moves: one large step
@@ -1183,7 +1200,7 @@ check_claims({
 # - PPO clips instead: once a token's ratio $\pi_\theta / \pi_{\text{old}}$ has left $[1-\epsilon, 1+\epsilon]$ in
 #   the direction its advantage favours, that token's gradient is zero, so nothing rewards pushing the
 #   ratio further. The clip removes the incentive, not the movement: ratios still end outside the band
-#   (section 9; notebooks 04 and 05), but 30 steps on one batch moved the policy far less than without the
+#   (section 8; notebooks 04 and 05), but 30 steps on one batch moved the policy far less than without the
 #   clip (mean KL more than 10 times smaller) and kept most of its entropy.
 # - With a language model, token $t$'s log-prob comes from the logits at position $t-1$; in a left-padded
 #   batch row $i$'s response starts after its pads and its prompt, and only the response tokens are
@@ -1201,7 +1218,7 @@ check_claims({
 #
 # The rewards collected before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t \sim \pi}[\nabla \log \pi(a_t \mid s_t)] =
 # \nabla \sum_a \pi(a \mid s_t) = \nabla 1 = 0$, so their terms have expectation zero: dropping them changes
-# only the variance, which section 6 measured falling.
+# only the variance (the variance deep dive measures it falling).
 # </details>
 #
 # 2. Subtracting a baseline $b(s_t)$ leaves the gradient unbiased. Would a baseline that depends on the
@@ -1232,7 +1249,7 @@ check_claims({
 #
 # Nothing: its term is $\min(\rho_t \hat A_t, 1.2\, \hat A_t) = 1.2\, \hat A_t$, flat in $\theta$. The ratio can
 # still grow: other tokens' gradients move shared parameters, and a long step overshoots. The clip
-# removes the incentive, not the movement (section 9 measured most ratios outside the band after 30
+# removes the incentive, not the movement (section 8 measured most ratios outside the band after 30
 # clipped steps).
 # </details>
 #

@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
-# **Time:** about 1.5 h for the core; the three deep dives add about 30 min
+# **Time:** about 3 h for the core; the three deep dives add about 40 min
 #
 # **You will learn**
 # - where every model of the course starts: the **SFT** stage, its next-token loss counted on the response
