@@ -476,7 +476,7 @@ for name, fn in [("gae_reference (per-sample loop)", rlhf_helpers.gae_reference)
 #
 # PPO for language models usually takes $\gamma = 1$ and $\lambda = 0.95$ (or 1): early in training the
 # value head guesses badly, and a large $\lambda$ lets the real score reach every token; large batches
-# pay for the variance. The deep dives below let you drag $\lambda$ and $\gamma$, and measure bias and
+# keep the variance in check. The deep dives below let you drag $\lambda$ and $\gamma$, and measure bias and
 # variance on a chain whose true values are known.
 
 # %% [markdown]
