@@ -5,28 +5,28 @@
 #
 # {{colab_badge}}
 #
-# **Prerequisites:** notebooks 01 (policy gradients and baselines), 02 (the reward model), 03 (GAE), 05 (the full PPO loop and best-of-n) and 06 (over-optimisation, the critic's warm-up): advantages, the KL penalty and the hidden score.
+# **Prerequisites:** notebooks 01, 02, 03, 05 and 06: policy-gradient baselines, the reward model, GAE,
+# the full PPO loop with best-of-n, over-optimisation and the hidden score.
 #
-# **Time:** about 2 h
+# **Time:** about 2 h for the core; the deep dives (collapsed, marked "Deep dive") add about 45 min.
 #
-# TRL 1.16 ships no `PPOTrainer`. Most people who run RL on language models today reach for
-# **GRPO** or **RLOO**, which TRL ships: both drop PPO's value function and take the baseline from the
-# other answers to the same prompt. This notebook measures what the critic buys, against a ground
-# truth no real data set has: the hidden score.
+# TRL 1.16 ships no `PPOTrainer`. Most people who run RL on language models today reach for **GRPO** or
+# **RLOO**, which TRL ships: both drop PPO's value function and take the baseline from the other answers
+# to the same prompt. This notebook measures what the critic buys, against the hidden score.
 #
 # **You will learn**
-# - what the critic does in PPO (a learned baseline $V(s_t)$ and per-token credit through GAE), and
-#   what replaces it in RLOO (the **leave-one-out** mean of the other answers to the same prompt) and in
-#   GRPO (the **group-normalised** reward);
-# - the two biases Dr. GRPO points out: a **question-difficulty** bias from dividing by a group's std,
-#   and a **response-length** bias from dividing each response's loss by its own length;
-# - **KL in the reward** (PPO, RLOO) against **KL in the loss** (GRPO): which KL each one's gradient
-#   minimises in expectation, with $k_1$, $k_2$ or $k_3$ in the loss, computed exactly on a toy policy;
-# - how PPO (ours), TRL's `GRPOTrainer` and `RLOOTrainer`, and best-of-n compare in one setting. They
-#   share the learned reward, the prompts, the LoRA policy, the number of sampled batches and the
-#   judge. They are compared on the frontier of hidden score against KL, on samples, on CPU seconds
-#   and on memory, each claim checked on this run's numbers;
+# - what the critic does in PPO (a learned baseline and per-token credit through GAE), and what replaces
+#   it in RLOO (the **leave-one-out** mean of the other answers) and in GRPO (the **group-normalised**
+#   reward);
+# - the two biases Dr. GRPO points out: **question difficulty** (dividing by a group's std) and
+#   **response length** (dividing each response's loss by its own length);
+# - how PPO (ours), TRL's `GRPOTrainer` and `RLOOTrainer`, and best-of-n compare with the same reward,
+#   prompts, LoRA policy, number of sampled batches and judge: on the frontier of hidden score against
+#   KL, in samples and in CPU seconds, each claim checked on this run's numbers;
 # - where PPO, GRPO, RLOO and DPO each fit.
+#
+# Deep dives: KL in the reward against KL in the loss, the length bias on real groups, and the course's
+# PPO settings in verl and OpenRLHF.
 
 # %% tags=["colab-setup"]
 
@@ -79,33 +79,36 @@ print(f"budget {budget} per method; "
 # ## 1. What the critic does, and what replaces it
 #
 # All three methods push up the log-probability of a sampled response in proportion to an
-# **advantage**: how much better that response was than expected. They differ in what "expected"
-# means.
+# **advantage**: how much better it was than expected. They differ in what "expected" means.
 #
 # **PPO (notebooks 03-05).** A critic $V_\psi(s_t)$, trained alongside the policy, predicts the return
-# from every prefix. GAE turns the one score at the end (plus the per-token KL penalty) into a
-# per-token advantage:
-# $\hat A_t = \sum_l (\gamma\lambda)^l\,\delta_{t+l}$ with $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$.
-# Tokens after which the critic's prediction rose get credit; the others do not. The cost is a second
-# adapter and head, its optimiser, a value pass per batch and a value loss. A critic that has not yet
-# learned gives noisy advantages (notebook 06, experiment e).
-#
-# **RLOO** (REINFORCE leave-one-out: Kool et al. 2019, brought to RLHF by Ahmadian et al. 2024) samples $G$ responses to each prompt. The
-# baseline of response $i$ is the mean reward of the *other* $G-1$. It does not depend on response $i$
-# itself, so the gradient stays unbiased:
+# from every prefix, and GAE turns the final score (plus the per-token KL penalty) into per-token
+# advantages, $\hat A_t = \sum_l (\gamma\lambda)^l\,\delta_{t+l}$ with
+# $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$. A token's advantage is its own TD error plus a
+# $(\gamma\lambda)$-faded share of every later one: with this course's $\gamma = 1$ and $\lambda = 0.95$, a
+# TD error 20 tokens later still counts with weight $0.95^{20} \approx 0.36$; only at $\lambda = 0$ is the
+# advantage the token's own TD error alone. The credit is per token, spread backwards from where the
+# critic's predictions changed. The cost: a second adapter and head, its optimiser, a value pass per
+# batch and a value loss; and an untrained critic gives noisy advantages (notebook 06, deep dive (e)).
+
+# %% tags=["claim-check"]
+check_claims({"this course's gamma is 1 and its lambda 0.95; 0.95^20 is about 0.36":
+              profile.ppo.gamma == 1.0 and profile.ppo.lam == 0.95 and abs(0.95**20 - 0.36) < 0.005}, any_profile=True)
+
+# %% [markdown]
+# **RLOO** (REINFORCE leave-one-out: Kool et al. 2019, brought to RLHF by Ahmadian et al. 2024) samples
+# $G$ responses to each prompt; the baseline of response $i$ is the mean reward of the *other* $G-1$.
+# It does not depend on response $i$, so the gradient stays unbiased:
 #
 # $$A_i = r_i - \frac{1}{G-1}\sum_{j\neq i} r_j \qquad \text{(Ahmadian et al. 2024, eq. 5)}$$
 #
 # **GRPO** (Shao et al. 2024, DeepSeekMath section 4.1.2) centres on the group mean and divides by the
-# group's standard deviation:
+# group's standard deviation ($\epsilon_{\text{std}}$ keeps a tied group finite; it is not the clip range):
 #
 # $$A_i = \frac{r_i - \operatorname{mean}(r_1..r_G)}{\operatorname{std}(r_1..r_G) + \epsilon_{\text{std}}}$$
 #
-# ($\epsilon_{\text{std}}$, a small constant that keeps a tied group finite, is not the clip range
-# $\epsilon$ of the PPO ratio.)
-#
-# In both, every token of response $i$ gets the same $A_i$: there is no per-token credit. The group
-# *is* the baseline, paid for with $G$ samples per prompt instead of a learned $V$.
+# In both, every token of response $i$ gets the same $A_i$: no per-token credit. The group *is* the
+# baseline, paid for with $G$ samples per prompt instead of a learned $V$.
 #
 # From scratch, one number at a time, then checked against `rlhf_helpers`:
 
@@ -217,7 +220,7 @@ exercise_check("Exercise 1 (rloo_from_centred)", check_rloo_from_centred,
 # ```
 # So RLOO's advantage is Dr. GRPO's times $G/(G-1)$: the same direction, the scale of a learning
 # rate. As TRL implements them, what still separates the two trainers is how each loss is averaged and
-# where the KL goes (sections 2 and 3).
+# where the KL goes (section 2 and the deep dive after it).
 # </details>
 
 # %% [markdown]
@@ -237,15 +240,14 @@ group_std = rewards.std(dim=1)  # (16,)
 scaled = rlhf_helpers.grpo_advantages(rewards, scale="group").abs().mean(dim=1)  # (16,)
 centred = rlhf_helpers.grpo_advantages(rewards, scale="none").abs().mean(dim=1)  # (16,)
 
-fig = make_subplots(rows=2, cols=1, vertical_spacing=0.17,  # two rows: fits the output area
-                    subplot_titles=("mean |A| of a group against its reward std",
-                                    "per-token weight against response length (responses with A < 0)"))
+fig = make_subplots(rows=1, cols=1)
 fig.add_scatter(x=group_std.tolist(), y=scaled.tolist(), mode="markers", name="GRPO advantages (÷ group std)",
-                marker={"size": 9, "color": "#2ca02c"}, row=1, col=1)
+                marker={"size": 9, "color": "#2ca02c"})
 fig.add_scatter(x=group_std.tolist(), y=centred.tolist(), mode="markers", name="Dr. GRPO advantages (no division)",
-                marker={"size": 9, "color": "#9467bd", "symbol": "x"}, row=1, col=1)
-fig.update_xaxes(title_text="std of the group's learned rewards", row=1, col=1)
-fig.update_yaxes(title_text="mean |advantage| in the group", row=1, col=1)
+                marker={"size": 9, "color": "#9467bd", "symbol": "x"})
+fig.update_layout(title="Bias 1 on real groups: mean |A| of a group against its reward std",
+                  xaxis_title="std of the group's learned rewards", yaxis_title="mean |advantage| in the group")
+fig.show()
 print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to "
       f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f} "
       f"(largest / smallest {scaled.max() / scaled.min():.1f}), without {centred.min():.2f}-{centred.max():.2f} "
@@ -256,19 +258,16 @@ print(f"share of the total |A| that goes to the half of the groups with the smal
       f"{share['with']:.0%} with the std division, {share['without']:.0%} without")
 
 # %% [markdown]
-# **Bias 1: question difficulty (the std).** Dividing by the group's std gives every group
-# advantages of about the same size, whatever its spread (the top panel and the printed shares). Dr.
-# GRPO calls this a question-difficulty bias: the groups whose rewards barely differ are the questions
+# **Bias 1: question difficulty (the std).** Dividing by the group's std gives every group advantages
+# of about the same size, whatever its spread. The groups whose rewards barely differ are the questions
 # that are too easy or too hard (with a pass/fail reward: nearly all right or all wrong), and the
-# division up-weights exactly those in the update. With a learned reward, as here, it also amplifies
-# whatever small, noisy differences the reward sees inside such a group. Without the division (purple),
-# a group pushes in proportion to how much its answers differ.
+# division up-weights exactly those; with a learned reward it also amplifies the noise inside such a
+# group. Without the division (purple), a group pushes in proportion to how much its answers differ.
 #
 # In this run the 16 groups' reward std ranges over a factor of about 6 (0.4 to 2.5). With the std
-# division, their mean $|A|$ differs by less than a factor of 1.5 from the smallest to the largest;
-# without it, by more than a factor of 5 (about 7). The half of the groups with the smaller reward std
-# gets more than 40% of the total $|A|$ with the division (an even split would be 50%), and less than 30%
-# without it.
+# division, their mean $|A|$ differs by less than a factor of 1.5; without it, by more than a factor of
+# 5. The half of the groups with the smaller reward std gets more than 40% of the total $|A|$ with the
+# division (an even split would be 50%), and less than 30% without it.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -286,17 +285,17 @@ check_claims({
 # $$L_{\text{GRPO}} = -\frac1B\sum_i \frac{1}{|o_i|}\sum_t \rho_{i,t} A_i \quad\Rightarrow\quad
 # \text{weight of one token of } i = \frac{A_i}{B\,|o_i|}$$
 #
-# At the same advantage, a short response gets a larger update per token than a long one. Dr. GRPO
-# calls this a response-length bias, with two sides: among responses with $A_i > 0$ the shorter ones
-# are reinforced more per token, and among responses with $A_i < 0$ the longer ones are penalised
-# less per token, so "when wrong, be long" is rewarded. Dr. GRPO (TRL `loss_type="dr_grpo"`) divides
-# by a constant, $B \cdot L_{\max}$; DAPO (TRL 1.16's default, `"dapo"`) by the number of response
-# tokens in the whole generation batch, also the same for every response.
+# At the same advantage, a short response gets a larger update per token than a long one: among
+# responses with $A_i < 0$ the longer ones are penalised less per token, so "when wrong, be long" is
+# rewarded. Dr. GRPO (TRL `loss_type="dr_grpo"`) divides by a constant, $B \cdot L_{\max}$; DAPO (TRL
+# 1.16's default, `"dapo"`) by the number of response tokens in the whole batch, also the same for
+# every response.
 #
 # ### Exercise 2: the weight each loss puts on one token
 #
 # For `loss_type` "grpo" and "dr_grpo", return the (B, T) weight $w_{i,t}$ such that the loss is
-# $-\sum_{i,t} w_{i,t}\,\log\pi(y_{i,t})$ (at ratio 1). The check differentiates each loss with autograd
+# $-\sum_{i,t} w_{i,t}\,\log\pi(y_{i,t})$ (at ratio 1). `max_length` is TRL's `max_completion_length`, a
+# setting: it can exceed the batch's padded width $T$. The check differentiates each loss with autograd
 # and compares.
 
 # %%
@@ -319,15 +318,15 @@ def aggregated_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Te
 # %%
 def check_token_weights():
     gen = torch.Generator().manual_seed(2)
-    B, T = 6, 9
-    lengths = [2, 9, 4, 1, 7, 5]
+    B, T, max_length = 6, 9, 12  # max_length (TRL's max_completion_length) >= the padded width T > the longest
+    lengths = [2, 7, 4, 1, 6, 5]
     mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, T)
     advantages = torch.randn(B, generator=gen)
     for loss_type in ("grpo", "dr_grpo"):
         logp = torch.randn(B, T, generator=gen).requires_grad_()
-        aggregated_loss(logp, advantages, mask, loss_type, T).backward()
+        aggregated_loss(logp, advantages, mask, loss_type, max_length).backward()
         expected = -logp.grad  # (B, T): what autograd says each token weighs
-        got = token_weights(advantages.clone(), mask.clone(), loss_type, T)
+        got = token_weights(advantages.clone(), mask.clone(), loss_type, max_length)
         assert isinstance(got, torch.Tensor) and got.shape == (B, T), \
             (f"{loss_type}: expected one weight per token, a (B, T) = {(B, T)} tensor, got "
              f"{getattr(got, 'shape', type(got))} (padding included, with weight 0: multiply by the mask)")
@@ -344,12 +343,16 @@ def check_token_weights():
                      "the batch's token count as the divisor (DAPO's), not each response's own length":
                          a / mask.sum(),
                      "B * max_length as the divisor (Dr. GRPO's constant), not each response's own length":
-                         a / (B * T)}
+                         a / (B * max_length),
+                     f"the padded width T = {T} as the divisor, not max_length = {max_length} (the longest "
+                     "completion allowed, a setting, not the batch's shape)": a / (B * T),
+                     f"the longest response's length ({max(lengths)}) as the divisor, not max_length = "
+                     f"{max_length}": a / (B * max(lengths))}
             same = [what for what, values in known.items() if torch.allclose(got, values, rtol=1e-5, atol=1e-7)]
             raise AssertionError(
                 f"{loss_type}: response {row} (length {lengths[row]}, A = {float(advantages[row]):+.3f}), one token "
                 f"weighs {float(got[row, 0]):+.5f} in yours, {float(expected[row, 0]):+.5f} in TRL's loss "
-                f"(B = {B}, max_length {T})" + "".join(f"; yours use {what}" for what in same[:1]))
+                f"(B = {B}, padded width {T}, max_length {max_length})" + "".join(f"; yours use {what}" for what in same[:1]))
 
 
 exercise_check("Exercise 2 (token_weights)", check_token_weights)
@@ -368,8 +371,17 @@ exercise_check("Exercise 2 (token_weights)", check_token_weights)
 # </details>
 
 # %% [markdown]
-# The bottom panel uses your `token_weights` (or, until it is written, the same formula here) on the real
-# groups above, with Dr. GRPO's advantages, so that only the aggregation differs:
+# The race below runs GRPO with the `loss_type` and `scale_rewards` printed at the top (TRL 1.16's
+# defaults, `"dapo"` and `"group"`): no response-length bias, but the std division, and with it the
+# question-difficulty bias, kept.
+
+# %% [markdown]
+# ### Deep dive: the length bias on real groups
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Your `token_weights` (or, until it is written, the same formula here) on the real groups above, with
+# Dr. GRPO's advantages, so that only the aggregation differs:
 
 # %%
 def _weights(advantages, mask, loss_type, max_length):
@@ -384,27 +396,28 @@ def _weights(advantages, mask, loss_type, max_length):
 flat_advantages = rlhf_helpers.grpo_advantages(rewards, scale="none").flatten()  # (16 G,)
 negative = flat_advantages < 0  # the responses the update pushes down
 LOSS_LABELS = {"grpo": "GRPO", "dr_grpo": "Dr. GRPO"}  # TRL's loss_type values -> the names in the text
+fig = make_subplots(rows=1, cols=1)
 for loss_type, color in (("grpo", "#2ca02c"), ("dr_grpo", "#9467bd")):
     w = _weights(flat_advantages, samples.mask, loss_type, config.max_new_tokens)  # (16 G, R)
     per_token = (w.sum(1) / samples.mask.sum(1))[negative]  # mean weight of one token of each response
     fig.add_scatter(x=lengths.flatten()[negative].tolist(), y=(-per_token).tolist(), mode="markers",
                     name=f"{LOSS_LABELS[loss_type]} loss: push-down per token",
-                    marker={"size": 8, "color": color, "symbol": "diamond-open"}, row=2, col=1)
-fig.update_xaxes(title_text="response length, tokens", row=2, col=1)
+                    marker={"size": 8, "color": color, "symbol": "diamond-open"})
+fig.update_xaxes(title_text="response length, tokens")
 # one tick per power of ten, written as powers: plotly's default log ticks read "5, 2, 0.001, 5, 2, 100µ"
-fig.update_yaxes(title_text="|weight| of one token", type="log", dtick=1, exponentformat="power", row=2, col=1)
-fig.update_layout(height=780, title="Dr. GRPO's two biases, on real groups",
-                  legend={"orientation": "h", "y": -0.12})
+fig.update_yaxes(title_text="|weight| of one token", type="log", dtick=1, exponentformat="power")
+fig.update_layout(title="Bias 2 on real groups: per-token weight against length (responses with A < 0)")
 fig.show()
 
 # %% [markdown]
 # Under "grpo" the push-down per token is $|A_i| / (B\,|o_i|)$: at the same advantage, a long bad answer
 # is punished less per token than a short one (the points also differ in $|A_i|$, hence the scatter).
-# Under "dr_grpo" it depends only on the advantage. The comparison below uses GRPO with the
-# `loss_type` and `scale_rewards` printed at the top (TRL 1.16's defaults, `"dapo"` and `"group"`):
-# no response-length bias, but the std division, and with it the question-difficulty bias, kept.
+# Under "dr_grpo" it depends only on the advantage.
+
+# %% [markdown]
+# ## Deep dive: KL in the reward, or KL in the loss?
 #
-# ## 3. KL in the reward, or KL in the loss?
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # All three methods keep the policy near the SFT model, each in its own way:
 #
@@ -552,29 +565,22 @@ check_claims({"near the reference, the k1 reward and the plain k3 loss agree (co
              any_profile=True)
 
 # %% [markdown]
-# ## 4. The race: one reward, one budget, one judge
+# ## 3. The race: one reward, one budget, one judge
 #
-# Every method below trains a fresh LoRA policy (same rank, alpha and modules) on the same SFT model,
-# is scored by the same learned reward adapter, and has the same learning rate and $\beta$.
+# Every method trains a fresh LoRA policy (same rank, alpha and modules) on the same SFT model, scored
+# by the same learned reward adapter, with the same learning rate and $\beta$.
 #
-# - **Equal for every method** (the budget printed at the top, tiny profile): the same number of
-#   sampled batches of the same number of responses, drawn from the same pool of training prompts,
-#   and evaluations after the same batch counts.
-# - **Not equal**: PPO's batch is one response to each of its prompts, GRPO's and RLOO's are $G$
-#   responses to fewer prompts; PPO takes epochs x minibatches optimiser steps per batch, the group
-#   methods one pass of minibatches (the table's "optimiser steps" column); and the CPU time each needs.
+# - **Equal**: the number of sampled batches of the same number of responses (the budget printed at the
+#   top), the pool of training prompts, and evaluations after the same batch counts.
+# - **Not equal**: PPO's batch is one response to each of its prompts, the group methods' $G$ responses
+#   to fewer prompts; PPO takes epochs x minibatches optimiser steps per batch, the group methods one
+#   pass of minibatches; and the CPU time each needs.
 #
-# Because the budget counts batches, not seconds, a run does not depend on how fast the machine
-# happened to be: with the same seed, one torch thread, the same machine and the same library versions,
-# the scores and KLs repeat exactly from run to run (`tests/test_compare.py` checks it). Another
-# machine or version may change them slightly. The seconds and the peak memory change on every run.
-# (On a GPU the budget is wall seconds, which suit a Colab session better.)
-# Then the same function judges each one: one sample per held-out prompt with a fixed seed, its
-# hidden score (never seen in training), its learned reward and its KL to the SFT model.
-#
-# The other race, the same CPU seconds for every method, rewards the faster implementation with more
-# batches. It is `benchmarks/bench_algorithms.py`'s, over 3 seeds; its recorded figure is in section 5.
-# Another seed gives other numbers here: the claims of section 5 are this seed's, checked on this run.
+# The budget counts batches, not seconds, so the scores and KLs repeat exactly with the same seed,
+# machine and library versions (on a GPU it is wall seconds). The same function judges each method: one sample per held-out prompt with a fixed seed, its hidden score (never
+# seen in training), its learned reward and its KL to the SFT model. Another seed gives other numbers:
+# the claims below are this seed's. The race at equal CPU seconds, over 3 seeds, is
+# `benchmarks/bench_algorithms.py`'s (its recorded figure is in section 4).
 #
 # | | PPO (ours, `rlhf_helpers.ppo`) | GRPO (TRL `GRPOTrainer`) | RLOO (TRL `RLOOTrainer`) |
 # |---|---|---|---|
@@ -650,10 +656,61 @@ frontier_table = pd.DataFrame([{
 print(f"the frontier: each method's last evaluation against best-of-n at its KL, or against best-of-{last_n} "
       f"(KL {last_kl:.2f}) past it; best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
 display(frontier_table.style.hide(axis="index").format(precision=3))
-
-# %%
 # the last evaluation is not always the best one: a method can peak and fall (over-optimisation, notebook 06)
 peaks = {m: max(run.curve, key=lambda r: r["eval_hidden_score"]) for m, run in runs.items()}
+
+# %%
+per_batch = {m: run.final["train_seconds"] / max(batches_and_updates(run)[0], 1e-9) for m, run in runs.items()}
+print(f"training {unit} per batch of {config.samples_per_batch}: "
+      + ", ".join(f"{names[m]} {seconds:.2f}" for m, seconds in per_batch.items()))
+
+# %% [markdown]
+# **What this run shows** (seed 0, tiny profile; one standard error of a difference of two judged means
+# is about 0.11; where two methods differ by less than about two, another seed or CPU can swap them):
+# - **Final hidden score:** PPO about $+0.8$ to $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. GRPO ends
+#   lowest, by more than 0.1; PPO and RLOO are within two and a half standard errors, which one seed
+#   cannot separate. Each method's best evaluation is its last or within one and a half standard errors
+#   of it: no clear over-optimisation within this budget.
+# - **The frontier:** PPO and GRPO end well past best-of-16's KL (about 1.8 nats), RLOO close to it
+#   (about 1.9). RLOO matches best-of-16's hidden score within one standard error; GRPO lies more than
+#   one below it, with more KL: pure selection from the SFT model does at least as well. PPO lies within
+#   two standard errors of it, with more KL: not a win at equal KL.
+# - **Cost:** PPO takes more than 1.5 times the CPU seconds per batch of each group method, and trains
+#   twice their parameters plus the value head (98,433 against 49,152). Peak memory is not claimed: it
+#   changes from run to run, and on a model this small other overheads set it.
+
+# %% tags=["claim-check"]
+final = {m: runs[m].final["eval_hidden_score"] for m in runs}
+gain = dict(zip(runs, frontier_table["in SE of a difference"], strict=True))  # method - best-of-n, in SE
+check_claims({
+    "final hidden: PPO about +0.8 to +1.0, RLOO about +0.87, GRPO about +0.65":
+        0.7 < final["ppo"] < 1.1 and abs(final["rloo"] - 0.87) < 0.15 and abs(final["grpo"] - 0.65) < 0.15,
+    "GRPO ends lowest, by more than 0.1": final["grpo"] < min(final["ppo"], final["rloo"]) - 0.1,
+    "PPO and RLOO are within 2.5 SE of each other": abs(final["ppo"] - final["rloo"]) < 2.5 * se_diff,
+    "each method's best evaluation is its last or within 1.5 SE":
+        all(peaks[m]["eval_hidden_score"] - final[m] < 1.5 * se_diff for m in runs),
+    "one SE of a difference is about 0.11": 0.09 < se_diff < 0.13,
+    "PPO and GRPO end well past best-of-16's KL (about 1.8), RLOO close to it (about 1.9)":
+        last_n == 16 and 1.7 < last_kl < 1.95 and min(runs[m].final["eval_kl"] for m in ("ppo", "grpo")) > last_kl + 0.3
+        and abs(runs["rloo"].final["eval_kl"] - 1.9) < 0.15,
+    "RLOO matches best-of-16 within one SE": abs(gain["rloo"]) < 1,
+    "GRPO lies more than one SE below it": gain["grpo"] < -1,
+    "PPO lies within two SE of it": abs(gain["ppo"]) < 2,
+    "PPO takes more than 1.5 times the CPU seconds per batch": per_batch["ppo"] > 1.5 * max(per_batch["grpo"],
+                                                                                             per_batch["rloo"]),
+    "PPO trains 98,433 parameters, the group methods 49,152":
+        runs["ppo"].trainable_parameters == 98_433 and runs["grpo"].trainable_parameters == 49_152
+        == runs["rloo"].trainable_parameters,
+})
+
+# %% [markdown]
+# ### Deep dive: the race at equal responses
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Each method's evaluation curve, read at a quarter of its responses, against best-of-4.
+
+# %%
 common = min(run.final["samples"] for run in runs.values()) / 4  # a quarter of every method's responses
 
 
@@ -675,57 +732,18 @@ display(progress_table.style.hide(axis="index").format(precision=3).format(
     "{:.0f}", subset=["first above best-of-4 (responses)"], na_rep="never").format(
     "{:.1f}", subset=[f"... ({unit} of training)"], na_rep="never"))
 
-# %%
-per_batch = {m: run.final["train_seconds"] / max(batches_and_updates(run)[0], 1e-9) for m, run in runs.items()}
-cost_table = pd.DataFrame([{"method": names[m], f"training {unit} per batch of {config.samples_per_batch}": per_batch[m],
-                            "trained params": runs[m].trainable_parameters, "peak MB": runs[m].peak_memory_mb}
-                           for m in runs])
-display(cost_table.style.hide(axis="index").format(precision=2).format("{:,}", subset=["trained params"])
-        .format("{:.0f}", subset=["peak MB"]))
-
 # %% [markdown]
-# **What this run shows** (seed 0, tiny profile; one standard error of a difference of two judged means
-# is about 0.11). A single seed is one draw: where two methods differ by less than about two standard
-# errors, another seed (or another CPU, whose rounding changes which tokens are sampled) can swap them.
-# - **Final hidden score:** PPO about $+0.8$ to $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. GRPO ends
-#   lowest, by more than 0.1; PPO and RLOO are within two and a half standard errors of each other, which
-#   one seed cannot separate. Each method's best evaluation is its last or within one and a half
-#   standard errors of it: no clear sign of over-optimisation within this budget.
-# - **The frontier:** PPO and GRPO end well past best-of-16's KL (about 1.8 nats), RLOO close to it
-#   (about 1.9). RLOO's point matches best-of-16's hidden score to within one standard error; GRPO's lies
-#   more than one standard error below it (about 2), with more KL: pure selection from the SFT model does
-#   at least as well. PPO's lies within two standard errors of it, with more KL, so it is not a win at
-#   equal KL.
-# - **Responses:** after a quarter of the budget (512 responses), PPO's hidden score is already about
-#   $+0.9$, more than 1.5 standard errors above best-of-4's ($+0.64$) and above both group methods
-#   (about $+0.5$, still below best-of-4), at a KL more than twice theirs: it takes four times the
-#   optimiser steps per batch. The table's "first above best-of-4" column counts crossings between spaced
-#   evaluations, some by a few hundredths: read the gaps at 512 responses instead.
-# - **Cost:** PPO's training takes more than 1.5 times the CPU seconds per batch of each group method
-#   (the seconds change from run to run). It trains twice their parameters plus the value head (98,433
-#   against 49,152). The peak memory is not claimed: it changes from run to run, and on a model this
-#   small it is set by other overheads (TRL's generation, the judge's model copy).
+# After a quarter of the budget (512 responses), PPO's hidden score is already about
+# $+0.9$, more than 1.5 standard errors above best-of-4's ($+0.64$) and above both group methods
+# (about $+0.5$, still below best-of-4), at a KL more than twice theirs: it takes four times the
+# optimiser steps per batch. The table's "first above best-of-4" column counts crossings between spaced
+# evaluations, some by a few hundredths: read the gaps at 512 responses instead.
 
 # %% tags=["claim-check"]
-final = {m: runs[m].final["eval_hidden_score"] for m in runs}
-gain = dict(zip(runs, frontier_table["in SE of a difference"], strict=True))  # method - best-of-n, in SE
 quarter = {m: at_common(runs[m], "eval_hidden_score") for m in runs}
 crossing = [r["eval_hidden_score"] - best4 for run in runs.values() for r in run.curve
             if r["samples"] == run.first_time_above(best4, key="samples")]  # how far each first crossing is above
 check_claims({
-    "final hidden: PPO about +0.8 to +1.0, RLOO about +0.87, GRPO about +0.65":
-        0.7 < final["ppo"] < 1.1 and abs(final["rloo"] - 0.87) < 0.15 and abs(final["grpo"] - 0.65) < 0.15,
-    "GRPO ends lowest, by more than 0.1": final["grpo"] < min(final["ppo"], final["rloo"]) - 0.1,
-    "PPO and RLOO are within 2.5 SE of each other": abs(final["ppo"] - final["rloo"]) < 2.5 * se_diff,
-    "each method's best evaluation is its last or within 1.5 SE":
-        all(peaks[m]["eval_hidden_score"] - final[m] < 1.5 * se_diff for m in runs),
-    "one SE of a difference is about 0.11": 0.09 < se_diff < 0.13,
-    "PPO and GRPO end well past best-of-16's KL (about 1.8), RLOO close to it (about 1.9)":
-        last_n == 16 and 1.7 < last_kl < 1.95 and min(runs[m].final["eval_kl"] for m in ("ppo", "grpo")) > last_kl + 0.3
-        and abs(runs["rloo"].final["eval_kl"] - 1.9) < 0.15,
-    "RLOO matches best-of-16 within one SE": abs(gain["rloo"]) < 1,
-    "GRPO lies more than one SE below it": gain["grpo"] < -1,
-    "PPO lies within two SE of it": abs(gain["ppo"]) < 2,
     "after 512 responses PPO is about +0.9, more than 1.5 SE above best-of-4 (+0.64)":
         common == 512 and abs(quarter["ppo"] - 0.9) < 0.15 and abs(best4 - 0.64) < 0.05
         and quarter["ppo"] - best4 > 1.5 * se_diff,
@@ -734,15 +752,14 @@ check_claims({
     "at a KL more than twice theirs": all(at_common(runs["ppo"], "eval_kl") > 2 * at_common(runs[m], "eval_kl")
                                           for m in ("grpo", "rloo")),
     "some first crossings of best-of-4 are by a few hundredths": min(crossing, default=math.inf) < 0.05,
-    "PPO takes more than 1.5 times the CPU seconds per batch": per_batch["ppo"] > 1.5 * max(per_batch["grpo"],
-                                                                                             per_batch["rloo"]),
-    "PPO trains 98,433 parameters, the group methods 49,152":
-        runs["ppo"].trainable_parameters == 98_433 and runs["grpo"].trainable_parameters == 49_152
-        == runs["rloo"].trainable_parameters,
 })
 
 # %% [markdown]
-# **Do the trainers compute what section 1 says?** `rlhf_helpers.compare` keeps every generation
+# ### Deep dive: do the trainers compute what section 1 says?
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# `rlhf_helpers.compare` keeps every generation
 # batch's learned rewards (the reward function records them) and the advantages TRL computed from them.
 # GRPO's must equal `grpo_advantages` of the rewards, every batch. RLOO subtracts
 # $\beta \cdot$ sequence KL from the reward first, and that KL is exactly 0 on the first batch (the
@@ -761,42 +778,27 @@ print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages
       f"RLOO: first batch = rloo_advantages(rewards)")
 
 # %% [markdown]
-# ## 5. Reading the race
+# ## 4. Reading the race
 #
 # How to read the tables above, and what they cannot say:
 #
-# - **The frontier (top panel, frontier table)** is the fair comparison. Each method buys hidden score
+# - **The frontier (top panel, frontier table)** is the fair comparison: each method buys hidden score
 #   with KL, and $\beta$ sets where it stops; a method is better if its points lie *above* another's at
-#   the same KL. Best-of-n's diamonds are the frontier of pure selection from the SFT model, with no
-#   training; the frontier table says how far each method's last point lies above or below that line
-#   at its KL, or, for a point past best-of-n's largest KL, above or below that last diamond (which is
-#   then no longer equal KL).
-# - **Responses (lower right, progress table)** remove the implementation: at the same number of
-#   sampled responses, which one learned more? PPO reuses each batch for several epochs with per-token
-#   credit; the group methods see each batch once. So at equal responses PPO has taken more optimiser
-#   steps and may have moved further from the SFT model (the table gives each KL): this panel measures
-#   sample efficiency, not progress per update. The top panel compares at equal KL.
-# - **CPU seconds (lower left, cost table)** mix the algorithm with the implementation and the work per
-#   batch: our PPO runs fused LoRA layers and its own sampler and takes more optimiser steps per
-#   batch, TRL runs Hugging Face `generate` and PEFT's layers. These seconds, and the peak memory, are
-#   the numbers of the race that change from one run to the next.
-# - **Memory.** PPO trains a second adapter and a value head, with their Adam state. On a model this
-#   small that is a few hundred kilobytes, and other overheads (TRL's generation, the judge's second
-#   model copy) can set the peak, so a group method can show the highest peak. On a real model the
-#   critic's forward and backward activations, and in the classic four-model set-up a whole second
-#   model, are what GRPO and RLOO save.
-# - **One seed, a short budget.** The standard error used above counts only the sampling of the judged
-#   responses (the largest best-of-n one, and conservative: the runs share their prompts). It leaves
-#   out the variation from one training seed to another (the spread of the seeds in the recorded figure
-#   below), so a gap in standard errors overstates how significant it is, and one seed ranks nothing.
-#   A method whose last evaluation lies several standard errors below its best has started to
-#   over-optimise the learned reward at this $\beta$ (notebook 06). The same $\beta$ is not the same
-#   constraint either: PPO puts it on per-token $k_1$ in the return, RLOO on the sequence $k_1$ in the
-#   reward, GRPO on per-token ratio $\times\,k_3$ in the loss, so the final KLs are outcomes, not a
-#   controlled variable. `python -m benchmarks.bench_algorithms` runs 3 seeds x 180 CPU s per method;
-#   its table and figure are in [benchmarks/README.md](../benchmarks/README.md#ppo-against-grpo-and-rloo-issue-15),
-#   and its recorded figure (3 seeds per method, one line per seed) is below. Read its spread before
-#   drawing conclusions from one short run.
+#   the same KL. Best-of-n's diamonds are pure selection from the SFT model, with no training; past
+#   best-of-n's largest KL the frontier table compares with that last diamond, no longer at equal KL.
+# - **Responses (lower right; the deep dive's table)** measure sample efficiency: PPO reuses each batch for
+#   several epochs with per-token credit, the group methods see each batch once, so at equal responses
+#   PPO has taken more optimiser steps and may have moved further from the SFT model (the table gives
+#   each KL). The top panel compares at equal KL.
+# - **CPU seconds and memory** mix the algorithm with the implementation (fused LoRA layers and our
+#   sampler against Hugging Face `generate` and PEFT), and change from run to run. On a model this small
+#   the critic's extra memory is a few hundred kilobytes; on a real model its activations, or in the
+#   classic four-model set-up a whole second model, are what GRPO and RLOO save.
+# - **One seed, a short budget.** The standard error counts only the sampling of the judged responses,
+#   not the spread from one training seed to another (the recorded figure below, 3 seeds x 180 CPU s
+#   per method from `python -m benchmarks.bench_algorithms`): one seed ranks nothing. The same $\beta$ is
+#   not the same constraint either (per-token $k_1$ in PPO's return, sequence $k_1$ in RLOO's reward,
+#   ratio $\times\,k_3$ in GRPO's loss), so the final KLs are outcomes, not a controlled variable.
 
 # %%
 # The same race recorded by benchmarks/bench_algorithms.py: 3 seeds x 180 CPU s per method (not this run)
@@ -807,35 +809,29 @@ else:  # a copy of the notebook without the repository's docs folder
     print(f"recorded figure not found at {recorded_race}")
 
 # %% [markdown]
-# ## 6. Where each method fits
+# ## 5. Where each method fits
 #
-# - **PPO with a critic**: when per-token credit matters and you can afford the second network. Long
+# - **PPO with a critic**: when per-token credit matters and you can afford the second network: long
 #   responses whose quality is decided by a few tokens, multi-turn or tool-using episodes with rewards
-#   along the way, and settings where you can sample only one response per prompt (expensive
-#   environments). It is also the most knobs (GAE, value clipping, warm-up; notebook 06 shows what
-#   breaks).
-# - **RLOO**: the simplest unbiased baseline. Use it when you can sample $G \ge 2$ answers per prompt
-#   and the reward is one number per answer. It has no critic to warm up and one adapter to train; in
-#   TRL the KL sits in the reward, as in PPO.
+#   along the way, one affordable sample per prompt. It also has the most knobs (notebook 06).
+# - **RLOO**: the simplest unbiased baseline, when you can sample $G \ge 2$ answers per prompt and the
+#   reward is one number per answer; no critic to warm up, one adapter to train, the KL in the reward.
 # - **GRPO**: the same group idea with std normalisation, the standard choice for verifiable rewards
-#   (maths, code, tests pass or fail), where a group is all right or all wrong and the std division
-#   rescales the rest. Mind its biases (section 2): `loss_type="dr_grpo"` with `scale_rewards="none"`
-#   removes both. And check which KL its loss term follows (section 3): plain $k_3$ in the loss (the
-#   GRPO paper's, or TRL's with `use_bias_correction_kl=False`) follows, in expectation and per token,
-#   the gradient of $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$; TRL 1.16's default, $k_3$ times the token's
-#   ratio, that of $\mathrm{KL}(\pi\|\pi_{\text{ref}})$.
-# - **DPO** (not raced here; TRL `DPOTrainer`): no sampling during training and no reward model. It
-#   fits the policy to the preference pairs directly, as if the Bradley-Terry reward of notebook 02 were
-#   $\beta\log\frac{\pi}{\pi_{\text{ref}}}$. It is the cheapest when you have a fixed preference data set
-#   and no need to explore beyond it. It gets no feedback on its own new samples: what it learns about
-#   responses the pairs do not cover comes only through the parameters they share with the covered ones,
-#   while online methods like the three above sample new responses and score them.
+#   (maths, code, tests that pass or fail). Mind its biases (section 2): `loss_type="dr_grpo"` with
+#   `scale_rewards="none"` removes both. Its KL sits in the loss (the deep dive after section 2 says
+#   which KL that term's gradient follows).
+# - **DPO** (not raced here; TRL `DPOTrainer`): no sampling and no reward model; it fits the policy to
+#   the preference pairs directly, as if the Bradley-Terry reward of notebook 02 were
+#   $\beta\log\frac{\pi}{\pi_{\text{ref}}}$. Cheapest with a fixed preference data set, but it gets no
+#   feedback on its own new samples, which the online methods above score.
 #
 # Whichever you choose, keep what this course measured: a held-out judge the policy never trains on,
 # the KL to the starting model next to every score, and best-of-n as the bar to clear.
 
 # %% [markdown]
-# ## 7. From this course to a cluster
+# ## Deep dive: from this course to a cluster
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # Everything in this course runs on one machine: one base model carries the policy, value and reward
 # adapters, and `accelerate launch` runs one copy of the trainer per GPU. That is enough while the
@@ -868,3 +864,43 @@ print(f"OpenRLHF {OPENRLHF_VERSION} (python -m openrlhf.cli.train_ppo_ray), {len
 print("   " + "\n   ".join(flags))
 print(f"PPOConfig fields set here that neither takes: {not_carried(ppo_config) or 'none'} (the structural "
       "differences above are not config fields)")
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. With $\gamma = 1$ and $\lambda = 0.95$, a 21-token response has one TD error, $+1$ at its last token,
+#    and every other $\delta_t = 0$. What advantage does its first token get? And with $\lambda = 0$?
+#
+# <details><summary>Answer</summary>
+#
+# $(\gamma\lambda)^{20}\cdot 1 = 0.95^{20} \approx 0.36$: a faded share of the later TD error. With
+# $\lambda = 0$ the advantage is the token's own TD error, 0.
+# </details>
+#
+# 2. A group of $G = 4$ answers has rewards $(1, 2, 3, 6)$. What are RLOO's advantages, and how are they
+#    related to Dr. GRPO's (the centred rewards)?
+#
+# <details><summary>Answer</summary>
+#
+# Each reward minus the mean of the other three: $(-2.67, -1.33, 0, 4)$. The centred rewards are
+# $(-2, -1, 0, 3)$; RLOO's are $G/(G-1) = 4/3$ times them.
+# </details>
+#
+# 3. Which prompts does GRPO's division by the group's std up-weight, and why can that hurt with a
+#    learned reward?
+#
+# <details><summary>Answer</summary>
+#
+# Any group that is not tied gets advantages of about $\pm 1$, so the groups whose rewards barely differ
+# (questions too easy or too hard) push as hard as those whose answers really differ; with a learned
+# reward, those small differences are often noise, which the division amplifies.
+# </details>
+#
+# 4. Under `loss_type="grpo"`, two responses have the same negative advantage, one of 5 tokens and one of
+#    50. Which is pushed down harder per token, and by how much? Under `"dr_grpo"`?
+#
+# <details><summary>Answer</summary>
+#
+# The 5-token one, 10 times harder per token: each token weighs $A_i / (B\,|o_i|)$. Under `"dr_grpo"`
+# every token weighs $A_i / (B\,L_{\max})$, the same for both.
+# </details>
