@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** notebooks 02 to 05: the PPO ratio and its clip, the KL penalty in the reward, GAE and explained variance.
 #
-# **Time:** about 2 h for the core; the deep dives (collapsed, marked "Deep dive") add about 1.5 h.
+# **Time:** about 2 h for the core; the deep dives (collapsed, marked "Deep dive") add about 2 h.
 #
 # **You will learn** to recognise bugs that real RLHF code has shipped with, from their numbers and
 # curves, broken and fixed side by side, and to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`),
@@ -535,16 +535,8 @@ def adaptive_kl_betas(kls: list[float], init_beta: float, target: float, horizon
 
 
 # %%
-def controller_run(kls, init_beta, gain, error, step=lambda beta, k, e: beta * (1 + k * e)) -> np.ndarray:
-    """(T,) beta after each update, for a gain K, an error e(KL) and an update rule: the mistakes' betas."""
-    betas = [init_beta]
-    for kl in kls:
-        betas.append(step(betas[-1], gain, error(kl)))
-    return np.array(betas[1:])
-
-
-def controller_mistakes(kls, init_beta, target, horizon, batch_size) -> dict[str, np.ndarray]:
-    """What each plausible mistake's betas would be, keyed by the hint that names it."""
+def check_hints_adaptive_kl(kls, init_beta, target, horizon, batch_size) -> dict[str, np.ndarray]:
+    """The (T,) betas each plausible mistake would give, keyed by the hint that names it."""
     gain = min(batch_size / horizon, 1.0)
 
     def clip(x):
@@ -553,29 +545,33 @@ def controller_mistakes(kls, init_beta, target, horizon, batch_size) -> dict[str
     def relative(kl):
         return clip((kl - target) / target)
 
-    right = controller_run(kls, init_beta, gain, relative)
+    def betas(k, error, step=lambda beta, k, e: beta * (1 + k * e)) -> np.ndarray:
+        out = [init_beta]
+        for kl in kls:
+            out.append(step(out[-1], k, error(kl)))
+        return np.array(out[1:])
+
     return {
-        "an unclipped error: e_t is clipped to [-0.2, 0.2]":
-            controller_run(kls, init_beta, gain, lambda kl: (kl - target) / target),
+        "an unclipped error: e_t is clipped to [-0.2, 0.2]": betas(gain, lambda kl: (kl - target) / target),
         "the clip on the absolute error KL - target: divide by the target, then clip":
-            controller_run(kls, init_beta, gain, lambda kl: clip(kl - target) / target),
+            betas(gain, lambda kl: clip(kl - target) / target),
         "the error relative to the measured KL: e_t divides by the target, not by KL_t":
-            controller_run(kls, init_beta, gain, lambda kl: clip((kl - target) / kl)),
-        "the sign flipped: a KL above the target raises beta":
-            controller_run(kls, init_beta, gain, lambda kl: -relative(kl)),
+            betas(gain, lambda kl: clip((kl - target) / kl)),
+        "the sign flipped: a KL above the target raises beta": betas(gain, lambda kl: -relative(kl)),
         "K_beta = 1 / horizon: the horizon counts samples, so one step covers batch_size / horizon of it":
-            controller_run(kls, init_beta, min(1 / horizon, 1.0), relative),
+            betas(min(1 / horizon, 1.0), relative),
         "K_beta = horizon / batch_size, upside down: it is batch_size / horizon":
-            controller_run(kls, init_beta, min(horizon / batch_size, 1.0), relative),
+            betas(min(horizon / batch_size, 1.0), relative),
         f"K_beta = batch_size / horizon = {batch_size / horizon:g}, not capped at 1: beta can turn negative":
-            controller_run(kls, init_beta, batch_size / horizon, relative),
+            betas(batch_size / horizon, relative),
         "an additive update beta + K e_t: the update multiplies beta by 1 + K e_t":
-            controller_run(kls, init_beta, gain, relative, step=lambda beta, k, e: beta + k * e),
+            betas(gain, relative, step=lambda beta, k, e: beta + k * e),
         "the beta before each update (your list starts with init_beta): return the beta after each":
-            np.concatenate([[init_beta], right[:-1]]),
+            np.concatenate([[init_beta], betas(gain, relative)[:-1]]),
     }
 
 
+# %%
 def check_adaptive_kl_betas():
     cases = [  # (init_beta, target, horizon, batch_size, KLs): no two settings equal, none at a value that hides
         (0.15, 6.0, 400, 48, [13.0, 6.6, 2.0, 5.4, 6.0, 9.5, 7.2, 0.5, 4.8, 30.0]),  # K = 0.12
@@ -591,7 +587,7 @@ def check_adaptive_kl_betas():
         expected = init_beta * np.cumprod(1.0 + gain * errors)  # (T,)
         if np.allclose(got, expected, rtol=1e-9, atol=1e-12):
             continue
-        same = [what for what, values in controller_mistakes(kls, init_beta, target, horizon, batch_size).items()
+        same = [what for what, values in check_hints_adaptive_kl(kls, init_beta, target, horizon, batch_size).items()
                 if np.allclose(got, values, rtol=1e-9, atol=1e-12)]
         t = int(np.argmax(~np.isclose(got, expected, rtol=1e-9, atol=1e-12)))  # the first update that differs
         raise AssertionError(
