@@ -118,6 +118,25 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     "07_beyond_ppo": {
         "1": "def rloo_from_centred(rewards):\n    return rlhf_helpers.rloo_advantages(rewards)\n",
     },
+    "08_ppo_capstone": {
+        "1": "def make_experience(model, samples, config):\n"
+             "    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask\n"
+             "    logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).detach().float()\n"
+             "    ref = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()\n"
+             "    values = model.values(seq, attn, P).detach().float() * mask\n"
+             "    scores = model.reward_scores(seq, attn).float()\n"
+             "    rewards = rlhf_helpers.shape_rewards(scores, logp, ref, mask, config.kl_coef)[0]\n"
+             "    adv, returns = rlhf_helpers.compute_gae(rewards, values, mask, config.gamma, config.lam)\n"
+             "    return Rollout(samples.prompts, samples.responses, seq, attn, P, mask, logp, ref, values, scores,\n"
+             "                   rewards, rlhf_helpers.masked_whiten(adv, mask), returns)\n",
+        "2": "def ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator):\n"
+             "    from rlhf_helpers.ppo.experience import collect_experience\n"
+             "    batch = collect_experience(model, tokenizer, prompts, config, kl_coef=config.kl_coef)\n"
+             "    shortcut = PPOTrainer(config, model, tokenizer, prompts)\n"
+             "    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = policy_opt, value_opt\n"
+             "    shortcut.update(batch, generator)\n"
+             "    return batch, [(s['policy_loss'], s['value_loss']) for s in shortcut.last_update_stats]\n",
+    },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
 NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {

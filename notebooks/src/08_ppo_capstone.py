@@ -1,0 +1,472 @@
+# Source of notebooks/08_ppo_capstone.ipynb; rebuild with `python tools/build_notebooks.py`.
+
+# %% [markdown]
+# # 08 · Capstone: one whole PPO iteration, written by you
+#
+# {{colab_badge}}
+#
+# **Prerequisites:** notebooks 03 (GAE and whitening), 04 (the clipped losses) and 05 (the shared model,
+# its four roles and `PPOTrainer`).
+#
+# **Time:** about 2 h
+#
+# **You will learn**
+# - to write one PPO iteration whole, top to bottom, as CleanRL writes its single-file agents;
+# - to check a reimplementation against the library's `PPOTrainer` on the same batch and seed, step by step,
+#   within a tolerance derived from float32 rounding;
+# - to train the tiny model with it.
+
+# %% tags=["colab-setup"]
+
+# %%
+from rlhf_helpers.course.notebook import exercise_check, show_environment
+
+env_info = show_environment()
+
+# %%
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+import rlhf_helpers
+from rlhf_helpers.course import capstone
+from rlhf_helpers.course.capstone import library_iteration
+from rlhf_helpers.course.claims import check_claims
+from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
+from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.evaluation import evaluate_policy
+from rlhf_helpers.ppo.experience import collect_experience
+from rlhf_helpers.ppo.metrics import plot_curves
+from rlhf_helpers.ppo.samples import Samples, sample_responses
+from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.trainer import PPOTrainer
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.ppo_config import PPOConfig
+from rlhf_helpers.runtime.precision import needs_grad_scaler
+from rlhf_helpers.runtime.profiles import get_profile
+from rlhf_helpers.stages.reward import ensure_reward_model
+from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.world.scorer import hidden_scores
+
+# %%
+profile = get_profile()
+ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime, then reused
+torch.manual_seed(profile.seed)
+if profile.device == "cpu":
+    torch.set_num_threads(1)  # the tiny model's matrices are too small to gain from a second thread
+config = profile.ppo
+reward_dir = ensure_reward_model(profile)  # notebook 02's reward adapter, cached under runs/
+model, tokenizer = build_shared_model(profile, config, reward_dir)
+train_prompts, eval_prompts = load_prompts("train"), load_prompts("test")[: config.n_eval_prompts]
+
+# %% [markdown]
+# ## 1. One iteration on one page
+#
+# Notebook 05 built PPO in pieces and let `PPOTrainer` run them. Here you write one iteration in two functions:
+#
+# ```text
+# ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator):
+#     samples ← sample_responses(...)               # given: the policy at config.temperature, stop at EOS
+#     batch   ← make_experience(model, samples)     # Exercise 1, no gradient:
+#               log π_old, log π_ref, V_old, score → rewards r → GAE (Â, G) → whiten Â
+#     for epoch in 1 .. config.ppo_epochs:          # Exercise 2
+#         for rows in a fresh shuffle, config.mini_batch_size at a time:
+#             log π_θ, V_ψ with gradient → L^CLIP(ρ = π_θ / π_old, Â), L^V(V_ψ, V_old, G)
+#             one backward of L^CLIP + c_V L^V;  clip each adapter's gradient norm;  step both
+#     return batch, [(L^CLIP, L^V) of every minibatch]
+# ```
+#
+# The shared model gives every forward pass (sequences: left-padded prompts of width $P$, then responses of
+# width $R$; `mask`: 1 on the real response tokens, EOS included):
+#
+# | call | returns |
+# |---|---|
+# | `model.policy_logprobs(seq, attn, P, temperature=T)` | (B, R) $\log\pi_\theta(y_t)$ under $\operatorname{softmax}(z/T)$, with gradient |
+# | `model.ref_logprobs(seq, attn, P, temperature=T)` | (B, R) $\log\pi_{\text{ref}}(y_t)$, every adapter off |
+# | `model.values(seq, attn, P)` | (B, R) $V_\psi(s_t)$, with gradient |
+# | `model.reward_scores(seq, attn)` | (B,) the reward model's score at each row's last real token |
+# | `model.policy_parameters()`, `model.value_parameters()` | each trained adapter's tensors |
+
+# %%
+@dataclass
+class Rollout:
+    """One experience batch (the field names of the library's `Experience`): B prompts, widths P and R."""
+
+    prompts: list[str]
+    responses: list[str]
+    sequences: torch.Tensor  # (B, P + R) left-padded prompt ids, then response ids
+    attention_mask: torch.Tensor  # (B, P + R) 1 on real tokens
+    context_length: int  # P
+    mask: torch.Tensor  # (B, R) 1 on real response tokens, EOS included
+    old_logprobs: torch.Tensor  # (B, R) log pi_old(y_t), at config.temperature
+    ref_logprobs: torch.Tensor  # (B, R) log pi_ref(y_t), at config.temperature
+    values: torch.Tensor  # (B, R) V_old(s_t), 0 at padding
+    scores: torch.Tensor  # (B,)
+    rewards: torch.Tensor  # (B, R) shaped rewards, 0 at padding
+    advantages: torch.Tensor  # (B, R) whitened over the batch's real tokens
+    returns: torch.Tensor  # (B, R) raw advantages + values
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+
+demo = sample_responses(model, tokenizer, train_prompts[:2], config.max_prompt_length, config.max_new_tokens)
+print(f"sequences {tuple(demo.sequences.shape)}, P = {demo.context_length}, mask {tuple(demo.mask.shape)}:",
+      demo.responses)
+
+# %% [markdown]
+# ### Exercise 1: the experience
+#
+# Write `make_experience(model, samples, config)`: everything the update reads, without gradient. With $T$ = `config.temperature`, $\beta$ = `config.kl_coef`, $\gamma$ = `config.gamma`,
+# $\lambda$ = `config.lam` and $\ell_i$ the last real token of row $i$:
+#
+# $$\log\pi_{\text{old}}(y_t) = \log\operatorname{softmax}(z_{t}/T)[y_t] \ \text{(policy adapter on)}, \qquad
+# \log\pi_{\text{ref}}(y_t)\ \text{the same with every adapter off},$$
+#
+# $$r_{it} = -\beta\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i
+# \quad\text{on real tokens, 0 at padding},$$
+#
+# $$\delta_t = r_t + \gamma V_{t+1} - V_t \ \ (V = 0 \text{ after } \ell_i), \qquad
+# \hat A_t = \delta_t + \gamma\lambda\,\hat A_{t+1}, \qquad G_t = \hat A_t + V_t,$$
+#
+# $$\hat A_t \leftarrow \frac{\hat A_t - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, \qquad \mu, \sigma^2: \text{mean and unbiased
+# variance of } \hat A \text{ over the real tokens of the whole batch.}$$
+#
+# Most of it you wrote before: join your shaped reward (notebook 05, Exercise 1), your `gae_loop` (05,
+# Exercise 2) and your masked whitening (03, Exercise 3). Take the returns **before** whitening. The check
+# samples a batch from a policy moved away from the reference, each setting at a value of its own ($T = 0.7$,
+# $\beta = 0.15$, $\gamma = 0.95$, $\lambda = 0.9$), and compares your rollout with `collect_experience`'s,
+# tensor by tensor on the real tokens.
+
+# %%
+# EXERCISE 1
+@torch.no_grad()  # the experience is data for the update: no gradient flows into it
+def make_experience(model: SharedLoRAModel, samples: Samples, config: PPOConfig) -> Rollout:
+    """Log-probs, reference log-probs, values, scores, shaped rewards, GAE and whitening of one batch."""
+    # seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+    # TODO log pi_old and log pi_ref of the sampled tokens at config.temperature (B, R); the values (B, R);
+    #      the reward model's scores (B,)
+    # TODO shaped rewards (B, R); GAE by a reverse loop over the columns; the returns; whitened advantages
+    raise NotImplementedError
+
+
+# %%
+# The checks' own model: the policy adapter moved away from the reference (random weights added), so that
+# the policy's log-probs and the reference's differ, and the checks leave `model` as it is.
+check_model, _ = build_shared_model(profile, config, reward_dir)
+with torch.no_grad():
+    g_moved = torch.Generator().manual_seed(1)
+    for param in check_model.policy_parameters():
+        param.add_(0.05 * torch.randn(param.shape, generator=g_moved).to(param))
+# every setting the iteration reads gets a value of its own: no two equal, none at the value that hides it
+check_config = config.replace(rollout_batch_size=12, mini_batch_size=4, ppo_epochs=2, temperature=0.7,
+                              kl_coef=0.15, gamma=0.95, lam=0.9, clip_eps=0.2, value_clip=0.3, vf_coef=0.5,
+                              max_grad_norm=1e6)  # first without gradient clipping; a binding clip below
+check_prompts = train_prompts[:12]
+SEEDS, LRS = (3, 4), (2.0, 0.05)  # sampling and shuffling seeds; SGD learning rates of the policy, the critic
+rtol = capstone.rounding_rtol(check_model, check_config)  # the float32 rounding budget (deep dive below)
+# the library's iteration, run here once (before the checks hide it), from the same weights every time
+free_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, check_config, SEEDS,
+                                  LRS)
+norms = free_run.step_norms["policy"] + free_run.step_norms["value"]
+clipped_config = check_config.replace(max_grad_norm=0.5 * min(norms))  # binds on every step of both adapters
+clipped_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, clipped_config,
+                                     SEEDS, LRS)
+passed_code = capstone.PassedCode()  # the functions Exercise 2's check passed with: section 2 trains only with them
+print(f"check batch: {int(free_run.mask.sum())} response tokens, {len(free_run.losses)} minibatch steps per adapter; "
+      f"gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; relative tolerance {rtol:.1e}")
+
+
+def check_make_experience():
+    with torch.random.fork_rng():  # the sampling of the library's run, the notebook's RNG untouched
+        torch.manual_seed(SEEDS[0])
+        samples = sample_responses(check_model, tokenizer, check_prompts, check_config.max_prompt_length,
+                                   check_config.max_new_tokens, temperature=check_config.temperature)
+    problem = capstone.experience_difference(make_experience(check_model, samples, check_config), free_run, rtol)
+    assert problem is None, problem
+
+
+exercise_check("Exercise 1 (make_experience)", check_make_experience,
+               hidden=[collect_experience, library_iteration, rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate,
+                       rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference,
+                       rlhf_helpers.masked_whiten, rlhf_helpers.masked_mean, rlhf_helpers.masked_var])
+
+# %% [markdown]
+# <details><summary>Solution 1</summary>
+#
+# ```python
+# @torch.no_grad()  # the experience is data for the update: no gradient flows into it
+# def make_experience(model: SharedLoRAModel, samples: Samples, config: PPOConfig) -> Rollout:
+#     """Log-probs, reference log-probs, values, scores, shaped rewards, GAE and whitening of one batch."""
+#     seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+#     logprobs = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R): log pi_old
+#     ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
+#     values = model.values(seq, attn, P).float()  # (B, R)
+#     scores = model.reward_scores(seq, attn).float()  # (B,)
+#     # r_t = -beta k1_t on every real token, + the score on the last real one (notebook 05, Exercise 1)
+#     real = mask.bool()  # (B, R)
+#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
+#     rewards = -config.kl_coef * k1  # (B, R)
+#     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
+#     rewards[torch.arange(len(scores)), last] += scores
+#     # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lambda A_{t+1}  (notebook 05, Exercise 2)
+#     gamma, lam = config.gamma, config.lam
+#     B, T = rewards.shape
+#     advantages = torch.zeros_like(rewards)  # (B, T)
+#     running = rewards.new_zeros(B)  # (B,): A_{t+1}, 0 past the end
+#     next_value = rewards.new_zeros(B)  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(T)):
+#         real = mask[:, t]  # (B,)
+#         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         advantages[:, t] = running
+#         next_value = values[:, t] * real  # padding's value never reaches a real token
+#     returns = (advantages + values) * mask  # (B, T): before whitening
+#     # whiten over the real tokens of the whole batch (notebook 03, Exercise 3)
+#     n = mask.sum()
+#     mean = (advantages * mask).sum() / n
+#     var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
+#     advantages = (advantages - mean) / torch.sqrt(var + 1e-8) * mask  # (B, T)
+#     return Rollout(samples.prompts, samples.responses, seq, attn, P, mask, logprobs, ref_logprobs, values * mask,
+#                    scores, rewards, advantages, returns)
+# ```
+# The library reads the old log-probs from the sampling loop's own logits, not from a second forward pass;
+# the two agree to float32 rounding.
+# </details>
+
+# %% [markdown]
+# ### Exercise 2: the iteration
+#
+# Write `ppo_iteration(...)`: sample (the call is given), make the experience with Exercise 1, then run
+# `config.ppo_epochs` epochs, each over a **fresh** shuffle `torch.randperm(B, generator=generator)` cut into
+# minibatches of `config.mini_batch_size` rows. On each, with the policy's log-probs (at $T$) and the
+# critic's values computed with gradient, $\epsilon$ = `config.clip_eps`, $\epsilon_V$ = `config.value_clip`:
+#
+# $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
+# L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t},$$
+#
+# $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
+# L^V = \tfrac12\,\frac{\sum_t m_t \max\big((V_t - G_t)^2, (V^{\text{clip}}_t - G_t)^2\big)}{\sum_t m_t},$$
+#
+# then one backward pass of $L^{\text{CLIP}} + c_V L^V$ ($c_V$ = `config.vf_coef`), the gradient norm of
+# **each** adapter clipped to `config.max_grad_norm` on its own, and one step of each optimiser. The old
+# log-probs, old values, advantages and returns are the rollout's, fixed for the whole iteration. Return the
+# rollout and the $(L^{\text{CLIP}}, L^V)$ of every minibatch, as floats, in order. Most lines are your
+# `ppo_update` of notebook 05.
+#
+# The check runs your iteration and the library's (`collect_experience`, then `PPOTrainer.update`) from the
+# same weights, prompts and seeds, with plain SGD (the deep dive says why), without and then with a binding
+# gradient clip. It names the first difference: the experience, each minibatch's losses, the gradient of
+# each optimiser step, the weights after the update.
+
+# %%
+# EXERCISE 2
+def ppo_iteration(model: SharedLoRAModel, tokenizer, prompts: list[str], policy_opt: torch.optim.Optimizer,
+                  value_opt: torch.optim.Optimizer, config: PPOConfig,
+                  generator: torch.Generator) -> tuple[Rollout, list[tuple[float, float]]]:
+    """Sample, make the experience, then config.ppo_epochs epochs of shuffled minibatches; returns the rollout
+    and the (policy loss, value loss) of every minibatch, in order."""
+    # samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+    #                            temperature=config.temperature)  # given: sampling is machinery
+    # TODO batch = make_experience(...); for each epoch a fresh shuffle; for each minibatch: log-probs and
+    #      values with gradient, L^CLIP and L^V, one backward, each adapter's gradient clipped, both steps
+    raise NotImplementedError
+
+
+# %%
+ITERATION_HIDDEN = [PPOTrainer.update, collect_experience, library_iteration, rlhf_helpers.policy_loss,
+                    rlhf_helpers.value_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean,
+                    rlhf_helpers.shape_rewards, rlhf_helpers.compute_gae, rlhf_helpers.masked_whiten]
+
+
+def check_ppo_iteration():
+    for cfg, expected, setting in ((check_config, free_run, "without gradient clipping"),
+                                   (clipped_config, clipped_run, "with a binding gradient clip")):
+        got = capstone.run_iteration(ppo_iteration, check_model, tokenizer, check_prompts, cfg, SEEDS, LRS)
+        problem = capstone.first_difference(got, expected, cfg, rtol)
+        assert problem is None, f"{setting}: {problem}"
+    passed_code.record(make_experience=make_experience, ppo_iteration=ppo_iteration)
+
+
+exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATION_HIDDEN)
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator) -> tuple[Rollout, list]:
+#     """Sample, make the experience, then config.ppo_epochs epochs of shuffled minibatches; returns the rollout
+#     and the (policy loss, value loss) of every minibatch, in order."""
+#     samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+#                                temperature=config.temperature)  # given: sampling is machinery
+#     batch = make_experience(model, samples, config)  # Exercise 1
+#     P, B, eps_v = batch.context_length, len(batch), config.value_clip
+#     losses = []
+#     for epoch in range(config.ppo_epochs):
+#         order = torch.randperm(B, generator=generator)  # (B,): a new shuffle every epoch
+#         for first in range(0, B, config.mini_batch_size):
+#             rows = order[first : first + config.mini_batch_size]  # (b,)
+#             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+#             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+#             # L^CLIP: the ratio against the log-probs stored at sampling (1 at padding)
+#             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
+#             rho = torch.exp(torch.where(m.bool(), logp - batch.old_logprobs[rows], 0.0))  # (b, R)
+#             pg_loss = -(torch.min(rho * A, rho.clamp(1 - config.clip_eps, 1 + config.clip_eps) * A) * m).sum() / m.sum()
+#             # L^V: the new value clipped around the rollout's, the larger squared error
+#             V = model.values(seq, attn, P).float()  # (b, R)
+#             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+#             v_loss = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
+#             # one backward: the adapters share no parameter, so each gets its own loss's gradient
+#             policy_opt.zero_grad()
+#             value_opt.zero_grad()
+#             (pg_loss + config.vf_coef * v_loss).backward()
+#             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)  # each adapter on its own
+#             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+#             policy_opt.step()
+#             value_opt.step()
+#             losses.append((pg_loss.item(), v_loss.item()))
+#     return batch, losses
+# ```
+# The clipped loss is inline, as CleanRL writes it. On the first minibatch the weights have not moved, so every ratio is 1 and the $\min$ meets a tie: autograd
+# sends half the gradient through each branch. A `.detach()` on the clipped branch keeps the loss and halves
+# that gradient, which is why the check compares each step's gradient as well as the losses.
+# </details>
+
+# %% [markdown]
+# ## Deep dive: why the check uses SGD, and where its tolerance comes from
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# **SGD.** Adam divides each step by $\sqrt{v}$, the running size of the gradient. Where a gradient is nearly
+# zero, float rounding decides the sign of a step of full size, so two correct implementations drift apart by
+# far more than rounding within a few steps. SGD's step is the learning rate times the gradient: a difference
+# of rounding stays the size of the rounding that caused it. Training (section 2) uses Adam; only the check
+# uses SGD.
+#
+# **The tolerance.** Your iteration and the library's compute the same numbers in a different order: the
+# library reads the old log-probs from the sampling loop, one token at a time with a cache, where you run one
+# forward pass; its GAE is a matrix product where yours is a loop; it cuts each minibatch to the columns that
+# hold a real token. Each float32 operation rounds its exact result by at most $u = 2^{-24}$ relative to the
+# numbers it combines, so a chain of $K$ roundings that all err the same way moves a result by at most about
+# $K u$ (Higham, *Accuracy and Stability of Numerical Algorithms*, section 3.1). `rounding_rtol` counts $K$ on
+# the longest path to one log-prob of this model: per layer two layer norms and the MLP's first product (sums
+# of `hidden` terms each), a query, key or value and the output projection (`hidden`), an attention score
+# (`hidden / heads`), the softmax and the weighted values (the context length each), the MLP's second product
+# (`inner`); then the last layer norm, the LM head and the log-sum-exp over the vocabulary. For the tiny model
+# that is about 4,500 roundings: a relative tolerance near $3 \times 10^{-4}$ of each compared tensor's
+# largest entry. It is a worst case, derived from the model's shape rather than measured on one machine, so
+# no CPU's order of summation exceeds it; every mistake the check exists for moves a number by a percent or
+# more.
+
+# %% tags=["claim-check"]
+check_claims({"the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4})
+
+# %% [markdown]
+# ## 2. Your iteration trains the model
+#
+# The loop below runs `RUN_ITERATIONS` iterations (at most the profile's `total_steps`) from fresh adapters,
+# with Adam. It trains with your `ppo_iteration` if its check passed for the functions defined now (one
+# redefined since is checked again first), else with the library's; the line it prints says which. Before and
+# after, the policy answers the held-out prompts (`evaluate_policy`), graded by the hidden true score.
+
+# %%
+RUN_ITERATIONS = 12
+if exercise_outcome("Exercise 2 (ppo_iteration)") == EXERCISE_PASSED and not passed_code.holds_for(
+        make_experience=make_experience, ppo_iteration=ppo_iteration):  # redefined since their check passed
+    exercise_check("Re-check 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATION_HIDDEN)
+yours = passed_code.holds_for(make_experience=make_experience, ppo_iteration=ppo_iteration)
+left_out = capstone.left_out_settings(config) + (["an fp16 base"] if needs_grad_scaler(model) else [])
+iteration = ppo_iteration if yours and not left_out else library_iteration
+if iteration is ppo_iteration:
+    print("This run trains with your make_experience and ppo_iteration, the functions whose check passed.")
+elif yours:
+    print("This run trains with the library's iteration: this profile uses settings yours leaves out:", left_out)
+else:
+    print("This run trains with the library's iteration (collect_experience, then PPOTrainer.update): your "
+          "ppo_iteration has not passed its check (Exercise 2) as it is defined now.")
+
+
+def batch_metrics(step: int, rollout, losses) -> dict[str, float]:
+    """Mean reward-model score, hidden score, k1 sequence KL and value loss of one iteration's batch."""
+    seq_kl = ((rollout.old_logprobs - rollout.ref_logprobs) * rollout.mask).sum(dim=1)  # (B,)
+    hidden = hidden_scores(rollout.prompts, rollout.responses)
+    return {"step": step, "score": float(rollout.scores.mean()), "hidden_score": sum(hidden) / len(hidden),
+            "kl": float(seq_kl.mean()), "value_loss": sum(v for _, v in losses) / len(losses)}
+
+
+def held_out(policy) -> dict[str, float]:
+    """One sample per held-out prompt at the run's temperature (fixed seed): score, hidden score, KL."""
+    return evaluate_policy(policy, tokenizer, eval_prompts, max_prompt_length=config.max_prompt_length,
+                           max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                           batch_size=config.eval_batch_size, hidden_score_fn=hidden_scores)
+
+# %%
+torch.manual_seed(profile.seed)
+model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
+policy_opt = torch.optim.Adam(model.policy_parameters(), lr=config.policy_lr)
+value_opt = torch.optim.Adam(model.value_parameters(), lr=config.value_lr)
+generator = torch.Generator().manual_seed(config.seed)  # the prompts and the shuffles of every iteration
+start_eval, history = held_out(model), []
+for step in tqdm(range(min(RUN_ITERATIONS, config.total_steps)), desc="PPO iterations"):
+    order = torch.randperm(len(train_prompts), generator=generator)[: config.rollout_batch_size]
+    torch.manual_seed(config.seed + step)  # this iteration's sampling
+    rollout, losses = iteration(model, tokenizer, [train_prompts[i] for i in order.tolist()], policy_opt, value_opt,
+                                config, generator)
+    history.append(batch_metrics(step + 1, rollout, losses))
+end_eval = held_out(model)
+print("held-out prompts, before:", {k: round(v, 3) for k, v in start_eval.items()})
+print("held-out prompts, after: ", {k: round(v, 3) for k, v in end_eval.items()})
+plot_curves(history, keys=["score", "hidden_score", "kl", "value_loss"], columns=4,
+            title="Your iteration, one batch at a time (or the library's: see the line above)").show()
+
+# %% [markdown]
+# On the shipped seed the twelve iterations take the held-out hidden score from below $-0.3$ (the SFT model)
+# to above $0.6$, at a KL to the reference below 3 nats. Yours and the library's iteration sample the same
+# tokens and differ by float rounding only, far inside these margins.
+
+# %% tags=["claim-check"]
+check_claims({
+    "the held-out hidden score starts below -0.3": start_eval["eval_hidden_score"] < -0.3,
+    "and ends above 0.6": end_eval["eval_hidden_score"] > 0.6,
+    "at a KL below 3 nats": end_eval["eval_kl"] < 3.0,
+})
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1.** A fresh policy equals the reference. Why does a ratio taken against the reference's log-probs pass
+# the first training iteration unnoticed, and how does the check catch it?
+#
+# <details><summary>Answer</summary>
+#
+# With the policy adapter at zero, the stored log-probs equal the reference's, and so does every ratio. The
+# check's model has its policy adapter moved on purpose: the two differ from its first minibatch on.
+# </details>
+#
+# **2.** The check sets `value_clip` 0.3, `clip_eps` 0.2 and `vf_coef` 0.5. What would it miss with
+# `value_clip = clip_eps`, or `vf_coef = 1`?
+#
+# <details><summary>Answer</summary>
+#
+# A value loss that reads `config.clip_eps`, or a loop that forgets `vf_coef`, would compute the same numbers
+# as the correct code. A setting equal to its neighbour, or at the value where it does nothing (temperature 1,
+# a coefficient 1, $\gamma = 1$), cannot tell code that reads it from code that ignores it.
+# </details>
+#
+# **3.** Why one backward pass of $L^{\text{CLIP}} + c_V L^V$, but two gradient clips?
+#
+# <details><summary>Answer</summary>
+#
+# The two adapters share no trained parameter and neither loss reads the other's output, so the sum's
+# gradient is $\nabla L^{\text{CLIP}}$ for the policy and $c_V \nabla L^V$ for the critic. One clip over
+# both would scale both by their joint norm: a large critic gradient would shrink the policy's step.
+# </details>
+#
+# **4.** What changes if each minibatch's advantages are whitened again?
+#
+# <details><summary>Answer</summary>
+#
+# Each minibatch's advantages then average 0 over $b$ responses instead of $B$: a minibatch of mostly good
+# responses pushes some of them down. CleanRL does this; this course's engine, like TRL's, whitens once per batch.
+# </details>
