@@ -6,23 +6,11 @@
 # {{colab_badge}}
 #
 # **Prerequisites:** none of the other notebooks; PyTorch tensors and autograd, expectation and variance, gradient ascent.
-# **Time:** about 3.5 h for the core; the deep dives add about 45 min
 #
-# **You will learn**
-# - how a language model is a policy, and where RLHF sits among pretraining, SFT and RLHF;
-# - the policy-gradient estimator $\nabla_\theta J = \mathbb{E}\left[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\,\Phi_t\right]$
-#   and four choices of $\Phi_t$ (their **measured** variance in a deep dive);
-# - actor-critic: replacing Monte-Carlo returns by a learned value function (PPO is an actor-critic);
-# - what an over-large step does to a policy;
-# - the surrogate objective that TRPO and PPO maximise to reuse a batch, which matches $J$ only near the
-#   old policy: the reason for a trust region, and for PPO's clip;
-# - **measured**: many steps on one batch, with and without the clip;
-# - how the same log-probs come out of a language model's logits on a left-padded batch (you write it);
-# - in deep dives: the variance of each $\Phi_t$, REINFORCE against actor-critic in training, and the
-#   performance-difference lemma behind the surrogate, with TRPO's bound.
-#
-# Everything here runs on a toy "language" small enough that the true values are computed exactly,
-# so every estimate can be compared with the truth.
+# **You will learn** the policy-gradient estimator and its unbiased weights $\Phi_t$; actor-critic; why
+# reusing a batch calls for a trust region, and how PPO's clip stands in for one; and how the same
+# log-probs come out of a language model's logits. All of it runs on a toy "language" whose true values
+# are computed exactly.
 
 # %% tags=["colab-setup"]
 
@@ -34,17 +22,10 @@ env_info = show_environment()
 # %% [markdown]
 # ## 1. Where RLHF sits
 #
-# | stage | data | objective | result |
-# |---|---|---|---|
-# | pretraining | raw text | next-token likelihood | a model that continues text |
-# | SFT (supervised fine-tuning) | (prompt, good answer) pairs | next-token likelihood on the answers | a model that answers |
-# | RLHF | prompts + a reward model trained on human preferences | expected reward, kept close to the SFT model | a model that answers the way people prefer |
-#
-# RLHF treats the language model as a **policy** $\pi_\theta(a_t \mid s_t)$: the state $s_t$ is the
-# prompt plus the tokens generated so far, the action $a_t$ is the next token, and the episode ends at
-# EOS. The reward arrives mostly at the end (the reward model's score of the whole answer), with a small
-# per-token term that keeps the policy near the SFT model (notebook 03). Nothing about this is specific to
-# language, so this notebook studies the method on a vocabulary of four words.
+# Pretraining gives a model that continues text, supervised fine-tuning (SFT) one that answers; RLHF then
+# maximises a reward model's score of its answers, kept close to the SFT model. It treats the language
+# model as a **policy** $\pi_\theta(a_t \mid s_t)$: the state $s_t$ is the prompt plus the tokens so far,
+# the action $a_t$ the next token. Nothing here is specific to language, so we study it on four words.
 
 # %%
 import math
@@ -62,26 +43,24 @@ from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.widgets.style import fit_labels
 
 torch.manual_seed(0)
-# The tensors here are tiny: extra threads cost more in synchronisation than they save.
-torch.set_num_threads(1)
+torch.set_num_threads(1)  # tensors this tiny: extra threads cost more in synchronisation than they save
 
 # %% [markdown]
 # ## 2. A toy language with a reward
 #
-# The policy writes a sentence of exactly $T = 6$ words from the vocabulary `good`, `fine`, `bad`, `!`.
-# The state is the position $t$ and the previous word $p$ (a start symbol at $t = 0$).
-# Each word earns a per-token reward, and the last position carries the "reward model" score:
+# The policy writes $T = 6$ words from `good`, `fine`, `bad`, `!`; the state is the position $t$ and the
+# previous word $p$ (a start symbol at $t = 0$). Word $a$ earns
 #
 # $$
 # r(t, p, a) = \begin{cases}
-#   +1 & \text{if } t = T-1 \text{ and } a = \texttt{!} \quad\text{(the final score: the sentence ends with "!")}\\
+#   +1 & \text{if } t = T-1 \text{ and } a = \texttt{!} \quad\text{(the final score)}\\
 #   w(a) & \text{otherwise, with } w = (0.3,\ 0.1,\ -0.3,\ -0.2) \text{ for good, fine, bad, !}
 # \end{cases}
-# \;-\; 0.5\,[a = p]
+# \;-\; 0.5\,[a = p].
 # $$
 #
-# The last term punishes repeating the previous word. The best sentence is therefore
-# `good fine good fine good !` with return $0.3+0.1+0.3+0.1+0.3+1 = 2.1$.
+# The best sentence, `good fine good fine good !`, returns $2.1$. The policy is a table of logits
+# $\theta[t, p, \cdot]$ (for a language model, a transformer's output), and $\pi_\theta(\cdot \mid t, p) = \operatorname{softmax}(\theta[t, p])$.
 
 # %%
 VOCAB = ["good", "fine", "bad", "!"]
@@ -104,14 +83,10 @@ def reward_table() -> torch.Tensor:
 
 REWARD = reward_table()  # (T, N_WORDS+1, N_WORDS)
 
-
 # %%
 def sample(theta: torch.Tensor, n: int, generator: torch.Generator
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample n sentences from the policy with logits theta (T, N_WORDS+1, N_WORDS).
-
-    Returns words (n, T), previous words (n, T) and per-token rewards (n, T).
-    """
+    """n sentences from the policy with logits theta: words, previous words and rewards, each (n, T)."""
     prev = torch.full((n,), START)  # (n,)
     words, prevs, rewards = [], [], []
     for t in range(T):
@@ -131,41 +106,13 @@ for row, r in zip(words, rewards, strict=True):
     print(" ".join(VOCAB[i] for i in row), "  rewards:", [round(x, 1) for x in r.tolist()])
 
 # %% [markdown]
-# ## 3. A softmax policy and its log-probabilities
+# ## 3. The exact values, by dynamic programming
 #
-# The policy is a table of logits $\theta[t, p, \cdot]$ and
-# $\pi_\theta(a \mid t, p) = \operatorname{softmax}(\theta[t, p])_a$, so
-#
-# $$\log \pi_\theta(a \mid s) = \theta[s, a] - \log \sum_{a'} e^{\theta[s, a']}.$$
-#
-# A language model is the same thing with the table replaced by a transformer. Gathering the
-# log-probability of the chosen token from a (B, T, vocab) logits tensor is the first helper of the course;
-# here it is from scratch, checked against `rlhf_helpers.logprobs_from_logits`.
-
-# %%
-def logprobs_scratch(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[label] at every position: (B, T, vocab), (B, T) -> (B, T)."""
-    log_norm = torch.logsumexp(logits, dim=-1)  # (B, T)
-    chosen = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return chosen - log_norm
-
-
-theta_random = torch.randn(T, N_WORDS + 1, N_WORDS)
-words, prevs, _ = sample(theta_random, 8, gen)
-logits = theta_random[torch.arange(T), prevs]  # (8, T, N_WORDS): the logits the policy used at each step
-torch.testing.assert_close(logprobs_scratch(logits, words), rlhf_helpers.logprobs_from_logits(logits, words))
-print("logprobs_scratch matches rlhf_helpers.logprobs_from_logits")
-
-# %% [markdown]
-# ## 4. The exact values, by dynamic programming
-#
-# Because the state space is tiny, the value of every state under any policy follows from the
-# Bellman equations, computed backwards from the end of the sentence:
+# The Bellman equations, run backwards from the end, give every value exactly:
 #
 # $$Q(t, p, a) = r(t, p, a) + V(t+1, a), \qquad V(t, p) = \sum_a \pi_\theta(a \mid t, p)\, Q(t, p, a), \qquad V(T, \cdot) = 0.$$
 #
-# The objective is $J(\theta) = V(0, \text{start})$, the expected return. It is differentiable, so
-# autograd gives the **exact** policy gradient: the target every estimator below tries to hit.
+# $J(\theta) = V(0, \text{start})$ is differentiable: autograd gives the **exact** policy gradient.
 
 # %%
 def exact_values(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,37 +149,26 @@ print(f"J(uniform policy) = {expected_return(uniform):.3f}")
 print(f"J(best sentence)  = {expected_return(best):.3f}")
 
 # %% [markdown]
-# ## 5. The policy-gradient estimator and four choices of $\Phi_t$
+# ## 4. The policy-gradient estimator and four choices of $\Phi_t$
 #
-# Why sampled episodes can estimate a gradient at all: the **log-derivative trick**. Write the objective
-# as a sum over whole episodes $\tau = (s_0, a_0, \dots, s_{T-1}, a_{T-1})$ with return $R(\tau)$:
+# Write the objective as a sum over whole episodes $\tau$ with return $R(\tau)$,
+# $J(\theta) = \sum_\tau p_\theta(\tau)\, R(\tau)$, and use the **log-derivative trick** $\nabla p = p\, \nabla \log p$:
 #
-# $$J(\theta) = \sum_\tau p_\theta(\tau)\, R(\tau), \qquad p_\theta(\tau) = p(s_0) \prod_{t=0}^{T-1} \pi_\theta(a_t \mid s_t)\, p(s_{t+1} \mid s_t, a_t).$$
+# $$\nabla_\theta J = \mathbb{E}_{\tau \sim \pi_\theta}\big[\nabla_\theta \log p_\theta(\tau)\, R(\tau)\big]
+# = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, \Phi_t\Big], \qquad \Phi_t = R(\tau).$$
 #
-# Differentiate, and use $\nabla p = p\, \nabla \log p$ to turn the sum back into an expectation:
-#
-# $$\nabla_\theta J = \sum_\tau \nabla_\theta p_\theta(\tau)\, R(\tau) = \sum_\tau p_\theta(\tau)\, \nabla_\theta \log p_\theta(\tau)\, R(\tau) = \mathbb{E}_{\tau \sim \pi_\theta}\big[\nabla_\theta \log p_\theta(\tau)\, R(\tau)\big].$$
-#
-# The log of the product is a sum, and the environment's terms $p(s_0)$, $p(s_{t+1} \mid s_t, a_t)$ do not
-# depend on $\theta$, so their gradients vanish: $\nabla_\theta \log p_\theta(\tau) = \sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$.
-# No model of the environment (for a language model: of which text follows) is needed. This is the
-# score-function (likelihood-ratio) form of the policy gradient:
-#
-# $$\nabla_\theta J(\theta) = \mathbb{E}_{\tau \sim \pi_\theta}\Big[\sum_{t=0}^{T-1} \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, \Phi_t\Big]$$
-#
-# with $\Phi_t = R(\tau)$, and several other $\Phi_t$ give the same expectation (with $\Phi_t = Q(s_t, a_t)$
-# it is the policy-gradient theorem):
+# ($\log p_\theta(\tau)$ is the sum of the policy's $\log \pi_\theta(a_t \mid s_t)$ and the environment's
+# log-probs, whose gradient is 0.) Other weights $\Phi_t$ have the same expectation:
 #
 # | name | $\Phi_t$ | why it is still unbiased |
 # |---|---|---|
-# | total return (REINFORCE) | $R(\tau) = \sum_{t'=0}^{T-1} r_{t'}$ | the derivation above |
-# | reward-to-go | $\sum_{t' \ge t} r_{t'}$ | rewards before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t}[\nabla \log \pi(a_t \mid s_t)] = 0$ |
-# | reward-to-go minus a baseline | $\sum_{t' \ge t} r_{t'} - b(s_t)$ | any $b$ that depends only on the state has $\mathbb{E}[\nabla \log\pi(a_t \mid s_t)\, b(s_t)] = 0$ |
+# | total return (REINFORCE) | $R(\tau) = \sum_{t'} r_{t'}$ | the derivation above |
+# | reward-to-go | $G_t = \sum_{t' \ge t} r_{t'}$ | rewards before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t}[\nabla \log \pi(a_t \mid s_t)] = 0$ |
+# | reward-to-go minus a baseline | $G_t - b(s_t)$ | $\mathbb{E}[\nabla \log\pi(a_t \mid s_t)\, b(s_t)] = 0$ for any $b$ of the state alone |
 # | advantage | $A(s_t, a_t) = Q(s_t, a_t) - V(s_t)$ | the expectation of the previous row given $(s_t, a_t)$, with $b = V$ |
 #
-# For the tabular softmax, the score has a closed form: $\nabla_{\theta[s]} \log \pi(a \mid s) = e_a - \pi(\cdot \mid s)$,
-# and zero for every other state. The function below builds each episode's gradient from it; the cell
-# checks it against autograd on the surrogate $\frac1N \sum_i \sum_t \log \pi(a_t \mid s_t)\,\Phi_t$.
+# For the tabular softmax, $\nabla_{\theta[s]} \log \pi(a \mid s) = e_a - \pi(\cdot \mid s)$; below, each episode's
+# gradient built from it and checked against autograd, and $G_t$.
 
 # %%
 def per_episode_gradients(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
@@ -246,37 +182,20 @@ def per_episode_gradients(theta: torch.Tensor, words: torch.Tensor, prevs: torch
     return grads
 
 
+theta_random = torch.randn(T, N_WORDS + 1, N_WORDS)  # a random policy
 words, prevs, rewards = sample(theta_random, 32, gen)
 phi = rewards.sum(1, keepdim=True).expand(-1, T)  # (32, T): total return
 theta_leaf = theta_random.clone().requires_grad_(True)
-logp = logprobs_scratch(theta_leaf[torch.arange(T), prevs], words)  # (32, T)
+logp = rlhf_helpers.logprobs_from_logits(theta_leaf[torch.arange(T), prevs], words)  # (32, T): log pi(a_t|s_t)
 (autograd_grad,) = torch.autograd.grad((logp * phi).sum(1).mean(), theta_leaf)
 torch.testing.assert_close(per_episode_gradients(theta_random, words, prevs, phi).mean(0), autograd_grad)
 print("closed-form score matches autograd")
 
-# %% [markdown]
-# The four choices of $\Phi_t$ as code, used by the rest of the notebook. Reward-to-go is a cumulative
-# sum run from the end; the baseline and the advantage use the exact $V$ and $Q$ of section 4.
 
-# %%
+
 def g_t(rewards: torch.Tensor) -> torch.Tensor:
     """Reward-to-go G_t = sum_{t' >= t} r_t': (N, T) -> (N, T)."""
     return rewards.flip(1).cumsum(1).flip(1)  # (N, T): a cumulative sum run from the end
-
-
-def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
-         rewards: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The four choices of Phi_t, each (N, T)."""
-    values, qs = exact_values(theta)
-    v_s = values[torch.arange(T), prevs]  # (N, T): V(s_t)
-    q_sa = qs[torch.arange(T), prevs, words]  # (N, T): Q(s_t, a_t)
-    return {
-        "total return": rewards.sum(1, keepdim=True).expand(-1, T),
-        "reward-to-go": g_t(rewards),
-        "reward-to-go - V(s)": g_t(rewards) - v_s,
-        "advantage Q - V": q_sa - v_s,
-    }
-
 
 # %% [markdown]
 # ## Deep dive: measuring the variance of each estimator
@@ -292,7 +211,21 @@ def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
 #   noise level of the mean), so a bias² of that size is what no bias looks like.
 #
 # The baseline and the advantage use the exact $V$ and $Q$ here, to isolate the effect of the choice of
-# $\Phi_t$; section 6 learns them.
+# $\Phi_t$ (section 5 learns them). First, the four choices as code.
+
+# %%
+def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
+         rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The four choices of Phi_t, each (N, T)."""
+    values, qs = exact_values(theta)
+    v_s = values[torch.arange(T), prevs]  # (N, T): V(s_t)
+    q_sa = qs[torch.arange(T), prevs, words]  # (N, T): Q(s_t, a_t)
+    return {
+        "total return": rewards.sum(1, keepdim=True).expand(-1, T),
+        "reward-to-go": g_t(rewards),
+        "reward-to-go - V(s)": g_t(rewards) - v_s,
+        "advantage Q - V": q_sa - v_s,
+    }
 
 # %%
 def measure_variance(theta: torch.Tensor, n_per_estimate: int = 16, n_estimates: int = 400,
@@ -311,7 +244,6 @@ def measure_variance(theta: torch.Tensor, n_per_estimate: int = 16, n_estimates:
             "var/K": estimates.var(0).sum().item() / n_estimates,
         }
     return rows
-
 
 # %%
 # A partly trained policy: a few exact-gradient steps from uniform.
@@ -360,42 +292,26 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 6. Actor-critic: learning the baseline
+# ## 5. Actor-critic: learning the baseline
 #
-# In practice $V$ is unknown. An **actor-critic** learns it: a critic $V_w(s)$ fitted by regression to
-# the observed reward-to-go, $\min_w \tfrac12 (V_w(s_t) - G_t)^2$, and an advantage from its one-step
-# TD error, which needs no full return:
+# An **actor-critic** learns a critic $V_w(s)$ by regression on the reward-to-go,
+# $\min_w \tfrac12 (V_w(s_t) - G_t)^2$, and **bootstraps**: the critic's value of the next state replaces the
+# rest of the return in the TD error
 #
 # $$\hat A_t = \delta_t = r_t + V_w(s_{t+1}) - V_w(s_t), \qquad V_w(s_T) = 0.$$
 #
-# REINFORCE weights each action by a Monte-Carlo return (a learned critic can serve as its baseline, as
-# in the middle method below); an actor-critic also **bootstraps**: its advantage uses the critic's value
-# of the next state in place of the rest of the return. PPO is an actor-critic (with the GAE advantage of
-# notebook 03, which interpolates between the two).
+# PPO is an actor-critic (its GAE advantage, notebook 03, interpolates between $\delta_t$ and $G_t - V_w(s_t)$).
 
 # %% [markdown]
 # ### How the exercise checks work
 #
-# Each exercise ends with a check cell that prints one line: **PASSED**; **FAILED**, with what differs and a
-# hint; or **NOT DONE** while the stub still raises `NotImplementedError`. A check:
-# - compares your function with an independent definition (a loop or a formula) on inputs it chooses,
-#   including the edge cases the exercise is about (padding, a row with one real token...);
-# - hides the library function the exercise teaches: while the check runs, calling it fails, however
-#   your code reaches it (its name, an import, a default argument, a dict);
-# - fails a function that changes a tensor it was given in place (`x *= mask`, `ratio.clamp_(...)`),
-#   because later cells would see the changed data;
-# - stops with FAILED when it runs far longer than it should (an endless loop), instead of hanging.
-#
-# What a check cannot see:
-# - inputs it does not try: PASSED is evidence, not a proof;
-# - the library's code copied into your cell, or a library function the check does not hide;
-# - a change your function makes to a tensor it did not get as an argument (a notebook variable, say).
-#
-# A solution under each check shows one way to write it.
+# A check prints **PASSED**, **FAILED** (what differs, and a hint) or **NOT DONE** (the stub still raises). It
+# compares your function with an independent loop on inputs it chooses, hides the library function the
+# exercise teaches, and fails in-place changes to inputs. PASSED is evidence, not a proof.
 
 # %%
-# The exercise checks below compare your answer with a loop definition; this helper says where it differs.
-def explain_mismatch(got: object, expected: torch.Tensor, name: str, known: dict[str, torch.Tensor],
+# Part of the exercise checks below: it compares an answer with their loop definition and says where it differs.
+def check_matches(got: object, expected: torch.Tensor, name: str, known: dict[str, torch.Tensor],
                      labels: tuple[str, str] = ("episode", "t")) -> None:
     """Raise AssertionError unless `got` matches `expected` (a 2-D tensor): say at which columns it
     differs, and name the mistake when `got` matches one of `known` (description -> what it computes)."""
@@ -418,7 +334,6 @@ def explain_mismatch(got: object, expected: torch.Tensor, name: str, known: dict
             break
     raise AssertionError(message)
 
-
 # %% [markdown]
 # ### Exercise 1: the one-step TD advantage
 #
@@ -431,7 +346,6 @@ def td_advantage(rewards: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """delta_t = r_t + V(s_{t+1}) - V(s_t), V after the last step = 0: (N, T), (N, T) -> (N, T)."""
     raise NotImplementedError
 
-
 # %%
 def check_td_advantage():
     generator = torch.Generator().manual_seed(2)
@@ -440,7 +354,7 @@ def check_td_advantage():
     for t in range(T):  # loop definition
         v_next = v[:, t + 1] if t + 1 < T else torch.zeros(4)
         expected[:, t] = r[:, t] + v_next - v[:, t]
-    explain_mismatch(td_advantage(r.clone(), v.clone()), expected, "TD advantage", known={
+    check_matches(td_advantage(r.clone(), v.clone()), expected, "TD advantage", known={
         "r_t - V(s_t): the bootstrap term V(s_{t+1}) is missing": r - v,
         "r_t + V(s_{t-1}) - V(s_t): the previous state's value in place of the next state's":
             r + F.pad(v[:, :-1], (1, 0)) - v,
@@ -504,7 +418,6 @@ def train(method: str, iterations: int = 150, n: int = 8, lr: float = 1.0, criti
         curve.append(expected_return(theta).item())
     return curve
 
-
 # %%
 methods = ["REINFORCE, reward-to-go", "REINFORCE, reward-to-go - critic", "actor-critic, TD advantage"]
 seeds = range(5)
@@ -545,15 +458,235 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 7. An over-large step collapses the policy
+# ## 6. Reusing a batch: the surrogate objective, the trust region and PPO's clip
 #
-# Gradient ascent has no notion of "how far" the policy moved: the step is measured in parameter space,
-# but what matters is the change in the distribution. Take **one** step from the uniform policy with a
-# 16-episode estimate (reward-to-go minus the exact $V$) and a growing step size $\eta$, measure
-# - the KL divergence between the old and new policy, averaged over the states the old policy visits,
-# - the entropy of the new policy (0 = deterministic),
+# Sampling is the expensive part of RLHF, so PPO takes several gradient steps on each batch. After the
+# first, the batch comes from the policy that collected it, $\pi_{\text{old}}$. Importance weighting by the
+# ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$ corrects the **actions**; the batch then
+# estimates the **surrogate objective** (TRPO's $L$, PPO's $L^{\text{CPI}}$) $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$,
+# with $\hat{\mathbb{E}}_t$ the mean over the batch's steps and $\hat A_t$ an advantage estimated under
+# $\pi_{\text{old}}$. At $\theta_{\text{old}}$, where every $\rho_t = 1$ and $\nabla_\theta \rho_t = \nabla_\theta \log \pi_\theta(a_t \mid s_t)$,
+# its gradient is section 4's with $\Phi_t = \hat A_t$. But the **states** stay those the old policy
+# visits, so the surrogate tracks $J$ only near $\theta_{\text{old}}$, and a step's size in parameter space
+# says nothing about how far the policy moves. **TRPO** maximises the surrogate inside a KL ball,
 #
-# then continue for 60 ordinary steps ($\eta = 1$, fresh episodes every step) and see where each run ends.
+# $$\max_\theta\ \hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big]
+# \quad\text{s.t.}\quad \hat{\mathbb{E}}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}},$$
+#
+# with second-order machinery. **PPO** changes the objective instead:
+#
+# $$J^{\text{CLIP}}(\theta) = \hat{\mathbb{E}}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big]
+# \quad\text{(maximised)}.$$
+#
+# Once a ratio has left $[1-\epsilon, 1+\epsilon]$ in the helpful direction (above $1+\epsilon$ when
+# $\hat A_t > 0$, below $1-\epsilon$ when $\hat A_t < 0$), its term is flat and its gradient zero. That removes
+# the **incentive**, not the movement: shared parameters and a long step can still carry a ratio past the
+# band. From notebook 04 on, the loss is $L^{\text{CLIP}} = -J^{\text{CLIP}}$ (the code's `policy_loss`). The
+# deep dive at the end measures all this on the toy.
+
+# %% [markdown]
+# ### Exercise 2: the KL between two softmax policies
+#
+# Write `policy_kl(old_logits, new_logits)`, $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
+# \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last dimension of
+# logits (..., V). A KL is also a loss term, so the check compares its gradients with respect to both
+# logits $z$ too:
+#
+# $$\frac{\partial\, \mathrm{KL}}{\partial z_{\text{new}}} = \pi_{\text{new}} - \pi_{\text{old}}, \qquad
+# \frac{\partial\, \mathrm{KL}}{\partial z_{\text{old}}(v)} = \pi_{\text{old}}(v)\,\big(\log \pi_{\text{old}}(v) - \log \pi_{\text{new}}(v) - \mathrm{KL}\big).$$
+
+# %%
+# EXERCISE 2
+def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
+    raise NotImplementedError
+
+# %%
+def check_policy_kl():
+    generator = torch.Generator().manual_seed(4)
+    old, new = torch.randn(3, 5, N_WORDS, generator=generator), torch.randn(3, 5, N_WORDS, generator=generator)
+    expected = torch.zeros(3, 5)  # a loop over the vocabulary: sum_v p_old(v) (log p_old(v) - log p_new(v))
+    for i in range(3):
+        for j in range(5):
+            z_old = sum(math.exp(x) for x in old[i, j].tolist())
+            z_new = sum(math.exp(x) for x in new[i, j].tolist())
+            expected[i, j] = sum(math.exp(a) / z_old * ((a - math.log(z_old)) - (b - math.log(z_new)))
+                                 for a, b in zip(old[i, j].tolist(), new[i, j].tolist(), strict=True))
+    p_old, p_new = old.softmax(-1), new.softmax(-1)  # (3, 5, V)
+    got = policy_kl(old.clone(), new.clone())
+    if isinstance(got, torch.Tensor) and got.shape == old.shape:
+        raise AssertionError(f"your KL has shape {tuple(got.shape)}, one value per action: the sum over the "
+                             "actions (the last dimension) is missing")
+    check_matches(got, expected, "KL", known={
+        "KL(new || old): the direction is swapped, the expectation must be over the OLD policy":
+            (p_new * (p_new.log() - p_old.log())).sum(-1),
+        "sum_a p_old (p_old - p_new): probabilities where the formula has log-probabilities":
+            (p_old * (p_old - p_new)).sum(-1),
+        "the logits used as log-probabilities: log_softmax is missing": (p_old * (old - new)).sum(-1),
+        "a mean over the actions where the formula has a sum": (p_old * (p_old.log() - p_new.log())).mean(-1),
+    }, labels=("row", "column"))
+    assert torch.all(policy_kl(old, old).abs() < 1e-6), "KL of a policy with itself must be 0"
+    weights = torch.randn(3, 5, generator=generator)  # (3, 5): a loss's d/d KL
+    old_leaf, new_leaf = old.clone().requires_grad_(True), new.clone().requires_grad_(True)  # (3, 5, V) each
+    got_old, got_new = torch.autograd.grad((policy_kl(old_leaf, new_leaf) * weights).sum(), (old_leaf, new_leaf),
+                                           allow_unused=True)
+    log_ratio = p_old.log() - p_new.log()  # (3, 5, V)
+    for name, grad, want in (("new", got_new, weights[..., None] * (p_new - p_old)),
+                             ("old", got_old, weights[..., None] * p_old * (log_ratio - expected[..., None]))):
+        assert grad is not None and grad.abs().max() > 0, (
+            f"no gradient reaches the {name} logits: they are cut from the graph (.detach()?), so a KL penalty "
+            "or constraint could not move that policy")
+        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5,
+                                   msg=f"the gradient with respect to the {name} logits differs from its closed form")
+
+
+exercise_check("Exercise 2 (policy_kl)", check_policy_kl,
+               hidden=[torch.distributions.kl.kl_divergence])
+
+# %% [markdown]
+# <details><summary>Solution 2</summary>
+#
+# ```python
+# def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+#     """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
+#     old_logp = old_logits.log_softmax(-1)  # (..., V)
+#     new_logp = new_logits.log_softmax(-1)  # (..., V)
+#     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 7. From the toy to a language model: the log-probs of the response tokens
+#
+# With a language model, $\log \pi_\theta(a_t \mid s_t)$ is the same gather from the logits, and three
+# details of a batch's layout decide which numbers are right:
+# 1. **Shift by one.** The logits $z_t$ at position $t$ predict the **next** token:
+#    $\log \pi_\theta(x_t \mid x_{<t}) = z_{t-1}[x_t] - \log \sum_v e^{z_{t-1}[v]}$.
+# 2. **Left padding** makes every row end at the last column, as batched generation needs; pads are not text.
+# 3. **Only the response is an action**; the prompt is the given initial state.
+#
+# So row $i$ (`pad ... pad | prompt | response`, attention mask $a_i$, $P_i$ prompt tokens) starts its
+# response at column $c_i = (L - \sum_t a_{i,t}) + P_i$, and
+#
+# $$\ell_{i,t} = \begin{cases} z_{i,t-1}[x_{i,t}] - \log \sum_v e^{z_{i,t-1}[v]} & t \ge c_i \quad\text{(a response token)} \\ 0 & t < c_i \quad\text{(padding or prompt)}. \end{cases}$$
+
+# %% [markdown]
+# ### Exercise 3: the response log-probs of a left-padded batch
+#
+# Write `response_logprobs(logits, input_ids, attention_mask, prompt_lengths)`: logits (B, L, V), tokens and
+# mask (B, L), prompt lengths (B,) give $\ell$ (B, L), without a Python loop (`logprobs_from_logits` is
+# hidden). The check compares the gradient with respect to the logits too.
+
+# %%
+# EXERCISE 3
+def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      prompt_lengths: torch.Tensor) -> torch.Tensor:
+    """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
+    raise NotImplementedError
+
+# %%
+# Part of the check below: the loop it compares your answer with, what some mistakes compute, and the gradient.
+def logprob_loop(logits: torch.Tensor, input_ids: torch.Tensor, starts: list[int], source: int = -1,
+                 strict: bool = False) -> torch.Tensor:
+    """l[i, t] = log softmax(z[i, t + source])[x[i, t]] where t >= starts[i] (t > with strict), else 0: (B, L)."""
+    table = torch.zeros(input_ids.shape, dtype=logits.dtype)  # (B, L)
+    for i, start in enumerate(starts):
+        for t in range(input_ids.shape[1]):
+            if (t > start if strict else t >= start) and 0 <= t + source < input_ids.shape[1]:
+                z = logits[i, t + source]  # (V,): the logits that score token t
+                table[i, t] = z[input_ids[i, t]] - torch.logsumexp(z, dim=0)
+    return table
+
+
+def detached_normaliser_grad(weights: torch.Tensor, input_ids: torch.Tensor, starts: list[int], vocab: int
+                             ) -> torch.Tensor:
+    """d sum(w * l) / d z when log sum exp z is detached: w[i, t] on the chosen logit z[i, t-1, x_t] only."""
+    grad = torch.zeros(*input_ids.shape, vocab, dtype=weights.dtype)  # (B, L, V)
+    for i, start in enumerate(starts):
+        for t in range(start, input_ids.shape[1]):
+            grad[i, t - 1, input_ids[i, t]] = weights[i, t]
+    return grad
+
+
+def check_response_gradient(got: torch.Tensor, expected: torch.Tensor, logits: torch.Tensor,
+                            weights: torch.Tensor, detached: torch.Tensor) -> None:
+    """Raise AssertionError unless d sum(w * got) / d logits equals the loop's, naming a detached normaliser."""
+    assert got.requires_grad, "no gradient reaches the logits: the log-probs were rebuilt outside the graph"
+    grad, expected_grad = (torch.autograd.grad((x * weights).sum(), logits)[0] for x in (got, expected))  # (B, L, V)
+    assert not torch.allclose(grad, detached), (
+        "the values are right but the gradient is not: the normaliser log sum exp z was detached, so a step "
+        "would push the chosen logit up without pushing the other tokens' logits down")
+    torch.testing.assert_close(grad, expected_grad, msg="the values are right but the gradient with respect "
+                               "to the logits is not")
+
+# %%
+def check_response_logprobs():
+    generator = torch.Generator().manual_seed(5)
+    layout = [(0, 3), (2, 4), (4, 1), (1, 5), (5, 3)]  # (pads, prompt tokens) per row; L = 9, responses 6, 3, 4, 3, 1
+    B, L, V = len(layout), 9, 6
+    mask = torch.tensor([[0] * pads + [1] * (L - pads) for pads, _ in layout])  # (B, L): left padding
+    prompt_lengths = torch.tensor([p for _, p in layout])  # (B,)
+    ids = torch.randint(1, V, (B, L), generator=generator).masked_fill(mask == 0, 0)  # (B, L): pad id 0
+    logits = (2 * torch.randn(B, L, V, generator=generator)).requires_grad_(True)  # (B, L, V)
+    weights = torch.randn(B, L, generator=generator)  # (B, L): a loss's d/d l
+    starts = [pads + p for pads, p in layout]  # c_i
+    expected = logprob_loop(logits, ids, starts)  # (B, L), differentiable
+    got, z = response_logprobs(logits, ids.clone(), mask.clone(), prompt_lengths.clone()), logits.detach()
+    check_matches(got.detach() if isinstance(got, torch.Tensor) else got, expected.detach(), "log-probs", known={
+        "token t scored by the logits at position t, which predict token t+1: shift the logits by one":
+            logprob_loop(z, ids, starts, source=0),
+        "one column off: column t holds token t+1's log-prob (the padding added on the wrong side?)":
+            F.pad(logprob_loop(z, ids, [s + 1 for s in starts])[:, 1:], (0, 1)),
+        "log-probs before the response in padded rows: the response starts after the left padding, at "
+        "(L - sum of the mask) + prompt length, not at the prompt length": logprob_loop(z, ids, [p for _, p in layout]),
+        "log-probs on the prompt tokens: the prompt is given, not chosen by the policy; only the response "
+        "is scored": logprob_loop(z, ids, [pads for pads, _ in layout]),
+        "the first response token is 0: the response starts at column (pads + prompt length) itself":
+            logprob_loop(z, ids, starts, strict=True),
+    }, labels=("row", "column"))
+    check_response_gradient(got, expected, logits, weights, detached_normaliser_grad(weights, ids, starts, V))
+    extreme = z.clone()
+    extreme[0, L - 2, ids[0, L - 1]] = -800.0  # the last token of row 0 at a probability of about e^-800
+    assert torch.isfinite(response_logprobs(extreme, ids, mask, prompt_lengths)[0, L - 1]), (
+        "a response token of probability about e^-800 got -inf: softmax rounds it to 0 before the log; "
+        "use log_softmax, or z - logsumexp(z), which never form that probability")
+
+
+exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
+               hidden=[rlhf_helpers.logprobs_from_logits])
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+#                       prompt_lengths: torch.Tensor) -> torch.Tensor:
+#     """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
+#     L = input_ids.shape[1]
+#     z = logits[:, :-1]  # (B, L-1, V): position t-1's logits predict token t
+#     token_logp = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (B, L-1)
+#     start = (L - attention_mask.sum(dim=1)) + prompt_lengths  # (B,): after the pads and the prompt
+#     is_response = torch.arange(L, device=input_ids.device)[None, :] >= start[:, None]  # (B, L)
+#     return F.pad(token_logp, (1, 0)) * is_response  # (B, L): column t holds token t's log-prob, 0 off the response
+# ```
+# </details>
+
+# %% [markdown]
+# ## Deep dive: one large step, many steps on one batch, and the lemma behind the surrogate
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Three measurements on the toy behind section 6: what one over-large step does to the policy; what 30
+# steps on one batch do with and without the clip; and the performance-difference lemma, which shows why
+# the surrogate matches $J$ only near the old policy, with TRPO's bound.
+
+# %% [markdown]
+# ### One over-large step
+#
+# Take **one** step from the uniform policy with a 16-episode estimate (reward-to-go minus the exact $V$)
+# and a growing step size $\eta$. Measure the KL between the old and the new policy, averaged over the
+# states the old policy visits, and the new policy's entropy (0 = deterministic); then continue for 60
+# ordinary steps ($\eta = 1$, fresh episodes every step) and see where each run ends.
 
 # %%
 def state_occupancy(theta: torch.Tensor) -> torch.Tensor:
@@ -584,16 +717,22 @@ def mean_entropy(theta: torch.Tensor) -> torch.Tensor:
     return (state_occupancy(theta) * -(logp.exp() * logp).sum(-1)).sum() / T
 
 
+# %%
+def centred_return(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
+                   rewards: torch.Tensor) -> torch.Tensor:
+    """Reward-to-go minus the exact V(s_t) of the policy theta: (N, T) -> (N, T)."""
+    return g_t(rewards) - exact_values(theta)[0][torch.arange(T), prevs]  # (N, T)
+
+
 def ordinary_steps(theta: torch.Tensor, steps: int, generator: torch.Generator) -> list[float]:
     """`steps` plain steps (eta = 1, 16 fresh episodes, reward-to-go minus V); the exact J after each."""
     curve = []
     for _ in range(steps):
         words, prevs, rewards = sample(theta, 16, generator)
-        phi = phis(theta, words, prevs, rewards)["reward-to-go - V(s)"]  # (16, T)
+        phi = centred_return(theta, words, prevs, rewards)  # (16, T)
         theta = theta + 1.0 * per_episode_gradients(theta, words, prevs, phi).mean(0)
         curve.append(expected_return(theta).item())
     return curve
-
 
 # %%
 step_sizes = [0.3, 1, 3, 10, 30, 100, 300]
@@ -603,7 +742,7 @@ for eta in tqdm(step_sizes, desc="step sizes", leave=False):
     for seed in range(8):
         generator = torch.Generator().manual_seed(seed)
         words, prevs, rewards = sample(uniform, 16, generator)
-        phi = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]  # (16, T)
+        phi = centred_return(uniform, words, prevs, rewards)  # (16, T)
         theta = uniform + eta * per_episode_gradients(uniform, words, prevs, phi).mean(0)
         first_js.append(expected_return(theta).item())
         kls.append(mean_kl(uniform, theta).item())
@@ -641,6 +780,10 @@ fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 # errors apart; **from $\eta = 10$ on, the final $J$ falls with every larger first step**, and
 # $\eta = 300$ ends **more than 5 standard errors** below the best step size. With a neural policy the
 # damage can be worse, because one step also changes the behaviour in states the batch never visited.
+#
+# Against a typical trust region of radius $\delta_{\text{KL}} = 0.01$: at $\eta = 100$ the first step's
+# mean KL is **about 4.4 nats**, over 400 times the radius; **only the two smallest step sizes
+# ($\eta \le 1$) stay inside**.
 
 # %% tags=["claim-check"]
 def steadily(column: pd.Series, rising: bool) -> bool:
@@ -661,61 +804,18 @@ check_claims({
                                            < 2 * step_table["final J SE"].iloc[:3].max(),
     "the final J falls with every larger first step from eta = 10 on": steadily(step_table.loc[10:, "final J"], rising=False),
     "eta = 300 ends more than 5 SE below the best step size": drop_in_se > 5,
+    "the mean KL of the first step at eta = 100 is about 4.4 nats": 4.3 < step_table.loc[100, "KL(old || new)"] < 4.5,
+    "only eta <= 1 stays inside a trust region of 0.01": bool(
+        (step_table.loc[:1, "KL(old || new)"] <= 0.01).all() and (step_table.loc[3:, "KL(old || new)"] > 0.01).all()),
 })
-
-# %% [markdown]
-# ## 8. Reusing a batch: the surrogate objective, the trust region and PPO's clip
-#
-# Sampling is the expensive part of RLHF (a language model generates every response token by token), so
-# PPO takes several gradient steps on each batch. After the first step the batch no longer comes from
-# the policy being improved, $\pi_\theta$, but from the one that collected it, $\pi_{\text{old}}$. Importance
-# weighting corrects the **actions**: with the ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
-# the **surrogate objective** (of conservative policy iteration, CPI; TRPO's $L$, PPO's $L^{\text{CPI}}$),
-# estimated on the batch as
-#
-# $$\hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big],$$
-#
-# with $\hat{\mathbb{E}}_t$ the average over the batch's steps and $\hat A_t$ an estimate of the advantage
-# $A^{\text{old}}$ of the policy that collected the data, has at $\theta = \theta_{\text{old}}$ (where every
-# $\rho_t = 1$ and $\nabla_\theta \rho_t = \nabla_\theta \log \pi_\theta(a_t \mid s_t)$) exactly the policy
-# gradient of section 5 with $\Phi_t = \hat A_t$. It cannot correct the **states**: the batch visits the
-# states the old policy goes to, not those the new one would. So the surrogate tracks the true gain in
-# $J$ only near $\theta_{\text{old}}$, and parts from it as the policies separate (the deep dive at the end
-# of this notebook proves it with the performance-difference lemma and measures the gap on the toy).
-# Hence: maximise the surrogate, but only near the old policy.
-#
-# **TRPO** maximises it while the new policy stays inside a KL ball around the old one, with the
-# average KL over the batch's states:
-#
-# $$\max_\theta\ \hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big]
-# \quad\text{s.t.}\quad \hat{\mathbb{E}}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}}.$$
-#
-# Solving it needs second-order machinery (conjugate gradient, line search). **PPO** drops the constraint and
-# changes the objective instead: with the same ratio $\rho_t = \pi_\theta(a_t \mid s_t) / \pi_{\text{old}}(a_t \mid s_t)$,
-#
-# $$J^{\text{CLIP}}(\theta) = \hat{\mathbb{E}}_t\big[\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\big]
-# \quad\text{(maximised)}.$$
-#
-# Each token's term is never above $\rho_t \hat A_t$ (it equals it inside the band, and outside it on the
-# unhelpful side), so $J^{\text{CLIP}}$ is a pessimistic bound on the surrogate's estimate. Once a token's ratio has left
-# $[1-\epsilon, 1+\epsilon]$ in the helpful direction (above $1+\epsilon$ when $\hat A_t > 0$, below
-# $1-\epsilon$ when $\hat A_t < 0$), its term is flat and its gradient zero: nothing rewards moving that
-# ratio further. That removes the **incentive**, not the movement: the gradients of other tokens that
-# share parameters, and the length of a step, can still carry a ratio past the band. The band is
-# relative: with $\epsilon = 0.2$ an action of old probability 0.5 stops being pushed up at 0.6, one of
-# 0.01 at 0.012. With the incentive gone, plain first-order steps can reuse one batch for several epochs.
-# **Sign convention:** the paper calls this objective $L^{\text{CLIP}}$ and maximises it; optimisers
-# minimise, so from notebook 04 on, $L^{\text{CLIP}} = -J^{\text{CLIP}}$ is the **loss** (the code's `policy_loss`), and every other
-# $L$ in the course is a loss too. Notebook 04 takes it apart; notebook 03 builds the advantage
-# $\hat A_t$ it needs.
 
 # %% [markdown]
 # ### Several epochs on one batch, with and without the clip
 #
 # The clip exists so that one batch can be used for several steps. Here is what it changes, on the
 # toy: from the uniform policy, sample one batch of 16 episodes, store its log-probs
-# $\log \pi_{\text{old}}$ and advantages $\hat A_t$ (reward-to-go minus the exact $V(s_t)$, as in
-# section 7), then take 30 plain gradient steps of size $\eta = 5$ on that **same** batch, maximising either
+# $\log \pi_{\text{old}}$ and advantages $\hat A_t$ (reward-to-go minus the exact $V(s_t)$, as
+# above), then take 30 plain gradient steps of size $\eta = 5$ on that **same** batch, maximising either
 # the batch estimate of the CPI surrogate's gain,
 #
 # $$\hat J^{\text{CPI}}(\theta) = \frac1N \sum_{i=1}^{N} \sum_{t} \rho_{i,t}\, \hat A_{i,t}
@@ -724,7 +824,7 @@ check_claims({
 # or $J^{\text{CLIP}}$ above, summed over $t$ the same way, with $\epsilon = 0.2$. Its loss is
 # `rlhf_helpers.policy_loss`, which returns $-J^{\text{CLIP}}$ averaged over all $N T$ tokens, so
 # $J^{\text{CLIP}} = -T \cdot$ `policy_loss`. At the first step $\rho = 1$ and both gradients equal
-# the policy-gradient estimate of section 5; they part once ratios leave the band. Then, as in section 7,
+# the policy-gradient estimate of section 4; they part once ratios leave the band. Then, as above,
 # each result trains on for 60 ordinary steps ($\eta = 1$, fresh episodes every step), and we compare
 # the final $J$ over 16 seeds (same seed, same batch for both: a paired comparison).
 
@@ -734,13 +834,13 @@ def reuse_one_batch(clip: bool, seed: int, epochs: int = 30, lr: float = 5.0, n:
     """`epochs` gradient steps on one batch from the uniform policy, then `later_steps` ordinary ones."""
     generator = torch.Generator().manual_seed(seed)
     words, prevs, rewards = sample(uniform, n, generator)  # (n, T) each
-    adv = phis(uniform, words, prevs, rewards)["reward-to-go - V(s)"]  # (n, T): A_t, fixed for all epochs
-    old_logp = logprobs_scratch(uniform[torch.arange(T), prevs], words)  # (n, T): log pi_old, stored
+    adv = centred_return(uniform, words, prevs, rewards)  # (n, T): A_t, fixed for all epochs
+    old_logp = rlhf_helpers.logprobs_from_logits(uniform[torch.arange(T), prevs], words)  # (n, T): log pi_old, stored
     mask = torch.ones_like(adv)  # (n, T): every position is a real action
     theta = uniform.clone().requires_grad_(True)  # (T, N_WORDS+1, N_WORDS)
     history = {"J": [], "entropy": [], "outside band": []}
     for _ in range(epochs):
-        logp = logprobs_scratch(theta[torch.arange(T), prevs], words)  # (n, T): log pi_theta
+        logp = rlhf_helpers.logprobs_from_logits(theta[torch.arange(T), prevs], words)  # (n, T): log pi_theta
         if clip:
             loss, _ = rlhf_helpers.policy_loss(logp, old_logp, adv, mask, clip_eps=eps)  # mean over n*T
             objective = -T * loss  # J^CLIP: sum over t, mean over episodes
@@ -750,7 +850,7 @@ def reuse_one_batch(clip: bool, seed: int, epochs: int = 30, lr: float = 5.0, n:
         theta = (theta + lr * grad).detach().requires_grad_(True)
         history["J"].append(expected_return(theta).item())
         history["entropy"].append(mean_entropy(theta).item())
-        ratio = torch.exp(logprobs_scratch(theta[torch.arange(T), prevs], words) - old_logp).detach()  # (n, T)
+        ratio = torch.exp(rlhf_helpers.logprobs_from_logits(theta[torch.arange(T), prevs], words) - old_logp).detach()  # (n, T)
         history["outside band"].append(((ratio - 1).abs() > eps).float().mean().item())
     theta = theta.detach()
     history |= {"kl": mean_kl(uniform, theta).item(), "ratio max": ratio.max().item()}
@@ -766,7 +866,6 @@ reuse = {name: [reuse_one_batch(clip, seed) for seed in reuse_seeds]
 def seed_mean(runs: list[dict], key: str) -> torch.Tensor:
     """Mean over the seeds of one entry of the runs' histories: (steps,) or a scalar."""
     return torch.tensor([run[key] for run in runs]).mean(0)
-
 
 # %%
 fig = make_subplots(rows=1, cols=3, subplot_titles=("J while reusing one batch", "entropy while reusing one batch",
@@ -807,7 +906,7 @@ print(f"final J, clip minus unclipped: {final_gap.mean():+.3f} +- {gap_se:.3f} (
 # actions there. Its maximum is therefore a deterministic choice at every visited state, of the action
 # with the largest summed weighted advantage in these 16 episodes, and nothing in the objective says
 # stop on the way. The 30 steps head there: the mean KL from the old policy ends **more than 10 times**
-# the clipped run's, and the entropy **under a third** of it, the collapse of section 7. Right after the
+# the clipped run's, and the entropy **under a third** of it, the collapse above. Right after the
 # reuse, **$J$ is higher without the clip**, since the policy commits to what did well in 16 episodes;
 # the 60 ordinary steps afterwards show the price: **the clipped run ends ahead, by more than 3 paired
 # standard errors**, in at least 14 of the 16 seeds.
@@ -843,231 +942,9 @@ check_claims({
 })
 
 # %% [markdown]
-# ### Exercise 2: the KL between two softmax policies
+# ### The performance-difference lemma, the CPI surrogate and TRPO's bound
 #
-# Write `policy_kl(old_logits, new_logits)`: $\mathrm{KL}(\pi_{\text{old}} \Vert \pi_{\text{new}}) =
-# \sum_a \pi_{\text{old}}(a)\,(\log \pi_{\text{old}}(a) - \log \pi_{\text{new}}(a))$ over the last
-# dimension, for logits of any shape (..., V). Then answer from the step-size table of section 7: what
-# is the mean KL of the first step with $\eta = 100$, and is it inside a typical trust region of
-# $\delta_{\text{KL}} = 0.01$ (the radius; $\delta_t$ stays the TD error)? Which step sizes are?
-#
-# A KL is also a loss term (TRPO's constraint, the KL penalty of notebook 03), so the check compares its
-# gradients too, with respect to both sets of logits $z$, against their closed forms:
-#
-# $$\frac{\partial\, \mathrm{KL}}{\partial z_{\text{new}}} = \pi_{\text{new}} - \pi_{\text{old}}, \qquad
-# \frac{\partial\, \mathrm{KL}}{\partial z_{\text{old}}(v)} = \pi_{\text{old}}(v)\,\big(\log \pi_{\text{old}}(v) - \log \pi_{\text{new}}(v) - \mathrm{KL}\big).$$
-
-# %%
-# EXERCISE 2
-def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
-    raise NotImplementedError
-
-
-# %%
-def check_policy_kl():
-    generator = torch.Generator().manual_seed(4)
-    old, new = torch.randn(3, 5, N_WORDS, generator=generator), torch.randn(3, 5, N_WORDS, generator=generator)
-    expected = torch.zeros(3, 5)  # a loop over the vocabulary: sum_v p_old(v) (log p_old(v) - log p_new(v))
-    for i in range(3):
-        for j in range(5):
-            z_old = sum(math.exp(x) for x in old[i, j].tolist())
-            z_new = sum(math.exp(x) for x in new[i, j].tolist())
-            expected[i, j] = sum(math.exp(a) / z_old * ((a - math.log(z_old)) - (b - math.log(z_new)))
-                                 for a, b in zip(old[i, j].tolist(), new[i, j].tolist(), strict=True))
-    p_old, p_new = old.softmax(-1), new.softmax(-1)  # (3, 5, V)
-    got = policy_kl(old.clone(), new.clone())
-    if isinstance(got, torch.Tensor) and got.shape == old.shape:
-        raise AssertionError(f"your KL has shape {tuple(got.shape)}, one value per action: the sum over the "
-                             "actions (the last dimension) is missing")
-    explain_mismatch(got, expected, "KL", known={
-        "KL(new || old): the direction is swapped, the expectation must be over the OLD policy":
-            (p_new * (p_new.log() - p_old.log())).sum(-1),
-        "sum_a p_old (p_old - p_new): probabilities where the formula has log-probabilities":
-            (p_old * (p_old - p_new)).sum(-1),
-        "the logits used as log-probabilities: log_softmax is missing": (p_old * (old - new)).sum(-1),
-        "a mean over the actions where the formula has a sum": (p_old * (p_old.log() - p_new.log())).mean(-1),
-    }, labels=("row", "column"))
-    assert torch.all(policy_kl(old, old).abs() < 1e-6), "KL of a policy with itself must be 0"
-    weights = torch.randn(3, 5, generator=generator)  # (3, 5): a loss's d/d KL
-    old_leaf, new_leaf = old.clone().requires_grad_(True), new.clone().requires_grad_(True)  # (3, 5, V) each
-    got_old, got_new = torch.autograd.grad((policy_kl(old_leaf, new_leaf) * weights).sum(), (old_leaf, new_leaf),
-                                           allow_unused=True)
-    log_ratio = p_old.log() - p_new.log()  # (3, 5, V)
-    for name, grad, want in (("new", got_new, weights[..., None] * (p_new - p_old)),
-                             ("old", got_old, weights[..., None] * p_old * (log_ratio - expected[..., None]))):
-        assert grad is not None and grad.abs().max() > 0, (
-            f"no gradient reaches the {name} logits: they are cut from the graph (.detach()?), so a KL penalty "
-            "or constraint could not move that policy")
-        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5,
-                                   msg=f"the gradient with respect to the {name} logits differs from its closed form")
-
-
-exercise_check("Exercise 2 (policy_kl)", check_policy_kl,
-               hidden=[policy_kl_reference, torch.distributions.kl.kl_divergence])
-
-# %% [markdown]
-# <details><summary>Solution 2</summary>
-#
-# ```python
-# def policy_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
-#     """KL(softmax(old) || softmax(new)) over the last dimension: (..., V), (..., V) -> (...)."""
-#     old_logp = old_logits.log_softmax(-1)  # (..., V)
-#     new_logp = new_logits.log_softmax(-1)  # (..., V)
-#     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
-# ```
-# </details>
-#
-# **The question**: at $\eta = 100$ the first step's mean KL is **about 4.4 nats**, over 400 times the
-# trust region of 0.01: far outside it. Only the two smallest step sizes ($\eta \le 1$) stay inside;
-# $\eta = 3$ is already just outside.
-
-# %% tags=["claim-check"]
-check_claims({
-    "the mean KL of the first step at eta = 100 is about 4.4 nats": 4.3 < step_table.loc[100, "KL(old || new)"] < 4.5,
-    "only eta <= 1 stays inside a trust region of 0.01": bool(
-        (step_table.loc[:1, "KL(old || new)"] <= 0.01).all() and (step_table.loc[3:, "KL(old || new)"] > 0.01).all()),
-})
-
-# %% [markdown]
-# ## 9. From the toy to a language model: the log-probs of the response tokens
-#
-# Everything above needs one number per action, $\log \pi_\theta(a_t \mid s_t)$: the ratio $\rho_t$, the
-# policy gradient and the KL are all built from it. In the toy it was a row of a table of logits. With a
-# language model it is the same gather from the model's logits, and three details of how a batch is laid
-# out decide which numbers are right (notebook 05's rollouts and losses depend on each of them):
-# 1. **Shift by one.** A causal LM run on tokens $x_0 \dots x_{L-1}$ returns logits $z_t$ at every
-#    position, and $z_t$ is the distribution of the **next** token, so token $t$'s log-prob comes from
-#    the logits one position earlier: $\log \pi_\theta(x_t \mid x_{<t}) = z_{t-1}[x_t] - \log \sum_v e^{z_{t-1}[v]}$.
-#    Token 0 has no prediction, and the last position's logits predict a token the batch does not hold.
-# 2. **Left padding.** Rows have different lengths; padding them on the left makes every row end at the
-#    last column (generation continues all rows at the same column). The pads are not text.
-# 3. **Only the response is an action.** The prompt is the initial state $s_0$, given, not chosen by the
-#    policy, so its tokens get no log-prob, exactly as the toy's start symbol got none.
-#
-# Row $i$ of the batch is `pad ... pad | prompt | response`, with attention mask $a_i$ (1 on real tokens)
-# and $P_i$ real prompt tokens, so its response starts at column $c_i = (L - \sum_t a_{i,t}) + P_i$
-# (its pads, then its prompt). With $z_{i,t}$ the logits of row $i$ at position $t$:
-#
-# $$\ell_{i,t} = \begin{cases} z_{i,t-1}[x_{i,t}] - \log \sum_v e^{z_{i,t-1}[v]} & t \ge c_i \quad\text{(a response token)} \\ 0 & t < c_i \quad\text{(padding or prompt)}. \end{cases}$$
-
-# %% [markdown]
-# ### Exercise 3: the response log-probs of a left-padded batch
-#
-# Write `response_logprobs(logits, input_ids, attention_mask, prompt_lengths)`: from the logits (B, L, V),
-# the tokens (B, L), the attention mask (B, L) and the prompt lengths $P_i$ (B,), return $\ell$, a (B, L)
-# tensor whose column $t$ holds token $t$'s log-prob on response tokens and 0 elsewhere, without a Python
-# loop. Build it from the logits (`log_softmax` or `logsumexp`, then `gather`):
-# `rlhf_helpers.logprobs_from_logits` and `logprobs_scratch` are hidden. The policy gradient flows through
-# these numbers into the model, so the check compares the gradient with respect to the logits as well as
-# the values.
-
-# %%
-# EXERCISE 3
-def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      prompt_lengths: torch.Tensor) -> torch.Tensor:
-    """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
-    raise NotImplementedError
-
-
-# %%
-# Part of the check below: the loop it compares your answer with, what some mistakes compute, and the gradient.
-def logprob_loop(logits: torch.Tensor, input_ids: torch.Tensor, starts: list[int], source: int = -1,
-                 strict: bool = False) -> torch.Tensor:
-    """l[i, t] = log softmax(z[i, t + source])[x[i, t]] where t >= starts[i] (t > with strict), else 0: (B, L)."""
-    table = torch.zeros(input_ids.shape, dtype=logits.dtype)  # (B, L)
-    for i, start in enumerate(starts):
-        for t in range(input_ids.shape[1]):
-            if (t > start if strict else t >= start) and 0 <= t + source < input_ids.shape[1]:
-                z = logits[i, t + source]  # (V,): the logits that score token t
-                table[i, t] = z[input_ids[i, t]] - torch.logsumexp(z, dim=0)
-    return table
-
-
-def detached_normaliser_grad(weights: torch.Tensor, input_ids: torch.Tensor, starts: list[int], vocab: int
-                             ) -> torch.Tensor:
-    """d sum(w * l) / d z when log sum exp z is detached: w[i, t] on the chosen logit z[i, t-1, x_t] only."""
-    grad = torch.zeros(*input_ids.shape, vocab, dtype=weights.dtype)  # (B, L, V)
-    for i, start in enumerate(starts):
-        for t in range(start, input_ids.shape[1]):
-            grad[i, t - 1, input_ids[i, t]] = weights[i, t]
-    return grad
-
-
-def check_response_gradient(got: torch.Tensor, expected: torch.Tensor, logits: torch.Tensor,
-                            weights: torch.Tensor, detached: torch.Tensor) -> None:
-    """Raise AssertionError unless d sum(w * got) / d logits equals the loop's, naming a detached normaliser."""
-    assert got.requires_grad, "no gradient reaches the logits: the log-probs were rebuilt outside the graph"
-    grad, expected_grad = (torch.autograd.grad((x * weights).sum(), logits)[0] for x in (got, expected))  # (B, L, V)
-    assert not torch.allclose(grad, detached), (
-        "the values are right but the gradient is not: the normaliser log sum exp z was detached, so a step "
-        "would push the chosen logit up without pushing the other tokens' logits down")
-    torch.testing.assert_close(grad, expected_grad, msg="the values are right but the gradient with respect "
-                               "to the logits is not")
-
-
-# %%
-def check_response_logprobs():
-    generator = torch.Generator().manual_seed(5)
-    layout = [(0, 3), (2, 4), (4, 1), (1, 5), (5, 3)]  # (pads, prompt tokens) per row; L = 9, responses 6, 3, 4, 3, 1
-    B, L, V = len(layout), 9, 6
-    mask = torch.tensor([[0] * pads + [1] * (L - pads) for pads, _ in layout])  # (B, L): left padding
-    prompt_lengths = torch.tensor([p for _, p in layout])  # (B,)
-    ids = torch.randint(1, V, (B, L), generator=generator).masked_fill(mask == 0, 0)  # (B, L): pad id 0
-    logits = (2 * torch.randn(B, L, V, generator=generator)).requires_grad_(True)  # (B, L, V)
-    weights = torch.randn(B, L, generator=generator)  # (B, L): a loss's d/d l
-    starts = [pads + p for pads, p in layout]  # c_i
-    expected = logprob_loop(logits, ids, starts)  # (B, L), differentiable
-    got, z = response_logprobs(logits, ids.clone(), mask.clone(), prompt_lengths.clone()), logits.detach()
-    explain_mismatch(got.detach() if isinstance(got, torch.Tensor) else got, expected.detach(), "log-probs", known={
-        "token t scored by the logits at position t, which predict token t+1: shift the logits by one":
-            logprob_loop(z, ids, starts, source=0),
-        "one column off: column t holds token t+1's log-prob (the padding added on the wrong side?)":
-            F.pad(logprob_loop(z, ids, [s + 1 for s in starts])[:, 1:], (0, 1)),
-        "log-probs before the response in padded rows: the response starts after the left padding, at "
-        "(L - sum of the mask) + prompt length, not at the prompt length": logprob_loop(z, ids, [p for _, p in layout]),
-        "log-probs on the prompt tokens: the prompt is given, not chosen by the policy; only the response "
-        "is scored": logprob_loop(z, ids, [pads for pads, _ in layout]),
-        "the first response token is 0: the response starts at column (pads + prompt length) itself":
-            logprob_loop(z, ids, starts, strict=True),
-    }, labels=("row", "column"))
-    check_response_gradient(got, expected, logits, weights, detached_normaliser_grad(weights, ids, starts, V))
-    extreme = z.clone()
-    extreme[0, L - 2, ids[0, L - 1]] = -800.0  # the last token of row 0 at a probability of about e^-800
-    assert torch.isfinite(response_logprobs(extreme, ids, mask, prompt_lengths)[0, L - 1]), (
-        "a response token of probability about e^-800 got -inf: softmax rounds it to 0 before the log; "
-        "use log_softmax, or z - logsumexp(z), which never form that probability")
-
-
-exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
-               hidden=[rlhf_helpers.logprobs_from_logits, logprobs_scratch])
-
-# %% [markdown]
-# <details><summary>Solution 3</summary>
-#
-# ```python
-# def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-#                       prompt_lengths: torch.Tensor) -> torch.Tensor:
-#     """log pi(x_t | x_<t) on each response token, 0 elsewhere: (B, L, V), (B, L), (B, L), (B,) -> (B, L)."""
-#     L = input_ids.shape[1]
-#     z = logits[:, :-1]  # (B, L-1, V): position t-1's logits predict token t
-#     token_logp = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (B, L-1)
-#     start = (L - attention_mask.sum(dim=1)) + prompt_lengths  # (B,): after the pads and the prompt
-#     is_response = torch.arange(L, device=input_ids.device)[None, :] >= start[:, None]  # (B, L)
-#     return F.pad(token_logp, (1, 0)) * is_response  # (B, L): column t holds token t's log-prob, 0 off the response
-# ```
-# </details>
-#
-# Notebook 05 computes exactly these numbers for the policy, the frozen reference and the old policy
-# of every rollout, with one more layout detail: the responses there are padded on the right after
-# their EOS, so a response mask is built from the EOS as well.
-
-# %% [markdown]
-# ## Deep dive: the performance-difference lemma, the CPI surrogate and TRPO's bound
-#
-# *Optional: skip it on a first pass; nothing after it needs it.*
-#
-# Section 9 stated that the surrogate objective, which a step on old data improves, matches $J$ only
+# Section 6 stated that the surrogate objective, which a step on old data improves, matches $J$ only
 # near the old policy. Here is the proof, and the gap measured on the toy. Write
 # $A^{\text{old}} = Q^{\pi_{\text{old}}} - V^{\pi_{\text{old}}}$ for the advantage of the policy that
 # collected the data, and $d^{\pi}_t(s)$ for the probability that policy $\pi$ is in state $s$ at step
@@ -1100,7 +977,7 @@ exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
 # - same value: at $\theta = \theta_{\text{old}}$ every $\rho_t = 1$, and $\mathbb{E}_{a \sim \pi_{\text{old}}}[A^{\text{old}}(s, a)] = 0$;
 # - same gradient: $\nabla_\theta \rho_t = \rho_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$, so at $\theta_{\text{old}}$
 #   the surrogate's gradient is $\mathbb{E}\big[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, A^{\text{old}}(s_t, a_t)\big]$,
-#   the policy gradient of section 5 with $\Phi_t = A$.
+#   the policy gradient of section 4 with $\Phi_t = A$.
 #
 # Away from $\theta_{\text{old}}$ the two differ only through the state distribution, which drifts further
 # the more the policy changes. TRPO's Theorem 1 bounds the gap with the total-variation distance; since
@@ -1111,7 +988,7 @@ exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
 #
 # So a gain of the surrogate is guaranteed to be a gain of $J$ only where it exceeds a penalty that grows
 # with the KL from the old policy: maximise the surrogate, but only within a small KL of $\theta_{\text{old}}$.
-# That is what a trust region enforces, and what PPO's clip approximates (section 8). The toy has
+# That is what a trust region enforces, and what PPO's clip approximates (section 6). The toy has
 # every quantity exactly, so the next cell computes both sides. On a random pair of policies, **the lemma
 # holds exactly**, **$J^{\text{CPI}}$ has $J$'s value and gradient at $\theta_{\text{old}}$**, and away from
 # it, for this pair far apart, **the surrogate predicts more than twice the true gain**.
@@ -1171,7 +1048,7 @@ display(surrogate_table.style.format("{:.3g}"))
 # and the gap about 100×. The surrogate **overestimates the gain at every step size** here, by **under
 # 1%** up to $\eta = 1$ and by **over 5%** from $\eta = 10$ on (mean KL of about 0.05 and more). On this toy, with exact
 # advantages, the error stays moderate. A real optimiser maximises a *batch estimate* of $J^{\text{CPI}}$,
-# with estimated advantages, and section 8 showed what many steps on such an estimate do.
+# with estimated advantages, and the part above showed what many steps on such an estimate do.
 
 # %% tags=["claim-check"]
 grows = surrogate_table.loc[1] / surrogate_table.loc[0.1]  # how much each column grows from eta 0.1 to 1
@@ -1186,25 +1063,11 @@ check_claims({
 
 # %% [markdown]
 # ## Summary
-# - The policy gradient weights $\nabla \log \pi(a_t \mid s_t)$ by $\Phi_t$; total return, reward-to-go,
-#   reward-to-go minus a baseline and the advantage are all unbiased, and at both policies measured (deep
-#   dive) the variance falls in that order.
-# - REINFORCE weights actions by Monte-Carlo returns (a learned critic can be its baseline); an
-#   actor-critic also bootstraps from a learned $V$ with TD errors. PPO is an actor-critic.
-# - The size of a step in parameter space does not control how far the policy moves: one large step
-#   collapses it, and so do many unclipped steps on one batch.
-# - To reuse a batch, TRPO and PPO maximise the surrogate $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$: importance
-#   weighting corrects the actions, not the states, so it has the policy gradient at $\theta_{\text{old}}$ and
-#   parts from $J$ as the policies separate, which is why TRPO maximises it inside a KL trust region
-#   (the deep dive proves it with the performance-difference lemma).
-# - PPO clips instead: once a token's ratio $\pi_\theta / \pi_{\text{old}}$ has left $[1-\epsilon, 1+\epsilon]$ in
-#   the direction its advantage favours, that token's gradient is zero, so nothing rewards pushing the
-#   ratio further. The clip removes the incentive, not the movement: ratios still end outside the band
-#   (section 8; notebooks 04 and 05), but 30 steps on one batch moved the policy far less than without the
-#   clip (mean KL more than 10 times smaller) and kept most of its entropy.
-# - With a language model, token $t$'s log-prob comes from the logits at position $t-1$; in a left-padded
-#   batch row $i$'s response starts after its pads and its prompt, and only the response tokens are
-#   actions.
+# - The policy gradient weights $\nabla \log \pi(a_t \mid s_t)$ by $\Phi_t$: the return, the reward-to-go,
+#   either minus a state baseline, or the advantage; an actor-critic bootstraps from a learned $V$.
+# - A batch reused for several steps estimates the surrogate $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$, faithful only
+#   near $\theta_{\text{old}}$: TRPO bounds the KL; PPO's clip removes the incentive to push a ratio past the band.
+# - With a language model, token $t$'s log-prob comes from the logits at $t-1$; only response tokens are actions.
 #
 # Next: notebook 02 trains the reward model that supplies the final score.
 
@@ -1216,49 +1079,23 @@ check_claims({
 #
 # <details><summary>Answer</summary>
 #
-# The rewards collected before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t \sim \pi}[\nabla \log \pi(a_t \mid s_t)] =
-# \nabla \sum_a \pi(a \mid s_t) = \nabla 1 = 0$, so their terms have expectation zero: dropping them changes
-# only the variance (the variance deep dive measures it falling).
+# The rewards before $t$ do not depend on $a_t$, and $\mathbb{E}_{a_t \sim \pi}[\nabla \log \pi(a_t \mid s_t)] =
+# \nabla \sum_a \pi(a \mid s_t) = 0$, so their terms have expectation zero.
 # </details>
 #
-# 2. Subtracting a baseline $b(s_t)$ leaves the gradient unbiased. Would a baseline that depends on the
-#    action, $b(s_t, a_t)$, also do so, and why is $V(s_t)$ a good choice?
+# 2. With $\epsilon = 0.2$ and $\hat A_t > 0$, a token's ratio is 1.35. What does it add to the gradient of
+#    $J^{\text{CLIP}}$, and can its ratio still grow?
 #
 # <details><summary>Answer</summary>
 #
-# No: the argument uses $\mathbb{E}_{a}[\nabla \log \pi(a \mid s)]\, b(s) = 0$, which holds only because $b$
-# comes out of the expectation over $a$; a $b(s, a)$ does not, and in general biases the estimate.
-# $V(s_t)$ centres the weight: an action is pushed up only if it did better than usual from that state.
+# Nothing: its term is $1.2\, \hat A_t$, flat in $\theta$. Yes: other tokens' gradients move shared
+# parameters, and a long step overshoots.
 # </details>
 #
-# 3. After one step with $\eta = 300$ the toy policy is nearly deterministic. Why do ordinary steps
-#    afterwards repair an unlucky commitment only slowly?
+# 3. In the left-padded row `pad pad p1 p2 r1 r2 r3` (prompt of 2), which position's logits score $r_1$,
+#    and which columns of `response_logprobs` are 0?
 #
 # <details><summary>Answer</summary>
 #
-# The exact gradient for the logits of a state is $d_t(s)\,\pi(a \mid s)\,(Q(s, a) - V(s))$. For the
-# actions it almost never takes, $\pi(a \mid s) \approx 0$; for the one it takes, $Q - V \approx 0$. So the
-# gradient is nearly zero everywhere, and the policy rarely samples the alternatives that would show them
-# to be better.
-# </details>
-#
-# 4. With $\epsilon = 0.2$ and $\hat A_t > 0$, a token's ratio has reached 1.35. What does that token add to
-#    the gradient of $J^{\text{CLIP}}$, and can its ratio still grow?
-#
-# <details><summary>Answer</summary>
-#
-# Nothing: its term is $\min(\rho_t \hat A_t, 1.2\, \hat A_t) = 1.2\, \hat A_t$, flat in $\theta$. The ratio can
-# still grow: other tokens' gradients move shared parameters, and a long step overshoots. The clip
-# removes the incentive, not the movement (section 8 measured most ratios outside the band after 30
-# clipped steps).
-# </details>
-#
-# 5. A left-padded row is `pad pad p1 p2 r1 r2 r3` (columns 0 to 6, a prompt of 2 tokens). Which
-#    position's logits give $\log \pi(r_1 \mid \cdot)$, and which columns of `response_logprobs` are 0?
-#
-# <details><summary>Answer</summary>
-#
-# The logits at column 3 (where `p2` sits) predict the token at column 4, $r_1$. Columns 0 to 3 (two pads,
-# two prompt tokens) are 0; columns 4, 5 and 6 hold the log-probs computed from the logits at columns 3, 4
-# and 5, and the logits at column 6 go unused.
+# Column 3's (`p2`); columns 0 to 3 are 0.
 # </details>
