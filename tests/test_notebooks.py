@@ -120,7 +120,8 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     },
     "08_ppo_capstone": {
         "1": "def make_experience(model, samples, config):\n"
-             "    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask\n"
+             "    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, \\\n"
+             "        samples.mask\n"
              "    logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).detach().float()\n"
              "    ref = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()\n"
              "    values = model.values(seq, attn, P).detach().float() * mask\n"

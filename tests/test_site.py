@@ -222,7 +222,7 @@ def test_the_index_is_the_readme_course_map_with_every_page_in_order() -> None:
     toctrees = index.split("```{toctree}")[1:]
     listed = [line for tree in toctrees for line in tree.split("```")[0].splitlines()[3:] if line]
     assert listed == [p.rsplit(".", 1)[0] for p in [*build_site.notebook_pages(), *build_site.REFERENCE_PAGES]]
-    assert len(build_site.notebook_pages()) == 7
+    assert len(build_site.notebook_pages()) == 8
 
 
 def _bar_state(key: str = "bar", left: str = "PPO:\u2007100%", right: str = "\u20076/6\u2007[00:03&lt;00:00]",

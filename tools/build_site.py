@@ -7,7 +7,7 @@
    `tiny` profile (`python -m rlhf_helpers.course.run_course --out build/executed NAME ...`), unless
    --no-execute (then a stale copy is used as it is, and says so).
 2. The pages are staged in build/site-src/ under their repository paths, so their relative links work
-   as on GitHub: an index from the README's course map, the 7 notebooks, notebooks/NOTATION.md,
+   as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
    docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or
    folder goes to it on GitHub (the repository of the Colab set-up cell, branch main); a link to the
    README goes to the index.

@@ -239,7 +239,7 @@ def _step_hint(role: str, got: IterationRecord, expected: IterationRecord, befor
     scale = max(theirs) if theirs else 0.0
     for j in range(min(before, len(theirs))):
         g, e = mine[j], theirs[j]
-        if abs(g - e) <= rtol * scale:
+        if abs(g - e) <= (j + 1) * rtol * scale:  # one budget per step taken so far
             continue
         head = f"the {role} step of minibatch {j} applied a gradient of norm {g:.5f}, the library's {e:.5f}: "
         clip = config.max_grad_norm
@@ -280,7 +280,10 @@ def _loss_hint(role: str, k: int, got: IterationRecord, expected: IterationRecor
 
 def first_difference(got: IterationRecord, expected: IterationRecord, config: PPOConfig, rtol: float) -> str | None:
     """The first difference between a learner's iteration (`got`) and the library's (`expected`), in the order the
-    iteration makes things (experience, losses, steps and updates), with the likely cause; None if none."""
+    iteration makes things (experience, losses, steps and updates), with the likely cause; None if none.
+
+    `rtol` is one forward pass's rounding budget (`rounding_rtol`): the experience gets one; what follows k
+    optimiser steps gets k + 1, since each step moves the two runs' weights apart by its own rounding."""
     problem = experience_difference(got.rollout, expected, rtol)
     if problem is not None:
         return problem
@@ -292,7 +295,8 @@ def first_difference(got: IterationRecord, expected: IterationRecord, config: PP
         for column, role in enumerate(("policy", "value")):
             g, e = float(got.losses[k, column]), float(expected.losses[k, column])
             scale = float(expected.losses[:, column].abs().max())  # the column's largest loss
-            if not bool(_far(got.losses[k, column], expected.losses[k, column], rtol, scale)):
+            # minibatch k runs on weights that k steps have moved: a rounding budget for each of them
+            if not bool(_far(got.losses[k, column], expected.losses[k, column], (k + 1) * rtol, scale)):
                 continue
             epoch, index = divmod(k, per_epoch)
             return (f"your {role} losses match up to minibatch {k} (epoch {epoch}, #{index}) and differ there: got "
@@ -302,7 +306,7 @@ def first_difference(got: IterationRecord, expected: IterationRecord, config: PP
         if step is not None:
             return f"every loss matches, but {step}"
         for mine, theirs in zip(got.updates[role], expected.updates[role], strict=True):
-            if bool(_far(mine, theirs, rtol).any()):
+            if bool(_far(mine, theirs, (len(expected.losses) + 1) * rtol).any()):
                 return (f"every loss matches, but the {role} adapter's weights after the update differ: the last "
                         f"minibatch's {role} step (backward, clip, {role}_opt.step()) moved them differently")
     return None
