@@ -482,7 +482,7 @@ check_claims({
 # $\hat A_t > 0$, below $1-\epsilon$ when $\hat A_t < 0$), its term is flat and its gradient zero. That removes
 # the **incentive**, not the movement: shared parameters and a long step can still carry a ratio past the
 # band. From notebook 04 on, the loss is $L^{\text{CLIP}} = -J^{\text{CLIP}}$ (the code's `policy_loss`). The
-# deep dive at the end measures all this on the toy.
+# deep dive at the end measures both effects on the toy: a large step, and many steps on one batch.
 
 # %% [markdown]
 # ### Exercise 2: the KL between two softmax policies

@@ -7,24 +7,9 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
-# **Time:** about 3 h for the core; the three deep dives add about 40 min
-#
-# **You will learn**
-# - where every model of the course starts: the **SFT** stage, its next-token loss counted on the response
-#   only, a few steps of it written out, and what `ensure_sft_model` runs instead;
-# - what preference data is (prompt, chosen, rejected), where its labels come from, and (a deep dive) why
-#   people are asked to *compare* two answers instead of *scoring* each: a simulation of raters, what a
-#   comparison cancels, and what scores need to do as well;
-# - the Bradley-Terry model and its loss $-\log\sigma(r_{\text{chosen}} - r_{\text{rejected}})$, and its shape;
-# - a reward model = the SFT model plus a scalar score head, read at the **last real token**, written from
-#   scratch and checked against the library; you write the gather that finds that token for any padding
-#   (left, right, or a left-padded prompt followed by a right-padded response);
-# - training it with TRL's `RewardTrainer` and a LoRA adapter; its held-out accuracy against the best any
-#   model can reach on noisy labels; its score against the hidden true score;
-# - what a reward model has never seen, and what PPO will do with that (a preview of reward hacking).
-#
-# The course's world is synthetic on purpose: the labels come from a known *hidden* score, so we can
-# compare what the reward model learned with the truth, which no real data set allows.
+# **You will learn** where every model starts (SFT); preference data and the Bradley-Terry loss; the best
+# accuracy noisy labels allow; and a reward model as the SFT model plus a LoRA adapter and a score head
+# read at the **last real token**. A known *hidden* score makes the labels, so we can compare with the truth.
 
 # %% tags=["colab-setup"]
 
@@ -51,7 +36,7 @@ from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.ppo.sampling import sample
 from rlhf_helpers.runtime.artifacts import shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
-from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+from rlhf_helpers.runtime.models import load_causal_lm, load_sequence_classifier, load_tokenizer
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world import Annotator, accuracy_ceiling, grammar, hidden_scores, score_breakdown
@@ -63,40 +48,42 @@ profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tunes the hub model once per runtime, then reuses it; tiny: ships it
 torch.manual_seed(profile.seed)
 torch.set_num_threads(1)  # a model this small: a second thread only adds hand-offs (4x slower per step under load)
+tokenizer = load_tokenizer(profile)
 print(f"profile {profile.name}: base {shown_path(profile.sft_model_path)}, reward epochs {profile.reward_epochs}, "
       f"batch {profile.reward_batch_size}, lr {profile.reward_lr}")
 
 # %% [markdown]
 # ## 1. Where the models start: supervised fine-tuning (SFT)
 #
-# Every model in this course starts as the **SFT model**: a language model fine-tuned on (prompt, good
-# response) pairs, here the movie reviews of `data/sft.jsonl` (`load_sft_corpus()`). The reward model of
-# this notebook is that model with a score head; the policy and the frozen reference of notebook 05 start
-# as that model too. SFT is next-token cross-entropy counted on the response only: the prompt is given,
-# not something the model should learn to write. With $x_{i,t}$ token $t$ of row $i$ of a batch of
-# "prompt response EOS" texts,
+# Every model in this course starts as the **SFT model**, a language model fine-tuned on (prompt, good
+# response) pairs, here movie reviews: the reward model here, and the policy and reference of notebook 05.
+# SFT is next-token cross-entropy on the response and its EOS (so the model learns to stop), not the prompt:
 #
 # $$\mathcal L_{\text{SFT}}(\theta) = -\frac{\sum_i \sum_{t \ge 1} m_{i,t} \log \pi_\theta(x_{i,t} \mid x_{i,<t})}{\sum_i \sum_{t \ge 1} m_{i,t}},
 # \qquad m_{i,t} = \begin{cases} 1 & x_{i,t} \text{ is a response token or the EOS,} \\ 0 & x_{i,t} \text{ is a prompt token or padding.} \end{cases}$$
 #
-# The EOS is appended so that the model learns to stop. The mean runs over every counted token of the
-# batch (a long response weighs more than a short one), as Hugging Face's loss with `labels` does.
+# `ensure_sft_model(profile)` (above) runs TRL's `SFTTrainer` on SmolLM2-135M (gpu profile); the tiny
+# profile's model is shipped: 600 steps on every token from random weights, then 400 masked steps, in
+# batches of 64.
+
+# %% tags=["claim-check"]
+tiny_log_path = Path(profile.sft_model_path) / "training_log.json"
+tiny_log = json.loads(tiny_log_path.read_text())["config"] if tiny_log_path.is_file() else {}
+check_claims({
+    "the shipped model: 600 steps on every token, then 400 masked steps, batches of 64":
+        (tiny_log.get("pretrain_steps"), tiny_log.get("sft_steps"), tiny_log.get("batch_size")) == (600, 400, 64),
+})
+
+# %% [markdown]
+# ### Deep dive: the SFT loss written out, and 40 steps of it from random weights
 #
-# What the course runs is `ensure_sft_model(profile)` (`rlhf_helpers.stages.sft`), called in the cell above:
-# - **gpu profile**: it loads the pretrained hub model (SmolLM2-135M), fine-tunes it with TRL's
-#   `SFTTrainer` with `completion_only_loss=True` (this mask; TRL appends the EOS) for `profile.sft_epochs`
-#   epochs, and caches the result;
-# - **tiny profile**: it does nothing, because the SFT model is shipped in `data/models/tiny-sft`. It was
-#   made by `rlhf_helpers.world.tiny_model.train_tiny_model` from random weights: 600 AdamW steps of the
-#   same loss with $m = 1$ on every real token (standing in for pretraining, which a hub model has already
-#   had), then 400 steps of the masked loss above, in batches of 64.
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# Below: the batch and the loss written out and checked against the library's batches; then, in a deep
-# dive, 40 steps of it on fresh random weights of the same architecture.
+# The batch and the loss above, written out and checked against the library's batches; then 40 steps of
+# it on fresh random weights of the same architecture.
 
 # %%
 sft_records = load_sft_corpus()  # [{"prompt": ..., "completion": ...}, ...]
-tokenizer = load_tokenizer(profile)
 
 
 def sft_batch(records: list[dict], max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,19 +134,7 @@ torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 print(f"sft_loss matches the library's labelled batches: {ours.item():.3f} nats per response token")
 del sft_model  # the reward model below loads its own copy
 
-# %% tags=["claim-check"]
-tiny_log_path = Path(profile.sft_model_path) / "training_log.json"
-tiny_log = json.loads(tiny_log_path.read_text())["config"] if tiny_log_path.is_file() else {}
-check_claims({
-    "the shipped model: 600 steps on every token, then 400 masked steps, batches of 64":
-        (tiny_log.get("pretrain_steps"), tiny_log.get("sft_steps"), tiny_log.get("batch_size")) == (600, 400, 64),
-})
-
 # %% [markdown]
-# ### Deep dive: 40 steps of SFT from random weights
-#
-# *Optional: skip it on a first pass; nothing after it needs it.*
-#
 # The loss above, minimised for 40 steps on fresh random weights of the same architecture (no
 # pretraining at all, so the fall is easy to see), a few seconds in the tiny profile. Each model is
 # judged by its loss on the 64 check records and by 32 samples, drawn as PPO draws them.
@@ -242,10 +217,10 @@ check_claims({
 # %% [markdown]
 # ## 2. Preference data and the annotator
 #
-# Each record is a prompt and two responses; a labeller read both and said which one is better. Here
-# the labeller is simulated: it knows each response's hidden score $h$ (positive sentiment, specific
-# details, grammatical sentences, no repeated content words, no more than 30 words, the prompt's genre;
-# `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with the Bradley-Terry probability
+# Each record is a prompt and two responses, one labelled better. Here the labeller is simulated: it
+# knows each response's hidden score $h$ (sentiment, specific details, grammar, no repeated content words,
+# at most 30 words, the prompt's genre; `rlhf_helpers.world.scorer`) and prefers $a$ over $b$ with the
+# Bradley-Terry probability
 #
 # $$P(a \succ b) = \sigma\!\left(\frac{h(a) - h(b)}{T_{\text{ann}}}\right), \qquad T_{\text{ann}} = 0.5$$
 # (the annotator's temperature; plain $T$ is a sequence length everywhere in the course),
@@ -272,9 +247,8 @@ print("\nterms of the first chosen response:", score_breakdown(test_pairs[0]["pr
 #
 # $$\text{ceiling} = \frac{1}{N}\sum_i c_i, \qquad c_i = \max(p_i, 1 - p_i), \qquad p_i = P(\text{chosen}_i \succ \text{rejected}_i).$$
 #
-# The ceiling is an **expectation** over the annotator's coin flips. On one set of $N$ labelled pairs,
-# even the perfect model's measured accuracy scatters around it: each pair is an independent
-# Bernoulli($c_i$) trial, so its standard error is
+# The ceiling is an **expectation** over the annotator's coin flips; on one set of $N$ labels, even the
+# perfect model's accuracy scatters around it (each pair a Bernoulli($c_i$) trial) with standard error
 #
 # $$\mathrm{SE} = \frac{1}{N}\sqrt{\sum_i c_i (1 - c_i)}.$$
 
@@ -324,7 +298,6 @@ check_claims({
 def ceiling_from_scores(score_a: torch.Tensor, score_b: torch.Tensor, temperature: float) -> float:
     """Best achievable pairwise accuracy on Bradley-Terry labels with these hidden scores: (N,), (N,) -> float."""
     raise NotImplementedError
-
 
 # %%
 def check_ceiling_from_scores():
@@ -486,17 +459,10 @@ check_claims({
 # $$P_\phi(y_c \succ y_r \mid x) = \sigma\big(r_\phi(x, y_c) - r_\phi(x, y_r)\big), \qquad
 # \mathcal L(\phi) = -\,\mathbb E\left[\log \sigma(\underbrace{r_\phi(x, y_c) - r_\phi(x, y_r)}_{m \text{ (margin)}})\right].$$
 #
-# Only differences matter: adding a constant to every score changes nothing, so the reward model's
-# zero point is arbitrary. (This course's PPO uses the score as it is: the value head learns its
-# offset. Some implementations also normalise the reward model's scores. Ziegler et al. 2019
-# ("Fine-Tuning Language Models from Human Preferences") scale them to mean 0 and standard deviation 1
-# under the initial policy's samples, as Huang et al.'s 2023 reproduction, "The N Implementation
-# Details of RLHF with PPO", does; Stiennon et al. 2020, and Huang et al. 2024 ("The N+ Implementation
-# Details of RLHF with PPO"), only shift them so that the reference summaries score 0 on average.
-# Normalising changes the scale the KL coefficient is weighed against.)
-# $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with
-# respect to the margin is $-(1 - \sigma(m))$: large for wrongly ordered pairs, vanishing once a pair is
-# ordered with a comfortable margin.
+# Only differences matter: adding a constant to every score changes nothing, so the zero point is
+# arbitrary (this course's PPO uses the score as it is; some implementations normalise it).
+# $-\log\sigma(m) = \log(1 + e^{-m})$ is the softplus of $-m$; its gradient with respect to the margin is
+# $-(1 - \sigma(m))$: large for wrongly ordered pairs, vanishing once a pair is ordered with a comfortable margin.
 
 # %%
 def bradley_terry_scratch(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
@@ -536,10 +502,9 @@ def bt_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch
     """Mean Bradley-Terry loss -log sigmoid(r_c - r_r): (N,), (N,) -> scalar."""
     raise NotImplementedError
 
-
 # %%
-# The check below compares the loss's gradients with the formula above; this helper says which one differs.
-def compare_bt_gradients(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor, margins: list[float]
+# Part of the check below: it compares the loss's gradients with the formula above and says which one differs.
+def check_bt_gradients(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor, margins: list[float]
                          ) -> None:
     """Raise AssertionError unless d loss / d chosen = -(1 - sigmoid(m)) / N and d loss / d rejected = +(...)."""
     push = torch.tensor([(1 - 1 / (1 + math.exp(-m))) / len(margins) for m in margins], dtype=torch.float64)  # (N,)
@@ -554,7 +519,6 @@ def compare_bt_gradients(loss: torch.Tensor, chosen: torch.Tensor, rejected: tor
                                                  "sign: a step would move them the wrong way")
         torch.testing.assert_close(grad, want, msg=f"the gradient with respect to the {name} scores differs from "
                                    f"{formula}")
-
 
 # %%
 def check_bt_loss():
@@ -583,7 +547,7 @@ def check_bt_loss():
     assert torch.isfinite(far), (f"a margin of -100 gives {far.item()}: sigmoid(-100) rounds to 0 and log(0) = -inf; "
                                  "use F.logsigmoid(m) (or -F.softplus(-m)), which never forms sigmoid(m)")
     assert abs(far.item() - 100.0) < 1e-3, f"a margin of -100 should cost about 100, got {far.item():.4f}"
-    compare_bt_gradients(got, c_leaf, r_leaf, margins)
+    check_bt_gradients(got, c_leaf, r_leaf, margins)
 
 
 exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.reward_model_loss, bradley_terry_scratch])
@@ -601,8 +565,8 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.rewar
 # %% [markdown]
 # ## 4. Train the reward model: TRL's RewardTrainer with a LoRA adapter
 #
-# Fine-tuning every weight of the model for every role would need a full copy of the model per role.
-# **LoRA** (Hu et al. 2021) freezes each weight matrix $W_0$ and learns a low-rank correction next to it,
+# Fine-tuning every weight for every role would need a copy of the model per role. **LoRA** (Hu et al.
+# 2021) freezes each weight matrix $W_0$ and learns a low-rank correction next to it,
 #
 # $$f(x) = W_0 x + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},\ r \ll \min(d_{\text{in}}, d_{\text{out}}),$$
 #
@@ -649,20 +613,14 @@ print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers pe
 del lora_demo
 
 # %% [markdown]
-# ### Training
+# ### Deep dive: the TRL and peft calls, run for 8 steps
 #
-# The reward model is the SFT model with its language-model head replaced by a linear **score head**
-# ($H \to 1$), and a LoRA adapter on the attention and MLP projections: only the adapter and the head
-# are trained. In PPO (notebook 05) this adapter sits next to the policy and value adapters on the
-# *same* base model.
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# These are the TRL and peft calls, the ones most tutorials use: a
-# `LoraConfig` with `task_type="SEQ_CLS"` (and the score head in `modules_to_save`, so it is trained
-# and saved with the adapter), a `RewardConfig`, and a `RewardTrainer` on a data set of
-# `{"prompt", "chosen", "rejected"}` records. The cell runs them for a few steps on 256 pairs, so you
-# see them work. What sets up the machine rather than the learning (CPU or GPU, mixed precision,
-# gradient checkpointing off, no trackers, no checkpoints) comes from one course helper,
-# `reward_config_kwargs(profile)`; every argument that shapes the learning is written out.
+# The calls most tutorials use, which `rlhf_helpers.stages.reward` makes for the real run: a `LoraConfig`
+# with `task_type="SEQ_CLS"` (the score head in `modules_to_save`, so it is trained and saved with the
+# adapter), a `RewardConfig`, and a `RewardTrainer` on `{"prompt", "chosen", "rejected"}` records, run here for 8 steps on 256 pairs. What
+# sets up the machine rather than the learning comes from `reward_config_kwargs(profile)`.
 
 # %%
 import tempfile
@@ -672,7 +630,6 @@ from peft import LoraConfig
 from trl import RewardConfig, RewardTrainer
 
 from rlhf_helpers.ppo.adapters import uses_conv1d
-from rlhf_helpers.runtime.models import load_sequence_classifier
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
 from rlhf_helpers.stages.reward_training import reward_config_kwargs
 
@@ -699,11 +656,12 @@ print(f"Bradley-Terry loss after 4 and 8 steps: {losses} (log 2 = {math.log(2):.
 del demo_trainer, demo_base
 
 # %% [markdown]
-# `rlhf_helpers.stages.reward` makes the same calls for the real run (its loss is exactly the
-# Bradley-Terry loss above; TRL appends EOS to every response, so the score is read on the EOS, as in
-# PPO's rollouts). `ensure_reward_model(profile)` trains once and caches the adapter under
-# `runs/reward-<profile>/`, where notebooks 05 and 06 find it. On the 2-core CPU of the tiny profile the
-# first training takes a while (the cell prints how long); afterwards this cell only loads.
+# ### The course's reward model
+#
+# The reward model is the SFT model with a linear **score head** ($H \to 1$) in place of its language-model
+# head, and a LoRA adapter on the attention and MLP projections: only the two are trained, by TRL's
+# `RewardTrainer` on the Bradley-Terry loss. `ensure_reward_model(profile)` trains it once (a while on the
+# tiny profile's CPU) and caches it under `runs/reward-<profile>/` for notebooks 05 and 06.
 
 # %%
 from peft import PeftModel
@@ -743,11 +701,9 @@ print(f"adapter + score head: {trainable:,} of {total:,} parameters")
 # - a left-padded prompt followed by a response padded after its EOS (`0 1 1 1 1 0`; the rollouts of
 #   notebook 05, which the reward model scores): neither formula.
 #
-# Reading a padding position instead scores the hidden state of a pad token: a number that looks like a
-# score and is not the trained one, a silent bug. GPT-2 also needs `position_ids` counted over the
-# real tokens (it does not derive them from a left-padded mask). Below, from scratch: tokenise a
-# left-padded batch, run the backbone, read the last column, apply the head; then compare with
-# `score_pairs`, which goes through Hugging Face's sequence-classification forward.
+# Reading a padding position scores a pad token's hidden state: a number that looks like a score and is
+# not, a silent bug. Below, from scratch on a left-padded batch (GPT-2 needs `position_ids` counted over
+# the real tokens), checked against `score_pairs` (Hugging Face's sequence-classification forward).
 
 # %%
 # float32 from here on (a no-op in the tiny profile): the scratch path and score_pairs run different
@@ -776,7 +732,14 @@ torch.testing.assert_close(scratch_scores, library_scores, rtol=1e-4, atol=1e-4)
 print("last-column reading matches rlhf_helpers.stages.reward_training.score_pairs:",
       [round(s, 3) for s in scratch_scores.tolist()])
 
-# What goes wrong: the same batch right-padded, read at the last column (a pad token for the short rows).
+# %% [markdown]
+# ### Deep dive: the same batch right-padded, read at the last column
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# On the shorter rows the last column is a pad token; reading it gives a number that looks like a score.
+
+# %%
 enc_r = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right").to(device)
 with torch.no_grad():
     pos_r = (enc_r["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
@@ -792,17 +755,11 @@ for n_pad, w, r in zip((enc_r["attention_mask"] == 0).sum(1).tolist(), wrong.tol
 # %% [markdown]
 # ### Exercise 3: the score at the last real token, whatever the padding
 #
-# The head is linear, so applying it at every position is cheap: `score_head(hidden).squeeze(-1)` is a
-# (B, L) tensor $s_{i,t} = w^\top \mathbf{z}_{i,t}$, one candidate score per position, and the reward of
-# row $i$ is $r_i = s_{i, \ell_i}$ with $\ell_i = \max\{t : a_{i,t} = 1\}$. (Hugging Face's
-# `GPT2ForSequenceClassification` does the same: it applies its head at every position and then picks one,
-# finding the last real token from the pad id.)
-#
-# Write `score_at_last_token(head_outputs, attention_mask)`: from the head's (B, L) outputs and the (B, L)
-# 0/1 mask, return the (B,) scores $r_i$. It must work on a batch that mixes all the layouts above and
-# unpadded rows, without a Python loop over the rows. The reward model trains through this gather, so
-# the gradient must reach `head_outputs` (at the last real token of each row, nowhere else); the check
-# compares it too.
+# The head applied at every position gives $s_{i,t} = w^\top \mathbf{z}_{i,t}$ (B, L), and row $i$'s reward is
+# $r_i = s_{i, \ell_i}$ with $\ell_i = \max\{t : a_{i,t} = 1\}$. Write `score_at_last_token(head_outputs,
+# attention_mask)`: (B, L) outputs and 0/1 mask give the (B,) scores $r_i$, for a batch mixing every layout
+# above, without a Python loop over the rows. The check compares the gradient with respect to
+# `head_outputs` too (each row's last real token only).
 
 # %%
 # EXERCISE 3
@@ -810,10 +767,9 @@ def score_at_last_token(head_outputs: torch.Tensor, attention_mask: torch.Tensor
     """Each row's entry of head_outputs at its last real token: (B, L), (B, L) 0/1 mask -> (B,)."""
     raise NotImplementedError
 
-
 # %%
-# The check below compares your scores with a loop; this helper says which row differs, and where you read it.
-def explain_row(got: torch.Tensor, expected: torch.Tensor, outputs: torch.Tensor, rows: list[list[int]],
+# Part of the check below: it compares your scores with a loop and says which row differs, and where you read it.
+def check_each_row(got: torch.Tensor, expected: torch.Tensor, outputs: torch.Tensor, rows: list[list[int]],
                 names: list[str], last: list[int]) -> None:
     """Raise AssertionError at the first row whose score differs, naming the position it was read at."""
     for i, (row, name) in enumerate(zip(rows, names, strict=True)):
@@ -828,7 +784,6 @@ def explain_row(got: torch.Tensor, expected: torch.Tensor, outputs: torch.Tensor
         raise AssertionError(f"row {i} ({name}, mask {row}): got {got[i].item():.4f}, expected "
                              f"{expected[i].item():.4f}, the output at position {last[i]}" + where
                              + (f", {why}" if why else ""))
-
 
 # %%
 def check_score_at_last_token():
@@ -848,7 +803,7 @@ def check_score_at_last_token():
                                              "index from every row; pair row i with its own index, "
                                              "head_outputs[torch.arange(B), index]")
     assert shape == (len(rows),), f"expected ({len(rows)},) scores, one per row, got {shape}"
-    explain_row(got.detach(), expected, outputs.detach(), rows, list(layouts), last)
+    check_each_row(got.detach(), expected, outputs.detach(), rows, list(layouts), last)
     assert got.requires_grad, ("no gradient reaches head_outputs: the scores were rebuilt outside the autograd "
                                "graph (torch.tensor, .tolist(), .item() or .detach()), so training could not "
                                "move the score head or the adapter")
@@ -878,11 +833,31 @@ exercise_check("Exercise 3 (score_at_last_token)", check_score_at_last_token,
 # </details>
 
 # %% [markdown]
-# ## 6. How good is it? Held-out accuracy against the ceiling, and learned against hidden
+# ## 6. How good is it? Held-out accuracy against the ceiling
 #
-# Pairwise accuracy = the share of held-out pairs where the learned score ranks the labelled "chosen"
-# higher. In expectation over the labels no model exceeds the annotator ceiling of section 2, but a
-# measured accuracy is one draw of these labels: it scatters around its own expectation by about the
+# Pairwise accuracy is the share of held-out pairs where the learned score ranks the labelled "chosen"
+# higher; in expectation no model exceeds the annotator ceiling of section 2.
+
+# %%
+test_prompts = [p["prompt"] for p in test_pairs]
+r_chosen = score_pairs(reward_model, tokenizer, test_prompts, [p["chosen"] for p in test_pairs])  # (N,)
+r_rejected = score_pairs(reward_model, tokenizer, test_prompts, [p["rejected"] for p in test_pairs])  # (N,)
+accuracy = rlhf_helpers.pairwise_accuracy(r_chosen, r_rejected)
+print(f"held-out pairwise accuracy {accuracy:.3f}; annotator ceiling {ceiling:.3f} +- {ceiling_se:.3f}")
+
+# %% [markdown]
+# The reward model ranks about 81% of the held-out pairs the way their labels do, against a ceiling of
+# about 85%.
+
+# %% tags=["claim-check"]
+check_claims({"accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84})
+
+# %% [markdown]
+# ### Deep dive: whose shortfall is it, and learned against hidden
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# A measured accuracy is one draw of the labels: it scatters around its expectation by about the
 # standard error of section 2. Comparing the reward model pair by pair with the perfect model (ranking
 # by $h$) on the same labels removes the label draw from the comparison: the paired difference has its
 # own, smaller standard error.
@@ -895,10 +870,6 @@ exercise_check("Exercise 3 (score_at_last_token)", check_score_at_last_token,
 # shrinks the spread of $r$, so the slope is expected below 2.
 
 # %%
-test_prompts = [p["prompt"] for p in test_pairs]
-r_chosen = score_pairs(reward_model, tokenizer, test_prompts, [p["chosen"] for p in test_pairs])  # (N,)
-r_rejected = score_pairs(reward_model, tokenizer, test_prompts, [p["rejected"] for p in test_pairs])  # (N,)
-accuracy = rlhf_helpers.pairwise_accuracy(r_chosen, r_rejected)
 held_out_loss = rlhf_helpers.reward_model_loss(r_chosen, r_rejected).item()
 learned = torch.cat([r_chosen, r_rejected])  # (2N,)
 hidden_all = torch.cat([h_chosen, h_rejected]).float()  # (2N,)
@@ -950,7 +921,6 @@ fig.show()
 
 # %% tags=["claim-check"]
 check_claims({
-    "accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84,
     "more than 1.5 standard errors below the ceiling": z_ceiling < -1.5,
     "ranking by h on the same labels: about 86%, above the ceiling": 0.85 < oracle_accuracy < 0.87
                                                                       and oracle_accuracy > ceiling,
@@ -962,7 +932,9 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 7. What a reward model has never seen: a preview of reward hacking
+# ## Deep dive: what a reward model has never seen, a preview of reward hacking
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # The reward model learned from reviews that never repeat a content word and never run past 30 words
 # (the data's generator writes them that way; the check below counts them). No label ever showed it
@@ -994,7 +966,7 @@ sentence = max(candidates, key=lambda c: hidden_scores([prompt], [c])[0])  # the
 gaming = [sentence * k for k in repeats]
 gaming_learned = score_pairs(reward_model, tokenizer, [prompt] * len(gaming), gaming).tolist()  # (K,)
 gaming_hidden = hidden_scores([prompt] * len(gaming), gaming)
-typical = learned.quantile(0.9).item()
+typical = torch.cat([r_chosen, r_rejected]).quantile(0.9).item()  # of real held-out responses
 
 
 def repeated_content_words(text: str) -> int:
@@ -1063,80 +1035,50 @@ check_claims({
 # falls (**reward over-optimisation**, Gao et al. 2022). The per-token KL penalty towards the SFT model
 # (notebook 03) is the leash that keeps the policy where the reward model was trained; notebook 06
 # removes it and measures what happens.
-#
+
+# %% [markdown]
 # ## Summary
-# - Every model starts as the SFT model: next-token cross-entropy on the response and its EOS, the
-#   prompt and the padding masked out. `ensure_sft_model` runs it with TRL's `SFTTrainer` (gpu profile)
-#   or finds it shipped (tiny profile).
-# - Preference pairs are labelled by comparing two responses. In the deep dive's simulated raters, a
-#   comparison cancels the rater's offset and the rater's scale cannot flip its order; scores by different
-#   raters match it only after each rater's scores are calibrated, which a comparison never needs.
-# - Bradley-Terry: $P(y_c \succ y_r) = \sigma(r_c - r_r)$, loss $-\log\sigma(r_c - r_r)$; only
-#   differences of scores matter.
-# - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token,
-#   the largest position whose attention mask is 1: the last column only with left padding, and neither
-#   the last column nor the count of real tokens minus one when a response is padded after a left-padded
-#   prompt.
-# - On noisy labels the held-out accuracy is bounded by the annotator ceiling; the learned score tracks
-#   the hidden one on data like its training data (correlation about 0.93). On a repeated sentence, which
-#   its data never contained, it scores every repetition above the original while the hidden score drops
-#   to its floor.
+# - Every model starts as the SFT model: next-token cross-entropy on the response and its EOS.
+# - Bradley-Terry: $P(y_c \succ y_r) = \sigma(r_c - r_r)$, loss $-\log\sigma(r_c - r_r)$; only score differences matter.
+# - On noisy labels no model beats the annotator ceiling in expectation.
+# - The reward model is the SFT model plus a LoRA adapter and a scalar head read at the last real token
+#   (the last column only with left padding).
 #
 # Next: notebook 03 turns one reward score per response into a reward per token.
 
 # %% [markdown]
 # ## Check your understanding
 #
-# 1. You add 3.0 to every score the reward model gives. What changes in the Bradley-Terry loss, in its
-#    gradients, and in the pairwise accuracy?
+# 1. You add 3.0 to every score the reward model gives. What changes in the Bradley-Terry loss, its
+#    gradients, and the pairwise accuracy?
 #
 # <details><summary>Answer</summary>
 #
-# Nothing. Both the loss $-\log\sigma(r_c - r_r)$ and its gradients depend on the scores only through the
-# margin $r_c - r_r$, and so does the ranking; the zero point of a reward model is arbitrary. (PPO uses the
-# score as it is; in this course its value head learns the offset.)
+# Nothing: all three depend on the scores only through the margin $r_c - r_r$.
 # </details>
 #
-# 2. Why can no reward model be expected to agree with more than about 85% of the held-out labels here,
-#    and why can ranking by the hidden score still measure 86%?
+# 2. Why can no reward model be expected to agree with more than about 85% of the held-out labels here?
 #
 # <details><summary>Answer</summary>
 #
-# The labels are Bradley-Terry coin flips: a pair is labelled "chosen" with probability
-# $p = \sigma((h_c - h_r)/T_{\text{ann}})$, so even a model that knows $h$ is right on a pair only with
-# probability $\max(p, 1 - p)$. The ceiling is the mean of that over the pairs, an **expectation** over
-# the labels. One set of 500 labels is one draw, and a measured accuracy scatters around its expectation
-# by about one standard error (about 0.014 here), so 86% on this draw is no contradiction.
+# The labels are Bradley-Terry coin flips: even a model that knows $h$ is right on a pair only with
+# probability $\max(p, 1 - p)$, and the ceiling is the mean of that. It is an expectation: one draw of
+# 500 labels scatters around it by about one standard error.
 # </details>
 #
-# 3. A batch row from notebook 05 has the mask `0 0 1 1 1 1 0 0` (a left-padded prompt, then a response
-#    padded after its EOS). Which position gives its reward, and what would `mask.sum() - 1` and the last
-#    column read instead?
+# 3. A row has the mask `0 0 1 1 1 1 0 0` (a left-padded prompt, then a response padded after its EOS).
+#    Which position gives its reward, and what would `mask.sum() - 1` and the last column read?
 #
 # <details><summary>Answer</summary>
 #
-# Position 5, the last 1 (the EOS): only the hidden state there has read the whole prompt and response.
-# `mask.sum() - 1` is 3, a token inside the row whose hidden state has not seen the end of the response;
-# the last column, 7, is padding. Both return a number that looks like a score and is not the trained one.
+# Position 5, the last 1 (the EOS). `mask.sum() - 1` is 3, a token before the end of the response; the
+# last column, 7, is padding.
 # </details>
 #
-# 4. The loss's gradient with respect to the margin is $-(1 - \sigma(m))$. Which pairs move the reward
-#    model most, and how much does a pair it already orders with a margin of 5 contribute?
+# 4. Which pairs move the reward model most, and how much does a pair ordered with a margin of 5 contribute?
 #
 # <details><summary>Answer</summary>
 #
-# Pairs it orders the wrong way or barely right: their $1 - \sigma(m)$ is above one half. At $m = 5$,
-# $1 - \sigma(5) \approx 0.007$, so that pair barely moves the model, and the loss does not keep pushing
-# well-ordered pairs apart.
-# </details>
-#
-# 5. On a sentence repeated twice the learned reward is higher than on the sentence said once, while the
-#    hidden score falls by about 3 points. Why did training not teach the reward model otherwise?
-#
-# <details><summary>Answer</summary>
-#
-# No training response repeats a content word, so no label ever compared a repeated text with anything:
-# the reward model's score of one is an extrapolation. PPO maximises that learned score, so it can find
-# and exploit such gaps; the KL penalty towards the SFT model (notebook 03) keeps the policy near the
-# data the reward model was trained on.
+# Pairs ordered wrongly or barely right: their $1 - \sigma(m)$ is above one half. At $m = 5$,
+# $1 - \sigma(5) \approx 0.007$: that pair barely moves the model.
 # </details>
