@@ -3,7 +3,8 @@
 Usage:
     python tools/course_time.py              # a table: core and deep-dive minutes per notebook, and the counts
     python tools/course_time.py 05 07        # only the notebooks whose names start with these prefixes
-    python tools/course_time.py --check      # exit 1 when the README's course map states other minutes
+    python tools/course_time.py --write      # state the minutes in each notebook's header and the README's map
+    python tools/course_time.py --check      # exit 1 when a header or the README's course map states others
 
 The minutes are an estimate, made the same way for every notebook from what it contains, counted in the
 stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
@@ -51,7 +52,15 @@ REUSED_MIN_PER_LINE = 0.5
 REUSED_EXERCISE_BASE_MIN = 5.0
 _SOLUTION = re.compile(r"<details><summary>Solution \d+</summary>.*?</details>", re.DOTALL)
 _SOLUTION_CODE = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
-_ROW = re.compile(r"^\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| (\d+) min core \+ (\d+) min deep dives \|", re.MULTILINE)
+_ROW = re.compile(r"^(\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| )(\d+) min core \+ (\d+) min deep dives( \|)", re.MULTILINE)
+#: the header's time line, in a notebook source (`# ` before it) or a stored notebook's first cell
+_TIME_LINE = re.compile(r"^(# )?\*\*Time:\*\* .*$", re.MULTILINE)
+SOURCE_DIR = NOTEBOOK_DIR / "src"
+
+
+def time_line(core: int, deep: int) -> str:
+    """The header's line stating a notebook's minutes."""
+    return f"**Time:** about {core} min for the core; the deep dives add about {deep} min."
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,25 @@ def rounded(minutes: float) -> int:
 
 def readme_minutes(text: str) -> dict[str, tuple[int, int]]:
     """Notebook number -> (core, deep-dive) minutes as the README's course map states them."""
-    return {number: (int(core), int(deep)) for number, core, deep in _ROW.findall(text)}
+    return {row[1]: (int(row[2]), int(row[3])) for row in _ROW.findall(text)}
+
+
+def header_minutes(path: Path) -> str | None:
+    """The time line of a stored notebook's first cell (None when it has none)."""
+    match = _TIME_LINE.search(nbformat.read(path, as_version=4).cells[0].source)
+    return match.group(0) if match else None
+
+
+def write(measured: dict[str, tuple[int, int]]) -> None:
+    """State `measured` (notebook number -> minutes) in the README's course map and each source's header."""
+    text = README.read_text(encoding="utf-8")
+    README.write_text(_ROW.sub(lambda m: f"{m[1]}{measured[m[2]][0]} min core + {measured[m[2]][1]} min deep dives"
+                               f"{m[5]}" if m[2] in measured else m[0], text), encoding="utf-8")
+    for source in sorted(SOURCE_DIR.glob("[0-9][0-9]_*.py")):
+        if source.name[:2] in measured:
+            code = source.read_text(encoding="utf-8")
+            source.write_text(_TIME_LINE.sub("# " + time_line(*measured[source.name[:2]]), code, count=1),
+                              encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 05")
     parser.add_argument("--check", action="store_true", help="fail when the README states other minutes")
     parser.add_argument("--sections", action="store_true", help="also the minutes of each ## section")
+    parser.add_argument("--write", action="store_true", help="state the minutes in the headers and the README")
     args = parser.parse_args(argv)
     measured, total, earlier = {}, [0.0, 0.0], set()
     print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, (new, reused) exercise lines")
@@ -180,13 +208,20 @@ def main(argv: list[str] | None = None) -> int:
                     if minutes >= 0.5:
                         print(f"    {label} {minutes:5.0f}  {name[:70]}")
     print(f"{'total (hours)':<24} {total[0] / 60:8.1f} {total[1] / 60:8.1f}")
+    if args.write:
+        write(measured)
+        print("wrote the minutes into README.md and the notebook sources: rebuild the notebooks")
     if not args.check:
         return 0
     stated = readme_minutes(README.read_text(encoding="utf-8"))
     wrong = {n: (stated.get(n), m) for n, m in measured.items() if stated.get(n) != m}
     for number, (says, should) in wrong.items():
         print(f"README course map, notebook {number}: states {says}, the notebook measures {should} (core, deep)")
-    return 1 if wrong else 0
+    headers = {path.name[:2]: header_minutes(path) for path in notebooks(args.prefixes)}
+    stale = [n for n, line in headers.items() if n in measured and line != time_line(*measured[n])]
+    for number in stale:
+        print(f"notebook {number}'s header states {headers[number]!r}, expected {time_line(*measured[number])!r}")
+    return 1 if wrong or stale else 0
 
 
 if __name__ == "__main__":
