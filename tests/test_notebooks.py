@@ -333,12 +333,13 @@ def test_05_trains_with_every_worked_solution_as_shipped(tmp_path: Path, monkeyp
     claim of the text holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
     path = next(p for p in NOTEBOOKS if p.stem == "05_full_ppo")
-    nb = with_solutions(nbformat.read(path, as_version=4))
+    shipped = nbformat.read(path, as_version=4)
+    nb = with_solutions(shipped)
     nbformat.write(nb, tmp_path / path.name)
     executed = execute_notebook(tmp_path / path.name, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
     out = _stdout(executed)
     lines = _CHECK_LINE.findall(out)
-    assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), lines
+    assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells))), lines
     assert all(status == EXERCISE_PASSED for status, _ in lines), lines
     assert ALL_FOUR_PIECES in out.splitlines(), [line for line in out.splitlines() if "This run trains" in line]
     claim_cells = sum("claim-check" in cell.metadata.get("tags", []) for cell in nb.cells)
