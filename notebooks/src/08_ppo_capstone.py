@@ -63,7 +63,7 @@ train_prompts, eval_prompts = load_prompts("train"), load_prompts("test")[: conf
 # %% [markdown]
 # ## 1. One iteration on one page
 #
-# Notebook 05 built PPO in pieces and let `PPOTrainer` run them. Here you write one iteration in two functions:
+# Notebook 05 built PPO in pieces; here you write one iteration whole, in two functions:
 #
 # ```text
 # ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator):
@@ -86,7 +86,6 @@ train_prompts, eval_prompts = load_prompts("train"), load_prompts("test")[: conf
 # | `model.ref_logprobs(seq, attn, P, temperature=T)` | (B, R) $\log\pi_{\text{ref}}(y_t)$, every adapter off |
 # | `model.values(seq, attn, P)` | (B, R) $V_\psi(s_t)$, with gradient |
 # | `model.reward_scores(seq, attn)` | (B,) the reward model's score at each row's last real token |
-# | `model.policy_parameters()`, `model.value_parameters()` | each trained adapter's tensors |
 
 # %%
 @dataclass
@@ -250,10 +249,10 @@ exercise_check("Exercise 1 (make_experience)", check_make_experience,
 # L^V = \tfrac12\,\frac{\sum_t m_t \max\big((V_t - G_t)^2, (V^{\text{clip}}_t - G_t)^2\big)}{\sum_t m_t},$$
 #
 # then one backward pass of $L^{\text{CLIP}} + c_V L^V$ ($c_V$ = `config.vf_coef`), the gradient norm of
-# **each** adapter clipped to `config.max_grad_norm` on its own, and one step of each optimiser. The old
-# log-probs, old values, advantages and returns are the rollout's, fixed for the whole iteration. Return the
-# rollout and the $(L^{\text{CLIP}}, L^V)$ of every minibatch, as floats, in order. Most lines are your
-# `ppo_update` of notebook 05.
+# **each** adapter (`model.policy_parameters()`, `model.value_parameters()`) clipped to `config.max_grad_norm`
+# on its own, and one step of each optimiser. The old log-probs, old values, advantages and returns stay the
+# rollout's for the whole iteration. Return the rollout and the $(L^{\text{CLIP}}, L^V)$ of every minibatch,
+# as floats, in order. Most lines are your `ppo_update` of notebook 05.
 #
 # The check runs your iteration and the library's (`collect_experience`, then `PPOTrainer.update`) from the
 # same weights, prompts and seeds, with plain SGD (the deep dive says why), without and then with a binding
@@ -423,8 +422,8 @@ plot_curves(history, keys=["score", "hidden_score", "kl", "value_loss"], columns
 
 # %% [markdown]
 # On the shipped seed the twelve iterations take the held-out hidden score from below $-0.3$ (the SFT model)
-# to above $0.6$, at a KL to the reference below 3 nats. Yours and the library's iteration sample the same
-# tokens and differ by float rounding only, far inside these margins.
+# to above $0.6$, at a KL to the reference below 3 nats, whichever iteration trains: yours and the library's
+# compute the same numbers up to float rounding.
 
 # %% tags=["claim-check"]
 check_claims({
