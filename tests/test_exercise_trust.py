@@ -8,6 +8,7 @@ from rlhf_helpers.course.notebook import (
     checked_function_is,
     exercise_check,
     exercise_outcome,
+    learner_pieces,
     trust_learner_function,
 )
 
@@ -81,4 +82,24 @@ def test_a_failed_or_unchecked_exercise_is_not_trusted(capsys):
     run_cell(ns, "def double(x):\n    raise NotImplementedError\n", "<cell-e-4>")
     exercise_check("Exercise 7 (double)", ns["check_double"])
     assert trust_learner_function("Exercise 7 (double)", ns["double"]) == (False, "its check is not done yet")
+    capsys.readouterr()
+
+
+def test_a_run_takes_the_trusted_pieces_by_name_and_says_whose_each_is(capsys):
+    ns = notebook("f")
+    exercise_check("Exercise 8 (double)", ns["check_double"])
+    run_cell(ns, "def triple(x):\n    return 3 * x\n", "<cell-f-3>")  # defined, never checked
+    exercises = {"double_fn": "Exercise 8 (double)", "triple_fn": "Exercise 9 (triple)",
+                 "absent_fn": "Exercise 10 (absent)"}  # absent: a deep dive the learner skipped
+    pieces, lines = learner_pieces(exercises, ns)
+    assert pieces == {"double_fn": ns["double"]}
+    assert lines == ["This run trains with your double, and with the library's triple, absent.",
+                     "  triple: the library's, because its check has not run",
+                     "  absent: the library's, because it is not defined"]
+    pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns, {"double_fn": "fp16 needs the library's"})
+    assert pieces == {} and lines == ["This run trains with your code in no piece yet, and with the library's double.",
+                                      "  double: the library's, because fp16 needs the library's"]
+    run_cell(ns, "def double(x):\n    return x + x + 1\n", "<cell-f-4>")  # redefined wrong after its pass
+    pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns)
+    assert pieces == {} and "redefined after its check" in lines[1]
     capsys.readouterr()

@@ -321,3 +321,29 @@ def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] =
         return
     _OUTCOMES[name] = EXERCISE_PASSED
     print(f"{EXERCISE_PASSED}  {name}")
+
+
+def learner_pieces(exercises: dict[str, str], namespace: MutableMapping[str, Any],
+                   refused: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The learner's functions a run may train with, looked up by name (a deep dive may define one, or not).
+
+    `exercises`: keyword argument -> exercise name ("Exercise 2 (gae_loop)"); the function is the one `namespace`
+    (the notebook's `globals()`) holds under the name in brackets, used when `trust_learner_function` trusts it
+    and `refused` (argument -> reason) does not refuse it. Returns (argument -> function, for those used; the
+    lines to print: "This run trains with your ..., and with the library's ...", then why for every piece
+    whose reason is not simply that its check passed)."""
+    pieces, why, names = {}, {}, {arg: _LEARNER_NAME.search(name).group(1) for arg, name in exercises.items()}
+    for arg, name in exercises.items():
+        function = _learner_function(name, namespace)
+        trusted, why[arg] = trust_learner_function(name, function) if function else (False, "it is not defined")
+        if trusted and arg in (refused or {}):
+            trusted, why[arg] = False, refused[arg]
+        if trusted:
+            pieces[arg] = function
+    line = "This run trains with your " + (", ".join(names[arg] for arg in pieces) or "code in no piece yet")
+    library = [names[arg] for arg in exercises if arg not in pieces]
+    lines = [line + (", and with the library's " + ", ".join(library) if library else "") + "."]
+    side = {arg: "yours" if arg in pieces else "the library's" for arg in exercises}
+    lines += [f"  {names[arg]}: {side[arg]}, because {why[arg]}"
+              for arg in exercises if arg not in pieces or why[arg] != "its check passed"]
+    return pieces, lines
