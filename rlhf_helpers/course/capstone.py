@@ -9,8 +9,8 @@ An iteration is `iteration(model, tokenizer, prompts, policy_opt, value_opt, con
 `run_iteration` runs one from given weights with plain SGD (the notebook says why), records what it made and
 puts the weights back. `first_difference` names the first thing that differs, in the order the iteration makes
 it: the experience (tokens, log-probs, values, scores, rewards, returns, advantages), then each minibatch's
-losses, then the weights' updates, with the likely cause. The check code uses plain torch only: the library's
-maths are hidden from the learner while it runs.
+losses, then the gradient norm of each optimiser step and the weights' updates, with the likely cause. The
+check code uses plain torch only: the library's maths are hidden from the learner while it runs.
 """
 
 from __future__ import annotations
