@@ -203,30 +203,26 @@ exercise_check("Exercise 1 (make_experience)", check_make_experience,
 #     ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
 #     values = model.values(seq, attn, P).float()  # (B, R)
 #     scores = model.reward_scores(seq, attn).float()  # (B,)
-#     # r_t = -beta k1_t on every real token, + the score on the last real one (notebook 05, Exercise 1)
-#     real = mask.bool()  # (B, R)
-#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
-#     rewards = -config.kl_coef * k1  # (B, R)
+#     beta, gamma, lam = config.kl_coef, config.gamma, config.lam
+#     # r_t = -beta k1_t on every real token, + the score on the last real one (your shaped_rewards, notebook 05)
+#     rewards = -beta * torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R)
 #     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
 #     rewards[torch.arange(len(scores)), last] += scores
-#     # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lambda A_{t+1}  (notebook 05, Exercise 2)
-#     gamma, lam = config.gamma, config.lam
-#     B, T = rewards.shape
-#     advantages = torch.zeros_like(rewards)  # (B, T)
-#     running = rewards.new_zeros(B)  # (B,): A_{t+1}, 0 past the end
-#     next_value = rewards.new_zeros(B)  # (B,): V(s_{t+1}), 0 past the end
-#     for t in reversed(range(T)):
-#         real = mask[:, t]  # (B,)
+#     # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lambda A_{t+1}  (your gae_loop, notebook 05)
+#     advantages = torch.zeros_like(rewards)  # (B, R)
+#     running = torch.zeros_like(rewards[:, 0])  # (B,): A_{t+1}, 0 past the end
+#     next_value = torch.zeros_like(rewards[:, 0])  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(rewards.shape[1])):
 #         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         running = (delta + gamma * lam * running) * mask[:, t]  # 0 on padding: the last real token starts fresh
 #         advantages[:, t] = running
-#         next_value = values[:, t] * real  # padding's value never reaches a real token
-#     returns = (advantages + values) * mask  # (B, T): before whitening
-#     # whiten over the real tokens of the whole batch (notebook 03, Exercise 3)
+#         next_value = values[:, t] * mask[:, t]  # padding's value never reaches a real token
+#     returns = (advantages + values) * mask  # (B, R): before whitening
+#     # whiten over the real tokens of the whole batch (your masked_whiten_scratch, notebook 03)
 #     n = mask.sum()
 #     mean = (advantages * mask).sum() / n
 #     var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
-#     advantages = (advantages - mean) / torch.sqrt(var + 1e-8) * mask  # (B, T)
+#     advantages = (advantages - mean) / torch.sqrt(var + 1e-8) * mask  # (B, R)
 #     return Rollout(samples.prompts, samples.responses, seq, attn, P, mask, logprobs, ref_logprobs, values * mask,
 #                    scores, rewards, advantages, returns)
 # ```
@@ -252,12 +248,12 @@ exercise_check("Exercise 1 (make_experience)", check_make_experience,
 # **each** adapter (`model.policy_parameters()`, `model.value_parameters()`) clipped to `config.max_grad_norm`
 # on its own, and one step of each optimiser. The old log-probs, old values, advantages and returns stay the
 # rollout's for the whole iteration. Return the rollout and the $(L^{\text{CLIP}}, L^V)$ of every minibatch,
-# as floats, in order. Most lines are your `ppo_update` of notebook 05.
+# as floats, in order. Most of its lines are in notebook 05's `ppo_update`.
 #
-# The check runs your iteration and the library's (`collect_experience`, then `PPOTrainer.update`) from the
-# same weights, prompts and seeds, with plain SGD (the deep dive says why), without and then with a binding
-# gradient clip. It names the first difference: the experience, each minibatch's losses, the gradient of
-# each optimiser step, the weights after the update.
+# The check (it runs your `make_experience` too) compares your iteration with the library's
+# (`collect_experience`, then `PPOTrainer.update`) run from the same weights, prompts and seeds, with plain
+# SGD (the deep dive says why), without and then with a binding gradient clip. It names the first difference:
+# the experience, each minibatch's losses, the gradient of each optimiser step, the weights after the update.
 
 # %%
 # EXERCISE 2
@@ -327,9 +323,10 @@ exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATI
 #             losses.append((pg_loss.item(), v_loss.item()))
 #     return batch, losses
 # ```
-# The clipped loss is inline, as CleanRL writes it. On the first minibatch the weights have not moved, so every ratio is 1 and the $\min$ meets a tie: autograd
-# sends half the gradient through each branch. A `.detach()` on the clipped branch keeps the loss and halves
-# that gradient, which is why the check compares each step's gradient as well as the losses.
+# The clipped loss is inline, as CleanRL writes it. Inside the clip band the two branches of the $\min$ are
+# equal, a tie, and autograd sends half the gradient through each: a `.detach()` on the clipped branch keeps the
+# loss and halves the gradient of every in-band token (on the first minibatch, every token). That is why the
+# check compares each step's gradient as well as the losses.
 # </details>
 
 # %% [markdown]

@@ -4,8 +4,7 @@ from mistakes import Mistake
 
 MISTAKES = {
     "1": [
-        Mistake("the KL penalty with the wrong sign", "rewards = -config.kl_coef * k1",
-                "rewards = config.kl_coef * k1"),
+        Mistake("the KL penalty with the wrong sign", "rewards = -beta * torch.where", "rewards = beta * torch.where"),
         Mistake("the score on the last column, not the last real token",
                 "rewards[torch.arange(len(scores)), last] += scores", "rewards[:, -1] += scores"),
         Mistake("the advantages not whitened", "advantages = (advantages - mean) / torch.sqrt(var + 1e-8) * mask",
@@ -23,9 +22,9 @@ MISTAKES = {
                 "advantages = (advantages - mean) / torch.sqrt(var + 1e-8) * mask\n"
                 "    returns = (advantages + values) * mask"),
         Mistake("the last real token bootstraps from the value at the padding",
-                "next_value = values[:, t] * real", "next_value = values[:, t]"),
-        Mistake("gamma left out of GAE's decay", "running = (delta + gamma * lam * running) * real",
-                "running = (delta + lam * running) * real"),
+                "next_value = values[:, t] * mask[:, t]", "next_value = values[:, t]"),
+        Mistake("gamma left out of GAE's decay", "running = (delta + gamma * lam * running)",
+                "running = (delta + lam * running)"),
     ],
     "2": [
         Mistake("the ratio against the reference's log-probs", "logp - batch.old_logprobs[rows]",
