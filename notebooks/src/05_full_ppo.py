@@ -11,61 +11,38 @@
 # **Time:** about 325 min for the core; the deep dives add about 75 min.
 #
 # **You will learn**
-# - the four roles of RLHF-PPO (policy, reference, value, reward) and its three losses (clip policy
-#   loss, value loss, optional ptx loss);
-# - how one base model plays all four roles with LoRA adapters: the adapters, the trainable parameters
-#   per role, the reference as "adapters disabled" (checked against the plain base model), and the
-#   memory saved against four separate models;
-# - experience making: one real batch as a table (tokens, log-probs, reference log-probs, values,
-#   shaped rewards, advantages), and the whole computation for one sequence from scratch;
-# - PPO, **written by you**: the shaped reward, GAE, the clipped loss and the update loop (epochs,
-#   shuffled minibatches, ratio against the stored log-probs, clipped policy and value losses, gradient
-#   clipping, one optimiser per adapter), each checked against an independent reference;
-# - **your code trains the model** in section 4 (the library's piece stands in for any exercise not
-#   done yet), and one plausible bug, the ratio taken against the reference, trains visibly worse;
-# - curves of the learned score, the hidden true score, KL, clip fraction, value loss and explained
-#   variance; samples before and after;
-# - **measured**: PPO against best-of-$n$ sampling at matched KL (at most $\log n - \frac{n-1}{n}$);
-# - saving the adapters and loading them into a fresh model that gives the same log-probs. The
-#   engineering (memory, checkpoint files, the flags of other frameworks) is in the appendix, a deep
-#   dive at the end.
+# - the four roles of RLHF-PPO and how one base model plays them all with LoRA adapters;
+# - experience making on a real batch, token by token;
+# - PPO **written by you**: the shaped reward, GAE and the clipped loss, each checked; the update loop is
+#   read here and written in notebook 08 (or in a deep dive);
+# - **your code trains the model** (section 4): curves of the learned and the hidden true score, and KL.
+#
+# The deep dives: samples, best-of-$n$ at matched KL, the clip on the real batch, a bug trained, a recorded
+# gpu-profile run, the engineering.
 #
 # ### The whole loop on one screen
 #
 # ```text
-# inputs: SFT model (the base), reward adapter + score head (notebook 02), prompts
-# policy adapter θ and value adapter ψ on the base, B = 0: the policy starts as the reference
+# SFT model (the base) + reward adapter and score head (notebook 02); policy adapter θ and value adapter ψ
 # for iteration = 1 .. total_steps:
 #     # experience (no gradients), section 3
 #     x        ← rollout_batch_size prompts
-#     y        ← sample from π_θ(· | x)                          # temperature 1, stop at EOS
+#     y        ← sample from π_θ(· | x)                          # stop at EOS
 #     logπ_old ← log π_θ(y_t | x, y_<t)      per token           # stored: the "old" policy
-#     logπ_ref ← same, every adapter off     per token           # the reference
+#     logπ_ref ← same, every adapter off     per token
 #     V_old    ← V_ψ(x, y_<t)                per token
-#     score    ← r_φ(x, y)                   per response        # read at the last real token
+#     score    ← r_φ(x, y)                   per response
 #     r_t      ← −β (logπ_old − logπ_ref) + [t = last] · score   # Exercise 1
-#     Â, G^λ   ← GAE(r, V_old; γ, λ);  Â ← whiten(Â) over real tokens            # Exercise 2 (notebook 03)
-#     # update, section 3 (Exercise 4; its loss L^CLIP is Exercise 3)
+#     Â, G^λ   ← GAE(r, V_old; γ, λ);  Â ← whiten(Â)             # Exercise 2 (notebook 03)
+#     # update, section 3 (written in notebook 08)
 #     for epoch = 1 .. ppo_epochs:
 #         for each minibatch of a fresh shuffle:
-#             ρ   ← exp(log π_θ − logπ_old)
-#             θ   ← θ − η ∇ L^CLIP(ρ, Â; ε)           # clipped, masked mean; grad norm clipped
+#             θ   ← θ − η ∇ L^CLIP(exp(log π_θ − logπ_old), Â; ε)   # Exercise 3
 #             ψ   ← ψ − η ∇ c_V L^V(V_ψ, V_old, G^λ; ε_V)
-#     β ← KL controller(β, measured KL)               # fixed by default
 # ```
 #
 # (Ouyang et al. 2022, section 3.5; Huang et al. 2024, "The N+ implementation details of RLHF with
-# PPO". Notation: notebooks/NOTATION.md.) The helpers the notebook calls, and where each was built:
-#
-# | helper | what it does | built in |
-# |---|---|---|
-# | `build_shared_model` | one base, the policy / value / reward adapters and two heads | section 2 here |
-# | `sample_responses` | left-padded prompts in, responses sampled to EOS, with the masks | this notebook |
-# | `collect_experience` | every line of the experience block above, batched | 03 (GAE, shaping), here |
-# | `rlhf_helpers.policy_loss`, `value_loss` | $L^{\text{CLIP}}$ and $L^V$ with masks | 04 |
-# | `PPOTrainer` | the loop: `step()` = experience + `update()`; `train()`, `evaluate()`, checkpoints | here |
-# | `hidden_scores`, `score_breakdown` | the world's true score, which no model sees | 02 |
-# | `best_of_n` | the no-training baseline of section 6 | here |
+# PPO". Notation: notebooks/NOTATION.md.)
 
 # %% tags=["colab-setup"]
 
@@ -75,43 +52,32 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
-import dataclasses
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import display
-from plotly.subplots import make_subplots
 
 import rlhf_helpers
-from rlhf_helpers import widgets
-from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
-from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.claims import check_claims
-from rlhf_helpers.course.notebook import trust_learner_function
-from rlhf_helpers.course.update_check import explain_update_difference, update_loop
+from rlhf_helpers.course.notebook import learner_pieces
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.checkpoint import load_model_weights
-from rlhf_helpers.ppo.diagnosis import diagnose, format_findings, mark_findings
+from rlhf_helpers.ppo.diagnosis import diagnose, mark_findings
 from rlhf_helpers.ppo.experience import collect_experience
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path
-from rlhf_helpers.runtime.data import load_preferences, load_prompts
+from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.memory import PeakMemory
-from rlhf_helpers.runtime.models import load_causal_lm
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_metrics
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.widgets.live_figure import LiveFigure
-from rlhf_helpers.world.scorer import hidden_scores, score_breakdown
+from rlhf_helpers.world.scorer import hidden_scores
 
 # %%
 profile = get_profile()
@@ -132,40 +98,24 @@ print(f"profile {profile.name}: {profile.ppo.total_steps} PPO steps of {profile.
 # | **reward** $r_\phi$ | SFT model + score head, trained on preferences (notebook 02) | no (frozen here) | one score per response |
 # | **value** $V_\psi$ | SFT model + value head (the critic) | yes | $V(s_t)$ per token, the baseline of GAE |
 #
-# One PPO iteration (notebooks 03 and 04 built every piece):
-#
-# 1. sample prompts, generate responses with the policy (temperature 1, no top-k/top-p);
-# 2. score: $\text{score} = r_\phi(x, y)$; run the reference and value passes;
-# 3. shaped rewards $r_t = -\beta\,(\log\pi_\theta(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = \text{last}]\,\text{score}$;
-# 4. GAE: $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$, $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, $G^\lambda_t = \hat A_t + V(s_t)$;
-# 5. several epochs of minibatch updates on this batch with the three losses
-#
-# $$L^{\text{CLIP}} = -\overline{\min(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\hat A_t)}, \qquad
-# L^{V} = \tfrac12\,\overline{\max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}, \qquad
-# L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})},$$
-#
-# with $\rho_t = \exp(\log\pi_\theta - \log\pi_{\text{old}})$ and $\log\pi_{\text{old}}$ stored at
-# sampling time (never the reference's). The policy minimises $L^{\text{CLIP}} + c_{\text{ptx}}L^{\text{ptx}}$
-# (ptx is off by default), the critic $L^V$.
-#
-# Appendix C maps these pieces to TRL's and OpenRLHF's for readers who know those frameworks (notebook
-# 07 maps the settings of verl and OpenRLHF).
-#
+# The loop above (notebooks 03 and 04 built every piece) has three losses: the policy minimises the clipped
+# loss $L^{\text{CLIP}}$ (Exercise 3), plus $c_{\text{ptx}}$ times $L^{\text{ptx}} = -\overline{\log \pi_\theta(\text{SFT text})}$
+# (off by default); the critic minimises the clipped value loss $L^V$ (section 3). Appendix C maps these
+# pieces to TRL's and OpenRLHF's.
+
+# %% [markdown]
 # ## 2. One base model, four roles
 #
-# Four full copies of the model would cost four times its memory, and two of them would need gradients
-# and Adam states. With LoRA, the frozen base is kept **once**; each role is a small adapter on it:
+# With LoRA the frozen base is kept **once**, not four times; each role is a small adapter on it:
 #
-# $$W_{\text{role}} = W_0 + \tfrac{\alpha}{r} B_{\text{role}} A_{\text{role}}, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r},$$
+# $$W_{\text{role}} = W_0 + \tfrac{\alpha}{r} B_{\text{role}} A_{\text{role}}, \qquad A \in \mathbb{R}^{r \times d_{\text{in}}},\ B \in \mathbb{R}^{d_{\text{out}} \times r}.$$
 #
-# the **reference** is the base with every adapter switched off ($W_0$ alone), and a role is chosen by
-# activating its adapter before a forward pass. The reward adapter and score head come from notebook 02
-# (`ensure_reward_model` trains them once and caches them under `runs/`); the policy and value adapters
-# start fresh. PEFT initialises $B = 0$, so at the start the policy *is* the reference.
+# The **reference** is the base with every adapter off. The reward adapter and score head come from
+# notebook 02; the policy and value adapters start with $B = 0$, so the fresh policy *is* the reference.
 
 # %%
 # a new folder for this run's checkpoints (runs/05_full_ppo/run-<date>-<time>-<pid>): a second kernel never
-# writes into it, and section 8 loads the checkpoint this run wrote
+# writes into it, and section 5 names the checkpoint this run wrote
 config = profile.ppo.replace(output_dir=str(new_run_dir(runs_dir() / "05_full_ppo")))
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
@@ -175,17 +125,23 @@ print(f"reward adapter: {shown_path(reward_dir)}  (held-out pairwise accuracy {s
 model, tokenizer = build_shared_model(profile, config, reward_dir)
 print("adapters on the one base model:", list(model.peft.peft_config))
 
+# %% [markdown]
+# ### Deep dive: the adapters, the parameters of each role, and the reference checked
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# One wrapped projection and its adapters, then the parameters of each role, chosen **by adapter name**
+# (peft's `set_adapter` changes `requires_grad` as a side effect, so "whatever is trainable now" is not a
+# safe way to pick them):
+
+# %%
 lora_name, lora_layer = next((n, m) for n, m in model.peft.named_modules() if hasattr(m, "lora_A"))
-print(f"\none wrapped projection, {lora_name}: base weight {tuple(lora_layer.base_layer.weight.shape)}")
+print(f"one wrapped projection, {lora_name}: base weight {tuple(lora_layer.base_layer.weight.shape)}")
 for adapter in lora_layer.lora_A:
     print(f"  {adapter:<7} A {tuple(lora_layer.lora_A[adapter].weight.shape)}   "
           f"B {tuple(lora_layer.lora_B[adapter].weight.shape)}")
 
-# %% [markdown]
-# The parameters of each role, chosen **by adapter name** (peft's `set_adapter` changes
-# `requires_grad` as a side effect, so "whatever is trainable now" is not a safe way to pick them):
 
-# %%
 def count(params):
     return sum(p.numel() for p in params)
 
@@ -204,8 +160,6 @@ role_table = pd.DataFrame([
 display(role_table)
 
 # %% [markdown]
-# ### The reference is the plain base model
-#
 # Inside `model.reference()` every adapter is disabled. Its log-probs must equal those of the SFT model
 # loaded on its own, without peft. The per-token log-prob of response token $y_t$ is read from the logits
 # one position earlier:
@@ -216,10 +170,13 @@ display(role_table)
 # only (GPT-2 does not derive them from the mask).
 
 # %%
-gen = torch.Generator().manual_seed(profile.seed)
-eval_prompts = load_prompts("test")[: profile.ppo.n_eval_prompts]
-train_prompts = load_prompts("train")
-demo_prompts = [train_prompts[i] for i in torch.randperm(len(train_prompts), generator=gen)[:8].tolist()]
+from rlhf_helpers.core.tokens import position_ids_from_mask
+from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.runtime.models import load_causal_lm
+
+demo_gen = torch.Generator().manual_seed(profile.seed)
+train_texts = load_prompts("train")
+demo_prompts = [train_texts[i] for i in torch.randperm(len(train_texts), generator=demo_gen)[:8].tolist()]
 torch.manual_seed(profile.seed)
 demo = sample_responses(model, tokenizer, demo_prompts, config.max_prompt_length, config.max_new_tokens)
 P = demo.context_length
@@ -249,46 +206,32 @@ del plain_base
 # %% [markdown]
 # ## 3. Experience making
 #
-# `collect_experience` runs steps 1-4 of the loop without gradients. One batch of the untrained policy:
+# `collect_experience` runs the experience block of the loop without gradients. One batch of the untrained
+# policy, and one of its responses token by token:
 
 # %%
+gen = torch.Generator().manual_seed(profile.seed)
+eval_prompts = load_prompts("test")[: profile.ppo.n_eval_prompts]
+train_prompts = load_prompts("train")
 torch.manual_seed(profile.seed)
 batch_prompts = [train_prompts[i] for i in
                  torch.randperm(len(train_prompts), generator=gen)[: config.rollout_batch_size].tolist()]
 batch = collect_experience(model, tokenizer, batch_prompts, config, kl_coef=config.kl_coef)
 print(f"{len(batch)} responses, padded response width R = {batch.mask.shape[1]}, "
       f"mean length {batch.mask.sum(1).mean():.1f} tokens, EOS reached by {batch.ended_with_eos.float().mean():.0%}")
-print("timings (s):", {k: round(v, 2) for k, v in batch.timings.items()})
-
-
-def sequence_table(batch, i):
-    """One response of a batch, token by token (real tokens only)."""
-    n = int(batch.mask[i].sum())
-    tokens = batch.sequences[i, batch.context_length : batch.context_length + n].tolist()
-    return pd.DataFrame({
-        "token": tokenizer.convert_ids_to_tokens(tokens),
-        "logprob": batch.old_logprobs[i, :n].tolist(),
-        "ref logprob": batch.ref_logprobs[i, :n].tolist(),
-        "kl (k1)": batch.kl[i, :n].tolist(),
-        "value": batch.values[i, :n].tolist(),
-        "shaped reward": batch.rewards[i, :n].tolist(),
-        "advantage (whitened)": batch.advantages[i, :n].tolist(),
-        "return": batch.returns[i, :n].tolist(),
-    }).round(4) + {"token": "", **dict.fromkeys(["logprob", "ref logprob", "kl (k1)", "value", "shaped reward",
-                                                  "advantage (whitened)", "return"], 0.0)}  # + 0.0: no "-0.0"
-
-
-row = 0
+row, n = 0, int(batch.mask[0].sum())  # the first response, its real tokens only
+columns = {"logprob": batch.old_logprobs, "ref logprob": batch.ref_logprobs, "kl (k1)": batch.kl, "value": batch.values,
+           "shaped reward": batch.rewards, "advantage (whitened)": batch.advantages, "return": batch.returns}
+table = pd.DataFrame({name: values[row, :n].tolist() for name, values in columns.items()}).round(4) + 0.0  # no -0.0
+table.insert(0, "token", tokenizer.convert_ids_to_tokens(batch.sequences[row, batch.context_length :][:n].tolist()))
 print(f"prompt: {batch.prompts[row]!r}\nresponse: {batch.responses[row]!r}\nreward-model score: {batch.scores[row]:.3f}")
-display(sequence_table(batch, row))
+display(table)
 
 # %% [markdown]
 # The fresh policy equals the reference, so every KL is 0 (up to float rounding) and the shaped reward
-# is 0 except on the last token (EOS), which carries the reward model's score. The freshly initialised
-# critic predicts small values (under 0.5 in size here), so every $\delta_t$ is small except the
-# last, and with $\gamma = 1$ the return $|y| - 1 - t$ tokens before the end is about
-# $\lambda^{|y|-1-t}\,\text{score}$: GAE's $\lambda$ fades the score towards the start of the response
-# until the critic learns to carry it.
+# is 0 except on the last token, which carries the reward model's score. The fresh critic predicts small
+# values (under 0.5 in size here), so the return $k$ tokens before the end is about $\lambda^k\,\text{score}$
+# ($\gamma = 1$): $\lambda$ fades the score towards the start until the critic learns to carry it.
 
 # %% tags=["claim-check"]
 real_tokens = batch.mask.bool()  # (B, R)
@@ -298,73 +241,13 @@ check_claims({
 })
 
 # %% [markdown]
-# ### The same computation for one sequence, from scratch
-#
-# Take one response alone, **without padding**, and recompute everything with plain forward passes and
-# the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
-#
-# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = |y|-1]\,\text{score},\qquad
-# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_{|y|} = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
-
-# %%
-def experience_one_sequence(model, batch, i, beta, gamma, lam):
-    """Log-probs, ref log-probs, values, score, shaped rewards, raw advantages and returns of row i."""
-    P = batch.context_length
-    real = batch.attention_mask[i].bool()  # (P + R,)
-    ids = batch.sequences[i][real][None, :]  # (1, L_i): the prompt and response, no padding at all
-    attn = torch.ones_like(ids)  # (1, L_i)
-    p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
-    n = ids.shape[1] - p_i  # response length
-    with torch.no_grad():
-        logits = model.policy_logits(ids, attn)  # (1, L_i, vocab): the policy adapter on
-        logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
-        with model.reference():  # every adapter off: the plain SFT model
-            ref = logprobs_scratch(model.lm, ids, attn, p_i)[0]  # (n,)
-        values = model.values(ids, attn, p_i)[0].float()  # (n,)
-        score = model.reward_scores(ids, attn)[0].float()  # ()
-    rewards = -beta * (logp - ref)  # (n,)
-    rewards[-1] += score
-    advantages = torch.zeros(n, device=values.device)  # (n,)
-    next_value, next_adv = 0.0, 0.0
-    for t in reversed(range(n)):
-        delta = rewards[t] + gamma * next_value - values[t]
-        next_adv = delta + gamma * lam * next_adv
-        advantages[t] = next_adv
-        next_value = values[t]
-    return {"logprobs": logp, "ref_logprobs": ref, "values": values, "score": score, "rewards": rewards,
-            "advantages": advantages, "returns": advantages + values}
-
-
-
-# %%
-i = 1
-mine = experience_one_sequence(model, batch, i, config.kl_coef, config.gamma, config.lam)
-n = int(batch.mask[i].sum())
-tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)  # unpadded vs padded: rounding only
-torch.testing.assert_close(mine["logprobs"], batch.old_logprobs[i, :n], **tol)
-torch.testing.assert_close(mine["ref_logprobs"], batch.ref_logprobs[i, :n], **tol)
-torch.testing.assert_close(mine["values"], batch.values[i, :n], **tol)
-torch.testing.assert_close(mine["score"], batch.scores[i], **tol)
-torch.testing.assert_close(mine["rewards"], batch.rewards[i, :n], **tol)
-torch.testing.assert_close(mine["returns"], batch.returns[i, :n], **tol)
-# the library whitens the advantages over the whole batch: undo that with the batch's raw advantages
-raw = batch.returns - batch.values  # (B, R): raw advantages, 0 at padding
-torch.testing.assert_close(rlhf_helpers.masked_whiten(raw, batch.mask)[i, :n], batch.advantages[i, :n], **tol)
-torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
-print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
-
-# %% [markdown]
 # ### Exercise 1: the shaped per-token reward
-# Write `shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)`, step 3 of the loop for a whole
-# batch: the $k_1$ penalty on **every** real token and the score added on the **last real** token,
+# Write `shaped_rewards(scores, logprobs, ref_logprobs, mask, beta)`, the loop's $r_t$ line for a batch:
 #
 # $$r_{it} = -\beta\, m_{it}\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i,$$
 #
-# where $\ell_i$ is the index of the last real token of row $i$. (B,) scores and (B, R) tensors in,
-# (B, R) out, 0 at padding. Responses end at different columns, and padding positions may hold
-# anything, even NaN. The library's reward-shaping functions are hidden while the check runs; it
-# compares with a loop over the real tokens, then with the batch PPO just made. Section 4 trains with
-# your function once it passes.
+# where $\ell_i$ is row $i$'s last real token; 0 at padding, which may hold anything, even NaN. The check
+# compares with a loop over the real tokens and with the batch above; the library's shaping is hidden.
 
 # %%
 # EXERCISE 1
@@ -410,8 +293,7 @@ def check_shaped_rewards():
 
 
 exercise_check("Exercise 1 (shaped_rewards)", check_shaped_rewards,
-               hidden=[rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate, rlhf_helpers.last_token_index,
-                       experience_one_sequence])
+               hidden=[rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate, rlhf_helpers.last_token_index])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -420,29 +302,22 @@ exercise_check("Exercise 1 (shaped_rewards)", check_shaped_rewards,
 # def shaped_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
 #                    beta: float) -> torch.Tensor:
 #     """-beta * k1 on every real token, + score on the last real one: (B,), (B, R) x3 -> (B, R)."""
-#     real = mask.bool()  # (B, R)
-#     k1 = torch.where(real, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R): 0 at padding
-#     rewards = -beta * k1  # (B, R)
+#     rewards = -beta * torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, R)
 #     last = mask.sum(dim=1).long() - 1  # (B,): responses are right-padded after their EOS
 #     rewards[torch.arange(len(scores)), last] += scores
 #     return rewards
 # ```
-# (`(logprobs - ref_logprobs) * mask` fails on the NaN in the padding: NaN times 0 is NaN. Putting the
+# (`torch.where` keeps padding at 0; `(logprobs - ref_logprobs) * mask` fails on the NaN in the padding:
+# NaN times 0 is NaN. Putting the
 # score on the last *column* gives it to padding for every response shorter than the batch.)
 # </details>
 
 # %% [markdown]
 # ### Exercise 2: GAE on the batch (your notebook 03 code)
-# Paste your `gae_loop(rewards, values, mask, gamma, lam)` from notebook 03 (Exercise 2), or write it
-# again: the reverse loop over a right-padded (B, T) batch,
-#
-# $$\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t),\qquad \hat A_t = \delta_t + \gamma\lambda\,\hat A_{t+1},\qquad
-# G^\lambda_t = \hat A_t + V(s_t),$$
-#
-# with $V = 0$ and $\hat A = 0$ after a row's last real token, returning `(advantages, returns)`, both 0
-# at padding. Make its new tensors on the device of `rewards` (`torch.zeros_like`, `rewards.new_zeros`),
-# so that it also runs on a GPU. The check compares it with a plain loop over each row's real tokens,
-# on random data with garbage in the padding and on the batch PPO just made; the library's GAE is hidden.
+# Paste your `gae_loop(rewards, values, mask, gamma, lam)` from notebook 03 (Exercise 2): the reverse loop
+# $\hat A_t = \delta_t + \gamma\lambda\,\hat A_{t+1}$ over a right-padded batch, returning `(advantages, returns)`.
+# The check compares it with a plain loop over each row's real tokens, on random rows with garbage in the
+# padding and on the batch above; the library's GAE is hidden.
 
 # %%
 # EXERCISE 2
@@ -483,8 +358,7 @@ def check_gae_loop():
 
 
 exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
-               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference,
-                       experience_one_sequence])
+               hidden=[rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference])
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -493,38 +367,36 @@ exercise_check("Exercise 2 (gae_loop)", check_gae_loop,
 # def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
 #              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
 #     """A_t = delta_t + gamma lam A_{t+1} over the real tokens of each row: (B, T) x3 -> (B, T), (B, T)."""
-#     B, T = rewards.shape
 #     advantages = torch.zeros_like(rewards)  # (B, T)
-#     running = rewards.new_zeros(B)  # (B,): A_{t+1}, 0 past the end
-#     next_value = rewards.new_zeros(B)  # (B,): V(s_{t+1}), 0 past the end
-#     for t in reversed(range(T)):
-#         real = mask[:, t]  # (B,)
+#     running = torch.zeros_like(rewards[:, 0])  # (B,): A_{t+1}, 0 past the end
+#     next_value = torch.zeros_like(rewards[:, 0])  # (B,): V(s_{t+1}), 0 past the end
+#     for t in reversed(range(rewards.shape[1])):
 #         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-#         running = (delta + gamma * lam * running) * real  # 0 on padding, so the last real token starts fresh
+#         running = (delta + gamma * lam * running) * mask[:, t]  # 0 on padding: the last real token starts fresh
 #         advantages[:, t] = running
-#         next_value = values[:, t] * real  # padding's value never reaches a real token
+#         next_value = values[:, t] * mask[:, t]  # padding's value never reaches a real token
 #     return advantages, (advantages + values) * mask
 # ```
+# Multiplying by the mask inside the loop is what handles the ends: on padding both `running` and
+# `next_value` are 0, so a row's last real token sees $\hat A_{t+1} = 0$ and $V(s_{t+1}) = 0$.
 # </details>
 
 # %% [markdown]
 # ### Exercise 3: the masked clipped loss, per token or per sequence
 #
-# Write the heart of the policy step, `clipped_policy_loss(logprobs, old_logprobs, advantages, mask,
-# eps, per_sequence=False)`: $L^{\text{CLIP}}$ of one minibatch from (b, R) tensors, as one scalar,
+# Write `clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps, per_sequence=False)`:
+# $L^{\text{CLIP}}$ of one minibatch of (b, R) tensors, one scalar,
 #
 # $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
 # L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t}.$$
 #
-# - `per_sequence=False` (this engine, TRL, OpenRLHF's default `token-mean`): one masked mean over
-#   **all** real tokens of the minibatch, as written above.
-# - `per_sequence=True` (OpenRLHF's `seq-mean-token-mean`): the masked mean over each response's own
-#   tokens first, then the plain mean over responses.
+# as written (`per_sequence=False`: this engine, TRL, OpenRLHF's default `token-mean`), or with
+# `per_sequence=True` (OpenRLHF's `seq-mean-token-mean`) the masked mean over each response's own tokens
+# first, then the plain mean over responses.
 #
-# Padding positions hold garbage (huge log-probs): they must not reach the result. The check compares
-# the value with a plain loop over each response's tokens, and then the gradient with respect to
-# `logprobs` (autograd of your loss against autograd of the loop), since a loss with the right value can
-# still push the policy the wrong way. Section 4 trains with your loss (`per_sequence=False`) once it passes.
+# Padding holds huge log-probs that must not reach the result. The check compares the value with a loop
+# over each response's tokens, and the gradient with respect to `logprobs` (a loss with the right value
+# can still push the policy the wrong way). Section 4 trains with your loss (`per_sequence=False`).
 
 # %%
 # EXERCISE 3
@@ -535,7 +407,7 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
 
 
 # %%
-def clip_loss_loop(x, old, adv, lengths, reduction):
+def check_reference_loss(x, old, adv, lengths, reduction):
     """The check's reference: L^CLIP (eps 0.2) by a plain loop over each response's real tokens."""
     per_row = []
     for i, n in enumerate(lengths):
@@ -580,12 +452,12 @@ def check_clipped_policy_loss():
     old = logp + 0.4 * torch.randn(5, 7, generator=g)  # (b, R): ratios spread across the clip band
     adv = torch.randn(5, 7, generator=g)  # (b, R)
     garbage = torch.where(mask.bool(), logp, torch.full_like(logp, 500.0))  # exp(500) is inf in float32
-    unclipped = clip_loss_loop(garbage, old, adv, lengths, "unclipped")
+    unclipped = check_reference_loss(garbage, old, adv, lengths, "unclipped")
     for per_sequence, reduction, other in ((False, "token", "sequence"), (True, "sequence", "token")):
         x = garbage.clone().requires_grad_(True)
-        expected = clip_loss_loop(x, old, adv, lengths, reduction)
+        expected = check_reference_loss(x, old, adv, lengths, reduction)
         (want_grad,) = torch.autograd.grad(expected, x)  # (b, R): autograd of the reference loop
-        expected, other_reduction = expected.detach(), clip_loss_loop(garbage, old, adv, lengths, other)
+        expected, other_reduction = expected.detach(), check_reference_loss(garbage, old, adv, lengths, other)
         y = garbage.clone().requires_grad_(True)
         got = clipped_policy_loss(y, old, adv, mask, 0.2, per_sequence=per_sequence)
         assert got.dim() == 0, f"per_sequence={per_sequence}: return one scalar, got shape {tuple(got.shape)}"
@@ -619,9 +491,7 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
 #                         mask: torch.Tensor, eps: float, per_sequence: bool = False) -> torch.Tensor:
 #     """L^CLIP of a minibatch: (b, R) tensors -> scalar (token mean, or per-sequence mean then batch mean)."""
-#     real = mask.bool()  # (b, R)
-#     log_rho = torch.where(real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (b, R): 0 at padding
-#     rho = torch.exp(log_rho)  # (b, R)
+#     rho = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs)))  # (b, R)
 #     surrogate = torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask  # (b, R)
 #     if per_sequence:
 #         return -(surrogate.sum(dim=1) / mask.sum(dim=1)).mean()
@@ -640,31 +510,101 @@ exercise_check("Exercise 3 (clipped_policy_loss)", check_clipped_policy_loss,
 # </details>
 
 # %% [markdown]
-# ### Exercise 4: PPO's update loop
+# ### Deep dive: the same computation for one sequence, from scratch
 #
-# Experience in hand, the update is the part that learns, and now you write it. For every one of
-# `config.ppo_epochs` epochs, take a fresh shuffle of the batch, cut it into minibatches of
-# `config.mini_batch_size`, and on each minibatch take two optimiser steps, one per adapter (each
-# chosen by name, section 2):
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# - **policy** (policy adapter on, `model.policy_logprobs(seq, attn, P, temperature=config.temperature)`):
-#   the loss `policy_loss_fn(logprobs, old_logprobs, advantages, mask, config.clip_eps)` (your Exercise 3,
-#   or the library's), with the log-probs **stored at sampling time** as the old ones;
-# - **critic** (value adapter on, `model.values(seq, attn, P)`): the clipped value loss around the
-#   rollout's values, scaled by `config.vf_coef` before the backward pass,
+# Take one response alone, **without padding**, and recompute everything with plain forward passes and
+# the reverse GAE loop of notebook 03. It must match the batched, left-padded library computation:
+#
+# $$r_t = -\beta\,(\log\pi_{\text{old}}(y_t) - \log\pi_{\text{ref}}(y_t)) + [t = |y|-1]\,\text{score},\qquad
+# \delta_t = r_t + \gamma V_{t+1} - V_t \ (V_{|y|} = 0),\qquad \hat A_t = \delta_t + \gamma\lambda \hat A_{t+1}.$$
+
+# %%
+def experience_one_sequence(model, batch, i, beta, gamma, lam):
+    """Log-probs, ref log-probs, values, score, shaped rewards, raw advantages and returns of row i."""
+    P = batch.context_length
+    real = batch.attention_mask[i].bool()  # (P + R,)
+    ids = batch.sequences[i][real][None, :]  # (1, L_i): the prompt and response, no padding at all
+    attn = torch.ones_like(ids)  # (1, L_i)
+    p_i = int(batch.attention_mask[i, :P].sum())  # real prompt length
+    n = ids.shape[1] - p_i  # response length
+    with torch.no_grad():
+        logits = model.policy_logits(ids, attn)  # (1, L_i, vocab): the policy adapter on
+        logp = torch.log_softmax(logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
+        with model.reference():  # every adapter off: the plain SFT model
+            ref_logits = model.lm(input_ids=ids, attention_mask=attn).logits  # (1, L_i, vocab)
+        ref = torch.log_softmax(ref_logits[0, p_i - 1 : -1].float(), -1).gather(-1, ids[0, p_i:, None])[:, 0]  # (n,)
+        values = model.values(ids, attn, p_i)[0].float()  # (n,)
+        score = model.reward_scores(ids, attn)[0].float()  # ()
+    rewards = -beta * (logp - ref)  # (n,)
+    rewards[-1] += score
+    advantages = torch.zeros(n, device=values.device)  # (n,)
+    next_value, next_adv = 0.0, 0.0
+    for t in reversed(range(n)):
+        delta = rewards[t] + gamma * next_value - values[t]
+        next_adv = delta + gamma * lam * next_adv
+        advantages[t] = next_adv
+        next_value = values[t]
+    return {"logprobs": logp, "ref_logprobs": ref, "values": values, "score": score, "rewards": rewards,
+            "advantages": advantages, "returns": advantages + values}
+
+
+# %%
+i = 1
+mine = experience_one_sequence(model, batch, i, config.kl_coef, config.gamma, config.lam)
+n = int(batch.mask[i].sum())
+tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)  # unpadded vs padded: rounding only
+torch.testing.assert_close(mine["logprobs"], batch.old_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["ref_logprobs"], batch.ref_logprobs[i, :n], **tol)
+torch.testing.assert_close(mine["values"], batch.values[i, :n], **tol)
+torch.testing.assert_close(mine["score"], batch.scores[i], **tol)
+torch.testing.assert_close(mine["rewards"], batch.rewards[i, :n], **tol)
+torch.testing.assert_close(mine["returns"], batch.returns[i, :n], **tol)
+# the library whitens the advantages over the whole batch: undo that with the batch's raw advantages
+raw = batch.returns - batch.values  # (B, R): raw advantages, 0 at padding
+torch.testing.assert_close(rlhf_helpers.masked_whiten(raw, batch.mask)[i, :n], batch.advantages[i, :n], **tol)
+torch.testing.assert_close(mine["advantages"], raw[i, :n], **tol)
+print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library experience")
+
+# %% [markdown]
+# ### The update loop
+#
+# `PPOTrainer.update` runs the update block of the loop at the top: each epoch cuts a fresh shuffle of the
+# batch into minibatches, and each minibatch gets two optimiser steps, one per adapter:
+#
+# - **policy**: $L^{\text{CLIP}}$ (Exercise 3), the ratio taken against the log-probs **stored at sampling
+#   time**, the new ones at the sampling temperature;
+# - **critic**: the value loss clipped around the rollout's values, scaled by `vf_coef`,
 #
 # $$V^{\text{clip}}_t = V_{\text{old},t} + \operatorname{clip}(V_t - V_{\text{old},t}, -\epsilon_V, \epsilon_V), \qquad
 # L^V = \tfrac12\, \frac{\sum_t m_t \max\big((V_t - G^\lambda_t)^2, (V^{\text{clip}}_t - G^\lambda_t)^2\big)}{\sum_t m_t};$$
 #
-# - each step clips the gradient norm of **its own** adapter's parameters (`model.policy_parameters()`,
-#   `model.value_parameters()`) to `config.max_grad_norm` before its optimiser moves them.
+# - each step clips the gradient norm of **its own** adapter. Advantages and returns stay fixed. In outline
+#   (`step`: zero_grad, backward, the adapter's gradient clip, the optimiser's step):
 #
-# The advantages $\hat A_t$ and returns $G^\lambda_t$ are fixed for the whole update: they came with
-# the batch (`batch.advantages`, `batch.returns`, `batch.values`, `batch.old_logprobs`, `batch.mask`,
-# and `batch.sequences`, `batch.attention_mask`, `batch.context_length` for the forward passes). Shuffle
-# with `torch.randperm(B, generator=generator)` once per epoch, and take the minibatches in that order.
-# Return the (policy loss, value loss) of every minibatch, as floats, in order, where the value loss is
-# $L^V$ itself, before the `vf_coef` scaling.
+# ```python
+# for epoch in range(config.ppo_epochs):
+#     for rows in torch.randperm(B, generator=generator).split(config.mini_batch_size):
+#         logp = model.policy_logprobs(seq[rows], attn[rows], P, temperature=config.temperature)
+#         step(policy_opt, policy_loss_fn(logp, old_logprobs[rows], A[rows], m[rows], config.clip_eps))
+#         V = model.values(seq[rows], attn[rows], P)
+#         step(value_opt, config.vf_coef * L_V(V, V_old[rows], G[rows], m[rows], config.value_clip))
+# ```
+#
+# You read this loop here and write it in notebook 08, the capstone, or in the deep dive below.
+
+# %% [markdown]
+# ### Deep dive: Exercise 4, write the update loop on its own
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# Write `ppo_update`, the loop above. Shuffle with `torch.randperm(B, generator=generator)` once per epoch and
+# take the minibatches in that order; the batch holds `advantages`, `returns`, `values`, `old_logprobs`,
+# `mask`, and `sequences`, `attention_mask`, `context_length` for the forward passes
+# (`model.policy_logprobs(seq, attn, P, temperature=...)`, `model.values(seq, attn, P)`); the adapters'
+# parameters are `model.policy_parameters()` and `model.value_parameters()`. Return the (policy loss, value
+# loss) of every minibatch, as floats, in order, the value loss being $L^V$ before the `vf_coef` scaling.
 #
 # The check runs the library's update and yours from the same weights, on the same batch, with the same
 # shuffles, in two settings: without gradient clipping and with a clip that binds. Its batch comes from a
@@ -731,6 +671,8 @@ def library_update(cfg):
 
 
 # %%
+from rlhf_helpers.course.update_check import explain_update_difference, update_loop
+
 # The library's update in the check's two settings, run here once (before the check hides it).
 free_config = check_config.replace(max_grad_norm=1e6)  # no clipping: vf_coef shows in every value step
 free_run = library_update(free_config)
@@ -832,64 +774,35 @@ exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
 # %% [markdown]
 # ## 4. Training, with your code
 #
-# `PPOTrainer` runs the loop: per step one experience batch, then `ppo_epochs` passes of shuffled
-# minibatches; the policy adapter and the value adapter (with its head) each have their own optimiser
-# (Adam), and each loss is back-propagated with its own adapter active. At the end it writes a
-# checkpoint. It takes PPO's maths as arguments, the library's by default: `shape_rewards_fn`
-# (Exercise 1), `advantage_fn` (Exercise 2), `policy_loss_fn` (Exercise 3) and `update_fn` (Exercise 4).
-# The cell below passes each of your functions whose check passed, and the library's for the others;
-# a function you redefined after its check is checked again first, and used only if it passes. The
-# lines it prints say which piece is whose, and why. Solve an exercise, run its check, and run this section again:
-# your code trains the model. (On an fp16 base, a T4 GPU, the library's update stays: it scales the
-# loss against fp16 underflow, which a plain loop does not.)
+# `PPOTrainer` runs the loop at the top `total_steps` times (Adam for each adapter) and writes a
+# checkpoint at the end. It takes PPO's pieces as arguments, the library's by default: the cell below passes
+# each of your functions whose check passed (one redefined since is checked again) and says which piece is
+# whose. Solve an exercise, run its check, run this section again: your code trains the model. (On an fp16
+# base, a T4 GPU, the library's update stays: it scales the loss against fp16 underflow.)
 #
-# After steps 1, 2, 4, 8, ... (and the last) the cell samples the held-out prompts with a fixed seed
-# (`trainer.evaluate`): these evaluations are compared with best-of-$n$ in section 6. The curves: the
-# learned score PPO maximises, the **hidden** true score it cannot see (the synthetic world's ground
-# truth), the sequence KL to the reference, and the update's diagnostics:
+# The curves: the learned score PPO maximises, the **hidden** true score it cannot see, the KL to the
+# reference, and the update's diagnostics:
 
 # %%
 for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss", "explained_variance"):
     print(f"{key:<19} {GLOSSARY[key]}")
 
 # %%
-YOUR_PIECES = (("shape_rewards_fn", "Exercise 1 (shaped_rewards)", shaped_rewards),
-               ("advantage_fn", "Exercise 2 (gae_loop)", gae_loop),
-               ("policy_loss_fn", "Exercise 3 (clipped_policy_loss)", clipped_policy_loss),
-               ("update_fn", "Exercise 4 (ppo_update)", ppo_update))
+YOUR_EXERCISES = {"shape_rewards_fn": "Exercise 1 (shaped_rewards)", "advantage_fn": "Exercise 2 (gae_loop)",
+                  "policy_loss_fn": "Exercise 3 (clipped_policy_loss)", "update_fn": "Exercise 4 (ppo_update)"}
 torch.manual_seed(profile.seed)
 model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
-names = {arg: exercise.partition("(")[2].rstrip(")") for arg, exercise, _ in YOUR_PIECES}
-pieces, why = {}, {}
-for arg, exercise, fn in YOUR_PIECES:  # a function redefined after its check passed is checked again here
-    trusted, why[arg] = trust_learner_function(exercise, fn)
-    if trusted and arg == "update_fn" and needs_grad_scaler(model):
-        trusted, why[arg] = False, "an fp16 base needs the library's update, with its loss scaling"
-    if trusted:
-        pieces[arg] = fn
-yours = [names[arg] for arg in names if arg in pieces]
-library_side = [names[arg] for arg in names if arg not in pieces]
-pieces_line = "This run trains with your " + (", ".join(yours) or "code in no piece yet")
-if library_side:
-    pieces_line += ", and with the library's " + ", ".join(library_side)
-print(pieces_line + ".")
-for arg in names:  # why, where it is not simply "its check passed"
-    if arg not in pieces or why[arg] != "its check passed":
-        side = "yours" if arg in pieces else "the library's"
-        print(f"  {names[arg]}: {side}, because {why[arg]}")
+fp16 = {"update_fn": "an fp16 base needs the library's update, with its loss scaling"} if needs_grad_scaler(model) else {}
+pieces, pieces_said = learner_pieces(YOUR_EXERCISES, globals(), fp16)  # each by its name, checked again if redefined
+print("\n".join(pieces_said))
 trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores, **pieces)
 start_eval = trainer.evaluate(eval_prompts)
 print("before training (the SFT model), held-out prompts: "
       + ",  ".join(f"{key} {value:.3f}" for key, value in start_eval.items()))
 
-# %% [markdown]
-# The held-out evaluation printed above (the untrained policy: the SFT model itself) is step 0 of the
-# checkpoint curve in section 6. The figure below plots each training batch's own metrics from step 1 on,
-# and refreshes every few steps while training runs (in a running notebook; a saved copy shows the
-# final curves).
-
 # %%
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
+# each training batch's metrics from step 1 on, refreshed while training runs (a saved copy shows the final curves)
 live_curves = LiveFigure(go.Figure(layout_title_text="PPO training curves (waiting for step 1)"))  # one output, replaced
 refresh_every = max(1, config.total_steps // 10)
 eval_steps = {2**k for k in range(config.total_steps.bit_length())} | {config.total_steps}  # 1, 2, 4, ..., last
@@ -925,15 +838,9 @@ display(curve_table.style.hide(axis="index").format(precision=3)
 print(f"time per step {np.mean([h['time_step'] for h in history]):.1f} s")
 
 # %% [markdown]
-# Reading the curves. The learned score rises, and the hidden score with it, as long as the reward
-# model is right in the region the policy explores; when the two part ways, the policy is exploiting the
-# reward model. KL grows as the policy leaves the reference ($\beta$ sets how far that is worth it). A
-# clip fraction of a few percent is the usual healthy range; tens of percent means the learning rate or
-# the number of epochs is too large. It counts tokens, not how far their ratios moved: a few tokens can
-# still leave the band far behind (section 7 shows the ratios of the last batch). Explained variance
-# climbs as the critic learns the returns. A critic stuck near 0 makes GAE with $\lambda < 1$ worse than
-# Monte-Carlo returns: the final score then reaches a token $k$ steps before the end only faded by
-# $\lambda^k$.
+# The hidden score rises with the learned one while the reward model is right where the policy explores;
+# when they part, the policy exploits it. A clip fraction of a few percent is healthy; tens of percent means
+# too large a learning rate or too many epochs.
 #
 # On the shipped seed, from the first five steps to the last five (the table above): the learned score
 # rises by more than 1 (from about 1.5 to about 3.0), and the hidden score by more than 0.3 (from about
@@ -972,6 +879,8 @@ check_claims({
 # naming each failure.
 
 # %%
+from rlhf_helpers.ppo.diagnosis import format_findings
+
 run_diagnosis = diagnose(trainer)
 print(format_findings(run_diagnosis))
 
@@ -997,6 +906,11 @@ check_claims({
 # `BUG_STEPS` steps.
 
 # %%
+import dataclasses
+
+from plotly.subplots import make_subplots
+
+
 class RatioAgainstReference(PPOTrainer):
     """BROKEN ON PURPOSE: the update's "old" log-probs are the reference's."""
 
@@ -1053,12 +967,21 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 5. Samples before and after
+# ## Deep dive: samples before and after
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # The same held-out prompts and the same sampling seed, from the reference (the SFT model, adapters
 # off) and from the trained policy, each with its learned score and its hidden true score:
 
 # %%
+import json
+from pathlib import Path
+
+from rlhf_helpers.ppo.samples import sample_responses, score_samples
+from rlhf_helpers.runtime.data import load_preferences
+from rlhf_helpers.world.scorer import score_breakdown
+
 show_prompts = eval_prompts[:6]
 rows = []
 for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
@@ -1109,7 +1032,7 @@ display(gap_summary.round(2))
 # contradicts the prompt's genre, and few preference pairs contrast a right genre with a wrong one (the
 # count is printed). The line above also gives the SFT model's gap on the same prompt: the reward
 # model's blind spot is there before PPO, and the SFT model can land in it too. How often the policy
-# lands in such spots after training is a question six prompts cannot answer. Section 6 compares held-out means over the whole evaluation set,
+# lands in such spots after training is a question six prompts cannot answer. The best-of-$n$ deep dive compares held-out means over the whole evaluation set,
 # and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of the training
 # batches parting as PPO pushes into the reward model's errors.
 
@@ -1119,9 +1042,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ### Deep dive: the same on a real language model, a recorded gpu-profile run
-#
-# *Optional: skip it on a first pass; nothing after it needs it.*
+# ### The same on a real language model, a recorded gpu-profile run
 #
 # Everything above ran on the tiny word-level model. The figures below come from the **gpu profile**, run
 # once from real pretrained weights and recorded in `benchmarks/results/gpu-h200-2026-11-26/realweights.json`:
@@ -1254,7 +1175,9 @@ check_claims({
 }, any_profile=True)
 
 # %% [markdown]
-# ## 6. Best-of-$n$: the baseline at matched KL
+# ## Deep dive: best-of-$n$, the baseline at matched KL
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # Best-of-$n$ needs no training: sample $n$ responses from the SFT model, keep the one the reward model
 # likes best. It moves the output distribution away from the SFT model too. The usual formula
@@ -1273,6 +1196,8 @@ check_claims({
 # same KL. Both pick or push by the **learned** reward; both are graded by the hidden score.
 
 # %%
+from rlhf_helpers.compare.best_of_n import best_of_n, best_of_n_kl
+
 n_max = 8
 bon = best_of_n(model, tokenizer, eval_prompts, n=n_max, max_new_tokens=config.max_new_tokens,
                 max_prompt_length=config.max_prompt_length, adapter=None, seed=profile.seed)
@@ -1299,9 +1224,7 @@ fig.update_layout(title="Hidden true score against KL to the SFT model (held-out
 fig.show()
 
 # %% [markdown]
-# ### Deep dive: best-of-$n$ against PPO at matched KL
-#
-# *Optional: skip it on a first pass; nothing after it needs it.*
+# ### Best-of-$n$ against PPO at matched KL
 #
 # PPO's curve read at each best-of-$n$ KL (linear between two checkpoints), and how large the gaps are
 # against the noise of one evaluation:
@@ -1394,13 +1317,17 @@ exercise_check("Exercise 5 (bon_kl)", check_bon_kl, hidden=[best_of_n_kl])
 # </details>
 
 # %% [markdown]
-# ## 7. The clip on the real batch
+# ## Deep dive: the clip on the real batch
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # After training, recompute the policy's log-probs on the last experience batch and divide by the
 # log-probs stored when it was sampled: these are the ratios $\rho_t$ the last update epochs produced.
 # Choose the advantage's sign and see which of these tokens are in a zero-gradient region.
 
 # %%
+from rlhf_helpers import widgets
+
 last_batch = trainer.last_batch
 with torch.no_grad():
     new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask,
@@ -1432,9 +1359,7 @@ check_claims({"a clipped token is always outside the band": clip_fraction <= out
               bool(((batch_ratios - 1).abs() > 2 * eps).any())})
 
 # %% [markdown]
-# ### Deep dive: every ratio in the clip explorer
-#
-# *Optional: skip it on a first pass; nothing after it needs it.*
+# ### Every ratio in the clip explorer
 #
 # The explorer's x-axis stops at 3 so that the clip band stays readable; ratios beyond it are counted in
 # the rightmost bar (the printout says how many).
@@ -1446,18 +1371,36 @@ clip_explorer = widgets.ClipExplorer(eps=eps, ratios=batch_ratios.clamp(max=axis
 clip_explorer
 
 # %% [markdown]
-# ## 8. Saving and loading the adapters
+# ## 5. Saving the adapters
 #
-# At the end of `train` the trainer wrote a checkpoint (appendix B lists its files and how it is written
-# safely). A fresh shared model (base + untrained policy and value adapters) gives different log-probs;
-# after loading the checkpoint's adapters and heads it must give exactly the trained model's log-probs,
-# values and scores:
+# At the end of `train` the trainer wrote a checkpoint: the policy, value and reward adapters and the two
+# heads, which `load_model_weights` loads into a fresh shared model.
 
 # %%
+from pathlib import Path
+
 checkpoint = Path(trainer.last_checkpoint)  # the one this trainer wrote (not whatever a folder holds now)
+print(f"this run's last checkpoint: {shown_path(checkpoint)}")
+trainer.close()  # the run folder's lock (one live run per folder) is free again; a kernel restart frees it too
+
+# %% [markdown]
+# ### Deep dive: loading the checkpoint into a fresh model
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# A fresh shared model (base + untrained policy and value adapters) gives different log-probs; after loading
+# the checkpoint it must give exactly the trained model's log-probs, values and scores (appendix B lists the
+# checkpoint's files and how it is written safely):
+
+# %%
+from rlhf_helpers.ppo.checkpoint import load_model_weights
+
+last_batch = trainer.last_batch
 fresh, _ = build_shared_model(profile, config, reward_dir)
 seq, attn, P_last = last_batch.sequences, last_batch.attention_mask, last_batch.context_length
+real = last_batch.mask.bool()  # (B, R)
 with torch.no_grad():
+    new_logp = model.policy_logprobs(seq, attn, P_last).float()  # (B, R): the trained policy
     before = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
     load_model_weights(fresh, checkpoint)
     after = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
@@ -1468,7 +1411,6 @@ torch.testing.assert_close(after[real], new_logp[real])
 torch.testing.assert_close(loaded_values[real], trained_values[real])
 torch.testing.assert_close(fresh.reward_scores(seq, attn), model.reward_scores(seq, attn))
 print("after loading the checkpoint: same log-probs, values and reward scores")
-trainer.close()  # the run folder's lock (one live run per folder) is free again; a kernel restart frees it too
 
 # %% [markdown]
 # ## Deep dive: appendix, the engineering
@@ -1531,6 +1473,11 @@ print(f"this run: the shared model's parameters {model.parameter_bytes()['total'
 # recorded figures (not this notebook's run) for three model sizes; the line above gives this run's rise.
 
 # %%
+import json
+from pathlib import Path
+
+from plotly.subplots import make_subplots
+
 recorded_file = Path(rlhf_helpers.__file__).resolve().parents[1] / "benchmarks/results/cpu-2026-11-23/memory.json"
 if recorded_file.is_file():
     recorded = json.loads(recorded_file.read_text())
@@ -1578,7 +1525,7 @@ if recorded_file.is_file():
 # looks complete. Each named adapter is its own peft sub-folder; the two plain heads are saved apart.
 
 # %%
-print(f"this run's last checkpoint: {shown_path(checkpoint)}")
+print(f"the files of {shown_path(checkpoint)}:")
 for path in sorted(checkpoint.rglob("*")):
     if path.is_file():
         print(f"  {path.relative_to(checkpoint)}  ({path.stat().st_size:,} bytes)")
@@ -1597,7 +1544,7 @@ for path in sorted(checkpoint.rglob("*")):
 # |---|---|---|
 # | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
 # | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
-# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked below against the plain SFT model |
+# | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked against the plain SFT model in section 2's deep dive |
 # | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
 # | OpenRLHF 0.11.2: `PolicyLoss`, `--actor.loss_agg_mode token-mean` (the default) | `policy_loss`: one masked mean over **all** tokens of the minibatch | the same reduction; OpenRLHF's `seq-mean-token-mean` (and GSPO) average per sequence first, then over sequences, as Exercise 3's `per_sequence=True` |
 # | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(clip_range=...)`, `lm_loss` with `ptx_coef` | |
@@ -1606,24 +1553,19 @@ for path in sorted(checkpoint.rglob("*")):
 
 # %% [markdown]
 # ## Summary
-# - Four roles on one base: the policy and value adapters are trained (one optimiser each, parameters
-#   picked by adapter name), the reward adapter is frozen, and the reference is the base with the
-#   adapters off, checked equal to the plain SFT model.
-# - Experience: generate, score, reference and value passes, $r_t = -\beta\,\mathrm{KL}_t + [\text{last}]\,\text{score}$,
-#   GAE, whitening; recomputed for one unpadded sequence from scratch.
-# - You wrote the shaped reward, GAE, the clipped loss and the update loop. The trainer takes each piece
-#   whose check passed and the library's for the others: section 4's line says which pieces trained the
-#   run above. The ratio taken against the reference instead of the stored log-probs trains worse,
-#   though nothing fails (section 4's deep dive).
-# - Training curves: the learned and the hidden score, KL, clip fraction, value loss, explained variance.
-# - Best-of-$n$ moves at most $\log n - \frac{n-1}{n}$ nats from the SFT model; compare PPO at matched KL.
-# - A fresh model loaded from a checkpoint reproduces the trained log-probs.
+# - Four roles on one base: trained policy and value adapters, a frozen reward adapter, and the reference
+#   as the base with the adapters off.
+# - Experience (sample, score, shaped reward, GAE), then epochs of minibatches with the clipped losses.
+# - You wrote the shaped reward, GAE and the clipped loss; section 4's line says which pieces, yours or
+#   the library's, trained the run above.
 
 # %% tags=["claim-check"]
-trained_by = [names[arg] for arg, _, fn in YOUR_PIECES if getattr(trainer, arg) is fn]
+learner_fns = {arg: globals().get(exercise.partition("(")[2].rstrip(")")) for arg, exercise in YOUR_EXERCISES.items()}
+trained_by = [arg for arg, fn in learner_fns.items() if fn is not None and getattr(trainer, arg) is fn]
+trained_names = [YOUR_EXERCISES[arg].partition("(")[2].rstrip(")") for arg in trained_by]
 check_claims({"section 4's line names the pieces that trained the run above":
-              trained_by == yours and pieces_line.startswith("This run trains with your " + ", ".join(yours))
-              and all(getattr(trainer, arg) is not fn for arg, _, fn in YOUR_PIECES if arg not in pieces)},
+              trained_by == list(pieces) and pieces_said[0].startswith(
+                  "This run trains with your " + (", ".join(trained_names) or "code in no piece yet"))},
              any_profile=True)
 
 # %% [markdown]
@@ -1634,21 +1576,18 @@ check_claims({"section 4's line names the pieces that trained the run above":
 #
 # <details><summary>Answer</summary>
 #
-# $\rho_t$ measures how far *this update* has moved the policy from the one that sampled the batch: the
-# surrogate is an importance-weighted estimate around that policy, and the clip bounds that move. The
-# distance to the SFT model is the KL penalty's job, in the shaped reward. With the reference's log-probs,
-# $\rho_t$ measures the distance to the SFT model instead: once the policy has left it, every token pushed
-# further in its advantage's direction gets no gradient, and training stalls (section 4's deep dive).
+# $\rho_t$ measures how far *this update* has moved the policy from the one that sampled the batch, and the
+# clip bounds that move; the distance to the SFT model is the KL penalty's job. Against the reference, once
+# the policy has left the SFT model, every token pushed further in its advantage's direction gets no
+# gradient, and training stalls.
 # </details>
 #
 # 2. On the first minibatch of the first epoch, what are the ratios, and what does the clip do there?
 #
 # <details><summary>Answer</summary>
 #
-# The weights are those that sampled the batch, so every $\rho_t = 1$ (up to rounding), provided the new
-# log-probs are computed at the sampling temperature, as the stored ones were. The clip is inactive: the
-# loss is $-\overline{\hat A}$ and its gradient is the plain policy gradient. The clip starts to matter on
-# later minibatches and epochs, once the weights have moved.
+# The weights are those that sampled the batch, so every $\rho_t = 1$ (up to rounding; the new log-probs
+# at the sampling temperature). The clip is inactive: the gradient is the plain policy gradient.
 # </details>
 #
 # 3. A clipped loss whose clipped term is `.detach()`ed has exactly the right value. Why does it still
@@ -1657,21 +1596,8 @@ check_claims({"section 4's line names the pieces that trained the run above":
 # <details><summary>Answer</summary>
 #
 # Inside the band $[1-\epsilon, 1+\epsilon]$ the two terms of the min are equal, and autograd splits the
-# gradient of a tie between them. The detached term passes its half nowhere, so every in-band token gets
-# half its gradient: the policy steps are smaller. Outside the band nothing changes (the clipped term has
-# no gradient there anyway). That is why Exercise 3's check compares gradients as well as values.
-# </details>
-#
-# 4. `vf_coef` multiplies the value loss, and the critic has its own adapter and optimiser. When does
-#    changing it change the training, and when not?
-#
-# <details><summary>Answer</summary>
-#
-# It scales the critic's gradient only. With SGD that is a scale on the critic's step, like its learning
-# rate. Adam divides each step by the root of the gradient's running second moment, so a constant scale
-# cancels (up to Adam's $\epsilon$); and where the gradient-norm clip binds, the clipped step has the
-# clip's length whatever the scale. The check of Exercise 4 uses SGD without a binding clip in one of its
-# two settings, so that a loop that ignores `vf_coef` gives other numbers.
+# gradient of a tie between them; the detached term passes its half nowhere, so every in-band token gets half
+# its gradient. That is why Exercise 3's check compares gradients as well as values.
 # </details>
 #
 # Next: notebook 06 breaks PPO on purpose, in five ways, and shows what each failure looks like.
