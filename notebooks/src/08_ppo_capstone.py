@@ -117,8 +117,9 @@ print(f"sequences {tuple(demo.sequences.shape)}, P = {demo.context_length}, mask
 # %% [markdown]
 # ### Exercise 1: the experience
 #
-# Write `make_experience(model, samples, config)`: everything the update reads, without gradient. With $T$ = `config.temperature`, $\beta$ = `config.kl_coef`, $\gamma$ = `config.gamma`,
-# $\lambda$ = `config.lam` and $\ell_i$ the last real token of row $i$:
+# Write `make_experience(model, samples, config)`: everything the update reads, without gradient. With
+# $T$ = `config.temperature`, $\beta$ = `config.kl_coef`, $\gamma$ = `config.gamma`, $\lambda$ = `config.lam`
+# and $\ell_i$ the last real token of row $i$:
 #
 # $$\log\pi_{\text{old}}(y_t) = \log\operatorname{softmax}(z_{t}/T)[y_t] \ \text{(policy adapter on)}, \qquad
 # \log\pi_{\text{ref}}(y_t)\ \text{the same with every adapter off},$$
@@ -352,9 +353,9 @@ exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATI
 # (`inner`); then the last layer norm, the LM head and the log-sum-exp over the vocabulary. For the tiny model
 # that is about 4,500 roundings: a relative tolerance near $3 \times 10^{-4}$ of each compared tensor's
 # largest entry. A loss or a gradient that follows $k$ optimiser steps gets $k + 1$ such budgets, since each
-# step moves the two runs' weights apart by its own rounding. It is a worst case, derived from the model's
-# shape rather than measured on one machine, so no CPU's order of summation exceeds it; every mistake the
-# check exists for moves a number by far more.
+# step moves the two runs' weights apart by its own rounding. The budget comes from the model's shape and the
+# worst case of each rounding, not from a measurement on one machine; every mistake the check exists for
+# moves a number by far more.
 
 # %% tags=["claim-check"]
 check_claims({"the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4})
