@@ -103,3 +103,24 @@ def test_a_run_takes_the_trusted_pieces_by_name_and_says_whose_each_is(capsys):
     pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns)
     assert pieces == {} and "redefined after its check" in lines[1]
     capsys.readouterr()
+
+
+def test_same_function_sees_through_decorators_defaults_and_closures():
+    """Equal code is not enough: two functions one decorator wrapped share the wrapper's code, a default or a
+    closed-over value can differ while the code is equal."""
+    from rlhf_helpers.course.notebook import same_function
+
+    source = ("import functools, torch\n"
+              "def scale_by(k):\n    def outer(f):\n        @functools.wraps(f)\n"
+              "        def wrapper(*a):\n            return k * f(*a)\n        return wrapper\n    return outer\n"
+              "@torch.no_grad()\ndef f(x):\n    return {body}\n"
+              "def g(x, eps={eps}):\n    return x + eps\n"
+              "@scale_by({k})\ndef h(x):\n    return x\n")
+    one, same, other_body, other_default, other_closure = ({}, {}, {}, {}, {})
+    for ns, body, eps, k in ((one, "x + 1", 0.2, 2), (same, "x + 1", 0.2, 2), (other_body, "x - 1", 0.2, 2),
+                             (other_default, "x + 1", 0.3, 2), (other_closure, "x + 1", 0.2, 3)):
+        exec(compile(source.format(body=body, eps=eps, k=k), "<cell>", "exec"), ns)
+    assert all(same_function(one[n], same[n]) for n in "fgh")  # the same cell run again
+    assert not same_function(one["f"], other_body["f"])  # torch.no_grad's wrapper: same code, other function
+    assert not same_function(one["g"], other_default["g"])
+    assert not same_function(one["h"], other_closure["h"])
