@@ -7,6 +7,8 @@
 #
 # **Prerequisites:** none of the other notebooks; PyTorch tensors and autograd, expectation and variance, gradient ascent.
 #
+# **Time:** about 120 min for the core; the deep dives add about 90 min.
+#
 # **You will learn** the policy-gradient estimator and its unbiased weights $\Phi_t$; actor-critic; why
 # reusing a batch calls for a trust region, and how PPO's clip stands in for one; and how the same
 # log-probs come out of a language model's logits. All of it runs on a toy "language" whose true values

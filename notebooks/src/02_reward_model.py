@@ -7,6 +7,8 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
+# **Time:** about 115 min for the core; the deep dives add about 85 min.
+#
 # **You will learn** where every model starts (SFT); preference data and the Bradley-Terry loss; the best
 # accuracy noisy labels allow; and a reward model as the SFT model plus a LoRA adapter and a score head
 # read at the **last real token**. A known *hidden* score makes the labels, so we can compare with the truth.

@@ -14,7 +14,7 @@
 #
 # **Prerequisites:** notebooks 01 (policy gradients, reward-to-go, TD errors, the critic) and 02 (the
 # reward model's one score per response); padded (B, T) batches with a mask.
-# **Time:** about 2 h for the core; the deep dives (collapsed) add about 1 h
+# **Time:** about 110 min for the core; the deep dives add about 55 min.
 
 # %% tags=["colab-setup"]
 

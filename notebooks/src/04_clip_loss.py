@@ -14,7 +14,7 @@
 #
 # **Prerequisites:** notebooks 01 (policy gradients, the importance ratio, why PPO clips) and 03
 # (advantages, and the KL estimators $k_1$, $k_2$, $k_3$).
-# **Time:** about 1.5-2 h for the core; the deep dives (collapsed) add about 1 h
+# **Time:** about 100 min for the core; the deep dives add about 60 min.
 
 # %% tags=["colab-setup"]
 

@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 01, 02, 03, 05 and 06: policy-gradient baselines, the reward model, GAE,
 # the full PPO loop with best-of-n, over-optimisation and the hidden score.
 #
-# **Time:** about 2 h for the core; the deep dives (collapsed, marked "Deep dive") add about 45 min.
+# **Time:** about 125 min for the core; the deep dives add about 45 min.
 #
 # TRL 1.16 ships no `PPOTrainer`. Most people who run RL on language models today reach for **GRPO** or
 # **RLOO**, which TRL ships: both drop PPO's value function and take the baseline from the other answers

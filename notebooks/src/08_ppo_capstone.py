@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 03 (GAE and whitening), 04 (the clipped losses) and 05 (the shared model,
 # its four roles and `PPOTrainer`).
 #
-# **Time:** about 125 min for the core; the deep dives add about 5 min.
+# **Time:** about 120 min for the core; the deep dives add about 5 min.
 #
 # **You will learn**
 # - to write one PPO iteration whole, top to bottom, as CleanRL writes its single-file agents;
