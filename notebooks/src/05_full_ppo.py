@@ -124,6 +124,10 @@ print(f"reward adapter: {shown_path(reward_dir)}  (held-out pairwise accuracy {s
       f"correlation with the hidden score {stored['score_hidden_correlation']:.3f})")
 model, tokenizer = build_shared_model(profile, config, reward_dir)
 print("adapters on the one base model:", list(model.peft.peft_config))
+gen = torch.Generator().manual_seed(profile.seed)
+eval_prompts = load_prompts("test")[: profile.ppo.n_eval_prompts]
+train_prompts = load_prompts("train")
+demo_prompts = [train_prompts[i] for i in torch.randperm(len(train_prompts), generator=gen)[:8].tolist()]  # deep dive
 
 # %% [markdown]
 # ### Deep dive: the adapters, the parameters of each role, and the reference checked
@@ -174,9 +178,6 @@ from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.runtime.models import load_causal_lm
 
-demo_gen = torch.Generator().manual_seed(profile.seed)
-train_texts = load_prompts("train")
-demo_prompts = [train_texts[i] for i in torch.randperm(len(train_texts), generator=demo_gen)[:8].tolist()]
 torch.manual_seed(profile.seed)
 demo = sample_responses(model, tokenizer, demo_prompts, config.max_prompt_length, config.max_new_tokens)
 P = demo.context_length
@@ -210,9 +211,6 @@ del plain_base
 # policy, and one of its responses token by token:
 
 # %%
-gen = torch.Generator().manual_seed(profile.seed)
-eval_prompts = load_prompts("test")[: profile.ppo.n_eval_prompts]
-train_prompts = load_prompts("train")
 torch.manual_seed(profile.seed)
 batch_prompts = [train_prompts[i] for i in
                  torch.randperm(len(train_prompts), generator=gen)[: config.rollout_batch_size].tolist()]
