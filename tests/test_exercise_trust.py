@@ -108,7 +108,7 @@ def test_a_run_takes_the_trusted_pieces_by_name_and_says_whose_each_is(capsys):
 def test_same_function_sees_through_decorators_defaults_and_closures():
     """Equal code is not enough: two functions one decorator wrapped share the wrapper's code, a default or a
     closed-over value can differ while the code is equal."""
-    from rlhf_helpers.course.notebook import same_function
+    from rlhf_helpers.course.exercises import same_function
 
     source = ("import functools, torch\n"
               "def scale_by(k):\n    def outer(f):\n        @functools.wraps(f)\n"

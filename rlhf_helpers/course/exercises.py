@@ -13,7 +13,8 @@ tripwire is put back, in modules imported during the check too. The check itself
 independent reference (a loop, a formula), not against the library twin.
 
 `guard_in_place` makes the learner's function fail when it changes a tensor it was given (the notebook's
-tensors would change under it); `time_limit` stops a check that runs too long (an endless loop).
+tensors would change under it); `time_limit` stops a check that runs too long (an endless loop);
+`same_function` tells whether a function is the one a check ran (or the same cell run again).
 """
 
 from __future__ import annotations
@@ -228,3 +229,41 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    """Whether two closed-over values are alike: functions by `same_function`, a decorator's state object
+    (torch.no_grad()) by its type and attributes, anything else by ==."""
+    if x is y:
+        return True
+    if isinstance(x, types.FunctionType):
+        return same_function(x, y)
+    if isinstance(x, types.MethodType):  # e.g. the clone method of a torch.no_grad() instance
+        return isinstance(y, types.MethodType) and x.__func__ is y.__func__ and _same_value(x.__self__, y.__self__)
+    if type(x) is not type(y):
+        return False
+    if type(x).__eq__ is object.__eq__:  # an object compared by identity: compare what it holds
+        return getattr(x, "__dict__", None) == getattr(y, "__dict__", None) is not None
+    try:
+        return bool(x == y)
+    except Exception:  # noqa: BLE001  # a tensor's ==, say: not one bool
+        return False
+
+
+def same_function(a: Any, b: Any) -> bool:
+    """Whether two functions are one: the same object, or the same unchanged cell run again (equal code,
+    defaults and closure contents, looked at through decorators: two functions a decorator wrapped share the
+    wrapper's code, so the wrapped functions are compared)."""
+    if a is b:
+        return True
+    if not (isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType)):
+        return False
+    wrapped_a, wrapped_b = getattr(a, "__wrapped__", None), getattr(b, "__wrapped__", None)
+    if (wrapped_a is None) != (wrapped_b is None):
+        return False
+    if wrapped_a is not None and not same_function(wrapped_a, wrapped_b):
+        return False
+    cells = [tuple(cell.cell_contents for cell in f.__closure__ or ()) for f in (a, b)]
+    same_cells = len(cells[0]) == len(cells[1]) and all(_same_value(x, y) for x, y in zip(*cells, strict=True))
+    return (a.__code__ == b.__code__ and a.__defaults__ == b.__defaults__ and a.__kwdefaults__ == b.__kwdefaults__
+            and same_cells)
