@@ -21,7 +21,7 @@ from rlhf_helpers.course.run_course import course_notebooks
 
 NOTEBOOKS = course_notebooks()
 course_time = load_tool("course_time")
-#: a notebook's core, in the estimate's minutes: "at most about two hours" (issue 50), with the estimate's rounding
+#: a notebook's core, in the estimate's minutes: at most about two hours, plus the estimate's rounding to 5 minutes
 MAX_CORE_MINUTES = 125
 
 
