@@ -20,7 +20,7 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: every setting at a value of its own, as in the notebook's check
 CONFIG = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=8,
-                   temperature=0.7, kl_coef=0.15, gamma=0.95, lam=0.9, clip_eps=0.2, value_clip=0.3, vf_coef=0.5,
+                   temperature=0.7, kl_coef=0.15, gamma=0.95, lam=0.9, clip_eps=0.25, value_clip=0.3, vf_coef=0.6,
                    max_grad_norm=1e6, lora=LoRASpec(r=4, alpha=8), progress_bar=False)
 PROMPTS = [" ".join(TOY_WORDS[i : i + 3]) for i in range(8)]
 SEEDS, LRS = (3, 4), (2.0, 0.05)
@@ -76,7 +76,8 @@ def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, ge
             old = (batch.ref_logprobs if mistake == "ratio_ref" else batch.old_logprobs)[rows]
             lp = model.policy_logprobs(seq[rows], attn[rows], P, temperature=config.temperature).float()
             rho = torch.exp(torch.where(m.bool(), lp - old, 0.0))
-            clipped = rho.clamp(1 - config.clip_eps, 1 + config.clip_eps)
+            eps = 0.2 if mistake == "band_0.2" else config.clip_eps
+            clipped = rho.clamp(1 - eps, 1 + eps)
             clipped = clipped.detach() if mistake == "detach" else clipped
             pg = -(torch.min(rho * A, clipped * A) * m).sum() / m.sum()
             V = model.values(seq[rows], attn[rows], P).float()
@@ -84,7 +85,7 @@ def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, ge
             vl = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
             policy_opt.zero_grad()
             value_opt.zero_grad()
-            (pg + (1.0 if mistake == "no_vf_coef" else config.vf_coef) * vl).backward()
+            (pg + {"no_vf_coef": 1.0, "vf_coef_0.5": 0.5}.get(mistake, config.vf_coef) * vl).backward()
             if mistake == "joint_clip":
                 torch.nn.utils.clip_grad_norm_(model.policy_parameters() + model.value_parameters(),
                                                config.max_grad_norm)
@@ -135,7 +136,9 @@ def test_a_plain_loop_matches_the_library_well_inside_the_rounding_budget(world,
     ("no_whitening", "free", "not whitened"),
     ("ratio_ref", "free", "against the reference's log-probs"),
     ("detach", "free", "a .detach() on one branch"),
-    ("no_vf_coef", "free", "config.vf_coef"),
+    ("no_vf_coef", "free", "with weight 1: scale it by config.vf_coef"),
+    ("vf_coef_0.5", "free", "with weight 0.5: scale it by config.vf_coef"),
+    ("band_0.2", "free", "clip(rho, 1 - config.clip_eps, 1 + config.clip_eps)"),
     ("one_shuffle", "free", "fresh shuffle"),
     ("joint_clip", "clipped", "one clip over both adapters"),
 ])

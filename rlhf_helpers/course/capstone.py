@@ -243,8 +243,10 @@ def _step_hint(role: str, got: IterationRecord, expected: IterationRecord, befor
             continue
         head = f"the {role} step of minibatch {j} applied a gradient of norm {g:.5f}, the library's {e:.5f}: "
         clip = config.max_grad_norm
-        if role == "value" and abs(g * config.vf_coef - e) <= rtol * scale:
-            return head + "scale the value loss by config.vf_coef before its backward pass"
+        for weight in (1.0, 0.5):  # no coefficient (PPOConfig's default); CleanRL's and SB3's 0.5 written in
+            if role == "value" and abs(g * config.vf_coef / weight - e) <= rtol * scale:
+                return (head + f"your value loss enters the backward pass with weight {weight:g}: scale it by "
+                        "config.vf_coef, whatever its value")
         if g > clip * (1 + rtol):
             return (head + f"clip the gradient norm of the {role} adapter's own parameters (model.{role}_parameters()) "
                     f"to config.max_grad_norm ({clip:.4g}) before {role}_opt.step()")
