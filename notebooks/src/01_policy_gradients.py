@@ -470,7 +470,7 @@ check_claims({
 # $\pi_{\text{old}}$. At $\theta_{\text{old}}$, where every $\rho_t = 1$ and $\nabla_\theta \rho_t = \nabla_\theta \log \pi_\theta(a_t \mid s_t)$,
 # its gradient is section 4's with $\Phi_t = \hat A_t$. But the **states** stay those the old policy
 # visits, so the surrogate tracks $J$ only near $\theta_{\text{old}}$, and a step's size in parameter space
-# says nothing about how far the policy moves. **TRPO** maximises the surrogate inside a KL ball,
+# says little about how far the policy moves. **TRPO** maximises the surrogate inside a KL ball,
 #
 # $$\max_\theta\ \hat{\mathbb{E}}_t\big[\rho_t\, \hat A_t\big]
 # \quad\text{s.t.}\quad \hat{\mathbb{E}}_t\big[\mathrm{KL}(\pi_{\text{old}}(\cdot \mid s_t)\,\Vert\,\pi_\theta(\cdot \mid s_t))\big] \le \delta_{\text{KL}},$$
@@ -905,9 +905,9 @@ print(f"final J, clip minus unclipped: {final_gap.mean():+.3f} +- {gap_se:.3f} (
 # %% [markdown]
 # Without the clip, $\hat J^{\text{CPI}}$ is, at each state of the batch, linear in that state's
 # probabilities: it sums $\pi_\theta(a \mid s)\,\hat A / \pi_{\text{old}}(a \mid s)$ over the batch's
-# actions there. Its maximum is therefore a deterministic choice at every visited state, of the action
-# with the largest summed weighted advantage in these 16 episodes, and nothing in the objective says
-# stop on the way. The 30 steps head there: the mean KL from the old policy ends **more than 10 times**
+# actions there. Its supremum is therefore a deterministic choice at every visited state, of the action
+# with the largest summed weighted advantage in these 16 episodes: a softmax with finite logits never
+# attains it, only approaches it, and nothing in the objective says stop on the way. The 30 steps head there: the mean KL from the old policy ends **more than 10 times**
 # the clipped run's, and the entropy **under a third** of it, the collapse above. Right after the
 # reuse, **$J$ is higher without the clip**, since the policy commits to what did well in 16 episodes;
 # the 60 ordinary steps afterwards show the price: **the clipped run ends ahead, by more than 3 paired

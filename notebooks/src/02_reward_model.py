@@ -861,8 +861,10 @@ check_claims({"accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84})
 #
 # A measured accuracy is one draw of the labels: it scatters around its expectation by about the
 # standard error of section 2. Comparing the reward model pair by pair with the perfect model (ranking
-# by $h$) on the same labels removes the label draw from the comparison: the paired difference has its
-# own, smaller standard error.
+# by $h$) on the same labels removes the label draw from the comparison. The paired difference's
+# standard error is not smaller than that of one 500-label accuracy (both are about 1.4 points here);
+# it is smaller than the about $\sqrt 2$ times as much, some 2 points, that the difference of two
+# accuracies on independent label draws would have.
 #
 # Since the labels follow $\sigma((h_a - h_b)/T_{\text{ann}})$, a reward model that fits them perfectly
 # would be $r = h / T_{\text{ann}} + \text{const}$: a line of slope $1/T_{\text{ann}} = 2$. A real one
@@ -929,6 +931,7 @@ check_claims({
     "the reward model trails it by about 5 points (3 to 7)": -0.07 < paired_mean < -0.03,
     "by more than twice the paired standard error, about 1.4 points": paired_mean < -2 * paired_se
                                                                        and 0.012 < paired_se < 0.016,
+    "the paired SE about that of one accuracy, below sqrt(2) times it": 0.8 < paired_se / ceiling_se < 1.2,
     "correlation about 0.93 (0.90 to 0.96)": 0.90 < correlation < 0.96,
     "slope about 1.5 (1.3 to 1.7), below 2": 1.3 < slope < 1.7,
 })
@@ -1081,6 +1084,6 @@ check_claims({
 #
 # <details><summary>Answer</summary>
 #
-# Pairs ordered wrongly or barely right: their $1 - \sigma(m)$ is above one half. At $m = 5$,
-# $1 - \sigma(5) \approx 0.007$: that pair barely moves the model.
+# Wrong or barely right orders: $1 - \sigma(m)$ exceeds one half for $m < 0$, nears it for small
+# $m > 0$. At $m = 5$ it is about 0.007: barely any push.
 # </details>

@@ -775,6 +775,9 @@ check_claims({
 #
 # <details><summary>Answer</summary>
 #
-# Their scale, and with it the size of the policy step, whatever the rewards' scale. Not their noise:
-# signal and noise are scaled alike.
+# Their offset and their scale. Subtracting the batch mean centres them, a batch-level baseline on top
+# of the critic's: a shared offset the critic missed no longer pushes every token the same way (a token
+# below the batch mean is now pushed down). Dividing by the standard deviation fixes their scale, and
+# with it the size of the policy step, whatever the rewards' scale. Not their noise: signal and noise
+# are scaled alike.
 # </details>

@@ -704,8 +704,8 @@ exercise_check("Exercise 3 (clipped_value_loss)", check_clipped_value_loss,
 # ```
 # The `max` keeps the larger error, so clipping only ever removes gradient: where $V$ has left the band
 # on the return's side, the clipped error is the larger and $V$ gets no gradient. Inside the band the two
-# errors are equal and `torch.max` sends half the gradient through each branch, so both must stay
-# differentiable.
+# errors are equal up to rounding: where they tie exactly `torch.max` sends half the gradient through each
+# branch, elsewhere rounding picks one. Either way both must stay differentiable.
 # </details>
 
 # %% [markdown]
@@ -777,9 +777,10 @@ print(f"ptx loss of random logits {lm_loss_scratch(lm_logits, labels):.4f} "
 #
 # <details><summary>Answer</summary>
 #
-# A detached branch. Inside the band the two errors are equal and `torch.max` splits the gradient between
-# them, so `.detach()` on one branch halves the gradient of every token there; the values do not change.
-# Compare gradients, not only values.
+# A detached branch. Inside the band the two errors are equal up to rounding: where they tie exactly
+# `torch.max` splits the gradient between them, elsewhere rounding picks one branch. So `.detach()` on one
+# branch takes half or all of an in-band token's gradient; the values do not change. Compare gradients,
+# not only values.
 # </details>
 #
 # **4.** After ten epochs on one batch with $\epsilon = 0.2$, can a token's ratio be 2?
