@@ -814,7 +814,7 @@ fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 
 # %% [markdown]
 # **What this run shows:** the reward model trained on 250 pairs is the weaker one on held-out pairs
-# (accuracy about 0.75 against 0.81; correlation with the hidden score about 0.8 against 0.9). Pushed
+# (accuracy about 0.75 against 0.81; correlation with the hidden score about 0.77 against 0.93). Pushed
 # with $\beta = 0$, it over-optimises sooner: its fitted hidden score peaks at $\mathrm{KL}^* \approx 1$
 # nat per response against about 4, and the two bootstrap ranges do not overlap. Its fitted peak is
 # lower too (about $+0.3$ against $+0.4$ to $+0.5$), but by less than two standard errors of the difference: one
@@ -825,8 +825,8 @@ strong, weak = sweep["all pairs"], sweep["250 pairs"]
 check_claims({
     "the 250-pair model is weaker on held-out pairs (about 0.75 against 0.81)":
         0.70 < weak["accuracy"] < 0.78 and 0.78 < strong["accuracy"] < 0.84 and weak["accuracy"] < strong["accuracy"],
-    "its correlation with the hidden score is lower (about 0.8 against 0.9)":
-        0.7 < weak["correlation"] < 0.85 and 0.88 < strong["correlation"] < 0.97,
+    "its correlation with the hidden score is lower (about 0.77 against 0.93)":
+        0.72 < weak["correlation"] < 0.82 and 0.90 < strong["correlation"] < 0.96,
     "KL* about 1 against about 4": 0.7 < weak["d_star"] ** 2 < 1.4 and 3.5 < strong["d_star"] ** 2 < 5,
     "the bootstrap ranges of KL* do not overlap": weak["KL* high"] < strong["KL* low"],
     "the weak model's fitted peak is lower (about +0.3 against +0.4 to +0.5) by less than two standard errors":
@@ -916,8 +916,11 @@ exercise_check("Exercise 3 (fit_overoptimisation)", check_fit_overoptimisation, 
 # Both are unbiased estimates of $\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$ when $a_t \sim \pi$, but
 # $k_1$ is negative on every token the reference likes more than the policy, and a *sequence* or a small
 # batch can sum to a negative KL. Seeing "KL = -0.3" for one response is not a bug in the maths. A
-# batch *mean* that stays negative is a different sign: the samples did not come from $\pi$ (top-k,
-# top-p, a temperature other than 1, or the wrong log-probs, as in (a)); sampled from the reference,
+# batch *mean* that stays negative is a different sign: the samples did not come from the $\pi$ whose
+# log-probs enter $k_1$ (top-k, top-p, log-probs computed at another temperature than the one that
+# sampled, say sampled at 0.7 and scored at 1, or the wrong log-probs, as in (a)). A temperature other than
+# 1 alone does not do it: the course computes both $\log\pi$ and $\log\pi_{\text{ref}}$ at the sampling
+# temperature. Sampled from the reference,
 # for instance, $\mathbb{E}[k_1] = -\mathrm{KL}(\pi_{\text{ref}} \Vert \pi) \le 0$. Here both
 # estimators on the **same** batch, and per step over the baseline run:
 
@@ -1265,8 +1268,8 @@ my_findings = doctor(my_run)
 # %% [markdown]
 # On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the
 # untrained critic's info. `off_policy`: at every step the clip fraction or the approx-KL is above the
-# rule's band. `collapse`: by the fifth step the 16 responses hold at most four distinct texts
-# (`distinct_responses`), and the entropy has fallen below half its step-1 value. The doctor's "check
+# rule's band. `collapse`: at the fifth step the 16 responses are all one and the same text
+# (`distinct_responses` = 1/16), and the entropy has fallen below half its step-1 value. The doctor's "check
 # first" line for it starts with the learning rate.
 
 # %% tags=["claim-check"]
@@ -1279,8 +1282,8 @@ if shipped:  # the text describes the shipped break only
             and "error" not in my_findings.values() and my_findings.get("untrained_critic") == "info",
         "off_policy at every step": [f.steps for f in diagnose(my_run.trainer).findings if f.rule == "off_policy"]
                                     == [tuple(range(1, len(my_run.history) + 1))],
-        "at most four distinct responses at step 5":
-            len(my_run.history) >= 5 and my_run.history[4]["distinct_responses"] * lab.batch <= 4,
+        "the 16 responses of step 5 are one text":
+            lab.batch == 16 and len(my_run.history) >= 5 and round(my_run.history[4]["distinct_responses"] * 16) == 1,
         "entropy below half its step-1 value by step 5":
             min(row["entropy"] for row in my_run.history[:5]) < 0.5 * my_run.history[0]["entropy"],
     })
