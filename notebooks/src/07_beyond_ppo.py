@@ -670,9 +670,9 @@ print(f"training {unit} per batch of {config.samples_per_batch}: "
 # **What this run shows** (seed 0, tiny profile; one standard error of a difference of two judged means
 # is about 0.11; where two methods differ by less than about two, another seed or CPU can swap them):
 # - **Final hidden score:** PPO about $+0.8$ to $+1.0$, RLOO about $+0.87$, GRPO about $+0.65$. GRPO ends
-#   lowest, by more than 0.1; PPO and RLOO end about one standard error apart (0.13), which one seed
-#   cannot separate. Each method's best evaluation is its last or within one and a half standard errors
-#   of it: no clear over-optimisation within this budget.
+#   lowest, by more than 0.1; PPO and RLOO end less than two and a half standard errors apart. Each
+#   method's best evaluation is its last or within one and a half standard errors of it: no clear
+#   over-optimisation within this budget.
 # - **The frontier:** PPO and GRPO end well past best-of-16's KL (about 1.8 nats), RLOO close to it
 #   (about 1.9). RLOO matches best-of-16's hidden score within one standard error; GRPO lies more than
 #   one below it, with more KL: pure selection from the SFT model does at least as well. PPO lies within
@@ -688,9 +688,7 @@ check_claims({
     "final hidden: PPO about +0.8 to +1.0, RLOO about +0.87, GRPO about +0.65":
         0.7 < final["ppo"] < 1.1 and abs(final["rloo"] - 0.87) < 0.15 and abs(final["grpo"] - 0.65) < 0.15,
     "GRPO ends lowest, by more than 0.1": final["grpo"] < min(final["ppo"], final["rloo"]) - 0.1,
-    "PPO and RLOO end about one SE apart (0.13)":
-        0.6 * se_diff < abs(final["ppo"] - final["rloo"]) < 1.8 * se_diff
-        and 0.08 < abs(final["ppo"] - final["rloo"]) < 0.2,
+    "PPO and RLOO end less than 2.5 SE apart": abs(final["ppo"] - final["rloo"]) < 2.5 * se_diff,
     "each method's best evaluation is its last or within 1.5 SE":
         all(peaks[m]["eval_hidden_score"] - final[m] < 1.5 * se_diff for m in runs),
     "one SE of a difference is about 0.11": 0.09 < se_diff < 0.13,
