@@ -1268,8 +1268,8 @@ my_findings = doctor(my_run)
 # %% [markdown]
 # On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the
 # untrained critic's info. `off_policy`: at every step the clip fraction or the approx-KL is above the
-# rule's band. `collapse`: at the fifth step the 16 responses are all one and the same text
-# (`distinct_responses` = 1/16), and the entropy has fallen below half its step-1 value. The doctor's "check
+# rule's band. `collapse`: at the fifth step the 16 responses hold one or two distinct texts
+# (`distinct_responses` at most 2/16), and the entropy has fallen below half its step-1 value. The doctor's "check
 # first" line for it starts with the learning rate.
 
 # %% tags=["claim-check"]
@@ -1282,8 +1282,8 @@ if shipped:  # the text describes the shipped break only
             and "error" not in my_findings.values() and my_findings.get("untrained_critic") == "info",
         "off_policy at every step": [f.steps for f in diagnose(my_run.trainer).findings if f.rule == "off_policy"]
                                     == [tuple(range(1, len(my_run.history) + 1))],
-        "the 16 responses of step 5 are one text":
-            lab.batch == 16 and len(my_run.history) >= 5 and round(my_run.history[4]["distinct_responses"] * 16) == 1,
+        "the 16 responses of step 5 hold one or two distinct texts":
+            lab.batch == 16 and len(my_run.history) >= 5 and round(my_run.history[4]["distinct_responses"] * 16) <= 2,
         "entropy below half its step-1 value by step 5":
             min(row["entropy"] for row in my_run.history[:5]) < 0.5 * my_run.history[0]["entropy"],
     })
