@@ -124,17 +124,19 @@ NOTEBOOK_ORDER = ("05_", "01_", "03_", "04_", "07_", "06_", "02_", "08_")
 ORDER_ENV = "RLHF_NOTEBOOK_ORDER"
 
 
-#: 05 with every worked solution on the shipped profile (~3 min): among the shipped runs, right after the three
-#: that need no reward model, so that it finds the reward cache built and still starts early (long ones first)
-SHIPPED_WITH_SOLUTIONS = ("test_05_trains_with_every_worked_solution_as_shipped", 3.5)
+#: 05 and 08 with every worked solution on the shipped profile (~3 min and ~30 s): among the shipped runs, 05 right
+#: after the three that need no reward model, so that it finds the reward cache built and still starts early (long
+#: ones first), 08 after 08's own shipped run
+SHIPPED_WITH_SOLUTIONS = ("test_trains_with_every_worked_solution_as_shipped",
+                          {"05_full_ppo": 3.5, "08_ppo_capstone": 7.5})
 
 
 def _notebook_rank(item: pytest.Item) -> tuple[int, float]:
     """(0 for a run as shipped, 1 for a solutions run; the notebook's place in NOTEBOOK_ORDER)."""
+    stem = item.name.partition("[")[2].rstrip("]")
     if getattr(item, "originalname", item.name) == SHIPPED_WITH_SOLUTIONS[0]:
-        return 0, SHIPPED_WITH_SOLUTIONS[1]
+        return 0, SHIPPED_WITH_SOLUTIONS[1][stem]
     solutions = int("solutions" in item.name)
-    stem = item.name.partition("[")[2]
     place = next((i for i, prefix in enumerate(NOTEBOOK_ORDER) if stem.startswith(prefix)), len(NOTEBOOK_ORDER))
     return solutions, place
 

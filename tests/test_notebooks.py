@@ -321,18 +321,23 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
 
 
 #: What section 4 of 05 prints when all four of the learner's pieces train the run
-ALL_FOUR_PIECES = "This run trains with your shaped_rewards, gae_loop, clipped_policy_loss, ppo_update."
+#: per notebook run with every worked solution on the shipped profile: the line saying the learner's code trains
+TRAINS_WITH_YOURS = {
+    "05_full_ppo": "This run trains with your shaped_rewards, gae_loop, clipped_policy_loss, ppo_update.",
+    "08_ppo_capstone": "This run trains with your make_experience and ppo_iteration, the functions whose check passed.",
+}
 
 
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
-def test_05_trains_with_every_worked_solution_as_shipped(tmp_path: Path, monkeypatch, own_runs_folder: Path):
-    """05 with every worked solution, once, on the shipped profile (the solutions run above uses QUICK_PROFILE,
-    where the claims are not checked): every check passes, the learner's four pieces train the run, and every
-    claim of the text holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
+@pytest.mark.parametrize("stem", sorted(TRAINS_WITH_YOURS))
+def test_trains_with_every_worked_solution_as_shipped(stem: str, tmp_path: Path, monkeypatch, own_runs_folder: Path):
+    """05 and 08 with every worked solution, once, on the shipped profile (the solutions run above uses
+    QUICK_PROFILE, where the claims are not checked): every check passes, the learner's code trains the run, and
+    every claim of the text holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
-    path = next(p for p in NOTEBOOKS if p.stem == "05_full_ppo")
+    path = next(p for p in NOTEBOOKS if p.stem == stem)
     shipped = nbformat.read(path, as_version=4)
     nb = with_solutions(shipped)
     nbformat.write(nb, tmp_path / path.name)
@@ -341,7 +346,7 @@ def test_05_trains_with_every_worked_solution_as_shipped(tmp_path: Path, monkeyp
     lines = _CHECK_LINE.findall(out)
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells))), lines
     assert all(status == EXERCISE_PASSED for status, _ in lines), lines
-    assert ALL_FOUR_PIECES in out.splitlines(), [line for line in out.splitlines() if "This run trains" in line]
+    assert TRAINS_WITH_YOURS[stem] in out.splitlines(), [line for line in out.splitlines() if "This run trains" in line]
     claim_cells = sum("claim-check" in cell.metadata.get("tags", []) for cell in nb.cells)
     assert "Not checked" not in out and out.count("Checked on this run") == claim_cells
 
