@@ -1250,8 +1250,8 @@ print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min()
 
 # %% [markdown]
 # **The verdict** on the shipped seed: at every matched KL, best-of-$n$'s hidden score lies above PPO's
-# curve, by 0.1 to 0.3: one to three standard errors of the difference between two evaluations (about
-# 0.1, notebook 07 measures it). The larger gaps are more than noise alone would usually give, but they
+# curve, by 0.1 to 0.35: one to three and a half standard errors of the difference between two evaluations
+# (about 0.1, notebook 07 measures it). The larger gaps are more than noise alone would usually give, but they
 # come from one seed, with PPO's value read between two checkpoints, and they are not independent (every
 # best-of-$n$ point picks from the same samples): the direction agrees with Gao et al. (2022), who found
 # at scale that RL is less KL-efficient than best-of-$n$ (their RL curves reach a given gold score only at a
@@ -1273,8 +1273,8 @@ print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min()
 
 # %% tags=["claim-check"]
 check_claims({
-    "best-of-n is ahead of PPO by 0.1 to 0.3 at every matched KL":
-        bool((matched["hidden score"] - matched["PPO at this KL"]).between(0.1, 0.3).all()) and len(matched) > 0,
+    "best-of-n is ahead of PPO by 0.1 to 0.35 at every matched KL":
+        bool((matched["hidden score"] - matched["PPO at this KL"]).between(0.1, 0.35).all()) and len(matched) > 0,
     "from step 8 on, PPO's evaluation KL stays between 1.5 and 3.5 nats":
         bool(settled["KL (nats)"].between(1.5, 3.5).all()) and len(settled) > 1,
     "from step 8 on, PPO's hidden score stays within 0.3 of its best":
