@@ -27,6 +27,7 @@ import pytest
 from mistakes import load_mistakes
 from run_folders import ROOT, SHARED_CACHE_DIR
 
+from rlhf_helpers.course.deep_dives import as_cells, in_deep_dive, is_deep_dive_heading
 from rlhf_helpers.course.notebook import (
     EXERCISE_FAILED,
     EXERCISE_PASSED,
@@ -198,6 +199,21 @@ def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return patched
 
 
+def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy without its deep dives (rlhf_helpers.course.deep_dives), except those holding an exercise."""
+    spans: list[list[int]] = []  # the cells of each deep dive, by index
+    for i, (cell, deep) in enumerate(zip(nb.cells, in_deep_dive(as_cells(nb.cells)), strict=True)):
+        if deep and (cell.cell_type == "markdown" and is_deep_dive_heading(cell.source) or not spans
+                     or spans[-1][-1] != i - 1):
+            spans.append([])
+        if deep:
+            spans[-1].append(i)
+    dropped = {i for span in spans if not any(_EXERCISE.search(nb.cells[j].source) for j in span) for i in span}
+    kept = nbformat.from_dict(nb)
+    kept.cells = [cell for i, cell in enumerate(nb.cells) if i not in dropped]
+    return kept
+
+
 def solutions_of(nb: nbformat.NotebookNode) -> dict[str, str]:
     """Exercise number -> the source of its worked solution (the markdown's Solution n block)."""
     return {number: code for cell in nb.cells if cell.cell_type == "markdown"
@@ -334,12 +350,13 @@ TRAINS_WITH_YOURS = {
 @pytest.mark.parametrize("stem", sorted(TRAINS_WITH_YOURS))
 def test_trains_with_every_worked_solution_as_shipped(stem: str, tmp_path: Path, monkeypatch, own_runs_folder: Path):
     """05 and 08 with every worked solution, once, on the shipped profile (the solutions run above uses
-    QUICK_PROFILE, where the claims are not checked): every check passes, the learner's code trains the run, and
-    every claim of the text holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
+    QUICK_PROFILE, where the claims are not checked), as a learner on the core path runs them: the deep dives
+    left out, except those holding an exercise. Every check passes, the learner's code trains the run, and every
+    claim of the cells run holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
     path = next(p for p in NOTEBOOKS if p.stem == stem)
     shipped = nbformat.read(path, as_version=4)
-    nb = with_solutions(shipped)
+    nb = with_solutions(core_path(shipped))
     nbformat.write(nb, tmp_path / path.name)
     executed = execute_notebook(tmp_path / path.name, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
     out = _stdout(executed)

@@ -1243,7 +1243,8 @@ display(matched.style.hide(axis="index").format(precision=3)
         .set_caption("Hidden score at matched KL: best-of-n against PPO's curve"))
 noise = abs(ppo_points.iloc[0]["hidden score"] - bon_points.iloc[0]["hidden score"])
 settled = ppo_points[ppo_points["step"] >= 8]  # the evaluations from step 8 on
-print(f"two evaluations of the SFT model (step 0, best-of-1) differ by {noise:.3f}: the scale of noise here")
+print(f"two evaluations of the SFT model on different samples (step 0, best-of-1: other seeds) differ by "
+      f"{noise:.3f} in hidden score: the scale of noise here")
 print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min():.2f}-"
       f"{settled['KL (nats)'].max():.2f} nats, hidden score {settled['hidden score'].min():.3f}-"
       f"{settled['hidden score'].max():.3f}")
@@ -1336,8 +1337,8 @@ from rlhf_helpers import widgets
 
 last_batch = trainer.last_batch
 with torch.no_grad():
-    new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask,
-                                     last_batch.context_length).float()  # (B, R)
+    new_logp = model.policy_logprobs(last_batch.sequences, last_batch.attention_mask, last_batch.context_length,
+                                     temperature=config.temperature).float()  # (B, R)
 real = last_batch.mask.bool()  # (B, R)
 batch_ratios = torch.exp(new_logp - last_batch.old_logprobs)[real]  # (N,) real tokens only
 batch_advantages = last_batch.advantages[real]  # (N,)
@@ -1367,7 +1368,7 @@ check_claims({"a clipped token is always outside the band": clip_fraction <= out
 # %% [markdown]
 # ### Every ratio in the clip explorer
 #
-# The explorer's x-axis stops at 3 so that the clip band stays readable; ratios beyond it are counted in
+# The explorer's x-axis goes at most to 3 so that the clip band stays readable; ratios beyond it are counted in
 # the rightmost bar (the printout says how many).
 
 # %%
@@ -1406,10 +1407,10 @@ fresh, _ = build_shared_model(profile, config, reward_dir)
 seq, attn, P_last = last_batch.sequences, last_batch.attention_mask, last_batch.context_length
 real = last_batch.mask.bool()  # (B, R)
 with torch.no_grad():
-    new_logp = model.policy_logprobs(seq, attn, P_last).float()  # (B, R): the trained policy
-    before = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    new_logp = model.policy_logprobs(seq, attn, P_last, temperature=config.temperature).float()  # (B, R): trained
+    before = fresh.policy_logprobs(seq, attn, P_last, temperature=config.temperature).float()  # (B, R)
     load_model_weights(fresh, checkpoint)
-    after = fresh.policy_logprobs(seq, attn, P_last).float()  # (B, R)
+    after = fresh.policy_logprobs(seq, attn, P_last, temperature=config.temperature).float()  # (B, R)
     trained_values = model.values(seq, attn, P_last).float()  # (B, R)
     loaded_values = fresh.values(seq, attn, P_last).float()  # (B, R)
 print(f"fresh model vs trained: max |difference in log-prob| {(before - new_logp)[real].abs().max():.3f}")

@@ -372,8 +372,8 @@ exercise_check("Exercise 2 (token_weights)", check_token_weights)
 
 # %% [markdown]
 # The race below runs GRPO with the `loss_type` and `scale_rewards` printed at the top (TRL 1.16's
-# defaults, `"dapo"` and `"group"`): no response-length bias, but the std division, and with it the
-# question-difficulty bias, kept.
+# defaults, `"dapo"` and `"group"`): no length bias between one batch's responses (notebook 05: each token
+# weighs one over the batch's token count), but the std division, and its question-difficulty bias, kept.
 
 # %% [markdown]
 # ### Deep dive: the length bias on real groups
@@ -679,7 +679,7 @@ print(f"training {unit} per batch of {config.samples_per_batch}: "
 #   two standard errors of it, with more KL: not a win at equal KL.
 # - **Cost:** PPO takes more than 1.5 times the CPU seconds per batch of each group method, and trains
 #   twice their parameters plus the value head (98,433 against 49,152). Peak memory is not claimed: it
-#   changes from run to run, and on a model this small other overheads set it.
+#   varies from run to run.
 
 # %% tags=["claim-check"]
 final = {m: runs[m].final["eval_hidden_score"] for m in runs}

@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 03 (GAE and whitening), 04 (the clipped losses) and 05 (the shared model,
 # its four roles and `PPOTrainer`).
 #
-# **Time:** about 120 min for the core; the deep dives add about 5 min.
+# **Time:** about 120 min for the core; the deep dives add about 10 min.
 #
 # **You will learn**
 # - to write one PPO iteration whole, top to bottom, as CleanRL writes its single-file agents;
@@ -354,9 +354,9 @@ exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATI
 # (`inner`); then the last layer norm, the LM head and the log-sum-exp over the vocabulary. For the tiny model
 # that is about 4,500 roundings: a relative tolerance near $3 \times 10^{-4}$ of each compared tensor's
 # largest entry. A loss or a gradient that follows $k$ optimiser steps gets $k + 1$ such budgets, since each
-# step moves the two runs' weights apart by its own rounding. The budget comes from the model's shape and the
-# worst case of each rounding, not from a measurement on one machine; every mistake the check exists for
-# moves a number by far more.
+# step moves the two runs' weights apart by its own rounding. The budget comes from the model's shape, in the
+# spirit of Higham's rounding bounds (a budget, not a proof: cancellation and the non-linear layers can amplify an
+# error), not from a measurement on one machine; every mistake the check exists for moves a number by far more.
 
 # %% tags=["claim-check"]
 check_claims({"the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4})
