@@ -167,9 +167,12 @@ def test_loading_errors_are_clear(make_trainer, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_checkpoint(trainer, tmp_path)
     path = save_checkpoint(trainer, tmp_path)
-    (path / "adapters" / "value" / "adapter_model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="'value' adapter"):
+    weights = path / "adapters" / "value" / "adapter_model.safetensors"
+    weights.unlink()
+    with pytest.raises(ckpt.CheckpointDamagedError, match=f"checkpoint {path} is damaged: {weights} is missing"):
         load_checkpoint(trainer, path)
+    with pytest.raises(FileNotFoundError, match="'value' adapter"):  # the weights' own loader names the adapter
+        ckpt.load_model_weights(trainer.model, path)
 
 
 class _RunsCodeWhenUnpickled:
@@ -194,6 +197,9 @@ def test_a_crafted_trainer_state_is_refused_without_running_its_code(make_traine
     state = ckpt.trainer_state_dict(trainer)
     state["history"] = [_RunsCodeWhenUnpickled(str(marker))]
     torch.save(state, path / ckpt.TRAINER_STATE_FILE)
+    with pytest.raises(ckpt.CheckpointDamagedError, match="trainer_state.pt does not match its SHA-256"):
+        load_checkpoint(make_trainer(), tmp_path)
+    ckpt.write_manifest(path)  # whoever crafts a file can rewrite the digests too: the safe loader still refuses it
     fresh = make_trainer(init_seed=3)
     with pytest.raises(ValueError, match=r"trainer_state.pt was refused by the safe loader.*Unsupported global"):
         load_checkpoint(fresh, tmp_path)

@@ -463,6 +463,34 @@ def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys
     assert message in captured.err and captured.out == ""  # one line, no half-written command
 
 
+@pytest.mark.parametrize("argv, env_profile, note", [
+    (["--profile", "auto"], None, "note: --profile auto resolved to tiny: this machine has no CUDA GPU"),
+    ([], "auto", "note: $RLHF_PROFILE auto resolved to tiny: this machine has no CUDA GPU"),
+    (["--profile", "tiny"], "auto", None),  # the flag wins, and names the profile itself
+    ([], None, None),
+])
+def test_the_export_says_what_auto_resolved_to(monkeypatch, capsys, argv, env_profile, note):
+    """Before: `--profile auto` on a CPU exported the tiny run for a GPU cluster without a word."""
+    import torch
+
+    from rlhf_helpers.cluster.export import main, verl_command
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    if env_profile is None:
+        monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("RLHF_PROFILE", env_profile)
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == verl_command("tiny") + "\n"  # the command itself is unchanged: stdout stays pipeable
+    notes = [line for line in captured.err.splitlines() if line.startswith("note:")]
+    if note is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(note) and "pass --profile gpu" in notes[0]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"run": 5}, "run must be a profile name, a Profile or a PPOConfig, got int 5"),
     ({"run": "cpu"}, "run 'cpu': name must be one of ('tiny', 'gpu', 'auto'), got 'cpu'"),  # named the argument

@@ -80,6 +80,7 @@ SIGNATURES = {
     "no_learning_signal": ("error", lambda r, i: r.update(score_std=0.0, score=0.0)),
     "first_ratio_not_one": ("error", lambda r, i: r.update(first_ratio=1.6 if i else 1.0)),
     "eos_masked": ("error", lambda r, i: r.update(eos_in_mask=0.0)),
+    "nothing_trains": ("error", lambda r, i: r.update(policy_grad_norm=0.0)),
     "negative_kl": ("warning", lambda r, i: r.update(kl=-0.05 - 0.01 * i)),
     "off_policy": ("warning", lambda r, i: r.update(clipfrac=0.3)),
     "critic_not_learning": ("warning", lambda r, i: r.update(explained_variance=-0.1)),

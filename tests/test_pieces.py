@@ -115,7 +115,8 @@ def test_a_piece_returning_nan_stops_the_run_naming_what(make_trainer):
     from rlhf_helpers.core.checks import NonFiniteError
 
     trainer = make_trainer(advantage_fn=lambda r, v, m, g, lam: (r * float("nan"), r))
-    with pytest.raises(NonFiniteError, match="advantages has .* NaN/inf value.* at PPO step 0"):
+    with pytest.raises(NonFiniteError, match="advantages returned by advantage_fn has .* NaN/inf value.* at PPO "
+                                             "step 0"):
         trainer.step()
 
 
@@ -193,15 +194,19 @@ def test_an_update_loop_of_ones_own_trains_like_the_library_update(make_trainer)
         assert abs(row["approx_kl"] - reference["approx_kl"]) <= 1e-4 + 1e-3 * abs(reference["approx_kl"])
 
 
-def test_an_update_loop_that_moves_nothing_is_caught_by_its_losses(make_trainer):
-    """The loop's own numbers are what the run reports: one that never steps its optimiser trains nothing."""
+def test_an_update_loop_that_moves_nothing_is_refused(make_trainer):
+    """A loop that never steps its optimiser would let the run go on without training: refused, naming update_fn."""
+    from rlhf_helpers.ppo.piece_checks import PieceError
+
     def lazy(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
         return [(0.0, 0.0)]
 
     trainer = make_trainer(update_fn=lazy)
     before = [p.detach().clone() for p in trainer.model.policy_parameters()]
-    trainer.step()
-    assert trainer.history[-1]["policy_loss"] == 0.0 and "clipfrac" not in trainer.history[-1]
+    with pytest.raises(PieceError, match="update_fn left the policy adapter's weights unchanged at PPO step 0: it "
+                                         r"called policy_opt.step\(\) 0 time"):
+        trainer.step()
+    assert trainer.history == []
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.policy_parameters(), strict=True))
 
 

@@ -76,8 +76,8 @@ def test_non_finite_weights_after_an_optimiser_step_stop_that_step(make_trainer,
 
 
 def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights(make_trainer, tmp_path):
-    """A learning rate of 1e12 from the third step on (RLHF_PROFILE_OVERRIDES='{"policy_lr": 1e12}'
-    does it from the first): the weights stay finite (~1e12) but every forward overflows to NaN."""
+    """A learning rate of 1e12 from the third step on (an optimiser's param_groups changed by hand: PPOConfig
+    refuses a policy_lr above 10): the weights stay finite (~1e12) but every forward overflows to NaN."""
     trainer = make_trainer(save_every=1, output_dir=str(tmp_path))
     kept = {}
 
@@ -99,6 +99,47 @@ def test_huge_learning_rate_stops_at_the_first_bad_step_and_keeps_usable_weights
     # the kept weights really are good: a resumed run samples, scores and updates from them
     metrics = fresh.step()
     assert math.isfinite(metrics["policy_loss"]) and fresh.step_count == 3
+
+
+# ---------------------------------------------------------------- Ctrl-C
+@pytest.mark.slow
+def test_ctrl_c_ends_a_training_run_with_one_line_naming_its_checkpoint_and_exit_130(tmp_path):
+    """SIGINT to the training command once it has saved a checkpoint: before, a 103-line traceback."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = ("import sys, torch; torch.set_num_threads(1)\n"
+              "from rlhf_helpers.stages import train_ppo as train\n"
+              "train.ensure_reward_model = lambda *a, **k: None\n"  # an untrained reward adapter: no reward training
+              "sys.exit(train.main(sys.argv[1:]))\n")
+    out = tmp_path / "ppo"
+    tiny = {"rollout_batch_size": 4, "mini_batch_size": 4, "max_new_tokens": 4, "ppo_epochs": 1, "n_eval_prompts": 4}
+    env = dict(os.environ, RLHF_PROFILE_OVERRIDES=json.dumps(tiny), RLHF_RUNS_DIR=str(tmp_path / "runs"),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.Popen([sys.executable, "-c", script, "--profile", "tiny", "--no-progress", "--steps", "100000",
+                            "--save-every", "1", "--output-dir", str(out)], cwd=Path(__file__).resolve().parents[1],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "latest").is_file():  # training has started and saved its first checkpoint
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+            time.sleep(0.05)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    last = out / (out / "latest").read_text().strip()
+    assert run.returncode == 130, err[-3000:]
+    assert err.strip().splitlines() == [
+        f"PPO interrupted (Ctrl-C): the last checkpoint saved is {last}; continue the run with: python -m "
+        f"rlhf_helpers.stages.train_ppo --profile tiny --output-dir {out} --resume"]
+    assert not (out / ".run.lock").exists()  # the folder is free for that resume
 
 
 # ---------------------------------------------------------------- two processes (accelerate launch)

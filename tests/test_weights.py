@@ -111,7 +111,8 @@ def test_each_source_has_its_own_folders_and_cache_key(monkeypatch, tmp_path):
     assert folders == {"hub": plain, "gguf": plain + "-gguf", "random": plain + "-random-init"}
     assert len({reward_cache_dir(get_profile("gpu", weights=s)).name for s in folders}) == 3
     key = sft_cache_key(get_profile("gpu", weights="gguf"))
-    assert key["weights"] == {"source": "gguf", "file": {"file": weights.GGUF_NAME, "bytes": 10}}
+    assert key["weights"] == {"source": "gguf", "file": {"file": weights.GGUF_NAME, "bytes": 10,
+                                                         "sha256": weights.sha256_file(fake)}}
     fake.write_bytes(b"x" * 11)  # another file: another key, so its folder is trained again
     assert sft_cache_key(get_profile("gpu", weights="gguf"))["weights"] != key["weights"]
     assert sft_cache_key(get_profile("gpu", weights="hub"))["weights"] == {"source": "hub", "file": None}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import sys
@@ -25,7 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import Profile, get_profile
+from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
 #: The releases this export was written against and tests/test_cluster_export.py checks (PyPI versions).
 VERL_VERSION = "0.9.1"
@@ -286,6 +287,19 @@ def not_carried(run: str | Profile | PPOConfig) -> list[str]:
     return out
 
 
+def auto_note(name: str | None, resolved: str) -> str | None:
+    """The line that says what the profile "auto" (from --profile, else $RLHF_PROFILE) resolved to on this machine,
+    or None when no "auto" was asked for. "auto" picks by this machine's GPU, while the export is for a cluster:
+    the line keeps a CPU from turning a cluster command into the tiny run without a word."""
+    source = "--profile" if name is not None else f"${PROFILE_ENV}"
+    if (name if name is not None else os.environ.get(PROFILE_ENV, "")).strip().lower() != "auto":
+        return None
+    if resolved == "tiny":
+        return (f"note: {source} auto resolved to tiny: this machine has no CUDA GPU, so this is the tiny profile's "
+                "run (the shipped tiny model's settings); pass --profile gpu for the gpu profile's")
+    return f"note: {source} auto resolved to gpu: this machine has a CUDA GPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
@@ -303,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         text = writers[args.format](run, args.gpus)
     except (ValueError, TypeError) as error:
         parser.error(str(error))
+    note = auto_note(args.profile, run.name)
+    if note is not None:
+        print(note, file=sys.stderr)
     for line in not_carried(run):
         print(f"not carried over: {line}", file=sys.stderr)
     print(text, end="" if args.format == "verl-yaml" else "\n")

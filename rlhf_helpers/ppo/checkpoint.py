@@ -8,19 +8,20 @@
         adapters/reward/
         heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
         trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
-                                  (read back with torch's safe unpickler: `load_trainer_state`)
+                                  (`trainer_state.py`; read back with torch's safe unpickler)
+        manifest.json             the SHA-256 and size of every other file, written last (`checkpoint_digest.py`)
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on POSIX).
-A crash at any moment leaves `latest` pointing at the previous complete checkpoint.
+A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the DEFAULT_KEEP
+newest complete checkpoints stay, so a damaged latest one leaves an earlier one to resume from.
+`load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import pickle
 import re
 import shutil
 from pathlib import Path
@@ -32,13 +33,24 @@ from safetensors.torch import load_file, save_file
 
 from rlhf_helpers.ppo.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
 from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
+from rlhf_helpers.ppo.checkpoint_digest import (
+    MANIFEST_FILE,
+    MANIFEST_STATE_KEY,
+    verify_checkpoint,
+    write_manifest,
+)
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
+from rlhf_helpers.ppo.trainer_state import (
+    TRAINER_STATE_FILE,
+    load_trainer_state,
+    restore_trainer_state,
+    trainer_state_dict,
+)
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
 
 LATEST_FILE = "latest"
 #: Names of checkpoint folders (what `latest` may point at).
 CHECKPOINT_NAME = re.compile(r"^step-\d{6,}$")
-TRAINER_STATE_FILE = "trainer_state.pt"
 #: Temporary folders of `save_checkpoint`: .tmp-step-NNNNNN-<pid> and .old-step-NNNNNN-<pid>.
 TEMPORARY_CHECKPOINT = re.compile(r"^\.(?:tmp|old)-(step-\d+)-(\d+)$")
 #: Complete checkpoints kept in output_dir (older ones are deleted after a save).
@@ -126,34 +138,6 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return resolve_latest(output_dir)[0]
 
 
-def checkpoint_problem(path: str | Path) -> str | None:
-    """What is wrong with the checkpoint folder `path`, naming the file, or None when every file of it
-    reads back: the trainer state (safe loader, every key), each adapter's config and weights, the heads.
-    Run before a resume builds anything, so a truncated file is an error message, not a traceback."""
-    path = Path(path)
-    try:
-        load_trainer_state(path / TRAINER_STATE_FILE)
-    except FileNotFoundError:
-        return f"{path / TRAINER_STATE_FILE} is missing"
-    except ValueError as error:  # the safe loader's refusal, or not a trainer state
-        return str(error)
-    except Exception as error:  # a truncated or garbled zip archive: torch raises RuntimeError/EOFError
-        return f"{path / TRAINER_STATE_FILE} is damaged ({type(error).__name__}: truncated or overwritten)"
-    files = [path / ADAPTERS_DIR / a / name for a in ADAPTERS for name in ("adapter_config.json",
-                                                                           "adapter_model.safetensors")]
-    for file in [*files, path / HEADS_FILE]:
-        if not file.is_file():
-            return f"{file} is missing"
-        try:
-            if file.suffix == ".json":
-                json.loads(file.read_text(encoding="utf-8"))
-            else:
-                load_file(str(file))  # reads the header and every tensor: a truncated file fails
-        except Exception as error:  # safetensors raises its own SafetensorError
-            return f"{file} is damaged ({type(error).__name__}: truncated or overwritten)"
-    return None
-
-
 def _write_pointer(output_dir: Path, name: str) -> None:
     tmp = output_dir / f".{LATEST_FILE}.tmp-{os.getpid()}"
     with open(tmp, "w") as handle:
@@ -162,6 +146,11 @@ def _write_pointer(output_dir: Path, name: str) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, output_dir / LATEST_FILE)
     _fsync_path(output_dir)
+
+
+class CheckpointDamagedError(ValueError):
+    """A checkpoint whose files do not match the SHA-256 digests its save recorded: the message names the
+    checkpoint and each file."""
 
 
 class CheckpointSaveError(OSError):
@@ -204,7 +193,9 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         shutil.rmtree(tmp)
     try:
         save_model_weights(trainer.model, tmp)
-        torch.save(trainer_state_dict(trainer), tmp / TRAINER_STATE_FILE)
+        # the state says a manifest was written, so a checkpoint that lost it is not taken for an older one
+        torch.save({**trainer_state_dict(trainer), MANIFEST_STATE_KEY: MANIFEST_FILE}, tmp / TRAINER_STATE_FILE)
+        write_manifest(tmp)  # last: it lists every file above
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again: move the old copy aside first
             old = output_dir / f".old-{name}-{os.getpid()}"
@@ -238,7 +229,8 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
 
 
 def load_checkpoint(trainer: Any, path: str | Path) -> Path:
-    """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one."""
+    """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one, once its
+    files match the SHA-256 digests of its save (CheckpointDamagedError naming each file that does not)."""
     path = Path(path)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
@@ -247,70 +239,10 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
         path = found
     if not (path / TRAINER_STATE_FILE).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
+    problems = verify_checkpoint(path)  # before anything is read into the trainer
+    if problems:
+        raise CheckpointDamagedError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
     state = load_trainer_state(path / TRAINER_STATE_FILE)  # refused before any weight is touched
     load_model_weights(trainer.model, path)
     restore_trainer_state(trainer, state)
     return path
-
-
-#: What `trainer_state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of ours.
-TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller", "history", "torch_rng")
-
-
-def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    """trainer_state.pt read with torch's safe unpickler (`weights_only=True`).
-
-    The safe unpickler rebuilds only tensors, numbers, strings, None, lists, tuples and dicts, which
-    is all `PPOTrainer.state_dict` holds (RNG states are uint8 tensors). A full unpickler would call
-    whatever function a crafted file names, so a file holding anything else is refused (ValueError)
-    and nothing in it runs.
-    """
-    path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        # torch's message is long advice about weights_only=False; keep only its reason
-        reason = next((line.split("error:", 1)[1].strip() for line in str(error).splitlines()
-                       if "WeightsUnpickler error:" in line), str(error).splitlines()[0])
-        reason = reason.split(". ")[0]
-        raise ValueError(f"{path} was refused by the safe loader (weights_only=True): {reason}. A "
-                         "checkpoint of this course holds only tensors, numbers, strings, lists and "
-                         "dicts; this file holds something else, which could run code when loaded, so "
-                         "it is not loaded") from None
-    missing = [key for key in TRAINER_STATE_KEYS if not isinstance(state, dict) or key not in state]
-    if missing:
-        raise ValueError(f"{path} is not a PPO trainer state: it lacks {missing}")
-    return state
-
-
-def trainer_state_dict(trainer: Any) -> dict[str, Any]:
-    """A PPOTrainer's optimisers, KL controller, step, metrics history and RNG states (weights are saved apart),
-    and under fp16 the loss scalers (plain floats and ints: `weights_only` loading reads them)."""
-    state: dict[str, Any] = {
-        "step": trainer.step_count,
-        **trainer.policy_opt.state_dict(),
-        **trainer.value_opt.state_dict(),
-        "kl_controller": dict(vars(trainer.kl_controller)),
-        "history": list(trainer.history),
-        "torch_rng": torch.random.get_rng_state(),
-        "config": trainer.config.to_dict(),
-    }
-    if trainer.policy_opt.scaler.is_enabled():
-        state["overflow_skips"] = {"policy": trainer.policy_opt.overflow_skips,
-                                   "value": trainer.value_opt.overflow_skips}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
-    """Inverse of `trainer_state_dict`."""
-    trainer.step_count = int(state["step"])
-    trainer.policy_opt.load_state_dict(state)
-    trainer.value_opt.load_state_dict(state)
-    for key, value in state["kl_controller"].items():
-        setattr(trainer.kl_controller, key, value)
-    trainer.history = list(state["history"])
-    torch.random.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])

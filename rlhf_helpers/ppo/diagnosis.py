@@ -16,22 +16,25 @@ TRL's GRPOTrainer and RLOOTrainer log other names; `TRL_NAMES` maps those that m
 (reward, reward_std, frac_reward_zero_std, kl, entropy, completions/mean_length, completions/clipped_ratio,
 clip_ratio/region_mean), so a TRL run folder is read too. The rules whose metric TRL does not log
 (first_ratio, explained_variance, hidden scores) stay silent on it.
+
+The files are read by `diagnosis_reading`: regular files only (a pipe is never opened), numbers a float holds, a
+last metrics line cut mid-write skipped with a note; the verdict names the file it read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.core.tolerances import dtype_name
+from rlhf_helpers.ppo.diagnosis_reading import metric_rows, newest_trl_state, read_json, read_metrics, what_is_there
 from rlhf_helpers.ppo.diagnosis_rules import RULES
 from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs
-from rlhf_helpers.runtime.data import load_jsonl
 
 __all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
            "mark_findings", "load_history", "compute_record", "DIAGNOSIS_FILE"]
@@ -56,76 +59,119 @@ class Diagnosis:
     """What `diagnose` found, with the facts it used: what diagnosis.json holds."""
 
     findings: list[Finding]  #: sorted by severity, then in the order of the rules (diagnosis_rules.RULES)
-    steps: int  #: steps read
+    steps: int  #: distinct steps read
     facts: RunFacts  #: the run's settings the rules used
     thresholds: Thresholds = field(default_factory=Thresholds)  #: the thresholds the rules used
+    source_file: str | None = None  #: the file the history was read from (None: a list or a live trainer)
+    notes: tuple[str, ...] = ()  #: what the reading skipped or chose, and why (a cut last line, repeated steps)
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "findings": [f.to_json() for f in self.findings],
-                "facts": asdict(self.facts), "thresholds": asdict(self.thresholds)}
+        """diagnosis.json's content, the same whether the history came from a trainer or its files: strict JSON, a
+        non-finite number (a score_clip of inf) written as its name ("inf"). `read_json` adds where it was read."""
+        return _strict({"steps": self.steps, "findings": [f.to_json() for f in self.findings],
+                        "facts": asdict(self.facts), "thresholds": asdict(self.thresholds)})
+
+    def read_json(self) -> dict[str, Any]:
+        """`to_json` with the file read (`source_file`, null for a list or a trainer) and the notes on the reading:
+        what `python -m rlhf_helpers.stages.diagnose --json` prints."""
+        return {"source_file": self.source_file, "notes": list(self.notes), **self.to_json()}
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its name ("inf", "-inf", "nan"): JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def _trl_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One TRL log entry in this course's names (entries without a reward, e.g. the final summary, give {})."""
+    """One TRL log entry in this course's names (entries without a reward, e.g. the final summary, give {}). A
+    metric TRL logged as null is left out: not logged at that step."""
     if "reward" not in row:
         return {}
-    out = {ours: row[theirs] for theirs, ours in TRL_NAMES.items() if theirs in row}
-    if "completions/clipped_ratio" in row:  # share of completions cut at the length limit (no EOS)
-        out["eos_fraction"] = 1.0 - float(row["completions/clipped_ratio"])
+    out = {ours: row[theirs] for theirs, ours in TRL_NAMES.items() if row.get(theirs) is not None}
+    clipped = row.get("completions/clipped_ratio")  # share of completions cut at the length limit (no EOS)
+    if isinstance(clipped, (int, float)) and not isinstance(clipped, bool):
+        out["eos_fraction"] = 1.0 - float(clipped)
     out["step"] = row.get("step")
     return out
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What `_load` read: the history, the run's settings, the file and the notes on the reading."""
+
+    history: list[dict[str, Any]]
+    facts: RunFacts
+    file: Path
+    notes: tuple[str, ...] = ()
 
 
 def load_history(source: str | Path) -> tuple[list[dict[str, Any]], RunFacts]:
     """The metric history of a run folder or a metrics.jsonl, and the settings run.json records.
 
     A folder of this course's training command holds metrics.jsonl and run.json; a TRL output folder holds
-    trainer_state.json (at its top, or in its newest checkpoint-N folder), read through TRL_NAMES."""
+    trainer_state.json (at its top, or in a checkpoint-N folder: the newest of them, `newest_trl_state`), read
+    through TRL_NAMES."""
+    read = _load(source)
+    return read.history, read.facts
+
+
+def _load(source: str | Path) -> _Read:
     path = Path(source)
-    if path.is_dir():
-        if (path / "metrics.jsonl").is_file():
-            return load_history(path / "metrics.jsonl")
-        top = path / "trainer_state.json"
-        saved = sorted((p for p in path.glob("checkpoint-*/trainer_state.json")
-                        if p.parent.name.removeprefix("checkpoint-").isdigit()),
-                       key=lambda p: int(p.parent.name.removeprefix("checkpoint-")))
-        state = top if top.is_file() else (saved[-1] if saved else None)
-        if state is None:
+    if path.is_dir() and path.suffix != ".jsonl" and path.name != "trainer_state.json":  # named as a file: not a run
+        metrics = path / "metrics.jsonl"
+        if os.path.lexists(metrics):  # there in some form: read, or refused saying what it is
+            return _load_file(metrics)
+        found = newest_trl_state(path)
+        if found is None:
             raise ValueError(f"source {path} holds no metrics.jsonl (this course's runs) and no trainer_state.json "
                              f"(TRL's): pass a run folder")
-        return _load_trl(state)
-    if not path.is_file():
+        return _load_trl(*found)
+    return _load_file(path)
+
+
+def _load_file(path: Path) -> _Read:
+    kind = what_is_there(path)
+    if kind == "no such file":
         raise ValueError(f"source must be a run folder or a metrics.jsonl, got {str(path)!r} (no such file)")
+    if kind is not None:
+        raise ValueError(f"{path} is {kind}, not a file: the doctor reads a metrics.jsonl (one JSON object a line)")
     if path.name == "trainer_state.json":
-        return _load_trl(path)
-    return load_jsonl(path), _facts_of_run_json(path.parent / "run.json")
+        return _load_trl(path, read_json(path), [])
+    rows, notes = read_metrics(path)
+    return _Read(rows, _facts_of_run_json(path.parent / "run.json"), path, tuple(notes))
 
 
-def _read_json(path: Path) -> Any:
-    """The JSON in `path`; ValueError naming the file when it is not UTF-8 JSON."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not UTF-8 JSON ({err})") from None
-
-
-def _load_trl(state_file: Path) -> tuple[list[dict[str, Any]], RunFacts]:
-    state = _read_json(state_file)
+def _load_trl(state_file: Path, state: Any, notes: list[str]) -> _Read:
     log = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(log, list):
         raise ValueError(f"{state_file}: not a TRL trainer_state.json (expected an object with a log_history "
                          f"list, got {type(log).__name__} {log!r:.60})")
     rows = [r for r in (_trl_row(entry) for entry in log if isinstance(entry, dict)) if r]
-    return rows, RunFacts(source="trl")
+    return _Read(rows, RunFacts(source="trl"), state_file, tuple(notes))
+
+
+#: the largest int setting read from run.json: the rules multiply settings by floats, and every int up to 2**53 is
+#: exactly a float
+MAX_SETTING = 2**53
 
 
 def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[type, ...], low: float) -> Any:
-    """section[key] when it is None or a number of `kinds` >= low (never a bool); else ValueError naming it."""
+    """section[key] when it is None or a number of `kinds` >= low (never a bool) that a float holds (an int up to
+    MAX_SETTING, a finite float); else ValueError naming it."""
     value = section.get(key)
-    if value is None or (isinstance(value, kinds) and not isinstance(value, bool) and value >= low):
+    if value is None or (isinstance(value, kinds) and not isinstance(value, bool) and value >= low
+                         and (value <= MAX_SETTING if isinstance(value, int) else math.isfinite(value))):
         return value
     kind = "an int" if kinds == (int,) else "a number"
-    raise ValueError(f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r}")
+    beyond = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low  # too big, inf or NaN
+    raise ValueError(f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r:.60}"
+                     + (" (beyond what the doctor reads: an int up to 2**53, a finite number)" if beyond else ""))
 
 
 def _facts_of_run_json(run_file: Path) -> RunFacts:
@@ -134,14 +180,15 @@ def _facts_of_run_json(run_file: Path) -> RunFacts:
                          "settings are unknown; move it away to diagnose the metrics alone")
     if not run_file.is_file():
         return RunFacts()
-    record = _read_json(run_file)
+    record = read_json(run_file)
     config = record.get("ppo_config", {}) if isinstance(record, dict) else None
     profile = record.get("profile", {}) if isinstance(record, dict) else None
     if not isinstance(config, dict) or not isinstance(profile, dict):
         raise ValueError(f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
     settings = {"max_new_tokens": _checked(run_file, config, "max_new_tokens", (int,), 1),
                 "score_clip": _checked(run_file, config, "score_clip", (int, float), 0),
-                "value_warmup_steps": _checked(run_file, config, "value_warmup_steps", (int,), 0) or 0}
+                "value_warmup_steps": _checked(run_file, config, "value_warmup_steps", (int,), 0) or 0,
+                "total_steps": _checked(run_file, config, "total_steps", (int,), 1)}
     compute = record.get("compute")  # what the run computed in; older records hold the profile's dtype only
     if compute is not None and not isinstance(compute, dict):
         raise ValueError(f"{run_file}: compute must be an object ({{\"dtype\": ..., \"loss_scaling\": ...}}), got "
@@ -176,8 +223,8 @@ def _facts_of_trainer(trainer: Any) -> RunFacts:
     config = trainer.config
     compute = compute_record(trainer)
     return RunFacts(max_new_tokens=config.max_new_tokens, score_clip=config.score_clip,
-                    value_warmup_steps=config.value_warmup_steps, dtype=compute["dtype"],
-                    loss_scaling=compute["loss_scaling"])
+                    value_warmup_steps=config.value_warmup_steps, total_steps=config.total_steps,
+                    dtype=compute["dtype"], loss_scaling=compute["loss_scaling"])
 
 
 def diagnose(source: Any, *, facts: RunFacts | None = None,
@@ -189,39 +236,31 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
     `facts`: the run's settings (max_new_tokens, score_clip, warm-up, the dtype it computed in); read from the
     trainer or run.json when not given. A bare list (or a folder without run.json) without `facts` is judged as a
     float32 run, the strictest tolerances: pass the run's facts (e.g. `diagnose(trainer).facts`) for a 16-bit one.
-    `thresholds`: the rules' thresholds (defaults: `Thresholds()`)."""
+    `thresholds`: the rules' thresholds (defaults: `Thresholds()`).
+
+    Values may be any real numbers (numpy's too) or None; one beyond a float's range reads as +-inf. A step logged
+    more than once counts once, read from its last row (`Diagnosis.notes` says how many)."""
     thresholds = thresholds or Thresholds()
+    source_file, notes = None, []
     if isinstance(source, (str, Path)):
-        history, found = load_history(source)
+        read = _load(source)
+        history, found, source_file, notes = read.history, read.facts, str(read.file), list(read.notes)
     elif hasattr(source, "history") and hasattr(source, "config"):
         history, found = list(source.history), _facts_of_trainer(source)
     elif isinstance(source, Sequence) and all(isinstance(row, Mapping) for row in source):
-        history, found = [dict(row) for row in source], RunFacts()
+        history, found = list(source), RunFacts()
     else:
         raise ValueError("source must be a list of metric dicts, a PPOTrainer, or a run folder / metrics.jsonl "
                          f"path, got {type(source).__name__}")
     facts = facts or found
-    _check_values(history, source)
-    rows = [{**row, "step": _step(row, index)} for index, row in enumerate(history)]
+    rows, repeated = metric_rows(history, f"{source}: " if isinstance(source, (str, Path)) else "")
+    if repeated:
+        notes.append(f"{repeated} step(s) logged more than once (a resumed run logs again the steps after its last "
+                     "checkpoint): the last row of each step is read")
     findings = [finding for rule in RULES if (finding := rule(rows, facts, thresholds)) is not None]
     findings.sort(key=lambda f: SEVERITIES.index(f.severity))  # stable: within a severity, in RULES order
-    return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds)
-
-
-def _check_values(history: Sequence[Mapping[str, Any]], source: Any) -> None:
-    """ValueError naming the row and metric of the first value that is not a number (or None): the rules read
-    numbers, and a string or a list would silently read as "not logged"."""
-    where = f"{source}: " if isinstance(source, (str, Path)) else ""
-    for index, row in enumerate(history):
-        for key, value in row.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} "
-                                 f"{value!r:.40}")
-
-
-def _step(row: Mapping[str, Any], index: int) -> int:
-    value = row.get("step")
-    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else index + 1
+    return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds,
+                     source_file=source_file, notes=tuple(notes))
 
 
 def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
@@ -229,10 +268,12 @@ def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
     if min_severity not in SEVERITIES:
         raise ValueError(f"min_severity must be one of {SEVERITIES}, got {min_severity!r}")
     shown = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) <= SEVERITIES.index(min_severity)]
+    read = f"{diagnosis.steps} steps read" + (f" from {diagnosis.source_file}" if diagnosis.source_file else "")
+    notes = [f"    note: {note}" for note in diagnosis.notes]
     if not shown:
-        return f"run doctor: {diagnosis.steps} steps read, no finding" + (
-            "" if min_severity == "info" else f" at {min_severity} or above")
-    lines = [f"run doctor: {diagnosis.steps} steps read, {len(shown)} finding(s)"]
+        return "\n".join([f"run doctor: {read}, no finding" + (
+            "" if min_severity == "info" else f" at {min_severity} or above"), *notes])
+    lines = [f"run doctor: {read}, {len(shown)} finding(s)", *notes]
     for finding in shown:
         lines.append(finding.text())
     return "\n".join(lines)
@@ -251,10 +292,11 @@ def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Dia
     for finding in diagnosis.findings:
         if finding.severity not in MARK_COLORS:
             continue
+        steps = set(finding.steps)  # a set: a finding may hold every step of a long run
         for index, key in enumerate(keys):
             if key not in reads.get(finding.rule, ()):
                 continue
-            points = [(row["step"], row[key]) for row in history if int(row.get("step", 0)) in finding.steps
+            points = [(row["step"], row[key]) for row in history if int(row.get("step", 0)) in steps
                       and isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
             fig.add_scatter(x=[x for x, _ in points], y=[y for _, y in points], mode="markers", showlegend=False,
                             marker={"symbol": "x", "size": 9, "color": MARK_COLORS[finding.severity]},

@@ -1,47 +1,29 @@
 """The run doctor's rules: each reads a run's per-step metrics and returns one Finding, or None.
 
 A rule is a function (rows, facts, thresholds) -> Finding | None; `RULES` lists them in the order they run.
-Rows are per-step metric dicts with an int "step". A rule whose metrics the history lacks stays silent.
-Every threshold of `Thresholds` says where its value comes from.
+Rows are per-step metric dicts with an int "step", one per step, every value a float or None (`diagnosis_rows`).
+A rule whose metrics the history lacks stays silent. Every threshold of `Thresholds` says where its value comes
+from. Each rule makes a fixed number of passes over the rows: the doctor is linear in the history.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable
 
+from rlhf_helpers.ppo.diagnosis_progress import nothing_trains
+from rlhf_helpers.ppo.diagnosis_rows import (
+    GLOSSARY_PAGE,
+    LAB,
+    Rows,
+    fmt,
+    logged,
+    longest_run,
+    metric,
+    passing,
+    sustained,
+)
 from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds
-
-Rows = Sequence[Mapping[str, Any]]
-GLOSSARY_PAGE = "docs/metrics.md"
-LAB = "notebooks/06_failure_modes.ipynb"
-
-
-def _value(row: Mapping[str, Any], key: str) -> float | None:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _where(rows: Rows, key: str, test: Callable[[float], bool]) -> list[tuple[int, float]]:
-    """(step, value) of the rows whose `key` is finite and passes `test`."""
-    return [(int(row["step"]), v) for row in rows if (v := _value(row, key)) is not None and test(v)]
-
-
-def _has(rows: Rows, key: str) -> int:
-    return sum(_value(row, key) is not None for row in rows)
-
-
-def _sustained(hits: list[tuple[int, float]], available: int, thresholds: Thresholds) -> bool:
-    """Whether a condition held at sustain_steps steps, or at every step of a run that logged fewer."""
-    return available > 0 and len(hits) >= min(thresholds.sustain_steps, available)
-
-
-def _fmt(hits: list[tuple[int, float]], key: str, limit: int = 4) -> str:
-    shown = ", ".join(f"step {s}: {key} {v:.4g}" for s, v in hits[:limit])
-    return shown + (f" (and {len(hits) - limit} more steps of {key})" if len(hits) > limit else "")
 
 
 def non_finite(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
@@ -61,13 +43,13 @@ def non_finite(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     spread = t.spread_for(facts.dtype)  # scores one rounding step apart are equal
-    flat = [(int(row["step"]), std) for row in rows if (std := _value(row, "score_std")) is not None
-            and std <= spread * max(1.0, abs(_value(row, "score") or 0.0))]
-    groups = _where(rows, "zero_std_fraction", lambda v: v >= t.zero_std_share)
+    flat = [(int(row["step"]), std) for row in rows if (std := metric(row, "score_std")) is not None
+            and std <= spread * max(1.0, abs(metric(row, "score") or 0.0))]
+    groups = passing(rows, "zero_std_fraction", lambda v: v >= t.zero_std_share)
     all_groups = [(s, v) for s, v in groups if v >= 1.0 - t.share_tolerance]  # a share of counts: 1 up to rounding
     if flat or all_groups:
         steps = sorted({s for s, _ in flat} | {s for s, _ in all_groups})
-        evidence = _fmt(flat, "score_std") if flat else _fmt(all_groups, "zero_std_fraction")
+        evidence = fmt(flat, "score_std") if flat else fmt(all_groups, "zero_std_fraction")
         # TRL's reward_std is the mean spread within prompt groups: 0 there is "every group flat", the same verdict
         return Finding("no_learning_signal", "error", "the rewards have no spread to learn from",
                        tuple(steps), evidence,
@@ -76,9 +58,9 @@ def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | 
                        "the reward function's output on a few responses by hand (a constant such as 0.0 from a "
                        "parsing failure), the reward model's head, and score_clip",
                        f"{GLOSSARY_PAGE}#score and notebooks/07_beyond_ppo.ipynb (group advantages)")
-    if _sustained(groups, _has(rows, "zero_std_fraction"), t):
+    if sustained(groups, logged(rows, "zero_std_fraction"), t):
         return Finding("no_learning_signal", "warning", "most prompt groups got equal rewards",
-                       tuple(s for s, _ in groups), _fmt(groups, "zero_std_fraction"),
+                       tuple(s for s, _ in groups), fmt(groups, "zero_std_fraction"),
                        "a group whose completions all score the same gives them all advantage 0: at least "
                        f"{t.zero_std_share:.0%} of the batch trains nothing",
                        "whether the reward is too coarse (0/1) for the prompts' difficulty; more completions "
@@ -88,12 +70,12 @@ def no_learning_signal(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | 
 
 def first_ratio_not_one(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     tolerance = t.ratio_tolerance_for(facts.dtype)
-    hits = _where(rows, "first_ratio", lambda v: abs(v - 1.0) > tolerance)
+    hits = passing(rows, "first_ratio", lambda v: abs(v - 1.0) > tolerance)
     if not hits:
         return None
     return Finding("first_ratio_not_one", "error", "the first minibatch's ratio is not 1",
                    tuple(s for s, _ in hits),
-                   _fmt(hits, "first_ratio") + f" (allowed in {facts.dtype}: 1 +- {tolerance:g})",
+                   fmt(hits, "first_ratio") + f" (allowed in {facts.dtype}: 1 +- {tolerance:g})",
                    "the old log-probs are not those of the policy that sampled: the reference's log-probs used "
                    "as old ones, dropout left on, or a sampling temperature the log-probs do not use",
                    "which log-probs become old_logprobs (the sampling policy's, not the reference's), "
@@ -104,11 +86,11 @@ def first_ratio_not_one(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding |
 def eos_masked(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     # a share of counts: 1 when the mask is built from the first EOS, whatever the batch (up to the rounding of
     # the float32 arithmetic that may have computed it: share_tolerance)
-    hits = _where(rows, "eos_in_mask", lambda v: v < 1.0 - t.share_tolerance)
+    hits = passing(rows, "eos_in_mask", lambda v: v < 1.0 - t.share_tolerance)
     if not hits:
         return None
     return Finding("eos_masked", "error", "the loss mask hides the sampled EOS tokens", tuple(s for s, _ in hits),
-                   _fmt(hits, "eos_in_mask") + " (the share of sampled EOS tokens the update trains on; 1 when right)",
+                   fmt(hits, "eos_in_mask") + " (the share of sampled EOS tokens the update trains on; 1 when right)",
                    "the decision to stop is never trained: a mask of 'not padding' with pad == EOS drops the EOS "
                    "too, and the score lands on the token before it", "pad_token_id != eos_token_id "
                    "(ensure_distinct_pad) and a response mask built up to and including the first EOS",
@@ -116,16 +98,11 @@ def eos_masked(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def negative_kl(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    run: list[tuple[int, float]] = []
-    best: list[tuple[int, float]] = []
-    for row in rows:
-        value = _value(row, "kl")
-        run = run + [(int(row["step"]), value)] if value is not None and value < 0 else []
-        best = run if len(run) > len(best) else best
+    best = longest_run(rows, "kl", lambda v: v < 0)
     if len(best) < t.negative_kl_steps:
         return None
     return Finding("negative_kl", "warning", "the k1 KL stays negative", tuple(s for s, _ in best),
-                   f"{len(best)} consecutive steps below 0: " + _fmt(best, "kl"),
+                   f"{len(best)} consecutive steps below 0: " + fmt(best, "kl"),
                    "one negative k1 batch is noise; a run of them means the samples do not come from the "
                    "distribution their log-probs were computed under (a temperature or top-k/top-p the "
                    "log-probs ignore, or mismatched log-probs)",
@@ -134,13 +111,13 @@ def negative_kl(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def off_policy(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    clip = _where(rows, "clipfrac", lambda v: v > t.clipfrac_high)
-    kl = _where(rows, "approx_kl", lambda v: v > t.approx_kl_high)
-    available = max(_has(rows, "clipfrac"), _has(rows, "approx_kl"))
+    clip = passing(rows, "clipfrac", lambda v: v > t.clipfrac_high)
+    kl = passing(rows, "approx_kl", lambda v: v > t.approx_kl_high)
+    available = max(logged(rows, "clipfrac"), logged(rows, "approx_kl"))
     hits = sorted({s for s, _ in clip} | {s for s, _ in kl})
-    if not _sustained([(s, 0.0) for s in hits], available, t):
+    if not sustained([(s, 0.0) for s in hits], available, t):
         return None
-    evidence = "; ".join(part for part in (_fmt(clip, "clipfrac"), _fmt(kl, "approx_kl")) if part)
+    evidence = "; ".join(part for part in (fmt(clip, "clipfrac"), fmt(kl, "approx_kl")) if part)
     return Finding("off_policy", "warning", "the updates move the policy far from the one that sampled", tuple(hits),
                    evidence + f" (fires above clipfrac {t.clipfrac_high:g} or approx_kl {t.approx_kl_high:g})",
                    "the trust region does not hold: many ratios leave the clip band, their tokens get no "
@@ -151,24 +128,24 @@ def off_policy(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def critic(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    if not _has(rows, "explained_variance"):
+    if not logged(rows, "explained_variance"):
         return None
     start = facts.value_warmup_steps + t.critic_grace_steps
     late = [r for r in rows if r["step"] > start]
-    stuck = _where(late, "explained_variance", lambda v: v <= 0.0)
-    if late and _sustained(stuck, _has(late, "explained_variance"), t) and len(stuck) * 2 > len(late):
+    stuck = passing(late, "explained_variance", lambda v: v <= 0.0)
+    if late and sustained(stuck, logged(late, "explained_variance"), t) and len(stuck) * 2 > len(late):
         return Finding("critic_not_learning", "warning", "the critic explains nothing",
-                       tuple(s for s, _ in stuck), _fmt(stuck, "explained_variance")
+                       tuple(s for s, _ in stuck), fmt(stuck, "explained_variance")
                        + f" (after step {start}: the warm-up plus {t.critic_grace_steps} steps)",
                        "the advantages are the returns' noise: the policy learns slowly or from chance",
                        "value_lr, that the value adapter and head are trained (their grad norm), and the value "
                        "mask's alignment with the states", f"{GLOSSARY_PAGE}#explained_variance and {LAB}, "
                        "section (e)")
     first_policy = [r for r in rows if r["step"] == facts.value_warmup_steps + 1]
-    cold = _where(first_policy, "explained_variance", lambda v: v < t.cold_critic_ev)
+    cold = passing(first_policy, "explained_variance", lambda v: v < t.cold_critic_ev)
     if cold:
         return Finding("untrained_critic", "info", "the policy's first update used an untrained critic",
-                       tuple(s for s, _ in cold), _fmt(cold, "explained_variance")
+                       tuple(s for s, _ in cold), fmt(cold, "explained_variance")
                        + f" (below {t.cold_critic_ev:g}: the critic has not learned the returns yet)",
                        "the first advantages have no state-dependent baseline: the policy's first update follows "
                        "the raw, lambda-faded returns, a high-variance signal (expected with fresh value adapters "
@@ -179,13 +156,13 @@ def critic(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def collapse(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    start = next((v for row in rows if (v := _value(row, "entropy")) is not None), None)
-    low = _where(rows, "entropy", lambda v: start is not None and v < t.entropy_drop * start)
-    same = _where(rows, "distinct_responses", lambda v: v < t.distinct_floor)
-    if _sustained(low, _has(rows, "entropy"), t) or _sustained(same, _has(rows, "distinct_responses"), t):
-        parts = [p for p in (_fmt(low, "entropy") + (f" (below {t.entropy_drop:g} x step 1's {start:.4g})"
+    start = next((v for row in rows if (v := metric(row, "entropy")) is not None), None)
+    low = passing(rows, "entropy", lambda v: start is not None and v < t.entropy_drop * start)
+    same = passing(rows, "distinct_responses", lambda v: v < t.distinct_floor)
+    if sustained(low, logged(rows, "entropy"), t) or sustained(same, logged(rows, "distinct_responses"), t):
+        parts = [p for p in (fmt(low, "entropy") + (f" (below {t.entropy_drop:g} x step 1's {start:.4g})"
                                                         if low else ""),
-                             _fmt(same, "distinct_responses") + (f" (below {t.distinct_floor:g})" if same else ""))
+                             fmt(same, "distinct_responses") + (f" (below {t.distinct_floor:g})" if same else ""))
                  if p]
         return Finding("collapse", "warning", "the policy collapses onto a few responses",
                        tuple(sorted({s for s, _ in low} | {s for s, _ in same})), "; ".join(parts),
@@ -196,20 +173,20 @@ def collapse(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def length(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    short = _where(rows, "response_length", lambda v: v <= t.short_length)
-    if _sustained(short, _has(rows, "response_length"), t):
+    short = passing(rows, "response_length", lambda v: v <= t.short_length)
+    if sustained(short, logged(rows, "response_length"), t):
         return Finding("length_collapse", "warning", "responses collapse towards 0 tokens",
-                       tuple(s for s, _ in short), _fmt(short, "response_length"),
+                       tuple(s for s, _ in short), fmt(short, "response_length"),
                        "the policy learned that stopping at once avoids a penalty (negative scores, KL per "
                        "token) or that the reward reads an empty response well",
                        "the reward of an empty response, missing_eos_penalty's sign, and that the EOS token is "
                        "in the mask", f"{GLOSSARY_PAGE}#response_length")
     if facts.max_new_tokens:
-        at_limit = [(int(r["step"]), e) for r in rows if (e := _value(r, "eos_fraction")) is not None
-                    and e < t.eos_floor and (_value(r, "response_length") or 0) >= t.long_share * facts.max_new_tokens]
-        if _sustained(at_limit, _has(rows, "eos_fraction"), t):
+        at_limit = [(int(r["step"]), e) for r in rows if (e := metric(r, "eos_fraction")) is not None
+                    and e < t.eos_floor and (metric(r, "response_length") or 0) >= t.long_share * facts.max_new_tokens]
+        if sustained(at_limit, logged(rows, "eos_fraction"), t):
             return Finding("length_runaway", "warning", "responses run to max_new_tokens without an EOS",
-                           tuple(s for s, _ in at_limit), _fmt(at_limit, "eos_fraction")
+                           tuple(s for s, _ in at_limit), fmt(at_limit, "eos_fraction")
                            + f" with the mean length >= {t.long_share:.0%} of max_new_tokens {facts.max_new_tokens}",
                            "length hacking (the reward pays for length), or the EOS token never trained (pad "
                            "equal to EOS masks it out)", "pad_token_id != eos_token_id, that the response mask "
@@ -218,11 +195,11 @@ def length(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
 
 
 def reward_saturation(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    hits = _where(rows, "score_clipped", lambda v: v >= t.clipped_share)
-    if not _sustained(hits, _has(rows, "score_clipped"), t):
+    hits = passing(rows, "score_clipped", lambda v: v >= t.clipped_share)
+    if not sustained(hits, logged(rows, "score_clipped"), t):
         return None
     return Finding("reward_saturated", "warning", "the reward model's scores sit at score_clip",
-                   tuple(s for s, _ in hits), _fmt(hits, "score_clipped") + f" (score_clip {facts.score_clip})",
+                   tuple(s for s, _ in hits), fmt(hits, "score_clipped") + f" (score_clip {facts.score_clip})",
                    "clipped scores are all equal: the reward no longer tells the better of two clipped responses",
                    "score_clip (raise it) and whether the policy found responses the reward model overrates",
                    f"{GLOSSARY_PAGE}#score")
@@ -255,8 +232,8 @@ def _thirds(values: list[float]) -> list[tuple[float, float]]:
 
 
 def _thirds_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[tuple[int, ...], str] | None:
-    pairs = [(int(r["step"]), h, s) for r in rows if (h := _value(r, hidden)) is not None
-             and (s := _value(r, learned)) is not None]
+    pairs = [(int(r["step"]), h, s) for r in rows if (h := metric(r, hidden)) is not None
+             and (s := metric(r, learned)) is not None]
     if len(pairs) < 6:
         return None
     h3, s3 = _thirds([h for _, h, _ in pairs]), _thirds([s for _, _, s in pairs])
@@ -272,8 +249,8 @@ def _thirds_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[
 
 
 def _eval_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[tuple[int, ...], str] | None:
-    pairs = [(int(r["step"]), h, s) for r in rows if (h := _value(r, hidden)) is not None
-             and (s := _value(r, learned)) is not None]
+    pairs = [(int(r["step"]), h, s) for r in rows if (h := metric(r, hidden)) is not None
+             and (s := metric(r, learned)) is not None]
     if len(pairs) < 2:
         return None
     peak = max(range(len(pairs)), key=lambda i: pairs[i][1])
@@ -287,5 +264,5 @@ def _eval_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[tu
 
 #: every rule, in the order `diagnose` runs them
 RULES: tuple[Callable[[Rows, RunFacts, Thresholds], Finding | None], ...] = (
-    non_finite, no_learning_signal, first_ratio_not_one, eos_masked, negative_kl, off_policy, critic, collapse, length,
-    reward_saturation, over_optimisation)
+    non_finite, no_learning_signal, first_ratio_not_one, eos_masked, nothing_trains, negative_kl, off_policy, critic,
+    collapse, length, reward_saturation, over_optimisation)

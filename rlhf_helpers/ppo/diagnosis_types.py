@@ -59,6 +59,8 @@ class RunFacts:
     dtype: str = "float32"
     source: str = "rlhf_helpers"  #: who wrote the history: "rlhf_helpers" or "trl"
     loss_scaling: bool = False  #: float16 with a gradient scaler (skipped steps on overflow are expected)
+    #: the steps the run was set to take (None: unknown); a warm-up this long means the policy never trains
+    total_steps: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))  # an unknown dtype is an error, never float32
@@ -146,7 +148,9 @@ CHECKED_ON: dict[str, str] = {
     "zero_std_share": "TRL GRPO logs of the tests (a constant reward crosses it); our runs do not log it",
     "ratio_tolerance": "tiny float32 (< 1.2e-7), CPU bf16/fp16 (0), H200 bf16 (<= 2.3e-4 against 9.8e-4); the "
                        "reference as old log-probs crosses it in float32, bf16 and fp16 from the policy's first move "
-                       "(toy runs); not yet checked: fp16 or real weights on a GPU",
+                       "(toy runs); not yet checked: fp16 or real weights on a GPU. nothing_trains scales it by the "
+                       "length: a policy that never moved samples a kl of 0 to 1.2e-7 (toy float32), one that moved "
+                       "0.19 (toy), 0.22 (tiny), 0.27 (H200) at step 2",
     "share_tolerance": "tiny float32 and CPU bf16/fp16 (exactly 1), H200 (0.99999994); pad == EOS crosses it (0)",
     "negative_kl_steps": "tiny float32, CPU bf16/fp16, H200 (KL >= 0 from step 2); a count of steps, not a value: "
                          "rounding is as likely to push a step's KL up as down",
@@ -198,6 +202,11 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
                                 "at a step; correct updates measured < 1e-6 in float32, <= 2.3e-4 in bf16 on an H200"),
         "eos_masked": (("eos_in_mask",), f"error: eos_in_mask < 1 - {t.share_tolerance:g} at a step (1 when the mask "
                                          "is right)"),
+        "nothing_trains": (("policy_grad_norm", "kl", "approx_kl"),
+                           "error: value_warmup_steps >= total_steps (or the steps run); or policy_grad_norm exactly 0 "
+                           "at every policy step; or, without a policy_grad_norm, |kl| within the dtype's rounding "
+                           f"({t.ratio_tolerance:g} per token in float32, {t.ratio_tolerance_for('bfloat16'):g} in "
+                           "bf16) at every step after the first policy update and approx_kl within its square"),
         "negative_kl": (("kl",), f"warning: kl < 0 at {t.negative_kl_steps} steps in a row (by chance at most "
                                  f"1/{2 ** t.negative_kl_steps} when the true KL is 0)"),
         "off_policy": (("clipfrac", "approx_kl"),

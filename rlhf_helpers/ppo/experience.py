@@ -18,7 +18,7 @@ from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.masked import masked_mean, masked_whiten
 from rlhf_helpers.ppo.guards import check_all_finite, non_finite_stops_run
-from rlhf_helpers.ppo.pieces import AdvantageFn, ShapeRewardsFn, rewards_and_kl
+from rlhf_helpers.ppo.pieces import AdvantageFn, ShapeRewardsFn, call_advantages, call_shape_rewards
 from rlhf_helpers.ppo.samples import RewardFn, sample_responses, sampling_logprobs_are_exact, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -156,14 +156,17 @@ def collect_experience(
         if shape_rewards_fn is None:
             rewards, kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind=config.kl_kind,
                                         score_clip=config.score_clip)  # (B, R), (B, R)
-        else:
-            rewards, kl = rewards_and_kl(shape_rewards_fn(scores, logprobs, ref_logprobs, mask, kl_coef),
-                                         logprobs, ref_logprobs, mask)  # (B, R), (B, R)
+        else:  # checked: no in-place change of its inputs, the shapes and dtypes of `pieces`
+            rewards, kl = call_shape_rewards(shape_rewards_fn, scores, logprobs, ref_logprobs, mask,
+                                             kl_coef)  # (B, R), (B, R)
         # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-        advantages, returns = advantage_fn(rewards, values, mask, config.gamma, config.lam)  # (B, R), (B, R)
-        # what the update reads, in the order it was made: the first non-finite one is named
-        for what, tensor in {"values": values, "policy log-probs": logprobs * mask, "shaped rewards": rewards,
-                             "advantages": advantages, "returns": returns}.items():
+        advantages, returns = call_advantages(advantage_fn, rewards, values, mask, config.gamma,
+                                              config.lam)  # (B, R), (B, R)
+        # what the update reads, in the order it was made: the first non-finite one is named, with its piece
+        shaped = "shaped rewards" + ("" if shape_rewards_fn is None else " returned by shape_rewards_fn")
+        gae = "" if advantage_fn is compute_gae else " returned by advantage_fn"
+        for what, tensor in {"values": values, "policy log-probs": logprobs * mask, shaped: rewards,
+                             "advantages" + gae: advantages, "returns" + gae: returns}.items():
             check_all_finite(what, tensor, step)
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)  # (B, R)

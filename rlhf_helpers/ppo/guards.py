@@ -68,6 +68,24 @@ def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int
                              "before this step is intact)")
 
 
+@torch.no_grad()
+def check_outputs_finite(model: Any, batch: Any, temperature: float, step: int) -> None:
+    """NonFiniteStop unless `model`'s policy log-probs and values are finite on `batch`'s real tokens (an
+    experience batch): weights can all be finite and still overflow in the next forward. Runs inside the
+    caller's guard (no vote of its own)."""
+    seq, attn, P = batch.sequences, batch.attention_mask, batch.context_length
+    real = batch.mask.bool()  # (B, R)
+    try:
+        with non_finite_stops_run(step):
+            logp = model.policy_logprobs(seq, attn, P, temperature=temperature)  # (B, R)
+            values = model.values(seq, attn, P).float()  # (B, R)
+        check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)
+        check_all_finite("values", torch.where(real, values, 0.0), step)
+    except NonFiniteStop as error:
+        raise NonFiniteStop(f"the weights after the update of PPO step {step} fail on their own batch "
+                             f"(checked before saving them): {error}") from None
+
+
 class PeerProcessFailed(RuntimeError):
     """Another process of a multi-process run met an unexpected error: this one stops with it.
 

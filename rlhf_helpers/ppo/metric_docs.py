@@ -233,7 +233,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "0.07-0.18, well below max_grad_norm = 1 (0.3-0.6 with kl_coef 0).",
         "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
         "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the run "
-        "(exit status 3 from the command line).")),
+        "(exit status 3 from the command line). Exactly 0 at every step after the value warm-up (whose steps log "
+        "0): the policy never trains (a loss times 0, all-zero advantages).")),
     "value_grad_norm": ("update", _m("val/grad_norm_avg",
         "value gradient norm before clipping to max_grad_norm",
         "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",

@@ -3,6 +3,7 @@
     policy = AdapterOptimizer("policy", model.policy_parameters(), lr=1e-4, max_grad_norm=1.0,
                               fp16=needs_grad_scaler(model), device_type="cuda", accelerator=None)
     norm = policy.backward_and_step(loss, step=7)   # d(S L), average, unscale, clip, step, check
+    policy.backward(loss); norm = policy.sync_and_step(step=7)    # the same in two calls
 
 Each adapter (the policy's, the value's with its head) has its own Adam and, on an fp16 base, its own
 `torch.amp.GradScaler`: the two losses have their own gradients and their own overflows. The loss is
@@ -14,6 +15,8 @@ now and then under fp16 and is not a NaN stop; a gradient that stays non-finite 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,8 +46,13 @@ class AdapterOptimizer:
 
     def backward_and_step(self, loss: torch.Tensor, step: int) -> float:
         """Back-propagate `loss` (scaled), then `sync_and_step`; returns the pre-clip gradient norm."""
-        self.scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
+        self.backward(loss)
         return self.sync_and_step(step)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate `loss` (scaled) into the gradients, without stepping: the caller steps with
+        `sync_and_step` once nothing else can refuse the minibatch."""
+        self.scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
 
     def sync_and_step(self, step: int) -> float:
         """Average gradients across processes, unscale them, clip their norm, step, check the new
@@ -98,3 +106,15 @@ class AdapterOptimizer:
         if state.get(f"{self.name}_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state[f"{self.name}_scaler"])
         self.overflow_skips = int(state.get("overflow_skips", {}).get(self.name, 0))
+
+
+@contextmanager
+def gradients_dropped_on_error(*optimizers: AdapterOptimizer) -> Iterator[None]:
+    """Gradients back-propagated in the block are dropped if it raises (a refused loss, a NaN stop): they were
+    never stepped on, and must not add to the next minibatch's if the trainer is used again."""
+    try:
+        yield
+    except BaseException:
+        for optimizer in optimizers:
+            optimizer.optimizer.zero_grad(set_to_none=True)
+        raise

@@ -27,6 +27,14 @@ gets kl_coef and does the rest itself. A piece that returns a bare loss or bare 
 without some of the metrics, still gets every metric: what is missing (clipfrac, approx_kl, ratio_mean,
 ratio_max, vf_clipfrac; the per-token KL) is measured by the library's function on the same inputs,
 without gradient, so the curves of a learner's loss and of the library's are read the same way.
+
+Every call of a piece is checked (`piece_checks`), and a piece that breaks its contract stops the step with a
+PieceError naming it and what it returned, before any optimiser steps: an error raised inside it, a tensor
+argument it changed in place (the trainer's own), a result of another type, shape, dtype or device, a loss
+that is not one number or carries no gradient. The library's update checks both losses of a minibatch before
+either adapter steps; an `update_fn` steps where it likes, so when it fails, is refused, or never steps the
+policy on a gradient, its weights and optimiser states are put back (`update_watch`). Its rows log the
+gradient norm each optimiser stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip).
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ import torch
 from rlhf_helpers.core.kl import kl_estimate
 from rlhf_helpers.core.losses import policy_loss, value_loss
 from rlhf_helpers.ppo.guards import check_all_finite
+from rlhf_helpers.ppo.piece_checks import call_piece, loss_and_stats, rewards_result, tensor_pair
+from rlhf_helpers.ppo.update_watch import UpdateWatch
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
 #: shape_rewards_fn(scores (B,), logprobs, ref_logprobs, mask, kl_coef) -> rewards (B, T) or (rewards, kl)
@@ -76,33 +86,46 @@ def minibatch_losses(out: Any, name: str = "update_fn") -> list[tuple[float, flo
     return pairs
 
 
-def rewards_and_kl(out: Any, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                   mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A shaping function's result as (rewards, kl): its own kl, or the k1 estimate when it returned rewards."""
-    if isinstance(out, tuple):
-        return out
-    return out, kl_estimate(logprobs, ref_logprobs, "k1") * mask  # (B, T)
+def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                       mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A shaping function called and its result checked (`piece_checks`), as (rewards, kl): its own kl, or the
+    k1 estimate when it returned rewards alone."""
+    out = call_piece("shape_rewards_fn", fn, scores, logprobs, ref_logprobs, mask, kl_coef)
+    rewards, kl = rewards_result("shape_rewards_fn", out, like=logprobs)
+    return rewards, kl_estimate(logprobs, ref_logprobs, "k1") * mask if kl is None else kl  # (B, T), (B, T)
 
 
-def policy_loss_and_stats(out: Any, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                          mask: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A policy loss function's result as (loss, stats): its own stats, completed by the library loss's
-    (measured without gradient on the same inputs) when it returned a bare loss or left some out."""
-    loss, stats = out if isinstance(out, tuple) else (out, {})
+def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """An advantage function called and its (advantages, returns) checked (`piece_checks`)."""
+    out = call_piece("advantage_fn", fn, rewards, values, mask, gamma, lam)
+    return tensor_pair("advantage_fn", out, ("advantages", "returns"), like=rewards)
+
+
+def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A policy loss function called and its result checked (`piece_checks`), as (loss, stats): its own stats,
+    completed by the library loss's (measured without gradient on the same inputs) when it returned a bare loss
+    or left some out."""
+    inputs = (logprobs, old_logprobs, advantages, mask, clip_eps)
+    out = call_piece("policy_loss_fn", fn, *inputs)
+    loss, stats = loss_and_stats("policy_loss_fn", out, wants_grad=logprobs.requires_grad)
     if POLICY_STATS <= stats.keys():
-        return loss, stats
+        return loss, dict(stats)
     with torch.no_grad():
-        return loss, {**policy_loss(logprobs.detach(), old_logprobs, advantages, mask, clip_eps)[1], **stats}
+        return loss, {**policy_loss(logprobs.detach(), *inputs[1:])[1], **stats}
 
 
-def value_loss_and_stats(out: Any, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                         mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A value loss function's result as (loss, stats), as `policy_loss_and_stats`."""
-    loss, stats = out if isinstance(out, tuple) else (out, {})
+def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                    mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A value loss function called and its result checked, as (loss, stats), as `call_policy_loss`."""
+    inputs = (values, old_values, returns, mask, clip_range)
+    out = call_piece("value_loss_fn", fn, *inputs)
+    loss, stats = loss_and_stats("value_loss_fn", out, wants_grad=values.requires_grad)
     if VALUE_STATS <= stats.keys():
-        return loss, stats
+        return loss, dict(stats)
     with torch.no_grad():
-        return loss, {**value_loss(values.detach(), old_values, returns, mask, clip_range)[1], **stats}
+        return loss, {**value_loss(values.detach(), *inputs[1:])[1], **stats}
 
 
 def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
@@ -120,21 +143,31 @@ def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
 
 def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any, batch: Any, policy_opt: Any,
                   value_opt: Any, config: Any, generator: torch.Generator, step: int) -> list[dict[str, float]]:
-    """One iteration's update by `update_fn`; returns the stats of each minibatch (its two losses, and the
-    policy loss's stats when it called `policy_loss_fn` once per minibatch). NonFiniteStop on a NaN loss."""
+    """One iteration's update by `update_fn`; returns the stats of each minibatch (its two losses, the policy loss's
+    stats when it called `policy_loss_fn` once per minibatch, and the gradient norms its optimisers stepped on).
+    NonFiniteStop on a NaN loss; PieceError naming the piece that failed, changed the batch in place, returned
+    what the trainer cannot use, or (update_fn) never stepped the policy. Either way the weights and optimiser
+    states are put back as they were (`UpdateWatch`): a refused update leaves no half-applied step."""
     recorded: list[dict[str, float]] = []
 
     def loss_only(logprobs, old_logprobs, advantages, mask, clip_eps):
-        inputs = (logprobs.float(), old_logprobs, advantages, mask, clip_eps)
-        loss, stats = policy_loss_and_stats(policy_loss_fn(*inputs), *inputs)
+        loss, stats = call_policy_loss(policy_loss_fn, logprobs.float(), old_logprobs, advantages, mask, clip_eps)
         recorded.append({key: float(value) for key, value in stats.items()})
         return loss
 
-    losses = minibatch_losses(update_fn(model, batch, policy_opt, value_opt, config, generator, loss_only))
-    check_all_finite("update_fn's losses", torch.tensor(losses, dtype=torch.float64), step)
+    with UpdateWatch(policy_opt, value_opt) as watch:
+        out = call_piece("update_fn", update_fn, model, batch, policy_opt, value_opt, config, generator, loss_only)
+        losses = minibatch_losses(out)
+        check_all_finite("update_fn's losses", torch.tensor(losses, dtype=torch.float64), step)
+        watch.check_policy_trained(step)
     stats = [{"policy_loss": policy, "value_loss": value} for policy, value in losses]
     if len(recorded) == len(stats):  # one policy loss per minibatch: its stats belong to the curves
         stats = [{**row, **extra} for row, extra in zip(stats, recorded, strict=True)]
+    for key in ("policy", "value"):  # one step per minibatch: its norm; else each row gets the update's mean
+        norms = watch.grad_norms(key)
+        if norms:
+            per_row = norms if len(norms) == len(stats) else [sum(norms) / len(norms)] * len(stats)
+            stats = [{**row, f"{key}_grad_norm": norm} for row, norm in zip(stats, per_row, strict=True)]
     return stats
 
 

@@ -13,17 +13,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import (
-    LATEST_FILE,
-    TRAINER_STATE_FILE,
-    checkpoint_problem,
-    checkpoints,
-    load_trainer_state,
-    resolve_latest,
-)
+from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP, LATEST_FILE, checkpoints, resolve_latest
+from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE, checkpoint_problem, unverified
+from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 from rlhf_helpers.runtime.preflight import batch_memory_problem, device_problem, model_limits_problem
@@ -91,11 +87,16 @@ def check_output_dir(output_dir: Path, flag_name: str = "--output-dir") -> None:
         raise SetupError(f"{flag} is not writable ({reason}): choose a folder you can write to") from None
 
 
+def _is_rank_zero() -> bool:
+    """False in a process a launcher started with a global rank other than 0."""
+    return all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES)
+
+
 def lock_output_dir(output_dir: Path) -> FileLock | None:
     """Lock the run's folder for this process (`runtime.locks.hold_run_folder`; keep the returned lock
     while the run lasts), or SetupError naming the live run that holds it. Under a launcher only rank 0,
     the process that writes the folder, takes it; the others get None."""
-    if any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
+    if not _is_rank_zero():
         return None
     try:
         return hold_run_folder(output_dir)
@@ -134,17 +135,24 @@ def read_run_record(output_dir: Path) -> dict[str, Any]:
 
 
 def check_resume_checkpoint(output_dir: Path) -> int:
-    """The step of output_dir's latest checkpoint, after checking every file of it (`checkpoint_problem`);
-    SetupError naming the damaged file and the newest earlier checkpoint that is intact, if any."""
+    """The step of output_dir's latest checkpoint, once every file of it matches the SHA-256 its save recorded
+    (`checkpoint_digest.verify_checkpoint`); SetupError naming the checkpoint, each damaged file and the newest
+    earlier checkpoint that is intact, if any. A checkpoint saved before digests existed has its files read back
+    instead, and rank 0 prints one line saying it could not be verified."""
     latest, problem = resolve_latest(output_dir)
     if problem is None:
-        problem = checkpoint_problem(latest)
-    if problem is None:
-        return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
+        damage = checkpoint_problem(latest)  # nothing is loaded before its digests match
+        if damage is None:
+            if unverified(latest) and _is_rank_zero():
+                print(f"note: {latest} has no {MANIFEST_FILE} (saved by an older version): its files could not be "
+                      "verified against SHA-256 digests, only read back; resuming from it", file=sys.stderr)
+            return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
+        problem = f"checkpoint {latest} is damaged: {damage}"
     intact = [p for p in reversed(checkpoints(output_dir)) if p != latest and checkpoint_problem(p) is None]
     advice = (f"the newest intact checkpoint is {intact[0]}: write its name into {output_dir / LATEST_FILE} "
               f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
-              if intact else "no checkpoint of it is intact: start a new --output-dir")
+              if intact else f"no checkpoint of it is intact: start a new --output-dir (a run keeps its {DEFAULT_KEEP} "
+              "newest checkpoints only)")
     raise SetupError(f"--resume: {problem}; {advice}")
 
 

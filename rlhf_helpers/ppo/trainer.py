@@ -39,21 +39,21 @@ from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, collect_experience, eos_kept_share, rollout_metrics
-from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, guard, non_finite_stops_run
+from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, check_outputs_finite, guard
 from rlhf_helpers.ppo.minibatch import trim_minibatch
-from rlhf_helpers.ppo.optim import AdapterOptimizer
+from rlhf_helpers.ppo.optim import AdapterOptimizer, gradients_dropped_on_error
 from rlhf_helpers.ppo.pieces import (
     AdvantageFn,
     PolicyLossFn,
     ShapeRewardsFn,
     UpdateFn,
     ValueLossFn,
+    call_policy_loss,
+    call_value_loss,
     check_piece,
     check_update_fn_settings,
     mean_update_stats,
-    policy_loss_and_stats,
     run_update_fn,
-    value_loss_and_stats,
 )
 from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
@@ -207,9 +207,10 @@ class PPOTrainer:
         """config.ppo_epochs passes over the batch in shuffled minibatches. On each: the policy step
         (L = L_clip - c_ent * H + c_ptx * L_lm), then the value step (c_vf * L_V). Returns the mean stats.
 
-        The two adapters share no trainable parameter and neither loss reads the other's output, so the
-        order of the two steps changes no number. Each minibatch is cut to the columns holding a real
-        token of one of its rows (`trim_minibatch`)."""
+        Both losses are computed, checked (`piece_checks`) and back-propagated before either adapter
+        steps, so a refused loss piece leaves every weight as it was. The two adapters share no trainable
+        parameter and neither loss reads the other's output, so this order changes no number. Each
+        minibatch is cut to the columns holding a real token of one of its rows (`trim_minibatch`)."""
         eos_kept = {"eos_in_mask": eos_kept_share(batch, self.model.eos_token_id)}  # the mask this update trains on
         if self.update_fn is not None:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
@@ -224,27 +225,31 @@ class PPOTrainer:
             order = torch.randperm(len(batch), generator=generator).to(batch.sequences.device)  # (B,)
             for index, first in enumerate(range(0, len(batch), config.mini_batch_size)):
                 mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
-                # policy: forward -> loss -> backward -> step
-                with self.guard():  # on every process before the gradient all-reduce
+                # both losses are checked before either adapter steps: a refused piece changes no weight
+                # (the guard votes on every process before the gradient all-reduces)
+                with gradients_dropped_on_error(self.policy_opt, self.value_opt), self.guard():
+                    # policy: forward -> loss (the piece's result checked) -> backward
                     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
                         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
                         entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
-                    inputs = (logprobs.float(), mb.old_logprobs, mb.advantages, mb.mask, config.clip_eps)
-                    pg_loss, pg_stats = policy_loss_and_stats(self.policy_loss_fn(*inputs), *inputs)
+                    pg_loss, pg_stats = call_policy_loss(self.policy_loss_fn, logprobs.float(), mb.old_logprobs,
+                                                         mb.advantages, mb.mask, config.clip_eps)
                     mean_entropy = masked_mean(entropy.float(), mb.mask)
                     # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
                     loss = pg_loss - config.entropy_coef * mean_entropy
                     ptx = self.ptx_loss(generator) if config.ptx_coef > 0 else None
                     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
                     check_all_finite("policy loss", loss.detach(), step)
-                policy_norm = self.policy_opt.backward_and_step(loss, step) if train_policy else 0.0
-                # value: forward -> loss -> backward -> step
-                with self.guard():
+                    if train_policy:
+                        self.policy_opt.backward(loss)
+                    # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
                     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-                    inputs = (new_values, mb.values, mb.returns, mb.mask, config.value_clip)
-                    v_loss, v_stats = value_loss_and_stats(self.value_loss_fn(*inputs), *inputs)
+                    v_loss, v_stats = call_value_loss(self.value_loss_fn, new_values, mb.values, mb.returns, mb.mask,
+                                                      config.value_clip)
                     check_all_finite("value loss", v_loss.detach(), step)
-                value_norm = self.value_opt.backward_and_step(config.vf_coef * v_loss, step)
+                    self.value_opt.backward(config.vf_coef * v_loss)
+                policy_norm = self.policy_opt.sync_and_step(step) if train_policy else 0.0
+                value_norm = self.value_opt.sync_and_step(step)
                 self.last_update_stats.append({
                     "epoch": float(epoch), "minibatch": float(index), "ratio_mean": float(pg_stats["ratio_mean"]),
                     "ratio_max": float(pg_stats["ratio_max"]), "policy_loss": float(pg_loss.detach()),
@@ -325,26 +330,10 @@ class PPOTrainer:
             self.output_lock.release()
         self.output_lock = None
 
-    @torch.no_grad()
     def check_weights_usable(self) -> None:
-        """NonFiniteStop unless the current policy and critic give finite outputs on the latest batch.
-
-        Run before every checkpoint. Weights can all be finite and still be broken: one step with a
-        learning rate of 1e12 leaves weights near 1e12, and the next forward overflows to NaN. Such
-        weights must not become the "last good" checkpoint that a resumed run starts from.
-        """
-        batch = self.last_batch
-        if batch is None:
-            return
-        seq, attn, P = batch.sequences, batch.attention_mask, batch.context_length
-        real = batch.mask.bool()  # (B, R)
-        step = self.step_count - 1  # the step whose update made these weights
-        try:
-            with non_finite_stops_run(step):  # inside train's own guard: no second vote
-                logp = self.model.policy_logprobs(seq, attn, P, temperature=self.config.temperature)  # (B, R)
-                values = self.model.values(seq, attn, P).float()  # (B, R)
-            check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)
-            check_all_finite("values", torch.where(real, values, 0.0), step)
-        except NonFiniteStop as error:
-            raise NonFiniteStop(f"the weights after the update of PPO step {step} fail on their own batch "
-                                 f"(checked before saving them): {error}") from None
+        """NonFiniteStop unless the current policy and critic give finite outputs on the latest batch
+        (`guards.check_outputs_finite`). Run before every checkpoint: finite weights can still be broken
+        (a step with a learning rate of 1e12 leaves weights near 1e12, and the next forward overflows),
+        and such weights must not become the "last good" checkpoint that a resumed run starts from."""
+        if self.last_batch is not None:  # the step whose update made these weights
+            check_outputs_finite(self.model, self.last_batch, self.config.temperature, self.step_count - 1)

@@ -209,6 +209,14 @@ def temporary_pattern(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"^\.tmp-((?:old-)?{re.escape(prefix)}.*)-(\d+)$")
 
 
+def remove_path(path: Path) -> None:
+    """Delete the folder at `path`, or the link itself when it is a symbolic link (never what it points to)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) -> list[Path]:
     """Delete the folders in `root` that match `pattern` (group 2: a PID) and whose process no longer
     exists; return them.
@@ -225,8 +233,8 @@ def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) ->
     removed = []
     for folder in sorted(root.iterdir()):
         match = pattern.match(folder.name)
-        if match and folder.is_dir() and not pid_is_alive(int(match.group(2))):
-            shutil.rmtree(folder, ignore_errors=True)
+        if match and (folder.is_dir() or folder.is_symlink()) and not pid_is_alive(int(match.group(2))):
+            remove_path(folder)
             removed.append(folder)
     return removed
 
@@ -235,16 +243,16 @@ def move_into_place(tmp: Path, final: Path) -> None:
     """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside first and
     deleted after, so `final` is at every moment either absent or a complete folder."""
     old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
+    if final.exists() or final.is_symlink():
+        remove_path(old)
+        os.rename(final, old)  # a link at `final` is moved aside itself, never what it points to
     try:
         os.rename(tmp, final)
     except OSError:
         if old.exists() and not final.exists():
             os.rename(old, final)  # the previous folder back in place
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    remove_path(old)
 
 
 def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Path], Mapping[str, Any] | None],
@@ -279,12 +287,12 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
         if announce is not None:
             announce(problem)
         tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)  # a link left at this name is removed, so training never writes through it
         try:
             extra = dict(train(tmp) or {})
             marker = {**extra, "key": _as_json(dict(key)), "files": folder_checksums(tmp)}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
             move_into_place(tmp, final)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_path(tmp)
     return final

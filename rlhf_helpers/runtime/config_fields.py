@@ -4,6 +4,7 @@
     check_field_types(config)                  # ValueError: mini_batch_size must be an int, got bool True
     add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-..., ...
     changes = given_field_values(args, PPOConfig)   # {"clip_eps": 0.1} for the flags a user gave
+    parser.parse_args(join_negative_values(argv, actions))   # --missing-eos-penalty -1e3 read as a value
 
 The configs document each field with a `#:` comment (cleanrl style); reading those comments here
 makes the same text the `--help` of every flag, so the flags and the docs cannot drift apart.
@@ -17,6 +18,7 @@ import inspect
 import re
 import types
 import typing
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 _FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:#:\s*(.*))?$")
@@ -123,18 +125,20 @@ class BoolFlag(argparse.Action):
         setattr(namespace, self.dest, word in TRUE_WORDS)
 
 
-def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[str, tuple[str, ...]] | None = None,
-                    notes: dict[str, str] | None = None, prefix: str = "") -> None:
+def add_field_flags(parser: Any, cls: type, aliases: dict[str, tuple[str, ...]] | None = None,
+                    notes: dict[str, str] | None = None, prefix: str = "") -> list[argparse.Action]:
     """One flag per field of `cls` (nested dataclasses: one per inner field, `--lora-r`), its help the
-    field's `#:` doc (plus `notes[name]`). A flag not given sets nothing (argparse.SUPPRESS), so the
-    caller's config keeps its value. Bools get --x [true|false] / --no-x; `X | None` fields also take the word none."""
+    field's `#:` doc (plus `notes[name]`), added to `parser` (an ArgumentParser or an argument group); returns
+    the actions made. A flag not given sets nothing (argparse.SUPPRESS), so the caller's config keeps its
+    value. Bools get --x [true|false] / --no-x; `X | None` fields also take the word none."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     aliases, notes = aliases or {}, notes or {}
+    actions: list[argparse.Action] = []
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
         if dataclasses.is_dataclass(hint):
-            add_field_flags(parser, hint, prefix=f"{prefix}{field.name}_")
+            actions += add_field_flags(parser, hint, prefix=f"{prefix}{field.name}_")
             continue
         kinds = [kind for kind in _allowed(hint) if kind is not type(None)]
         names = (flag_name(field.name, prefix), *aliases.get(field.name, ()))
@@ -143,17 +147,57 @@ def add_field_flags(parser: argparse.ArgumentParser, cls: type, aliases: dict[st
         dest = prefix + field.name
         kind = kinds[0]
         if kind is bool:
-            parser.add_argument(*names, dest=dest, action=BoolFlag, default=argparse.SUPPRESS, metavar="true|false",
-                                help=f"{help_text} (--no-{names[0][2:]}: false)")
-            parser.add_argument(*(f"--no-{name[2:]}" for name in names), dest=dest, action=BoolFlag, negative=True,
-                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            actions.append(parser.add_argument(*names, dest=dest, action=BoolFlag, default=argparse.SUPPRESS,
+                                               metavar="true|false", help=f"{help_text} (--no-{names[0][2:]}: false)"))
+            actions.append(parser.add_argument(*(f"--no-{name[2:]}" for name in names), dest=dest, action=BoolFlag,
+                                               negative=True, default=argparse.SUPPRESS, help=argparse.SUPPRESS))
         elif typing.get_origin(kind) is tuple:
-            parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS, metavar="NAME", help=help_text)
+            actions.append(parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS, metavar="NAME",
+                                               help=help_text))
         elif len(kinds) < len(_allowed(hint)):  # X | None
-            parser.add_argument(*names, dest=dest, type=_or_none(kind), default=argparse.SUPPRESS,
-                                metavar="PATH" if kind is str else f"{kind.__name__.upper()}|none", help=help_text)
+            actions.append(parser.add_argument(
+                *names, dest=dest, type=_or_none(kind), default=argparse.SUPPRESS,
+                metavar="PATH" if kind is str else f"{kind.__name__.upper()}|none", help=help_text))
         else:
-            parser.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
+            actions.append(parser.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text))
+    return actions
+
+
+def _is_number(word: str) -> bool:
+    """Whether a command-line word reads as a number (float() does: -1e3, -.5, -inf, -nan)."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def join_negative_values(argv: Sequence[str], actions: Iterable[argparse.Action]) -> list[str]:
+    """`argv` with every `--flag -1e3` written `--flag=-1e3`, where --flag (or an abbreviation argparse would
+    expand to it) is one of `actions` that takes exactly one value and the next word is a negative number.
+
+    argparse takes a word that starts with '-' for an option unless it matches its own negative-number
+    pattern, -1 or -1.5 but not -1e3, -inf or -nan (`_negative_number_matcher`, not a public setting), and
+    then says "expected one argument". `--flag=value` is its documented spelling for any value, so the
+    words are joined before parsing; everything after a bare `--` is left as it is."""
+    takes_one = {name for action in actions if action.nargs is None for name in action.option_strings}
+    every = {name for action in actions for name in action.option_strings} | {"-h", "--help"}
+    words, out, i = list(argv), [], 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            out += words[i:]
+            break
+        matches = [name for name in every if name.startswith(word)] if word.startswith("--") else []
+        name = word if word in every else (matches[0] if len(matches) == 1 else None)
+        after = words[i + 1] if i + 1 < len(words) else ""
+        if name in takes_one and after.startswith("-") and _is_number(after):
+            out.append(f"{word}={after}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
 
 
 def given_field_values(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:

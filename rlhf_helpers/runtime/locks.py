@@ -18,6 +18,10 @@ for it too, and the folder stays locked until both have released it. The process
 per lock (a second open and close of the same file would drop the lock on file systems that emulate
 flock with POSIX locks, NFS among them). A forked child never releases its parent's lock. On a system
 without `fcntl` (Windows) the file is written but nothing is locked.
+
+A lock file lives in a folder people use too, so it is opened by `lock_files.open_lock_file`: never
+through a symbolic link, only when it is a regular file, and never truncated before it is locked; what
+stops that raises LockFileUnusable naming the path and what is there, and leaves it as it is.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.runtime.lock_files import FolderInUse, LockFileUnusable, cannot_open, open_lock_file
+
 try:  # POSIX only: elsewhere the lock records its holder but cannot exclude anyone
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -41,16 +47,8 @@ except ImportError:  # pragma: no cover - Windows
 RUN_LOCK_FILE = ".run.lock"
 #: How long a refused process waits for the holder to write its pid (it does so just after locking).
 HOLDER_WRITE_S = 1.0
-
-
-class FolderInUse(RuntimeError):
-    """Another live process holds the lock. `.path` is the lock file, `.holder` what it recorded
-    ({"pid", "host", "since"}, or {} when the holder had not written it yet)."""
-
-    def __init__(self, message: str, path: Path, holder: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.path = path
-        self.holder = holder
+#: How much of a lock file is read for its holder record (a few dozen bytes; a huge file is not ours).
+HOLDER_READ_BYTES = 4096
 
 
 @dataclass
@@ -77,7 +75,7 @@ def _read_holder(handle: Any) -> dict[str, Any]:
     """The holder recorded in an open lock file ({} if empty or unreadable)."""
     handle.seek(0)
     try:
-        value = json.loads(handle.read() or "{}")
+        value = json.loads(handle.read(HOLDER_READ_BYTES) or "{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
@@ -102,11 +100,20 @@ def _may_be_alive(holder: dict[str, Any]) -> bool:
 
 
 def _file_key(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what is at `path` itself (a link is not followed), or None if nothing is."""
     try:
-        info = os.stat(path)
-    except FileNotFoundError:
+        info = os.lstat(path)
+    except OSError:  # missing, or a parent that is no folder
         return None
     return info.st_dev, info.st_ino
+
+
+def _close(handle: Any) -> None:
+    """Close a lock file whose write failed (the descriptor, and with it the flock, goes even if the flush fails)."""
+    try:
+        handle.close()
+    except OSError:
+        pass
 
 
 def _same_file(handle: Any, path: Path) -> bool:
@@ -129,7 +136,8 @@ class FileLock:
 
     def acquire(self, wait: bool = False, on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
         """Take the lock and return self. Held by another live process: FolderInUse, or with `wait`
-        block until it is free (`on_wait(holder)` is called once first)."""
+        block until it is free (`on_wait(holder)` is called once first). A path that cannot hold a lock
+        (a link, a folder, an unwritable file...): LockFileUnusable."""
         if self._key is not None:
             return self
         key = _file_key(self.path)
@@ -137,9 +145,8 @@ class FileLock:
             _HELD[key].count += 1
             self._key = key
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - kept open while the lock is held
+            handle = open_lock_file(self.path, self.what)  # kept open while the lock is held
             if fcntl is None:
                 break
             try:
@@ -154,6 +161,9 @@ class FileLock:
                     on_wait(holder)
                     on_wait = None
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # blocks until the holder releases or ends
+            except OSError as error:  # no locks on this file system (ENOLCK), or the like
+                _close(handle)
+                raise cannot_open(self.path, self.what, error) from None
             if _same_file(handle, self.path):
                 break
             handle.close()  # its holder released it and deleted the file meanwhile: lock the new one
@@ -161,11 +171,15 @@ class FileLock:
         if fcntl is not None and stale.get("pid"):
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+            handle.flush()
+        except OSError as error:  # a full disk or quota: closing drops the flock, nothing is held
+            _close(handle)
+            raise cannot_open(self.path, self.what, error) from None
         info = os.fstat(handle.fileno())
         self._key = (info.st_dev, info.st_ino)
         _HELD[self._key] = _Held(handle, 1, os.getpid())
@@ -218,11 +232,13 @@ class FileLock:
 def hold_run_folder(folder: str | Path) -> FileLock:
     """Lock `folder` (created if missing) for one run: its lock file RUN_LOCK_FILE is held until
     `release()` or the end of the process. FolderInUse names the folder and the holder's pid when
-    another live run holds it."""
+    another live run holds it; LockFileUnusable (a FolderInUse) says what stops the lock file's use."""
     folder = Path(folder)
     lock = FileLock(folder / RUN_LOCK_FILE, f"the run folder {folder}")
     try:
         return lock.acquire()
+    except LockFileUnusable:
+        raise  # not in use: its message says what is at the path
     except FolderInUse as error:
         raise FolderInUse(f"{folder} is in use by another run: {describe_holder(error.holder)} holds its lock "
                           f"({error.path}). Wait for that run to end or stop it (a notebook's trainer holds it "

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_helpers.runtime.config_fields import check_field_types
+from rlhf_helpers.runtime.config_limits import PPO_LIMITS, check_big_ints, check_counts, check_limits
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
+#: The int settings bounded by config_limits.MAX_COUNT (the seed has its own bound, MAX_SEED).
+COUNTS = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length", "max_new_tokens", "kl_horizon",
+          "value_warmup_steps", "total_steps", "save_every", "eval_every", "n_eval_prompts", "eval_batch_size")
 #: Largest seed: per-step seeds are (seed * 1_000_003 + step) * 64 + process (trainer._step_seed) and
 #: must stay below 2^63 for torch's generators; 2^32 - 1 leaves room for 10^11 steps.
 MAX_SEED = 2**32 - 1
@@ -81,8 +85,10 @@ class PPOConfig:
         self.validate()
 
     def validate(self) -> PPOConfig:
-        """Raise ValueError naming the first field whose value cannot work (its type first)."""
+        """Raise ValueError naming the first field whose value cannot work (its type first), or that lies outside
+        the range float32 arithmetic can hold (`config_limits.PPO_LIMITS` and MAX_COUNT, each range with its why)."""
         check_field_types(self)
+        check_big_ints(self, PPO_LIMITS)
         for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
                      "max_new_tokens", "total_steps", "kl_horizon", "n_eval_prompts",
                      "eval_batch_size"):
@@ -124,6 +130,10 @@ class PPOConfig:
         for name in ("save_every", "eval_every", "value_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        # what float32 arithmetic can hold, and what means something (config_limits gives each range's reason)
+        check_limits(self, PPO_LIMITS)
+        check_counts(self, COUNTS)
+        check_counts(self.lora, ("alpha",), prefix="lora.")  # lora.r: below the model's hidden size (preflight)
         return self
 
     def replace(self, **changes: Any) -> PPOConfig:

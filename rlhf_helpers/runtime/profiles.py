@@ -41,6 +41,7 @@ from typing import Any
 
 from rlhf_helpers.runtime.artifacts import cache_dir
 from rlhf_helpers.runtime.config_fields import check_field_types
+from rlhf_helpers.runtime.config_limits import PROFILE_LIMITS, check_big_ints, check_counts, check_limits
 from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -107,6 +108,7 @@ class Profile:
 
     def _check_ranges(self) -> None:
         """ValueError naming the first setting outside its range (types are checked before)."""
+        check_big_ints(self, PROFILE_LIMITS)
         for name in ("base_model", "sft_model_path"):
             if not getattr(self, name).strip():
                 raise ValueError(f"{name} must be a hub id or a folder, got an empty string")
@@ -123,6 +125,8 @@ class Profile:
         for name, value in positive.items():
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_limits(self, PROFILE_LIMITS)  # what float32 arithmetic can hold (config_limits gives each reason)
+        check_counts(self, ("max_length", "reward_batch_size", "sft_batch_size", "compare_batches"))
         if self.max_length <= self.ppo.max_prompt_length:  # reward and SFT pairs: a prompt and a response
             raise ValueError(f"max_length must be an int > max_prompt_length ({self.ppo.max_prompt_length}): a "
                              f"prompt and at least one response token, got {self.max_length!r}")

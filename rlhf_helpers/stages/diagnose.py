@@ -6,8 +6,8 @@
 
 RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` writes them), a
 metrics.jsonl, or a TRL output folder (trainer_state.json, at its top or in its newest checkpoint-N): TRL's
-names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`). It reads and prints;
-it writes nothing. Exit status: 0 read (whatever it found); 2 no run could be read there (one line).
+names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`). It reads and prints, naming
+the file it read; it writes nothing. Exit status: 0 read (whatever it found); 2 no run could be read there (one line).
 
 `train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
 diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the tracker.
@@ -32,7 +32,7 @@ def write_diagnosis(diagnosis: Diagnosis, output_dir: Path) -> Path:
     """diagnosis.json in `output_dir`, written to a temporary name and renamed (never half written)."""
     path = output_dir / DIAGNOSIS_FILE
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(diagnosis.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(partial, path)
     return path
 
@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
                         help="a run folder (metrics.jsonl + run.json), a metrics.jsonl, or a TRL output folder")
-    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON (diagnosis.json's content)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the diagnosis as JSON (diagnosis.json's content, with the file read and the notes)")
     parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
                         help="print only findings at this severity or above (default: info, everything)")
     args = parser.parse_args(argv)
@@ -71,10 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(diagnosis.to_json(), indent=2))
-    else:
-        print(format_findings(diagnosis, args.min_severity))
+    text = (json.dumps(diagnosis.read_json(), indent=2, allow_nan=False) if args.json  # strict JSON
+            else format_findings(diagnosis, args.min_severity))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # the reader stopped early (`| head`): what it read is all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
     return 0
 
 

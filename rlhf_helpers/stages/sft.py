@@ -18,6 +18,7 @@ tokenizer (code paths only: a lent GPU machine's timing runs, tests).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpu
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
 from rlhf_helpers.runtime.precision import amp_flags, master_dtype
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
-from rlhf_helpers.runtime.weights import require_gguf_file, weights_fingerprint
+from rlhf_helpers.runtime.weights import check_gguf_file, require_gguf_file, weights_fingerprint
 
 
 def sft_config(
@@ -117,7 +118,8 @@ SFT_DATA_FILES = ("sft.jsonl",)
 OUT_OF_DATE = {
     "data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
     "base_model": "from another base model",
-    "weights": "from other base weights (hub, gguf or random init)",
+    "weights": "from other base weights (another source, or another GGUF file: its name, size or SHA-256 differs, "
+               "or its SHA-256 was not recorded)",
     "architecture": "with another architecture",
     "sft": "with other settings (epochs, learning rate, batch size, length, seed, steps or autocast precision)",
     "version": "by another version of the course",
@@ -198,14 +200,20 @@ def load_gguf_base() -> tuple[Any, Any]:
     The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a GGUF
     file: the fine-tuned folder is plain safetensors, and a `quantization_config` left in its config.json
     would send every later `from_pretrained` looking for it.
-    Dropouts are 0, as in every model of the course.
+    Dropouts are 0, as in every model of the course. A file that is no complete GGUF file (cut short, or
+    another format) is refused by name before transformers reads it (`runtime.weights.check_gguf_file`),
+    and one that transformers still fails to read raises a ValueError naming it.
     """
-    path = require_gguf_file()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    path = check_gguf_file(require_gguf_file())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=master_dtype())
+    except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError) as error:  # numpy, gguf, transformers
+        raise ValueError(f"{path} could not be loaded as a GGUF model ({type(error).__name__}: {error}); "
+                         "it may be damaged or of another model family") from error
     # the file's tokenizer asks for WordPiece's clean-up, which strips spaces before punctuation in BPE text
     # (transformers refuses it with a warning on every decode): off, also in the saved SFT folder
     tokenizer.clean_up_tokenization_spaces = False
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=master_dtype())
     model.config.quantization_config = None
     for name in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(model.config, name):
@@ -220,8 +228,8 @@ def load_gguf_base() -> tuple[Any, Any]:
 def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = None,
                   max_steps: int = -1) -> dict[str, Any]:
     """What decides the fine-tuned weights: the base model, where its weights come from (random init's
-    architecture, the GGUF file's name and size) and every SFT setting. A cached folder is reused only
-    when its marker records exactly this."""
+    architecture, the GGUF file's name, size and SHA-256) and every SFT setting. A cached folder is reused
+    only when its marker records exactly this."""
     return {
         "version": SFT_MARKER_VERSION,
         "base_model": profile.base_model,

@@ -24,30 +24,35 @@ the run: a second live run into it exits 2, naming this one's pid):
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag
-not given keeps the profile's value. The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile,
-so its seed and lora reach every stage (the SFT and reward models too), e.g. '{"rollout_batch_size": 8,
-"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with what run.json
-records: the profile, the PPO settings, the reward model (its weights come from the checkpoint, so the reward folder
-may be gone) and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every and the
-progress bar may change. Any other flag, override or prompt file that differs from the record is refused (exit 2),
-and run.json keeps recording what the run did (`stages/resume.py`).
+Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not
+given keeps the profile's value. Each number has a range float32 arithmetic can hold (`runtime.config_limits`, named
+in `--help`); a negative one may follow its flag (`--missing-eos-penalty -1e3`). The flags set this PPO run only;
+$RLHF_PROFILE_OVERRIDES sets the profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
+'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with
+what run.json records: the profile, the PPO settings, the reward model (its weights come from the checkpoint, so the
+reward folder may be gone) and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every
+and the progress bar may change. Any other flag, override or prompt file that differs from the record is refused (exit
+2), and run.json keeps recording what the run did (`stages/resume.py`).
 Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward
 model or the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a
 full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
 run can use, a device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed
 the memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on
---resume; see ppo/run_folder.py and runtime/preflight.py);
+--resume, a value warm-up as long as the run, --reward-train-pairs with --reward-dir; and, found later, a lock
+another process holds or that cannot be taken, a checkpoint whose files do not match their digests, a GGUF file
+cut short; see ppo/run_folder.py and runtime/preflight.py);
 3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
 message; the last good checkpoint stays as it was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json
 could not be written (a full disk is named as such; the previous checkpoint stays as it was, and metrics.jsonl
-never logs a step whose checkpoint failed).
+never logs a step whose checkpoint failed); 130 ended by Ctrl-C, with one line naming the last checkpoint saved and the
+command that resumes from it (or saying none was saved yet).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -60,6 +65,7 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
     LATEST_FILE,
+    CheckpointDamagedError,
     CheckpointSaveError,
     checkpoints,
     disk_problem,
@@ -70,6 +76,8 @@ from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
 from rlhf_helpers.ppo.run_folder import (
+    EXIT_SETUP,
+    RANK_VARIABLES,
     RUN_FILE,
     SetupError,
     check_output_dir,
@@ -79,17 +87,17 @@ from rlhf_helpers.ppo.run_folder import (
     read_prompts,
     read_run_record,
 )
-from rlhf_helpers.ppo.tracking import REPORT_TO, check_tracker, log_metrics, make_accelerator, start_tracking
+from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
-from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, given_field_values
+from rlhf_helpers.runtime.config_fields import given_field_values
+from rlhf_helpers.runtime.locks import FolderInUse
 from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
-from rlhf_helpers.runtime.profiles import PROFILE_NAMES, env_overrides, get_profile
-from rlhf_helpers.runtime.weights import require_weights
+from rlhf_helpers.runtime.profiles import env_overrides, get_profile
+from rlhf_helpers.runtime.weights import IncompleteGGUFFile, require_weights
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
 from rlhf_helpers.stages.resume import (
-    ALIASES,
     RESUMABLE,
     check_resumed_inputs,
     flag_error,
@@ -100,6 +108,16 @@ from rlhf_helpers.stages.resume import (
 from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.stages.train_args import (
+    CLI_DEFAULTS,
+    PROG,
+    Interrupted,
+    build_parser,
+    check_run_flags,
+    interrupted_line,
+    parse_args,
+    warmup_problem,
+)
 from rlhf_helpers.world.scorer import hidden_scores
 
 #: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
@@ -110,52 +128,18 @@ EXIT_NON_FINITE = 3
 EXIT_WRITE_FAILED = 4
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
-PROG = "python -m rlhf_helpers.stages.train_ppo"
-
-#: the command line's own defaults where they differ from the profile's
-CLI_DEFAULTS = {"save_every": 10}
-NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
-         "save_every": "default here: 10, unless $RLHF_PROFILE_OVERRIDES sets it",
-         "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: the run's own flags, then one flag per PPOConfig field (help: its `#:` doc)."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Shared-LoRA PPO on a course profile.")
-    run = parser.add_argument_group("the run")
-    run.add_argument("--profile", default=None, choices=PROFILE_NAMES,
-                     help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)")
-    run.add_argument("--resume", action="store_true",
-                     help="continue from the latest checkpoint in --output-dir, with the settings of its run.json "
-                          f"(only {', '.join(flag_name(name) for name in RESUMABLE)} may change)")
-    run.add_argument("--reward-dir", default=None,
-                     help="use this trained reward folder instead of ensure_reward_model")
-    run.add_argument("--reward-train-pairs", type=int, default=None,
-                     help="train the reward model on only this many pairs (quick runs)")
-    run.add_argument("--no-progress", dest="progress_bar", action="store_false", default=argparse.SUPPRESS,
-                     help="hide the progress bar (the same as --no-progress-bar)")
-    run.add_argument("--report-to", choices=REPORT_TO, default="none",
-                     help="also log every step to this experiment tracker (default: none; see docs/metrics.md)")
-    ppo = parser.add_argument_group("PPO settings", "every field of PPOConfig; a flag not given keeps the "
-                                    "profile's value (and $RLHF_PROFILE_OVERRIDES')")
-    add_field_flags(ppo, PPOConfig, aliases=ALIASES, notes=NOTES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.reward_train_pairs is not None and args.reward_train_pairs < 1:
-        parser.error(f"--reward-train-pairs must be >= 1, got {args.reward_train_pairs}")
-    for flag in ("reward_dir", "output_dir"):
-        value = getattr(args, flag, None)
-        if value is not None and not value.strip():
-            parser.error(f"{flag_name(flag)} must name a folder, got an empty path")
-    return args
+#: The errors of a run that cannot go on that are no SetupError (raised past the checks of the flags): a lock that
+#: another process holds or that cannot be taken (LockFileUnusable is a FolderInUse), a checkpoint whose files do
+#: not match their digests, a GGUF file cut short. `main` prints each as one line and exits 2.
+USER_ERRORS = (FolderInUse, CheckpointDamagedError, IncompleteGGUFFile)
+#: what this module offers besides `main` and `run`: the parser lives in `stages.train_args`
+__all__ = ["PROG", "USER_ERRORS", "build_parser", "main", "parse_args", "run"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """The whole run; returns a summary (last metrics, checkpoint path, output folder)."""
+    """The whole run; returns a summary (last metrics, checkpoint path, output folder). Ctrl-C raises Interrupted,
+    whose line names the last checkpoint and the command that resumes from it."""
+    check_run_flags(args)
     try:
         profile = get_profile(args.profile)
     except (ValueError, TypeError) as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
@@ -173,9 +157,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = None if args.resume else profile.ppo.replace(**{**defaults, **given})
     except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
         raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
+    if config is not None and (problem := warmup_problem(config)):  # a policy that would never train
+        raise SetupError(problem)
     check_tracker(args.report_to, output_dir)  # before the folder is touched
     check_output_dir(output_dir)
     folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
+    try:
+        return _run_in_folder(args, profile, config, given, output_dir, folder_lock)
+    except KeyboardInterrupt:  # Ctrl-C: one line naming the checkpoint to resume from, not a traceback
+        if folder_lock is not None:
+            folder_lock.release()  # the folder is free for the resume at once
+        raise Interrupted(interrupted_line(output_dir, profile.name)) from None
+
+
+def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None, given: dict[str, Any],
+                   output_dir: Path, folder_lock: Any) -> dict[str, Any]:
+    """The run once its folder is locked: the checks that read the folder, the models, the training, the files."""
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
@@ -190,6 +187,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = resumed_config(record, output_dir, profile.name, {  # first: refuses a run of another profile
             **{name: value for name, value in from_env.items() if name in RESUMABLE}, **given})
         profile = resumed_profile(record, profile, from_env, output_dir)
+        problem = warmup_problem(config, f" (the run's, {RUN_FILE})")  # its warm-up against the new total
+        if problem is not None:
+            raise SetupError(f"--resume: {problem}")
         # the checkpoint is read (safely) and checked file by file before the model is built
         resumed_step = check_resume_checkpoint(output_dir)
         if resumed_step >= config.total_steps:
@@ -272,6 +272,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"PPO stopped: {error}", file=sys.stderr, flush=True)
         accelerator.wait_for_everyone()  # that process waits here too: neither exits before the other printed
         raise SystemExit(EXIT_PEER_FAILED) from None
+    except KeyboardInterrupt:
+        trainer.close()  # its share of the folder's lock: `run` releases the other and prints the line
+        raise
     except CheckpointSaveError as error:
         status = "write failed"
         print(f"PPO stopped: {error}", file=sys.stderr)
@@ -312,6 +315,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every process prints it: under a launcher the first to exit has the others ended (SIGTERM)
         print(f"{PROG}: error: {error.message}", file=sys.stderr)
         raise
+    except USER_ERRORS as error:  # a lock, a damaged checkpoint, a GGUF file: one line too, exit 2
+        print(f"{PROG}: error: {' '.join(str(error).splitlines())}", file=sys.stderr)
+        raise SystemExit(EXIT_SETUP) from None
+    except (Interrupted, KeyboardInterrupt) as stop:  # Ctrl-C: one line (rank 0's), exit 130
+        if not isinstance(stop, Interrupted):  # before the output folder was chosen
+            stop = Interrupted(interrupted_line(None, None))
+        if all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES):
+            print(stop.message, file=sys.stderr, flush=True)
+        raise stop from None
     accelerator = summary.pop("accelerator")
     if summary.pop("is_main_process"):
         print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}), flush=True)

@@ -1,0 +1,91 @@
+"""A caller's update loop (`update_fn`) watched: the gradient its optimisers stepped on, whether the policy trained,
+and, when the loop fails or is refused, its changes to the weights and optimiser states undone.
+
+    with UpdateWatch(policy_opt, value_opt) as watch:   # an error in the block restores the weights
+        losses = update_fn(model, batch, policy_opt, value_opt, ...)
+        watch.check_policy_trained(step)                 # PieceError: the loop never stepped the policy
+    watch.grad_norms("policy")                           # [||g|| at each policy_opt.step()], in order
+
+The library's own update needs none of this: it checks both losses of a minibatch before either optimiser
+steps. A caller's loop steps where it likes, so the only way to leave the weights unchanged when it fails is
+to put them back. The copies are of the adapters' weights and Adam moments (`update_fn` runs on one process).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from rlhf_helpers.ppo.piece_checks import PieceError
+
+
+class UpdateWatch:
+    """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they update."""
+
+    def __init__(self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer) -> None:
+        self.optimizers = {"policy": policy_opt, "value": value_opt}
+        self.params = {
+            key: [p for group in opt.param_groups for p in group["params"]] for key, opt in self.optimizers.items()
+        }
+        #: the 2-norm of the gradients at each step() that found some, as tensors (read once, at the end)
+        self.norms: dict[str, list[torch.Tensor]] = {"policy": [], "value": []}
+        self.steps = {"policy": 0, "value": 0}  #: step() calls, with or without a gradient
+        self._saved: dict[str, list[torch.Tensor]] = {}
+        self._states: dict[str, dict[str, Any]] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> UpdateWatch:
+        for key, optimizer in self.optimizers.items():
+            self._saved[key] = [p.detach().clone() for p in self.params[key]]
+            self._states[key] = copy.deepcopy(optimizer.state_dict())
+            self._handles.append(optimizer.register_step_pre_hook(self._before_step(key)))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        if exc_type is not None:  # a failed or refused update leaves no half-applied step behind
+            self.restore()
+        return False
+
+    def _before_step(self, key: str) -> Any:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self.steps[key] += 1
+            grads = [p.grad for p in self.params[key] if p.grad is not None]
+            if grads:  # no .item(): the norms are read once, after the loop
+                self.norms[key].append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+
+        return hook
+
+    def restore(self) -> None:
+        """The weights and optimiser states as they were when the block began; gradients cleared."""
+        with torch.no_grad():
+            for key, optimizer in self.optimizers.items():
+                for param, saved in zip(self.params[key], self._saved[key], strict=True):
+                    param.copy_(saved)
+                    param.grad = None
+                optimizer.load_state_dict(self._states[key])
+
+    def check_policy_trained(self, step: int) -> None:
+        """PieceError naming update_fn when the policy adapter's weights did not move and policy_opt never
+        stepped on a gradient: the run would go on without training. A step on a zero gradient is not refused
+        (one minibatch may have none); its norm, 0, is logged as policy_grad_norm."""
+        if self.norms["policy"]:
+            return
+        moved = any(
+            not torch.equal(param, saved)
+            for param, saved in zip(self.params["policy"], self._saved["policy"], strict=True)
+        )
+        if not moved:  # an optimiser of the loop's own that moved the weights is its choice
+            raise PieceError(
+                f"update_fn left the policy adapter's weights unchanged at PPO step {step}: it called "
+                f"policy_opt.step() {self.steps['policy']} time(s), never with a gradient, so the run "
+                "would not train. On each minibatch call policy_opt.zero_grad(), loss.backward(), then "
+                "policy_opt.step()"
+            )
+
+    def grad_norms(self, key: str) -> list[float]:
+        """The gradient norm at each step() of the "policy" or "value" optimiser that found a gradient."""
+        return torch.stack(self.norms[key]).tolist() if self.norms[key] else []

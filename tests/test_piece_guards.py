@@ -1,0 +1,261 @@
+"""The trainer's guard around its replaceable pieces (ppo/piece_checks.py, ppo/update_watch.py): a piece may not
+change the trainer's tensors in place, a result it cannot use is refused naming the piece and what it returned,
+an error inside a piece names the piece, no refusal leaves a half-applied update, and an update loop that never
+steps is refused while a zero gradient is logged for the doctor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_helpers.core.gae import compute_gae
+from rlhf_helpers.core.kl import shape_rewards
+from rlhf_helpers.core.losses import policy_loss, value_loss
+from rlhf_helpers.ppo.piece_checks import PieceError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def weights(trainer) -> list[torch.Tensor]:
+    """Copies of both adapters' trained tensors."""
+    return [p.detach().clone() for p in trainer.model.policy_parameters() + trainer.model.value_parameters()]
+
+
+def refused(trainer, message: str) -> PieceError:
+    """One step of `trainer` is refused with `message`; no weight moved and no step was recorded."""
+    before = weights(trainer)
+    with pytest.raises(PieceError, match=message) as caught:
+        trainer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(trainer), strict=True)), "an update was applied"
+    assert trainer.history == [] and trainer.step_count == 0
+    trained = trainer.model.policy_parameters() + trainer.model.value_parameters()
+    assert all(p.grad is None for p in trained), "a gradient of the refused minibatch was left for the next one"
+    return caught.value
+
+
+# ------------------------------------------------------------------ in-place edits of the trainer's tensors
+def zeroes_values(rewards, values, mask, gamma, lam):
+    advantages, returns = compute_gae(rewards, values, mask, gamma, lam)
+    values.zero_()  # the batch's old values: the value loss would clip around 0
+    return advantages, returns
+
+
+def subtracts_into_logprobs(scores, logprobs, ref_logprobs, mask, kl_coef):
+    logprobs -= ref_logprobs  # the batch's old log-probs: every ratio of the update would be wrong
+    return shape_rewards(scores, logprobs, torch.zeros_like(ref_logprobs), mask, kl_coef)[0]
+
+
+def clamps_advantages(logprobs, old_logprobs, advantages, mask, eps):
+    advantages.clamp_(-1.0, 1.0)
+    return policy_loss(logprobs, old_logprobs, advantages, mask, eps)
+
+
+def masks_returns(values, old_values, returns, mask, clip_range):
+    returns.mul_(mask)
+    return value_loss(values, old_values, returns, mask, clip_range)
+
+
+@pytest.mark.parametrize(
+    "piece, fn, argument",
+    [
+        ("advantage_fn", zeroes_values, "values"),
+        ("shape_rewards_fn", subtracts_into_logprobs, "logprobs"),
+        ("policy_loss_fn", clamps_advantages, "advantages"),
+        ("value_loss_fn", masks_returns, "returns"),
+    ],
+)
+def test_a_piece_that_changes_its_input_in_place_is_refused_naming_it(make_trainer, piece, fn, argument):
+    refused(make_trainer(**{piece: fn}), f"{piece} changed its argument {argument} in place")
+
+
+def test_an_update_loop_that_changes_the_batch_in_place_is_refused_and_undone(make_trainer):
+    from test_pieces import update_loop
+
+    def renormalises(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        losses = update_loop(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn)
+        batch.advantages.sub_(batch.advantages.mean())  # after its steps: the batch the metrics read
+        return losses
+
+    trainer = make_trainer(update_fn=renormalises)
+    refused(trainer, "update_fn changed its argument batch.advantages in place")
+    for optimizer in (trainer.policy_opt.optimizer, trainer.value_opt.optimizer):
+        assert optimizer.state_dict()["state"] == {}  # the Adam moments of the undone steps are gone too
+
+
+def test_the_worked_solutions_that_write_into_their_own_tensors_still_train(make_trainer):
+    """Notebook 05's shaping (it adds the score into the rewards tensor it made) and a GAE loop filling its own
+    advantages are not in-place edits of the trainer's tensors: they train as before."""
+
+    def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):
+        rewards = -beta * torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))
+        rewards[torch.arange(len(scores)), mask.sum(dim=1).long() - 1] += scores
+        return rewards
+
+    from test_pieces import gae_loop
+
+    mine = make_trainer(shape_rewards_fn=shaped_rewards, advantage_fn=gae_loop)
+    library = make_trainer(shape_rewards_fn=lambda *args: shape_rewards(*args)[0])
+    mine.train(steps=1)
+    library.train(steps=1)
+    torch.testing.assert_close(mine.last_batch.rewards, library.last_batch.rewards)
+
+
+# ------------------------------------------------------------------ results the trainer cannot use
+def detached_loss(*args):
+    return policy_loss(*args)[0].detach()
+
+
+def per_token_loss(logprobs, old_logprobs, advantages, mask, eps):
+    return -(torch.exp(logprobs - old_logprobs) * advantages * mask)
+
+
+@pytest.mark.parametrize(
+    "pieces, message",
+    [
+        (
+            {"advantage_fn": lambda r, v, m, g, lam: r},
+            r"advantage_fn must return \(advantages, returns\): two floating "
+            r"tensors of shape \(8, \d+\).*it returned a tensor of shape",
+        ),
+        (
+            {"advantage_fn": lambda r, v, m, g, lam: (r, (r + v)[:, :-1])},
+            "advantage_fn returned returns as a tensor of shape",
+        ),
+        (
+            {"advantage_fn": lambda r, v, m, g, lam: (r.long(), r)},
+            "advantage_fn returned advantages as a tensor of shape "
+            r"\(8, \d+\), dtype torch.int64",
+        ),
+        (
+            {"shape_rewards_fn": lambda *args: None},
+            r"shape_rewards_fn must return rewards, or \(rewards, kl\).*it "
+            "returned None",
+        ),
+        (
+            {"shape_rewards_fn": lambda *args: (*shape_rewards(*args), 1.0)},
+            "shape_rewards_fn must return .* it returned a tuple of 3",
+        ),
+        (
+            {"policy_loss_fn": detached_loss},
+            "policy_loss_fn returned a loss that does not require grad: a tensor of shape "
+            r"\(\), dtype torch.float32, no grad",
+        ),
+        (
+            {"policy_loss_fn": lambda *args: torch.tensor(0.0)},
+            "policy_loss_fn returned a loss that does not require grad",
+        ),
+        (
+            {"policy_loss_fn": lambda *args: policy_loss(*args)[0].item()},
+            "policy_loss_fn returned a loss that is a float .*keep the loss a tensor",
+        ),
+        ({"policy_loss_fn": per_token_loss}, r"policy_loss_fn returned a loss that is a tensor of shape \(4, \d+\)"),
+        ({"policy_loss_fn": lambda *args: (policy_loss(*args)[0], None)}, "policy_loss_fn returned .* with stats None"),
+        ({"policy_loss_fn": lambda *args: (policy_loss(*args)[0], {"clipfrac": [0.1]})}, "stat 'clipfrac' as a list"),
+        # the value loss is refused after the policy loss of the same minibatch passed: still no policy step
+        (
+            {"value_loss_fn": lambda *args: value_loss(*args)[0].detach()},
+            "value_loss_fn returned a loss that does not require grad",
+        ),
+        (
+            {"value_loss_fn": lambda *args: (*value_loss(*args), "extra")},
+            "value_loss_fn must return .* it returned a tuple of 3",
+        ),
+    ],
+)
+def test_a_result_the_trainer_cannot_use_is_refused_before_any_step(make_trainer, pieces, message):
+    refused(make_trainer(**pieces), message)
+
+
+def test_an_error_inside_a_piece_names_the_piece_and_keeps_the_original(make_trainer):
+    def unpacks_wrong(rewards, values, mask, gamma, lam):
+        advantages, returns = compute_gae(rewards, values, mask, gamma, lam)[0]
+        return advantages, returns
+
+    error = refused(
+        make_trainer(advantage_fn=unpacks_wrong), "advantage_fn raised ValueError: too many values to unpack"
+    )
+    assert isinstance(error.__cause__, ValueError) and "too many values" in str(error.__cause__)
+
+    def reads_missing_stats(logprobs, old_logprobs, advantages, mask, eps):
+        return policy_loss(logprobs, old_logprobs, advantages, mask, eps)[1]["no such stat"]
+
+    error = refused(make_trainer(policy_loss_fn=reads_missing_stats), "policy_loss_fn raised KeyError: 'no such")
+    assert isinstance(error.__cause__, KeyError)
+
+
+# ------------------------------------------------------------------ update loops: undone when refused, and trained
+def steps_then(result):
+    """An update loop that takes every minibatch step of test_pieces.update_loop, then returns `result` (raises
+    it if it is an exception)."""
+    from test_pieces import update_loop
+
+    def loop(*args):
+        update_loop(*args)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return loop
+
+
+@pytest.mark.parametrize(
+    "result, error, message",
+    [
+        (RuntimeError("the loop broke after its steps"), PieceError, "update_fn raised RuntimeError: the loop broke"),
+        (None, ValueError, r"list of \(policy loss, value loss\) pairs"),
+        ([(float("nan"), 0.0)], Exception, "update_fn's losses"),
+    ],
+)
+def test_an_update_loop_that_fails_after_stepping_is_undone(make_trainer, result, error, message):
+    trainer = make_trainer(update_fn=steps_then(result))
+    before = weights(trainer)
+    with pytest.raises(error, match=message):
+        trainer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(trainer), strict=True))
+    assert trainer.policy_opt.optimizer.state_dict()["state"] == {}  # no Adam moment of an undone step
+
+
+def test_a_loss_refused_inside_an_update_loop_names_the_loss_piece(make_trainer):
+    from test_pieces import update_loop
+
+    refused(
+        make_trainer(update_fn=update_loop, policy_loss_fn=detached_loss),
+        "^policy_loss_fn returned a loss that does not require grad",
+    )
+
+
+def test_an_update_loop_that_never_steps_the_policy_is_refused(make_trainer):
+    def forgets_the_policy_step(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        P, losses = batch.context_length, []
+        for rows in torch.randperm(len(batch), generator=generator).split(config.mini_batch_size):
+            logp = model.policy_logprobs(batch.sequences[rows], batch.attention_mask[rows], P).float()
+            loss = policy_loss_fn(logp, batch.old_logprobs[rows], batch.advantages[rows], batch.mask[rows], 0.2)
+            policy_opt.zero_grad()
+            policy_opt.step()  # no backward: no gradient to step on
+            losses.append((float(loss.detach()), 0.0))
+        return losses
+
+    refused(
+        make_trainer(update_fn=forgets_the_policy_step),
+        "update_fn left the policy adapter's weights unchanged "
+        r"at PPO step 0: it called policy_opt.step\(\) 2 time",
+    )
+
+
+def test_a_zero_policy_gradient_trains_on_and_is_logged_as_zero(make_trainer):
+    """A loss multiplied by 0 or all-zero advantages: legitimate on one minibatch, so not refused; the update's
+    mean policy_grad_norm is exactly 0 (what the doctor's "nothing trains" rule reads), for the library's update
+    and for an update loop of one's own alike."""
+    from test_pieces import update_loop
+
+    zero_loss = {"policy_loss_fn": lambda *args: policy_loss(*args)[0] * 0}
+    zero_advantages = {"advantage_fn": lambda r, v, m, g, lam: (torch.zeros_like(r), compute_gae(r, v, m, g, lam)[1])}
+    for pieces in (zero_loss, zero_advantages, {**zero_loss, "update_fn": update_loop}):
+        trainer = make_trainer(**pieces)
+        before = [p.detach().clone() for p in trainer.model.policy_parameters()]
+        metrics = trainer.step()
+        assert metrics["policy_grad_norm"] == 0.0, pieces
+        assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.policy_parameters(), strict=True))
+    healthy = make_trainer(update_fn=update_loop)
+    assert healthy.step()["policy_grad_norm"] > 0.0
+    assert len({row["policy_grad_norm"] for row in healthy.last_update_stats}) > 1  # one norm per minibatch step
