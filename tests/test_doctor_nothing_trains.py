@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_diagnosis import healthy
 
-from rlhf_helpers.core.losses import policy_loss
+from rlhf_helpers.core.losses import policy_loss, value_loss
 from rlhf_helpers.ppo.diagnosis import RunFacts, diagnose
 from rlhf_helpers.stages.diagnose import main
 
@@ -123,3 +123,39 @@ def test_healthy_toy_runs_train_and_a_loss_times_zero_does_not(make_trainer, one
     found = finding(zero, facts=None)
     assert found is not None and found.steps == (1, 2, 3)
     assert found.title == "the policy's gradient is 0 at every update"
+
+
+# ----------------------------------------------------------------------------- a critic that never trains
+def _loss(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def critic_finding(history, facts=FACTS):
+    return next((f for f in diagnose(history, facts=facts).findings if f.rule == "critic_never_trains"), None)
+
+
+def test_a_value_gradient_of_zero_at_every_step_is_an_error_and_one_moving_step_is_not():
+    rows = healthy(10)
+    for row in rows:
+        row["value_grad_norm"] = 0.0
+    found = critic_finding(rows)
+    assert found is not None and found.severity == "error" and found.steps == tuple(range(1, 11))
+    assert "value_grad_norm exactly 0 at all 10 steps" in found.evidence
+    rows[6]["value_grad_norm"] = 1e-30
+    assert critic_finding(rows) is None
+    assert critic_finding(healthy(10)) is None  # not logged: no verdict
+
+
+def test_healthy_runs_train_their_critic():
+    assert critic_finding(H200, facts=None) is None
+
+
+def test_a_toy_run_whose_value_loss_is_times_zero_never_trains_its_critic(make_trainer, one_torch_thread):
+    healthy_run = make_trainer()
+    constant = make_trainer(value_loss_fn=lambda *inputs: _loss(value_loss(*inputs)) * 0.0)
+    for _ in range(2):
+        healthy_run.step()
+        constant.step()
+    assert critic_finding(healthy_run, facts=None) is None
+    found = critic_finding(constant, facts=None)
+    assert found is not None and found.steps == (1, 2) and found.severity == "error"

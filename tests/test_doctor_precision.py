@@ -171,7 +171,8 @@ def test_the_live_facts_name_the_compute_dtype_not_the_masters(dtype, one_torch_
 def test_a_trainer_whose_model_does_not_say_its_dtype_is_refused():
     from types import SimpleNamespace
 
-    trainer = SimpleNamespace(history=[], config=SimpleNamespace(), model=torch.nn.Linear(2, 2))
+    config = SimpleNamespace(max_new_tokens=8, score_clip=None, value_warmup_steps=0, total_steps=3)
+    trainer = SimpleNamespace(history=[], config=config, model=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="has no compute_dtype: pass facts=RunFacts"):
         diagnose(trainer)
 

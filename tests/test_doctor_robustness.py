@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -173,9 +174,9 @@ def test_json_output_is_strict_json(tmp_path, capsys):
     assert main([str(tmp_path), "--json"]) == 0
     printed = _strict(capsys.readouterr().out)
     assert printed["source_file"] == str(tmp_path / "metrics.jsonl") and printed["findings"][0]["rule"] == "non_finite"
-    diagnosis = diagnose(rows, facts=RunFacts(score_clip=math.inf), thresholds=Thresholds(eval_fall=math.inf))
+    diagnosis = diagnose(rows, facts=RunFacts(score_clip=math.inf))  # thresholds are finite (Thresholds refuses inf)
     written = _strict(json.dumps(diagnosis.to_json(), allow_nan=False))
-    assert written["facts"]["score_clip"] == "inf" and written["thresholds"]["eval_fall"] == "inf"
+    assert written["facts"]["score_clip"] == "inf"
 
 
 def test_a_run_json_with_an_infinite_setting_is_refused_not_printed_as_infinity(tmp_path, capsys):
@@ -233,3 +234,87 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     child.stdout.close()  # before the child has imported anything: its first write meets a closed pipe
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 0 and err == "", err
+
+
+# ----------------------------------------------------------------------------- TRL checkpoint names, empty states
+def test_a_checkpoint_named_with_a_non_ascii_digit_is_not_a_checkpoint(tmp_path):
+    _trl_state(tmp_path / "checkpoint-2" / "trainer_state.json", 2, lambda s: 1.0 + s)
+    _trl_state(tmp_path / "checkpoint-²" / "trainer_state.json", 9, lambda s: 0.0)  # '²'.isdigit() is True
+    diagnosis = diagnose(tmp_path)
+    assert diagnosis.source_file == str(tmp_path / "checkpoint-2" / "trainer_state.json") and diagnosis.steps == 2
+
+
+def test_an_empty_checkpoint_state_is_passed_over_for_a_logged_one_and_named_when_alone(tmp_path, capsys):
+    _trl_state(tmp_path / "trainer_state.json", 10, lambda s: 1.0 + s)
+    empty = tmp_path / f"checkpoint-{'9' * 240}" / "trainer_state.json"
+    empty.parent.mkdir()
+    empty.write_text('{"log_history": []}')
+    diagnosis = diagnose(tmp_path)
+    assert diagnosis.source_file == str(tmp_path / "trainer_state.json") and diagnosis.steps == 10
+    assert any("holds no logged step" in note and str(empty) in note for note in diagnosis.notes)
+    (tmp_path / "trainer_state.json").unlink()
+    assert f"{empty} holds no logged step" in one_line_error(capsys, [str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------- diagnose()'s arguments
+class _NoModel:
+    history = healthy(3)
+    config = object()
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (lambda: diagnose(healthy(3), facts="x"), "facts must be a RunFacts or None, got str"),
+        (lambda: diagnose(healthy(3), thresholds={"sustain_steps": 3}), "thresholds must be a Thresholds or None"),
+        (lambda: diagnose(_NoModel()), "source looks like a PPOTrainer"),
+    ],
+)
+def test_diagnose_s_arguments_are_checked_by_name(call, said):
+    with pytest.raises(TypeError, match=said):
+        call()
+
+
+def test_a_trainer_like_object_without_a_model_is_read_with_its_facts_given():
+    assert diagnose(_NoModel(), facts=FACTS).steps == 3
+
+
+# ----------------------------------------------------------------------------- steps are integers >= 0
+@pytest.mark.parametrize("step", [-5, -5.5, 2.5, "1e400", "NaN"])
+def test_a_step_that_is_not_an_integer_from_0_is_refused_by_file_and_line(tmp_path, capsys, step):
+    rows = healthy(4)
+    text = "".join(json.dumps(row) + "\n" for row in rows[:2]) + "\n"  # a blank line: line 3
+    text += json.dumps(dict(rows[2], step=0.0)).replace("0.0,", f"{step},", 1) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(text)
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert f"{tmp_path / 'metrics.jsonl'}, line 4: step must be an integer >= 0" in error
+
+
+def test_steps_from_0_as_ints_or_integral_floats_are_read():
+    rows = [dict(row, step=step) for row, step in zip(healthy(3), [0, 1.0, np.int64(2)], strict=True)]
+    assert diagnose(rows, facts=FACTS).steps == 3
+    with pytest.raises(ValueError, match=r"row 2: step must be an integer >= 0, got float -5.5"):
+        diagnose([dict(rows[0], step=5), dict(rows[1], step=-5.5)], facts=FACTS)
+    with pytest.raises(ValueError, match=r"row 1: step must be an integer >= 0, got int -5"):
+        diagnose([dict(rows[0], step=-5), dict(rows[1], step=-5.5)], facts=FACTS)
+
+
+# ----------------------------------------------------------------------------- thresholds
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("negative_kl_steps", -1, "an int >= 1"),
+        ("sustain_steps", 0, "an int >= 1"),
+        ("sustain_steps", 2.0, "an int"),
+        ("clipfrac_high", math.nan, "a finite number"),
+        ("approx_kl_high", math.inf, "a finite number"),
+        ("zero_std_share", 1.5, "in [0, 1]"),
+        ("eos_floor", -0.1, "in [0, 1]"),
+        ("ratio_tolerance", -1e-4, ">= 0"),
+        ("critic_grace_steps", -1, "an int >= 0"),
+        ("cold_critic_ev", True, "a finite number"),
+    ],
+)
+def test_thresholds_out_of_their_range_are_refused_by_name(field, value, said):
+    with pytest.raises(ValueError, match=rf"Thresholds\.{field} must be .*{re.escape(said)}"):
+        Thresholds(**{field: value})

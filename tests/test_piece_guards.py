@@ -259,3 +259,148 @@ def test_a_zero_policy_gradient_trains_on_and_is_logged_as_zero(make_trainer):
     healthy = make_trainer(update_fn=update_loop)
     assert healthy.step()["policy_grad_norm"] > 0.0
     assert len({row["policy_grad_norm"] for row in healthy.last_update_stats}) > 1  # one norm per minibatch step
+
+
+# ------------------------------------------------------------------ edits that bypass the version counter, results
+def same_run(trainer, healthy, metrics: bool = True) -> None:
+    """`trainer` (a piece that edits what it was given behind torch's back) kept the trainer's batch as `healthy`
+    did, and (`metrics`) gave its metrics, so its edits reached nothing of the trainer's."""
+    trainer.step()
+    healthy.step()
+    rows = [{k: v for k, v in row.items() if not k.startswith("time")} for row in trainer.history + healthy.history]
+    assert not metrics or rows[0] == rows[1]
+    for name in ("mask", "old_logprobs", "values", "rewards", "advantages", "returns"):
+        assert torch.equal(getattr(trainer.last_batch, name), getattr(healthy.last_batch, name)), name
+
+
+def gae_then(edit):
+    def advantage_fn(rewards, values, mask, gamma, lam):
+        out = compute_gae(rewards, values, mask, gamma, lam)
+        edit(values)
+        return out
+
+    return advantage_fn
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        {"advantage_fn": gae_then(lambda values: values.data.zero_())},
+        {"advantage_fn": gae_then(lambda values: values.numpy().__setitem__(slice(None), 0.0))},
+        {"shape_rewards_fn": lambda s, lp, rl, m, k: (shape_rewards(s, lp, rl, m, k)[0], lp.data.zero_())[0]},
+        {"policy_loss_fn": lambda lp, olp, adv, m, e: (policy_loss(lp, olp, adv, m, e)[0], m.data.zero_())[0]},
+        {
+            "value_loss_fn": lambda v, ov, ret, m, c: (
+                value_loss(v, ov, ret, m, c)[0],
+                ret.data.zero_(),
+                m.numpy().__setitem__(slice(None), 0.0),
+            )[0]
+        },
+    ],
+    ids=["values.data", "values.numpy", "logprobs.data", "mask.data", "returns.data+mask.numpy"],
+)
+def test_an_edit_that_bypasses_the_version_counter_cannot_reach_the_trainers_tensors(make_trainer, pieces):
+    library = {
+        name: {
+            "advantage_fn": compute_gae,
+            "policy_loss_fn": policy_loss,
+            "value_loss_fn": value_loss,
+            "shape_rewards_fn": lambda *args: shape_rewards(*args)[0],
+        }[name]
+        for name in pieces
+    }
+    # a loss piece that edits its own copies after use changes its own gradient (autograd saved them), never
+    # the batch; the rollout pieces' edits change nothing at all
+    same_run(
+        make_trainer(**pieces),
+        make_trainer(**library),
+        metrics="policy_loss_fn" not in pieces and "value_loss_fn" not in pieces,
+    )
+
+
+def test_an_update_loop_gets_copies_of_the_batch_and_the_config(make_trainer):
+    from test_pieces import update_loop
+
+    def sabotages(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        losses = update_loop(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn)
+        batch.mask.data.zero_()  # .data: no version bump
+        batch.advantages = torch.zeros_like(batch.advantages)
+        config.clip_eps = 50.0
+        return losses
+
+    trainer = make_trainer(update_fn=sabotages)
+    same_run(trainer, make_trainer(update_fn=update_loop))
+    assert trainer.config.clip_eps == make_trainer().config.clip_eps
+
+
+@pytest.mark.parametrize("through_data", [False, True])
+def test_an_update_loop_that_changes_frozen_weights_is_refused(make_trainer, through_data):
+    from test_pieces import update_loop
+
+    def edits_the_base(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        losses = update_loop(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn)
+        frozen = next(p for name, p in model.named_parameters() if "wte" in name)
+        with torch.no_grad():
+            (frozen.data if through_data else frozen).add_(0.01)
+        return losses
+
+    refused(make_trainer(update_fn=edits_the_base), r"update_fn changed frozen weights: \S*wte")
+
+
+def test_update_fn_losses_that_are_no_float_name_update_fn(make_trainer):
+    refused(
+        make_trainer(update_fn=steps_then([(10**400, 0)])),
+        r"update_fn must return a list of \(policy loss, value loss\) pairs of numbers.*an int of 1329 bits.*Overflow",
+    )
+
+
+@pytest.mark.parametrize(
+    "value", [10**400, float("nan"), torch.tensor(1j), torch.tensor([0.1, 0.2])], ids=["huge", "nan", "complex", "two"]
+)
+def test_a_loss_stat_that_is_no_finite_number_is_refused_before_any_step(make_trainer, value):
+    def odd_stat(*args):
+        loss, stats = policy_loss(*args)
+        return loss, {**stats, "clipfrac": value}
+
+    error = refused(make_trainer(policy_loss_fn=odd_stat), "policy_loss_fn returned the stat 'clipfrac' as")
+    assert len(str(error)) < 300  # 10**400 is described, not printed
+
+
+@pytest.mark.parametrize(
+    "pieces, message",
+    [
+        (
+            {"shape_rewards_fn": lambda *args: shape_rewards(*args)[0].to_sparse()},
+            "shape_rewards_fn returned rewards as a sparse_coo tensor",
+        ),
+        (
+            {"advantage_fn": lambda *args: tuple(x.bfloat16() for x in compute_gae(*args))},
+            r"advantage_fn returned advantages as a tensor of shape \(8, \d+\), dtype torch.bfloat16.*float32",
+        ),
+        (
+            {"shape_rewards_fn": lambda *args: (shape_rewards(*args)[0], shape_rewards(*args)[1].double())},
+            "shape_rewards_fn returned kl as .*dtype torch.float64.*float32",
+        ),
+    ],
+)
+def test_a_result_of_another_layout_or_dtype_is_refused_naming_the_piece(make_trainer, pieces, message):
+    refused(make_trainer(**pieces), message)
+
+
+@pytest.mark.parametrize(
+    "pieces, message",
+    [
+        (
+            {"value_loss_fn": lambda *args: torch.ones((), requires_grad=True)},
+            "value_loss_fn .*its loss does not depend on the value adapter's weights",
+        ),
+        (
+            {"policy_loss_fn": lambda *args: torch.ones((), requires_grad=True)},
+            "policy_loss_fn .*its loss does not depend on the policy adapter's weights",
+        ),
+    ],
+)
+def test_a_loss_that_never_reaches_its_adapter_is_refused(make_trainer, pieces, message):
+    refused(make_trainer(**pieces), message)
+    # the entropy term reaches the policy adapter: the total loss trains it, so the run goes on
+    make_trainer(entropy_coef=0.01, policy_loss_fn=lambda *args: torch.ones((), requires_grad=True)).step()

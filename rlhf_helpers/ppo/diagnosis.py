@@ -18,7 +18,8 @@ clip_ratio/region_mean), so a TRL run folder is read too. The rules whose metric
 (first_ratio, explained_variance, hidden scores) stay silent on it.
 
 The files are read by `diagnosis_reading`: regular files only (a pipe is never opened), numbers a float holds, a
-last metrics line cut mid-write skipped with a note; the verdict names the file it read.
+last metrics line cut mid-write skipped with a note; the verdict names the file it read. A run folder's step-NNNNNN
+checkpoints are verified against their SHA-256 manifests (`diagnosis_checkpoints`): a damaged one is an error.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.core.tolerances import dtype_name
+from rlhf_helpers.ppo.diagnosis_checkpoints import checkpoint_finding
 from rlhf_helpers.ppo.diagnosis_reading import metric_rows, newest_trl_state, read_json, read_metrics, what_is_there
 from rlhf_helpers.ppo.diagnosis_rules import RULES
 from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs
@@ -219,8 +221,23 @@ def compute_record(trainer: Any) -> dict[str, Any]:
     return {"dtype": dtype_name(dtype), "loss_scaling": bool(scaler is not None and scaler.is_enabled())}
 
 
+def _trainer_history(trainer: Any) -> list[Any]:
+    """A trainer's history as a list; TypeError when it is not a sequence of metric dicts."""
+    history = trainer.history
+    if not (isinstance(history, Sequence) and all(isinstance(row, Mapping) for row in history)):
+        raise TypeError(f"source.history must be a list of metric dicts, got {type(history).__name__}")
+    return list(history)
+
+
 def _facts_of_trainer(trainer: Any) -> RunFacts:
+    """The settings of a trainer (its config and its model's compute dtype); TypeError naming what it lacks."""
     config = trainer.config
+    missing = [name for name in ("max_new_tokens", "score_clip", "value_warmup_steps", "total_steps")
+               if not hasattr(config, name)]
+    if missing or not hasattr(trainer, "model"):
+        lacks = f"a config without {', '.join(missing)}" if missing else "no model (its compute dtype)"
+        raise TypeError(f"source looks like a PPOTrainer (history and config) but has {lacks}: pass a PPOTrainer, "
+                        "or its history with facts=RunFacts(...)")
     compute = compute_record(trainer)
     return RunFacts(max_new_tokens=config.max_new_tokens, score_clip=config.score_clip,
                     value_warmup_steps=config.value_warmup_steps, total_steps=config.total_steps,
@@ -236,17 +253,26 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
     `facts`: the run's settings (max_new_tokens, score_clip, warm-up, the dtype it computed in); read from the
     trainer or run.json when not given. A bare list (or a folder without run.json) without `facts` is judged as a
     float32 run, the strictest tolerances: pass the run's facts (e.g. `diagnose(trainer).facts`) for a 16-bit one.
-    `thresholds`: the rules' thresholds (defaults: `Thresholds()`).
+    `thresholds`: the rules' thresholds (defaults: `Thresholds()`). TypeError for a `facts` or `thresholds` of
+    another type, and for a trainer-like `source` without a model whose `facts` are not given.
+    A run folder's (or its metrics.jsonl's folder's) checkpoints are verified: a damaged one is a finding.
 
     Values may be any real numbers (numpy's too) or None; one beyond a float's range reads as +-inf. A step logged
     more than once counts once, read from its last row (`Diagnosis.notes` says how many)."""
+    if facts is not None and not isinstance(facts, RunFacts):
+        raise TypeError(f"facts must be a RunFacts or None, got {type(facts).__name__} {facts!r:.40}")
+    if thresholds is not None and not isinstance(thresholds, Thresholds):
+        raise TypeError(f"thresholds must be a Thresholds or None, got {type(thresholds).__name__} {thresholds!r:.40}")
     thresholds = thresholds or Thresholds()
-    source_file, notes = None, []
+    source_file, notes, damaged = None, [], None
     if isinstance(source, (str, Path)):
         read = _load(source)
         history, found, source_file, notes = read.history, read.facts, str(read.file), list(read.notes)
+        if found.source != "trl":  # this course's run folder: its step-NNNNNN checkpoints are verified too
+            damaged, checked = checkpoint_finding(read.file.parent)
+            notes += checked
     elif hasattr(source, "history") and hasattr(source, "config"):
-        history, found = list(source.history), _facts_of_trainer(source)
+        history, found = _trainer_history(source), facts or _facts_of_trainer(source)
     elif isinstance(source, Sequence) and all(isinstance(row, Mapping) for row in source):
         history, found = list(source), RunFacts()
     else:
@@ -258,6 +284,7 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
         notes.append(f"{repeated} step(s) logged more than once (a resumed run logs again the steps after its last "
                      "checkpoint): the last row of each step is read")
     findings = [finding for rule in RULES if (finding := rule(rows, facts, thresholds)) is not None]
+    findings += [damaged] if damaged is not None else []
     findings.sort(key=lambda f: SEVERITIES.index(f.severity))  # stable: within a severity, in RULES order
     return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds,
                      source_file=source_file, notes=tuple(notes))

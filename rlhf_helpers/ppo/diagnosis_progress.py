@@ -1,6 +1,7 @@
-"""The run doctor's rule for a run in which the policy never trains (a rule of `diagnosis_rules.RULES`).
+"""The run doctor's rules for a run in which the policy, or the critic, never trains (rules of
+`diagnosis_rules.RULES`). The critic's: `value_grad_norm` exactly 0 at every step (`critic_never_trains`).
 
-Three signatures, by what the history shows:
+The policy's, three signatures by what the history shows:
 - the value warm-up covers the whole run: every step trained the critic alone;
 - `policy_grad_norm` (the library's update logs it, 0.0 for a warm-up step or a skipped fp16 step) is 0 at every
   policy step: the loss does not depend on the policy's weights (a loss times 0, every advantage 0). Adam moves a
@@ -97,4 +98,26 @@ def _never_moved(rows: Rows, policy: Rows, facts: RunFacts, t: Thresholds) -> Fi
         "that the update loop calls zero_grad, backward and the policy optimiser's step on every "
         "minibatch, with the policy's parameters in that optimiser",
         f"{GLOSSARY_PAGE}#kl",
+    )
+
+
+def critic_never_trains(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
+    """An error when `value_grad_norm` is logged and exactly 0 at every step that logs it: no update gave the
+    critic a gradient (its loss does not depend on the value adapter's weights, or is multiplied by 0). The value
+    adapter trains from step 1, warm-up included, so every step counts; Adam moves a weight for any gradient that
+    is not exactly 0."""
+    norms = [(int(row["step"]), v) for row in rows if (v := metric(row, "value_grad_norm")) is not None]
+    if not norms or any(v != 0.0 for _, v in norms):
+        return None
+    return Finding(
+        "critic_never_trains",
+        "error",
+        "the critic's gradient is 0 at every update",
+        tuple(s for s, _ in norms),
+        f"value_grad_norm exactly 0 at all {len(norms)} steps (steps {spans([s for s, _ in norms])}): no update "
+        "had a gradient to step the critic on",
+        "the critic never learns the returns: every advantage keeps the untrained critic's baseline (its loss "
+        "does not depend on the value adapter's weights, or is multiplied by 0)",
+        "the value loss (its gradient reaches the values: no .detach(), no factor 0) and value_lr",
+        f"{GLOSSARY_PAGE}#value_grad_norm",
     )

@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import os
+import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -149,10 +150,25 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 raise
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            if (problem := step_problem(record.get("step"))) is not None:
+                raise ValueError(f"{where}: {problem}")
             rows.append(record)
     if not rows:
         raise ValueError(f"{path}: holds no metrics row" + (f" ({notes[0]})" if notes else " (the file is empty)"))
     return rows, notes
+
+
+def step_problem(value: Any) -> str | None:
+    """Why a logged step is not one (an integer >= 0: an int, or a float equal to one, as TRL and this course log
+    steps from 0 or 1), or None. None (no step logged) is no problem: the row's place stands for it."""
+    if value is None:
+        return None
+    whole = isinstance(value, numbers.Integral) or (
+        isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer()
+    )
+    if isinstance(value, bool) or not whole or value < 0:
+        return f"step must be an integer >= 0, got {type(value).__name__} {value!r:.40}"
+    return None
 
 
 def as_number(value: Any) -> float | None:
@@ -174,7 +190,8 @@ def metric_rows(history: Sequence[Mapping[str, Any]], where: str = "") -> tuple[
     logged more than once). ValueError starting with `where` and naming the row and metric of the first value that
     is not a number: the rules read numbers, and a string or a list would silently read as "not logged".
 
-    A row without a finite step is the step of its place in the history. A step logged again (a resumed run logs
+    A row without a step (None) is the step of its place in the history; a step that is not an integer >= 0 is
+    refused (`step_problem`): -5 and -5.5 would read as one step. A step logged again (a resumed run logs
     again the steps after its last checkpoint) is read from its last row, the one the run went on from, in the
     place of its first: every rule counts it once."""
     by_step: dict[int, dict[str, Any]] = {}
@@ -188,8 +205,10 @@ def metric_rows(history: Sequence[Mapping[str, Any]], where: str = "") -> tuple[
                 raise ValueError(
                     f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} {value!r:.40}"
                 ) from None
+        if (problem := step_problem(row.get("step"))) is not None:
+            raise ValueError(f"{where}row {index + 1}: {problem}")
         step = numbers_only.get("step")
-        step = int(step) if step is not None and math.isfinite(step) else index + 1
+        step = int(step) if step is not None else index + 1
         if step in by_step:
             repeated.add(step)
         numbers_only["step"] = step
@@ -213,9 +232,10 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
     else N), as when a run resumed and saved past an older top-level state. A tie goes to the top-level one."""
     top = folder / "trainer_state.json"
     saved = [
-        (int(p.name.removeprefix("checkpoint-")), p / "trainer_state.json")
+        (int(number), p / "trainer_state.json")
         for p in folder.glob("checkpoint-*")
-        if p.name.removeprefix("checkpoint-").isdigit() and os.path.lexists(p / "trainer_state.json")
+        if re.fullmatch(r"[0-9]+", number := p.name.removeprefix("checkpoint-"))  # '²'.isdigit() is True
+        and os.path.lexists(p / "trainer_state.json")
     ]
     newest = max(saved, key=lambda item: item[0]) if saved else None
     if not os.path.lexists(top):
@@ -225,9 +245,11 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
         return top, top_state, []
     number, path = newest
     state = read_json(path)
-    top_step, saved_step = _state_step(top_state, -math.inf), _state_step(state, float(number))
+    top_step, saved_step = _state_step(top_state, -math.inf), _state_step(state, _as_float(number))
     if saved_step <= top_step:
         return top, top_state, []
+    if _logged(top_state) and not _logged(state):  # an empty log never outranks one with steps in it
+        return top, top_state, [f"{path} holds no logged step: read the top-level {top.name} instead"]
     return (
         path,
         state,
@@ -236,3 +258,17 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
             f"(global_step {top_step:g}), which a later checkpoint has outdated"
         ],
     )
+
+
+def _as_float(number: int) -> float:
+    """A checkpoint's number as a float; +inf beyond a float's range (a name of 400 digits)."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf
+
+
+def _logged(state: Any) -> bool:
+    """Whether a TRL state's log_history holds an entry."""
+    log = state.get("log_history") if isinstance(state, dict) else None
+    return isinstance(log, list) and bool(log)

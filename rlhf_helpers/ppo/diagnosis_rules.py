@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rlhf_helpers.ppo.diagnosis_progress import nothing_trains
+from rlhf_helpers.ppo.diagnosis_progress import critic_never_trains, nothing_trains
 from rlhf_helpers.ppo.diagnosis_rows import (
     GLOSSARY_PAGE,
     LAB,
@@ -264,5 +264,6 @@ def _eval_fall(rows: Rows, hidden: str, learned: str, t: Thresholds) -> tuple[tu
 
 #: every rule, in the order `diagnose` runs them
 RULES: tuple[Callable[[Rows, RunFacts, Thresholds], Finding | None], ...] = (
-    non_finite, no_learning_signal, first_ratio_not_one, eos_masked, nothing_trains, negative_kl, off_policy, critic,
+    non_finite, no_learning_signal, first_ratio_not_one, eos_masked, nothing_trains, critic_never_trains, negative_kl,
+    off_policy, critic,
     collapse, length, reward_saturation, over_optimisation)

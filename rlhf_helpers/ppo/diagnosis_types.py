@@ -6,6 +6,7 @@ run, seed 0, and its --kl-coef 0 / 0.05 variants), measured runs, or plain arith
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,6 +65,14 @@ class RunFacts:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))  # an unknown dtype is an error, never float32
+
+
+#: Thresholds that count steps (ints >= 1; critic_grace_steps >= 0), that are shares (in [0, 1]) and that are sizes
+#: (>= 0); the other (cold_critic_ev, an explained variance) is any finite number
+COUNTS = ("negative_kl_steps", "sustain_steps", "critic_grace_steps")
+SHARES = ("zero_std_share", "share_tolerance", "clipfrac_high", "entropy_drop", "distinct_floor", "eos_floor",
+          "long_share", "clipped_share")
+NON_NEGATIVE = ("score_spread", "ratio_tolerance", "approx_kl_high", "short_length", "overoptimisation_z", "eval_fall")
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,23 @@ class Thresholds:
     #: the same on held-out evaluations: a fall of the hidden score from its best evaluation to the last one
     #: beyond this (glossary eval_hidden_score: healthy 0.87-1.01, range 0.14; kl_coef 0: 0.02 to -2.84).
     eval_fall: float = 0.5
+
+    def __post_init__(self) -> None:
+        # a threshold out of its range fires a rule on a healthy run (a count of -1 steps) or turns it off silently
+        # (NaN compares false): each is refused by name
+        for name, value in asdict(self).items():
+            if name in COUNTS:
+                low = 0 if name == "critic_grace_steps" else 1
+                if type(value) is not int or value < low:
+                    raise ValueError(f"Thresholds.{name} must be an int >= {low}, got {type(value).__name__} "
+                                     f"{value!r:.40}")
+                continue
+            low, high = (0, 1) if name in SHARES else (0, None) if name in NON_NEGATIVE else (None, None)
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or (low is not None and value < low) or (high is not None and value > high)):
+                wanted = f" in [{low}, {high}]" if high is not None else f" >= {low}" if low is not None else ""
+                raise ValueError(f"Thresholds.{name} must be a finite number{wanted}, got {type(value).__name__} "
+                                 f"{value!r:.40}")
 
     def ratio_tolerance_for(self, dtype: str) -> float:
         """The first-ratio tolerance of a compute dtype (any spelling): `ratio_tolerance` in float32/64, at least
@@ -207,6 +233,11 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
                            "at every policy step; or, without a policy_grad_norm, |kl| within the dtype's rounding "
                            f"({t.ratio_tolerance:g} per token in float32, {t.ratio_tolerance_for('bfloat16'):g} in "
                            "bf16) at every step after the first policy update and approx_kl within its square"),
+        "critic_never_trains": (("value_grad_norm",), "error: value_grad_norm exactly 0 at every step that logs it"),
+        "damaged_checkpoint": ((), "error: a step-NNNNNN checkpoint of the run folder whose files do not match "
+                                   "their SHA-256 in its manifest.json (or are missing); the evidence names the newest "
+                                   "intact checkpoint. A checkpoint saved without a manifest is read back, a note at "
+                                   "most"),
         "negative_kl": (("kl",), f"warning: kl < 0 at {t.negative_kl_steps} steps in a row (by chance at most "
                                  f"1/{2 ** t.negative_kl_steps} when the true KL is 0)"),
         "off_policy": (("clipfrac", "approx_kl"),

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.ppo.guards import check_all_finite, check_finite_parameters, guard
+from rlhf_helpers.ppo.piece_checks import check_reaches_adapter
 from rlhf_helpers.runtime.precision import MIN_LOSS_SCALE, make_grad_scaler
 
 
@@ -49,10 +50,13 @@ class AdapterOptimizer:
         self.backward(loss)
         return self.sync_and_step(step)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, piece: str | None = None) -> None:
         """Back-propagate `loss` (scaled) into the gradients, without stepping: the caller steps with
-        `sync_and_step` once nothing else can refuse the minibatch."""
+        `sync_and_step` once nothing else can refuse the minibatch. `piece`: the loss function that made
+        `loss`, refused (PieceError) when no gradient reached this adapter (`piece_checks.check_reaches_adapter`)."""
         self.scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
+        if piece is not None:
+            check_reaches_adapter(piece, loss, self.params, self.name)
 
     def sync_and_step(self, step: int) -> float:
         """Average gradients across processes, unscale them, clip their norm, step, check the new

@@ -6,7 +6,9 @@ trainer's tensors in place, must return what its contract says, and an error rai
     loss, stats = loss_and_stats("policy_loss_fn", out, wants_grad=logprobs.requires_grad)
 
 Every check reads what the tensors already carry (the in-place write counter `_version` torch keeps on each
-tensor, shape, dtype, device, `requires_grad`): no device sync and no extra pass, so they run on every call.
+tensor, shape, dtype, layout, device, `requires_grad`): no device sync and no extra pass, so they run on every call.
+The trainer hands each piece copies of its tensors (`pieces`), so an edit that bypasses `_version` (`.data`,
+`.numpy()`) reaches nothing of the trainer's; the `_version` check still names the usual in-place mistake.
 Finiteness stays with the run's NaN stop (`guards`). A piece is refused before any optimiser step uses
 what it returned, so a refusal leaves the weights as they were.
 """
@@ -14,6 +16,7 @@ what it returned, so a refusal leaves the weights as they were.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -42,14 +45,17 @@ def describe(value: Any) -> str:
     """What a piece returned, in words: type, and for a tensor its shape, dtype and gradient."""
     if isinstance(value, torch.Tensor):
         grad = "requires grad" if value.requires_grad else "no grad"
-        return f"a tensor of shape {tuple(value.shape)}, dtype {value.dtype}, {grad}"
+        layout = "" if value.layout == torch.strided else f"{str(value.layout).removeprefix('torch.')} "
+        return f"a {layout}tensor of shape {tuple(value.shape)}, dtype {value.dtype}, {grad}"
     if isinstance(value, (tuple, list)):
         inner = "; ".join(describe(item) for item in value[:3]) + ("; ..." if len(value) > 3 else "")
         return f"a {type(value).__name__} of {len(value)} ({inner})"
     if value is None:
         return "None"
+    if isinstance(value, int) and abs(value) >= 2**64:  # its digits would flood the message (or fail to print)
+        return f"an int of {value.bit_length()} bits"
     if isinstance(value, (int, float)):
-        return f"a {type(value).__name__} ({value!r})"
+        return f"{'an' if isinstance(value, int) else 'a'} {type(value).__name__} ({value!r})"
     return f"a {type(value).__name__}"
 
 
@@ -88,11 +94,12 @@ def call_piece(name: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor, expected: str) -> None:
-    """PieceError unless `tensor` is a floating tensor of `like`'s shape on its device."""
+    """PieceError unless `tensor` is a dense tensor of `like`'s shape and dtype on its device."""
     ok = (
         isinstance(tensor, torch.Tensor)
+        and tensor.layout == torch.strided  # a sparse result fails later, in another piece's name
         and tensor.shape == like.shape
-        and tensor.is_floating_point()
+        and tensor.dtype == like.dtype  # the run's precision: a bf16 result would round every later number
         and tensor.device == like.device
     )
     if not ok:
@@ -102,7 +109,10 @@ def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor, ex
 
 def tensor_pair(name: str, out: Any, names: tuple[str, str], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A piece's (a, b) result checked: two floating tensors of `like`'s shape (advantage_fn's contract)."""
-    expected = f"({names[0]}, {names[1]}): two floating tensors of shape {tuple(like.shape)} on {like.device}"
+    expected = (
+        f"({names[0]}, {names[1]}): two floating tensors of shape {tuple(like.shape)}, dtype {like.dtype}, "
+        f"on {like.device}"
+    )
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise PieceError(f"{name} must return {expected}; it returned {describe(out)}")
     for what, tensor in zip(names, out, strict=True):
@@ -113,12 +123,15 @@ def tensor_pair(name: str, out: Any, names: tuple[str, str], like: torch.Tensor)
 def rewards_result(name: str, out: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A shaping function's result checked: rewards, or (rewards, kl); returns (rewards, kl or None)."""
     if isinstance(out, torch.Tensor):
-        check_token_tensor(name, "rewards", out, like, f"floating rewards of shape {tuple(like.shape)}")
+        check_token_tensor(
+            name, "rewards", out, like, f"floating rewards of shape {tuple(like.shape)}, dtype {like.dtype}"
+        )
         return out, None
     if isinstance(out, (tuple, list)) and len(out) == 2:
         return tensor_pair(name, out, ("rewards", "kl"), like)
     raise PieceError(
-        f"{name} must return rewards, or (rewards, kl): floating tensors of shape {tuple(like.shape)}; "
+        f"{name} must return rewards, or (rewards, kl): floating tensors of shape {tuple(like.shape)}, dtype "
+        f"{like.dtype}; "
         f"it returned {describe(out)}"
     )
 
@@ -154,9 +167,35 @@ def loss_and_stats(name: str, out: Any, wants_grad: bool) -> tuple[torch.Tensor,
             "name -> number (or return the loss alone)"
         )
     for key, value in stats.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+        if not _is_stat(value):
             raise PieceError(
-                f"{name} returned the stat {key!r} as {describe(value)}; expected a number or a one-element tensor"
+                f"{name} returned the stat {key!r} as {describe(value)}; expected a finite real number or a "
+                "one-element real tensor (the trainer logs float() of it)"
             )
     return loss, stats
+
+
+def _is_stat(value: Any) -> bool:
+    """A number the trainer can log: a finite int/float (float() of 10**400 overflows), or a one-element real
+    tensor (read later with the other stats: its value is not checked here, which would sync the device)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.layout == torch.strided and not value.is_complex()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def check_reaches_adapter(name: str, loss: torch.Tensor, params: list[torch.Tensor], adapter: str) -> None:
+    """After `loss.backward()`: PieceError naming the piece when no parameter of the adapter got a gradient
+    (the loss is a fresh tensor that requires grad, say): its training would stop silently, logged as a zero
+    gradient norm. Run before any optimiser step; the gradients were None before the backward."""
+    if loss.requires_grad and params and all(param.grad is None for param in params):
+        inputs = "log-probs" if adapter == "policy" else "values"
+        raise PieceError(
+            f"{name} returned a loss whose backward() reached none of the {adapter} adapter's weights: its loss "
+            f"does not depend on the {adapter} adapter's weights. Build it from the {inputs} it is given (not "
+            "from a new tensor made with requires_grad=True)"
+        )

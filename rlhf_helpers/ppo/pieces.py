@@ -35,10 +35,15 @@ that is not one number or carries no gradient. The library's update checks both 
 either adapter steps; an `update_fn` steps where it likes, so when it fails, is refused, or never steps the
 policy on a gradient, its weights and optimiser states are put back (`update_watch`). Its rows log the
 gradient norm each optimiser stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip).
+Each piece works on copies of the trainer's tensors (the log-probs and values that carry the graph excepted), and
+`update_fn` on a copy of the batch and of the config, so no edit of theirs reaches the run's data; an `update_fn`
+that changes a frozen weight (the base, the reward model) is refused.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +52,7 @@ import torch
 from rlhf_helpers.core.kl import kl_estimate
 from rlhf_helpers.core.losses import policy_loss, value_loss
 from rlhf_helpers.ppo.guards import check_all_finite
-from rlhf_helpers.ppo.piece_checks import call_piece, loss_and_stats, rewards_result, tensor_pair
+from rlhf_helpers.ppo.piece_checks import PieceError, call_piece, describe, loss_and_stats, rewards_result, tensor_pair
 from rlhf_helpers.ppo.update_watch import UpdateWatch
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
@@ -75,22 +80,30 @@ def check_piece(name: str, fn: Any) -> None:
 
 
 def minibatch_losses(out: Any, name: str = "update_fn") -> list[tuple[float, float]]:
-    """An update function's result checked: a non-empty list of (policy loss, value loss) pairs of numbers."""
+    """An update function's result checked: a non-empty list of (policy loss, value loss) pairs of numbers
+    (PieceError naming it otherwise)."""
     try:
         pairs = [(float(policy), float(value)) for policy, value in out]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must return a list of (policy loss, value loss) pairs, one per minibatch, "
-                         f"got {type(out).__name__}") from None
+    except (TypeError, ValueError, OverflowError, RuntimeError) as error:  # float(10**400): OverflowError
+        raise PieceError(f"{name} must return a list of (policy loss, value loss) pairs of numbers, one per "
+                         f"minibatch; it returned {describe(out)} ({type(error).__name__}: {error})") from None
     if not pairs:
-        raise ValueError(f"{name} returned no losses: it must take at least one minibatch step")
+        raise PieceError(f"{name} returned no losses: it must take at least one minibatch step")
     return pairs
+
+
+def copied(value: Any) -> Any:
+    """A piece's own copy of a trainer's tensor (a clone: what it does to it, `.data` and `.numpy()` included,
+    reaches nothing of the trainer's); anything else as it is. The tensors are (B, T) at most: a few copies
+    per iteration."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                        mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A shaping function called and its result checked (`piece_checks`), as (rewards, kl): its own kl, or the
     k1 estimate when it returned rewards alone."""
-    out = call_piece("shape_rewards_fn", fn, scores, logprobs, ref_logprobs, mask, kl_coef)
+    out = call_piece("shape_rewards_fn", fn, *map(copied, (scores, logprobs, ref_logprobs, mask)), kl_coef)
     rewards, kl = rewards_result("shape_rewards_fn", out, like=logprobs)
     return rewards, kl_estimate(logprobs, ref_logprobs, "k1") * mask if kl is None else kl  # (B, T), (B, T)
 
@@ -98,7 +111,7 @@ def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch
 def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
                     lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """An advantage function called and its (advantages, returns) checked (`piece_checks`)."""
-    out = call_piece("advantage_fn", fn, rewards, values, mask, gamma, lam)
+    out = call_piece("advantage_fn", fn, *map(copied, (rewards, values, mask)), gamma, lam)
     return tensor_pair("advantage_fn", out, ("advantages", "returns"), like=rewards)
 
 
@@ -108,7 +121,8 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
     completed by the library loss's (measured without gradient on the same inputs) when it returned a bare loss
     or left some out."""
     inputs = (logprobs, old_logprobs, advantages, mask, clip_eps)
-    out = call_piece("policy_loss_fn", fn, *inputs)
+    # the log-probs carry the graph to the adapter: passed as they are (an in-place edit is refused by `_version`)
+    out = call_piece("policy_loss_fn", fn, logprobs, *map(copied, inputs[1:]))
     loss, stats = loss_and_stats("policy_loss_fn", out, wants_grad=logprobs.requires_grad)
     if POLICY_STATS <= stats.keys():
         return loss, dict(stats)
@@ -120,7 +134,7 @@ def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Ten
                     mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
     """A value loss function called and its result checked, as (loss, stats), as `call_policy_loss`."""
     inputs = (values, old_values, returns, mask, clip_range)
-    out = call_piece("value_loss_fn", fn, *inputs)
+    out = call_piece("value_loss_fn", fn, values, *map(copied, inputs[1:]))  # values: as the log-probs above
     loss, stats = loss_and_stats("value_loss_fn", out, wants_grad=values.requires_grad)
     if VALUE_STATS <= stats.keys():
         return loss, dict(stats)
@@ -155,10 +169,17 @@ def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any,
         recorded.append({key: float(value) for key, value in stats.items()})
         return loss
 
-    with UpdateWatch(policy_opt, value_opt) as watch:
-        out = call_piece("update_fn", update_fn, model, batch, policy_opt, value_opt, config, generator, loss_only)
+    # its own batch (tensors cloned) and config: what it changes there reaches neither the trainer's batch (the
+    # metrics, `last_batch`) nor its config (every later step)
+    fields = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
+    mine = dataclasses.replace(batch, **{key: copied(value) if isinstance(value, torch.Tensor) else copy.copy(value)
+                                         for key, value in fields.items()})
+    with UpdateWatch(policy_opt, value_opt, model) as watch:
+        out = call_piece("update_fn", update_fn, model, mine, policy_opt, value_opt, copy.deepcopy(config),
+                         generator, loss_only)
         losses = minibatch_losses(out)
         check_all_finite("update_fn's losses", torch.tensor(losses, dtype=torch.float64), step)
+        watch.check_frozen_unchanged()
         watch.check_policy_trained(step)
     stats = [{"policy_loss": policy, "value_loss": value} for policy, value in losses]
     if len(recorded) == len(stats):  # one policy loss per minibatch: its stats belong to the curves

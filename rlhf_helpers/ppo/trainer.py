@@ -241,13 +241,13 @@ class PPOTrainer:
                     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
                     check_all_finite("policy loss", loss.detach(), step)
                     if train_policy:
-                        self.policy_opt.backward(loss)
+                        self.policy_opt.backward(loss, piece="policy_loss_fn")  # refused if it misses the adapter
                     # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
                     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
                     v_loss, v_stats = call_value_loss(self.value_loss_fn, new_values, mb.values, mb.returns, mb.mask,
                                                       config.value_clip)
                     check_all_finite("value loss", v_loss.detach(), step)
-                    self.value_opt.backward(config.vf_coef * v_loss)
+                    self.value_opt.backward(config.vf_coef * v_loss, piece="value_loss_fn")
                 policy_norm = self.policy_opt.sync_and_step(step) if train_policy else 0.0
                 value_norm = self.value_opt.sync_and_step(step)
                 self.last_update_stats.append({

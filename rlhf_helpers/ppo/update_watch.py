@@ -24,11 +24,19 @@ from rlhf_helpers.ppo.piece_checks import PieceError
 class UpdateWatch:
     """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they update."""
 
-    def __init__(self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer, model: torch.nn.Module | None = None
+    ) -> None:
         self.optimizers = {"policy": policy_opt, "value": value_opt}
         self.params = {
             key: [p for group in opt.param_groups for p in group["params"]] for key, opt in self.optimizers.items()
         }
+        trained = {id(p) for params in self.params.values() for p in params}
+        #: the model's weights no optimiser updates (the base, the reward adapter and head), by name
+        self.frozen = [
+            (n, p) for n, p in (model.named_parameters() if model is not None else ()) if id(p) not in trained
+        ]
+        self._fingerprint: tuple[list[int], torch.Tensor | None] = ([], None)
         #: the 2-norm of the gradients at each step() that found some, as tensors (read once, at the end)
         self.norms: dict[str, list[torch.Tensor]] = {"policy": [], "value": []}
         self.steps = {"policy": 0, "value": 0}  #: step() calls, with or without a gradient
@@ -41,6 +49,7 @@ class UpdateWatch:
             self._saved[key] = [p.detach().clone() for p in self.params[key]]
             self._states[key] = copy.deepcopy(optimizer.state_dict())
             self._handles.append(optimizer.register_step_pre_hook(self._before_step(key)))
+        self._fingerprint = self._frozen_fingerprint()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
@@ -84,6 +93,42 @@ class UpdateWatch:
                 f"policy_opt.step() {self.steps['policy']} time(s), never with a gradient, so the run "
                 "would not train. On each minibatch call policy_opt.zero_grad(), loss.backward(), then "
                 "policy_opt.step()"
+            )
+
+    def _frozen_fingerprint(self) -> tuple[list[int], torch.Tensor | None]:
+        """The frozen weights' in-place write counters, and per tensor the float64 sum of its values and their
+        2-norm: `.data` and `.numpy()` writes bypass the counters, so the content is summed too. The cost is one
+        read of the frozen weights per update (no copy of them is kept); an edit that keeps both sums of a
+        tensor (a permutation of its values) goes unseen."""
+        if not self.frozen:
+            return [], None
+        with torch.no_grad():
+            sums = [
+                torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
+                for _, p in self.frozen
+            ]
+        return [p._version for _, p in self.frozen], torch.stack(sums)
+
+    def check_frozen_unchanged(self) -> None:
+        """PieceError naming update_fn when it changed a frozen weight: the reference policy and the reward
+        model would no longer be the ones the run started from. Such a change cannot be put back (no copy of
+        the base is kept); the adapters' weights are, when the error leaves the block."""
+        versions, sums = self._fingerprint
+        if sums is None:
+            return
+        now_versions, now_sums = self._frozen_fingerprint()
+        same = torch.isclose(sums, now_sums, rtol=0.0, atol=0.0, equal_nan=True).all(dim=1).tolist()  # exact
+        changed = [
+            name
+            for (name, _), before, after, kept in zip(self.frozen, versions, now_versions, same, strict=True)
+            if before != after or not kept
+        ]
+        if changed:
+            listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise PieceError(
+                f"update_fn changed frozen weights: {listed}. Only the policy and value adapters (the "
+                "optimisers' parameters) may change; the base and the reward model are shared by the reference "
+                "and the reward. The change cannot be undone here: rebuild the model before training again"
             )
 
     def grad_norms(self, key: str) -> list[float]:

@@ -1,0 +1,72 @@
+"""The run doctor verifies a run folder's checkpoints: a step-NNNNNN folder whose files no longer match their SHA-256
+in its manifest is an error naming the checkpoint, the files and the newest intact checkpoint; a checkpoint saved
+without a manifest (an older run) is a note at most. Fake checkpoints (bytes and a manifest) keep these fast."""
+
+from __future__ import annotations
+
+import json
+
+from test_diagnosis import FACTS, healthy
+
+from rlhf_helpers.ppo import diagnosis_checkpoints
+from rlhf_helpers.ppo.checkpoint_digest import required_files, write_manifest
+from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
+from rlhf_helpers.stages.diagnose import main
+
+POLICY = "adapters/policy/adapter_model.safetensors"
+
+
+def run_folder(tmp_path, steps=(1, 2)):
+    """A run folder: a healthy metrics.jsonl and one fake checkpoint per step, each with its manifest."""
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in healthy(3)))
+    for step in steps:
+        folder = tmp_path / f"step-{step:06d}"
+        for name in required_files():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(bytes(range(256)) * 40)  # 10 KiB, no zero run of 4 KiB
+        write_manifest(folder)
+    return tmp_path
+
+
+def zero_4_kib(path):
+    data = bytearray(path.read_bytes())
+    data[1024:5120] = bytes(4096)
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_with_4_kib_of_its_adapter_zeroed_is_an_error_naming_it(tmp_path, capsys):
+    run = run_folder(tmp_path)
+    zero_4_kib(run / "step-000002" / POLICY)
+    diagnosis = diagnose(run, facts=FACTS)
+    found = {f.rule: f for f in diagnosis.findings}["damaged_checkpoint"]
+    assert found.severity == "error" and found.steps == (2,)
+    assert str(run / "step-000002" / POLICY) in found.evidence and "SHA-256" in found.evidence
+    assert "newest intact checkpoint: step-000001" in found.evidence
+    assert main([str(run)]) == 0  # as for every other error finding: the run was read
+    assert "[error] damaged_checkpoint" in capsys.readouterr().out
+
+
+def test_intact_checkpoints_give_no_finding_and_a_metrics_file_reads_its_folder_s(tmp_path):
+    run = run_folder(tmp_path)
+    assert not diagnose(run, facts=FACTS).findings
+    zero_4_kib(run / "step-000001" / "heads.safetensors")
+    found = {f.rule: f for f in diagnose(run / "metrics.jsonl", facts=FACTS).findings}["damaged_checkpoint"]
+    assert found.steps == (1,) and "newest intact checkpoint: step-000002" in found.evidence
+
+
+def test_every_checkpoint_damaged_says_none_is_intact(tmp_path):
+    run = run_folder(tmp_path)
+    (run / "step-000001" / "heads.safetensors").unlink()
+    (run / "step-000002" / "manifest.json").write_text("{")
+    found = {f.rule: f for f in diagnose(run, facts=FACTS).findings}["damaged_checkpoint"]
+    assert found.steps == (1, 2) and "no intact checkpoint" in found.evidence
+    assert "heads.safetensors is missing" in found.evidence and "manifest.json is unreadable" in found.evidence
+
+
+def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkeypatch):
+    run = run_folder(tmp_path, steps=(1,))
+    (run / "step-000001" / "manifest.json").unlink()
+    monkeypatch.setattr(diagnosis_checkpoints, "verify_checkpoint", lambda folder: [])  # its files read back well
+    diagnosis = diagnose(run, facts=FACTS)
+    assert not diagnosis.findings
+    assert "step-000001 was saved without a manifest" in format_findings(diagnosis)
