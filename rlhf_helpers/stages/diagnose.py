@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         diagnosis = diagnose(args.run_dir)
         if diagnosis.steps == 0:
-            raise ValueError(f"{args.run_dir} holds no logged step: nothing to diagnose")
+            raise ValueError(f"{diagnosis.source_file or args.run_dir} holds no logged step: nothing to diagnose")
     except (ValueError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
