@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,44 @@ def test_the_digest_is_read_once_per_process_while_the_file_is_unchanged(tmp_pat
     write(path, gguf_bytes(fill=0.25))  # rewritten in place: same name and size, a new mtime
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # even where the clock is coarse
     assert gguf_sha256(path) == "digest-2" and len(reads) == 2
+
+
+def restore_times(path: Path, before: os.stat_result) -> None:
+    """Set `path`'s access and modification times back to `before`'s (as `cp -p` or a careful edit would), and
+    wait out the kernel's clock tick until its ctime, which no user can set, shows the change."""
+    for _ in range(200):
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        if os.stat(path).st_ctime_ns != before.st_ctime_ns:
+            return
+        time.sleep(0.005)
+    pytest.skip("this file system keeps no ctime")
+
+
+def test_a_same_size_rewrite_with_its_mtime_restored_is_read_again(tmp_path):
+    path = write(tmp_path / weights.GGUF_NAME, gguf_bytes())
+    first = gguf_sha256(path)
+    assert check_gguf_file(path) == path and first == weights.sha256_file(path)
+    before = os.stat(path)
+    path.write_bytes(b"x" * before.st_size)  # garbage of the same size, in place (the same inode)
+    restore_times(path, before)
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    assert gguf_sha256(path) == weights.sha256_file(path) != first
+    with pytest.raises(IncompleteGGUFFile, match=str(path)):
+        check_gguf_file(path)
+
+
+def test_another_file_of_the_same_size_and_mtime_moved_into_place_is_read_again(tmp_path):
+    path = write(tmp_path / weights.GGUF_NAME, gguf_bytes())
+    first = gguf_sha256(path)
+    assert check_gguf_file(path) == path
+    before = os.stat(path)
+    other = write(tmp_path / "other.gguf", b"y" * before.st_size)
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, path)
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    assert gguf_sha256(path) == weights.sha256_file(path) != first
+    with pytest.raises(IncompleteGGUFFile, match=str(path)):
+        check_gguf_file(path)
 
 
 @pytest.fixture

@@ -64,6 +64,40 @@ def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_points_to_is_unto
     assert (folder / name).is_symlink() and os.readlink(folder / name) == str(notes)  # and the link kept
 
 
+@pytest.mark.parametrize("take, name", [(take_run_lock, RUN_LOCK_FILE), (take_cache_lock, ".lock-reward-test")])
+def test_a_lock_file_that_is_a_hard_link_is_refused_and_the_other_name_keeps_its_bytes(tmp_path, take, name):
+    """O_NOFOLLOW stops symbolic links only: a second name of the user's file would get the lock record."""
+    notes, folder = users_file(tmp_path), tmp_path / "run"
+    folder.mkdir()
+    os.link(notes, folder / name)
+    with pytest.raises(LockFileUnusable) as refused:
+        take(folder)
+    message = str(refused.value)
+    assert str(folder / name) in message and "\n" not in message
+    assert "hard link" in words(refused.value, folder / name)
+    assert notes.read_text() == NOTES and os.stat(notes).st_nlink == 2  # not written, and both names kept
+
+
+def test_a_held_lock_whose_record_is_malformed_is_refused_naming_the_file_and_how_to_free_it(tmp_path):
+    """Another process holds the lock (flock on another open file) and its record's pid is no number."""
+    import fcntl
+    import json
+    import socket
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / RUN_LOCK_FILE
+    lock.write_text(json.dumps({"pid": "abc", "host": socket.gethostname()}))
+    with open(lock) as other:  # a second open file conflicts with ours as another process's would
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(FolderInUse) as refused:
+            hold_run_folder(folder)
+    message = words(refused.value, lock, folder)
+    assert str(lock) in str(refused.value) and "\n" not in message
+    assert "unreadable" in message and "remove" in message and "no run" in message
+    assert json.loads(lock.read_text())["pid"] == "abc"  # left as it is
+
+
 def test_a_dangling_link_is_refused_and_creates_nothing_where_it_points(tmp_path):
     folder, target = tmp_path / "run", tmp_path / "elsewhere" / "made-by-the-lock"
     folder.mkdir()

@@ -140,7 +140,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def _write_pointer(output_dir: Path, name: str) -> None:
     tmp = output_dir / f".{LATEST_FILE}.tmp-{os.getpid()}"
-    with open(tmp, "w") as handle:
+    tmp.unlink(missing_ok=True)  # O_EXCL: a link left at this name is never written through
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as handle:
         handle.write(name + "\n")
         handle.flush()
         os.fsync(handle.fileno())

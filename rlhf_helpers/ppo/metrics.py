@@ -5,18 +5,23 @@ run folder's metrics.jsonl / curves.html writers.
     fig = plot_curves(trainer.history, keys=("score", "hidden_score", "kl"))
 
 docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): formulas, healthy ranges,
-failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model.
+failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model. The writers never
+write through a link at the file's name (a run folder is a folder people use too).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.metric_docs import METRICS
+from rlhf_helpers.runtime.lock_files import file_kind
 
 #: metric name -> one line: what it is (derived from metric_docs.METRICS, which also holds each metric's
 #: formula, healthy range and failure modes; docs/metrics.md is generated from it).
@@ -87,18 +92,58 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
     return fig
 
 
-def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
-    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON)."""
+def write_replacing(path: Path, text: str) -> None:
+    """Write `text` as the whole of `path`: into a new file beside it, renamed over it. A link at `path` (a file of
+    someone's, linked into the run folder) is replaced by the rename, never written through."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    # O_EXCL: a name that exists, even as a dangling link, is never opened; 0o666 leaves the mode to the umask
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as JSON lines (NaN/inf become null so every line is valid JSON)."""
     def clean(value: Any) -> Any:
         return None if isinstance(value, float) and not math.isfinite(value) else value
 
-    with open(path, mode, encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: clean(v) for k, v in row.items()}) + "\n")
+    return "".join(json.dumps({k: clean(v) for k, v in row.items()}) + "\n" for row in rows)
+
+
+def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
+    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON): mode "w" writes
+    the file anew (`write_replacing`), "a" appends to a regular file of one name, never through a link (OSError
+    naming what is there: an append cannot replace the file, so a link is refused)."""
+    if mode == "w":
+        write_replacing(path, _jsonl(rows))
+        return
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:  # non-blocking: a named pipe with no reader must not hang the run
+        descriptor = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        descriptor, kind = None, "a symbolic link"
+    else:
+        kind = file_kind(os.fstat(descriptor))
+    if kind is not None:
+        if descriptor is not None:
+            os.close(descriptor)
+        raise OSError(f"{path} is {kind}, not a regular file of one name: the run never writes into it (the file a "
+                      "link names keeps its bytes); move it away")
+    if getattr(os, "O_NONBLOCK", 0):  # opened non-blocking only for the pipe case above
+        os.set_blocking(descriptor, True)
+    with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+        handle.write(_jsonl(rows))
         handle.flush()
 
 
 def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
-    """curves.html with plotly.js inlined (opens offline)."""
+    """curves.html with plotly.js inlined (opens offline), written by `write_replacing`."""
     if history:
-        plot_curves(history).write_html(str(path), include_plotlyjs=True)
+        write_replacing(path, plot_curves(history).to_html(include_plotlyjs=True))

@@ -1,6 +1,7 @@
 """Checks the training command runs before any work starts: each problem is one line and exit status 2.
 
     check_output_dir(Path("runs/ppo-tiny"))        # a writable folder, or SetupError saying why not
+    check_run_files(Path("runs/ppo-tiny"), ["run.json", "metrics.jsonl"])  # absent, or regular files of one name
     lock = lock_output_dir(Path("runs/ppo-tiny"))  # this run's alone, or SetupError naming the live one
     record = read_run_record(Path("runs/ppo-tiny"))  # run.json of a run to resume, validated
 
@@ -14,6 +15,8 @@ import errno
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +24,14 @@ from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP, LATEST_FILE, checkpoints, 
 from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE, checkpoint_problem, unverified
 from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
+from rlhf_helpers.runtime.interrupt import is_rank_zero
+from rlhf_helpers.runtime.lock_files import file_kind
 from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
 from rlhf_helpers.runtime.preflight import batch_memory_problem, device_problem, model_limits_problem
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
 EXIT_SETUP = 2
 RUN_FILE = "run.json"
-#: Where launchers put a process's global rank (torchrun/accelerate, MPICH, Open MPI, MVAPICH), as accelerate reads it.
-RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 
 
 class SetupError(SystemExit):
@@ -46,15 +49,16 @@ class SetupError(SystemExit):
 
 
 def _probe_write(folder: Path) -> None:
-    """Create, write, fsync and delete a small file in `folder` (what a checkpoint save will do)."""
-    probe = folder / f".write-probe-{os.getpid()}"
+    """Create, write, fsync and delete a small file in `folder` (what a checkpoint save will do). A new file of a
+    name no one chose: a link or file left at a guessable name is never written through."""
+    descriptor, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
     try:
-        with open(probe, "wb") as handle:
+        with open(descriptor, "wb") as handle:
             handle.write(b"\0" * 4096)  # one block: a full disk refuses it
             handle.flush()
             os.fsync(handle.fileno())
     finally:
-        probe.unlink(missing_ok=True)
+        Path(probe).unlink(missing_ok=True)
 
 
 def check_output_dir(output_dir: Path, flag_name: str = "--output-dir") -> None:
@@ -87,16 +91,29 @@ def check_output_dir(output_dir: Path, flag_name: str = "--output-dir") -> None:
         raise SetupError(f"{flag} is not writable ({reason}): choose a folder you can write to") from None
 
 
-def _is_rank_zero() -> bool:
-    """False in a process a launcher started with a global rank other than 0."""
-    return all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES)
+def check_run_files(output_dir: Path, names: Sequence[str]) -> None:
+    """SetupError when one of the files the run writes in `output_dir` (`names`) is there as anything but a regular
+    file of one name: a symbolic or hard link (the file it shares would be written), a folder, a pipe. Checked
+    before any model is built; what is there is left as it is."""
+    for name in names:
+        path = output_dir / name
+        try:
+            kind = file_kind(os.lstat(path))
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            raise SetupError(f"{path} cannot be checked ({error.strerror or error})") from None
+        if kind is not None:
+            raise SetupError(f"{path} is {kind}, not a regular file of one name: the run writes its {name} there and "
+                             "never writes through a link or into anything else; move it away, or choose another "
+                             "--output-dir")
 
 
 def lock_output_dir(output_dir: Path) -> FileLock | None:
     """Lock the run's folder for this process (`runtime.locks.hold_run_folder`; keep the returned lock
     while the run lasts), or SetupError naming the live run that holds it. Under a launcher only rank 0,
     the process that writes the folder, takes it; the others get None."""
-    if not _is_rank_zero():
+    if not is_rank_zero():
         return None
     try:
         return hold_run_folder(output_dir)
@@ -143,7 +160,7 @@ def check_resume_checkpoint(output_dir: Path) -> int:
     if problem is None:
         damage = checkpoint_problem(latest)  # nothing is loaded before its digests match
         if damage is None:
-            if unverified(latest) and _is_rank_zero():
+            if unverified(latest) and is_rank_zero():
                 print(f"note: {latest} has no {MANIFEST_FILE} (saved by an older version): its files could not be "
                       "verified against SHA-256 digests, only read back; resuming from it", file=sys.stderr)
             return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])

@@ -4,8 +4,9 @@
 
 A lock file sits in folders people use (a run's output folder, a cache folder several runs share), so
 it is never opened through a symbolic link, never opened at all when it is no regular file (a folder,
-a named pipe, a device), and never truncated on opening (another process may hold it). Whatever stops
-it raises LockFileUnusable, which names the path and what is there and leaves it as it is.
+a named pipe, a device), never written when it is a hard link (a second name of a file someone keeps),
+and never truncated on opening (another process may hold it). Whatever stops it raises LockFileUnusable,
+which names the path and what is there and leaves it as it is.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ class LockFileUnusable(FolderInUse):
         super().__init__(message, path, {})
 
 
-def _kind(mode: int) -> str | None:
-    """What a file of this st_mode is, in words, when it is not a regular file (None when it is)."""
+def file_kind(info: os.stat_result) -> str | None:
+    """What this file is, in words, when it is not a regular file with one name (None when it is): a hard link
+    shares its bytes with another name (O_NOFOLLOW does not stop it), so a lock record would overwrite them."""
+    mode = info.st_mode
+    if stat.S_ISREG(mode) and info.st_nlink > 1:
+        return "a hard link"
     kinds = (
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a folder"),
@@ -66,6 +71,13 @@ def not_a_file(path: Path, what: str, kind: str) -> LockFileUnusable:
             f"cannot lock {what}: its lock file {path} is a symbolic link{target}, which a lock "
             "never follows or writes through (what it points to is left as it is): remove the "
             "link, or choose another folder",
+            path,
+        )
+    if kind == "a hard link":
+        return LockFileUnusable(
+            f"cannot lock {what}: its lock file {path} is a hard link (the file has other names), which a lock "
+            "never writes through (the file keeps its bytes under every name): remove this name, or choose "
+            "another folder",
             path,
         )
     return LockFileUnusable(
@@ -105,11 +117,12 @@ def cannot_open(path: Path, what: str, error: OSError) -> LockFileUnusable:
 def open_lock_file(path: Path, what: str) -> Any:
     """The lock file at `path` opened for reading and writing (created with its folder if missing, never
     truncated), or LockFileUnusable. What is at the path is checked without following a link, then opened
-    with O_NOFOLLOW and checked again through the open descriptor (a swap in between is refused too)."""
+    with O_NOFOLLOW and checked again through the open descriptor (a swap in between, or a hard link made
+    meanwhile, is refused too): nothing is written into a file that is not a regular file of one name."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            kind = _kind(os.lstat(path).st_mode)
+            kind = file_kind(os.lstat(path))
         except FileNotFoundError:
             kind = None
         if kind is not None:  # never opened: opening a pipe or a device may block or act
@@ -119,7 +132,7 @@ def open_lock_file(path: Path, what: str) -> Any:
         raise
     except OSError as error:
         raise cannot_open(path, what, error) from None
-    kind = _kind(os.fstat(descriptor).st_mode)
+    kind = file_kind(os.fstat(descriptor))
     if kind is not None:
         os.close(descriptor)
         raise not_a_file(path, what, kind)

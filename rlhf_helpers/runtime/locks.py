@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.runtime.lock_files import FolderInUse, LockFileUnusable, cannot_open, open_lock_file
+from rlhf_helpers.runtime.lock_files import FolderInUse, LockFileUnusable, cannot_open, not_a_file, open_lock_file
 
 try:  # POSIX only: elsewhere the lock records its holder but cannot exclude anyone
     import fcntl
@@ -64,11 +64,28 @@ class _Held:
 _HELD: dict[tuple[int, int], _Held] = {}
 
 
+def _unreadable(holder: dict[str, Any]) -> bool:
+    """Whether a record names a holder whose pid is no process id (written by hand, or by something else)."""
+    pid = holder.get("pid")
+    return bool(pid) and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 0)
+
+
 def describe_holder(holder: dict[str, Any]) -> str:
-    """'pid 4711 on host ada since 2026-11-26 05:40:12', or 'a process that has not written its pid yet'."""
+    """'pid 4711 on host ada since 2026-11-26 05:40:12', 'a process that has not written its pid yet', or
+    'an unknown process' (its record's pid is no process id)."""
     if not holder.get("pid"):
         return "a process that has not written its pid yet"
+    if _unreadable(holder):
+        return "an unknown process"
     return f"pid {holder['pid']} on host {holder.get('host', '?')} since {holder.get('since', '?')}"
+
+
+def unreadable_advice(holder: dict[str, Any], path: Path, folder: str) -> str:
+    """For a held lock whose record is unreadable: what that means and how to free `folder` ('' otherwise)."""
+    if not _unreadable(holder):
+        return ""
+    return (f"; the lock file's record ({json.dumps(holder, default=str)[:120]}) is unreadable, so the holder is "
+            f"unknown: if no run uses {folder}, remove {path} and start again")
 
 
 def _read_holder(handle: Any) -> dict[str, Any]:
@@ -94,9 +111,9 @@ def pid_is_alive(pid: int) -> bool:
 
 def _may_be_alive(holder: dict[str, Any]) -> bool:
     """False for a record of a process on this host that no longer exists."""
-    if not holder.get("pid") or holder.get("host") != socket.gethostname():
-        return bool(holder.get("pid"))
-    return pid_is_alive(int(holder["pid"]))
+    if not holder.get("pid") or _unreadable(holder) or holder.get("host") != socket.gethostname():
+        return bool(holder.get("pid"))  # an unreadable record: held by a process this one cannot check
+    return pid_is_alive(holder["pid"])
 
 
 def _file_key(path: Path) -> tuple[int, int] | None:
@@ -155,8 +172,8 @@ class FileLock:
                 holder = self._holder_of_a_held_lock(handle)
                 if not wait:
                     handle.close()
-                    raise FolderInUse(f"{self.what} is in use by {describe_holder(holder)} (lock file {self.path})",
-                                      self.path, holder) from None
+                    raise FolderInUse(f"{self.what} is in use by {describe_holder(holder)} (lock file {self.path})"
+                                      f"{unreadable_advice(holder, self.path, self.what)}", self.path, holder) from None
                 if on_wait is not None:
                     on_wait(holder)
                     on_wait = None
@@ -171,6 +188,9 @@ class FileLock:
         if fcntl is not None and stale.get("pid"):
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
+        if os.fstat(handle.fileno()).st_nlink > 1:  # a hard link made since it was opened: never written through
+            _close(handle)
+            raise not_a_file(self.path, self.what, "a hard link")
         try:
             handle.seek(0)
             handle.truncate()
@@ -240,7 +260,8 @@ def hold_run_folder(folder: str | Path) -> FileLock:
     except LockFileUnusable:
         raise  # not in use: its message says what is at the path
     except FolderInUse as error:
+        advice = unreadable_advice(error.holder, error.path, str(folder))
         raise FolderInUse(f"{folder} is in use by another run: {describe_holder(error.holder)} holds its lock "
-                          f"({error.path}). Wait for that run to end or stop it (a notebook's trainer holds it "
-                          "until `trainer.close()` or a kernel restart), or choose another output folder",
+                          f"({error.path}){advice}. Wait for that run to end or stop it (a notebook's trainer holds "
+                          "it until `trainer.close()` or a kernel restart), or choose another output folder",
                           error.path, error.holder) from None

@@ -179,20 +179,26 @@ def _gguf_problem(data: bytes | mmap.mmap, size: int) -> str | None:
     return None
 
 
+#: What the per-process caches of a file's check and digest are keyed on (see `_identity`).
+Identity = tuple[str, int, int, int, int, int]
+
+
 @functools.lru_cache(maxsize=8)
-def _checked(path: str, size: int, mtime_ns: int) -> str | None:
-    """`_gguf_problem` of the file at `path` as of this size and time (a file is parsed once per process)."""
+def _checked(path: str, size: int, *when: int) -> str | None:
+    """`_gguf_problem` of the file at `path` as of this size and identity (a file is parsed once per process)."""
     if size == 0:
         return "it is empty"
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         return _gguf_problem(data, size)
 
 
-def _identity(path: str | Path) -> tuple[str, int, int]:
-    """(resolved path, size, mtime_ns): what the per-process caches of a file's check and digest are keyed on."""
+def _identity(path: str | Path) -> Identity:
+    """(resolved path, size, mtime_ns, inode, device, ctime_ns): what the per-process caches of a file's check and
+    digest are keyed on. Size and mtime alone miss a same-size rewrite whose mtime was set back (os.utime, cp -p)
+    or another file moved into place; its inode or its ctime (which no user can set) changes then."""
     resolved = Path(path).resolve()
     info = resolved.stat()
-    return str(resolved), info.st_size, info.st_mtime_ns
+    return str(resolved), info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev, info.st_ctime_ns
 
 
 def check_gguf_file(path: str | Path) -> Path:
@@ -205,12 +211,13 @@ def check_gguf_file(path: str | Path) -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def _sha256(path: str, size: int, *when: int) -> str:
     return sha256_file(path)
 
 
 def gguf_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of the file at `path`, read in blocks once per process while its size and mtime stay."""
+    """Hex SHA-256 of the file at `path`, read in blocks once per process while the file stays the same
+    (its size, times, inode and device: `_identity`)."""
     return _sha256(*_identity(path))
 
 

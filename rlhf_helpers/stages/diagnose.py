@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.diagnosis import DIAGNOSIS_FILE, SEVERITIES, Diagnosis, diagnose, format_findings
+from rlhf_helpers.ppo.metrics import write_replacing
 
 PROG = "python -m rlhf_helpers.stages.diagnose"
 
@@ -31,9 +32,7 @@ PROG = "python -m rlhf_helpers.stages.diagnose"
 def write_diagnosis(diagnosis: Diagnosis, output_dir: Path) -> Path:
     """diagnosis.json in `output_dir`, written to a temporary name and renamed (never half written)."""
     path = output_dir / DIAGNOSIS_FILE
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(diagnosis.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    write_replacing(path, json.dumps(diagnosis.to_json(), indent=2, allow_nan=False) + "\n")  # never through a link
     return path
 
 

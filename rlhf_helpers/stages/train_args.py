@@ -20,13 +20,12 @@ from rlhf_helpers.ppo.run_folder import SetupError
 from rlhf_helpers.ppo.tracking import REPORT_TO
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, join_negative_values
 from rlhf_helpers.runtime.config_limits import PPO_LIMITS, allowed
+from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_NAMES
 from rlhf_helpers.stages.resume import ALIASES, RESUMABLE
 
 PROG = "python -m rlhf_helpers.stages.train_ppo"
-#: Exit status of a run ended by Ctrl-C (SIGINT): 128 + 2, as a shell reports a process the signal ended.
-EXIT_INTERRUPTED = 130
 
 #: the command line's own defaults where they differ from the profile's
 CLI_DEFAULTS = {"save_every": 10}

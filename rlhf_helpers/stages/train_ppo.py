@@ -38,9 +38,10 @@ model or the PPO model is built: an --output-dir that is a file, lies under one,
 full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
 run can use, a device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed
 the memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on
---resume, a value warm-up as long as the run, --reward-train-pairs with --reward-dir; and, found later, a lock
-another process holds or that cannot be taken, a checkpoint whose files do not match their digests, a GGUF file
-cut short; see ppo/run_folder.py and runtime/preflight.py);
+--resume, a run file (run.json, metrics.jsonl...) that is a link or a folder, a value warm-up as long as the
+run, --reward-train-pairs with --reward-dir; and, found later, a lock another process holds or that cannot be
+taken, a checkpoint whose files do not match their digests, a GGUF file cut short; see ppo/run_folder.py and
+runtime/preflight.py);
 3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
 message; the last good checkpoint stays as it was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json
 could not be written (a full disk is named as such; the previous checkpoint stays as it was, and metrics.jsonl
@@ -50,9 +51,14 @@ command that resumes from it (or saying none was saved yet).
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - run as a command, Ctrl-C is one line from here on, so the imports below (seconds) come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt()
+
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -74,14 +80,14 @@ from rlhf_helpers.ppo.checkpoint import (
 )
 from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
-from rlhf_helpers.ppo.metrics import append_jsonl, write_curves
+from rlhf_helpers.ppo.metrics import append_jsonl, write_curves, write_replacing
 from rlhf_helpers.ppo.run_folder import (
     EXIT_SETUP,
-    RANK_VARIABLES,
     RUN_FILE,
     SetupError,
     check_output_dir,
     check_resume_checkpoint,
+    check_run_files,
     check_run_fits,
     lock_output_dir,
     read_prompts,
@@ -91,6 +97,7 @@ from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerat
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import given_field_values
+from rlhf_helpers.runtime.interrupt import is_rank_zero, restore_interrupt
 from rlhf_helpers.runtime.locks import FolderInUse
 from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -173,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None, given: dict[str, Any],
                    output_dir: Path, folder_lock: Any) -> dict[str, Any]:
     """The run once its folder is locked: the checks that read the folder, the models, the training, the files."""
+    check_run_files(output_dir, (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE))  # no links
     if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
@@ -248,7 +256,7 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         output_dir.mkdir(parents=True, exist_ok=True)
         # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
         append_jsonl(metrics_path, trainer.history, mode="w")
-        (output_dir / RUN_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        write_replacing(output_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
     start_tracking(accelerator, args.report_to, output_dir, record)
 
     def log(metrics: dict[str, float]) -> None:
@@ -310,6 +318,7 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        restore_interrupt()  # Ctrl-C raises KeyboardInterrupt again: handled below, naming the checkpoint
         summary = run(parse_args(argv))
     except SetupError as error:  # one line, as argparse prints its usage errors
         # every process prints it: under a launcher the first to exit has the others ended (SIGTERM)
@@ -321,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Interrupted, KeyboardInterrupt) as stop:  # Ctrl-C: one line (rank 0's), exit 130
         if not isinstance(stop, Interrupted):  # before the output folder was chosen
             stop = Interrupted(interrupted_line(None, None))
-        if all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES):
+        if is_rank_zero():
             print(stop.message, file=sys.stderr, flush=True)
         raise stop from None
     accelerator = summary.pop("accelerator")
