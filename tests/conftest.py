@@ -131,6 +131,31 @@ SHIPPED_WITH_SOLUTIONS = ("test_trains_with_every_worked_solution_as_shipped",
                           {"05_full_ppo": 3.5, "08_ppo_capstone": 7.5})
 
 
+#: the tiny profile, smaller still: the in-process training command's set-up checks (`quick_cli`)
+TINY_CLI = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1, "n_eval_prompts": 8}
+
+
+@pytest.fixture
+def quick_cli(tmp_path, monkeypatch):
+    """In-process `main()` of the training command with TINY_CLI settings and no reward-model training; the model
+    build is made to fail loudly, so a check that comes too late (after the build) shows up as that failure instead
+    of its own message. Returns the test's folder."""
+    import json
+
+    from rlhf_helpers.stages import train_ppo
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY_CLI))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before the set-up error was found")
+
+    monkeypatch.setattr(train_ppo, "build_shared_model", no_build)
+    return tmp_path
+
+
 def _notebook_rank(item: pytest.Item) -> tuple[int, float]:
     """(0 for a run as shipped, 1 for a solutions run; the notebook's place in NOTEBOOK_ORDER)."""
     stem = item.name.partition("[")[2].rstrip("]")

@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from conftest import TINY_CLI as TINY
 
 from rlhf_helpers.runtime.config_fields import flag_name
 from rlhf_helpers.runtime.config_limits import PPO_LIMITS, PROFILE_LIMITS, Limit, allowed, limit_problem
@@ -18,26 +19,7 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages import train_ppo
 
-TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1, "n_eval_prompts": 8}
 PROG = "python -m rlhf_helpers.stages.train_ppo"
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch):
-    """In-process `main()` on tiny settings with no reward-model training; building the model fails the test, so
-    a refusal that comes after the build shows up as that failure instead of its one line."""
-    import torch
-
-    torch.set_num_threads(1)
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
-    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the model was built before the set-up error was found")
-
-    monkeypatch.setattr(train_ppo, "build_shared_model", no_build)
-    return tmp_path
 
 
 def refusal(argv: list[str], capsys, code: int = 2) -> str:
@@ -77,11 +59,11 @@ def test_the_tables_cover_every_float_and_int_setting():
 
 
 @pytest.mark.parametrize("field, flag", FLOAT_FLAGS)
-def test_every_float_flag_refuses_values_float32_cannot_hold(cli, capsys, field, flag):
+def test_every_float_flag_refuses_values_float32_cannot_hold(quick_cli, capsys, field, flag):
     """Before: 1e308 passed "finite and > 0" and crashed in torch.clamp after the model was built (clip-eps,
     value-clip, score-clip), or ran to a NaN stop, or was 0 in float32 (1e-320) without a word."""
     for value in EXTREMES:
-        line = refusal([flag, value, "--output-dir", str(cli / "ppo")], capsys)
+        line = refusal([flag, value, "--output-dir", str(quick_cli / "ppo")], capsys)
         assert line.startswith(f"{PROG}: error: {flag} must be"), (value, line)
     # the edges of the range pass the validation (the build then stops the run)
     limit = PPO_LIMITS[field]
@@ -91,42 +73,42 @@ def test_every_float_flag_refuses_values_float32_cannot_hold(cli, capsys, field,
 
 
 @pytest.mark.parametrize("field, flag", INT_FLAGS)
-def test_every_int_flag_refuses_huge_and_non_int_values(cli, capsys, field, flag):
+def test_every_int_flag_refuses_huge_and_non_int_values(quick_cli, capsys, field, flag):
     """Before: --steps or --ppo-epochs 10**30 ran forever, --lora-alpha 10**30 ran to a NaN stop."""
     for value in [str(10**30), str(2**63), "1e308", "-1e308", "1e-320"]:
-        line = refusal([flag, value, "--output-dir", str(cli / "ppo")], capsys)
+        line = refusal([flag, value, "--output-dir", str(quick_cli / "ppo")], capsys)
         assert flag in line, (value, line)
 
 
-def test_the_range_is_in_the_message_with_its_reason(cli, capsys):
-    line = refusal(["--clip-eps", "1e308", "--output-dir", str(cli / "ppo")], capsys)
+def test_the_range_is_in_the_message_with_its_reason(quick_cli, capsys):
+    line = refusal(["--clip-eps", "1e308", "--output-dir", str(quick_cli / "ppo")], capsys)
     assert line == (f"{PROG}: error: --clip-eps must be in [1e-6, 1e9], got 1e+308: float32 cannot tell 1 +- 6e-8 "
                     "from 1, and the ratio never exceeds e^20 ~ 4.9e8 (the loss's log-ratio bound), so 1e9 already "
                     "never clips")
-    line = refusal(["--missing-eos-penalty=-1e12", "--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--missing-eos-penalty=-1e12", "--output-dir", str(quick_cli / "ppo")], capsys)
     assert ("--missing-eos-penalty must be None, 0 or of magnitude in [1e-6, 1e9] (either sign), got "
             "-1000000000000.0: it is of the size of the rewards") in line
-    line = refusal(["--steps", str(10**30), "--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--steps", str(10**30), "--output-dir", str(quick_cli / "ppo")], capsys)
     assert f"--total-steps/--steps must be <= 10^9, got {10**30}" in line
     assert allowed(Limit(1e-6, 1e3, "", zero=True)) == "0 or in [1e-6, 1000]"
 
 
-def test_a_profile_setting_float32_cannot_hold_is_refused(cli, capsys, monkeypatch):
+def test_a_profile_setting_float32_cannot_hold_is_refused(quick_cli, capsys, monkeypatch):
     """The overrides reach the reward and SFT trainings: reward_lr 1e308 was handed to TRL."""
     with pytest.raises(ValueError, match=r"reward_lr must be in \[1e-9, 10\], got 1e\+308"):
         get_profile("tiny", reward_lr=1e308)
     with pytest.raises(ValueError, match=r"compare_batches must be <= 10\^9"):
         get_profile("tiny", compare_batches=10**30)
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, "sft_epochs": 1e-320}))
-    line = refusal(["--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--output-dir", str(quick_cli / "ppo")], capsys)
     assert "$RLHF_PROFILE_OVERRIDES: sft_epochs must be in [1e-6, 1e4], got 1e-320" in line
 
 
 @pytest.mark.parametrize("name", ["clip_eps", "missing_eos_penalty", "reward_lr"])
-def test_an_int_too_big_for_a_float_is_refused_not_an_overflow(cli, capsys, monkeypatch, name):
+def test_an_int_too_big_for_a_float_is_refused_not_an_overflow(quick_cli, capsys, monkeypatch, name):
     """A 400-digit number in the overrides (JSON reads it as an int): before, OverflowError from math.isfinite."""
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY)[:-1] + f', "{name}": -{10**400}}}')
-    line = refusal(["--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--output-dir", str(quick_cli / "ppo")], capsys)
     assert f"$RLHF_PROFILE_OVERRIDES: {name} must be" in line and f"got -{10**400}" in line
 
 
@@ -139,10 +121,11 @@ def test_a_negative_number_may_follow_its_flag(argv):
     assert train_ppo.parse_args([*argv, "--clip-eps", "0.1"]).missing_eos_penalty == -1000.0
 
 
-def test_a_negative_non_finite_number_reaches_the_config_check(cli, capsys):
-    line = refusal(["--kl-coef", "-inf", "--output-dir", str(cli / "ppo")], capsys)
+def test_a_negative_non_finite_number_reaches_the_config_check(quick_cli, capsys):
+    line = refusal(["--kl-coef", "-inf", "--output-dir", str(quick_cli / "ppo")], capsys)
     assert line.endswith("error: --kl-coef must be a finite number >= 0, got -inf")
-    line = refusal(["--seed", "-1e3", "--output-dir", str(cli / "ppo")], capsys)  # an int flag: argparse's own line
+    # an int flag: argparse's own line
+    line = refusal(["--seed", "-1e3", "--output-dir", str(quick_cli / "ppo")], capsys)
     assert line.endswith("argument --seed: invalid int value: '-1e3'")
 
 
@@ -160,9 +143,9 @@ def test_joining_leaves_options_and_words_that_are_no_numbers_alone():
 
 # ---------------------------------------------------------------- flags that cannot go together
 @pytest.mark.parametrize("argv", [["--value-warmup-steps", "2"], ["--value-warmup-steps", "9"]])
-def test_a_value_warm_up_as_long_as_the_run_is_refused(cli, capsys, argv):
+def test_a_value_warm_up_as_long_as_the_run_is_refused(quick_cli, capsys, argv):
     """Before: the run ended with exit 0 and a policy that never trained."""
-    out = cli / "ppo"
+    out = quick_cli / "ppo"
     line = refusal([*argv, "--output-dir", str(out)], capsys)
     assert f"error: --value-warmup-steps {argv[1]} is not below --steps 2: the first {argv[1]} iterations train " \
            "only the critic, so the policy would never train" in line
@@ -185,23 +168,23 @@ def recorded(folder: Path, **ppo: int) -> Path:
     return folder
 
 
-def test_a_resume_whose_warm_up_outlasts_the_new_total_is_refused(cli, capsys):
-    out = recorded(cli / "ppo", value_warmup_steps=4, total_steps=5)
+def test_a_resume_whose_warm_up_outlasts_the_new_total_is_refused(quick_cli, capsys):
+    out = recorded(quick_cli / "ppo", value_warmup_steps=4, total_steps=5)
     line = refusal(["--resume", "--steps", "3", "--output-dir", str(out)], capsys)
     assert "--resume: --value-warmup-steps 4 (the run's, run.json) is not below --steps 3" in line
     line = refusal(["--resume", "--steps", "6", "--output-dir", str(out)], capsys)
     assert "--value-warmup-steps" not in line and "step-000001" in line  # past the warm-up: the checkpoint's check
 
 
-def test_reward_train_pairs_with_a_reward_dir_is_refused(cli, capsys):
+def test_reward_train_pairs_with_a_reward_dir_is_refused(quick_cli, capsys):
     """Before: the pairs were ignored without a word when a reward folder was given."""
-    line = refusal(["--reward-dir", str(cli / "reward"), "--reward-train-pairs", "64",
-                    "--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--reward-dir", str(quick_cli / "reward"), "--reward-train-pairs", "64",
+                    "--output-dir", str(quick_cli / "ppo")], capsys)
     assert line == (f"{PROG}: error: --reward-train-pairs 64 applies only when the reward model is trained here, "
-                    f"and --reward-dir {cli / 'reward'} uses one already trained: leave one of them out")
+                    f"and --reward-dir {quick_cli / 'reward'} uses one already trained: leave one of them out")
     # a resume may repeat what its run.json recorded (the checkpoint holds the reward model)
-    out = recorded(cli / "resumed")
-    line = refusal(["--resume", "--reward-dir", str(cli / "reward-a"), "--reward-train-pairs", "64",
+    out = recorded(quick_cli / "resumed")
+    line = refusal(["--resume", "--reward-dir", str(quick_cli / "reward-a"), "--reward-train-pairs", "64",
                     "--output-dir", str(out)], capsys)
     assert "applies only" not in line and "step-000001" in line
 
@@ -235,7 +218,7 @@ def _gguf():
 
 
 @pytest.mark.parametrize("make_error", [_lock_error, _damaged_checkpoint, _unusable_lock, _gguf])
-def test_lock_checkpoint_and_weights_errors_during_the_run_are_one_line(cli, capsys, monkeypatch, make_error):
+def test_lock_checkpoint_and_weights_errors_during_the_run_are_one_line(quick_cli, capsys, monkeypatch, make_error):
     """Raised past the flag checks (a cache lock, a checkpoint changed after its check): before, a traceback."""
     error = make_error()
 
@@ -243,17 +226,17 @@ def test_lock_checkpoint_and_weights_errors_during_the_run_are_one_line(cli, cap
         raise error
 
     monkeypatch.setattr(train_ppo, "ensure_sft_model", fail)
-    line = refusal(["--output-dir", str(cli / "ppo")], capsys)
+    line = refusal(["--output-dir", str(quick_cli / "ppo")], capsys)
     assert line == f"{PROG}: error: {' '.join(str(error).splitlines())}"
 
 
 # ---------------------------------------------------------------- Ctrl-C
-def test_ctrl_c_before_training_is_one_line_and_exit_130(cli, capsys, monkeypatch):
+def test_ctrl_c_before_training_is_one_line_and_exit_130(quick_cli, capsys, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train_ppo, "ensure_sft_model", interrupt)
-    out = cli / "ppo"
+    out = quick_cli / "ppo"
     line = refusal(["--output-dir", str(out)], capsys, code=130)
     assert line == (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {out} yet, so there is nothing to resume; "
                     "run the same command again to start over")

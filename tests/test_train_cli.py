@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY_CLI as TINY
 
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages import train_ppo as train
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1,
-        "n_eval_prompts": 8}
 
 
 def run_cli(args: list[str], runs: Path, overrides: dict | None = TINY) -> subprocess.CompletedProcess:
@@ -164,26 +163,6 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
 
 
 # ---------------------------------------------------------------- set-up errors: exit 2, one line, no model
-@pytest.fixture
-def quick_cli(tmp_path, monkeypatch):
-    """In-process `main()` with tiny settings; the model build is made to fail loudly, so a check
-    that comes too late (after the build) shows up as that failure instead of its own message."""
-    import torch
-
-    from rlhf_helpers.stages import train_ppo
-
-    torch.set_num_threads(1)
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
-    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the model was built before the set-up error was found")
-
-    monkeypatch.setattr(train_ppo, "build_shared_model", no_build)
-    return tmp_path
-
-
 def setup_error(argv: list[str], capsys) -> str:
     """The one stderr line of a refused set-up (exit status 2)."""
     from rlhf_helpers.stages import train_ppo as train
