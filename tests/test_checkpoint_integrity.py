@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def test_zeroed_bytes_in_the_policy_adapter_are_refused_naming_the_file_and_the_
 
 
 @pytest.mark.parametrize("damage", ["missing optimiser state", "missing adapter", "missing manifest",
-                                    "garbled manifest", "manifest lists a path outside"])
+                                    "garbled manifest", "manifest lists a path outside", "manifest is a pipe",
+                                    "manifest nested past json's depth", "manifest links to an endless file",
+                                    "manifest too large"])
 def test_a_missing_file_or_a_bad_manifest_is_refused_naming_it(run_dir, damage):
     folder = run_dir / "step-000002"
     manifest = folder / MANIFEST_FILE
@@ -113,6 +116,20 @@ def test_a_missing_file_or_a_bad_manifest_is_refused_naming_it(run_dir, damage):
         named = manifest
     elif damage == "garbled manifest":
         manifest.write_text(manifest.read_text()[:40])
+        named = manifest
+    elif damage == "manifest is a pipe":  # opening it would wait for a writer that never comes
+        manifest.unlink()
+        os.mkfifo(manifest)
+        named = manifest
+    elif damage == "manifest nested past json's depth":  # RecursionError in json, not a ValueError
+        manifest.write_text("[" * 200_000 + "]" * 200_000)
+        named = manifest
+    elif damage == "manifest links to an endless file":  # read to the end, it would fill the memory
+        manifest.unlink()
+        manifest.symlink_to("/dev/zero")
+        named = manifest
+    elif damage == "manifest too large":
+        manifest.write_text(" " * (checkpoint_digest.MAX_MANIFEST_BYTES + 1) + "{}")
         named = manifest
     else:
         record = json.loads(manifest.read_text())

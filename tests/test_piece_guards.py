@@ -347,10 +347,22 @@ def test_an_update_loop_that_changes_frozen_weights_is_refused(make_trainer, thr
     refused(make_trainer(update_fn=edits_the_base), r"update_fn changed frozen weights: \S*wte")
 
 
-def test_update_fn_losses_that_are_no_float_name_update_fn(make_trainer):
+def test_an_update_loop_that_changes_frozen_weights_and_then_fails_says_both(make_trainer):
+    def edits_the_base_then_fails(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+        with torch.no_grad():
+            next(p for name, p in model.named_parameters() if "wte" in name).add_(0.01)
+        raise RuntimeError("oops")
+
+    refused(make_trainer(update_fn=edits_the_base_then_fails),
+            r"update_fn raised RuntimeError: oops; and update_fn changed frozen weights: \S*wte")
+
+
+@pytest.mark.parametrize("losses", [[(10**400, 0)], [(True, False)]], ids=["huge", "booleans"])
+def test_update_fn_losses_that_are_no_float_name_update_fn(make_trainer, losses):
     refused(
-        make_trainer(update_fn=steps_then([(10**400, 0)])),
-        r"update_fn must return a list of \(policy loss, value loss\) pairs of numbers.*an int of 1329 bits.*Overflow",
+        make_trainer(update_fn=steps_then(losses)),
+        r"update_fn must return a list of \(policy loss, value loss\) pairs of numbers.*(an int of 1329 bits.*"
+        r"Overflow|not a boolean)",
     )
 
 
@@ -404,3 +416,33 @@ def test_a_loss_that_never_reaches_its_adapter_is_refused(make_trainer, pieces, 
     refused(make_trainer(**pieces), message)
     # the entropy term reaches the policy adapter: the total loss trains it, so the run goes on
     make_trainer(entropy_coef=0.01, policy_loss_fn=lambda *args: torch.ones((), requires_grad=True)).step()
+
+
+@pytest.mark.parametrize("retain", [False, True], ids=["backward", "backward_retaining_the_graph"])
+def test_a_loss_piece_that_runs_backward_itself_is_refused(make_trainer, retain):
+    """Retaining the graph, the trainer's own backward would double the gradient; without, it would fail on a freed
+    graph with an error that names no piece."""
+    def backs_itself(*args):
+        loss, stats = policy_loss(*args)
+        loss.backward(retain_graph=retain)
+        return loss, stats
+
+    refused(make_trainer(policy_loss_fn=backs_itself), "policy_loss_fn ran backward\\(\\) itself")
+
+
+def test_the_logged_stats_are_measured_on_the_log_probs_as_they_came(make_trainer):
+    """A piece that edits its log-probs through .data (which `_version` misses) changes its own loss only: the
+    stats the trainer measures for the curves read a copy taken before the call."""
+    def bare_loss(*args):
+        return policy_loss(*args)[0]
+
+    def bare_loss_then_edits(logprobs, *rest):
+        loss = policy_loss(logprobs, *rest)[0]
+        logprobs.data.fill_(0.0)
+        return loss
+
+    plain, edited = make_trainer(policy_loss_fn=bare_loss), make_trainer(policy_loss_fn=bare_loss_then_edits)
+    plain.step()
+    edited.step()
+    for key in ("approx_kl", "clipfrac", "first_ratio"):  # same seed, same loss, same weights: equal
+        assert plain.history[0][key] == edited.history[0][key], key

@@ -12,9 +12,9 @@ import os
 import numpy as np
 import pytest
 
-# test_train_cli's quick_cli fixture (tiny overrides, runs folder in tmp_path, untrained reward adapter, one torch
-# thread, a model build that fails): imported so pytest finds it here, requested by name
-from test_train_cli import quick_cli, read_metrics, setup_error  # noqa: F401
+# the quick_cli fixture (conftest: tiny overrides, runs folder in tmp_path, untrained reward adapter, one torch
+# thread, a model build that fails) is requested by name
+from test_train_cli import read_metrics, setup_error
 
 from rlhf_helpers.ppo import tracking
 from rlhf_helpers.ppo.metric_docs import METRICS

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,6 +35,8 @@ from rlhf_helpers.runtime.artifacts import sha256_file
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1
+#: a manifest lists a checkpoint's few files (~100 bytes each): anything larger is not one of ours
+MAX_MANIFEST_BYTES = 1 << 20
 #: The trainer state's key saying that its save wrote MANIFEST_FILE (value: that file's name).
 MANIFEST_STATE_KEY = "manifest"
 #: Problems shown in one line (`checkpoint_problem`); a missing adapter folder alone gives several.
@@ -80,11 +83,22 @@ def read_manifest(folder: str | Path) -> tuple[dict[str, dict[str, Any]] | None,
     """(the files folder/manifest.json lists, None); (None, None) when there is no manifest; (None, why it is
     not a manifest of this course) when it is unreadable, malformed, or lists a path outside the folder."""
     manifest = Path(folder) / MANIFEST_FILE
-    if not manifest.exists():
-        return None, None
     try:
-        record = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: bad JSON, or a number too long
+        mode, size = (info := manifest.lstat()).st_mode, info.st_size
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot be verified"
+    # a link, a pipe (opening it would wait for a writer), a device, or a file far larger than a few files' digests
+    if not stat.S_ISREG(mode) or size > MAX_MANIFEST_BYTES:
+        what = "not a regular file" if not stat.S_ISREG(mode) else f"{size} bytes (at most {MAX_MANIFEST_BYTES})"
+        return None, f"{manifest} is {what}: the checkpoint cannot be verified"
+    try:
+        descriptor = os.open(manifest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            record = json.loads(handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+    # ValueError: bad JSON, or a number too long; RecursionError: nesting deeper than json can follow
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         return None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot be verified"
     record = record if isinstance(record, dict) else {}
     files, form, algorithm = record.get("files"), record.get("format"), record.get("algorithm")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.ppo.guards import check_all_finite, check_finite_parameters, guard
-from rlhf_helpers.ppo.piece_checks import check_reaches_adapter
+from rlhf_helpers.ppo.piece_checks import check_no_gradient_yet, check_reaches_adapter
 from rlhf_helpers.runtime.precision import MIN_LOSS_SCALE, make_grad_scaler
 
 
@@ -54,6 +54,8 @@ class AdapterOptimizer:
         """Back-propagate `loss` (scaled) into the gradients, without stepping: the caller steps with
         `sync_and_step` once nothing else can refuse the minibatch. `piece`: the loss function that made
         `loss`, refused (PieceError) when no gradient reached this adapter (`piece_checks.check_reaches_adapter`)."""
+        if piece is not None:
+            check_no_gradient_yet(piece, self.params, self.name)
         self.scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
         if piece is not None:
             check_reaches_adapter(piece, loss, self.params, self.name)

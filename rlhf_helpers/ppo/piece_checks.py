@@ -188,6 +188,16 @@ def _is_stat(value: Any) -> bool:
         return False
 
 
+def check_no_gradient_yet(name: str, params: list[torch.Tensor], adapter: str) -> None:
+    """Before the trainer's `backward()` of the loss `name` returned: PieceError when the adapter already holds a
+    gradient (every step ends with the gradients set to None), that is, when the piece ran backward() itself: the
+    trainer's backward would then add a second gradient (or fail on a graph already freed)."""
+    if any(param.grad is not None for param in params):
+        raise PieceError(f"{name} ran backward() itself: the {adapter} adapter already holds a gradient. Return the "
+                         "loss without calling backward(): the trainer back-propagates it (a second backward "
+                         "would double the gradient)")
+
+
 def check_reaches_adapter(name: str, loss: torch.Tensor, params: list[torch.Tensor], adapter: str) -> None:
     """After `loss.backward()`: PieceError naming the piece when no parameter of the adapter got a gradient
     (the loss is a fresh tensor that requires grad, say): its training would stop silently, logged as a zero

@@ -79,11 +79,18 @@ def check_piece(name: str, fn: Any) -> None:
         raise ValueError(f"{name} must be a function (or None for the library's), got {type(fn).__name__}")
 
 
+def _loss_number(value: Any) -> float:
+    """float(value) for a loss: a real number or a one-element tensor of one; True/False are no loss (TypeError)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError("a loss is a number, not a boolean")
+    return float(value)
+
+
 def minibatch_losses(out: Any, name: str = "update_fn") -> list[tuple[float, float]]:
     """An update function's result checked: a non-empty list of (policy loss, value loss) pairs of numbers
     (PieceError naming it otherwise)."""
     try:
-        pairs = [(float(policy), float(value)) for policy, value in out]
+        pairs = [(_loss_number(policy), _loss_number(value)) for policy, value in out]
     except (TypeError, ValueError, OverflowError, RuntimeError) as error:  # float(10**400): OverflowError
         raise PieceError(f"{name} must return a list of (policy loss, value loss) pairs of numbers, one per "
                          f"minibatch; it returned {describe(out)} ({type(error).__name__}: {error})") from None
@@ -121,25 +128,28 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
     completed by the library loss's (measured without gradient on the same inputs) when it returned a bare loss
     or left some out."""
     inputs = (logprobs, old_logprobs, advantages, mask, clip_eps)
-    # the log-probs carry the graph to the adapter: passed as they are (an in-place edit is refused by `_version`)
+    # the log-probs carry the graph to the adapter: passed as they are (an in-place edit is refused by `_version`);
+    # the stats measured here read a copy taken before the call, which not even an edit through .data reaches
+    seen = logprobs.detach().clone()  # (b, r)
     out = call_piece("policy_loss_fn", fn, logprobs, *map(copied, inputs[1:]))
     loss, stats = loss_and_stats("policy_loss_fn", out, wants_grad=logprobs.requires_grad)
     if POLICY_STATS <= stats.keys():
         return loss, dict(stats)
     with torch.no_grad():
-        return loss, {**policy_loss(logprobs.detach(), *inputs[1:])[1], **stats}
+        return loss, {**policy_loss(seen, *inputs[1:])[1], **stats}
 
 
 def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                     mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
     """A value loss function called and its result checked, as (loss, stats), as `call_policy_loss`."""
     inputs = (values, old_values, returns, mask, clip_range)
-    out = call_piece("value_loss_fn", fn, values, *map(copied, inputs[1:]))  # values: as the log-probs above
+    seen = values.detach().clone()  # (b, r): as the log-probs above
+    out = call_piece("value_loss_fn", fn, values, *map(copied, inputs[1:]))
     loss, stats = loss_and_stats("value_loss_fn", out, wants_grad=values.requires_grad)
     if VALUE_STATS <= stats.keys():
         return loss, dict(stats)
     with torch.no_grad():
-        return loss, {**value_loss(values.detach(), *inputs[1:])[1], **stats}
+        return loss, {**value_loss(seen, *inputs[1:])[1], **stats}
 
 
 def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:

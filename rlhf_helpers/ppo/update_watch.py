@@ -57,6 +57,11 @@ class UpdateWatch:
             handle.remove()
         if exc_type is not None:  # a failed or refused update leaves no half-applied step behind
             self.restore()
+            if not isinstance(exc, PieceError) or "frozen weights" not in str(exc):
+                try:  # a change to the base cannot be put back: say so, whatever else went wrong
+                    self.check_frozen_unchanged()
+                except PieceError as frozen:
+                    raise PieceError(f"{exc}; and {frozen}") from exc
         return False
 
     def _before_step(self, key: str) -> Any:
