@@ -21,6 +21,9 @@ import torch
 from rlhf_helpers.ppo.piece_checks import PieceError
 
 
+class FrozenWeightsChanged(PieceError):
+    """update_fn changed a weight no optimiser trains (the base, the reward adapter or head)."""
+
 class UpdateWatch:
     """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they update."""
 
@@ -57,11 +60,11 @@ class UpdateWatch:
             handle.remove()
         if exc_type is not None:  # a failed or refused update leaves no half-applied step behind
             self.restore()
-            if not isinstance(exc, PieceError) or "frozen weights" not in str(exc):
+            if not isinstance(exc, FrozenWeightsChanged):
                 try:  # a change to the base cannot be put back: say so, whatever else went wrong
                     self.check_frozen_unchanged()
-                except PieceError as frozen:
-                    raise PieceError(f"{exc}; and {frozen}") from exc
+                except FrozenWeightsChanged as frozen:
+                    raise FrozenWeightsChanged(f"{exc}; and {frozen}") from exc
         return False
 
     def _before_step(self, key: str) -> Any:
@@ -130,7 +133,7 @@ class UpdateWatch:
         ]
         if changed:
             listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            raise PieceError(
+            raise FrozenWeightsChanged(
                 f"update_fn changed frozen weights: {listed}. Only the policy and value adapters (the "
                 "optimisers' parameters) may change; the base and the reward model are shared by the reference "
                 "and the reward. The change cannot be undone here: rebuild the model before training again"
