@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.runtime.data import DuplicateKey, refuse_duplicate_keys
+
 #: digits from which an integer literal is beyond every float (1.8e308 has 309): read as +-inf, never parsed as an
 #: int (Python refuses int literals over 4300 digits, and a float conversion of a huge int overflows)
 MAX_INT_DIGITS = 309
@@ -33,28 +35,11 @@ def _parse_int(text: str) -> int | float:
     return int(text)
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json's object hook: the object, or _DuplicateKey (json keeps the last of two equal keys: which was meant is
-    unknown)."""
-    record: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in record:
-            raise _DuplicateKey(key)
-        record[key] = value
-    return record
-
-
 def parse_json(text: str, where: str) -> Any:
     """The JSON value of `text`; ValueError starting with `where` when it is not JSON, nests deeper than the parser
     can follow, or gives one key twice in an object. Integers beyond every float are read as +-inf."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
+        return json.loads(text, object_pairs_hook=refuse_duplicate_keys, parse_int=_parse_int)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
     except RecursionError:
@@ -62,7 +47,7 @@ def parse_json(text: str, where: str) -> Any:
             f"{where}: nested too deeply to be read (lists or objects inside each other thousands of "
             "levels down); a metrics record is one flat object"
         ) from None
-    except _DuplicateKey as error:
+    except DuplicateKey as error:
         raise ValueError(f"{where}: the key {error.key!r} appears twice in one record; keep one") from None
 
 

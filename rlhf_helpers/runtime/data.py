@@ -57,18 +57,18 @@ def _is_lone_surrogate(text: str) -> bool:
     return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
-class _DuplicateKey(Exception):
+class DuplicateKey(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
 
 
-def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object hook: the object, or _DuplicateKey naming a key given twice."""
+def refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object hook: the object, or DuplicateKey naming a key given twice."""
     record: dict[str, Any] = {}
     for key, value in pairs:
         if key in record:
-            raise _DuplicateKey(key)
+            raise DuplicateKey(key)
         record[key] = value
     return record
 
@@ -104,10 +104,10 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
             if not line.strip():
                 continue
             try:
-                record = json.loads(line, object_pairs_hook=_refuse_duplicate_keys)
+                record = json.loads(line, object_pairs_hook=refuse_duplicate_keys)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {line_number}: not valid JSON ({error.msg})") from None
-            except _DuplicateKey as error:  # json keeps the last of two equal keys: which one was meant is unknown
+            except DuplicateKey as error:  # json keeps the last of two equal keys: which one was meant is unknown
                 raise ValueError(f"{path}, line {line_number}: the key {error.key!r} appears twice in one record; "
                                  "keep one") from None
             if not isinstance(record, dict):
