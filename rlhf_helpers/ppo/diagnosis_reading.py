@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.runtime.data import DuplicateKey, refuse_duplicate_keys
+from rlhf_helpers.runtime.lock_files import mode_kind
 
 #: digits from which an integer literal is beyond every float (1.8e308 has 309): read as +-inf, never parsed as an
 #: int (Python refuses int literals over 4300 digits, and a float conversion of a huge int overflows)
@@ -62,17 +63,7 @@ def what_is_there(path: Path) -> str | None:
         return "no such file"
     except OSError as error:  # a loop of links, a path through a file, no permission to look
         return f"not readable ({error.strerror})"
-    mode = info.st_mode
-    if stat.S_ISREG(mode):
-        return None
-    kinds = (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a named pipe (FIFO)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
+    return mode_kind(info.st_mode)  # os.stat followed any link: never "a symbolic link" here
 
 
 def open_regular(path: Path) -> Any:

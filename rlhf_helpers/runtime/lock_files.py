@@ -43,12 +43,8 @@ class LockFileUnusable(FolderInUse):
         super().__init__(message, path, {})
 
 
-def file_kind(info: os.stat_result) -> str | None:
-    """What this file is, in words, when it is not a regular file with one name (None when it is): a hard link
-    shares its bytes with another name (O_NOFOLLOW does not stop it), so a lock record would overwrite them."""
-    mode = info.st_mode
-    if stat.S_ISREG(mode) and info.st_nlink > 1:
-        return "a hard link"
+def mode_kind(mode: int) -> str | None:
+    """What a file of this st_mode is, in words ("a folder", "a named pipe (FIFO)", ...); None for a regular file."""
     kinds = (
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a folder"),
@@ -58,6 +54,14 @@ def file_kind(info: os.stat_result) -> str | None:
         (stat.S_ISBLK, "a block device"),
     )
     return next((words for test, words in kinds if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+
+
+def file_kind(info: os.stat_result) -> str | None:
+    """What this file is, in words, when it is not a regular file with one name (None when it is): a hard link
+    shares its bytes with another name (O_NOFOLLOW does not stop it), so a lock record would overwrite them."""
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        return "a hard link"
+    return mode_kind(info.st_mode)
 
 
 def not_a_file(path: Path, what: str, kind: str) -> LockFileUnusable:
