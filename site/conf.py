@@ -1,7 +1,9 @@
 """Sphinx configuration of the course's static site (`make site`: tools/build_site.py stages the pages).
 
-Everything a page loads is served from the site itself: plotly.js from the plotly package, MathJax 2.7
-from the jupyter-server-mathjax package (copied into _static/ once the pages are written); no CDN.
+Everything a page loads is served from the site itself: plotly.js from the plotly package, MathJax 3.2
+from the sphinx-mathjax-offline package (copied into _static/ once the pages are written); no CDN. The
+figures are fitted to the width they are drawn at by static/rlhf-figures.js, MathJax is configured by
+static/rlhf-math.js (formulas stay hidden until typeset, so raw TeX never shows).
 Every page's header links to the repository on GitHub (a link only: nothing is loaded from there).
 """
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import jupyter_server_mathjax
+from importlib.metadata import distribution
+
 import plotly
 
 from rlhf_helpers.course.notebook import repo_url
@@ -45,32 +48,15 @@ html_last_updated_fmt = None
 html_context = {"default_mode": "light"}  # else pydata-sphinx-theme logs a console error ("invalid theme mode")
 html_show_sourcelink = False
 
-#: MathJax 2.7.9 from jupyter-server-mathjax (the files JupyterLab and nbconvert serve), under _static/mathjax/
-MATHJAX = Path(jupyter_server_mathjax.__file__).parent / "static"
-#: parts of MathJax no page of this site loads (other languages, SVG output, the accessibility explorer)
-MATHJAX_SKIP = ("localization", "jax/output/SVG", "extensions/a11y")
-mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
-mathjax2_config = {
-    # MyST marks every section tex2jax_ignore (no stray $) and its maths with the class "math"
-    "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]], "processEscapes": True,
-                "processEnvironments": True, "ignoreClass": "tex2jax_ignore|mathjax_ignore",
-                "processClass": "tex2jax_process|mathjax_process|math|output_area"},
-    # MathJax_Blank, the font it measures web fonts against, is url('about:blank') by default: Chromium logs
-    # a CORS error for it on every page. A local() name that does not exist is as blank and requests nothing.
-    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None,
-                 "styles": {"@font-face": {"font-family": "MathJax_Blank", "src": "local('MathJax_Blank')"}},
-                 # a page typesets its formulas in chunks of 50 with a 100 ms pause after each: larger, shorter
-                 "EqnChunk": 200, "EqnChunkDelay": 10,
-                 # a display formula wider than its column breaks at an operator instead of being cut (site.css
-                 # lets what still does not fit scroll)
-                 "linebreaks": {"automatic": True, "width": "container"}},
-    "fast-preview": {"disabled": True},  # one pass, not a rough preview that is then typeset again
-    "messageStyle": "none",  # no "Typesetting math: 40%" box in the corner
-    "MathMenu": {"showLocale": False},
-    # no hidden MathML copy: Chromium styles its \mathbb letters with MathJax's TeX fonts, which the
-    # package does not ship (a 404 per page); the HTML-CSS rendering itself uses STIX-Web only
-    "menuSettings": {"zoom": "None", "assistiveMML": False},
-}
+#: MathJax 3.2.2 from sphinx-mathjax-offline (a data folder, not an importable module), under _static/mathjax/
+MATHJAX = Path(str(distribution("sphinx-mathjax-offline").locate_file("sphinx-mathjax-offline/static/mathjax")))
+#: parts of MathJax no page of this site loads (SVG output, speech rules, other bundles)
+MATHJAX_SKIP = ("sre", "output/svg", "output/svg.js", "mml-svg.js", "tex-svg.js", "tex-svg-full.js",
+                "tex-mml-svg.js", "tex-chtml-full-speech.js", "mml-chtml.js", "node-main.js")
+mathjax_path = "mathjax/tex-chtml.js"
+mathjax_options = {"defer": "defer"}
+mathjax3_config = None  # set by static/rlhf-math.js, which also shows the formulas once typeset (a function)
+myst_update_mathjax = False  # else MyST writes its own window.MathJax after rlhf-math.js, replacing it
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
@@ -78,6 +64,7 @@ def _plotly_where_needed(app, pagename, templatename, context, doctree) -> None:
     """plotly.js (4.8 MB) only on the pages that draw a figure."""
     if "rlhf-site-figure" in context.get("body", "") or "rlhf-static-explorer" in context.get("body", ""):
         app.add_js_file("plotly.min.js")
+        app.add_js_file("rlhf-figures.js")
 
 
 def _copy_vendored(app, exception) -> None:
@@ -89,13 +76,15 @@ def _copy_vendored(app, exception) -> None:
     for source_map in static.rglob("*.map"):  # the theme's source maps (3.5 MB): only developer tools read them
         source_map.unlink()
     target = static / "mathjax"
-    if not (target / "MathJax.js").is_file():
+    if not (target / "tex-chtml.js").is_file():
         shutil.copytree(MATHJAX, target, dirs_exist_ok=True,
                         ignore=lambda folder, names: [n for n in names if any(
                             (Path(folder) / n).as_posix().endswith("/" + skip) for skip in MATHJAX_SKIP)])
 
 
 def setup(app) -> dict:
+    app.add_js_file("rlhf-math.js", priority=200)  # before MathJax itself (priority 500)
+    app.add_js_file("rlhf-tables.js", loading_method="defer")
     app.connect("html-page-context", _plotly_where_needed)
     app.connect("build-finished", _copy_vendored)
     return {"parallel_read_safe": True}

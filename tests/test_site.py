@@ -255,7 +255,7 @@ def test_site_notebook_keeps_no_output_that_needs_a_kernel_or_the_internet() -> 
     assert "widgets" not in nb["metadata"]
     assert [o["output_type"] for o in outputs] == ["display_data", "display_data", "stream"]
     html = outputs[0]["data"]["text/html"]
-    assert list(outputs[0]["data"]) == ["text/html"] and "Plotly.newPlot" in html and "http" not in html
+    assert list(outputs[0]["data"]) == ["text/html"] and "rlhfFigures.draw(" in html and "http" not in html
     assert '"width"' not in html and "height:300px" in html  # as wide as the page
     # a finished bar: its last text, a muted line (not stderr, which the theme shows as an error)
     assert outputs[1]["data"] == {"text/html": '<pre class="rlhf-progress">PPO: 100%|██████████| 6/6 '
@@ -422,3 +422,87 @@ def test_the_site_replaces_only_a_site_it_built(tmp_path) -> None:
     build_site.replace_site(built, tmp_path / "new" / "site")
     assert (tmp_path / "new" / "site" / "index.html").read_text() == "new"
     assert not list(tmp_path.glob("**/jupyter_execute"))
+
+
+def _small_notebook(*sources: str) -> dict:
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+            "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": s}
+                      for s in sources]}
+
+
+def test_a_notebook_saved_while_the_build_executes_it_neither_breaks_nor_changes_the_build(tmp_path, monkeypatch):
+    from rlhf_helpers.course import run_course
+
+    notebooks, executed = tmp_path / "notebooks", tmp_path / "executed"
+    notebooks.mkdir()
+    first, second = _small_notebook("x = 1"), _small_notebook("y = 2", "print(y)")
+    (notebooks / "01_a.ipynb").write_text(json.dumps(first), encoding="utf-8")
+    (notebooks / "02_b.ipynb").write_text(json.dumps(second), encoding="utf-8")
+    ran = []
+
+    def execute(path: Path, out: Path, timeout: int) -> None:  # a kernel's run, without the kernel
+        ran.append(path)
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(nb), encoding="utf-8")
+
+    def saved_meanwhile(command: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+        # the editor's save as the run starts: one notebook is gone for a moment, the other holds new cells
+        (notebooks / "01_a.ipynb").unlink()
+        (notebooks / "02_b.ipynb").write_text(json.dumps(_small_notebook("y = 3")), encoding="utf-8")
+        module = command.index("rlhf_helpers.course.run_course")
+        return subprocess.CompletedProcess(command, run_course.main(command[module + 1 :]))
+
+    monkeypatch.setattr(run_course, "execute_notebook", execute)
+    monkeypatch.setattr(build_site.subprocess, "run", saved_meanwhile)
+    build_site.ensure_executed(executed, notebooks)
+    assert sorted(p.name for p in ran) == ["01_a.ipynb", "02_b.ipynb"]
+    assert all(notebooks not in p.parents for p in ran)  # the copies ran, not the files being saved
+    for name, stored in (("01_a.ipynb", first), ("02_b.ipynb", second)):  # each as it was read, executed
+        done = json.loads((executed / name).read_text(encoding="utf-8"))
+        assert [c["source"] for c in done["cells"]] == [c["source"] for c in stored["cells"]]
+        assert all(c["outputs"] for c in done["cells"])
+    (notebooks / "01_a.ipynb").write_text(json.dumps(first), encoding="utf-8")  # the save is over
+    assert build_site.stale_reason(notebooks / "01_a.ipynb", executed / "01_a.ipynb") is None
+    assert build_site.stale_reason(notebooks / "02_b.ipynb", executed / "02_b.ipynb") == (
+        "from an older version of the notebook")  # run again next time
+
+
+def test_a_notebook_read_while_it_is_written_is_read_again_then_named(tmp_path, monkeypatch):
+    whole = json.dumps(_small_notebook("x = 1", "x + 1"))
+    stored, executed = tmp_path / "01_a.ipynb", tmp_path / "executed.ipynb"
+    executed.write_text(whole, encoding="utf-8")
+    stored.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a plain write seen half done
+    pauses = []
+
+    def the_write_ends(seconds: float) -> None:
+        pauses.append(seconds)
+        stored.write_text(whole, encoding="utf-8")
+
+    monkeypatch.setattr(build_site.time, "sleep", the_write_ends)
+    assert build_site.stale_reason(stored, executed) is None
+    assert len(pauses) == 1
+    monkeypatch.setattr(build_site.time, "sleep", lambda seconds: None)
+    stored.write_text(whole[:100], encoding="utf-8")  # a write that never ends
+    with pytest.raises(SystemExit) as cut:
+        build_site.stale_reason(stored, executed)
+    assert str(stored) in str(cut.value) and "\n" not in str(cut.value)
+    stored.unlink()
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(stored))}: missing"):
+        build_site.read_stored(stored)
+
+
+def test_run_course_runs_the_notebooks_of_the_folder_it_is_given(tmp_path, monkeypatch, capsys):
+    from rlhf_helpers.course import run_course
+
+    (tmp_path / "01_a.ipynb").write_text(json.dumps(_small_notebook("x = 1")), encoding="utf-8")
+    (tmp_path / "notes.ipynb").write_text("{}", encoding="utf-8")  # not a course notebook
+    ran = []
+    monkeypatch.setattr(run_course, "execute_notebook", lambda path, out, timeout: ran.append((path, out)))
+    assert run_course.main(["--notebooks", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert ran == [(tmp_path / "01_a.ipynb", tmp_path / "out" / "01_a.ipynb")]
+    with pytest.raises(SystemExit):
+        run_course.main(["--notebooks", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    assert "--notebooks" in capsys.readouterr().err

@@ -5,7 +5,11 @@ The site is served from 127.0.0.1; every request that leaves it is refused and c
 - no console error, no uncaught exception, no failed request and no answer >= 400 (so nothing comes from
   a CDN: plotly.js and MathJax are the site's own);
 - every plotly figure draws (its main svg and at least one drawn trace);
-- every formula is typeset by MathJax, without a TeX error;
+- every formula is typeset by MathJax 3, without a TeX error, and none shows as raw TeX before it is typeset;
+- at 1400 px and at 390 px (a phone), none of the defects tests/site_defects.py counts: a formula cut off, a table
+  whose columns cannot be reached, a figure with a label cut or run into another or under the toolbar, an explorer
+  whose sliders are off-screen, out of sight of their curves or covered; each check is shown to find a page broken
+  on purpose;
 - every internal link (no scheme) names a file of the site, and its #anchor an id in that file (links to
   GitHub, the repository button's among them, are only hrefs: nothing is requested from there);
 - one search field at the top of the page (the sidebar's), and the header's link to the repository.
@@ -32,6 +36,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import numpy as np
 import pytest
 from figure_overlaps import OVERLAPS
+from site_defects import CUT_FORMULAS, EXPLORER_DEFECTS, FIGURE_DEFECTS, UNREACHABLE_TABLES
 from test_site import GITHUB, TOLERANCE, expected_traces
 from test_widgets_browser import browser, browser_ready  # noqa: F401 (fixtures)
 
@@ -101,13 +106,15 @@ def tab(browser, site) -> Iterator[tuple[object, dict]]:  # noqa: F811 (the impo
 #: every figure drawn: its main svg, and a drawn trace (a path or a bar) in it
 DRAWN = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).map(gd =>
     !!gd.querySelector('.main-svg') && gd.querySelectorAll('.trace path, .trace .point, .box path').length > 0)"""
-#: MathJax 2 done: every formula Sphinx wrote (.math.notranslate) holds its rendering
+#: MathJax 3 done: every formula Sphinx wrote (.math.notranslate) holds its rendering, and the page shows them
 MATH = """() => {
     const maths = Array.from(document.querySelectorAll('.math.notranslate'));
-    const typeset = maths.filter(m => m.querySelector('.MathJax, .MathJax_Display')).length;
-    return {done: typeset === maths.length, count: typeset,
-            errors: document.querySelectorAll('.MathJax_Error, .MathJax .merror').length};
+    const typeset = maths.filter(m => m.querySelector('mjx-container')).length;
+    return {done: typeset === maths.length && !document.documentElement.classList.contains('rlhf-math-pending'),
+            count: typeset, errors: document.querySelectorAll('mjx-merror').length};
 }"""
+#: every figure laid out for the width it is drawn at (site/static/rlhf-figures.js marks it)
+FITTED = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).every(gd => gd.hasAttribute('data-fitted'))"""
 LINKS = "() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
 #: what a reader cannot see without the page hiding it: a display formula, a table or an output line cut by an
 #: element that hides its overflow (none may be: long ones wrap or scroll), and the page wider than the window
@@ -148,11 +155,21 @@ CLIPPED = """() => {
 PHONE = {"width": 390, "height": 844}
 
 
-def label_collisions(page, selector: str) -> dict[int, list[str]]:
-    """The colliding labels (`figure_overlaps.OVERLAPS`) of each figure matching `selector`, by its index."""
-    found = page.evaluate(f"() => Array.from(document.querySelectorAll('{selector}'))"
-                          f".map(gd => ({OVERLAPS})(gd.querySelector('.js-plotly-plot') ?? gd))")
-    return {i: labels for i, labels in enumerate(found) if labels}
+def site_defects(page) -> dict[str, list[str]]:
+    """What tests/site_defects.py counts on the page as it is now, by rule (empty lists: none)."""
+    found = {name: page.evaluate(js) for name, js in (("formulas", CUT_FORMULAS), ("tables", UNREACHABLE_TABLES),
+                                                      ("figures", FIGURE_DEFECTS), ("explorers", EXPLORER_DEFECTS))}
+    return {name: lines for name, lines in found.items() if lines}
+
+
+def _settled(page, name: str) -> None:
+    """Wait until the page's figures are drawn and fitted to its width and its maths is typeset."""
+    try:
+        page.wait_for_function(f"() => ({DRAWN})().every(Boolean) && ({FITTED})()", timeout=WAIT_MS)
+        page.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
+    except Exception:  # say what is missing instead of only "timeout"
+        raise AssertionError(f"{name}: figures drawn {page.evaluate(DRAWN)}, fitted {page.evaluate(FITTED)}, "
+                             f"maths {page.evaluate(MATH)}") from None
 
 
 @functools.cache
@@ -186,18 +203,13 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
     page, problems = tab
     problems.update(page=name, console=[], requests=[])
     page.goto(site + name, wait_until="load")
-    try:
-        page.wait_for_function(f"() => ({DRAWN})().every(Boolean)", timeout=WAIT_MS)
-        page.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
-    except Exception:  # say what is missing instead of only "timeout"
-        raise AssertionError(f"{name}: figures drawn {page.evaluate(DRAWN)}, maths {page.evaluate(MATH)}, "
-                             f"problems {problems}") from None
+    _settled(page, name)
     maths = page.evaluate(MATH)
     assert maths["errors"] == 0, f"{name}: {maths['errors']} formulas with a TeX error"
     clipped = page.evaluate(CLIPPED)
     assert not clipped, f"{name} at {VIEWPORT['width']} px: cut off or too wide: {clipped}"
-    colliding = label_collisions(page, FIGURES)
-    assert not colliding, f"{name}: labels running into each other, by figure: {colliding}"
+    defects = site_defects(page)
+    assert not defects, f"{name} at {VIEWPORT['width']} px: {defects}"
     if name.startswith("notebooks/0"):
         assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
         assert maths["count"] > 0, f"{name}: no typeset formula"
@@ -229,14 +241,13 @@ def phone(browser, site) -> Iterator[object]:  # noqa: F811 (the imported fixtur
 
 
 @pytest.mark.parametrize("name", _pages() or ["index.html"])
-def test_on_a_phone_nothing_is_cut_off_and_the_page_keeps_its_width(phone, site, name: str) -> None:
+def test_on_a_phone_nothing_is_cut_off_hidden_or_covered_and_the_page_keeps_its_width(phone, site, name: str) -> None:
     phone.goto(site + name, wait_until="load")
-    phone.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
+    _settled(phone, name)
     clipped = phone.evaluate(CLIPPED)
     assert not clipped, f"{name} at {PHONE['width']} px: cut off or too wide: {clipped}"
-    # the explorers' sliders, legends and labels (figures with panels side by side are read on a wider screen)
-    colliding = label_collisions(phone, ".rlhf-static-explorer")
-    assert not colliding, f"{name} at {PHONE['width']} px: explorer labels running into each other: {colliding}"
+    defects = site_defects(phone)
+    assert not defects, f"{name} at {PHONE['width']} px: {defects}"
 
 
 def test_the_clipping_check_sees_a_cut_formula_a_cut_table_and_a_widened_page(phone) -> None:
@@ -279,6 +290,128 @@ def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_ar
     }}"""
     assert page.evaluate(draw, fig.to_plotly_json()), "side-by-side long subplot titles should collide"
     assert page.evaluate(draw, fit_labels(fig).to_plotly_json()) == []
+
+
+#: a figure laid out for a notebook's output area: a long title, three panels side by side with long titles, and a
+#: legend at the right: drawn as it is at 390 px it is cut and its labels collide; drawn by rlhfFigures it fits
+_WIDE_FIGURE = """{
+  data: [1, 2, 3].map(k => ({x: [0, 1, 2], y: [0, k, 2 * k], name: 'a long legend entry number ' + k,
+                              xaxis: 'x' + (k > 1 ? k : ''), yaxis: 'y' + (k > 1 ? k : '')})),
+  layout: {title: {text: 'A long figure title that a phone cannot show on one line at all', x: 0.02},
+           height: 420, margin: {l: 60, r: 24, t: 64, b: 56},
+           xaxis: {domain: [0, 0.28], anchor: 'y', title: {text: 'first step size of the run'}},
+           xaxis2: {domain: [0.36, 0.64], anchor: 'y2', title: {text: 'first step size of the run'}},
+           xaxis3: {domain: [0.72, 1], anchor: 'y3', title: {text: 'first step size of the run'}},
+           yaxis: {anchor: 'x'}, yaxis2: {anchor: 'x2'}, yaxis3: {anchor: 'x3'},
+           annotations: [[0.14, 'ratio mean over the first minibatch'], [0.5, 'clip fraction, mean over the update'],
+                         [0.86, 'approx-KL between old and new']].map(([x, text]) => ({
+             text, x, y: 1, xref: 'paper', yref: 'paper', xanchor: 'center', yanchor: 'bottom', showarrow: false,
+             font: {size: 16}}))}
+}"""
+
+
+def _replace_article(page, html: str) -> None:
+    page.evaluate("html => { document.querySelector('article').innerHTML = html; window.scrollTo(0, 0); }", html)
+
+
+def test_the_figure_check_sees_a_figure_laid_out_for_a_wider_page_until_it_is_fitted(phone, site) -> None:
+    phone.goto(site + "notebooks/05_full_ppo.html", wait_until="load")  # a page with plotly.js and rlhfFigures
+    _settled(phone, "05")
+    _replace_article(phone, '<div id="t" class="rlhf-site-figure" style="width:100%;height:420px"></div>')
+    phone.evaluate(f"async () => {{ const f = {_WIDE_FIGURE}; await Plotly.newPlot('t', f.data, f.layout); }}")
+    found = phone.evaluate(FIGURE_DEFECTS)
+    for kind in ("label cut at the figure's edge", 'subtitle "', "legend"):
+        assert any(kind in line for line in found), (kind, found)
+    phone.evaluate(f"async () => {{ const f = {_WIDE_FIGURE}; const gd = document.getElementById('t'); "
+                   "Plotly.purge(gd); await rlhfFigures.draw(gd, f.data, f.layout); }")
+    assert phone.evaluate(FIGURE_DEFECTS) == []
+
+
+def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_covered(browser, site) -> None:  # noqa: F811
+    """The explorers on a phone as they were: 660 px wide in a 358 px column (the sliders' right end off-screen),
+    the sliders 900 px under the curves, and a button over the sliders."""
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))
+    try:
+        page.route("**/_static/site.css*", lambda route: route.fulfill(
+            body=route.fetch().text() + "\n.rlhf-static-explorer { min-width: 660px; }", content_type="text/css"))
+        page.goto(site + "notebooks/03_gae.html", wait_until="load")
+        _settled(page, "03")
+        found = page.evaluate(EXPLORER_DEFECTS)
+        assert any("outside the window" in line for line in found), found
+        page.unroute("**/_static/site.css*")
+        page.goto(site + "notebooks/03_gae.html", wait_until="load")
+        _settled(page, "03")
+        assert page.evaluate(EXPLORER_DEFECTS) == []
+        page.evaluate("""() => { const gd = document.querySelector('.rlhf-static-explorer');
+            return Plotly.relayout(gd, {'sliders[0].y': -1.5, 'sliders[0].yanchor': 'top', 'margin.b': 1100,
+                                        height: gd.layout.height + 1100}); }""")
+        assert any("taller than the window" in line for line in page.evaluate(EXPLORER_DEFECTS))
+        page.evaluate("""() => { const b = document.createElement('button'); b.id = 'cover';
+            b.style.cssText = 'position:fixed;left:0;top:0;width:100vw;height:100vh;opacity:0.5';
+            document.body.appendChild(b); }""")
+        assert any("covered by button#cover" in line for line in page.evaluate(EXPLORER_DEFECTS))
+    finally:
+        context.close()
+
+
+def test_the_table_check_sees_a_long_wide_table_until_it_becomes_cards(phone, site) -> None:
+    """A table wider than the column in a box taller than the window: its sideways scrollbar is out of sight; as one
+    card per row (static/rlhf-tables.js) it fits. A narrow long table and a wide short one are fine as they are."""
+    phone.goto(site + "notebooks/NOTATION.html", wait_until="load")
+    _settled(phone, "NOTATION")
+    rows = "".join(f"<tr><td>{i}</td>{'<td>a few words of text in a cell</td>' * 5}</tr>" for i in range(40))
+    head = "<thead><tr><th>n</th>" + "<th>column</th>" * 5 + "</tr></thead>"
+    table = (f'<div class="pst-scrollable-table-container"><table class="table">{head}<tbody>{rows}</tbody>'
+             "</table></div>")
+    short = table.replace(rows, rows[: rows.index("</tr>") + 5])
+    narrow = table.replace("<td>a few words of text in a cell</td>" * 5, "<td>x</td>").replace("<th>column</th>" * 5,
+                                                                                               "<th>c</th>")
+    _replace_article(phone, table + short + narrow)
+    found = phone.evaluate(UNREACHABLE_TABLES)
+    assert len(found) == 1 and found[0].startswith("table 0: its sideways scrollbar"), found
+    phone.evaluate("() => rlhfTables.fit()")
+    assert phone.evaluate("() => Array.from(document.querySelectorAll('article table')).map(t => "
+                          "t.classList.contains('rlhf-cards'))") == [True, False, False]
+    assert phone.evaluate(UNREACHABLE_TABLES) == []
+    _replace_article(phone, '<div style="overflow:hidden"><table><tr><td style="white-space:nowrap">'
+                     + "y" * 200 + "</td></tr></table></div>")
+    assert phone.evaluate(UNREACHABLE_TABLES)[0].startswith("table 0 cut by its box")
+
+
+def test_the_formula_check_sees_an_inline_formula_cut_by_its_box_and_not_one_that_scrolls(phone, site) -> None:
+    """The theme's rule for inline maths (overflow hidden) cut a long formula on a phone; the site's lets it scroll."""
+    phone.goto(site + "notebooks/01_policy_gradients.html", wait_until="load")
+    _settled(phone, "01")
+    formula = r"\(" + " + ".join(f"x_{{{i}}}" for i in range(60)) + r"\)"
+    for style, cut in (("overflow:hidden", True), ("", False)):
+        _replace_article(phone, f'<p><span class="math notranslate nohighlight" style="{style}">{formula}</span></p>')
+        phone.evaluate("() => MathJax.typesetPromise([document.querySelector('article')])")
+        found = phone.evaluate(CUT_FORMULAS)
+        assert bool(found) == cut and all(line.startswith("inline formula 0 cut by its box") for line in found), found
+
+
+def test_no_formula_shows_as_raw_tex_while_mathjax_loads(browser, site) -> None:  # noqa: F811
+    """MathJax held back for 3 s: until it has typeset the page, every formula is hidden; then every one shows."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+
+    def late(route) -> None:
+        page.wait_for_timeout(3000)
+        route.continue_()
+
+    try:
+        page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))
+        page.route("**/mathjax/tex-chtml.js", late)
+        page.goto(site + "notebooks/03_gae.html", wait_until="domcontentloaded")
+        shown = "() => Array.from(document.querySelectorAll('.math')).map(m => getComputedStyle(m).visibility)"
+        before = page.evaluate(shown)
+        assert before and set(before) == {"hidden"}, set(before)
+        page.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
+        assert set(page.evaluate(shown)) == {"visible"}
+    finally:
+        context.close()
 
 
 def test_the_course_pages_are_all_there() -> None:

@@ -131,3 +131,40 @@ def test_rules_catch_what_they_forbid():
     cell = builder.read_cells('# %% [markdown]\n# t\n\n# %% tags=["colab-setup"]\n\n'
                               '# %% tags=["claim-check"]\ncheck_claims({"a": True})\n', "07_x.ipynb")[-1]
     assert cell.metadata == {"tags": ["claim-check"], "jupyter": {"source_hidden": True}}
+
+
+#: notebooks whose collapsed claim-checks still show a claim on their first line (to open with `check_claims({`)
+_CLAIM_ON_FIRST_LINE: frozenset[str] = frozenset()
+
+
+def _claims_checked(source: str) -> list[str]:
+    """The claims (the keys of each `check_claims({...})` literal) of a cell's source."""
+    tree = ast.parse(source)
+    return [key.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "check_claims"
+            and node.args and isinstance(node.args[0], ast.Dict)
+            for key in node.args[0].keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+
+
+def _claims_on_first_line(path: Path) -> list[tuple[int, str]]:
+    return [(i, claim) for i, cell in _code_cells(path) if "claim-check" in _tags(cell)
+            for claim in _claims_checked(cell.source) if claim in cell.source.split("\n")[0]]
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="a claim on a claim-check's first line"))
+    if p.stem in _CLAIM_ON_FIRST_LINE else p for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
+def test_a_collapsed_claim_check_shows_no_claim_on_its_first_line(path: Path):
+    """JupyterLab shows the first line of a collapsed cell above its output: a claim there is the prose's claim
+    printed a second time, in code."""
+    shown = _claims_on_first_line(path)
+    assert not shown, f"{path.name}: open the claim-check with `check_claims({{` on a line of its own: {shown}"
+
+
+def test_the_first_line_rule_finds_a_claim_there_and_not_below():
+    assert _claims_checked('x = 1\ncheck_claims({"a": x > 0,\n    "b": True}, any_profile=True)') == ["a", "b"]
+    assert _claims_checked("check_claims(claims)\nprint('a')") == []
+    cell = 'check_claims({"x is positive": x > 0,\n              "y too": y > 0})'
+    assert [c for c in _claims_checked(cell) if c in cell.split("\n")[0]] == ["x is positive"]
+    cell = 'check_claims({\n    "x is positive": x > 0,\n})'
+    assert [c for c in _claims_checked(cell) if c in cell.split("\n")[0]] == []

@@ -79,8 +79,37 @@ def notebook_pages() -> list[str]:
 # ---------------------------------------------------------------- executed notebooks
 
 
-def stale_reason(stored: Path, executed: Path) -> str | None:
-    """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or None."""
+#: a notebook that cannot be read whole (missing, or cut short: an editor saving it) is read again this many
+#: times, this far apart, before the build gives up on it
+READ_TRIES = 5
+READ_PAUSE_S = 0.2
+
+
+def read_stored(path: Path) -> tuple[bytes, dict]:
+    """The bytes of notebook `path` and its JSON, read again while it is missing or not a whole notebook (a save in
+    progress: JupyterLab rewrites the file in place); SystemExit with one line naming the file if it stays so."""
+    problem = ""
+    for attempt in range(READ_TRIES):
+        if attempt:
+            time.sleep(READ_PAUSE_S)
+        try:
+            data = path.read_bytes()
+            notebook = json.loads(data.decode("utf-8"))
+        except FileNotFoundError:
+            problem = "missing"
+            continue
+        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError: a file being written
+            problem = f"not a whole notebook ({type(error).__name__})"
+            continue
+        if isinstance(notebook, dict) and isinstance(notebook.get("cells"), list):
+            return data, notebook
+        problem = "not a notebook (no list of cells)"
+    raise SystemExit(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an editor is saving it, "
+                     "run the build again")
+
+
+def _stale_against(stored: dict, executed: Path) -> str | None:
+    """Why `executed` cannot stand for the notebook `stored` (its JSON) on the site, or None."""
     if not executed.is_file():
         return "missing"
     try:  # a copy cut short (a killed run, a full disk) is run again, like a missing one
@@ -88,32 +117,48 @@ def stale_reason(stored: Path, executed: Path) -> str | None:
         ran_sources = [c["source"] for c in ran["cells"]]
     except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return f"unreadable ({type(error).__name__})"
-    if ran_sources != [c["source"] for c in json.loads(stored.read_text(encoding="utf-8"))["cells"]]:
+    if ran_sources != [c["source"] for c in stored["cells"]]:
         return "from an older version of the notebook"
     if any(o.get("output_type") == "error" for c in ran["cells"] for o in c.get("outputs", [])):
         return "its run failed"
     return None
 
 
-def ensure_executed(executed_dir: Path) -> None:
-    """Execute (tiny profile) every notebook whose executed copy is missing or stale."""
-    todo = {p.stem: stale_reason(p, executed_dir / p.name) for p in course_notebooks()}
-    todo = {stem: why for stem, why in todo.items() if why}
-    if not todo:
-        return
-    print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
+def stale_reason(stored: Path, executed: Path) -> str | None:
+    """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or None."""
+    return _stale_against(read_stored(stored)[1], executed)
+
+
+def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> None:
+    """Execute (tiny profile) every notebook of `notebooks_dir` (notebooks/) whose executed copy is missing or stale.
+
+    Each notebook is read once, into a scratch folder, and that copy is what runs and what its executed copy is
+    compared with: a notebook saved meanwhile (JupyterLab's autosave) changes neither, and is run again next time."""
     with tempfile.TemporaryDirectory(prefix="rlhf-site-") as scratch:  # run_course writes a failed run too
+        copies, ran = Path(scratch) / "notebooks", Path(scratch) / "executed"
+        copies.mkdir()
+        todo = {}
+        for path in course_notebooks() if notebooks_dir is None else course_notebooks(notebooks_dir):
+            data, stored = read_stored(path)
+            why = _stale_against(stored, executed_dir / path.name)
+            if why:
+                (copies / path.name).write_bytes(data)
+                todo[path.stem] = why
+        if not todo:
+            return
+        print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
         # what the runs train goes to the scratch folder, the content-keyed caches to the tests' (build/):
         # nothing is written into the checkout outside build/
         env = {**os.environ, "RLHF_PROFILE": os.environ.get("RLHF_PROFILE", "tiny"),
                "RLHF_RUNS_DIR": str(Path(scratch) / "runs"),
                "RLHF_CACHE_DIR": os.environ.get("RLHF_CACHE_DIR") or str(ROOT / "build" / "test-cache")}
-        run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--out", scratch, *todo],
-                             cwd=ROOT, env=env)
+        run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--notebooks", str(copies),
+                              "--out", str(ran), *todo], cwd=ROOT, env=env)
         executed_dir.mkdir(parents=True, exist_ok=True)
         for stem in todo:  # only the runs that passed replace what was there, as the notebook tests do
-            if stale_reason(ROOT / "notebooks" / f"{stem}.ipynb", Path(scratch) / f"{stem}.ipynb") is None:
-                shutil.copy(Path(scratch) / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
+            copy = json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8"))
+            if _stale_against(copy, ran / f"{stem}.ipynb") is None:
+                shutil.copy(ran / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
     if run.returncode != 0:
         raise SystemExit("a notebook failed to execute (above); the site needs every notebook executed")
 
@@ -204,7 +249,9 @@ def index_markdown(readme: str) -> str:
 
 
 def figure_html(figure: dict, element_id: str) -> str:
-    """A plotly figure (JSON) as a <div> drawn by the page's plotly.js, as wide as the page."""
+    """A plotly figure (JSON) as a <div> drawn by the page's plotly.js, fitted to the width it is drawn at by the
+    site's script (site/static/rlhf-figures.js: titles wrapped, panels stacked and the legend moved under the plot
+    on a phone)."""
     layout = {k: v for k, v in figure.get("layout", {}).items() if k != "width"}
     height = layout.get("height", 450)
     spec = json.dumps({"data": figure.get("data", []), "layout": layout},
@@ -212,9 +259,9 @@ def figure_html(figure: dict, element_id: str) -> str:
     return (f'<div id="{element_id}" class="rlhf-site-figure" style="width:100%;height:{height}px"></div>\n'
             '<script type="text/javascript">(function () {\n'
             f'  var fig = {spec};\n'
-            f'  function draw() {{ Plotly.newPlot("{element_id}", fig.data, fig.layout, '
-            '{displaylogo: false, responsive: true}); }\n'
-            '  if (window.Plotly) { draw(); } else { window.addEventListener("load", draw); }\n'
+            f'  function draw() {{ rlhfFigures.draw(document.getElementById("{element_id}"), fig.data, fig.layout); }}'
+            '\n'
+            '  if (window.Plotly && window.rlhfFigures) { draw(); } else { window.addEventListener("load", draw); }\n'
             '})();</script>')
 
 

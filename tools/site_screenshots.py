@@ -5,9 +5,9 @@
 Serves the built site (`make site`) on 127.0.0.1 and opens each notebook page in headless Chromium at
 1400 px and at 390 px (the widths tests/test_site_browser.py checks). For each it writes a full-page
 JPEG, `<out>/desktop/<notebook>.jpg` (drawn at half scale: the layout, not the text, is what a later round
-compares) and `<out>/phone/<notebook>.jpg`, and prints the counts the browser test asserts are zero: display
-formulas, tables and output lines cut off, whether the page is wider than the window, and figures whose
-labels collide. The checks are the test's own (imported from it), so the counts mean what the test means.
+compares) and `<out>/phone/<notebook>.jpg`, and prints the counts the browser test asserts are zero: a page cut
+off or wider than the window, and tests/site_defects.py's formulas, tables, figures and explorers. The checks are
+the test's own (imported from it), so the counts mean what the test means.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_site_browser import CLIPPED, FIGURES, MATH, PHONE, VIEWPORT, label_collisions  # noqa: E402
+from test_site_browser import CLIPPED, DRAWN, FITTED, MATH, PHONE, VIEWPORT, site_defects  # noqa: E402
 
 WIDTHS = {"desktop": (VIEWPORT, 0.5), "phone": (PHONE, 0.5)}  #: name -> (window, device scale of the screenshot)
 JPEG_QUALITY = 45  #: enough to compare layouts
@@ -60,7 +60,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     server, url = _serve(args.site)
-    totals = {name: {"formulas": 0, "tables": 0, "lines": 0, "wide pages": 0, "colliding figures": 0}
+    totals = {name: {"page cut or too wide": 0, "formulas": 0, "tables": 0, "figures": 0, "explorers": 0}
               for name in WIDTHS}
     try:
         with sync_playwright() as p:
@@ -75,19 +75,17 @@ def main() -> None:
                     page.goto(f"{url}notebooks/{path.name}", wait_until="load")
                     page.wait_for_function(f"() => ({MATH})().done", timeout=60_000)
                     _scroll_through(page)
+                    page.wait_for_function(f"() => ({DRAWN})().every(Boolean) && ({FITTED})()", timeout=60_000)
                     clipped = page.evaluate(CLIPPED)
-                    collisions = label_collisions(page, FIGURES.split(", ")[0] if name == "desktop"
-                                                  else ".rlhf-static-explorer")
+                    defects = site_defects(page)
                     counts = totals[name]
-                    counts["formulas"] += sum(c.startswith("formula") for c in clipped)
-                    counts["tables"] += sum(c.startswith("table") for c in clipped)
-                    counts["lines"] += sum(c.startswith("pre") for c in clipped)
-                    counts["wide pages"] += sum(c.startswith("page") for c in clipped)
-                    counts["colliding figures"] += len(collisions)
+                    counts["page cut or too wide"] += len(clipped)
+                    for rule, lines in defects.items():
+                        counts[rule] += len(lines)
                     shot = args.out / name / f"{path.stem}.jpg"
                     page.screenshot(path=str(shot), full_page=True, type="jpeg", quality=JPEG_QUALITY)
-                    print(f"{name:8s} {path.stem:22s} {len(clipped)} cut, {len(collisions)} colliding figures, "
-                          f"{shot.stat().st_size / 1e6:.2f} MB")
+                    found = sum(map(len, defects.values())) + len(clipped)
+                    print(f"{name:8s} {path.stem:22s} {found} defects, {shot.stat().st_size / 1e6:.2f} MB")
                 context.close()
             browser.close()
     finally:

@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
-# **Time:** about 115 min for the core; the deep dives add about 85 min.
+# **Time:** about 120 min for the core; the deep dives add about 85 min.
 #
 # **You will learn** where every model starts (SFT); preference data and the Bradley-Terry loss; the best
 # accuracy noisy labels allow; and a reward model as the SFT model plus a LoRA adapter and a score head
@@ -34,6 +34,7 @@ from plotly.subplots import make_subplots
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import rlhf_helpers
+from rlhf_helpers.core.printed import format_number, wrap_printed
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.ppo.sampling import sample
 from rlhf_helpers.runtime.artifacts import shown_path
@@ -238,9 +239,13 @@ print(f"{len(train_pairs)} training pairs, {len(test_pairs)} held-out pairs; ann
 for pair in test_pairs[:3]:
     h_c, h_r = hidden_scores([pair["prompt"]] * 2, [pair["chosen"], pair["rejected"]])
     p = annotator.probability(pair["prompt"], pair["chosen"], pair["rejected"])
-    print(f"\n{pair['prompt']}\n  chosen   (hidden {h_c:+.2f}):{pair['chosen']}\n"
-          f"  rejected (hidden {h_r:+.2f}):{pair['rejected']}\n  P(annotator prefers chosen) = {p:.2f}")
-print("\nterms of the first chosen response:", score_breakdown(test_pairs[0]["prompt"], test_pairs[0]["chosen"]))
+    print(wrap_printed(f"\n{pair['prompt']}\n  chosen   (hidden {h_c:+.2f}):{pair['chosen']}\n"
+                       f"  rejected (hidden {h_r:+.2f}):{pair['rejected']}\n  P(annotator prefers chosen) = {p:.2f}",
+                       indent=" " * 25))  # a response's next lines start under its first word
+first_terms = score_breakdown(test_pairs[0]["prompt"], test_pairs[0]["chosen"])
+print(wrap_printed(f"\nterms of the first chosen response (total {first_terms.total:+.2f}):\n  " + ", ".join(
+    f"{name} {format_number(getattr(first_terms, name), '+.2f')}"
+    for name in ("sentiment", "specificity", "fluency", "repetition", "length", "genre"))))
 
 # %% [markdown]
 # ### Label noise, and the best accuracy any reward model can reach
@@ -270,8 +275,8 @@ best_odds = torch.maximum(p_chosen, 1 - p_chosen)  # (N,): c_i, the perfect mode
 ceiling_se = ((best_odds * (1 - best_odds)).sum().sqrt() / len(best_odds)).item()
 flipped = (h_chosen < h_rejected).float().mean().item()
 print(f"held-out pairs whose 'chosen' has the LOWER hidden score: {flipped:.1%}")
-print(f"annotator ceiling on the {len(best_odds)} held-out pairs: {ceiling:.3f} +- {ceiling_se:.3f} "
-      "(standard error of a perfect model's measured accuracy)")
+print(f"annotator ceiling on the {len(best_odds)} held-out pairs: {ceiling:.3f} +- {ceiling_se:.3f}\n"
+      "  (+-: the standard error of a perfect model's measured accuracy)")
 
 fig = go.Figure(go.Histogram(x=p_chosen.tolist(), nbinsx=40))
 fig.update_layout(title=f"P(annotator prefers the labelled 'chosen') over held-out pairs (ceiling {ceiling:.3f})",
@@ -599,8 +604,8 @@ lora_demo = get_peft_model(lora_demo, lora_config(profile.lora.r, profile.lora.a
 layer = next(m for m in lora_demo.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
 A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # (r, d_in), (d_out, r)
 layout = "(d_in, d_out) by GPT-2's Conv1D" if conv1d else "(d_out, d_in) by nn.Linear"
-print(f"one MLP projection ({mlp_in}): W0 {tuple(layer.base_layer.weight.shape)} (stored {layout}), "
-      f"A {tuple(A.shape)}, B {tuple(B.shape)}; B is all zero at the start: {bool((B == 0).all())}")
+print(f"one MLP projection ({mlp_in}): W0 {tuple(layer.base_layer.weight.shape)} (stored {layout}),\n"
+      f"  A {tuple(A.shape)}, B {tuple(B.shape)}; B is all zero at the start: {bool((B == 0).all())}")
 with torch.no_grad():
     B.copy_(torch.randn(B.shape, generator=torch.Generator().manual_seed(0)))  # pretend training moved B
     x = torch.randn(3, A.shape[1], generator=torch.Generator().manual_seed(1)).to(A.device)  # (N, d_in)
@@ -610,8 +615,8 @@ with torch.no_grad():
     # float32 sums of d_in products in another order differ by ~1e-6 relative; a wrong formula by O(1)
     torch.testing.assert_close(layer(x), f_scratch, rtol=1e-5, atol=1e-5)
 d_in, d_out = A.shape[1], B.shape[0]
-print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer; trained numbers per projection: "
-      f"{profile.lora.r * (d_in + d_out):,} instead of {d_in * d_out:,}")
+print(f"f(x) = W0 x + (alpha / r) B A x matches peft's layer;\n"
+      f"  trained numbers per projection: {profile.lora.r * (d_in + d_out):,} instead of {d_in * d_out:,}")
 del lora_demo
 
 # %% [markdown]
@@ -629,6 +634,7 @@ import tempfile
 
 from datasets import Dataset
 from peft import LoraConfig
+from transformers import PrinterCallback
 from trl import RewardConfig, RewardTrainer
 
 from rlhf_helpers.ppo.adapters import uses_conv1d
@@ -652,6 +658,7 @@ with tempfile.TemporaryDirectory() as scratch:
     )
     demo_trainer = RewardTrainer(model=demo_base, args=demo_args, processing_class=demo_tokenizer,
                                  peft_config=demo_lora, train_dataset=Dataset.from_list(train_pairs[:256]))
+    demo_trainer.remove_callback(PrinterCallback)  # its raw log dicts: the losses are printed below
     demo_trainer.train()
 losses = [round(entry["loss"], 3) for entry in demo_trainer.state.log_history if "loss" in entry]
 print(f"Bradley-Terry loss after 4 and 8 steps: {losses} (log 2 = {math.log(2):.3f} is a coin flip)")
@@ -672,12 +679,12 @@ from rlhf_helpers.stages.reward import ensure_reward_model, is_cached_reward_mod
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, score_pairs
 
 reward_config = RewardTrainingConfig.from_profile(profile)
-print(reward_config)
+print(wrap_printed(str(reward_config), indent=" " * 4))
 was_cached = is_cached_reward_model(profile, reward_config)
 print("loading the cached reward adapter" if was_cached else "training the reward adapter (TRL RewardTrainer)...")
 reward_dir = ensure_reward_model(profile, reward_config)
 stored = reward_metrics(reward_dir)
-print(f"reward adapter in {shown_path(reward_dir)}; trained on {stored['train_pairs']:.0f} distinct pairs "
+print(f"reward adapter in {shown_path(reward_dir)};\n  trained on {stored['train_pairs']:.0f} distinct pairs "
       f"({stored.get('pairs_seen', stored['train_pairs']):.0f} pair passes) in {stored['train_seconds']:.0f} s")
 
 reward_model = PeftModel.from_pretrained(load_sequence_classifier(profile, num_labels=1), str(reward_dir)).eval()
@@ -731,8 +738,8 @@ with torch.no_grad():
     scratch_scores = score_head(hidden[:, -1, :]).squeeze(-1)  # (B,): left padding -> last column
 library_scores = score_pairs(reward_model, tokenizer, prompts, responses).to(device)  # (B,)
 torch.testing.assert_close(scratch_scores, library_scores, rtol=1e-4, atol=1e-4)
-print("last-column reading matches rlhf_helpers.stages.reward_training.score_pairs:",
-      [round(s, 3) for s in scratch_scores.tolist()])
+print("last-column reading matches rlhf_helpers.stages.reward_training.score_pairs:\n  "
+      + ", ".join(format_number(s, "+.3f") for s in scratch_scores.tolist()))
 
 # %% [markdown]
 # ### Deep dive: the same batch right-padded, read at the last column
@@ -852,7 +859,9 @@ print(f"held-out pairwise accuracy {accuracy:.3f}; annotator ceiling {ceiling:.3
 # about 85%.
 
 # %% tags=["claim-check"]
-check_claims({"accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84})
+check_claims({
+    "accuracy about 81% (0.78 to 0.84)": 0.78 < accuracy < 0.84,
+})
 
 # %% [markdown]
 # ### Deep dive: whose shortfall is it, and learned against hidden
@@ -986,10 +995,10 @@ unclipped = [t.sentiment + t.specificity + t.fluency + t.repetition + t.length +
 cost_per_word = [t.repetition / n for t, n in zip(terms, n_repeated, strict=True) if n > 0]
 print(f"prompt: {prompt}\nsentence:{sentence}")
 print(f"hidden score: {cost_per_word[0]:+.1f} per repeated content word, total clipped to "
-      f"[{-SCORE_BOUND:+.0f}, {SCORE_BOUND:+.0f}]; 90th percentile of the learned reward on real held-out "
-      f"responses: {typical:+.2f}")
+      f"[{-SCORE_BOUND:+.0f}, {SCORE_BOUND:+.0f}]\n"
+      f"90th percentile of the learned reward on real held-out responses: {typical:+.2f}")
 display(pd.DataFrame({"times repeated": repeats, "learned reward": gaming_learned, "hidden score": gaming_hidden,
-                      "repeated content words": n_repeated, "repetition term": [t.repetition + 0.0 for t in terms],
+                      "repeated content words": n_repeated, "repetition term": [t.repetition for t in terms],
                       "sum of the terms before the clip": unclipped}).set_index("times repeated").round(2))
 
 # %% tags=["claim-check"]

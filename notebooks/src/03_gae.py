@@ -35,6 +35,7 @@ from IPython.display import display
 
 import rlhf_helpers
 from rlhf_helpers import widgets
+from rlhf_helpers.core.printed import cell_formatter
 from rlhf_helpers.course.claims import check_claims
 
 torch.manual_seed(0)
@@ -700,7 +701,7 @@ real = mask_big.bool()  # (B, T)
 display(pd.DataFrame(
     [{"whitening": name, "mean over real tokens": float(w[real].mean()), "std over real tokens": float(w[real].std()),
       "max |value at padding|": float(w[~real].abs().max())} for name, w in (("masked", white), ("unmasked", naive))]
-).style.hide(axis="index").format(precision=3))
+).style.hide(axis="index").format(cell_formatter(".3f")))
 
 # %%
 # sigma over the real tokens against sigma over every position (padding zeros included): for this batch,
@@ -710,7 +711,7 @@ sigmas = {}
 for label, moved in (("this batch", adv_big * mask_big), ("moved by +3 sigma", (adv_big + 3 * sigma_of_real) * mask_big)):
     sigmas[label] = {"mean over real tokens": moved[real].mean().item(), "sigma over real tokens": moved[real].std().item(),
                      "sigma with the padding zeros": moved.std().item()}
-display(pd.DataFrame(sigmas).T.style.format(precision=3))
+display(pd.DataFrame(sigmas).T.style.format(cell_formatter(".3f")))
 
 # %% [markdown]
 # For this batch, whose real advantages are centred near 0 compared with their spread, the zeros

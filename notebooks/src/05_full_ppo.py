@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 01-04 (the policy gradient, the reward model, GAE, the clipped loss);
 # Exercise 2 here reuses your `gae_loop` from notebook 03.
 #
-# **Time:** about 115 min for the core; the deep dives add about 225 min.
+# **Time:** about 120 min for the core; the deep dives add about 225 min.
 #
 # **You will learn**
 # - the four roles of RLHF-PPO and how one base model plays them all with LoRA adapters;
@@ -62,6 +62,7 @@ import torch
 from IPython.display import display
 
 import rlhf_helpers
+from rlhf_helpers.core.printed import cell_formatter, format_number, wrap_printed
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import learner_pieces
@@ -121,8 +122,8 @@ config = profile.ppo.replace(output_dir=str(new_run_dir(runs_dir() / "05_full_pp
 reward_dir = ensure_reward_model(profile)
 stored = reward_metrics(reward_dir)
 print(f"this run writes its checkpoints to {shown_path(config.output_dir)}")
-print(f"reward adapter: {shown_path(reward_dir)}  (held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
-      f"correlation with the hidden score {stored['score_hidden_correlation']:.3f})")
+print(f"reward adapter: {shown_path(reward_dir)}\n  held-out pairwise accuracy {stored['pairwise_accuracy']:.3f}, "
+      f"correlation with the hidden score {stored['score_hidden_correlation']:.3f}")
 model, tokenizer = build_shared_model(profile, config, reward_dir)
 print("adapters on the one base model:", list(model.peft.peft_config))
 gen = torch.Generator().manual_seed(profile.seed)
@@ -682,7 +683,7 @@ clipped_config = check_config.replace(max_grad_norm=0.5 * min(norms))  # binds o
 clipped_run = library_update(clipped_config)
 restore_check_model()
 print(f"library update: {len(free_run[0])} minibatch steps per adapter; largest clip fraction "
-      f"{max(row['clipfrac'] for row in free_run[2]):.2f}; policy gradient norms {min(norms):.2f}-{max(norms):.2f}, "
+      f"{max(row['clipfrac'] for row in free_run[2]):.2f};\n  policy gradient norms {min(norms):.2f}-{max(norms):.2f}, "
       f"clipped to {clipped_config.max_grad_norm:.2f} in the second setting")
 
 
@@ -786,7 +787,7 @@ exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
 
 # %%
 for key in ("score", "hidden_score", "kl", "clipfrac", "approx_kl", "value_loss", "explained_variance"):
-    print(f"{key:<19} {GLOSSARY[key]}")
+    print(wrap_printed(f"{key:<19} {GLOSSARY[key]}", indent=" " * 20))
 
 # %%
 YOUR_EXERCISES = {"shape_rewards_fn": "Exercise 1 (shaped_rewards)", "advantage_fn": "Exercise 2 (gae_loop)",
@@ -795,11 +796,11 @@ torch.manual_seed(profile.seed)
 model, tokenizer = build_shared_model(profile, config, reward_dir)  # fresh adapters: re-running restarts
 fp16 = {"update_fn": "an fp16 base needs the library's update, with its loss scaling"} if needs_grad_scaler(model) else {}
 pieces, pieces_said = learner_pieces(YOUR_EXERCISES, globals(), fp16)  # each by its name, checked again if redefined
-print("\n".join(pieces_said))
+print(wrap_printed("\n".join(pieces_said)))
 trainer = PPOTrainer(config, model, tokenizer, train_prompts, hidden_score_fn=hidden_scores, **pieces)
 start_eval = trainer.evaluate(eval_prompts)
-print("before training (the SFT model), held-out prompts: "
-      + ",  ".join(f"{key} {value:.3f}" for key, value in start_eval.items()))
+print(wrap_printed("before training (the SFT model), held-out prompts: "
+                   + ",  ".join(f"{key} {format_number(value, '.3f')}" for key, value in start_eval.items())))
 
 # %%
 CURVES = ("score", "hidden_score", "kl", "clipfrac", "value_loss", "explained_variance")
@@ -834,7 +835,7 @@ early, late = history[:5], history[-5:]
 curve_table = pd.DataFrame([{"metric": key, "first 5 steps": mean_of(early, key), "last 5 steps": mean_of(late, key)}
                             for key in ("score", "hidden_score", "kl", "clipfrac", "explained_variance")
                             if key in history[-1]])
-display(curve_table.style.hide(axis="index").format(precision=3)
+display(curve_table.style.hide(axis="index").format(cell_formatter(".3f"))
         .set_caption(f"Training batches, mean of the first and last 5 of {len(history)} steps"))
 print(f"time per step {np.mean([h['time_step'] for h in history]):.1f} s")
 
@@ -883,7 +884,7 @@ check_claims({
 from rlhf_helpers.ppo.diagnosis import format_findings
 
 run_diagnosis = diagnose(trainer)
-print(format_findings(run_diagnosis))
+print(wrap_printed(format_findings(run_diagnosis)))
 
 # %% tags=["claim-check"]
 check_claims({
@@ -942,7 +943,7 @@ bug_table = pd.DataFrame([{"run": name, **{key: mean_of(rows[-5:], key) for key 
                                                                                      "clipfrac")}}
                           for name, rows in (("this run", history[:BUG_STEPS]), ("ratio against the reference",
                                                                                  bug_history))])
-display(bug_table.style.hide(axis="index").format(precision=3)
+display(bug_table.style.hide(axis="index").format(cell_formatter(".3f"))
         .set_caption(f"Mean of steps {BUG_STEPS - 4}-{BUG_STEPS}"))
 
 # %% [markdown]
@@ -1000,7 +1001,7 @@ for who, adapter in (("SFT (reference)", None), ("PPO policy", "policy")):
         rows.append({"model": who, "prompt": prompt, "response": response, "learned": round(s, 2),
                      "hidden": round(h, 2), "gap": round(s - h, 2), "genre term": round(genre_term, 2)})
 samples_table = pd.DataFrame(rows).sort_values(["prompt", "model"], kind="stable").reset_index(drop=True)
-display(samples_table.style.hide(axis="index").format(precision=2)
+display(samples_table.style.hide(axis="index").format(cell_formatter(".2f"))
         .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
         .set_caption("The same prompts and sampling seed, before (SFT) and after PPO"))
 
@@ -1016,20 +1017,22 @@ gap_row = policy_rows.loc[policy_rows["gap"].idxmax()]
 terms = score_breakdown(gap_row["prompt"], gap_row["response"])
 sft_row = samples_table[(samples_table["model"] == "SFT (reference)")
                         & (samples_table["prompt"] == gap_row["prompt"])].iloc[0]
-print(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}")
-print(f"learned {gap_row['learned']:+.2f}   hidden {gap_row['hidden']:+.2f}   gap {gap_row['gap']:+.2f};  "
-      f"the SFT model's sample for this prompt: gap {sft_row['gap']:+.2f}")
+print(wrap_printed(f"prompt:   {gap_row['prompt']}\nresponse: {gap_row['response']}"))
+print(f"learned {format_number(gap_row['learned'], '+.2f')}   hidden {format_number(gap_row['hidden'], '+.2f')}   "
+      f"gap {format_number(gap_row['gap'], '+.2f')};  "
+      f"the SFT model's sample for this prompt: gap {format_number(sft_row['gap'], '+.2f')}")
 worst_terms = sorted(((name, getattr(terms, name)) for name in ("sentiment", "specificity", "fluency",
                                                                  "repetition", "length", "genre")),
                      key=lambda item: item[1])
-print("hidden score terms, worst first: " + ", ".join(f"{name} {value:+.2f}" for name, value in worst_terms))
+print(wrap_printed("hidden score terms, worst first: "
+                   + ", ".join(f"{name} {format_number(value, '+.2f')}" for name, value in worst_terms)))
 pairs = load_preferences("train")
 genre_pairs = sum(score_breakdown(p["prompt"], p["chosen"]).genre != score_breakdown(p["prompt"], p["rejected"]).genre
                   for p in pairs)
 print(f"preference pairs whose two responses differ in the genre term: {genre_pairs} of {len(pairs)}")
 gap_summary = samples_table.groupby("model", sort=False).agg(
     mean_gap=("gap", "mean"), wrong_genre=("genre term", lambda terms: int((terms < 0).sum())))
-display(gap_summary.round(2))
+display(gap_summary.style.format(cell_formatter(".2f")))
 
 # %% [markdown]
 # Here the policy's largest gap is a review of the **wrong genre** (its genre term is negative): it keeps
@@ -1065,9 +1068,9 @@ check_claims({
 recorded_run = json.loads((Path(rlhf_helpers.__file__).resolve().parents[1]
                            / "benchmarks/results/gpu-h200-2026-11-26/realweights.json").read_text())
 recorded_ppo = recorded_run["profile"]["ppo"]
-print("settings: " + ", ".join(f"{key} {recorded_ppo[key]}" for key in (
+print(wrap_printed("settings: " + ", ".join(f"{key} {recorded_ppo[key]}" for key in (
     "kl_coef", "policy_lr", "value_lr", "clip_eps", "rollout_batch_size", "mini_batch_size", "ppo_epochs",
-    "max_new_tokens", "temperature")) + f", LoRA r {recorded_ppo['lora']['r']}")
+    "max_new_tokens", "temperature")) + f", LoRA r {recorded_ppo['lora']['r']}"))
 print("seconds on the H200: " + ", ".join(f"{stage} {sec:.0f}" for stage, sec in recorded_run["seconds"].items()))
 steps = len(recorded_run["curves"]["score"])
 recorded_history = [{"step": i + 1, **{key: values[i] for key, values in recorded_run["curves"].items()}}
@@ -1076,16 +1079,16 @@ plot_curves(recorded_history, keys=("score", "hidden_score", "kl", "response_len
                                     "explained_variance"), columns=3,
             title="Recorded: SmolLM2-135M-Instruct (4-bit) under PPO, gpu profile on an H200").show()
 before, after = recorded_run["eval_before"], recorded_run["eval_after"]
-display(pd.DataFrame([{"held-out (200 prompts)": name, "before PPO": before[key] + 0.0, "after PPO": after[key] + 0.0}
+display(pd.DataFrame([{"held-out (200 prompts)": name, "before PPO": before[key], "after PPO": after[key]}
                       for name, key in (("learned score", "eval_score"), ("hidden score", "eval_hidden_score"),
                                         ("KL to the SFT model (nats)", "eval_kl"),
                                         ("response length (tokens)", "eval_response_length"))])
-        .style.hide(axis="index").format(precision=2)
+        .style.hide(axis="index").format(cell_formatter(".2f"))
         .set_caption("Recorded gpu-profile run: held-out evaluation before and after PPO"))
 reward_run = recorded_run["reward_metrics"]
-print(f"recorded reward model: pairwise accuracy {reward_run['pairwise_accuracy']:.3f} "
-      f"(annotator ceiling {reward_run['annotator_ceiling']:.3f}), "
-      f"correlation with the hidden score {reward_run['score_hidden_correlation']:.2f}")
+print(wrap_printed(f"recorded reward model: pairwise accuracy {reward_run['pairwise_accuracy']:.3f} "
+                   f"(annotator ceiling {reward_run['annotator_ceiling']:.3f}), "
+                   f"correlation with the hidden score {reward_run['score_hidden_correlation']:.2f}"))
 
 # %% [markdown]
 # The panels are the metrics of section 4's curves, per PPO step: `score` is the learned reward,
@@ -1105,10 +1108,10 @@ for sample in recorded_run["samples"]:
                               "response": answer["response"], "learned": answer["score"],
                               "hidden": answer["hidden_score"], "gap": answer["score"] - answer["hidden_score"],
                               "sentiment": terms.sentiment, "specificity": terms.specificity,
-                              "fluency": terms.fluency + 0.0, "repetition": terms.repetition + 0.0,
-                              "length, genre": terms.length + terms.genre + 0.0})
+                              "fluency": terms.fluency, "repetition": terms.repetition,
+                              "length, genre": terms.length + terms.genre})
 recorded_samples = pd.DataFrame(recorded_rows)
-display(recorded_samples.style.hide(axis="index").format(precision=2)
+display(recorded_samples.style.hide(axis="index").format(cell_formatter(".2f"))
         .set_properties(subset=["prompt", "response"], **{"text-align": "left", "white-space": "normal"})
         .set_caption("Recorded gpu-profile run: the SFT model and the PPO policy, same prompts and seed"))
 
@@ -1210,9 +1213,9 @@ bon_points = pd.DataFrame([{"n": k, "KL (nats)": best_of_n_kl(k), "hidden score"
                             "learned score": bon.reward_mean(k)} for k in (1, 2, 4, 8)])
 ppo_points = pd.DataFrame([{"step": e["step"], "KL (nats)": e["eval_kl"], "hidden score": e["eval_hidden_score"],
                             "learned score": e["eval_score"]} for e in ppo_evals])
-display(bon_points.style.hide(axis="index").format(precision=3)
+display(bon_points.style.hide(axis="index").format(cell_formatter(".3f"))
         .set_caption("Best-of-n of the SFT model (KL: the bound log n - (n-1)/n)"))
-display(ppo_points.style.hide(axis="index").format(precision=3)
+display(ppo_points.style.hide(axis="index").format(cell_formatter(".3f"))
         .set_caption("PPO's held-out evaluations during training (KL: the k1 sum per response)"))
 
 # %%
@@ -1239,12 +1242,12 @@ final = ppo_points.iloc[-1]
 by_kl = ppo_points.sort_values("KL (nats)")  # PPO's curve, read at best-of-n's KLs (linear in between)
 bon_points["PPO at this KL"] = np.interp(bon_points["KL (nats)"], by_kl["KL (nats)"], by_kl["hidden score"])
 matched = bon_points[(bon_points["n"] > 1) & (bon_points["KL (nats)"] <= final["KL (nats)"])]
-display(matched.style.hide(axis="index").format(precision=3)
+display(matched.style.hide(axis="index").format(cell_formatter(".3f"))
         .set_caption("Hidden score at matched KL: best-of-n against PPO's curve"))
 noise = abs(ppo_points.iloc[0]["hidden score"] - bon_points.iloc[0]["hidden score"])
 settled = ppo_points[ppo_points["step"] >= 8]  # the evaluations from step 8 on
-print(f"two evaluations of the SFT model on different samples (step 0, best-of-1: other seeds) differ by "
-      f"{noise:.3f} in hidden score: the scale of noise here")
+print(wrap_printed(f"two evaluations of the SFT model on different samples (step 0, best-of-1: other seeds) "
+                   f"differ by {noise:.3f} in hidden score: the scale of noise here"))
 print(f"PPO's evaluations from step 8 to the end: KL {settled['KL (nats)'].min():.2f}-"
       f"{settled['KL (nats)'].max():.2f} nats, hidden score {settled['hidden score'].min():.3f}-"
       f"{settled['hidden score'].max():.3f}")
@@ -1361,9 +1364,11 @@ print(f"outside [1 - eps, 1 + eps]: {outside:.1%};  clip fraction with this batc
 # not the movement itself: some ratios end well outside the band.
 
 # %% tags=["claim-check"]
-check_claims({"a clipped token is always outside the band": clip_fraction <= outside,
-              "some ratios end well outside the band (beyond 1 + 2 eps or below 1 - 2 eps)":
-              bool(((batch_ratios - 1).abs() > 2 * eps).any())})
+check_claims({
+    "a clipped token is always outside the band": clip_fraction <= outside,
+    "some ratios end well outside the band (beyond 1 + 2 eps or below 1 - 2 eps)":
+        bool(((batch_ratios - 1).abs() > 2 * eps).any()),
+})
 
 # %% [markdown]
 # ### Every ratio in the clip explorer
@@ -1465,11 +1470,11 @@ display(memory_table.round(3))
 total = memory_table["total (MB)"].to_numpy()
 print(f"adapters: {', '.join(f'{a} {sizes[a] / MB:.3f} MB' for a in ('policy', 'value', 'reward'))}; "
       f"base {base_bytes / MB:.3f} MB")
-print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;  one shared base instead of four: "
-      f"{total[1] / total[2]:.1f}x less;  both: {total[0] / total[2]:.1f}x less")
-print(f"this run: the shared model's parameters {model.parameter_bytes()['total'] / MB:.1f} MB; training rose "
-      f"{peak_rise_mb:.0f} MB above the memory held before it ({peak.how}): activations, gradients, Adam states "
-      "and the evaluation's sampling")
+print(f"LoRA instead of full fine-tuning: {total[0] / total[1]:.1f}x less;\n"
+      f"one shared base instead of four: {total[1] / total[2]:.1f}x less;  both: {total[0] / total[2]:.1f}x less")
+print(wrap_printed(f"this run: the shared model's parameters {model.parameter_bytes()['total'] / MB:.1f} MB; "
+                   f"training rose {peak_rise_mb:.0f} MB above the memory held before it ({peak.how}): activations, "
+                   "gradients, Adam states and the evaluation's sampling"))
 
 # %% [markdown]
 # The ratios are large even on the tiny model, because the base is kept once instead of four times and
@@ -1503,9 +1508,9 @@ if recorded_file.is_file():
     fig.show()
     for row in recorded["sizes"]:
         peak = row["peak_mb"]
-        print(f"{row['size']}: peak shared / four = {peak['shared'] / peak['four']:.2f}, "
-              f"shared / four with LoRA = {peak['shared'] / peak['four_lora']:.2f}")
-    print(f"(source: {recorded['source']})")
+        print(wrap_printed(f"{row['size']}: peak shared / four = {peak['shared'] / peak['four']:.2f}, "
+                           f"shared / four with LoRA = {peak['shared'] / peak['four_lora']:.2f}"))
+    print(wrap_printed(f"(source: {recorded['source']})"))
 else:  # a copy of the notebook without the repository's benchmarks folder
     print(f"recorded benchmark figures not found at {recorded_file}")
 

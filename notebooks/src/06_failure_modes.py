@@ -42,6 +42,7 @@ from IPython.display import display
 from plotly.subplots import make_subplots
 
 import rlhf_helpers
+from rlhf_helpers.core.printed import cell_formatter, format_number, wrap_printed
 from rlhf_helpers.core.tokens import mask_to_first_eos as library_mask_to_first_eos
 from rlhf_helpers.core.tolerances import ratio_tolerance
 from rlhf_helpers.course.claims import check_claims
@@ -77,8 +78,8 @@ if profile.device == "cpu":
 
 lab = LabSizes.from_profile(profile)  # smaller batches and fewer steps than a full run (notebook 05)
 lab_config = lab.ppo_config(profile)
-print(f"lab: {lab.batch} prompts/step, minibatch {lab.mini_batch}, {lab.epochs} epochs; {lab.long_steps} steps "
-      f"for the baseline and (c), {lab.short_steps} for (b); (e) over seeds {lab.seeds}")
+print(f"lab: {lab.batch} prompts/step, minibatch {lab.mini_batch}, {lab.epochs} epochs;\n"
+      f"  {lab.long_steps} steps for the baseline and (c), {lab.short_steps} for (b); (e) over seeds {lab.seeds}")
 
 reward_dir = ensure_reward_model(profile)  # trained in notebook 02 (trains now if it is not cached)
 model, tokenizer = build_shared_model(profile, lab_config, reward_dir)
@@ -129,8 +130,9 @@ def doctor(history_or_run, facts=None):
 baseline_findings = doctor(baseline)
 
 # %% tags=["claim-check"]
-check_claims({"the baseline's one finding is the untrained critic, an info":
-              baseline_findings == {"untrained_critic": "info"}})
+check_claims({
+    "the baseline's one finding is the untrained critic, an info": baseline_findings == {"untrained_critic": "info"},
+})
 
 # %% [markdown]
 # ## (a) Reference log-probs used as the old log-probs
@@ -162,13 +164,13 @@ broken_a = run(RefAsOldTrainer, lab_config, lab.ref_as_old_steps, "(a) broken: r
 # profile): eps / 8, as the old log-probs' forward and the update's run on other shapes (core.tolerances)
 ratio_tol = ratio_tolerance(profile.dtype)
 first_ratios = [e["first_ratio_mean"] for e in fixed_a.extras]
-print(f"fixed: largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e} "
-      f"(the check below allows {ratio_tol:g}: {profile.dtype} rounding)")
+print(f"fixed: largest |first-minibatch ratio mean - 1| {max(abs(r - 1.0) for r in first_ratios):.1e}\n"
+      f"  (the check below allows {ratio_tol:g}: {profile.dtype} rounding)")
 table_a = pd.DataFrame([{"run": name, "step": k + 1, "ratio mean, first minibatch": e["first_ratio_mean"],
                          "clip fraction": row["clipfrac"], "approx-KL": row["approx_kl"]}
                         for name, lab_run in (("fixed", fixed_a), ("broken", broken_a))
                         for k, (e, row) in enumerate(zip(lab_run.extras, lab_run.history, strict=True))])
-display(table_a.style.hide(axis="index").format(precision=3))
+display(table_a.style.hide(axis="index").format(cell_formatter(".3f")))
 mean_a = table_a.groupby("run")[["clip fraction", "approx-KL"]].mean()  # mean over each run's steps
 
 # %% [markdown]
@@ -179,8 +181,12 @@ mean_a = table_a.groupby("run")[["clip fraction", "approx-KL"]].mean()  # mean o
 # steps, about 0.17 and 0.13, each more than ten times the fixed run's (about 0.01 and 0.003).
 
 # %% tags=["claim-check"]
-check_claims({"the fixed update starts every step at ratio 1, within float rounding":
-              all(abs(r - 1.0) < ratio_tol for r in first_ratios)}, any_profile=True)
+check_claims({
+    "the fixed update starts every step at ratio 1, within float rounding":
+        all(abs(r - 1.0) < ratio_tol for r in first_ratios),
+}, any_profile=True)
+
+# %% tags=["claim-check"]
 check_claims({
     "the fixed run's first-minibatch ratio deviates from 1 by less than 1e-6":
         max(abs(r - 1.0) for r in first_ratios) < 1e-6,
@@ -272,7 +278,8 @@ findings_b = {"fixed": doctor(baseline.history[: lab.short_steps], facts=diagnos
 print("\n(b) broken:")
 findings_b["broken"] = doctor(broken_b)
 for name, history in (("fixed", baseline.history[: lab.short_steps]), ("broken", broken_b.history)):
-    print(f"eos_in_mask of the {name} run, by step:", [round(row["eos_in_mask"], 3) for row in history])
+    print(wrap_printed(f"eos_in_mask of the {name} run, by step: "
+                       + ", ".join(format_number(row["eos_in_mask"], "g") for row in history)))
 
 # %% [markdown]
 # The doctor names it: `eos_masked`, an error. `eos_in_mask`, the share of sampled EOS tokens the
@@ -452,7 +459,8 @@ print("responses of the beta = 0 policy (its last batch), with their hidden scor
 hacked = broken_c.trainer.last_batch
 for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))[:3]:
     terms = score_breakdown(prompt, response)
-    print(f"  {response}\n    hidden {terms.total:+.2f} (fluency {terms.fluency:+.2f}, repetition {terms.repetition:+.2f}, "
+    print(wrap_printed(f"  {response}", indent=""))  # a long response goes on under its first word
+    print(f"    hidden {terms.total:+.2f} (fluency {terms.fluency:+.2f}, repetition {terms.repetition:+.2f}, "
           f"length {terms.length:+.2f})")
 
 # %% [markdown]
@@ -621,9 +629,9 @@ exercise_check("Exercise 2 (adaptive_kl_betas)", check_adaptive_kl_betas,
 # %%
 gain = min(lab.batch / lab_config.kl_horizon, 1.0)  # K_beta of one lab step at the config's horizon
 most = (1 + 0.2 * gain) ** lab.long_steps  # the largest rise over a whole lab run: e_t = +0.2 at every step
-print(f"horizon {lab_config.kl_horizon} samples, {lab.batch} responses per step: K_beta = {gain:.4f}, so beta "
-      f"moves by at most {0.2 * gain:.2%} a step and rises by a factor of at most {most:.4f} over {lab.long_steps} "
-      "steps")
+print(f"horizon {lab_config.kl_horizon} samples, {lab.batch} responses per step: K_beta = {gain:.4f},\n"
+      f"  so beta moves by at most {0.2 * gain:.2%} a step and rises by a factor of at most {most:.4f} "
+      f"over {lab.long_steps} steps")
 
 # %% [markdown]
 # **Units matter:** at the default horizon of 10,000 samples and this lab's 16 responses a step,
@@ -631,8 +639,10 @@ print(f"horizon {lab_config.kl_horizon} samples, {lab.batch} responses per step:
 # controller acts only with a horizon of a few batches.
 
 # %% tags=["claim-check"]
-check_claims({"K_beta = 0.0016 here; beta moves by less than 1% over a whole 30-step lab run":
-              lab.batch == 16 and lab.long_steps == 30 and abs(gain - 0.0016) < 1e-12 and 1.009 < most < 1.01})
+check_claims({
+    "K_beta = 0.0016 here; beta moves by less than 1% over a whole 30-step lab run":
+        lab.batch == 16 and lab.long_steps == 30 and abs(gain - 0.0016) < 1e-12 and 1.009 < most < 1.01,
+})
 
 # %% [markdown]
 # ### Deep dive: how far can the proxy be pushed?
@@ -705,16 +715,16 @@ enough = len(d_c) >= 6  # three coefficients need clearly more than three points
 fits = {form: fit_law(kl_c, hidden_c, form) for form in ("rl", "bon")}  # form -> (coefficients, RSS)
 display(pd.DataFrame([{"law": {"rl": "RL", "bon": "best-of-n"}[form], "c_G": coef[0], "alpha_G": coef[1],
                        "beta_G": coef[2], "residual sum of squares": rss} for form, (coef, rss) in fits.items()])
-        .style.hide(axis="index").format(precision=3))
+        .style.hide(axis="index").format(cell_formatter(".3f")))
 d_star, peak_c = rl_peak(fits["rl"][0])
 no_boot = dict.fromkeys(("KL* low", "KL* high", "peak se"), math.nan)  # too few steps to refit
 boot_c = bootstrap_peak(kl_c, hidden_c) if enough else no_boot
-print(f"free intercept c_G of the RL fit {fits['rl'][0][0]:+.3f}; hidden score of the first batch, sampled "
-      f"from the SFT policy before any update: {hidden_c[0]:+.3f}")
+print(f"free intercept c_G of the RL fit {fits['rl'][0][0]:+.3f};\n"
+      f"  hidden score of the first batch, sampled from the SFT policy before any update: {hidden_c[0]:+.3f}")
 print(f"RL law: hidden score peaks at KL* = {d_star**2:.1f} nats per response (d* = {d_star:.2f}, fitted peak "
-      f"{peak_c:+.2f}); bootstrap: KL* from {boot_c['KL* low']:.1f} to {boot_c['KL* high']:.1f}, peak height "
-      f"+- {boot_c['peak se']:.2f}; "
-      f"the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
+      f"{peak_c:+.2f});\n  bootstrap: KL* from {boot_c['KL* low']:.1f} to {boot_c['KL* high']:.1f}, peak height "
+      f"+- {boot_c['peak se']:.2f};\n"
+      f"  the beta = {lab_config.kl_coef} run ended at KL {baseline.history[-1]['kl']:.1f}")
 
 # %%
 fig = go.Figure()
@@ -792,7 +802,7 @@ sweep_table = pd.DataFrame([{"reward model": f"{row['pairs']} pairs", "held-out 
                              "alpha_G": row["coef"][1], "beta_G": row["coef"][2], "KL*": row["d_star"] ** 2,
                              "KL* low (bootstrap)": row["KL* low"], "KL* high (bootstrap)": row["KL* high"],
                              "fitted peak": row["peak"], "peak se (bootstrap)": row["peak se"]} for row in sweep.values()])
-display(sweep_table.style.hide(axis="index").format(precision=2))
+display(sweep_table.style.hide(axis="index").format(cell_formatter(".2f")))
 
 # %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=("learned (proxy) reward of its own reward model",
@@ -955,8 +965,12 @@ fig.update_xaxes(title_text="KL estimate per token", row=1, col=2)
 fig.update_xaxes(title_text="PPO step (baseline)", row=1, col=3)
 fig.update_layout(title="(d) k1 against k3: the same tokens, the same responses")
 fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
-print("batch-mean sequence KL per step, k1:", " ".join(f"{e['k1_mean']:+.2f}" for e in baseline.extras))
-print("                                 k3:", " ".join(f"{e['k3_mean']:+.2f}" for e in baseline.extras))
+per_step = {kind: [format_number(e[f"{kind}_mean"], "+6.2f") for e in baseline.extras] for kind in ("k1", "k3")}
+print("batch-mean sequence KL per step (nats per response):")
+for first in range(0, len(baseline.extras), 10):  # ten steps a line, k3 under k1
+    last = min(first + 10, len(baseline.extras))
+    print(f"  steps {first + 1:>2}-{last:<2}  k1 {' '.join(per_step['k1'][first:last])}\n"
+          f"               k3 {' '.join(per_step['k3'][first:last])}")
 
 # %% [markdown]
 # **What this run shows:** in the baseline's last batch, $k_1$ is negative on about half of the real
@@ -1023,8 +1037,8 @@ def policy_at_kl(target: float) -> torch.Tensor:
 # %%
 baseline_last = baseline.history[-1]
 kl_per_token = baseline_last["kl"] / baseline_last["response_length"]
-print(f"the baseline's last batch: KL {baseline_last['kl']:.2f} nats per response (k1 mean) over "
-      f"{baseline_last['response_length']:.1f} tokens: {kl_per_token:.3f} nats per token")
+print(f"the baseline's last batch: KL {baseline_last['kl']:.2f} nats per response (k1 mean)\n"
+      f"  over {baseline_last['response_length']:.1f} tokens: {kl_per_token:.3f} nats per token")
 known_rows = []  # one row per (target KL, estimator): exact moments over the 50 words, and a sample mean
 for target in (0.1, 1.0, 2.0):
     logp = policy_at_kl(target)  # (V,)
@@ -1039,9 +1053,9 @@ for target in (0.1, 1.0, 2.0):
 known = pd.DataFrame(known_rows)
 spread = known.pivot(index="target", columns="estimator", values="std[k]")  # (3 KLs, 3 estimators)
 bias = known.pivot(index="target", columns="estimator", values="E[k] - KL")
-display(known.drop(columns="target").style.hide(axis="index").format(precision=3))
+display(known.drop(columns="target").style.hide(axis="index").format(cell_formatter(".3f")))
 display(pd.DataFrame({"KL": [f"{t:g}" for t in spread.index], "std[k3] / std[k1]": spread["k3"] / spread["k1"]})
-        .style.hide(axis="index").format(precision=2))
+        .style.hide(axis="index").format(cell_formatter(".2f")))
 
 # %% [markdown]
 # **What the table shows** (exact sums over the 50 words, fixed seed): $k_1$ and $k_3$ have expectation
@@ -1067,7 +1081,11 @@ check_claims({
     "at 2 nats one word gives k3 above a million":
         float(known.query("target == 2.0 and estimator == 'k3'")["largest k"].iloc[0]) > 1e6,
 }, any_profile=True)
-check_claims({"the baseline's last batch has about 0.1 nat of KL per token": 0.05 < kl_per_token < 0.15})
+
+# %% tags=["claim-check"]
+check_claims({
+    "the baseline's last batch has about 0.1 nat of KL per token": 0.05 < kl_per_token < 0.15,
+})
 
 # %% [markdown]
 # Then on the run's own tokens: the baseline's final policy answers the held-out prompts, and each
@@ -1099,7 +1117,7 @@ response_table = pd.DataFrame([{"estimator": name, "mean": float(v.mean()), "std
                                 "its standard error": float((v - per_response["exact"]).std() / B**0.5)}
                                for name, v in per_response.items()]).set_index("estimator")
 print(f"sequence KL (nats per response) over the same {B} held-out responses:")
-display(response_table.style.format(precision=3).format("{:+.3f}", subset=["mean - exact"]))
+display(response_table.style.format(cell_formatter(".3f")).format(cell_formatter("+.3f"), subset=["mean - exact"]))
 
 # %% [markdown]
 # **What this run shows:** over these 200 responses the spread across responses orders exact $<k_1<k_2<k_3$
@@ -1192,7 +1210,7 @@ for name, runs, offset in (("no warm-up", no_warmup, 0), (f"{lab.warmup_steps} w
                         r.history[offset]["explained_variance"], "value loss, mean of the first updates":
                         np.mean([row["value_loss"] for row in r.history[offset : offset + lab.critic_steps]])})
 ev_table = pd.DataFrame(ev_rows)
-display(ev_table.style.hide(axis="index").format(precision=3))
+display(ev_table.style.hide(axis="index").format(cell_formatter(".3f")))
 before, after = (ev_table[ev_table["side"] == side]["explained variance, first policy update"].to_numpy()
                  for side in ev_table["side"].unique())
 change = after - before  # (seeds,): paired by seed

@@ -49,6 +49,7 @@ import rlhf_helpers
 from rlhf_helpers.compare import CompareConfig, run_best_of_n, run_method
 from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.core.group_advantages import group_rewards
+from rlhf_helpers.core.printed import cell_formatter, wrap_printed
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
@@ -69,11 +70,11 @@ eval_prompts = load_prompts("test")
 seconds_kind = {"cpu": "CPU s"}.get(profile.device, "GPU s")
 budget = (f"{config.train_batches} batches of {config.samples_per_batch} responses" if config.train_batches
           else f"{config.train_seconds:.0f} {seconds_kind}")
-print(f"budget {budget} per method; "
-      f"{config.samples_per_batch} responses per batch (GRPO/RLOO: {config.prompts_per_batch} prompts x "
-      f"G = {config.group_size}); beta {config.kl_coef}; lr {config.learning_rate}; GRPO loss_type "
-      f"{config.grpo_loss_type!r}, scale_rewards {config.grpo_scale_rewards!r}; judged on "
-      f"{min(config.n_eval_prompts, len(eval_prompts))} held-out prompts")
+print(f"budget {budget} per method; {config.samples_per_batch} responses per batch "
+      f"(GRPO/RLOO: {config.prompts_per_batch} prompts x G = {config.group_size})\n"
+      f"beta {config.kl_coef}; lr {config.learning_rate}; GRPO loss_type {config.grpo_loss_type!r}, "
+      f"scale_rewards {config.grpo_scale_rewards!r}\n"
+      f"judged on {min(config.n_eval_prompts, len(eval_prompts))} held-out prompts")
 
 # %% [markdown]
 # ## 1. What the critic does, and what replaces it
@@ -92,8 +93,10 @@ print(f"budget {budget} per method; "
 # batch and a value loss; and an untrained critic gives noisy advantages (notebook 06, deep dive (e)).
 
 # %% tags=["claim-check"]
-check_claims({"this course's gamma is 1 and its lambda 0.95; 0.95^20 is about 0.36":
-              profile.ppo.gamma == 1.0 and profile.ppo.lam == 0.95 and abs(0.95**20 - 0.36) < 0.005}, any_profile=True)
+check_claims({
+    "this course's gamma is 1 and its lambda 0.95; 0.95^20 is about 0.36":
+        profile.ppo.gamma == 1.0 and profile.ppo.lam == 0.95 and abs(0.95**20 - 0.36) < 0.005,
+}, any_profile=True)
 
 # %% [markdown]
 # **RLOO** (REINFORCE leave-one-out: Kool et al. 2019, brought to RLHF by Ahmadian et al. 2024) samples
@@ -249,13 +252,15 @@ fig.update_layout(title="Bias 1 on real groups: mean |A| of a group against its 
                   xaxis_title="std of the group's learned rewards", yaxis_title="mean |advantage| in the group")
 fig.show()
 print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to "
-      f"{group_std.max():.2f}; mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f} "
-      f"(largest / smallest {scaled.max() / scaled.min():.1f}), without {centred.min():.2f}-{centred.max():.2f} "
+      f"{group_std.max():.2f}; mean |A| in a group:\n"
+      f"  with the std division {scaled.min():.2f}-{scaled.max():.2f} "
+      f"(largest / smallest {scaled.max() / scaled.min():.1f})\n"
+      f"  without               {centred.min():.2f}-{centred.max():.2f} "
       f"(largest / smallest {centred.max() / centred.min():.1f})")
 low_spread = group_std < group_std.median()  # (16,): the groups whose answers the reward tells apart least
 share = {"with": float(scaled[low_spread].sum() / scaled.sum()), "without": float(centred[low_spread].sum() / centred.sum())}
-print(f"share of the total |A| that goes to the half of the groups with the smaller reward std: "
-      f"{share['with']:.0%} with the std division, {share['without']:.0%} without")
+print(f"share of the total |A| that goes to the half of the groups with the smaller reward std:\n"
+      f"  {share['with']:.0%} with the std division, {share['without']:.0%} without")
 
 # %% [markdown]
 # **Bias 1: question difficulty (the std).** Dividing by the group's std gives every group advantages
@@ -508,7 +513,7 @@ cosine = torch.nn.functional.cosine_similarity
 display(pd.DataFrame([{"gradient": name, "|grad|": float(grad.norm()),
                        "cosine with grad KL(pi||ref)": float(cosine(grad, far["grad KL(pi||ref)"], dim=0)),
                        "cosine with grad KL(ref||pi)": float(cosine(grad, far["grad KL(ref||pi)"], dim=0))}
-                      for name, grad in far.items()]).style.hide(axis="index").format(precision=3))
+                      for name, grad in far.items()]).style.hide(axis="index").format(cell_formatter(".3f")))
 
 # %% [markdown]
 # **What the exact sums show** (float64, fixed seed, a policy far from the reference): $k_1$ in the
@@ -561,8 +566,9 @@ print(f"near the reference: cosine(k1 in the reward, plain k3 in the loss) = {co
 # each group; KL in the loss is a separate term whose gradient does not depend on the advantage.
 
 # %% tags=["claim-check"]
-check_claims({"near the reference, the k1 reward and the plain k3 loss agree (cosine above 0.99)": cos_near > 0.99},
-             any_profile=True)
+check_claims({
+    "near the reference, the k1 reward and the plain k3 loss agree (cosine above 0.99)": cos_near > 0.99,
+}, any_profile=True)
 
 # %% [markdown]
 # ## 3. The race: one reward, one budget, one judge
@@ -632,18 +638,19 @@ race_table = pd.DataFrame([{
     unit: run.final["train_seconds"], "trained params": run.trainable_parameters, "peak MB": run.peak_memory_mb}
     for run in runs.values()])
 display(race_table.style.hide(axis="index").format(
-    {"hidden": "{:+.3f}", "reward": "{:+.2f}", "KL": "{:.2f}", "batches sampled": "{:.0f}", "optimiser steps": "{:.0f}",
+    {"hidden": cell_formatter("+.3f"), "reward": cell_formatter("+.2f"), "KL": "{:.2f}", "batches sampled": "{:.0f}", "optimiser steps": "{:.0f}",
      "responses trained on": "{:.0f}", unit: "{:.1f}", "trained params": "{:,}", "peak MB": "{:.0f}"}))
-print("hidden, reward: means at the last evaluation; KL: nats per response; CPU s: training only, evaluations "
-      "excluded;\ntrained params: PPO's include the value adapter and head; peak MB: " + runs["ppo"].memory_how)
+print(wrap_printed("hidden, reward: means at the last evaluation; KL: nats per response; CPU s: training only, "
+                   "evaluations excluded;\ntrained params: PPO's include the value adapter and head; peak MB: "
+                   + runs["ppo"].memory_how))
 
 # %%
 se = max(row["hidden_se"] for row in best_of.values())  # noise scale: standard error of one judged mean
 frontier = sorted((row["kl"], row["hidden"], n) for n, row in best_of.items())  # best-of-n points by KL
 names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO"
 se_diff = math.sqrt(2) * se  # the standard error of a difference of two such means
-print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f} "
-      f"({se_diff:.3f} for a difference of two)")
+print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f}\n"
+      f"  ({se_diff:.3f} for a difference of two)")
 last_kl, last_hidden, last_n = frontier[-1]  # best-of-n's largest n: the frontier's last point
 vs_frontier = {}  # method -> (the compared best-of-n hidden score, its KL): the line at equal KL, or the last point
 for method, run in runs.items():
@@ -655,9 +662,10 @@ frontier_table = pd.DataFrame([{
     "best-of-n hidden there": vs_frontier[m][0], "at best-of-n KL": vs_frontier[m][1],
     "method - best-of-n": runs[m].final["eval_hidden_score"] - vs_frontier[m][0],
     "in SE of a difference": (runs[m].final["eval_hidden_score"] - vs_frontier[m][0]) / se_diff} for m in runs])
-print(f"the frontier: each method's last evaluation against best-of-n at its KL, or against best-of-{last_n} "
-      f"(KL {last_kl:.2f}) past it; best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
-display(frontier_table.style.hide(axis="index").format(precision=3))
+print(f"the frontier: each method's last evaluation against best-of-n at its KL,\n"
+      f"  or against best-of-{last_n} (KL {last_kl:.2f}) past it;\n"
+      "  best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
+display(frontier_table.style.hide(axis="index").format(cell_formatter(".3f")))
 # the last evaluation is not always the best one: a method can peak and fall (over-optimisation, notebook 06)
 peaks = {m: max(run.curve, key=lambda r: r["eval_hidden_score"]) for m, run in runs.items()}
 
@@ -730,7 +738,7 @@ progress_table = pd.DataFrame([{
     f"hidden after {common:.0f} responses": at_common(run, "eval_hidden_score"),
     f"KL after {common:.0f} responses": at_common(run, "eval_kl")} for m, run in runs.items()])
 print(f"best-of-4: {best4:+.3f}; evaluations are spaced, so each 'first above' is an upper bound")
-display(progress_table.style.hide(axis="index").format(precision=3).format(
+display(progress_table.style.hide(axis="index").format(cell_formatter(".3f")).format(
     "{:.0f}", subset=["first above best-of-4 (responses)"], na_rep="never").format(
     "{:.1f}", subset=[f"... ({unit} of training)"], na_rep="never"))
 
@@ -776,8 +784,8 @@ for rewards_batch, advantages_batch in zip(grpo_run.rewards, grpo_run.advantages
     torch.testing.assert_close(advantages_batch, expected, atol=1e-5, rtol=0)  # float32 rounding only
 first = rlhf_helpers.rloo_advantages(group_rewards(rloo_run.rewards[0], config.group_size)).flatten()
 torch.testing.assert_close(rloo_run.advantages[0], first, atol=1e-5, rtol=0)
-print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages(rewards); "
-      f"RLOO: first batch = rloo_advantages(rewards)")
+print(f"GRPO: {len(grpo_run.advantages)} batches of advantages = grpo_advantages(rewards)\n"
+      "RLOO: first batch = rloo_advantages(rewards)")
 
 # %% [markdown]
 # ## 4. Reading the race
@@ -864,8 +872,8 @@ flags = [f"{flag} {value}" for flag, value in zip(args, args[1:], strict=False)
          if flag.startswith("--") and not value.startswith("--") and any(k in flag for k in KNOBS)]
 print(f"OpenRLHF {OPENRLHF_VERSION} (python -m openrlhf.cli.train_ppo_ray), {len(args)} arguments for 4 GPUs, among them:")
 print("   " + "\n   ".join(flags))
-print(f"PPOConfig fields set here that neither takes: {not_carried(ppo_config) or 'none'} (the structural "
-      "differences above are not config fields)")
+print(f"PPOConfig fields set here that neither takes: {not_carried(ppo_config) or 'none'}\n"
+      "  (the structural differences above are not config fields)")
 
 # %% [markdown]
 # ## Check your understanding

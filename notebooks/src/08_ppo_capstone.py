@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 import rlhf_helpers
+from rlhf_helpers.core.printed import format_number, wrap_printed
 from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone import library_iteration
 from rlhf_helpers.course.claims import check_claims
@@ -111,8 +112,8 @@ class Rollout:
 
 
 demo = sample_responses(model, tokenizer, train_prompts[:2], config.max_prompt_length, config.max_new_tokens)
-print(f"sequences {tuple(demo.sequences.shape)}, P = {demo.context_length}, mask {tuple(demo.mask.shape)}:",
-      demo.responses)
+print(f"sequences {tuple(demo.sequences.shape)}, P = {demo.context_length}, mask {tuple(demo.mask.shape)}; responses:")
+print("\n".join(wrap_printed(f"  {response!r}") for response in demo.responses))
 
 # %% [markdown]
 # ### Exercise 1: the experience
@@ -175,8 +176,8 @@ clipped_config = check_config.replace(max_grad_norm=0.5 * min(norms))  # binds o
 clipped_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, clipped_config,
                                      SEEDS, LRS)
 passed_code = capstone.PassedCode()  # the functions Exercise 2's check passed with: section 2 trains only with them
-print(f"check batch: {int(free_run.mask.sum())} response tokens, {len(free_run.losses)} minibatch steps per adapter; "
-      f"gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; relative tolerance {rtol:.1e}")
+print(f"check batch: {int(free_run.mask.sum())} response tokens, {len(free_run.losses)} minibatch steps per adapter;\n"
+      f"  gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; relative tolerance {rtol:.1e}")
 
 
 def check_make_experience():
@@ -359,7 +360,9 @@ exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATI
 # error), not from a measurement on one machine; every mistake the check exists for moves a number by far more.
 
 # %% tags=["claim-check"]
-check_claims({"the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4})
+check_claims({
+    "the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4,
+})
 
 # %% [markdown]
 # ## 2. Your iteration trains the model
@@ -382,8 +385,8 @@ if iteration is ppo_iteration:
 elif yours:
     print("This run trains with the library's iteration: this profile uses settings yours leaves out:", left_out)
 else:
-    print("This run trains with the library's iteration (collect_experience, then PPOTrainer.update): your "
-          "ppo_iteration has not passed its check (Exercise 2) as it is defined now.")
+    print("This run trains with the library's iteration (collect_experience, then PPOTrainer.update):\n"
+          "  your ppo_iteration has not passed its check (Exercise 2) as it is defined now.")
 
 
 def batch_metrics(step: int, rollout, losses) -> dict[str, float]:
@@ -414,8 +417,9 @@ for step in tqdm(range(min(RUN_ITERATIONS, config.total_steps)), desc="PPO itera
                                 config, generator)
     history.append(batch_metrics(step + 1, rollout, losses))
 end_eval = held_out(model)
-print("held-out prompts, before:", {k: round(v, 3) for k, v in start_eval.items()})
-print("held-out prompts, after: ", {k: round(v, 3) for k, v in end_eval.items()})
+print(f"{'held-out prompts':<18}" + "".join(f"{key.removeprefix('eval_'):>16}" for key in start_eval))
+for when, held_out_eval in (("before", start_eval), ("after", end_eval)):
+    print(f"{when:<18}" + "".join(f"{format_number(value, '.3f'):>16}" for value in held_out_eval.values()))
 plot_curves(history, keys=["score", "hidden_score", "kl", "value_loss"], columns=4,
             title="Your iteration, one batch at a time (or the library's: see the line above)").show()
 

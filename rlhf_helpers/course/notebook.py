@@ -29,6 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from rlhf_helpers import __version__
+from rlhf_helpers.core.printed import wrap_printed
 from rlhf_helpers.course.exercises import guard_in_place, hidden_from_learner, same_function, time_limit
 
 #: GitHub "owner/name" of the course repository.
@@ -324,7 +325,7 @@ def learner_pieces(exercises: dict[str, str], namespace: MutableMapping[str, Any
     (the notebook's `globals()`) holds under the name in brackets, used when `trust_learner_function` trusts it
     and `refused` (argument -> reason) does not refuse it. Returns (argument -> function, for those used; the
     lines to print: "This run trains with your ..., and with the library's ...", then why for every piece
-    whose reason is not simply that its check passed)."""
+    whose reason is not simply that its check passed; a line longer than `PRINT_WIDTH` wrapped into several)."""
     pieces, why, names = {}, {}, {arg: _LEARNER_NAME.search(name).group(1) for arg, name in exercises.items()}
     for arg, name in exercises.items():
         function = _learner_function(name, namespace)
@@ -339,4 +340,5 @@ def learner_pieces(exercises: dict[str, str], namespace: MutableMapping[str, Any
     side = {arg: "yours" if arg in pieces else "the library's" for arg in exercises}
     lines += [f"  {names[arg]}: {side[arg]}, because {why[arg]}"
               for arg in exercises if arg not in pieces or why[arg] != "its check passed"]
-    return pieces, lines
+    # continuations four spaces in: under the first line they stay apart from the two-space reasons
+    return pieces, wrap_printed("\n".join(lines), indent=" " * 4).split("\n")

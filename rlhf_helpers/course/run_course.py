@@ -1,6 +1,6 @@
 """`make course`: execute every notebook in notebooks/ headless and time it.
 
-    python -m rlhf_helpers.course.run_course --out build/ [--timeout 600] [NAME_FILTER ...]
+    python -m rlhf_helpers.course.run_course --out build/ [--timeout 600] [--notebooks DIR] [NAME_FILTER ...]
 
 Each notebook runs in a fresh kernel (the `tiny` profile unless RLHF_PROFILE says otherwise, the
 hub offline) with a scratch copy of itself as the working directory, so nothing is written into
@@ -94,9 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Execute every course notebook headless.")
     parser.add_argument("--out", type=Path, default=ROOT / "build", help="folder for executed copies")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR,
+                        help="folder of the NN_topic.ipynb notebooks to run (default: the course's notebooks/)")
     parser.add_argument("only", nargs="*", help="run only notebooks whose name contains one of these")
     args = parser.parse_args(argv)
-    notebooks = [p for p in course_notebooks() if not args.only or any(s in p.name for s in args.only)]
+    if not args.notebooks.is_dir():
+        parser.error(f"--notebooks {args.notebooks}: not a folder")
+    notebooks = [p for p in course_notebooks(args.notebooks) if not args.only or any(s in p.name for s in args.only)]
     if not notebooks:
         print("no notebooks matched", file=sys.stderr)
         return 1

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.core.printed import wrap_printed
 from rlhf_helpers.core.tolerances import dtype_name
 from rlhf_helpers.ppo.diagnosis_checkpoints import checkpoint_finding
 from rlhf_helpers.ppo.diagnosis_reading import metric_rows, newest_trl_state, read_json, read_metrics, what_is_there
@@ -291,7 +292,9 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
 
 
 def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
-    """The findings as text, one block each (what `train_ppo` prints at the end of a run)."""
+    """The findings as text, one block each (what `train_ppo` prints at the end of a run), each finding's lines
+    wrapped at their spaces within `PRINT_WIDTH`. The first line and the notes stay whole: they name a file, and
+    a path cannot be wrapped."""
     if min_severity not in SEVERITIES:
         raise ValueError(f"min_severity must be one of {SEVERITIES}, got {min_severity!r}")
     shown = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) <= SEVERITIES.index(min_severity)]
@@ -302,7 +305,7 @@ def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
             "" if min_severity == "info" else f" at {min_severity} or above"), *notes])
     lines = [f"run doctor: {read}, {len(shown)} finding(s)", *notes]
     for finding in shown:
-        lines.append(finding.text())
+        lines.append(wrap_printed(finding.text()))
     return "\n".join(lines)
 
 

@@ -6,12 +6,14 @@ run folder's metrics.jsonl / curves.html writers.
 
 docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): formulas, healthy ranges,
 failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model. The writers never
-write through a link at the file's name (a run folder is a folder people use too).
+write through a link at the file's name (a run folder is a folder people use too); the training command's
+curves.html, titled with the run and marked with the doctor's findings, is drawn by `ppo.curves_page`.
 """
 
 from __future__ import annotations
 
 import errno
+import html
 import json
 import math
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.metric_docs import METRICS
+from rlhf_helpers.runtime.figure_template import course_template
 from rlhf_helpers.runtime.lock_files import file_kind
 
 #: metric name -> one line: what it is (derived from metric_docs.METRICS, which also holds each metric's
@@ -37,6 +40,12 @@ def describe(name: str) -> str:
     if name not in GLOSSARY:
         raise ValueError(f"name must be a metric of the glossary ({sorted(GLOSSARY)}), got {name!r}")
     return GLOSSARY[name]
+
+
+def default_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The DEFAULT_CURVES a history logs, in their order: what `plot_curves` draws when not told."""
+    present = {k for row in history for k in row}
+    return [k for k in DEFAULT_CURVES if k in present]
 
 
 def curve(history: Sequence[Mapping[str, float]], key: str) -> tuple[list[float], list[float]]:
@@ -71,7 +80,7 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
         raise ValueError(f"columns must be >= 1, got {columns}")
     present = {k for row in history for k in row}
     if keys is None:
-        keys = [k for k in DEFAULT_CURVES if k in present]
+        keys = default_keys(history)
     else:
         missing = [k for k in keys if k not in present]
         if missing:
@@ -143,7 +152,17 @@ def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") ->
         handle.flush()
 
 
-def write_curves(history: Sequence[dict[str, float]], path: Path) -> None:
-    """curves.html with plotly.js inlined (opens offline), written by `write_replacing`."""
-    if history:
-        write_replacing(path, plot_curves(history).to_html(include_plotlyjs=True))
+def write_curves(history: Sequence[Mapping[str, float]], path: Path, figure: Any = None,
+                 page_title: str = "PPO training curves") -> None:
+    """curves.html: `figure` (default: `plot_curves(history)` in the course's template) as a page of its own, named
+    `page_title` in the browser's tab, as wide as the window, plotly.js inlined (opens offline), written by
+    `write_replacing`. Writes nothing for an empty history."""
+    if not history:
+        return
+    if figure is None:
+        figure = plot_curves(history).update_layout(template=course_template())
+    page = figure.to_html(include_plotlyjs=True, full_html=True, config={"responsive": True})
+    # a tab named after the run, and a phone's browser laying the page out at its own width, not a desktop's
+    head = (f"    <title>{html.escape(page_title)}</title>\n"
+            '    <meta name="viewport" content="width=device-width, initial-scale=1" />\n</head>')
+    write_replacing(path, page.replace("</head>", head, 1))

@@ -36,6 +36,7 @@ from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.core.masked import masked_mean
+from rlhf_helpers.core.printed import format_number
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, collect_experience, eos_kept_share, rollout_metrics
@@ -304,8 +305,8 @@ class PPOTrainer:
                     with self.guard(self.step_count - 1):
                         self.check_weights_usable()
                 bar.update(1)
-                bar.set_postfix(score=f"{metrics['score']:.2f}", kl=f"{metrics['kl']:.2f}",
-                                hidden=f"{metrics.get('hidden_score', math.nan):.2f}")
+                bar.set_postfix(score=format_number(metrics["score"]), kl=format_number(metrics["kl"]),
+                                hidden=format_number(metrics.get("hidden_score", math.nan)))
                 if save and is_main:  # saved before it is logged: a step whose save failed is not reported
                     self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
                 if callback is not None:

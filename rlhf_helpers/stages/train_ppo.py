@@ -19,7 +19,7 @@ the run: a second live run into it exits 2, naming this one's pid):
 
     step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
     metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
-    curves.html               plotly curves of the main metrics (open in a browser, works offline)
+    curves.html               the main metrics' curves, the doctor's findings marked (a browser, offline)
     diagnosis.json            the run doctor's findings (`stages.diagnose`; also printed on stderr at the end)
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
@@ -78,9 +78,10 @@ from rlhf_helpers.ppo.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
+from rlhf_helpers.ppo.curves_page import write_run_curves
 from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
-from rlhf_helpers.ppo.metrics import append_jsonl, write_curves, write_replacing
+from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
 from rlhf_helpers.ppo.run_folder import (
     EXIT_SETUP,
     RUN_FILE,
@@ -300,9 +301,9 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         accelerator.wait_for_everyone()
         raise SystemExit(EXIT_PEER_FAILED) from None
     if is_main:
-        try:  # the curves, then the run doctor's findings: printed, diagnosis.json, the tracker
-            write_curves(trainer.history, output_dir / CURVES_FILE)
-            report_diagnosis(trainer, output_dir, accelerator)
+        try:  # the run doctor's findings (printed, diagnosis.json, the tracker), then the curves that mark them
+            diagnosis = report_diagnosis(trainer, output_dir, accelerator)
+            write_run_curves(trainer.history, output_dir / CURVES_FILE, profile.name, diagnosis, status)
         except OSError as error:
             status = "write failed"
             print(f"could not write {CURVES_FILE} or {DIAGNOSIS_FILE} in {output_dir}: "

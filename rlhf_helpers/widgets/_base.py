@@ -14,14 +14,13 @@ import ipywidgets as widgets
 import torch
 from IPython.display import display
 
+from rlhf_helpers.runtime.figure_template import FIGURE_FONT  # noqa: F401 (the explorers import it from here)
 from rlhf_helpers.widgets.backends import FigureView, resolve_backend
 
 DESCRIPTION_STYLE = {"description_width": "120px"}  #: room for labels such as "KL coef β"
 #: figure width in px: plotly's FigureWidget does not follow its container (it falls back to
 #: 700 px), so every figure states one, wide enough for legible labels, narrow enough for Colab
 FIGURE_WIDTH = 920
-#: base font size of the figures (plotly's default 12 is small next to the sliders)
-FIGURE_FONT = {"size": 13}
 
 
 class NumberControl:

@@ -31,8 +31,7 @@ from rlhf_helpers.widgets.value_clip_explorer import ValueClipExplorer
 EXPLORERS: dict[str, type[Explorer]] = {cls.__name__: cls for cls in
                                         (ClipExplorer, GAEExplorer, KLExplorer, ValueClipExplorer)}
 SIGNIFICANT = 7  #: significant digits kept of every number (the page's JSON stays short)
-SLIDER_PX = 95  #: height of one slider with its current-value label and ticks, in px
-LEGEND_ROW_PX = 24  #: one row of the legend (three entries a row on a narrow page), between the x-axis and the sliders
+SLIDER_PX = 92  #: height of one slider with its current-value label and ticks, in px (as site/static/rlhf-figures.js)
 
 
 @dataclass(frozen=True)
@@ -139,16 +138,15 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
     layout = first["layout"]
     layout.pop("width", None)  # follow the page's width
     margin = layout.setdefault("margin", {})
-    height, bottom = float(layout.get("height", 500)), float(margin.get("b", 50))
-    plot = height - bottom - float(margin.get("t", 60))  # px of the plotting area, which stays as it was
-    entries = sum(trace.get("showlegend", True) is not False for trace in first["data"])
-    legend_px = abs(float(layout.get("legend", {}).get("y", -0.1))) * plot + 30 + LEGEND_ROW_PX * math.ceil(entries / 3)
-    margin["b"] = round(legend_px + SLIDER_PX * len(sliders) + 30)
-    layout["height"] = round(height - bottom + margin["b"])
+    # the sliders sit between the title and the curves, so the curve a slider moves stays in view while it is
+    # dragged; the page's script (site/static/rlhf-figures.js) places them and the legend for the width it draws at
+    margin["t"] = round(float(margin.get("t", 60)) + SLIDER_PX * len(sliders))
+    layout["height"] = round(float(layout.get("height", 500)) + SLIDER_PX * len(sliders))
+    plot = max(1.0, layout["height"] - margin["t"] - float(margin.get("b", 50)))  # px of the curves
     layout["sliders"] = [
         {"name": s.name, "active": a, "x": 0.0, "len": 1.0, "xanchor": "left", "yanchor": "top",
-         "y": -(legend_px + SLIDER_PX * i) / plot, "pad": {"t": 10, "b": 10},
-         "currentvalue": {"prefix": s.label, "font": {"size": 14}},
+         "y": 1.0 + SLIDER_PX * (len(sliders) - i) / plot,
+         "pad": {"t": 4, "b": 4}, "currentvalue": {"prefix": s.label, "font": {"size": 14}},
          "steps": [{"label": f"{v:g}", "value": f"{v:g}", "method": "skip"} for v in vals]}
         for i, (s, vals, a) in enumerate(zip(sliders, values, active, strict=True))]
     return {"kind": kind, "data": first["data"], "layout": layout, "states": states, "traces": traces,
@@ -196,15 +194,20 @@ _SCRIPT = """(function () {
   }
   function draw() {
     var gd = document.getElementById("@ID@");
-    Plotly.newPlot(gd, spec.data, spec.layout, {displaylogo: false, responsive: true}).then(function () {
+    // rlhfFigures (the site's script) fits the layout to the page's width again at every move
+    rlhfFigures.draw(gd, spec.data, spec.layout).then(function () {
       gd.on("plotly_sliderchange", function (event) {
         active[names.indexOf(event.slider.name)] = event.slider.active;
-        var next = state();
-        Plotly.update(gd, next[0], next[1], spec.traces);
+        var next = state(), data = spec.data.slice(), layout = Object.assign({}, spec.layout, next[1]);
+        spec.traces.forEach(function (i, k) {
+          data[i] = Object.assign({}, spec.data[i], {x: next[0].x[k], y: next[0].y[k]});
+        });
+        layout.sliders = spec.layout.sliders.map(function (s, k) { return Object.assign({}, s, {active: active[k]}); });
+        rlhfFigures.redraw(gd, data, layout);
       });
     });
   }
-  if (window.Plotly) { draw(); } else { window.addEventListener("load", draw); }
+  if (window.Plotly && window.rlhfFigures) { draw(); } else { window.addEventListener("load", draw); }
 })();"""
 
 

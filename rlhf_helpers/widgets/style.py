@@ -11,23 +11,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from rlhf_helpers.widgets._base import FIGURE_FONT
-
-#: Name of the course's template in plotly.io.templates.
-COURSE_TEMPLATE = "rlhf_course"
+from rlhf_helpers.runtime.figure_template import COURSE_TEMPLATE, course_template
 
 
 def use_course_figure_style() -> str:
     """Register the course template (once) and make it plotly's default; returns the default's name."""
     if COURSE_TEMPLATE not in pio.templates:
-        template = go.layout.Template(pio.templates["plotly_white"])
-        template.layout.update(
-            font=FIGURE_FONT, height=440, autosize=True,
-            title={"x": 0.02, "xanchor": "left", "y": 0.97, "yanchor": "top"},
-            margin={"l": 60, "r": 24, "t": 64, "b": 56},  # plotly's t=100 leaves a gap under the title
-            legend={"bgcolor": "rgba(255,255,255,0.6)"},
-        )
-        pio.templates[COURSE_TEMPLATE] = template
+        pio.templates[COURSE_TEMPLATE] = course_template()
     pio.templates.default = COURSE_TEMPLATE
     return pio.templates.default
 

@@ -172,15 +172,17 @@ def score_breakdown(prompt: str, response: str) -> ScoreBreakdown:
 
     # repetition = -0.6 * (#content words - #distinct content words)
     content = [w for w in words if w not in grammar.FUNCTION_WORDS]
-    repetition = -0.6 * (len(content) - len(set(content)))
+    # `+ 0.0` turns the -0.0 of a term of nothing (-0.6 * 0) into 0.0, which prints "0.00", not "-0.00";
+    # it leaves every other value, and so every total, bit for bit as it is
+    repetition = -0.6 * (len(content) - len(set(content))) + 0.0
 
     # length = -0.15 * max(0, #words - 30)
-    length = -0.15 * max(0, len(words) - MAX_WORDS)
+    length = -0.15 * max(0, len(words) - MAX_WORDS) + 0.0
 
     # genre = -0.75 * #genre words other than the prompt's
     genre_of_prompt = _prompt_genre(prompt)
     wrong = [w for w in words if w in grammar.GENRES and w != genre_of_prompt]
-    genre = -0.75 * len(wrong) if genre_of_prompt is not None else 0.0
+    genre = -0.75 * len(wrong) + 0.0 if genre_of_prompt is not None else 0.0
 
     raw = sentiment + specificity + fluency + repetition + length + genre + BIAS
     total = max(-SCORE_BOUND, min(SCORE_BOUND, raw))
