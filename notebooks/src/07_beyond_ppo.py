@@ -251,12 +251,9 @@ fig.add_scatter(x=group_std.tolist(), y=centred.tolist(), mode="markers", name="
 fig.update_layout(title="Bias 1 on real groups: mean |A| of a group against its reward std",
                   xaxis_title="std of the group's learned rewards", yaxis_title="mean |advantage| in the group")
 fig.show()
-print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to "
-      f"{group_std.max():.2f}; mean |A| in a group:\n"
-      f"  with the std division {scaled.min():.2f}-{scaled.max():.2f} "
-      f"(largest / smallest {scaled.max() / scaled.min():.1f})\n"
-      f"  without               {centred.min():.2f}-{centred.max():.2f} "
-      f"(largest / smallest {centred.max() / centred.min():.1f})")
+print(f"{len(group_std)} groups of {config.group_size}: reward std from {group_std.min():.2f} to {group_std.max():.2f}\n"
+      f"mean |A| with the std division {scaled.min():.2f}-{scaled.max():.2f} (largest / smallest {scaled.max() / scaled.min():.1f})\n"
+      f"mean |A| without it            {centred.min():.2f}-{centred.max():.2f} (largest / smallest {centred.max() / centred.min():.1f})")
 low_spread = group_std < group_std.median()  # (16,): the groups whose answers the reward tells apart least
 share = {"with": float(scaled[low_spread].sum() / scaled.sum()), "without": float(centred[low_spread].sum() / centred.sum())}
 print(f"share of the total |A| that goes to the half of the groups with the smaller reward std:\n"
@@ -640,9 +637,8 @@ race_table = pd.DataFrame([{
 display(race_table.style.hide(axis="index").format(
     {"hidden": cell_formatter("+.3f"), "reward": cell_formatter("+.2f"), "KL": "{:.2f}", "batches sampled": "{:.0f}", "optimiser steps": "{:.0f}",
      "responses trained on": "{:.0f}", unit: "{:.1f}", "trained params": "{:,}", "peak MB": "{:.0f}"}))
-print(wrap_printed("hidden, reward: means at the last evaluation; KL: nats per response; CPU s: training only, "
-                   "evaluations excluded;\ntrained params: PPO's include the value adapter and head; peak MB: "
-                   + runs["ppo"].memory_how))
+print(wrap_printed("hidden, reward: means at the last evaluation; KL: nats per response; CPU s: training only, evaluations "
+                   "excluded;\ntrained params: PPO's include the value adapter and head; peak MB: " + runs["ppo"].memory_how))
 
 # %%
 se = max(row["hidden_se"] for row in best_of.values())  # noise scale: standard error of one judged mean
@@ -662,9 +658,8 @@ frontier_table = pd.DataFrame([{
     "best-of-n hidden there": vs_frontier[m][0], "at best-of-n KL": vs_frontier[m][1],
     "method - best-of-n": runs[m].final["eval_hidden_score"] - vs_frontier[m][0],
     "in SE of a difference": (runs[m].final["eval_hidden_score"] - vs_frontier[m][0]) / se_diff} for m in runs])
-print(f"the frontier: each method's last evaluation against best-of-n at its KL,\n"
-      f"  or against best-of-{last_n} (KL {last_kl:.2f}) past it;\n"
-      "  best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
+print(f"the frontier: each method's last evaluation against best-of-n at its KL, or against best-of-{last_n}\n"
+      f"(KL {last_kl:.2f}) past it; best-of-n's KL is the bound log n - (n-1)/n, not a measurement")
 display(frontier_table.style.hide(axis="index").format(cell_formatter(".3f")))
 # the last evaluation is not always the best one: a method can peak and fall (over-optimisation, notebook 06)
 peaks = {m: max(run.curve, key=lambda r: r["eval_hidden_score"]) for m, run in runs.items()}

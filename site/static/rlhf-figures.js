@@ -16,6 +16,7 @@
   var TOOLBAR_PX = 290;     // room the toolbar takes at the top right of a wide figure (up to 11 buttons)
   var SLIDER_PX = 92;       // one slider: its current-value line, the rail and the step labels
   var LINE = 1.3;           // a text line's height per px of font size
+  var PLOTLY_FONT = '"Open Sans", verdana, arial, sans-serif';  // plotly's own default
   var ruler = null;
 
   // the width plotly's svg text takes: measured with an svg text of the same font, as plotly draws it
@@ -53,15 +54,21 @@
   function lines(text) { return text ? String(text).split(/<br\s*\/?>/i).length : 0; }
   function copy(value) { return JSON.parse(JSON.stringify(value)); }
   function pick() {
-    for (var i = 0; i < arguments.length; i++) { if (arguments[i] !== undefined && arguments[i] !== null) return arguments[i]; }
+    for (var i = 0; i < arguments.length; i++) {
+      if (arguments[i] !== undefined && arguments[i] !== null) return arguments[i];
+    }
     return undefined;
   }
   function get(object, path) {
-    return path.split(".").reduce(function (o, key) { return o === undefined || o === null ? undefined : o[key]; }, object);
+    return path.split(".").reduce(function (o, key) {
+      return o === undefined || o === null ? undefined : o[key];
+    }, object);
   }
   function titleText(title) { return typeof title === "string" ? title : title && title.text; }
   function setTitle(owner, key, text) {
-    if (typeof owner[key] === "string") { owner[key] = text; } else { owner[key] = owner[key] || {}; owner[key].text = text; }
+    if (typeof owner[key] === "string") { owner[key] = text; return; }
+    owner[key] = owner[key] || {};
+    owner[key].text = text;
   }
 
   // the layout's panels: each x axis that is not an overlay, with the y axis it is drawn against
@@ -95,10 +102,12 @@
     var layout = copy(source);
     var template = get(layout, "template.layout") || {};
     var narrow = width < NARROW_PX;
-    var family = pick(get(layout, "font.family"), get(template, "font.family"), '"Open Sans", verdana, arial, sans-serif');
+    var family = pick(get(layout, "font.family"), get(template, "font.family"), PLOTLY_FONT);
     var size = pick(get(layout, "font.size"), get(template, "font.size"), 12);
     var titleSize = pick(get(layout, "title.font.size"), get(template, "title.font.size"), Math.round(size * 1.4));
-    var annotationSize = function (a) { return pick(get(a, "font.size"), get(template, "annotationdefaults.font.size"), size); };
+    var annotationSize = function (a) {
+      return pick(get(a, "font.size"), get(template, "annotationdefaults.font.size"), size);
+    };
     // plotly draws an axis title at 1.2 times the figure's font unless told otherwise
     var axisTitleSize = function (axis) {
       return pick(get(layout, axis + ".title.font.size"), get(template, axis.replace(/\d+$/, "") + ".title.font.size"),
@@ -134,8 +143,8 @@
         var above = found[i - 1], xTitle = titleText(get(layout, above.x + ".title"));
         var shows = get(layout, above.x + ".showticklabels") !== false;
         var titleLines = titled[i].reduce(function (n, a) { return Math.max(n, lines(a.text)); }, 0);
-        return (shows ? 26 : 6) + lines(xTitle) * axisTitleSize(above.x) * LINE + titleLines * annotationSize(titled[i][0] || {}) * LINE + 16
-          + ((extra || [])[i] || 0);
+        return (shows ? 26 : 6) + lines(xTitle) * axisTitleSize(above.x) * LINE
+          + titleLines * annotationSize(titled[i][0] || {}) * LINE + 16 + ((extra || [])[i] || 0);
       });
       gapPx = gaps.reduce(function (s, g) { return s + g; }, 0);
       if (info) {
@@ -169,7 +178,8 @@
 
     // axis titles of several lines: room for them in the margin they sit in
     found.forEach(function (p) {
-      var xLines = lines(titleText(get(layout, p.x + ".title"))), yLines = lines(titleText(get(layout, p.y + ".title")));
+      var xLines = lines(titleText(get(layout, p.x + ".title")));
+      var yLines = lines(titleText(get(layout, p.y + ".title")));
       if (p.yd[0] < 0.001 && xLines > 1) margin.b = Math.max(margin.b, 30 + xLines * axisTitleSize(p.x) * LINE);
       if (p.xd[0] < 0.001 && yLines > 1) margin.l += (yLines - 1) * axisTitleSize(p.y) * LINE;
     });
@@ -185,13 +195,16 @@
       var matched = get(layout, p.x + ".matches");
       var range = get(layout, p.x + ".range") || (matched && get(layout, matched.replace(/^x/, "xaxis") + ".range"))
         || (layout._xExtent || {})[p.x.replace("axis", "")];
-      var onPanel = annotations.filter(function (a) { return a.xref === p.x.replace("axis", "") && a.yanchor === "bottom"; });
+      var onPanel = annotations.filter(function (a) {
+        return a.xref === p.x.replace("axis", "") && a.yanchor === "bottom";
+      });
       onPanel.forEach(function (a) {
         // labels of regions side by side: each as wide as the distance to its nearest neighbour at most
         var room = panelW / 3;
         if (range && range[1] !== range[0]) {
           onPanel.forEach(function (b) {
-            if (b !== a && b.y === a.y) room = Math.min(room, Math.abs(b.x - a.x) / Math.abs(range[1] - range[0]) * panelW);
+            if (b === a || b.y !== a.y) return;
+            room = Math.min(room, Math.abs(b.x - a.x) / Math.abs(range[1] - range[0]) * panelW);
           });
         }
         if (narrow) { a.font = Object.assign({}, a.font, {size: Math.min(annotationSize(a), size - 2)}); }
@@ -218,7 +231,8 @@
       var toolbar = narrow ? 12 : TOOLBAR_PX;
       var anchor = pick(get(layout, "title.xanchor"), get(template, "title.xanchor"), "auto");
       var centred = anchor === "center" || (anchor === "auto" && titleX > 1 / 3 && titleX < 2 / 3);
-      var room = centred ? 2 * Math.min(titleX * width, (1 - titleX) * width - toolbar) : width * (1 - titleX) - toolbar;
+      var room = centred ? 2 * Math.min(titleX * width, (1 - titleX) * width - toolbar)
+        : width * (1 - titleX) - toolbar;
       var wrapped = wrap(title, room, titleSize, family);
       setTitle(layout, "title", wrapped);
       layout.title.y = 1; layout.title.yref = "container"; layout.title.yanchor = "top";
@@ -246,7 +260,9 @@
       widest = names.reduce(function (w, n) { return Math.max(w, textPx(n, size, family) + 44); }, 0);
       var perRow = Math.max(1, Math.floor(plotW / Math.max(widest, 1)));
       var rows = entries ? Math.ceil(entries / perRow) : 0;
-      var bottomAxis = found.reduce(function (low, p) { return p.yd[0] < low.yd[0] ? p : low; }, found[0] || {yd: [0, 1]});
+      var bottomAxis = found.reduce(function (low, p) {
+        return p.yd[0] < low.yd[0] ? p : low;
+      }, found[0] || {yd: [0, 1]});
       var xTitleLines = bottomAxis.x ? lines(titleText(get(layout, bottomAxis.x + ".title"))) : 0;
       var offset = 26 + xTitleLines * (bottomAxis.x ? axisTitleSize(bottomAxis.x) : size) * LINE + 8;
       layout.legend = layout.legend || {};
@@ -300,9 +316,10 @@
     if (width < NARROW_PX) {  // a legend entry longer than the width breaks into lines
       var template = get(layout, "template.layout") || {};
       var size = pick(get(layout, "legend.font.size"), get(layout, "font.size"), get(template, "font.size"), 12);
-      var family = pick(get(layout, "font.family"), get(template, "font.family"), '"Open Sans", verdana, arial, sans-serif');
+      var family = pick(get(layout, "font.family"), get(template, "font.family"), PLOTLY_FONT);
       data = data.map(function (t) {
-        return t.name && t.showlegend !== false ? Object.assign({}, t, {name: wrap(t.name, width - 90, size, family)}) : t;
+        if (!t.name || t.showlegend === false) return t;
+        return Object.assign({}, t, {name: wrap(t.name, width - 90, size, family)});
       });
     }
     gd.style.height = fitted.height + "px";
@@ -318,7 +335,8 @@
         if (i === 0) return 0;
         var above = gd._rlhfStack[i - 1], ax = above.x.replace("axis", ""), ay = above.y.replace("axis", "");
         var low = -Infinity, high = Infinity;
-        gd.querySelectorAll(".subplot." + ax + ay + " .xaxislayer-above text, .g-" + ax + "title text").forEach(function (t) {
+        var below = ".subplot." + ax + ay + " .xaxislayer-above text, .g-" + ax + "title text";
+        gd.querySelectorAll(below).forEach(function (t) {
           var r = t.getBoundingClientRect();
           if (r.height > 0) low = Math.max(low, r.bottom);
         });
@@ -338,7 +356,8 @@
     var svg = gd.querySelector(".main-svg").getBoundingClientRect();
     var plotBottom = svg.top + layout.margin.t + gd._fullLayout._size.h;
     var lowest = plotBottom;
-    gd.querySelectorAll(".xaxislayer-above text, .g-xtitle text, [class^='g-x'][class$='title'] text").forEach(function (t) {
+    var xLabels = ".xaxislayer-above text, .g-xtitle text, [class^='g-x'][class$='title'] text";
+    gd.querySelectorAll(xLabels).forEach(function (t) {
       var r = t.getBoundingClientRect();
       if (r.height > 0) lowest = Math.max(lowest, r.bottom);
     });
