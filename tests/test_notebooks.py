@@ -27,6 +27,7 @@ import pytest
 from mistakes import load_mistakes
 from run_folders import ROOT, SHARED_CACHE_DIR
 
+from rlhf_helpers.core.printed import PRINT_WIDTH
 from rlhf_helpers.course.deep_dives import as_cells, in_deep_dive, is_deep_dive_heading
 from rlhf_helpers.course.notebook import (
     EXERCISE_FAILED,
@@ -299,6 +300,13 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: P
     assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), \
         "every exercise needs one exercise_check call"
+    # what the notebook prints reads cleanly: no "-0.00" (a value that rounds to zero keeps no minus sign), and no
+    # line JupyterLab would break mid-word (it wraps output at any character): at most PRINT_WIDTH characters
+    printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                      for out in cell.get("outputs", []) if out.get("name") == "stdout")
+    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)", printed), "a printed zero with a minus sign"
+    too_long = [line for line in printed.splitlines() if len(line) > PRINT_WIDTH and EXERCISE_TODO not in line]
+    assert not too_long, f"printed lines over {PRINT_WIDTH} characters: {too_long}"
     if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh
         live = [t for t in figure_titles(nb) if LIVE_FIGURE_TITLES[path.stem] in t]
         assert len(live) == 1, live
