@@ -375,13 +375,15 @@ def test_the_table_check_sees_a_long_wide_table_until_it_becomes_cards(phone, si
 
 
 def test_the_formula_check_sees_an_inline_formula_cut_by_its_box_and_not_one_that_scrolls(phone, site) -> None:
-    """The theme's rule for inline maths (overflow hidden) cut a long formula on a phone; the site's lets it scroll."""
+    """The theme's rule for inline maths (overflow hidden) cut a long formula on a phone; the site's draws it smaller
+    and lets what still does not fit scroll."""
     phone.goto(site + "notebooks/01_policy_gradients.html", wait_until="load")
     _settled(phone, "01")
     formula = r"\(" + " + ".join(f"x_{{{i}}}" for i in range(60)) + r"\)"
     for style, cut in (("overflow:hidden", True), ("", False)):
         _replace_article(phone, f'<p><span class="math notranslate nohighlight" style="{style}">{formula}</span></p>')
-        phone.evaluate("() => MathJax.typesetPromise([document.querySelector('article')])")
+        phone.evaluate("async () => { await MathJax.typesetPromise([document.querySelector('article')]); "
+                       "rlhfMath.fit(); }")
         found = phone.evaluate(CUT_FORMULAS)
         assert bool(found) == cut and all(line.startswith("inline formula 0 cut by its box") for line in found), found
 

@@ -1221,7 +1221,8 @@ display(ppo_points.style.hide(axis="index").format(cell_formatter(".3f"))
 # %%
 fig = go.Figure()
 fig.add_scatter(x=bon_points["KL (nats)"], y=bon_points["hidden score"], mode="lines+markers+text",
-                text=[f"best-of-{k}" for k in bon_points["n"]], textposition="top center", name="best-of-n (SFT)",
+                text=[f"best-of-{k}" for k in bon_points["n"]], name="best-of-n (SFT)",
+                textposition=["top right"] + ["top center"] * (len(bon_points) - 1),  # the first at KL 0: off the ticks
                 cliponaxis=False)
 fig.add_scatter(x=ppo_points["KL (nats)"], y=ppo_points["hidden score"], mode="lines+markers+text",
                 text=[f"step {s}" if s in (0, ppo_points["step"].iloc[-1]) else "" for s in ppo_points["step"]],

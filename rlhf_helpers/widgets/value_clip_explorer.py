@@ -92,7 +92,8 @@ class ValueClipExplorer(Explorer):
                    "y1": 1, "fillcolor": "rgba(31,119,180,0.08)", "line": {"width": 0}, "layer": "below"}]
         annotations = [{"x": old, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
                         "showarrow": False, "text": "V_old ± ε_V"},
-                       {"x": ret, "y": 0.97, "xref": "x", "yref": "paper", "showarrow": True, "ay": -25,
+                       # under the "clipped" label at the panel's top, so neither crosses the other
+                       {"x": ret, "y": 0.8, "xref": "x", "yref": "paper", "showarrow": True, "ay": -22,
                         "text": "G^λ"}]
         for start, end in _runs(zero):
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start], "x1": x[end],

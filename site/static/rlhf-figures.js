@@ -218,6 +218,22 @@
       var yTitle = titleText(get(layout, p.y + ".title"));
       if (yTitle) setTitle(layout[p.y], "title", wrap(yTitle, Math.max(80, panelH - 8), axisTitleSize(p.y), family));
     });
+    // tick labels given as text (a token under each position): every k-th one, level, when all do not fit side by side
+    found.forEach(function (p) {
+      var axis = layout[p.x], text = axis.ticktext, values = axis.tickvals;
+      if (!Array.isArray(text) || !Array.isArray(values) || text.length !== values.length || !text.length) return;
+      var tickSize = pick(get(axis, "tickfont.size"), size);
+      var labelPx = text.reduce(function (w, t) {
+        return Math.max(w, String(t).split(/<br\s*\/?>/i).reduce(function (v, line) {
+          return Math.max(v, textPx(line, tickSize, family));
+        }, 0));
+      }, 0) + 8;
+      var every = Math.ceil(text.length / Math.max(1, Math.floor((p.xd[1] - p.xd[0]) * plotW / labelPx)));
+      axis.tickangle = 0;
+      axis.tickvals = values.filter(function (v, i) { return i % every === 0; });
+      axis.ticktext = text.filter(function (v, i) { return i % every === 0; });
+    });
+
     // what sits on the top panels (their titles, labels of regions): the room it needs above the curves
     var aboveCurves = annotations.reduce(function (px, a) {
       var onTop = a.yanchor === "bottom" && a.yref === "paper" && a.y > 0.999;

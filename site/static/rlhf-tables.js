@@ -1,11 +1,15 @@
-/* Long tables on a narrow screen: one card per row.
+/* Tables wider than their column and taller than the window.
 
    A table wider than its column scrolls sideways in its own box (site.css); when that box is also taller than the
-   window, its scrollbar is out of sight until the reader reaches the table's foot. Such a table is shown instead as
-   one card per row, each cell under its column's name (class rlhf-cards, data-label), and laid out again when the
-   window's width changes. */
+   window, its scrollbar is out of sight until the reader reaches the table's foot. Such a table is shown instead
+   - on a phone (a window narrower than CARDS_BELOW_PX): as one card per row, each cell after its column's name
+     (class rlhf-cards, data-label);
+   - on a wider screen: in a box no taller than the window (class rlhf-tall on its scrolling box), which scrolls both
+     ways and keeps the header row in view.
+   Laid out again when the window's width changes and once MathJax has typeset the formulas in the tables. */
 (function () {
   "use strict";
+  var CARDS_BELOW_PX = 700;
   function scroller(table) {
     for (var a = table.parentElement; a && a !== document.body; a = a.parentElement) {
       var overflow = getComputedStyle(a).overflowX;
@@ -24,12 +28,16 @@
   }
   function fit() {
     document.querySelectorAll("article table").forEach(function (table) {
-      table.classList.remove("rlhf-cards");
       var box = scroller(table);
+      table.classList.remove("rlhf-cards");
+      box.classList.remove("rlhf-tall");
       var wide = table.getBoundingClientRect().width > box.clientWidth + 2;
-      if (wide && box.getBoundingClientRect().height > window.innerHeight) {
+      if (!wide || box.getBoundingClientRect().height <= window.innerHeight) return;
+      if (window.innerWidth < CARDS_BELOW_PX) {
         label(table);
         table.classList.add("rlhf-cards");
+      } else {
+        box.classList.add("rlhf-tall");
       }
     });
   }
