@@ -10,9 +10,8 @@ Every page's header links to the repository on GitHub (a link only: nothing is l
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
-
 from importlib.metadata import distribution
+from pathlib import Path
 
 import plotly
 
