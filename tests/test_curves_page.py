@@ -189,3 +189,21 @@ def test_the_command_writes_curves_marked_with_the_verdict_it_wrote(quick_cli, m
     entropy = [trace["x"] for trace in marks(figure) if panel_of(figure, trace) == "entropy"]
     assert entropy == [collapse["steps"]]
     assert "collapse" in capsys.readouterr().err  # the same verdict, printed
+
+
+def test_a_diagnosis_that_cannot_be_written_still_leaves_the_curves(quick_cli, monkeypatch, capsys):
+    """diagnosis.json and curves.html are written each on its own: a disk error on one leaves the other."""
+    from rlhf_helpers.stages import diagnose, train_ppo
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *args, **kwargs: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(train_ppo, "PPOTrainer", RecordedTrainer)
+    monkeypatch.setattr(diagnose, "write_diagnosis", refuse)
+    out = quick_cli / "ppo-no-diagnosis"
+    train_ppo.main(["--profile", "tiny", "--steps", "12", "--no-progress", "--output-dir", str(out)])
+    assert not (out / "diagnosis.json").exists()
+    figure = page_figure((out / "curves.html").read_text())
+    assert marks(figure), "the curves still carry the doctor's marks"
+    assert f"could not write diagnosis.json in {out}" in capsys.readouterr().err

@@ -304,7 +304,9 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: P
     # line JupyterLab would break mid-word (it wraps output at any character): at most PRINT_WIDTH characters
     printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                       for out in cell.get("outputs", []) if out.get("name") == "stdout")
-    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)", printed), "a printed zero with a minus sign"
+    shown = "".join("".join(out.get("data", {}).get(mime, "")) for cell in nb.cells if cell.cell_type == "code"
+                    for out in cell.get("outputs", []) for mime in ("text/html", "text/plain"))  # tables
+    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)", printed + shown), "a printed zero with a minus sign"
     too_long = [line for line in printed.splitlines() if len(line) > PRINT_WIDTH and EXERCISE_TODO not in line]
     assert not too_long, f"printed lines over {PRINT_WIDTH} characters: {too_long}"
     if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh

@@ -3,9 +3,10 @@
     .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site] [--no-execute]
 
 1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used when
-   they hold the stored notebook's cells and no error; any other notebook is executed first, in the
-   `tiny` profile (`python -m rlhf_helpers.course.run_course --out build/executed NAME ...`), unless
-   --no-execute (then a stale copy is used as it is, and says so).
+   they hold the stored notebook's cells and no error; any other notebook is copied to a scratch folder
+   and that copy is executed, in the `tiny` profile (`python -m rlhf_helpers.course.run_course --notebooks
+   SCRATCH --out SCRATCH NAME ...`; a notebook saved meanwhile changes nothing), unless --no-execute (then a
+   stale copy is used as it is, and says so).
 2. The pages are staged in build/site-src/ under their repository paths, so their relative links work
    as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
    docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or

@@ -44,10 +44,11 @@ def tracker_values(diagnosis: Diagnosis) -> dict[str, float]:
     return values
 
 
-def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None) -> Diagnosis:
-    """The end of a training run: diagnose its history, print the findings on stderr, write diagnosis.json
-    and log the tracker values at the last step. OSError when diagnosis.json cannot be written."""
-    diagnosis = diagnose(trainer)
+def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None,
+                     diagnosis: Diagnosis | None = None) -> Diagnosis:
+    """The end of a training run: diagnose its history (unless `diagnosis` is given), print the findings on stderr,
+    write diagnosis.json and log the tracker values at the last step. OSError when diagnosis.json cannot be written."""
+    diagnosis = diagnosis if diagnosis is not None else diagnose(trainer)
     print(format_findings(diagnosis), file=sys.stderr, flush=True)
     write_diagnosis(diagnosis, output_dir)
     if accelerator is not None and getattr(accelerator, "trackers", None) and trainer.history:

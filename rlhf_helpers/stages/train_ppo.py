@@ -79,7 +79,7 @@ from rlhf_helpers.ppo.checkpoint import (
     load_checkpoint,
 )
 from rlhf_helpers.ppo.curves_page import write_run_curves
-from rlhf_helpers.ppo.diagnosis import compute_record
+from rlhf_helpers.ppo.diagnosis import compute_record, diagnose
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
 from rlhf_helpers.ppo.run_folder import (
@@ -136,9 +136,8 @@ EXIT_NON_FINITE = 3
 EXIT_WRITE_FAILED = 4
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
-#: The errors of a run that cannot go on that are no SetupError (raised past the checks of the flags): a lock that
-#: another process holds or that cannot be taken (LockFileUnusable is a FolderInUse), a checkpoint whose files do
-#: not match their digests, a GGUF file cut short. `main` prints each as one line and exits 2.
+#: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable (LockFileUnusable is a
+#: FolderInUse), a checkpoint not matching its digests, a GGUF file cut short. `main` prints one line, exits 2.
 USER_ERRORS = (FolderInUse, CheckpointDamagedError, IncompleteGGUFFile)
 #: what this module offers besides `main` and `run`: the parser lives in `stages.train_args`
 __all__ = ["PROG", "USER_ERRORS", "build_parser", "main", "parse_args", "run"]
@@ -300,14 +299,17 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         sys.stderr.flush()
         accelerator.wait_for_everyone()
         raise SystemExit(EXIT_PEER_FAILED) from None
-    if is_main:
-        try:  # the run doctor's findings (printed, diagnosis.json, the tracker), then the curves that mark them
-            diagnosis = report_diagnosis(trainer, output_dir, accelerator)
-            write_run_curves(trainer.history, output_dir / CURVES_FILE, profile.name, diagnosis, status)
-        except OSError as error:
-            status = "write failed"
-            print(f"could not write {CURVES_FILE} or {DIAGNOSIS_FILE} in {output_dir}: "
-                  f"{disk_problem(error, output_dir)} (metrics.jsonl holds the same numbers)", file=sys.stderr)
+    if is_main:  # the doctor's verdict, then the curves marked with it: one file not written leaves the other
+        diagnosis = diagnose(trainer)
+        for name, write in ((DIAGNOSIS_FILE, lambda: report_diagnosis(trainer, output_dir, accelerator, diagnosis)),
+                            (CURVES_FILE, lambda: write_run_curves(trainer.history, output_dir / CURVES_FILE,
+                                                                   profile.name, diagnosis, status))):  # noqa: B023
+            try:
+                write()
+            except OSError as error:
+                status = "write failed"
+                print(f"could not write {name} in {output_dir}: {disk_problem(error, output_dir)} (metrics.jsonl "
+                      "holds the same numbers)", file=sys.stderr)
     accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
     trainer.close()
     if folder_lock is not None:  # the run's files are written: the folder is free for the next run

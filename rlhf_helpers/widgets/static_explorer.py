@@ -3,12 +3,14 @@
 For the course's static site (`make site`). Each combination of the sliders' values is set on the
 explorer itself (`Explorer.set`), which computes it with the maths core as in the notebook; the traces
 that change, the title and the shaded regions are stored per combination, and a small script swaps
-them in (`Plotly.update`) when a slider moves. So the site shows the widget's own numbers: one source
-of truth. The grid of values is kept small (tens of combinations) so the pages stay small. Under the
-figure, a caption names its sliders and the controls held fixed (`static_explorer_caption`).
+them in when a slider moves (with the site's `rlhfFigures.redraw`, site/static/rlhf-figures.js, which also
+lays the figure out for the page's width and puts the sliders above the curves). So the site shows the
+widget's own numbers: one source of truth. The grid of values is kept small (tens of combinations) so the
+pages stay small. Under the figure, a caption names its sliders and the controls held fixed
+(`static_explorer_caption`).
 
     figure = static_explorer("ClipExplorer", {"eps": 0.2, "advantage": 1.0, "ratio": 1.3})
-    html = static_explorer_html(figure, "explorer-1")   # a <div>, a <script> (needs window.Plotly), a caption
+    html = static_explorer_html(figure, "explorer-1")   # a <div>, a <script> (needs the site's scripts), a caption
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def static_explorer_caption(figure: dict) -> str:
     return f"On this page: {sliders}.{rest} Run the notebook (JupyterLab or Colab) to move the others."
 
 
-# ES5; `Plotly` may load after this script (a <script> in the page's head, or deferred): wait for the page
+# `Plotly` and `rlhfFigures` may load after this script (deferred): wait for the page
 _SCRIPT = """(function () {
   var spec = @SPEC@;
   var names = spec.layout.sliders.map(function (s) { return s.name; });
@@ -212,9 +214,9 @@ _SCRIPT = """(function () {
 
 
 def static_explorer_html(figure: dict, element_id: str) -> str:
-    """A <div> and the <script> that draws `figure` (from `static_explorer`) in it with the page's plotly.js
-    and swaps in the stored state when a slider moves, then the caption (`static_explorer_caption`). The
-    div's data attributes name the explorer and its starting controls (for tests)."""
+    """A <div> and the <script> that draws `figure` (from `static_explorer`) in it with the page's plotly.js and
+    the site's rlhfFigures, and swaps in the stored state when a slider moves, then the caption
+    (`static_explorer_caption`). The div's data attributes name the explorer and its starting controls (for tests)."""
     spec = json.dumps({key: figure[key] for key in ("data", "layout", "states", "traces", "strides")},
                       separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     height = figure["layout"].get("height", 500)

@@ -9,7 +9,7 @@
      under the plot, in rows;
    - an explorer's sliders (a layout with `sliders`) sit between the title and the curves, so that the curve a
      slider moves is in view while it is dragged; the curves get at most what the window leaves them.
-   ES5, no dependencies besides Plotly. */
+   No dependencies besides Plotly. */
 (function () {
   "use strict";
   var NARROW_PX = 600;      // below this width: one column of panels, the legend under the plot, no toolbar
@@ -97,7 +97,8 @@
   }
 
   // the figure's layout for a `width` x `height` window
-  // `extra`: px more for each gap between stacked panels (settle's measure); `info.stack` gets the stacked panels
+  // `extra` (settle's measures): {gaps: px more for each gap between stacked panels, legend: px more above the
+  // legend under the plot}; `info.stack` gets the stacked panels
   function fit(source, width, windowHeight, extra, info) {
     var layout = copy(source);
     var template = get(layout, "template.layout") || {};
@@ -144,7 +145,7 @@
         var shows = get(layout, above.x + ".showticklabels") !== false;
         var titleLines = titled[i].reduce(function (n, a) { return Math.max(n, lines(a.text)); }, 0);
         return (shows ? 26 : 6) + lines(xTitle) * axisTitleSize(above.x) * LINE
-          + titleLines * annotationSize(titled[i][0] || {}) * LINE + 16 + ((extra || [])[i] || 0);
+          + titleLines * annotationSize(titled[i][0] || {}) * LINE + 16 + (((extra && extra.gaps) || [])[i] || 0);
       });
       gapPx = gaps.reduce(function (s, g) { return s + g; }, 0);
       if (info) {
@@ -250,6 +251,7 @@
       var room = centred ? 2 * Math.min(titleX * width, (1 - titleX) * width - toolbar)
         : width * (1 - titleX) - toolbar;
       var wrapped = wrap(title, room, titleSize, family);
+      layout.title = typeof layout.title === "string" ? {text: wrapped} : layout.title;
       setTitle(layout, "title", wrapped);
       layout.title.y = 1; layout.title.yref = "container"; layout.title.yanchor = "top";
       layout.title.pad = {t: 16};
@@ -280,7 +282,8 @@
         return p.yd[0] < low.yd[0] ? p : low;
       }, found[0] || {yd: [0, 1]});
       var xTitleLines = bottomAxis.x ? lines(titleText(get(layout, bottomAxis.x + ".title"))) : 0;
-      var offset = 26 + xTitleLines * (bottomAxis.x ? axisTitleSize(bottomAxis.x) : size) * LINE + 8;
+      var offset = 26 + xTitleLines * (bottomAxis.x ? axisTitleSize(bottomAxis.x) : size) * LINE + 8
+        + ((extra && extra.legend) || 0);
       layout.legend = layout.legend || {};
       if (narrow || sliders.length) {
         layout.legend.orientation = "h"; layout.legend.x = 0; layout.legend.xanchor = "left";
@@ -346,7 +349,8 @@
   // a legend moved under the plot sits below the lowest tick label or axis title plotly drew (long or rotated
   // tick labels take more room than `fit` can know): measured once drawn, and moved down if they meet
   function settle(gd) {
-    if (gd._rlhfStack && !gd._rlhfExtra) {  // stacked panels: each title below the panel above's tick labels
+    var done = gd._rlhfExtra || {};
+    if (gd._rlhfStack && !done.gaps) {  // stacked panels: each title below the panel above's tick labels
       var extra = gd._rlhfStack.map(function (p, i) {
         if (i === 0) return 0;
         var above = gd._rlhfStack[i - 1], ax = above.x.replace("axis", ""), ay = above.y.replace("axis", "");
@@ -363,7 +367,7 @@
         return isFinite(low) && isFinite(high) && low + 6 > high ? Math.ceil(low + 6 - high) : 0;
       });
       if (extra.some(function (e) { return e > 0; })) {
-        gd._rlhfExtra = extra;
+        gd._rlhfExtra = {gaps: extra, legend: done.legend, legendPasses: done.legendPasses};
         return redraw(gd, gd._rlhfSource.data, gd._rlhfSource.layout);
       }
     }
@@ -379,10 +383,11 @@
     });
     var top = legend.getBoundingClientRect().top;
     if (top >= lowest + 4) return null;
-    var shift = lowest + 8 - top, plotH = gd._fullLayout._size.h;
-    gd.style.height = (layout.height + shift) + "px";
-    return Plotly.relayout(gd, {"legend.y": layout.legend.y - shift / plotH, "margin.b": layout.margin.b + shift,
-                                height: layout.height + shift});
+    if ((done.legendPasses || 0) >= 2) return null;
+    // kept for the next redraws (an explorer's slider): they are laid out with it at once
+    gd._rlhfExtra = {gaps: done.gaps, legend: (done.legend || 0) + lowest + 8 - top,
+                     legendPasses: (done.legendPasses || 0) + 1};
+    return redraw(gd, gd._rlhfSource.data, gd._rlhfSource.layout);
   }
 
   // marks `gd` as laid out for its width (data-fitted, which tests wait for)
