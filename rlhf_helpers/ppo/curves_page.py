@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.diagnosis import MARK_COLORS, Diagnosis, mark_findings
-from rlhf_helpers.ppo.diagnosis_types import rule_docs
+from rlhf_helpers.ppo.diagnosis_types import rule_reads
 from rlhf_helpers.ppo.metrics import default_keys, plot_curves, write_curves
 from rlhf_helpers.runtime.figure_template import course_template
 
@@ -37,7 +37,7 @@ def run_title(run_name: str, profile: str, history: Sequence[Mapping[str, Any]],
 
 def flagged_metrics(history: Sequence[Mapping[str, Any]], diagnosis: Diagnosis) -> list[str]:
     """The metrics an error or warning of `diagnosis` reads that `history` logs with a finite value, in rule order."""
-    reads = {rule: metrics for rule, (metrics, _) in rule_docs(diagnosis.thresholds).items()}
+    reads = rule_reads()
     logged = {
         key for row in history for key, value in row.items() if isinstance(value, (int, float)) and math.isfinite(value)
     }

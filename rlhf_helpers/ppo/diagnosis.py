@@ -37,7 +37,7 @@ from rlhf_helpers.core.tolerances import dtype_name
 from rlhf_helpers.ppo.diagnosis_checkpoints import checkpoint_finding
 from rlhf_helpers.ppo.diagnosis_reading import metric_rows, newest_trl_state, read_json, read_metrics, what_is_there
 from rlhf_helpers.ppo.diagnosis_rules import RULES
-from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_docs
+from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_reads
 
 __all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
            "mark_findings", "load_history", "compute_record", "DIAGNOSIS_FILE"]
@@ -318,7 +318,7 @@ def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Dia
     """Show the doctor's findings on a `metrics.plot_curves` figure of `history` drawn with `keys` and `columns`:
     crosses at the steps of each error (red) or warning (orange) on the panels of the metrics its rule reads,
     and every finding listed under the title. Returns the figure."""
-    reads = {rule: metrics for rule, (metrics, _) in rule_docs().items()}
+    reads = rule_reads()
     for finding in diagnosis.findings:
         if finding.severity not in MARK_COLORS:
             continue

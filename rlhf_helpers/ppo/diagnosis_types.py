@@ -264,3 +264,8 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
                               "standard errors while score did not fall (>= 6 steps); or eval_hidden_score falls > "
                               f"{t.eval_fall:g} from its best evaluation to the last while eval_score did not fall"),
     }
+
+
+def rule_reads() -> dict[str, tuple[str, ...]]:
+    """rule -> the metrics it reads (the first part of `rule_docs`, which the thresholds do not change)."""
+    return {rule: metrics for rule, (metrics, _) in rule_docs().items()}
