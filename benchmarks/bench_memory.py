@@ -204,6 +204,7 @@ class FourModels(SharedLoRAModel):
         #: base's adapters; these copies have none to fold)
         self.fast_sampling = False
         self.fast_decoder = None
+        self.packed = False  #: transformers' own forwards and sampling loop (no packed GPT-2 path here)
         nn.Module.train(self, False)  # dropout off, as in the shared model
 
     # ------------------------------------------------------------------ what SharedLoRAModel reads

@@ -9,7 +9,7 @@ coefficient, clip ranges, LoRA rank and reward:
 - ours: `rlhf_helpers.ppo` in the main venv.
 
 Reported: wall time and CPU time per PPO update (rollout + all update epochs; median after the
-warm-up updates; goal: ours at least 2x faster), peak RSS (and peak CUDA memory on a GPU), and
+warm-up updates; goal: ours at least 3x faster), peak RSS (and peak CUDA memory on a GPU), and
 the hidden ground-truth score of samples on held-out prompts at a matched KL to the reference
 (`score_at_kl`: the best score each side's evaluation curve reaches within the KL budget both
 sides reached). Timings on a shared machine are noisy; compare ratios from one run.
@@ -48,7 +48,7 @@ VENV_DIR = REPO_ROOT / ".bench-venv-trl110"
 REQUIREMENTS = REPO_ROOT / "benchmarks" / "requirements-trl-baseline.txt"
 RUNNERS = REPO_ROOT / "benchmarks" / "trl_baseline"
 #: Goal: our time per update at most this fraction of TRL's (2x faster).
-SPEEDUP_GOAL = 2.0  #: ours vs TRL, s per update, on the CPU
+SPEEDUP_GOAL = 3.0  #: ours vs TRL, s per update (wall and CPU), on the CPU
 CUDA_SPEEDUP_GOAL = 4.0  #: the same on a GPU (issue 20's anchor: TRL 1.10 at 7.59 s/update on an H100)
 CUDA_MEMORY_GOAL = 0.3  #: peak CUDA memory, ours over TRL, on a GPU
 #: Longest a side may run before it is stopped, in seconds.

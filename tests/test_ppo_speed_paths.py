@@ -57,14 +57,14 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
         expected = toy_causal_lm(tok, seed=0)(input_ids=ids, attention_mask=attn,
                                               position_ids=positions).logits  # (B, L, V)
     kept = SharedLoRAModel(
-        toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_gelu=False, lora=LoRASpec(r=4, alpha=8)
-    )
+        toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_gelu=False, packed=False,
+        lora=LoRASpec(r=4, alpha=8))
     fused = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
     with torch.no_grad():  # LoRA B starts at 0: the policy's logits are the base's
         assert torch.equal(kept.policy_logits(ids, attn), expected)
-        got = fused.policy_logits(ids, attn)
-    assert torch.allclose(got, expected, atol=1e-5)
-    assert not torch.equal(got, expected)  # the swap did happen: float rounding differs somewhere
+        got = fused.policy_logits(ids, attn)[attn.bool()]  # (N, V): the packed forward leaves pads at 0
+    assert torch.allclose(got, expected[attn.bool()], atol=1e-5)
+    assert not torch.equal(got, expected[attn.bool()])  # the swap did happen: float rounding differs somewhere
 
 
 def perturbed_shared(tok, seed: int = 1) -> SharedLoRAModel:

@@ -436,7 +436,7 @@ def test_every_ppo_config_field_is_a_flag_whose_help_is_its_doc(capsys):
     expected = {"--" + name.replace("_", "-") for name in fields}
     assert expected <= flags, sorted(expected - flags)
     run_flags = {"--help", "-h", "--profile", "--resume", "--reward-dir", "--reward-train-pairs", "--no-progress",
-                 "--report-to", "--steps"}
+                 "--report-to", "--steps", "--threads"}
     negations = {"--no-" + flag[2:] for flag in expected}  # --whiten-advantages / --no-whiten-advantages
     assert flags - expected - negations == run_flags  # nothing else, no field left out
     with pytest.raises(SystemExit):

@@ -11,6 +11,7 @@ adapter name, never by whatever happens to be trainable; a plain score head need
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,10 @@ def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
                       bias="none", task_type=task_type, fan_in_fan_out=fan_in_fan_out)
 
 
-def refuse_checkpointing(model: nn.Module) -> None:
-    """ValueError if any module of `model` has gradient (activation) checkpointing on."""
-    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+def refuse_checkpointing(model: nn.Module | Iterable[nn.Module]) -> None:
+    """ValueError if any module of `model` (or of a list of modules) has gradient (activation) checkpointing on."""
+    modules = model.modules() if isinstance(model, nn.Module) else model
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in modules):
         raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
                          "use another adapter than the forward did, giving silently wrong gradients")
 

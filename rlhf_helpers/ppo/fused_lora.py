@@ -52,25 +52,28 @@ class _FusedLoRA(torch.autograd.Function):
         # weight: the base weight as (in, out); lora_a: (r, in); lora_b: (out, r)
         merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)  # (in, out) = W + s A^T B^T
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
-        x_a = x2 @ lora_a.t() if ctx.needs_input_grad[4] else None  # (N, r), kept for dL/dB
+        # (x A^T)^T as A x^T: a product with N as its wide side runs several times faster on a CPU
+        # than the thin (N, r) layout (benchmarks/README.md, "thin products")
+        a_x = lora_a @ x2.t() if ctx.needs_input_grad[4] else None  # (r, N), kept for dL/dB
         # W' is rebuilt in backward rather than saved: one (in, out) copy per layer less memory
-        ctx.save_for_backward(x2, weight, lora_a, lora_b, x_a)
+        ctx.save_for_backward(x2, weight, lora_a, lora_b, a_x)
         ctx.scaling = scaling
         ctx.x_shape = x.shape
         return _folded_matmul(x, merged, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        x2, weight, lora_a, lora_b, x_a = ctx.saved_tensors
+        x2, weight, lora_a, lora_b, a_x = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # (N, out)
         dx = da = db = None
         if ctx.needs_input_grad[0]:
             merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=ctx.scaling)  # (in, out)
             dx = (g @ merged.t()).reshape(ctx.x_shape)  # dL/dx = g W'^T
         if ctx.needs_input_grad[3]:
-            da = ctx.scaling * ((g @ lora_b).t() @ x2)  # (r, in): s (g B)^T x
+            b_g = lora_b.t() @ g.t()  # (r, N) = (g B)^T
+            da = ctx.scaling * (b_g @ x2)  # (r, in): s (g B)^T x
         if ctx.needs_input_grad[4]:
-            db = ctx.scaling * (g.t() @ x_a)  # (out, r): s g^T (x A^T)
+            db = ctx.scaling * (a_x @ g).t()  # (out, r): s g^T (x A^T) = s ((A x^T) g)^T
         return dx, None, None, da, db, None
 
 

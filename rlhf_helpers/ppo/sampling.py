@@ -10,6 +10,8 @@ ended writes pad. Two decoders compute z_t:
 
 - `PlainDecoder`: the model's own forward with transformers' dynamic KV cache, one token per step.
   Any architecture, any device; the reference path.
+- `gpt2_decoder.GPT2CacheDecoder` (GPT-2, the tiny profile): the same layers called directly over a
+  preallocated KV cache; what `SharedLoRAModel` uses when its forwards are packed (`model.packed`).
 - `fast_decoder.StaticLlamaDecoder` (the CUDA fast path): a Llama-family decode step over a static
   KV cache, each LoRA adapter folded into its base weight, captured once as a CUDA graph and
   replayed every token (that module says why). On a CPU it runs eagerly (tests).
@@ -42,6 +44,7 @@ from rlhf_helpers.core.checks import (
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.core.tokens import position_ids_from_mask
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
+from rlhf_helpers.ppo.gpt2_decoder import GPT2CacheDecoder
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 
@@ -206,7 +209,9 @@ def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask
                               "with the plain loop from now on", RuntimeWarning, stacklevel=2)
                 model.fast_sampling, model.fast_decoder = False, None
                 _set_rng_states(devices, rng)  # the plain loop draws what the fast one would have
-        return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=PlainDecoder(model.lm), **settings)
+        # GPT-2: a preallocated cache and the layers called directly (gpt2_decoder.py); else the model's forward
+        decoder = GPT2CacheDecoder(model.lm) if model.packed else PlainDecoder(model.lm)
+        return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=decoder, **settings)
 
 
 def _rng_states(devices: list[torch.device]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from peft import get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from rlhf_helpers.core.checks import check_temperature, check_token_batch
@@ -46,6 +47,7 @@ from rlhf_helpers.ppo.adapters import (
 )
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
+from rlhf_helpers.ppo.packed_gpt2 import packed_hidden, supports_packed
 from rlhf_helpers.ppo.value_head import ScalarHead
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
@@ -75,11 +77,11 @@ def _check_context(context_length: int, length: int) -> None:
 class SharedLoRAModel(nn.Module):
     """A causal LM with `policy`, `value` and `reward` LoRA adapters, a value head and a score head.
 
-    `fused_gelu=True` (default) swaps GPT-2's gelu_new for torch's fused kernel of the same formula
-    (`fuse_tanh_gelu`; outputs agree to float rounding); False keeps the base model's ops bit for bit.
-    `fused_lora=True` (default) runs each float32 LoRA layer as one product with the adapter folded
-    into a copy of the base weight (`fused_lora.fuse_lora_layers`; same outputs and gradients up to
-    float rounding); False keeps peft's own forward.
+    Speed paths, each the same maths to float rounding (False: off, bit for bit the plain path):
+    `fused_gelu` GPT-2's gelu_new as one kernel (`fuse_tanh_gelu`); `fused_lora` each float32 LoRA
+    layer as one product, the adapter folded into a copy of the base weight (`fuse_lora_layers`);
+    `packed` GPT-2's forwards and sampling on the real tokens only (`packed_gpt2.py`, hidden state
+    0 at padding; other architectures keep transformers' forward).
     `fast_sampling`: sample with `sampling.StaticLlamaDecoder` (static KV cache, adapter folded into
     the weights, one CUDA graph per decode step); None (default) does so on CUDA for Llama-family
     models, else the plain KV-cached loop.
@@ -96,6 +98,7 @@ class SharedLoRAModel(nn.Module):
         fused_gelu: bool = True,
         fused_lora: bool = True,
         fast_sampling: bool | None = None,
+        packed: bool = True,
     ) -> None:
         super().__init__()
 
@@ -137,6 +140,9 @@ class SharedLoRAModel(nn.Module):
         if fused_lora:  # same maths, one product per LoRA layer instead of three (see fused_lora.py)
             fuse_lora_layers(self.peft)
         self._adapter_params = params_by_adapter(self.peft, ADAPTERS)
+        self._lora_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+        # transformers turns checkpointing on only in modules that have the flag: these, found once
+        self._checkpointable = [m for m in self.lm.modules() if hasattr(m, "gradient_checkpointing")]
         self._active: str | None = None
         if fast_sampling and not supports_fast_decoder(self.lm):
             raise ValueError("fast_sampling=True needs a Llama-family model (sampling.FAST_MODEL_TYPES)")
@@ -148,6 +154,8 @@ class SharedLoRAModel(nn.Module):
         self.score_head.requires_grad_(False)
         self.use("policy")
         super().train(False)  # dropout off for good
+        #: GPT-2 forwards on the real tokens only (`packed_gpt2.packed_hidden`); else transformers' forward
+        self.packed = packed and supports_packed(self.lm)
 
     # ------------------------------------------------------------------ adapters and parameters
     def _restore_trainable(self) -> None:
@@ -162,8 +170,13 @@ class SharedLoRAModel(nn.Module):
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
         if adapter != self._active:
             # checkpointing switched on after construction would re-run forwards under another adapter
-            refuse_checkpointing(self.lm)
-            self.peft.base_model.set_adapter(adapter)
+            refuse_checkpointing(self._checkpointable)
+            # peft's model-wide set_adapter walks every module twice (about 4 ms on the tiny model, 32
+            # switches per update); its per-layer set_adapter on the LoRA layers found once is the same
+            # switch (this model's peft config has no modules_to_save, the only other thing it sets)
+            for layer in self._lora_layers:
+                layer.set_adapter(adapter)
+            self.peft.base_model.active_adapter = adapter
             self._active = adapter
         self._restore_trainable()
 
@@ -206,6 +219,8 @@ class SharedLoRAModel(nn.Module):
 
     # ------------------------------------------------------------------ forwards
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.packed:  # GPT-2 on the real tokens only (packed_gpt2.py): 0 at padding positions
+            return packed_hidden(self.backbone, input_ids, attention_mask)  # (B, L, H)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.last_hidden_state  # (B, L, H)
@@ -213,6 +228,10 @@ class SharedLoRAModel(nn.Module):
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
         """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0: all)."""
+        if self.packed:
+            hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
+            kept = hidden if isinstance(logits_to_keep, int) and logits_to_keep == 0 else hidden[:, logits_to_keep]
+            return self.lm.lm_head(kept)  # (B, L or K, V)
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False,
                       logits_to_keep=logits_to_keep)

@@ -39,6 +39,7 @@ from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
+from rlhf_helpers.runtime.threads import DEFAULT_THREADS, use_threads
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 
@@ -157,7 +158,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
     parser.add_argument("--max-train-pairs", type=int, default=None, help="train on the first N pairs only (N >= 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest when another process "
+                             "shares the cores; see benchmarks/README.md)")
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    use_threads(args.threads)
     if not args.out.strip():
         parser.error("--out must name a folder, got an empty path")
     out = Path(args.out)

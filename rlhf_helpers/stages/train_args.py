@@ -23,6 +23,7 @@ from rlhf_helpers.runtime.config_limits import PPO_LIMITS, allowed
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_NAMES
+from rlhf_helpers.runtime.threads import DEFAULT_THREADS
 from rlhf_helpers.stages.resume import ALIASES, RESUMABLE
 
 PROG = "python -m rlhf_helpers.stages.train_ppo"
@@ -32,6 +33,13 @@ CLI_DEFAULTS = {"save_every": 10}
 NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
          "save_every": "default here: 10, unless $RLHF_PROFILE_OVERRIDES sets it",
          "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
+
+#: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
+EXIT_PEER_FAILED = 1
+#: Exit status of a run stopped by a NaN/inf.
+EXIT_NON_FINITE = 3
+#: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written.
+EXIT_WRITE_FAILED = 4
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,6 +68,9 @@ def _parser_and_actions() -> tuple[argparse.ArgumentParser, list[argparse.Action
                          help="hide the progress bar (the same as --no-progress-bar)"),
         run.add_argument("--report-to", choices=REPORT_TO, default="none",
                          help="also log every step to this experiment tracker (default: none; see docs/metrics.md)"),
+        run.add_argument("--threads", type=int, default=None,
+                         help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest when another "
+                              "process shares the cores; see benchmarks/README.md)"),
     ]
     ppo = parser.add_argument_group("PPO settings", "every field of PPOConfig; a flag not given keeps the "
                                     "profile's value (and $RLHF_PROFILE_OVERRIDES')")
@@ -77,6 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The flags of `argv` (default: sys.argv[1:]); a negative number may follow its flag (`--kl-coef -1e3`)."""
     parser, actions = _parser_and_actions()
     args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv, actions))
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.reward_train_pairs is not None and args.reward_train_pairs < 1:
         parser.error(f"--reward-train-pairs must be >= 1, got {args.reward_train_pairs}")
     for flag in ("reward_dir", "output_dir"):

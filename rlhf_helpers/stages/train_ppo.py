@@ -24,29 +24,29 @@ the run: a second live run into it exits 2, naming this one's pid):
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Settings: every PPOConfig field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not
-given keeps the profile's value. Each number has a range float32 arithmetic can hold (`runtime.config_limits`, named
-in `--help`); a negative one may follow its flag (`--missing-eos-penalty -1e3`). The flags set this PPO run only;
-$RLHF_PROFILE_OVERRIDES sets the profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
-'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with
-what run.json records: the profile, the PPO settings, the reward model (its weights come from the checkpoint, so the
-reward folder may be gone) and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every
-and the progress bar may change. Any other flag, override or prompt file that differs from the record is refused (exit
-2), and run.json keeps recording what the run did (`stages/resume.py`).
-Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward
-model or the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a
-full disk or is in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no
-run can use, a device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed
-the memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on
---resume, a run file (run.json, metrics.jsonl...) that is a link or a folder, a value warm-up as long as the
-run, --reward-train-pairs with --reward-dir; and, found later, a lock another process holds or that cannot be
-taken, a checkpoint whose files do not match their digests, a GGUF file cut short; see ppo/run_folder.py and
-runtime/preflight.py);
-3 stopped by a NaN/inf (in sampling logits, rewards, losses, gradients or weights), with a
-message; the last good checkpoint stays as it was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json
-could not be written (a full disk is named as such; the previous checkpoint stays as it was, and metrics.jsonl
-never logs a step whose checkpoint failed); 130 ended by Ctrl-C, with one line naming the last checkpoint saved and the
-command that resumes from it (or saying none was saved yet).
+Settings: --threads N sets torch's CPU threads (default 1, `runtime/threads.py`); every PPOConfig field is a flag
+(`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not given keeps the profile's value. Each
+number has a range float32 arithmetic can hold (`runtime.config_limits`, named in `--help`); a negative one may follow
+its flag (`--missing-eos-penalty -1e3`). The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile, so
+its seed and lora reach every stage (the SFT and reward models too), e.g. '{"rollout_batch_size": 8,
+"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with what run.json records: the
+profile, the PPO settings, the reward model (its weights come from the checkpoint, so the reward folder may be gone)
+and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every and the progress bar may
+change. Any other flag, override or prompt file that differs from the record is refused (exit 2), and run.json keeps
+recording what the run did (`stages/resume.py`).
+Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward model or
+the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a full disk or is
+in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no run can use, a device this
+machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed the memory, more evaluation
+prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on --resume, a run file (run.json,
+metrics.jsonl...) that is a link or a folder, a value warm-up as long as the run, --reward-train-pairs with
+--reward-dir; and, found later, a lock another process holds or that cannot be taken, a checkpoint whose files do not
+match their digests, a GGUF file cut short; see ppo/run_folder.py and runtime/preflight.py); 3 stopped by a NaN/inf
+(in sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint stays as it was;
+4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written (a full disk is named as such; the
+previous checkpoint stays as it was, and metrics.jsonl never logs a step whose checkpoint failed); 130 ended by
+Ctrl-C, with one line naming the last checkpoint saved and the command that resumes from it (or saying none was saved
+yet).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ from rlhf_helpers.runtime.locks import FolderInUse
 from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
+from rlhf_helpers.runtime.threads import use_threads
 from rlhf_helpers.runtime.weights import IncompleteGGUFFile, require_weights
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
 from rlhf_helpers.stages.resume import (
@@ -118,6 +119,9 @@ from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.stages.train_args import (
     CLI_DEFAULTS,
+    EXIT_NON_FINITE,
+    EXIT_PEER_FAILED,
+    EXIT_WRITE_FAILED,
     PROG,
     Interrupted,
     build_parser,
@@ -128,12 +132,6 @@ from rlhf_helpers.stages.train_args import (
 )
 from rlhf_helpers.world.scorer import hidden_scores
 
-#: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
-EXIT_PEER_FAILED = 1
-#: Exit status of a run stopped by a NaN/inf.
-EXIT_NON_FINITE = 3
-#: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written.
-EXIT_WRITE_FAILED = 4
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.html"
 #: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable (LockFileUnusable is a
@@ -147,6 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; returns a summary (last metrics, checkpoint path, output folder). Ctrl-C raises Interrupted,
     whose line names the last checkpoint and the command that resumes from it."""
     check_run_flags(args)
+    use_threads(getattr(args, "threads", None))  # one unless --threads says otherwise (runtime/threads.py)
     try:
         profile = get_profile(args.profile)
     except (ValueError, TypeError) as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
