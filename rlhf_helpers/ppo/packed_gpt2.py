@@ -60,7 +60,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     dimension 32, under 50 positions) torch's fused CPU kernel is about 25% slower, forward and backward
     (benchmarks/README.md). Every row of `bias` must allow at least one key."""
     B, heads, Q, d = q.shape
-    bias = bias.expand(B, heads, Q, k.shape[2]).reshape(B * heads, Q, k.shape[2])  # (B nh, Q, K)
+    if bias.dim() > 2:  # one mask per row: (B nh, Q, K); a (Q, K) mask broadcasts as it is
+        bias = bias.expand(B, heads, Q, k.shape[2]).reshape(B * heads, Q, k.shape[2])
     scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d), k.reshape(B * heads, -1, d).transpose(1, 2),
                            alpha=scaling)  # (B nh, Q, K)
     return torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * heads, -1, d)).view(B, heads, Q, d)

@@ -36,6 +36,7 @@ from rlhf_helpers.ppo.adapters import (
     lora_config,
     uses_conv1d,
 )
+from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.data import load_preferences
@@ -174,7 +175,10 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     peft_config = lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,
                               fan_in_fan_out=uses_conv1d(base), task_type="SEQ_CLS")
     peft_config.modules_to_save = ["score"]
+    fuse_tanh_gelu(base)  # gelu_new as one kernel: a third of the tiny model's forward was its eight ops
     model = get_peft_model(base, peft_config)
+    if not any(amp_flags(profile).values()):  # float32 arithmetic: each LoRA layer as one product (fused_lora.py)
+        fuse_lora_layers(model)
     on_cpu = profile.device == "cpu"
     with tempfile.TemporaryDirectory() as scratch:
         args = RewardConfig(
