@@ -47,7 +47,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV_DIR = REPO_ROOT / ".bench-venv-trl110"
 REQUIREMENTS = REPO_ROOT / "benchmarks" / "requirements-trl-baseline.txt"
 RUNNERS = REPO_ROOT / "benchmarks" / "trl_baseline"
-#: Goal: our time per update at most this fraction of TRL's (2x faster).
 SPEEDUP_GOAL = 3.0  #: ours vs TRL, s per update (wall and CPU), on the CPU
 CUDA_SPEEDUP_GOAL = 4.0  #: the same on a GPU (issue 20's anchor: TRL 1.10 at 7.59 s/update on an H100)
 CUDA_MEMORY_GOAL = 0.3  #: peak CUDA memory, ours over TRL, on a GPU

@@ -131,6 +131,18 @@ def test_a_plain_loop_matches_the_library_well_inside_the_rounding_budget(world,
     assert len(expected.losses) == 4 and expected.experience["old_logprobs"].abs().sum() > 0
 
 
+def test_an_update_left_out_is_named_even_for_a_matrix_that_barely_moves(world):
+    """The weights' check is relative to each matrix's own change (plus the float32 spacing of its weights), so
+    a learner's step that skips a matrix is caught even where that matrix moves 10^4 times less than the head."""
+    got, expected, config, rtol = run_plain(world, "free")
+    sizes = [float(update.abs().max()) for update in expected.updates["value"]]
+    smallest = min(range(len(sizes)), key=sizes.__getitem__)
+    assert 0 < sizes[smallest] < 1e-3 * max(sizes)  # a LoRA A whose B started at 0
+    got.updates["value"][smallest] = torch.zeros_like(got.updates["value"][smallest])
+    problem = capstone.first_difference(got, expected, config, rtol)
+    assert problem is not None and "the value adapter's weights after the update differ" in problem
+
+
 @pytest.mark.parametrize(("mistake", "setting", "named"), [
     ("kl_sign", "free", "check the sign"),
     ("no_whitening", "free", "not whitened"),

@@ -5,7 +5,9 @@ Each is checked against transformers' own GPT-2 forward with the same LoRA adapt
 or against the plain sampling loop. In float64 the two differ only by the order of additions
 (relative 1e-16 per operation over a 2-layer model: 1e-10 is far above that and far below any real
 difference, which would be of the size of the activations); in float32 with the fused LoRA
-layers by float32 rounding (1e-5, as tests/test_ppo_speed_paths.py).
+layers by float32 rounding: 6e-8 relative per operation, on values of order 1, over the ~100
+operations on the path from an embedding to a log-prob stays under 1e-5 (as in
+tests/test_ppo_speed_paths.py), while a wrong token or position moves a log-prob by 1e-2 or more.
 """
 
 from __future__ import annotations
@@ -140,3 +142,26 @@ def test_cache_decoder_samples_the_plain_loops_tokens_and_log_probs(tok, adapter
     assert (responses == tok.eos_token_id).any(dim=1).sum() >= 1  # some row ended before the others
     assert torch.allclose(cached.logprobs, plain.logprobs, atol=1e-5)
     assert torch.allclose(cached.entropy, plain.entropy, atol=1e-5)
+
+
+def test_logits_to_keep_means_what_it_means_in_transformers(tok):
+    ids, attn = batch(tok)
+    for packed in (False, True):
+        model = shared(tok, packed)
+        with torch.no_grad():
+            full = model._logits(ids, attn)  # (B, L, V)
+            # the LM head's product over fewer rows may round each one differently: float32 rounding of logits
+            # of size ~1 summed over 32 terms, far below 1e-5, and far below any wrong position's difference
+            assert torch.allclose(model._logits(ids, attn, 3), full[:, -3:], atol=1e-5)  # an int k: the last k
+            picked = torch.tensor([2, 5])
+            assert torch.allclose(model._logits(ids, attn, picked), full[:, picked], atol=1e-5)  # those positions
+            assert not torch.allclose(full[:, -3:], full[:, -4:-1], atol=1e-3)  # other positions would differ
+
+
+def test_sampling_refuses_prompts_padded_on_the_right(tok):
+    """The first token is drawn from the last column's logits: a right-padded prompt would draw it from a pad."""
+    model = shared(tok, packed=True)
+    enc = tok(TEXTS, return_tensors="pt", padding=True, padding_side="right")
+    with pytest.raises(ValueError, match="attention_mask must be left-padded"):
+        sample(model.lm, enc["input_ids"], enc["attention_mask"], 4, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)

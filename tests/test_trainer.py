@@ -311,3 +311,27 @@ def test_eval_batch_size_comes_from_the_profile_and_must_be_positive():
         assert profile.ppo.eval_batch_size == profile.ppo.eval_batch_size
     with pytest.raises(ValueError, match="eval_batch_size"):
         PPOConfig(eval_batch_size=0)
+
+
+def test_ptx_loss_reads_no_padding_position_and_is_the_same_packed_or_not(make_trainer):
+    """The ptx texts are left-padded: a row's first token has only a pad before it, so it is not a target
+    (its logit would be read at a padding position, which the packed forward leaves at 0). The loss is then
+    the mean next-token loss over the tokens whose previous token is real, the same on both forwards."""
+    texts = ["the movie is good .", "the plot", "great"]
+    losses = []
+    for packed in (False, True):
+        trainer = make_trainer(ptx_coef=1.0, ptx_texts=texts, mini_batch_size=4)
+        trainer.model.packed = packed
+        torch.manual_seed(0)
+        generator = torch.Generator().manual_seed(1)
+        losses.append(float(trainer.ptx_loss(generator)))
+        picks = torch.randint(len(texts), (4,), generator=torch.Generator().manual_seed(1)).tolist()
+    enc = trainer.tokenizer([texts[i] for i in picks], return_tensors="pt", padding=True, padding_side="left")
+    ids, attn = enc["input_ids"], enc["attention_mask"]
+    trainer.model.packed = False
+    with torch.no_grad():
+        logp = torch.log_softmax(trainer.model.policy_logits(ids, attn)[:, :-1], dim=-1)  # (b, L - 1, V)
+    target = (attn[:, 1:] * attn[:, :-1]).bool()  # a real token after a real token
+    by_hand = -logp.gather(-1, ids[:, 1:, None])[..., 0][target].mean()
+    assert losses[0] == pytest.approx(float(by_hand), rel=1e-5)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)

@@ -98,6 +98,7 @@ class IterationRecord:
     losses: torch.Tensor  #: (n, 2) float64: (policy loss, value loss) of every minibatch
     step_norms: dict[str, list[float]]  #: "policy" / "value": the gradient norm of each optimiser step
     updates: dict[str, list[torch.Tensor]]  #: "policy" / "value": each parameter's change
+    weight_sizes: dict[str, list[float]]  #: "policy" / "value": each parameter's largest |w| before the update
     shuffle_seed: int  #: the seed of the generator the iteration shuffled with
 
 
@@ -125,7 +126,8 @@ def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, pro
         rollout=rollout, sequences=rollout.sequences.detach().cpu(), mask=rollout.mask.detach().cpu(),
         experience={name: getattr(rollout, name).detach().float().cpu() for name in EXPERIENCE},
         losses=torch.tensor(minibatch_losses(losses, "your iteration"), dtype=torch.float64),
-        step_norms={role: opt.step_norms for role, opt in opts.items()}, updates=updates, shuffle_seed=seeds[1])
+        step_norms={role: opt.step_norms for role, opt in opts.items()}, updates=updates,
+        weight_sizes={role: [float(w.abs().max()) for w in ws] for role, ws in start.items()}, shuffle_seed=seeds[1])
 
 
 def _far(got: torch.Tensor, expected: torch.Tensor, rtol: float, scale: float | None = None) -> torch.Tensor:
@@ -307,11 +309,14 @@ def first_difference(got: IterationRecord, expected: IterationRecord, config: PP
         step = _step_hint(role, got, expected, len(expected.losses) + 1, config, rtol)
         if step is not None:
             return f"every loss matches, but {step}"
-        # the adapter's largest change: a matrix whose own change is tiny (LoRA A while B is near 0) sums
-        # terms as large as the others' and cancels them, so its rounding is relative to theirs
-        scale = max(float(update.abs().max()) for update in expected.updates[role])
-        for mine, theirs in zip(got.updates[role], expected.updates[role], strict=True):
-            if bool(_far(mine, theirs, (len(expected.losses) + 1) * rtol, scale).any()):
+        for mine, theirs, size in zip(got.updates[role], expected.updates[role], expected.weight_sizes[role],
+                                      strict=True):
+            # an update is w_after - w_before in float32 (adapters train in float32): each run's is off by up
+            # to one unit in the last place of w, 2 u |w|, so two runs by 4 u |w| (u: the unit roundoff); this
+            # floor decides for a matrix whose own change is tiny (LoRA A while B is still near 0)
+            floor = 4 * FLOAT32_UNIT_ROUNDOFF * (size + float(theirs.abs().max()))
+            budget = (len(expected.losses) + 1) * rtol * max(float(theirs.abs().max()), 1e-12) + floor
+            if bool(((mine.double() - theirs.double()).abs() > budget).any()):
                 return (f"every loss matches, but the {role} adapter's weights after the update differ: the last "
                         f"minibatch's {role} step (backward, clip, {role}_opt.step()) moved them differently")
     return None

@@ -64,7 +64,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         bias = bias.expand(B, heads, Q, k.shape[2]).reshape(B * heads, Q, k.shape[2])
     scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d), k.reshape(B * heads, -1, d).transpose(1, 2),
                            alpha=scaling)  # (B nh, Q, K)
-    return torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * heads, -1, d)).view(B, heads, Q, d)
+    # a 16-bit softmax in float32, as torch's fused kernel computes it
+    weights = torch.softmax(scores.float() if scores.element_size() < 4 else scores, dim=-1).to(v.dtype)
+    return torch.bmm(weights, v.reshape(B * heads, -1, d)).view(B, heads, Q, d)
 
 
 def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], grid: tuple[int, int],

@@ -123,6 +123,8 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         stop_check_every = 1 if input_ids.device.type == "cpu" else 8
     if stop_check_every < 1:
         raise ValueError(f"stop_check_every must be >= 1, got {stop_check_every}")
+    if not bool(attention_mask[:, -1].all()):  # the first token is drawn from the last column's logits
+        raise ValueError("attention_mask must be left-padded: every prompt's last column a real token")
     decoder = decoder if decoder is not None else PlainDecoder(lm)
     batch = input_ids.shape[0]
     logits = decoder.prefill(input_ids, attention_mask, max_new_tokens)  # (B, V)

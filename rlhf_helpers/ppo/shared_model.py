@@ -154,8 +154,7 @@ class SharedLoRAModel(nn.Module):
         self.score_head.requires_grad_(False)
         self.use("policy")
         super().train(False)  # dropout off for good
-        #: GPT-2 forwards on the real tokens only (`packed_gpt2.packed_hidden`); else transformers' forward
-        self.packed = packed and supports_packed(self.lm)
+        self.packed = packed and supports_packed(self.lm)  #: GPT-2 on the real tokens only (packed_gpt2.py)
 
     # ------------------------------------------------------------------ adapters and parameters
     def _restore_trainable(self) -> None:
@@ -229,8 +228,8 @@ class SharedLoRAModel(nn.Module):
                 logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
         """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0: all)."""
         if self.packed:
-            hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
-            kept = hidden if isinstance(logits_to_keep, int) and logits_to_keep == 0 else hidden[:, logits_to_keep]
+            hidden = self._hidden(input_ids, attention_mask)  # (B, L, H); an int k keeps the last k, as transformers
+            kept = hidden[:, logits_to_keep] if torch.is_tensor(logits_to_keep) else hidden[:, -logits_to_keep:]
             return self.lm.lm_head(kept)  # (B, L or K, V)
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False,

@@ -201,6 +201,8 @@ class PPOTrainer:
         max_len = self.config.max_prompt_length + self.config.max_new_tokens
         ids, attn = tokenize_prompts(self.tokenizer, texts, max_len, self.model.device)  # (b, L)
         labels = ids.masked_fill(attn == 0, -100)  # (b, L): no loss on padding
+        # left padding: a row's first token would be predicted from a pad position, which reads nothing
+        labels[:, 1:] = labels[:, 1:].masked_fill(attn[:, :-1] == 0, -100)
         logits = self.model.policy_logits(ids, attn)  # (b, L, V)
         return lm_loss(logits, labels, ignore_index=-100)
 
