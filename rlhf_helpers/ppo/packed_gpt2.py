@@ -70,11 +70,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 
 def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], grid: tuple[int, int],
-               kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+               causal: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
     """Causal self-attention of one block on packed rows: x (N, H) -> (N, H).
 
-    `slots` (row, column) place each packed token in a (B, W) grid, `grid` = (B, W). `kv`: the
-    block's keys and values (B, nh, W, d) are appended to it."""
+    `slots` (row, column) place each packed token in a (B, W) grid, `grid` = (B, W), `causal` is
+    `causal_bias(W)`. `kv`: the block's keys and values (B, nh, W, d) are appended to it."""
     attn = block.attn
     qkv = attn.c_attn(x)  # (N, 3H)
     # out of place: autograd sends each grid cell's gradient back to its packed row
@@ -84,7 +84,7 @@ def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, tor
     if kv is not None:
         kv.append((k, v))
     # a token's earlier columns are its row's earlier tokens: the causal mask is the padding mask too
-    out = attention(q, k, v, causal_bias(grid[1], x.dtype, x.device), attn.scaling)  # (B, nh, W, d)
+    out = attention(q, k, v, causal, attn.scaling)  # (B, nh, W, d)
     out = out.transpose(1, 2).reshape(*grid, -1)[slots]  # (N, H): the real tokens again
     return attn.c_proj(out)  # (N, H)
 
@@ -101,8 +101,9 @@ def packed_hidden(transformer: nn.Module, input_ids: torch.Tensor, attention_mas
     columns = positions[real]  # (N,): a token's place among its row's real tokens
     grid = (real.shape[0], int(columns.max()) + 1 if len(columns) else 1)  # (B, W), W = the longest row
     x = transformer.wte(input_ids[real]) + transformer.wpe(columns)  # (N, H)
+    causal = causal_bias(grid[1], x.dtype, x.device)  # (W, W)
     for block in transformer.h:
-        x = x + _attention(block, block.ln_1(x), (rows, columns), grid, kv)  # (N, H)
+        x = x + _attention(block, block.ln_1(x), (rows, columns), grid, causal, kv)  # (N, H)
         x = x + block.mlp.c_proj(block.mlp.act(block.mlp.c_fc(block.ln_2(x))))  # (N, H)
     x = transformer.ln_f(x)  # (N, H)
     hidden = x.new_zeros(*real.shape, x.shape[-1])  # (B, L, H)
