@@ -1267,10 +1267,10 @@ check_claims({
 # %% [markdown]
 # ## Your turn: break a run and ask the doctor
 #
-# The cell below raises the policy's learning rate thirty-fold and trains six steps from the fresh
+# The cell below raises the policy's learning rate thirty-fold and trains eight steps from the fresh
 # adapters. Predict which rules will fire before you run it. Then break a run your own way and read each
 # finding's "check first" line. Some breaks to try:
-# - `kl_coef=0.0` with `my_steps = lab.long_steps` (six steps are too few for over-optimisation);
+# - `kl_coef=0.0` with `my_steps = lab.long_steps` (eight steps are too few for over-optimisation);
 # - `ppo_epochs=16`, or `clip_eps=10.0` (no clip at all);
 # - `target_kl=2.0, kl_horizon=32` (your controller of Exercise 2: $\beta$ is logged as `kl_coef`);
 # - `RefAsOldTrainer` with `my_start = trained_state`, or `PadIsEosTrainer`.
@@ -1279,31 +1279,32 @@ check_claims({
 shipped_break = lab_config.replace(policy_lr=lab_config.policy_lr * 30)
 my_config = shipped_break  # your change here, e.g. lab_config.replace(kl_coef=0.0)
 my_trainer_class = PPOTrainer  # or RefAsOldTrainer, PadIsEosTrainer, a subclass of your own
-my_steps, my_start = lab.short_steps // 2, initial_state
+my_steps, my_start = lab.short_steps * 2 // 3, initial_state
 my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_start)
 my_findings = doctor(my_run)
 
 # %% [markdown]
-# On the shipped seed, the thirty-fold learning rate gets two warnings and no error, besides the
-# untrained critic's info. `off_policy`: at every step the clip fraction or the approx-KL is above the
-# rule's band. `collapse`: at the fifth step the 16 responses hold one or two distinct texts
-# (`distinct_responses` at most 2/16), and the entropy has fallen below half its step-1 value. The doctor's "check
-# first" line for it starts with the learning rate.
+# On the shipped seed, the thirty-fold learning rate gets no error, besides the untrained critic's info,
+# and among its warnings `off_policy` and `collapse`. `off_policy` from the first step: the clip
+# fraction or the approx-KL is above the rule's band. `collapse`: by the sixth step the 16 responses
+# hold at most three distinct texts (`distinct_responses` at most 3/16), and the entropy has fallen
+# below half its step-1 value. The doctor's "check first" line for it starts with the learning rate.
 
 # %% tags=["claim-check"]
-shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps // 2
+shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps * 2 // 3
            and my_start is initial_state)
 if shipped:  # the text describes the shipped break only
     check_claims({
-        "two warnings, off_policy and collapse, no error, and the untrained critic's info":
-            {r for r, sev in my_findings.items() if sev == "warning"} == {"off_policy", "collapse"}
+        "no error, the untrained critic's info, off_policy and collapse among the warnings":
+            {"off_policy", "collapse"} <= {r for r, sev in my_findings.items() if sev == "warning"}
             and "error" not in my_findings.values() and my_findings.get("untrained_critic") == "info",
-        "off_policy at every step": [f.steps for f in diagnose(my_run.trainer).findings if f.rule == "off_policy"]
-                                    == [tuple(range(1, len(my_run.history) + 1))],
-        "the 16 responses of step 5 hold one or two distinct texts":
-            lab.batch == 16 and len(my_run.history) >= 5 and round(my_run.history[4]["distinct_responses"] * 16) <= 2,
-        "entropy below half its step-1 value by step 5":
-            min(row["entropy"] for row in my_run.history[:5]) < 0.5 * my_run.history[0]["entropy"],
+        "off_policy from the first step": [f.steps[0] for f in diagnose(my_run.trainer).findings
+                                           if f.rule == "off_policy"] == [1],
+        "by step 6 the 16 responses hold at most three distinct texts":
+            lab.batch == 16 and len(my_run.history) >= 6
+            and min(round(row["distinct_responses"] * 16) for row in my_run.history[:6]) <= 3,
+        "entropy below half its step-1 value by step 6":
+            min(row["entropy"] for row in my_run.history[:6]) < 0.5 * my_run.history[0]["entropy"],
     })
 
 # %% [markdown]
