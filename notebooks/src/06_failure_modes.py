@@ -1284,19 +1284,22 @@ my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_
 my_findings = doctor(my_run)
 
 # %% [markdown]
-# On the shipped seed, the thirty-fold learning rate gets no error, besides the untrained critic's info,
-# and among its warnings `off_policy` and `collapse`. `off_policy` from the first step: the clip
+# On the shipped seed, the thirty-fold learning rate gets no error, the untrained critic's info, and the
+# warnings `off_policy`, `collapse` and `length_collapse`. `off_policy` from the first step: the clip
 # fraction or the approx-KL is above the rule's band. `collapse`: by the sixth step the 16 responses
 # hold at most three distinct texts (`distinct_responses` at most 3/16), and the entropy has fallen
-# below half its step-1 value. The doctor's "check first" line for it starts with the learning rate.
+# below half its step-1 value. The text they collapse onto is (nearly) empty, EOS first: by the sixth
+# step the mean response is at most two tokens long, so `length_collapse` fires too. Its "check first"
+# line points at the reward of an empty response and the EOS mask, its usual causes; here the cause is
+# the learning rate, the first thing `collapse`'s "check first" line names.
 
 # %% tags=["claim-check"]
 shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps * 2 // 3
            and my_start is initial_state)
 if shipped:  # the text describes the shipped break only
     check_claims({
-        "no error, the untrained critic's info, off_policy and collapse among the warnings":
-            {"off_policy", "collapse"} <= {r for r, sev in my_findings.items() if sev == "warning"}
+        "no error, the untrained critic's info, and the warnings off_policy, collapse and length_collapse":
+            {"off_policy", "collapse", "length_collapse"} <= {r for r, sev in my_findings.items() if sev == "warning"}
             and "error" not in my_findings.values() and my_findings.get("untrained_critic") == "info",
         "off_policy from the first step": [f.steps[0] for f in diagnose(my_run.trainer).findings
                                            if f.rule == "off_policy"] == [1],
@@ -1305,6 +1308,8 @@ if shipped:  # the text describes the shipped break only
             and min(round(row["distinct_responses"] * 16) for row in my_run.history[:6]) <= 3,
         "entropy below half its step-1 value by step 6":
             min(row["entropy"] for row in my_run.history[:6]) < 0.5 * my_run.history[0]["entropy"],
+        "by step 6 the mean response is at most two tokens long":
+            min(row["response_length"] for row in my_run.history[:6]) <= 2,
     })
 
 # %% [markdown]
