@@ -1284,14 +1284,11 @@ my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_
 my_findings = doctor(my_run)
 
 # %% [markdown]
-# On the shipped seed, the thirty-fold learning rate gets no error, the untrained critic's info, and the
-# warnings `off_policy`, `collapse` and `length_collapse`. `off_policy` from the first step: the clip
-# fraction or the approx-KL is above the rule's band. `collapse`: by the sixth step the 16 responses
-# hold at most three distinct texts (`distinct_responses` at most 3/16), and the entropy has fallen
-# below half its step-1 value. The text they collapse onto is (nearly) empty, EOS first: by the sixth
-# step the mean response is at most two tokens long, so `length_collapse` fires too. Its "check first"
-# line points at the reward of an empty response and the EOS mask, its usual causes; here the cause is
-# the learning rate, the first thing `collapse`'s "check first" line names.
+# On the shipped seed: no error, the untrained critic's info, and these warnings. `off_policy` from the
+# first step (clip fraction or approx-KL above the band). `collapse`: by the sixth step at most three
+# distinct texts among the 16 responses, and entropy below half its step-1 value. `length_collapse`:
+# the text is (nearly) empty, at most two tokens on average by the sixth step. Its usual causes (the
+# reward of an empty response, the EOS mask) are not this run's: `collapse` names the learning rate first.
 
 # %% tags=["claim-check"]
 shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps * 2 // 3
