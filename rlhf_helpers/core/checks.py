@@ -114,6 +114,12 @@ def check_finite(name: str, x: torch.Tensor) -> None:
         raise NonFiniteError(f"{name} must be finite, but it contains NaN or inf")
 
 
+def check_no_nan(what: str, x: torch.Tensor) -> None:
+    """NonFiniteError saying how many values of `x` are NaN or inf (a PPO run's guard adds the step)."""
+    if not bool(torch.isfinite(x).all()):
+        raise NonFiniteError(f"{what} has {int((~torch.isfinite(x)).sum())} NaN/inf value(s)")
+
+
 def check_no_negative(name: str, x: torch.Tensor, why: str) -> None:
     """`x` must hold no negative value; `why` says what x is (e.g. "a probability ratio")."""
     if _VALUE_CHECKS and bool((x < 0).any()):

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlhf_helpers.core.gae import compute_gae
-from rlhf_helpers.core.kl import shape_rewards
+from rlhf_helpers.core.checks import check_no_nan
 from rlhf_helpers.core.masked import masked_mean, masked_whiten
-from rlhf_helpers.ppo.guards import check_all_finite, non_finite_stops_run
-from rlhf_helpers.ppo.pieces import AdvantageFn, ShapeRewardsFn, call_advantages, call_shape_rewards
-from rlhf_helpers.ppo.samples import RewardFn, sample_responses, sampling_logprobs_are_exact, score_samples
+from rlhf_helpers.ppo.guards import non_finite_stops_run
+from rlhf_helpers.ppo.pieces import AdvantageFn, Pieces, ShapeRewardsFn, resolve_pieces
+from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
@@ -115,62 +114,62 @@ def collect_experience(
     reward_fn: RewardFn | None = None,
     step: int | None = None,
     shape_rewards_fn: ShapeRewardsFn | None = None,
-    advantage_fn: AdvantageFn = compute_gae,
+    advantage_fn: AdvantageFn | None = None,
+    pieces: Pieces | None = None,
 ) -> Experience:
     """Generate (keeping the sampling policy's log-probs), score, run the reference and value passes,
     shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's shaping (None:
-    `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract)."""
-    timings: dict[str, float] = {}
+    `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract);
+    `pieces`, the trainer's resolved ones, replaces both."""
+    if pieces is None:
+        pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn, advantage_fn, None, None)
     with non_finite_stops_run(step):  # the maths core's NaN checks name this PPO step
-        start = time.perf_counter()
-        # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
-        # reference). In float32 they are read from the sampling loop's logits (TRL does the same): a
-        # fresh policy forward gives them again up to float rounding, so the first minibatch of the
-        # first epoch sees ratio 1 (to ~1e-6). In bf16/fp16, or with the fast decoder's folded
-        # weights, the loop's one-token products round differently from the update's forward (up to
-        # 0.15 nats per token at 30 layers in bf16): the old log-probs then come from that forward.
-        reuse = sampling_logprobs_are_exact(model)
-        samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
-                                   config.max_new_tokens, temperature=config.temperature, with_logprobs=reuse)
-        seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
-        if reuse:
-            old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
-        else:
-            old_logprobs, entropy = model.policy_logprobs(
-                seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
-        timings["generate"] = time.perf_counter() - start
+        return rollout(model, tokenizer, prompts, config, kl_coef, reward_fn, pieces)
 
-        start = time.perf_counter()
-        # the reference at the policy's temperature: the KL compares the two sampling distributions
-        ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature)  # (B, R)
-        values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
-        scores = score_samples(model, samples, reward_fn)  # (B,)
-        timings["forward_passes"] = time.perf_counter() - start
-        check_all_finite("reward scores", scores, step)
-        if config.missing_eos_penalty is not None:
-            scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
 
-        start = time.perf_counter()
-        logprobs, ref_logprobs = old_logprobs.float(), ref_logprobs.float()
-        # r_t = -beta * kl_t + [t = last] * score
-        if shape_rewards_fn is None:
-            rewards, kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind=config.kl_kind,
-                                        score_clip=config.score_clip)  # (B, R), (B, R)
-        else:  # checked: no in-place change of its inputs, the shapes and dtypes of `pieces`
-            rewards, kl = call_shape_rewards(shape_rewards_fn, scores, logprobs, ref_logprobs, mask,
-                                             kl_coef)  # (B, R), (B, R)
-        # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-        advantages, returns = call_advantages(advantage_fn, rewards, values, mask, config.gamma,
-                                              config.lam)  # (B, R), (B, R)
-        # what the update reads, in the order it was made: the first non-finite one is named, with its piece
-        shaped = "shaped rewards" + ("" if shape_rewards_fn is None else " returned by shape_rewards_fn")
-        gae = "" if advantage_fn is compute_gae else " returned by advantage_fn"
-        for what, tensor in {"values": values, "policy log-probs": logprobs * mask, shaped: rewards,
-                             "advantages" + gae: advantages, "returns" + gae: returns}.items():
-            check_all_finite(what, tensor, step)
-        if config.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)  # (B, R)
-        timings["gae"] = time.perf_counter() - start
+@torch.no_grad()
+def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: PPOConfig, kl_coef: float,
+            reward_fn: RewardFn | None, pieces: Pieces) -> Experience:
+    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops it with
+    NonFiniteError naming the first tensor that holds one (the caller's guard adds the PPO step)."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the reference)
+    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+                               temperature=config.temperature, with_logprobs="exact")
+    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+    if samples.logprobs is not None:  # read from the sampling loop's own logits
+        old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
+    else:  # a fresh forward: the loop's one-token products round differently (bf16/fp16, fast decoder)
+        old_logprobs, entropy = model.policy_logprobs(
+            seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
+    timings["generate"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    # the reference at the policy's temperature: the KL compares the two sampling distributions
+    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
+    values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
+    scores = score_samples(model, samples, reward_fn)  # (B,)
+    timings["forward_passes"] = time.perf_counter() - start
+    check_no_nan("reward scores", scores)
+    if config.missing_eos_penalty is not None:
+        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
+
+    start = time.perf_counter()
+    logprobs = old_logprobs.float()  # (B, R)
+    # r_t = -beta * kl_t + [t = last] * score
+    rewards, kl = pieces.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, R) x 2
+    # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
+    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma, config.lam)  # (B, R) x 2
+    # what the update reads, in the order it was made: the first non-finite one is named, with its piece
+    check_no_nan("values", values)
+    check_no_nan("policy log-probs", logprobs * mask)
+    check_no_nan(pieces.shaped_by, rewards)
+    check_no_nan("advantages" + pieces.advantages_by, advantages)
+    check_no_nan("returns" + pieces.advantages_by, returns)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)  # (B, R)
+    timings["gae"] = time.perf_counter() - start
     return Experience(
         prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
         context_length=P, mask=mask, old_logprobs=logprobs, ref_logprobs=ref_logprobs,

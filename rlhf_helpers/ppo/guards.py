@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.core.checks import NonFiniteError, check_no_nan
 
 
 class NonFiniteStop(NonFiniteError):
@@ -30,11 +30,8 @@ class NonFiniteStop(NonFiniteError):
 
 def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> None:
     """Raise NonFiniteStop naming `what` (and the PPO step) if x holds a NaN or an inf."""
-    if not bool(torch.isfinite(x).all()):
-        where = f" at PPO step {step}" if step is not None else ""
-        bad = int((~torch.isfinite(x)).sum())
-        raise NonFiniteStop(f"{what} has {bad} NaN/inf value(s){where}; stopping the run (the last "
-                             "checkpoint written before this step is intact)")
+    with non_finite_stops_run(step):
+        check_no_nan(what, x)
 
 
 @contextmanager
@@ -158,9 +155,16 @@ def collective_stop(accelerator: Any) -> Iterator[None]:
 
 
 @contextmanager
-def guard(accelerator: Any, step: int | None) -> Iterator[None]:
+def guard(accelerator: Any, step: int | None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> Iterator[None]:
     """The one wrapper of a PPO run's work: the maths core's NonFiniteError becomes NonFiniteStop at `step`
     (`non_finite_stops_run`), then every process votes (`collective_stop`), so a NaN/inf or an error on
-    any process stops all of them at the same point. Identity, apart from the NaN message, on one process."""
-    with collective_stop(accelerator), non_finite_stops_run(step):
-        yield
+    any process stops all of them at the same point. Identity, apart from the NaN message, on one process.
+    `optimizers`: if the block raises, their gradients are dropped: never stepped on, they must not add to
+    the next minibatch's if the trainer is used again."""
+    try:
+        with collective_stop(accelerator), non_finite_stops_run(step):
+            yield
+    except BaseException:
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        raise

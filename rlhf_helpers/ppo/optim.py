@@ -15,8 +15,6 @@ now and then under fp16 and is not a NaN stop; a gradient that stays non-finite 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -112,15 +110,3 @@ class AdapterOptimizer:
         if state.get(f"{self.name}_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state[f"{self.name}_scaler"])
         self.overflow_skips = int(state.get("overflow_skips", {}).get(self.name, 0))
-
-
-@contextmanager
-def gradients_dropped_on_error(*optimizers: AdapterOptimizer) -> Iterator[None]:
-    """Gradients back-propagated in the block are dropped if it raises (a refused loss, a NaN stop): they were
-    never stepped on, and must not add to the next minibatch's if the trainer is used again."""
-    try:
-        yield
-    except BaseException:
-        for optimizer in optimizers:
-            optimizer.optimizer.zero_grad(set_to_none=True)
-        raise

@@ -9,7 +9,7 @@ Each piece is called with positional arguments, in this order (tensors (B, T), `
     shape_rewards_fn(scores, logprobs, ref_logprobs, mask, kl_coef)    -> rewards, or (rewards, kl)
     advantage_fn(rewards, values, mask, gamma, lam)                     -> (advantages, returns)
     policy_loss_fn(logprobs, old_logprobs, advantages, mask, clip_eps)  -> loss, or (loss, stats)
-    value_loss_fn(values, old_values, returns, mask, clip_range)        -> loss, or (loss, stats)
+    value_loss_fn(values, old_values, returns, mask, value_clip)        -> loss, or (loss, stats)
 
 and the whole update loop of one iteration can be replaced too:
 
@@ -44,28 +44,99 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
 
 import torch
 
-from rlhf_helpers.core.kl import kl_estimate
+from rlhf_helpers.core.gae import compute_gae
+from rlhf_helpers.core.kl import kl_estimate, shape_rewards
 from rlhf_helpers.core.losses import policy_loss, value_loss
 from rlhf_helpers.ppo.guards import check_all_finite
 from rlhf_helpers.ppo.piece_checks import PieceError, call_piece, describe, loss_and_stats, rewards_result, tensor_pair
 from rlhf_helpers.ppo.update_watch import UpdateWatch
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
-#: shape_rewards_fn(scores (B,), logprobs, ref_logprobs, mask, kl_coef) -> rewards (B, T) or (rewards, kl)
-ShapeRewardsFn = Callable[..., Any]
-#: advantage_fn(rewards, values, mask, gamma, lam) -> (advantages (B, T), returns (B, T))
-AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-#: policy_loss_fn(logprobs, old_logprobs, advantages, mask, clip_eps) -> loss, or (loss, stats)
-PolicyLossFn = Callable[..., Any]
-#: value_loss_fn(values, old_values, returns, mask, clip_range) -> loss, or (loss, stats)
-ValueLossFn = Callable[..., Any]
+#: two (B, T) tensors: (rewards, kl) or (advantages, returns)
+Tensors = tuple[torch.Tensor, torch.Tensor]
+#: a loss (0-dim, with a gradient) and its stats (clipfrac, approx_kl...: numbers or 0-dim tensors)
+LossAndStats = tuple[torch.Tensor, Mapping[str, Any]]
+
+class ShapeRewardsFn(Protocol):
+    """A reward-shaping piece: r_t = -beta * kl_t, plus each row's score at its last real token."""
+
+    def __call__(self, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                 mask: torch.Tensor, kl_coef: float, /) -> Tensors | torch.Tensor:
+        """(B,), (B, T) x 3, beta -> (rewards, kl) (B, T) each, or the rewards alone."""
+
+
+class AdvantageFn(Protocol):
+    """An advantage piece: A_t from the shaped rewards and the old values (GAE by default)."""
+
+    def __call__(self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                 lam: float, /) -> Tensors:
+        """(B, T) x 3, gamma, lambda -> (advantages, returns) (B, T) each."""
+
+
+class PolicyLossFn(Protocol):
+    """A policy-loss piece: the clipped surrogate by default."""
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, clip_eps: float, /) -> LossAndStats | torch.Tensor:
+        """(b, r) x 4, epsilon -> (loss, stats), or the loss alone (a 0-dim tensor with a gradient)."""
+
+
+class ValueLossFn(Protocol):
+    """A value-loss piece: the (optionally clipped) squared error by default."""
+
+    def __call__(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                 mask: torch.Tensor, value_clip: float | None, /) -> LossAndStats | torch.Tensor:
+        """(b, r) x 4, the value clip (None: none) -> (loss, stats), or the loss alone."""
+
+
 #: update_fn(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn) -> [(policy, value loss)]
 UpdateFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The maths of one iteration as the trainer calls them: each returns a tuple, whoever wrote it.
+
+    The library's functions are called as they are; a caller's piece is wrapped in its `call_*` check,
+    which also completes a bare result (the k1 KL of bare rewards, the stats of a bare loss)."""
+
+    shape_rewards: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], Tensors]
+    advantages: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, float], Tensors]
+    policy_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], LossAndStats]
+    value_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float | None],
+                         LossAndStats]
+    #: the piece named in a refusal when a loss misses its adapter (None: the library's loss)
+    policy_loss_name: str | None = None
+    value_loss_name: str | None = None  #: the same for the value loss
+    shaped_by: str = "shaped rewards"  #: what a NaN message calls the shaped rewards
+    advantages_by: str = ""  #: appended to "advantages"/"returns" in a NaN message
+
+
+def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
+                   advantage_fn: AdvantageFn | None, policy_loss_fn: PolicyLossFn | None,
+                   value_loss_fn: ValueLossFn | None) -> Pieces:
+    """The pieces a trainer runs with: None or the library's function as it is, a caller's checked."""
+    library_shaping = partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
+    own_gae = advantage_fn is None or advantage_fn is compute_gae
+    own_policy = policy_loss_fn is None or policy_loss_fn is policy_loss
+    own_value = value_loss_fn is None or value_loss_fn is value_loss
+    return Pieces(
+        shape_rewards=(library_shaping if shape_rewards_fn is None
+                       else partial(call_shape_rewards, shape_rewards_fn)),
+        advantages=compute_gae if own_gae else partial(call_advantages, advantage_fn),
+        policy_loss=policy_loss if own_policy else partial(call_policy_loss, policy_loss_fn),
+        value_loss=value_loss if own_value else partial(call_value_loss, value_loss_fn),
+        policy_loss_name=None if own_policy else "policy_loss_fn",
+        value_loss_name=None if own_value else "value_loss_fn",
+        shaped_by="shaped rewards" + ("" if shape_rewards_fn is None else " returned by shape_rewards_fn"),
+        advantages_by="" if own_gae else " returned by advantage_fn")
 
 
 #: the stats of a policy loss that the trainer logs, and of a value loss
@@ -140,9 +211,9 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
 
 
 def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                    mask: torch.Tensor, clip_range: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
+                    mask: torch.Tensor, value_clip: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
     """A value loss function called and its result checked, as (loss, stats), as `call_policy_loss`."""
-    inputs = (values, old_values, returns, mask, clip_range)
+    inputs = (values, old_values, returns, mask, value_clip)
     seen = values.detach().clone()  # (b, r): as the log-probs above
     out = call_piece("value_loss_fn", fn, values, *map(copied, inputs[1:]))
     loss, stats = loss_and_stats("value_loss_fn", out, wants_grad=values.requires_grad)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -68,10 +69,13 @@ class Samples:
 @torch.no_grad()
 def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], max_prompt_length: int,
                      max_new_tokens: int, temperature: float = 1.0,
-                     adapter: str | None = "policy", with_logprobs: bool = False) -> Samples:
+                     adapter: str | None = "policy", with_logprobs: bool | Literal["exact"] = False) -> Samples:
     """Sample one response per prompt (KV cache; no top-k/top-p; stop at EOS). `adapter=None`: the
     reference (the SFT model). Uses the global torch RNG. `with_logprobs`: also keep each sampled
-    token's log-prob and entropy, read from the sampling loop's own logits (`sampling.sample_model`)."""
+    token's log-prob and entropy, read from the sampling loop's own logits (`sampling.sample_model`);
+    "exact": only where they equal a training forward's (`sampling_logprobs_are_exact`), else None."""
+    if with_logprobs == "exact":
+        with_logprobs = sampling_logprobs_are_exact(model)
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)  # (B, P)
     P = prompt_ids.shape[1]
     sequences, logprobs, entropy = sample_model(model, prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rlhf_helpers.core.checks import check_no_nan
 from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
@@ -39,21 +40,20 @@ from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.core.printed import format_number
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
-from rlhf_helpers.ppo.experience import Experience, collect_experience, eos_kept_share, rollout_metrics
-from rlhf_helpers.ppo.guards import NonFiniteStop, check_all_finite, check_outputs_finite, guard
+from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout, rollout_metrics
+from rlhf_helpers.ppo.guards import NonFiniteStop, check_outputs_finite, guard
 from rlhf_helpers.ppo.minibatch import trim_minibatch
-from rlhf_helpers.ppo.optim import AdapterOptimizer, gradients_dropped_on_error
+from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.pieces import (
     AdvantageFn,
     PolicyLossFn,
     ShapeRewardsFn,
     UpdateFn,
     ValueLossFn,
-    call_policy_loss,
-    call_value_loss,
     check_piece,
     check_update_fn_settings,
     mean_update_stats,
+    resolve_pieces,
     run_update_fn,
 )
 from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
@@ -61,6 +61,22 @@ from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import needs_grad_scaler
+
+
+def check_trainer_arguments(config: PPOConfig, model: SharedLoRAModel, prompts: Sequence[str],
+                            ptx_texts: Sequence[str] | None, **pieces: Any) -> None:
+    """ValueError naming the argument a trainer cannot start with."""
+    if not isinstance(config, PPOConfig):
+        raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts must be a non-empty list of strings")
+    if getattr(model, "lora", config.lora) != config.lora:
+        raise ValueError(f"model's LoRA spec {model.lora} differs from config.lora {config.lora}: build the "
+                         "model from the config (`build_shared_model`, or SharedLoRAModel(..., lora=config.lora))")
+    if config.ptx_coef > 0 and not ptx_texts:
+        raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
+    for name, fn in pieces.items():
+        check_piece(name, fn)
 
 
 class PPOTrainer:
@@ -83,19 +99,9 @@ class PPOTrainer:
         value_loss_fn: ValueLossFn | None = value_loss,
         update_fn: UpdateFn | None = None,
     ) -> None:
-        if not isinstance(config, PPOConfig):
-            raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
-        if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise ValueError("prompts must be a non-empty list of strings")
-        if getattr(model, "lora", config.lora) != config.lora:
-            raise ValueError(f"model's LoRA spec {model.lora} differs from config.lora {config.lora}: build the "
-                             "model from the config (`build_shared_model`, or SharedLoRAModel(..., lora=config.lora))")
-        if config.ptx_coef > 0 and not ptx_texts:
-            raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
-        for name, fn in (("shape_rewards_fn", shape_rewards_fn), ("advantage_fn", advantage_fn),
-                         ("policy_loss_fn", policy_loss_fn), ("value_loss_fn", value_loss_fn),
-                         ("update_fn", update_fn)):
-            check_piece(name, fn)
+        check_trainer_arguments(config, model, prompts, ptx_texts, shape_rewards_fn=shape_rewards_fn,
+                                advantage_fn=advantage_fn, policy_loss_fn=policy_loss_fn,
+                                value_loss_fn=value_loss_fn, update_fn=update_fn)
         if update_fn is not None:
             check_update_fn_settings(config, model, accelerator)
         self.config = config
@@ -106,9 +112,12 @@ class PPOTrainer:
         self.hidden_score_fn = hidden_score_fn
         self.ptx_texts = list(ptx_texts) if ptx_texts else []
         self.accelerator = accelerator
-        #: the maths of PPO (`pieces`); None: the library's (shaping: with config.kl_kind and score_clip)
+        #: the maths of PPO as the caller gave them (`pieces`); None: the library's
         self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn or compute_gae
         self.policy_loss_fn, self.value_loss_fn = policy_loss_fn or policy_loss, value_loss_fn or value_loss
+        #: the same, as the iteration calls them: the library's as they are, a caller's checked
+        self.pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn, advantage_fn,
+                                     policy_loss_fn, value_loss_fn)
         #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update`'s own
         self.update_fn = update_fn
         self.process_index = accelerator.process_index if accelerator is not None else 0
@@ -142,10 +151,12 @@ class PPOTrainer:
         """Prompt order and minibatch shuffles of this step."""
         return torch.Generator().manual_seed(self._step_seed())
 
-    def guard(self, step: int | None = None) -> Any:
+    def guard(self, step: int | None = None, drop_gradients: bool = False) -> Any:
         """The one wrapper of every stretch of work that ends in a collective operation: a NaN/inf met in it
-        stops the run (NonFiniteStop naming the step), on every process at once (`guards.guard`)."""
-        return guard(self.accelerator, self.step_count if step is None else step)
+        stops the run (NonFiniteStop naming the step), on every process at once (`guards.guard`).
+        `drop_gradients`: if it raises, the gradients back-propagated in it are dropped, never stepped on."""
+        optimizers = (self.policy_opt.optimizer, self.value_opt.optimizer) if drop_gradients else ()
+        return guard(self.accelerator, self.step_count if step is None else step, optimizers)
 
     def sample_prompts(self, generator: torch.Generator) -> list[str]:
         n = self.config.rollout_batch_size
@@ -164,10 +175,8 @@ class PPOTrainer:
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.guard():
             torch.manual_seed(self._step_seed())  # sampling draws from the step's seed only
-            batch = collect_experience(self.model, self.tokenizer, self.sample_prompts(generator), config,
-                                       kl_coef=self.kl_controller.value, reward_fn=self.reward_fn,
-                                       step=self.step_count, shape_rewards_fn=self.shape_rewards_fn,
-                                       advantage_fn=self.advantage_fn)
+            batch = rollout(self.model, self.tokenizer, self.sample_prompts(generator), config,
+                            self.kl_controller.value, self.reward_fn, self.pieces)
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
         update_stats = self.update(batch, generator)
@@ -175,6 +184,8 @@ class PPOTrainer:
         self.last_batch = batch
         metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn, config.score_clip)
         metrics.update(update_stats)
+        # the share of sampled EOS tokens the update's mask trained on
+        metrics["eos_in_mask"] = eos_kept_share(batch, self.model.eos_token_id)
         metrics["time_rollout"] = rollout_seconds
         metrics["time_update"] = update_seconds
         metrics["time_step"] = rollout_seconds + update_seconds
@@ -214,43 +225,43 @@ class PPOTrainer:
         steps, so a refused loss piece leaves every weight as it was. The two adapters share no trainable
         parameter and neither loss reads the other's output, so this order changes no number. Each
         minibatch is cut to the columns holding a real token of one of its rows (`trim_minibatch`)."""
-        eos_kept = {"eos_in_mask": eos_kept_share(batch, self.model.eos_token_id)}  # the mask this update trains on
         if self.update_fn is not None:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
                 self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn, self.model, batch,
                                                        self.policy_opt.optimizer, self.value_opt.optimizer,
                                                        self.config, generator, self.step_count)
-            return {**mean_update_stats(self.last_update_stats), **eos_kept}
-        config, model, step = self.config, self.model, self.step_count
+            return mean_update_stats(self.last_update_stats)
+        config, model, step, pieces = self.config, self.model, self.step_count, self.pieces
         train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
         self.last_update_stats = []
         for epoch in range(config.ppo_epochs):
-            order = torch.randperm(len(batch), generator=generator).to(batch.sequences.device)  # (B,)
-            for index, first in enumerate(range(0, len(batch), config.mini_batch_size)):
+            size = batch.sequences.shape[0]  # B
+            order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)
+            for index, first in enumerate(range(0, size, config.mini_batch_size)):
                 mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
                 # both losses are checked before either adapter steps: a refused piece changes no weight
                 # (the guard votes on every process before the gradient all-reduces)
-                with gradients_dropped_on_error(self.policy_opt, self.value_opt), self.guard():
+                with self.guard(drop_gradients=True):
                     # policy: forward -> loss (the piece's result checked) -> backward
                     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
                         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
                         entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
-                    pg_loss, pg_stats = call_policy_loss(self.policy_loss_fn, logprobs.float(), mb.old_logprobs,
-                                                         mb.advantages, mb.mask, config.clip_eps)
+                    pg_loss, pg_stats = pieces.policy_loss(logprobs.float(), mb.old_logprobs, mb.advantages,
+                                                           mb.mask, config.clip_eps)
                     mean_entropy = masked_mean(entropy.float(), mb.mask)
                     # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
                     loss = pg_loss - config.entropy_coef * mean_entropy
                     ptx = self.ptx_loss(generator) if config.ptx_coef > 0 else None
                     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
-                    check_all_finite("policy loss", loss.detach(), step)
+                    check_no_nan("policy loss", loss.detach())
                     if train_policy:
-                        self.policy_opt.backward(loss, piece="policy_loss_fn")  # refused if it misses the adapter
+                        self.policy_opt.backward(loss, piece=pieces.policy_loss_name)  # a caller's: checked
                     # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
                     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-                    v_loss, v_stats = call_value_loss(self.value_loss_fn, new_values, mb.values, mb.returns, mb.mask,
-                                                      config.value_clip)
-                    check_all_finite("value loss", v_loss.detach(), step)
-                    self.value_opt.backward(config.vf_coef * v_loss, piece="value_loss_fn")
+                    v_loss, v_stats = pieces.value_loss(new_values, mb.values, mb.returns, mb.mask,
+                                                        config.value_clip)
+                    check_no_nan("value loss", v_loss.detach())
+                    self.value_opt.backward(config.vf_coef * v_loss, piece=pieces.value_loss_name)
                 policy_norm = self.policy_opt.sync_and_step(step) if train_policy else 0.0
                 value_norm = self.value_opt.sync_and_step(step)
                 self.last_update_stats.append({
@@ -261,7 +272,7 @@ class PPOTrainer:
                     "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
                     "entropy_update": float(mean_entropy.detach()),
                     **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
-        return {**mean_update_stats(self.last_update_stats), **eos_kept}
+        return mean_update_stats(self.last_update_stats)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
