@@ -32,18 +32,20 @@ LAB_CONTENTS := --ServerApp.contents_manager_class=rlhf_helpers.course.lab_conte
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_CONTENTS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test: the unit tests (with the gpu profile's CLI run on the CPU in bf16 and fp16, tests/test_gpu_paths.py, and
-# every benchmark at its --fast size, tests/test_bench_smoke.py) and then the notebook runs two at a time on two processes (one kernel each, one torch
-# thread; in the order of tests/conftest.py), then the figures of the notebooks they executed (build/executed/)
-# in JupyterLab in a browser, one JupyterLab and browser per process (screenshots: build/figures/), then the
-# static site built from those notebooks, every page in Chromium. Tests write only under build/ (tests/conftest.py
-# fails a run that wrote elsewhere in the checkout).
+# Every test: the unit tests (with the gpu profile's CLI run on the CPU in bf16 and fp16,
+# tests/stages/test_gpu_paths.py, and every benchmark at its --fast size,
+# tests/bench/test_bench_smoke.py) and then the notebook runs two at a time on two processes (one
+# kernel each, one torch thread; in the order of tests/conftest.py), then the figures of the
+# notebooks they executed (build/executed/) in JupyterLab in a browser, one JupyterLab and browser
+# per process (screenshots: build/figures/), then the static site built from those notebooks, every
+# page in Chromium. Tests write only under build/ (tests/conftest.py fails a run that wrote
+# elsewhere in the checkout).
 test: $(STAMP)
 	$(PY) -m pytest -m "not notebook and not figures and not site" -n 2
-	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/test_notebooks.py
-	$(PY) -m pytest -m figures -n 2 tests/test_notebook_figures_browser.py
+	$(PY) -m pytest -m notebook -n 2 --maxschedchunk 1 --durations=12 tests/notebooks/test_notebooks.py
+	$(PY) -m pytest -m figures -n 2 tests/notebooks/test_notebook_figures_browser.py
 	$(PY) tools/build_site.py
-	$(PY) -m pytest -m site tests/test_site.py tests/test_site_browser.py
+	$(PY) -m pytest -m site tests/notebooks/test_site.py tests/notebooks/test_site_browser.py
 
 # The executed course as a static site in build/site/ (open build/site/index.html): the notebooks make test
 # executed (build/executed/; any missing or stale one is executed first), the notation, metrics, benchmarks
@@ -62,18 +64,20 @@ $(COLAB_STAMP): tests/colab_stack.txt | $(STAMP)
 	  $$(grep -E '^(pytest-timeout|pytest-xdist|execnet)==' constraints.txt)  # test tools Colab lacks
 	touch $(COLAB_STAMP)
 
-# The course on Colab's versions: the set-up cell installs it there (tests/test_colab_stack.py),
-# the editable install is pointed back at this checkout, then every notebook runs as shipped, as a
-# Colab user runs it, each with its own runs folder and this stack's own cache (the reward model is
-# trained on this stack, not reused from .venv's). The exercise-solution re-runs stay in `make test`: they check the notebooks'
-# own code, the same on both stacks, and would add ~3 min of CI here.
+# The course on Colab's versions: the set-up cell installs it there
+# (tests/course/test_colab_stack.py), the editable install is pointed back at this checkout, then
+# every notebook runs as shipped, as a Colab user runs it, each with its own runs folder and this
+# stack's own cache (the reward model is trained on this stack, not reused from .venv's). The
+# exercise-solution re-runs stay in `make test`: they check the notebooks' own code, the same on
+# both stacks, and would add ~3 min of CI here.
 test-colab: $(COLAB_STAMP)
-	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider tests/test_colab_stack.py tests/test_compat.py
+	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider \
+	  tests/course/test_colab_stack.py tests/runtime/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-cache
 	RLHF_CACHE_DIR=$(CURDIR)/build/colab-cache RLHF_EXECUTED_DIR=$(CURDIR)/build/colab-executed \
 	  $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --maxschedchunk 1 --durations=12 \
-	  -k test_notebook_runs_as_shipped tests/test_notebooks.py
+	  -k test_notebook_runs_as_shipped tests/notebooks/test_notebooks.py
 
 course: $(STAMP)
 	$(PY) -m rlhf_helpers.course.run_course --out build/

@@ -1,9 +1,10 @@
 """Benchmark: the run doctor is linear in the history.
 
-Each rule runs on n and 8n rows of one synthetic history (every row's KL negative: the stretch a quadratic
-`negative_kl` once rebuilt a list for at every row); a linear rule takes about 8x the CPU time, a quadratic one
-64x. Then `diagnose` reads a large metrics.jsonl end to end (goal: a 200 MB file in well under a minute; the full
-size writes ~200 MB into the runs folder, `--fast` ~20 MB). Ratios of CPU time in one run; the rows are the same.
+Each rule runs on n and 8n rows of one synthetic history (every row's KL negative: one long stretch,
+which a `negative_kl` that rebuilt its list at every row would make quadratic); a linear rule takes
+about 8x the CPU time, a quadratic one 64x. Then `diagnose` reads a large metrics.jsonl end to end
+(goal: a 200 MB file in well under a minute; the full size writes ~200 MB into the runs folder,
+`--fast` ~20 MB). Ratios of CPU time in one run; the rows are the same.
 
     python -m benchmarks doctor
 """

@@ -18,7 +18,7 @@ import torch
 
 from rlhf_helpers import compute_gae
 
-#: Speed-up of compute_gae over the per-sample, per-token loop that the issue asks for.
+#: Goal: the speed-up of compute_gae over the per-sample, per-token loop.
 GOAL_SPEEDUP = 20.0
 
 

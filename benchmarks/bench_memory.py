@@ -60,7 +60,7 @@ from rlhf_helpers.ppo.value_head import ScalarHead  # noqa: E402
 from rlhf_helpers.runtime.lora import LoRASpec  # noqa: E402
 
 SIDES = ("shared", "four", "four_lora")
-#: Goal of the issue: the shared design's peak memory at most this fraction of four models'.
+#: Goal: the shared design's peak memory at most this fraction of four models'.
 GOAL_RATIO = 0.4
 TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-sft"
 #: GPT-2 small (124M parameters with GPT-2's vocabulary), randomly initialised.

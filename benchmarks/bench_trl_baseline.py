@@ -48,7 +48,7 @@ VENV_DIR = REPO_ROOT / ".bench-venv-trl110"
 REQUIREMENTS = REPO_ROOT / "benchmarks" / "requirements-trl-baseline.txt"
 RUNNERS = REPO_ROOT / "benchmarks" / "trl_baseline"
 SPEEDUP_GOAL = 3.0  #: ours vs TRL, s per update (wall and CPU), on the CPU
-CUDA_SPEEDUP_GOAL = 4.0  #: the same on a GPU (issue 20's anchor: TRL 1.10 at 7.59 s/update on an H100)
+CUDA_SPEEDUP_GOAL = 4.0  #: the same on a GPU (anchor: TRL 1.10 at 7.59 s/update on an H100)
 CUDA_MEMORY_GOAL = 0.3  #: peak CUDA memory, ours over TRL, on a GPU
 #: Longest a side may run before it is stopped, in seconds.
 SIDE_TIMEOUT_S = int(os.environ.get("RLHF_BENCH_SIDE_TIMEOUT_S", "900"))  #: seconds one side may run
@@ -125,7 +125,7 @@ def settings_from_profile(fast: bool, device: str, random_init_config: str | Non
         random_init_config=random_init_config,
     )
     if device == "cuda":
-        # the GPU anchor (issue 13): trl 1.10's PPOTrainer took 7.59 s per update and 7.69 GiB here on
+        # the GPU anchor: trl 1.10's PPOTrainer took 7.59 s per update and 7.69 GiB here on
         # an H100 with a SmolLM2-135M-size Llama in bf16, 32 prompts x 64 tokens, 4 epochs x 2 minibatches
         settings.batch_size, settings.mini_batch_size, settings.response_length = 32, 16, 64
         settings.ppo_epochs = 4

@@ -21,7 +21,7 @@ import argparse
 import json
 import textwrap
 
-#: median update time per slider move that the widgets issue asks to stay well under
+#: median update time per slider move that the widgets must stay well under
 GOAL_MS = 100.0
 
 #: per explorer: the slider that is dragged, and the values it passes through

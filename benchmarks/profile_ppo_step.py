@@ -78,13 +78,13 @@ class PhaseClock:
 
 def breakdown(trainer: Any, steps: int) -> dict[str, float]:
     """Mean CPU seconds per update, total and by phase, over `steps` updates."""
-    import rlhf_helpers.ppo.experience as experience
+    import rlhf_helpers.ppo.iteration as iteration
     import rlhf_helpers.ppo.trainer as trainer_module
 
     clock = PhaseClock(cuda=trainer.model.device.type == "cuda")
-    clock.wrap(trainer_module, "collect_experience", "rollout")
-    clock.wrap(experience, "sample_responses", "rollout: sample")
-    clock.wrap(experience, "score_samples", "rollout: reward")
+    clock.wrap(trainer_module, "rollout", "rollout")
+    clock.wrap(iteration, "sample_responses", "rollout: sample")
+    clock.wrap(iteration, "score_samples", "rollout: reward")
     clock.wrap(trainer, "update", "update epochs")
     model = trainer.model
     for method in ("policy_logprobs", "ref_logprobs", "values"):

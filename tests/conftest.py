@@ -4,11 +4,19 @@ notebook runs' order, and the run-wide check that no test wrote into the checkou
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 from run_folders import ROOT, changes, snapshot
+
+#: The tests are grouped by layer, one folder each (tests/ppo/, ...). A test imports another's
+#: module by name (test_site_browser takes test_widgets_browser's fixtures) from any folder.
+TEST_FOLDERS = sorted(p for p in Path(__file__).resolve().parent.iterdir()
+                      if p.is_dir() and any(p.glob("test_*.py")))
+sys.path.extend(str(folder) for folder in TEST_FOLDERS if str(folder) not in sys.path)
 
 # No test may reach the model hub (the gpu profile's weights "auto" would ask it): offline resolves to "gguf"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

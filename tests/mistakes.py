@@ -2,7 +2,7 @@
 
 Each wrong answer is the worked solution with one edit, written as the text it replaces and the text
 it puts there, so that it stays a realistic variant of the solution when the solution changes (the
-edited text must occur exactly once in the solution: tests/test_teaching_rules.py):
+edited text must occur exactly once in the solution: tests/course/test_teaching_rules.py):
 
     MISTAKES = {
         "2": [
@@ -11,8 +11,8 @@ edited text must occur exactly once in the solution: tests/test_teaching_rules.p
         ],
     }
 
-The solutions run (tests/test_notebooks.py) defines each one after its exercise's check, runs the check
-again as "Mistake n.k", and requires FAILED.
+The solutions run (tests/notebooks/test_notebooks.py) defines each one after its exercise's check,
+runs the check again as "Mistake n.k", and requires FAILED.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a reader of the static site cannot see or use, counted in the browser (tests/test_site_browser.py).
+"""What a reader of the static site cannot see or use, counted in the browser
+(tests/notebooks/test_site_browser.py).
 
 Each constant is a JavaScript function of the page (no argument) that returns one line per defect, so a test can
 assert that a page has none and say which they are:

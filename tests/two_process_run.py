@@ -1,4 +1,5 @@
-"""One process of a two-process training run for tests/test_train_reliability.py (not a test file).
+"""One process of a two-process training run for tests/ppo/test_train_reliability.py (not a
+test file).
 
     accelerate launch --multi_gpu --num_processes 2 ... tests/two_process_run.py --profile tiny ...
 
@@ -23,7 +24,7 @@ from pathlib import Path
 def main() -> int:
     import torch
 
-    from rlhf_helpers.ppo import trainer as trainer_module
+    from rlhf_helpers.ppo import run_loop as run_loop_module
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.stages import train_ppo as train
 
@@ -43,7 +44,7 @@ def main() -> int:
         return scores * math.nan if bad else scores
 
     SharedLoRAModel.reward_scores = scores_nan_on_one_rank
-    real_save = trainer_module.save_checkpoint
+    real_save = run_loop_module.save_checkpoint
 
     def save_and_hash(trainer, output_dir, *args, **kwargs):
         path = real_save(trainer, output_dir, *args, **kwargs)
@@ -52,7 +53,7 @@ def main() -> int:
         (results / f"saved-{path.name}.json").write_text(json.dumps(hashes))
         return path
 
-    trainer_module.save_checkpoint = save_and_hash
+    run_loop_module.save_checkpoint = save_and_hash
     status = train.main(sys.argv[1:])
     run = json.loads((Path(train.parse_args(sys.argv[1:]).output_dir) / "run.json").read_text())
     (results / f"rank-{rank}.json").write_text(json.dumps(

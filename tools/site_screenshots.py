@@ -3,11 +3,11 @@
     python tools/site_screenshots.py [--site build/site] [--out docs/img/site]
 
 Serves the built site (`make site`) on 127.0.0.1 and opens each notebook page in headless Chromium at
-1400 px and at 390 px (the widths tests/test_site_browser.py checks). For each it writes a full-page
-JPEG, `<out>/desktop/<notebook>.jpg` (drawn at half scale: the layout, not the text, is what a later round
-compares) and `<out>/phone/<notebook>.jpg`, and prints the counts the browser test asserts are zero: a page cut
-off or wider than the window, and tests/site_defects.py's formulas, tables, figures and explorers. The checks are
-the test's own (imported from it), so the counts mean what the test means.
+1400 px and at 390 px (the widths tests/notebooks/test_site_browser.py checks). For each it writes a
+full-page JPEG, `<out>/desktop/<notebook>.jpg` (drawn at half scale: it shows the layout, not the
+text) and `<out>/phone/<notebook>.jpg`, and prints the counts the browser test asserts are zero: a
+page cut off or wider than the window, and tests/site_defects.py's formulas, tables, figures and
+explorers. The checks are the test's own (imported from it), so the counts mean what the test means.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+# the browser test and what it imports: site_defects (tests/), the browser fixtures (tests/widgets/)
+TESTS = ROOT / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "notebooks"), str(TESTS / "widgets")]
 
 from test_site_browser import CLIPPED, DRAWN, FITTED, MATH, PHONE, VIEWPORT, site_defects  # noqa: E402
 

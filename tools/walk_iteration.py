@@ -12,8 +12,9 @@ until the first optimiser step. Two kinds of call are read by name and not opene
 A call made through a library (a torch module's `__call__`, an autograd function) is not opened either.
 
 A hop is a move of the reader to another module: into an opened function of another module, or back to the
-caller's module when that function ends. `modules` counts the modules the walk touches (opened or read by
-name); `returns` counts the hops into a module the reader had already left.
+caller's module when that function ends. `modules` counts the modules the walk reads (opens a function
+of), `returns` the hops into a module the reader had already left, and `named` the modules it only calls
+by name (the maths and the model).
 """
 
 from __future__ import annotations
@@ -163,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         walk = walk_one_iteration(Path(tmp))
-    counts = {"modules": len(walk.touched), "returns": walk.returns, "hops": len(walk.path) - 1}
+    opened = set(walk.path)
+    counts = {"modules": len(opened), "returns": walk.returns, "hops": len(walk.path) - 1,
+              "named": len(walk.touched - opened)}
     if not args.json:
         print("\n".join(walk.lines))
-        print("touched:", ", ".join(sorted(walk.touched)))
+        print("read by name:", ", ".join(sorted(walk.touched - opened)))
     print(json.dumps(counts))
     return 0
 

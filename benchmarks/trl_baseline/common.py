@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# re-exported: `from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG` keeps working
+# re-exported: bench_sampling.py imports SMOLLM2_135M_CONFIG from this module
 from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

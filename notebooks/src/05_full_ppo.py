@@ -68,7 +68,7 @@ from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import learner_pieces
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.diagnosis import diagnose, mark_findings
-from rlhf_helpers.ppo.experience import collect_experience
+from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path

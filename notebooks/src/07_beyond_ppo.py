@@ -769,7 +769,8 @@ check_claims({
 # GRPO's must equal `grpo_advantages` of the rewards, every batch. RLOO subtracts
 # $\beta \cdot$ sequence KL from the reward first, and that KL is exactly 0 on the first batch (the
 # fresh LoRA adapter is the SFT model). So there, and only there, RLOO's advantages must equal
-# `rloo_advantages` of the raw rewards. `tests/test_compare.py` checks every batch with $\beta = 0$.
+# `rloo_advantages` of the raw rewards. `tests/compare/test_compare.py` checks every batch with
+# $\beta = 0$.
 
 # %%
 grpo_run, rloo_run = runs["grpo"], runs["rloo"]

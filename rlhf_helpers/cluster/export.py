@@ -28,7 +28,8 @@ from typing import Any
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
-#: The releases this export was written against and tests/test_cluster_export.py checks (PyPI versions).
+#: The releases this export was written against and tests/cluster/test_cluster_export.py checks
+#: (PyPI versions).
 VERL_VERSION = "0.9.1"
 OPENRLHF_VERSION = "0.11.2"  # >= 0.10.2: the dotted flags (--actor.eps_clip, --algo.kl.init_coef, ...)
 #: Sent where the course switches a clip off and the framework cannot: no score or value gets near it.

@@ -6,8 +6,9 @@
 
 Every note was checked against the source of the pinned releases (`export.VERL_VERSION`,
 `OPENRLHF_VERSION`): verl's trainer/config YAMLs, trainer/ppo/core_algos.py, trainer/ppo/v1/trainer_base.py
-and workers/; OpenRLHF's cli/train_ppo_ray.py, trainer/ and models/. tests/test_cluster_export.py checks
-every key against verl's composed config and every flag against OpenRLHF's argparse definitions.
+and workers/; OpenRLHF's cli/train_ppo_ray.py, trainer/ and models/.
+tests/cluster/test_cluster_export.py checks every key against verl's composed config and every flag
+against OpenRLHF's argparse definitions.
 """
 
 from __future__ import annotations

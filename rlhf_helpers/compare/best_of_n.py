@@ -21,6 +21,7 @@ import torch
 
 from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.world.scorer import hidden_scores
 
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -84,9 +85,9 @@ def best_of_n(
     tokenizer,
     prompts: Sequence[str],
     n: int,
-    max_new_tokens: int = 40,
-    max_prompt_length: int = 16,
-    temperature: float = 1.0,
+    max_new_tokens: int = PPOConfig.max_new_tokens,
+    max_prompt_length: int = PPOConfig.max_prompt_length,
+    temperature: float = PPOConfig.temperature,
     adapter: str | None = None,
     reward_fn: RewardFn | None = None,
     hidden_score_fn: ScoreFn = _default_hidden,
@@ -97,7 +98,7 @@ def best_of_n(
 
     adapter=None samples the reference (SFT model); "policy" samples the PPO policy instead.
     reward_fn replaces the reward adapter when given (e.g. to pick by the hidden score itself).
-    The global RNG is left untouched: sampling uses `seed`.
+    The global RNG is left untouched: sampling uses `seed`. Lengths and temperature: PPOConfig's.
     `batch_size`: samples per sampling + reward pass. Neither pass holds (rows, length, vocabulary)
     logits (sampling keeps one position's logits per step, the reward reads hidden states), so 256
     rows fit the gpu profile; `PPOTrainer.evaluate`, which does, uses config.eval_batch_size.

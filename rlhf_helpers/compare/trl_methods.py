@@ -35,6 +35,10 @@ from rlhf_helpers.runtime.models import load_causal_lm
 
 #: Steps TRL may take at most: the budget, not this, ends a run.
 UNBOUNDED_STEPS = 10**7
+#: The TRL arguments a run records in `MethodRun.settings`.
+RECORDED_SETTINGS = ("loss_type", "scale_rewards", "beta", "num_generations",
+                     "normalize_advantages", "per_device_train_batch_size", "steps_per_generation",
+                     "learning_rate", "epsilon")
 
 
 def trl_arguments(method: str, config: CompareConfig, device: torch.device, dtype: torch.dtype,
@@ -60,7 +64,7 @@ def trl_arguments(method: str, config: CompareConfig, device: torch.device, dtyp
         raise ValueError(f"method must be 'grpo' or 'rloo', got {method!r}")
     with warnings.catch_warnings():
         # transformers >= 5.23 renames gradient_checkpointing (TRL's configs default it to True); the
-        # old name is the one Colab's transformers 5.15 knows
+        # deprecated name is the one Colab's transformers 5.15 knows
         warnings.simplefilter("ignore", FutureWarning)
         if method == "grpo":
             return GRPOConfig(loss_type=config.grpo_loss_type, scale_rewards=config.grpo_scale_rewards, **common)
@@ -120,9 +124,6 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
                    progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
     """Train `method` ("grpo" or "rloo") with TRL for the config's budget (batches or seconds); judge it with
     `judge_fn(judge_model, tokenizer)` before training and at every evaluation mark."""
-    # datasets comes with trl: imported only to train
-    from datasets import Dataset
-
     # trl is heavy and optional (Colab ships none): imported only to train
     from trl import GRPOTrainer, RLOOTrainer
 
@@ -139,13 +140,8 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
     run = MethodRun(method=method, label=method.upper(), clock=clock.kind, memory_how=meter.how)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{method}-") as output_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)
-        peft_config = lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules, uses_conv1d(policy))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TRL's notes on defaults it changes for a PEFT model
-            trainer = trainer_class(model=policy, reward_funcs=reward_fn, args=args, processing_class=tokenizer,
-                                    train_dataset=Dataset.from_dict({"prompt": list(train_prompts)}),
-                                    peft_config=peft_config)
-        trainer.recorded_advantages = []
+        trainer = trl_trainer(trainer_class, args, config, policy, tokenizer, reward_fn,
+                              train_prompts)
         run.trainable_parameters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 
         def evaluate() -> None:
@@ -161,20 +157,41 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
 
         trainer.add_callback(_budget_callback(clock, schedule, evaluate, progress, batches_done))
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary dict
-        verbosity = transformers_logging.get_verbosity()
-        # transformers' decode step warns "no attention_mask" on left-padded batches although generate
-        # keeps the mask in its cache (checked: per-step logits equal a masked full forward's)
-        transformers_logging.set_verbosity_error()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                trainer.train()
-        finally:
-            transformers_logging.set_verbosity(verbosity)
+        train_quietly(trainer)
     run.rewards = list(reward_fn.rewards)
     run.advantages = list(trainer.recorded_advantages)
     run.peak_memory_mb = meter.rise_mb()
-    run.settings = {k: v for k, v in args.to_dict().items()
-                    if k in ("loss_type", "scale_rewards", "beta", "num_generations", "normalize_advantages",
-                             "per_device_train_batch_size", "steps_per_generation", "learning_rate", "epsilon")}
+    run.settings = {k: v for k, v in args.to_dict().items() if k in RECORDED_SETTINGS}
     return run
+
+
+def trl_trainer(trainer_class: type, args: Any, config: CompareConfig, policy: Any, tokenizer: Any,
+                reward_fn: Any, train_prompts: Sequence[str]) -> Any:
+    """TRL's trainer of `policy` with a fresh LoRA adapter of the comparison's shape
+    (`peft_config`), rewarded by `reward_fn` on `train_prompts`; its `recorded_advantages` empty."""
+    # datasets comes with trl: imported only to train
+    from datasets import Dataset
+
+    lora = config.lora
+    peft_config = lora_config(lora.r, lora.alpha, lora.target_modules, uses_conv1d(policy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TRL's notes on defaults it changes for a PEFT model
+        trainer = trainer_class(model=policy, reward_funcs=reward_fn, args=args,
+                                processing_class=tokenizer, peft_config=peft_config,
+                                train_dataset=Dataset.from_dict({"prompt": list(train_prompts)}))
+    trainer.recorded_advantages = []
+    return trainer
+
+
+def train_quietly(trainer: Any) -> None:
+    """`trainer.train()` without the warnings of TRL and transformers' decode steps."""
+    verbosity = transformers_logging.get_verbosity()
+    # transformers' decode step warns "no attention_mask" on left-padded batches although generate
+    # keeps the mask in its cache (checked: per-step logits equal a masked full forward's)
+    transformers_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.train()
+    finally:
+        transformers_logging.set_verbosity(verbosity)

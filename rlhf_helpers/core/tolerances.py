@@ -56,8 +56,8 @@ FLOAT32_RATIO_TOLERANCE = 1e-4
 #: its noise shrinks as 1/sqrt(n), and a bias of about mean(d^2)/2 stays. Measured: at most 2.3e-4 on a healthy
 #: H200 bf16 run (random weights, minibatches of 64 x ~20 tokens, 20 steps: 4x inside), exactly 0 on CPU bf16 and
 #: fp16 runs; the reference used as the old log-probs gave 3.4e-3 or more once the policy had moved (toy runs,
-#: 3 seeds: 3.4x outside). 8 eps (0.0625 in bf16, the tolerance before) missed that bug at every step. Not yet
-#: measured: fp16 on a GPU, real weights on a GPU, minibatches of a few hundred tokens on a GPU.
+#: 3 seeds: 3.4x outside). 8 eps (0.0625 in bf16) misses that bug at every step. Not yet measured:
+#: fp16 on a GPU, real weights on a GPU, minibatches of a few hundred tokens on a GPU.
 HALF_RATIO_EPS = 1 / 8
 #: a share of counts (eos_in_mask, zero_std_fraction) within this of 1 counts as 1: a share that misses one
 #: count in n <= 10^5 is at most 1 - 1e-5, while float32 arithmetic on an exact 1 (CUDA's mean: the sum times

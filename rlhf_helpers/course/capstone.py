@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.tolerances import close_tolerance
-from rlhf_helpers.ppo.experience import Experience, collect_experience
+from rlhf_helpers.ppo.experience import Experience
+from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.pieces import minibatch_losses
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig

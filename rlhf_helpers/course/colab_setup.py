@@ -3,7 +3,7 @@
 The cell (`rlhf_helpers.course.notebook.colab_setup_source`, a Colab form of a few lines) clones the
 course, puts the clone on sys.path and imports this module from it before anything is installed:
 so it uses the standard library only. The tests call the same function with a local repository in
-place of GitHub (tests/test_colab_stack.py).
+place of GitHub (tests/course/test_colab_stack.py).
 """
 
 from __future__ import annotations

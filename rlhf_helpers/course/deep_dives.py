@@ -3,8 +3,9 @@
 A deep dive starts at a markdown cell whose first line is `## Deep dive: <title>` (or `###` inside a
 section) and whose next paragraph is DEEP_DIVE_NOTE; it runs until the next heading of the same or a
 higher level. A learner on the core path skips it, so nothing after it may use a name that only a deep
-dive defines (`names_only_deep_dives_define`, checked by tests/test_deep_dives.py). JupyterLab shows its
-heading collapsed (tools/build_notebooks.py sets `jp-MarkdownHeadingCollapsed`).
+dive defines (`names_only_deep_dives_define`, checked by tests/course/test_deep_dives.py).
+JupyterLab shows its heading collapsed (tools/build_notebooks.py sets
+`jp-MarkdownHeadingCollapsed`).
 
 Each notebook ends with QUIZ_HEADING: three to five questions, each answer in a collapsed
 `<details><summary>Answer</summary>` block. Standard library only.

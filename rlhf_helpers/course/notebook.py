@@ -10,8 +10,9 @@ Every course notebook starts with the same three pieces (see notebooks/CONVENTIO
 3. a code cell that calls `show_environment()`: package versions, the profile and the device in use.
 
 The repository slug, the badge ref and the install ref live here and nowhere else: the notebook
-generator (tools/build_notebooks.py) writes them into the notebooks and tests/test_links.py reads
-them back. This module imports only the standard library at import time, so the header cell is fast.
+generator (tools/build_notebooks.py) writes them into the notebooks and tests/package/test_links.py
+reads them back. This module imports only the standard library at import time, so the header cell is
+fast.
 """
 
 from __future__ import annotations

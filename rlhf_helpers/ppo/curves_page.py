@@ -22,6 +22,7 @@ from rlhf_helpers.ppo.metrics import default_keys, plot_curves, write_curves
 from rlhf_helpers.runtime.figure_template import course_template
 
 #: panels per row, as in notebook 05's live figure
+CURVES_FILE = "curves.html"  #: the page's name in a run folder
 COLUMNS = 3
 #: how a run that did not finish ends, in its title (the training command's status names)
 ENDINGS = {"stopped": "stopped by a NaN/inf", "write failed": "stopped: a run file could not be written"}

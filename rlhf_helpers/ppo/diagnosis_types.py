@@ -167,8 +167,9 @@ class Thresholds:
 
 #: threshold -> the runs it was checked on: the healthy ones stay on its healthy side, the broken ones (where
 #: named) cross it. "tiny float32": the tiny profile's 60-step runs (docs/metrics.md) and the tests' healthy
-#: histories; "CPU bf16/fp16": tests/test_gpu_paths.py's gpu-profile runs on the CPU (random SmolLM2-shaped
-#: weights, and the GGUF weights in bf16); "H200": tests/fixtures/gpu-runs/h200-2026-11-27-cli (bf16, 20 steps).
+#: histories; "CPU bf16/fp16": tests/stages/test_gpu_paths.py's gpu-profile runs on the CPU (random
+#: SmolLM2-shaped weights, and the GGUF weights in bf16); "H200":
+#: tests/fixtures/gpu-runs/h200-2026-11-27-cli (bf16, 20 steps).
 CHECKED_ON: dict[str, str] = {
     "score_spread": "tiny float32 (score_std 0.27-1.78), CPU bf16/fp16, H200 (0.6-0.76); a constant reward crosses it",
     "zero_std_share": "TRL GRPO logs of the tests (a constant reward crosses it); our runs do not log it",

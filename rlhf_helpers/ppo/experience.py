@@ -1,26 +1,20 @@
-"""Rollouts: sample responses (`samples`), score them, run the reference and value passes, shape rewards, GAE.
+"""The experience batch of one iteration (`Experience`) and the rollout's metrics.
 
-    batch = collect_experience(shared, tokenizer, prompts, config, kl_coef=0.05)
+    batch = collect_experience(shared, tokenizer, prompts, config, kl_coef=0.05)   # `iteration`
+    metrics = rollout_metrics(batch, kl_coef=0.05)
 
-Everything here runs without gradients; `batch` holds what the update epochs need (old log-probs of
-the policy that sampled, old values, advantages, returns) and what the metrics report.
+`batch` holds what the update epochs need (old log-probs of the policy that sampled, old values,
+advantages, returns) and what the metrics report.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from rlhf_helpers.core.checks import check_no_nan
-from rlhf_helpers.core.masked import masked_mean, masked_whiten
-from rlhf_helpers.ppo.guards import non_finite_stops_run
-from rlhf_helpers.ppo.pieces import AdvantageFn, Pieces, ShapeRewardsFn, resolve_pieces
-from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.runtime.ppo_config import PPOConfig
+from rlhf_helpers.core.masked import masked_mean
 
 
 @dataclass
@@ -102,77 +96,3 @@ def rollout_metrics(batch: Experience, kl_coef: float,
         hidden = hidden_score_fn(batch.prompts, batch.responses)
         metrics["hidden_score"] = sum(hidden) / len(hidden)
     return metrics
-
-
-@torch.no_grad()
-def collect_experience(
-    model: SharedLoRAModel,
-    tokenizer,
-    prompts: Sequence[str],
-    config: PPOConfig,
-    kl_coef: float,
-    reward_fn: RewardFn | None = None,
-    step: int | None = None,
-    shape_rewards_fn: ShapeRewardsFn | None = None,
-    advantage_fn: AdvantageFn | None = None,
-    pieces: Pieces | None = None,
-) -> Experience:
-    """Generate (keeping the sampling policy's log-probs), score, run the reference and value passes,
-    shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's shaping (None:
-    `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract);
-    `pieces`, the trainer's resolved ones, replaces both."""
-    if pieces is None:
-        pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn, advantage_fn, None, None)
-    with non_finite_stops_run(step):  # the maths core's NaN checks name this PPO step
-        return rollout(model, tokenizer, prompts, config, kl_coef, reward_fn, pieces)
-
-
-@torch.no_grad()
-def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: PPOConfig, kl_coef: float,
-            reward_fn: RewardFn | None, pieces: Pieces) -> Experience:
-    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops it with
-    NonFiniteError naming the first tensor that holds one (the caller's guard adds the PPO step)."""
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the reference)
-    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
-                               temperature=config.temperature, with_logprobs="exact")
-    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
-    if samples.logprobs is not None:  # read from the sampling loop's own logits
-        old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
-    else:  # a fresh forward: the loop's one-token products round differently (bf16/fp16, fast decoder)
-        old_logprobs, entropy = model.policy_logprobs(
-            seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
-    timings["generate"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    # the reference at the policy's temperature: the KL compares the two sampling distributions
-    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
-    values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
-    scores = score_samples(model, samples, reward_fn)  # (B,)
-    timings["forward_passes"] = time.perf_counter() - start
-    check_no_nan("reward scores", scores)
-    if config.missing_eos_penalty is not None:
-        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
-
-    start = time.perf_counter()
-    logprobs = old_logprobs.float()  # (B, R)
-    # r_t = -beta * kl_t + [t = last] * score
-    rewards, kl = pieces.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, R) x 2
-    # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma, config.lam)  # (B, R) x 2
-    # what the update reads, in the order it was made: the first non-finite one is named, with its piece
-    check_no_nan("values", values)
-    check_no_nan("policy log-probs", logprobs * mask)
-    check_no_nan(pieces.shaped_by, rewards)
-    check_no_nan("advantages" + pieces.advantages_by, advantages)
-    check_no_nan("returns" + pieces.advantages_by, returns)
-    if config.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)  # (B, R)
-    timings["gae"] = time.perf_counter() - start
-    return Experience(
-        prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
-        context_length=P, mask=mask, old_logprobs=logprobs, ref_logprobs=ref_logprobs,
-        entropy=entropy.float(), values=values, scores=scores, rewards=rewards, kl=kl,
-        advantages=advantages, returns=returns, ended_with_eos=samples.ended_with_eos, timings=timings,
-    )

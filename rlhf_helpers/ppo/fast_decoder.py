@@ -11,7 +11,7 @@ far more than the GPU needs to read the weights once (benchmarks/README.md: 26 m
 weight (one product per projection), the KV cache has a static shape, and the whole step is captured
 once as a CUDA graph and replayed for every token: one launch per step. The token inputs, the cache
 column and the attention mask live in static buffers the graph reads. On a CPU (tests) the same step
-runs eagerly; there it must give the plain loop's tokens and log-probs (tests/test_sampling.py).
+runs eagerly; there it must give the plain loop's tokens and log-probs (tests/ppo/test_sampling.py).
 
 The prompt (prefill) goes through the model's own forward, with the adapter the caller activated;
 its keys and values are copied into the static cache.

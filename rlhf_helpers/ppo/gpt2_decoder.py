@@ -12,7 +12,7 @@ Attention reads the keys in any order (a token's place is in its position embedd
 prompt's keys sit left-aligned, as `packed_gpt2.packed_hidden` hands them over from the prompt
 pass, and each new token's after them. The step calls the model's own modules (layer norms, the
 LoRA projections with whatever adapter is active, GELU), so it computes what the model's forward
-computes, to float rounding (tests/test_packed_gpt2.py).
+computes, to float rounding (tests/ppo/test_packed_gpt2.py).
 
 GPT-2 only (`packed_gpt2.supports_packed`); other models use `sampling.PlainDecoder`.
 """

@@ -124,8 +124,9 @@ def activation_bytes(shape: ModelShape, rows: int, seq_len: int, s: int, full: b
       MLP        silu's input, its output and up: 3 s I
     plus the embedding's int64 ids (full only) and, once, RoPE's cos and sin (2 L head_dim).
     Norms: all 2n + 1 when the embedding trains, else 2n (the first one's input needs no gradient).
-    Exact, to the byte, on torch 2.13 + transformers 5.23 (tests/test_precision.py counts the saved
-    tensors of real forwards); the mask and RoPE terms depend on how transformers calls attention.
+    Exact, to the byte, on torch 2.13 + transformers 5.23 (tests/runtime/test_precision.py counts
+    the saved tensors of real forwards); the mask and RoPE terms depend on how transformers calls
+    attention.
     """
     n, tokens = shape.num_layers, rows * seq_len
     Ha = shape.num_heads * shape.head_dim

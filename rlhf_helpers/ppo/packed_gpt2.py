@@ -22,7 +22,7 @@ real tokens up to it, so the causal mask is the padding mask too (the empty cell
 row's end are read only by empty queries, whose outputs are dropped).
 
 Each real token's output is the same function of the same inputs as in transformers' forward
-(equal to float rounding, tests/test_packed_gpt2.py); padding positions get a hidden state of 0,
+(equal to float rounding, tests/ppo/test_packed_gpt2.py); padding positions get a hidden state of 0,
 which nothing reads (every loss masks them). The layers are the model's own modules, called on
 the (N, H) block, so the active LoRA adapter, `reference()` (adapters disabled) and the fused
 LoRA layers work unchanged. GPT-2 only; `supports_packed` says when it applies (elsewhere

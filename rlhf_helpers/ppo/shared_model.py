@@ -25,30 +25,22 @@ The stack's known traps, handled here:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from peft import get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from rlhf_helpers.core.checks import check_temperature, check_token_batch
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.core.tokens import last_token_index, mask_to_first_eos, position_ids_from_mask
-from rlhf_helpers.ppo.adapters import (
-    load_reward_adapter,
-    lora_config,
-    params_by_adapter,
-    refuse_checkpointing,
-    uses_conv1d,
-)
+from rlhf_helpers.ppo.adapters import params_by_adapter, refuse_checkpointing
 from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.ppo.packed_gpt2 import packed_hidden, supports_packed
-from rlhf_helpers.ppo.value_head import ScalarHead
+from rlhf_helpers.ppo.shared_adapters import attach_adapters, check_special_tokens
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
 #: The trained adapters, and the frozen one.
@@ -60,8 +52,8 @@ ADAPTERS = TRAINED_ADAPTERS + FROZEN_ADAPTERS
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """The logits of the distribution that samples at `temperature`: z / T, in float32 at least.
 
-    pi_T(v) = softmax(z / T)_v. At T = 1 the logits come back unchanged (same tensor), so the
-    default path computes exactly what it did before temperatures were supported.
+    pi_T(v) = softmax(z / T)_v. At T = 1 the logits come back unchanged (same tensor): the default
+    path adds no cast and no division.
     """
     if temperature == 1.0:
         return logits
@@ -101,38 +93,15 @@ class SharedLoRAModel(nn.Module):
         packed: bool = True,
     ) -> None:
         super().__init__()
-
-        if pad_token_id is None or eos_token_id is None:
-            raise ValueError("pad_token_id and eos_token_id must both be set")
-        if pad_token_id == eos_token_id:
-            raise ValueError(f"pad_token_id must differ from eos_token_id (both {pad_token_id}): with "
-                             "pad == EOS, masks built from the pad id hide the EOS of every response")
+        check_special_tokens(pad_token_id, eos_token_id)
         refuse_checkpointing(base_model)
         if fused_gelu:  # same activation, one kernel instead of eight ops (see fuse_tanh_gelu)
             fuse_tanh_gelu(base_model)
         self.pad_token_id = int(pad_token_id)  #: id of the padding token
         self.eos_token_id = int(eos_token_id)  #: id of the end-of-sequence token
         self.lora = as_lora_spec(lora if lora is not None else LoRASpec())  #: the spec of the policy and value adapters
-        r, lora_alpha, target_modules = self.lora.r, self.lora.alpha, self.lora.target_modules
-        hidden_size = base_model.config.get_text_config().hidden_size
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)  # adapter and head initialisation do not depend on the caller's RNG
-        self._fan_in_fan_out = uses_conv1d(base_model)
-        try:
-            config = lora_config(r, lora_alpha, target_modules, self._fan_in_fan_out)
-            with warnings.catch_warnings():  # peft reads transformers' deprecated checkpointing flag
-                warnings.simplefilter("ignore", FutureWarning)
-                self.peft = get_peft_model(base_model, config, adapter_name="policy")
-            self.peft.add_adapter("value", lora_config(r, lora_alpha, target_modules, self._fan_in_fan_out))
-            self.value_head = ScalarHead(hidden_size, bias=True, init_std=1e-2)
-            if reward_dir is None:
-                self.peft.add_adapter("reward", lora_config(r, lora_alpha, target_modules,
-                                                            self._fan_in_fan_out))
-                self.score_head = ScalarHead(hidden_size, bias=False, init_std=1.0 / hidden_size**0.5)
-            else:
-                self.score_head = load_reward_adapter(self.peft, reward_dir, hidden_size, self._fan_in_fan_out)
-        finally:
-            torch.random.set_rng_state(generator_state)
+        self.peft, self.value_head, self.score_head = attach_adapters(base_model, self.lora,
+                                                                      reward_dir, seed)
         device = next(base_model.parameters()).device
         self.value_head.to(device=device, dtype=torch.float32)
         self.score_head.to(device=device, dtype=torch.float32)

@@ -1,14 +1,14 @@
-"""The PPO loop: an outer loop over experience batches, an inner loop of epochs over shuffled minibatches.
+"""The PPO trainer: its state (model, optimisers, KL controller, history) and one iteration, `step`.
 
     trainer = PPOTrainer(config, shared, tokenizer, prompts)
     metrics = trainer.step()          # one iteration: rollouts, then config.ppo_epochs of updates
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
     trainer.close()                   # frees config.output_dir for another run (so does the process's end)
 
-`update` is the whole optimisation of one iteration in one loop (as cleanrl writes it): for each epoch, a shuffle;
-for each minibatch, the policy's forward -> loss -> backward -> step, then the value's. The maths are functions
-passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update loop; the library's
-by default), so a learner's own GAE, loss or loop can drive the training.
+`step` runs `iteration.rollout` then `iteration.update` (the iteration in one file, as cleanrl writes it)
+and turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are functions passed
+in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update loop; the library's by
+default), so a learner's own GAE, loss or loop can drive the training.
 
 The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each (Adam, gradient
 all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate launch` each process samples
@@ -23,26 +23,19 @@ are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from rlhf_helpers.core.checks import check_no_nan
 from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
 from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
-from rlhf_helpers.core.masked import masked_mean
-from rlhf_helpers.core.printed import format_number
-from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
-from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout, rollout_metrics
-from rlhf_helpers.ppo.guards import NonFiniteStop, check_outputs_finite, guard
-from rlhf_helpers.ppo.minibatch import trim_minibatch
+from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout_metrics
+from rlhf_helpers.ppo.guards import guard
+from rlhf_helpers.ppo.iteration import rollout, update
 from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.pieces import (
     AdvantageFn,
@@ -56,9 +49,10 @@ from rlhf_helpers.ppo.pieces import (
     resolve_pieces,
     run_update_fn,
 )
+from rlhf_helpers.ppo.run_loop import check_weights_usable, train_loop
 from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
-from rlhf_helpers.runtime.locks import FileLock, hold_run_folder
+from rlhf_helpers.runtime.locks import FileLock
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import needs_grad_scaler
 
@@ -184,8 +178,6 @@ class PPOTrainer:
         self.last_batch = batch
         metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn, config.score_clip)
         metrics.update(update_stats)
-        # the share of sampled EOS tokens the update's mask trained on
-        metrics["eos_in_mask"] = eos_kept_share(batch, self.model.eos_token_id)
         metrics["time_rollout"] = rollout_seconds
         metrics["time_update"] = update_seconds
         metrics["time_step"] = rollout_seconds + update_seconds
@@ -218,61 +210,19 @@ class PPOTrainer:
         return lm_loss(logits, labels, ignore_index=-100)
 
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
-        """config.ppo_epochs passes over the batch in shuffled minibatches. On each: the policy step
-        (L = L_clip - c_ent * H + c_ptx * L_lm), then the value step (c_vf * L_V). Returns the mean stats.
-
-        Both losses are computed, checked (`piece_checks`) and back-propagated before either adapter
-        steps, so a refused loss piece leaves every weight as it was. The two adapters share no trainable
-        parameter and neither loss reads the other's output, so this order changes no number. Each
-        minibatch is cut to the columns holding a real token of one of its rows (`trim_minibatch`)."""
-        if self.update_fn is not None:  # the caller's loop; the run's policy loss, its stats recorded
+        """The update epochs on `batch` (`iteration.update`, or the caller's `update_fn`); returns the
+        mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps the rows
+        in `last_update_stats`."""
+        if self.update_fn is None:
+            self.last_update_stats = update(self, batch, generator)
+        else:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
                 self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn, self.model, batch,
                                                        self.policy_opt.optimizer, self.value_opt.optimizer,
                                                        self.config, generator, self.step_count)
-            return mean_update_stats(self.last_update_stats)
-        config, model, step, pieces = self.config, self.model, self.step_count, self.pieces
-        train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
-        self.last_update_stats = []
-        for epoch in range(config.ppo_epochs):
-            size = batch.sequences.shape[0]  # B
-            order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)
-            for index, first in enumerate(range(0, size, config.mini_batch_size)):
-                mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
-                # both losses are checked before either adapter steps: a refused piece changes no weight
-                # (the guard votes on every process before the gradient all-reduces)
-                with self.guard(drop_gradients=True):
-                    # policy: forward -> loss (the piece's result checked) -> backward
-                    logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
-                        mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
-                        entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
-                    pg_loss, pg_stats = pieces.policy_loss(logprobs.float(), mb.old_logprobs, mb.advantages,
-                                                           mb.mask, config.clip_eps)
-                    mean_entropy = masked_mean(entropy.float(), mb.mask)
-                    # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
-                    loss = pg_loss - config.entropy_coef * mean_entropy
-                    ptx = self.ptx_loss(generator) if config.ptx_coef > 0 else None
-                    loss = loss + config.ptx_coef * ptx if ptx is not None else loss
-                    check_no_nan("policy loss", loss.detach())
-                    if train_policy:
-                        self.policy_opt.backward(loss, piece=pieces.policy_loss_name)  # a caller's: checked
-                    # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
-                    new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-                    v_loss, v_stats = pieces.value_loss(new_values, mb.values, mb.returns, mb.mask,
-                                                        config.value_clip)
-                    check_no_nan("value loss", v_loss.detach())
-                    self.value_opt.backward(config.vf_coef * v_loss, piece=pieces.value_loss_name)
-                policy_norm = self.policy_opt.sync_and_step(step) if train_policy else 0.0
-                value_norm = self.value_opt.sync_and_step(step)
-                self.last_update_stats.append({
-                    "epoch": float(epoch), "minibatch": float(index), "ratio_mean": float(pg_stats["ratio_mean"]),
-                    "ratio_max": float(pg_stats["ratio_max"]), "policy_loss": float(pg_loss.detach()),
-                    "clipfrac": float(pg_stats["clipfrac"]), "approx_kl": float(pg_stats["approx_kl"]),
-                    "value_loss": float(v_loss.detach()), "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
-                    "policy_grad_norm": policy_norm, "value_grad_norm": value_norm,
-                    "entropy_update": float(mean_entropy.detach()),
-                    **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})})
-        return mean_update_stats(self.last_update_stats)
+        # the share of sampled EOS tokens that the mask this update trained on kept
+        eos_in_mask = eos_kept_share(batch, self.model.eos_token_id)
+        return {**mean_update_stats(self.last_update_stats), "eos_in_mask": eos_in_mask}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
@@ -289,54 +239,9 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the run
     def train(self, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
               callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
-        """Run until `steps` more iterations (default: up to config.total_steps) are done.
-
-        Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
-        checkpoint to config.output_dir every config.save_every steps and at the end, each only after
-        `check_weights_usable`, in a folder locked until `close()` (another live run there: FolderInUse). A
-        NaN/inf stops the run with NonFiniteStop (on every process at once); the last checkpoint stays intact.
-        """
-        config = self.config
-        target = self.step_count + steps if steps is not None else config.total_steps
-        is_main = self.process_index == 0
-        if config.output_dir and is_main:  # one live run per folder: FolderInUse if another process writes there
-            if self.output_lock is not None and self.output_lock.path.parent != Path(config.output_dir):
-                self.close()
-            self.output_lock = self.output_lock or hold_run_folder(config.output_dir)
-        bar = tqdm(total=max(target - self.step_count, 0), desc="PPO",
-                   disable=not (config.progress_bar and is_main))
-        start_step = self.step_count
-        try:
-            while self.step_count < target:
-                metrics = self.step()
-                if eval_prompts is not None and config.eval_every and self.step_count % config.eval_every == 0:
-                    with self.guard(self.step_count - 1):
-                        metrics.update(self.evaluate(eval_prompts[: config.n_eval_prompts]))
-                save = bool(config.output_dir) and (
-                    self.step_count >= target or (config.save_every > 0 and self.step_count % config.save_every == 0))
-                if save:  # before the step is logged: a step whose weights cannot be saved is not reported
-                    with self.guard(self.step_count - 1):
-                        self.check_weights_usable()
-                bar.update(1)
-                bar.set_postfix(score=format_number(metrics["score"]), kl=format_number(metrics["kl"]),
-                                hidden=format_number(metrics.get("hidden_score", math.nan)))
-                if save and is_main:  # saved before it is logged: a step whose save failed is not reported
-                    self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
-                if callback is not None:
-                    callback(metrics)
-        except CheckpointSaveError:
-            bar.close()
-            raise
-        except NonFiniteStop as error:
-            bar.close()
-            kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
-                    else "no checkpoint was written before it")
-            raise NonFiniteStop(f"{error}. Nothing was saved after the bad value; {kept}. Lower the "
-                                 "learning rates, or set score_clip / max_grad_norm.") from None
-        bar.close()
-        if config.output_dir and is_main and self.step_count == start_step:  # no step ran: save as it is
-            self.last_checkpoint = str(save_checkpoint(self, config.output_dir))
-        return self.history
+        """Run until `steps` more iterations (default: up to config.total_steps) are done, with a progress
+        bar, evaluations and checkpoints (`run_loop.train_loop`); returns the history."""
+        return train_loop(self, steps, eval_prompts, callback)
 
     def close(self) -> None:
         """Release config.output_dir's lock (taken by `train`; the end of the process releases it too)."""
@@ -346,8 +251,5 @@ class PPOTrainer:
 
     def check_weights_usable(self) -> None:
         """NonFiniteStop unless the current policy and critic give finite outputs on the latest batch
-        (`guards.check_outputs_finite`). Run before every checkpoint: finite weights can still be broken
-        (a step with a learning rate of 1e12 leaves weights near 1e12, and the next forward overflows),
-        and such weights must not become the "last good" checkpoint that a resumed run starts from."""
-        if self.last_batch is not None:  # the step whose update made these weights
-            check_outputs_finite(self.model, self.last_batch, self.config.temperature, self.step_count - 1)
+        (`run_loop.check_weights_usable`)."""
+        check_weights_usable(self)

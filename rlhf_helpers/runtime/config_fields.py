@@ -1,7 +1,7 @@
 """What a config dataclass says about its fields: their `#:` docs, their exact types, their command-line flags.
 
     field_docs(PPOConfig)["clip_eps"]          # "PPO ratio clip range epsilon"
-    check_field_types(config)                  # ValueError: mini_batch_size must be an int, got bool True
+    check_field_types(config)                  # FieldTypeError: mini_batch_size must be an int, ...
     add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-..., ...
     changes = given_field_values(args, PPOConfig)   # {"clip_eps": 0.1} for the flags a user gave
     parser.parse_args(join_negative_values(argv, actions))   # --missing-eos-penalty -1e3 read as a value
@@ -18,7 +18,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 _FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:#:\s*(.*))?$")
@@ -62,8 +62,9 @@ def _matches(value: Any, kind: Any) -> bool:
         return False
     if kind is float:
         return isinstance(value, int | float)
-    if typing.get_origin(kind) is tuple:  # the configs' only tuples are tuple[str, ...]
-        return isinstance(value, tuple) and all(isinstance(item, str) for item in value)
+    if typing.get_origin(kind) is tuple:  # the configs' tuples are tuple[X, ...]
+        item_kind = typing.get_args(kind)[0]
+        return isinstance(value, tuple) and all(_matches(item, item_kind) for item in value)
     return isinstance(value, kind)
 
 
@@ -71,16 +72,25 @@ _NAMES = {int: "an int", float: "a number", bool: "a bool (true or false)", str:
           type(None): "None"}
 
 
-def check_field_types(config: Any) -> None:
-    """ValueError naming the first field whose value is not of its annotated type, its value and the type
-    expected: `mini_batch_size must be an int, got bool True`. Where a number belongs a bool is refused."""
+class FieldTypeError(TypeError, ValueError):
+    """A config field's value of the wrong type: a TypeError, and a ValueError like every other
+    refusal of a setting, so a caller catching either (the commands catch ValueError) gets it."""
+
+
+def check_field_types(config: Any, expected: Mapping[str, str] | None = None) -> None:
+    """FieldTypeError naming the first field whose value is not of its annotated type, its value
+    and the type expected: `mini_batch_size must be an int, got bool True`. Where a number belongs
+    a bool is refused. `expected[name]` says what a field must be where its type says too little
+    ("None or an int >= 1")."""
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         kinds = _allowed(hints[field.name])
         if not any(_matches(value, kind) for kind in kinds):
-            expected = " or ".join(_NAMES.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
-            raise ValueError(f"{field.name} must be {expected}, got {type(value).__name__} {value!r}")
+            words = (expected or {}).get(field.name) or " or ".join(
+                _NAMES.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
+            got = f"{type(value).__name__} {value!r}"
+            raise FieldTypeError(f"{field.name} must be {words}, got {got}")
 
 
 def flag_name(field: str, prefix: str = "") -> str:

@@ -2,6 +2,9 @@
 
     check_limits(config, PPO_LIMITS)   # ValueError: clip_eps must be in [1e-6, 1e9], got 1e+308 (...why)
     check_counts(config, ("total_steps", "ppo_epochs"))   # ValueError: total_steps must be <= 10^9, got ...
+    check_ints_from(config, 1, ("batch_size",))   # ValueError: batch_size must be an int >= 1, ...
+    check_positive(config, ("learning_rate",))    # ValueError: ... must be a finite number > 0, ...
+    check_seed(config)                            # ValueError: seed must be an int in [0, 2^32 - 1]
 
 "Finite and > 0" is not enough: the rollouts, rewards, losses and gradients are float32 tensors (largest value
 3.4e38, spacing near 1 of 1.2e-7), so a clip epsilon of 1e308 cannot even be handed to `torch.clamp`, and a
@@ -24,8 +27,13 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
 #: The largest count or size (steps, epochs, batch sizes, token lengths, LoRA shapes). A billion iterations or
 #: tokens is beyond any run; steps are logged as floats (exact to 2^53) and enter the per-step seeds, which must
-#: stay below 2^63 (ppo_config.MAX_SEED), and lengths reach the tokenizers as 64-bit ints.
+#: stay below 2^63 (MAX_SEED), and lengths reach the tokenizers as 64-bit ints.
 MAX_COUNT = 10**9
+#: The largest seed of every stage. PPO's per-step seeds, (seed * 1_000_003 + step) * 64 + process
+#: (trainer._step_seed), must stay below 2^63 for torch's generators; TRL and transformers'
+#: set_seed hand the seed to numpy, whose seeds are 32-bit. 2^32 - 1 meets both, with room for
+#: 10^11 steps.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -145,3 +153,44 @@ def check_counts(config: Any, names: tuple[str, ...], prefix: str = "") -> None:
         if value is not None and value > MAX_COUNT:
             raise ValueError(f"{prefix}{name} must be <= 10^9, got {value!r}: a count or size above a billion is "
                              "beyond any run (and steps must keep the per-step seeds below 2^63)")
+
+
+def ints_from(low: int, optional: bool = False) -> str:
+    """What an int field bounded below must be, in words: 'an int >= 1', 'None or an int >= 1'."""
+    return ("None or " if optional else "") + f"an int >= {low}"
+
+
+def check_ints_from(config: Any, low: int, names: tuple[str, ...], why: str = "",
+                    optional: bool = False) -> None:
+    """ValueError naming the first of these int fields below `low` (`why`, if given, in brackets
+    after the bound); `optional`: None is allowed too. Types are `check_field_types`' business."""
+    for name in names:
+        value = getattr(config, name)
+        if not (optional and value is None) and value < low:
+            reason = f" ({why})" if why else ""
+            raise ValueError(f"{name} must be {ints_from(low, optional)}{reason}, got {value!r}")
+
+
+def _check_finite(config: Any, names: tuple[str, ...], zero: bool) -> None:
+    for name in names:
+        value = getattr(config, name)
+        # compared, not math.isfinite: an int too big for a float is finite, not an OverflowError
+        if not ((0 <= value if zero else 0 < value) and value < math.inf):
+            bound = ">= 0" if zero else "> 0"
+            raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def check_positive(config: Any, names: tuple[str, ...]) -> None:
+    """ValueError naming the first of these number fields not finite and > 0 (NaN is neither)."""
+    _check_finite(config, names, zero=False)
+
+
+def check_non_negative(config: Any, names: tuple[str, ...]) -> None:
+    """ValueError naming the first of these number fields not finite and >= 0 (NaN is neither)."""
+    _check_finite(config, names, zero=True)
+
+
+def check_seed(config: Any) -> None:
+    """ValueError unless the config's int `seed` is in [0, MAX_SEED]."""
+    if not 0 <= config.seed <= MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {config.seed!r}")

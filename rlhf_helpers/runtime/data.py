@@ -82,55 +82,19 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
     skipped; a UTF-8 byte order mark at the start is accepted; an empty file is an error. A NUL
     character in a field is accepted with a warning naming the lines.
     """
-    nul_lines: list[int] = []
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build --out "
-            f"{path.parent}`: it writes what is missing and replaces no file it did not write)"
-        )
+    _check_data_file(path)
     records: list[dict[str, Any]] = []
+    nul_lines: list[int] = []
     with path.open("rb") as handle:  # bytes, decoded line by line: a bad byte gets its line number
         for line_number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"{path}, line {line_number}: not valid UTF-8 ({error.reason} at byte "
-                    f"{error.start} of the line); save the file as UTF-8"
-                ) from None
+            line = _decode_line(path, line_number, raw)
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line, object_pairs_hook=refuse_duplicate_keys)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {line_number}: not valid JSON ({error.msg})") from None
-            except DuplicateKey as error:  # json keeps the last of two equal keys: which one was meant is unknown
-                raise ValueError(f"{path}, line {line_number}: the key {error.key!r} appears twice in one record; "
-                                 "keep one") from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}, line {line_number}: expected a JSON object, got "
-                    f"{type(record).__name__}"
-                )
-            for field in fields:
-                if field not in record:
-                    raise ValueError(f"{path}, line {line_number}: missing field {field!r}")
-                if not isinstance(record[field], str):
-                    raise ValueError(
-                        f"{path}, line {line_number}: field {field!r} must be a string, got "
-                        f"{type(record[field]).__name__}"
-                    )
-                if _is_lone_surrogate(record[field]):
-                    raise ValueError(f"{path}, line {line_number}: field {field!r} holds a lone UTF-16 surrogate "
-                                     "(such as \\ud800 without its pair), which is not text; fix or drop the line")
-                if field in nonempty and not record[field].strip():
-                    raise ValueError(f"{path}, line {line_number}: field {field!r} is empty; every {field} needs text "
-                                     "(a model cannot be prompted with nothing)")
-                if "\x00" in record[field]:
-                    nul_lines.append(line_number)
+            where = f"{path}, line {line_number}"
+            record = _parse_record(where, line)
+            if _check_fields(where, record, fields, nonempty):
+                nul_lines.append(line_number)
             records.append(record)
     if nul_lines:
         warnings.warn(f"{path}: {len(nul_lines)} line(s) hold a NUL character (first: line {nul_lines[0]}); "
@@ -138,6 +102,65 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
     if not records:
         raise ValueError(f"{path}: the file has no records")
     return records
+
+
+def _check_data_file(path: Path) -> None:
+    """IsADirectoryError, or FileNotFoundError with the command that writes it, unless `path` is a
+    file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build --out "
+            f"{path.parent}`: it writes what is missing and replaces no file it did not write)"
+        )
+
+
+def _decode_line(path: Path, line_number: int, raw: bytes) -> str:
+    """One line's text (a byte order mark dropped on the first line), or ValueError naming the
+    line."""
+    try:
+        return raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}, line {line_number}: not valid UTF-8 ({error.reason} at byte "
+            f"{error.start} of the line); save the file as UTF-8"
+        ) from None
+
+
+def _parse_record(where: str, line: str) -> dict[str, Any]:
+    """The JSON object of one line, or ValueError prefixed with `where` (the file and line)."""
+    try:
+        record = json.loads(line, object_pairs_hook=refuse_duplicate_keys)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
+    except DuplicateKey as error:  # json keeps the last of two equal keys, maybe not the one meant
+        raise ValueError(f"{where}: the key {error.key!r} appears twice in one record; "
+                         "keep one") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _check_fields(where: str, record: dict[str, Any], fields: Sequence[str],
+                  nonempty: Sequence[str]) -> bool:
+    """ValueError prefixed with `where` for a field of `fields` missing, not a string, holding a
+    lone surrogate, or (in `nonempty`) only white space; True when a field holds a NUL character."""
+    has_nul = False
+    for field in fields:
+        if field not in record:
+            raise ValueError(f"{where}: missing field {field!r}")
+        if not isinstance(record[field], str):
+            raise ValueError(f"{where}: field {field!r} must be a string, got "
+                             f"{type(record[field]).__name__}")
+        if _is_lone_surrogate(record[field]):
+            raise ValueError(f"{where}: field {field!r} holds a lone UTF-16 surrogate (such as "
+                             "\\ud800 without its pair), which is not text; fix or drop the line")
+        if field in nonempty and not record[field].strip():
+            raise ValueError(f"{where}: field {field!r} is empty; every {field} needs text "
+                             "(a model cannot be prompted with nothing)")
+        has_nul = has_nul or "\x00" in record[field]
+    return has_nul
 
 
 def jsonl_text(records: Sequence[dict[str, Any]]) -> str:

@@ -17,15 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_helpers.runtime.config_fields import check_field_types
-from rlhf_helpers.runtime.config_limits import PPO_LIMITS, check_big_ints, check_counts, check_limits
+from rlhf_helpers.runtime.config_limits import (
+    PPO_LIMITS,
+    check_big_ints,
+    check_counts,
+    check_limits,
+    check_non_negative,
+    check_positive,
+    check_seed,
+)
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
-#: The int settings bounded by config_limits.MAX_COUNT (the seed has its own bound, MAX_SEED).
+#: The int settings bounded by config_limits.MAX_COUNT (the seed: by config_limits.MAX_SEED).
 COUNTS = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length", "max_new_tokens", "kl_horizon",
           "value_warmup_steps", "total_steps", "save_every", "eval_every", "n_eval_prompts", "eval_batch_size")
-#: Largest seed: per-step seeds are (seed * 1_000_003 + step) * 64 + process (trainer._step_seed) and
-#: must stay below 2^63 for torch's generators; 2^32 - 1 leaves room for 10^11 steps.
-MAX_SEED = 2**32 - 1
 
 
 @dataclass
@@ -100,14 +105,8 @@ class PPOConfig:
         if self.rollout_batch_size % self.mini_batch_size:
             raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
                              f"mini_batch_size ({self.mini_batch_size})")
-        for name in ("temperature", "clip_eps", "max_grad_norm", "policy_lr", "value_lr"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("vf_coef", "entropy_coef", "ptx_coef", "kl_coef"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        check_positive(self, ("temperature", "clip_eps", "max_grad_norm", "policy_lr", "value_lr"))
+        check_non_negative(self, ("vf_coef", "entropy_coef", "ptx_coef", "kl_coef"))
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -120,8 +119,7 @@ class PPOConfig:
             raise ValueError(f"missing_eos_penalty must be None or a finite number, got {self.missing_eos_penalty!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
+        check_seed(self)
         if self.whiten_advantages and self.rollout_batch_size < 2:
             raise ValueError("rollout_batch_size must be >= 2 when whiten_advantages is True: whitening "
                              "divides by the variance over the batch's response tokens, and one response "

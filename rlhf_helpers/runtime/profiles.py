@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -41,7 +40,14 @@ from typing import Any
 
 from rlhf_helpers.runtime.artifacts import cache_dir
 from rlhf_helpers.runtime.config_fields import check_field_types
-from rlhf_helpers.runtime.config_limits import PROFILE_LIMITS, check_big_ints, check_counts, check_limits
+from rlhf_helpers.runtime.config_limits import (
+    PROFILE_LIMITS,
+    check_big_ints,
+    check_counts,
+    check_ints_from,
+    check_limits,
+    check_positive,
+)
 from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -114,17 +120,10 @@ class Profile:
                 raise ValueError(f"{name} must be a hub id or a folder, got an empty string")
         if not DEVICE_NAME.fullmatch(self.device):
             raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {self.device!r}")
-        counts = {"reward_batch_size": self.reward_batch_size, "sft_batch_size": self.sft_batch_size}
-        for name, value in counts.items():
-            if value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.compare_batches is not None and self.compare_batches < 1:
-            raise ValueError(f"compare_batches must be None or an int >= 1, got {self.compare_batches!r}")
-        positive = {"reward_epochs": self.reward_epochs, "reward_lr": self.reward_lr, "sft_epochs": self.sft_epochs,
-                    "sft_lr": self.sft_lr, "compare_seconds": self.compare_seconds}
-        for name, value in positive.items():
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_ints_from(self, 1, ("reward_batch_size", "sft_batch_size"))
+        check_ints_from(self, 1, ("compare_batches",), optional=True)
+        check_positive(self, ("reward_epochs", "reward_lr", "sft_epochs", "sft_lr",
+                              "compare_seconds"))
         check_limits(self, PROFILE_LIMITS)  # what float32 arithmetic can hold (config_limits gives each reason)
         check_counts(self, ("max_length", "reward_batch_size", "sft_batch_size", "compare_batches"))
         if self.max_length <= self.ppo.max_prompt_length:  # reward and SFT pairs: a prompt and a response
@@ -185,8 +184,8 @@ def tiny_profile() -> Profile:
     # kl_coef 0.2, not the field's 0.05: at 0.05 the tiny model drifts to KL 5-6.5 nats within 60 PPO
     # steps and its hidden score sags back towards SFT best-of-4; 0.2 holds KL near 2.5 at an equal
     # or higher hidden score (benchmarks/bench_ppo_learning.py, figures in benchmarks/README.md)
-    # eval_batch_size 256: the 200 held-out prompts in one batch, as before evaluation was chunked (the
-    # tiny vocabulary (403 tokens) keeps its 200 x 40 x V float logits at 13 MB; one batch is the fastest on a CPU)
+    # eval_batch_size 256: every held-out prompt in one batch, the fastest on a CPU (the tiny
+    # vocabulary, 403 tokens, keeps the n_eval_prompts x max_new_tokens x V float logits at 13 MB)
     # compare_batches 32: notebook 07's race in batches, so it gives the same numbers for its seed (about 32 CPU s
     # for PPO, 16 for GRPO and RLOO here); the race in CPU seconds is benchmarks/bench_algorithms.py's
     return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.ppo.checkpoint import disk_problem
+from rlhf_helpers.ppo.curves_page import CURVES_FILE, write_run_curves
 from rlhf_helpers.ppo.diagnosis import DIAGNOSIS_FILE, SEVERITIES, Diagnosis, diagnose, format_findings
 from rlhf_helpers.ppo.metrics import write_replacing
 
@@ -54,6 +56,23 @@ def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None,
     if accelerator is not None and getattr(accelerator, "trackers", None) and trainer.history:
         accelerator.log(tracker_values(diagnosis), step=int(trainer.history[-1]["step"]))
     return diagnosis
+
+
+def write_verdict(trainer: Any, output_dir: Path, accelerator: Any, profile_name: str, status: str) -> str:
+    """diagnosis.json, then curves.html marked with it; one file not written leaves the other. Returns the
+    status ("write failed" when one could not be written)."""
+    diagnosis = diagnose(trainer)
+    writers = ((DIAGNOSIS_FILE, lambda: report_diagnosis(trainer, output_dir, accelerator, diagnosis)),
+               (CURVES_FILE, lambda: write_run_curves(trainer.history, output_dir / CURVES_FILE, profile_name,
+                                                      diagnosis, status)))
+    for name, write in writers:
+        try:
+            write()
+        except OSError as error:
+            status = "write failed"
+            print(f"could not write {name} in {output_dir}: {disk_problem(error, output_dir)} (metrics.jsonl "
+                  "holds the same numbers)", file=sys.stderr)
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,53 +39,52 @@ from rlhf_helpers.ppo.adapters import (
 from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.config_fields import check_field_types
+from rlhf_helpers.runtime.config_limits import (
+    check_ints_from,
+    check_positive,
+    check_seed,
+    ints_from,
+)
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.models import load_sequence_classifier, load_tokenizer
-from rlhf_helpers.runtime.ppo_config import MAX_SEED
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME, amp_flags
 from rlhf_helpers.runtime.preflight import model_limits_problem
+from rlhf_helpers.runtime.profile_fields import profile_field, profile_values
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.world import Annotator, accuracy_ceiling, hidden_scores
 
 
 @dataclass
 class RewardTrainingConfig:
-    """Settings of one reward-model run; `from_profile` takes the profile's reward_* sizes."""
+    """Settings of one reward-model run: the profile's reward_* settings, max_length, LoRA shape and
+    seed (`profile_field`: the tiny profile's by default, any profile's through `from_profile`)."""
 
-    batch_size: int = 32  #: preference pairs per optimiser step
-    epochs: float = 2.0  #: passes over the training pairs
-    learning_rate: float = 2e-3  #: AdamW learning rate of the LoRA matrices and the score head
-    max_length: int = 64  #: pairs whose prompt + response is longer are dropped by TRL
-    lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of the reward adapter (the profile's)
+    batch_size: int = profile_field("reward_batch_size")  #: preference pairs per optimiser step
+    epochs: float = profile_field("reward_epochs")  #: passes over the training pairs
+    #: AdamW learning rate of the LoRA matrices and the score head
+    learning_rate: float = profile_field("reward_lr")
+    #: pairs whose prompt + response is longer are dropped by TRL
+    max_length: int = profile_field("max_length")
+    #: rank, alpha and targets of the reward adapter (the profile's)
+    lora: LoRASpec = profile_field("lora")
     max_train_pairs: int | None = None  #: use only the first this many training pairs (None: all)
-    seed: int = 0  #: seed of initialisation and data order, in [0, MAX_SEED]
+    seed: int = profile_field("seed")  #: seed of initialisation and data order, in [0, MAX_SEED]
 
     def __post_init__(self) -> None:
         self.lora = as_lora_spec(self.lora)
-        check_field_types(self)  # exact types: a bool or "4" is never read as a number
-        for name in ("batch_size", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        for name in ("epochs", "learning_rate"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        if self.max_train_pairs is not None and (isinstance(self.max_train_pairs, bool)
-                                                 or not isinstance(self.max_train_pairs, int)
-                                                 or self.max_train_pairs < 1):
-            raise ValueError(f"max_train_pairs must be None or an int >= 1, got {self.max_train_pairs!r}")
-        if not 0 <= self.seed <= MAX_SEED:  # transformers' set_seed hands it to numpy, which takes no other
-            raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
+        # exact types first (a bool or "4" is never read as a number), then ranges, naming the field
+        check_field_types(self, expected={"max_train_pairs": ints_from(1, optional=True)})
+        check_ints_from(self, 1, ("batch_size", "max_length"))
+        check_positive(self, ("epochs", "learning_rate"))
+        check_ints_from(self, 1, ("max_train_pairs",), optional=True)
+        check_seed(self)  # transformers' set_seed hands it to numpy, which takes no other
 
     @classmethod
     def from_profile(cls, profile: Any, **overrides: Any) -> RewardTrainingConfig:
-        values = dict(batch_size=profile.reward_batch_size, epochs=profile.reward_epochs,
-                      learning_rate=profile.reward_lr, max_length=profile.max_length,
-                      lora=profile.lora, seed=profile.seed)
-        if "lora" in overrides:  # {"r": 4} keeps the profile's targets
-            overrides = {**overrides, "lora": as_lora_spec(overrides["lora"], profile.lora)}
-        values.update(overrides)
-        return cls(**values)
+        """The reward-model run of `profile`, with `overrides` (a mapping for lora changes the
+        profile's spec: {"r": 4} keeps its targets)."""
+        return cls(**profile_values(cls, profile, overrides))
 
 
 def _score_head_state(peft_model: Any) -> dict[str, torch.Tensor]:
@@ -150,12 +149,6 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
                        train_pairs: Sequence[dict] | None = None,
                        eval_pairs: Sequence[dict] | None = None) -> dict[str, float]:
     """Train the reward adapter with TRL's RewardTrainer, save it to output_dir, return held-out metrics."""
-    # datasets comes with trl: imported only to train
-    from datasets import Dataset
-
-    # trl is heavy and optional (Colab ships none): imported only to train
-    from trl import RewardConfig, RewardTrainer
-
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     train_pairs = list(train_pairs if train_pairs is not None else load_preferences("train"))
@@ -167,48 +160,68 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
     if problem is not None:  # before the model is built: peft's and torch's own errors name neither setting
         raise ValueError(problem)
-
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(profile)
-    # float32 masters: the profile's dtype is the autocast dtype of the arithmetic (amp_flags below)
+    model = reward_peft_model(profile, config)
+    model, steps, seconds = run_reward_trainer(model, tokenizer, profile, config, train_pairs)
+    save_reward_adapter(model, output_dir)
+    metrics = evaluate_reward_model(model, tokenizer, eval_pairs)
+    metrics["train_seconds"] = seconds
+    seen = pairs_seen(len(train_pairs), config.batch_size, steps)
+    metrics["train_pairs"] = float(min(seen, len(train_pairs)))  # distinct pairs: epochs < 1 sees some
+    metrics["pairs_seen"] = float(seen)  # with repeats: epochs x pairs
+    return metrics
+
+
+def reward_peft_model(profile: Any, config: RewardTrainingConfig) -> Any:
+    """The profile's SFT model as a one-label sequence classifier with a fresh reward LoRA adapter
+    (the score head trained in full, `modules_to_save`), in float32 master weights."""
+    # float32 masters: the profile's dtype is the autocast dtype of the arithmetic (amp_flags)
     base = load_sequence_classifier(profile.replace(dtype=MASTER_DTYPE_NAME), num_labels=1)
     peft_config = lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,
                               fan_in_fan_out=uses_conv1d(base), task_type="SEQ_CLS")
     peft_config.modules_to_save = ["score"]
-    fuse_tanh_gelu(base)  # gelu_new as one kernel: a third of the tiny model's forward was its eight ops
+    fuse_tanh_gelu(base)  # gelu_new as one kernel, not eight ops: a third of the tiny forward
     model = get_peft_model(base, peft_config)
     if not any(amp_flags(profile).values()):  # float32 arithmetic: each LoRA layer as one product (fused_lora.py)
         fuse_lora_layers(model)
-    on_cpu = profile.device == "cpu"
+    return model
+
+
+def run_reward_trainer(model: Any, tokenizer: Any, profile: Any, config: RewardTrainingConfig,
+                       train_pairs: Sequence[dict]) -> tuple[Any, int, float]:
+    """Train `model` on the pairs with TRL's RewardTrainer (no checkpoints, a progress bar and one
+    log line per epoch): the trained model in eval mode, its optimiser steps and the seconds."""
+    # datasets comes with trl: imported only to train
+    from datasets import Dataset
+
+    # trl is heavy and optional (Colab ships none): imported only to train
+    from trl import RewardConfig, RewardTrainer
+
     with tempfile.TemporaryDirectory() as scratch:
         args = RewardConfig(
             output_dir=scratch, per_device_train_batch_size=config.batch_size,
             num_train_epochs=config.epochs, learning_rate=config.learning_rate,
             max_length=config.max_length, seed=config.seed, data_seed=config.seed,
-            use_cpu=on_cpu, **amp_flags(profile),  # {"bf16": ..., "fp16": ...}: autocast in a 16-bit dtype
-            **checkpointing_off(RewardConfig),  # RewardConfig's default True breaks adapter switching later
-            report_to=[], save_strategy="no", logging_strategy="epoch",  # a progress bar, one log line per epoch
-            disable_tqdm=False,
-            dataloader_num_workers=0, dataset_num_proc=None,
+            **reward_config_kwargs(profile, logging_strategy="epoch", disable_tqdm=False),
         )
         start = time.perf_counter()
         trainer = RewardTrainer(model=model, args=args, processing_class=tokenizer,
                                 train_dataset=Dataset.from_list(list(train_pairs)))
         trainer.train()
         seconds = time.perf_counter() - start
-    model = trainer.model.eval()
+    return trainer.model.eval(), trainer.state.global_step, seconds
+
+
+def save_reward_adapter(model: Any, output_dir: str | Path) -> None:
+    """Write the trained reward adapter (peft's files) and its score head (`SCORE_HEAD_FILE`) into
+    output_dir."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(output_dir))
     save_file(_score_head_state(model), str(output_dir / SCORE_HEAD_FILE))
     if not (output_dir / ADAPTER_WEIGHTS_FILE).is_file():
         raise RuntimeError(f"peft did not write {ADAPTER_WEIGHTS_FILE} into {output_dir}")
-    metrics = evaluate_reward_model(model, tokenizer, eval_pairs)
-    metrics["train_seconds"] = seconds
-    seen = pairs_seen(len(train_pairs), config.batch_size, trainer.state.global_step)
-    metrics["train_pairs"] = float(min(seen, len(train_pairs)))  # distinct pairs: epochs < 1 sees some
-    metrics["pairs_seen"] = float(seen)  # with repeats: epochs x pairs
-    return metrics
 
 
 def pairs_seen(n_pairs: int, batch_size: int, steps: int) -> int:

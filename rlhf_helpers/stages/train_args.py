@@ -28,10 +28,12 @@ from rlhf_helpers.stages.resume import ALIASES, RESUMABLE
 
 PROG = "python -m rlhf_helpers.stages.train_ppo"
 
-#: the command line's own defaults where they differ from the profile's
+#: The command line's own defaults where they differ from the profile's, said here only: a command
+#: checkpoints along the way, a library run only at the end (PPOConfig.save_every's default).
 CLI_DEFAULTS = {"save_every": 10}
 NOTES = {"total_steps": "default: the profile's; with --resume the run continues up to this total",
-         "save_every": "default here: 10, unless $RLHF_PROFILE_OVERRIDES sets it",
+         **{name: f"default here: {value}, unless $RLHF_PROFILE_OVERRIDES sets it"
+            for name, value in CLI_DEFAULTS.items()},
          "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
 
 #: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.

@@ -70,16 +70,13 @@ import torch
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
-    LATEST_FILE,
     CheckpointDamagedError,
     CheckpointSaveError,
-    checkpoints,
     disk_problem,
     latest_checkpoint,
     load_checkpoint,
 )
-from rlhf_helpers.ppo.curves_page import write_run_curves
-from rlhf_helpers.ppo.diagnosis import compute_record, diagnose
+from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
 from rlhf_helpers.ppo.run_folder import (
@@ -87,34 +84,28 @@ from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
     check_output_dir,
-    check_resume_checkpoint,
-    check_run_files,
     check_run_fits,
     lock_output_dir,
     read_prompts,
-    read_run_record,
 )
+from rlhf_helpers.ppo.run_loop import train_loop
 from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import given_field_values
 from rlhf_helpers.runtime.interrupt import is_rank_zero, restore_interrupt
 from rlhf_helpers.runtime.locks import FolderInUse
-from rlhf_helpers.runtime.models import load_tokenizer, model_folder_problem, unknown_tokens
+from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides, get_profile
 from rlhf_helpers.runtime.threads import use_threads
 from rlhf_helpers.runtime.weights import IncompleteGGUFFile, require_weights
-from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE, report_diagnosis
+from rlhf_helpers.stages.diagnose import write_verdict
 from rlhf_helpers.stages.resume import (
-    RESUMABLE,
-    check_resumed_inputs,
     flag_error,
-    resumed_config,
-    resumed_profile,
     run_record,
 )
-from rlhf_helpers.stages.reward import ensure_reward_model, reward_dir_problem
+from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.stages.train_args import (
@@ -130,10 +121,15 @@ from rlhf_helpers.stages.train_args import (
     parse_args,
     warmup_problem,
 )
+from rlhf_helpers.stages.train_setup import (
+    METRICS_FILE,
+    check_folder_holds,
+    check_reward_dir,
+    resumed_settings,
+    warn_unknown_tokens,
+)
 from rlhf_helpers.world.scorer import hidden_scores
 
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.html"
 #: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable (LockFileUnusable is a
 #: FolderInUse), a checkpoint not matching its digests, a GGUF file cut short. `main` prints one line, exits 2.
 USER_ERRORS = (FolderInUse, CheckpointDamagedError, IncompleteGGUFFile)
@@ -179,37 +175,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None, given: dict[str, Any],
                    output_dir: Path, folder_lock: Any) -> dict[str, Any]:
     """The run once its folder is locked: the checks that read the folder, the models, the training, the files."""
-    check_run_files(output_dir, (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE))  # no links
-    if not args.resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
-        raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
-                         "choose another --output-dir")
-    if args.resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
-        raise SetupError(f"--resume: no checkpoint found in {output_dir}")
-
+    check_folder_holds(args.resume, output_dir)
     record = None
     if args.resume:  # what run.json recorded, with only the resumable settings changed
-        record = read_run_record(output_dir)
-        check_resumed_inputs(record, args.reward_dir, args.reward_train_pairs, output_dir)
-        from_env = env_overrides()
-        config = resumed_config(record, output_dir, profile.name, {  # first: refuses a run of another profile
-            **{name: value for name, value in from_env.items() if name in RESUMABLE}, **given})
-        profile = resumed_profile(record, profile, from_env, output_dir)
-        problem = warmup_problem(config, f" (the run's, {RUN_FILE})")  # its warm-up against the new total
-        if problem is not None:
-            raise SetupError(f"--resume: {problem}")
-        # the checkpoint is read (safely) and checked file by file before the model is built
-        resumed_step = check_resume_checkpoint(output_dir)
-        if resumed_step >= config.total_steps:
-            raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
-                             f"is already at step {resumed_step}; pass a larger total to train further")
+        record, config, profile = resumed_settings(args, profile, given, output_dir)
     elif args.reward_dir is not None:
-        problem = reward_dir_problem(args.reward_dir)  # the cache's own checksums: a zeroed adapter fails
-        if problem is not None:
-            if Path(args.reward_dir).is_file():
-                problem = "it is a file, not a folder"
-            raise SetupError(f"--reward-dir {args.reward_dir}: not a complete reward folder ({problem}); train one "
-                             "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
-
+        check_reward_dir(args.reward_dir)
     problem = model_folder_problem(profile)  # a damaged or foreign model folder: before anything is built
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
@@ -220,43 +191,49 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
                                    cpu=not torch.cuda.is_available() or profile.device == "cpu")
     if profile.device != "cpu":  # one GPU per process under `accelerate launch`
         profile = profile.replace(device=str(accelerator.device))
-
-    with accelerator.main_process_first():  # gpu profile: one process fine-tunes the SFT model, the others reuse it
-        ensure_sft_model(profile)
-    reward_pairs = None if args.reward_dir is not None else args.reward_train_pairs
-    if record is not None:  # the checkpoint holds the reward adapter's weights and shape: no reward folder needed
-        reward_dir: Path | None = latest_checkpoint(output_dir)
-    elif args.reward_dir is not None:
-        reward_dir = Path(args.reward_dir)
-    else:
-        reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=reward_pairs)
-        with accelerator.main_process_first():  # one process trains, the others find it cached
-            reward_dir = ensure_reward_model(profile, reward_config)
-    unknown, only_unknown = unknown_tokens(load_tokenizer(profile), prompts["train"])
-    if unknown > 0 and accelerator.is_main_process:  # once: what the policy is asked is not what the file says
-        print(f"warning: {100 * unknown:.2g}% of the training prompts' tokens are unknown to the tokenizer ("
-              f"{only_unknown} of {len(prompts['train'])} prompts are nothing else): they reach the policy as "
-              "the unknown token whatever they said (emoji, another script, words the tiny vocabulary lacks)",
-              file=sys.stderr)
+    reward_dir, reward_pairs = ready_models(args, profile, record, output_dir, accelerator)
+    warn_unknown_tokens(profile, prompts["train"], accelerator.is_main_process)
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, config, reward_dir)
     model.to(accelerator.device)
     trainer = PPOTrainer(config, model, tokenizer, prompts["train"], hidden_score_fn=hidden_scores,
                          accelerator=accelerator, ptx_texts=prompts.get("sft"))
-    is_main = accelerator.is_main_process
-    metrics_path = output_dir / METRICS_FILE
     if args.resume:
         loaded = load_checkpoint(trainer, output_dir)
-        if is_main:
+        if accelerator.is_main_process:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
     record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record,
                         compute=compute_record(trainer))
-    if is_main:
+    start_run_files(trainer, output_dir, record, accelerator, args.report_to)
+    status = train_and_log(trainer, output_dir, accelerator, prompts["test"] if config.eval_every else None)
+    if accelerator.is_main_process:  # the doctor's verdict, then the curves marked with it
+        status = write_verdict(trainer, output_dir, accelerator, profile.name, status)
+    accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
+    trainer.close()
+    if folder_lock is not None:  # the run's files are written: the folder is free for the next run
+        folder_lock.release()
+    return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
+            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": accelerator.is_main_process,
+            "accelerator": accelerator, "last_metrics": trainer.history[-1] if trainer.history else {}}
+
+
+def start_run_files(trainer: PPOTrainer, output_dir: Path, record: dict[str, Any], accelerator: Any,
+                    report_to: str) -> None:
+    """metrics.jsonl as the checkpoint's history says, run.json, and the tracker."""
+    if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         # the history in the checkpoint is the truth: steps logged after it (a crash) are dropped
-        append_jsonl(metrics_path, trainer.history, mode="w")
+        append_jsonl(output_dir / METRICS_FILE, trainer.history, mode="w")
         write_replacing(output_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
-    start_tracking(accelerator, args.report_to, output_dir, record)
+    start_tracking(accelerator, report_to, output_dir, record)
+
+
+def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
+                  eval_prompts: Sequence[str] | None) -> str:
+    """`train_loop` with each step appended to metrics.jsonl; returns the run's status. A NaN stop or a
+    failed write ends the run with its line; an error on another process ends every process together."""
+    is_main = accelerator.is_main_process
+    metrics_path = output_dir / METRICS_FILE
 
     def log(metrics: dict[str, float]) -> None:
         if is_main:
@@ -268,13 +245,12 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
                                           "checkpoint is kept") from error
             log_metrics(accelerator, metrics)
 
-    status = "finished"
     try:
-        trainer.train(eval_prompts=prompts["test"] if config.eval_every else None, callback=log)
+        train_loop(trainer, eval_prompts=eval_prompts, callback=log)
     except NonFiniteError as error:
-        status = "stopped"
         if is_main:
             print(f"PPO stopped: {error}", file=sys.stderr)
+        return "stopped"
     except PeerProcessFailed as error:  # another process met an unexpected error and prints its traceback
         print(f"PPO stopped: {error}", file=sys.stderr, flush=True)
         accelerator.wait_for_everyone()  # that process waits here too: neither exits before the other printed
@@ -283,12 +259,12 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         trainer.close()  # its share of the folder's lock: `run` releases the other and prints the line
         raise
     except CheckpointSaveError as error:
-        status = "write failed"
         print(f"PPO stopped: {error}", file=sys.stderr)
         if accelerator.num_processes > 1:
             # only this (main) process saves: the others wait in the next collective, so leave now and
             # let the launcher stop them rather than meet them at a barrier they never reach
             raise SystemExit(EXIT_WRITE_FAILED) from None
+        return "write failed"
     except Exception as error:
         if not stopped_its_peers(error):
             raise
@@ -298,24 +274,22 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         sys.stderr.flush()
         accelerator.wait_for_everyone()
         raise SystemExit(EXIT_PEER_FAILED) from None
-    if is_main:  # the doctor's verdict, then the curves marked with it: one file not written leaves the other
-        diagnosis = diagnose(trainer)
-        for name, write in ((DIAGNOSIS_FILE, lambda: report_diagnosis(trainer, output_dir, accelerator, diagnosis)),
-                            (CURVES_FILE, lambda: write_run_curves(trainer.history, output_dir / CURVES_FILE,
-                                                                   profile.name, diagnosis, status))):  # noqa: B023
-            try:
-                write()
-            except OSError as error:
-                status = "write failed"
-                print(f"could not write {name} in {output_dir}: {disk_problem(error, output_dir)} (metrics.jsonl "
-                      "holds the same numbers)", file=sys.stderr)
-    accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
-    trainer.close()
-    if folder_lock is not None:  # the run's files are written: the folder is free for the next run
-        folder_lock.release()
-    return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
-            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": is_main, "accelerator": accelerator,
-            "last_metrics": trainer.history[-1] if trainer.history else {}}
+    return "finished"
+
+
+def ready_models(args: argparse.Namespace, profile: Any, record: dict[str, Any] | None, output_dir: Path,
+                 accelerator: Any) -> tuple[Path | None, int | None]:
+    """The SFT model and the reward folder, trained once and cached; returns (reward folder, pairs)."""
+    with accelerator.main_process_first():  # gpu profile: one process fine-tunes the SFT model, the others reuse it
+        ensure_sft_model(profile)
+    reward_pairs = None if args.reward_dir is not None else args.reward_train_pairs
+    if record is not None:  # the checkpoint holds the reward adapter's weights and shape: no reward folder needed
+        return latest_checkpoint(output_dir), reward_pairs
+    if args.reward_dir is not None:
+        return Path(args.reward_dir), reward_pairs
+    reward_config = RewardTrainingConfig.from_profile(profile, max_train_pairs=reward_pairs)
+    with accelerator.main_process_first():  # one process trains, the others find it cached
+        return ensure_reward_model(profile, reward_config), reward_pairs
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,8 +12,9 @@ environment variable. Three backends:
   that output in place through its display id (`update_display`), never stacking a new figure.
   No plotly renderer or custom widget is involved, so it works where those do not (Colab).
 - "output": every update re-displays a plain `go.Figure` inside an `ipywidgets.Output`. Kept for
-  comparison (tests/test_widgets_browser.py shows it failing); it renders only where the frontend
-  has a plotly renderer that works inside an Output widget (JupyterLab with plotly's extension).
+  comparison (tests/widgets/test_widgets_browser.py shows it failing); it renders only where the
+  frontend has a plotly renderer that works inside an Output widget (JupyterLab with plotly's
+  extension).
 
 Why "html" in Colab, from the three candidates:
 
@@ -21,7 +22,7 @@ Why "html" in Colab, from the three candidates:
   Plotly is not defined" (googlecolab/colabtools#5889, open since 2026-03; also #1458, #1355).
   Colab's default plotly renderer ("colab") emits `<script src=cdn.plot.ly/...>` next to an inline
   `Plotly.newPlot`; a frontend that inserts that HTML into the page runs the inline script before
-  the src has loaded (reproduced in tests/test_widgets_browser.py, with that same error).
+  the src has loaded (reproduced in tests/widgets/test_widgets_browser.py, with that same error).
 - FigureWidget is unreliable there: Colab renders third-party widgets only through its custom
   widget manager (colabtools#498), and plotly's widget still fails in it
   (colab-cdn-widget-manager#51, open since 2024-03, re-opening #19; plotly.py#2202).
@@ -36,9 +37,10 @@ Why "html" in Colab, from the three candidates:
   (plotly.io renderers, chosen by default in Colab), and plotly figures shown at cell level render
   in Colab (plotly.py#5314: the same output renders in Colab, not in nbviewer). Our script waits
   for plotly.js before drawing, so it does not depend on how the frontend runs scripts.
-- Not checked in Colab itself (no Colab from CI): tests/test_widgets_browser.py reproduces #5889
-  with the "output" backend and checks "html" in a JupyterLab without plotly's renderer extension,
-  where slider moves reach the figure the same way (update_display_data sent from a widget callback).
+- Not checked in Colab itself (no Colab from CI): tests/widgets/test_widgets_browser.py reproduces
+  #5889 with the "output" backend and checks "html" in a JupyterLab without plotly's renderer
+  extension, where slider moves reach the figure the same way (update_display_data sent from a
+  widget callback).
 - A static image (PNG/SVG) needs kaleido, which is not a dependency of the course and drives a
   headless Chrome to export each image, and it loses hover and zoom.
 
@@ -180,8 +182,8 @@ class FigureView:
 
         `batch_update` sends one Plotly.update with, per property, one value per edited trace, and
         "undefined" for the traces that did not set it. plotly.js (FigureWidget, plotly 6 and 7)
-        then deletes that property: traces whose y changed next to a marker whose x changed lost
-        their x and were drawn against the point index. Re-sending the current value (what the
+        then deletes that property: a trace whose y changes next to a marker whose x changes loses
+        its x and is drawn against the point index. Re-sending the current value (what the
         Python figure holds anyway) keeps the message free of "undefined".
         """
         edits = getattr(self.figure, "_batch_trace_edits", None)  # {trace index: {prop: value}}

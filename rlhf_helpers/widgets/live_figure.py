@@ -7,7 +7,7 @@
 Why not `display(fig, display_id=True)` and `handle.update(fig)`: a plotly figure defines
 `_ipython_display_`, and IPython then hands the whole display to it, which calls `pio.show` and
 drops the display id. Every update appends a new figure under the cell (11 stacked figures in
-notebook 05 before this module). Here the figure is turned into the mime bundle of the explorers'
+notebook 05's training loop). Here the figure is turned into the mime bundle of the explorers'
 "html" display backend (`rlhf_helpers.widgets.html_figure`: self-contained HTML that loads plotly.js
 itself, which renders in Colab, plus plotly's JSON for JupyterLab's offline renderer), and that
 bundle is displayed and updated raw, so the display id holds.

@@ -99,7 +99,7 @@ class ValueClipExplorer(Explorer):
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start], "x1": x[end],
                            "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)", "line": {"width": 0},
                            "layer": "below"})
-            # at the top of the loss panel, on a white label: at y = 0.2 it sat on the gradient lines
+            # top of the loss panel, white label: lower (y = 0.2) it would sit on the gradient lines
             annotations.append({"x": (x[start] + x[end]) / 2, "y": 0.98, "xref": "x", "yref": "paper",
                                 "yanchor": "top", "showarrow": False, "text": "clipped: gradient 0",
                                 "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.85)"})

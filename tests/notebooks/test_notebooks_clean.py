@@ -1,0 +1,208 @@
+"""Notebooks are stored clean (no outputs, valid nbformat), carry the standard header, and the
+generated ones match their sources in notebooks/src/."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from tool_scripts import load_tool
+
+from rlhf_helpers.course.notebook import colab_badge, colab_setup_source
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+builder = load_tool("build_notebooks")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_valid_and_stored_without_outputs(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {index} has outputs"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_has_the_standard_header(path: Path):
+    cells = nbformat.read(path, as_version=4).cells
+    assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), "title first"
+    assert colab_badge(path.name) in cells[0].source
+    assert cells[1].cell_type == "code" and cells[1].source == colab_setup_source(), \
+        "cell 2 must be rlhf_helpers.course.notebook.colab_setup_source() verbatim"
+    assert cells[2].cell_type == "code" and "show_environment()" in cells[2].source
+
+
+@pytest.mark.parametrize("source", builder.sources(), ids=[p.stem for p in builder.sources()])
+def test_generated_notebook_matches_its_source(source: Path):
+    stored = ROOT / "notebooks" / source.with_suffix(".ipynb").name
+    assert stored.exists(), f"{stored.name} missing: run `python tools/build_notebooks.py`"
+    assert stored.read_text(encoding="utf-8") == builder.render(builder.build_notebook(source)), \
+        f"{stored.name} differs from notebooks/src/{source.name}: run `python tools/build_notebooks.py`"
+
+
+def _cells(text: str, name: str = "07_x.ipynb") -> list[tuple[str, str, dict]]:
+    return [(cell.cell_type, cell.source, dict(cell.metadata)) for cell in builder.read_cells(text, name)]
+
+
+def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
+    text = (
+        "# Source of notebooks/07_x.ipynb; rebuild with ...\n#\n# more preamble\n\n"
+        "# %% [markdown]\n# # Title\n#\n# {{colab_badge}}\n\n"
+        '# %% tags=["colab-setup"]\n\n'
+        "# %%\nx = 1  # code\n\n\n"
+        "def f():\n    return 2\n\n\n"
+        '# %% tags=["solution"]\ny = 3\n\n'
+        "# %% [markdown]\n# {{colab_badge}} once more; `x`\n"
+    )
+    assert _cells(text) == [
+        ("markdown", "# Title\n\n" + colab_badge("07_x.ipynb"), {}),
+        ("code", colab_setup_source(), {}),
+        ("code", "x = 1  # code\n\n\ndef f():\n    return 2", {}),  # jupytext's lines_to_next_cell dropped
+        ("code", "y = 3", {"tags": ["solution"]}),
+        ("markdown", colab_badge("07_x.ipynb") + " once more; `x`", {}),
+    ]
+    # JupyterLab (jupytext) saves the preamble back behind a `# %%` marker: still dropped, same cells.
+    assert _cells("# %%\n" + text) == _cells(text)
+    # without a preamble nothing is dropped
+    assert _cells(text[text.index("# %% [markdown]"):]) == _cells(text)
+
+
+def test_build_notebook_has_stable_ids_and_no_jupytext_metadata(tmp_path):
+    source = tmp_path / "07_x.py"
+    source.write_text('# Source\n\n# %% [markdown]\n# # T\n\n# %% tags=["colab-setup"]\n\n# %%\nx = 1\n\n\n'
+                      "# %%\ny = 2\n", encoding="utf-8")
+    nb = builder.build_notebook(source)
+    assert builder.render(nb) == builder.render(builder.build_notebook(source))
+    assert [cell.id for cell in nb.cells] == [
+        hashlib.sha1(f"07_x.ipynb:{index}".encode()).hexdigest()[:8] for index in range(4)
+    ]
+    assert nb.metadata == {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                           "language_info": {"name": "python"}}
+    assert [cell.metadata for cell in nb.cells] == [{}, {}, {}, {}]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("# %% [markdown]\n# # T\n# %%\nx = 1\n", r"a\.ipynb: needs exactly one .*colab-setup.*found 0"),
+    ('# %% tags=["colab-setup"]\n# %% tags=["colab-setup"]\n', r"a\.ipynb: needs exactly one .*found 2"),
+    ("# %% [setup]\n# %%\nx\n", r"a\.ipynb: needs exactly one .*found 0"),  # the old marker
+    ('# %% tags=["colab-setup"]\nx = 1\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% [markdown] tags=["colab-setup"]\n# hi\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% tags=["colab-setup"]\n# %% [raw]\nx\n', r"a\.ipynb: unsupported raw cell"),
+    ('# %% tags=["colab-setup"]\n# %% [foo]\nx\n', r"a\.ipynb: unknown cell marker '# %% \[foo\]'"),
+    ('# %% tags=["colab-setup"]\n# %% hidden=true\nx\n', r"a\.ipynb: unsupported cell metadata \['hidden'\]"),
+])
+def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
+    with pytest.raises(ValueError, match=message):
+        builder.read_cells(text, "a.ipynb")
+
+
+def test_setup_cell_does_nothing_outside_colab():
+    namespace: dict = {}
+    modules_before = set(sys.modules)
+    exec(colab_setup_source(), namespace)  # must not clone or pip install here
+    assert "install_course" not in namespace and "REPO" not in namespace
+    assert "subprocess" not in set(sys.modules) - modules_before
+
+
+def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_ref(tmp_path, monkeypatch, capsys):
+    """A Colab form (code hidden there) of a few lines. With a `google.colab` module present and the
+    clone already there, it imports `install_course` from the clone and calls it with the badge's ref
+    and the upgrades, then prints what changed (install_course itself is run for real, against a local
+    clone, by tests/course/test_colab_stack.py)."""
+    import types
+
+    from rlhf_helpers.course import colab_setup
+    from rlhf_helpers.course.notebook import BADGE_REF, COLAB_CLONE_DIR, COLAB_UPGRADES, INSTALL_REF, repo_url
+
+    source = colab_setup_source()
+    lines = source.splitlines()
+    assert lines[0].startswith("#@title ") and '{ display-mode: "form" }' in lines[0]
+    assert len([line for line in lines if line.strip()]) <= 12, source
+    assert INSTALL_REF == BADGE_REF and "--upgrade" not in source
+    calls = []
+
+    def fake_install(repo, ref, clone, upgrade=()):
+        calls.append((repo, ref, clone, upgrade))
+        return {"datasets": ("4.0.0", "5.2.0")}
+
+    clone = tmp_path / "clone"
+    clone.mkdir()  # already cloned: no git
+    monkeypatch.setattr(colab_setup, "install_course", fake_install)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    exec(source.replace(COLAB_CLONE_DIR, str(clone)), {})
+    assert calls == [(repo_url(), BADGE_REF, str(clone), tuple(COLAB_UPGRADES))]
+    assert sys.path[0] == str(clone)
+    assert capsys.readouterr().out == "datasets: 4.0.0 -> 5.2.0\n"
+
+
+def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch):
+    from importlib.metadata import version
+
+    from rlhf_helpers.course.notebook import VERSION_PACKAGES, show_environment
+
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")
+    env = show_environment()
+    out = capsys.readouterr().out
+    assert list(env.versions) == ["python", *VERSION_PACKAGES]
+    assert env.versions["torch"] == version("torch")
+    assert (env.profile, env.device, env.colab) == ("tiny", "cpu", False)
+    assert f"torch         {version('torch')}" in out.replace("\t", " ")
+    assert "profile: tiny   device: cpu   (local)" in out
+
+
+def test_package_versions_marks_missing_packages():
+    from rlhf_helpers.course.notebook import package_versions
+
+    assert package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"] == "not installed"
+
+
+@pytest.fixture
+def scratch_builder(tmp_path, monkeypatch):
+    """The builder pointed at a copy of three course sources in a temporary folder (the checkout is untouched)."""
+    src, out = tmp_path / "src", tmp_path / "notebooks"
+    src.mkdir()
+    out.mkdir()
+    for source in builder.sources()[:3]:
+        (src / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(builder, "SOURCE_DIR", src)
+    monkeypatch.setattr(builder, "NOTEBOOK_DIR", out)
+    return src, out
+
+
+def test_a_source_with_a_byte_order_mark_builds_the_same_notebook(scratch_builder):
+    src, out = scratch_builder
+    assert builder.main([]) == 0
+    clean = {p.name: p.read_text() for p in out.iterdir()}
+    first = sorted(src.iterdir())[0]
+    first.write_bytes(b"\xef\xbb\xbf" + first.read_bytes())  # what some Windows editors save
+    assert builder.main([]) == 0
+    assert {p.name: p.read_text() for p in out.iterdir()} == clean
+    assert "\ufeff" not in "".join(clean.values())
+
+
+def test_a_bad_source_writes_no_notebook_and_names_the_file(scratch_builder, capsys):
+    src, out = scratch_builder
+    sources = sorted(src.iterdir())
+    # a byte that is not UTF-8 on line 3 of the last source; the first two are fine
+    lines = sources[-1].read_bytes().split(b"\n")
+    lines[2] += b" \xff"
+    sources[-1].write_bytes(b"\n".join(lines))
+    assert builder.main([]) == 2
+    err = capsys.readouterr().err
+    assert f"{sources[-1].name}, line 3: not valid UTF-8" in err and "no notebook was written" in err
+    assert list(out.iterdir()) == []  # not even the notebooks of the good sources before it
+    # a malformed source (a second colab-setup cell) after two good ones: the same
+    sources[-1].write_bytes(sources[0].read_bytes().replace(b'# %% tags=["colab-setup"]',
+                                                             b'# %% tags=["colab-setup"]\n\n# %% tags=["colab-setup"]'))
+    assert builder.main([]) == 2
+    assert "needs exactly one" in capsys.readouterr().err and list(out.iterdir()) == []
