@@ -49,7 +49,7 @@ KERNEL_CODE = textwrap.dedent("""
             return (v["gamma"], v["lam"], v["kl_coef"], v["score"], v["kl_kind"])
         if isinstance(explorer, widgets.KLExplorer):
             return (v["shift"], v["n_samples"], v["seed"])
-        return (v["clip_range"], v["old_value"], v["ret"])
+        return (v["value_clip"], v["old_value"], v["ret"])
 
     results = {}
     for name, (control, lo, hi) in DRAGS.items():

@@ -60,7 +60,7 @@ CLAIM_TAG = "claim-check"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 #: which explorer a saved widget box is, by a control only it has
 EXPLORER_BY_CONTROL = {"advantage": "ClipExplorer", "lam": "GAEExplorer", "shift": "KLExplorer",
-                       "clip_range": "ValueClipExplorer"}
+                       "value_clip": "ValueClipExplorer"}
 _LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")  # markdown [text](target) and ![alt](src)
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 #: the course repository on GitHub (the Colab set-up cell's), branch main: where a non-page file is linked

@@ -35,7 +35,7 @@ from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone import library_iteration
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
-from rlhf_helpers.ppo import iteration
+from rlhf_helpers.ppo import iteration as library_steps
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.evaluation import evaluate_policy
 from rlhf_helpers.ppo.iteration import collect_experience
@@ -191,7 +191,7 @@ def check_make_experience():
 
 
 exercise_check("Exercise 1 (make_experience)", check_make_experience,
-               hidden=[collect_experience, iteration.rollout, library_iteration, rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate,
+               hidden=[collect_experience, library_steps.rollout, library_iteration, rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate,
                        rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference,
                        rlhf_helpers.masked_whiten, rlhf_helpers.masked_mean, rlhf_helpers.masked_var])
 
@@ -274,8 +274,8 @@ def ppo_iteration(model: SharedLoRAModel, tokenizer, prompts: list[str], policy_
 
 
 # %%
-ITERATION_HIDDEN = [PPOTrainer.update, iteration.update, iteration.minibatch_losses, collect_experience,
-                    iteration.rollout, library_iteration, rlhf_helpers.policy_loss,
+ITERATION_HIDDEN = [PPOTrainer.update, library_steps.update, library_steps.minibatch_losses, collect_experience,
+                    library_steps.rollout, library_iteration, rlhf_helpers.policy_loss,
                     rlhf_helpers.value_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean,
                     rlhf_helpers.shape_rewards, rlhf_helpers.compute_gae, rlhf_helpers.masked_whiten]
 

@@ -64,22 +64,11 @@ def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> N
     check_finite("ref_logprobs", ref_logprobs)
 
 
-def shape_rewards(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    kl_coef: float,
-    kl_kind: str = "k1",
-    score_clip: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token RLHF rewards: scores (B,), the rest (B, T) -> (rewards (B, T), kl (B, T)).
-
-    kl_t = m_t * kl_estimate(logprobs, ref_logprobs, kl_kind)_t
-    r_t  = -kl_coef * kl_t + 1[t = last real token] * score     (score clipped to +-score_clip if set)
-    Both outputs are 0 at padding. Every row must have at least one real token (its score needs a
-    place) and one contiguous block of them.
-    """
+def _check_shaping_inputs(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                          mask: torch.Tensor, kl_coef: float, kl_kind: str,
+                          score_clip: float | None) -> torch.Tensor:
+    """`shape_rewards`' arguments checked (ValueError naming the bad one); returns each row's last real
+    token's index (B,)."""
     check_nonnegative("kl_coef", kl_coef)
     if score_clip is not None:
         check_positive("score_clip", score_clip)
@@ -101,6 +90,26 @@ def shape_rewards(
     if bool((last < 0).any()):
         raise ValueError("mask has a row with no real token: its score has nowhere to go")
     check_finite("scores", scores)
+    return last
+
+
+def shape_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    kl_kind: str = "k1",
+    score_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token RLHF rewards: scores (B,), the rest (B, T) -> (rewards (B, T), kl (B, T)).
+
+    kl_t = m_t * kl_estimate(logprobs, ref_logprobs, kl_kind)_t
+    r_t  = -kl_coef * kl_t + 1[t = last real token] * score     (score clipped to +-score_clip if set)
+    Both outputs are 0 at padding. Every row must have at least one real token (its score needs a
+    place) and one contiguous block of them.
+    """
+    last = _check_shaping_inputs(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind, score_clip)  # (B,)
     kl = _kl_terms(logprobs, ref_logprobs, kl_kind) * mask.to(logprobs.dtype)  # (B, T)
     if score_clip is not None:
         scores = scores.clamp(-score_clip, score_clip)

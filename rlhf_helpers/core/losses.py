@@ -212,29 +212,29 @@ def value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    clip_range: float | None = None,
+    value_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Critic loss WITH the 0.5 factor: (B, T) inputs -> (scalar loss, stats).
 
     unclipped:  loss = 0.5 * masked_mean((V - R)^2)
     clipped:    V_clip = V_old + clip(V - V_old, -c, c)
-                loss = 0.5 * masked_mean(max((V - R)^2, (V_clip - R)^2))      (c = clip_range)
+                loss = 0.5 * masked_mean(max((V - R)^2, (V_clip - R)^2))      (c = value_clip)
     The max makes the clip pessimistic: it only removes the gradient of updates that move V more
     than c away from V_old AND would lower the error. The 0.5 makes the gradient (V - R).
     stats: vf_clipfrac (share of real tokens where the clipped error is the larger one; 0 without
     clipping), value_mse (masked mean of the unclipped (V - R)^2), values_mean.
     """
-    if clip_range is not None:
-        check_positive("clip_range", clip_range)
+    if value_clip is not None:
+        check_positive("value_clip", value_clip)
     _check_token_inputs(mask, "values", values, old_values=old_values, returns=returns)
     values, old_values, returns = _work(values), _work(old_values), _work(returns)
     m = mask.to(values.dtype)  # (B, T)
     err = (values - returns) ** 2  # (B, T)
-    if clip_range is None:
+    if value_clip is None:
         per_token = err  # (B, T)
         clipped_larger = torch.zeros_like(err, dtype=torch.bool)  # (B, T)
     else:
-        values_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)  # (B, T)
+        values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)  # (B, T)
         err_clipped = (values_clipped - returns) ** 2  # (B, T)
         per_token = torch.maximum(err, err_clipped)  # (B, T)
         clipped_larger = err_clipped > err  # (B, T)

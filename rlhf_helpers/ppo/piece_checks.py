@@ -36,7 +36,7 @@ PARAMETERS = {
     "shape_rewards_fn": ("scores", "logprobs", "ref_logprobs", "mask", "kl_coef"),
     "advantage_fn": ("rewards", "values", "mask", "gamma", "lam"),
     "policy_loss_fn": ("logprobs", "old_logprobs", "advantages", "mask", "clip_eps"),
-    "value_loss_fn": ("values", "old_values", "returns", "mask", "clip_range"),
+    "value_loss_fn": ("values", "old_values", "returns", "mask", "value_clip"),
     "update_fn": ("model", "batch", "policy_opt", "value_opt", "config", "generator", "policy_loss_fn"),
 }
 

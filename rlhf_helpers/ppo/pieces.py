@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -96,8 +96,15 @@ class ValueLossFn(Protocol):
         """(b, r) x 4, the value clip (None: none) -> (loss, stats), or the loss alone."""
 
 
-#: update_fn(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn) -> [(policy, value loss)]
-UpdateFn = Callable[..., Any]
+class UpdateFn(Protocol):
+    """A whole update loop of one iteration, in place of the library's (`iteration.update`). It runs on
+    one process, with plain torch optimisers and no fp16 loss scaling, and without entropy bonus, ptx
+    loss or value warm-up: a trainer given one refuses those settings by name (`check_update_fn_settings`)."""
+
+    def __call__(self, model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
+                 value_opt: torch.optim.Optimizer, config: Any, generator: torch.Generator,
+                 policy_loss_fn: Callable[..., torch.Tensor], /) -> Sequence[tuple[float, float]]:
+        """-> the (policy loss, value loss) of every minibatch, in order."""
 
 
 @dataclass(frozen=True)

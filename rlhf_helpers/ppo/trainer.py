@@ -88,10 +88,10 @@ class PPOTrainer:
         accelerator: Any = None,
         *,
         shape_rewards_fn: ShapeRewardsFn | None = None,
-        advantage_fn: AdvantageFn | None = compute_gae,
-        policy_loss_fn: PolicyLossFn | None = policy_loss,
-        value_loss_fn: ValueLossFn | None = value_loss,
-        update_fn: UpdateFn | None = None,
+        advantage_fn: AdvantageFn | None = None,
+        policy_loss_fn: PolicyLossFn | None = None,
+        value_loss_fn: ValueLossFn | None = None,
+        update_fn: UpdateFn | None = None,  # runs under fewer settings: see `pieces.UpdateFn`
     ) -> None:
         check_trainer_arguments(config, model, prompts, ptx_texts, shape_rewards_fn=shape_rewards_fn,
                                 advantage_fn=advantage_fn, policy_loss_fn=policy_loss_fn,

@@ -62,7 +62,7 @@ SITE_SLIDERS: dict[str, tuple[SiteSlider, ...]] = {
                     SiteSlider("kl_coef", "KL coef β = ", (0.0, 0.05, 0.1, 0.2, 0.5))),
     "KLExplorer": (SiteSlider("shift", "π far from ref: ", _steps(0.0, 3.0, 0.25)),),
     "ValueClipExplorer": (SiteSlider("ret", "return G^λ = ", _steps(-1.0, 2.5, 0.5)),
-                          SiteSlider("clip_range", "clip range ε_V = ", (0.1, 0.2, 0.5, 1.0))),
+                          SiteSlider("value_clip", "clip range ε_V = ", (0.1, 0.2, 0.5, 1.0))),
 }
 #: grid points of the curves on the site (the notebook's explorers use 601 and 501: smooth, but 4x the bytes)
 SITE_OPTIONS: dict[str, dict[str, object]] = {"ClipExplorer": {"points": 121}, "ValueClipExplorer": {"points": 101}}

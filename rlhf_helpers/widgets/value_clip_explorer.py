@@ -21,12 +21,12 @@ UNCLIPPED, CLIPPED, CURRENT, GRAD_UNCLIPPED, GRAD_CLIPPED = range(5)
 
 
 class ValueClipExplorer(Explorer):
-    """Sliders for clip_range ε_V, the old value V_old, the return G = G^λ (the critic's target) and the new
+    """Sliders for value_clip ε_V, the old value V_old, the return G = G^λ (the critic's target) and the new
     value V; plots 0.5 (V − G)² and the clipped 0.5 max((V − G)², (V_old + clip(V − V_old, −ε_V, ε_V) − G)²)
     against V, and their gradients, shading where clipping removes the gradient.
     """
 
-    def __init__(self, clip_range: float = 0.2, old_value: float = 0.0, ret: float = 1.0,
+    def __init__(self, value_clip: float = 0.2, old_value: float = 0.0, ret: float = 1.0,
                  value: float = 0.5, value_range: tuple[float, float] = (-2.0, 3.0), points: int = 501,
                  backend: str = "auto") -> None:
         super().__init__(backend)
@@ -35,13 +35,13 @@ class ValueClipExplorer(Explorer):
             raise ValueError(f"value_range must be (low, high) with low < high and points >= 3, "
                              f"got {value_range!r}, {points!r}")
         self.grid = torch.linspace(lo, hi, points, dtype=torch.float64)  # (N,) new values
-        self.number("clip_range", "clip range ε_V", clip_range, 0.01, 1.0, 0.01)  # > 0
+        self.number("value_clip", "clip range ε_V", value_clip, 0.01, 1.0, 0.01)  # > 0
         self.number("old_value", "old value V_old", old_value, lo, hi, 0.05)
         self.number("ret", "return G^λ", ret, lo, hi, 0.05)
         self.number("value", "new value V", value, lo, hi, 0.01)
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
-        self._finish([*(self.controls[n].box for n in ("clip_range", "old_value", "ret", "value")),
+        self._finish([*(self.controls[n].box for n in ("value_clip", "old_value", "ret", "value")),
                       self.view.widget])
 
     def _empty_figure(self) -> go.Figure:
@@ -61,15 +61,15 @@ class ValueClipExplorer(Explorer):
                           margin={"l": 60, "r": 30, "t": 60, "b": 50}, legend={"orientation": "h", "y": -0.14})
         return fig
 
-    def compute(self, clip_range: float | None, old_value: float, ret: float) -> dict[str, torch.Tensor]:
+    def compute(self, value_clip: float | None, old_value: float, ret: float) -> dict[str, torch.Tensor]:
         """Loss and d loss / dV on the grid for one token: (N,) tensors, from `value_loss`."""
         one = torch.ones(1, 1, dtype=torch.float64)  # (1, 1) mask
         old = torch.full((1, 1), float(old_value), dtype=torch.float64)  # (1, 1)
         target = torch.full((1, 1), float(ret), dtype=torch.float64)  # (1, 1)
-        value_loss(old, old, target, one, clip_range)  # validates the inputs, with the value checks on
+        value_loss(old, old, target, one, value_clip)  # validates the inputs, with the value checks on
 
         def loss_at(v: torch.Tensor) -> torch.Tensor:
-            return value_loss(v.reshape(1, 1), old, target, one, clip_range)[0]
+            return value_loss(v.reshape(1, 1), old, target, one, value_clip)[0]
 
         # vmap cannot run the data-dependent checks (NaN, 0/1 mask); they passed just above
         with validation(False):
@@ -79,7 +79,7 @@ class ValueClipExplorer(Explorer):
 
     def _render(self) -> str:
         v = self.values()
-        c, old, ret, value = v["clip_range"], v["old_value"], v["ret"], v["value"]
+        c, old, ret, value = v["value_clip"], v["old_value"], v["ret"], v["value"]
         clipped = self.compute(c, old, ret)
         unclipped = self.compute(None, old, ret)
         m = torch.ones(1, 1, dtype=torch.float64)

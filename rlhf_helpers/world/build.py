@@ -184,7 +184,7 @@ def card_files(stats: dict) -> list[str]:
         f"{stats['seed']} --out data/",
         "",
         "Each record is drawn from its own RNG seeded from (seed, file, index), so any slice can",
-        "be regenerated alone (`tests/test_world.py` checks the shipped files this way).",
+        "be regenerated alone (`tests/world/test_world.py` checks the shipped files this way).",
         "Texts are plain English movie reviews from a small template grammar",
         "(`rlhf_helpers/world/grammar.py`); responses start with a space so `prompt + response`",
         "reads as text (TRL joins an explicit prompt and its completion that way).",

@@ -85,7 +85,7 @@ EMPTY_CASES = [
     lambda: rh.masked_whiten(x(), torch.tensor([[0.0, 0, 0, 0], [0, 1, 0, 0]])),
     lambda: rh.policy_loss(x(), x(), x(), EMPTY),
     lambda: rh.kl_penalty_policy_loss(x(), x(), x(), EMPTY, 0.1),
-    lambda: rh.value_loss(x(), x(), x(), EMPTY, clip_range=0.2),
+    lambda: rh.value_loss(x(), x(), x(), EMPTY, value_clip=0.2),
     lambda: rh.shape_rewards(torch.randn(B), x(), x(), torch.tensor([[1.0, 1, 0, 0], [0, 0, 0, 0]]), 0.1),
 ]
 
@@ -170,7 +170,7 @@ def test_lam_outside_unit_interval(fn, lam):
 EPS_CASES = [
     ("clip_eps", lambda e: rh.policy_loss(x(), x(), x(), MASK, clip_eps=e)),
     ("clip_eps", lambda e: rh.clipped_surrogate(torch.ones(3), torch.ones(3), e)),
-    ("clip_range", lambda e: rh.value_loss(x(), x(), x(), MASK, clip_range=e)),
+    ("value_clip", lambda e: rh.value_loss(x(), x(), x(), MASK, value_clip=e)),
     ("eps", lambda e: rh.masked_whiten(x(), MASK, eps=e)),
     ("init_kl_coef", lambda e: rh.AdaptiveKLController(e, 6.0, 100)),
     ("target", lambda e: rh.AdaptiveKLController(0.1, e, 100)),

@@ -158,7 +158,7 @@ def test_value_loss_unclipped_has_half_factor(make_batch):
 def test_value_clip_closed_form(v, v_old, ret, loss_expected, clipped_larger):
     values = torch.tensor([[v]], dtype=torch.float64, requires_grad=True)
     loss, stats = value_loss(values, torch.tensor([[v_old]], dtype=torch.float64),
-                             torch.tensor([[ret]], dtype=torch.float64), torch.ones(1, 1), clip_range=0.2)
+                             torch.tensor([[ret]], dtype=torch.float64), torch.ones(1, 1), value_clip=0.2)
     assert loss.item() == pytest.approx(loss_expected)
     assert stats["vf_clipfrac"].item() == float(clipped_larger)
     (g,) = torch.autograd.grad(loss, values)
@@ -304,7 +304,7 @@ def test_half_precision_losses_are_computed_in_float32(make_batch, dtype):
     batch = make_batch(B=4, T=9, seed=3, dtype=torch.float32)
     x, y, z = (batch[k].to(dtype) for k in ("x", "y", "z"))
     mask = batch["mask"]
-    for fn in (lambda *t: policy_loss(*t, mask), lambda *t: value_loss(*t, mask, clip_range=0.2),
+    for fn in (lambda *t: policy_loss(*t, mask), lambda *t: value_loss(*t, mask, value_clip=0.2),
                lambda *t: kl_penalty_policy_loss(*t, mask, beta=0.1)):
         got, _ = fn(x, y, z)
         expected, _ = fn(x.float(), y.float(), z.float())  # the same values, upcast by hand

@@ -95,7 +95,7 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, adv, eps).sum(), r)\n"
              "    return g == 0\n",
         "3": "def clipped_value_loss(values, old_values, returns, mask, eps_v):\n"
-             "    return rlhf_helpers.value_loss(values, old_values, returns, mask, clip_range=eps_v)[0]\n",
+             "    return rlhf_helpers.value_loss(values, old_values, returns, mask, value_clip=eps_v)[0]\n",
     },
     "05_full_ppo": {
         "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"

@@ -72,7 +72,7 @@ def expected_traces(kind: str, params: dict, x: list[float]) -> dict[int, np.nda
             one = torch.ones(1, 1, dtype=torch.float64)
             return np.array([float(value_loss(_float64([[v]]), params["old_value"] * one, params["ret"] * one, one,
                                               clip)[0]) for v in x])
-        return {0: loss(None), 1: loss(params["clip_range"])}
+        return {0: loss(None), 1: loss(params["value_clip"])}
     raise ValueError(kind)
 
 
@@ -91,7 +91,7 @@ FIGURES = {
                            {"ratios": [0.7, 1.0, 1.1, 1.5], "ratio_range": (0.0, 2.0)}),
     "GAEExplorer": ({"gamma": 1.0, "lam": 0.95, "kl_coef": 0.1, "score": 1.6, "kl_kind": "k1"}, {}),
     "KLExplorer": ({"shift": 1.0, "n_samples": 16, "seed": 0}, {}),
-    "ValueClipExplorer": ({"clip_range": 0.2, "old_value": 0.0, "ret": 1.0, "value": 0.5}, {}),
+    "ValueClipExplorer": ({"value_clip": 0.2, "old_value": 0.0, "ret": 1.0, "value": 0.5}, {}),
 }
 
 

@@ -50,9 +50,9 @@ def clamps_advantages(logprobs, old_logprobs, advantages, mask, eps):
     return policy_loss(logprobs, old_logprobs, advantages, mask, eps)
 
 
-def masks_returns(values, old_values, returns, mask, clip_range):
+def masks_returns(values, old_values, returns, mask, value_clip):
     returns.mul_(mask)
-    return value_loss(values, old_values, returns, mask, clip_range)
+    return value_loss(values, old_values, returns, mask, value_clip)
 
 
 @pytest.mark.parametrize(

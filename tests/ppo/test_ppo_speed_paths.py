@@ -171,7 +171,7 @@ def reference_update(trainer, batch, generator) -> None:
             trainer.policy_opt.optimizer.zero_grad(set_to_none=True)
             values = model.values(seq, attn, P)
             v_loss, _ = value_loss(values, batch.values[idx], batch.returns[idx], mask,
-                                   clip_range=config.value_clip)
+                                   value_clip=config.value_clip)
             (config.vf_coef * v_loss).backward()
             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
             trainer.value_opt.optimizer.step()

@@ -522,7 +522,7 @@ def test_kl_explorer_bad_input_shows_a_message(backend) -> None:
 @pytest.mark.parametrize(("c", "old", "ret"), [(0.2, 0.0, 1.0), (0.5, 1.0, -0.5), (0.1, 0.3, 0.35)])
 def test_value_clip_explorer_matches_the_closed_form(backend, c, old, ret) -> None:
     explorer = shared(widgets.ValueClipExplorer, backend)
-    explorer.set(clip_range=c, old_value=old, ret=ret, value=0.7)
+    explorer.set(value_clip=c, old_value=old, ret=ret, value=0.7)
     v, clipped = _trace(explorer, vc_mod.CLIPPED)
     err = (v - ret) ** 2
     err_clipped = (old + np.clip(v - old, -c, c) - ret) ** 2
@@ -547,10 +547,10 @@ def test_value_clip_explorer_matches_the_closed_form(backend, c, old, ret) -> No
 def test_value_clip_explorer_bad_input_shows_a_message(backend) -> None:
     explorer = widgets.ValueClipExplorer(backend=backend)
     for bad in (0.0, -0.2, float("nan")):
-        explorer.set(clip_range=bad)
-        assert explorer.error is not None and "clip_range" in explorer.error, explorer.error
+        explorer.set(value_clip=bad)
+        assert explorer.error is not None and "value_clip" in explorer.error, explorer.error
         assert "&#9888;" in explorer.status.value
-        explorer.set(clip_range=0.2)
+        explorer.set(value_clip=0.2)
         assert explorer.error is None
 
 
