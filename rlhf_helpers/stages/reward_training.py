@@ -40,10 +40,12 @@ from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.config_limits import (
+    PROFILE_LIMITS,
     check_ints_from,
     check_positive,
     check_seed,
     ints_from,
+    limit_problem,
 )
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
@@ -77,6 +79,9 @@ class RewardTrainingConfig:
         check_field_types(self, expected={"max_train_pairs": ints_from(1, optional=True)})
         check_ints_from(self, 1, ("batch_size", "max_length"))
         check_positive(self, ("epochs", "learning_rate"))
+        for name, limit in (("epochs", "reward_epochs"), ("learning_rate", "reward_lr")):  # the profile's ranges
+            if (problem := limit_problem(name, getattr(self, name), PROFILE_LIMITS[limit])) is not None:
+                raise ValueError(problem)
         check_ints_from(self, 1, ("max_train_pairs",), optional=True)
         check_seed(self)  # transformers' set_seed hands it to numpy, which takes no other
 
