@@ -38,7 +38,8 @@ def print_figures(figures: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
-    parser.add_argument("--fast", action="store_true", help="smoke-run sizes where a benchmark has them")
+    parser.add_argument("--fast", action="store_true",
+                        help="smoke-run sizes where a benchmark has them")
     args = parser.parse_args(argv)
     available = discover()
     unknown = sorted(set(args.names) - set(available))
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             module = importlib.import_module(f"benchmarks.bench_{name}")
-            kwargs = {"fast": True} if args.fast and "fast" in inspect.signature(module.main).parameters else {}
+            kwargs = ({"fast": True}
+                      if args.fast and "fast" in inspect.signature(module.main).parameters else {})
             figures = module.main(**kwargs)
         except Exception:  # keep going: one broken benchmark must not hide the others' figures
             traceback.print_exc()

@@ -21,11 +21,13 @@ from rlhf_helpers.ppo.diagnosis import Thresholds, diagnose
 from rlhf_helpers.ppo.diagnosis_rules import RULES
 from rlhf_helpers.ppo.diagnosis_types import RunFacts
 
-#: 8x the rows: a linear rule's ratio is about 8, a quadratic one's 64; 24 (three times linear) tells them apart.
+#: 8x the rows: a linear rule's ratio is about 8, a quadratic one's 64; 24 (three times linear)
+#: tells them apart.
 MAX_RATIO = 24.0
 
-ROW = {"kl": -0.01, "score": 1.0, "score_std": 0.5, "entropy": 1.7, "clipfrac": 0.04, "approx_kl": 0.01,
-       "response_length": 20.0, "explained_variance": 0.3, "hidden_score": 0.5, "policy_grad_norm": 0.1}
+ROW = {"kl": -0.01, "score": 1.0, "score_std": 0.5, "entropy": 1.7, "clipfrac": 0.04,
+       "approx_kl": 0.01, "response_length": 20.0, "explained_variance": 0.3, "hidden_score": 0.5,
+       "policy_grad_norm": 0.1}
 
 #: metrics no rule reads, so a row is about as long as a GPU run's (~800 bytes)
 PADDING = {f"extra_metric_{k:02d}": 0.123456789 for k in range(25)}
@@ -42,7 +44,8 @@ def least_cpu_seconds(rule, rows: list[dict], facts: RunFacts, repeats: int) -> 
 
 
 def main(fast: bool = False) -> dict:
-    """Per-rule CPU-time ratios on 8x the rows, then one large file end to end; print and return the figures."""
+    """Per-rule CPU-time ratios on 8x the rows, then one large file end to end; print and return the
+    figures."""
     n = 2_000 if fast else 4_000
     rows = [{"step": i + 1, **ROW} for i in range(8 * n)]
     facts = RunFacts(total_steps=8 * n)
@@ -74,7 +77,8 @@ def main(fast: bool = False) -> dict:
     verdict = "meets" if ratios[worst] <= MAX_RATIO else "MISSES"
     print(f"diagnose on a {megabytes:.0f} MB metrics.jsonl: {wall:.1f} s wall, {cpu:.1f} s CPU")
     print(f"{verdict} the goal: every rule at most {MAX_RATIO:.0f}x on 8x the rows (worst {worst})")
-    return {"rows_small": n, "worst_rule": worst, "worst_ratio": ratios[worst], "max_ratio": MAX_RATIO,
+    return {"rows_small": n, "worst_rule": worst, "worst_ratio": ratios[worst],
+            "max_ratio": MAX_RATIO,
             "file_mb": megabytes, "diagnose_wall_s": wall, "diagnose_cpu_s": cpu}
 
 if __name__ == "__main__":

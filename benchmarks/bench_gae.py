@@ -51,7 +51,8 @@ def gae_batched_token_loop(rewards, values, mask, gamma, lam):
     return advantages, (advantages + values) * mask
 
 
-def interleaved_medians(fns: dict[str, tuple[Callable[[], object], int]], rounds: int) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, tuple[Callable[[], object], int]],
+                        rounds: int) -> dict[str, float]:
     """Median wall time per call of each function, over `rounds` rounds that call each in turn
     (`calls` times per round), so a load spike on the shared machine hits all of them alike."""
     for fn, _ in fns.values():
@@ -78,7 +79,8 @@ def measure(args: tuple, rounds: int, fast_calls: int) -> dict[str, float]:
     )
 
 
-def main(B: int = 64, T: int = 256, gamma: float = 1.0, lam: float = 0.95, fast: bool = False) -> dict:
+def main(B: int = 64, T: int = 256, gamma: float = 1.0, lam: float = 0.95,
+         fast: bool = False) -> dict:
     """Time the three GAE implementations on one seeded batch; print a table, return the figures.
 
     Measured twice: with torch's default thread count and with one thread. On a loaded machine with
@@ -116,9 +118,11 @@ def main(B: int = 64, T: int = 256, gamma: float = 1.0, lam: float = 0.95, fast:
         n: sec["seed loop (per sample, per token)"] / sec["compute_gae (vectorised)"]
         for n, sec in per_threads.items()
     }
-    print(f"{'speed-up over the seed loop':<36}" + "".join(f"{f'{x:.0f}x':>14}" for x in speedups.values()))
+    print(f"{'speed-up over the seed loop':<36}"
+          + "".join(f"{f'{x:.0f}x':>14}" for x in speedups.values()))
     verdict = "meets" if speedups[default_threads] >= GOAL_SPEEDUP else "MISSES"
-    print(f"default threads {verdict} the {GOAL_SPEEDUP:.0f}x goal; max |difference| {max_diff:.2e}")
+    print(
+        f"default threads {verdict} the {GOAL_SPEEDUP:.0f}x goal; max |difference| {max_diff:.2e}")
 
     seconds = per_threads[default_threads]
     figures = {

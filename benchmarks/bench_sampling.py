@@ -5,9 +5,9 @@
 
 All three run side by side in one process on the same model (random weights of the gpu profile's
 architecture: no hub here), batch and response length (the TRL-baseline anchor: 32 prompts x 64 new
-tokens), with the policy LoRA adapter active and EOS suppressed so that every run decodes every step.
-Reported per decode step (median of repeats, after warm-up): milliseconds, tokens per second, and
-the ratio to the memory-bandwidth floor = bytes of weights one step must read / the device's
+tokens), with the policy LoRA adapter active and EOS suppressed so that every run decodes every
+step. Reported per decode step (median of repeats, after warm-up): milliseconds, tokens per second,
+and the ratio to the memory-bandwidth floor = bytes of weights one step must read / the device's
 measured copy bandwidth (bytes read + written by a large device-to-device copy).
 
 Correctness, in the same run: in float32 (TF32 off) the fast decoder must give the plain loop's
@@ -64,11 +64,12 @@ def build_model(device: str, dtype: torch.dtype, small: bool) -> tuple[Any, Any]
     from rlhf_helpers.runtime.models import load_tokenizer
     from rlhf_helpers.runtime.profiles import get_profile
 
-    tokenizer = load_tokenizer(get_profile("tiny", weights="shipped"))  # the env may name gpu weights
+    # the env may name gpu weights
+    tokenizer = load_tokenizer(get_profile("tiny", weights="shipped"))
     spec = dict(SMOLLM2_135M_CONFIG)
     if small:
-        spec.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2)
+        spec.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     torch.manual_seed(0)
@@ -95,7 +96,8 @@ def weight_bytes_per_step(shared: Any) -> int:
     total = sum(p.numel() * p.element_size() for name, p in lm.named_parameters()
                 if "lora_" not in name and "embed_tokens" not in name)
     head = lm.get_output_embeddings().weight
-    return total + (head.numel() * head.element_size() if head is lm.get_input_embeddings().weight else 0)
+    return total + (head.numel() * head.element_size()
+                    if head is lm.get_input_embeddings().weight else 0)
 
 
 def _prompts(tokenizer: Any, batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +138,8 @@ def time_sampler(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens:
     return statistics.median(times)
 
 
-def time_hf_generate(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens: int, repeats: int) -> float:
+def time_hf_generate(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens: int,
+                     repeats: int) -> float:
     """Median seconds per decode step of transformers' `generate` (sampling, policy adapter on)."""
     device = ids.device
     shared.use("policy")
@@ -145,9 +148,10 @@ def time_hf_generate(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tok
         torch.manual_seed(i)
         _sync(device)
         start = time.perf_counter()
-        seq = shared.peft.generate(input_ids=ids, attention_mask=attn, do_sample=True, top_k=0, top_p=1.0,
-                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                   pad_token_id=shared.pad_token_id, eos_token_id=shared.eos_token_id)
+        seq = shared.peft.generate(input_ids=ids, attention_mask=attn, do_sample=True,
+                                   top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                                   min_new_tokens=new_tokens, pad_token_id=shared.pad_token_id,
+                                   eos_token_id=shared.eos_token_id)
         _sync(device)
         if i >= 1:
             times.append((time.perf_counter() - start) / (seq.shape[1] - ids.shape[1]))
@@ -155,7 +159,8 @@ def time_hf_generate(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tok
 
 
 def check_equal_paths(device: str, batch: int, new_tokens: int, small: bool) -> dict[str, Any]:
-    """float32, TF32 off: fast decoder vs plain loop, same seed: share of equal tokens, max |dlogp|."""
+    """float32, TF32 off: fast decoder vs plain loop, same seed: share of equal tokens, max
+    |dlogp|."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     shared, tokenizer = build_model(device, torch.float32, small)
@@ -176,8 +181,10 @@ def check_equal_paths(device: str, batch: int, new_tokens: int, small: bool) -> 
             "fp32_max_logprob_diff": float(diff.max()) if diff.numel() else float("nan")}
 
 
-def check_bf16_vs_forward(shared: Any, ids: torch.Tensor, attn: torch.Tensor, new_tokens: int) -> dict[str, float]:
-    """Max |log-prob of the sampling loop - log-prob of one full policy forward| over real tokens."""
+def check_bf16_vs_forward(shared: Any, ids: torch.Tensor, attn: torch.Tensor,
+                          new_tokens: int) -> dict[str, float]:
+    """Max |log-prob of the sampling loop - log-prob of one full policy forward| over real
+    tokens."""
     figures = {}
     P = ids.shape[1]
     for fast in (False, True):
@@ -211,13 +218,16 @@ def main(fast: bool = False, device: str = "cpu", batch: int = 32, new_tokens: i
     dev = torch.device(device)
     floor_s = weight_bytes_per_step(shared) / copy_bandwidth(dev, 256 if small else 2048)
     for name, seconds in (("hf_generate", time_hf_generate(shared, ids, attn, new_tokens, repeats)),
-                          ("plain_loop", time_sampler(shared, ids, attn, new_tokens, False, repeats)),
-                          ("fast_decoder", time_sampler(shared, ids, attn, new_tokens, True, repeats))):
+                          ("plain_loop", time_sampler(
+                              shared, ids, attn, new_tokens, False, repeats)),
+                          ("fast_decoder", time_sampler(
+                              shared, ids, attn, new_tokens, True, repeats))):
         figures[f"{name}_ms_per_step"] = 1e3 * seconds
         figures[f"{name}_tokens_per_s"] = batch / seconds
         figures[f"{name}_x_floor"] = seconds / floor_s
     figures["bandwidth_floor_ms_per_step"] = 1e3 * floor_s
-    figures["speedup_fast_vs_hf_generate"] = figures["hf_generate_ms_per_step"] / figures["fast_decoder_ms_per_step"]
+    figures["speedup_fast_vs_hf_generate"] = (figures["hf_generate_ms_per_step"]
+                                              / figures["fast_decoder_ms_per_step"])
     figures["goal_x_floor"] = SPEED_GOAL_X_FLOOR
     figures["goal_met"] = device == "cuda" and figures["fast_decoder_x_floor"] <= SPEED_GOAL_X_FLOOR
     if json_path:

@@ -51,7 +51,8 @@ SPEEDUP_GOAL = 3.0  #: ours vs TRL, s per update (wall and CPU), on the CPU
 CUDA_SPEEDUP_GOAL = 4.0  #: the same on a GPU (anchor: TRL 1.10 at 7.59 s/update on an H100)
 CUDA_MEMORY_GOAL = 0.3  #: peak CUDA memory, ours over TRL, on a GPU
 #: Longest a side may run before it is stopped, in seconds.
-SIDE_TIMEOUT_S = int(os.environ.get("RLHF_BENCH_SIDE_TIMEOUT_S", "900"))  #: seconds one side may run
+#: seconds one side may run
+SIDE_TIMEOUT_S = int(os.environ.get("RLHF_BENCH_SIDE_TIMEOUT_S", "900"))
 VENV_BUILD_TIMEOUT_S = 1200
 
 
@@ -83,8 +84,9 @@ def ensure_venv(venv: Path = VENV_DIR, python: str | None = None) -> tuple[Path 
             shutil.rmtree(venv)
         subprocess.run([base_python, "-m", "venv", str(venv)], check=True, capture_output=True,
                        text=True, timeout=120)
-        subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
-                       check=True, capture_output=True, text=True, timeout=VENV_BUILD_TIMEOUT_S)
+        subprocess.run(
+            [str(venv_python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
+            check=True, capture_output=True, text=True, timeout=VENV_BUILD_TIMEOUT_S)
         subprocess.run([str(venv_python), "-c", "from trl.experimental.ppo import PPOTrainer"],
                        check=True, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as error:
@@ -126,7 +128,8 @@ def settings_from_profile(fast: bool, device: str, random_init_config: str | Non
     )
     if device == "cuda":
         # the GPU anchor: trl 1.10's PPOTrainer took 7.59 s per update and 7.69 GiB here on
-        # an H100 with a SmolLM2-135M-size Llama in bf16, 32 prompts x 64 tokens, 4 epochs x 2 minibatches
+        # an H100 with a SmolLM2-135M-size Llama in bf16, 32 prompts x 64 tokens, 4 epochs x 2
+        # minibatches
         settings.batch_size, settings.mini_batch_size, settings.response_length = 32, 16, 64
         settings.ppo_epochs = 4
         settings.n_eval_prompts = 128
@@ -150,15 +153,17 @@ def run_side(python: Path | str, script: Path, settings: BenchSettings, workdir:
     if script.stem == "run_trl_ppo" and os.environ.get(TRL_SITE_ENV):
         path.insert(0, os.environ[TRL_SITE_ENV])
     path += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", WANDB_DISABLED="true", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(settings.torch_threads), PYTHONWARNINGS="ignore")
     command = [str(python), str(script), "--settings", settings.to_json(), "--out", str(out)]
     log = workdir / f"{script.stem}.log"
-    try:  # the side's output goes to a file, so a side stopped by the timeout still shows how far it got
+    # the side's output goes to a file, so a side stopped by the timeout still shows how far it got
+    try:
         with log.open("w") as sink:
-            done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout_s)
+            done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=sink,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"{script.name} ran past {timeout_s} s; its last output:\n{_tail(log)}"}
     if done.returncode != 0 or not out.exists():
@@ -264,11 +269,13 @@ def format_table(trl: dict[str, Any], ours: dict[str, Any], comparison: dict[str
     speedup = comparison["speedup_ours_vs_trl"]
     lines.append(f"speed-up ours vs TRL: {_fmt(speedup)}x wall, "
                  f"{_fmt(comparison.get('cpu_speedup_ours_vs_trl'))}x CPU (goal >= "
-                 f"{comparison['speedup_goal']}x in both: {'met' if comparison['speedup_goal_met'] else 'not met'})")
+                 f"{comparison['speedup_goal']}x in both: "
+                 f"{'met' if comparison['speedup_goal_met'] else 'not met'})")
     if "memory_goal" in comparison:
-        lines.append(f"peak CUDA memory ours/TRL: {_fmt(comparison['peak_memory_ratio_ours_over_trl'])} "
-                     f"(goal <= {comparison['memory_goal']}: "
-                     f"{'met' if comparison['memory_goal_met'] else 'not met'})")
+        lines.append(
+            f"peak CUDA memory ours/TRL: {_fmt(comparison['peak_memory_ratio_ours_over_trl'])} "
+            f"(goal <= {comparison['memory_goal']}: "
+            f"{'met' if comparison['memory_goal_met'] else 'not met'})")
     return "\n".join(lines)
 
 
@@ -300,7 +307,8 @@ def main(fast: bool = False, device: str = "cpu", random_init_config: str | None
     if only not in (None, "trl", "ours"):
         raise ValueError(f"only must be None, 'trl' or 'ours', got {only!r}")
     if device == "cuda" and random_init_config is None:
-        raise ValueError("device='cuda' needs random_init_config (e.g. 'smollm2'): no hub weights here")
+        raise ValueError(
+            "device='cuda' needs random_init_config (e.g. 'smollm2'): no hub weights here")
     settings = settings_from_profile(fast, device, random_init_config)
     result: dict[str, Any] = {"settings": settings.__dict__}
     with tempfile.TemporaryDirectory() as tmp:
@@ -314,7 +322,8 @@ def main(fast: bool = False, device: str = "cpu", random_init_config: str | None
             result["trl"] = run_side(venv_python, RUNNERS / "run_trl_ppo.py", settings, workdir)
         if only in (None, "ours"):
             print("running our engine...", flush=True)
-            result["ours"] = run_side(sys.executable, RUNNERS / "run_ours_ppo.py", settings, workdir)
+            result["ours"] = run_side(sys.executable, RUNNERS / "run_ours_ppo.py",
+                                      settings, workdir)
     errors = {side: result[side]["error"] for side in ("trl", "ours")
               if side in result and "error" in result[side]}
     if only is None and not errors:
@@ -323,7 +332,8 @@ def main(fast: bool = False, device: str = "cpu", random_init_config: str | None
     if json_path is not None:
         Path(json_path).write_text(json.dumps(result, indent=2))
     if errors:
-        raise RuntimeError("; ".join(f"{side} failed: {message}" for side, message in errors.items()))
+        raise RuntimeError(
+            "; ".join(f"{side} failed: {message}" for side, message in errors.items()))
     figures = summarize(result)
     if only is not None:
         print("\n".join(f"{key:34} {_fmt(value)}" for key, value in figures.items()))

@@ -120,8 +120,8 @@ def _kernel_env() -> dict[str, str]:
 def table(results: dict) -> str:
     """A markdown table: widget | median (p90) per backend | maths alone."""
     backends = list(next(iter(results.values())))
-    rows = ["| widget | " + " | ".join(f"{b} median (p90)" for b in backends) + " | maths alone (median) |",
-            "|---" * (len(backends) + 2) + "|"]
+    rows = ["| widget | " + " | ".join(f"{b} median (p90)" for b in backends)
+            + " | maths alone (median) |", "|---" * (len(backends) + 2) + "|"]
     for name, per_backend in results.items():
         cells = [f"{s['median_ms']:.1f} ms ({s['p90_ms']:.1f})" for s in per_backend.values()]
         maths = per_backend[backends[0]]["compute_median_ms"]
@@ -149,7 +149,8 @@ def main(moves: int = 40, fast: bool = False) -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--moves", type=int, default=40, help="timed slider moves per widget and backend")
+    parser.add_argument("--moves", type=int, default=40,
+                        help="timed slider moves per widget and backend")
     parser.add_argument("--fast", action="store_true", help="10 moves (smoke run)")
     args = parser.parse_args()
     for key, value in main(moves=args.moves, fast=args.fast).items():

@@ -10,7 +10,8 @@ runs one other process beside it for the whole case: a single-threaded loop of f
 products, what a second training run, a notebook kernel or a test worker puts on a shared core.
 OpenMP threads spin-wait at each parallel region for the slowest thread, so a thread whose core is
 taken by another process holds up all of them. Not a `bench_*` module: it reports no goal; the
-commands' default (`rlhf_helpers.runtime.threads`) was chosen from its figures (benchmarks/README.md).
+commands' default (`rlhf_helpers.runtime.threads`) was chosen from its figures
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ while True:
 
 
 def run_case(threads: int, updates: int, loaded: bool) -> dict[str, float]:
-    """One fresh process: `threads` torch threads (0: torch's default), optionally beside a busy one."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+    """One fresh process: `threads` torch threads (0: torch's default), optionally beside a busy
+    one."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
+               TOKENIZERS_PARALLELISM="false")
     env.pop("OMP_NUM_THREADS", None)
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -63,8 +66,8 @@ def run_case(threads: int, updates: int, loaded: bool) -> dict[str, float]:
         busy = subprocess.Popen([sys.executable, "-c", _BUSY], env=dict(env, OMP_NUM_THREADS="1"))
         time.sleep(1.0)  # the busy loop is running before the case starts
     try:
-        out = subprocess.run([sys.executable, "-c", _CASE, str(threads), str(updates)], env=env, cwd=ROOT,
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", _CASE, str(threads), str(updates)], env=env,
+                             cwd=ROOT, capture_output=True, text=True, check=True)
     finally:
         if busy is not None:
             busy.kill()
@@ -74,14 +77,16 @@ def run_case(threads: int, updates: int, loaded: bool) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=4, help="timed PPO iterations per case (after 2 warm-up)")
+    parser.add_argument("--updates", type=int, default=4,
+                        help="timed PPO iterations per case (after 2 warm-up)")
     cli = parser.parse_args(argv)
     results: dict[str, dict[str, float]] = {}
     print(f"{os.cpu_count()} CPUs; tiny profile, wall and CPU seconds per PPO iteration")
     for loaded in (False, True):
         for threads in (1, 2, 0):
             case = run_case(threads, cli.updates, loaded)
-            name = f"{'loaded' if loaded else 'quiet'}, {'default' if threads == 0 else threads} thread(s)"
+            name = (f"{'loaded' if loaded else 'quiet'}, {'default' if threads == 0 else threads} "
+                    "thread(s)")
             results[name] = case
             print(f"  {name:<28} torch threads {case['threads']}: wall {case['wall_s']:.2f} s, "
                   f"CPU {case['cpu_s']:.2f} s")

@@ -5,10 +5,10 @@
     python -m benchmarks.profile_ppo_step --torch 25     # + the top 25 torch ops of one update
     python -m benchmarks.profile_ppo_step --device cuda  # bench_trl_baseline's GPU anchor (SmolLM2 size)
 
-One torch thread. On the CPU, times are process CPU seconds (`time.process_time`), steadier than wall
-time on a shared machine; on CUDA they are wall seconds after a device synchronize, with the process
-CPU seconds beside them (CPU ~ wall: the host, not the GPU, bounds the step). Each phase is timed
-around the same calls `PPOTrainer.step()` makes. Not a
+One torch thread. On the CPU, times are process CPU seconds (`time.process_time`), steadier than
+wall time on a shared machine; on CUDA they are wall seconds after a device synchronize, with the
+process CPU seconds beside them (CPU ~ wall: the host, not the GPU, bounds the step). Each phase is
+timed around the same calls `PPOTrainer.step()` makes. Not a
 `bench_*` module: it reports no goal, it tells where to look.
 """
 
@@ -49,7 +49,8 @@ def build_trainer(updates: int = 12, device: str = "cpu") -> Any:
 
 
 class PhaseClock:
-    """Seconds per named phase, summed over calls: CPU seconds, or wall seconds after a CUDA sync."""
+    """Seconds per named phase, summed over calls: CPU seconds, or wall seconds after a CUDA
+    sync."""
 
     def __init__(self, cuda: bool = False) -> None:
         self.seconds: dict[str, float] = {}
@@ -94,11 +95,12 @@ def breakdown(trainer: Any, steps: int) -> dict[str, float]:
         trainer.step()
     total = clock.now() - start
     seconds = {k: v / steps for k, v in clock.seconds.items()}
-    out = {"total": total / steps, "process CPU s (all phases)": (time.process_time() - cpu_start) / steps,
-           "rollout": seconds.pop("rollout")}
+    out = {"total": total / steps, "process CPU s (all phases)": (time.process_time() - cpu_start)
+           / steps, "rollout": seconds.pop("rollout")}
     out["rollout: sample"] = seconds.pop("rollout: sample")
     out["rollout: reward"] = seconds.pop("rollout: reward")
-    out["rollout: other (forward passes, GAE)"] = out["rollout"] - out["rollout: sample"] - out["rollout: reward"]
+    out["rollout: other (forward passes, GAE)"] = (out["rollout"] - out["rollout: sample"]
+                                                   - out["rollout: reward"])
     out["update epochs"] = seconds.pop("update epochs")
     out["rest of step (metrics)"] = out["total"] - out["rollout"] - out["update epochs"]
     out.update(sorted(seconds.items()))
@@ -107,11 +109,15 @@ def breakdown(trainer: Any, steps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed updates after 2 warm-up updates")
-    parser.add_argument("--cprofile", type=int, default=0, help="print this many cProfile rows (0: off)")
-    parser.add_argument("--torch", type=int, default=0, help="print this many torch.profiler rows (0: off)")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="timed updates after 2 warm-up updates")
+    parser.add_argument("--cprofile", type=int, default=0,
+                        help="print this many cProfile rows (0: off)")
+    parser.add_argument("--torch", type=int, default=0,
+                        help="print this many torch.profiler rows (0: off)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--trace", default="", help="write the torch.profiler trace (Chrome JSON) here")
+    parser.add_argument("--trace", default="",
+                        help="write the torch.profiler trace (Chrome JSON) here")
     cli = parser.parse_args()
     import torch
 
@@ -133,7 +139,8 @@ def main() -> None:
     if cli.torch:
         from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cli.device == "cuda" else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                               if cli.device == "cuda" else [])
         with profile(activities=activities) as prof:
             trainer.step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=cli.torch))
@@ -141,7 +148,8 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=cli.torch))
             events = prof.key_averages()
             cuda_s = sum(e.self_device_time_total for e in events) / 1e6
-            launches = sum(e.count for e in events if e.key.startswith("cuda") and "Launch" in e.key)
+            launches = sum(e.count for e in events
+                           if e.key.startswith("cuda") and "Launch" in e.key)
             print(f"GPU busy (sum of kernel self times) in one update: {cuda_s:.3f} s; "
                   f"CUDA kernel launches: {launches}")
         if cli.trace:

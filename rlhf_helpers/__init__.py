@@ -1,8 +1,8 @@
 """rlhf_helpers: the tested reference code behind the RLHF-with-PPO course.
 
 The package root re-exports the maths core (masked ops, log-probs, GAE, losses, KL). The re-exports
-are lazy (PEP 562): `import rlhf_helpers.runtime.profiles` or `rlhf_helpers.runtime.data` stays free of torch, and
-torch is imported on the first access such as `rlhf_helpers.compute_gae` or
+are lazy (PEP 562): `import rlhf_helpers.runtime.profiles` or `rlhf_helpers.runtime.data` stays free
+of torch, and torch is imported on the first access such as `rlhf_helpers.compute_gae` or
 `from rlhf_helpers import compute_gae`. Heavier parts live in submodules: `rlhf_helpers.world`,
 `rlhf_helpers.ppo`, `rlhf_helpers.widgets`, ...
 """

@@ -1,10 +1,12 @@
-"""The labels of a drawn plotly figure that run into each other, as a learner sees them (browser tests).
+"""The labels of a drawn plotly figure that run into each other, as a learner sees them (browser
+tests).
 
-`OVERLAPS` is a JavaScript function of a plotly graph div. It returns one line for each pair of label boxes that
-overlap by more than `SLACK_PX` in both directions, among:
+`OVERLAPS` is a JavaScript function of a plotly graph div. It returns one line for each pair of
+label boxes that overlap by more than `SLACK_PX` in both directions, among:
 
 - the legend against tick labels, axis titles, subplot titles, the figure title and slider labels;
-- subplot titles against each other, against axis titles, against the figure title and against tick labels;
+- subplot titles against each other, against axis titles, against the figure title and against tick
+  labels;
 - axis titles against each other (two panels' x titles side by side);
 - the figure title against slider labels.
 
@@ -13,7 +15,8 @@ Text boxes of one group are not compared within the group, except subplot titles
 
 from __future__ import annotations
 
-#: px of overlap tolerated in each direction: glyph boxes include a little empty space around the letters
+#: px of overlap tolerated in each direction: glyph boxes include a little empty space around the
+#: letters
 SLACK_PX = 2
 
 OVERLAPS = """gd => {

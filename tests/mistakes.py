@@ -1,4 +1,5 @@
-"""Plausible wrong answers to the notebooks' exercises, one file per notebook in tests/wrong_answers/.
+"""Plausible wrong answers to the notebooks' exercises, one file per notebook in
+tests/wrong_answers/.
 
 Each wrong answer is the worked solution with one edit, written as the text it replaces and the text
 it puts there, so that it stays a realistic variant of the solution when the solution changes (the
@@ -38,13 +39,14 @@ class Mistake:
     def apply(self, solution: str) -> str:
         """The wrong answer's source."""
         if solution.count(self.old) != 1:
-            raise ValueError(f"mistake {self.what!r}: {self.old!r} occurs {solution.count(self.old)} times "
-                             "in the solution, expected once")
+            raise ValueError(f"mistake {self.what!r}: {self.old!r} occurs "
+                             f"{solution.count(self.old)} times in the solution, expected once")
         return solution.replace(self.old, self.new)
 
 
 def load_mistakes(stem: str) -> dict[str, list[Mistake]]:
-    """Exercise number -> its wrong answers, from tests/wrong_answers/<stem>.py ({} when there is no file)."""
+    """Exercise number -> its wrong answers, from tests/wrong_answers/<stem>.py ({} when there is no
+    file)."""
     path = WRONG_ANSWERS_DIR / f"{stem}.py"
     if not path.is_file():
         return {}

@@ -7,8 +7,8 @@ never two runs into one folder; only the content-keyed caches in SHARED_CACHE_DI
 
 Every file of the checkout is recorded by size and modification time, except in the folders the
 Makefile gives to generated files (build/, the virtual environments) and the caches of the tools
-themselves (.git, __pycache__, .pytest_cache, .ruff_cache, *.egg-info). A file written again with the
-same content still counts: it was written. Anything added, changed or
+themselves (.git, __pycache__, .pytest_cache, .ruff_cache, *.egg-info). A file written again with
+the same content still counts: it was written. Anything added, changed or
 removed elsewhere (runs/, notebooks/, data/, docs/...) is a test that wrote where it must not.
 """
 
@@ -18,14 +18,16 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The content-keyed caches (SFT model, reward adapters) that concurrent notebook runs may share: each is
-#: built once, under a lock, and renamed into place (rlhf_helpers.runtime.artifacts.build_cached).
-#: `make test-colab` points $RLHF_CACHE_DIR elsewhere, so that stack trains its own.
+#: The content-keyed caches (SFT model, reward adapters) that concurrent notebook runs may share:
+#: each is built once, under a lock, and renamed into place
+#: (rlhf_helpers.runtime.artifacts.build_cached). `make test-colab` points $RLHF_CACHE_DIR
+#: elsewhere, so that stack trains its own.
 SHARED_CACHE_DIR = Path(os.environ.get("RLHF_CACHE_DIR") or ROOT / "build" / "test-cache")
 
-#: Folder names never looked into: generated output the Makefile names, virtual environments, tool caches.
-SKIPPED_DIRS = {".git", "build", ".venv", ".venv-colab", "__pycache__", ".pytest_cache", ".ruff_cache",
-                ".ipynb_checkpoints"}
+#: Folder names never looked into: generated output the Makefile names, virtual environments, tool
+#: caches.
+SKIPPED_DIRS = {".git", "build", ".venv", ".venv-colab", "__pycache__", ".pytest_cache",
+                ".ruff_cache", ".ipynb_checkpoints"}
 SKIPPED_SUFFIXES = (".egg-info",)
 
 
@@ -35,7 +37,8 @@ SCREENSHOTS_ENV = "RLHF_WRITE_SCREENSHOTS"
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """{relative path: (size, mtime in ns)} of every file under `root` outside SKIPPED_DIRS, virtual
-    environments (any folder holding a pyvenv.cfg) and, when $RLHF_WRITE_SCREENSHOTS is set, docs/img/."""
+    environments (any folder holding a pyvenv.cfg) and, when $RLHF_WRITE_SCREENSHOTS is set,
+    docs/img/."""
     files = {}
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(SKIPPED_SUFFIXES)

@@ -1,20 +1,22 @@
 """What a reader of the static site cannot see or use, counted in the browser
 (tests/notebooks/test_site_browser.py).
 
-Each constant is a JavaScript function of the page (no argument) that returns one line per defect, so a test can
-assert that a page has none and say which they are:
+Each constant is a JavaScript function of the page (no argument) that returns one line per defect,
+so a test can assert that a page has none and say which they are:
 
-- `CUT_FORMULAS`: a formula MathJax 3 typeset in the page's text, display or inline, reaching past the edge of a
-  box that hides its overflow (before a box that scrolls), or past the window's right edge;
-- `UNREACHABLE_TABLES`: a table wider than its column that no box scrolls sideways, or whose sideways scrollbar is
-  below the window while the table's top is in it (the box is taller than the window: the reader has to scroll the
-  page to the table's foot to find the bar);
-- `FIGURE_DEFECTS`: a figure's label (title, subplot or axis title, legend, tick or slider label) reaching past the
-  figure's edges, labels running into each other (`figure_overlaps.OVERLAPS`), the toolbar over the title or the
-  legend;
-- `EXPLORER_DEFECTS`: an explorer's slider (its rail, handle or step labels) outside the window's width, a slider
-  and the curves it moves too far apart to be seen together in one window, a caption wider than its column, or a
-  slider handle covered by something else on the page once the slider is scrolled to the top of the window.
+- `CUT_FORMULAS`: a formula MathJax 3 typeset in the page's text, display or inline, reaching past
+  the edge of a box that hides its overflow (before a box that scrolls), or past the window's right
+  edge;
+- `UNREACHABLE_TABLES`: a table wider than its column that no box scrolls sideways, or whose
+  sideways scrollbar is below the window while the table's top is in it (the box is taller than the
+  window: the reader has to scroll the page to the table's foot to find the bar);
+- `FIGURE_DEFECTS`: a figure's label (title, subplot or axis title, legend, tick or slider label)
+  reaching past the figure's edges, labels running into each other (`figure_overlaps.OVERLAPS`), the
+  toolbar over the title or the legend;
+- `EXPLORER_DEFECTS`: an explorer's slider (its rail, handle or step labels) outside the window's
+  width, a slider and the curves it moves too far apart to be seen together in one window, a caption
+  wider than its column, or a slider handle covered by something else on the page once the slider is
+  scrolled to the top of the window.
 
 Each rule allows `SLACK_PX` of overlap: glyph boxes include a little empty space around the letters.
 """
@@ -128,8 +130,9 @@ FIGURE_DEFECTS = f"""() => {{
     return out;
 }}""".replace("SLACK", str(SLACK_PX))
 
-#: the explorers' controls (an async function: it scrolls each slider to the middle of the window, coming up from below
-#: as a reader does, which is when the theme shows its floating "Back to top" button, and waits for the page to settle)
+#: the explorers' controls (an async function: it scrolls each slider to the middle of the window,
+#: coming up from below as a reader does, which is when the theme shows its floating "Back to top"
+#: button, and waits for the page to settle)
 EXPLORER_DEFECTS = """async () => {
     const out = [];
     const view = window.innerWidth, tall = window.innerHeight;

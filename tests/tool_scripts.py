@@ -11,7 +11,8 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def load_tool(name: str) -> ModuleType:
-    """tools/<name>.py as the module `name` (registered in sys.modules: dataclasses and pickling need it)."""
+    """tools/<name>.py as the module `name` (registered in sys.modules: dataclasses and pickling
+    need it)."""
     spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, module)

@@ -9,7 +9,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 #: Words of the toy vocabulary (after the special tokens <pad>=0, <unk>=1, <eos>=2).
-TOY_WORDS = ("the", "movie", "film", "was", "is", "good", "bad", "great", "plot", "acting", "fine", ".")
+TOY_WORDS = (
+    "the", "movie", "film", "was", "is", "good", "bad", "great", "plot", "acting", "fine", ".")
 
 
 def toy_tokenizer() -> Any:
@@ -25,10 +26,12 @@ def toy_tokenizer() -> Any:
                                    eos_token="<eos>", padding_side="left", model_max_length=64)
 
 
-def toy_causal_lm(tokenizer: Any, seed: int = 0, n_layer: int = 2, n_embd: int = 32, **config: Any) -> Any:
-    """A randomly initialised GPT2LMHeadModel sized for the toy tokenizer (dropout 0 unless overridden)."""
-    values = dict(vocab_size=len(tokenizer), n_positions=64, n_embd=n_embd, n_layer=n_layer, n_head=2,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+def toy_causal_lm(tokenizer: Any, seed: int = 0, n_layer: int = 2, n_embd: int = 32,
+                  **config: Any) -> Any:
+    """A randomly initialised GPT2LMHeadModel sized for the toy tokenizer (dropout 0 unless
+    overridden)."""
+    values = dict(vocab_size=len(tokenizer), n_positions=64, n_embd=n_embd, n_layer=n_layer,
+                  n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                   bos_token_id=tokenizer.eos_token_id)
     values.update(config)

@@ -8,7 +8,8 @@ reward-model training), and, on the process whose rank is $NAN_RANK only, makes 
 scores NaN at its $NAN_CALL-th reward pass (1-based); with $FAIL=error it raises a RuntimeError
 there instead (a bug). Each process writes its pid to $RESULTS_DIR/pid-<rank> (so a hung run can
 be ended) and {"rank", "exit", "num_processes"} to $RESULTS_DIR/rank-<rank>.json before it exits;
-process 0 writes the sha256 of every file of each checkpoint it saves to $RESULTS_DIR/saved-<step>.json.
+process 0 writes the sha256 of every file of each checkpoint it saves to
+$RESULTS_DIR/saved-<step>.json.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ def main() -> int:
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
     results = Path(os.environ["RESULTS_DIR"])
-    (results / f"pid-{rank}").write_text(str(os.getpid()))  # the launcher puts workers in their own sessions
+    # the launcher puts workers in their own sessions
+    (results / f"pid-{rank}").write_text(str(os.getpid()))
     train.ensure_reward_model = lambda *args, **kwargs: None
     real_scores, calls = SharedLoRAModel.reward_scores, []
 
     def scores_nan_on_one_rank(self, *args, **kwargs):
         calls.append(1)
         scores = real_scores(self, *args, **kwargs)
-        bad = rank == int(os.environ.get("NAN_RANK", "-1")) and len(calls) == int(os.environ["NAN_CALL"])
+        bad = (rank == int(os.environ.get("NAN_RANK", "-1"))
+               and len(calls) == int(os.environ["NAN_CALL"]))
         if bad and os.environ.get("FAIL") == "error":
             raise RuntimeError("a bug on this process")
         return scores * math.nan if bad else scores

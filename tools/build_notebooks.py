@@ -17,8 +17,8 @@ The comments before the first `# %%` (which jupytext reads as a first, comment-o
 dropped. Cells keep only their tags (except "colab-setup"): jupytext's layout metadata is dropped.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.
 notebooks/src/jupytext.toml lets JupyterLab open the sources as notebooks (Open With > Notebook) and
-save them back as the same script; they are deliberately not paired with notebooks/*.ipynb, which only
-this script writes.
+save them back as the same script; they are deliberately not paired with notebooks/*.ipynb, which
+only this script writes.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ _LAYOUT_KEYS = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marke
 
 
 def _is_preamble(cell: nbformat.NotebookNode) -> bool:
-    """Whether a first cell is the comment block before the first `# %%` (with or without a marker)."""
+    """Whether a first cell is the comment block before the first `# %%` (with or without a
+    marker)."""
     return (cell.cell_type == "code" and not set(cell.metadata) - _LAYOUT_KEYS
             and all(not line.strip() or line.startswith("#") for line in cell.source.splitlines()))
 
@@ -55,25 +56,31 @@ def _is_preamble(cell: nbformat.NotebookNode) -> bool:
 def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
     """The cells of a percent-format source written for `notebook_name`, substitutions made.
 
-    Raises ValueError (naming the notebook) for a cell jupytext could not map to code or markdown with
-    tags, and unless there is exactly one empty code cell tagged "colab-setup"."""
+    Raises ValueError (naming the notebook) for a cell jupytext could not map to code or markdown
+    with tags, and unless there is exactly one empty code cell tagged "colab-setup"."""
     cells = jupytext.reads(text, fmt="py:percent").cells
     if cells and _is_preamble(cells[0]):
         cells = cells[1:]
     setup = [cell for cell in cells if SETUP_TAG in cell.metadata.get("tags", [])]
     if len(setup) != 1:
-        raise ValueError(f'{notebook_name}: needs exactly one \'# %% tags=["{SETUP_TAG}"]\' cell, found {len(setup)}')
+        raise ValueError(f'{notebook_name}: needs exactly one \'# %% tags=["{SETUP_TAG}"]\' cell, '
+                         f'found {len(setup)}')
     if setup[0].cell_type != "code" or setup[0].source.strip():
-        raise ValueError(f"{notebook_name}: the {SETUP_TAG} cell must be an empty code cell (its code is generated)")
+        raise ValueError(f"{notebook_name}: the {SETUP_TAG} cell must be an empty code cell (its "
+                         "code is generated)")
     result = []
     for cell in cells:
         if cell.cell_type not in ("code", "markdown"):
-            raise ValueError(f"{notebook_name}: unsupported {cell.cell_type} cell: {cell.source[:40]!r}")
-        if "title" in cell.metadata:  # e.g. `# %% [setup]`: jupytext reads the text after `# %%` as a title
-            raise ValueError(f"{notebook_name}: unknown cell marker '# %% {cell.metadata['title']}'")
+            raise ValueError(
+                f"{notebook_name}: unsupported {cell.cell_type} cell: {cell.source[:40]!r}")
+        # e.g. `# %% [setup]`: jupytext reads the text after `# %%` as a title
+        if "title" in cell.metadata:
+            raise ValueError(
+                f"{notebook_name}: unknown cell marker '# %% {cell.metadata['title']}'")
         extra = set(cell.metadata) - _LAYOUT_KEYS - {"tags"}
         if extra:
-            raise ValueError(f"{notebook_name}: unsupported cell metadata {sorted(extra)} (only tags are kept)")
+            raise ValueError(
+                f"{notebook_name}: unsupported cell metadata {sorted(extra)} (only tags are kept)")
         tags = [tag for tag in cell.metadata.get("tags", []) if tag != SETUP_TAG]
         source = cell.source
         if cell is setup[0]:
@@ -82,20 +89,23 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
             source = source.replace("{{colab_badge}}", colab_badge(notebook_name))
         if CLAIM_TAG in tags and cell.cell_type != "code":
             raise ValueError(f"{notebook_name}: a {CLAIM_TAG} cell must be code: {source[:40]!r}")
-        new = nbformat.v4.new_markdown_cell if cell.cell_type == "markdown" else nbformat.v4.new_code_cell
+        new = (nbformat.v4.new_markdown_cell if cell.cell_type == "markdown"
+               else nbformat.v4.new_code_cell)
         metadata = {"tags": tags} if tags else {}
-        if CLAIM_TAG in tags:  # collapsed in JupyterLab: the learner reads the claim, not its assertion
+        # collapsed in JupyterLab: the learner reads the claim, not its assertion
+        if CLAIM_TAG in tags:
             metadata["jupyter"] = {"source_hidden": True}
-        if cell.cell_type == "markdown" and is_deep_dive_heading(source):  # optional: JupyterLab shows it folded
+        # optional: JupyterLab shows it folded
+        if cell.cell_type == "markdown" and is_deep_dive_heading(source):
             metadata["jp-MarkdownHeadingCollapsed"] = True
         result.append(new(source, metadata=metadata))
     return result
 
 
 def read_source(source: Path) -> str:
-    """A source's text: UTF-8, a byte order mark at its start dropped (an editor's, not code: kept, it would
-    start the first cell and break its first line). ValueError naming the file and line for a byte that is
-    not UTF-8."""
+    """A source's text: UTF-8, a byte order mark at its start dropped (an editor's, not code: kept,
+    it would start the first cell and break its first line). ValueError naming the file and line for
+    a byte that is not UTF-8."""
     data = source.read_bytes()
     try:
         return data.decode("utf-8-sig")
@@ -131,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
     args = parser.parse_args(argv)
-    built = {}  # every source is read and built before any notebook is written: a bad one changes nothing
+    # every source is read and built before any notebook is written: a bad one changes nothing
+    built = {}
     for source in sources():
         try:
             built[NOTEBOOK_DIR / source.with_suffix(".ipynb").name] = render(build_notebook(source))

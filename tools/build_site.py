@@ -2,27 +2,29 @@
 
     .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site] [--no-execute]
 
-1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used when
-   they hold the stored notebook's cells and no error; any other notebook is copied to a scratch folder
-   and that copy is executed, in the `tiny` profile (`python -m rlhf_helpers.course.run_course --notebooks
-   SCRATCH --out SCRATCH NAME ...`; a notebook saved meanwhile changes nothing), unless --no-execute (then a
-   stale copy is used as it is, and says so).
-2. The pages are staged in build/site-src/ under their repository paths, so their relative links work
-   as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
+1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used
+   when they hold the stored notebook's cells and no error; any other notebook is copied to a
+   scratch folder and that copy is executed, in the `tiny` profile
+   (`python -m rlhf_helpers.course.run_course --notebooks SCRATCH --out SCRATCH NAME ...`; a
+   notebook saved meanwhile changes nothing), unless --no-execute (then a stale copy is used as it
+   is, and says so).
+2. The pages are staged in build/site-src/ under their repository paths, so their relative links
+   work as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
    docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or
    folder goes to it on GitHub (the repository of the Colab set-up cell, branch main); a link to the
    README goes to the index.
 3. In the notebooks' site copies, every output that would need a kernel or the internet is replaced:
    each plotly figure by HTML drawn with the site's own plotly.js; each explorer (an ipywidgets box)
    by its static twin (`rlhf_helpers.widgets.static_explorer`: sliders whose every position the
-   explorer computed here, and a caption naming them and the controls held fixed); each finished tqdm
-   bar by its last text as a muted line, while a bar the code closed (leave=False) and the `datasets`
-   library's map/filter bars are dropped; an exercise check's "NOT DONE" line by where to write the
-   exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text. The cells that
-   check the prose's claims on the run's numbers (tag "claim-check") are left off.
+   explorer computed here, and a caption naming them and the controls held fixed); each finished
+   tqdm bar by its last text as a muted line, while a bar the code closed (leave=False) and the
+   `datasets` library's map/filter bars are dropped; an exercise check's "NOT DONE" line by where to
+   write the exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text.
+   The cells that check the prose's claims on the run's numbers (tag "claim-check") are left off.
 4. sphinx-build writes build/site/ (conf: site/conf.py, which also copies plotly.js and MathJax in).
 
-Prints each step's time. Staged files are rewritten only when they change, so a second build is quick.
+Prints each step's time. Staged files are rewritten only when they change, so a second build is
+quick.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ STAGE = ROOT / "build" / "site-src"
 OUT = ROOT / "build" / "site"
 DOCTREES = ROOT / "build" / "site-doctrees"
 #: the pages besides the index and the notebooks, in the order of the sidebar
-REFERENCE_PAGES = ["notebooks/NOTATION.md", "docs/metrics.md", "benchmarks/README.md", "docs/cluster.md"]
+REFERENCE_PAGES = ["notebooks/NOTATION.md", "docs/metrics.md", "benchmarks/README.md",
+                   "docs/cluster.md"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATE_MIME = "application/vnd.jupyter.widget-state+json"
 CLAIM_TAG = "claim-check"
@@ -63,12 +66,14 @@ EXPLORER_BY_CONTROL = {"advantage": "ClipExplorer", "lam": "GAEExplorer", "shift
                        "value_clip": "ValueClipExplorer"}
 _LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")  # markdown [text](target) and ![alt](src)
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-#: the course repository on GitHub (the Colab set-up cell's), branch main: where a non-page file is linked
+#: the course repository on GitHub (the Colab set-up cell's), branch main: where a non-page file is
+#: linked
 GITHUB = repo_url()
 GITHUB_BRANCH = "main"
 #: the line exercise_check prints for an exercise whose stub still raises NotImplementedError
 _EXERCISE_TODO = re.compile(rf"^{re.escape(EXERCISE_TODO)}\s+(?P<name>[^\n:]*?):[^\n]*\n?", re.M)
-EXERCISE_ON_SITE = "write it in the notebook (JupyterLab or Colab), where this check runs; the solution is below."
+EXERCISE_ON_SITE = (
+    "write it in the notebook (JupyterLab or Colab), where this check runs; the solution is below.")
 _IMAGE_FILE = re.compile(r"([\w.-]+)\.(?:png|jpe?g|gif|svg|webp)\b")
 
 
@@ -80,15 +85,16 @@ def notebook_pages() -> list[str]:
 # ---------------------------------------------------------------- executed notebooks
 
 
-#: a notebook that cannot be read whole (missing, or cut short: an editor saving it) is read again this many
-#: times, this far apart, before the build gives up on it
+#: a notebook that cannot be read whole (missing, or cut short: an editor saving it) is read again
+#: this many times, this far apart, before the build gives up on it
 READ_TRIES = 5
 READ_PAUSE_S = 0.2
 
 
 def read_stored(path: Path) -> tuple[bytes, dict]:
-    """The bytes of notebook `path` and its JSON, read again while it is missing or not a whole notebook (a save in
-    progress: JupyterLab rewrites the file in place); SystemExit with one line naming the file if it stays so."""
+    """The bytes of notebook `path` and its JSON, read again while it is missing or not a whole
+    notebook (a save in progress: JupyterLab rewrites the file in place); SystemExit with one line
+    naming the file if it stays so."""
     problem = ""
     for attempt in range(READ_TRIES):
         if attempt:
@@ -105,8 +111,8 @@ def read_stored(path: Path) -> tuple[bytes, dict]:
         if isinstance(notebook, dict) and isinstance(notebook.get("cells"), list):
             return data, notebook
         problem = "not a notebook (no list of cells)"
-    raise SystemExit(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an editor is saving it, "
-                     "run the build again")
+    raise SystemExit(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an "
+                     "editor is saving it, run the build again")
 
 
 def _stale_against(stored: dict, executed: Path) -> str | None:
@@ -116,7 +122,8 @@ def _stale_against(stored: dict, executed: Path) -> str | None:
     try:  # a copy cut short (a killed run, a full disk) is run again, like a missing one
         ran = json.loads(executed.read_text(encoding="utf-8"))
         ran_sources = [c["source"] for c in ran["cells"]]
-    except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, KeyError, TypeError) as error:
         return f"unreadable ({type(error).__name__})"
     if ran_sources != [c["source"] for c in stored["cells"]]:
         return "from an older version of the notebook"
@@ -126,20 +133,25 @@ def _stale_against(stored: dict, executed: Path) -> str | None:
 
 
 def stale_reason(stored: Path, executed: Path) -> str | None:
-    """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or None."""
+    """Why `executed` cannot stand for `stored` on the site (missing, other cells, an error), or
+    None."""
     return _stale_against(read_stored(stored)[1], executed)
 
 
 def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> None:
-    """Execute (tiny profile) every notebook of `notebooks_dir` (notebooks/) whose executed copy is missing or stale.
+    """Execute (tiny profile) every notebook of `notebooks_dir` (notebooks/) whose executed copy is
+    missing or stale.
 
-    Each notebook is read once, into a scratch folder, and that copy is what runs and what its executed copy is
-    compared with: a notebook saved meanwhile (JupyterLab's autosave) changes neither, and is run again next time."""
-    with tempfile.TemporaryDirectory(prefix="rlhf-site-") as scratch:  # run_course writes a failed run too
+    Each notebook is read once, into a scratch folder, and that copy is what runs and what its
+    executed copy is compared with: a notebook saved meanwhile (JupyterLab's autosave) changes
+    neither, and is run again next time."""
+    # run_course writes a failed run too
+    with tempfile.TemporaryDirectory(prefix="rlhf-site-") as scratch:
         copies, ran = Path(scratch) / "notebooks", Path(scratch) / "executed"
         copies.mkdir()
         todo = {}
-        for path in course_notebooks() if notebooks_dir is None else course_notebooks(notebooks_dir):
+        for path in course_notebooks() if notebooks_dir is None else course_notebooks(
+                notebooks_dir):
             data, stored = read_stored(path)
             why = _stale_against(stored, executed_dir / path.name)
             if why:
@@ -148,20 +160,23 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
         if not todo:
             return
         print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
-        # what the runs train goes to the scratch folder, the content-keyed caches to the tests' (build/):
-        # nothing is written into the checkout outside build/
+        # what the runs train goes to the scratch folder, the content-keyed caches to the tests'
+        # (build/): nothing is written into the checkout outside build/
         env = {**os.environ, "RLHF_PROFILE": os.environ.get("RLHF_PROFILE", "tiny"),
                "RLHF_RUNS_DIR": str(Path(scratch) / "runs"),
-               "RLHF_CACHE_DIR": os.environ.get("RLHF_CACHE_DIR") or str(ROOT / "build" / "test-cache")}
-        run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--notebooks", str(copies),
-                              "--out", str(ran), *todo], cwd=ROOT, env=env)
+               "RLHF_CACHE_DIR": os.environ.get("RLHF_CACHE_DIR")
+               or str(ROOT / "build" / "test-cache")}
+        run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--notebooks",
+                              str(copies), "--out", str(ran), *todo], cwd=ROOT, env=env)
         executed_dir.mkdir(parents=True, exist_ok=True)
-        for stem in todo:  # only the runs that passed replace what was there, as the notebook tests do
+        # only the runs that passed replace what was there, as the notebook tests do
+        for stem in todo:
             copy = json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8"))
             if _stale_against(copy, ran / f"{stem}.ipynb") is None:
                 shutil.copy(ran / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
     if run.returncode != 0:
-        raise SystemExit("a notebook failed to execute (above); the site needs every notebook executed")
+        raise SystemExit(
+            "a notebook failed to execute (above); the site needs every notebook executed")
 
 
 # ---------------------------------------------------------------- links
@@ -171,14 +186,16 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
 def repository_files() -> frozenset[str]:
     """The repository's tracked files (git ls-files); every file under ROOT when git cannot say."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                                check=True).stdout
         return frozenset(listed.decode().split("\0")) - {""}
     except (OSError, subprocess.CalledProcessError):
         return frozenset(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file())
 
 
 def github_url(path: str) -> str | None:
-    """The GitHub page of repository file or folder `path` (branch GITHUB_BRANCH), None if it is not tracked."""
+    """The GitHub page of repository file or folder `path` (branch GITHUB_BRANCH), None if it is not
+    tracked."""
     files = repository_files()
     if path in files:
         return f"{GITHUB}/blob/{GITHUB_BRANCH}/{path}"
@@ -191,9 +208,10 @@ def rewrite_links(text: str, source: str, pages: set[str]) -> tuple[str, set[str
     """Markdown of repository file `source` with its relative links fitted to the site.
 
     Links to pages stay (the site keeps repository paths); a link to README.md goes to the index; an
-    image that exists stays and is returned, to be copied; a link to any other repository file or folder
-    goes to it on GitHub (github_url), with its label; one to a path git does not track becomes the label
-    or the path, in code. Returns the text and the repository paths of the images."""
+    image that exists stays and is returned, to be copied; a link to any other repository file or
+    folder goes to it on GitHub (github_url), with its label; one to a path git does not track
+    becomes the label or the path, in code. Returns the text and the repository paths of the
+    images."""
     images: set[str] = set()
 
     def fit(match: re.Match) -> str:
@@ -221,7 +239,8 @@ def rewrite_links(text: str, source: str, pages: set[str]) -> tuple[str, set[str
 
 
 def index_markdown(readme: str) -> str:
-    """The site's front page: the README's title and opening paragraph, its course map, the other pages."""
+    """The site's front page: the README's title and opening paragraph, its course map, the other
+    pages."""
     title, _, rest = readme.partition("\n")
     opening = rest.strip().split("\n\n")[0]
     course_map = re.search(r"^## The course map\n.*?(?=^## )", readme, re.M | re.S)
@@ -229,18 +248,20 @@ def index_markdown(readme: str) -> str:
         raise ValueError("README.md has no '## The course map' section")
     names = [p.removesuffix(".ipynb") for p in notebook_pages()]
     reference = [p.removesuffix(".md") for p in REFERENCE_PAGES]
-    run_it = (f"**Run it yourself:** open any notebook in Colab with the \"Open in Colab\" link at its top "
-              f"(notebook 01: [Open in Colab \u2197]({colab_url(Path(notebook_pages()[0]).name)})), or clone "
-              f"the repository, [{GITHUB.removeprefix('https://')}]({GITHUB}), and run `make lab` in the checkout "
-              "(its README's set-up section says what that installs).")
+    run_it = (
+        "**Run it yourself:** open any notebook in Colab with the \"Open in Colab\" link at its "
+        f"top (notebook 01: [Open in Colab \u2197]({colab_url(Path(notebook_pages()[0]).name)})), "
+        f"or clone the repository, [{GITHUB.removeprefix('https://')}]({GITHUB}), and run `make "
+        "lab` in the checkout (its README's set-up section says what that installs).")
     return "\n\n".join([
         title, opening, run_it, course_map.group(0).strip(),
         "## Reference\n\n- [Notation](notebooks/NOTATION.md): one meaning per symbol\n"
-        "- [Metrics glossary](docs/metrics.md): every logged PPO metric, its healthy range, what a bad value means\n"
+        "- [Metrics glossary](docs/metrics.md): every logged PPO metric, its healthy range, what a "
+        "bad value means\n"
         "- [Benchmarks](benchmarks/README.md): speed, memory and learning, against TRL\n"
         "- [From this course to a cluster](docs/cluster.md): the PPO knobs in verl and OpenRLHF",
-        "These pages show the notebooks as executed in the `tiny` profile; the explorers' sliders move "
-        "through values computed in advance (each names the controls it holds fixed).",
+        "These pages show the notebooks as executed in the `tiny` profile; the explorers' sliders "
+        "move through values computed in advance (each names the controls it holds fixed).",
         "```{toctree}\n:hidden:\n:caption: Notebooks\n\n" + "\n".join(names) + "\n```",
         "```{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n```",
     ]) + "\n"
@@ -250,20 +271,20 @@ def index_markdown(readme: str) -> str:
 
 
 def figure_html(figure: dict, element_id: str) -> str:
-    """A plotly figure (JSON) as a <div> drawn by the page's plotly.js, fitted to the width it is drawn at by the
-    site's script (site/static/rlhf-figures.js: titles wrapped, panels stacked and the legend moved under the plot
-    on a phone)."""
+    """A plotly figure (JSON) as a <div> drawn by the page's plotly.js, fitted to the width it is
+    drawn at by the site's script (site/static/rlhf-figures.js: titles wrapped, panels stacked and
+    the legend moved under the plot on a phone)."""
     layout = {k: v for k, v in figure.get("layout", {}).items() if k != "width"}
     height = layout.get("height", 450)
     spec = json.dumps({"data": figure.get("data", []), "layout": layout},
                       separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
-    return (f'<div id="{element_id}" class="rlhf-site-figure" style="width:100%;height:{height}px"></div>\n'
-            '<script type="text/javascript">(function () {\n'
-            f'  var fig = {spec};\n'
-            f'  function draw() {{ rlhfFigures.draw(document.getElementById("{element_id}"), fig.data, fig.layout); }}'
-            '\n'
-            '  if (window.Plotly && window.rlhfFigures) { draw(); } else { window.addEventListener("load", draw); }\n'
-            '})();</script>')
+    return (f'<div id="{element_id}" class="rlhf-site-figure" '
+            f'style="width:100%;height:{height}px"></div>\n<script '
+            f'type="text/javascript">(function () {{\n  var fig = {spec};\n'
+            f'  function draw() {{ rlhfFigures.draw(document.getElementById("{element_id}"), '
+            f'fig.data, fig.layout); }}\n'
+            '  if (window.Plotly && window.rlhfFigures) { draw(); } else { '
+            'window.addEventListener("load", draw); }\n})();</script>')
 
 
 def _model(state: dict, ref: str) -> dict:
@@ -278,12 +299,14 @@ def _descendants(state: dict, model: dict) -> list[dict]:
     return out
 
 
-def explorer_controls(state: dict, box: dict) -> tuple[dict[str, object], dict[str, tuple[float, float]]]:
+def explorer_controls(state: dict, box: dict) -> tuple[dict[str, object],
+                                                       dict[str, tuple[float, float]]]:
     """The saved explorer box's control values (by control name) and its sliders' (min, max)."""
     values, ranges = {}, {}
     for model in _descendants(state, box):
         s = model["state"]
-        classes = [c.removeprefix("rlhf-") for c in s.get("_dom_classes", []) if c.startswith("rlhf-")]
+        classes = [c.removeprefix("rlhf-") for c in s.get("_dom_classes", [])
+                   if c.startswith("rlhf-")]
         if model["model_name"] == "CheckboxModel" and "dual-toggle" in classes:
             values["dual"] = s["value"]
         elif model["model_name"] == "DropdownModel":
@@ -301,7 +324,8 @@ def tqdm_parts(state: dict, box: dict) -> tuple[str, float, str] | None:
     if [p["model_name"] for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
         return None
     bar = parts[1]["state"]
-    left, right = (html.unescape(p["state"]["value"]).replace("\u2007", " ") for p in (parts[0], parts[2]))
+    left, right = (html.unescape(p["state"]["value"]).replace("\u2007", " ")
+                   for p in (parts[0], parts[2]))
     return left, (bar["value"] / bar["max"] if bar.get("max") else 0.0), right
 
 
@@ -315,8 +339,8 @@ def tqdm_text(state: dict, box: dict) -> str | None:
 
 
 def _closed_descriptions(source: str) -> list[re.Pattern]:
-    """The descriptions (desc=...) of the tqdm calls with leave=False in a cell's source, as patterns
-    (an f-string's {...} matches anything)."""
+    """The descriptions (desc=...) of the tqdm calls with leave=False in a cell's source, as
+    patterns (an f-string's {...} matches anything)."""
     found = []
     for call in re.findall(r"tqdm\((?:[^()]|\([^()]*\))*\)", source):
         desc = re.search(r"\bdesc\s*=\s*(f?)(['\"])(.*?)\2", call)
@@ -327,13 +351,16 @@ def _closed_descriptions(source: str) -> list[re.Pattern]:
 
 
 def tqdm_dropped(state: dict, box: dict, source: str) -> bool:
-    """True for a bar the page leaves out: one the code closed (leave=False: tqdm hides it when done, which
-    its saved layout records, or its description matches a leave=False call in the cell), or a map/filter
-    bar of the `datasets` library (unit "examples"), which says nothing about the course."""
+    """True for a bar the page leaves out: one the code closed (leave=False: tqdm hides it when
+    done, which its saved layout records, or its description matches a leave=False call in the
+    cell), or a map/filter bar of the `datasets` library (unit "examples"), which says nothing about
+    the course."""
     layout = box["state"].get("layout")
-    layout = _model(state, layout)["state"] if isinstance(layout, str) and layout.removeprefix("IPY_MODEL_") in state \
-        else {}
-    if layout.get("visibility") == "hidden" or layout.get("display") == "none" or box["state"].get("visible") is False:
+    layout = (_model(state, layout)["state"]
+              if isinstance(layout, str) and layout.removeprefix("IPY_MODEL_") in state \
+        else {})
+    if (layout.get("visibility") == "hidden" or layout.get("display") == "none"
+        or box["state"].get("visible") is False):
         return True
     left, _, right = tqdm_parts(state, box)
     if re.search(r"\bexamples(/s)?\]", right):
@@ -342,12 +369,14 @@ def tqdm_dropped(state: dict, box: dict, source: str) -> bool:
 
 
 def progress_html(line: str) -> str:
-    """A finished bar's last text as a plain, muted line (not tqdm's stderr, which the theme shows as an error)."""
+    """A finished bar's last text as a plain, muted line (not tqdm's stderr, which the theme shows
+    as an error)."""
     return f'<pre class="rlhf-progress">{html.escape(line.rstrip())}</pre>'
 
 
 def site_stream(out: dict) -> dict | None:
-    """A stream output as the site shows it: an exercise's "NOT DONE" line says where the exercise is written."""
+    """A stream output as the site shows it: an exercise's "NOT DONE" line says where the exercise
+    is written."""
     if out.get("name") != "stdout":
         return out
     text = "".join(out["text"]) if isinstance(out["text"], list) else out["text"]
@@ -356,8 +385,8 @@ def site_stream(out: dict) -> dict | None:
 
 
 def image_alt(source: str, alts: dict[str, str]) -> str:
-    """Alt text of an image a cell displays: the README's alt for the image file the source names, else
-    "figure: <file name in words>", else "figure"."""
+    """Alt text of an image a cell displays: the README's alt for the image file the source names,
+    else "figure: <file name in words>", else "figure"."""
     for match in _IMAGE_FILE.finditer(source):
         if match.group(0) in alts:
             return alts[match.group(0)]
@@ -370,18 +399,24 @@ def _html_output(text: str) -> dict:
 
 
 def site_notebook(nb: dict, stem: str, alts: dict[str, str] | None = None) -> dict:
-    """The executed notebook `nb` with outputs that need neither a kernel nor the internet (see module doc).
+    """The executed notebook `nb` with outputs that need neither a kernel nor the internet (see
+    module doc).
 
-    `alts`: alt texts of image files by file name (from the markdown pages), for the images cells display."""
+    `alts`: alt texts of image files by file name (from the markdown pages), for the images cells
+    display."""
     state = nb.get("metadata", {}).pop("widgets", {}).get(STATE_MIME, {}).get("state", {})
-    # a claim-check cell asserts the prose above it on the run's numbers: nothing for a reader of the site
-    nb["cells"] = [cell for cell in nb["cells"] if CLAIM_TAG not in cell.get("metadata", {}).get("tags", [])]
+    # a claim-check cell asserts the prose above it on the run's numbers: nothing for a reader of
+    # the site
+    nb["cells"] = [cell for cell in nb["cells"]
+                   if CLAIM_TAG not in cell.get("metadata", {}).get("tags", [])]
     for i, cell in enumerate(nb["cells"]):
         outputs, new = cell.get("outputs", []), []
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         boxes = [_model(state, o["data"][WIDGET_MIME]["model_id"]) for o in outputs
-                 if WIDGET_MIME in o.get("data", {}) and o["data"][WIDGET_MIME]["model_id"] in state]
-        explorer = next((b for b in boxes if "rlhf-explorer" in b["state"].get("_dom_classes", [])), None)
+                 if WIDGET_MIME in o.get("data", {})
+                 and o["data"][WIDGET_MIME]["model_id"] in state]
+        explorer = next(
+            (b for b in boxes if "rlhf-explorer" in b["state"].get("_dom_classes", [])), None)
         for k, out in enumerate(outputs):
             data = out.get("data", {})
             element_id = f"{stem}-{i}-{k}"
@@ -398,9 +433,12 @@ def site_notebook(nb: dict, stem: str, alts: dict[str, str] | None = None) -> di
                     new.append(_html_output(figure_html(data[PLOTLY_MIME], element_id)))
                 continue
             if set(data) == {"text/html"} and "cdn.plot.ly" in "".join(data["text/html"]):
-                continue  # plotly's loader for notebook_connected figures: the site has its own plotly.js
-            if any(mime.startswith("image/") for mime in data):  # MyST-NB's alt is the image's file path
-                options = cell.setdefault("metadata", {}).setdefault("mystnb", {}).setdefault("image", {})
+                # plotly's loader for notebook_connected figures: the site has its own plotly.js
+                continue
+            # MyST-NB's alt is the image's file path
+            if any(mime.startswith("image/") for mime in data):
+                options = cell.setdefault("metadata", {}).setdefault("mystnb",
+                                                                     {}).setdefault("image", {})
                 options.setdefault("alt", image_alt(source, alts or {}))
             new.append(site_stream(out) if out.get("output_type") == "stream" else out)
         if cell["cell_type"] == "code":
@@ -415,7 +453,8 @@ def _explorer_html(state: dict, box: dict, outputs: list[dict], element_id: str)
     if kind == "ClipExplorer":
         options["ratio_range"] = ranges["ratio"]
         figures = [o["data"][PLOTLY_MIME] for o in outputs if PLOTLY_MIME in o.get("data", {})]
-        batch = [t for f in figures for t in f["data"] if t.get("type") == "histogram" and t.get("x")]
+        batch = [t for f in figures for t in f["data"]
+                 if t.get("type") == "histogram" and t.get("x")]
         if batch and batch[0].get("visible", True):
             options["ratios"] = batch[0]["x"]
     elif kind == "ValueClipExplorer":
@@ -437,9 +476,10 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
     """Write every page's source under `stage_dir`, at its repository path."""
     pages = {*notebook_pages(), *REFERENCE_PAGES}
     images: set[str] = set()
-    alts = {posixpath.basename(src): alt for page in ("README.md", *REFERENCE_PAGES) for bang, alt, src
-            in _LINK.findall((ROOT / page).read_text(encoding="utf-8")) if bang and alt}
-    text, found = rewrite_links(index_markdown((ROOT / "README.md").read_text(encoding="utf-8")), "README.md", pages)
+    alts = {posixpath.basename(src): alt for page in ("README.md", *REFERENCE_PAGES) for bang, alt,
+            src in _LINK.findall((ROOT / page).read_text(encoding="utf-8")) if bang and alt}
+    text, found = rewrite_links(index_markdown((ROOT / "README.md").read_text(encoding="utf-8")),
+                                "README.md", pages)
     _write(stage_dir / "index.md", text)
     images |= found
     for page in REFERENCE_PAGES:
@@ -447,7 +487,8 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
         _write(stage_dir / page, text)
         images |= found
     for page in notebook_pages():
-        nb = site_notebook(json.loads((executed_dir / Path(page).name).read_text()), Path(page).stem, alts)
+        nb = site_notebook(json.loads((executed_dir / Path(page).name).read_text()),
+                           Path(page).stem, alts)
         for cell in nb["cells"]:
             if cell["cell_type"] == "markdown":
                 source, found = rewrite_links("".join(cell["source"]), page, pages)
@@ -461,10 +502,13 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
 
 
 def replace_site(built: Path, out: Path) -> None:
-    """Put the built site at `out`, replacing a site this tool built there before (it has Sphinx's .buildinfo);
-    SystemExit for an `out` that is a file or a folder of something else (never deleted)."""
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / ".buildinfo").is_file()):
-        raise SystemExit(f"--out {out} exists and is not a site this tool built; choose a new or empty folder")
+    """Put the built site at `out`, replacing a site this tool built there before (it has Sphinx's
+    .buildinfo); SystemExit for an `out` that is a file or a folder of something else (never
+    deleted)."""
+    if out.is_file() or (out.is_dir() and any(out.iterdir())
+                         and not (out / ".buildinfo").is_file()):
+        raise SystemExit(
+            f"--out {out} exists and is not a site this tool built; choose a new or empty folder")
     if out.is_dir():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -473,10 +517,12 @@ def replace_site(built: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--executed", type=Path, default=EXECUTED, help="executed notebooks (make test's)")
+    parser.add_argument("--executed", type=Path, default=EXECUTED,
+                        help="executed notebooks (make test's)")
     parser.add_argument("--out", type=Path, default=OUT, help="the site")
     parser.add_argument("--no-execute", action="store_true",
-                        help="use the executed copies as they are, even from an older version of a notebook")
+                        help="use the executed copies as they are, even from an older version of a "
+                             "notebook")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.no_execute:
@@ -485,22 +531,24 @@ def main(argv: list[str] | None = None) -> int:
             if why is not None and (why == "missing" or why.startswith("unreadable")):
                 raise SystemExit(f"--no-execute: {args.executed / notebook.name} is {why}")
             if why is not None:
-                print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it is", flush=True)
+                print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it "
+                      "is", flush=True)
     else:
         ensure_executed(args.executed)
     executed = time.perf_counter()
     stage(args.executed, STAGE)
     staged = time.perf_counter()
-    # MyST-NB writes a jupyter_execute/ folder beside Sphinx's output folder: build in a scratch folder, so
-    # that nothing lands beside --out, then put the site in place
+    # MyST-NB writes a jupyter_execute/ folder beside Sphinx's output folder: build in a scratch
+    # folder, so that nothing lands beside --out, then put the site in place
     with tempfile.TemporaryDirectory(prefix="rlhf-sphinx-") as scratch:
         built = Path(scratch) / "site"
-        subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-c",
-                        str(ROOT / "site"), "-d", str(DOCTREES), str(STAGE), str(built)], check=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-c",
+             str(ROOT / "site"), "-d", str(DOCTREES), str(STAGE), str(built)], check=True, cwd=ROOT)
         replace_site(built, args.out)
     done = time.perf_counter()
-    print(f"site: {args.out}/index.html (executing {executed - start:.1f} s, staging {staged - executed:.1f} s, "
-          f"sphinx {done - staged:.1f} s)")
+    print(f"site: {args.out}/index.html (executing {executed - start:.1f} s, staging "
+          f"{staged - executed:.1f} s, sphinx {done - staged:.1f} s)")
     return 0
 
 

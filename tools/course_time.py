@@ -6,19 +6,19 @@ Usage:
     python tools/course_time.py --write      # state the minutes in each notebook's header and the README's map
     python tools/course_time.py --check      # exit 1 when a header or the README's course map states others
 
-The minutes are an estimate, made the same way for every notebook from what it contains, counted in the
-stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
+The minutes are an estimate, made the same way for every notebook from what it contains, counted in
+the stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
 - prose: the markdown's words (solution blocks excepted), read at READING_WORDS_PER_MIN;
-- code: the lines of the code cells a learner reads (not the exercise stubs, the checks, the hidden claim
-  checks or the Colab set-up cell), at CODE_LINES_PER_MIN;
+- code: the lines of the code cells a learner reads (not the exercise stubs, the checks, the hidden
+  claim checks or the Colab set-up cell), at CODE_LINES_PER_MIN;
 - exercises: EXERCISE_BASE_MIN each, plus EXERCISE_MIN_PER_LINE per line of its worked solution (the
-  statements a learner writes, not the signature, the docstring or comments); a line an earlier notebook's
-  solutions already hold counts REUSED_MIN_PER_LINE (and an exercise made only of such lines,
-  REUSED_EXERCISE_BASE_MIN instead of the base).
-The rates are those of a first-year PhD student working carefully through dense technical material; they put
-the course as it stood before the core/deep-dive split (26k words of prose, 2.3k code lines to read, 22
-exercises) at 25 hours, inside an instructor's independent estimate of 22 to 28 hours for it. Running the
-cells adds the CPU time the course map lists beside these minutes.
+  statements a learner writes, not the signature, the docstring or comments); a line an earlier
+  notebook's solutions already hold counts REUSED_MIN_PER_LINE (and an exercise made only of such
+  lines, REUSED_EXERCISE_BASE_MIN instead of the base).
+The rates are those of a first-year PhD student working carefully through dense technical material;
+they put the course as it stood before the core/deep-dive split (26k words of prose, 2.3k code lines
+to read, 22 exercises) at 25 hours, inside an instructor's independent estimate of 22 to 28 hours
+for it. Running the cells adds the CPU time the course map lists beside these minutes.
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ from rlhf_helpers.course.deep_dives import as_cells, heading, in_deep_dive  # no
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 README = ROOT / "README.md"
-#: words of technical prose with equations read per minute, carefully (a fifth of casual reading speed)
+#: words of technical prose with equations read per minute, carefully (a fifth of casual reading
+#: speed)
 READING_WORDS_PER_MIN = 50.0
 #: lines of course code read and understood per minute
 CODE_LINES_PER_MIN = 5.0
-#: minutes per exercise before writing anything: reading its task, the check's messages, a first attempt
+#: minutes per exercise before writing anything: reading its task, the check's messages, a first
+#: attempt
 EXERCISE_BASE_MIN = 15.0
 #: minutes per line of an exercise's worked solution: writing, running the check, fixing
 EXERCISE_MIN_PER_LINE = 2.0
@@ -52,7 +54,8 @@ REUSED_MIN_PER_LINE = 0.5
 REUSED_EXERCISE_BASE_MIN = 5.0
 _SOLUTION = re.compile(r"<details><summary>Solution \d+</summary>.*?</details>", re.DOTALL)
 _SOLUTION_CODE = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
-_ROW = re.compile(r"^(\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| )(\d+) min core \+ (\d+) min deep dives( \|)", re.MULTILINE)
+_ROW = re.compile(r"^(\| \[(\d\d) [^|]*\]\([^)]*\) \|.*\| )(\d+) min core \+ (\d+) min deep dives( "
+                  r"\|)", re.MULTILINE)
 #: the header's time line, in a notebook source (`# ` before it) or a stored notebook's first cell
 _TIME_LINE = re.compile(r"^(# )?\*\*Time:\*\* .*$", re.MULTILINE)
 SOURCE_DIR = NOTEBOOK_DIR / "src"
@@ -71,13 +74,15 @@ class Part:
     words: int = 0
     #: lines of code a learner reads
     code_lines: int = 0
-    #: per exercise: (lines of its worked solution new to the learner, lines an earlier notebook's solutions hold)
+    #: per exercise: (lines of its worked solution new to the learner, lines an earlier notebook's
+    #: solutions hold)
     exercise_lines: tuple[tuple[int, int], ...] = ()
 
     @property
     def minutes(self) -> float:
         """The estimated minutes, by the rates above."""
-        exercises = sum((EXERCISE_BASE_MIN if new else REUSED_EXERCISE_BASE_MIN) + EXERCISE_MIN_PER_LINE * new
+        exercises = sum((EXERCISE_BASE_MIN if new else REUSED_EXERCISE_BASE_MIN)
+                        + EXERCISE_MIN_PER_LINE * new
                         + REUSED_MIN_PER_LINE * reused for new, reused in self.exercise_lines)
         return self.words / READING_WORDS_PER_MIN + self.code_lines / CODE_LINES_PER_MIN + exercises
 
@@ -87,8 +92,8 @@ class Part:
 
 
 def solution_statements(code: str) -> list[str]:
-    """The statements a learner writes in a worked solution, whitespace normalised: its lines minus blanks,
-    comments (a trailing one included), `def` lines and docstrings."""
+    """The statements a learner writes in a worked solution, whitespace normalised: its lines minus
+    blanks, comments (a trailing one included), `def` lines and docstrings."""
     body = re.sub(r'("""|\'\'\').*?\1', "", code, flags=re.DOTALL)
     lines = (" ".join(line.split("  #", 1)[0].split()) for line in body.splitlines())
     return [line for line in lines if line and not line.startswith(("#", "def ", "@"))]
@@ -111,8 +116,9 @@ def _read_code(source: str, tags: tuple[str, ...]) -> int:
 
 
 def cell_parts(path: Path, earlier: set[str]) -> list[tuple[str, bool, Part]]:
-    """(section heading, in a deep dive, what the cell asks) for each cell of a stored notebook; `earlier`:
-    the solution statements of the notebooks before it (this notebook's are added to it)."""
+    """(section heading, in a deep dive, what the cell asks) for each cell of a stored notebook;
+    `earlier`: the solution statements of the notebooks before it (this notebook's are added to
+    it)."""
     cells = as_cells(nbformat.read(path, as_version=4).cells)
     result, section, written = [], "(top)", set()
     for cell, deep in zip(cells, in_deep_dive(cells), strict=True):
@@ -125,7 +131,8 @@ def cell_parts(path: Path, earlier: set[str]) -> list[tuple[str, bool, Part]]:
                 reused = sum(1 for line in statements if line in earlier)
                 exercises.append((len(statements) - reused, reused))
                 written |= set(statements)
-            part = Part(words=len(_SOLUTION.sub(" ", cell.source).split()), exercise_lines=tuple(exercises))
+            part = Part(words=len(_SOLUTION.sub(" ", cell.source).split()),
+                        exercise_lines=tuple(exercises))
         else:
             part = Part(code_lines=_read_code(cell.source, cell.tags))
         result.append((section, deep, part))
@@ -134,8 +141,8 @@ def cell_parts(path: Path, earlier: set[str]) -> list[tuple[str, bool, Part]]:
 
 
 def parts(path: Path, earlier: set[str] | None = None) -> tuple[Part, Part]:
-    """(core, deep dives) of one stored notebook (`earlier`: as in `cell_parts`; by default the solution
-    statements of the course's notebooks before it)."""
+    """(core, deep dives) of one stored notebook (`earlier`: as in `cell_parts`; by default the
+    solution statements of the course's notebooks before it)."""
     if earlier is None:
         earlier = set()
         for before in notebooks():
@@ -151,7 +158,8 @@ def parts(path: Path, earlier: set[str] | None = None) -> tuple[Part, Part]:
 def notebooks(prefixes: list[str] | None = None) -> list[Path]:
     """The course's notebooks, in order, those starting with one of `prefixes` when given."""
     found = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-    return [p for p in found if not prefixes or any(p.name.startswith(prefix) for prefix in prefixes)]
+    return [p for p in found
+            if not prefixes or any(p.name.startswith(prefix) for prefix in prefixes)]
 
 
 def rounded(minutes: float) -> int:
@@ -171,26 +179,33 @@ def header_minutes(path: Path) -> str | None:
 
 
 def write(measured: dict[str, tuple[int, int]]) -> None:
-    """State `measured` (notebook number -> minutes) in the README's course map and each source's header."""
+    """State `measured` (notebook number -> minutes) in the README's course map and each source's
+    header."""
     text = README.read_text(encoding="utf-8")
-    README.write_text(_ROW.sub(lambda m: f"{m[1]}{measured[m[2]][0]} min core + {measured[m[2]][1]} min deep dives"
-                               f"{m[5]}" if m[2] in measured else m[0], text), encoding="utf-8")
+    README.write_text(
+        _ROW.sub(lambda m: f"{m[1]}{measured[m[2]][0]} min core + {measured[m[2]][1]} min deep "
+                 f"dives{m[5]}" if m[2] in measured else m[0], text), encoding="utf-8")
     for source in sorted(SOURCE_DIR.glob("[0-9][0-9]_*.py")):
         if source.name[:2] in measured:
             code = source.read_text(encoding="utf-8")
-            source.write_text(_TIME_LINE.sub("# " + time_line(*measured[source.name[:2]]), code, count=1),
-                              encoding="utf-8")
+            source.write_text(
+                _TIME_LINE.sub("# " + time_line(*measured[source.name[:2]]), code, count=1),
+                encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 05")
-    parser.add_argument("--check", action="store_true", help="fail when the README states other minutes")
-    parser.add_argument("--sections", action="store_true", help="also the minutes of each ## section")
-    parser.add_argument("--write", action="store_true", help="state the minutes in the headers and the README")
+    parser.add_argument("--check", action="store_true",
+                        help="fail when the README states other minutes")
+    parser.add_argument("--sections", action="store_true",
+                        help="also the minutes of each ## section")
+    parser.add_argument("--write", action="store_true",
+                        help="state the minutes in the headers and the README")
     args = parser.parse_args(argv)
     measured, total, earlier = {}, [0.0, 0.0], set()
-    print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, (new, reused) exercise lines")
+    print(f"{'notebook':<24} {'core min':>8} {'deep min':>8}   core: words, code lines, (new, "
+          "reused) exercise lines")
     for path in notebooks():
         cells = cell_parts(path, earlier)
         if args.prefixes and not any(path.name.startswith(prefix) for prefix in args.prefixes):
@@ -199,12 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         deep = sum((part for _, deep, part in cells if deep), Part())
         measured[path.name[:2]] = (rounded(core.minutes), rounded(deep.minutes))
         total[0], total[1] = total[0] + core.minutes, total[1] + deep.minutes
-        print(f"{path.stem:<24} {core.minutes:8.0f} {deep.minutes:8.0f}   {core.words}, {core.code_lines}, "
-              f"{list(core.exercise_lines)}")
+        print(f"{path.stem:<24} {core.minutes:8.0f} {deep.minutes:8.0f}   {core.words}, "
+              f"{core.code_lines}, {list(core.exercise_lines)}")
         if args.sections:
             for name in dict.fromkeys(section for section, _, _ in cells):
                 for flag, label in ((False, "core"), (True, "deep")):
-                    minutes = sum((p for s, d, p in cells if s == name and d == flag), Part()).minutes
+                    minutes = sum(
+                        (p for s, d, p in cells if s == name and d == flag), Part()).minutes
                     if minutes >= 0.5:
                         print(f"    {label} {minutes:5.0f}  {name[:70]}")
     print(f"{'total (hours)':<24} {total[0] / 60:8.1f} {total[1] / 60:8.1f}")
@@ -216,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     stated = readme_minutes(README.read_text(encoding="utf-8"))
     wrong = {n: (stated.get(n), m) for n, m in measured.items() if stated.get(n) != m}
     for number, (says, should) in wrong.items():
-        print(f"README course map, notebook {number}: states {says}, the notebook measures {should} (core, deep)")
+        print(f"README course map, notebook {number}: states {says}, the notebook measures "
+              f"{should} (core, deep)")
     headers = {path.name[:2]: header_minutes(path) for path in notebooks(args.prefixes)}
     stale = [n for n, line in headers.items() if n in measured and line != time_line(*measured[n])]
     for number in stale:
-        print(f"notebook {number}'s header states {headers[number]!r}, expected {time_line(*measured[number])!r}")
+        print(f"notebook {number}'s header states {headers[number]!r}, expected "
+              f"{time_line(*measured[number])!r}")
     return 1 if wrong or stale else 0
 
 

@@ -4,9 +4,9 @@
 
 Writes WORKDIR/STAGE.result.json (or --out) holding the stage's exit code and seconds, the machine
 (GPU name, compute capability, driver), the software (torch, its CUDA, transformers, peft, trl), the
-commit ($RLHF_COMMIT, else `git rev-parse HEAD`, else "unknown": a device copy may have no .git), the
-stage's own figures (its --json file, if any) and the last lines of its log. These files are what
-benchmarks/results/ keeps and what the README's GPU figures are read from.
+commit ($RLHF_COMMIT, else `git rev-parse HEAD`, else "unknown": a device copy may have no .git),
+the stage's own figures (its --json file, if any) and the last lines of its log. These files are
+what benchmarks/results/ keeps and what the README's GPU figures are read from.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def commit_id(root: Path) -> str:
     if os.environ.get("RLHF_COMMIT"):
         return os.environ["RLHF_COMMIT"]
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10)
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
@@ -52,7 +52,8 @@ def machine() -> dict[str, Any]:
         out["driver"] = smi.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         out["driver"] = None
-    # which weights the gpu profile ran on: gpu_checks.sh sets {"weights": "gguf"} or {"weights": "random"}
+    # which weights the gpu profile ran on: gpu_checks.sh sets {"weights": "gguf"} or {"weights":
+    # "random"}
     out["profile_overrides"] = os.environ.get("RLHF_PROFILE_OVERRIDES")
     for name in ("transformers", "peft", "trl", "accelerate", "datasets", "gguf"):
         try:
@@ -63,17 +64,20 @@ def machine() -> dict[str, Any]:
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `lines` lines of a log, each progress-bar redraw (carriage return) kept only once."""
+    """The last `lines` lines of a log, each progress-bar redraw (carriage return) kept only
+    once."""
     if not path.exists():
         return []
-    with path.open(errors="replace", newline="") as handle:  # newline="": keep the \r of progress bars
+    # newline="": keep the \r of progress bars
+    with path.open(errors="replace", newline="") as handle:
         text = handle.read()
-    kept = [line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]  # not splitlines(): it splits at \r
+    # not splitlines(): it splits at \r
+    kept = [line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
     return [line for line in kept if line][-lines:]
 
 
-def stage_result(stage: str, exit_code: int, seconds: float, workdir: Path, figures_file: Path | None,
-                 environment: dict[str, Any], commit: str) -> dict[str, Any]:
+def stage_result(stage: str, exit_code: int, seconds: float, workdir: Path, figures_file: Path
+                 | None, environment: dict[str, Any], commit: str) -> dict[str, Any]:
     """The result record of one stage (see the module docstring)."""
     if not stage:
         raise ValueError("stage must be a non-empty name")
@@ -93,7 +97,8 @@ def main() -> None:
     parser.add_argument("exit_code", type=int)
     parser.add_argument("seconds", type=float)
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--figures", type=Path, default=None, help="the stage's own JSON of figures")
+    parser.add_argument("--figures", type=Path, default=None,
+                        help="the stage's own JSON of figures")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]

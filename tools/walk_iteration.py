@@ -3,18 +3,21 @@
     python tools/walk_iteration.py            # the walk, hop by hop, then its two counts
     python tools/walk_iteration.py --json     # the counts only, as one JSON object
 
-It runs the training command (tiny profile, one iteration) with a profiler hook and records what a reader
-opens: the functions on the way from the command to the iteration (the stack when `PPOTrainer.step`
-starts), then each function of `rlhf_helpers` that an opened function calls, the first time it is called,
-until the first optimiser step. Two kinds of call are read by name and not opened:
-- the maths (`rlhf_helpers/core/`): `shape_rewards`, `compute_gae`, `policy_loss`... say what they compute;
+It runs the training command (tiny profile, one iteration) with a profiler hook and records what a
+reader opens: the functions on the way from the command to the iteration (the stack when
+`PPOTrainer.step` starts), then each function of `rlhf_helpers` that an opened function calls, the
+first time it is called, until the first optimiser step. Two kinds of call are read by name and not
+opened:
+- the maths (`rlhf_helpers/core/`): `shape_rewards`, `compute_gae`, `policy_loss`... say what they
+  compute;
 - the model (`MODEL_MODULES`): a forward or a decoder step returns log-probs, values or tokens.
-A call made through a library (a torch module's `__call__`, an autograd function) is not opened either.
+A call made through a library (a torch module's `__call__`, an autograd function) is not opened
+either.
 
-A hop is a move of the reader to another module: into an opened function of another module, or back to the
-caller's module when that function ends. `modules` counts the modules the walk reads (opens a function
-of), `returns` the hops into a module the reader had already left, and `named` the modules it only calls
-by name (the maths and the model).
+A hop is a move of the reader to another module: into an opened function of another module, or back
+to the caller's module when that function ends. `modules` counts the modules the walk reads (opens a
+function of), `returns` the hops into a module the reader had already left, and `named` the modules
+it only calls by name (the maths and the model).
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlhf_helpers"
-#: library functions that call the package's code for it (a module's forward, an autograd function): by name
+#: library functions that call the package's code for it (a module's forward, an autograd function):
+#: by name
 OPAQUE = {"_call_impl", "_wrapped_call_impl", "apply", "backward", "_engine_run_backward"}
 #: modules whose functions compute a forward or a decoding step: read by name
-MODEL_MODULES = {"ppo/shared_model.py", "ppo/shared_forwards.py", "ppo/packed_gpt2.py", "ppo/fused_lora.py",
-                 "ppo/adapters.py", "ppo/value_head.py", "ppo/gpt2_decoder.py", "ppo/fast_decoder.py"}
+MODEL_MODULES = {"ppo/shared_model.py", "ppo/shared_forwards.py", "ppo/packed_gpt2.py",
+                 "ppo/fused_lora.py", "ppo/adapters.py", "ppo/value_head.py", "ppo/gpt2_decoder.py",
+                 "ppo/fast_decoder.py"}
 
 
 def package_module(frame: FrameType) -> str | None:
@@ -56,11 +61,13 @@ def read_by_name(module: str) -> bool:
 class Walk:
     """The reader's path: the modules in the order the reader is in them."""
 
-    path: list[str] = field(default_factory=list)  #: the module after each hop (the first: the command's)
+    #: the module after each hop (the first: the command's)
+    path: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  #: one line per hop, for the printout
     touched: set[str] = field(default_factory=set)  #: every module opened or read by name
     read: set[Any] = field(default_factory=set)  #: the code objects read already
-    #: one entry per live frame since the walk began: (module, opened) with module None outside the package
+    #: one entry per live frame since the walk began: (module, opened) with module None outside the
+    #: package
     frames: list[tuple[str | None, bool]] = field(default_factory=list)
     done: bool = False
 
@@ -72,7 +79,8 @@ class Walk:
         self.path.append(module)
 
     def start(self, frame: FrameType) -> None:
-        """The functions on the stack when the iteration starts: how the reader got there from the command."""
+        """The functions on the stack when the iteration starts: how the reader got there from the
+        command."""
         stack = []
         while frame is not None:
             stack.append(frame)
@@ -87,7 +95,8 @@ class Walk:
     def call(self, frame: FrameType) -> None:
         module = package_module(frame)
         parent_module, parent_opened = self.frames[-1] if self.frames else (None, True)
-        if module is None:  # a library's frame: a decorator or context manager passes the reader through
+        # a library's frame: a decorator or context manager passes the reader through
+        if module is None:
             through = parent_opened and frame.f_code.co_name not in OPAQUE
             self.frames.append((parent_module, through) if through else (None, False))
             return
@@ -99,7 +108,8 @@ class Walk:
                 opened = True
                 self.move(module, frame.f_code.co_qualname)
             elif not read_by_name(module) and module == parent_module:
-                opened = True  # a function already read, in the module the reader is in: follow it there
+                # a function already read, in the module the reader is in: follow it there
+                opened = True
         self.frames.append((module, opened))
 
     def leave(self) -> None:
@@ -140,7 +150,8 @@ def walk_one_iteration(workdir: Path) -> Walk:
                     walk.start(frame)
                     walk.frames.append((package_module(frame), True))
                 return
-            if frame.f_code.co_name == "step" and "torch/optim" in frame.f_code.co_filename.replace("\\", "/"):
+            if (frame.f_code.co_name == "step"
+                and "torch/optim" in frame.f_code.co_filename.replace("\\", "/")):
                 walk.done = True  # the optimiser step: the end of the walk
                 return
             walk.call(frame)

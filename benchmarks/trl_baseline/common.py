@@ -27,7 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped tiny SFT model (word-level GPT-2) both sides start from.
 TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-sft"
 
-#: Architectures of random-init GPU runs (SmolLM2-135M's is defined in rlhf_helpers.runtime.architectures).
+#: Architectures of random-init GPU runs (SmolLM2-135M's is defined in
+#: rlhf_helpers.runtime.architectures).
 RANDOM_INIT_CONFIGS = {"smollm2": SMOLLM2_135M_CONFIG}
 
 
@@ -36,7 +37,8 @@ class BenchSettings:
     """One PPO setting, applied identically to TRL's PPOTrainer and to our engine."""
 
     updates: int = 12  #: PPO updates (rollout batch + epochs of minibatch steps) to run and time
-    warmup_updates: int = 2  #: first updates left out of the time-per-update median (allocator, caches)
+    #: first updates left out of the time-per-update median (allocator, caches)
+    warmup_updates: int = 2
     batch_size: int = 32  #: prompts sampled per update (rollout batch)
     mini_batch_size: int = 8  #: sequences per optimiser step inside an update
     ppo_epochs: int = 4  #: passes over each rollout batch
@@ -46,7 +48,8 @@ class BenchSettings:
     kl_coef: float = 0.05  #: fixed beta of the per-token k1 KL penalty
     clip_eps: float = 0.2  #: PPO ratio clip range
     value_clip: float = 0.2  #: value clipping range around the old values
-    vf_coef: float = 0.1  #: weight of the value loss (TRL: in one summed loss; ours: scales the critic's own loss)
+    #: weight of the value loss (TRL: in one summed loss; ours: scales the critic's own loss)
+    vf_coef: float = 0.1
     gamma: float = 1.0  #: GAE discount
     lam: float = 0.95  #: GAE lambda
     temperature: float = 1.0  #: sampling temperature (1.0: the policy's own distribution)
@@ -54,7 +57,8 @@ class BenchSettings:
     lora_alpha: int = 16  #: LoRA alpha (scale = alpha / r)
     #: LoRA-wrapped module names
     lora_target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
-    reward: str = "hidden"  #: "hidden": the hidden ground-truth scorer; else a reward-model directory
+    #: "hidden": the hidden ground-truth scorer; else a reward-model directory
+    reward: str = "hidden"
     eval_every: int = 2  #: evaluate on held-out prompts every this many updates (not timed)
     n_eval_prompts: int = 64  #: held-out prompts per evaluation
     seed: int = 0  #: torch / sampling / data-order seed
@@ -62,7 +66,8 @@ class BenchSettings:
     dtype: str = "float32"  #: parameter dtype name ("bfloat16" on a GPU)
     model_dir: str = str(TINY_MODEL_DIR)  #: SFT model both sides start from
     random_init_config: str | None = None  #: "smollm2": random weights of that architecture instead
-    torch_threads: int = 1  #: torch.set_num_threads on the CPU (1: steadier on a busy 2-core machine)
+    #: torch.set_num_threads on the CPU (1: steadier on a busy 2-core machine)
+    torch_threads: int = 1
 
     def validate(self) -> BenchSettings:
         """Raise ValueError on settings that cannot work on both sides."""
@@ -72,13 +77,13 @@ class BenchSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.mini_batch_size:
-            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size "
-                             f"({self.mini_batch_size})")
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of "
+                             f"mini_batch_size ({self.mini_batch_size})")
         if not 0 <= self.warmup_updates < self.updates:
             raise ValueError(f"warmup_updates must be in [0, updates), got {self.warmup_updates}")
         if self.random_init_config not in (None, *RANDOM_INIT_CONFIGS):
-            raise ValueError(f"random_init_config must be None or one of {sorted(RANDOM_INIT_CONFIGS)}, "
-                             f"got {self.random_init_config!r}")
+            raise ValueError("random_init_config must be None or one of "
+                             f"{sorted(RANDOM_INIT_CONFIGS)}, got {self.random_init_config!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         return self
@@ -105,12 +110,14 @@ def current_rss_mb() -> float:
 
 
 class UpdateClock:
-    """Wall time and process CPU time per PPO update, with evaluation time between updates taken out.
+    """Wall time and process CPU time per PPO update, with evaluation time between updates taken
+    out.
 
     Call `update_done()` right when an update finishes and `resume()` when the loop goes on
     after any evaluation: an update's time is the time from the previous `resume()` to its
     `update_done()`. CPU time (`time.process_time`, all threads of this process) is the steadier
-    figure on a shared machine: other processes' load stretches wall time, not this process's CPU time.
+    figure on a shared machine: other processes' load stretches wall time, not this process's CPU
+    time.
     """
 
     def __init__(self) -> None:
@@ -132,14 +139,16 @@ class UpdateClock:
 class TrainingPeak:
     """Peak CUDA memory of the training updates alone, and of the whole run with evaluations.
 
-    Evaluations sample and score 128 held-out prompts in one batch; their (B, L, V) logits can exceed
-    what an update needs, and the anchor compares updates. Call `pause()` before an evaluation and
-    `resume()` after it: `peak` is the largest allocation seen between a `resume()` (or `start()`) and
-    the next `pause()` (or `finish()`), `peak_with_evaluations` the largest seen at all.
-    `read` and `reset` default to torch.cuda's `max_memory_allocated` and `reset_peak_memory_stats`.
+    Evaluations sample and score 128 held-out prompts in one batch; their (B, L, V) logits can
+    exceed what an update needs, and the anchor compares updates. Call `pause()` before an
+    evaluation and `resume()` after it: `peak` is the largest allocation seen between a `resume()`
+    (or `start()`) and the next `pause()` (or `finish()`), `peak_with_evaluations` the largest seen
+    at all. `read` and `reset` default to torch.cuda's `max_memory_allocated` and
+    `reset_peak_memory_stats`.
     """
 
-    def __init__(self, read: Callable[[], int] | None = None, reset: Callable[[], None] | None = None) -> None:
+    def __init__(self, read: Callable[[], int] | None = None,
+                 reset: Callable[[], None] | None = None) -> None:
         if read is None or reset is None:
             import torch
 
@@ -153,7 +162,8 @@ class TrainingPeak:
 
     def pause(self) -> None:
         seen = self._read()
-        self.peak, self.peak_with_evaluations = max(self.peak, seen), max(self.peak_with_evaluations, seen)
+        self.peak, self.peak_with_evaluations = max(self.peak,
+                                                    seen), max(self.peak_with_evaluations, seen)
 
     def resume(self) -> None:
         self.peak_with_evaluations = max(self.peak_with_evaluations, self._read())
@@ -213,7 +223,8 @@ def model_config(settings: BenchSettings, tokenizer: Any, **overrides: Any) -> A
 
 def load_model(settings: BenchSettings, auto_class: Any, tokenizer: Any, seed_offset: int = 0,
                **config_overrides: Any) -> Any:
-    """`auto_class` from the SFT directory, or randomly initialised (seeded) for random-init runs."""
+    """`auto_class` from the SFT directory, or randomly initialised (seeded) for random-init
+    runs."""
     import torch
 
     config = model_config(settings, tokenizer, **config_overrides)
@@ -230,7 +241,8 @@ def load_model(settings: BenchSettings, auto_class: Any, tokenizer: Any, seed_of
 
 
 # ----------------------------------------------------------------------------- rewards
-def split_response_ids(row: Sequence[int], context_length: int, pad_id: int, eos_id: int) -> list[int]:
+def split_response_ids(row: Sequence[int], context_length: int, pad_id: int,
+                       eos_id: int) -> list[int]:
     """Response ids of one query+response row: after the prompt, up to (excluding) EOS or pad."""
     response = []
     for token in row[context_length:]:
@@ -240,12 +252,14 @@ def split_response_ids(row: Sequence[int], context_length: int, pad_id: int, eos
     return response
 
 
-def decode_pairs(tokenizer: Any, query_responses: Any, context_length: int) -> tuple[list[str], list[str]]:
+def decode_pairs(tokenizer: Any, query_responses: Any,
+                 context_length: int) -> tuple[list[str], list[str]]:
     """(prompts, responses) texts of left-padded queries followed by responses."""
     prompts, responses = [], []
     for row in query_responses.tolist():
         prompts.append(tokenizer.decode(row[:context_length], skip_special_tokens=True))
-        ids = split_response_ids(row, context_length, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        ids = split_response_ids(row, context_length, tokenizer.pad_token_id,
+                                 tokenizer.eos_token_id)
         responses.append(" " + tokenizer.decode(ids, skip_special_tokens=True))
     return prompts, responses
 
@@ -299,13 +313,14 @@ def evaluate(
     kl = ((logp - ref) * mask).sum(dim=1)  # (B,)
     texts_prompts, texts_responses = decode_pairs(tokenizer, sequences.masked_fill(~torch.cat(
         [attention.bool(), mask], dim=1), pad), context)
-    scores = torch.tensor(hidden_score_texts(texts_prompts, texts_responses), dtype=torch.float64)  # (B,)
+    # (B,)
+    scores = torch.tensor(hidden_score_texts(texts_prompts, texts_responses), dtype=torch.float64)
     return {
         "kl": float(kl.mean()),
         "hidden_score": float(scores.mean()),
         # standard error of that mean: how far a rerun with other samples could move it
-        "hidden_score_se": float(scores.std() / len(scores) ** 0.5) if len(scores) > 1 else float("nan"),
-        "response_tokens": float(mask.sum(dim=1).float().mean()),
+        "hidden_score_se": float(scores.std() / len(scores) ** 0.5) if len(scores) > 1
+        else float("nan"), "response_tokens": float(mask.sum(dim=1).float().mean()),
         "eos_fraction": float((is_eos.sum(dim=1) > 0).float().mean()),
     }
 
@@ -314,7 +329,8 @@ def causal_lm_logprobs(model: Any, sequences: Any, attention_mask: Any, context_
     """Per-token log-probs (B, R) of the response tokens under a causal LM, left-pad aware."""
     import torch
 
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # (B, T): GPT-2 needs them with left pad
+    # (B, T): GPT-2 needs them with left pad
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=sequences, attention_mask=attention_mask,
                    position_ids=position_ids).logits  # (B, T, V)
     logits = logits[:, context_length - 1 : -1].float()  # (B, R, V): position t predicts token t+1

@@ -68,14 +68,18 @@ def engine_config(settings: BenchSettings) -> Any:
     )
 
 
-def build_engine(settings: BenchSettings, base: Any, tokenizer: Any, train_prompts: list[str]) -> Any:
-    """Our shared model on `base` and its PPOTrainer as this benchmark runs them (hidden score as reward)."""
+def build_engine(settings: BenchSettings, base: Any, tokenizer: Any,
+                 train_prompts: list[str]) -> Any:
+    """Our shared model on `base` and its PPOTrainer as this benchmark runs them (hidden score as
+    reward)."""
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
 
     config = engine_config(settings)
-    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=settings.seed, lora=config.lora)
-    return PPOTrainer(config, model, tokenizer, train_prompts, reward_fn=hidden_score_texts, hidden_score_fn=None)
+    model = SharedLoRAModel(base, tokenizer.pad_token_id, tokenizer.eos_token_id,
+                            seed=settings.seed, lora=config.lora)
+    return PPOTrainer(config, model, tokenizer, train_prompts, reward_fn=hidden_score_texts,
+                      hidden_score_fn=None)
 
 
 def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
@@ -123,7 +127,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
             torch.cuda.synchronize()
         clock.update_done()
         train_logs.append({"kl": metrics["kl"], "score": metrics["score"],
-                           "clipfrac": metrics.get("clipfrac"), "approxkl": metrics.get("approx_kl"),
+                           "clipfrac": metrics.get("clipfrac"),
+                           "approxkl": metrics.get("approx_kl"),
                            "time_rollout": metrics.get("time_rollout"),
                            "time_update": metrics.get("time_update")})
         if update % settings.eval_every == 0 or update == settings.updates:
@@ -163,6 +168,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default="{}", help="BenchSettings fields as JSON")
-    parser.add_argument("--out", required=True, type=Path, help="where to write the JSON of figures")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="where to write the JSON of figures")
     cli = parser.parse_args()
     main(BenchSettings.from_json(cli.settings), cli.out)

@@ -57,7 +57,8 @@ def build_hidden_reward_model(tokenizer: Any, context_length: int) -> Any:
     class HiddenScoreBackbone(nn.Module):
         def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
             prompts, responses = decode_pairs(tokenizer, input_ids, context_length)
-            scores = torch.tensor(hidden_score_texts(prompts, responses), device=input_ids.device)  # (B,)
+            # (B,)
+            scores = torch.tensor(hidden_score_texts(prompts, responses), device=input_ids.device)
             per_position = scores[:, None, None].expand(*input_ids.shape, 1)  # (B, T, 1)
             return SimpleNamespace(hidden_states=(per_position,))
 
@@ -115,7 +116,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     peft_config = None
     ref_model = None
     if settings.lora_r > 0:
-        peft_config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+        peft_config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
+                                 lora_dropout=0.0,
                                  target_modules=list(settings.lora_target_modules),
                                  task_type="CAUSAL_LM")
     else:
@@ -123,7 +125,8 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
 
     args = PPOConfig(
         output_dir=str(out.parent / "trl-ppo-output"),
-        per_device_train_batch_size=settings.batch_size,  # with grad accumulation 1: the rollout batch
+        # with grad accumulation 1: the rollout batch
+        per_device_train_batch_size=settings.batch_size,
         gradient_accumulation_steps=1,  # TRL accumulates across minibatches when > 1
         num_mini_batches=settings.batch_size // settings.mini_batch_size,
         num_ppo_epochs=settings.ppo_epochs,
@@ -189,8 +192,10 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
             if settings.device == "cuda":
                 torch.cuda.synchronize()
             clock.update_done()
-            print(f"update {state.global_step}/{settings.updates} done", flush=True)  # progress in the side's log
-            if state.global_step % settings.eval_every == 0 or state.global_step == settings.updates:
+            # progress in the side's log
+            print(f"update {state.global_step}/{settings.updates} done", flush=True)
+            if (state.global_step % settings.eval_every == 0
+                or state.global_step == settings.updates):
                 if peak:
                     peak.pause()
                 evals.append(run_eval(state.global_step))
@@ -227,10 +232,12 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
         "rss_after_imports_mb": rss_after_imports,
         "rss_after_setup_mb": rss_after_setup,
         "peak_rss_mb": peak_rss_mb(),
-        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters()
+                                    if p.requires_grad),
         "evals": evals,
         "train_logs": [{"kl": r["objective/kl"], "score": r["objective/scores"],
-                        "clipfrac": r.get("policy/clipfrac_avg"), "approxkl": r.get("policy/approxkl_avg")}
+                        "clipfrac": r.get("policy/clipfrac_avg"),
+                        "approxkl": r.get("policy/approxkl_avg")}
                        for r in train_logs],
     }
     if peak:
@@ -244,6 +251,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default="{}", help="BenchSettings fields as JSON")
-    parser.add_argument("--out", required=True, type=Path, help="where to write the JSON of figures")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="where to write the JSON of figures")
     cli = parser.parse_args()
     main(BenchSettings.from_json(cli.settings), cli.out)

@@ -7,10 +7,11 @@
     python -m rlhf_helpers.cluster.export --profile gpu --format openrlhf
     python tools/write_docs.py                           # rewrite the examples in docs/cluster.md
 
-The course's batch sizes are per process (`accelerate launch` runs one copy per GPU); verl and OpenRLHF take
-global ones, so `n_gpus` multiplies them. Model and data paths are placeholders (MODEL_PATH, ...) unless
-`paths` names them. `cluster.knobs` says what each setting means there and what does not carry over
-(`not_carried` lists the ones this config sets); docs/cluster.md is the page.
+The course's batch sizes are per process (`accelerate launch` runs one copy per GPU); verl and
+OpenRLHF take global ones, so `n_gpus` multiplies them. Model and data paths are placeholders
+(MODEL_PATH, ...) unless `paths` names them. `cluster.knobs` says what each setting means there and
+what does not carry over (`not_carried` lists the ones this config sets); docs/cluster.md is the
+page.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 #: The releases this export was written against and tests/cluster/test_cluster_export.py checks
 #: (PyPI versions).
 VERL_VERSION = "0.9.1"
-OPENRLHF_VERSION = "0.11.2"  # >= 0.10.2: the dotted flags (--actor.eps_clip, --algo.kl.init_coef, ...)
-#: Sent where the course switches a clip off and the framework cannot: no score or value gets near it.
+# >= 0.10.2: the dotted flags (--actor.eps_clip, --algo.kl.init_coef, ...)
+OPENRLHF_VERSION = "0.11.2"
+#: Sent where the course switches a clip off and the framework cannot: no score or value gets near
+#: it.
 NO_CLIP = 1.0e6
 #: verl's dual-clip constant c that never acts: above e^20, the cap verl puts on the ratio.
 DUAL_CLIP_OFF = 1.0e9
@@ -41,31 +44,36 @@ VERL_KL_NAMES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 #: Placeholders of the paths the export cannot know; `paths={"model": ...}` replaces them.
 PLACEHOLDERS = {"model": "MODEL_PATH", "reward_model": "REWARD_MODEL_PATH",
                 "train_prompts": "TRAIN_PROMPTS", "val_prompts": "VAL_PROMPTS"}
-#: The most GPUs one node (one NVLink domain: GB200 NVL72) holds; the export writes one-node runs (nnodes=1).
+#: The most GPUs one node (one NVLink domain: GB200 NVL72) holds; the export writes one-node runs
+#: (nnodes=1).
 MAX_GPUS_PER_NODE = 72
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
 
 
 def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
-    """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile or a config."""
+    """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile
+    or a config."""
     if isinstance(run, PPOConfig):
         return run
     if isinstance(run, str):
         try:
             return get_profile(run).ppo
-        except ValueError as error:  # the profile name, or $RLHF_PROFILE_OVERRIDES: say it came through `run`
+        # the profile name, or $RLHF_PROFILE_OVERRIDES: say it came through `run`
+        except ValueError as error:
             raise ValueError(f"run {run!r}: {error}") from None
     if not isinstance(run, Profile):
-        raise ValueError(f"run must be a profile name, a Profile or a PPOConfig, got {type(run).__name__} {run!r}")
+        raise ValueError("run must be a profile name, a Profile or a PPOConfig, got "
+                         f"{type(run).__name__} {run!r}")
     return run.ppo
 
 
 def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
     if paths is not None and not isinstance(paths, Mapping):
-        raise ValueError(f"paths must be a mapping such as {{'model': '/models/sft'}}, got {type(paths).__name__} "
-                         f"{paths!r}")
-    bad = {name: path for name, path in (paths or {}).items() if not isinstance(path, str) or not path.strip()}
+        raise ValueError(f"paths must be a mapping such as {{'model': '/models/sft'}}, got "
+                         f"{type(paths).__name__} {paths!r}")
+    bad = {name: path for name,
+           path in (paths or {}).items() if not isinstance(path, str) or not path.strip()}
     if bad:
         raise ValueError(f"paths must map each name to a non-empty path string, got {bad!r}")
     unknown = set(paths or {}) - set(PLACEHOLDERS)
@@ -75,14 +83,18 @@ def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _check_gpus(n_gpus: int) -> int:
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or not 1 <= n_gpus <= MAX_GPUS_PER_NODE:
-        raise ValueError(f"n_gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one node), got {n_gpus!r}")
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus,
+                                                  int) or not 1 <= n_gpus <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"n_gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one "
+                         f"node), got {n_gpus!r}")
     return n_gpus
 
 
-def per_token_target_kl(config: PPOConfig, mean_response_tokens: float | None = None) -> float | None:
-    """The course's target (k1 KL per sequence) as their target (mean KL per token): divided by the mean
-    response length, max_new_tokens unless given (exact when responses use the whole budget)."""
+def per_token_target_kl(config: PPOConfig,
+                        mean_response_tokens: float | None = None) -> float | None:
+    """The course's target (k1 KL per sequence) as their target (mean KL per token): divided by the
+    mean response length, max_new_tokens unless given (exact when responses use the whole
+    budget)."""
     if mean_response_tokens is not None and (isinstance(mean_response_tokens, bool)
                                              or not isinstance(mean_response_tokens, (int, float))
                                              or not 0 < mean_response_tokens < math.inf):
@@ -94,34 +106,37 @@ def per_token_target_kl(config: PPOConfig, mean_response_tokens: float | None = 
     return float(config.target_kl) / float(tokens)
 
 
-def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-                  paths: Mapping[str, str] | None = None) -> dict[str, Any]:
+def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+                  | None = None, paths: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Dotted verl key -> value (Python types) for the same run on `n_gpus` GPUs of one node."""
     c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
     a, cr, m = "actor_rollout_ref.actor.", "critic.", "actor_rollout_ref.model."
     target = per_token_target_kl(c, mean_response_tokens)
     s: dict[str, Any] = {
         "data.train_batch_size": c.rollout_batch_size * n, "actor_rollout_ref.rollout.n": 1,
-        a + "ppo_mini_batch_size": c.mini_batch_size * n, cr + "ppo_mini_batch_size": c.mini_batch_size * n,
-        a + "ppo_micro_batch_size_per_gpu": c.mini_batch_size, cr + "ppo_micro_batch_size_per_gpu": c.mini_batch_size,
+        a + "ppo_mini_batch_size": c.mini_batch_size * n,
+        cr + "ppo_mini_batch_size": c.mini_batch_size * n,
+        a + "ppo_micro_batch_size_per_gpu": c.mini_batch_size,
+        cr + "ppo_micro_batch_size_per_gpu": c.mini_batch_size,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": c.mini_batch_size,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": c.mini_batch_size,
-        a + "ppo_epochs": c.ppo_epochs, cr + "ppo_epochs": c.ppo_epochs, a + "shuffle": True, cr + "shuffle": True,
-        "data.max_prompt_length": c.max_prompt_length, "data.truncation": "left",
-        "data.max_response_length": c.max_new_tokens, "actor_rollout_ref.rollout.temperature": float(c.temperature),
-        "algorithm.adv_estimator": "gae", "algorithm.gamma": float(c.gamma), "algorithm.lam": float(c.lam),
-        a + "clip_ratio": float(c.clip_eps), a + "clip_ratio_low": float(c.clip_eps),
-        a + "clip_ratio_high": float(c.clip_eps), a + "clip_ratio_c": DUAL_CLIP_OFF,
-        cr + "cliprange_value": NO_CLIP if c.value_clip is None else float(c.value_clip),
-        a + "entropy_coeff": float(c.entropy_coef),
-        a + "optim.clip_grad": float(c.max_grad_norm), cr + "optim.clip_grad": float(c.max_grad_norm),
+        a + "ppo_epochs": c.ppo_epochs, cr + "ppo_epochs": c.ppo_epochs, a + "shuffle": True,
+        cr + "shuffle": True, "data.max_prompt_length": c.max_prompt_length,
+        "data.truncation": "left", "data.max_response_length": c.max_new_tokens,
+        "actor_rollout_ref.rollout.temperature": float(c.temperature),
+        "algorithm.adv_estimator": "gae", "algorithm.gamma": float(c.gamma),
+        "algorithm.lam": float(c.lam), a + "clip_ratio": float(c.clip_eps),
+        a + "clip_ratio_low": float(c.clip_eps), a + "clip_ratio_high": float(c.clip_eps),
+        a + "clip_ratio_c": DUAL_CLIP_OFF, cr + "cliprange_value": NO_CLIP if c.value_clip is None
+        else float(c.value_clip), a + "entropy_coeff": float(c.entropy_coef), a
+        + "optim.clip_grad": float(c.max_grad_norm), cr + "optim.clip_grad": float(c.max_grad_norm),
         a + "optim.lr": float(c.policy_lr), cr + "optim.lr": float(c.value_lr),
         a + "optim.weight_decay": 0.0, cr + "optim.weight_decay": 0.0,
         a + "optim.lr_scheduler_type": "constant", cr + "optim.lr_scheduler_type": "constant",
         "trainer.critic_warmup": c.value_warmup_steps + 1 if c.value_warmup_steps else 0,
         "algorithm.use_kl_in_reward": True, a + "use_kl_loss": False,
-        "algorithm.kl_ctrl.kl_coef": float(c.kl_coef), "algorithm.kl_penalty": VERL_KL_NAMES[c.kl_kind],
-        "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
+        "algorithm.kl_ctrl.kl_coef": float(c.kl_coef), "algorithm.kl_penalty": VERL_KL_NAMES[
+            c.kl_kind], "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
     }
     if target is not None:
         s.update({"algorithm.kl_ctrl.target_kl": target, "algorithm.kl_ctrl.horizon": c.kl_horizon})
@@ -134,8 +149,9 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response
     rm = "reward.reward_model."
     s.update({  # plumbing (knobs.PLUMBING)
         m + "path": p["model"], "critic.model.path": p["model"], rm + "enable": True,
-        rm + "model_path": p["reward_model"], rm + "rollout.name": "vllm", rm + "rollout.tensor_model_parallel_size": 1,
-        "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        rm + "model_path": p["reward_model"], rm + "rollout.name": "vllm",
+        rm + "rollout.tensor_model_parallel_size": 1, "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
         "data.train_files": p["train_prompts"], "data.val_files": p["val_prompts"],
         "trainer.n_gpus_per_node": n, "trainer.nnodes": 1, "trainer.logger": ["console"],
     })
@@ -143,8 +159,8 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response
 
 
 def _number(value: float | int) -> str:
-    """A number without an exponent ("0.00005", "1000000.0"): floats read as floats by YAML 1.1, Hydra's
-    override grammar and argparse (which takes "-1e-05" for an option name)."""
+    """A number without an exponent ("0.00005", "1000000.0"): floats read as floats by YAML 1.1,
+    Hydra's override grammar and argparse (which takes "-1e-05" for an option name)."""
     if isinstance(value, int):
         return str(value)
     text = format(Decimal(repr(float(value))), "f")
@@ -162,7 +178,8 @@ def _scalar(value: Any) -> str:
     if isinstance(value, int | float):
         return _number(value)
     text = str(value)
-    if _PLAIN.match(text) and text.lower() not in {"true", "false", "null", "yes", "no", "on", "off"}:
+    if (_PLAIN.match(text)
+        and text.lower() not in {"true", "false", "null", "yes", "no", "on", "off"}):
         return text
     return "'" + text.replace("'", "''") + "'"
 
@@ -173,16 +190,17 @@ def _value(value: Any) -> str:
     return _scalar(value)
 
 
-def verl_overrides(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-                   paths: Mapping[str, str] | None = None) -> list[str]:
+def verl_overrides(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+                   | None = None, paths: Mapping[str, str] | None = None) -> list[str]:
     """`key=value` Hydra overrides for `python -m verl.trainer.main_ppo` (one argument each)."""
     return [f"{key}={_value(value)}" for key, value in
             verl_settings(run, n_gpus, mean_response_tokens, paths).items()]
 
 
-def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-              paths: Mapping[str, str] | None = None) -> str:
-    """The same settings as nested YAML (the keys of `verl_settings`, grouped by their dotted path)."""
+def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+              | None = None, paths: Mapping[str, str] | None = None) -> str:
+    """The same settings as nested YAML (the keys of `verl_settings`, grouped by their dotted
+    path)."""
     tree: dict[str, Any] = {}
     for key, value in verl_settings(run, n_gpus, mean_response_tokens, paths).items():
         node = tree
@@ -198,73 +216,81 @@ def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tok
                 lines.append(" " * indent + f"{key}:")
                 emit(value, indent + 2)
             else:
-                shown = "[" + ", ".join(_scalar(v) for v in value) + "]" if isinstance(value, list) else _scalar(value)
+                shown = ("[" + ", ".join(_scalar(v) for v in value) + "]" if isinstance(value, list)
+                         else _scalar(value))
                 lines.append(" " * indent + f"{key}: {shown}")
 
     emit(tree, 0)
     return "\n".join(lines) + "\n"
 
 
-def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-                 paths: Mapping[str, str] | None = None) -> str:
-    """`verl_overrides` as a shell command, one override a line (quoted where the shell needs it)."""
+def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+                 | None = None, paths: Mapping[str, str] | None = None) -> str:
+    """`verl_overrides` as a shell command, one override a line (quoted where the shell needs
+    it)."""
     overrides = verl_overrides(run, n_gpus, mean_response_tokens, paths)
     return " \\\n  ".join([" ".join(VERL_ENTRY), *(shlex.quote(o) for o in overrides)])
 
 
-def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
+def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                   mean_response_tokens: float | None = None,
                    paths: Mapping[str, str] | None = None) -> list[tuple[str, tuple[Any, ...]]]:
     """(flag, values) pairs for train_ppo_ray, in the order of knobs.KNOBS; () for a switch."""
     c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
     target = per_token_target_kl(c, mean_response_tokens)
     score_clip = NO_CLIP if c.score_clip is None else float(c.score_clip)
     f: list[tuple[str, tuple[Any, ...]]] = [
-        ("--rollout.batch_size", (c.rollout_batch_size * n,)), ("--rollout.n_samples_per_prompt", (1,)),
-        ("--train.batch_size", (c.mini_batch_size * n,)), ("--train.micro_batch_size", (c.mini_batch_size,)),
-        ("--rollout.micro_batch_size", (c.mini_batch_size,)), ("--train.max_epochs", (c.ppo_epochs,)),
+        ("--rollout.batch_size", (c.rollout_batch_size * n,)),
+        ("--rollout.n_samples_per_prompt", (1,)), ("--train.batch_size", (c.mini_batch_size * n,)),
+        ("--train.micro_batch_size", (c.mini_batch_size,)),
+        ("--rollout.micro_batch_size", (c.mini_batch_size,)),
+        ("--train.max_epochs", (c.ppo_epochs,)),
         ("--data.max_len", (c.max_prompt_length + c.max_new_tokens,)),
         ("--rollout.max_new_tokens", (c.max_new_tokens,)),
-        ("--rollout.temperature", (float(c.temperature),)), ("--algo.advantage.estimator", ("gae",)),
-        ("--algo.advantage.gamma", (float(c.gamma),)), ("--algo.advantage.lambd", (float(c.lam),)),
-        ("--actor.eps_clip", (float(c.clip_eps),)),
+        ("--rollout.temperature", (float(c.temperature),)),
+        ("--algo.advantage.estimator", ("gae",)), ("--algo.advantage.gamma", (float(c.gamma),)),
+        ("--algo.advantage.lambd", (float(c.lam),)), ("--actor.eps_clip", (float(c.clip_eps),)),
         ("--critic.value_clip", (NO_CLIP if c.value_clip is None else float(c.value_clip),)),
-        ("--actor.entropy_coef", (float(c.entropy_coef),)),
-        ("--actor.max_norm", (float(c.max_grad_norm),)), ("--critic.max_norm", (float(c.max_grad_norm),)),
+        ("--actor.entropy_coef", (float(c.entropy_coef),)), ("--actor.max_norm", (
+            float(c.max_grad_norm),)), ("--critic.max_norm", (float(c.max_grad_norm),)),
         ("--actor.adam.lr", (float(c.policy_lr),)), ("--critic.adam.lr", (float(c.value_lr),)),
     ]
     for role in ("actor", "critic"):
         f += [(f"--{role}.adam.betas", (0.9, 0.999)), (f"--{role}.lr_scheduler", ("constant",)),
               (f"--{role}.lr_warmup_ratio", (0.0,))]
-    f += [("--critic.freezing_steps", (c.value_warmup_steps - 1,)), ("--algo.kl.init_coef", (float(c.kl_coef),)),
-          ("--algo.kl.estimator", (c.kl_kind,))]
+    f += [("--critic.freezing_steps", (c.value_warmup_steps - 1,)),
+          ("--algo.kl.init_coef", (float(c.kl_coef),)), ("--algo.kl.estimator", (c.kl_kind,))]
     if target is not None:
         f += [("--algo.kl.target", (target,)), ("--algo.kl.horizon", (c.kl_horizon,))]
     f += [("--reward.clip_range", (-score_clip, score_clip)), ("--ds.lora.rank", (c.lora.r,)),
           ("--ds.lora.alpha", (c.lora.alpha,)), ("--ds.lora.dropout", (0.0,)),
           ("--ds.lora.target_modules", tuple(c.lora.target_modules)),
-          ("--data.max_samples", (c.total_steps * c.rollout_batch_size * n,)), ("--train.num_episodes", (1,)),
-          ("--train.seed", (c.seed,))]
-    f += [("--actor.model_name_or_path", (p["model"],)), ("--critic.model_name_or_path", (p["model"],)),  # plumbing
-          ("--reward.model_name_or_path", (p["reward_model"],)), ("--data.prompt_dataset", (p["train_prompts"],)),
-          ("--data.input_key", ("prompt",))]
+          ("--data.max_samples", (c.total_steps * c.rollout_batch_size * n,)),
+          ("--train.num_episodes", (1,)), ("--train.seed", (c.seed,))]
+    f += [("--actor.model_name_or_path", (p["model"],)),
+          ("--critic.model_name_or_path", (p["model"],)),  # plumbing
+          ("--reward.model_name_or_path", (p["reward_model"],)),
+          ("--data.prompt_dataset", (p["train_prompts"],)), ("--data.input_key", ("prompt",))]
     for role in ("actor", "critic", "ref", "reward"):
         f += [(f"--{role}.num_nodes", (1,)), (f"--{role}.num_gpus_per_node", (n,))]
-    f += [("--train.colocate_all", ()), ("--vllm.num_engines", (n,)), ("--vllm.tensor_parallel_size", (1,)),
-          ("--vllm.gpu_memory_utilization", (0.5,)), ("--vllm.enable_sleep", ()), ("--ds.enable_sleep", ())]
+    f += [("--train.colocate_all", ()), ("--vllm.num_engines", (n,)),
+          ("--vllm.tensor_parallel_size", (1,)), ("--vllm.gpu_memory_utilization", (0.5,)),
+          ("--vllm.enable_sleep", ()), ("--ds.enable_sleep", ())]
     return f
 
 
-def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-                  paths: Mapping[str, str] | None = None) -> list[str]:
-    """The argument list of `python -m openrlhf.cli.train_ppo_ray` for the same run on `n_gpus` GPUs."""
+def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+                  | None = None, paths: Mapping[str, str] | None = None) -> list[str]:
+    """The argument list of `python -m openrlhf.cli.train_ppo_ray` for the same run on `n_gpus`
+    GPUs."""
     out: list[str] = []
     for flag, values in openrlhf_flags(run, n_gpus, mean_response_tokens, paths):
         out += [flag, *(_number(v) if isinstance(v, int | float) else str(v) for v in values)]
     return out
 
 
-def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float | None = None,
-                     paths: Mapping[str, str] | None = None) -> str:
+def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
+                     | None = None, paths: Mapping[str, str] | None = None) -> str:
     """`openrlhf_args` as a shell command, one flag a line."""
     lines = [" ".join(OPENRLHF_ENTRY)]
     for flag, values in openrlhf_flags(run, n_gpus, mean_response_tokens, paths):
@@ -284,36 +310,41 @@ def not_carried(run: str | Profile | PPOConfig) -> list[str]:
     if c.missing_eos_penalty is not None:
         out.append(f"missing_eos_penalty={c.missing_eos_penalty}: add it in the reward function")
     if c.vf_coef != 1.0:
-        out.append(f"vf_coef={c.vf_coef}: their critics have their own optimiser and no loss weight")
+        out.append(
+            f"vf_coef={c.vf_coef}: their critics have their own optimiser and no loss weight")
     return out
 
 
 def auto_note(name: str | None, resolved: str) -> str | None:
-    """The line that says what the profile "auto" (from --profile, else $RLHF_PROFILE) resolved to on this machine,
-    or None when no "auto" was asked for. "auto" picks by this machine's GPU, while the export is for a cluster:
-    the line keeps a CPU from turning a cluster command into the tiny run without a word."""
+    """The line that says what the profile "auto" (from --profile, else $RLHF_PROFILE) resolved to
+    on this machine, or None when no "auto" was asked for. "auto" picks by this machine's GPU, while
+    the export is for a cluster: the line keeps a CPU from turning a cluster command into the tiny
+    run without a word."""
     source = "--profile" if name is not None else f"${PROFILE_ENV}"
     if (name if name is not None else os.environ.get(PROFILE_ENV, "")).strip().lower() != "auto":
         return None
     if resolved == "tiny":
-        return (f"note: {source} auto resolved to tiny: this machine has no CUDA GPU, so this is the tiny profile's "
+        return (f"note: {source} auto resolved to tiny: this machine has no CUDA GPU, so this is "
+                "the tiny profile's "
                 "run (the shipped tiny model's settings); pass --profile gpu for the gpu profile's")
     return f"note: {source} auto resolved to gpu: this machine has a CUDA GPU"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--gpus", type=int, default=1,
-                        help=f"GPUs of the one node, 1 to {MAX_GPUS_PER_NODE} (batches are scaled by it)")
+                        help=f"GPUs of the one node, 1 to {MAX_GPUS_PER_NODE} (batches are scaled "
+                             "by it)")
     parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
     args = parser.parse_args(argv)
     writers = {"verl": verl_command, "verl-yaml": verl_yaml, "openrlhf": openrlhf_command}
     try:  # a bad setting ($RLHF_PROFILE_OVERRIDES, --gpus) is one line and exit 2
         if not 1 <= args.gpus <= MAX_GPUS_PER_NODE:
-            raise ValueError(f"--gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one node), got "
-                             f"{args.gpus}")
+            raise ValueError(f"--gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one "
+                             f"node), got {args.gpus}")
         run = get_profile(args.profile)
         text = writers[args.format](run, args.gpus)
     except (ValueError, TypeError) as error:

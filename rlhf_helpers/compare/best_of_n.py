@@ -5,10 +5,10 @@
     best_of_n_kl(4)                                          # 0.636 nats: its KL to the SFT model
 
 For each prompt draw n responses from the reference (the SFT model: the shared base with every
-adapter disabled), score them with the learned reward (the reward adapter), and keep the one with the
-highest learned reward; the hidden ground-truth scorer then grades the kept response. Picking by the
-learned reward and grading by the hidden one is what makes it a fair baseline for PPO, which also
-only ever sees the learned reward.
+adapter disabled), score them with the learned reward (the reward adapter), and keep the one with
+the highest learned reward; the hidden ground-truth scorer then grades the kept response. Picking by
+the learned reward and grading by the hidden one is what makes it a fair baseline for PPO, which
+also only ever sees the learned reward.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class BestOfNResult:
         return self.reward_scores[:, :k].argmax(dim=1)  # (N,)
 
     def hidden_mean(self, k: int | None = None) -> float:
-        """Mean hidden score of the best-of-k pick (k <= n, default n): grading by the hidden scorer."""
+        """Mean hidden score of the best-of-k pick (k <= n, default n): grading by the hidden
+        scorer."""
         chosen = self.pick(k)  # (N,)
         return float(self.hidden_scores.gather(1, chosen[:, None]).mean())
 

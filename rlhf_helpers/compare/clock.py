@@ -59,8 +59,8 @@ class TrainingClock:
 
 
 def _release_freed_heap() -> None:
-    """Hand freed C heap back to the OS (glibc malloc_trim), so that a run's RSS peak is not hidden by
-    memory an earlier run freed but the allocator kept resident; a no-op off glibc."""
+    """Hand freed C heap back to the OS (glibc malloc_trim), so that a run's RSS peak is not hidden
+    by memory an earlier run freed but the allocator kept resident; a no-op off glibc."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -68,8 +68,8 @@ def _release_freed_heap() -> None:
 
 
 class PeakMemoryMeter:
-    """Peak memory a run adds: CUDA max_memory_allocated above the start on a GPU; on a CPU the rise of
-    the process's resident memory (`memory.PeakMemory`, after handing freed heap back)."""
+    """Peak memory a run adds: CUDA max_memory_allocated above the start on a GPU; on a CPU the rise
+    of the process's resident memory (`memory.PeakMemory`, after handing freed heap back)."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)

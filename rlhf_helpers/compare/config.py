@@ -36,15 +36,19 @@ class CompareConfig:
     The settings shared with PPO default to the tiny profile's (`profile_field`); `from_profile`
     reads them from any profile."""
 
-    #: training budget of each method when train_batches is None: CPU seconds of this process on a CPU, wall seconds
-    #: on a GPU (model building and evaluations excluded); how much each method trains in it varies from run to run
+    #: training budget of each method when train_batches is None: CPU seconds of this process on a
+    #: CPU, wall seconds on a GPU (model building and evaluations excluded); how much each method
+    #: trains in it varies from run to run
     train_seconds: float = profile_field("compare_seconds")
-    #: training budget of each method in sampled batches of samples_per_batch responses (their updates included),
-    #: the evaluations scheduled in batches too: the same responses for every method and the same numbers for the
-    #: same seed on one machine; None: the budget is train_seconds
+    #: training budget of each method in sampled batches of samples_per_batch responses (their
+    #: updates included), the evaluations scheduled in batches too: the same responses for every
+    #: method and the same numbers for the same seed on one machine; None: the budget is
+    #: train_seconds
     train_batches: int | None = None
-    eval_points: int = 4  #: evaluations spread evenly over the budget, after the one before training
-    #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves climb)
+    #: evaluations spread evenly over the budget, after the one before training
+    eval_points: int = 4
+    #: extra evaluations before the first even one, at 1/2, 1/4, ... of its time (where the curves
+    #: climb)
     early_evals: int = 2
     #: held-out prompts every evaluation samples one response for
     n_eval_prompts: int = profile_field("n_eval_prompts")
@@ -59,18 +63,21 @@ class CompareConfig:
     updates_per_batch: int = 4
     #: Adam(W) learning rate of every policy adapter, constant (PPO's policy_lr)
     learning_rate: float = profile_field("policy_lr")
-    #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO per-token k3 in the
-    #: loss
+    #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO
+    #: per-token k3 in the loss
     kl_coef: float = profile_field("kl_coef")
-    grpo_loss_type: str = "dapo"  #: TRL GRPOConfig.loss_type ("dapo": TRL 1.16's default; "dr_grpo": Dr. GRPO)
-    grpo_scale_rewards: str = "group"  #: TRL GRPOConfig.scale_rewards: "group" (GRPO), "batch", "none" (Dr. GRPO)
+    #: TRL GRPOConfig.loss_type ("dapo": TRL 1.16's default; "dr_grpo": Dr. GRPO)
+    grpo_loss_type: str = "dapo"
+    #: TRL GRPOConfig.scale_rewards: "group" (GRPO), "batch", "none" (Dr. GRPO)
+    grpo_scale_rewards: str = "group"
     #: prompt tokens kept (from the left) by our samplers and the reward function
     max_prompt_length: int = profile_field("max_prompt_length")
     #: response length limit of every method, EOS included
     max_new_tokens: int = profile_field("max_new_tokens")
     #: rank, alpha and targets of every policy's adapter (the profile's)
     lora: LoRASpec = profile_field("lora")
-    best_of: tuple[int, ...] = (1, 4, 16)  #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
+    #: n of the best-of-n baselines (SFT samples, picked by the learned reward)
+    best_of: tuple[int, ...] = (1, 4, 16)
     #: seed of every method's sampling, data order and adapter initialisation
     seed: int = profile_field("seed")
 
@@ -91,10 +98,12 @@ class CompareConfig:
         check_ints_from(self, 2, ("group_size",), why="a group needs siblings")
         check_seed(self)
         if self.samples_per_batch % (self.group_size * self.updates_per_batch):
-            raise ValueError(f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
-                             f"updates_per_batch ({self.group_size} x {self.updates_per_batch})")
+            raise ValueError(
+                f"samples_per_batch ({self.samples_per_batch}) must be a multiple of group_size x "
+                f"updates_per_batch ({self.group_size} x {self.updates_per_batch})")
         if self.grpo_loss_type not in GRPO_LOSS_TYPES:
-            raise ValueError(f"grpo_loss_type must be one of {GRPO_LOSS_TYPES}, got {self.grpo_loss_type!r}")
+            raise ValueError(
+                f"grpo_loss_type must be one of {GRPO_LOSS_TYPES}, got {self.grpo_loss_type!r}")
         if self.grpo_scale_rewards not in GRPO_SCALE_REWARDS:
             *first, last = map(repr, GRPO_SCALE_REWARDS)
             raise ValueError(f"grpo_scale_rewards must be {', '.join(first)} or {last}, "
@@ -121,8 +130,9 @@ class CompareConfig:
         samples_per_batch)."""
         missing = [name for name in PROFILE_FIELDS if not hasattr(profile, name)]
         if missing:
-            raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got "
-                            f"{type(profile).__name__} without {', '.join(missing)}")
+            raise TypeError(
+                f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got "
+                f"{type(profile).__name__} without {', '.join(missing)}")
         budget = {"train_batches": profile.compare_batches}
         return cls(**profile_values(cls, profile, {**budget, **overrides}))
 

@@ -1,4 +1,5 @@
-"""The learned reward adapter as a TRL reward function: the score PPO optimises, for GRPO and RLOO too.
+"""The learned reward adapter as a TRL reward function: the score PPO optimises, for GRPO and RLOO
+too.
 
 TRL calls `reward_fn(prompts=..., completions=..., completion_ids=..., **columns)` once per
 generation batch. The function scores the prompt's ids (tokenised exactly as PPO's rollouts are)
@@ -35,27 +36,34 @@ class LearnedRewardFunction:
         return sum(len(r) for r in self.rewards)
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], completion_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    def score(self, prompts: Sequence[str],
+              completion_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Reward of each prompt + completion: (B,) float32 on the CPU."""
         if len(prompts) != len(completion_ids):
-            raise ValueError(f"prompts ({len(prompts)}) and completion_ids ({len(completion_ids)}) must "
-                             "have one entry per completion")
+            raise ValueError(f"prompts ({len(prompts)}) and completion_ids ({len(completion_ids)}) "
+                             "must have one entry per completion")
         if any(len(ids) == 0 for ids in completion_ids):
-            raise ValueError("completion_ids holds an empty completion: every response has at least one token")
+            raise ValueError(
+                "completion_ids holds an empty completion: every response has at least one token")
         vocab = self.model.lm.get_input_embeddings().num_embeddings
         rows = [torch.as_tensor(list(ids)) for ids in completion_ids]  # (R_i,) each
         for row, ids in enumerate(rows):
-            if ids.dtype in (torch.bool, torch.uint8) or ids.is_floating_point() or ids.is_complex():
-                raise ValueError(f"completion_ids[{row}] must hold integer token ids, got {ids.dtype}")
+            if ids.dtype in (torch.bool,
+                             torch.uint8) or ids.is_floating_point() or ids.is_complex():
+                raise ValueError(
+                    f"completion_ids[{row}] must hold integer token ids, got {ids.dtype}")
             outside = ids[(ids < 0) | (ids >= vocab)]
             if len(outside):
-                raise ValueError(f"completion_ids[{row}] holds the token id {int(outside[0])}, outside the "
-                                 f"model's vocabulary [0, {vocab})")
+                raise ValueError(f"completion_ids[{row}] holds the token id {int(outside[0])}, "
+                                 f"outside the model's vocabulary [0, {vocab})")
         device = self.model.device
-        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts, self.max_prompt_length, device)  # (B, P)
+        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts, self.max_prompt_length,
+                                                   device)  # (B, P)
         width = max(len(ids) for ids in completion_ids)
-        response = torch.full((len(prompts), width), self.model.pad_token_id, dtype=torch.long)  # (B, R)
-        response_mask = torch.zeros(len(prompts), width, dtype=torch.long)  # (B, R) 1 on real tokens
+        # (B, R)
+        response = torch.full((len(prompts), width), self.model.pad_token_id, dtype=torch.long)
+        # (B, R) 1 on real tokens
+        response_mask = torch.zeros(len(prompts), width, dtype=torch.long)
         for row, ids in enumerate(rows):
             response[row, : len(ids)] = ids.long()
             response_mask[row, : len(ids)] = 1

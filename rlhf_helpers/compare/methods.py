@@ -39,15 +39,18 @@ def check_prompt_list(name: str, prompts: Any, at_least: int, why: str = "") -> 
                          + (f" ({why})" if why else ""))
 
 
-def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[Any, Any], dict[str, float]]:
-    """judge(model, tokenizer): `evaluate_policy` on the first config.n_eval_prompts of `eval_prompts`,
-    one fixed sampling seed, the hidden scorer as ground truth. The same for every method."""
+def make_judge(config: CompareConfig,
+               eval_prompts: Sequence[str]) -> Callable[[Any, Any], dict[str, float]]:
+    """judge(model, tokenizer): `evaluate_policy` on the first config.n_eval_prompts of
+    `eval_prompts`, one fixed sampling seed, the hidden scorer as ground truth. The same for every
+    method."""
     prompts = list(eval_prompts)[: config.n_eval_prompts]
 
     def judge(model: Any, tokenizer: Any) -> dict[str, float]:
-        return evaluate_policy(model, tokenizer, prompts, max_prompt_length=config.max_prompt_length,
-                               max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size,
-                               hidden_score_fn=hidden_scores)
+        return evaluate_policy(model, tokenizer, prompts,
+                               max_prompt_length=config.max_prompt_length,
+                               max_new_tokens=config.max_new_tokens,
+                               batch_size=config.eval_batch_size, hidden_score_fn=hidden_scores)
 
     return judge
 
@@ -55,28 +58,32 @@ def make_judge(config: CompareConfig, eval_prompts: Sequence[str]) -> Callable[[
 def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts: Sequence[str],
             judge_fn: Callable[[Any, Any], dict[str, float]],
             progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
-    """The course's PPO (policy + critic adapters on one base) for the config's budget (batches or seconds);
-    `progress` gets the budget spent after each batch."""
+    """The course's PPO (policy + critic adapters on one base) for the config's budget (batches or
+    seconds); `progress` gets the budget spent after each batch."""
     device = torch.device(profile.device)
     meter = PeakMemoryMeter(device)
     ppo_config = profile.ppo.replace(
-        seed=config.seed, progress_bar=False, policy_lr=config.learning_rate, kl_coef=config.kl_coef,
-        rollout_batch_size=config.samples_per_batch, max_prompt_length=config.max_prompt_length,
-        max_new_tokens=config.max_new_tokens, lora=config.lora, eval_batch_size=config.eval_batch_size)
+        seed=config.seed, progress_bar=False, policy_lr=config.learning_rate,
+        kl_coef=config.kl_coef, rollout_batch_size=config.samples_per_batch,
+        max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
+        lora=config.lora, eval_batch_size=config.eval_batch_size)
     torch.manual_seed(config.seed)
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
-    trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts), hidden_score_fn=hidden_scores)
+    trainer = PPOTrainer(ppo_config, model, tokenizer, list(train_prompts),
+                         hidden_score_fn=hidden_scores)
     clock = TrainingClock(device)
     schedule = EvalSchedule.for_config(config)
     run = MethodRun(method="ppo", label=LABELS["ppo"], clock=clock.kind, memory_how=meter.how,
-                    trainable_parameters=sum(p.numel() for p in model.policy_parameters() + model.value_parameters()),
+                    trainable_parameters=sum(p.numel() for p in model.policy_parameters()
+                                             + model.value_parameters()),
                     settings={k: v for k, v in ppo_config.to_dict().items()
-                              if k in ("kl_coef", "mini_batch_size", "ppo_epochs", "gamma", "lam", "policy_lr",
-                                       "value_lr", "clip_eps", "whiten_advantages")})
+                              if k in ("kl_coef", "mini_batch_size", "ppo_epochs", "gamma", "lam",
+                                       "policy_lr", "value_lr", "clip_eps", "whiten_advantages")})
 
     def evaluate() -> None:
         row = judge_fn(model, tokenizer)
-        row.update(step=float(trainer.step_count), train_seconds=clock.seconds, wall_seconds=clock.wall_seconds,
+        row.update(step=float(trainer.step_count), train_seconds=clock.seconds,
+                   wall_seconds=clock.wall_seconds,
                    samples=float(trainer.step_count * ppo_config.rollout_batch_size))
         run.curve.append(row)
 
@@ -85,35 +92,41 @@ def run_ppo(config: CompareConfig, profile: Any, reward_dir: Any, train_prompts:
         with clock.running():
             trainer.step()
         progress(schedule.spent(clock.seconds, trainer.step_count))
-        if schedule.due(clock.seconds, trainer.step_count) or schedule.done(clock.seconds, trainer.step_count):
+        if schedule.due(clock.seconds, trainer.step_count) or schedule.done(clock.seconds,
+                                                                            trainer.step_count):
             evaluate()
     run.peak_memory_mb = meter.rise_mb()
     return run
 
 
-def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any, eval_prompts: Sequence[str],
+def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any,
+               eval_prompts: Sequence[str],
                train_prompts: Sequence[str] | None = None, progress_bar: bool = True) -> MethodRun:
-    """Train `method` ("ppo", "grpo" or "rloo") for the config's budget (train_batches, else train_seconds)
-    and judge it on `eval_prompts`; a tqdm bar counts the budget's batches or seconds."""
+    """Train `method` ("ppo", "grpo" or "rloo") for the config's budget (train_batches, else
+    train_seconds) and judge it on `eval_prompts`; a tqdm bar counts the budget's batches or
+    seconds."""
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not isinstance(config, CompareConfig):
         raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
     if not hasattr(profile, "device"):
-        raise TypeError(f"profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), got {profile!r}")
+        raise TypeError("profile must be a Profile (rlhf_helpers.runtime.profiles.get_profile()), "
+                        f"got {profile!r}")
     check_prompt_list("eval_prompts", eval_prompts, 1)
     train_prompts = train_prompts if train_prompts is not None else load_prompts("train")
-    # TRL's GRPO/RLOO loaders drop an incomplete batch: with fewer prompts they would train nothing and
-    # return the step-0 evaluation alone, looking like the SFT model
-    check_prompt_list("train_prompts", train_prompts, 1 if method == "ppo" else config.prompts_per_batch,
-                      f"one {method} batch needs samples_per_batch / group_size = {config.prompts_per_batch}")
+    # TRL's GRPO/RLOO loaders drop an incomplete batch: with fewer prompts they would train nothing
+    # and return the step-0 evaluation alone, looking like the SFT model
+    check_prompt_list("train_prompts", train_prompts, 1 if method == "ppo"
+                      else config.prompts_per_batch, f"one {method} batch needs samples_per_batch "
+                                                     f"/ group_size = {config.prompts_per_batch}")
     train_prompts = list(train_prompts)
     judge_fn = make_judge(config, eval_prompts)
     if config.train_batches is not None:
         total, unit = config.train_batches, "batches"
     else:
-        total, unit = round(config.train_seconds, 1), "CPU s" if torch.device(profile.device).type != "cuda" else "s"
+        total, unit = round(config.train_seconds,
+                            1), "CPU s" if torch.device(profile.device).type != "cuda" else "s"
     bar = tqdm(total=total, desc=f"{LABELS[method]:<18}", unit=unit, disable=not progress_bar,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit)
 
@@ -124,12 +137,14 @@ def run_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any
         if method == "ppo":
             run = run_ppo(config, profile, reward_dir, train_prompts, judge_fn, progress)
         else:
-            run = run_trl_method(method, config, profile, reward_dir, train_prompts, judge_fn, progress)
+            run = run_trl_method(method, config, profile, reward_dir, train_prompts,
+                                 judge_fn, progress)
             run.label = LABELS[method]
     finally:
         bar.close()
     run.settings["seed"] = config.seed
-    run.settings["train_batches"] = config.train_batches  # the budget: these batches, or (None) these seconds
+    # the budget: these batches, or (None) these seconds
+    run.settings["train_batches"] = config.train_batches
     run.settings["train_seconds"] = config.train_seconds
     return run
 
@@ -148,12 +163,15 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
     model, tokenizer = build_shared_model(profile, ppo_config, reward_dir)
     clock = TrainingClock(model.device)
     with clock.running():
-        result = best_of_n(model, tokenizer, prompts, max(config.best_of), max_new_tokens=config.max_new_tokens,
+        result = best_of_n(model, tokenizer, prompts, max(config.best_of),
+                           max_new_tokens=config.max_new_tokens,
                            max_prompt_length=config.max_prompt_length, seed=config.seed,
                            batch_size=config.eval_batch_size)
     rows = {}
     for n in config.best_of:
-        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]  # (N,) hidden score of each pick
-        rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n), "kl": best_of_n_kl(n),
+        # (N,) hidden score of each pick
+        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]
+        rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n),
+                   "kl": best_of_n_kl(n),
                    "hidden_se": float(chosen.std() / len(chosen) ** 0.5), "seconds": clock.seconds}
     return rows

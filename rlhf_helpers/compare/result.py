@@ -14,18 +14,22 @@ class MethodRun:
 
     method: str  #: "ppo", "grpo" or "rloo"
     label: str  #: name in tables and legends
-    clock: str  #: "cpu" (process CPU seconds) or "wall" (GPU wall seconds): the unit of train_seconds
-    #: one row per evaluation: step, train_seconds, wall_seconds, samples (responses trained on so far),
-    #: eval_hidden_score, eval_score (learned reward), eval_kl (nats per response), eval_response_length
+    #: "cpu" (process CPU seconds) or "wall" (GPU wall seconds): the unit of train_seconds
+    clock: str
+    #: one row per evaluation: step, train_seconds, wall_seconds, samples (responses trained on so
+    #: far), eval_hidden_score, eval_score (learned reward), eval_kl (nats per response),
+    #: eval_response_length
     curve: list[dict[str, float]] = field(default_factory=list)
     peak_memory_mb: float = 0.0  #: peak memory the run added (see memory_how)
     memory_how: str = ""  #: how peak_memory_mb was measured
-    trainable_parameters: int = 0  #: parameters the run's optimisers update (policy, and the critic for PPO)
+    #: parameters the run's optimisers update (policy, and the critic for PPO)
+    trainable_parameters: int = 0
     #: GRPO/RLOO: (N * G,) learned rewards of each generation batch
     rewards: list[torch.Tensor] = field(default_factory=list)
     #: GRPO/RLOO: (N * G,) the trainer's advantages of each batch
     advantages: list[torch.Tensor] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)  #: the method's own settings (for the record)
+    #: the method's own settings (for the record)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> dict[str, float]:
@@ -33,8 +37,8 @@ class MethodRun:
         return self.curve[-1]
 
     def first_time_above(self, level: float, key: str = "train_seconds") -> float | None:
-        """`key` (train_seconds, samples, step) of the first evaluation whose hidden score exceeds `level`
-        (None: never)."""
+        """`key` (train_seconds, samples, step) of the first evaluation whose hidden score exceeds
+        `level` (None: never)."""
         for row in self.curve:
             if row["eval_hidden_score"] > level:
                 return row[key]
@@ -44,23 +48,26 @@ class MethodRun:
 class EvalSchedule:
     """When a run of `budget` (seconds or batches, `unit`) is judged and when it ends.
 
-    Evaluation marks at budget * k / points for k = 1..points, and `early` more at 1/2, 1/4, ... of the first.
-    `due(seconds, batches)` is True once per mark passed (a step that crosses several marks gives one
-    evaluation); `done(seconds, batches)` once the budget is spent. With unit "batches" the marks are counts
-    of sampled batches whose updates have all run, so the schedule does not depend on the machine's speed.
+    Evaluation marks at budget * k / points for k = 1..points, and `early` more at 1/2, 1/4, ... of
+    the first. `due(seconds, batches)` is True once per mark passed (a step that crosses several
+    marks gives one evaluation); `done(seconds, batches)` once the budget is spent. With unit
+    "batches" the marks are counts of sampled batches whose updates have all run, so the schedule
+    does not depend on the machine's speed.
     """
 
     def __init__(self, budget: float, points: int, early: int = 0, unit: str = "seconds") -> None:
         if unit not in ("seconds", "batches"):
             raise ValueError(f"unit must be 'seconds' or 'batches', got {unit!r}")
         first = budget / points
-        self.marks = [first / 2**j for j in range(early, 0, -1)] + [first * k for k in range(1, points + 1)]
+        self.marks = [first / 2**j for j in range(early, 0, -1)] + [first * k
+                                                                    for k in range(1, points + 1)]
         self.budget = budget
         self.unit = unit
 
     @classmethod
     def for_config(cls, config: Any) -> EvalSchedule:
-        """The schedule of a CompareConfig: its train_batches, or its train_seconds when that is None."""
+        """The schedule of a CompareConfig: its train_batches, or its train_seconds when that is
+        None."""
         if config.train_batches is not None:
             return cls(config.train_batches, config.eval_points, config.early_evals, unit="batches")
         return cls(config.train_seconds, config.eval_points, config.early_evals, unit="seconds")

@@ -54,25 +54,27 @@ def trl_arguments(method: str, config: CompareConfig, device: torch.device, dtyp
         steps_per_generation=config.updates_per_batch, gradient_accumulation_steps=1,
         num_generations=config.group_size, num_iterations=1,
         max_completion_length=config.max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-        learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-        beta=config.kl_coef, max_steps=UNBOUNDED_STEPS, logging_strategy="no", save_strategy="no",
-        report_to="none", disable_tqdm=True, disable_dropout=True, gradient_checkpointing=False,
-        use_cpu=device.type != "cuda", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        dataloader_num_workers=0,
+        learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, beta=config.kl_coef, max_steps=UNBOUNDED_STEPS, logging_strategy="no",
+        save_strategy="no", report_to="none", disable_tqdm=True, disable_dropout=True,
+        gradient_checkpointing=False, use_cpu=device.type != "cuda", bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16, dataloader_num_workers=0,
     )
     if method not in ("grpo", "rloo"):
         raise ValueError(f"method must be 'grpo' or 'rloo', got {method!r}")
     with warnings.catch_warnings():
-        # transformers >= 5.23 renames gradient_checkpointing (TRL's configs default it to True); the
-        # deprecated name is the one Colab's transformers 5.15 knows
+        # transformers >= 5.23 renames gradient_checkpointing (TRL's configs default it to True);
+        # the deprecated name is the one Colab's transformers 5.15 knows
         warnings.simplefilter("ignore", FutureWarning)
         if method == "grpo":
-            return GRPOConfig(loss_type=config.grpo_loss_type, scale_rewards=config.grpo_scale_rewards, **common)
+            return GRPOConfig(loss_type=config.grpo_loss_type,
+                              scale_rewards=config.grpo_scale_rewards, **common)
         return RLOOConfig(normalize_advantages=False, **common)
 
 
 def _recording(trainer_class: type) -> type:
-    """`trainer_class` that also keeps each generation batch's advantages in `recorded_advantages`."""
+    """`trainer_class` that also keeps each generation batch's advantages in
+    `recorded_advantages`."""
 
     class Recording(trainer_class):
         recorded_advantages: list[torch.Tensor]
@@ -96,7 +98,8 @@ def copy_policy_adapter(trl_model: Any, judge: Any) -> None:
 
 
 def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Callable[[], None],
-                     on_progress: Callable[[float], None], batches_done: Callable[[int], int]) -> Any:
+                     on_progress: Callable[[float], None],
+                     batches_done: Callable[[int], int]) -> Any:
     class BudgetCallback(TrainerCallback):
         """Counts the training budget between evaluations; stops TRL once it is spent."""
 
@@ -122,8 +125,9 @@ def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Cal
 def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir: Any,
                    train_prompts: Sequence[str], judge_fn: Callable[[Any, Any], dict[str, float]],
                    progress: Callable[[float], None] = lambda seconds: None) -> MethodRun:
-    """Train `method` ("grpo" or "rloo") with TRL for the config's budget (batches or seconds); judge it with
-    `judge_fn(judge_model, tokenizer)` before training and at every evaluation mark."""
+    """Train `method` ("grpo" or "rloo") with TRL for the config's budget (batches or seconds);
+    judge it with `judge_fn(judge_model, tokenizer)` before training and at every evaluation
+    mark."""
     # trl is heavy and optional (Colab ships none): imported only to train
     from trl import GRPOTrainer, RLOOTrainer
 
@@ -142,7 +146,8 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
         args = trl_arguments(method, config, device, policy.dtype, output_dir)
         trainer = trl_trainer(trainer_class, args, config, policy, tokenizer, reward_fn,
                               train_prompts)
-        run.trainable_parameters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        run.trainable_parameters = sum(p.numel() for p in trainer.model.parameters()
+                                       if p.requires_grad)
 
         def evaluate() -> None:
             copy_policy_adapter(trainer.model, judge)

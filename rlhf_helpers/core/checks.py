@@ -8,9 +8,9 @@ Rules every function of the maths core follows (gae, kl, losses, masked, logprob
 - token ids (labels) must be integer tensors (not bool) holding ids in [0, V).
 
 Checks are cheap (a shape comparison, or one reduction over a tensor the caller already holds), but
-the value checks (finite, 0/1 mask, non-empty mask) each read one boolean back from the device, which
-on a GPU is a synchronisation. Wrap a hot loop in ``validation(False)`` to skip the value checks once
-the pipeline is known to be sound; shape checks always run because they cost nothing.
+the value checks (finite, 0/1 mask, non-empty mask) each read one boolean back from the device,
+which on a GPU is a synchronisation. Wrap a hot loop in ``validation(False)`` to skip the value
+checks once the pipeline is known to be sound; shape checks always run because they cost nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class NonFiniteError(ValueError):
 
 @contextlib.contextmanager
 def validation(enabled: bool) -> Iterator[None]:
-    """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off inside a block."""
+    """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off inside a
+    block."""
     global _VALUE_CHECKS
     previous = _VALUE_CHECKS
     _VALUE_CHECKS = bool(enabled)
@@ -57,17 +58,20 @@ def check_tensor(name: str, x: object) -> None:
 
 
 def check_ndim(name: str, x: torch.Tensor, ndim: int, shape_doc: str) -> None:
-    """`x` must be a tensor with `ndim` dimensions; `shape_doc` (e.g. "(B, T)") goes in the message."""
+    """`x` must be a tensor with `ndim` dimensions; `shape_doc` (e.g. "(B, T)") goes in the
+    message."""
     check_tensor(name, x)
     if x.dim() != ndim:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
 
 
 def check_nonempty(name: str, x: torch.Tensor) -> None:
-    """`x` must hold at least one element: no zero-length sequence (T = 0) and no empty batch (B = 0)."""
+    """`x` must hold at least one element: no zero-length sequence (T = 0) and no empty batch (B =
+    0)."""
     if x.numel() == 0:
         raise ValueError(
-            f"{name} is empty (shape {tuple(x.shape)}): need at least one sequence and one time step"
+            f"{name} is empty (shape {tuple(x.shape)}): need at least one sequence and one time "
+            "step"
         )
 
 
@@ -76,11 +80,13 @@ def check_floating(name: str, x: torch.Tensor) -> None:
     truncated or promoted behind the caller's back)."""
     if not x.is_floating_point():
         raise ValueError(
-            f"{name} must be a floating-point tensor, got dtype {x.dtype} (convert it with .float())"
+            f"{name} must be a floating-point tensor, got dtype {x.dtype} (convert it with "
+            ".float())"
         )
 
 
-def check_token_ids(name: str, ids: torch.Tensor, vocab: int, ignore_index: int | None = None) -> torch.Tensor:
+def check_token_ids(name: str, ids: torch.Tensor, vocab: int,
+                    ignore_index: int | None = None) -> torch.Tensor:
     """`ids` must be integer token ids in [0, vocab) (or `ignore_index`); returns them as int64.
 
     Any integer dtype works (int32 ids are widened, which changes no value); float and bool are
@@ -95,7 +101,8 @@ def check_token_ids(name: str, ids: torch.Tensor, vocab: int, ignore_index: int 
             bad &= ids != ignore_index
         if bool(bad.any()):
             allowed = f"[0, {vocab})" + ("" if ignore_index is None else f" or {ignore_index}")
-            raise ValueError(f"{name} must be token ids in {allowed}, got values outside that range")
+            raise ValueError(
+                f"{name} must be token ids in {allowed}, got values outside that range")
     return ids
 
 
@@ -104,7 +111,8 @@ def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tenso
     check_tensor(name, x)
     if x.shape != ref.shape:
         raise ValueError(
-            f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}"
+            f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got "
+            f"{tuple(x.shape)}"
         )
 
 
@@ -115,7 +123,8 @@ def check_finite(name: str, x: torch.Tensor) -> None:
 
 
 def check_no_nan(what: str, x: torch.Tensor) -> None:
-    """NonFiniteError saying how many values of `x` are NaN or inf (a PPO run's guard adds the step)."""
+    """NonFiniteError saying how many values of `x` are NaN or inf (a PPO run's guard adds the
+    step)."""
     if not bool(torch.isfinite(x).all()):
         raise NonFiniteError(f"{what} has {int((~torch.isfinite(x)).sum())} NaN/inf value(s)")
 
@@ -149,8 +158,9 @@ def check_mask_nonempty(name: str, mask: torch.Tensor, dim: int | None = None) -
 def check_mask_contiguous(name: str, mask: torch.Tensor) -> None:
     """Each row of a (B, T) mask must be one block of ones (e.g. 0 0 1 1 1 0), or all zero.
 
-    Right padding (1 1 1 0 0) is the usual case; a leading block of zeros (prompt tokens) is also fine.
-    A row with holes (1 0 1) has no single "last real token", so GAE and reward shaping refuse it.
+    Right padding (1 1 1 0 0) is the usual case; a leading block of zeros (prompt tokens) is also
+    fine. A row with holes (1 0 1) has no single "last real token", so GAE and reward shaping refuse
+    it.
     """
     if not _VALUE_CHECKS:
         return
@@ -198,8 +208,8 @@ def check_token_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must have shape (B, L), got {tuple(input_ids.shape)}")
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                         f"got {tuple(attention_mask.shape)}")
+        raise ValueError("attention_mask must have the shape of input_ids "
+                         f"{tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
     if not bool(attention_mask.bool().any(dim=1).all()):
         raise ValueError("attention_mask has a row with no real token")
 

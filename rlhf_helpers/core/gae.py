@@ -67,8 +67,10 @@ def td_errors(
 
 
 @functools.lru_cache(maxsize=32)  # PPO calls GAE with the same (T, gamma * lam) every batch
-def _discount_matrix(size: int, decay: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular. Read-only (cached).
+def _discount_matrix(size: int, decay: float, dtype: torch.dtype,
+                     device: torch.device) -> torch.Tensor:
+    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular. Read-only
+    (cached).
 
     Built from powers, never from ratios such as decay^u / decay^t, which overflow for long T and
     small decay: here small powers simply underflow to 0, which is their correct limit.
@@ -93,9 +95,9 @@ def compute_gae(
     A_t = sum_{u >= t} (gamma lam)^(u - t) delta_u      (= delta_t + gamma lam A_{t+1})
     returns_t = A_t + V_t                               (the lambda-return, the critic's target)
 
-    Computed as delta @ D^T with the discount matrix D[t, u] = (gamma lam)^(u - t) (u >= t), in chunks
-    of GAE_CHUNK steps: within a chunk one matrix product; across chunks the advantage at the start
-    of the next chunk is carried back with weight (gamma lam)^(distance). No loop over tokens.
+    Computed as delta @ D^T with the discount matrix D[t, u] = (gamma lam)^(u - t) (u >= t), in
+    chunks of GAE_CHUNK steps: within a chunk one matrix product; across chunks the advantage at the
+    start of the next chunk is carried back with weight (gamma lam)^(distance). No loop over tokens.
     Float16/bfloat16 inputs are computed in float32 and cast back.
     """
     _check_gae_inputs(rewards, values, mask, gamma, lam)

@@ -11,7 +11,8 @@ Conventions (rewards: (N, G), one row per prompt, one column per response to it)
   a standard deviation. Which one is `scale`: "group" (the group's own std, GRPO as published),
   "batch" (one std over every reward of the batch) or "none" (no division: Dr. GRPO, Liu et al.
   2025, who show that dividing by a group's std up-weights prompts whose rewards barely differ).
-  The std is the sample std (n - 1 in the denominator), and `eps` (1e-4) is added to it, as TRL does.
+  The std is the sample std (n - 1 in the denominator), and `eps` (1e-4) is added to it, as TRL
+  does.
 Both equal TRL 1.16's `RLOOTrainer` and `GRPOTrainer` advantages for one reward function and no
 missing rewards (the course's tests check this against the trainers' own logs).
 """
@@ -32,7 +33,8 @@ from rlhf_helpers.core.checks import (
 
 #: How GRPO divides the centred rewards (see the module docstring).
 GRPO_SCALES = ("group", "batch", "none")
-#: Added to the std before dividing (TRL's value): a group whose rewards are all equal gets A = 0, not 0/0.
+#: Added to the std before dividing (TRL's value): a group whose rewards are all equal gets A = 0,
+#: not 0/0.
 GRPO_EPS = 1e-4
 
 
@@ -42,35 +44,38 @@ def _check_group_rewards(rewards: torch.Tensor) -> None:
     check_floating("rewards", rewards)
     check_finite("rewards", rewards)
     if rewards.shape[1] < 2:
-        raise ValueError(f"rewards must have G >= 2 responses per prompt (a group needs siblings to "
-                         f"compare with), got shape {tuple(rewards.shape)}")
+        raise ValueError("rewards must have G >= 2 responses per prompt (a group needs siblings "
+                         f"to compare with), got shape {tuple(rewards.shape)}")
 
 
 def _without_overflow(advantages, rewards: torch.Tensor, name: str) -> torch.Tensor:
     """advantages(r, unit) of rewards = r * unit, computed as given (unit 1); only when a sum or a
     square overflowed on rewards near the float limit (1e38 in float32), again on rewards / max|r|,
-    so that ordinary rewards keep their exact rounding. An answer that itself exceeds the float range
-    is refused rather than returned as inf."""
+    so that ordinary rewards keep their exact rounding. An answer that itself exceeds the float
+    range is refused rather than returned as inf."""
     result = advantages(rewards, 1.0)  # (N, G)
     if bool(torch.isfinite(result).all()):
         return result
     unit = float(rewards.abs().max())
     result = advantages(rewards / unit, unit)  # (N, G)
     if not bool(torch.isfinite(result).all()):
-        raise ValueError(f"{name}: the advantages of rewards as large as {unit:.3g} exceed the range of "
-                         f"{rewards.dtype}; scale the rewards down")
+        raise ValueError(f"{name}: the advantages of rewards as large as {unit:.3g} exceed the "
+                         f"range of {rewards.dtype}; scale the rewards down")
     return result
 
 
 def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N, G)."""
+    """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N,
+    G)."""
     check_ndim("rewards", rewards, 1, "(N * G,)")
     check_nonempty("rewards", rewards)
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 2:
+    if isinstance(group_size, bool) or not isinstance(group_size,
+                                                      numbers.Integral) or group_size < 2:
         raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
     group_size = int(group_size)  # numpy's integers too
     if rewards.numel() % group_size:
-        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+        raise ValueError(
+            f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
     return rewards.view(-1, group_size)  # (N, G)
 
 
@@ -90,7 +95,8 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return _without_overflow(lambda r, scale: leave_one_out(r) * scale, rewards, "rloo_advantages")
 
 
-def grpo_advantages(rewards: torch.Tensor, scale: str = "group", eps: float = GRPO_EPS) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, scale: str = "group",
+                    eps: float = GRPO_EPS) -> torch.Tensor:
     """GRPO's group-normalised advantages: (N, G) rewards -> (N, G) advantages.
 
     A_i = (r_i - mean(r_group)) / (std + eps), std by `scale`: "group" (the group's sample std),
@@ -102,7 +108,8 @@ def grpo_advantages(rewards: torch.Tensor, scale: str = "group", eps: float = GR
     check_positive("eps", eps)
 
     def normalised(r: torch.Tensor, unit: float) -> torch.Tensor:
-        """Of r = rewards / unit: c*unit / (std*unit + eps) = c / (std + eps/unit), so eps scales too."""
+        """Of r = rewards / unit: c*unit / (std*unit + eps) = c / (std + eps/unit), so eps scales
+        too."""
         centred = r - r.mean(dim=1, keepdim=True)  # (N, G)
         if scale == "none":
             return centred * unit

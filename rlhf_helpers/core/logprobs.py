@@ -32,7 +32,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     log pi(y_t) = z_{t, y_t} - logsumexp_v z_{t, v}     (z = logits; no log-softmax copy of (B, T, V))
 
     No shift: logits[:, t] must already be the distribution over labels[:, t]. For a causal LM that
-    means passing logits[:, :-1] and input_ids[:, 1:]. Half-precision logits are computed in float32.
+    means passing logits[:, :-1] and input_ids[:, 1:]. Half-precision logits are computed in
+    float32.
     """
     check_ndim("logits", logits, 3, "(B, T, V)")
     check_ndim("labels", labels, 2, "(B, T)")
@@ -42,7 +43,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
             f"{tuple(logits.shape)}, got {tuple(labels.shape)}"
         )
     _check_logits(logits)
-    labels = check_token_ids("labels", labels, logits.shape[-1])  # (B, T) int64; float and bool refused
+    # (B, T) int64; float and bool refused
+    labels = check_token_ids("labels", labels, logits.shape[-1])
     check_finite("logits", logits)
     z = _upcast(logits)  # (B, T, V)
     picked = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)

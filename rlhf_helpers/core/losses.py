@@ -32,7 +32,8 @@ from rlhf_helpers.core.checks import (
 #: exp(20) = 4.9e8 keeps rho * A finite in float32 for any |A| < 7e29, where exp(89) is already inf
 #: (and exp(12) in float16). Within the bound nothing changes, bit for bit. Beyond it the bound's
 #: gradient is 0, which is what the clipped objective gives anyway on every side but one:
-#: - log rho > 20, A > 0: the clipped term (1 + eps) A is selected, gradient 0 with or without bound;
+#: - log rho > 20, A > 0: the clipped term (1 + eps) A is selected, gradient 0 with or without
+#:   bound;
 #: - log rho > 20, A < 0: the unclipped rho A is selected; its true gradient rho |A| >= 5e8 |A| (inf
 #:   past 88) would swamp the whole batch after the norm clip. The bound gives 0 there, as the dual
 #:   clip does for any rho above its c (c A is constant): such a token is dropped from the step;
@@ -75,7 +76,8 @@ def clipped_surrogate(
     clip_eps: float,
     dual_clip: float | None = None,
 ) -> torch.Tensor:
-    """Elementwise PPO clipped objective, to MAXIMISE: ratio, advantages (any same shape) -> same shape.
+    """Elementwise PPO clipped objective, to MAXIMISE: ratio, advantages (any same shape) -> same
+    shape.
 
     obj = min(rho A, clip(rho, 1 - eps, 1 + eps) A)                       (Schulman et al. 2017, eq. 7)
     dual clip (Ye et al. 2020), only where A < 0:  obj = max(obj, c A)    with c = dual_clip > 1
@@ -102,11 +104,13 @@ def _clipped_surrogate(ratio, advantages, clip_eps, dual_clip) -> torch.Tensor:
     surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages  # clipped term
     objective = torch.minimum(surr1, surr2)
     if dual_clip is not None:
-        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+        objective = torch.where(advantages < 0,
+                                torch.maximum(objective, dual_clip * advantages), objective)
     return objective
 
 
-def _bounded_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def _bounded_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                       m: torch.Tensor) -> torch.Tensor:
     """m (log pi_theta - log pi_old), clamped to +-LOG_RATIO_BOUND: (B, T).
 
     Zero at padding (ratio 1 there): padded log-probs may hold anything finite, and exp of a large
@@ -234,7 +238,8 @@ def value_loss(
         per_token = err  # (B, T)
         clipped_larger = torch.zeros_like(err, dtype=torch.bool)  # (B, T)
     else:
-        values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)  # (B, T)
+        # (B, T)
+        values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
         err_clipped = (values_clipped - returns) ** 2  # (B, T)
         per_token = torch.maximum(err, err_clipped)  # (B, T)
         clipped_larger = err_clipped > err  # (B, T)
@@ -271,7 +276,8 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
     shift_labels = labels[:, 1:]  # (B, T-1)
     if not bool((shift_labels != ignore_index).any()):
         raise ValueError(
-            f"labels has no token to predict: every label after the first is ignore_index={ignore_index}"
+            "labels has no token to predict: every label after the first is "
+            f"ignore_index={ignore_index}"
         )
     check_finite("logits", logits)
     if shift_logits.dtype in (torch.float16, torch.bfloat16):
@@ -321,5 +327,6 @@ def pairwise_accuracy(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor
     constant scorer gets 0.5, not 0)
     """
     _check_pair(chosen_scores, rejected_scores)
-    wins = (chosen_scores > rejected_scores).float() + 0.5 * (chosen_scores == rejected_scores).float()
+    wins = (chosen_scores > rejected_scores).float() + 0.5 * (chosen_scores
+                                                              == rejected_scores).float()
     return float(wins.mean())

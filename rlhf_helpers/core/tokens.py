@@ -15,14 +15,15 @@ from rlhf_helpers.core.checks import check_mask, check_mask_contiguous, check_nd
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens only: (B, L) 0/1 mask -> (B, L), 0 at left padding.
 
-    pos_t = (sum_{s <= t} m_s) - 1, clamped at 0; a left-padded row starts at position 0 on its first
-    real token, exactly as the same row without padding would.
+    pos_t = (sum_{s <= t} m_s) - 1, clamped at 0; a left-padded row starts at position 0 on its
+    first real token, exactly as the same row without padding would.
     """
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
 
 
 def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R) float.
+    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R)
+    float.
 
     Built from EOS alone, not from the pad id: the loop writes pad only after a row's EOS, so a pad
     token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
@@ -34,7 +35,8 @@ def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tenso
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty rows.
+    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty
+    rows.
 
     mask must be (B, T) with T >= 1, hold only 0 and 1, and be one block of ones per row.
     """

@@ -1,4 +1,5 @@
-"""What the notebooks' Colab set-up cell does: clone the course and install it, keeping Colab's packages.
+"""What the notebooks' Colab set-up cell does: clone the course and install it, keeping Colab's
+packages.
 
 The cell (`rlhf_helpers.course.notebook.colab_setup_source`, a Colab form of a few lines) clones the
 course, puts the clone on sys.path and imports this module from it before anything is installed:
@@ -42,15 +43,17 @@ def install_course(repo_url, ref, clone_dir, upgrade=(), python=None):
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.writelines(f"{name}=={version}\n" for name, version in before.items()
                                if name not in movable)
-    # -q -q: errors only (no build-backend chatter); PIP_ROOT_USER_ACTION: no "running as root" note.
+    # -q -q: errors only (no build-backend chatter); PIP_ROOT_USER_ACTION: no "running as root"
+    # note.
     done = subprocess.run([python, "-m", "pip", "install", "-q", "-q", "-c", constraints.name,
                            "-e", clone_dir], env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
     os.unlink(constraints.name)
     if done.returncode != 0:
-        raise RuntimeError("pip could not install the course while holding the installed packages at "
-                           f"their versions (all but {sorted(movable)}); see pip's message above")
+        raise RuntimeError(
+            "pip could not install the course while holding the installed packages at "
+            f"their versions (all but {sorted(movable)}); see pip's message above")
     after = installed()
     if clone_dir not in sys.path and python == sys.executable:
         sys.path.insert(0, clone_dir)  # this kernel started before the editable install existed
-    return {name: (before.get(name), after.get(name)) for name in sorted(before.keys() | after.keys())
-            if before.get(name) != after.get(name)}
+    return {name: (before.get(name), after.get(name))
+            for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)}

@@ -2,8 +2,8 @@
 
 A deep dive starts at a markdown cell whose first line is `## Deep dive: <title>` (or `###` inside a
 section) and whose next paragraph is DEEP_DIVE_NOTE; it runs until the next heading of the same or a
-higher level. A learner on the core path skips it, so nothing after it may use a name that only a deep
-dive defines (`names_only_deep_dives_define`, checked by tests/course/test_deep_dives.py).
+higher level. A learner on the core path skips it, so nothing after it may use a name that only a
+deep dive defines (`names_only_deep_dives_define`, checked by tests/course/test_deep_dives.py).
 JupyterLab shows its heading collapsed (tools/build_notebooks.py sets
 `jp-MarkdownHeadingCollapsed`).
 
@@ -41,8 +41,10 @@ class Cell:
 
 
 def as_cells(notebook_cells: Sequence[object]) -> list[Cell]:
-    """Cells of an nbformat notebook (or any objects with cell_type, source and metadata) as `Cell`s."""
-    return [Cell(cell.cell_type, cell.source, tuple(cell.metadata.get("tags", []))) for cell in notebook_cells]
+    """Cells of an nbformat notebook (or any objects with cell_type, source and metadata) as
+    `Cell`s."""
+    return [Cell(cell.cell_type, cell.source, tuple(cell.metadata.get("tags", [])))
+            for cell in notebook_cells]
 
 
 def heading(source: str) -> tuple[int, str] | None:
@@ -52,7 +54,8 @@ def heading(source: str) -> tuple[int, str] | None:
 
 
 def is_deep_dive_heading(source: str) -> bool:
-    """Whether a markdown cell opens a deep dive (its first line is `## Deep dive: ...` or `### ...`)."""
+    """Whether a markdown cell opens a deep dive (its first line is `## Deep dive: ...` or
+    `### ...`)."""
     found = heading(source)
     return found is not None and found[0] in (2, 3) and _DEEP_DIVE.match(found[1]) is not None
 
@@ -71,7 +74,8 @@ def in_deep_dive(cells: Sequence[Cell]) -> list[bool]:
 
 
 def bad_deep_dive_notes(cells: Sequence[Cell]) -> list[str]:
-    """The titles of deep dives whose heading cell does not carry DEEP_DIVE_NOTE as its next paragraph."""
+    """The titles of deep dives whose heading cell does not carry DEEP_DIVE_NOTE as its next
+    paragraph."""
     bad = []
     for cell in cells:
         if cell.kind == "markdown" and is_deep_dive_heading(cell.source):
@@ -103,8 +107,8 @@ def bound_and_used(source: str) -> tuple[set[str], set[str]]:
 
 
 def names_only_deep_dives_define(cells: Sequence[Cell]) -> list[tuple[int, str]]:
-    """(cell index, name) for each core code cell that reads a name which, at that point, only a deep dive
-    has defined: skipping the deep dives would break that cell."""
+    """(cell index, name) for each core code cell that reads a name which, at that point, only a
+    deep dive has defined: skipping the deep dives would break that cell."""
     inside, core, deep, broken = in_deep_dive(cells), set(), set(), []
     for index, (cell, skipped) in enumerate(zip(cells, inside, strict=True)):
         if cell.kind != "code":
@@ -119,8 +123,10 @@ def names_only_deep_dives_define(cells: Sequence[Cell]) -> list[tuple[int, str]]
 
 
 def quiz_answers(cells: Sequence[Cell]) -> int | None:
-    """How many collapsed answers the QUIZ_HEADING section holds (None when the notebook has no such section)."""
-    start = next((i for i, c in enumerate(cells) if c.kind == "markdown" and c.source.startswith(QUIZ_HEADING)), None)
+    """How many collapsed answers the QUIZ_HEADING section holds (None when the notebook has no such
+    section)."""
+    start = next((i for i, c in enumerate(cells)
+                  if c.kind == "markdown" and c.source.startswith(QUIZ_HEADING)), None)
     if start is None:
         return None
     level = heading(cells[start].source)[0]

@@ -24,7 +24,8 @@ KERNEL_NAME = "python3"  #: the kernel every course notebook names in its stored
 
 
 def kernel_metadata(display_name: str) -> dict[str, Any]:
-    """The `kernelspec` and `language_info` JupyterLab will write when this Python's ipykernel connects."""
+    """The `kernelspec` and `language_info` JupyterLab will write when this Python's ipykernel
+    connects."""
     return {"kernelspec": {"name": KERNEL_NAME, "display_name": display_name, "language": "python"},
             "language_info": dict(IPythonKernel.language_info)}
 

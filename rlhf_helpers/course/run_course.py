@@ -7,8 +7,8 @@ hub offline) with a scratch copy of itself as the working directory, so nothing 
 the repository; the executed copy, outputs included, goes to `--out`. The kernel's explorers use
 the "html" display backend unless RLHF_WIDGETS_BACKEND says otherwise: a FigureWidget would store
 plotly.js (~4.6 MB) in the saved widget state once per figure (03: 22 MB, 04: 31 MB), whereas an
-"html" figure is a few tens of kB of JSON that plotly's JupyterLab extension draws offline. Prints each notebook's time
-and the total; exits 1 if any notebook fails.
+"html" figure is a few tens of kB of JSON that plotly's JupyterLab extension draws offline. Prints
+each notebook's time and the total; exits 1 if any notebook fails.
 """
 
 from __future__ import annotations
@@ -32,19 +32,21 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 HEADLESS_ENV = {"RLHF_PROFILE": "tiny", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 
-#: Set in the kernel only (unless already set): headless explorers save small, offline-viewable figures,
-#: and so does `fig.show()`: plotly's JSON (JupyterLab draws it offline) plus HTML that loads plotly.js
-#: from the CDN. plotly 5's default ("plotly_mimetype+notebook", Colab's plotly 5.24 outside Colab)
-#: would paste all of plotly.js (4.7 MB) into the first figure's output.
-KERNEL_ENV = {"RLHF_WIDGETS_BACKEND": "html", "PLOTLY_RENDERER": "plotly_mimetype+notebook_connected"}
+#: Set in the kernel only (unless already set): headless explorers save small, offline-viewable
+#: figures, and so does `fig.show()`: plotly's JSON (JupyterLab draws it offline) plus HTML that
+#: loads plotly.js from the CDN. plotly 5's default ("plotly_mimetype+notebook", Colab's plotly 5.24
+#: outside Colab) would paste all of plotly.js (4.7 MB) into the first figure's output.
+KERNEL_ENV = {"RLHF_WIDGETS_BACKEND": "html",
+              "PLOTLY_RENDERER": "plotly_mimetype+notebook_connected"}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in kernel tracebacks
 
 
 def kernel_env() -> dict[str, str]:
-    """The environment a notebook's kernel gets: KERNEL_ENV under the caller's variables, with the folders that
-    $RLHF_RUNS_DIR, $RLHF_CACHE_DIR and $RLHF_DATA_DIR name made absolute against the caller's working
-    directory (the kernel runs in another folder, where a relative path would name another place)."""
+    """The environment a notebook's kernel gets: KERNEL_ENV under the caller's variables, with the
+    folders that $RLHF_RUNS_DIR, $RLHF_CACHE_DIR and $RLHF_DATA_DIR name made absolute against the
+    caller's working directory (the kernel runs in another folder, where a relative path would name
+    another place)."""
     env = {**KERNEL_ENV, **os.environ}  # the caller's variables win
     for name in (RUNS_DIR_ENV, CACHE_DIR_ENV, DATA_DIR_ENV):
         if env.get(name):
@@ -92,15 +94,19 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Execute every course notebook headless.")
-    parser.add_argument("--out", type=Path, default=ROOT / "build", help="folder for executed copies")
+    parser.add_argument("--out", type=Path, default=ROOT / "build",
+                        help="folder for executed copies")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR,
-                        help="folder of the NN_topic.ipynb notebooks to run (default: the course's notebooks/)")
-    parser.add_argument("only", nargs="*", help="run only notebooks whose name contains one of these")
+                        help="folder of the NN_topic.ipynb notebooks to run (default: the course's "
+                             "notebooks/)")
+    parser.add_argument("only", nargs="*",
+                        help="run only notebooks whose name contains one of these")
     args = parser.parse_args(argv)
     if not args.notebooks.is_dir():
         parser.error(f"--notebooks {args.notebooks}: not a folder")
-    notebooks = [p for p in course_notebooks(args.notebooks) if not args.only or any(s in p.name for s in args.only)]
+    notebooks = [p for p in course_notebooks(args.notebooks)
+                 if not args.only or any(s in p.name for s in args.only)]
     if not notebooks:
         print("no notebooks matched", file=sys.stderr)
         return 1

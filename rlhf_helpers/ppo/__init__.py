@@ -1,4 +1,5 @@
-"""The shared-LoRA PPO engine: one base model, policy / value / reward adapters, the base as reference.
+"""The shared-LoRA PPO engine: one base model, policy / value / reward adapters, the base as
+reference.
 
 Import from the submodules (this package imports nothing itself):
 
@@ -10,5 +11,6 @@ Import from the submodules (this package imports nothing itself):
 
 The engine knows neither the review world nor the pipeline's stages: the caller passes the reward
 adapter's folder (`rlhf_helpers.stages.reward`) and, if it has one, a hidden scorer.
-Command line: `python -m rlhf_helpers.stages.train_ppo --profile tiny` (also under `accelerate launch`).
+Command line: `python -m rlhf_helpers.stages.train_ppo --profile tiny` (also under
+`accelerate launch`).
 """

@@ -1,4 +1,5 @@
-"""LoRA adapters of the shared model: their config, the reward adapter from disk, parameters by name.
+"""LoRA adapters of the shared model: their config, the reward adapter from disk, parameters by
+name.
 
     config = lora_config(r=8, alpha=16, target_modules=["c_attn"], fan_in_fan_out=uses_conv1d(lm))
     score_head = load_reward_adapter(peft_model, "runs/reward-tiny", hidden_size, fan_in_fan_out)
@@ -21,17 +22,20 @@ from torch import nn
 
 from rlhf_helpers.ppo.value_head import ScalarHead
 
-#: File names of the reward step's output read by `load_reward_adapter` (see stages/reward_training.py).
+#: File names of the reward step's output read by `load_reward_adapter` (see
+#: stages/reward_training.py).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
-#: A PPO checkpoint's layout (ppo/checkpoint.py): one peft sub-folder per adapter, both heads in one file.
+#: A PPO checkpoint's layout (ppo/checkpoint.py): one peft sub-folder per adapter, both heads in one
+#: file.
 CHECKPOINT_ADAPTERS_DIR = "adapters"
 CHECKPOINT_HEADS_FILE = "heads.safetensors"
 
 
 def uses_conv1d(model: nn.Module) -> bool:
-    """True for GPT-2-style models whose projections are transformers' Conv1D (weights stored (in, out))."""
+    """True for GPT-2-style models whose projections are transformers' Conv1D (weights stored (in,
+    out))."""
     return any(type(module).__name__ == "Conv1D" for module in model.modules())
 
 
@@ -43,29 +47,32 @@ def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
 
 
 def refuse_checkpointing(model: nn.Module | Iterable[nn.Module]) -> None:
-    """ValueError if any module of `model` (or of a list of modules) has gradient (activation) checkpointing on."""
+    """ValueError if any module of `model` (or of a list of modules) has gradient (activation)
+    checkpointing on."""
     modules = model.modules() if isinstance(model, nn.Module) else model
     if any(getattr(module, "gradient_checkpointing", False) is True for module in modules):
-        raise ValueError("gradient checkpointing must be off: its re-run forward during backward may "
-                         "use another adapter than the forward did, giving silently wrong gradients")
+        raise ValueError(
+            "gradient checkpointing must be off: its re-run forward during backward may "
+            "use another adapter than the forward did, giving silently wrong gradients")
 
 
 def reward_files(directory: str | Path) -> tuple[Path, Path, Path, str]:
-    """(adapter config, adapter weights, head file, the head's key prefix) of a reward source: the reward
-    step's folder, or a PPO checkpoint (its adapters/reward/ and the score_head.* entries of its heads file,
-    so a resumed run needs no reward folder)."""
+    """(adapter config, adapter weights, head file, the head's key prefix) of a reward source: the
+    reward step's folder, or a PPO checkpoint (its adapters/reward/ and the score_head.* entries of
+    its heads file, so a resumed run needs no reward folder)."""
     directory = Path(directory)
     in_checkpoint = directory / CHECKPOINT_ADAPTERS_DIR / "reward"
     if in_checkpoint.is_dir():
         return (in_checkpoint / ADAPTER_CONFIG_FILE, in_checkpoint / ADAPTER_WEIGHTS_FILE,
                 directory / CHECKPOINT_HEADS_FILE, "score_head.")
-    return directory / ADAPTER_CONFIG_FILE, directory / ADAPTER_WEIGHTS_FILE, directory / SCORE_HEAD_FILE, ""
+    return (directory / ADAPTER_CONFIG_FILE, directory / ADAPTER_WEIGHTS_FILE,
+            directory / SCORE_HEAD_FILE, "")
 
 
 def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int,
                         fan_in_fan_out: bool) -> ScalarHead:
-    """Add the frozen `reward` adapter from the reward step's folder (or a PPO checkpoint) to `peft_model`;
-    return its score head."""
+    """Add the frozen `reward` adapter from the reward step's folder (or a PPO checkpoint) to
+    `peft_model`; return its score head."""
     directory = Path(directory)
     config_file, weights, head_file, head_prefix = reward_files(directory)
     for path in (weights, head_file, config_file):
@@ -81,7 +88,8 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     if missing or not state:
         raise ValueError(f"reward adapter in {directory} does not fit this base model "
                          f"(missing {missing[:3]}...)")
-    head = {k[len(head_prefix):]: v for k, v in load_file(str(head_file)).items() if k.startswith(head_prefix)}
+    head = {k[len(head_prefix):]: v for k,
+            v in load_file(str(head_file)).items() if k.startswith(head_prefix)}
     if "weight" not in head or head["weight"].shape != (1, hidden_size):
         shape = tuple(head["weight"].shape) if "weight" in head else "none"
         raise ValueError(f"score head weight must have shape (1, {hidden_size}), got {shape}")
@@ -90,8 +98,10 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     return score
 
 
-def params_by_adapter(peft_model: nn.Module, adapters: tuple[str, ...]) -> dict[str, list[nn.Parameter]]:
-    """The LoRA matrices of each named adapter; ValueError for an adapter with none (bad target_modules)."""
+def params_by_adapter(peft_model: nn.Module, adapters: tuple[str, ...]) -> dict[str,
+                                                                                list[nn.Parameter]]:
+    """The LoRA matrices of each named adapter; ValueError for an adapter with none (bad
+    target_modules)."""
     found: dict[str, list[nn.Parameter]] = {name: [] for name in adapters}
     for name, param in peft_model.named_parameters():
         if "lora_" not in name:
@@ -101,5 +111,6 @@ def params_by_adapter(peft_model: nn.Module, adapters: tuple[str, ...]) -> dict[
                 found[adapter].append(param)
     for adapter, params in found.items():
         if not params:
-            raise ValueError(f"no LoRA parameters found for adapter {adapter!r}: check target_modules")
+            raise ValueError(
+                f"no LoRA parameters found for adapter {adapter!r}: check target_modules")
     return found

@@ -1,4 +1,5 @@
-"""Build the shared model of a profile: the SFT base, the reward step's adapter, fresh policy/value adapters."""
+"""Build the shared model of a profile: the SFT base, the reward step's adapter, fresh policy/value
+adapters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 
-def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path | None) -> tuple[SharedLoRAModel, Any]:
+def build_shared_model(profile: Any, config: PPOConfig,
+                       reward_dir: str | Path | None) -> tuple[SharedLoRAModel, Any]:
     """(SharedLoRAModel, tokenizer) for `profile`: its SFT model (dropout 0) as the one base.
 
     `reward_dir=None` gives a fresh, untrained reward adapter (only for tests and timing runs: its
@@ -18,7 +20,7 @@ def build_shared_model(profile: Any, config: PPOConfig, reward_dir: str | Path |
     """
     tokenizer = load_tokenizer(profile)
     base = load_causal_lm(profile)
-    model = SharedLoRAModel(base, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                            lora=config.lora, reward_dir=reward_dir,
-                            seed=config.seed)
+    model = SharedLoRAModel(base, pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id, lora=config.lora,
+                            reward_dir=reward_dir, seed=config.seed)
     return model, tokenizer

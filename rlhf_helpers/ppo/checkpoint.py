@@ -12,10 +12,10 @@
         manifest.json             the SHA-256 and size of every other file, written last (`checkpoint_digest.py`)
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
-then is the folder renamed to its final name and `latest` replaced (both renames are atomic on POSIX).
-A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the DEFAULT_KEEP
-newest complete checkpoints stay, so a damaged latest one leaves an earlier one to resume from.
-`load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`).
+then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
+POSIX). A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the
+DEFAULT_KEEP newest complete checkpoints stay, so a damaged latest one leaves an earlier one to
+resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`).
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ def _fsync_tree(root: Path) -> None:
 
 
 def save_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
-    """Write every adapter (one peft sub-folder each) and both heads into `directory` (not atomic)."""
+    """Write every adapter (one peft sub-folder each) and both heads into `directory` (not
+    atomic)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.peft.save_pretrained(str(directory / ADAPTERS_DIR), selected_adapters=list(ADAPTERS))
-    heads = {f"value_head.{k}": v.detach().cpu().contiguous() for k, v in model.value_head.linear.state_dict().items()}
+    heads = {f"value_head.{k}": v.detach().cpu().contiguous() for k,
+             v in model.value_head.linear.state_dict().items()}
     heads.update({f"score_head.{k}": v.detach().cpu().contiguous()
                   for k, v in model.score_head.linear.state_dict().items()})
     save_file(heads, str(directory / HEADS_FILE))
@@ -90,12 +92,14 @@ def load_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
     for adapter in ADAPTERS:
         weights = directory / ADAPTERS_DIR / adapter / "adapter_model.safetensors"
         if not weights.is_file():
-            raise FileNotFoundError(f"checkpoint {directory} lacks the {adapter!r} adapter ({weights})")
+            raise FileNotFoundError(
+                f"checkpoint {directory} lacks the {adapter!r} adapter ({weights})")
         state = load_file(str(weights), device=str(model.device))
         result = set_peft_model_state_dict(model.peft, state, adapter_name=adapter)
         missing = [k for k in result.missing_keys if f".{adapter}." in k and "lora_" in k]
         if missing:
-            raise ValueError(f"checkpoint adapter {adapter!r} does not fit this model: missing {missing[:3]}")
+            raise ValueError(
+                f"checkpoint adapter {adapter!r} does not fit this model: missing {missing[:3]}")
     heads = load_file(str(directory / HEADS_FILE), device=str(model.device))
     for name, head in (("value_head", model.value_head), ("score_head", model.score_head)):
         part = {k.split(".", 1)[1]: v for k, v in heads.items() if k.startswith(name + ".")}
@@ -108,13 +112,14 @@ def checkpoint_name(step: int) -> str:
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
     """The step-NNNNNN folders of output_dir, oldest first."""
-    return sorted(p for p in Path(output_dir).glob("step-*") if p.is_dir() and CHECKPOINT_NAME.match(p.name))
+    return sorted(p for p in Path(output_dir).glob("step-*")
+                  if p.is_dir() and CHECKPOINT_NAME.match(p.name))
 
 
 def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
-    """(the checkpoint output_dir/latest names, None), or (None, what is wrong with the pointer): missing,
-    empty, unreadable, naming something other than a step-NNNNNN folder of output_dir (a path elsewhere
-    is refused), or naming a folder that does not exist."""
+    """(the checkpoint output_dir/latest names, None), or (None, what is wrong with the pointer):
+    missing, empty, unreadable, naming something other than a step-NNNNNN folder of output_dir (a
+    path elsewhere is refused), or naming a folder that does not exist."""
     pointer = Path(output_dir) / LATEST_FILE
     if not pointer.is_file():
         return None, f"{pointer} is missing"
@@ -125,7 +130,8 @@ def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
     if not name:
         return None, f"{pointer} is empty"
     if not CHECKPOINT_NAME.match(name):
-        return None, f"{pointer} names {name!r}, not a step-NNNNNN checkpoint folder of {output_dir}"
+        return (None,
+                f"{pointer} names {name!r}, not a step-NNNNNN checkpoint folder of {output_dir}")
     path = Path(output_dir) / name
     if not path.is_dir():
         return None, f"{pointer} names {name}, which does not exist"
@@ -133,8 +139,8 @@ def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in output_dir, or None if there is none (or `latest` is broken:
-    `resolve_latest` says how)."""
+    """The newest complete checkpoint in output_dir, or None if there is none (or `latest` is
+    broken: `resolve_latest` says how)."""
     return resolve_latest(output_dir)[0]
 
 
@@ -150,13 +156,13 @@ def _write_pointer(output_dir: Path, name: str) -> None:
 
 
 class CheckpointDamagedError(ValueError):
-    """A checkpoint whose files do not match the SHA-256 digests its save recorded: the message names the
-    checkpoint and each file."""
+    """A checkpoint whose files do not match the SHA-256 digests its save recorded: the message
+    names the checkpoint and each file."""
 
 
 class CheckpointSaveError(OSError):
-    """A checkpoint (or the file pointing at it) could not be written: the message says why (a full disk
-    is named as such) and which earlier checkpoint is kept, unchanged."""
+    """A checkpoint (or the file pointing at it) could not be written: the message says why (a full
+    disk is named as such) and which earlier checkpoint is kept, unchanged."""
 
 
 #: Free bytes under which a failed write is reported as a full disk.
@@ -169,7 +175,8 @@ def disk_problem(error: BaseException, folder: Path) -> str:
         free = shutil.disk_usage(folder).free
     except OSError:
         free = None
-    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (free is not None and free < FULL_DISK_BYTES):
+    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (free is not None
+                                                                        and free < FULL_DISK_BYTES):
         return f"the disk is full ({(free or 0) / 2**20:.0f} MiB free)"
     return f"{type(error).__name__}: {error}"
 
@@ -180,7 +187,8 @@ def _kept(output_dir: Path) -> str:
 
 
 def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP) -> Path:
-    """Atomically write the trainer's model weights and state as output_dir/step-NNNNNN; returns its path."""
+    """Atomically write the trainer's model weights and state as output_dir/step-NNNNNN; returns its
+    path."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     output_dir = Path(output_dir)
@@ -194,8 +202,10 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         shutil.rmtree(tmp)
     try:
         save_model_weights(trainer.model, tmp)
-        # the state says a manifest was written, so a checkpoint that lost it is not taken for an older one
-        torch.save({**trainer_state_dict(trainer), MANIFEST_STATE_KEY: MANIFEST_FILE}, tmp / TRAINER_STATE_FILE)
+        # the state says a manifest was written, so a checkpoint that lost it is not taken for an
+        # older one
+        torch.save({**trainer_state_dict(trainer), MANIFEST_STATE_KEY: MANIFEST_FILE},
+                   tmp / TRAINER_STATE_FILE)
         write_manifest(tmp)  # last: it lists every file above
         _fsync_tree(tmp)
         if final.exists():  # the same step saved again: move the old copy aside first
@@ -214,15 +224,17 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         shutil.rmtree(tmp, ignore_errors=True)
         why = disk_problem(error, output_dir)
         raise CheckpointSaveError(f"could not write checkpoint {name} into {output_dir}: {why}; "
-                                  f"{_kept(output_dir)} (nothing of the failed save is left)") from error
+                                  f"{_kept(output_dir)} (nothing of the failed save is "
+                                  "left)") from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
         _write_pointer(output_dir, name)
     except OSError as error:
-        raise CheckpointSaveError(f"could not update {output_dir / LATEST_FILE}: {disk_problem(error, output_dir)}; "
-                                  f"{_kept(output_dir)}") from error
+        raise CheckpointSaveError(
+            f"could not update {output_dir / LATEST_FILE}: {disk_problem(error, output_dir)}; "
+            f"{_kept(output_dir)}") from error
     for stale in checkpoints(output_dir)[:-keep]:
         if stale != final:
             shutil.rmtree(stale, ignore_errors=True)
@@ -230,8 +242,9 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
 
 
 def load_checkpoint(trainer: Any, path: str | Path) -> Path:
-    """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one, once its
-    files match the SHA-256 digests of its save (CheckpointDamagedError naming each file that does not)."""
+    """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one,
+    once its files match the SHA-256 digests of its save (CheckpointDamagedError naming each file
+    that does not)."""
     path = Path(path)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
@@ -239,7 +252,8 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
             raise FileNotFoundError(f"{path / LATEST_FILE} names a checkpoint that does not exist")
         path = found
     if not (path / TRAINER_STATE_FILE).is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
+        raise FileNotFoundError(
+            f"no checkpoint at {path} (expected {TRAINER_STATE_FILE} or a {LATEST_FILE} file)")
     problems = verify_checkpoint(path)  # before anything is read into the trainer
     if problems:
         raise CheckpointDamagedError(f"checkpoint {path} is damaged: {'; '.join(problems)}")

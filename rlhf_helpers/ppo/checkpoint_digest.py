@@ -1,4 +1,5 @@
-"""A checkpoint's SHA-256 manifest: written last by the save, verified before a resume loads anything.
+"""A checkpoint's SHA-256 manifest: written last by the save, verified before a resume loads
+anything.
 
     write_manifest(folder)         # folder/manifest.json: every file of the folder, its SHA-256 and size
     verify_checkpoint(folder)      # [] when intact, else one line per problem, each naming the file
@@ -8,12 +9,13 @@
       {"format": 1, "algorithm": "sha256",
        "files": {"trainer_state.pt": {"sha256": "<64 hex>", "bytes": 8147}, "adapters/policy/...": {...}, ...}}
 
-Reading a file back misses damage that leaves it well formed (4 KiB of an adapter zeroed still loads); a digest
-does not. trainer_state.pt records that its save wrote a manifest (MANIFEST_STATE_KEY), so a checkpoint whose
-manifest was lost is refused, not taken for one saved before manifests existed: such an older checkpoint still
-resumes, after every file of it is read back (`unverified` tells it apart). Files the manifest does not list (a
-person's notes) are ignored. The digests catch damage, not forgery: whoever rewrites a file can rewrite the manifest
-too, which is why trainer_state.pt is still read with the safe unpickler.
+Reading a file back misses damage that leaves it well formed (4 KiB of an adapter zeroed still
+loads); a digest does not. trainer_state.pt records that its save wrote a manifest
+(MANIFEST_STATE_KEY), so a checkpoint whose manifest was lost is refused, not taken for one saved
+before manifests existed: such an older checkpoint still resumes, after every file of it is read
+back (`unverified` tells it apart). Files the manifest does not list (a person's notes) are ignored.
+The digests catch damage, not forgery: whoever rewrites a file can rewrite the manifest too, which
+is why trainer_state.pt is still read with the safe unpickler.
 """
 
 from __future__ import annotations
@@ -45,18 +47,21 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def required_files() -> list[str]:
-    """The files (relative paths) without which a folder is not a checkpoint: what a manifest must list."""
+    """The files (relative paths) without which a folder is not a checkpoint: what a manifest must
+    list."""
     adapters = [f"{ADAPTERS_DIR}/{adapter}/{name}" for adapter in ADAPTERS
                 for name in ("adapter_config.json", "adapter_model.safetensors")]
     return [TRAINER_STATE_FILE, HEADS_FILE, *adapters]
 
 
 def write_manifest(folder: str | Path) -> Path:
-    """Write folder/manifest.json listing every other file under `folder` (SHA-256 and size), through a
-    temporary file that is fsync-ed and then renamed over the manifest: it is complete or absent."""
+    """Write folder/manifest.json listing every other file under `folder` (SHA-256 and size),
+    through a temporary file that is fsync-ed and then renamed over the manifest: it is complete or
+    absent."""
     folder = Path(folder)
     manifest = folder / MANIFEST_FILE
-    files = {path.relative_to(folder).as_posix(): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    files = {path.relative_to(folder).as_posix(): {"sha256": sha256_file(path),
+                                                   "bytes": path.stat().st_size}
              for path in sorted(folder.rglob("*")) if path.is_file() and path != manifest}
     record = {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": files}
     tmp = folder / f".{MANIFEST_FILE}.tmp-{os.getpid()}"
@@ -73,38 +78,48 @@ def _entry_problem(name: Any, entry: Any) -> str | None:
     parts = PurePosixPath(name).parts if isinstance(name, str) else ()
     if not parts or name.startswith("/") or ".." in parts or "\\" in name:
         return f"lists {name!r}, a path outside the checkpoint"
-    if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _HEX64.match(entry["sha256"])
+    if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+            and _HEX64.match(entry["sha256"])
             and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
         return f"holds no SHA-256 and size for {name}"
     return None
 
 
 def read_manifest(folder: str | Path) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
-    """(the files folder/manifest.json lists, None); (None, None) when there is no manifest; (None, why it is
-    not a manifest of this course) when it is unreadable, malformed, or lists a path outside the folder."""
+    """(the files folder/manifest.json lists, None); (None, None) when there is no manifest; (None,
+    why it is not a manifest of this course) when it is unreadable, malformed, or lists a path
+    outside the folder."""
     manifest = Path(folder) / MANIFEST_FILE
     try:
         mode, size = (info := manifest.lstat()).st_mode, info.st_size
     except FileNotFoundError:
         return None, None
     except OSError as error:
-        return None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot be verified"
-    # a link, a pipe (opening it would wait for a writer), a device, or a file far larger than a few files' digests
+        return (None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot "
+                      "be verified")
+    # a link, a pipe (opening it would wait for a writer), a device, or a file far larger than a few
+    # files' digests
     if not stat.S_ISREG(mode) or size > MAX_MANIFEST_BYTES:
-        what = "not a regular file" if not stat.S_ISREG(mode) else f"{size} bytes (at most {MAX_MANIFEST_BYTES})"
+        what = ("not a regular file" if not stat.S_ISREG(mode)
+                else f"{size} bytes (at most {MAX_MANIFEST_BYTES})")
         return None, f"{manifest} is {what}: the checkpoint cannot be verified"
     try:
-        descriptor = os.open(manifest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        descriptor = os.open(manifest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                             | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(descriptor, "rb") as handle:
             record = json.loads(handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
-    # ValueError: bad JSON, or a number too long; RecursionError: nesting deeper than json can follow
+    # ValueError: bad JSON, or a number too long; RecursionError: nesting deeper than json can
+    # follow
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-        return None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot be verified"
+        return (None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot "
+                      "be verified")
     record = record if isinstance(record, dict) else {}
     files, form, algorithm = record.get("files"), record.get("format"), record.get("algorithm")
-    if not isinstance(files, dict) or type(form) is not int or form != MANIFEST_FORMAT or algorithm != "sha256":
-        return None, (f"{manifest} is not a SHA-256 manifest of format {MANIFEST_FORMAT} (\"format\", \"algorithm\" "
-                      "and \"files\"): the checkpoint cannot be verified")
+    if (not isinstance(files, dict) or type(form) is not int or form != MANIFEST_FORMAT
+        or algorithm != "sha256"):
+        return (None,
+                (f"{manifest} is not a SHA-256 manifest of format {MANIFEST_FORMAT} (\"format\", "
+                      "\"algorithm\" and \"files\"): the checkpoint cannot be verified"))
     for name, entry in files.items():
         problem = _entry_problem(name, entry)
         if problem is not None:
@@ -125,20 +140,24 @@ def _file_problem(folder: Path, name: str, entry: dict[str, Any]) -> str | None:
     if digest == entry["sha256"]:
         return None
     sizes = f" ({size} bytes, {entry['bytes']} when saved)" if size != entry["bytes"] else ""
-    return f"{path} does not match its SHA-256 in {manifest}: its bytes changed after the save{sizes}"
+    return (
+        f"{path} does not match its SHA-256 in {manifest}: its bytes changed after the save{sizes}")
 
 
 def _read_back_problem(folder: Path) -> tuple[str | None, dict[str, Any] | None]:
-    """(what is wrong, None) or (None, the trainer state) after reading back every file of a checkpoint
-    without a manifest: the trainer state (safe loader, every key), each adapter's config and weights, the heads."""
+    """(what is wrong, None) or (None, the trainer state) after reading back every file of a
+    checkpoint without a manifest: the trainer state (safe loader, every key), each adapter's config
+    and weights, the heads."""
     try:
         state = load_trainer_state(folder / TRAINER_STATE_FILE)
     except FileNotFoundError:
         return f"{folder / TRAINER_STATE_FILE} is missing", None
     except ValueError as error:  # the safe loader's refusal, or not a trainer state
         return str(error), None
-    except Exception as error:  # a truncated or garbled zip archive: torch raises RuntimeError/EOFError
-        return f"{folder / TRAINER_STATE_FILE} is damaged ({type(error).__name__}: truncated or overwritten)", None
+    # a truncated or garbled zip archive: torch raises RuntimeError/EOFError
+    except Exception as error:
+        return (f"{folder / TRAINER_STATE_FILE} is damaged ({type(error).__name__}: truncated or "
+                "overwritten)", None)
     for name in required_files()[1:]:
         file = folder / name
         if not file.is_file():
@@ -154,10 +173,11 @@ def _read_back_problem(folder: Path) -> tuple[str | None, dict[str, Any] | None]
 
 
 def verify_checkpoint(folder: str | Path) -> list[str]:
-    """The problems of the checkpoint folder `folder`, one line each naming the file, or [] when it is intact:
-    a file missing or not matching its SHA-256 in manifest.json, a manifest unreadable or lacking a file every
-    checkpoint has, or lost (the trainer state says the save wrote one). Nothing is loaded before the digests
-    match. A checkpoint saved before manifests existed (`unverified`) has each file read back instead."""
+    """The problems of the checkpoint folder `folder`, one line each naming the file, or [] when it
+    is intact: a file missing or not matching its SHA-256 in manifest.json, a manifest unreadable or
+    lacking a file every checkpoint has, or lost (the trainer state says the save wrote one).
+    Nothing is loaded before the digests match. A checkpoint saved before manifests existed
+    (`unverified`) has each file read back instead."""
     folder = Path(folder)
     files, problem = read_manifest(folder)
     if problem is not None:
@@ -167,22 +187,25 @@ def verify_checkpoint(folder: str | Path) -> list[str]:
         if problem is not None:
             return [problem]
         if MANIFEST_STATE_KEY in state:
-            return [f"{folder / MANIFEST_FILE} is missing, though {folder / TRAINER_STATE_FILE} records that the "
-                    "save wrote one: the checkpoint cannot be verified"]
+            return [f"{folder / MANIFEST_FILE} is missing, though {folder / TRAINER_STATE_FILE} "
+                    "records that the save wrote one: the checkpoint cannot be verified"]
         return []
     problems = [f"{folder / MANIFEST_FILE} does not list {name}: the manifest is incomplete"
                 for name in required_files() if name not in files]
-    problems += [p for name, entry in files.items() if (p := _file_problem(folder, name, entry)) is not None]
+    problems += [p for name,
+                 entry in files.items() if (p := _file_problem(folder, name, entry)) is not None]
     return problems
 
 
 def unverified(folder: str | Path) -> bool:
-    """True for a checkpoint saved before manifests existed: `verify_checkpoint` could only read its files back."""
+    """True for a checkpoint saved before manifests existed: `verify_checkpoint` could only read its
+    files back."""
     return not (Path(folder) / MANIFEST_FILE).exists()
 
 
 def checkpoint_problem(folder: str | Path) -> str | None:
-    """`verify_checkpoint`'s problems as one line (the first few, and how many more), or None when it is intact."""
+    """`verify_checkpoint`'s problems as one line (the first few, and how many more), or None when
+    it is intact."""
     problems = verify_checkpoint(folder)
     if not problems:
         return None

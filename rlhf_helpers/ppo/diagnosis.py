@@ -1,4 +1,5 @@
-"""The run doctor: reads a run's metric history and names the known RLHF failure signatures it shows.
+"""The run doctor: reads a run's metric history and names the known RLHF failure signatures it
+shows.
 
     from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
     findings = diagnose(trainer)                 # a live PPOTrainer (its history and its settings)
@@ -7,19 +8,21 @@
     print(format_findings(findings))
     python -m rlhf_helpers.stages.diagnose runs/ppo-tiny                # the same from a shell
 
-Each finding names its rule, the steps where it holds, the evidence in numbers, what it usually means,
-what to check first and where the course teaches it; they come sorted by severity ("error", "warning",
-"info"). The rules and their thresholds are in `diagnosis_rules`; every threshold says where it comes
-from (docs/metrics.md's healthy ranges, measured tiny-profile runs, or plain arithmetic).
+Each finding names its rule, the steps where it holds, the evidence in numbers, what it usually
+means, what to check first and where the course teaches it; they come sorted by severity ("error",
+"warning", "info"). The rules and their thresholds are in `diagnosis_rules`; every threshold says
+where it comes from (docs/metrics.md's healthy ranges, measured tiny-profile runs, or plain
+arithmetic).
 
-TRL's GRPOTrainer and RLOOTrainer log other names; `TRL_NAMES` maps those that mean the same quantity
-(reward, reward_std, frac_reward_zero_std, kl, entropy, completions/mean_length, completions/clipped_ratio,
-clip_ratio/region_mean), so a TRL run folder is read too. The rules whose metric TRL does not log
-(first_ratio, explained_variance, hidden scores) stay silent on it.
+TRL's GRPOTrainer and RLOOTrainer log other names; `TRL_NAMES` maps those that mean the same
+quantity (reward, reward_std, frac_reward_zero_std, kl, entropy, completions/mean_length,
+completions/clipped_ratio, clip_ratio/region_mean), so a TRL run folder is read too. The rules whose
+metric TRL does not log (first_ratio, explained_variance, hidden scores) stay silent on it.
 
-The files are read by `diagnosis_reading`: regular files only (a pipe is never opened), numbers a float holds, a
-last metrics line cut mid-write skipped with a note; the verdict names the file it read. A run folder's step-NNNNNN
-checkpoints are verified against their SHA-256 manifests (`diagnosis_checkpoints`): a damaged one is an error.
+The files are read by `diagnosis_reading`: regular files only (a pipe is never opened), numbers a
+float holds, a last metrics line cut mid-write skipped with a note; the verdict names the file it
+read. A run folder's step-NNNNNN checkpoints are verified against their SHA-256 manifests
+(`diagnosis_checkpoints`): a damaged one is an error.
 """
 
 from __future__ import annotations
@@ -35,21 +38,29 @@ from typing import Any
 from rlhf_helpers.core.printed import wrap_printed
 from rlhf_helpers.core.tolerances import dtype_name
 from rlhf_helpers.ppo.diagnosis_checkpoints import checkpoint_finding
-from rlhf_helpers.ppo.diagnosis_reading import metric_rows, newest_trl_state, read_json, read_metrics, what_is_there
+from rlhf_helpers.ppo.diagnosis_reading import (
+    metric_rows,
+    newest_trl_state,
+    read_json,
+    read_metrics,
+    what_is_there,
+)
 from rlhf_helpers.ppo.diagnosis_rules import RULES
 from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds, rule_reads
 
-__all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose", "format_findings",
-           "mark_findings", "load_history", "compute_record", "DIAGNOSIS_FILE"]
+__all__ = ["Finding", "RunFacts", "Thresholds", "TRL_NAMES", "Diagnosis", "diagnose",
+           "format_findings", "mark_findings", "load_history", "compute_record", "DIAGNOSIS_FILE"]
 
 DIAGNOSIS_FILE = "diagnosis.json"  #: what the training command writes into its run folder
 SEVERITIES = ("error", "warning", "info")
 
-#: TRL log name -> this course's metric name, for the quantities that mean the same (TRL 1.x GRPO / RLOO)
+#: TRL log name -> this course's metric name, for the quantities that mean the same (TRL 1.x GRPO /
+#: RLOO)
 TRL_NAMES: dict[str, str] = {
     "reward": "score",  # mean reward of the batch's completions
     "reward_std": "score_std",  # spread of the rewards (TRL: the mean of the per-group std)
-    "frac_reward_zero_std": "zero_std_fraction",  # share of prompt groups whose rewards are all equal
+    # share of prompt groups whose rewards are all equal
+    "frac_reward_zero_std": "zero_std_fraction",
     "kl": "kl_per_token",  # TRL's k3 per-token KL to the reference (ours, `kl`, is k1 per sequence)
     "entropy": "entropy",  # mean per-token entropy of the policy
     "completions/mean_length": "response_length",  # mean completion length in tokens
@@ -61,27 +72,32 @@ TRL_NAMES: dict[str, str] = {
 class Diagnosis:
     """What `diagnose` found, with the facts it used: what diagnosis.json holds."""
 
-    findings: list[Finding]  #: sorted by severity, then in the order of the rules (diagnosis_rules.RULES)
+    #: sorted by severity, then in the order of the rules (diagnosis_rules.RULES)
+    findings: list[Finding]
     steps: int  #: distinct steps read
     facts: RunFacts  #: the run's settings the rules used
     thresholds: Thresholds = field(default_factory=Thresholds)  #: the thresholds the rules used
-    source_file: str | None = None  #: the file the history was read from (None: a list or a live trainer)
-    notes: tuple[str, ...] = ()  #: what the reading skipped or chose, and why (a cut last line, repeated steps)
+    #: the file the history was read from (None: a list or a live trainer)
+    source_file: str | None = None
+    #: what the reading skipped or chose, and why (a cut last line, repeated steps)
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """diagnosis.json's content, the same whether the history came from a trainer or its files: strict JSON, a
-        non-finite number (a score_clip of inf) written as its name ("inf"). `read_json` adds where it was read."""
+        """diagnosis.json's content, the same whether the history came from a trainer or its files:
+        strict JSON, a non-finite number (a score_clip of inf) written as its name ("inf").
+        `read_json` adds where it was read."""
         return _strict({"steps": self.steps, "findings": [f.to_json() for f in self.findings],
                         "facts": asdict(self.facts), "thresholds": asdict(self.thresholds)})
 
     def read_json(self) -> dict[str, Any]:
-        """`to_json` with the file read (`source_file`, null for a list or a trainer) and the notes on the reading:
-        what `python -m rlhf_helpers.stages.diagnose --json` prints."""
+        """`to_json` with the file read (`source_file`, null for a list or a trainer) and the notes
+        on the reading: what `python -m rlhf_helpers.stages.diagnose --json` prints."""
         return {"source_file": self.source_file, "notes": list(self.notes), **self.to_json()}
 
 
 def _strict(value: Any) -> Any:
-    """`value` with every non-finite float replaced by its name ("inf", "-inf", "nan"): JSON has no such numbers."""
+    """`value` with every non-finite float replaced by its name ("inf", "-inf", "nan"): JSON has no
+    such numbers."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
@@ -92,12 +108,13 @@ def _strict(value: Any) -> Any:
 
 
 def _trl_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One TRL log entry in this course's names (entries without a reward, e.g. the final summary, give {}). A
-    metric TRL logged as null is left out: not logged at that step."""
+    """One TRL log entry in this course's names (entries without a reward, e.g. the final summary,
+    give {}). A metric TRL logged as null is left out: not logged at that step."""
     if "reward" not in row:
         return {}
     out = {ours: row[theirs] for theirs, ours in TRL_NAMES.items() if row.get(theirs) is not None}
-    clipped = row.get("completions/clipped_ratio")  # share of completions cut at the length limit (no EOS)
+    # share of completions cut at the length limit (no EOS)
+    clipped = row.get("completions/clipped_ratio")
     if isinstance(clipped, (int, float)) and not isinstance(clipped, bool):
         out["eos_fraction"] = 1.0 - float(clipped)
     out["step"] = row.get("step")
@@ -117,23 +134,24 @@ class _Read:
 def load_history(source: str | Path) -> tuple[list[dict[str, Any]], RunFacts]:
     """The metric history of a run folder or a metrics.jsonl, and the settings run.json records.
 
-    A folder of this course's training command holds metrics.jsonl and run.json; a TRL output folder holds
-    trainer_state.json (at its top, or in a checkpoint-N folder: the newest of them, `newest_trl_state`), read
-    through TRL_NAMES."""
+    A folder of this course's training command holds metrics.jsonl and run.json; a TRL output folder
+    holds trainer_state.json (at its top, or in a checkpoint-N folder: the newest of them,
+    `newest_trl_state`), read through TRL_NAMES."""
     read = _load(source)
     return read.history, read.facts
 
 
 def _load(source: str | Path) -> _Read:
     path = Path(source)
-    if path.is_dir() and path.suffix != ".jsonl" and path.name != "trainer_state.json":  # named as a file: not a run
+    # named as a file: not a run
+    if path.is_dir() and path.suffix != ".jsonl" and path.name != "trainer_state.json":
         metrics = path / "metrics.jsonl"
         if os.path.lexists(metrics):  # there in some form: read, or refused saying what it is
             return _load_file(metrics)
         found = newest_trl_state(path)
         if found is None:
-            raise ValueError(f"source {path} holds no metrics.jsonl (this course's runs) and no trainer_state.json "
-                             f"(TRL's): pass a run folder")
+            raise ValueError(f"source {path} holds no metrics.jsonl (this course's runs) and no "
+                             f"trainer_state.json (TRL's): pass a run folder")
         return _load_trl(*found)
     return _load_file(path)
 
@@ -141,9 +159,11 @@ def _load(source: str | Path) -> _Read:
 def _load_file(path: Path) -> _Read:
     kind = what_is_there(path)
     if kind == "no such file":
-        raise ValueError(f"source must be a run folder or a metrics.jsonl, got {str(path)!r} (no such file)")
+        raise ValueError(
+            f"source must be a run folder or a metrics.jsonl, got {str(path)!r} (no such file)")
     if kind is not None:
-        raise ValueError(f"{path} is {kind}, not a file: the doctor reads a metrics.jsonl (one JSON object a line)")
+        raise ValueError(f"{path} is {kind}, not a file: the doctor reads a metrics.jsonl (one "
+                         "JSON object a line)")
     if path.name == "trainer_state.json":
         return _load_trl(path, read_json(path), [])
     rows, notes = read_metrics(path)
@@ -153,92 +173,110 @@ def _load_file(path: Path) -> _Read:
 def _load_trl(state_file: Path, state: Any, notes: list[str]) -> _Read:
     log = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(log, list):
-        raise ValueError(f"{state_file}: not a TRL trainer_state.json (expected an object with a log_history "
-                         f"list, got {type(log).__name__} {log!r:.60})")
+        raise ValueError(f"{state_file}: not a TRL trainer_state.json (expected an object with a "
+                         f"log_history list, got {type(log).__name__} {log!r:.60})")
     rows = [r for r in (_trl_row(entry) for entry in log if isinstance(entry, dict)) if r]
     return _Read(rows, RunFacts(source="trl"), state_file, tuple(notes))
 
 
-#: the largest int setting read from run.json: the rules multiply settings by floats, and every int up to 2**53 is
-#: exactly a float
+#: the largest int setting read from run.json: the rules multiply settings by floats, and every int
+#: up to 2**53 is exactly a float
 MAX_SETTING = 2**53
 
 
-def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[type, ...], low: float) -> Any:
-    """section[key] when it is None or a number of `kinds` >= low (never a bool) that a float holds (an int up to
-    MAX_SETTING, a finite float); else ValueError naming it."""
+def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[type, ...],
+             low: float) -> Any:
+    """section[key] when it is None or a number of `kinds` >= low (never a bool) that a float holds
+    (an int up to MAX_SETTING, a finite float); else ValueError naming it."""
     value = section.get(key)
     if value is None or (isinstance(value, kinds) and not isinstance(value, bool) and value >= low
-                         and (value <= MAX_SETTING if isinstance(value, int) else math.isfinite(value))):
+                         and (value <= MAX_SETTING if isinstance(value, int)
+                              else math.isfinite(value))):
         return value
     kind = "an int" if kinds == (int,) else "a number"
-    beyond = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low  # too big, inf or NaN
-    raise ValueError(f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r:.60}"
-                     + (" (beyond what the doctor reads: an int up to 2**53, a finite number)" if beyond else ""))
+    # too big, inf or NaN
+    beyond = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low
+    raise ValueError(
+        f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r:.60}"
+        + (" (beyond what the doctor reads: an int up to 2**53, a finite number)"
+           if beyond else ""))
 
 
 def _facts_of_run_json(run_file: Path) -> RunFacts:
-    if (run_file.exists() or run_file.is_symlink()) and not run_file.is_file():  # never read as "none recorded"
-        raise ValueError(f"{run_file} is not a readable file (a folder, a broken link or a pipe), so the run's "
-                         "settings are unknown; move it away to diagnose the metrics alone")
+    # never read as "none recorded"
+    if (run_file.exists() or run_file.is_symlink()) and not run_file.is_file():
+        raise ValueError(
+            f"{run_file} is not a readable file (a folder, a broken link or a pipe), so the run's "
+            "settings are unknown; move it away to diagnose the metrics alone")
     if not run_file.is_file():
         return RunFacts()
     record = read_json(run_file)
     config = record.get("ppo_config", {}) if isinstance(record, dict) else None
     profile = record.get("profile", {}) if isinstance(record, dict) else None
     if not isinstance(config, dict) or not isinstance(profile, dict):
-        raise ValueError(f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
+        raise ValueError(
+            f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
     settings = {"max_new_tokens": _checked(run_file, config, "max_new_tokens", (int,), 1),
                 "score_clip": _checked(run_file, config, "score_clip", (int, float), 0),
-                "value_warmup_steps": _checked(run_file, config, "value_warmup_steps", (int,), 0) or 0,
-                "total_steps": _checked(run_file, config, "total_steps", (int,), 1)}
-    compute = record.get("compute")  # what the run computed in; older records hold the profile's dtype only
+                "value_warmup_steps": _checked(run_file, config, "value_warmup_steps", (int,), 0)
+                or 0, "total_steps": _checked(run_file, config, "total_steps", (int,), 1)}
+    # what the run computed in; older records hold the profile's dtype only
+    compute = record.get("compute")
     if compute is not None and not isinstance(compute, dict):
-        raise ValueError(f"{run_file}: compute must be an object ({{\"dtype\": ..., \"loss_scaling\": ...}}), got "
-                         f"{type(compute).__name__} {compute!r:.40}")
+        raise ValueError(f"{run_file}: compute must be an object ({{\"dtype\": ..., "
+                         f"\"loss_scaling\": ...}}), got {type(compute).__name__} {compute!r:.40}")
     dtype = compute.get("dtype") if compute is not None else profile.get("dtype")
     scaling = compute.get("loss_scaling", False) if compute is not None else False
     if not isinstance(dtype, str):  # None too: a record that does not say how the run computed
-        raise ValueError(f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r:.40}")
+        raise ValueError(
+            f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r:.40}")
     if not isinstance(scaling, bool):
-        raise ValueError(f"{run_file}: loss_scaling must be true or false, got {type(scaling).__name__} "
-                         f"{scaling!r:.40}")
+        raise ValueError(f"{run_file}: loss_scaling must be true or false, got "
+                         f"{type(scaling).__name__} {scaling!r:.40}")
     try:
         facts = RunFacts(dtype=dtype, loss_scaling=scaling)
-    except ValueError as error:  # "bf16", "torch.bfloat16" are read; an unknown name is refused, never float32
+    # "bf16", "torch.bfloat16" are read; an unknown name is refused, never float32
+    except ValueError as error:
         raise ValueError(f"{run_file}: {error}") from None
     return dataclasses.replace(facts, **settings)
 
 
 def compute_record(trainer: Any) -> dict[str, Any]:
-    """{"dtype", "loss_scaling"}: the dtype a trainer's forward passes compute in (its model's `compute_dtype`:
-    the frozen base's, bf16 or fp16 over float32 masters on a GPU) and whether a loss scaler runs (fp16).
-    run.json records it; the doctor's float tolerances follow it. ValueError for a model that does not say."""
+    """{"dtype", "loss_scaling"}: the dtype a trainer's forward passes compute in (its model's
+    `compute_dtype`: the frozen base's, bf16 or fp16 over float32 masters on a GPU) and whether a
+    loss scaler runs (fp16). run.json records it; the doctor's float tolerances follow it.
+    ValueError for a model that does not say."""
     dtype = getattr(trainer.model, "compute_dtype", None)
-    if dtype is None:  # never guessed: a float32 guess would judge a bf16 run by float32's tolerances
-        raise ValueError(f"trainer.model ({type(trainer.model).__name__}) has no compute_dtype: pass "
-                         "facts=RunFacts(dtype=...) to diagnose")
+    # never guessed: a float32 guess would judge a bf16 run by float32's tolerances
+    if dtype is None:
+        raise ValueError(f"trainer.model ({type(trainer.model).__name__}) has no compute_dtype: "
+                         "pass facts=RunFacts(dtype=...) to diagnose")
     scaler = getattr(getattr(trainer, "policy_opt", None), "scaler", None)
-    return {"dtype": dtype_name(dtype), "loss_scaling": bool(scaler is not None and scaler.is_enabled())}
+    return {"dtype": dtype_name(dtype),
+            "loss_scaling": bool(scaler is not None and scaler.is_enabled())}
 
 
 def _trainer_history(trainer: Any) -> list[Any]:
     """A trainer's history as a list; TypeError when it is not a sequence of metric dicts."""
     history = trainer.history
     if not (isinstance(history, Sequence) and all(isinstance(row, Mapping) for row in history)):
-        raise TypeError(f"source.history must be a list of metric dicts, got {type(history).__name__}")
+        raise TypeError(
+            f"source.history must be a list of metric dicts, got {type(history).__name__}")
     return list(history)
 
 
 def _facts_of_trainer(trainer: Any) -> RunFacts:
-    """The settings of a trainer (its config and its model's compute dtype); TypeError naming what it lacks."""
+    """The settings of a trainer (its config and its model's compute dtype); TypeError naming what
+    it lacks."""
     config = trainer.config
-    missing = [name for name in ("max_new_tokens", "score_clip", "value_warmup_steps", "total_steps")
+    missing = [name
+               for name in ("max_new_tokens", "score_clip", "value_warmup_steps", "total_steps")
                if not hasattr(config, name)]
     if missing or not hasattr(trainer, "model"):
-        lacks = f"a config without {', '.join(missing)}" if missing else "no model (its compute dtype)"
-        raise TypeError(f"source looks like a PPOTrainer (history and config) but has {lacks}: pass a PPOTrainer, "
-                        "or its history with facts=RunFacts(...)")
+        lacks = (f"a config without {', '.join(missing)}" if missing
+                 else "no model (its compute dtype)")
+        raise TypeError(f"source looks like a PPOTrainer (history and config) but has {lacks}: "
+                        "pass a PPOTrainer, or its history with facts=RunFacts(...)")
     compute = compute_record(trainer)
     return RunFacts(max_new_tokens=config.max_new_tokens, score_clip=config.score_clip,
                     value_warmup_steps=config.value_warmup_steps, total_steps=config.total_steps,
@@ -250,26 +288,32 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
     """Run every rule on a run's history.
 
     `source`: a list of per-step metric dicts (`PPOTrainer.history`, metrics.jsonl's rows), a live
-    `PPOTrainer` (anything with `history` and `config`), or the path of a run folder or metrics.jsonl.
-    `facts`: the run's settings (max_new_tokens, score_clip, warm-up, the dtype it computed in); read from the
-    trainer or run.json when not given. A bare list (or a folder without run.json) without `facts` is judged as a
-    float32 run, the strictest tolerances: pass the run's facts (e.g. `diagnose(trainer).facts`) for a 16-bit one.
-    `thresholds`: the rules' thresholds (defaults: `Thresholds()`). TypeError for a `facts` or `thresholds` of
-    another type, and for a trainer-like `source` without a model whose `facts` are not given.
-    A run folder's (or its metrics.jsonl's folder's) checkpoints are verified: a damaged one is a finding.
+    `PPOTrainer` (anything with `history` and `config`), or the path of a run folder or
+    metrics.jsonl. `facts`: the run's settings (max_new_tokens, score_clip, warm-up, the dtype it
+    computed in); read from the trainer or run.json when not given. A bare list (or a folder without
+    run.json) without `facts` is judged as a float32 run, the strictest tolerances: pass the run's
+    facts (e.g. `diagnose(trainer).facts`) for a 16-bit one. `thresholds`: the rules' thresholds
+    (defaults: `Thresholds()`). TypeError for a `facts` or `thresholds` of another type, and for a
+    trainer-like `source` without a model whose `facts` are not given. A run folder's (or its
+    metrics.jsonl's folder's) checkpoints are verified: a damaged one is a finding.
 
-    Values may be any real numbers (numpy's too) or None; one beyond a float's range reads as +-inf. A step logged
-    more than once counts once, read from its last row (`Diagnosis.notes` says how many)."""
+    Values may be any real numbers (numpy's too) or None; one beyond a float's range reads as +-inf.
+    A step logged more than once counts once, read from its last row (`Diagnosis.notes` says how
+    many)."""
     if facts is not None and not isinstance(facts, RunFacts):
-        raise TypeError(f"facts must be a RunFacts or None, got {type(facts).__name__} {facts!r:.40}")
+        raise TypeError(
+            f"facts must be a RunFacts or None, got {type(facts).__name__} {facts!r:.40}")
     if thresholds is not None and not isinstance(thresholds, Thresholds):
-        raise TypeError(f"thresholds must be a Thresholds or None, got {type(thresholds).__name__} {thresholds!r:.40}")
+        raise TypeError(f"thresholds must be a Thresholds or None, got {type(thresholds).__name__} "
+                        f"{thresholds!r:.40}")
     thresholds = thresholds or Thresholds()
     source_file, notes, damaged = None, [], None
     if isinstance(source, (str, Path)):
         read = _load(source)
-        history, found, source_file, notes = read.history, read.facts, str(read.file), list(read.notes)
-        if found.source != "trl":  # this course's run folder: its step-NNNNNN checkpoints are verified too
+        history, found, source_file, notes = (read.history, read.facts,
+                                              str(read.file), list(read.notes))
+        # this course's run folder: its step-NNNNNN checkpoints are verified too
+        if found.source != "trl":
             damaged, checked = checkpoint_finding(read.file.parent)
             notes += checked
     elif hasattr(source, "history") and hasattr(source, "config"):
@@ -277,28 +321,31 @@ def diagnose(source: Any, *, facts: RunFacts | None = None,
     elif isinstance(source, Sequence) and all(isinstance(row, Mapping) for row in source):
         history, found = list(source), RunFacts()
     else:
-        raise ValueError("source must be a list of metric dicts, a PPOTrainer, or a run folder / metrics.jsonl "
-                         f"path, got {type(source).__name__}")
+        raise ValueError("source must be a list of metric dicts, a PPOTrainer, or a run folder / "
+                         f"metrics.jsonl path, got {type(source).__name__}")
     facts = facts or found
     rows, repeated = metric_rows(history, f"{source}: " if isinstance(source, (str, Path)) else "")
     if repeated:
-        notes.append(f"{repeated} step(s) logged more than once (a resumed run logs again the steps after its last "
-                     "checkpoint): the last row of each step is read")
+        notes.append(f"{repeated} step(s) logged more than once (a resumed run logs again the "
+                     "steps after its last checkpoint): the last row of each step is read")
     findings = [finding for rule in RULES if (finding := rule(rows, facts, thresholds)) is not None]
     findings += [damaged] if damaged is not None else []
-    findings.sort(key=lambda f: SEVERITIES.index(f.severity))  # stable: within a severity, in RULES order
+    # stable: within a severity, in RULES order
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     return Diagnosis(findings=findings, steps=len(rows), facts=facts, thresholds=thresholds,
                      source_file=source_file, notes=tuple(notes))
 
 
 def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
-    """The findings as text, one block each (what `train_ppo` prints at the end of a run), each finding's lines
-    wrapped at their spaces within `PRINT_WIDTH`. The first line and the notes stay whole: they name a file, and
-    a path cannot be wrapped."""
+    """The findings as text, one block each (what `train_ppo` prints at the end of a run), each
+    finding's lines wrapped at their spaces within `PRINT_WIDTH`. The first line and the notes stay
+    whole: they name a file, and a path cannot be wrapped."""
     if min_severity not in SEVERITIES:
         raise ValueError(f"min_severity must be one of {SEVERITIES}, got {min_severity!r}")
-    shown = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) <= SEVERITIES.index(min_severity)]
-    read = f"{diagnosis.steps} steps read" + (f" from {diagnosis.source_file}" if diagnosis.source_file else "")
+    shown = [f for f in diagnosis.findings
+             if SEVERITIES.index(f.severity) <= SEVERITIES.index(min_severity)]
+    read = f"{diagnosis.steps} steps read" + (f" from {diagnosis.source_file}"
+                                              if diagnosis.source_file else "")
     notes = [f"    note: {note}" for note in diagnosis.notes]
     if not shown:
         return "\n".join([f"run doctor: {read}, no finding" + (
@@ -309,15 +356,16 @@ def format_findings(diagnosis: Diagnosis, min_severity: str = "info") -> str:
     return "\n".join(lines)
 
 
-#: marker colour of a finding's steps on the curves, by severity (info findings are listed, not marked)
+#: marker colour of a finding's steps on the curves, by severity (info findings are listed, not
+#: marked)
 MARK_COLORS = {"error": "crimson", "warning": "darkorange"}
 
 
-def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Diagnosis, keys: Sequence[str],
-                  columns: int = 3) -> Any:
-    """Show the doctor's findings on a `metrics.plot_curves` figure of `history` drawn with `keys` and `columns`:
-    crosses at the steps of each error (red) or warning (orange) on the panels of the metrics its rule reads,
-    and every finding listed under the title. Returns the figure."""
+def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Diagnosis,
+                  keys: Sequence[str], columns: int = 3) -> Any:
+    """Show the doctor's findings on a `metrics.plot_curves` figure of `history` drawn with `keys`
+    and `columns`: crosses at the steps of each error (red) or warning (orange) on the panels of the
+    metrics its rule reads, and every finding listed under the title. Returns the figure."""
     reads = rule_reads()
     for finding in diagnosis.findings:
         if finding.severity not in MARK_COLORS:
@@ -328,13 +376,16 @@ def mark_findings(fig: Any, history: Sequence[Mapping[str, Any]], diagnosis: Dia
                 continue
             points = [(row["step"], row[key]) for row in history if int(row.get("step", 0)) in steps
                       and isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
-            fig.add_scatter(x=[x for x, _ in points], y=[y for _, y in points], mode="markers", showlegend=False,
-                            marker={"symbol": "x", "size": 9, "color": MARK_COLORS[finding.severity]},
-                            hovertemplate=f"step %{{x}}: {finding.rule} ({finding.severity})<extra></extra>",
-                            row=index // columns + 1, col=index % columns + 1)
+            fig.add_scatter(
+                x=[x for x, _ in points], y=[y for _, y in points], mode="markers",
+                showlegend=False,
+                marker={"symbol": "x", "size": 9, "color": MARK_COLORS[finding.severity]},
+                hovertemplate=f"step %{{x}}: {finding.rule} ({finding.severity})<extra></extra>",
+                row=index // columns + 1, col=index % columns + 1)
     # one line per finding, so a long list never runs past the figure's width
     listed = [f"{f.severity} {f.rule} ({f.where()})" for f in diagnosis.findings] or ["no finding"]
     lines = "".join(f"<br><sup>run doctor: {line}</sup>" for line in listed)
     top = fig.layout.margin.t or 80
-    fig.update_layout(title_text=f"{fig.layout.title.text or ''}{lines}", margin_t=top + 18 * len(listed))
+    fig.update_layout(title_text=f"{fig.layout.title.text or ''}{lines}",
+                      margin_t=top + 18 * len(listed))
     return fig

@@ -1,11 +1,12 @@
-"""The run doctor's check of a run folder's checkpoints: each step-NNNNNN folder is verified against the SHA-256
-manifest its save wrote (`checkpoint_digest.verify_checkpoint`), so a checkpoint whose bytes changed after the save
-(4 KiB of an adapter zeroed, a file gone) is an error naming it, its files and the newest intact checkpoint.
+"""The run doctor's check of a run folder's checkpoints: each step-NNNNNN folder is verified against
+the SHA-256 manifest its save wrote (`checkpoint_digest.verify_checkpoint`), so a checkpoint whose
+bytes changed after the save (4 KiB of an adapter zeroed, a file gone) is an error naming it, its
+files and the newest intact checkpoint.
 
     finding, notes = checkpoint_finding(Path("runs/ppo-tiny"))   # None and [] when every checkpoint is intact
 
-A checkpoint saved before manifests existed has its files read back instead: intact, it gets a note that it could
-not be verified by digest, never an error.
+A checkpoint saved before manifests existed has its files read back instead: intact, it gets a note
+that it could not be verified by digest, never an error.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
 from rlhf_helpers.ppo.diagnosis_types import Finding
 
 RULE = "damaged_checkpoint"
-#: a checkpoint folder's name: ASCII digits only (str.isdigit and \d accept '²' and other scripts' digits)
+#: a checkpoint folder's name: ASCII digits only (str.isdigit and \d accept '²' and other scripts'
+#: digits)
 CHECKPOINT = re.compile(r"step-([0-9]{6,})")
 #: problems shown per checkpoint (a lost adapter folder alone gives several)
 SHOWN = 3
 
 
 def checkpoint_finding(run_dir: Path) -> tuple[Finding | None, list[str]]:
-    """(an error finding naming the damaged checkpoints of `run_dir`, or None; notes on the checkpoints saved
-    without a manifest). Only step-NNNNNN folders are read; a run without checkpoints gives (None, [])."""
+    """(an error finding naming the damaged checkpoints of `run_dir`, or None; notes on the
+    checkpoints saved without a manifest). Only step-NNNNNN folders are read; a run without
+    checkpoints gives (None, [])."""
     found = sorted(
         (int(match.group(1)), path)
         for path in run_dir.glob("step-*")
@@ -42,12 +45,13 @@ def checkpoint_finding(run_dir: Path) -> tuple[Finding | None, list[str]]:
         intact.append(folder)
         if not (folder / "manifest.json").exists():
             notes.append(
-                f"{folder.name} was saved without a manifest (an older run): its files were read back, "
-                "not verified by SHA-256"
+                f"{folder.name} was saved without a manifest (an older run): its files were read "
+                "back, not verified by SHA-256"
             )
     if not damaged:
         return None, notes
-    newest = f"newest intact checkpoint: {intact[-1].name}" if intact else "no intact checkpoint in this run folder"
+    newest = (f"newest intact checkpoint: {intact[-1].name}" if intact
+              else "no intact checkpoint in this run folder")
     evidence = "; ".join(
         f"{folder.name}: "
         + "; ".join(problems[:SHOWN])
@@ -60,13 +64,14 @@ def checkpoint_finding(run_dir: Path) -> tuple[Finding | None, list[str]]:
         "a checkpoint's files changed after its save",
         tuple(step for step, _, _ in damaged),
         f"{evidence} ({newest})",
-        "the disk, a copy or a person changed the checkpoint's bytes after the save: resuming from it or "
-        "exporting it would load damaged weights (a resume refuses it)",
+        "the disk, a copy or a person changed the checkpoint's bytes after the save: resuming from "
+        "it or exporting it would load damaged weights (a resume refuses it)",
         (
-            f"resume or export from {intact[-1].name}, the newest intact checkpoint (a resume refuses a damaged one); "
-            "the disk and whatever copied the files"
+            f"resume or export from {intact[-1].name}, the newest intact checkpoint (a resume "
+            "refuses a damaged one); the disk and whatever copied the files"
             if intact
-            else "the disk and whatever copied the files; copy the checkpoints again from their source, or train again"
+            else "the disk and whatever copied the files; copy the checkpoints again from their "
+                 "source, or train again"
         ),
         "rlhf_helpers/ppo/checkpoint_digest.py (the SHA-256 manifest)",
     ), notes

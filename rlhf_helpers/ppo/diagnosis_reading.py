@@ -1,12 +1,14 @@
-"""How the run doctor reads its files: only regular files (a pipe is never opened, so nothing blocks), JSON whose
-numbers a float can hold, and a metrics.jsonl whose last line may have been cut mid-write.
+"""How the run doctor reads its files: only regular files (a pipe is never opened, so nothing
+blocks), JSON whose numbers a float can hold, and a metrics.jsonl whose last line may have been cut
+mid-write.
 
     rows, notes = read_metrics(Path("runs/ppo-tiny/metrics.jsonl"))   # notes: what was skipped, and why
     state = read_json(Path("trl-out/trainer_state.json"))
     state_file, state, notes = newest_trl_state(Path("trl-out"))      # the top-level state or a newer checkpoint's
 
-Every error is a ValueError naming the file (and the line); no JSON value reaches a rule as a number a float
-cannot hold, as a structure nested deeper than the parser's recursion, or as anything but a number or None.
+Every error is a ValueError naming the file (and the line); no JSON value reaches a rule as a number
+a float cannot hold, as a structure nested deeper than the parser's recursion, or as anything but a
+number or None.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Any
 from rlhf_helpers.runtime.data import DuplicateKey, refuse_duplicate_keys
 from rlhf_helpers.runtime.lock_files import mode_kind
 
-#: digits from which an integer literal is beyond every float (1.8e308 has 309): read as +-inf, never parsed as an
-#: int (Python refuses int literals over 4300 digits, and a float conversion of a huge int overflows)
+#: digits from which an integer literal is beyond every float (1.8e308 has 309): read as +-inf,
+#: never parsed as an int (Python refuses int literals over 4300 digits, and a float conversion of a
+#: huge int overflows)
 MAX_INT_DIGITS = 309
 
 
@@ -37,24 +40,26 @@ def _parse_int(text: str) -> int | float:
 
 
 def parse_json(text: str, where: str) -> Any:
-    """The JSON value of `text`; ValueError starting with `where` when it is not JSON, nests deeper than the parser
-    can follow, or gives one key twice in an object. Integers beyond every float are read as +-inf."""
+    """The JSON value of `text`; ValueError starting with `where` when it is not JSON, nests deeper
+    than the parser can follow, or gives one key twice in an object. Integers beyond every float are
+    read as +-inf."""
     try:
         return json.loads(text, object_pairs_hook=refuse_duplicate_keys, parse_int=_parse_int)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
     except RecursionError:
         raise ValueError(
-            f"{where}: nested too deeply to be read (lists or objects inside each other thousands of "
-            "levels down); a metrics record is one flat object"
+            f"{where}: nested too deeply to be read (lists or objects inside each other thousands "
+            "of levels down); a metrics record is one flat object"
         ) from None
     except DuplicateKey as error:
-        raise ValueError(f"{where}: the key {error.key!r} appears twice in one record; keep one") from None
+        raise ValueError(
+            f"{where}: the key {error.key!r} appears twice in one record; keep one") from None
 
 
 def what_is_there(path: Path) -> str | None:
-    """None for a regular file (or a link to one); else what `path` is, in words ("no such file", "a folder", "a
-    broken link (to gone.jsonl)", "a named pipe (FIFO)", ...). Never opens it."""
+    """None for a regular file (or a link to one); else what `path` is, in words ("no such file", "a
+    folder", "a broken link (to gone.jsonl)", "a named pipe (FIFO)", ...). Never opens it."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -67,8 +72,9 @@ def what_is_there(path: Path) -> str | None:
 
 
 def open_regular(path: Path) -> Any:
-    """`path` opened for reading in binary; ValueError saying what it is when it is not a regular file. Opened
-    without blocking and checked again once open, so a pipe put there after the first look never blocks a read."""
+    """`path` opened for reading in binary; ValueError saying what it is when it is not a regular
+    file. Opened without blocking and checked again once open, so a pipe put there after the first
+    look never blocks a read."""
     kind = what_is_there(path)
     if kind is not None:
         raise ValueError(f"{path} is {kind}, not a file")
@@ -83,7 +89,8 @@ def open_regular(path: Path) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in a regular file (`parse_json`); ValueError naming the file when it is not UTF-8 JSON."""
+    """The JSON in a regular file (`parse_json`); ValueError naming the file when it is not UTF-8
+    JSON."""
     with open_regular(path) as handle:
         raw = handle.read()
     try:
@@ -96,10 +103,11 @@ def read_json(path: Path) -> Any:
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of a metrics.jsonl, and notes on what was skipped.
 
-    One JSON object a line; blank lines are skipped, a UTF-8 byte order mark is accepted. The last line, when it
-    has no newline at its end and is not valid JSON (or not UTF-8), is a record cut mid-write (the run was stopped
-    or is still writing): it is skipped with a note and the rest is read. Any other bad line is refused (ValueError
-    naming the file and the line), and so is a file with no row."""
+    One JSON object a line; blank lines are skipped, a UTF-8 byte order mark is accepted. The last
+    line, when it has no newline at its end and is not valid JSON (or not UTF-8), is a record cut
+    mid-write (the run was stopped or is still writing): it is skipped with a note and the rest is
+    read. Any other bad line is refused (ValueError naming the file and the line), and so is a file
+    with no row."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     with open_regular(path) as handle:
@@ -120,8 +128,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                     break
                 if isinstance(error, UnicodeDecodeError):
                     raise ValueError(
-                        f"{where}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
-                        "save the file as UTF-8"
+                        f"{where}: not valid UTF-8 ({error.reason} at byte {error.start} of the "
+                        "line); save the file as UTF-8"
                     ) from None
                 raise
             if not isinstance(record, dict):
@@ -130,17 +138,20 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 raise ValueError(f"{where}: {problem}")
             rows.append(record)
     if not rows:
-        raise ValueError(f"{path}: holds no metrics row" + (f" ({notes[0]})" if notes else " (the file is empty)"))
+        raise ValueError(f"{path}: holds no metrics row"
+                         + (f" ({notes[0]})" if notes else " (the file is empty)"))
     return rows, notes
 
 
 def step_problem(value: Any) -> str | None:
-    """Why a logged step is not one (an integer >= 0: an int, or a float equal to one, as TRL and this course log
-    steps from 0 or 1), or None. None (no step logged) is no problem: the row's place stands for it."""
+    """Why a logged step is not one (an integer >= 0: an int, or a float equal to one, as TRL and
+    this course log steps from 0 or 1), or None. None (no step logged) is no problem: the row's
+    place stands for it."""
     if value is None:
         return None
     whole = isinstance(value, numbers.Integral) or (
-        isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer()
+        isinstance(value, numbers.Real) and math.isfinite(float(value))
+        and float(value).is_integer()
     )
     if isinstance(value, bool) or not whole or value < 0:
         return f"step must be an integer >= 0, got {type(value).__name__} {value!r:.40}"
@@ -148,12 +159,13 @@ def step_problem(value: Any) -> str | None:
 
 
 def as_number(value: Any) -> float | None:
-    """A logged value as a float the rules can compare: None stays None (not logged); any real number (int, float,
-    numpy's float32 and int64, ...) becomes a float, one beyond a float's range +-inf. TypeError for anything else
-    (a bool, a string, a list)."""
+    """A logged value as a float the rules can compare: None stays None (not logged); any real
+    number (int, float, numpy's float32 and int64, ...) becomes a float, one beyond a float's range
+    +-inf. TypeError for anything else (a bool, a string, a list)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool_ is no numbers.Real either
+    # numpy's bool_ is no numbers.Real either
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"not a number: {type(value).__name__}")
     try:
         return float(value)
@@ -161,15 +173,17 @@ def as_number(value: Any) -> float | None:
         return math.inf if value > 0 else -math.inf
 
 
-def metric_rows(history: Sequence[Mapping[str, Any]], where: str = "") -> tuple[list[dict[str, Any]], int]:
-    """(one row per step, every value a float or None (`as_number`), each with an int "step"; how many steps were
-    logged more than once). ValueError starting with `where` and naming the row and metric of the first value that
-    is not a number: the rules read numbers, and a string or a list would silently read as "not logged".
+def metric_rows(history: Sequence[Mapping[str, Any]],
+                where: str = "") -> tuple[list[dict[str, Any]], int]:
+    """(one row per step, every value a float or None (`as_number`), each with an int "step"; how
+    many steps were logged more than once). ValueError starting with `where` and naming the row and
+    metric of the first value that is not a number: the rules read numbers, and a string or a list
+    would silently read as "not logged".
 
-    A row without a step (None) is the step of its place in the history; a step that is not an integer >= 0 is
-    refused (`step_problem`): -5 and -5.5 would read as one step. A step logged again (a resumed run logs
-    again the steps after its last checkpoint) is read from its last row, the one the run went on from, in the
-    place of its first: every rule counts it once."""
+    A row without a step (None) is the step of its place in the history; a step that is not an
+    integer >= 0 is refused (`step_problem`): -5 and -5.5 would read as one step. A step logged
+    again (a resumed run logs again the steps after its last checkpoint) is read from its last row,
+    the one the run went on from, in the place of its first: every rule counts it once."""
     by_step: dict[int, dict[str, Any]] = {}
     repeated: set[int] = set()
     for index, row in enumerate(history):
@@ -179,7 +193,8 @@ def metric_rows(history: Sequence[Mapping[str, Any]], where: str = "") -> tuple[
                 numbers_only[key] = as_number(value)
             except TypeError:
                 raise ValueError(
-                    f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} {value!r:.40}"
+                    f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} "
+                    f"{value!r:.40}"
                 ) from None
         if (problem := step_problem(row.get("step"))) is not None:
             raise ValueError(f"{where}row {index + 1}: {problem}")
@@ -201,16 +216,19 @@ def _state_step(state: Any, fallback: float) -> float:
 
 
 def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
-    """(the file, its JSON, notes) of a TRL output folder's newest trainer_state.json, or None when it holds none.
+    """(the file, its JSON, notes) of a TRL output folder's newest trainer_state.json, or None when
+    it holds none.
 
-    TRL writes one into each checkpoint-N folder as it saves, and one at the top when `save_state()` runs (at the
-    end of training): the top-level one is read unless the newest checkpoint's is further on (by its global_step,
-    else N), as when a run resumed and saved past an older top-level state. A tie goes to the top-level one."""
+    TRL writes one into each checkpoint-N folder as it saves, and one at the top when `save_state()`
+    runs (at the end of training): the top-level one is read unless the newest checkpoint's is
+    further on (by its global_step, else N), as when a run resumed and saved past an older top-level
+    state. A tie goes to the top-level one."""
     top = folder / "trainer_state.json"
     saved = [
         (int(number), p / "trainer_state.json")
         for p in folder.glob("checkpoint-*")
-        if re.fullmatch(r"[0-9]+", number := p.name.removeprefix("checkpoint-"))  # '²'.isdigit() is True
+        # '²'.isdigit() is True
+        if re.fullmatch(r"[0-9]+", number := p.name.removeprefix("checkpoint-"))
         and os.path.lexists(p / "trainer_state.json")
     ]
     newest = max(saved, key=lambda item: item[0]) if saved else None
@@ -224,8 +242,10 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
     top_step, saved_step = _state_step(top_state, -math.inf), _state_step(state, _as_float(number))
     if saved_step <= top_step:
         return top, top_state, []
-    if _logged(top_state) and not _logged(state):  # an empty log never outranks one with steps in it
-        return top, top_state, [f"{path} holds no logged step: read the top-level {top.name} instead"]
+    # an empty log never outranks one with steps in it
+    if _logged(top_state) and not _logged(state):
+        return (top, top_state,
+                [f"{path} holds no logged step: read the top-level {top.name} instead"])
     return (
         path,
         state,

@@ -1,7 +1,7 @@
 """The rows the run doctor's rules read, and the helpers they share.
 
-Rows are per-step metric dicts whose values are floats or None (`diagnosis_reading.metric_rows`), each with an int
-"step". Every helper makes one pass over the rows.
+Rows are per-step metric dicts whose values are floats or None (`diagnosis_reading.metric_rows`),
+each with an int "step". Every helper makes one pass over the rows.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ LAB = "notebooks/06_failure_modes.ipynb"
 
 
 def metric(row: Mapping[str, Any], key: str) -> float | None:
-    """row[key] when it is a finite number, else None (not logged, or NaN/inf: `non_finite` reads those)."""
+    """row[key] when it is a finite number, else None (not logged, or NaN/inf: `non_finite` reads
+    those)."""
     value = row.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -27,7 +28,8 @@ def metric(row: Mapping[str, Any], key: str) -> float | None:
 
 def passing(rows: Rows, key: str, test: Callable[[float], bool]) -> list[tuple[int, float]]:
     """(step, value) of the rows whose `key` is finite and passes `test`."""
-    return [(int(row["step"]), v) for row in rows if (v := metric(row, key)) is not None and test(v)]
+    return [(int(row["step"]), v) for row in rows
+            if (v := metric(row, key)) is not None and test(v)]
 
 
 def logged(rows: Rows, key: str) -> int:
@@ -36,7 +38,8 @@ def logged(rows: Rows, key: str) -> int:
 
 
 def sustained(hits: list[tuple[int, float]], available: int, thresholds: Thresholds) -> bool:
-    """Whether a condition held at sustain_steps steps, or at every step of a run that logged fewer."""
+    """Whether a condition held at sustain_steps steps, or at every step of a run that logged
+    fewer."""
     return available > 0 and len(hits) >= min(thresholds.sustain_steps, available)
 
 
@@ -47,8 +50,9 @@ def fmt(hits: list[tuple[int, float]], key: str, limit: int = 4) -> str:
 
 
 def longest_run(rows: Rows, key: str, test: Callable[[float], bool]) -> list[tuple[int, float]]:
-    """(step, value) of the longest stretch of consecutive rows whose `key` is finite and passes `test` (the
-    first of equally long ones); one pass, and the stretch is copied once, at the end."""
+    """(step, value) of the longest stretch of consecutive rows whose `key` is finite and passes
+    `test` (the first of equally long ones); one pass, and the stretch is copied once, at the
+    end."""
     best_start = best_length = start = length = 0
     for index, row in enumerate(rows):
         value = metric(row, key)
@@ -58,4 +62,5 @@ def longest_run(rows: Rows, key: str, test: Callable[[float], bool]) -> list[tup
                 best_start, best_length = start, length
         else:
             length = 0
-    return [(int(row["step"]), float(row[key])) for row in rows[best_start : best_start + best_length]]
+    return [(int(row["step"]), float(row[key]))
+            for row in rows[best_start : best_start + best_length]]

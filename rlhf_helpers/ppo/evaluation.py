@@ -18,14 +18,15 @@ import torch
 from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
-#: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g. rlhf_helpers.world.scorer.hidden_scores)
+#: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g.
+#: rlhf_helpers.world.scorer.hidden_scores)
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 
 @torch.no_grad()
-def evaluate_policy(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], *, max_prompt_length: int,
-                    max_new_tokens: int, temperature: float = 1.0, batch_size: int = 64, seed: int = 12345,
-                    reward_fn: RewardFn | None = None,
+def evaluate_policy(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], *,
+                    max_prompt_length: int, max_new_tokens: int, temperature: float = 1.0,
+                    batch_size: int = 64, seed: int = 12345, reward_fn: RewardFn | None = None,
                     hidden_score_fn: ScoreFn | None = None) -> dict[str, float]:
     """Mean reward score, hidden score and sequence KL of one fresh sample per prompt.
 
@@ -49,14 +50,16 @@ def evaluate_policy(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], *
             part = list(prompts[first : first + batch_size])
             samples = sample_responses(model, tokenizer, part, max_prompt_length, max_new_tokens,
                                        temperature=temperature)
-            seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+            seq, attn, P, mask = (samples.sequences, samples.attention_mask,
+                                  samples.context_length, samples.mask)
             logp = model.policy_logprobs(seq, attn, P, temperature=temperature).float()  # (b, R)
             ref = model.ref_logprobs(seq, attn, P, temperature=temperature).float()  # (b, R)
             seq_kls.append(((logp - ref) * mask).sum(dim=1))  # (b,)
             scores.append(score_samples(model, samples, reward_fn))  # (b,)
             lengths.append(mask.sum(dim=1))  # (b,)
             responses.extend(samples.responses)
-    out = {"eval_score": float(torch.cat(scores).mean()), "eval_kl": float(torch.cat(seq_kls).mean()),
+    out = {"eval_score": float(torch.cat(scores).mean()),
+           "eval_kl": float(torch.cat(seq_kls).mean()),
            "eval_response_length": float(torch.cat(lengths).mean())}
     if hidden_score_fn is not None:
         hidden = hidden_score_fn(list(prompts), responses)

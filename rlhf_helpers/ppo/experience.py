@@ -29,7 +29,8 @@ class Experience:
     mask: torch.Tensor  #: (B, R) 1 on real response tokens up to and including EOS
     #: (B, R) log-probs under the distribution that sampled: the policy at config.temperature
     old_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor  #: (B, R) log-probs under the reference (adapters disabled), same temperature
+    #: (B, R) log-probs under the reference (adapters disabled), same temperature
+    ref_logprobs: torch.Tensor
     entropy: torch.Tensor  #: (B, R) entropy of the sampling distribution at each response position
     values: torch.Tensor  #: (B, R) old values V(s_t) of the value adapter + head
     scores: torch.Tensor  #: (B,) reward-model score (or reward_fn) of each response
@@ -45,7 +46,8 @@ class Experience:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var[returns - values] / Var[returns] over real tokens (1: perfect critic, <= 0: useless)."""
+    """1 - Var[returns - values] / Var[returns] over real tokens (1: perfect critic, <= 0:
+    useless)."""
     m = mask.bool()
     target = returns[m]
     if target.numel() < 2:
@@ -55,25 +57,28 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def eos_kept_share(batch: Experience, eos_token_id: int) -> float:
-    """The share of the batch's sampled EOS tokens (each response's first) that its loss mask keeps: 1 when the
-    mask is built from the first EOS; below 1 when a "not padding" mask with pad == EOS hides them (the
-    update then never trains the decision to stop). 1.0 when no response stopped at an EOS."""
+    """The share of the batch's sampled EOS tokens (each response's first) that its loss mask keeps:
+    1 when the mask is built from the first EOS; below 1 when a "not padding" mask with pad == EOS
+    hides them (the update then never trains the decision to stop). 1.0 when no response stopped at
+    an EOS."""
     responses = batch.sequences[:, batch.context_length:]  # (B, R)
     ended = batch.ended_with_eos  # (B,)
     if not bool(ended.any()):
         return 1.0
-    first_eos = (responses == eos_token_id).int().argmax(dim=1, keepdim=True)  # (B, 1): the first EOS's column
+    # (B, 1): the first EOS's column
+    first_eos = (responses == eos_token_id).int().argmax(dim=1, keepdim=True)
     kept = batch.mask.gather(1, first_eos).squeeze(1)  # (B,)
-    # counts, divided once in Python: a float32 mean on CUDA (sum x 1/n) gave 0.99999994 for all kept
+    # counts, divided once in Python: a float32 mean on CUDA (sum x 1/n) gave 0.99999994 for all
+    # kept
     return int((kept[ended] != 0).sum()) / int(ended.sum())
 
 
 def rollout_metrics(batch: Experience, kl_coef: float,
-                    hidden_score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
-                    score_clip: float | None = None) -> dict[str, float]:
-    """The rollout half of an iteration's metrics (docs/metrics.md): reward and its spread, k1 sequence
-    KL, entropy, lengths, distinct responses, critic fit; with `hidden_score_fn`, the mean ground-truth
-    score of the batch; with `score_clip`, the share of scores the clip cuts."""
+                    hidden_score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+                    | None = None, score_clip: float | None = None) -> dict[str, float]:
+    """The rollout half of an iteration's metrics (docs/metrics.md): reward and its spread, k1
+    sequence KL, entropy, lengths, distinct responses, critic fit; with `hidden_score_fn`, the mean
+    ground-truth score of the batch; with `score_clip`, the share of scores the clip cuts."""
     mask = batch.mask
     seq_kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=1)  # (B,) k1 sequence KL
     scores = batch.scores.float()  # (B,)

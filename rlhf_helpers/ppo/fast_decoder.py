@@ -1,4 +1,5 @@
-"""The CUDA fast path of the sampler: a Llama-family decode step over a static KV cache, as a CUDA graph.
+"""The CUDA fast path of the sampler: a Llama-family decode step over a static KV cache, as a CUDA
+graph.
 
     decoder = StaticLlamaDecoder(shared.lm)      # once per model (SharedLoRAModel keeps one)
     decoder.load_adapter("policy")               # fold W' = W + s B A into its weight buffers
@@ -7,11 +8,12 @@
 Why: a decode step of a 135M model at batch 32 is ~1,000 tiny kernels (30 layers; each LoRA
 projection alone is three products, a scale and an add). Launched one by one from Python they cost
 far more than the GPU needs to read the weights once (benchmarks/README.md: 26 ms per step for
-`generate` on an H100 against a ~0.09 ms bandwidth floor). Here every LoRA adapter is folded into a copy of its base
-weight (one product per projection), the KV cache has a static shape, and the whole step is captured
-once as a CUDA graph and replayed for every token: one launch per step. The token inputs, the cache
-column and the attention mask live in static buffers the graph reads. On a CPU (tests) the same step
-runs eagerly; there it must give the plain loop's tokens and log-probs (tests/ppo/test_sampling.py).
+`generate` on an H100 against a ~0.09 ms bandwidth floor). Here every LoRA adapter is folded into a
+copy of its base weight (one product per projection), the KV cache has a static shape, and the whole
+step is captured once as a CUDA graph and replayed for every token: one launch per step. The token
+inputs, the cache column and the attention mask live in static buffers the graph reads. On a CPU
+(tests) the same step runs eagerly; there it must give the plain loop's tokens and log-probs
+(tests/ppo/test_sampling.py).
 
 The prompt (prefill) goes through the model's own forward, with the adapter the caller activated;
 its keys and values are copied into the static cache.
@@ -51,7 +53,8 @@ def _cache_layers(past: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(past.key_cache, past.value_cache, strict=True))  # older caches
 
 
-def _effective_weight(module: nn.Module, adapter: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _effective_weight(module: nn.Module, adapter: str | None) -> tuple[torch.Tensor,
+                                                                       torch.Tensor | None]:
     """(weight (out, in), bias) of a linear layer, with `adapter`'s LoRA folded in: W + s B A.
 
     `adapter=None` (the reference) or a layer without that adapter gives the base weight itself.
@@ -63,7 +66,8 @@ def _effective_weight(module: nn.Module, adapter: str | None) -> tuple[torch.Ten
     lora_b = module.lora_B[adapter].weight  # (out, r)
     scaling = float(module.scaling[adapter])
     # W' = W + s B A, computed in float32 and rounded once to the base's dtype
-    merged = torch.addmm(base.weight.float(), lora_b.float(), lora_a.float(), alpha=scaling)  # (out, in)
+    # (out, in)
+    merged = torch.addmm(base.weight.float(), lora_b.float(), lora_a.float(), alpha=scaling)
     return merged.to(base.weight.dtype), base.bias
 
 
@@ -83,8 +87,10 @@ class _GraphEntry:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.token = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
         self.position = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
-        self.column = torch.zeros(1, dtype=torch.long, device=device)  # (1,) cache column of this token
-        self.mask = torch.zeros(batch, width, dtype=torch.bool, device=device)  # (B, W) attended keys
+        # (1,) cache column of this token
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        # (B, W) attended keys
+        self.mask = torch.zeros(batch, width, dtype=torch.bool, device=device)
         shape = (batch, n_kv, width, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -148,19 +154,24 @@ class StaticLlamaDecoder:
         keep = entry.mask[:, None, None, :]  # (B, 1, 1, W): True = attend
         for i, layer in enumerate(self.layers):
             x = layer.input_layernorm(h)  # (B, 1, H)
-            q = self._linear(x, i, "q_proj").view(B, 1, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, 1, d)
-            k = self._linear(x, i, "k_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)  # (B, nkv, 1, d)
-            v = self._linear(x, i, "v_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)  # (B, nkv, 1, d)
+            # (B, nh, 1, d)
+            q = self._linear(x, i, "q_proj").view(B, 1, self.n_heads, self.head_dim).transpose(1, 2)
+            # (B, nkv, 1, d)
+            k = self._linear(x, i, "k_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)
+            # (B, nkv, 1, d)
+            v = self._linear(x, i, "v_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = _rotate(q, k, cos, sin)
             entry.keys[i].index_copy_(2, entry.column, k)  # write this token's key at its column
             entry.values[i].index_copy_(2, entry.column, v)
             # softmax(q K^T * scaling + mask) V over the cached columns (grouped-query heads)
             attn = F.scaled_dot_product_attention(q, entry.keys[i], entry.values[i], attn_mask=keep,
                                                   scale=layer.self_attn.scaling,
-                                                  enable_gqa=self.n_heads != self.n_kv)  # (B, nh, 1, d)
+                                                  # (B, nh, 1, d)
+                                                  enable_gqa=self.n_heads != self.n_kv)
             h = h + self._linear(attn.transpose(1, 2).reshape(B, 1, -1), i, "o_proj")  # (B, 1, H)
             x = layer.post_attention_layernorm(h)
-            gated = layer.mlp.act_fn(self._linear(x, i, "gate_proj")) * self._linear(x, i, "up_proj")
+            gated = (layer.mlp.act_fn(self._linear(x, i, "gate_proj"))
+                     * self._linear(x, i, "up_proj"))
             h = h + self._linear(gated, i, "down_proj")  # (B, 1, H)
         return self.lm.lm_head(model.norm(h))[:, 0]  # (B, V)
 
@@ -174,7 +185,8 @@ class StaticLlamaDecoder:
             entry = _GraphEntry(batch, width, len(self.layers), self.n_kv, self.head_dim,
                                 config.vocab_size, weight.dtype, weight.device)
             if self.use_graphs:
-                entry.column.fill_(width - 1)  # warm-up and capture write a column no prompt uses yet
+                # warm-up and capture write a column no prompt uses yet
+                entry.column.fill_(width - 1)
                 entry.mask[:, 0] = True  # no all-masked row while capturing
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
@@ -190,15 +202,17 @@ class StaticLlamaDecoder:
 
     # -------------------------------------------------------------- the decoder interface
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Prompt pass with the model's own forward (adapter as set by the caller); copies its keys and
-        values into the static cache: (B, P) -> logits of the first response token (B, V)."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
+        """Prompt pass with the model's own forward (adapter as set by the caller); copies its keys
+        and values into the static cache: (B, P) -> logits of the first response token (B, V)."""
         B, P = input_ids.shape
         width = -(-(P + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
         entry = self._entry_for(B, width)
         mask = attention_mask.long()
         last = torch.tensor([P - 1], device=input_ids.device)
-        out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+        out = self.lm(input_ids=input_ids, attention_mask=mask,
+                      position_ids=position_ids_from_mask(mask),
                       use_cache=True, logits_to_keep=last)
         for i, (keys, values) in enumerate(_cache_layers(out.past_key_values)):
             entry.keys[i][:, :, :P].copy_(keys)  # (B, nkv, P, d)
@@ -209,7 +223,8 @@ class StaticLlamaDecoder:
         return out.logits[:, -1]  # (B, V)
 
     @torch.no_grad()
-    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def decode(self, token: torch.Tensor, position: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
         """As `PlainDecoder.decode`: token (B,), position (B,), keep (B,) bool -> logits (B, V)."""
         entry = self.entry
         column = self.next_column
@@ -234,13 +249,15 @@ class StaticLlamaDecoder:
         give logits off by their own size. Then graphs are dropped, with a warning, and this decoder
         runs eagerly: slower, never wrong."""
         eager = self._step(entry)  # (B, V)
-        # 5% of the largest logit: far above bf16 rounding through 30 layers, far below a wrong buffer
+        # 5% of the largest logit: far above bf16 rounding through 30 layers, far below a wrong
+        # buffer
         tolerance = 0.05 * float(eager.float().abs().max()) + 1e-3
         error = float((replayed.float() - eager.float()).abs().max())
         if not error <= tolerance:
-            warnings.warn(f"the CUDA graph of the fast decoder gave logits {error:.3g} away from the same "
-                          f"step run eagerly (tolerance {tolerance:.3g}); it now runs without graphs",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"the CUDA graph of the fast decoder gave logits {error:.3g} away from the same "
+                f"step run eagerly (tolerance {tolerance:.3g}); it now runs without graphs",
+                RuntimeWarning, stacklevel=3)
             self.use_graphs = False
             for other in self.entries.values():
                 other.graph = None

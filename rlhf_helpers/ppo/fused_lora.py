@@ -36,7 +36,8 @@ from transformers.activations import GELUTanh, NewGELUActivation
 from transformers.pytorch_utils import Conv1D
 
 
-def _folded_matmul(x: torch.Tensor, merged: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _folded_matmul(x: torch.Tensor, merged: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
     """x W' + b for x (..., in) and W' (in, out) -> (..., out)."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
     y = torch.addmm(bias, x2, merged) if bias is not None else x2 @ merged  # (N, out)
@@ -44,13 +45,15 @@ def _folded_matmul(x: torch.Tensor, merged: torch.Tensor, bias: torch.Tensor | N
 
 
 class _FusedLoRA(torch.autograd.Function):
-    """y = x W' + b with W' = W + s A^T B^T; gradients for x, A and B (the base W, b stay frozen)."""
+    """y = x W' + b with W' = W + s A^T B^T; gradients for x, A and B (the base W, b stay
+    frozen)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
         # weight: the base weight as (in, out); lora_a: (r, in); lora_b: (out, r)
-        merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)  # (in, out) = W + s A^T B^T
+        # (in, out) = W + s A^T B^T
+        merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         # (x A^T)^T as A x^T: a product with N as its wide side runs several times faster on a CPU
         # than the thin (N, r) layout (benchmarks/README.md, "thin products")
@@ -103,7 +106,8 @@ def _fused_forward(layer: nn.Module, original: Any, is_conv1d: bool):
 
 def fuse_lora_layers(model: nn.Module) -> int:
     """Give every peft LoRA `Linear` layer of `model` whose base is an `nn.Linear` or a GPT-2
-    `Conv1D` the folded forward (calls that do not qualify fall back to peft's). Returns how many."""
+    `Conv1D` the folded forward (calls that do not qualify fall back to peft's). Returns how
+    many."""
     count = 0
     for module in model.modules():
         if type(module) is not LoraLinear or getattr(module, "_fused_lora", False):
@@ -111,7 +115,8 @@ def fuse_lora_layers(model: nn.Module) -> int:
         base = module.get_base_layer()
         if type(base) not in (nn.Linear, Conv1D):
             continue
-        # GPT-2's Conv1D stores (in, out) and peft marks it fan_in_fan_out; nn.Linear stores (out, in)
+        # GPT-2's Conv1D stores (in, out) and peft marks it fan_in_fan_out; nn.Linear stores (out,
+        # in)
         if module.fan_in_fan_out != (type(base) is Conv1D):
             continue
         # an instance attribute: nn.Module.__call__ finds it before the class's forward
@@ -122,13 +127,15 @@ def fuse_lora_layers(model: nn.Module) -> int:
 
 
 def fuse_tanh_gelu(model: nn.Module) -> int:
-    """Swap transformers' `NewGELUActivation` (GPT-2's "gelu_new") for torch's fused tanh-GELU, in place.
+    """Swap transformers' `NewGELUActivation` (GPT-2's "gelu_new") for torch's fused tanh-GELU, in
+    place.
 
     gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))     (the same formula on both sides)
 
     gelu_new evaluates it as eight separate tensor ops, each reading and writing the (B, L, 4H) MLP
-    activation and saving it for backward; `F.gelu(approximate="tanh")` is one kernel forward and one
-    backward. Outputs differ only by float rounding (about 1e-7). Returns how many modules were swapped.
+    activation and saving it for backward; `F.gelu(approximate="tanh")` is one kernel forward and
+    one backward. Outputs differ only by float rounding (about 1e-7). Returns how many modules were
+    swapped.
     """
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is NewGELUActivation]

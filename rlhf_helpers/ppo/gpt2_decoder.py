@@ -1,4 +1,5 @@
-"""The sampler's decode step for GPT-2: a preallocated KV cache, the model's own layers called directly.
+"""The sampler's decode step for GPT-2: a preallocated KV cache, the model's own layers called
+directly.
 
     decoder = GPT2CacheDecoder(shared.lm)          # a fresh one per sampling call
     out = sampling.sample(shared.lm, ids, attn, 48, eos_token_id=..., pad_token_id=...,
@@ -26,7 +27,8 @@ from rlhf_helpers.ppo.packed_gpt2 import attention, packed_hidden
 
 
 class GPT2CacheDecoder:
-    """Prompt pass and one-token steps of a GPT-2 LM over a static KV cache (the `sampling.Decoder` protocol)."""
+    """Prompt pass and one-token steps of a GPT-2 LM over a static KV cache (the `sampling.Decoder`
+    protocol)."""
 
     def __init__(self, lm: nn.Module) -> None:
         self.lm = lm
@@ -37,7 +39,8 @@ class GPT2CacheDecoder:
         self.column = 0  #: the cache column the next token is written to
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
         """Prompt pass: (B, P) -> logits of the first response token (B, V). The cache gets W +
         max_new_tokens columns (W: the longest prompt), row b's prompt keys and values in its first
         columns (left-aligned, as `packed_hidden` hands them over), the new tokens after W."""
@@ -45,7 +48,8 @@ class GPT2CacheDecoder:
         hidden = packed_hidden(self.transformer, input_ids, attention_mask, kv)  # (B, P, H)
         B, heads, W, d = kv[0][0].shape
         for k, v in kv:  # (B, nh, W, d) each
-            self.keys.append(torch.cat([k, k.new_zeros(B, heads, max_new_tokens, d)], dim=2))  # (B, nh, W + R, d)
+            # (B, nh, W + R, d)
+            self.keys.append(torch.cat([k, k.new_zeros(B, heads, max_new_tokens, d)], dim=2))
             self.values.append(torch.cat([v, v.new_zeros(B, heads, max_new_tokens, d)], dim=2))
         lengths = attention_mask.sum(dim=1)  # (B,) real prompt tokens per row
         columns = torch.arange(W + max_new_tokens, device=input_ids.device)  # (W + R,)
@@ -54,7 +58,8 @@ class GPT2CacheDecoder:
         return self.lm.lm_head(hidden[:, -1])  # (B, V): left padding puts every prompt's end last
 
     @torch.no_grad()
-    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def decode(self, token: torch.Tensor, position: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
         """token, position, keep (B,) -> logits of the next token (B, V); `keep` False: the row has
         ended and this token is not attended (as `sampling.PlainDecoder.decode`)."""
         column = self.column
@@ -62,7 +67,8 @@ class GPT2CacheDecoder:
         self.column += 1
         t = self.transformer
         B = token.shape[0]
-        bias = torch.zeros(self.mask.shape, dtype=t.wte.weight.dtype, device=token.device)  # (B, 1, 1, W + R)
+        # (B, 1, 1, W + R)
+        bias = torch.zeros(self.mask.shape, dtype=t.wte.weight.dtype, device=token.device)
         bias.masked_fill_(~self.mask, float("-inf"))  # 0 on attended keys, -inf elsewhere
         x = t.wte(token) + t.wpe(position)  # (B, H)
         for block, keys, values in zip(t.h, self.keys, self.values, strict=True):
@@ -72,8 +78,8 @@ class GPT2CacheDecoder:
             values[:, :, column] = v.view(B, -1, attn.head_dim)
             q = q.view(B, -1, 1, attn.head_dim)  # (B, nh, 1, d)
             # a = softmax(q K^T * scaling + mask) V over the written, attended columns
-            a = attention(q, keys[:, :, : column + 1], values[:, :, : column + 1], bias[..., : column + 1],
-                          attn.scaling)  # (B, nh, 1, d)
+            a = attention(q, keys[:, :, : column + 1], values[:, :, : column + 1],
+                          bias[..., : column + 1], attn.scaling)  # (B, nh, 1, d)
             x = x + attn.c_proj(a.reshape(B, -1))  # (B, H)
             x = x + block.mlp.c_proj(block.mlp.act(block.mlp.c_fc(block.ln_2(x))))  # (B, H)
         return self.lm.lm_head(t.ln_f(x))  # (B, V)

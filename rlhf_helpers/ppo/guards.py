@@ -1,4 +1,5 @@
-"""The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all processes.
+"""The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all
+processes.
 
     with guard(accelerator, step):              # every process runs the block, then all agree:
         batch = collect_experience(...)         # a NaN/inf on any one of them stops all, naming the step
@@ -24,8 +25,8 @@ from rlhf_helpers.core.checks import NonFiniteError, check_no_nan
 
 
 class NonFiniteStop(NonFiniteError):
-    """A NaN or inf met during a PPO run (rewards, losses, weights): the run stops before it can spread
-    into the weights. The message names what was not finite and the PPO step."""
+    """A NaN or inf met during a PPO run (rewards, losses, weights): the run stops before it can
+    spread into the weights. The message names what was not finite and the PPO step."""
 
 
 def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> None:
@@ -36,7 +37,8 @@ def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> Non
 
 @contextmanager
 def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
-    """Turn the maths core's NonFiniteError (NaN/inf logits, values...) into NonFiniteStop, at `step`."""
+    """Turn the maths core's NonFiniteError (NaN/inf logits, values...) into NonFiniteStop, at
+    `step`."""
     try:
         yield
     except NonFiniteStop:
@@ -47,7 +49,8 @@ def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
                              "this step is intact)") from error
 
 
-def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int | None = None) -> None:
+def check_finite_parameters(what: str, params: Sequence[torch.Tensor],
+                            step: int | None = None) -> None:
     """NonFiniteStop if a parameter holds a NaN or an inf (one device sync for all of them).
 
     max_i |p_i| per tensor (the inf-norm: NaN and inf propagate, a finite weight stays finite,
@@ -56,20 +59,21 @@ def check_finite_parameters(what: str, params: Sequence[torch.Tensor], step: int
     if not params:
         return
     with torch.no_grad():
-        largest = torch.stack(torch._foreach_norm([p.detach() for p in params], math.inf))  # (n_params,)
+        # (n_params,)
+        largest = torch.stack(torch._foreach_norm([p.detach() for p in params], math.inf))
     if not bool(torch.isfinite(largest).all()):
         where = f" at PPO step {step}" if step is not None else ""
         bad = int((~torch.isfinite(largest)).sum())
-        raise NonFiniteStop(f"{what} weights: {bad} tensor(s) hold NaN/inf after an optimiser step{where}; "
-                             "stopping the run (nothing is saved after this; the last checkpoint written "
-                             "before this step is intact)")
+        raise NonFiniteStop(f"{what} weights: {bad} tensor(s) hold NaN/inf after an optimiser "
+                             f"step{where}; stopping the run (nothing is saved after this; the "
+                             "last checkpoint written before this step is intact)")
 
 
 @torch.no_grad()
 def check_outputs_finite(model: Any, batch: Any, temperature: float, step: int) -> None:
-    """NonFiniteStop unless `model`'s policy log-probs and values are finite on `batch`'s real tokens (an
-    experience batch): weights can all be finite and still overflow in the next forward. Runs inside the
-    caller's guard (no vote of its own)."""
+    """NonFiniteStop unless `model`'s policy log-probs and values are finite on `batch`'s real
+    tokens (an experience batch): weights can all be finite and still overflow in the next forward.
+    Runs inside the caller's guard (no vote of its own)."""
     seq, attn, P = batch.sequences, batch.attention_mask, batch.context_length
     real = batch.mask.bool()  # (B, R)
     try:
@@ -79,8 +83,8 @@ def check_outputs_finite(model: Any, batch: Any, temperature: float, step: int) 
         check_all_finite("policy log-probs", torch.where(real, logp.float(), 0.0), step)
         check_all_finite("values", torch.where(real, values, 0.0), step)
     except NonFiniteStop as error:
-        raise NonFiniteStop(f"the weights after the update of PPO step {step} fail on their own batch "
-                             f"(checked before saving them): {error}") from None
+        raise NonFiniteStop(f"the weights after the update of PPO step {step} fail on their own "
+                             f"batch (checked before saving them): {error}") from None
 
 
 class PeerProcessFailed(RuntimeError):
@@ -92,7 +96,8 @@ class PeerProcessFailed(RuntimeError):
 
 
 def describe(error: BaseException) -> str:
-    """What a process reports to the others in the vote: the message of a NaN stop, else type: message."""
+    """What a process reports to the others in the vote: the message of a NaN stop, else type:
+    message."""
     return str(error) if isinstance(error, NonFiniteError) else f"{type(error).__name__}: {error}"
 
 
@@ -112,28 +117,33 @@ def agree_to_stop(accelerator: Any, error: Exception | None) -> None:
     from accelerate.utils import gather_object
 
     device = accelerator.device
-    flags = accelerator.gather(torch.tensor([0 if error is None else 1], device=device))  # (num_processes,)
+    # (num_processes,)
+    flags = accelerator.gather(torch.tensor([0 if error is None else 1], device=device))
     bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
     if not bad:
         return
-    # one (is it a NaN stop?, message) per process, in rank order; None where the process saw nothing
-    reports = gather_object([None if error is None else (isinstance(error, NonFiniteError), describe(error))])
+    # one (is it a NaN stop?, message) per process, in rank order; None where the process saw
+    # nothing
+    reports = gather_object(
+        [None if error is None else (isinstance(error, NonFiniteError), describe(error))])
     where = f"of {accelerator.num_processes}"
     failed = [rank for rank in bad if not reports[rank][0]]
     if failed:
         if error is not None and not isinstance(error, NonFiniteError):
             error.stopped_its_peers = True  # type: ignore[attr-defined]  # see stopped_its_peers()
             raise error
-        raise PeerProcessFailed(f"process {failed[0]} {where} failed ({reports[failed[0]][1]}); this "
-                                f"process stops with it: read process {failed[0]}'s traceback")
+        raise PeerProcessFailed(f"process {failed[0]} {where} failed ({reports[failed[0]][1]}); "
+                                f"this process stops with it: read process {failed[0]}'s traceback")
     if error is not None:
-        raise NonFiniteStop(f"{error} [process {accelerator.process_index} {where}; every process stops]")
+        raise NonFiniteStop(
+            f"{error} [process {accelerator.process_index} {where}; every process stops]")
     raise NonFiniteStop(f"{reports[bad[0]][1]} [process {bad[0]} {where}; every process stops]")
 
 
 def stopped_its_peers(error: BaseException) -> bool:
-    """True for an error that a vote reported to the other processes: they raised PeerProcessFailed and
-    are printing their line, so the process that met it can meet them at a barrier before it exits."""
+    """True for an error that a vote reported to the other processes: they raised PeerProcessFailed
+    and are printing their line, so the process that met it can meet them at a barrier before it
+    exits."""
     return bool(getattr(error, "stopped_its_peers", False))
 
 
@@ -149,18 +159,20 @@ def collective_stop(accelerator: Any) -> Iterator[None]:
     error: Exception | None = None
     try:
         yield
-    except Exception as caught:  # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
+    # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
+    except Exception as caught:
         error = caught
     agree_to_stop(accelerator, error)
 
 
 @contextmanager
-def guard(accelerator: Any, step: int | None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> Iterator[None]:
-    """The one wrapper of a PPO run's work: the maths core's NonFiniteError becomes NonFiniteStop at `step`
-    (`non_finite_stops_run`), then every process votes (`collective_stop`), so a NaN/inf or an error on
-    any process stops all of them at the same point. Identity, apart from the NaN message, on one process.
-    `optimizers`: if the block raises, their gradients are dropped: never stepped on, they must not add to
-    the next minibatch's if the trainer is used again."""
+def guard(accelerator: Any, step: int | None,
+          optimizers: Sequence[torch.optim.Optimizer] = ()) -> Iterator[None]:
+    """The one wrapper of a PPO run's work: the maths core's NonFiniteError becomes NonFiniteStop at
+    `step` (`non_finite_stops_run`), then every process votes (`collective_stop`), so a NaN/inf or
+    an error on any process stops all of them at the same point. Identity, apart from the NaN
+    message, on one process. `optimizers`: if the block raises, their gradients are dropped: never
+    stepped on, they must not add to the next minibatch's if the trainer is used again."""
     try:
         with collective_stop(accelerator), non_finite_stops_run(step):
             yield

@@ -3,11 +3,12 @@
     batch = rollout(model, tokenizer, prompts, config, kl_coef, reward_fn, pieces)   # an Experience
     rows = update(trainer, batch, generator)        # one row of stats per minibatch
 
-`PPOTrainer.step` runs the two (as cleanrl's `ppo.py` writes its loop) and turns the rows into the step's
-metrics. The maths are called by name: the `pieces` (reward shaping, advantages, the two losses) are the
-library's `core` functions unless the caller gave their own, and the model's forwards are methods of
-`SharedLoRAModel`. Around the iteration, not inside it: the trainer's guard (a NaN stops every process, a
-refused minibatch leaves no gradient), the optimisers' checks, and the run loop (`run_loop`).
+`PPOTrainer.step` runs the two (as cleanrl's `ppo.py` writes its loop) and turns the rows into the
+step's metrics. The maths are called by name: the `pieces` (reward shaping, advantages, the two
+losses) are the library's `core` functions unless the caller gave their own, and the model's
+forwards are methods of `SharedLoRAModel`. Around the iteration, not inside it: the trainer's guard
+(a NaN stops every process, a refused minibatch leaves no gradient), the optimisers' checks, and the
+run loop (`run_loop`).
 """
 
 from __future__ import annotations
@@ -30,40 +31,49 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 
 @torch.no_grad()
-def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: PPOConfig, kl_coef: float,
-            reward_fn: RewardFn | None, pieces: Pieces) -> Experience:
-    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops it with
-    NonFiniteError naming the first tensor that holds one (the caller's guard adds the PPO step)."""
+def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: PPOConfig,
+            kl_coef: float, reward_fn: RewardFn | None, pieces: Pieces) -> Experience:
+    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops it
+    with NonFiniteError naming the first tensor that holds one (the caller's guard adds the PPO
+    step)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the reference)
-    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
+    # reference)
+    samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
+                               config.max_new_tokens,
                                temperature=config.temperature, with_logprobs="exact")
-    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, samples.mask
+    seq, attn, P, mask = (samples.sequences, samples.attention_mask,
+                          samples.context_length, samples.mask)
     if samples.logprobs is not None:  # read from the sampling loop's own logits
         old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
-    else:  # a fresh forward: the loop's one-token products round differently (bf16/fp16, fast decoder)
+    # a fresh forward: the loop's one-token products round differently (bf16/fp16, fast decoder)
+    else:
         old_logprobs, entropy = model.policy_logprobs(
             seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()
     # the reference at the policy's temperature: the KL compares the two sampling distributions
-    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
+    # (B, R)
+    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()
     values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
     scores = score_samples(model, samples, reward_fn)  # (B,)
     timings["forward_passes"] = time.perf_counter() - start
     check_no_nan("reward scores", scores)
     if config.missing_eos_penalty is not None:
-        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)  # (B,)
+        # (B,)
+        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)
 
     start = time.perf_counter()
     logprobs = old_logprobs.float()  # (B, R)
     # r_t = -beta * kl_t + [t = last] * score
     rewards, kl = pieces.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, R) x 2
     # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma, config.lam)  # (B, R) x 2
-    # what the update reads, in the order it was made: the first non-finite one is named, with its piece
+    # (B, R) x 2
+    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma, config.lam)
+    # what the update reads, in the order it was made: the first non-finite one is named, with its
+    # piece
     check_no_nan("values", values)
     check_no_nan("policy log-probs", logprobs * mask)
     check_no_nan(pieces.shaped_by, rewards)
@@ -76,7 +86,8 @@ def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: P
         prompts=samples.prompts, responses=samples.responses, sequences=seq, attention_mask=attn,
         context_length=P, mask=mask, old_logprobs=logprobs, ref_logprobs=ref_logprobs,
         entropy=entropy.float(), values=values, scores=scores, rewards=rewards, kl=kl,
-        advantages=advantages, returns=returns, ended_with_eos=samples.ended_with_eos, timings=timings,
+        advantages=advantages, returns=returns,
+        ended_with_eos=samples.ended_with_eos, timings=timings,
     )
 
 
@@ -93,12 +104,13 @@ def collect_experience(
     advantage_fn: AdvantageFn | None = None,
     pieces: Pieces | None = None,
 ) -> Experience:
-    """Generate (keeping the sampling policy's log-probs), score, run the reference and value passes,
-    shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's shaping (None:
-    `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces` gives their contract);
-    `pieces`, the trainer's resolved ones, replaces both."""
+    """Generate (keeping the sampling policy's log-probs), score, run the reference and value
+    passes, shape rewards, and run GAE. `shape_rewards_fn` / `advantage_fn` replace the library's
+    shaping (None: `shape_rewards` with config.kl_kind and config.score_clip) and GAE (`pieces`
+    gives their contract); `pieces`, the trainer's resolved ones, replaces both."""
     if pieces is None:
-        pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn, advantage_fn, None, None)
+        pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn,
+                                advantage_fn, None, None)
     with non_finite_stops_run(step):  # the maths core's NaN checks name this PPO step
         return rollout(model, tokenizer, prompts, config, kl_coef, reward_fn, pieces)
 
@@ -129,13 +141,14 @@ def trim_minibatch(batch: Experience, rows: torch.Tensor) -> Minibatch:
     P = batch.context_length
     real = attn.bool().any(dim=0)  # (P + R,)
     first = min(int(real.int().argmax()), P - 1)  # keep the last prompt column: it predicts token 0
-    last = max(attn.shape[1] - 1 - int(real.flip(0).int().argmax()), P)  # at least one response column
+    # at least one response column
+    last = max(attn.shape[1] - 1 - int(real.flip(0).int().argmax()), P)
     r = last + 1 - P
     return Minibatch(
         sequences=batch.sequences[rows, first : last + 1], attention_mask=attn[:, first : last + 1],
-        context_length=P - first, mask=batch.mask[rows, :r], old_logprobs=batch.old_logprobs[rows, :r],
-        values=batch.values[rows, :r], advantages=batch.advantages[rows, :r],
-        returns=batch.returns[rows, :r])
+        context_length=P - first, mask=batch.mask[rows, :r],
+        old_logprobs=batch.old_logprobs[rows, :r], values=batch.values[rows, :r],
+        advantages=batch.advantages[rows, :r], returns=batch.returns[rows, :r])
 
 
 def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[dict[str, float]]:
@@ -145,14 +158,16 @@ def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[
     so a refused loss piece leaves every weight as it was. The two adapters share no trainable
     parameter and neither loss reads the other's output, so this order changes no number."""
     config, step = trainer.config, trainer.step_count
-    train_policy = step >= config.value_warmup_steps  # value warm-up: the critic learns the returns first
+    # value warm-up: the critic learns the returns first
+    train_policy = step >= config.value_warmup_steps
     rows = []
     for epoch in range(config.ppo_epochs):
         size = batch.sequences.shape[0]  # B
         order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)
         for index, first in enumerate(range(0, size, config.mini_batch_size)):
             mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
-            # the guard votes on every process before the gradient all-reduces; a refused loss drops both
+            # the guard votes on every process before the gradient all-reduces; a refused loss drops
+            # both
             with trainer.guard(drop_gradients=True):
                 stats = minibatch_losses(trainer, mb, generator, train_policy)
             policy_norm = trainer.policy_opt.sync_and_step(step) if train_policy else 0.0
@@ -165,13 +180,14 @@ def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[
 
 def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
                      train_policy: bool) -> dict[str, float]:
-    """The policy's and the value's forward -> loss -> backward on one minibatch; returns its stats."""
+    """The policy's and the value's forward -> loss -> backward on one minibatch; returns its
+    stats."""
     config, model, pieces = trainer.config, trainer.model, trainer.pieces
     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
         entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
-    pg_loss, pg_stats = pieces.policy_loss(logprobs.float(), mb.old_logprobs, mb.advantages, mb.mask,
-                                           config.clip_eps)
+    pg_loss, pg_stats = pieces.policy_loss(logprobs.float(), mb.old_logprobs, mb.advantages,
+                                           mb.mask, config.clip_eps)
     mean_entropy = masked_mean(entropy.float(), mb.mask)
     # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
     loss = pg_loss - config.entropy_coef * mean_entropy
@@ -179,10 +195,12 @@ def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
     check_no_nan("policy loss", loss.detach())
     if train_policy:
-        trainer.policy_opt.backward(loss, piece=pieces.policy_loss_name)  # a caller's piece: checked
+        # a caller's piece: checked
+        trainer.policy_opt.backward(loss, piece=pieces.policy_loss_name)
     # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
-    v_loss, v_stats = pieces.value_loss(new_values, mb.values, mb.returns, mb.mask, config.value_clip)
+    v_loss, v_stats = pieces.value_loss(new_values, mb.values, mb.returns, mb.mask,
+                                        config.value_clip)
     check_no_nan("value loss", v_loss.detach())
     trainer.value_opt.backward(config.vf_coef * v_loss, piece=pieces.value_loss_name)
     return {"ratio_mean": float(pg_stats["ratio_mean"]), "ratio_max": float(pg_stats["ratio_max"]),

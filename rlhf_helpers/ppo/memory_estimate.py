@@ -22,7 +22,8 @@ from rlhf_helpers.runtime.precision import resolve_dtype
 T4_MEMORY_BYTES = 15 * 2**30
 #: Bytes of one float32 number: master weights, gradients, Adam moments, log-softmax inputs.
 FLOAT32_BYTES = 4
-#: Bytes of a saved int64 token index (the embedding lookup of full fine-tuning keeps its input ids).
+#: Bytes of a saved int64 token index (the embedding lookup of full fine-tuning keeps its input
+#: ids).
 INDEX_BYTES = 8
 #: TRL >= 1.16's fused LM head (SFTTrainer) projects at most this many tokens at a time...
 TRL_TOKEN_TILE = 4096
@@ -49,13 +50,17 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """From a transformers config or a dict of its fields (e.g. `architecture_of(...)`); Llama only."""
-        get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+        """From a transformers config or a dict of its fields (e.g. `architecture_of(...)`); Llama
+        only."""
+        get = (config.get if isinstance(config, dict) else lambda key,
+               default=None: getattr(config, key, default))
         if get("model_type") != "llama":
-            raise ValueError(f"config must describe a Llama model (model_type 'llama'), got {get('model_type')!r}")
+            raise ValueError("config must describe a Llama model (model_type 'llama'), got "
+                             f"{get('model_type')!r}")
         hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
         return cls(vocab_size=int(get("vocab_size")), hidden_size=hidden,
-                   intermediate_size=int(get("intermediate_size")), num_layers=int(get("num_hidden_layers")),
+                   intermediate_size=int(get("intermediate_size")),
+                   num_layers=int(get("num_hidden_layers")),
                    num_heads=heads, num_kv_heads=int(get("num_key_value_heads") or heads),
                    head_dim=int(get("head_dim") or hidden // heads),
                    tied_embeddings=bool(get("tie_word_embeddings", True)))
@@ -72,13 +77,16 @@ class ModelShape:
         N = V H (1 + untied) + n (sum_proj in * out + 2 H) + H      (2 RMSNorms a layer, one final)"""
         H = self.hidden_size
         per_layer = sum(i * o for i, o in self.projection_shapes().values()) + 2 * H
-        return self.vocab_size * H * (1 if self.tied_embeddings else 2) + self.num_layers * per_layer + H
+        return self.vocab_size * H * (1 if self.tied_embeddings
+                                      else 2) + self.num_layers * per_layer + H
 
     def lora_parameter_count(self, r: int, targets: tuple[str, ...]) -> int:
-        """Parameters of one LoRA adapter: r (in + out) per wrapped projection (A is (r, in), B (out, r))."""
+        """Parameters of one LoRA adapter: r (in + out) per wrapped projection (A is (r, in), B
+        (out, r))."""
         unknown = set(targets) - set(LLAMA_PROJECTIONS)
         if unknown:
-            raise ValueError(f"targets must be Llama projections {LLAMA_PROJECTIONS}, got {sorted(unknown)}")
+            raise ValueError(
+                f"targets must be Llama projections {LLAMA_PROJECTIONS}, got {sorted(unknown)}")
         shapes = self.projection_shapes()
         return self.num_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
 
@@ -90,13 +98,15 @@ class MemoryEstimate:
     stage: str  #: "sft", "reward" or "ppo"
     phase: str  #: the moment of the peak, e.g. "update" or "rollout scoring"
     weights: int  #: every parameter as stored: frozen base in its dtype, trained weights in float32
-    autocast_copies: int  #: low-precision copies of the weights that autocast makes and backward keeps
+    #: low-precision copies of the weights that autocast makes and backward keeps
+    autocast_copies: int
     gradients: int  #: float32 gradients of the trained parameters
     optimizer_states: int  #: Adam's two float32 moments per trained parameter
     activations: int  #: tensors the forward saves for backward (or a no-grad layer's working set)
     logits: int  #: the (rows, positions, V) logits and their float32 copies alive at the peak
     kv_cache: int  #: keys and values of the sampling loop's growing cache (PPO rollouts only)
-    sampler_buffers: int = 0  #: CUDA fast sampler, kept all iteration: folded weight copies, static KV caches
+    #: CUDA fast sampler, kept all iteration: folded weight copies, static KV caches
+    sampler_buffers: int = 0
 
     @property
     def total(self) -> int:
@@ -115,8 +125,8 @@ def activation_bytes(shape: ModelShape, rows: int, seq_len: int, s: int, full: b
     """Bytes a Llama forward over (rows, seq_len) tokens saves for backward, up to the final norm.
 
     s: bytes of the compute dtype; full: every weight trains (else only LoRA on `lora_targets`);
-    autocast: float32 weights with low-precision arithmetic (else the weights are in the s-byte dtype).
-    Per token and layer (H, I, Ha = heads * head_dim, L = seq_len):
+    autocast: float32 weights with low-precision arithmetic (else the weights are in the s-byte
+    dtype). Per token and layer (H, I, Ha = heads * head_dim, L = seq_len):
       norms      4 H + 4 each (RMSNorm's float32 input and 1/rms), + 4 H with trainable weights
       inputs     the copy of its input each trained projection keeps (see `_saved_inputs`)
       LoRA A     r numbers per wrapped projection (what B needs): float32, s bytes under autocast
@@ -130,32 +140,36 @@ def activation_bytes(shape: ModelShape, rows: int, seq_len: int, s: int, full: b
     """
     n, tokens = shape.num_layers, rows * seq_len
     Ha = shape.num_heads * shape.head_dim
-    norm = FLOAT32_BYTES * shape.hidden_size + FLOAT32_BYTES + (FLOAT32_BYTES * shape.hidden_size if full else 0)
+    norm = FLOAT32_BYTES * shape.hidden_size + FLOAT32_BYTES + (FLOAT32_BYTES
+                                                                * shape.hidden_size if full else 0)
     norms = (2 * n + (1 if full else 0)) * norm  # (tokens,) each
     lora = 0 if full else len(lora_targets) * lora_r * (s if autocast else FLOAT32_BYTES)
     attention = 4 * s * Ha + FLOAT32_BYTES * shape.num_heads + s * seq_len
     mlp = 3 * s * shape.intermediate_size
     per_layer = _saved_inputs(shape, s, full, autocast, lora_targets) + lora + attention + mlp
     ids = INDEX_BYTES if full else 0
-    rope = 2 * seq_len * shape.head_dim * (FLOAT32_BYTES if autocast else s)  # cos and sin, shared by layers
+    # cos and sin, shared by layers
+    rope = 2 * seq_len * shape.head_dim * (FLOAT32_BYTES if autocast else s)
     return tokens * (n * per_layer + norms + ids) + rope
 
 
-def _saved_inputs(shape: ModelShape, s: int, full: bool, autocast: bool, lora_targets: tuple[str, ...]) -> int:
+def _saved_inputs(shape: ModelShape, s: int, full: bool, autocast: bool,
+                  lora_targets: tuple[str, ...]) -> int:
     """Bytes per token and layer of the projection inputs kept for the weight gradients.
 
     In float32 the projections reading one tensor share it (q/k/v read the attention norm's output,
     gate/up the MLP norm's; o reads attention's output, which attention keeps anyway). In low
     precision each projection casts its input and keeps its own copy: to float32 for a LoRA layer on
     a low-precision base (the adapter is float32), to s bytes under autocast. Under autocast o's and
-    down's inputs are already low precision: o shares attention's output, down keeps the MLP product.
+    down's inputs are already low precision: o shares attention's output, down keeps the MLP
+    product.
     """
     H, ffn = shape.hidden_size, shape.intermediate_size
     targets = LLAMA_PROJECTIONS if full else lora_targets
     width = {"o_proj": shape.num_heads * shape.head_dim, "down_proj": ffn}
     if s == FLOAT32_BYTES:  # one shared float32 input per group; o's is attention's saved output
-        groups = [any(t in targets for t in LLAMA_QKV) * H, any(t in targets for t in LLAMA_GATE_UP) * H,
-                  ("down_proj" in targets) * ffn]
+        groups = [any(t in targets for t in LLAMA_QKV) * H,
+                  any(t in targets for t in LLAMA_GATE_UP) * H, ("down_proj" in targets) * ffn]
         return FLOAT32_BYTES * sum(groups)
     element = s if autocast else FLOAT32_BYTES
     copies = sum(width.get(t, H) for t in targets if not (t == "o_proj" and full))
@@ -171,9 +185,9 @@ def estimate_sft_memory(profile: Any, shape: ModelShape | None = None) -> Memory
     """Peak of one full-SFT step (TRL SFTTrainer): sft_batch_size rows of max_length tokens.
 
     float32 masters with autocast in the compute dtype (precision.amp_flags): weights 4N, autocast's
-    s-byte copies s N, gradients 4N, Adam 8N, saved activations, and one tile of TRL's fused LM head:
-    at most TRL_TOKEN_TILE tokens x TRL_VOCAB_TILE vocabulary entries, its product in s bytes plus a
-    float32 transform and a float32 gradient (the full (rows, L, V) logits are never built).
+    s-byte copies s N, gradients 4N, Adam 8N, saved activations, and one tile of TRL's fused LM
+    head: at most TRL_TOKEN_TILE tokens x TRL_VOCAB_TILE vocabulary entries, its product in s bytes
+    plus a float32 transform and a float32 gradient (the full (rows, L, V) logits are never built).
     """
     shape = shape or model_shape(profile)
     s, N = _dtype_bytes(profile), shape.parameter_count()
@@ -181,15 +195,15 @@ def estimate_sft_memory(profile: Any, shape: ModelShape | None = None) -> Memory
     tile = min(rows * length, TRL_TOKEN_TILE) * min(shape.vocab_size, TRL_VOCAB_TILE)
     autocast = s < FLOAT32_BYTES
     return MemoryEstimate(
-        stage="sft", phase="update", weights=FLOAT32_BYTES * N, autocast_copies=s * N if autocast else 0,
-        gradients=FLOAT32_BYTES * N, optimizer_states=2 * FLOAT32_BYTES * N,
+        stage="sft", phase="update", weights=FLOAT32_BYTES * N, autocast_copies=s * N if autocast
+        else 0, gradients=FLOAT32_BYTES * N, optimizer_states=2 * FLOAT32_BYTES * N,
         activations=activation_bytes(shape, rows, length, s, full=True, autocast=autocast),
         logits=tile * (s + 2 * FLOAT32_BYTES), kv_cache=0)
 
 
 def estimate_reward_memory(profile: Any, shape: ModelShape | None = None) -> MemoryEstimate:
-    """Peak of one reward-model step (TRL RewardTrainer, LoRA + score head): 2 x reward_batch_size rows
-    (chosen and rejected in one forward) of max_length tokens.
+    """Peak of one reward-model step (TRL RewardTrainer, LoRA + score head): 2 x reward_batch_size
+    rows (chosen and rejected in one forward) of max_length tokens.
 
     The classifier is float32 (base, LoRA, the score head and its modules_to_save copy: 2H), with
     autocast copies of the frozen weights kept for backward (at most s N); only LoRA and the head
@@ -204,8 +218,9 @@ def estimate_reward_memory(profile: Any, shape: ModelShape | None = None) -> Mem
         stage="reward", phase="update", weights=FLOAT32_BYTES * (N + trained + H),
         autocast_copies=s * N if autocast else 0, gradients=FLOAT32_BYTES * trained,
         optimizer_states=2 * FLOAT32_BYTES * trained,
-        activations=activation_bytes(shape, 2 * profile.reward_batch_size, profile.max_length, s, full=False,
-                                     autocast=autocast, lora_r=profile.lora.r, lora_targets=targets),
+        activations=activation_bytes(shape, 2 * profile.reward_batch_size, profile.max_length, s,
+                                     full=False, autocast=autocast, lora_r=profile.lora.r,
+                                     lora_targets=targets),
         logits=0, kv_cache=0)
 
 
@@ -218,35 +233,40 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
     `fast_sampling` (default: on CUDA, as `SharedLoRAModel` chooses for a Llama) the fast sampler's
     buffers (`sampler_bytes`).
     - "sampling": the KV cache, 2 (keys, values) x layers x kv_heads x head_dim numbers per token:
-      plain sampler: rollout_batch_size x (max_prompt_length + max_new_tokens) tokens plus one layer's
-      copy made while it grows; fast sampler: the prompt's, before it is copied into the static cache.
-      One step's (B, V) logits in s bytes and three float32 copies (scaled, softmax, log-softmax).
+      plain sampler: rollout_batch_size x (max_prompt_length + max_new_tokens) tokens plus one
+      layer's copy made while it grows; fast sampler: the prompt's, before it is copied into the
+      static cache. One step's (B, V) logits in s bytes and three float32 copies (scaled, softmax,
+      log-softmax).
     - "rollout scoring": log-probs of the whole rollout batch in one no-grad forward (reference, and
       the policy's own in low precision): (B, R, V) logits in s bytes, their float32 upcast and
       logsumexp's float32 temporary; one layer's MLP working set (gate, up, silu, product: 4 s I).
     - "update": a policy step on mini_batch_size rows: saved activations, the policy adapter's
-      gradients and the (b, R, V) logits in s bytes with four float32 copies at the peak of backward:
-      the saved upcast, exp(z - logsumexp) of logsumexp's backward, gather's scattered gradient and
-      their sum (the entropy statistic's upcast, softmax and product at the forward's peak: as many).
+      gradients and the (b, R, V) logits in s bytes with four float32 copies at the peak of
+      backward: the saved upcast, exp(z - logsumexp) of logsumexp's backward, gather's scattered
+      gradient and their sum (the entropy statistic's upcast, softmax and product at the forward's
+      peak: as many).
     """
     shape = shape or model_shape(profile)
     s, N, H, V = _dtype_bytes(profile), shape.parameter_count(), shape.hidden_size, shape.vocab_size
     targets = tuple(profile.lora.target_modules)
     lora = shape.lora_parameter_count(profile.lora.r, targets)
     ppo = profile.ppo
-    B, b, R, P = ppo.rollout_batch_size, ppo.mini_batch_size, ppo.max_new_tokens, ppo.max_prompt_length
+    B, b, R, P = (ppo.rollout_batch_size, ppo.mini_batch_size, ppo.max_new_tokens,
+                  ppo.max_prompt_length)
     if fast_sampling is None:
         fast_sampling = str(profile.device).startswith("cuda")
     resident = {"weights": s * N + FLOAT32_BYTES * (3 * lora + 2 * H + 1), "autocast_copies": 0,
                 "optimizer_states": 2 * FLOAT32_BYTES * (2 * lora + H + 1),
                 "sampler_buffers": sampler_bytes(shape, profile, s) if fast_sampling else 0}
-    per_token_kv = 2 * shape.num_kv_heads * shape.head_dim * s  # keys and values of one token, one layer
+    # keys and values of one token, one layer
+    per_token_kv = 2 * shape.num_kv_heads * shape.head_dim * s
     if fast_sampling:  # the prompt's cache of the model's own forward, copied into the static cache
         kv = B * P * per_token_kv * shape.num_layers
     else:  # (B, kv_heads, P + R, head_dim) x 2 per layer, and one layer's copy as it grows
         kv = B * (P + R) * per_token_kv * (shape.num_layers + 1)
     return {
-        "sampling": MemoryEstimate(stage="ppo", phase="sampling", **resident, gradients=0, activations=0,
+        "sampling": MemoryEstimate(stage="ppo", phase="sampling", **resident,
+                                   gradients=0, activations=0,
                                    logits=B * V * (s + 3 * FLOAT32_BYTES), kv_cache=kv),
         "rollout scoring": MemoryEstimate(
             stage="ppo", phase="rollout scoring", **resident, gradients=0,
@@ -266,7 +286,8 @@ def sampler_bytes(shape: ModelShape, profile: Any, s: int) -> int:
     caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length + max_new_tokens
     rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation batches."""
     folded = s * shape.num_layers * sum(i * o for i, o in shape.projection_shapes().values())
-    width = -(-(profile.ppo.max_prompt_length + profile.ppo.max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
+    width = -(-(profile.ppo.max_prompt_length + profile.ppo.max_new_tokens)
+              // CACHE_ROUND) * CACHE_ROUND
     batch = max(profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size)
     cache = batch * width * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * s
     return folded + MAX_GRAPHS * cache
@@ -282,5 +303,6 @@ def estimate_ppo_memory(profile: Any, shape: ModelShape | None = None,
 def estimate_memory(profile: Any, shape: ModelShape | None = None) -> dict[str, MemoryEstimate]:
     """Estimated peak GPU memory of the profile's full SFT, reward-model and PPO steps, by stage."""
     shape = shape or model_shape(profile)
-    return {"sft": estimate_sft_memory(profile, shape), "reward": estimate_reward_memory(profile, shape),
+    return {"sft": estimate_sft_memory(profile, shape),
+            "reward": estimate_reward_memory(profile, shape),
             "ppo": estimate_ppo_memory(profile, shape)}

@@ -1,4 +1,5 @@
-"""The one source of truth for what every logged PPO metric means: formula, healthy range, failure modes.
+"""The one source of truth for what every logged PPO metric means: formula, healthy range, failure
+modes.
 
     from rlhf_helpers.ppo.metric_docs import METRICS
     group, doc = METRICS["clipfrac"]   # group "update"; doc.healthy: what a good tiny-profile run shows
@@ -8,8 +9,8 @@
 `rlhf_helpers.ppo.metrics.GLOSSARY` (name -> one line) is derived from METRICS, and docs/metrics.md
 is generated from it, so the code, the plots' hover text and the docs say the same thing. Each entry
 also names the metric for experiment trackers (`train_ppo --report-to`, `ppo.tracking`): grouped
-like TRL's PPOTrainer (objective/, policy/, val/, loss/), with TRL's own name where TRL logs the same
-quantity; metrics.jsonl keeps the short names.
+like TRL's PPOTrainer (objective/, policy/, val/, loss/), with TRL's own name where TRL logs the
+same quantity; metrics.jsonl keeps the short names.
 
 Healthy ranges were read off `python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60
 --eval-every 10` (the tiny profile's defaults: rollout batch 64, minibatch 16, 4 epochs, 40 new
@@ -31,19 +32,20 @@ class MetricDoc:
     formula: str  #: how it is computed, in plain text maths over the batch's real response tokens
     healthy: str  #: what it looks like in a healthy tiny-profile run ("" for bookkeeping fields)
     bad: str  #: what an unhealthy value means: which failure mode, and what to try ("" if nothing)
-    #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x axis) and
-    #: the per-minibatch rows
+    #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x
+    #: axis) and the per-minibatch rows
     tracker: str = ""
 
 
 #: Sections of the glossary, in order: (title, what logs them).
 GROUPS: dict[str, str] = {
-    "rollout": "Rollouts: what the policy does (one number per PPO step, from the experience batch)",
+    "rollout": "Rollouts: what the policy does (one number per PPO step, from the experience "
+               "batch)",
     "update": "Updates: what the optimiser does (means over all epochs and minibatches of a step)",
-    "minibatch": "Per minibatch (`PPOTrainer.last_update_stats`, one row per optimiser step; not in "
-                 "metrics.jsonl)",
-    "eval": "Evaluation on held-out prompts (every `eval_every` steps; one fresh sample per prompt, "
-            "fixed seed)",
+    "minibatch": "Per minibatch (`PPOTrainer.last_update_stats`, one row per optimiser step; not "
+                 "in metrics.jsonl)",
+    "eval": "Evaluation on held-out prompts (every `eval_every` steps; one fresh sample per "
+            "prompt, fixed seed)",
     "timing": "Timing and bookkeeping",
 }
 
@@ -75,35 +77,36 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean_b s_b, s_b = score head on the reward adapter's hidden state at the last real token "
         "(+ missing_eos_penalty for responses cut off without EOS)",
         "rises fast, then flattens: about 0.25 at step 1, about 2 by step 5, 2.8-3.1 late.",
-        "flat from the start: the policy does not learn (learning rate too low, advantages all zero, "
-        "reward model ignores the response). Rising while hidden_score falls: reward hacking / "
-        "over-optimisation of the proxy (with --kl-coef 0 the score climbs to 3.6-3.7 while "
+        "flat from the start: the policy does not learn (learning rate too low, advantages all "
+        "zero, reward model ignores the response). Rising while hidden_score falls: reward hacking "
+        "/ over-optimisation of the proxy (with --kl-coef 0 the score climbs to 3.6-3.7 while "
         "hidden_score falls to -2.7). Sudden jump to the score's ceiling with short or repetitive "
         "responses: the policy found an exploit of the reward model.")),
     "hidden_score": ("rollout", _m("objective/hidden_scores",
         "mean hidden ground-truth score of the same responses (what we really want)",
         "mean_b h(prompt_b, response_b), h = the review world's hidden scorer "
-        "(rlhf_helpers.world.scorer, passed to PPOTrainer as hidden_score_fn: the engine logs it only "
-        "when given one); the reward model was trained on noisy preferences drawn from it",
+        "(rlhf_helpers.world.scorer, passed to PPOTrainer as hidden_score_fn: the engine logs it "
+        "only when given one); the reward model was trained on noisy preferences drawn from it",
         "follows score up at first: about -0.5 at step 1, 0.7 by step 4, then 0.68-1.08 late "
         "(noisy, +-0.2 between steps).",
-        "falling while score keeps rising: over-optimisation, the policy exploits the reward model's "
-        "errors (raise kl_coef or stop earlier; the best checkpoint is where hidden_score peaked). "
-        "Only available in this course's world: real RLHF has no hidden score, which is why KL and "
-        "samples must be watched.")),
+        "falling while score keeps rising: over-optimisation, the policy exploits the reward "
+        "model's errors (raise kl_coef or stop earlier; the best checkpoint is where hidden_score "
+        "peaked). Only available in this course's world: real RLHF has no hidden score, which is "
+        "why KL and samples must be watched.")),
     "kl": ("rollout", _m("objective/kl",
         "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
         "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
-        "samples, before this step's update (with temperature T != 1: pi and ref both of logits / T)",
+        "samples, before this step's update (with temperature T != 1: pi and ref both of logits / "
+        "T)",
         "0 at step 1 (policy = reference), then grows and settles where reward gain and "
         "beta * KL balance: 2.0-2.7 nats late with beta = 0.2.",
         "growing without bound (19 nats by step 13 and 65-68 by step 40 with kl_coef 0): nothing "
         "holds the policy near the reference, expect reward hacking and broken language. Settling "
-        "high (4.5-6.3 nats late with kl_coef 0.05, the held-out hidden score sagging to 0.73): the "
-        "penalty is too weak for this model. Negative: possible per batch "
+        "high (4.5-6.3 nats late with kl_coef 0.05, the held-out hidden score sagging to 0.73): "
+        "the penalty is too weak for this model. Negative: possible per batch "
         "(k1 is an estimate), but a steadily negative mean means the samples do not come from the "
-        "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p, log-probs "
-        "of another temperature than the sampling one).")),
+        "policy being scored (old log-probs / reference mix-up, sampling with top-k/top-p, "
+        "log-probs of another temperature than the sampling one).")),
     "kl_coef": ("rollout", _m("objective/kl_coef",
         "beta, the weight of the per-token KL penalty this step (changes if adaptive)",
         "fixed: beta = kl_coef; adaptive (target_kl set): e = clip(kl / target - 1, -0.2, 0.2), "
@@ -117,11 +120,12 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean per-token entropy of the policy on its own responses (nats; at temperature T, of the "
         "sampling distribution softmax(logits / T))",
         "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
-        "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's own level).",
+        "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's own "
+        "level).",
         "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "
         "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
-        "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 it "
-        "climbs to 2.0-2.1 as the policy drifts to odd tokens the reward model over-rates).")),
+        "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 "
+        "it climbs to 2.0-2.1 as the policy drifts to odd tokens the reward model over-rates).")),
     "response_length": ("rollout", _m("completions/mean_length",
         "mean response length in tokens, EOS included",
         "mean_b sum_t m_t",
@@ -141,19 +145,22 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "score_std": ("rollout", _m("objective/scores_std",
         "spread (standard deviation) of the reward-model scores within the batch",
         "sqrt(mean_b (s_b - mean_b s_b)^2), over the batch's B responses",
-        "1.16-1.78 in the first 5 steps, narrowing to 0.28-0.84 late as the policy settles on what the "
-        "reward model likes.",
-        "0: every response got the same reward, so the reward teaches nothing (a reward function that "
-        "returns a constant, e.g. 0.0 after a parsing failure; a saturated reward model).")),
+        "1.16-1.78 in the first 5 steps, narrowing to 0.28-0.84 late as the policy settles on what "
+        "the reward model likes.",
+        "0: every response got the same reward, so the reward teaches nothing (a reward function "
+        "that returns a constant, e.g. 0.0 after a parsing failure; a saturated reward model).")),
     "distinct_responses": ("rollout", _m("completions/distinct_share",
         "share of the batch's responses that are distinct texts",
         "number of distinct decoded responses / B",
         "0.97-1.0: at most one repeated response in a batch of 64.",
-        "falling towards 1/B: the policy gives (nearly) every prompt the same reply, mode collapse.")),
+        "falling towards 1/B: the policy gives (nearly) every prompt the same reply, mode "
+        "collapse.")),
     "score_clipped": ("rollout", _m("objective/scores_clipped",
-        "share of the batch's scores at or beyond +-score_clip (logged only when score_clip is set)",
+        "share of the batch's scores at or beyond +-score_clip (logged only when score_clip is "
+        "set)",
         "mean_b [|s_b| >= score_clip]",
-        "not logged on the tiny profile (score_clip None); near 0 when the clip only trims outliers.",
+        "not logged on the tiny profile (score_clip None); near 0 when the clip only trims "
+        "outliers.",
         "half the batch or more: the reward is saturated, clipped responses all look equally good "
         "(raise score_clip; check what the policy found).")),
     "explained_variance": ("rollout", _m("val/explained_variance",
@@ -171,8 +178,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "masked mean of G_t = A_t (raw, before whitening) + V_t",
         "a little below the score (the KL penalty still to come is subtracted): about 0.3 at step "
         "1, 2.75-2.92 late.",
-        "far from score - beta * kl (its upper end): the reward shaping or GAE is off (score not on the last real "
-        "token, gamma/lambda misset).")),
+        "far from score - beta * kl (its upper end): the reward shaping or GAE is off (score not "
+        "on the last real token, gamma/lambda misset).")),
     "value_mean": ("rollout", _m("val/value_mean",
         "mean old value V(s_t) over real tokens",
         "masked mean of V_t from the value adapter + value head, before this step's update",
@@ -190,23 +197,25 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "clipfrac and approx_kl. Exactly 0 every step: no advantages (reward constant) or nothing "
         "trains.")),
     "clipfrac": ("update", _m("policy/clipfrac_avg",
-        "fraction of response tokens where the clipped term is selected (ratio past the band on the side the "
-        "advantage favours: gradient 0)",
-        "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen and "
-        "the gradient is zero: the convention of TRL (`pg_losses2 > pg_losses`, on the negated terms), trlx and "
-        "OpenRLHF (`torch.lt(surr2, surr1)`). CleanRL, Stable-Baselines3 and OpenAI baselines log another share "
-        "under the same name, the ratios outside the band, [|rho_t - 1| > eps] (CleanRL: "
-        "`((ratio - 1.0).abs() > args.clip_coef)`). It also counts the tokens past the band on the side the "
-        "advantage wants undone, which keep their gradient, so on the same batch it is never lower than this "
-        "one and can be well above it",
+        "fraction of response tokens where the clipped term is selected (ratio past the band on "
+        "the side the advantage favours: gradient 0)",
+        "masked mean of [clip(rho_t) A_t < rho_t A_t], the tokens where the clipped term is chosen "
+        "and the gradient is zero: the convention of TRL (`pg_losses2 > pg_losses`, on the negated "
+        "terms), trlx and OpenRLHF (`torch.lt(surr2, surr1)`). CleanRL, Stable-Baselines3 and "
+        "OpenAI baselines log another share under the same name, the ratios outside the band, "
+        "[|rho_t - 1| > eps] (CleanRL: `((ratio - 1.0).abs() > args.clip_coef)`). It also counts "
+        "the tokens past the band on the side the advantage wants undone, which keep their "
+        "gradient, so on the same batch it is never lower than this one and can be well above it",
         "0.016-0.064 (a few percent: the update moves the policy, the clip rarely has to stop "
         "it); with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
         "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
         "minibatch: the policy does not change (no gradient reaches the adapter).")),
     "approx_kl": ("update", _m("policy/approxkl_avg",
-        "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy (k3 estimate)",
-        "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is never negative",
+        "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy (k3 "
+        "estimate)",
+        "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is never "
+        "negative",
         "0.003-0.03 nats per token, mostly 0.004-0.01 (0.02-0.05 with kl_coef 0).",
         "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
         "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
@@ -221,8 +230,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "than value_clip lets the critic follow.")),
     "vf_clipfrac": ("update", _m("val/clipfrac_avg",
         "fraction of tokens where value clipping was active",
-        "masked mean of [(V_clip,t - G_t)^2 > (V_t - G_t)^2], the tokens where the clipped error is "
-        "used (0 when value_clip is None)",
+        "masked mean of [(V_clip,t - G_t)^2 > (V_t - G_t)^2], the tokens where the clipped error "
+        "is used (0 when value_clip is None)",
         "0.3-0.5 in the first steps (the critic chases returns far above its start), 0.002-0.044 "
         "late.",
         "staying high: value_clip is too tight for the scale of the returns, the critic cannot "
@@ -232,8 +241,9 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "||grad of the policy loss w.r.t. the policy adapter||_2 before clip_grad_norm_",
         "0.07-0.18, well below max_grad_norm = 1 (0.3-0.6 with kl_coef 0).",
         "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
-        "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the run "
-        "(exit status 3 from the command line). Exactly 0 at every step after the value warm-up (whose steps log "
+        "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the "
+        "run (exit status 3 from the command line). Exactly 0 at every step after the value "
+        "warm-up (whose steps log "
         "0): the policy never trains (a loss times 0, all-zero advantages).")),
     "value_grad_norm": ("update", _m("val/grad_norm_avg",
         "value gradient norm before clipping to max_grad_norm",
@@ -255,9 +265,10 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "kl_coef).")),
     "first_ratio": ("update", _m("policy/first_ratio",
         "mean probability ratio of the first minibatch of the first epoch (before any update)",
-        "ratio_mean of the update's first minibatch: masked mean of exp(log pi(y_t) - log pi_old(y_t))",
-        "1 up to float rounding: within 1.2e-7 of 1 at every step of the 60 (float32); within 2.3e-4 on a "
-        "bf16 GPU run (the doctor allows eps / 8 in a 16-bit dtype).",
+        "ratio_mean of the update's first minibatch: masked mean of exp(log pi(y_t) - log "
+        "pi_old(y_t))",
+        "1 up to float rounding: within 1.2e-7 of 1 at every step of the 60 (float32); within "
+        "2.3e-4 on a bf16 GPU run (the doctor allows eps / 8 in a 16-bit dtype).",
         "not 1: the old log-probs are not the sampling policy's (the reference's used as old ones, "
         "dropout on, a temperature mismatch); the run doctor's first_ratio_not_one.")),
     "eos_in_mask": ("update", _m("policy/eos_in_mask",
@@ -280,8 +291,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "ratio_mean": ("minibatch", _m("",
         "mean probability ratio pi_new / pi_old over real tokens",
         "masked mean of rho_t = exp(log pi(y_t) - log pi_old(y_t))",
-        "1 at the first minibatch of the first epoch (nothing has changed yet; up to float rounding), then "
-        "within ~0.01 of 1.",
+        "1 at the first minibatch of the first epoch (nothing has changed yet; up to float "
+        "rounding), then within ~0.01 of 1.",
         "not 1 at the very first minibatch: the old log-probs do not come from the policy that "
         "sampled (e.g. the reference's log-probs used as old ones, a bug in a widely copied "
         "script), or dropout is on. Far from 1 later: too large updates.")),

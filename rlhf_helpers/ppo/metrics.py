@@ -1,13 +1,14 @@
-"""Names and one-line meanings of the metrics `PPOTrainer.step` logs, a plotly figure of their curves, and the
-run folder's metrics.jsonl / curves.html writers.
+"""Names and one-line meanings of the metrics `PPOTrainer.step` logs, a plotly figure of their
+curves, and the run folder's metrics.jsonl / curves.html writers.
 
     from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
     fig = plot_curves(trainer.history, keys=("score", "hidden_score", "kl"))
 
-docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): formulas, healthy ranges,
-failure modes. Imports only plotly (lazily), so notebooks can use it without loading a model. The writers never
-write through a link at the file's name (a run folder is a folder people use too); the training command's
-curves.html, titled with the run and marked with the doctor's findings, is drawn by `ppo.curves_page`.
+docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): formulas, healthy
+ranges, failure modes. Imports only plotly (lazily), so notebooks can use it without loading a
+model. The writers never write through a link at the file's name (a run folder is a folder people
+use too); the training command's curves.html, titled with the run and marked with the doctor's
+findings, is drawn by `ppo.curves_page`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from rlhf_helpers.ppo.metric_docs import METRICS
 from rlhf_helpers.runtime.figure_template import course_template
 from rlhf_helpers.runtime.lock_files import file_kind
 
-#: metric name -> one line: what it is (derived from metric_docs.METRICS, which also holds each metric's
-#: formula, healthy range and failure modes; docs/metrics.md is generated from it).
+#: metric name -> one line: what it is (derived from metric_docs.METRICS, which also holds each
+#: metric's formula, healthy range and failure modes; docs/metrics.md is generated from it).
 GLOSSARY: dict[str, str] = {name: doc.meaning for name, (_group, doc) in METRICS.items()}
 
 #: The curves worth watching first, in the order `plot_curves` draws them by default.
@@ -38,7 +39,8 @@ DEFAULT_CURVES = ("score", "hidden_score", "kl", "entropy", "clipfrac", "approx_
 def describe(name: str) -> str:
     """The glossary line of a metric; ValueError for a name the glossary does not know."""
     if name not in GLOSSARY:
-        raise ValueError(f"name must be a metric of the glossary ({sorted(GLOSSARY)}), got {name!r}")
+        raise ValueError(
+            f"name must be a metric of the glossary ({sorted(GLOSSARY)}), got {name!r}")
     return GLOSSARY[name]
 
 
@@ -49,7 +51,8 @@ def default_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def curve(history: Sequence[Mapping[str, float]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one metric over a history; rows without the key (or with NaN) are skipped."""
+    """(steps, values) of one metric over a history; rows without the key (or with NaN) are
+    skipped."""
     xs, ys = [], []
     for index, row in enumerate(history):
         value = row.get(key)
@@ -65,8 +68,8 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
     """A plotly figure with one small panel per metric against the PPO step.
 
     `history` is `PPOTrainer.history` (a list of per-step metric dicts) or the rows of a
-    metrics.jsonl; `keys` defaults to the DEFAULT_CURVES present in it. Panel titles are metric names;
-    hovering a point shows the glossary line.
+    metrics.jsonl; `keys` defaults to the DEFAULT_CURVES present in it. Panel titles are metric
+    names; hovering a point shows the glossary line.
     """
     # plotly: imported only when a figure is drawn
     import plotly.graph_objects as go
@@ -102,11 +105,14 @@ def plot_curves(history: Sequence[Mapping[str, float]], keys: Sequence[str] | No
 
 
 def write_replacing(path: Path, text: str) -> None:
-    """Write `text` as the whole of `path`: into a new file beside it, renamed over it. A link at `path` (a file of
-    someone's, linked into the run folder) is replaced by the rename, never written through."""
+    """Write `text` as the whole of `path`: into a new file beside it, renamed over it. A link at
+    `path` (a file of someone's, linked into the run folder) is replaced by the rename, never
+    written through."""
     partial = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
-    # O_EXCL: a name that exists, even as a dangling link, is never opened; 0o666 leaves the mode to the umask
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    # O_EXCL: a name that exists, even as a dangling link, is never opened; 0o666 leaves the mode to
+    # the umask
+    descriptor = os.open(partial,
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -125,13 +131,15 @@ def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") -> None:
-    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON): mode "w" writes
-    the file anew (`write_replacing`), "a" appends to a regular file of one name, never through a link (OSError
-    naming what is there: an append cannot replace the file, so a link is refused)."""
+    """Write rows one JSON object per line (NaN/inf become null so every line is valid JSON): mode
+    "w" writes the file anew (`write_replacing`), "a" appends to a regular file of one name, never
+    through a link (OSError naming what is there: an append cannot replace the file, so a link is
+    refused)."""
     if mode == "w":
         write_replacing(path, _jsonl(rows))
         return
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW",
+                                                             0) | getattr(os, "O_CLOEXEC", 0)
     try:  # non-blocking: a named pipe with no reader must not hang the run
         descriptor = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as error:
@@ -143,8 +151,8 @@ def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") ->
     if kind is not None:
         if descriptor is not None:
             os.close(descriptor)
-        raise OSError(f"{path} is {kind}, not a regular file of one name: the run never writes into it (the file a "
-                      "link names keeps its bytes); move it away")
+        raise OSError(f"{path} is {kind}, not a regular file of one name: the run never writes "
+                      "into it (the file a link names keeps its bytes); move it away")
     if getattr(os, "O_NONBLOCK", 0):  # opened non-blocking only for the pipe case above
         os.set_blocking(descriptor, True)
     with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
@@ -154,15 +162,16 @@ def append_jsonl(path: Path, rows: Sequence[dict[str, Any]], mode: str = "a") ->
 
 def write_curves(history: Sequence[Mapping[str, float]], path: Path, figure: Any = None,
                  page_title: str = "PPO training curves") -> None:
-    """curves.html: `figure` (default: `plot_curves(history)` in the course's template) as a page of its own, named
-    `page_title` in the browser's tab, as wide as the window, plotly.js inlined (opens offline), written by
-    `write_replacing`. Writes nothing for an empty history."""
+    """curves.html: `figure` (default: `plot_curves(history)` in the course's template) as a page of
+    its own, named `page_title` in the browser's tab, as wide as the window, plotly.js inlined
+    (opens offline), written by `write_replacing`. Writes nothing for an empty history."""
     if not history:
         return
     if figure is None:
         figure = plot_curves(history).update_layout(template=course_template())
     page = figure.to_html(include_plotlyjs=True, full_html=True, config={"responsive": True})
-    # a tab named after the run, and a phone's browser laying the page out at its own width, not a desktop's
+    # a tab named after the run, and a phone's browser laying the page out at its own width, not a
+    # desktop's
     head = (f"    <title>{html.escape(page_title)}</title>\n"
             '    <meta name="viewport" content="width=device-width, initial-scale=1" />\n</head>')
     write_replacing(path, page.replace("</head>", head, 1))

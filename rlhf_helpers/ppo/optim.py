@@ -1,16 +1,18 @@
-"""One optimiser per trained adapter: gradient all-reduce, fp16 loss scaling, norm clip, step, NaN checks.
+"""One optimiser per trained adapter: gradient all-reduce, fp16 loss scaling, norm clip, step, NaN
+checks.
 
     policy = AdapterOptimizer("policy", model.policy_parameters(), lr=1e-4, max_grad_norm=1.0,
                               fp16=needs_grad_scaler(model), device_type="cuda", accelerator=None)
     norm = policy.backward_and_step(loss, step=7)   # d(S L), average, unscale, clip, step, check
     policy.backward(loss); norm = policy.sync_and_step(step=7)    # the same in two calls
 
-Each adapter (the policy's, the value's with its head) has its own Adam and, on an fp16 base, its own
-`torch.amp.GradScaler`: the two losses have their own gradients and their own overflows. The loss is
-multiplied by the scale S before backward, the gradients are divided by S (`unscale_`) before the
-norm clip, and a step whose gradients overflowed is skipped and S halved. Such an overflow is expected
-now and then under fp16 and is not a NaN stop; a gradient that stays non-finite until S falls below
-`precision.MIN_LOSS_SCALE` is. With bf16 or float32 the scaler is a disabled pass-through.
+Each adapter (the policy's, the value's with its head) has its own Adam and, on an fp16 base, its
+own `torch.amp.GradScaler`: the two losses have their own gradients and their own overflows. The
+loss is multiplied by the scale S before backward, the gradients are divided by S (`unscale_`)
+before the norm clip, and a step whose gradients overflowed is skipped and S halved. Such an
+overflow is expected now and then under fp16 and is not a NaN stop; a gradient that stays non-finite
+until S falls below `precision.MIN_LOSS_SCALE` is. With bf16 or float32 the scaler is a disabled
+pass-through.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ class AdapterOptimizer:
         self.name = name  #: "policy" or "value": named in NaN messages and checkpoint keys
         self.params = params  #: the trained tensors (LoRA matrices, value head)
         self.max_grad_norm = max_grad_norm  #: clip of the gradient's 2-norm before each step
-        self.accelerator = accelerator  #: gradients are averaged over its processes (None: one process)
+        #: gradients are averaged over its processes (None: one process)
+        self.accelerator = accelerator
         # foreach: one batched kernel per Adam operation over all tensors (same numbers as the
         # per-tensor loop, which is torch's default on the CPU)
         self.optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=lr, foreach=True)
-        self.scaler = make_grad_scaler(device_type, fp16)  #: loss scaler (a pass-through unless fp16)
+        #: loss scaler (a pass-through unless fp16)
+        self.scaler = make_grad_scaler(device_type, fp16)
         self.overflow_skips = 0  #: steps skipped because their fp16 gradients overflowed
 
     @property
@@ -44,14 +48,16 @@ class AdapterOptimizer:
         return self.accelerator.num_processes if self.accelerator is not None else 1
 
     def backward_and_step(self, loss: torch.Tensor, step: int) -> float:
-        """Back-propagate `loss` (scaled), then `sync_and_step`; returns the pre-clip gradient norm."""
+        """Back-propagate `loss` (scaled), then `sync_and_step`; returns the pre-clip gradient
+        norm."""
         self.backward(loss)
         return self.sync_and_step(step)
 
     def backward(self, loss: torch.Tensor, piece: str | None = None) -> None:
-        """Back-propagate `loss` (scaled) into the gradients, without stepping: the caller steps with
-        `sync_and_step` once nothing else can refuse the minibatch. `piece`: the loss function that made
-        `loss`, refused (PieceError) when no gradient reached this adapter (`piece_checks.check_reaches_adapter`)."""
+        """Back-propagate `loss` (scaled) into the gradients, without stepping: the caller steps
+        with `sync_and_step` once nothing else can refuse the minibatch. `piece`: the loss function
+        that made `loss`, refused (PieceError) when no gradient reached this adapter
+        (`piece_checks.check_reaches_adapter`)."""
         if piece is not None:
             check_no_gradient_yet(piece, self.params, self.name)
         self.scaler.scale(loss).backward()  # d(S L) (S = 1 without fp16)
@@ -80,7 +86,8 @@ class AdapterOptimizer:
                     check_all_finite("gradient norm", norm, step)
                 return 0.0
             self.scaler.step(self.optimizer)  # optimizer.step(), the gradients being finite
-            self.scaler.update()  # S doubles after GRAD_SCALER_GROWTH_INTERVAL finite steps in a row
+            # S doubles after GRAD_SCALER_GROWTH_INTERVAL finite steps in a row
+            self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             check_finite_parameters(self.name, self.params, step)
         return float(norm)
@@ -105,7 +112,8 @@ class AdapterOptimizer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict` (a float32/bf16 checkpoint resumed in fp16 keeps a fresh scaler)."""
+        """Inverse of `state_dict` (a float32/bf16 checkpoint resumed in fp16 keeps a fresh
+        scaler)."""
         self.optimizer.load_state_dict(state[f"{self.name}_optimizer"])
         if state.get(f"{self.name}_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state[f"{self.name}_scaler"])

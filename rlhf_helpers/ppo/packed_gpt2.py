@@ -44,7 +44,8 @@ def supports_packed(lm: nn.Module) -> bool:
     if getattr(config, "model_type", None) != "gpt2" or not hasattr(lm, "transformer"):
         return False
     return (not config.add_cross_attention and not config.scale_attn_by_inverse_layer_idx
-            and not config.reorder_and_upcast_attn and config.scale_attn_weights and not lm.training)
+            and not config.reorder_and_upcast_attn and config.scale_attn_weights
+            and not lm.training)
 
 
 def causal_bias(width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -52,25 +53,29 @@ def causal_bias(width: int, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.full((width, width), float("-inf"), dtype=dtype, device=device).triu(1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scaling: float) -> torch.Tensor:
-    """softmax(q k^T * scaling + bias) v for q (B, nh, Q, d), k and v (B, nh, K, d), bias broadcastable to
-    (B, nh, Q, K) -> (B, nh, Q, d).
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+              scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling + bias) v for q (B, nh, Q, d), k and v (B, nh, K, d), bias
+    broadcastable to (B, nh, Q, K) -> (B, nh, Q, d).
 
     Three batched products instead of `F.scaled_dot_product_attention`: at GPT-2-tiny sizes (head
-    dimension 32, under 50 positions) torch's fused CPU kernel is about 25% slower, forward and backward
-    (benchmarks/README.md). Every row of `bias` must allow at least one key."""
+    dimension 32, under 50 positions) torch's fused CPU kernel is about 25% slower, forward and
+    backward (benchmarks/README.md). Every row of `bias` must allow at least one key."""
     B, heads, Q, d = q.shape
     if bias.dim() > 2:  # one mask per row: (B nh, Q, K); a (Q, K) mask broadcasts as it is
         bias = bias.expand(B, heads, Q, k.shape[2]).reshape(B * heads, Q, k.shape[2])
-    scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d), k.reshape(B * heads, -1, d).transpose(1, 2),
+    scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d),
+                           k.reshape(B * heads, -1, d).transpose(1, 2),
                            alpha=scaling)  # (B nh, Q, K)
     # a 16-bit softmax in float32, as torch's fused kernel computes it
-    weights = torch.softmax(scores.float() if scores.element_size() < 4 else scores, dim=-1).to(v.dtype)
+    weights = torch.softmax(scores.float() if scores.element_size() < 4 else scores,
+                            dim=-1).to(v.dtype)
     return torch.bmm(weights, v.reshape(B * heads, -1, d)).view(B, heads, Q, d)
 
 
-def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], grid: tuple[int, int],
-               causal: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor],
+               grid: tuple[int, int], causal: torch.Tensor,
+               kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
     """Causal self-attention of one block on packed rows: x (N, H) -> (N, H).
 
     `slots` (row, column) place each packed token in a (B, W) grid, `grid` = (B, W), `causal` is
@@ -78,12 +83,14 @@ def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, tor
     attn = block.attn
     qkv = attn.c_attn(x)  # (N, 3H)
     # out of place: autograd sends each grid cell's gradient back to its packed row
-    cells = qkv.new_zeros(*grid, qkv.shape[-1]).index_put(slots, qkv)  # (B, W, 3H); empty cells stay 0
+    # (B, W, 3H); empty cells stay 0
+    cells = qkv.new_zeros(*grid, qkv.shape[-1]).index_put(slots, qkv)
     q, k, v = cells.split(attn.split_size, dim=2)  # (B, W, H) each
     q, k, v = (t.view(*grid, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, W, d)
     if kv is not None:
         kv.append((k, v))
-    # a token's earlier columns are its row's earlier tokens: the causal mask is the padding mask too
+    # a token's earlier columns are its row's earlier tokens: the causal mask is the padding mask
+    # too
     out = attention(q, k, v, causal, attn.scaling)  # (B, nh, W, d)
     out = out.transpose(1, 2).reshape(*grid, -1)[slots]  # (N, H): the real tokens again
     return attn.c_proj(out)  # (N, H)
@@ -99,7 +106,8 @@ def packed_hidden(transformer: nn.Module, input_ids: torch.Tensor, attention_mas
     positions = position_ids_from_mask(attention_mask)  # (B, L): counted over real tokens
     rows, _ = real.nonzero(as_tuple=True)  # (N,), in the order of x[real] below
     columns = positions[real]  # (N,): a token's place among its row's real tokens
-    grid = (real.shape[0], int(columns.max()) + 1 if len(columns) else 1)  # (B, W), W = the longest row
+    # (B, W), W = the longest row
+    grid = (real.shape[0], int(columns.max()) + 1 if len(columns) else 1)
     x = transformer.wte(input_ids[real]) + transformer.wpe(columns)  # (N, H)
     causal = causal_bias(grid[1], x.dtype, x.device)  # (W, W)
     for block in transformer.h:

@@ -1,16 +1,18 @@
-"""The trainer's side of each call of a replaceable piece of PPO's maths (`pieces`): a piece may not change the
-trainer's tensors in place, must return what its contract says, and an error raised inside it names it.
+"""The trainer's side of each call of a replaceable piece of PPO's maths (`pieces`): a piece may not
+change the trainer's tensors in place, must return what its contract says, and an error raised
+inside it names it.
 
     out = call_piece("advantage_fn", advantage_fn, rewards, values, mask, gamma, lam)
     advantages, returns = tensor_pair("advantage_fn", out, ("advantages", "returns"), like=rewards)
     loss, stats = loss_and_stats("policy_loss_fn", out, wants_grad=logprobs.requires_grad)
 
-Every check reads what the tensors already carry (the in-place write counter `_version` torch keeps on each
-tensor, shape, dtype, layout, device, `requires_grad`): no device sync and no extra pass, so they run on every call.
-The trainer hands each piece copies of its tensors (`pieces`), so an edit that bypasses `_version` (`.data`,
-`.numpy()`) reaches nothing of the trainer's; the `_version` check still names the usual in-place mistake.
-Finiteness stays with the run's NaN stop (`guards`). A piece is refused before any optimiser step uses
-what it returned, so a refusal leaves the weights as they were.
+Every check reads what the tensors already carry (the in-place write counter `_version` torch keeps
+on each tensor, shape, dtype, layout, device, `requires_grad`): no device sync and no extra pass, so
+they run on every call. The trainer hands each piece copies of its tensors (`pieces`), so an edit
+that bypasses `_version` (`.data`, `.numpy()`) reaches nothing of the trainer's; the `_version`
+check still names the usual in-place mistake. Finiteness stays with the run's NaN stop (`guards`). A
+piece is refused before any optimiser step uses what it returned, so a refusal leaves the weights as
+they were.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from rlhf_helpers.core.checks import NonFiniteError
 
 
 class PieceError(ValueError):
-    """A piece given to PPOTrainer (`shape_rewards_fn`, `advantage_fn`, `policy_loss_fn`, `value_loss_fn`,
-    `update_fn`) raised an error, changed a tensor it was given in place, or returned what the trainer cannot
-    use. The message names the piece; an error raised inside it is the `__cause__`."""
+    """A piece given to PPOTrainer (`shape_rewards_fn`, `advantage_fn`, `policy_loss_fn`,
+    `value_loss_fn`, `update_fn`) raised an error, changed a tensor it was given in place, or
+    returned what the trainer cannot use. The message names the piece; an error raised inside it is
+    the `__cause__`."""
 
 
 #: each piece's positional parameters, in the order the trainer passes them (`pieces`)
@@ -37,7 +40,8 @@ PARAMETERS = {
     "advantage_fn": ("rewards", "values", "mask", "gamma", "lam"),
     "policy_loss_fn": ("logprobs", "old_logprobs", "advantages", "mask", "clip_eps"),
     "value_loss_fn": ("values", "old_values", "returns", "mask", "value_clip"),
-    "update_fn": ("model", "batch", "policy_opt", "value_opt", "config", "generator", "policy_loss_fn"),
+    "update_fn": ("model", "batch", "policy_opt", "value_opt", "config", "generator",
+                  "policy_loss_fn"),
 }
 
 
@@ -45,14 +49,17 @@ def describe(value: Any) -> str:
     """What a piece returned, in words: type, and for a tensor its shape, dtype and gradient."""
     if isinstance(value, torch.Tensor):
         grad = "requires grad" if value.requires_grad else "no grad"
-        layout = "" if value.layout == torch.strided else f"{str(value.layout).removeprefix('torch.')} "
+        layout = ("" if value.layout == torch.strided
+                  else f"{str(value.layout).removeprefix('torch.')} ")
         return f"a {layout}tensor of shape {tuple(value.shape)}, dtype {value.dtype}, {grad}"
     if isinstance(value, (tuple, list)):
-        inner = "; ".join(describe(item) for item in value[:3]) + ("; ..." if len(value) > 3 else "")
+        inner = "; ".join(describe(item) for item in value[:3]) + ("; ..."
+                                                                   if len(value) > 3 else "")
         return f"a {type(value).__name__} of {len(value)} ({inner})"
     if value is None:
         return "None"
-    if isinstance(value, int) and abs(value) >= 2**64:  # its digits would flood the message (or fail to print)
+    # its digits would flood the message (or fail to print)
+    if isinstance(value, int) and abs(value) >= 2**64:
         return f"an int of {value.bit_length()} bits"
     if isinstance(value, (int, float)):
         return f"{'an' if isinstance(value, int) else 'a'} {type(value).__name__} ({value!r})"
@@ -60,7 +67,8 @@ def describe(value: Any) -> str:
 
 
 def _watched(name: str, args: tuple[Any, ...]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(label, tensor) of each tensor argument, and of each tensor field of a dataclass argument (the batch)."""
+    """(label, tensor) of each tensor argument, and of each tensor field of a dataclass argument
+    (the batch)."""
     labels = PARAMETERS.get(name, ())
     for index, arg in enumerate(args):
         label = labels[index] if index < len(labels) else f"argument {index + 1}"
@@ -74,8 +82,9 @@ def _watched(name: str, args: tuple[Any, ...]) -> Iterator[tuple[str, torch.Tens
 
 
 def call_piece(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args). PieceError naming the piece when it raised (the original error is the cause; a NaN stop and
-    another piece's refusal pass through as they are) or when it changed one of its tensors in place."""
+    """fn(*args). PieceError naming the piece when it raised (the original error is the cause; a NaN
+    stop and another piece's refusal pass through as they are) or when it changed one of its tensors
+    in place."""
     watched = [(label, tensor, tensor._version) for label, tensor in _watched(name, args)]
     try:
         out = fn(*args)
@@ -93,25 +102,31 @@ def call_piece(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     return out
 
 
-def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor, expected: str) -> None:
+def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor,
+                       expected: str) -> None:
     """PieceError unless `tensor` is a dense tensor of `like`'s shape and dtype on its device."""
     ok = (
         isinstance(tensor, torch.Tensor)
         and tensor.layout == torch.strided  # a sparse result fails later, in another piece's name
         and tensor.shape == like.shape
-        and tensor.dtype == like.dtype  # the run's precision: a bf16 result would round every later number
+        # the run's precision: a bf16 result would round every later number
+        and tensor.dtype == like.dtype
         and tensor.device == like.device
     )
     if not ok:
-        where = f" on {tensor.device}" if isinstance(tensor, torch.Tensor) and tensor.device != like.device else ""
-        raise PieceError(f"{name} returned {what} as {describe(tensor)}{where}; expected {expected}")
+        where = (f" on {tensor.device}"
+                 if isinstance(tensor, torch.Tensor) and tensor.device != like.device else "")
+        raise PieceError(
+            f"{name} returned {what} as {describe(tensor)}{where}; expected {expected}")
 
 
-def tensor_pair(name: str, out: Any, names: tuple[str, str], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A piece's (a, b) result checked: two floating tensors of `like`'s shape (advantage_fn's contract)."""
+def tensor_pair(name: str, out: Any, names: tuple[str, str],
+                like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A piece's (a, b) result checked: two floating tensors of `like`'s shape (advantage_fn's
+    contract)."""
     expected = (
-        f"({names[0]}, {names[1]}): two floating tensors of shape {tuple(like.shape)}, dtype {like.dtype}, "
-        f"on {like.device}"
+        f"({names[0]}, {names[1]}): two floating tensors of shape {tuple(like.shape)}, dtype "
+        f"{like.dtype}, on {like.device}"
     )
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise PieceError(f"{name} must return {expected}; it returned {describe(out)}")
@@ -120,25 +135,29 @@ def tensor_pair(name: str, out: Any, names: tuple[str, str], like: torch.Tensor)
     return out[0], out[1]
 
 
-def rewards_result(name: str, out: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A shaping function's result checked: rewards, or (rewards, kl); returns (rewards, kl or None)."""
+def rewards_result(name: str, out: Any, like: torch.Tensor) -> tuple[torch.Tensor,
+                                                                     torch.Tensor | None]:
+    """A shaping function's result checked: rewards, or (rewards, kl); returns (rewards, kl or
+    None)."""
     if isinstance(out, torch.Tensor):
         check_token_tensor(
-            name, "rewards", out, like, f"floating rewards of shape {tuple(like.shape)}, dtype {like.dtype}"
+            name, "rewards", out, like,
+            f"floating rewards of shape {tuple(like.shape)}, dtype {like.dtype}"
         )
         return out, None
     if isinstance(out, (tuple, list)) and len(out) == 2:
         return tensor_pair(name, out, ("rewards", "kl"), like)
     raise PieceError(
-        f"{name} must return rewards, or (rewards, kl): floating tensors of shape {tuple(like.shape)}, dtype "
-        f"{like.dtype}; "
+        f"{name} must return rewards, or (rewards, kl): floating tensors of shape "
+        f"{tuple(like.shape)}, dtype {like.dtype}; "
         f"it returned {describe(out)}"
     )
 
 
 def loss_and_stats(name: str, out: Any, wants_grad: bool) -> tuple[torch.Tensor, Mapping[str, Any]]:
-    """A loss function's result checked: a floating one-number tensor, or (that loss, a dict of stat name ->
-    number). `wants_grad`: its inputs carry a gradient, so the loss must too (it is back-propagated)."""
+    """A loss function's result checked: a floating one-number tensor, or (that loss, a dict of stat
+    name -> number). `wants_grad`: its inputs carry a gradient, so the loss must too (it is
+    back-propagated)."""
     expected = "a floating scalar tensor, or (loss, stats) with stats a dict of stat name -> number"
     if isinstance(out, tuple) and len(out) != 2:
         raise PieceError(f"{name} must return {expected}; it returned {describe(out)}")
@@ -149,7 +168,8 @@ def loss_and_stats(name: str, out: Any, wants_grad: bool) -> tuple[torch.Tensor,
             if isinstance(loss, (int, float))
             else ""
         )
-        raise PieceError(f"{name} returned a loss that is {describe(loss)}; expected {expected}{hint}")
+        raise PieceError(
+            f"{name} returned a loss that is {describe(loss)}; expected {expected}{hint}")
     if loss.numel() != 1 or not loss.is_floating_point():
         raise PieceError(
             f"{name} returned a loss that is {describe(loss)}; expected {expected} (reduce the "
@@ -158,8 +178,8 @@ def loss_and_stats(name: str, out: Any, wants_grad: bool) -> tuple[torch.Tensor,
     if wants_grad and not loss.requires_grad:
         raise PieceError(
             f"{name} returned a loss that does not require grad: {describe(loss)}. It has no "
-            "gradient path to the weights: was it detached, rebuilt from a number (.item(), float(), "
-            "torch.tensor(...)), or computed under torch.no_grad()?"
+            "gradient path to the weights: was it detached, rebuilt from a number (.item(), "
+            "float(), torch.tensor(...)), or computed under torch.no_grad()?"
         )
     if not isinstance(stats, Mapping):
         raise PieceError(
@@ -169,15 +189,16 @@ def loss_and_stats(name: str, out: Any, wants_grad: bool) -> tuple[torch.Tensor,
     for key, value in stats.items():
         if not _is_stat(value):
             raise PieceError(
-                f"{name} returned the stat {key!r} as {describe(value)}; expected a finite real number or a "
-                "one-element real tensor (the trainer logs float() of it)"
+                f"{name} returned the stat {key!r} as {describe(value)}; expected a finite real "
+                "number or a one-element real tensor (the trainer logs float() of it)"
             )
     return loss, stats
 
 
 def _is_stat(value: Any) -> bool:
-    """A number the trainer can log: a finite int/float (float() of 10**400 overflows), or a one-element real
-    tensor (read later with the other stats: its value is not checked here, which would sync the device)."""
+    """A number the trainer can log: a finite int/float (float() of 10**400 overflows), or a
+    one-element real tensor (read later with the other stats: its value is not checked here, which
+    would sync the device)."""
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and value.layout == torch.strided and not value.is_complex()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -189,23 +210,26 @@ def _is_stat(value: Any) -> bool:
 
 
 def check_no_gradient_yet(name: str, params: list[torch.Tensor], adapter: str) -> None:
-    """Before the trainer's `backward()` of the loss `name` returned: PieceError when the adapter already holds a
-    gradient (every step ends with the gradients set to None), that is, when the piece ran backward() itself: the
-    trainer's backward would then add a second gradient (or fail on a graph already freed)."""
+    """Before the trainer's `backward()` of the loss `name` returned: PieceError when the adapter
+    already holds a gradient (every step ends with the gradients set to None), that is, when the
+    piece ran backward() itself: the trainer's backward would then add a second gradient (or fail on
+    a graph already freed)."""
     if any(param.grad is not None for param in params):
-        raise PieceError(f"{name} ran backward() itself: the {adapter} adapter already holds a gradient. Return the "
-                         "loss without calling backward(): the trainer back-propagates it (a second backward "
-                         "would double the gradient)")
+        raise PieceError(f"{name} ran backward() itself: the {adapter} adapter already holds a "
+                         "gradient. Return the loss without calling backward(): the trainer "
+                         "back-propagates it (a second backward would double the gradient)")
 
 
-def check_reaches_adapter(name: str, loss: torch.Tensor, params: list[torch.Tensor], adapter: str) -> None:
-    """After `loss.backward()`: PieceError naming the piece when no parameter of the adapter got a gradient
-    (the loss is a fresh tensor that requires grad, say): its training would stop silently, logged as a zero
-    gradient norm. Run before any optimiser step; the gradients were None before the backward."""
+def check_reaches_adapter(name: str, loss: torch.Tensor, params: list[torch.Tensor],
+                          adapter: str) -> None:
+    """After `loss.backward()`: PieceError naming the piece when no parameter of the adapter got a
+    gradient (the loss is a fresh tensor that requires grad, say): its training would stop silently,
+    logged as a zero gradient norm. Run before any optimiser step; the gradients were None before
+    the backward."""
     if loss.requires_grad and params and all(param.grad is None for param in params):
         inputs = "log-probs" if adapter == "policy" else "values"
         raise PieceError(
-            f"{name} returned a loss whose backward() reached none of the {adapter} adapter's weights: its loss "
-            f"does not depend on the {adapter} adapter's weights. Build it from the {inputs} it is given (not "
-            "from a new tensor made with requires_grad=True)"
+            f"{name} returned a loss whose backward() reached none of the {adapter} adapter's "
+            f"weights: its loss does not depend on the {adapter} adapter's weights. Build it from "
+            f"the {inputs} it is given (not from a new tensor made with requires_grad=True)"
         )

@@ -1,9 +1,11 @@
-"""The loop around PPO's iterations: progress bar, evaluations, checkpoints and the NaN stop's message.
+"""The loop around PPO's iterations: progress bar, evaluations, checkpoints and the NaN stop's
+message.
 
     history = train_loop(trainer, steps=10, eval_prompts=test_prompts, callback=log)  # trainer.train(...)
 
-Everything here wraps `PPOTrainer.step` (one iteration) from outside: the folder's lock, when to evaluate
-and save, the weights' last check before a save, what a NaN stop says about the checkpoints kept.
+Everything here wraps `PPOTrainer.step` (one iteration) from outside: the folder's lock, when to
+evaluate and save, the weights' last check before a save, what a NaN stop says about the checkpoints
+kept.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from rlhf_helpers.runtime.locks import hold_run_folder
 
 
 def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
-               callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+               callback: Callable[[dict[str, float]], None]
+               | None = None) -> list[dict[str, float]]:
     """Run `trainer` until `steps` more iterations (default: up to config.total_steps) are done.
 
     Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
@@ -34,8 +37,10 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
     config = trainer.config
     target = trainer.step_count + steps if steps is not None else config.total_steps
     is_main = trainer.process_index == 0
-    if config.output_dir and is_main:  # one live run per folder: FolderInUse if another process writes there
-        if trainer.output_lock is not None and trainer.output_lock.path.parent != Path(config.output_dir):
+    # one live run per folder: FolderInUse if another process writes there
+    if config.output_dir and is_main:
+        if (trainer.output_lock is not None
+            and trainer.output_lock.path.parent != Path(config.output_dir)):
             trainer.close()
         trainer.output_lock = trainer.output_lock or hold_run_folder(config.output_dir)
     bar = tqdm(total=max(target - trainer.step_count, 0), desc="PPO",
@@ -44,18 +49,22 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
     try:
         while trainer.step_count < target:
             metrics = trainer.step()
-            if eval_prompts is not None and config.eval_every and trainer.step_count % config.eval_every == 0:
+            if (eval_prompts is not None and config.eval_every
+                and trainer.step_count % config.eval_every == 0):
                 with trainer.guard(trainer.step_count - 1):
                     metrics.update(trainer.evaluate(eval_prompts[: config.n_eval_prompts]))
             save = bool(config.output_dir) and (
-                trainer.step_count >= target or (config.save_every > 0 and trainer.step_count % config.save_every == 0))
-            if save:  # before the step is logged: a step whose weights cannot be saved is not reported
+                trainer.step_count >= target
+                or (config.save_every > 0 and trainer.step_count % config.save_every == 0))
+            # before the step is logged: a step whose weights cannot be saved is not reported
+            if save:
                 with trainer.guard(trainer.step_count - 1):
                     check_weights_usable(trainer)
             bar.update(1)
             bar.set_postfix(score=format_number(metrics["score"]), kl=format_number(metrics["kl"]),
                             hidden=format_number(metrics.get("hidden_score", math.nan)))
-            if save and is_main:  # saved before it is logged: a step whose save failed is not reported
+            # saved before it is logged: a step whose save failed is not reported
+            if save and is_main:
                 trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir))
             if callback is not None:
                 callback(metrics)
@@ -69,7 +78,8 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
         raise NonFiniteStop(f"{error}. Nothing was saved after the bad value; {kept}. Lower the "
                              "learning rates, or set score_clip / max_grad_norm.") from None
     bar.close()
-    if config.output_dir and is_main and trainer.step_count == start_step:  # no step ran: save as it is
+    # no step ran: save as it is
+    if config.output_dir and is_main and trainer.step_count == start_step:
         trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir))
     return trainer.history
 

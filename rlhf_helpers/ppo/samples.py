@@ -4,10 +4,11 @@
                                with_logprobs=True)       # a Samples batch (the policy's own log-probs kept)
     scores = score_samples(shared, samples)               # (B,) the reward adapter's, or reward_fn's
 
-`experience.collect_experience` builds a rollout on these; evaluation, best-of-n and the notebooks sample
-with them too. `Samples` keeps the names the later batches use (`Experience`, `Minibatch`): sequences,
-attention_mask, context_length, mask; its `logprobs` become the experience's `old_logprobs` (old from the
-update's point of view: the policy that sampled, before this iteration's steps).
+`experience.collect_experience` builds a rollout on these; evaluation, best-of-n and the notebooks
+sample with them too. `Samples` keeps the names the later batches use (`Experience`, `Minibatch`):
+sequences, attention_mask, context_length, mask; its `logprobs` become the experience's
+`old_logprobs` (old from the update's point of view: the policy that sampled, before this
+iteration's steps).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 def tokenize_prompts(tokenizer, prompts: Sequence[str], max_prompt_length: int,
                      device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask (B, P); prompts longer than max_prompt_length lose their start."""
+    """Left-padded prompt ids and mask (B, P); prompts longer than max_prompt_length lose their
+    start."""
     if not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
     side = tokenizer.truncation_side
-    tokenizer.truncation_side = "left"  # keep the end of a long prompt: it is what the response follows
+    # keep the end of a long prompt: it is what the response follows
+    tokenizer.truncation_side = "left"
     try:
         enc = tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
                         max_length=max_prompt_length, padding_side="left")
@@ -42,7 +45,8 @@ def tokenize_prompts(tokenizer, prompts: Sequence[str], max_prompt_length: int,
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    """Response texts with EOS and padding removed, each starting with a space (as the data files do)."""
+    """Response texts with EOS and padding removed, each starting with a space (as the data files
+    do)."""
     texts = []
     for row, row_mask in zip(responses.tolist(), mask.tolist(), strict=True):
         ids = [t for t, m in zip(row, row_mask, strict=True) if m > 0]
@@ -63,23 +67,29 @@ class Samples:
     ended_with_eos: torch.Tensor  #: (B,) True where the response stopped at EOS
     #: (B, R) log-probs of the sampled tokens under the sampling model (only with `with_logprobs`)
     logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None  #: (B, R) the sampling model's entropy there (same condition)
+    #: (B, R) the sampling model's entropy there (same condition)
+    entropy: torch.Tensor | None = None
 
 
 @torch.no_grad()
-def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], max_prompt_length: int,
-                     max_new_tokens: int, temperature: float = 1.0,
-                     adapter: str | None = "policy", with_logprobs: bool | Literal["exact"] = False) -> Samples:
+def sample_responses(model: SharedLoRAModel, tokenizer,
+                     prompts: Sequence[str], max_prompt_length: int, max_new_tokens: int,
+                     temperature: float = 1.0, adapter: str | None = "policy",
+                     with_logprobs: bool | Literal["exact"] = False) -> Samples:
     """Sample one response per prompt (KV cache; no top-k/top-p; stop at EOS). `adapter=None`: the
     reference (the SFT model). Uses the global torch RNG. `with_logprobs`: also keep each sampled
-    token's log-prob and entropy, read from the sampling loop's own logits (`sampling.sample_model`);
-    "exact": only where they equal a training forward's (`sampling_logprobs_are_exact`), else None."""
+    token's log-prob and entropy, read from the sampling loop's own logits
+    (`sampling.sample_model`); "exact": only where they equal a training forward's
+    (`sampling_logprobs_are_exact`), else None."""
     if with_logprobs == "exact":
         with_logprobs = sampling_logprobs_are_exact(model)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)  # (B, P)
+    # (B, P)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)
     P = prompt_ids.shape[1]
-    sequences, logprobs, entropy = sample_model(model, prompt_ids, prompt_mask, max_new_tokens, temperature=temperature,
-                                                adapter=adapter, with_logprobs=with_logprobs)  # (B, P + R), (B, R) x2
+    sequences, logprobs, entropy = sample_model(model, prompt_ids, prompt_mask, max_new_tokens,
+                                                temperature=temperature,
+                                                # (B, P + R), (B, R) x2
+                                                adapter=adapter, with_logprobs=with_logprobs)
     responses = sequences[:, P:]  # (B, R)
     mask = mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
     attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
@@ -90,7 +100,8 @@ def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], 
 
 
 @torch.no_grad()
-def score_samples(model: SharedLoRAModel, samples: Samples, reward_fn: RewardFn | None = None) -> torch.Tensor:
+def score_samples(model: SharedLoRAModel, samples: Samples,
+                  reward_fn: RewardFn | None = None) -> torch.Tensor:
     """Reward of each sample: the reward adapter + score head at the last real token (EOS), or
     `reward_fn(prompts, responses)` when given: (B,) float32."""
     if reward_fn is None:
@@ -105,5 +116,6 @@ def score_samples(model: SharedLoRAModel, samples: Samples, reward_fn: RewardFn 
 
 def sampling_logprobs_are_exact(model: SharedLoRAModel) -> bool:
     """True when the sampling loop's log-probs equal a training forward's up to float32 rounding:
-    a float32 model sampled with the plain decoder (peft's own LoRA forward, one token at a time)."""
+    a float32 model sampled with the plain decoder (peft's own LoRA forward, one token at a
+    time)."""
     return model.compute_dtype == torch.float32 and not model.fast_sampling

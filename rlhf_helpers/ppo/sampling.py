@@ -16,8 +16,8 @@ ended writes pad. Two decoders compute z_t:
   KV cache, each LoRA adapter folded into its base weight, captured once as a CUDA graph and
   replayed every token (that module says why). On a CPU it runs eagerly (tests).
 
-`sample_model(shared, ...)` samples a `SharedLoRAModel` (the adapter chosen, the fast decoder where it
-applies); `samples.sample_responses` turns prompt texts into a `Samples` batch with it.
+`sample_model(shared, ...)` samples a `SharedLoRAModel` (the adapter chosen, the fast decoder where
+it applies); `samples.sample_responses` turns prompt texts into a `Samples` batch with it.
 
 Host-device syncs: the stop test (has every row ended?) is read every `stop_check_every` tokens
 (CUDA: 8), not every token; the columns sampled after the last row ended are all pad and are cut
@@ -49,10 +49,12 @@ from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 
 class SampleOutput(NamedTuple):
-    """What the sampling loop returns (a named tuple: `seq, logp, ent = sample_model(...)` unpacks it)."""
+    """What the sampling loop returns (a named tuple: `seq, logp, ent = sample_model(...)` unpacks
+    it)."""
 
     sequences: torch.Tensor  #: (B, P + R) prompt ids then sampled ids (pad after a row's EOS)
-    logprobs: torch.Tensor | None  #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs only)
+    #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs only)
+    logprobs: torch.Tensor | None
     entropy: torch.Tensor | None  #: (B, R) entropy of pi_T at each step (with_logprobs only)
 
 
@@ -60,10 +62,12 @@ class SampleOutput(NamedTuple):
 class Decoder(Protocol):
     """What the loop needs of a decoder: the prompt pass, then one token per row per step."""
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
         """(B, P) prompts -> logits of the first response token (B, V)."""
 
-    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def decode(self, token: torch.Tensor, position: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
         """token, position, keep (B,) -> logits of the next token (B, V)."""
 
 
@@ -75,28 +79,33 @@ class PlainDecoder:
         self.mask: torch.Tensor | None = None  #: (B, P + t) attended keys
         self.past: Any = None
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
         """Prompt pass: (B, P) -> logits of the first response token (B, V)."""
         self.mask = attention_mask.long()  # (B, P)
-        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)  # only the last position
+        # only the last position
+        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
         out = self.lm(input_ids=input_ids, attention_mask=self.mask,
-                      position_ids=position_ids_from_mask(self.mask), use_cache=True, logits_to_keep=last)
+                      position_ids=position_ids_from_mask(self.mask), use_cache=True,
+                      logits_to_keep=last)
         self.past = out.past_key_values
         return out.logits[:, -1]  # (B, V)
 
-    def decode(self, token: torch.Tensor, position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """One token per row: token (B,), its position (B,), keep (B,) bool (False: the row has ended and
-        its token is not attended) -> logits of the next token (B, V)."""
+    def decode(self, token: torch.Tensor, position: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
+        """One token per row: token (B,), its position (B,), keep (B,) bool (False: the row has
+        ended and its token is not attended) -> logits of the next token (B, V)."""
         self.mask = torch.cat([self.mask, keep.long()[:, None]], dim=1)  # (B, P + t + 1)
-        out = self.lm(input_ids=token[:, None], attention_mask=self.mask, position_ids=position[:, None],
-                      past_key_values=self.past, use_cache=True)
+        out = self.lm(input_ids=token[:, None], attention_mask=self.mask,
+                      position_ids=position[:, None], past_key_values=self.past, use_cache=True)
         self.past = out.past_key_values
         return out.logits[:, -1]  # (B, V)
 
 
 # ----------------------------------------------------------------------------- the loop
 def _trim_after_all_ended(tokens: torch.Tensor, eos_token_id: int) -> int:
-    """Response width R: 1 + the step at which the last row wrote its EOS (all steps if some row never did).
+    """Response width R: 1 + the step at which the last row wrote its EOS (all steps if some row
+    never did).
 
     tokens (B, S) as sampled, pad after each row's EOS. Columns after R are pad in every row.
     """
@@ -108,9 +117,9 @@ def _trim_after_all_ended(tokens: torch.Tensor, eos_token_id: int) -> int:
 
 
 @torch.no_grad()
-def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-           eos_token_id: int, pad_token_id: int, temperature: float = 1.0, with_logprobs: bool = False,
-           decoder: Decoder | None = None,
+def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           max_new_tokens: int, eos_token_id: int, pad_token_id: int, temperature: float = 1.0,
+           with_logprobs: bool = False, decoder: Decoder | None = None,
            stop_check_every: int | None = None) -> SampleOutput:
     """Sample responses to left-padded prompts: (B, P) -> SampleOutput with sequences (B, P + R).
 
@@ -123,14 +132,17 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         stop_check_every = 1 if input_ids.device.type == "cpu" else 8
     if stop_check_every < 1:
         raise ValueError(f"stop_check_every must be >= 1, got {stop_check_every}")
-    if not bool(attention_mask[:, -1].all()):  # the first token is drawn from the last column's logits
-        raise ValueError("attention_mask must be left-padded: every prompt's last column a real token")
+    # the first token is drawn from the last column's logits
+    if not bool(attention_mask[:, -1].all()):
+        raise ValueError(
+            "attention_mask must be left-padded: every prompt's last column a real token")
     decoder = decoder if decoder is not None else PlainDecoder(lm)
     batch = input_ids.shape[0]
     logits = decoder.prefill(input_ids, attention_mask, max_new_tokens)  # (B, V)
     next_pos = position_ids_from_mask(attention_mask)[:, -1] + 1  # (B,)
     done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
-    broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,) met a NaN/inf logit
+    # (B,) met a NaN/inf logit
+    broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
     tokens, logprobs, entropies = [], [], []
     for step in range(max_new_tokens):
         # pi_T(v) = softmax(z / T)_v: the distribution that draws the token
@@ -145,7 +157,8 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         tokens.append(token)
         if with_logprobs:  # log pi_T(y_t) and H_t of the sampling distribution at this step
             step_logits = scaled[:, None]  # (B, 1, V)
-            with validation(False):  # tokens are in range and `broken` covers NaN: no sync per token
+            # tokens are in range and `broken` covers NaN: no sync per token
+            with validation(False):
                 logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
                 entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
         done = done | (token == eos_token_id)
@@ -156,9 +169,9 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         logits = decoder.decode(token, next_pos, ~done)  # (B, V)
         next_pos = next_pos + 1
     if bool(broken.any()):
-        raise NonFiniteError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} rows met "
-                         f"NaN or inf {'at' if stop_check_every == 1 else 'by'} response token {step} (the weights "
-                         "are broken)")
+        raise NonFiniteError(f"sampling logits must be finite, but {int(broken.sum())} of {batch} "
+                         f"rows met NaN or inf {'at' if stop_check_every == 1 else 'by'} response "
+                         f"token {step} (the weights are broken)")
     sampled = torch.stack(tokens, dim=1)  # (B, S)
     width = _trim_after_all_ended(sampled, eos_token_id)  # steps past the last EOS are all pad
     sequences = torch.cat([input_ids, sampled[:, :width]], dim=1)  # (B, P + R)
@@ -168,30 +181,36 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         torch.stack(entropies, dim=1)[:, :width])  # (B, R) each
 
 
-# ----------------------------------------------------------------------------- sampling the shared model
+# ----------------------------------------------------------------------------- sampling the shared
+# model
 @torch.no_grad()
-def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 temperature: float = 1.0, adapter: str | None = "policy", with_logprobs: bool = False) -> SampleOutput:
-    """Sample responses of the shared model to left-padded prompts with a KV cache: (B, P) -> SampleOutput with
-    sequences (B, P + R), R <= max_new_tokens (and, `with_logprobs`, logprobs and entropy (B, R)).
+def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
+                 with_logprobs: bool = False) -> SampleOutput:
+    """Sample responses of the shared model to left-padded prompts with a KV cache: (B, P) ->
+    SampleOutput with sequences (B, P + R), R <= max_new_tokens (and, `with_logprobs`, logprobs and
+    entropy (B, R)).
 
-    y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution). A row
-    stops after its EOS; later positions hold pad. `adapter=None` samples the reference. Uses the global
-    torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise NonFiniteError after the loop.
+    y_t ~ softmax(z_t / temperature): no top-k, no top-p (PPO needs the policy's own distribution).
+    A row stops after its EOS; later positions hold pad. `adapter=None` samples the reference. Uses
+    the global torch RNG (seeded by the caller). NaN/inf logits (broken weights) raise
+    NonFiniteError after the loop.
 
-    The log-probs and entropies are read from the logits the loop computes anyway, so a rollout needs no
-    second policy forward. They belong to the distribution that sampled, softmax(z / temperature), and
-    equal `model.policy_logprobs(seq, attn, P, with_entropy=True, temperature=temperature)` up to float
+    The log-probs and entropies are read from the logits the loop computes anyway, so a rollout
+    needs no second policy forward. They belong to the distribution that sampled, softmax(z /
+    temperature), and equal
+    `model.policy_logprobs(seq, attn, P, with_entropy=True, temperature=temperature)` up to float
     rounding on every token up to and including EOS (after it they belong to pad: finite, masked).
-    On CUDA a Llama-family model samples with the fast decoder (`model.fast_sampling`); if that path itself
-    fails, it warns and this model samples with the plain loop from then on, drawing the same tokens.
+    On CUDA a Llama-family model samples with the fast decoder (`model.fast_sampling`); if that path
+    itself fails, it warns and this model samples with the plain loop from then on, drawing the same
+    tokens.
     """
     check_token_batch(input_ids, attention_mask)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_temperature(temperature)
-    settings = dict(eos_token_id=model.eos_token_id, pad_token_id=model.pad_token_id, temperature=temperature,
-                    with_logprobs=with_logprobs)
+    settings = dict(eos_token_id=model.eos_token_id, pad_token_id=model.pad_token_id,
+                    temperature=temperature, with_logprobs=with_logprobs)
     with model.reference() if adapter is None else contextlib.nullcontext():
         if adapter is not None:
             model.use(adapter)
@@ -199,28 +218,33 @@ def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask
             devices = [input_ids.device] if input_ids.device.type == "cuda" else []
             rng = _rng_states(devices)
             try:
-                if model.fast_decoder is None:  # built once, then each adapter is folded into its weights
+                # built once, then each adapter is folded into its weights
+                if model.fast_decoder is None:
                     model.fast_decoder = StaticLlamaDecoder(model.lm)
                 model.fast_decoder.load_adapter(adapter)
-                return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=model.fast_decoder,
-                              **settings)
+                return sample(model.lm, input_ids, attention_mask, max_new_tokens,
+                              decoder=model.fast_decoder, **settings)
             except NonFiniteError:  # broken weights: no other decoder would do better
                 raise
             except Exception as error:  # a failure of the fast path itself
-                warnings.warn(f"fast sampling failed ({type(error).__name__}: {error}); this model samples "
-                              "with the plain loop from now on", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"fast sampling failed ({type(error).__name__}: {error}); this model samples "
+                    "with the plain loop from now on", RuntimeWarning, stacklevel=2)
                 model.fast_sampling, model.fast_decoder = False, None
                 _set_rng_states(devices, rng)  # the plain loop draws what the fast one would have
-        # GPT-2: a preallocated cache and the layers called directly (gpt2_decoder.py); else the model's forward
+        # GPT-2: a preallocated cache and the layers called directly (gpt2_decoder.py); else the
+        # model's forward
         decoder = GPT2CacheDecoder(model.lm) if model.packed else PlainDecoder(model.lm)
-        return sample(model.lm, input_ids, attention_mask, max_new_tokens, decoder=decoder, **settings)
+        return sample(model.lm, input_ids, attention_mask, max_new_tokens,
+                      decoder=decoder, **settings)
 
 
 def _rng_states(devices: list[torch.device]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
 
 
-def _set_rng_states(devices: list[torch.device], states: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+def _set_rng_states(devices: list[torch.device],
+                    states: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
     torch.random.set_rng_state(states[0])
     for device, state in zip(devices, states[1], strict=True):
         torch.cuda.set_rng_state(state, device)

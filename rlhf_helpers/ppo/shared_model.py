@@ -1,4 +1,5 @@
-"""One base causal LM, four PPO roles: policy, value and reward LoRA adapters, and the bare base as reference.
+"""One base causal LM, four PPO roles: policy, value and reward LoRA adapters, and the bare base as
+reference.
 
     shared = SharedLoRAModel(base_lm, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                              reward_dir="runs/reward")           # the reward step's adapter + score head
@@ -9,8 +10,8 @@
     seq, logp, ent = sample_model(shared, prompt_ids, prompt_attn, 40, with_logprobs=True)  # ppo.sampling
 
 Sequences are left-padded prompts of width P followed by responses of width R = L - P; `attn` (B, L)
-is 1 on real tokens. Per-token outputs (B, R) are aligned with the response tokens: position t of the
-output belongs to token seq[:, P + t] and is read from the hidden state at P + t - 1 (the state
+is 1 on real tokens. Per-token outputs (B, R) are aligned with the response tokens: position t of
+the output belongs to token seq[:, P + t] and is read from the hidden state at P + t - 1 (the state
 before that token is chosen).
 
 The stack's known traps, handled here:
@@ -62,8 +63,8 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def _check_context(context_length: int, length: int) -> None:
     if not 1 <= context_length < length:
-        raise ValueError(f"context_length must be in [1, {length}) (prompt width before the response), "
-                         f"got {context_length}")
+        raise ValueError(f"context_length must be in [1, {length}) (prompt width before the "
+                         f"response), got {context_length}")
 
 
 class SharedLoRAModel(nn.Module):
@@ -99,22 +100,26 @@ class SharedLoRAModel(nn.Module):
             fuse_tanh_gelu(base_model)
         self.pad_token_id = int(pad_token_id)  #: id of the padding token
         self.eos_token_id = int(eos_token_id)  #: id of the end-of-sequence token
-        self.lora = as_lora_spec(lora if lora is not None else LoRASpec())  #: the spec of the policy and value adapters
+        #: the spec of the policy and value adapters
+        self.lora = as_lora_spec(lora if lora is not None else LoRASpec())
         self.peft, self.value_head, self.score_head = attach_adapters(base_model, self.lora,
                                                                       reward_dir, seed)
         device = next(base_model.parameters()).device
         self.value_head.to(device=device, dtype=torch.float32)
         self.score_head.to(device=device, dtype=torch.float32)
         self.peft.to(device)
-        if fused_lora:  # same maths, one product per LoRA layer instead of three (see fused_lora.py)
+        # same maths, one product per LoRA layer instead of three (see fused_lora.py)
+        if fused_lora:
             fuse_lora_layers(self.peft)
         self._adapter_params = params_by_adapter(self.peft, ADAPTERS)
         self._lora_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
         # transformers turns checkpointing on only in modules that have the flag: these, found once
-        self._checkpointable = [m for m in self.lm.modules() if hasattr(m, "gradient_checkpointing")]
+        self._checkpointable = [m for m in self.lm.modules()
+                                if hasattr(m, "gradient_checkpointing")]
         self._active: str | None = None
         if fast_sampling and not supports_fast_decoder(self.lm):
-            raise ValueError("fast_sampling=True needs a Llama-family model (sampling.FAST_MODEL_TYPES)")
+            raise ValueError(
+                "fast_sampling=True needs a Llama-family model (sampling.FAST_MODEL_TYPES)")
         #: sample with the static-cache decoder (CUDA graphs on a GPU); None: on CUDA when supported
         self.fast_sampling = (device.type == "cuda" and supports_fast_decoder(self.lm)
                               if fast_sampling is None else bool(fast_sampling))
@@ -123,7 +128,8 @@ class SharedLoRAModel(nn.Module):
         self.score_head.requires_grad_(False)
         self.use("policy")
         super().train(False)  # dropout off for good
-        self.packed = packed and supports_packed(self.lm)  #: GPT-2 on the real tokens only (packed_gpt2.py)
+        #: GPT-2 on the real tokens only (packed_gpt2.py)
+        self.packed = packed and supports_packed(self.lm)
 
     # ------------------------------------------------------------------ adapters and parameters
     def _restore_trainable(self) -> None:
@@ -137,11 +143,13 @@ class SharedLoRAModel(nn.Module):
         if adapter not in ADAPTERS:
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
         if adapter != self._active:
-            # checkpointing switched on after construction would re-run forwards under another adapter
+            # checkpointing switched on after construction would re-run forwards under another
+            # adapter
             refuse_checkpointing(self._checkpointable)
-            # peft's model-wide set_adapter walks every module twice (about 4 ms on the tiny model, 32
-            # switches per update); its per-layer set_adapter on the LoRA layers found once is the same
-            # switch (this model's peft config has no modules_to_save, the only other thing it sets)
+            # peft's model-wide set_adapter walks every module twice (about 4 ms on the tiny model,
+            # 32 switches per update); its per-layer set_adapter on the LoRA layers found once is
+            # the same switch (this model's peft config has no modules_to_save, the only other thing
+            # it sets)
             for layer in self._lora_layers:
                 layer.set_adapter(adapter)
             self.peft.base_model.active_adapter = adapter
@@ -182,7 +190,8 @@ class SharedLoRAModel(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """dtype of the frozen base weights (the forward's matmuls); adapters and heads are float32."""
+        """dtype of the frozen base weights (the forward's matmuls); adapters and heads are
+        float32."""
         return self.lm.get_input_embeddings().weight.dtype
 
     # ------------------------------------------------------------------ forwards
@@ -195,10 +204,13 @@ class SharedLoRAModel(nn.Module):
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
-        """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0: all)."""
+        """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0:
+        all)."""
         if self.packed:
-            hidden = self._hidden(input_ids, attention_mask)  # (B, L, H); an int k keeps the last k, as transformers
-            kept = hidden[:, logits_to_keep] if torch.is_tensor(logits_to_keep) else hidden[:, -logits_to_keep:]
+            # (B, L, H); an int k keeps the last k, as transformers
+            hidden = self._hidden(input_ids, attention_mask)
+            kept = (hidden[:, logits_to_keep] if torch.is_tensor(logits_to_keep)
+                    else hidden[:, -logits_to_keep:])
             return self.lm.lm_head(kept)  # (B, L or K, V)
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False,
@@ -214,7 +226,8 @@ class SharedLoRAModel(nn.Module):
         which gathers them into a contiguous (B, R, H) block: a strided slice there makes the CPU
         matmul several times slower and, in bf16, copies the whole (V, H) head weight to float32.
         """
-        positions = torch.arange(context_length - 1, input_ids.shape[1] - 1, device=input_ids.device)  # (R,)
+        positions = torch.arange(context_length - 1, input_ids.shape[1] - 1,
+                                 device=input_ids.device)  # (R,)
         return self._logits(input_ids, attention_mask, logits_to_keep=positions)  # (B, R, V)
 
     @staticmethod
@@ -237,7 +250,8 @@ class SharedLoRAModel(nn.Module):
     def policy_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         context_length: int, with_entropy: bool = False, entropy_grad: bool = True,
                         temperature: float = 1.0):
-        """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B, R)].
+        """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B,
+        R)].
 
         `entropy_grad=False`: the entropy carries no gradient (for a loss without an entropy bonus).
         `temperature`: of the distribution softmax(z / T) that sampled the tokens (see `generate`).
@@ -275,7 +289,8 @@ class SharedLoRAModel(nn.Module):
         check_temperature(temperature)
         with torch.no_grad(), self.reference():
             logits = self._response_logits(input_ids, attention_mask, context_length)  # (B, R, V)
-        return self._logprobs_of(logits, input_ids[:, context_length:], False, temperature=temperature)
+        return self._logprobs_of(logits, input_ids[:, context_length:], False,
+                                 temperature=temperature)
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                context_length: int) -> torch.Tensor:
@@ -287,7 +302,8 @@ class SharedLoRAModel(nn.Module):
         return self.value_head(hidden[:, context_length - 1 : -1])  # (B, R)
 
     def reward_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Reward-model score at each row's last real token (reward adapter, no gradient): (B, L) -> (B,)."""
+        """Reward-model score at each row's last real token (reward adapter, no gradient): (B, L) ->
+        (B,)."""
         check_token_batch(input_ids, attention_mask)
         self.use("reward")
         with torch.no_grad():
@@ -297,8 +313,8 @@ class SharedLoRAModel(nn.Module):
             return self.score_head(picked[:, None, :])[:, 0]  # (B,)
 
     def response_mask(self, responses: torch.Tensor) -> torch.Tensor:
-        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R) float
-        (`core.tokens.mask_to_first_eos`: only the EOS decides where a response ends)."""
+        """1 on response tokens up to and including the first EOS, 0 after it: (B, R) -> (B, R)
+        float (`core.tokens.mask_to_first_eos`: only the EOS decides where a response ends)."""
         if responses.ndim != 2:
             raise ValueError(f"responses must have shape (B, R), got {tuple(responses.shape)}")
         return mask_to_first_eos(responses, self.eos_token_id)  # (B, R)
@@ -313,6 +329,7 @@ class SharedLoRAModel(nn.Module):
         for adapter, params in self._adapter_params.items():
             out[adapter] = sum(p.numel() * p.element_size() for p in params)
         out["heads"] = sum(p.numel() * p.element_size()
-                           for head in (self.value_head, self.score_head) for p in head.parameters())
+                           for head in (self.value_head, self.score_head)
+                           for p in head.parameters())
         out["total"] = sum(out.values())
         return out

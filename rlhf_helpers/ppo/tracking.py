@@ -9,14 +9,17 @@
     log_metrics(accelerator, trainer.history[-1])           # objective/kl, policy/clipfrac_avg, ... at its step
     accelerator.end_training()                              # closes the trackers
 
-`--report-to none` (the default) builds a plain `Accelerator` and writes no tracking folder: metrics.jsonl
-and curves.html are the run's record either way. Otherwise `Accelerator(log_with=..., project_dir=
-<output-dir>/tracking)`, `init_trackers(PROJECT, config=<run.json, flattened>)`, then `accelerator.log`
-per PPO step, under the tracker names of `ppo.metric_docs.METRICS` (TRL's grouping); accelerate runs all of
-it on the main process only. Where each tracker writes, with no account needed:
+`--report-to none` (the default) builds a plain `Accelerator` and writes no tracking folder:
+metrics.jsonl and curves.html are the run's record either way. Otherwise
+`Accelerator(log_with=..., project_dir= <output-dir>/tracking)`,
+`init_trackers(PROJECT, config=<run.json, flattened>)`, then `accelerator.log` per PPO step, under
+the tracker names of `ppo.metric_docs.METRICS` (TRL's grouping); accelerate runs all of it on the
+main process only. Where each tracker writes, with no account needed:
 
-- tensorboard: event files in <output-dir>/tracking/rlhf-ppo/ (`pip install 'rlhf-helpers[tracking]'`);
-- wandb: offline, into <output-dir>/tracking/wandb/, unless $WANDB_MODE says otherwise (`wandb sync` uploads);
+- tensorboard: event files in <output-dir>/tracking/rlhf-ppo/
+  (`pip install 'rlhf-helpers[tracking]'`);
+- wandb: offline, into <output-dir>/tracking/wandb/, unless $WANDB_MODE says otherwise (`wandb sync`
+  uploads);
 - trackio: its local store (~/.cache/huggingface/trackio; `trackio show --project rlhf-ppo`).
 """
 
@@ -34,15 +37,18 @@ from rlhf_helpers.ppo.run_folder import SetupError
 
 #: --report-to choices; "none" is the default.
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
-#: Folder under --output-dir that accelerate gets as project_dir (tensorboard's events, wandb's offline run).
+#: Folder under --output-dir that accelerate gets as project_dir (tensorboard's events, wandb's
+#: offline run).
 TRACKING_DIR = "tracking"
-#: accelerate's project_name: the W&B / trackio project, and tensorboard's sub-folder of TRACKING_DIR.
+#: accelerate's project_name: the W&B / trackio project, and tensorboard's sub-folder of
+#: TRACKING_DIR.
 PROJECT = "rlhf-ppo"
 #: tracker -> how to install its package (tensorboard comes with the package's `tracking` extra).
 INSTALL = {"tensorboard": "pip install 'rlhf-helpers[tracking]'", "trackio": "pip install trackio",
            "wandb": "pip install wandb"}
 #: metrics.jsonl key -> the name trackers get (the glossary's; the step is the x axis, not a value).
-TRACKER_NAMES: dict[str, str] = {name: doc.tracker for name, (_group, doc) in METRICS.items() if doc.tracker}
+TRACKER_NAMES: dict[str, str] = {name: doc.tracker for name,
+                                 (_group, doc) in METRICS.items() if doc.tracker}
 
 
 def tracker_available(name: str) -> bool:
@@ -51,9 +57,9 @@ def tracker_available(name: str) -> bool:
 
 
 def check_tracker(report_to: str, output_dir: Path | None = None) -> None:
-    """SetupError naming the package and how to install it, when --report-to names one that is missing; and,
-    given the run's folder, when its tracking/ path is a file or a folder this process cannot write to
-    (found before any model is built, not by the tracker after it)."""
+    """SetupError naming the package and how to install it, when --report-to names one that is
+    missing; and, given the run's folder, when its tracking/ path is a file or a folder this process
+    cannot write to (found before any model is built, not by the tracker after it)."""
     if report_to == "none":
         return
     if not tracker_available(report_to):
@@ -61,8 +67,8 @@ def check_tracker(report_to: str, output_dir: Path | None = None) -> None:
                          f"install it with `{INSTALL[report_to]}`, or leave --report-to out")
     tracking = None if output_dir is None else output_dir / TRACKING_DIR
     if tracking is not None and tracking.exists() and not tracking.is_dir():
-        raise SetupError(f"--report-to {report_to}: {tracking} is a file; the tracker writes a folder there "
-                         "(move the file, or choose another --output-dir)")
+        raise SetupError(f"--report-to {report_to}: {tracking} is a file; the tracker writes a "
+                         "folder there (move the file, or choose another --output-dir)")
     if tracking is not None and tracking.is_dir() and not os.access(tracking, os.W_OK | os.X_OK):
         raise SetupError(f"--report-to {report_to}: {tracking} is not writable (its permissions); "
                          "fix them, or choose another --output-dir")
@@ -75,10 +81,12 @@ def make_accelerator(report_to: str, output_dir: Path, cpu: bool) -> Any:
 
     if report_to == "none":
         return Accelerator(cpu=cpu)
-    accelerator = Accelerator(cpu=cpu, log_with=report_to, project_dir=str(output_dir / TRACKING_DIR))
-    if not accelerator.log_with:  # accelerate drops a tracker it cannot import, saying so only at debug level
-        raise SetupError(f"--report-to {report_to}: accelerate found no usable {report_to} tracker; "
-                         f"check the installation (`{INSTALL[report_to]}`)")
+    accelerator = Accelerator(cpu=cpu, log_with=report_to,
+                              project_dir=str(output_dir / TRACKING_DIR))
+    # accelerate drops a tracker it cannot import, saying so only at debug level
+    if not accelerator.log_with:
+        raise SetupError(f"--report-to {report_to}: accelerate found no usable {report_to} "
+                         f"tracker; check the installation (`{INSTALL[report_to]}`)")
     return accelerator
 
 
@@ -93,11 +101,13 @@ def flat_config(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif value is None or isinstance(value, bool | int | float | str):
             flat[name] = value
         else:
-            flat[name] = json.dumps(value, default=str) if isinstance(value, list | tuple) else str(value)
+            flat[name] = json.dumps(value, default=str) if isinstance(value,
+                                                                      list | tuple) else str(value)
     return flat
 
 
-def start_tracking(accelerator: Any, report_to: str, output_dir: Path, record: Mapping[str, Any]) -> None:
+def start_tracking(accelerator: Any, report_to: str, output_dir: Path,
+                   record: Mapping[str, Any]) -> None:
     """`init_trackers` with the run's settings as config (accelerate: on the main process only)."""
     if report_to == "none":
         return
@@ -112,8 +122,10 @@ def start_tracking(accelerator: Any, report_to: str, output_dir: Path, record: M
 
 
 def tracker_values(metrics: Mapping[str, float]) -> dict[str, float]:
-    """One PPO step's metrics under their tracker names (the step itself is the x axis, not a value)."""
-    return {TRACKER_NAMES[key]: float(value) for key, value in metrics.items() if key in TRACKER_NAMES}
+    """One PPO step's metrics under their tracker names (the step itself is the x axis, not a
+    value)."""
+    return {TRACKER_NAMES[key]: float(value) for key,
+            value in metrics.items() if key in TRACKER_NAMES}
 
 
 def log_metrics(accelerator: Any, metrics: Mapping[str, float]) -> None:

@@ -5,20 +5,21 @@
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
     trainer.close()                   # frees config.output_dir for another run (so does the process's end)
 
-`step` runs `iteration.rollout` then `iteration.update` (the iteration in one file, as cleanrl writes it)
-and turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are functions passed
-in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update loop; the library's by
-default), so a learner's own GAE, loss or loop can drive the training.
+`step` runs `iteration.rollout` then `iteration.update` (the iteration in one file, as cleanrl
+writes it) and turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are
+functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update
+loop; the library's by default), so a learner's own GAE, loss or loop can drive the training.
 
-The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each (Adam, gradient
-all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under `accelerate launch` each process samples
-its own prompts and gradients are averaged across processes before every optimiser step (plain data parallelism).
-Every stretch of work that ends in a collective operation runs inside `self.guard()`: a NaN/inf (or an error) on one
-process stops every process at the same point, so none waits forever in an all-reduce. Before a checkpoint is
-written the updated policy and critic must give finite outputs on their latest batch.
+The policy adapter and the value adapter (with its head) have one `optim.AdapterOptimizer` each
+(Adam, gradient all-reduce, clip, fp16 loss scaling, NaN checks of the new weights). Under
+`accelerate launch` each process samples its own prompts and gradients are averaged across processes
+before every optimiser step (plain data parallelism). Every stretch of work that ends in a
+collective operation runs inside `self.guard()`: a NaN/inf (or an error) on one process stops every
+process at the same point, so none waits forever in an all-reduce. Before a checkpoint is written
+the updated policy and critic must give finite outputs on their latest batch.
 
-Precision: the frozen base may be bf16 or fp16 (never updated); the trained weights (LoRA matrices, value head)
-are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
+Precision: the frozen base may be bf16 or fp16 (never updated); the trained weights (LoRA matrices,
+value head) are float32 masters, with a loss scaler per optimiser on an fp16 base (`optim`).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def check_trainer_arguments(config: PPOConfig, model: SharedLoRAModel, prompts: 
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise ValueError("prompts must be a non-empty list of strings")
     if getattr(model, "lora", config.lora) != config.lora:
-        raise ValueError(f"model's LoRA spec {model.lora} differs from config.lora {config.lora}: build the "
-                         "model from the config (`build_shared_model`, or SharedLoRAModel(..., lora=config.lora))")
+        raise ValueError(f"model's LoRA spec {model.lora} differs from config.lora {config.lora}: "
+                         "build the model from the config (`build_shared_model`, or "
+                         "SharedLoRAModel(..., lora=config.lora))")
     if config.ptx_coef > 0 and not ptx_texts:
         raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
     for name, fn in pieces.items():
@@ -93,7 +95,8 @@ class PPOTrainer:
         value_loss_fn: ValueLossFn | None = None,
         update_fn: UpdateFn | None = None,  # runs under fewer settings: see `pieces.UpdateFn`
     ) -> None:
-        check_trainer_arguments(config, model, prompts, ptx_texts, shape_rewards_fn=shape_rewards_fn,
+        check_trainer_arguments(config, model, prompts, ptx_texts,
+                                shape_rewards_fn=shape_rewards_fn,
                                 advantage_fn=advantage_fn, policy_loss_fn=policy_loss_fn,
                                 value_loss_fn=value_loss_fn, update_fn=update_fn)
         if update_fn is not None:
@@ -108,10 +111,11 @@ class PPOTrainer:
         self.accelerator = accelerator
         #: the maths of PPO as the caller gave them (`pieces`); None: the library's
         self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn or compute_gae
-        self.policy_loss_fn, self.value_loss_fn = policy_loss_fn or policy_loss, value_loss_fn or value_loss
+        self.policy_loss_fn, self.value_loss_fn = (policy_loss_fn or policy_loss,
+                                                   value_loss_fn or value_loss)
         #: the same, as the iteration calls them: the library's as they are, a caller's checked
-        self.pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn, advantage_fn,
-                                     policy_loss_fn, value_loss_fn)
+        self.pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn,
+                                     advantage_fn, policy_loss_fn, value_loss_fn)
         #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update`'s own
         self.update_fn = update_fn
         self.process_index = accelerator.process_index if accelerator is not None else 0
@@ -119,26 +123,32 @@ class PPOTrainer:
         fp16 = needs_grad_scaler(model)  # an fp16 base: loss scaling per optimiser
         #: Adam, loss scaler and overflow count of the policy adapter
         self.policy_opt = AdapterOptimizer("policy", model.policy_parameters(), config.policy_lr,
-                                           config.max_grad_norm, fp16, model.device.type, accelerator)
+                                           config.max_grad_norm, fp16,
+                                           model.device.type, accelerator)
         #: the same for the value adapter and its head
         self.value_opt = AdapterOptimizer("value", model.value_parameters(), config.value_lr,
-                                          config.max_grad_norm, fp16, model.device.type, accelerator)
+                                          config.max_grad_norm, fp16,
+                                          model.device.type, accelerator)
         #: fixed beta, or the adaptive controller when config.target_kl is set
         self.kl_controller = (FixedKLController(config.kl_coef) if config.target_kl is None
-                              else AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon))
+                              else AdaptiveKLController(config.kl_coef, config.target_kl,
+                                                        config.kl_horizon))
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
         self.last_batch: Experience | None = None  #: the experience batch of the latest step
-        #: per-minibatch stats of the latest update, in order: epoch, minibatch, ratio_mean, clipfrac...
+        #: per-minibatch stats of the latest update, in order: epoch, minibatch, ratio_mean,
+        #: clipfrac...
         self.last_update_stats: list[dict[str, float]] = []
-        self.last_checkpoint: str | None = None  #: folder of the newest checkpoint this trainer wrote
-        self.output_lock: FileLock | None = None  #: the lock on config.output_dir, from `train` to `close`
+        #: folder of the newest checkpoint this trainer wrote
+        self.last_checkpoint: str | None = None
+        #: the lock on config.output_dir, from `train` to `close`
+        self.output_lock: FileLock | None = None
 
     # ------------------------------------------------------------------ randomness
     def _step_seed(self) -> int:
-        """Seed of this step's randomness: a function of (seed, step, process) only, so the same seed
-        gives the same curve whatever the caller did with the global RNG, and a resumed run draws the
-        same prompts, samples and shuffles without a saved data-loader state."""
+        """Seed of this step's randomness: a function of (seed, step, process) only, so the same
+        seed gives the same curve whatever the caller did with the global RNG, and a resumed run
+        draws the same prompts, samples and shuffles without a saved data-loader state."""
         return (self.config.seed * 1_000_003 + self.step_count) * 64 + self.process_index
 
     def _step_generator(self) -> torch.Generator:
@@ -146,9 +156,10 @@ class PPOTrainer:
         return torch.Generator().manual_seed(self._step_seed())
 
     def guard(self, step: int | None = None, drop_gradients: bool = False) -> Any:
-        """The one wrapper of every stretch of work that ends in a collective operation: a NaN/inf met in it
-        stops the run (NonFiniteStop naming the step), on every process at once (`guards.guard`).
-        `drop_gradients`: if it raises, the gradients back-propagated in it are dropped, never stepped on."""
+        """The one wrapper of every stretch of work that ends in a collective operation: a NaN/inf
+        met in it stops the run (NonFiniteStop naming the step), on every process at once
+        (`guards.guard`). `drop_gradients`: if it raises, the gradients back-propagated in it are
+        dropped, never stepped on."""
         optimizers = (self.policy_opt.optimizer, self.value_opt.optimizer) if drop_gradients else ()
         return guard(self.accelerator, self.step_count if step is None else step, optimizers)
 
@@ -162,7 +173,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> dict[str, float]:
-        """Rollouts, then the update epochs; returns this iteration's metrics (and appends them to history)."""
+        """Rollouts, then the update epochs; returns this iteration's metrics (and appends them to
+        history)."""
         config = self.config
         generator = self._step_generator()
         start = time.perf_counter()
@@ -176,7 +188,8 @@ class PPOTrainer:
         update_stats = self.update(batch, generator)
         update_seconds = time.perf_counter() - start
         self.last_batch = batch
-        metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn, config.score_clip)
+        metrics = rollout_metrics(batch, self.kl_controller.value, self.hidden_score_fn,
+                                  config.score_clip)
         metrics.update(update_stats)
         metrics["time_rollout"] = rollout_seconds
         metrics["time_update"] = update_seconds
@@ -193,32 +206,37 @@ class PPOTrainer:
         if self.num_processes == 1:
             return metrics
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], device=self.model.device, dtype=torch.float64)
+        values = torch.tensor([metrics[k] for k in keys], device=self.model.device,
+                              dtype=torch.float64)
         values = self.accelerator.reduce(values, reduction="mean")
         return dict(zip(keys, values.tolist(), strict=True))
 
     def ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
-        """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the pretraining data)."""
-        picks = torch.randint(len(self.ptx_texts), (self.config.mini_batch_size,), generator=generator)
+        """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the
+        pretraining data)."""
+        picks = torch.randint(len(self.ptx_texts), (self.config.mini_batch_size,),
+                              generator=generator)
         texts = [self.ptx_texts[i] for i in picks.tolist()]
         max_len = self.config.max_prompt_length + self.config.max_new_tokens
         ids, attn = tokenize_prompts(self.tokenizer, texts, max_len, self.model.device)  # (b, L)
         labels = ids.masked_fill(attn == 0, -100)  # (b, L): no loss on padding
-        # left padding: a row's first token would be predicted from a pad position, which reads nothing
+        # left padding: a row's first token would be predicted from a pad position, which reads
+        # nothing
         labels[:, 1:] = labels[:, 1:].masked_fill(attn[:, :-1] == 0, -100)
         logits = self.model.policy_logits(ids, attn)  # (b, L, V)
         return lm_loss(logits, labels, ignore_index=-100)
 
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
-        """The update epochs on `batch` (`iteration.update`, or the caller's `update_fn`); returns the
-        mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps the rows
-        in `last_update_stats`."""
+        """The update epochs on `batch` (`iteration.update`, or the caller's `update_fn`); returns
+        the mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps
+        the rows in `last_update_stats`."""
         if self.update_fn is None:
             self.last_update_stats = update(self, batch, generator)
         else:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
-                self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn, self.model, batch,
-                                                       self.policy_opt.optimizer, self.value_opt.optimizer,
+                self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn,
+                                                       self.model, batch, self.policy_opt.optimizer,
+                                                       self.value_opt.optimizer,
                                                        self.config, generator, self.step_count)
         # the share of sampled EOS tokens that the mask this update trained on kept
         eos_in_mask = eos_kept_share(batch, self.model.eos_token_id)
@@ -227,29 +245,32 @@ class PPOTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, prompts: Sequence[str], seed: int = 12345,
                  batch_size: int | None = None) -> dict[str, float]:
-        """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed seed,
-        the caller's RNG untouched; no value pass, no GAE): `evaluation.evaluate_policy` with this
-        run's sampling settings, in batches of `batch_size` (default config.eval_batch_size)."""
+        """Mean reward score, hidden score and sequence KL of one fresh sample per prompt (fixed
+        seed, the caller's RNG untouched; no value pass, no GAE): `evaluation.evaluate_policy` with
+        this run's sampling settings, in batches of `batch_size` (default
+        config.eval_batch_size)."""
         config = self.config
-        return evaluate_policy(self.model, self.tokenizer, prompts, max_prompt_length=config.max_prompt_length,
-                               max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                               batch_size=config.eval_batch_size if batch_size is None else batch_size,
-                               seed=seed, reward_fn=self.reward_fn, hidden_score_fn=self.hidden_score_fn)
+        return evaluate_policy(
+            self.model, self.tokenizer, prompts, max_prompt_length=config.max_prompt_length,
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+            batch_size=config.eval_batch_size if batch_size is None else batch_size,
+            seed=seed, reward_fn=self.reward_fn, hidden_score_fn=self.hidden_score_fn)
 
     # ------------------------------------------------------------------ the run
     def train(self, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
               callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
-        """Run until `steps` more iterations (default: up to config.total_steps) are done, with a progress
-        bar, evaluations and checkpoints (`run_loop.train_loop`); returns the history."""
+        """Run until `steps` more iterations (default: up to config.total_steps) are done, with a
+        progress bar, evaluations and checkpoints (`run_loop.train_loop`); returns the history."""
         return train_loop(self, steps, eval_prompts, callback)
 
     def close(self) -> None:
-        """Release config.output_dir's lock (taken by `train`; the end of the process releases it too)."""
+        """Release config.output_dir's lock (taken by `train`; the end of the process releases it
+        too)."""
         if self.output_lock is not None:
             self.output_lock.release()
         self.output_lock = None
 
     def check_weights_usable(self) -> None:
-        """NonFiniteStop unless the current policy and critic give finite outputs on the latest batch
-        (`run_loop.check_weights_usable`)."""
+        """NonFiniteStop unless the current policy and critic give finite outputs on the latest
+        batch (`run_loop.check_weights_usable`)."""
         check_weights_usable(self)

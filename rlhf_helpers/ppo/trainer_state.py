@@ -1,5 +1,5 @@
-"""What trainer_state.pt of a checkpoint holds: the trainer's optimisers, KL controller, step, metrics history
-and RNG states (the weights are saved apart, `checkpoint.save_model_weights`).
+"""What trainer_state.pt of a checkpoint holds: the trainer's optimisers, KL controller, step,
+metrics history and RNG states (the weights are saved apart, `checkpoint.save_model_weights`).
 
     torch.save(trainer_state_dict(trainer), folder / TRAINER_STATE_FILE)
     restore_trainer_state(trainer, load_trainer_state(folder / TRAINER_STATE_FILE))   # the safe unpickler
@@ -16,8 +16,10 @@ import torch
 TRAINER_STATE_FILE = "trainer_state.pt"
 
 
-#: What `trainer_state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of ours.
-TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller", "history", "torch_rng")
+#: What `trainer_state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of
+#: ours.
+TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller",
+                      "history", "torch_rng")
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
@@ -37,9 +39,9 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
                        if "WeightsUnpickler error:" in line), str(error).splitlines()[0])
         reason = reason.split(". ")[0]
         raise ValueError(f"{path} was refused by the safe loader (weights_only=True): {reason}. A "
-                         "checkpoint of this course holds only tensors, numbers, strings, lists and "
-                         "dicts; this file holds something else, which could run code when loaded, so "
-                         "it is not loaded") from None
+                         "checkpoint of this course holds only tensors, numbers, strings, lists "
+                         "and dicts; this file holds something else, which could run code when "
+                         "loaded, so it is not loaded") from None
     missing = [key for key in TRAINER_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if missing:
         raise ValueError(f"{path} is not a PPO trainer state: it lacks {missing}")
@@ -47,8 +49,9 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
 
 
 def trainer_state_dict(trainer: Any) -> dict[str, Any]:
-    """A PPOTrainer's optimisers, KL controller, step, metrics history and RNG states (weights are saved apart),
-    and under fp16 the loss scalers (plain floats and ints: `weights_only` loading reads them)."""
+    """A PPOTrainer's optimisers, KL controller, step, metrics history and RNG states (weights are
+    saved apart), and under fp16 the loss scalers (plain floats and ints: `weights_only` loading
+    reads them)."""
     state: dict[str, Any] = {
         "step": trainer.step_count,
         **trainer.policy_opt.state_dict(),

@@ -1,14 +1,16 @@
-"""A caller's update loop (`update_fn`) watched: the gradient its optimisers stepped on, whether the policy trained,
-and, when the loop fails or is refused, its changes to the weights and optimiser states undone.
+"""A caller's update loop (`update_fn`) watched: the gradient its optimisers stepped on, whether the
+policy trained, and, when the loop fails or is refused, its changes to the weights and optimiser
+states undone.
 
     with UpdateWatch(policy_opt, value_opt) as watch:   # an error in the block restores the weights
         losses = update_fn(model, batch, policy_opt, value_opt, ...)
         watch.check_policy_trained(step)                 # PieceError: the loop never stepped the policy
     watch.grad_norms("policy")                           # [||g|| at each policy_opt.step()], in order
 
-The library's own update needs none of this: it checks both losses of a minibatch before either optimiser
-steps. A caller's loop steps where it likes, so the only way to leave the weights unchanged when it fails is
-to put them back. The copies are of the adapters' weights and Adam moments (`update_fn` runs on one process).
+The library's own update needs none of this: it checks both losses of a minibatch before either
+optimiser steps. A caller's loop steps where it likes, so the only way to leave the weights
+unchanged when it fails is to put them back. The copies are of the adapters' weights and Adam
+moments (`update_fn` runs on one process).
 """
 
 from __future__ import annotations
@@ -25,22 +27,27 @@ class FrozenWeightsChanged(PieceError):
     """update_fn changed a weight no optimiser trains (the base, the reward adapter or head)."""
 
 class UpdateWatch:
-    """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they update."""
+    """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they
+    update."""
 
     def __init__(
-        self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer, model: torch.nn.Module | None = None
+        self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer,
+        model: torch.nn.Module | None = None
     ) -> None:
         self.optimizers = {"policy": policy_opt, "value": value_opt}
         self.params = {
-            key: [p for group in opt.param_groups for p in group["params"]] for key, opt in self.optimizers.items()
+            key: [p for group in opt.param_groups for p in group["params"]] for key,
+            opt in self.optimizers.items()
         }
         trained = {id(p) for params in self.params.values() for p in params}
         #: the model's weights no optimiser updates (the base, the reward adapter and head), by name
         self.frozen = [
-            (n, p) for n, p in (model.named_parameters() if model is not None else ()) if id(p) not in trained
+            (n, p) for n, p in (model.named_parameters() if model is not None else ())
+            if id(p) not in trained
         ]
         self._fingerprint: tuple[list[int], torch.Tensor | None] = ([], None)
-        #: the 2-norm of the gradients at each step() that found some, as tensors (read once, at the end)
+        #: the 2-norm of the gradients at each step() that found some, as tensors (read once, at the
+        #: end)
         self.norms: dict[str, list[torch.Tensor]] = {"policy": [], "value": []}
         self.steps = {"policy": 0, "value": 0}  #: step() calls, with or without a gradient
         self._saved: dict[str, list[torch.Tensor]] = {}
@@ -72,7 +79,8 @@ class UpdateWatch:
             self.steps[key] += 1
             grads = [p.grad for p in self.params[key] if p.grad is not None]
             if grads:  # no .item(): the norms are read once, after the loop
-                self.norms[key].append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+                self.norms[key].append(
+                    torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
 
         return hook
 
@@ -86,9 +94,9 @@ class UpdateWatch:
                 optimizer.load_state_dict(self._states[key])
 
     def check_policy_trained(self, step: int) -> None:
-        """PieceError naming update_fn when the policy adapter's weights did not move and policy_opt never
-        stepped on a gradient: the run would go on without training. A step on a zero gradient is not refused
-        (one minibatch may have none); its norm, 0, is logged as policy_grad_norm."""
+        """PieceError naming update_fn when the policy adapter's weights did not move and policy_opt
+        never stepped on a gradient: the run would go on without training. A step on a zero gradient
+        is not refused (one minibatch may have none); its norm, 0, is logged as policy_grad_norm."""
         if self.norms["policy"]:
             return
         moved = any(
@@ -97,48 +105,55 @@ class UpdateWatch:
         )
         if not moved:  # an optimiser of the loop's own that moved the weights is its choice
             raise PieceError(
-                f"update_fn left the policy adapter's weights unchanged at PPO step {step}: it called "
-                f"policy_opt.step() {self.steps['policy']} time(s), never with a gradient, so the run "
-                "would not train. On each minibatch call policy_opt.zero_grad(), loss.backward(), then "
-                "policy_opt.step()"
+                f"update_fn left the policy adapter's weights unchanged at PPO step {step}: it "
+                f"called policy_opt.step() {self.steps['policy']} time(s), never with a gradient, "
+                "so the run would not train. On each minibatch call policy_opt.zero_grad(), "
+                "loss.backward(), then policy_opt.step()"
             )
 
     def _frozen_fingerprint(self) -> tuple[list[int], torch.Tensor | None]:
-        """The frozen weights' in-place write counters, and per tensor the float64 sum of its values and their
-        2-norm: `.data` and `.numpy()` writes bypass the counters, so the content is summed too. The cost is one
-        read of the frozen weights per update (no copy of them is kept); an edit that keeps both sums of a
-        tensor (a permutation of its values) goes unseen."""
+        """The frozen weights' in-place write counters, and per tensor the float64 sum of its values
+        and their 2-norm: `.data` and `.numpy()` writes bypass the counters, so the content is
+        summed too. The cost is one read of the frozen weights per update (no copy of them is kept);
+        an edit that keeps both sums of a tensor (a permutation of its values) goes unseen."""
         if not self.frozen:
             return [], None
         with torch.no_grad():
             sums = [
-                torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
+                torch.stack([p.sum(dtype=torch.float64),
+                             torch.linalg.vector_norm(p, dtype=torch.float64)])
                 for _, p in self.frozen
             ]
         return [p._version for _, p in self.frozen], torch.stack(sums)
 
     def check_frozen_unchanged(self) -> None:
-        """PieceError naming update_fn when it changed a frozen weight: the reference policy and the reward
-        model would no longer be the ones the run started from. Such a change cannot be put back (no copy of
-        the base is kept); the adapters' weights are, when the error leaves the block."""
+        """PieceError naming update_fn when it changed a frozen weight: the reference policy and the
+        reward model would no longer be the ones the run started from. Such a change cannot be put
+        back (no copy of the base is kept); the adapters' weights are, when the error leaves the
+        block."""
         versions, sums = self._fingerprint
         if sums is None:
             return
         now_versions, now_sums = self._frozen_fingerprint()
-        same = torch.isclose(sums, now_sums, rtol=0.0, atol=0.0, equal_nan=True).all(dim=1).tolist()  # exact
+        # exact
+        same = torch.isclose(sums, now_sums, rtol=0.0, atol=0.0, equal_nan=True).all(dim=1).tolist()
         changed = [
             name
-            for (name, _), before, after, kept in zip(self.frozen, versions, now_versions, same, strict=True)
+            for (name, _), before, after,
+            kept in zip(self.frozen, versions, now_versions, same, strict=True)
             if before != after or not kept
         ]
         if changed:
-            listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more"
+                                               if len(changed) > 5 else "")
             raise FrozenWeightsChanged(
-                f"update_fn changed frozen weights: {listed}. Only the policy and value adapters (the "
-                "optimisers' parameters) may change; the base and the reward model are shared by the reference "
-                "and the reward. The change cannot be undone here: rebuild the model before training again"
+                f"update_fn changed frozen weights: {listed}. Only the policy and value adapters "
+                "(the optimisers' parameters) may change; the base and the reward model are shared "
+                "by the reference and the reward. The change cannot be undone here: rebuild the "
+                "model before training again"
             )
 
     def grad_norms(self, key: str) -> list[float]:
-        """The gradient norm at each step() of the "policy" or "value" optimiser that found a gradient."""
+        """The gradient norm at each step() of the "policy" or "value" optimiser that found a
+        gradient."""
         return torch.stack(self.norms[key]).tolist() if self.norms[key] else []

@@ -1,4 +1,5 @@
-"""Scalar heads read from a backbone's last hidden state: the critic's value head and the reward score head."""
+"""Scalar heads read from a backbone's last hidden state: the critic's value head and the reward
+score head."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from torch import nn
 class ScalarHead(nn.Module):
     """h (B, T, H) -> one number per position (B, T): a single Linear(H, 1).
 
-    The value head is this on the value adapter's hidden states (V(s_t) at every position); the reward
-    score head is this on the reward adapter's hidden states, read at the last real token.
+    The value head is this on the value adapter's hidden states (V(s_t) at every position); the
+    reward score head is this on the reward adapter's hidden states, read at the last real token.
     """
 
     def __init__(self, hidden_size: int, bias: bool = True, init_std: float | None = None) -> None:

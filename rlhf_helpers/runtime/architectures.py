@@ -3,9 +3,9 @@
     spec = architecture_of("HuggingFaceTB/SmolLM2-135M")   # a dict: model_type plus config fields
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
 
-The gpu profile's random weights (`weights="random"`), the TRL-baseline benchmark and the memory benchmark build the
-same architecture this way on a machine without hub access. Imports nothing (the TRL-baseline venv
-reads it too).
+The gpu profile's random weights (`weights="random"`), the TRL-baseline benchmark and the memory
+benchmark build the same architecture this way on a machine without hub access. Imports nothing (the
+TRL-baseline venv reads it too).
 """
 
 from __future__ import annotations
@@ -37,6 +37,6 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 def architecture_of(base_model: str) -> dict[str, Any]:
     """A copy of the architecture of hub model `base_model` (a key of ARCHITECTURES)."""
     if base_model not in ARCHITECTURES:
-        raise ValueError(f"base_model must be one of {sorted(ARCHITECTURES)} to be built with random "
-                         f"weights, got {base_model!r}")
+        raise ValueError(f"base_model must be one of {sorted(ARCHITECTURES)} to be built with "
+                         f"random weights, got {base_model!r}")
     return dict(ARCHITECTURES[base_model])

@@ -11,9 +11,9 @@ A truncated or overwritten file, a missing one or a broken JSON file no longer m
 and a folder trained for another key is out of date. `build_cached` trains into a hidden temporary
 sibling `.tmp-<name>-<pid>`, writes the marker last, and renames the folder into place (an existing
 folder is renamed aside first): at every moment `final` is absent or complete. Temporary folders of
-killed runs (their PID no longer exists) are swept first. One process builds a given folder at a time:
-a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it built
-(unless it forces a new build).
+killed runs (their PID no longer exists) are swept first. One process builds a given folder at a
+time: a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it
+built (unless it forces a new build).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ RUNS_DIR_ENV = "RLHF_RUNS_DIR"
 #: Environment variable naming the folder of the content-keyed caches (SFT model, reward adapters);
 #: default: the runs folder. Concurrent runs may share it: each cache is built once, atomically.
 CACHE_DIR_ENV = "RLHF_CACHE_DIR"
-#: Files of a model folder without a completion marker that identify its weights (the shipped tiny model).
+#: Files of a model folder without a completion marker that identify its weights (the shipped tiny
+#: model).
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin")
 
 
@@ -49,8 +50,8 @@ def runs_dir() -> Path:
 
 
 def new_run_dir(parent: str | Path, prefix: str = "run") -> Path:
-    """A new, empty folder `parent/<prefix>-YYYYmmdd-HHMMSS-<pid>` for one run (`-2`, `-3`... after it if
-    that name is taken): two runs, even started in the same second, never share one."""
+    """A new, empty folder `parent/<prefix>-YYYYmmdd-HHMMSS-<pid>` for one run (`-2`, `-3`... after
+    it if that name is taken): two runs, even started in the same second, never share one."""
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
     stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -68,8 +69,8 @@ def shown_path(path: str | Path) -> str:
     """`path` as a reader should see it, with no machine's folders in it: under $RLHF_CACHE_DIR or
     $RLHF_RUNS_DIR when set (written so), else relative to the course folder, else under `~`."""
     path = Path(path).resolve()
-    bases = [(Path(os.environ[name]).resolve(), f"${name}/") for name in (CACHE_DIR_ENV, RUNS_DIR_ENV)
-             if os.environ.get(name)]
+    bases = [(Path(os.environ[name]).resolve(), f"${name}/")
+             for name in (CACHE_DIR_ENV, RUNS_DIR_ENV) if os.environ.get(name)]
     bases += [(Path(__file__).resolve().parents[2], ""), (Path.home().resolve(), "~/")]
     for base, shown in bases:
         if path == base:
@@ -80,7 +81,8 @@ def shown_path(path: str | Path) -> str:
 
 
 def cache_dir() -> Path:
-    """$RLHF_CACHE_DIR if set, else `runs_dir()`: where the SFT model and reward adapters are cached."""
+    """$RLHF_CACHE_DIR if set, else `runs_dir()`: where the SFT model and reward adapters are
+    cached."""
     override = os.environ.get(CACHE_DIR_ENV)
     return Path(override) if override else runs_dir()
 
@@ -116,7 +118,8 @@ def model_fingerprint(directory: str | Path) -> str:
 
 
 def _as_json(value: Any) -> Any:
-    """`value` as it reads back from JSON (tuples become lists): the form markers are compared in."""
+    """`value` as it reads back from JSON (tuples become lists): the form markers are compared
+    in."""
     return json.loads(json.dumps(value, sort_keys=True))
 
 
@@ -136,21 +139,23 @@ def read_marker(directory: Path) -> tuple[Any, str | None]:
 def folder_checksums(directory: Path) -> dict[str, str]:
     """SHA-256 of every file under `directory` but the marker, by relative path."""
     return {str(path.relative_to(directory)): sha256_file(path)
-            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER}
+            for path in sorted(directory.rglob("*"))
+            if path.is_file() and path.name != COMPLETE_MARKER}
 
 
 def unrecorded_files(directory: Path) -> list[str]:
-    """Files under `directory` that its marker does not list (all of them when it has no readable marker):
-    a person's, which replacing the folder would delete."""
+    """Files under `directory` that its marker does not list (all of them when it has no readable
+    marker): a person's, which replacing the folder would delete."""
     record, _ = read_marker(directory)
     files = record.get("files") if isinstance(record, dict) else None
     listed = set(files) if isinstance(files, dict) else set()
-    return [name for path in sorted(directory.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER
-            and (name := str(path.relative_to(directory))) not in listed]
+    return [name for path in sorted(directory.rglob("*")) if path.is_file() and path.name
+            != COMPLETE_MARKER and (name := str(path.relative_to(directory))) not in listed]
 
 
 def files_problem(directory: Path, record: Any) -> str | None:
-    """Why the files of `directory` do not match the checksums its marker `record` lists, or None."""
+    """Why the files of `directory` do not match the checksums its marker `record` lists, or
+    None."""
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not files:
         return f"{COMPLETE_MARKER} lists no file checksums"
@@ -167,7 +172,8 @@ def files_problem(directory: Path, record: Any) -> str | None:
     return None
 
 
-def key_problem(record: Any, key: Mapping[str, Any], describe: Mapping[str, str] | None = None) -> str | None:
+def key_problem(record: Any, key: Mapping[str, Any],
+                describe: Mapping[str, str] | None = None) -> str | None:
     """None when the marker `record` was written for `key`; else "it was trained <how>", naming the
     first part of the key that differs (`describe`: part -> words, e.g. "on other data")."""
     recorded = record.get("key") if isinstance(record, dict) else None
@@ -185,7 +191,8 @@ def key_problem(record: Any, key: Mapping[str, Any], describe: Mapping[str, str]
 def artifact_problem(directory: str | Path, key: Mapping[str, Any] | None = None,
                      describe: Mapping[str, str] | None = None) -> str | None:
     """What is wrong with the cached folder `directory`, in a few words, or None when it is complete
-    and intact (and, with `key`, trained for that key). Out-of-date answers start "it was trained"."""
+    and intact (and, with `key`, trained for that key). Out-of-date answers start "it was
+    trained"."""
     directory = Path(directory)
     record, problem = read_marker(directory)
     if problem is None:
@@ -199,18 +206,20 @@ def read_record(directory: str | Path) -> dict[str, Any]:
     """The marker of a complete cached folder (FileNotFoundError naming the folder otherwise)."""
     record, problem = read_marker(Path(directory))
     if problem is not None or not isinstance(record, dict):
-        raise FileNotFoundError(f"{directory} is not a complete cached folder: {problem or 'bad marker'}")
+        raise FileNotFoundError(
+            f"{directory} is not a complete cached folder: {problem or 'bad marker'}")
     return record
 
 
 def temporary_pattern(prefix: str) -> re.Pattern[str]:
-    """`build_cached`'s temporary folders of artefacts named `prefix`...: .tmp-<name>-<pid> (training)
-    and .tmp-old-<name>-<pid> (a replaced folder). Group 2 is the PID."""
+    """`build_cached`'s temporary folders of artefacts named `prefix`...: .tmp-<name>-<pid>
+    (training) and .tmp-old-<name>-<pid> (a replaced folder). Group 2 is the PID."""
     return re.compile(rf"^\.tmp-((?:old-)?{re.escape(prefix)}.*)-(\d+)$")
 
 
 def remove_path(path: Path) -> None:
-    """Delete the folder at `path`, or the link itself when it is a symbolic link (never what it points to)."""
+    """Delete the folder at `path`, or the link itself when it is a symbolic link (never what it
+    points to)."""
     if path.is_symlink():
         path.unlink(missing_ok=True)
     else:
@@ -218,8 +227,8 @@ def remove_path(path: Path) -> None:
 
 
 def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) -> list[Path]:
-    """Delete the folders in `root` that match `pattern` (group 2: a PID) and whose process no longer
-    exists; return them.
+    """Delete the folders in `root` that match `pattern` (group 2: a PID) and whose process no
+    longer exists; return them.
 
     A run killed mid-training (kill -9, a closed notebook, a power cut) never reaches its `finally`
     and leaves its temporary folder behind. Folders of live processes are kept (another run may be
@@ -233,7 +242,8 @@ def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) ->
     removed = []
     for folder in sorted(root.iterdir()):
         match = pattern.match(folder.name)
-        if match and (folder.is_dir() or folder.is_symlink()) and not pid_is_alive(int(match.group(2))):
+        if match and (folder.is_dir()
+                      or folder.is_symlink()) and not pid_is_alive(int(match.group(2))):
             remove_path(folder)
             removed.append(folder)
     return removed
@@ -255,32 +265,34 @@ def move_into_place(tmp: Path, final: Path) -> None:
     remove_path(old)
 
 
-def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Path], Mapping[str, Any] | None],
-                 describe: Mapping[str, str] | None = None, force: bool = False,
-                 announce: Callable[[str], None] | None = None, family: str | None = None,
-                 what: str = "cache") -> Path:
+def build_cached(final: str | Path, key: Mapping[str, Any],
+                 train: Callable[[Path], Mapping[str, Any] | None], describe: Mapping[str, str]
+                 | None = None, force: bool = False, announce: Callable[[str], None] | None = None,
+                 family: str | None = None, what: str = "cache") -> Path:
     """`final` if it is complete for `key`; else `train(tmp)` fills a temporary folder, the marker
     {"key", "files" (SHA-256 each), and what `train` returned} is written last, and the folder is
     renamed into place. `announce(why)` is called before training ("forced", or what is wrong with
     the cached folder: `artifact_problem`). `force` trains even when the cache is good (so a process
     that waited for another builder trains again). Dead runs' temporary folders of artefacts whose
-    names start with `family` (default: `final`'s name) are removed before training, with one line on
-    stderr (`what` names the kind, e.g. "reward")."""
+    names start with `family` (default: `final`'s name) are removed before training, with one line
+    on stderr (`what` names the kind, e.g. "reward")."""
     final = Path(final)
     if not force and artifact_problem(final, key, describe) is None:
         return final
 
     def waiting(holder: dict[str, Any]) -> None:
-        print(f"waiting for {describe_holder(holder)}, which is building {shown_path(final)}", file=sys.stderr,
-              flush=True)
+        print(f"waiting for {describe_holder(holder)}, which is building {shown_path(final)}",
+              file=sys.stderr, flush=True)
 
     # one builder at a time: a second process waits here, then finds the folder built by the first
-    with FileLock(final.parent / f".lock-{final.name}", f"the {what} folder {final}").acquire(wait=True,
+    with FileLock(final.parent / f".lock-{final.name}",
+                  f"the {what} folder {final}").acquire(wait=True,
                                                                                             on_wait=waiting):
-        removed = remove_dead_temporary_folders(final.parent, temporary_pattern(family or final.name))
+        removed = remove_dead_temporary_folders(final.parent,
+                                                temporary_pattern(family or final.name))
         if removed:  # swept under the lock: no live builder of this folder can be mid-way
-            print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer exist: "
-                  f"{', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
+            print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer "
+                  f"exist: {', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)
         problem = "forced" if force else artifact_problem(final, key, describe)
         if problem is None:
             return final
@@ -291,7 +303,8 @@ def build_cached(final: str | Path, key: Mapping[str, Any], train: Callable[[Pat
         try:
             extra = dict(train(tmp) or {})
             marker = {**extra, "key": _as_json(dict(key)), "files": folder_checksums(tmp)}
-            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: the folder is complete
+            # last: the folder is complete
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             move_into_place(tmp, final)
         finally:
             remove_path(tmp)

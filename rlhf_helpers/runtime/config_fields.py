@@ -1,4 +1,5 @@
-"""What a config dataclass says about its fields: their `#:` docs, their exact types, their command-line flags.
+"""What a config dataclass says about its fields: their `#:` docs, their exact types, their
+command-line flags.
 
     field_docs(PPOConfig)["clip_eps"]          # "PPO ratio clip range epsilon"
     check_field_types(config)                  # FieldTypeError: mini_batch_size must be an int, ...
@@ -25,7 +26,8 @@ _FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:#:\s*(.*))?$")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> its `#:` comment: the `#:` lines right above the field, then the one on its line."""
+    """Field name -> its `#:` comment: the `#:` lines right above the field, then the one on its
+    line."""
     names = {f.name for f in dataclasses.fields(cls)}
     docs: dict[str, str] = {}
     above: list[str] = []
@@ -114,9 +116,11 @@ TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0"
 
 class BoolFlag(argparse.Action):
     """A bool field's flag: bare --x sets True, --x true|false (yes/no, on/off, 1/0) sets that, so
-    `--x false` is not "unrecognized arguments: false". Built with `negative=True` it is --no-x: bare only."""
+    `--x false` is not "unrecognized arguments: false". Built with `negative=True` it is --no-x:
+    bare only."""
 
-    def __init__(self, option_strings: list[str], dest: str, negative: bool = False, **kwargs: Any) -> None:
+    def __init__(self, option_strings: list[str], dest: str, negative: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs="?", **kwargs)
         self.negative = negative
 
@@ -127,8 +131,8 @@ class BoolFlag(argparse.Action):
             return
         positive = option_string.replace("--no-", "--", 1) if option_string else ""
         if self.negative:
-            parser.error(f"argument {option_string} takes no value, got {values!r} (write {positive} true or "
-                         "false instead)")
+            parser.error(f"argument {option_string} takes no value, got {values!r} (write "
+                         f"{positive} true or false instead)")
         word = values.strip().lower()
         if word not in TRUE_WORDS + FALSE_WORDS:
             parser.error(f"argument {option_string}: expected true or false, got {values!r}")
@@ -137,10 +141,11 @@ class BoolFlag(argparse.Action):
 
 def add_field_flags(parser: Any, cls: type, aliases: dict[str, tuple[str, ...]] | None = None,
                     notes: dict[str, str] | None = None, prefix: str = "") -> list[argparse.Action]:
-    """One flag per field of `cls` (nested dataclasses: one per inner field, `--lora-r`), its help the
-    field's `#:` doc (plus `notes[name]`), added to `parser` (an ArgumentParser or an argument group); returns
-    the actions made. A flag not given sets nothing (argparse.SUPPRESS), so the caller's config keeps its
-    value. Bools get --x [true|false] / --no-x; `X | None` fields also take the word none."""
+    """One flag per field of `cls` (nested dataclasses: one per inner field, `--lora-r`), its help
+    the field's `#:` doc (plus `notes[name]`), added to `parser` (an ArgumentParser or an argument
+    group); returns the actions made. A flag not given sets nothing (argparse.SUPPRESS), so the
+    caller's config keeps its value. Bools get --x [true|false] / --no-x; `X | None` fields also
+    take the word none."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     aliases, notes = aliases or {}, notes or {}
@@ -152,24 +157,29 @@ def add_field_flags(parser: Any, cls: type, aliases: dict[str, tuple[str, ...]] 
             continue
         kinds = [kind for kind in _allowed(hint) if kind is not type(None)]
         names = (flag_name(field.name, prefix), *aliases.get(field.name, ()))
-        help_text = docs.get(field.name, "") + (f" ({notes[field.name]})" if field.name in notes else "")
+        help_text = docs.get(field.name,
+                             "") + (f" ({notes[field.name]})" if field.name in notes else "")
         help_text = help_text.replace("%", "%%")  # argparse formats help with %
         dest = prefix + field.name
         kind = kinds[0]
         if kind is bool:
-            actions.append(parser.add_argument(*names, dest=dest, action=BoolFlag, default=argparse.SUPPRESS,
-                                               metavar="true|false", help=f"{help_text} (--no-{names[0][2:]}: false)"))
-            actions.append(parser.add_argument(*(f"--no-{name[2:]}" for name in names), dest=dest, action=BoolFlag,
-                                               negative=True, default=argparse.SUPPRESS, help=argparse.SUPPRESS))
+            actions.append(parser.add_argument(*names, dest=dest, action=BoolFlag,
+                                               default=argparse.SUPPRESS, metavar="true|false",
+                                               help=f"{help_text} (--no-{names[0][2:]}: false)"))
+            actions.append(parser.add_argument(*(f"--no-{name[2:]}" for name in names), dest=dest,
+                                               action=BoolFlag, negative=True,
+                                               default=argparse.SUPPRESS, help=argparse.SUPPRESS))
         elif typing.get_origin(kind) is tuple:
-            actions.append(parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS, metavar="NAME",
-                                               help=help_text))
+            actions.append(
+                parser.add_argument(*names, dest=dest, nargs="+", default=argparse.SUPPRESS,
+                                    metavar="NAME", help=help_text))
         elif len(kinds) < len(_allowed(hint)):  # X | None
             actions.append(parser.add_argument(
                 *names, dest=dest, type=_or_none(kind), default=argparse.SUPPRESS,
                 metavar="PATH" if kind is str else f"{kind.__name__.upper()}|none", help=help_text))
         else:
-            actions.append(parser.add_argument(*names, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text))
+            actions.append(parser.add_argument(*names, dest=dest, type=kind,
+                                               default=argparse.SUPPRESS, help=help_text))
     return actions
 
 
@@ -183,14 +193,17 @@ def _is_number(word: str) -> bool:
 
 
 def join_negative_values(argv: Sequence[str], actions: Iterable[argparse.Action]) -> list[str]:
-    """`argv` with every `--flag -1e3` written `--flag=-1e3`, where --flag (or an abbreviation argparse would
-    expand to it) is one of `actions` that takes exactly one value and the next word is a negative number.
+    """`argv` with every `--flag -1e3` written `--flag=-1e3`, where --flag (or an abbreviation
+    argparse would expand to it) is one of `actions` that takes exactly one value and the next word
+    is a negative number.
 
-    argparse takes a word that starts with '-' for an option unless it matches its own negative-number
-    pattern, -1 or -1.5 but not -1e3, -inf or -nan (`_negative_number_matcher`, not a public setting), and
-    then says "expected one argument". `--flag=value` is its documented spelling for any value, so the
-    words are joined before parsing; everything after a bare `--` is left as it is."""
-    takes_one = {name for action in actions if action.nargs is None for name in action.option_strings}
+    argparse takes a word that starts with '-' for an option unless it matches its own
+    negative-number pattern, -1 or -1.5 but not -1e3, -inf or -nan (`_negative_number_matcher`, not
+    a public setting), and then says "expected one argument". `--flag=value` is its documented
+    spelling for any value, so the words are joined before parsing; everything after a bare `--` is
+    left as it is."""
+    takes_one = {name for action in actions if action.nargs is None
+                 for name in action.option_strings}
     every = {name for action in actions for name in action.option_strings} | {"-h", "--help"}
     words, out, i = list(argv), [], 0
     while i < len(words):
@@ -211,8 +224,9 @@ def join_negative_values(argv: Sequence[str], actions: Iterable[argparse.Action]
 
 
 def given_field_values(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
-    """{field: value} of the flags `add_field_flags` made that the command line gave (nested dataclasses as
-    a mapping: {"lora": {"r": 4}}); `--target-kl none` is given: {"target_kl": None}."""
+    """{field: value} of the flags `add_field_flags` made that the command line gave (nested
+    dataclasses as a mapping: {"lora": {"r": 4}}); `--target-kl none` is given: {"target_kl":
+    None}."""
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
     for field in dataclasses.fields(cls):

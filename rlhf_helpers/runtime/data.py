@@ -52,8 +52,8 @@ def data_fingerprint(names: Sequence[str]) -> dict[str, str]:
 
 
 def _is_lone_surrogate(text: str) -> bool:
-    """True when `text` holds a UTF-16 surrogate code point (JSON "\\ud800" without its pair): such a
-    string cannot be encoded as UTF-8, so a tokenizer or TRL fails on it far from the file."""
+    """True when `text` holds a UTF-16 surrogate code point (JSON "\\ud800" without its pair): such
+    a string cannot be encoded as UTF-8, so a tokenizer or TRL fails on it far from the file."""
     return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
@@ -73,7 +73,8 @@ def refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return record
 
 
-def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[str] = ()) -> list[dict[str, Any]]:
+def load_jsonl(path: str | Path, fields: Sequence[str] = (),
+               nonempty: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Records of a JSONL file; each must be a JSON object with string values for `fields`.
 
     Raises FileNotFoundError if the file is missing and ValueError naming the file and line for
@@ -97,8 +98,8 @@ def load_jsonl(path: str | Path, fields: Sequence[str] = (), nonempty: Sequence[
                 nul_lines.append(line_number)
             records.append(record)
     if nul_lines:
-        warnings.warn(f"{path}: {len(nul_lines)} line(s) hold a NUL character (first: line {nul_lines[0]}); "
-                      "they are kept as they are", UserWarning, stacklevel=3)
+        warnings.warn(f"{path}: {len(nul_lines)} line(s) hold a NUL character (first: line "
+                      f"{nul_lines[0]}); they are kept as they are", UserWarning, stacklevel=3)
     if not records:
         raise ValueError(f"{path}: the file has no records")
     return records
@@ -108,10 +109,12 @@ def _check_data_file(path: Path) -> None:
     """IsADirectoryError, or FileNotFoundError with the command that writes it, unless `path` is a
     file."""
     if path.is_dir():
-        raise IsADirectoryError(f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
+        raise IsADirectoryError(
+            f"data file {path} is a folder; expected a JSONL file (one JSON object a line)")
     if not path.is_file():
         raise FileNotFoundError(
-            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build --out "
+            f"data file not found: {path} (regenerate it with `python -m rlhf_helpers.world.build "
+            "--out "
             f"{path.parent}`: it writes what is missing and replaces no file it did not write)"
         )
 
@@ -164,7 +167,8 @@ def _check_fields(where: str, record: dict[str, Any], fields: Sequence[str],
 
 
 def jsonl_text(records: Sequence[dict[str, Any]]) -> str:
-    """Records as JSONL text: one JSON object per line, key order kept, non-ASCII as is, trailing newline."""
+    """Records as JSONL text: one JSON object per line, key order kept, non-ASCII as is, trailing
+    newline."""
     return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 
 
@@ -184,7 +188,8 @@ def _check_split(split: str) -> None:
 def load_prompt_records(split: str = "train", directory: str | Path | None = None) -> list[dict]:
     """Prompt records {"prompt", "genre", "title"} of the train or held-out ("test") split."""
     _check_split(split)
-    return load_jsonl(Path(directory or data_dir()) / f"prompts_{split}.jsonl", PROMPT_FIELDS, nonempty=("prompt",))
+    return load_jsonl(Path(directory or data_dir()) / f"prompts_{split}.jsonl", PROMPT_FIELDS,
+                      nonempty=("prompt",))
 
 
 def load_prompts(split: str = "train", directory: str | Path | None = None) -> list[str]:
@@ -207,8 +212,8 @@ def load_preferences(split: str = "train", directory: str | Path | None = None) 
 
 
 def warn_about_pairs(path: Path, pairs: Sequence[dict]) -> None:
-    """One warning for each kind of pair that trains nothing or twice: chosen == rejected (no signal),
-    an empty chosen or rejected response, and a pair repeated exactly (counted twice)."""
+    """One warning for each kind of pair that trains nothing or twice: chosen == rejected (no
+    signal), an empty chosen or rejected response, and a pair repeated exactly (counted twice)."""
     same, empty, repeated, seen = [], [], [], set()
     for index, pair in enumerate(pairs):
         key = (pair["prompt"], pair["chosen"], pair["rejected"])

@@ -1,11 +1,13 @@
-"""The course's plotly template, in the lowest layer that both its users may import: `widgets.style` makes it
-plotly's default in the notebooks, and the training command's curves.html (`ppo.curves_page`) sets it on its own
-figure, leaving plotly's default to whoever imported the package.
+"""The course's plotly template, in the lowest layer that both its users may import: `widgets.style`
+makes it plotly's default in the notebooks, and the training command's curves.html
+(`ppo.curves_page`) sets it on its own figure, leaving plotly's default to whoever imported the
+package.
 
     fig.update_layout(template=course_template())
 
-White background (plotly's own default is grey), the explorers' font size, a title at the left with little space
-under it, and a height that suits a notebook's output area; the width is left to the page (autosize).
+White background (plotly's own default is grey), the explorers' font size, a title at the left with
+little space under it, and a height that suits a notebook's output area; the width is left to the
+page (autosize).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ FIGURE_FONT = {"size": 13}
 
 
 def course_template() -> Any:
-    """A new `plotly.graph_objects.layout.Template`: plotly_white with the course's font, title, margins and height."""
+    """A new `plotly.graph_objects.layout.Template`: plotly_white with the course's font, title,
+    margins and height."""
     # plotly: imported only when a figure is drawn
     import plotly.graph_objects as go
     import plotly.io as pio  # plotly: as above

@@ -1,5 +1,5 @@
-"""Ctrl-C while a command is still starting (the training command imports torch and transformers for seconds):
-one line and exit 130, not a traceback; and where launchers put a process's rank.
+"""Ctrl-C while a command is still starting (the training command imports torch and transformers for
+seconds): one line and exit 130, not a traceback; and where launchers put a process's rank.
 
     quiet_early_interrupt()   # first thing when run as a command, before torch and transformers load (seconds)
     ...                       # the heavy imports
@@ -15,11 +15,13 @@ import signal
 import sys
 from types import FrameType
 
-#: Exit status of a run ended by Ctrl-C (SIGINT): 128 + 2, as a shell reports a process the signal ended.
+#: Exit status of a run ended by Ctrl-C (SIGINT): 128 + 2, as a shell reports a process the signal
+#: ended.
 EXIT_INTERRUPTED = 130
 #: The line of a Ctrl-C that came before the command could do anything.
 EARLY_LINE = "PPO interrupted (Ctrl-C) before training started: nothing was written"
-#: Where launchers put a process's global rank (torchrun/accelerate, MPICH, Open MPI, MVAPICH), as accelerate reads it.
+#: Where launchers put a process's global rank (torchrun/accelerate, MPICH, Open MPI, MVAPICH), as
+#: accelerate reads it.
 RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 
 
@@ -29,8 +31,9 @@ def is_rank_zero() -> bool:
 
 
 def _interrupted_early(signum: int, frame: FrameType | None) -> None:
-    """Print the line (rank 0 only: a launcher passes Ctrl-C to every process) and end the process at once: an
-    exception would unwind through half-finished imports, and nothing is open that needs closing."""
+    """Print the line (rank 0 only: a launcher passes Ctrl-C to every process) and end the process
+    at once: an exception would unwind through half-finished imports, and nothing is open that needs
+    closing."""
     if is_rank_zero():
         print(EARLY_LINE, file=sys.stderr, flush=True)
     os._exit(EXIT_INTERRUPTED)
@@ -42,7 +45,7 @@ def quiet_early_interrupt() -> None:
 
 
 def restore_interrupt() -> None:
-    """Ctrl-C raises KeyboardInterrupt again (Python's default), when `quiet_early_interrupt` had replaced it; a
-    handler someone else installed (a notebook's, a test runner's) is left alone."""
+    """Ctrl-C raises KeyboardInterrupt again (Python's default), when `quiet_early_interrupt` had
+    replaced it; a handler someone else installed (a notebook's, a test runner's) is left alone."""
     if signal.getsignal(signal.SIGINT) is _interrupted_early:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,12 +1,13 @@
-"""Opening a lock file safely, and the errors of a lock that cannot be taken (`runtime.locks` uses them).
+"""Opening a lock file safely, and the errors of a lock that cannot be taken (`runtime.locks` uses
+them).
 
     handle = open_lock_file(Path("runs/ppo-tiny/.run.lock"), "the run folder runs/ppo-tiny")
 
-A lock file sits in folders people use (a run's output folder, a cache folder several runs share), so
-it is never opened through a symbolic link, never opened at all when it is no regular file (a folder,
-a named pipe, a device), never written when it is a hard link (a second name of a file someone keeps),
-and never truncated on opening (another process may hold it). Whatever stops it raises LockFileUnusable,
-which names the path and what is there and leaves it as it is.
+A lock file sits in folders people use (a run's output folder, a cache folder several runs share),
+so it is never opened through a symbolic link, never opened at all when it is no regular file (a
+folder, a named pipe, a device), never written when it is a hard link (a second name of a file
+someone keeps), and never truncated on opening (another process may hold it). Whatever stops it
+raises LockFileUnusable, which names the path and what is there and leaves it as it is.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
-#: open() flags of a lock file: created if missing but never truncated (another process may hold it), never
-#: through a symbolic link, and never blocking (a named pipe swapped in after the check must not hang us)
+#: open() flags of a lock file: created if missing but never truncated (another process may hold
+#: it), never through a symbolic link, and never blocking (a named pipe swapped in after the check
+#: must not hang us)
 OPEN_FLAGS = (
-    os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
 )
 
 
@@ -35,16 +38,17 @@ class FolderInUse(RuntimeError):
 
 
 class LockFileUnusable(FolderInUse):
-    """The lock cannot be taken at all: its path is a link, a folder, a pipe, or a file that cannot be opened
-    for writing. A FolderInUse (with an empty `.holder`), so every caller that refuses a folder in use, the
-    training command's one line and exit 2 among them, refuses this too."""
+    """The lock cannot be taken at all: its path is a link, a folder, a pipe, or a file that cannot
+    be opened for writing. A FolderInUse (with an empty `.holder`), so every caller that refuses a
+    folder in use, the training command's one line and exit 2 among them, refuses this too."""
 
     def __init__(self, message: str, path: Path) -> None:
         super().__init__(message, path, {})
 
 
 def mode_kind(mode: int) -> str | None:
-    """What a file of this st_mode is, in words ("a folder", "a named pipe (FIFO)", ...); None for a regular file."""
+    """What a file of this st_mode is, in words ("a folder", "a named pipe (FIFO)", ...); None for a
+    regular file."""
     kinds = (
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a folder"),
@@ -53,19 +57,22 @@ def mode_kind(mode: int) -> str | None:
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
     )
-    return next((words for test, words in kinds if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+    return next((words for test, words in kinds if test(mode)),
+                None if stat.S_ISREG(mode) else "not a regular file")
 
 
 def file_kind(info: os.stat_result) -> str | None:
-    """What this file is, in words, when it is not a regular file with one name (None when it is): a hard link
-    shares its bytes with another name (O_NOFOLLOW does not stop it), so a lock record would overwrite them."""
+    """What this file is, in words, when it is not a regular file with one name (None when it is): a
+    hard link shares its bytes with another name (O_NOFOLLOW does not stop it), so a lock record
+    would overwrite them."""
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         return "a hard link"
     return mode_kind(info.st_mode)
 
 
 def not_a_file(path: Path, what: str, kind: str) -> LockFileUnusable:
-    """LockFileUnusable for a lock path that holds `kind` (a link: what it points to is named, never opened)."""
+    """LockFileUnusable for a lock path that holds `kind` (a link: what it points to is named, never
+    opened)."""
     if kind == "a symbolic link":
         try:
             target = f" (to {os.readlink(path)})"
@@ -79,9 +86,9 @@ def not_a_file(path: Path, what: str, kind: str) -> LockFileUnusable:
         )
     if kind == "a hard link":
         return LockFileUnusable(
-            f"cannot lock {what}: its lock file {path} is a hard link (the file has other names), which a lock "
-            "never writes through (the file keeps its bytes under every name): remove this name, or choose "
-            "another folder",
+            f"cannot lock {what}: its lock file {path} is a hard link (the file has other names), "
+            "which a lock never writes through (the file keeps its bytes under every name): remove "
+            "this name, or choose another folder",
             path,
         )
     return LockFileUnusable(
@@ -92,7 +99,8 @@ def not_a_file(path: Path, what: str, kind: str) -> LockFileUnusable:
 
 
 def cannot_open(path: Path, what: str, error: OSError) -> LockFileUnusable:
-    """LockFileUnusable saying why `error` (from creating the folder, opening or locking) stops the lock."""
+    """LockFileUnusable saying why `error` (from creating the folder, opening or locking) stops the
+    lock."""
     reason = os.strerror(error.errno) if error.errno else str(error)
     if error.errno == errno.ELOOP:
         return not_a_file(path, what, "a symbolic link")
@@ -115,14 +123,16 @@ def cannot_open(path: Path, what: str, error: OSError) -> LockFileUnusable:
             f"{why}): make it writable, or choose another folder",
             path,
         )
-    return LockFileUnusable(f"cannot lock {what}: its lock file {path} cannot be used ({reason})", path)
+    return LockFileUnusable(
+        f"cannot lock {what}: its lock file {path} cannot be used ({reason})", path)
 
 
 def open_lock_file(path: Path, what: str) -> Any:
-    """The lock file at `path` opened for reading and writing (created with its folder if missing, never
-    truncated), or LockFileUnusable. What is at the path is checked without following a link, then opened
-    with O_NOFOLLOW and checked again through the open descriptor (a swap in between, or a hard link made
-    meanwhile, is refused too): nothing is written into a file that is not a regular file of one name."""
+    """The lock file at `path` opened for reading and writing (created with its folder if missing,
+    never truncated), or LockFileUnusable. What is at the path is checked without following a link,
+    then opened with O_NOFOLLOW and checked again through the open descriptor (a swap in between, or
+    a hard link made meanwhile, is refused too): nothing is written into a file that is not a
+    regular file of one name."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -140,6 +150,7 @@ def open_lock_file(path: Path, what: str) -> Any:
     if kind is not None:
         os.close(descriptor)
         raise not_a_file(path, what, kind)
-    if OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):  # opened non-blocking only for the pipe case above
+    # opened non-blocking only for the pipe case above
+    if OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):
         os.set_blocking(descriptor, True)
     return os.fdopen(descriptor, "r+", encoding="utf-8")

@@ -8,20 +8,20 @@
         ...                                         # build the cache; a second builder waits here
 
 A lock is `flock` on a small file that records its holder ({"pid", "host", "since"}) for messages.
-The kernel drops an flock when the process holding it ends, even by kill -9, so a lock never outlives
-its run: a file that still names a holder although its lock is free is stale, and the next process
-takes it over with one line on stderr. The last release deletes the file (a process that was waiting
-on the deleted file sees that and locks the new one).
+The kernel drops an flock when the process holding it ends, even by kill -9, so a lock never
+outlives its run: a file that still names a holder although its lock is free is stale, and the next
+process takes it over with one line on stderr. The last release deletes the file (a process that was
+waiting on the deleted file sees that and locks the new one).
 
 Inside one process a lock is re-entrant and counted: the CLI holds its folder, then its trainer asks
 for it too, and the folder stays locked until both have released it. The process keeps one open file
 per lock (a second open and close of the same file would drop the lock on file systems that emulate
-flock with POSIX locks, NFS among them). A forked child never releases its parent's lock. On a system
-without `fcntl` (Windows) the file is written but nothing is locked.
+flock with POSIX locks, NFS among them). A forked child never releases its parent's lock. On a
+system without `fcntl` (Windows) the file is written but nothing is locked.
 
 A lock file lives in a folder people use too, so it is opened by `lock_files.open_lock_file`: never
-through a symbolic link, only when it is a regular file, and never truncated before it is locked; what
-stops that raises LockFileUnusable naming the path and what is there, and leaves it as it is.
+through a symbolic link, only when it is a regular file, and never truncated before it is locked;
+what stops that raises LockFileUnusable naming the path and what is there, and leaves it as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.runtime.lock_files import FolderInUse, LockFileUnusable, cannot_open, not_a_file, open_lock_file
+from rlhf_helpers.runtime.lock_files import (
+    FolderInUse,
+    LockFileUnusable,
+    cannot_open,
+    not_a_file,
+    open_lock_file,
+)
 
 try:  # POSIX only: elsewhere the lock records its holder but cannot exclude anyone
     import fcntl
@@ -47,13 +53,15 @@ except ImportError:  # pragma: no cover - Windows
 RUN_LOCK_FILE = ".run.lock"
 #: How long a refused process waits for the holder to write its pid (it does so just after locking).
 HOLDER_WRITE_S = 1.0
-#: How much of a lock file is read for its holder record (a few dozen bytes; a huge file is not ours).
+#: How much of a lock file is read for its holder record (a few dozen bytes; a huge file is not
+#: ours).
 HOLDER_READ_BYTES = 4096
 
 
 @dataclass
 class _Held:
-    """A lock this process holds: its open file, how many FileLocks share it, and the pid that took it."""
+    """A lock this process holds: its open file, how many FileLocks share it, and the pid that took
+    it."""
 
     handle: Any
     count: int
@@ -65,14 +73,15 @@ _HELD: dict[tuple[int, int], _Held] = {}
 
 
 def _unreadable(holder: dict[str, Any]) -> bool:
-    """Whether a record names a holder whose pid is no process id (written by hand, or by something else)."""
+    """Whether a record names a holder whose pid is no process id (written by hand, or by something
+    else)."""
     pid = holder.get("pid")
     return bool(pid) and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 0)
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
-    """'pid 4711 on host ada since 2026-11-26 05:40:12', 'a process that has not written its pid yet', or
-    'an unknown process' (its record's pid is no process id)."""
+    """'pid 4711 on host ada since 2026-11-26 05:40:12', 'a process that has not written its pid
+    yet', or 'an unknown process' (its record's pid is no process id)."""
     if not holder.get("pid"):
         return "a process that has not written its pid yet"
     if _unreadable(holder):
@@ -81,11 +90,12 @@ def describe_holder(holder: dict[str, Any]) -> str:
 
 
 def unreadable_advice(holder: dict[str, Any], path: Path, folder: str) -> str:
-    """For a held lock whose record is unreadable: what that means and how to free `folder` ('' otherwise)."""
+    """For a held lock whose record is unreadable: what that means and how to free `folder` (''
+    otherwise)."""
     if not _unreadable(holder):
         return ""
-    return (f"; the lock file's record ({json.dumps(holder, default=str)[:120]}) is unreadable, so the holder is "
-            f"unknown: if no run uses {folder}, remove {path} and start again")
+    return (f"; the lock file's record ({json.dumps(holder, default=str)[:120]}) is unreadable, so "
+            f"the holder is unknown: if no run uses {folder}, remove {path} and start again")
 
 
 def _read_holder(handle: Any) -> dict[str, Any]:
@@ -99,12 +109,14 @@ def _read_holder(handle: Any) -> dict[str, Any]:
 
 
 def pid_is_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (POSIX signal 0: checks, sends nothing)."""
+    """Whether a process with this id exists on this host (POSIX signal 0: checks, sends
+    nothing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, OverflowError):  # it exists under another user, or is no pid
+    # it exists under another user, or is no pid
+    except (PermissionError, ValueError, OverflowError):
         return True
     return True
 
@@ -112,12 +124,14 @@ def pid_is_alive(pid: int) -> bool:
 def _may_be_alive(holder: dict[str, Any]) -> bool:
     """False for a record of a process on this host that no longer exists."""
     if not holder.get("pid") or _unreadable(holder) or holder.get("host") != socket.gethostname():
-        return bool(holder.get("pid"))  # an unreadable record: held by a process this one cannot check
+        # an unreadable record: held by a process this one cannot check
+        return bool(holder.get("pid"))
     return pid_is_alive(holder["pid"])
 
 
 def _file_key(path: Path) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of what is at `path` itself (a link is not followed), or None if nothing is."""
+    """(st_dev, st_ino) of what is at `path` itself (a link is not followed), or None if nothing
+    is."""
     try:
         info = os.lstat(path)
     except OSError:  # missing, or a parent that is no folder
@@ -126,7 +140,8 @@ def _file_key(path: Path) -> tuple[int, int] | None:
 
 
 def _close(handle: Any) -> None:
-    """Close a lock file whose write failed (the descriptor, and with it the flock, goes even if the flush fails)."""
+    """Close a lock file whose write failed (the descriptor, and with it the flock, goes even if the
+    flush fails)."""
     try:
         handle.close()
     except OSError:
@@ -145,20 +160,23 @@ class FileLock:
     def __init__(self, path: str | Path, what: str) -> None:
         self.path = Path(path)
         self.what = what
-        self._key: tuple[int, int] | None = None  # set while this object holds (a share of) the lock
+        # set while this object holds (a share of) the lock
+        self._key: tuple[int, int] | None = None
 
     @property
     def held(self) -> bool:
         return self._key is not None
 
-    def acquire(self, wait: bool = False, on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
+    def acquire(self, wait: bool = False,
+                on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
         """Take the lock and return self. Held by another live process: FolderInUse, or with `wait`
-        block until it is free (`on_wait(holder)` is called once first). A path that cannot hold a lock
-        (a link, a folder, an unwritable file...): LockFileUnusable."""
+        block until it is free (`on_wait(holder)` is called once first). A path that cannot hold a
+        lock (a link, a folder, an unwritable file...): LockFileUnusable."""
         if self._key is not None:
             return self
         key = _file_key(self.path)
-        if key in _HELD and _HELD[key].pid == os.getpid():  # this process holds it already: share it
+        # this process holds it already: share it
+        if key in _HELD and _HELD[key].pid == os.getpid():
             _HELD[key].count += 1
             self._key = key
             return self
@@ -172,23 +190,28 @@ class FileLock:
                 holder = self._holder_of_a_held_lock(handle)
                 if not wait:
                     handle.close()
-                    raise FolderInUse(f"{self.what} is in use by {describe_holder(holder)} (lock file {self.path})"
-                                      f"{unreadable_advice(holder, self.path, self.what)}", self.path, holder) from None
+                    raise FolderInUse(
+                        f"{self.what} is in use by {describe_holder(holder)} (lock file "
+                        f"{self.path}){unreadable_advice(holder, self.path, self.what)}", self.path,
+                        holder) from None
                 if on_wait is not None:
                     on_wait(holder)
                     on_wait = None
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # blocks until the holder releases or ends
+                # blocks until the holder releases or ends
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             except OSError as error:  # no locks on this file system (ENOLCK), or the like
                 _close(handle)
                 raise cannot_open(self.path, self.what, error) from None
             if _same_file(handle, self.path):
                 break
-            handle.close()  # its holder released it and deleted the file meanwhile: lock the new one
+            # its holder released it and deleted the file meanwhile: lock the new one
+            handle.close()
         stale = _read_holder(handle)
         if fcntl is not None and stale.get("pid"):
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
-        if os.fstat(handle.fileno()).st_nlink > 1:  # a hard link made since it was opened: never written through
+        # a hard link made since it was opened: never written through
+        if os.fstat(handle.fileno()).st_nlink > 1:
             _close(handle)
             raise not_a_file(self.path, self.what, "a hard link")
         try:
@@ -206,8 +229,8 @@ class FileLock:
         return self
 
     def _holder_of_a_held_lock(self, handle: Any) -> dict[str, Any]:
-        """The record of the process that holds the lock now: it writes it just after locking, over the
-        record a dead holder may have left, so wait up to HOLDER_WRITE_S for a live one."""
+        """The record of the process that holds the lock now: it writes it just after locking, over
+        the record a dead holder may have left, so wait up to HOLDER_WRITE_S for a live one."""
         deadline = time.monotonic() + HOLDER_WRITE_S
         holder = _read_holder(handle)
         while not _may_be_alive(holder) and time.monotonic() < deadline:
@@ -216,8 +239,8 @@ class FileLock:
         return holder
 
     def release(self) -> None:
-        """Give up this share; the last one deletes the lock file and drops the lock. In a forked child
-        the parent's lock is left alone (only the child's copy of the file is closed)."""
+        """Give up this share; the last one deletes the lock file and drops the lock. In a forked
+        child the parent's lock is left alone (only the child's copy of the file is closed)."""
         key, self._key = self._key, None
         held = _HELD.get(key) if key is not None else None
         if held is None:
@@ -230,7 +253,8 @@ class FileLock:
             if held.pid == os.getpid() and _same_file(held.handle, self.path):
                 if fcntl is None:  # Windows cannot delete an open file
                     held.handle.close()
-                self.path.unlink(missing_ok=True)  # while still locked: a waiter then sees its file is gone
+                # while still locked: a waiter then sees its file is gone
+                self.path.unlink(missing_ok=True)
         except OSError:
             pass  # the lock itself goes with the close below; a file left behind is only stale
         finally:
@@ -252,7 +276,8 @@ class FileLock:
 def hold_run_folder(folder: str | Path) -> FileLock:
     """Lock `folder` (created if missing) for one run: its lock file RUN_LOCK_FILE is held until
     `release()` or the end of the process. FolderInUse names the folder and the holder's pid when
-    another live run holds it; LockFileUnusable (a FolderInUse) says what stops the lock file's use."""
+    another live run holds it; LockFileUnusable (a FolderInUse) says what stops the lock file's
+    use."""
     folder = Path(folder)
     lock = FileLock(folder / RUN_LOCK_FILE, f"the run folder {folder}")
     try:
@@ -261,7 +286,8 @@ def hold_run_folder(folder: str | Path) -> FileLock:
         raise  # not in use: its message says what is at the path
     except FolderInUse as error:
         advice = unreadable_advice(error.holder, error.path, str(folder))
-        raise FolderInUse(f"{folder} is in use by another run: {describe_holder(error.holder)} holds its lock "
-                          f"({error.path}){advice}. Wait for that run to end or stop it (a notebook's trainer holds "
-                          "it until `trainer.close()` or a kernel restart), or choose another output folder",
+        raise FolderInUse(f"{folder} is in use by another run: {describe_holder(error.holder)} "
+                          f"holds its lock ({error.path}){advice}. Wait for that run to end or "
+                          "stop it (a notebook's trainer holds it until `trainer.close()` or a "
+                          "kernel restart), or choose another output folder",
                           error.path, error.holder) from None

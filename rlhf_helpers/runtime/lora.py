@@ -1,4 +1,5 @@
-"""The one LoRA spec of a run: rank, alpha and target modules of every adapter (policy, value, reward).
+"""The one LoRA spec of a run: rank, alpha and target modules of every adapter (policy, value,
+reward).
 
     spec = LoRASpec(r=8, alpha=16, target_modules=GPT2_TARGETS)
     profile.lora, PPOConfig.lora, RewardTrainingConfig.lora, CompareConfig.lora   # the same spec
@@ -16,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The projections of GPT-2 (the tiny model) that LoRA wraps: attention qkv and output, MLP in and out.
+#: The projections of GPT-2 (the tiny model) that LoRA wraps: attention qkv and output, MLP in and
+#: out.
 GPT2_TARGETS = ("c_attn", "c_proj", "c_fc")
 #: Every projection of a Llama layer (SmolLM2): attention and MLP.
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -38,9 +40,10 @@ class LoRASpec:
             if value < 1:
                 raise ValueError(f"lora.{name} must be an int >= 1, got {value!r}")
         targets = self.target_modules
-        if isinstance(targets, str) or not targets or not all(isinstance(t, str) and t for t in targets):
-            raise ValueError("lora.target_modules must be a non-empty tuple of module names such as "
-                             f"{GPT2_TARGETS}, got {targets!r}")
+        if isinstance(targets,
+                      str) or not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError("lora.target_modules must be a non-empty tuple of module names such "
+                             f"as {GPT2_TARGETS}, got {targets!r}")
         object.__setattr__(self, "target_modules", tuple(targets))  # a list too: hashable, equal
 
     @property
@@ -52,7 +55,8 @@ class LoRASpec:
         """A validated copy with some fields changed; unknown names raise ValueError."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"unknown LoRASpec field(s): {sorted(unknown)} (fields: r, alpha, target_modules)")
+            raise ValueError(
+                f"unknown LoRASpec field(s): {sorted(unknown)} (fields: r, alpha, target_modules)")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,4 +71,5 @@ def as_lora_spec(value: Any, base: LoRASpec | None = None) -> LoRASpec:
         return value
     if isinstance(value, Mapping):
         return (base or LoRASpec()).replace(**dict(value))
-    raise TypeError(f"lora must be a LoRASpec or a mapping of its fields, got {type(value).__name__}")
+    raise TypeError(
+        f"lora must be a LoRASpec or a mapping of its fields, got {type(value).__name__}")

@@ -5,10 +5,10 @@
     peak.rise_mb()           # highest resident memory since then, minus the memory held at the start
 
 On Linux the kernel's high-water mark (VmHWM in /proc/self/status) is reset at the start by writing
-"5" to /proc/self/clear_refs (Linux >= 4.0), so the peak belongs to the measured stretch alone. Where
-that is not possible (other systems, a restricted /proc), the lifetime peak `ru_maxrss` is used, which
-may belong to earlier work and then hides the rise: `how` says which one was used. (On Linux the reset
-also resets `ru_maxrss`, which reads the same high-water mark.)
+"5" to /proc/self/clear_refs (Linux >= 4.0), so the peak belongs to the measured stretch alone.
+Where that is not possible (other systems, a restricted /proc), the lifetime peak `ru_maxrss` is
+used, which may belong to earlier work and then hides the rise: `how` says which one was used. (On
+Linux the reset also resets `ru_maxrss`, which reads the same high-water mark.)
 
 The estimate of GPU memory without a GPU is `rlhf_helpers.ppo.memory_estimate`.
 """
@@ -41,13 +41,15 @@ def current_rss_mb() -> float | None:
 
 
 def lifetime_peak_rss_mb() -> float:
-    """Highest resident memory of this process since it started, MB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """Highest resident memory of this process since it started, MB (ru_maxrss: KiB on Linux, bytes
+    on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024.0
 
 
 def reset_peak_rss() -> bool:
-    """Reset the kernel's high-water mark of this process to its current RSS; False where unsupported."""
+    """Reset the kernel's high-water mark of this process to its current RSS; False where
+    unsupported."""
     try:
         _CLEAR_REFS.write_text("5")
     except OSError:
@@ -63,7 +65,8 @@ class PeakMemory:
     def __init__(self) -> None:
         self.resettable = reset_peak_rss()
         #: which peak is read: the reset kernel high-water mark, or the lifetime ru_maxrss
-        self.how = "kernel high-water mark, reset at the start" if self.resettable else "lifetime ru_maxrss"
+        self.how = ("kernel high-water mark, reset at the start" if self.resettable
+                    else "lifetime ru_maxrss")
         current = current_rss_mb()
         #: resident memory at the start, MB (the lifetime peak where the current RSS is unavailable)
         self.start_mb = current if current is not None else lifetime_peak_rss_mb()

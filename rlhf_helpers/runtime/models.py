@@ -32,14 +32,17 @@ from rlhf_helpers.runtime.profiles import Profile, get_profile
 #: Token added as pad when a tokenizer has none distinct from EOS.
 FALLBACK_PAD_TOKEN = "<|pad|>"
 
-# peft and TRL still read `model.is_gradient_checkpointing`, which transformers >= 5.23 deprecates with
-# a FutureWarning at every adapter wrap: noise a learner can do nothing about (checkpointing is off here)
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+# peft and TRL still read `model.is_gradient_checkpointing`, which transformers >= 5.23 deprecates
+# with a FutureWarning at every adapter wrap: noise a learner can do nothing about (checkpointing is
+# off here)
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                        category=FutureWarning)
 
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
-    """Hide transformers' per-load "Loading weights" progress bar (a tiny model loads in milliseconds)."""
+    """Hide transformers' per-load "Loading weights" progress bar (a tiny model loads in
+    milliseconds)."""
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -53,11 +56,12 @@ def _model_path(profile: Profile, path: str | Path | None) -> str:
     chosen = Path(path) if path is not None else Path(profile.sft_model_path)
     if not chosen.is_dir():
         if path is None and profile.is_tiny:
-            hint = (f"train it with `python -m rlhf_helpers.world.build --model-only --out {chosen.parent.parent}`, "
+            hint = ("train it with `python -m rlhf_helpers.world.build --model-only --out "
+                    f"{chosen.parent.parent}`, "
                     "which reads that folder's sft.jsonl and changes no data file")
         elif path is None:
-            hint = ("call `rlhf_helpers.stages.sft.ensure_sft_model(profile)` first: it fine-tunes the "
-                    "hub model once and caches it there")
+            hint = ("call `rlhf_helpers.stages.sft.ensure_sft_model(profile)` first: it fine-tunes "
+                    "the hub model once and caches it there")
         else:
             hint = "pass a directory written by save_pretrained"
         raise FileNotFoundError(f"model directory not found: {chosen} ({hint})")
@@ -140,11 +144,13 @@ def load_sequence_classifier(
 
 
 def unknown_tokens(tokenizer: Any, texts: list[str]) -> tuple[float, int]:
-    """(the share of the texts' tokens that are the tokenizer's unknown token, how many texts are nothing else).
+    """(the share of the texts' tokens that are the tokenizer's unknown token, how many texts are
+    nothing else).
 
-    A word-level tokenizer (the tiny profile's) maps emoji, other scripts and unseen words to one unknown token:
-    such a prompt reaches the policy as the same "<unk> <unk> ..." whatever it said. (0.0, 0) for a tokenizer
-    without an unknown token (byte-level BPE: every text has a spelling)."""
+    A word-level tokenizer (the tiny profile's) maps emoji, other scripts and unseen words to one
+    unknown token: such a prompt reaches the policy as the same "<unk> <unk> ..." whatever it said.
+    (0.0, 0) for a tokenizer without an unknown token (byte-level BPE: every text has a
+    spelling)."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not texts:
         return 0.0, 0
@@ -156,9 +162,10 @@ def unknown_tokens(tokenizer: Any, texts: list[str]) -> tuple[float, int]:
 
 
 def model_folder_problem(profile: Profile) -> str | None:
-    """What keeps the profile's SFT model folder from loading, in one line, or None: checked before a run trains
-    anything (tiny profile: the shipped model, or $RLHF_DATA_DIR's). A folder not there (a gpu-profile SFT model
-    not fine-tuned yet) is no problem here when the profile fine-tunes it; the tiny profile's must be there."""
+    """What keeps the profile's SFT model folder from loading, in one line, or None: checked before
+    a run trains anything (tiny profile: the shipped model, or $RLHF_DATA_DIR's). A folder not there
+    (a gpu-profile SFT model not fine-tuned yet) is no problem here when the profile fine-tunes it;
+    the tiny profile's must be there."""
     folder = Path(profile.sft_model_path)
     if not folder.is_dir():
         if not profile.is_tiny:
@@ -178,17 +185,24 @@ def model_folder_problem(profile: Profile) -> str | None:
                 handle.keys()
         except Exception as error:  # safetensors raises its own SafetensorError
             return f"{weights} is damaged ({type(error).__name__}: truncated or overwritten)"
-    elif not any((folder / name).is_file() for name in ("pytorch_model.bin", "model.safetensors.index.json",
+    elif not any((folder / name).is_file()
+                 for name in ("pytorch_model.bin", "model.safetensors.index.json",
                                                           "pytorch_model.bin.index.json")):
         return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        return f"its tokenizer does not load: {folder} holds no tokenizer.json, tokenizer_config.json or vocab.json"
+    if not any((folder / name).is_file()
+               for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return (f"its tokenizer does not load: {folder} holds no tokenizer.json, "
+                "tokenizer_config.json or vocab.json")
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(folder)
-    except Exception as error:  # transformers raises OSError, ValueError or its own errors for a broken tokenizer
-        return f"its tokenizer does not load ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+    # transformers raises OSError, ValueError or its own errors for a broken tokenizer
+    except Exception as error:
+        return (f"its tokenizer does not load ({type(error).__name__}: "
+                f"{str(error).splitlines()[0][:120]})")
     vocab = getattr(config.get_text_config(), "vocab_size", None)
-    if isinstance(vocab, int) and len(tokenizer) > vocab:  # ids past the embedding: an index error mid-run
-        return f"its tokenizer has {len(tokenizer)} tokens, the model's config.json {vocab}: not one model's files"
+    # ids past the embedding: an index error mid-run
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        return (f"its tokenizer has {len(tokenizer)} tokens, the model's config.json {vocab}: not "
+                "one model's files")
     return None

@@ -29,8 +29,9 @@ from rlhf_helpers.runtime.config_limits import (
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
 #: The int settings bounded by config_limits.MAX_COUNT (the seed: by config_limits.MAX_SEED).
-COUNTS = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length", "max_new_tokens", "kl_horizon",
-          "value_warmup_steps", "total_steps", "save_every", "eval_every", "n_eval_prompts", "eval_batch_size")
+COUNTS = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
+          "max_new_tokens", "kl_horizon", "value_warmup_steps", "total_steps", "save_every",
+          "eval_every", "n_eval_prompts", "eval_batch_size")
 
 
 @dataclass
@@ -43,27 +44,31 @@ class PPOConfig:
     ppo_epochs: int = 4  #: passes over each experience batch (shuffled minibatches each pass)
     max_prompt_length: int = 16  #: prompts longer than this many tokens are cut from the left
     max_new_tokens: int = 40  #: response length limit, EOS included
-    #: sampling temperature T of rollouts (no top-k/top-p). The policy PPO trains is then the tempered
-    #: one, pi_T = softmax(z / T): old and new log-probs of the ratio both come from z / T (the
-    #: distribution that drew the tokens, so the importance ratio is exact and 1 before any update),
-    #: and the reference is tempered too, ref_T = softmax(z_ref / T), so the KL penalty and the kl
-    #: metric estimate KL(pi_T || ref_T) on samples of pi_T (0 while policy == reference). TRL's
-    #: PPOTrainer and OpenRLHF do the same. 1.0: the policy itself.
+    #: sampling temperature T of rollouts (no top-k/top-p). The policy PPO trains is then the
+    #: tempered one, pi_T = softmax(z / T): old and new log-probs of the ratio both come from z / T
+    #: (the distribution that drew the tokens, so the importance ratio is exact and 1 before any
+    #: update), and the reference is tempered too, ref_T = softmax(z_ref / T), so the KL penalty and
+    #: the kl metric estimate KL(pi_T || ref_T) on samples of pi_T (0 while policy == reference).
+    #: TRL's PPOTrainer and OpenRLHF do the same. 1.0: the policy itself.
     temperature: float = 1.0
     # --- losses
     clip_eps: float = 0.2  #: PPO ratio clip range epsilon
     value_clip: float | None = 0.2  #: clip new values to old +- this (None: no value clipping)
-    vf_coef: float = 1.0  #: weight of the value loss (separate adapter and optimiser, so only a scale)
-    entropy_coef: float = 0.0  #: weight of the entropy bonus subtracted from the policy loss (0: off)
+    #: weight of the value loss (separate adapter and optimiser, so only a scale)
+    vf_coef: float = 1.0
+    #: weight of the entropy bonus subtracted from the policy loss (0: off)
+    entropy_coef: float = 0.0
     ptx_coef: float = 0.0  #: weight of the LM (ptx) loss on SFT text (0: off; needs ptx_texts)
     max_grad_norm: float = 1.0  #: gradient-norm clip of each optimiser step
     whiten_advantages: bool = True  #: masked whitening of the advantages over the experience batch
     # --- rewards and KL
     kl_coef: float = 0.05  #: beta of the per-token KL penalty (initial value when adaptive)
-    target_kl: float | None = None  #: target sequence KL of the adaptive controller (None: fixed beta)
+    #: target sequence KL of the adaptive controller (None: fixed beta)
+    target_kl: float | None = None
     kl_horizon: int = 10000  #: horizon (in samples) of the adaptive KL controller
     kl_kind: str = "k1"  #: KL estimator of the reward shaping: "k1", "k2" or "k3"
-    score_clip: float | None = None  #: clip reward-model scores to +- this before shaping (None: off)
+    #: clip reward-model scores to +- this before shaping (None: off)
+    score_clip: float | None = None
     missing_eos_penalty: float | None = None  #: added to the score of responses cut off without EOS
     gamma: float = 1.0  #: GAE discount
     lam: float = 0.95  #: GAE lambda
@@ -72,7 +77,8 @@ class PPOConfig:
     value_lr: float = 1e-3  #: Adam learning rate of the value adapter and value head
     value_warmup_steps: int = 0  #: first iterations that train only the critic (policy frozen)
     # --- LoRA adapters
-    lora: LoRASpec = LoRASpec()  #: rank, alpha and targets of the policy and value adapters (the profile's)
+    #: rank, alpha and targets of the policy and value adapters (the profile's)
+    lora: LoRASpec = LoRASpec()
     # --- run
     total_steps: int = 60  #: PPO iterations of `PPOTrainer.train`
     seed: int = 0  #: seed of torch, sampling and prompt order, in [0, MAX_SEED]
@@ -90,8 +96,9 @@ class PPOConfig:
         self.validate()
 
     def validate(self) -> PPOConfig:
-        """Raise ValueError naming the first field whose value cannot work (its type first), or that lies outside
-        the range float32 arithmetic can hold (`config_limits.PPO_LIMITS` and MAX_COUNT, each range with its why)."""
+        """Raise ValueError naming the first field whose value cannot work (its type first), or that
+        lies outside the range float32 arithmetic can hold (`config_limits.PPO_LIMITS` and
+        MAX_COUNT, each range with its why)."""
         check_field_types(self)
         check_big_ints(self, PPO_LIMITS)
         for name in ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_length",
@@ -103,8 +110,8 @@ class PPOConfig:
         if self.output_dir is not None and not self.output_dir.strip():
             raise ValueError("output_dir must be None or a folder, got an empty string")
         if self.rollout_batch_size % self.mini_batch_size:
-            raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
-                             f"mini_batch_size ({self.mini_batch_size})")
+            raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple "
+                             f"of mini_batch_size ({self.mini_batch_size})")
         check_positive(self, ("temperature", "clip_eps", "max_grad_norm", "policy_lr", "value_lr"))
         check_non_negative(self, ("vf_coef", "entropy_coef", "ptx_coef", "kl_coef"))
         for name in ("gamma", "lam"):
@@ -116,22 +123,26 @@ class PPOConfig:
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
         if self.missing_eos_penalty is not None and not math.isfinite(self.missing_eos_penalty):
-            raise ValueError(f"missing_eos_penalty must be None or a finite number, got {self.missing_eos_penalty!r}")
+            raise ValueError("missing_eos_penalty must be None or a finite number, got "
+                             f"{self.missing_eos_penalty!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
         check_seed(self)
         if self.whiten_advantages and self.rollout_batch_size < 2:
-            raise ValueError("rollout_batch_size must be >= 2 when whiten_advantages is True: whitening "
-                             "divides by the variance over the batch's response tokens, and one response "
-                             f"may be a single token (got rollout_batch_size={self.rollout_batch_size}; "
-                             "use a bigger batch or whiten_advantages=False)")
+            raise ValueError(
+                "rollout_batch_size must be >= 2 when whiten_advantages is True: whitening "
+                "divides by the variance over the batch's response tokens, and one response "
+                f"may be a single token (got rollout_batch_size={self.rollout_batch_size}; "
+                "use a bigger batch or whiten_advantages=False)")
         for name in ("save_every", "eval_every", "value_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        # what float32 arithmetic can hold, and what means something (config_limits gives each range's reason)
+        # what float32 arithmetic can hold, and what means something (config_limits gives each
+        # range's reason)
         check_limits(self, PPO_LIMITS)
         check_counts(self, COUNTS)
-        check_counts(self.lora, ("alpha",), prefix="lora.")  # lora.r: below the model's hidden size (preflight)
+        # lora.r: below the model's hidden size (preflight)
+        check_counts(self.lora, ("alpha",), prefix="lora.")
         return self
 
     def replace(self, **changes: Any) -> PPOConfig:

@@ -15,8 +15,8 @@ Compute dtype, by device:
   runs fp16 matmuls on its tensor cores at ~65 TFLOPS against ~8 TFLOPS in float32 (about 8x), and
   decoding one token at a time is memory-bound: 2-byte weights halve the bytes read per step. Its
   catch is the range: float16's largest number is 65504 and its smallest normal one 6.1e-5, so small
-  gradients underflow to 0. The scaler multiplies the loss by S before backward (the gradients by S),
-  divides them by S again before the optimiser step, skips a step whose gradients overflowed to
+  gradients underflow to 0. The scaler multiplies the loss by S before backward (the gradients by
+  S), divides them by S again before the optimiser step, skips a step whose gradients overflowed to
   inf/NaN and halves S then (torch.amp.GradScaler).
   `torch.cuda.is_bf16_supported()` cannot make this choice: it returns True on a T4, where bf16 is
   emulated (and slow). The compute capability says what the hardware does.
@@ -58,7 +58,8 @@ MIN_LOSS_SCALE = 1.0
 
 
 def check_dtype_name(dtype: str, allow_auto: bool = True) -> str:
-    """`dtype` itself if it is one of DTYPE_NAMES (or "auto"), else ValueError naming the allowed values."""
+    """`dtype` itself if it is one of DTYPE_NAMES (or "auto"), else ValueError naming the allowed
+    values."""
     allowed = ((AUTO,) if allow_auto else ()) + DTYPE_NAMES
     if dtype not in allowed:
         raise ValueError(f"dtype must be one of {allowed}, got {dtype!r}")
@@ -66,8 +67,9 @@ def check_dtype_name(dtype: str, allow_auto: bool = True) -> str:
 
 
 def cuda_capability() -> tuple[int, int] | None:
-    """(major, minor) compute capability of the current CUDA device, None where CUDA is not available
-    or its capability cannot be read (a CPU-only torch build asked anyway raises AssertionError)."""
+    """(major, minor) compute capability of the current CUDA device, None where CUDA is not
+    available or its capability cannot be read (a CPU-only torch build asked anyway raises
+    AssertionError)."""
     # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 
@@ -81,7 +83,8 @@ def cuda_capability() -> tuple[int, int] | None:
 
 
 def compute_dtype(device: str) -> str:
-    """The dtype name to compute in on `device` ("cpu", "cuda", "cuda:1"...): see the module docstring.
+    """The dtype name to compute in on `device` ("cpu", "cuda", "cuda:1"...): see the module
+    docstring.
 
     "float32" on the CPU; on CUDA "bfloat16" from compute capability 8.0, "float16" below it, and
     NOMINAL_CUDA_DTYPE when no CUDA device is visible.
@@ -98,7 +101,8 @@ def compute_dtype(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """An explicit dtype name unchanged; "auto" -> `compute_dtype(device)`. Bad names raise ValueError."""
+    """An explicit dtype name unchanged; "auto" -> `compute_dtype(device)`. Bad names raise
+    ValueError."""
     check_dtype_name(dtype)
     return compute_dtype(device) if dtype == AUTO else dtype
 
@@ -117,8 +121,9 @@ def describe_dtype(dtype: str, device: str) -> str:
         import torch
 
         has_bf16 = capability >= BF16_MIN_CAPABILITY
-        why = (f"{torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]}: "
-               + ("bf16 in hardware" if has_bf16 else "no bf16 in hardware"))
+        why = (
+            f"{torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]}: "
+            + ("bf16 in hardware" if has_bf16 else "no bf16 in hardware"))
     if dtype != compute_dtype(device):
         why += f"; set explicitly, the automatic choice is {compute_dtype(device)}"
     return f"{dtype} ({why})"
@@ -134,12 +139,14 @@ def master_dtype() -> Any:
 
 
 def amp_flags(profile: Any) -> dict[str, bool]:
-    """Hugging Face TrainingArguments' mixed-precision flags for `profile` (its `dtype` and `device`).
+    """Hugging Face TrainingArguments' mixed-precision flags for `profile` (its `dtype` and
+    `device`).
 
     {"bf16": True} for bfloat16 and {"fp16": True} for float16 (autocast + GradScaler around float32
-    master weights); for float32 both False. The CPU computes in float32 unless a profile names a 16-bit
-    dtype: then it autocasts as a GPU would (torch has bf16 and fp16 autocast and a GradScaler on the CPU),
-    which is how the tests run the gpu profile's mixed-precision paths without a GPU.
+    master weights); for float32 both False. The CPU computes in float32 unless a profile names a
+    16-bit dtype: then it autocasts as a GPU would (torch has bf16 and fp16 autocast and a
+    GradScaler on the CPU), which is how the tests run the gpu profile's mixed-precision paths
+    without a GPU.
     """
     dtype = resolve_dtype(profile.dtype, profile.device)
     return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
@@ -156,7 +163,8 @@ def needs_grad_scaler(module: Any) -> bool:
 
 def make_grad_scaler(device_type: str, enabled: bool) -> Any:
     """A `torch.amp.GradScaler` for `device_type` ("cpu"/"cuda") starting at GRAD_SCALER_INIT_SCALE;
-    disabled (every call a pass-through: `scale` returns the loss, `step` just steps) unless `enabled`."""
+    disabled (every call a pass-through: `scale` returns the loss, `step` just steps) unless
+    `enabled`."""
     # keeps this module free of torch: profiles, data and the world import in a blink
     import torch
 

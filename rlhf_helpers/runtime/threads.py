@@ -6,8 +6,8 @@
 One thread unless told otherwise. The tiny profile's matrices are small (128 wide), so a second
 thread gains little on a quiet machine, and on a shared one it loses a lot: OpenMP threads wait for
 each other at every operation, so when another process holds one of the cores, every operation
-waits for the thread stuck behind it (benchmarks/measure_threads.py; figures in benchmarks/README.md).
-The notebooks set one thread in their first cell for the same reason.
+waits for the thread stuck behind it (benchmarks/measure_threads.py; figures in
+benchmarks/README.md). The notebooks set one thread in their first cell for the same reason.
 """
 
 from __future__ import annotations

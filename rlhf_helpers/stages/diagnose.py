@@ -5,12 +5,14 @@
     python -m rlhf_helpers.stages.diagnose trl-out/ --min-severity warning  # a TRL GRPOTrainer/RLOOTrainer folder
 
 RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` writes them), a
-metrics.jsonl, or a TRL output folder (trainer_state.json, at its top or in its newest checkpoint-N): TRL's
-names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`). It reads and prints, naming
-the file it read; it writes nothing. Exit status: 0 read (whatever it found); 2 no run could be read there (one line).
+metrics.jsonl, or a TRL output folder (trainer_state.json, at its top or in its newest
+checkpoint-N): TRL's names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`).
+It reads and prints, naming the file it read; it writes nothing. Exit status: 0 read (whatever it
+found); 2 no run could be read there (one line).
 
 `train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
-diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the tracker.
+diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the
+tracker.
 """
 
 from __future__ import annotations
@@ -25,21 +27,30 @@ from typing import Any
 
 from rlhf_helpers.ppo.checkpoint import disk_problem
 from rlhf_helpers.ppo.curves_page import CURVES_FILE, write_run_curves
-from rlhf_helpers.ppo.diagnosis import DIAGNOSIS_FILE, SEVERITIES, Diagnosis, diagnose, format_findings
+from rlhf_helpers.ppo.diagnosis import (
+    DIAGNOSIS_FILE,
+    SEVERITIES,
+    Diagnosis,
+    diagnose,
+    format_findings,
+)
 from rlhf_helpers.ppo.metrics import write_replacing
 
 PROG = "python -m rlhf_helpers.stages.diagnose"
 
 
 def write_diagnosis(diagnosis: Diagnosis, output_dir: Path) -> Path:
-    """diagnosis.json in `output_dir`, written to a temporary name and renamed (never half written)."""
+    """diagnosis.json in `output_dir`, written to a temporary name and renamed (never half
+    written)."""
     path = output_dir / DIAGNOSIS_FILE
-    write_replacing(path, json.dumps(diagnosis.to_json(), indent=2, allow_nan=False) + "\n")  # never through a link
+    # never through a link
+    write_replacing(path, json.dumps(diagnosis.to_json(), indent=2, allow_nan=False) + "\n")
     return path
 
 
 def tracker_values(diagnosis: Diagnosis) -> dict[str, float]:
-    """What the trackers get: per rule that fired, the number of steps it holds at, and the counts by severity."""
+    """What the trackers get: per rule that fired, the number of steps it holds at, and the counts
+    by severity."""
     values = {f"doctor/{f.rule}": float(len(f.steps)) for f in diagnosis.findings}
     values.update({f"doctor/{level}s": float(sum(f.severity == level for f in diagnosis.findings))
                    for level in SEVERITIES})
@@ -48,8 +59,9 @@ def tracker_values(diagnosis: Diagnosis) -> dict[str, float]:
 
 def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None,
                      diagnosis: Diagnosis | None = None) -> Diagnosis:
-    """The end of a training run: diagnose its history (unless `diagnosis` is given), print the findings on stderr,
-    write diagnosis.json and log the tracker values at the last step. OSError when diagnosis.json cannot be written."""
+    """The end of a training run: diagnose its history (unless `diagnosis` is given), print the
+    findings on stderr, write diagnosis.json and log the tracker values at the last step. OSError
+    when diagnosis.json cannot be written."""
     diagnosis = diagnosis if diagnosis is not None else diagnose(trainer)
     print(format_findings(diagnosis), file=sys.stderr, flush=True)
     write_diagnosis(diagnosis, output_dir)
@@ -58,36 +70,42 @@ def report_diagnosis(trainer: Any, output_dir: Path, accelerator: Any = None,
     return diagnosis
 
 
-def write_verdict(trainer: Any, output_dir: Path, accelerator: Any, profile_name: str, status: str) -> str:
-    """diagnosis.json, then curves.html marked with it; one file not written leaves the other. Returns the
-    status ("write failed" when one could not be written)."""
+def write_verdict(trainer: Any, output_dir: Path, accelerator: Any, profile_name: str,
+                  status: str) -> str:
+    """diagnosis.json, then curves.html marked with it; one file not written leaves the other.
+    Returns the status ("write failed" when one could not be written)."""
     diagnosis = diagnose(trainer)
-    writers = ((DIAGNOSIS_FILE, lambda: report_diagnosis(trainer, output_dir, accelerator, diagnosis)),
-               (CURVES_FILE, lambda: write_run_curves(trainer.history, output_dir / CURVES_FILE, profile_name,
-                                                      diagnosis, status)))
+    writers = (
+        (DIAGNOSIS_FILE, lambda: report_diagnosis(trainer, output_dir, accelerator, diagnosis)),
+        (CURVES_FILE, lambda: write_run_curves(trainer.history, output_dir / CURVES_FILE,
+                                               profile_name, diagnosis, status)))
     for name, write in writers:
         try:
             write()
         except OSError as error:
             status = "write failed"
-            print(f"could not write {name} in {output_dir}: {disk_problem(error, output_dir)} (metrics.jsonl "
-                  "holds the same numbers)", file=sys.stderr)
+            print(f"could not write {name} in {output_dir}: {disk_problem(error, output_dir)} "
+                  "(metrics.jsonl holds the same numbers)", file=sys.stderr)
     return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
-                        help="a run folder (metrics.jsonl + run.json), a metrics.jsonl, or a TRL output folder")
+                        help="a run folder (metrics.jsonl + run.json), a metrics.jsonl, or a TRL "
+                             "output folder")
     parser.add_argument("--json", action="store_true",
-                        help="print the diagnosis as JSON (diagnosis.json's content, with the file read and the notes)")
+                        help="print the diagnosis as JSON (diagnosis.json's content, with the file "
+                             "read and the notes)")
     parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
-                        help="print only findings at this severity or above (default: info, everything)")
+                        help="print only findings at this severity or above (default: info, "
+                             "everything)")
     args = parser.parse_args(argv)
     try:
         diagnosis = diagnose(args.run_dir)
         if diagnosis.steps == 0:
-            raise ValueError(f"{diagnosis.source_file or args.run_dir} holds no logged step: nothing to diagnose")
+            raise ValueError(f"{diagnosis.source_file or args.run_dir} holds no logged step: "
+                             "nothing to diagnose")
     except (ValueError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
@@ -96,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(text, flush=True)
     except BrokenPipeError:  # the reader stopped early (`| head`): what it read is all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        # the exit's flush writes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -3,8 +3,9 @@
     folder = ensure_reward_model(profile)        # runs/reward-<profile>/, trained first if needed
     python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward   # train into a folder
 
-The command checks before it builds anything (exit 2, one line): its settings, the device, the SFT model folder
-and what it can hold (`runtime.preflight`), the preference files (named with the line), and --out.
+The command checks before it builds anything (exit 2, one line): its settings, the device, the SFT
+model folder and what it can hold (`runtime.preflight`), the preference files (named with the line),
+and --out.
 
 The cache follows `runtime.artifacts` (completion marker written last, SHA-256 of every file, atomic
 rename). Its key is what decides the adapter: the SFT model's content (not its path), every training
@@ -43,7 +44,8 @@ from rlhf_helpers.runtime.threads import DEFAULT_THREADS, use_threads
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 
-#: The data files a reward adapter is trained and measured on (under rlhf_helpers.runtime.data.data_dir()).
+#: The data files a reward adapter is trained and measured on (under
+#: rlhf_helpers.runtime.data.data_dir()).
 REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
 #: How a reward folder trained for another key is described, by the part of the key that differs.
 OUT_OF_DATE = {"data": "on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)",
@@ -54,7 +56,8 @@ OUT_OF_DATE = {"data": "on other data (a data file changed, or $RLHF_DATA_DIR po
 
 def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -> dict[str, Any]:
     """What decides the trained adapter: the SFT model's content (not its path: a moved checkout or
-    another runs folder reuses the cache), every training setting and the preference data's content."""
+    another runs folder reuses the cache), every training setting and the preference data's
+    content."""
     config = config or RewardTrainingConfig.from_profile(profile)
     values = dataclasses.asdict(config)
     values["lora"] = config.lora.to_dict()
@@ -66,15 +69,17 @@ def reward_cache_key(profile: Any, config: RewardTrainingConfig | None = None) -
 
 
 def _defaults_of(profile: Any) -> Any:
-    """The named profile without any overrides (the reference for `reward_cache_dir`'s plain name)."""
+    """The named profile without any overrides (the reference for `reward_cache_dir`'s plain
+    name)."""
     return tiny_profile() if profile.name == "tiny" else gpu_profile()
 
 
 def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = None,
                      root: str | Path | None = None) -> Path:
     """Folder of the cached reward adapter: root/reward-<profile>, or reward-<profile>-<hash> when
-    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real one);
-    the weight source's suffix (`profiles.WEIGHTS_SUFFIX`: "-gguf", "-random-init") follows the profile name."""
+    `config` differs from the profile's defaults (so a shrunken quick run never replaces the real
+    one); the weight source's suffix (`profiles.WEIGHTS_SUFFIX`: "-gguf", "-random-init") follows
+    the profile name."""
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     root = Path(root) if root is not None else cache_dir()
@@ -86,18 +91,20 @@ def reward_cache_dir(profile: Any = None, config: RewardTrainingConfig | None = 
 
 
 def reward_dir_problem(directory: str | Path, key: dict[str, Any] | None = None) -> str | None:
-    """What is wrong with a cached reward folder, in a few words, or None if it is complete and intact
-    (`artifacts.artifact_problem`); with `key` (`reward_cache_key`) it must also have been trained for
-    it: "it was trained on other data" and the like otherwise."""
+    """What is wrong with a cached reward folder, in a few words, or None if it is complete and
+    intact (`artifacts.artifact_problem`); with `key` (`reward_cache_key`) it must also have been
+    trained for it: "it was trained on other data" and the like otherwise."""
     return artifact_problem(directory, key, OUT_OF_DATE)
 
 
 def is_cached_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
                            root: str | Path | None = None) -> bool:
-    """True when `ensure_reward_model(profile, config, root)` would load its folder without training."""
+    """True when `ensure_reward_model(profile, config, root)` would load its folder without
+    training."""
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
-    return reward_dir_problem(reward_cache_dir(profile, config, root), reward_cache_key(profile, config)) is None
+    return reward_dir_problem(reward_cache_dir(profile, config, root),
+                              reward_cache_key(profile, config)) is None
 
 
 def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None = None,
@@ -105,20 +112,21 @@ def ensure_reward_model(profile: Any = None, config: RewardTrainingConfig | None
     """The trained reward adapter of `profile`, trained first if it is not cached yet.
 
     The folder is `reward_cache_dir(profile, config, root)` (default runs/reward-<profile>/), built
-    by `artifacts.build_cached`: a missing, damaged or out-of-date folder is trained again into place,
-    with one line on stderr saying why. The SFT model it starts from is prepared first
+    by `artifacts.build_cached`: a missing, damaged or out-of-date folder is trained again into
+    place, with one line on stderr saying why. The SFT model it starts from is prepared first
     (`sft.ensure_sft_model`: nothing in the tiny profile, cached on a GPU).
     """
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
-    ensure_sft_model(profile)  # the base the adapter trains on (gpu profile: fine-tuned once, cached)
+    # the base the adapter trains on (gpu profile: fine-tuned once, cached)
+    ensure_sft_model(profile)
     final = reward_cache_dir(profile, config, root)
 
     def announce(problem: str) -> None:
         if final.exists():
             state = "out of date" if problem.startswith("it was trained") else "damaged"
-            print(f"reward cache {shown_path(final)} is {state} ({problem}): training it again", file=sys.stderr,
-                  flush=True)
+            print(f"reward cache {shown_path(final)} is {state} ({problem}): training it again",
+                  file=sys.stderr, flush=True)
 
     return build_cached(final, reward_cache_key(profile, config),
                         lambda tmp: {"metrics": train_reward_model(profile, tmp, config)},
@@ -131,9 +139,10 @@ def reward_metrics(directory: str | Path) -> dict[str, float]:
 
 
 def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
-    """SetupError unless a reward model can train here, found before any model is built: a device torch cannot
-    use on this machine, a damaged SFT model folder, settings it cannot hold (max_length beyond its positions, a
-    LoRA rank above its hidden size, a target it lacks), or a bad preference file (named with its line)."""
+    """SetupError unless a reward model can train here, found before any model is built: a device
+    torch cannot use on this machine, a damaged SFT model folder, settings it cannot hold
+    (max_length beyond its positions, a LoRA rank above its hidden size, a target it lacks), or a
+    bad preference file (named with its line)."""
     problem = device_problem(profile.device)
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's {problem}")
@@ -142,7 +151,8 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
     problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
     if problem is not None:
-        raise SetupError(f"settings that do not fit the {profile.name} profile's SFT model: {problem}")
+        raise SetupError(
+            f"settings that do not fit the {profile.name} profile's SFT model: {problem}")
     try:
         for split in ("train", "test"):
             load_preferences(split)
@@ -156,11 +166,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                                      description="Train the reward-model LoRA adapter with TRL.")
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
-    parser.add_argument("--out", default="runs/reward", help="output folder of the adapter and score head")
-    parser.add_argument("--max-train-pairs", type=int, default=None, help="train on the first N pairs only (N >= 1)")
+    parser.add_argument("--out", default="runs/reward",
+                        help="output folder of the adapter and score head")
+    parser.add_argument("--max-train-pairs", type=int, default=None,
+                        help="train on the first N pairs only (N >= 1)")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest when another process "
-                             "shares the cores; see benchmarks/README.md)")
+                        help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest "
+                             "when another process shares the cores; see benchmarks/README.md)")
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
@@ -169,12 +181,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         parser.error("--out must name a folder, got an empty path")
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()) and not (out / COMPLETE_MARKER).is_file():
-        parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it would be "
-                     "replaced, so choose a new or empty folder")
-    if out.is_dir() and (extra := unrecorded_files(out)):  # a reward folder with a person's files added
-        parser.error(f"--out {out} holds {', '.join(extra[:3])}, which the reward command did not write; it would "
-                     "be replaced with the folder, so move them away or choose a new folder")
-    try:  # a bad setting, machine, model folder or data file is one line and exit 2, before any model is built
+        parser.error(f"--out {out} exists and is not a reward folder (no {COMPLETE_MARKER}); it "
+                     "would be replaced, so choose a new or empty folder")
+    # a reward folder with a person's files added
+    if out.is_dir() and (extra := unrecorded_files(out)):
+        parser.error(
+            f"--out {out} holds {', '.join(extra[:3])}, which the reward command did not write; it "
+            "would be replaced with the folder, so move them away or choose a new folder")
+    # a bad setting, machine, model folder or data file is one line and exit 2, before any model is
+    # built
+    try:
         profile = get_profile(args.profile)
         config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
         check_can_train(profile, config)
@@ -190,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         metrics.update(train_reward_model(profile, tmp, config))
         return {"metrics": metrics}
 
-    # the same folder layout and checksums as the cache: `--reward-dir` of the PPO command accepts it
+    # the same folder layout and checksums as the cache: `--reward-dir` of the PPO command accepts
+    # it
     build_cached(out, reward_cache_key(profile, config), train, force=True)
     print(json.dumps(metrics, indent=2))
     return metrics

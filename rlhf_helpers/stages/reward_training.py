@@ -1,4 +1,5 @@
-"""Training the reward model: TRL's RewardTrainer with a LoRA adapter (task SEQ_CLS) on the SFT base.
+"""Training the reward model: TRL's RewardTrainer with a LoRA adapter (task SEQ_CLS) on the SFT
+base.
 
     result = train_reward_model(profile, "runs/reward")   # writes the adapter and its score head
     shared = SharedLoRAModel(base_lm, ..., reward_dir="runs/reward")
@@ -79,8 +80,10 @@ class RewardTrainingConfig:
         check_field_types(self, expected={"max_train_pairs": ints_from(1, optional=True)})
         check_ints_from(self, 1, ("batch_size", "max_length"))
         check_positive(self, ("epochs", "learning_rate"))
-        for name, limit in (("epochs", "reward_epochs"), ("learning_rate", "reward_lr")):  # the profile's ranges
-            if (problem := limit_problem(name, getattr(self, name), PROFILE_LIMITS[limit])) is not None:
+        # the profile's ranges
+        for name, limit in (("epochs", "reward_epochs"), ("learning_rate", "reward_lr")):
+            if (problem := limit_problem(name, getattr(self, name),
+                                         PROFILE_LIMITS[limit])) is not None:
                 raise ValueError(problem)
         check_ints_from(self, 1, ("max_train_pairs",), optional=True)
         check_seed(self)  # transformers' set_seed hands it to numpy, which takes no other
@@ -105,7 +108,8 @@ def _score_head_state(peft_model: Any) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def score_pairs(model: Any, tokenizer: Any, prompts: Sequence[str], responses: Sequence[str],
                 batch_size: int = 256) -> torch.Tensor:
-    """Reward of each prompt + response (+ EOS, as TRL trained it) under a sequence classifier: (N,)."""
+    """Reward of each prompt + response (+ EOS, as TRL trained it) under a sequence classifier:
+    (N,)."""
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses must have the same length, got {len(prompts)} and "
                          f"{len(responses)}")
@@ -113,7 +117,8 @@ def score_pairs(model: Any, tokenizer: Any, prompts: Sequence[str], responses: S
     out = []
     for first in range(0, len(prompts), batch_size):
         texts = [p + r + tokenizer.eos_token for p, r in
-                 zip(prompts[first : first + batch_size], responses[first : first + batch_size], strict=True)]
+                 zip(prompts[first : first + batch_size],
+                     responses[first : first + batch_size], strict=True)]
         enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(device)
         position_ids = (enc["attention_mask"].cumsum(1) - 1).clamp(min=0)  # (b, L)
         logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
@@ -127,20 +132,23 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     a = torch.tensor(list(x), dtype=torch.float64)
     b = torch.tensor(list(y), dtype=torch.float64)
     if a.shape != b.shape or a.numel() < 2:
-        raise ValueError(f"x and y must be equally long with at least 2 values, got {a.numel()} and {b.numel()}")
+        raise ValueError(
+            f"x and y must be equally long with at least 2 values, got {a.numel()} and {b.numel()}")
     a, b = a - a.mean(), b - b.mean()
     return float((a * b).sum() / math.sqrt(float((a * a).sum() * (b * b).sum())))
 
 
 def evaluate_reward_model(model: Any, tokenizer: Any, pairs: Sequence[dict]) -> dict[str, float]:
-    """Held-out pairwise accuracy, the annotator's ceiling on these pairs, and the correlation of the
-    learned score with the hidden ground-truth score over every chosen and rejected response."""
+    """Held-out pairwise accuracy, the annotator's ceiling on these pairs, and the correlation of
+    the learned score with the hidden ground-truth score over every chosen and rejected response."""
     prompts = [p["prompt"] for p in pairs]
     chosen = score_pairs(model, tokenizer, prompts, [p["chosen"] for p in pairs])  # (N,)
     rejected = score_pairs(model, tokenizer, prompts, [p["rejected"] for p in pairs])  # (N,)
-    hidden = hidden_scores(prompts + prompts, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
+    hidden = hidden_scores(prompts + prompts,
+                           [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
     annotator = Annotator()
-    ceiling = accuracy_ceiling(annotator.probability(p["prompt"], p["chosen"], p["rejected"]) for p in pairs)
+    ceiling = accuracy_ceiling(
+        annotator.probability(p["prompt"], p["chosen"], p["rejected"]) for p in pairs)
     return {
         "pairwise_accuracy": float(pairwise_accuracy(chosen, rejected)),
         "annotator_ceiling": ceiling,
@@ -153,7 +161,8 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
                        config: RewardTrainingConfig | None = None,
                        train_pairs: Sequence[dict] | None = None,
                        eval_pairs: Sequence[dict] | None = None) -> dict[str, float]:
-    """Train the reward adapter with TRL's RewardTrainer, save it to output_dir, return held-out metrics."""
+    """Train the reward adapter with TRL's RewardTrainer, save it to output_dir, return held-out
+    metrics."""
     profile = profile or get_profile()
     config = config or RewardTrainingConfig.from_profile(profile)
     train_pairs = list(train_pairs if train_pairs is not None else load_preferences("train"))
@@ -163,7 +172,8 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     if not train_pairs:
         raise ValueError("train_pairs must not be empty")
     problem = model_limits_problem(profile.sft_model_path, config.max_length, config.lora)
-    if problem is not None:  # before the model is built: peft's and torch's own errors name neither setting
+    # before the model is built: peft's and torch's own errors name neither setting
+    if problem is not None:
         raise ValueError(problem)
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(profile)
@@ -173,7 +183,8 @@ def train_reward_model(profile: Any = None, output_dir: str | Path = "runs/rewar
     metrics = evaluate_reward_model(model, tokenizer, eval_pairs)
     metrics["train_seconds"] = seconds
     seen = pairs_seen(len(train_pairs), config.batch_size, steps)
-    metrics["train_pairs"] = float(min(seen, len(train_pairs)))  # distinct pairs: epochs < 1 sees some
+    # distinct pairs: epochs < 1 sees some
+    metrics["train_pairs"] = float(min(seen, len(train_pairs)))
     metrics["pairs_seen"] = float(seen)  # with repeats: epochs x pairs
     return metrics
 
@@ -188,7 +199,8 @@ def reward_peft_model(profile: Any, config: RewardTrainingConfig) -> Any:
     peft_config.modules_to_save = ["score"]
     fuse_tanh_gelu(base)  # gelu_new as one kernel, not eight ops: a third of the tiny forward
     model = get_peft_model(base, peft_config)
-    if not any(amp_flags(profile).values()):  # float32 arithmetic: each LoRA layer as one product (fused_lora.py)
+    # float32 arithmetic: each LoRA layer as one product (fused_lora.py)
+    if not any(amp_flags(profile).values()):
         fuse_lora_layers(model)
     return model
 
@@ -230,8 +242,8 @@ def save_reward_adapter(model: Any, output_dir: str | Path) -> None:
 
 
 def pairs_seen(n_pairs: int, batch_size: int, steps: int) -> int:
-    """Pairs the reward trainer processed in `steps` optimiser steps (one batch each, no accumulation):
-    every epoch is ceil(n / batch) batches, its last one holding the remainder."""
+    """Pairs the reward trainer processed in `steps` optimiser steps (one batch each, no
+    accumulation): every epoch is ceil(n / batch) batches, its last one holding the remainder."""
     per_epoch = -(-n_pairs // batch_size)
     full_epochs, extra = divmod(steps, per_epoch)
     return full_epochs * n_pairs + min(extra * batch_size, n_pairs)
@@ -243,8 +255,9 @@ def reward_config_kwargs(profile: Any = None, **overrides: Any) -> dict[str, Any
         args = RewardConfig(output_dir=..., per_device_train_batch_size=32, learning_rate=2e-3,
                             **reward_config_kwargs(profile))
 
-    - use_cpu on a CPU profile; bf16/fp16 from `precision.amp_flags` (autocast around float32 masters in a
-      16-bit dtype; a CPU computes in float32 unless its profile names one; TRL's bf16 default is wrong there);
+    - use_cpu on a CPU profile; bf16/fp16 from `precision.amp_flags` (autocast around float32
+      masters in a 16-bit dtype; a CPU computes in float32 unless its profile names one; TRL's bf16
+      default is wrong there);
     - activation (gradient) checkpointing off (`compat.checkpointing_off`): RewardConfig defaults it
       on, which breaks the adapter switching of the shared PPO model later;
     - report_to=[] (no tracker), save_strategy="no" (the course saves the adapter itself),

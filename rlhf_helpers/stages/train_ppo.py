@@ -1,4 +1,5 @@
-"""Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics and curves.
+"""Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics and
+curves.
 
     python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60 --output-dir runs/ppo-tiny
     python -m rlhf_helpers.stages.train_ppo --output-dir runs/ppo-tiny --steps 80 --resume   # continue
@@ -6,16 +7,18 @@
     CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo --profile tiny  # 2 CPU processes
 
-Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun); with no GPU visible
-each process runs on the CPU, over gloo (run.json records num_processes). `accelerate launch --cpu --num_processes 2`
-silently starts ONE process (no MPI hostfile); `torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo` works.
-A NaN/inf seen by one process stops all of them, each with exit 3.
+Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun);
+with no GPU visible each process runs on the CPU, over gloo (run.json records num_processes).
+`accelerate launch --cpu --num_processes 2` silently starts ONE process (no MPI hostfile);
+`torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo` works. A NaN/inf seen by one process
+stops all of them, each with exit 3.
 
-What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is fine-tuned
-once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once, cached in runs/reward-<profile>/;
-$RLHF_CACHE_DIR moves both caches), builds the shared model (SFT base + policy/value adapters + the reward
-adapter), runs `PPOTrainer.train` under an `accelerate.Accelerator`, and writes into --output-dir (locked for
-the run: a second live run into it exits 2, naming this one's pid):
+What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
+fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once,
+cached in runs/reward-<profile>/; $RLHF_CACHE_DIR moves both caches), builds the shared model (SFT
+base + policy/value adapters + the reward adapter), runs `PPOTrainer.train` under an
+`accelerate.Accelerator`, and writes into --output-dir (locked for the run: a second live run into
+it exits 2, naming this one's pid):
 
     step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
     metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
@@ -24,29 +27,32 @@ the run: a second live run into it exits 2, naming this one's pid):
     run.json                  the profile, the PPO config and the reward folder of this run
     tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
 
-Settings: --threads N sets torch's CPU threads (default 1, `runtime/threads.py`); every PPOConfig field is a flag
-(`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not given keeps the profile's value. Each
-number has a range float32 arithmetic can hold (`runtime.config_limits`, named in `--help`); a negative one may follow
-its flag (`--missing-eos-penalty -1e3`). The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the profile, so
-its seed and lora reach every stage (the SFT and reward models too), e.g. '{"rollout_batch_size": 8,
-"mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it. --resume continues with what run.json records: the
-profile, the PPO settings, the reward model (its weights come from the checkpoint, so the reward folder may be gone)
-and the prompts (their SHA-256); only --total-steps (--steps), --save-every, --eval-every and the progress bar may
-change. Any other flag, override or prompt file that differs from the record is refused (exit 2), and run.json keeps
-recording what the run did (`stages/resume.py`).
-Exit status: 0 done; 2 a bad argument or a run that cannot start (one line on stderr, found before the reward model or
-the PPO model is built: an --output-dir that is a file, lies under one, is not writable or sits on a full disk or is
-in use by another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no run can use, a device this
-machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed the memory, more evaluation
-prompts than prompts_test.jsonl has, a missing or malformed run.json or checkpoint on --resume, a run file (run.json,
-metrics.jsonl...) that is a link or a folder, a value warm-up as long as the run, --reward-train-pairs with
---reward-dir; and, found later, a lock another process holds or that cannot be taken, a checkpoint whose files do not
-match their digests, a GGUF file cut short; see ppo/run_folder.py and runtime/preflight.py); 3 stopped by a NaN/inf
-(in sampling logits, rewards, losses, gradients or weights), with a message; the last good checkpoint stays as it was;
-4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written (a full disk is named as such; the
-previous checkpoint stays as it was, and metrics.jsonl never logs a step whose checkpoint failed); 130 ended by
-Ctrl-C, with one line naming the last checkpoint saved and the command that resumes from it (or saying none was saved
-yet).
+Settings: --threads N sets torch's CPU threads (default 1, `runtime/threads.py`); every PPOConfig
+field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not given
+keeps the profile's value. Each number has a range float32 arithmetic can hold
+(`runtime.config_limits`, named in `--help`); a negative one may follow its flag
+(`--missing-eos-penalty -1e3`). The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the
+profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
+'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
+--resume continues with what run.json records: the profile, the PPO settings, the reward model (its
+weights come from the checkpoint, so the reward folder may be gone) and the prompts (their SHA-256);
+only --total-steps (--steps), --save-every, --eval-every and the progress bar may change. Any other
+flag, override or prompt file that differs from the record is refused (exit 2), and run.json keeps
+recording what the run did (`stages/resume.py`). Exit status: 0 done; 2 a bad argument or a run that
+cannot start (one line on stderr, found before the reward model or the PPO model is built: an
+--output-dir that is a file, lies under one, is not writable or sits on a full disk or is in use by
+another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no run can use, a
+device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed the
+memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or
+checkpoint on --resume, a run file (run.json, metrics.jsonl...) that is a link or a folder, a value
+warm-up as long as the run, --reward-train-pairs with --reward-dir; and, found later, a lock another
+process holds or that cannot be taken, a checkpoint whose files do not match their digests, a GGUF
+file cut short; see ppo/run_folder.py and runtime/preflight.py); 3 stopped by a NaN/inf (in sampling
+logits, rewards, losses, gradients or weights), with a message; the last good checkpoint stays as it
+was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written (a full disk
+is named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
+checkpoint failed); 130 ended by Ctrl-C, with one line naming the last checkpoint saved and the
+command that resumes from it (or saying none was saved yet).
 """
 
 from __future__ import annotations
@@ -130,61 +136,74 @@ from rlhf_helpers.stages.train_setup import (
 )
 from rlhf_helpers.world.scorer import hidden_scores
 
-#: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable (LockFileUnusable is a
-#: FolderInUse), a checkpoint not matching its digests, a GGUF file cut short. `main` prints one line, exits 2.
+#: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable
+#: (LockFileUnusable is a FolderInUse), a checkpoint not matching its digests, a GGUF file cut
+#: short. `main` prints one line, exits 2.
 USER_ERRORS = (FolderInUse, CheckpointDamagedError, IncompleteGGUFFile)
 #: what this module offers besides `main` and `run`: the parser lives in `stages.train_args`
 __all__ = ["PROG", "USER_ERRORS", "build_parser", "main", "parse_args", "run"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """The whole run; returns a summary (last metrics, checkpoint path, output folder). Ctrl-C raises Interrupted,
-    whose line names the last checkpoint and the command that resumes from it."""
+    """The whole run; returns a summary (last metrics, checkpoint path, output folder). Ctrl-C
+    raises Interrupted, whose line names the last checkpoint and the command that resumes from
+    it."""
     check_run_flags(args)
-    use_threads(getattr(args, "threads", None))  # one unless --threads says otherwise (runtime/threads.py)
+    # one unless --threads says otherwise (runtime/threads.py)
+    use_threads(getattr(args, "threads", None))
     try:
         profile = get_profile(args.profile)
     except (ValueError, TypeError) as error:  # a bad $RLHF_PROFILE / $RLHF_PROFILE_OVERRIDES
         raise SetupError(str(error)) from None
     try:
-        require_weights(profile.weights)  # offline with no GGUF file: how to get it, before anything is built
+        # offline with no GGUF file: how to get it, before anything is built
+        require_weights(profile.weights)
     except FileNotFoundError as error:
         raise SetupError(f"the gpu profile's weights: {error}") from None
-    chosen_dir = getattr(args, "output_dir", None) or profile.ppo.output_dir  # the flag, else the overrides'
+    # the flag, else the overrides'
+    chosen_dir = getattr(args, "output_dir", None) or profile.ppo.output_dir
     output_dir = Path(chosen_dir) if chosen_dir else runs_dir() / f"ppo-{profile.name}"
-    given = {**given_field_values(args, PPOConfig), "output_dir": str(output_dir)}  # the PPO flags given
+    # the PPO flags given
+    given = {**given_field_values(args, PPOConfig), "output_dir": str(output_dir)}
     # the command line's own defaults, unless $RLHF_PROFILE_OVERRIDES sets the field
     defaults = {name: value for name, value in CLI_DEFAULTS.items() if name not in env_overrides()}
     try:  # before the folder is touched; a resumed run checks its flags against run.json below
         config = None if args.resume else profile.ppo.replace(**{**defaults, **given})
-    except (TypeError, ValueError) as error:  # a setting no run can use (a flag's, or the profile's)
+    # a setting no run can use (a flag's, or the profile's)
+    except (TypeError, ValueError) as error:
         raise SetupError(flag_error(error, given, "the profile's PPO settings")) from None
-    if config is not None and (problem := warmup_problem(config)):  # a policy that would never train
+    # a policy that would never train
+    if config is not None and (problem := warmup_problem(config)):
         raise SetupError(problem)
     check_tracker(args.report_to, output_dir)  # before the folder is touched
     check_output_dir(output_dir)
-    folder_lock = lock_output_dir(output_dir)  # first: two runs started at once cannot both pass the checks below
+    # first: two runs started at once cannot both pass the checks below
+    folder_lock = lock_output_dir(output_dir)
     try:
         return _run_in_folder(args, profile, config, given, output_dir, folder_lock)
-    except KeyboardInterrupt:  # Ctrl-C: one line naming the checkpoint to resume from, not a traceback
+    # Ctrl-C: one line naming the checkpoint to resume from, not a traceback
+    except KeyboardInterrupt:
         if folder_lock is not None:
             folder_lock.release()  # the folder is free for the resume at once
         raise Interrupted(interrupted_line(output_dir, profile.name)) from None
 
 
-def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None, given: dict[str, Any],
-                   output_dir: Path, folder_lock: Any) -> dict[str, Any]:
-    """The run once its folder is locked: the checks that read the folder, the models, the training, the files."""
+def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None,
+                   given: dict[str, Any], output_dir: Path, folder_lock: Any) -> dict[str, Any]:
+    """The run once its folder is locked: the checks that read the folder, the models, the training,
+    the files."""
     check_folder_holds(args.resume, output_dir)
     record = None
     if args.resume:  # what run.json recorded, with only the resumable settings changed
         record, config, profile = resumed_settings(args, profile, given, output_dir)
     elif args.reward_dir is not None:
         check_reward_dir(args.reward_dir)
-    problem = model_folder_problem(profile)  # a damaged or foreign model folder: before anything is built
+    # a damaged or foreign model folder: before anything is built
+    problem = model_folder_problem(profile)
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
-    prompts = read_prompts(preferences=args.reward_dir is None and record is None,  # bad data: exit 2
+    # bad data: exit 2
+    prompts = read_prompts(preferences=args.reward_dir is None and record is None,
                            sft=config.ptx_coef > 0)
     check_run_fits(profile, config, prompts)
     accelerator = make_accelerator(args.report_to, output_dir,
@@ -202,10 +221,11 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         loaded = load_checkpoint(trainer, output_dir)
         if accelerator.is_main_process:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
-    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record,
-                        compute=compute_record(trainer))
+    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes,
+                        resumed=record, compute=compute_record(trainer))
     start_run_files(trainer, output_dir, record, accelerator, args.report_to)
-    status = train_and_log(trainer, output_dir, accelerator, prompts["test"] if config.eval_every else None)
+    status = train_and_log(trainer, output_dir, accelerator,
+                           prompts["test"] if config.eval_every else None)
     if accelerator.is_main_process:  # the doctor's verdict, then the curves marked with it
         status = write_verdict(trainer, output_dir, accelerator, profile.name, status)
     accelerator.wait_for_everyone()  # then every process reads the checkpoint process 0 wrote last
@@ -213,8 +233,9 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
     if folder_lock is not None:  # the run's files are written: the folder is free for the next run
         folder_lock.release()
     return {"status": status, "steps": trainer.step_count, "output_dir": str(output_dir),
-            "checkpoint": str(latest_checkpoint(output_dir)), "is_main_process": accelerator.is_main_process,
-            "accelerator": accelerator, "last_metrics": trainer.history[-1] if trainer.history else {}}
+            "checkpoint": str(latest_checkpoint(output_dir)),
+            "is_main_process": accelerator.is_main_process, "accelerator": accelerator,
+            "last_metrics": trainer.history[-1] if trainer.history else {}}
 
 
 def start_run_files(trainer: PPOTrainer, output_dir: Path, record: dict[str, Any], accelerator: Any,
@@ -230,8 +251,9 @@ def start_run_files(trainer: PPOTrainer, output_dir: Path, record: dict[str, Any
 
 def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
                   eval_prompts: Sequence[str] | None) -> str:
-    """`train_loop` with each step appended to metrics.jsonl; returns the run's status. A NaN stop or a
-    failed write ends the run with its line; an error on another process ends every process together."""
+    """`train_loop` with each step appended to metrics.jsonl; returns the run's status. A NaN stop
+    or a failed write ends the run with its line; an error on another process ends every process
+    together."""
     is_main = accelerator.is_main_process
     metrics_path = output_dir / METRICS_FILE
 
@@ -240,9 +262,10 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
             try:
                 append_jsonl(metrics_path, [metrics])
             except OSError as error:
-                raise CheckpointSaveError(f"could not append step {int(metrics['step'])} to {metrics_path}: "
-                                          f"{disk_problem(error, output_dir)}; {trainer.last_checkpoint or 'no'} "
-                                          "checkpoint is kept") from error
+                raise CheckpointSaveError(
+                    f"could not append step {int(metrics['step'])} to {metrics_path}: "
+                    f"{disk_problem(error, output_dir)}; {trainer.last_checkpoint or 'no'} "
+                    "checkpoint is kept") from error
             log_metrics(accelerator, metrics)
 
     try:
@@ -251,18 +274,21 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
         if is_main:
             print(f"PPO stopped: {error}", file=sys.stderr)
         return "stopped"
-    except PeerProcessFailed as error:  # another process met an unexpected error and prints its traceback
+    # another process met an unexpected error and prints its traceback
+    except PeerProcessFailed as error:
         print(f"PPO stopped: {error}", file=sys.stderr, flush=True)
-        accelerator.wait_for_everyone()  # that process waits here too: neither exits before the other printed
+        # that process waits here too: neither exits before the other printed
+        accelerator.wait_for_everyone()
         raise SystemExit(EXIT_PEER_FAILED) from None
     except KeyboardInterrupt:
-        trainer.close()  # its share of the folder's lock: `run` releases the other and prints the line
+        # its share of the folder's lock: `run` releases the other and prints the line
+        trainer.close()
         raise
     except CheckpointSaveError as error:
         print(f"PPO stopped: {error}", file=sys.stderr)
         if accelerator.num_processes > 1:
-            # only this (main) process saves: the others wait in the next collective, so leave now and
-            # let the launcher stop them rather than meet them at a barrier they never reach
+            # only this (main) process saves: the others wait in the next collective, so leave now
+            # and let the launcher stop them rather than meet them at a barrier they never reach
             raise SystemExit(EXIT_WRITE_FAILED) from None
         return "write failed"
     except Exception as error:
@@ -277,13 +303,16 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
     return "finished"
 
 
-def ready_models(args: argparse.Namespace, profile: Any, record: dict[str, Any] | None, output_dir: Path,
-                 accelerator: Any) -> tuple[Path | None, int | None]:
-    """The SFT model and the reward folder, trained once and cached; returns (reward folder, pairs)."""
-    with accelerator.main_process_first():  # gpu profile: one process fine-tunes the SFT model, the others reuse it
+def ready_models(args: argparse.Namespace, profile: Any, record: dict[str, Any] | None,
+                 output_dir: Path, accelerator: Any) -> tuple[Path | None, int | None]:
+    """The SFT model and the reward folder, trained once and cached; returns (reward folder,
+    pairs)."""
+    # gpu profile: one process fine-tunes the SFT model, the others reuse it
+    with accelerator.main_process_first():
         ensure_sft_model(profile)
     reward_pairs = None if args.reward_dir is not None else args.reward_train_pairs
-    if record is not None:  # the checkpoint holds the reward adapter's weights and shape: no reward folder needed
+    # the checkpoint holds the reward adapter's weights and shape: no reward folder needed
+    if record is not None:
         return latest_checkpoint(output_dir), reward_pairs
     if args.reward_dir is not None:
         return Path(args.reward_dir), reward_pairs
@@ -294,7 +323,8 @@ def ready_models(args: argparse.Namespace, profile: Any, record: dict[str, Any] 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        restore_interrupt()  # Ctrl-C raises KeyboardInterrupt again: handled below, naming the checkpoint
+        # Ctrl-C raises KeyboardInterrupt again: handled below, naming the checkpoint
+        restore_interrupt()
         summary = run(parse_args(argv))
     except SetupError as error:  # one line, as argparse prints its usage errors
         # every process prints it: under a launcher the first to exit has the others ended (SIGTERM)
@@ -313,8 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if summary.pop("is_main_process"):
         print(json.dumps({k: v for k, v in summary.items() if k != "last_metrics"}), flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()  # no process exits (and has the launcher end the others) before that line
-    if accelerator.log_with:  # closes the trackers (and the process group: after the last collective)
+        # no process exits (and has the launcher end the others) before that line
+        torch.distributed.barrier()
+    # closes the trackers (and the process group: after the last collective)
+    if accelerator.log_with:
         accelerator.end_training()
     return {"stopped": EXIT_NON_FINITE, "write failed": EXIT_WRITE_FAILED}.get(summary["status"], 0)
 

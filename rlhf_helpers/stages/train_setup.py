@@ -28,7 +28,12 @@ from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE
-from rlhf_helpers.stages.resume import RESUMABLE, check_resumed_inputs, resumed_config, resumed_profile
+from rlhf_helpers.stages.resume import (
+    RESUMABLE,
+    check_resumed_inputs,
+    resumed_config,
+    resumed_profile,
+)
 from rlhf_helpers.stages.reward import reward_dir_problem
 from rlhf_helpers.stages.train_args import warmup_problem
 
@@ -36,8 +41,10 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def check_folder_holds(resume: bool, output_dir: Path) -> None:
-    """SetupError unless the folder's run files are plain files and its checkpoints fit `--resume`."""
-    check_run_files(output_dir, (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE))  # no links
+    """SetupError unless the folder's run files are plain files and its checkpoints fit
+    `--resume`."""
+    # no links
+    check_run_files(output_dir, (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE))
     if not resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
@@ -47,21 +54,25 @@ def check_folder_holds(resume: bool, output_dir: Path) -> None:
 
 def resumed_settings(args: argparse.Namespace, profile: Any, given: dict[str, Any],
                      output_dir: Path) -> tuple[dict[str, Any], PPOConfig, Any]:
-    """(run.json's record, the config, the profile) of a resumed run, its checkpoint checked file by file."""
+    """(run.json's record, the config, the profile) of a resumed run, its checkpoint checked file by
+    file."""
     record = read_run_record(output_dir)
     check_resumed_inputs(record, args.reward_dir, args.reward_train_pairs, output_dir)
     from_env = env_overrides()
-    config = resumed_config(record, output_dir, profile.name, {  # first: refuses a run of another profile
+    # first: refuses a run of another profile
+    config = resumed_config(record, output_dir, profile.name, {
         **{name: value for name, value in from_env.items() if name in RESUMABLE}, **given})
     profile = resumed_profile(record, profile, from_env, output_dir)
-    problem = warmup_problem(config, f" (the run's, {RUN_FILE})")  # its warm-up against the new total
+    # its warm-up against the new total
+    problem = warmup_problem(config, f" (the run's, {RUN_FILE})")
     if problem is not None:
         raise SetupError(f"--resume: {problem}")
     # the checkpoint is read (safely) and checked file by file before the model is built
     resumed_step = check_resume_checkpoint(output_dir)
     if resumed_step >= config.total_steps:
-        raise SetupError(f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
-                         f"is already at step {resumed_step}; pass a larger total to train further")
+        raise SetupError(
+            f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "
+            f"is already at step {resumed_step}; pass a larger total to train further")
     return record, config, profile
 
 
@@ -71,15 +82,17 @@ def check_reward_dir(reward_dir: str) -> None:
     if problem is not None:
         if Path(reward_dir).is_file():
             problem = "it is a file, not a folder"
-        raise SetupError(f"--reward-dir {reward_dir}: not a complete reward folder ({problem}); train one "
-                         "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
+        raise SetupError(
+            f"--reward-dir {reward_dir}: not a complete reward folder ({problem}); train one "
+            "with `python -m rlhf_helpers.stages.reward --out FOLDER`, or leave the flag out")
 
 
 def warn_unknown_tokens(profile: Any, prompts: Sequence[str], is_main: bool) -> None:
     """One warning when training prompts hold tokens the tokenizer does not know."""
     unknown, only_unknown = unknown_tokens(load_tokenizer(profile), prompts)
     if unknown > 0 and is_main:  # once: what the policy is asked is not what the file says
-        print(f"warning: {100 * unknown:.2g}% of the training prompts' tokens are unknown to the tokenizer ("
-              f"{only_unknown} of {len(prompts)} prompts are nothing else): they reach the policy as "
-              "the unknown token whatever they said (emoji, another script, words the tiny vocabulary lacks)",
+        print(f"warning: {100 * unknown:.2g}% of the training prompts' tokens are unknown to the "
+              f"tokenizer ({only_unknown} of {len(prompts)} prompts are nothing else): they reach "
+              "the policy as the unknown token whatever they said (emoji, another script, words "
+              "the tiny vocabulary lacks)",
               file=sys.stderr)

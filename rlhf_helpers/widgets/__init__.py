@@ -6,8 +6,9 @@
     widgets.KLExplorer()            # k1 / k2 / k3 estimators against the exact KL
     widgets.ValueClipExplorer()     # clipped against unclipped value loss
 
-Each takes `backend="auto" | "figurewidget" | "html" | "output"` (see `backends`), works on ipywidgets 7.7
-(Colab) and 8, plotly 5 to 7, and computes every number with the `rlhf_helpers` maths core.
+Each takes `backend="auto" | "figurewidget" | "html" | "output"` (see `backends`), works on
+ipywidgets 7.7 (Colab) and 8, plotly 5 to 7, and computes every number with the `rlhf_helpers` maths
+core.
 """
 
 from rlhf_helpers.widgets.backends import BACKENDS, ENV_VAR, FigureView, resolve_backend

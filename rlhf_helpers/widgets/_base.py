@@ -108,9 +108,10 @@ def status_html(message: str, error: bool) -> str:
 class Explorer:
     """Base of the explorers: controls + figure views + status line, and one `update` for all.
 
-    Subclasses fill `self.controls` (name -> NumberControl or a plain value widget) and `self.views`,
-    then call `self._finish(layout_children)`. `_render()` recomputes everything from the controls
-    and returns the status message; a ValueError it raises is shown in the status line instead.
+    Subclasses fill `self.controls` (name -> NumberControl or a plain value widget) and
+    `self.views`, then call `self._finish(layout_children)`. `_render()` recomputes everything from
+    the controls and returns the status message; a ValueError it raises is shown in the status line
+    instead.
     """
 
     def __init__(self, backend: str = "auto") -> None:
@@ -151,7 +152,8 @@ class Explorer:
         """Set several controls at once from Python, with one update at the end."""
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
-            raise ValueError(f"unknown control(s) {unknown}; this explorer has {sorted(self.controls)}")
+            raise ValueError(
+                f"unknown control(s) {unknown}; this explorer has {sorted(self.controls)}")
         self._holding = True
         try:
             for name, value in values.items():
@@ -172,7 +174,8 @@ class Explorer:
             message = self._render()
         except ValueError as err:
             self.error = str(err)
-            self.status.value = status_html(f"{self.error} (figure shows the last valid values)", True)
+            self.status.value = status_html(
+                f"{self.error} (figure shows the last valid values)", True)
             return
         finally:
             torch.set_num_threads(threads)

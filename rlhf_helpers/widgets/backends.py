@@ -45,11 +45,12 @@ Why "html" in Colab, from the three candidates:
   headless Chrome to export each image, and it loses hover and zoom.
 
 Without internet (JupyterLab offline, saved notebooks, whose HTML scripts do not run until
-trusted): the first display also carries plotly's JSON mime type, which plotly's JupyterLab extension
-draws offline with its own plotly.js (and then leaves on the page as `window.Plotly`, which the
-HTML of later updates uses: no CDN needed there either). So headless runs (`run_course`, the notebook tests) use "html":
-the saved notebook holds a few tens of kB per figure and no plotly.js, and shows every figure in
-JupyterLab without internet. Live, "figurewidget" stays the default outside Colab (it needs no CDN).
+trusted): the first display also carries plotly's JSON mime type, which plotly's JupyterLab
+extension draws offline with its own plotly.js (and then leaves on the page as `window.Plotly`,
+which the HTML of later updates uses: no CDN needed there either). So headless runs (`run_course`,
+the notebook tests) use "html": the saved notebook holds a few tens of kB per figure and no
+plotly.js, and shows every figure in JupyterLab without internet. Live, "figurewidget" stays the
+default outside Colab (it needs no CDN).
 
 Precedence: the `backend=` argument ("figurewidget" | "html" | "output" | "auto") > the environment
 variable RLHF_WIDGETS_BACKEND > auto-detection ("html" in Colab or when FigureWidget cannot be
@@ -81,7 +82,8 @@ def in_colab() -> bool:
 
 
 def figurewidget_problem() -> str | None:
-    """Why a plotly FigureWidget cannot be built here (e.g. anywidget missing), or None if it can."""
+    """Why a plotly FigureWidget cannot be built here (e.g. anywidget missing), or None if it
+    can."""
     try:
         go.FigureWidget()
     except Exception as err:  # ImportError, or a broken ipywidgets/anywidget install
@@ -92,14 +94,16 @@ def figurewidget_problem() -> str | None:
 def _check_name(name: str, source: str) -> str:
     value = name.strip().lower()
     if value not in ("auto", *BACKENDS):
-        raise ValueError(f"{source} must be one of 'auto', {', '.join(map(repr, BACKENDS))}, got {name!r}")
+        raise ValueError(
+            f"{source} must be one of 'auto', {', '.join(map(repr, BACKENDS))}, got {name!r}")
     return value
 
 
 def resolve_backend(backend: str = "auto") -> str:
     """'auto' | 'figurewidget' | 'html' | 'output' -> the backend to use (one of BACKENDS)."""
     if not isinstance(backend, str):
-        raise ValueError(f"backend must be 'auto', 'figurewidget', 'html' or 'output', got {backend!r}")
+        raise ValueError(
+            f"backend must be 'auto', 'figurewidget', 'html' or 'output', got {backend!r}")
     choice = _check_name(backend, "backend")
     if choice == "auto":
         choice = _check_name(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
@@ -113,9 +117,10 @@ def resolve_backend(backend: str = "auto") -> str:
 class FigureView:
     """One plotly figure, updated the same way whatever the backend.
 
-    `figure` holds the current data (a FigureWidget or a go.Figure: read `.data` / `.layout` in tests);
-    `widget` is what to put in the explorer's layout (None for "html": that figure is a cell-level
-    output, shown by `show()` below the controls); change the figure inside `with view.batch() as fig:`.
+    `figure` holds the current data (a FigureWidget or a go.Figure: read `.data` / `.layout` in
+    tests); `widget` is what to put in the explorer's layout (None for "html": that figure is a
+    cell-level output, shown by `show()` below the controls); change the figure inside
+    `with view.batch() as fig:`.
     """
 
     def __init__(self, figure: go.Figure, backend: str) -> None:
@@ -123,7 +128,8 @@ class FigureView:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend  #: "figurewidget", "html" or "output"
         self.redraws = 0  #: how many times the "html"/"output" backend re-rendered the figure
-        self.display_id: str | None = None  #: "html": the id of the cell output that holds the figure
+        #: "html": the id of the cell output that holds the figure
+        self.display_id: str | None = None
         self.shown = False  #: "html": True once `show()` has displayed the figure
         #: "html": add plotly's JSON mime type to the first display (not in Colab, which has no
         #: renderer for it: there the HTML alone is sent)
@@ -138,19 +144,20 @@ class FigureView:
             self.display_id = f"rlhf-figure-{uuid.uuid4().hex}"
         else:
             self.figure = go.Figure(figure)
-            self.widget = widgets.Output(layout=widgets.Layout(min_height=f"{figure.layout.height or 450}px"))
+            self.widget = widgets.Output(
+                layout=widgets.Layout(min_height=f"{figure.layout.height or 450}px"))
             self.redraw()
 
     def mime_bundle(self, first: bool = True) -> dict[str, object]:
-        """For "html": the current figure as a raw mime bundle: self-contained HTML, plus plotly's JSON
-        in the first display outside Colab. Updates carry the HTML alone: plotly's JupyterLab
+        """For "html": the current figure as a raw mime bundle: self-contained HTML, plus plotly's
+        JSON in the first display outside Colab. Updates carry the HTML alone: plotly's JupyterLab
         renderer ignores new data once it has drawn (its renderModel returns early when a graph
         exists), whereas a change of mime type makes JupyterLab replace the renderer."""
         return mime_bundle(self.figure, with_plotly_mime=first and self.with_plotly_mime)
 
     def show(self) -> None:
-        """For "html": display the figure as a cell-level output with this view's display id (the other
-        backends are inside the explorer's widget, so there is nothing to do)."""
+        """For "html": display the figure as a cell-level output with this view's display id (the
+        other backends are inside the explorer's widget, so there is nothing to do)."""
         if self.backend != "html":
             return
         # the same id again (the explorer shown in two cells) gives two outputs, both kept updated
@@ -159,7 +166,8 @@ class FigureView:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[go.Figure]:
-        """Change several traces/layout properties, then show them at once (one message or one redraw)."""
+        """Change several traces/layout properties, then show them at once (one message or one
+        redraw)."""
         if self.backend == "figurewidget":
             with self.figure.batch_update():
                 yield self.figure

@@ -32,11 +32,13 @@ CASES = {
 
 
 def _as_ratio_tensor(ratios: object) -> torch.Tensor:
-    """A batch of PPO ratios (tensor, array or list, any shape) -> flat float64 tensor, validated."""
+    """A batch of PPO ratios (tensor, array or list, any shape) -> flat float64 tensor,
+    validated."""
     try:
         flat = torch.as_tensor(ratios, dtype=torch.float64).flatten()
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"ratios must be a tensor/array of numbers, got {type(ratios).__name__}") from err
+        raise ValueError(
+            f"ratios must be a tensor/array of numbers, got {type(ratios).__name__}") from err
     if flat.numel() == 0:
         raise ValueError("ratios is empty: pass at least one ratio from a PPO batch")
     if not bool(torch.isfinite(flat).all()) or bool((flat <= 0).any()):
@@ -90,8 +92,10 @@ class ClipExplorer(Explorer):
                                             indent=False, layout=widgets.Layout(width="100px"))
         self.dual_toggle.add_class("rlhf-dual-toggle")
         self.controls["dual"] = self.dual_toggle
-        # default c = 2 (the dual-clip paper uses 3) so its flat region shows on the default ratio axis
-        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.1, 5.0, 0.1)  # > 1
+        # default c = 2 (the dual-clip paper uses 3) so its flat region shows on the default ratio
+        # axis
+        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.1,
+                    5.0, 0.1)  # > 1
 
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
@@ -109,29 +113,34 @@ class ClipExplorer(Explorer):
                            ("PPO objective (min)", {"width": 4, "color": "#2ca02c"})]:
             fig.add_trace(go.Scatter(x=x, y=zeros, name=name, line=line), row=1, col=1)
         fig.add_trace(go.Scatter(x=[1.0], y=[0.0], name="current ρ", mode="markers",
-                                 marker={"size": 12, "color": "black", "symbol": "x"}), row=1, col=1)
+                                 marker={"size": 12, "color": "black",
+                                         "symbol": "x"}), row=1, col=1)
         fig.add_trace(go.Scatter(x=x, y=zeros, name="d objective / dρ", line={"color": "#d62728"}),
                       row=2, col=1)
         batch = [] if self.batch_ratios is None else self.batch_ratios.tolist()
         # purple, not grey: grey bars would vanish on the grey zero-gradient shading
-        fig.add_trace(go.Histogram(x=batch, name="your batch's ratios", histnorm="percent", opacity=0.45,
-                                   marker={"color": "#9467bd"}, visible=self.batch_ratios is not None,
-                                   xbins={"start": float(self.grid[0]), "end": float(self.grid[-1]),
-                                          "size": 0.02}),
-                      row=1, col=1, secondary_y=True)
+        fig.add_trace(
+            go.Histogram(x=batch, name="your batch's ratios", histnorm="percent", opacity=0.45,
+                         marker={"color": "#9467bd"}, visible=self.batch_ratios is not None,
+                         xbins={"start": float(self.grid[0]), "end": float(self.grid[-1]),
+                                "size": 0.02}),
+            row=1, col=1, secondary_y=True)
         fig.update_layout(height=560, width=FIGURE_WIDTH, font=FIGURE_FONT,
                           # t: room for the two-line case labels between the title and the plot
                           margin={"l": 60, "r": 60, "t": 82, "b": 50}, uirevision="keep",
                           legend={"orientation": "h", "y": -0.12}, template="plotly_white")
         fig.update_yaxes(title_text="objective (maximise)", row=1, col=1, secondary_y=False)
         fig.update_yaxes(title_text="% of batch", row=1, col=1, secondary_y=True, showgrid=False,
-                         visible=self.batch_ratios is not None, rangemode="tozero", tickformat=".0f",
-                         tickmode="auto", nticks=5)  # whole percents, not ticks synced to the left axis
+                         visible=self.batch_ratios is not None, rangemode="tozero",
+                         tickformat=".0f",
+                         # whole percents, not ticks synced to the left axis
+                         tickmode="auto", nticks=5)
         fig.update_yaxes(title_text="d objective / dρ", row=2, col=1)
         fig.update_xaxes(title_text="ratio ρ = π_θ / π_old", row=2, col=1)
         return fig
 
-    def compute(self, eps: float, advantage: float, dual_clip: float | None) -> dict[str, torch.Tensor]:
+    def compute(self, eps: float, advantage: float,
+                dual_clip: float | None) -> dict[str, torch.Tensor]:
         """Curves on the ratio grid, all from `clipped_surrogate`: (N,) tensors keyed by trace name.
 
         unclipped term = objective with the clip switched off (a band wider than the grid);
@@ -165,7 +174,8 @@ class ClipExplorer(Explorer):
         batch_stats = None
         if self.batch_ratios is not None:  # every token of the batch given this advantage
             logp_new = torch.log(self.batch_ratios)[None, :]  # (1, M); old log-probs are 0
-            _, batch_stats = policy_loss(logp_new, torch.zeros_like(logp_new), torch.full_like(logp_new, adv),
+            _, batch_stats = policy_loss(logp_new, torch.zeros_like(logp_new),
+                                         torch.full_like(logp_new, adv),
                                          torch.ones_like(logp_new), eps, dual)
         zero = (curves["gradient"] == 0).tolist()
         x = self.grid.tolist()
@@ -210,9 +220,9 @@ class ClipExplorer(Explorer):
                                     "text": label.replace(" (", "<br>("), "font": {"size": 12}})
         for start, end in _runs(zero):
             x0, x1 = x[start], x[end]
-            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0,
-                           "y1": 1, "fillcolor": "rgba(120,120,120,0.18)", "line": {"width": 0},
-                           "layer": "below"})
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1,
+                           "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)",
+                           "line": {"width": 0}, "layer": "below"})
             dual_run = dual is not None and adv < 0 and x0 >= dual - 1e-9
             annotations.append({"x": (x0 + x1) / 2, "y": 0.2, "xref": "x", "yref": "paper",
                                 "showarrow": False, "font": {"size": 13, "color": "#444"},

@@ -1,7 +1,9 @@
-"""Advantage (GAE) explorer: one response token by token, from KL-shaped rewards to whitened advantages.
+"""Advantage (GAE) explorer: one response token by token, from KL-shaped rewards to whitened
+advantages.
 
 Numbers come from `shape_rewards`, `td_errors`, `compute_gae` and `masked_whiten`; the Monte-Carlo
-return shown for comparison is `compute_gae` with V = 0 and lambda = 1 (then A_t = sum_l gamma^l r_{t+l}).
+return shown for comparison is `compute_gae` with V = 0 and lambda = 1 (then A_t = sum_l gamma^l
+r_{t+l}).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class TokenResponse:
             raise ValueError(f"tokens must hold at least 2 tokens (whitening needs 2), got {T}")
         for name in ("logprobs", "ref_logprobs", "values"):
             if len(getattr(self, name)) != T:
-                raise ValueError(f"{name} must have one entry per token ({T}), got {len(getattr(self, name))}")
+                raise ValueError(
+                    f"{name} must have one entry per token ({T}), got {len(getattr(self, name))}")
         out = {name: torch.tensor([list(map(float, getattr(self, name)))], dtype=torch.float64)
                for name in ("logprobs", "ref_logprobs", "values")}  # (1, T) each
         for name, x in out.items():
@@ -86,7 +89,8 @@ class GAEExplorer(Explorer):
         self.number("lam", "GAE λ", lam, 0.0, 1.0, 0.01)
         self.number("kl_coef", "KL coef β", kl_coef, 0.0, 1.0, 0.01)
         self.number("score", "score", float(self.response.score), -3.0, 3.0, 0.05)
-        self.kind = widgets.Dropdown(options=list(KL_KINDS), value=kl_kind, description="KL estimator",
+        self.kind = widgets.Dropdown(options=list(KL_KINDS), value=kl_kind,
+                                     description="KL estimator",
                                      style=DESCRIPTION_STYLE, layout=widgets.Layout(width="240px"))
         self.controls["kl_kind"] = self.kind
         self.view = FigureView(self._empty_figure(), self.backend)
@@ -100,17 +104,20 @@ class GAEExplorer(Explorer):
         T = len(self.response.tokens)
         x = list(range(T))
         fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                            subplot_titles=("per-token reward r_t = −β·KL_t (+ score on the last token)",
-                                            "TD errors δ_t and advantages A_t",
-                                            "returns (critic targets) and values"))
+                            subplot_titles=(
+                                "per-token reward r_t = −β·KL_t (+ score on the last token)",
+                                "TD errors δ_t and advantages A_t",
+                                "returns (critic targets) and values"))
         zeros = [0.0] * T
         bar = {"x": x, "y": zeros}
         fig.add_trace(go.Bar(**bar, name="−β·KL_t", marker={"color": "#9467bd"}), row=1, col=1)
         fig.add_trace(go.Bar(**bar, name="score", marker={"color": "#2ca02c"}), row=1, col=1)
-        fig.add_trace(go.Scatter(**bar, name="reward r_t", mode="markers", marker={"color": "black"}),
-                      row=1, col=1)
+        fig.add_trace(
+            go.Scatter(**bar, name="reward r_t", mode="markers", marker={"color": "black"}),
+            row=1, col=1)
         fig.add_trace(go.Scatter(**bar, name="TD error δ_t", mode="markers",
-                                 marker={"size": 11, "symbol": "circle-open", "line": {"width": 2}}),
+                                 marker={"size": 11, "symbol": "circle-open",
+                                         "line": {"width": 2}}),
                       row=2, col=1)
         fig.add_trace(go.Bar(**bar, name="advantage A_t", marker={"color": "#1f77b4"}, opacity=0.7),
                       row=2, col=1)
@@ -126,7 +133,8 @@ class GAEExplorer(Explorer):
         fig.update_xaxes(tickvals=x, ticktext=ticks, row=3, col=1)
         fig.update_layout(height=720, width=FIGURE_WIDTH, font=FIGURE_FONT,
                           barmode="relative", template="plotly_white", uirevision="keep",
-                          margin={"l": 60, "r": 30, "t": 60, "b": 60}, legend={"orientation": "h", "y": -0.1})
+                          margin={"l": 60, "r": 30, "t": 60, "b": 60},
+                          legend={"orientation": "h", "y": -0.1})
         return fig
 
     def compute(self, gamma: float, lam: float, kl_coef: float, score: float, kl_kind: str
@@ -136,16 +144,19 @@ class GAEExplorer(Explorer):
         scores = torch.tensor([score], dtype=torch.float64)  # (1,)
         rewards, kl = shape_rewards(scores, d["logprobs"], d["ref_logprobs"], d["mask"], kl_coef,
                                     kl_kind)  # (1, T) each
-        penalty, _ = shape_rewards(torch.zeros_like(scores), d["logprobs"], d["ref_logprobs"], d["mask"],
-                                   kl_coef, kl_kind)  # (1, T): the KL part alone (score 0)
+        penalty, _ = shape_rewards(torch.zeros_like(scores), d["logprobs"], d["ref_logprobs"],
+                                   d["mask"], kl_coef,
+                                   kl_kind)  # (1, T): the KL part alone (score 0)
         deltas = td_errors(rewards, d["values"], d["mask"], gamma)  # (1, T)
-        advantages, returns = compute_gae(rewards, d["values"], d["mask"], gamma, lam)  # (1, T) each
+        # (1, T) each
+        advantages, returns = compute_gae(rewards, d["values"], d["mask"], gamma, lam)
         # Monte-Carlo return G_t = sum_l gamma^l r_{t+l}: GAE's return with V = 0 and lambda = 1
-        _, mc_returns = compute_gae(rewards, torch.zeros_like(rewards), d["mask"], gamma, 1.0)  # (1, T)
+        # (1, T)
+        _, mc_returns = compute_gae(rewards, torch.zeros_like(rewards), d["mask"], gamma, 1.0)
         whitened = masked_whiten(advantages, d["mask"])  # (1, T)
         series = {"kl": kl, "penalty": penalty, "score_part": rewards - penalty, "rewards": rewards,
-                  "deltas": deltas, "advantages": advantages, "whitened": whitened, "returns": returns,
-                  "mc_returns": mc_returns, "values": d["values"]}
+                  "deltas": deltas, "advantages": advantages, "whitened": whitened,
+                  "returns": returns, "mc_returns": mc_returns, "values": d["values"]}
         return {name: x[0] for name, x in series.items()}
 
     def _render(self) -> str:
@@ -157,19 +168,22 @@ class GAEExplorer(Explorer):
         with self.view.batch() as fig:
             for index, name in order.items():
                 fig.data[index].y = s[name].numpy()
-            fig.layout.title = {"text": f"GAE: γ = {v['gamma']:g}, λ = {v['lam']:g}, β = {v['kl_coef']:g}"
-                                f" ({v['kl_kind']})", "x": 0.01}
+            fig.layout.title = {"text": f"GAE: γ = {v['gamma']:g}, λ = {v['lam']:g}, β = "
+                                f"{v['kl_coef']:g} ({v['kl_kind']})", "x": 0.01}
         gap_td = float((s["advantages"] - s["deltas"]).abs().max())
         gap_mc = float((s["returns"] - s["mc_returns"]).abs().max())
-        lines = [f"sum of KL_t = {float(s['kl'].sum()):.3f};  total reward = {float(s['rewards'].sum()):.3f}"]
+        lines = [f"sum of KL_t = {float(s['kl'].sum()):.3f};  total reward = "
+                 f"{float(s['rewards'].sum()):.3f}"]
         if v["lam"] == 0:
-            lines.append(f"λ = 0 is one-step TD: the advantages equal the TD errors (max |A − δ| = {gap_td:.2g}).")
+            lines.append("λ = 0 is one-step TD: the advantages equal the TD errors (max |A − δ| = "
+                         f"{gap_td:.2g}).")
         elif v["lam"] == 1:
             lines.append("λ = 1 is Monte-Carlo: the returns equal the discounted reward-to-go and "
                          f"A_t = reward-to-go − V_t (max |difference| = {gap_mc:.2g}).")
         else:
             gl = v["gamma"] * v["lam"]
             horizon = "∞" if gl >= 1 else f"{1 / (1 - gl):.1f}"
-            lines.append(f"γλ = {gl:.3g}: a TD error counts with weight (γλ)^l, an effective horizon "
-                         f"of ~{horizon} tokens (max |A − δ| = {gap_td:.2g}, max |return − G| = {gap_mc:.2g}).")
+            lines.append(f"γλ = {gl:.3g}: a TD error counts with weight (γλ)^l, an effective "
+                         f"horizon of ~{horizon} tokens (max |A − δ| = {gap_td:.2g}, max |return − "
+                         f"G| = {gap_mc:.2g}).")
         return "\n".join(lines)

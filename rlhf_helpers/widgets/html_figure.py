@@ -3,16 +3,18 @@ HTML whose own script loads plotly.js (once per page) before drawing, plus plotl
 
 Used by the "html" display backend (see `backends`). Why each part:
 
-- text/html: every Jupyter frontend renders it and runs its scripts in live output (Colab, JupyterLab,
-  Notebook 7, VS Code). The script does not assume `Plotly` is defined: it adds a <script> for
-  plotly.js from plotly's CDN (the URL plotly's own "colab" renderer uses) and draws in its onload.
-  plotly's "colab" HTML instead puts `<script src=...>` next to an inline `Plotly.newPlot(...)`;
-  a frontend that inserts scripts into the page (JupyterLab, the Output widget) loads the src
-  asynchronously and runs the inline one first: "Plotly is not defined" (colabtools#5889).
+- text/html: every Jupyter frontend renders it and runs its scripts in live output (Colab,
+  JupyterLab, Notebook 7, VS Code). The script does not assume `Plotly` is defined: it adds a
+  <script> for plotly.js from plotly's CDN (the URL plotly's own "colab" renderer uses) and draws in
+  its onload. plotly's "colab" HTML instead puts `<script src=...>` next to an inline
+  `Plotly.newPlot(...)`; a frontend that inserts scripts into the page (JupyterLab, the Output
+  widget) loads the src asynchronously and runs the inline one first: "Plotly is not defined"
+  (colabtools#5889).
 - application/vnd.plotly.v1+json (optional; the "html" backend adds it to a figure's first display
-  outside Colab): the figure's JSON, which JupyterLab, Notebook 7 and VS Code draw with the plotly.js
-  of their own plotly extension, offline, ranked above text/html. Saved notebooks then show the
-  figure without internet (their HTML scripts do not run until trusted), and hold no plotly.js.
+  outside Colab): the figure's JSON, which JupyterLab, Notebook 7 and VS Code draw with the
+  plotly.js of their own plotly extension, offline, ranked above text/html. Saved notebooks then
+  show the figure without internet (their HTML scripts do not run until trusted), and hold no
+  plotly.js.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs_version
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"  #: plotly's own mime type (JupyterLab/VS Code render it)
+#: plotly's own mime type (JupyterLab/VS Code render it)
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 #: the global promise shared by every figure on a page, so plotly.js is fetched once, not per draw
 READY_GLOBAL = "rlhfPlotlyReady"
 
@@ -34,7 +37,8 @@ def plotly_js_url() -> str:
     return f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
 
 
-# Placeholders are replaced with str.replace (the JavaScript is full of braces). ES5 only: any browser.
+# Placeholders are replaced with str.replace (the JavaScript is full of braces). ES5 only: any
+# browser.
 _TEMPLATE = """<div id="@ID@" class="rlhf-figure" style="width:@WIDTH@;height:@HEIGHT@"></div>
 <script type="text/javascript">
 (function () {
@@ -82,7 +86,8 @@ def figure_html(fig_json: str, layout: go.Layout, element_id: str | None = None)
     height so the output keeps its size while plotly.js loads (no jump below the figure).
     """
     element_id = element_id or f"rlhf-figure-{uuid.uuid4().hex}"
-    safe_json = fig_json.replace("</", "<\\/")  # a "</script>" inside a string must not end the script
+    # a "</script>" inside a string must not end the script
+    safe_json = fig_json.replace("</", "<\\/")
     return (_TEMPLATE.replace("@FIGURE@", safe_json).replace("@ID@", element_id)
             .replace("@URL@", plotly_js_url()).replace("@READY@", READY_GLOBAL)
             .replace("@WIDTH@", _css_size(layout.width))

@@ -20,8 +20,10 @@ COLORS = {"k1": "#1f77b4", "k2": "#ff7f0e", "k3": "#2ca02c"}  #: one colour per 
 CURVE, SAMPLED, BOX, EXACT = 0, 3, 6, 9
 
 
-def categorical_pair(shift: float, vocab: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi, log ref over `vocab` tokens: ref fixed by `seed`, pi moved from ref by `shift` (>= 0)."""
+def categorical_pair(shift: float, vocab: int = 8,
+                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi, log ref over `vocab` tokens: ref fixed by `seed`, pi moved from ref by `shift` (>=
+    0)."""
     gen = torch.Generator().manual_seed(seed)
     ref_logits = torch.randn(vocab, generator=gen, dtype=torch.float64)  # (V,)
     direction = torch.randn(vocab, generator=gen, dtype=torch.float64)  # (V,)
@@ -42,7 +44,8 @@ class KLExplorer(Explorer):
                  repeats: int = 300, backend: str = "auto") -> None:
         super().__init__(backend)
         if vocab < 2 or repeats < 2:
-            raise ValueError(f"vocab and repeats must be >= 2, got vocab={vocab!r}, repeats={repeats!r}")
+            raise ValueError(
+                f"vocab and repeats must be >= 2, got vocab={vocab!r}, repeats={repeats!r}")
         self.vocab, self.repeats = vocab, repeats
         self.number("shift", "π far from ref", shift, 0.0, 3.0, 0.05)
         self.number("n_samples", "tokens / batch", n_samples, 1, 256, 1, integer=True)
@@ -50,7 +53,8 @@ class KLExplorer(Explorer):
         self.log_ratio_grid = torch.linspace(-3.0, 3.0, 241, dtype=torch.float64)  # (N,)
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
-        self._finish([*(self.controls[n].box for n in ("shift", "n_samples", "seed")), self.view.widget])
+        self._finish(
+            [*(self.controls[n].box for n in ("shift", "n_samples", "seed")), self.view.widget])
 
     def _empty_figure(self) -> go.Figure:
         fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
@@ -58,27 +62,32 @@ class KLExplorer(Explorer):
                                             "batch means over repeated batches"))
         x = self.log_ratio_grid.tolist()
         for kind in KL_KINDS:
-            fig.add_trace(go.Scatter(x=x, y=x, name=kind, line={"color": COLORS[kind]}, legendgroup=kind),
-                          row=1, col=1)
+            fig.add_trace(
+                go.Scatter(x=x, y=x, name=kind, line={"color": COLORS[kind]}, legendgroup=kind),
+                row=1, col=1)
         for kind in KL_KINDS:
-            fig.add_trace(go.Scatter(x=[0.0], y=[0.0], mode="markers", name=f"{kind}, sampled tokens",
-                                     marker={"color": COLORS[kind], "size": 8, "opacity": 0.6},
-                                     legendgroup=kind, showlegend=False), row=1, col=1)
+            fig.add_trace(
+                go.Scatter(x=[0.0], y=[0.0], mode="markers", name=f"{kind}, sampled tokens",
+                           marker={"color": COLORS[kind], "size": 8, "opacity": 0.6},
+                           legendgroup=kind, showlegend=False), row=1, col=1)
         for kind in KL_KINDS:
             fig.add_trace(go.Box(y=[0.0], name=kind, marker={"color": COLORS[kind]}, boxmean="sd",
                                  legendgroup=kind, showlegend=False), row=1, col=2)
-        fig.add_trace(go.Scatter(x=list(KL_KINDS), y=[0.0] * 3, mode="lines", name="exact KL(π‖ref)",
-                                 line={"color": "black", "dash": "dash", "width": 2}), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(x=list(KL_KINDS), y=[0.0] * 3, mode="lines", name="exact KL(π‖ref)",
+                       line={"color": "black", "dash": "dash", "width": 2}), row=1, col=2)
         fig.update_xaxes(title_text="log π(y) − log ref(y)", row=1, col=1)
         fig.update_yaxes(title_text="per-token estimate", range=[-3.2, 5.0], row=1, col=1)
         fig.update_yaxes(title_text="batch mean of the estimate", row=1, col=2)
         fig.update_layout(height=460, width=FIGURE_WIDTH, font=FIGURE_FONT,
                           template="plotly_white", uirevision="keep",
-                          margin={"l": 60, "r": 30, "t": 70, "b": 50}, legend={"orientation": "h", "y": -0.15})
+                          margin={"l": 60, "r": 30, "t": 70, "b": 50},
+                          legend={"orientation": "h", "y": -0.15})
         return fig
 
     def compute(self, shift: float, n_samples: int, seed: int) -> dict[str, object]:
-        """Curves, one batch's sampled tokens, `repeats` batch means per estimator, and the exact KL."""
+        """Curves, one batch's sampled tokens, `repeats` batch means per estimator, and the exact
+        KL."""
         if not isinstance(n_samples, int) or n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
         if not (0.0 <= shift <= 20.0):
@@ -106,16 +115,17 @@ class KLExplorer(Explorer):
                 fig.data[SAMPLED + i].y = r["per_token"][kind][0].numpy()
                 fig.data[BOX + i].y = r["batch_means"][kind].numpy()
             fig.data[EXACT].y = [r["exact"]] * 3
-            fig.layout.title = {"text": f"exact KL(π‖ref) = {r['exact']:.4f};  {v['n_samples']} tokens per "
-                                f"batch, {self.repeats} batches", "x": 0.01}
+            fig.layout.title = {"text": f"exact KL(π‖ref) = {r['exact']:.4f};  {v['n_samples']} "
+                                f"tokens per batch, {self.repeats} batches", "x": 0.01}
         lines = []
         for kind in KL_KINDS:
             means = r["batch_means"][kind]
             lines.append(
-                f"{kind}: mean {float(means.mean()):.4f} ± {float(means.std()):.4f} (sd over batches), "
-                f"bias {float(means.mean()) - r['exact']:+.4f}; per-token < 0: "
+                f"{kind}: mean {float(means.mean()):.4f} ± {float(means.std()):.4f} (sd over "
+                f"batches), bias {float(means.mean()) - r['exact']:+.4f}; per-token < 0: "
                 f"{float((r['per_token'][kind] < 0).double().mean()):.0%}, batch mean < 0: "
                 f"{float((means < 0).double().mean()):.0%}")
-        lines.append("k1 = log π − log ref is negative on tokens that ref likes more; only its average is "
-                     "the KL. k2 and k3 are never negative; k3 stays unbiased, k2 is biased when π is far.")
+        lines.append(
+            "k1 = log π − log ref is negative on tokens that ref likes more; only its average is "
+            "the KL. k2 and k3 are never negative; k3 stays unbiased, k2 is biased when π is far.")
         return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""A plotly figure shown once in a notebook and replaced in place, e.g. training curves during a loop.
+"""A plotly figure shown once in a notebook and replaced in place, e.g. training curves during a
+loop.
 
     live = LiveFigure(go.Figure(layout_title_text="waiting for step 1"))   # shown here
     for step in ...:
@@ -26,8 +27,8 @@ from rlhf_helpers.widgets.html_figure import mime_bundle
 
 
 def figure_bundle(fig: go.Figure) -> dict[str, Any]:
-    """The mime bundle shown for `fig`: HTML that draws it anywhere, plus plotly's JSON outside Colab
-    (Colab would pick the JSON and has no renderer for it)."""
+    """The mime bundle shown for `fig`: HTML that draws it anywhere, plus plotly's JSON outside
+    Colab (Colab would pick the JSON and has no renderer for it)."""
     return mime_bundle(fig, with_plotly_mime=not in_colab())
 
 
@@ -38,7 +39,8 @@ class LiveFigure:
         self.updates = 0  #: how many times the figure was replaced
         self.figure = fig  #: the figure shown now
         # outside IPython (scripts, tests) there is nothing to draw into: keep the figure only
-        self._handle = display(figure_bundle(fig), raw=True, display_id=True) if get_ipython() else None
+        self._handle = display(figure_bundle(fig), raw=True,
+                               display_id=True) if get_ipython() else None
 
     def update(self, fig: go.Figure) -> None:
         """Replace the shown figure by `fig`, in the same output."""
@@ -47,8 +49,8 @@ class LiveFigure:
         if self._handle is None:
             return
         if not in_colab():
-            # plotly's JupyterLab renderer ignores new data once it has drawn a graph, but a change of
-            # mime type makes JupyterLab replace the renderer: send the HTML alone, then HTML + JSON,
-            # so the output ends with the JSON (drawn offline, also in the saved notebook)
+            # plotly's JupyterLab renderer ignores new data once it has drawn a graph, but a change
+            # of mime type makes JupyterLab replace the renderer: send the HTML alone, then HTML +
+            # JSON, so the output ends with the JSON (drawn offline, also in the saved notebook)
             self._handle.update(mime_bundle(fig, with_plotly_mime=False), raw=True)
         self._handle.update(figure_bundle(fig), raw=True)

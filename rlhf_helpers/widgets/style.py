@@ -15,23 +15,25 @@ from rlhf_helpers.runtime.figure_template import COURSE_TEMPLATE, course_templat
 
 
 def use_course_figure_style() -> str:
-    """Register the course template (once) and make it plotly's default; returns the default's name."""
+    """Register the course template (once) and make it plotly's default; returns the default's
+    name."""
     if COURSE_TEMPLATE not in pio.templates:
         pio.templates[COURSE_TEMPLATE] = course_template()
     pio.templates.default = COURSE_TEMPLATE
     return pio.templates.default
 
 
-#: The narrowest width a course figure is read at on a desktop: the static site's text column, in px (JupyterLab's
-#: output area is wider, ~968 px in a 1400 px window).
+#: The narrowest width a course figure is read at on a desktop: the static site's text column, in px
+#: (JupyterLab's output area is wider, ~968 px in a 1400 px window).
 READ_WIDTH_PX = 784
-#: Average width of one character per px of font size (plotly's default sans-serif font), for fitting labels.
+#: Average width of one character per px of font size (plotly's default sans-serif font), for
+#: fitting labels.
 CHAR_WIDTH_PER_PX = 0.55
 
 
 def wrap_label(text: str, max_chars: int) -> str:
-    """`text` broken at spaces into lines of at most `max_chars` characters (a longer word keeps its own line),
-    joined with plotly's <br>; text that already holds a <br> is left as it is."""
+    """`text` broken at spaces into lines of at most `max_chars` characters (a longer word keeps its
+    own line), joined with plotly's <br>; text that already holds a <br> is left as it is."""
     if "<br>" in text or len(text) <= max_chars:
         return text
     lines: list[str] = []
@@ -44,7 +46,8 @@ def wrap_label(text: str, max_chars: int) -> str:
 
 
 def _legend_px(fig: go.Figure, size: float) -> int:
-    """Width a vertical legend at the right takes from the panels (0 for a horizontal or hidden one)."""
+    """Width a vertical legend at the right takes from the panels (0 for a horizontal or hidden
+    one)."""
     names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
     if fig.layout.showlegend is False or fig.layout.legend.orientation == "h" or len(names) < 2:
         return 0
@@ -52,11 +55,12 @@ def _legend_px(fig: go.Figure, size: float) -> int:
 
 
 def fit_labels(fig: go.Figure, width: int = READ_WIDTH_PX) -> go.Figure:
-    """Wrap the subplot titles and x-axis titles of a figure with several panels so that each fits its panel
-    when the figure is `width` px wide (less its margins and a legend at the right): side by side, long ones
-    would run into their neighbours. The top margin grows by a line for each extra line of the tallest subplot
-    title. Returns `fig`."""
-    template = pio.templates[COURSE_TEMPLATE].layout if COURSE_TEMPLATE in pio.templates else go.Layout()
+    """Wrap the subplot titles and x-axis titles of a figure with several panels so that each fits
+    its panel when the figure is `width` px wide (less its margins and a legend at the right): side
+    by side, long ones would run into their neighbours. The top margin grows by a line for each
+    extra line of the tallest subplot title. Returns `fig`."""
+    template = (pio.templates[COURSE_TEMPLATE].layout
+                if COURSE_TEMPLATE in pio.templates else go.Layout())
     margin_l = fig.layout.margin.l if fig.layout.margin.l is not None else (template.margin.l or 80)
     margin_r = fig.layout.margin.r if fig.layout.margin.r is not None else (template.margin.r or 80)
     size = (fig.layout.font.size or template.font.size or 12)
@@ -67,7 +71,8 @@ def fit_labels(fig: go.Figure, width: int = READ_WIDTH_PX) -> go.Figure:
         start, end = axis.domain if axis.domain is not None else (0.0, 1.0)
         panels.append((start, end))
         if axis.title.text:
-            axis.title.text = wrap_label(axis.title.text, int((end - start) * plot_px / (CHAR_WIDTH_PER_PX * size)))
+            axis.title.text = wrap_label(axis.title.text,
+                                         int((end - start) * plot_px / (CHAR_WIDTH_PER_PX * size)))
     extra_lines = 0
     for note in fig.layout.annotations:
         inside = [(s, e) for s, e in panels if s <= (note.x or 0) <= e]
@@ -75,7 +80,8 @@ def fit_labels(fig: go.Figure, width: int = READ_WIDTH_PX) -> go.Figure:
             continue
         start, end = inside[0]
         note_size = note.font.size or 16  # make_subplots writes its titles at 16 px
-        note.text = wrap_label(note.text, int((end - start) * plot_px / (CHAR_WIDTH_PER_PX * note_size)))
+        note.text = wrap_label(note.text,
+                               int((end - start) * plot_px / (CHAR_WIDTH_PER_PX * note_size)))
         extra_lines = max(extra_lines, note.text.count("<br>"))
     if extra_lines:
         top = fig.layout.margin.t if fig.layout.margin.t is not None else (template.margin.t or 100)

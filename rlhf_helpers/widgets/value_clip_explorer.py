@@ -21,14 +21,14 @@ UNCLIPPED, CLIPPED, CURRENT, GRAD_UNCLIPPED, GRAD_CLIPPED = range(5)
 
 
 class ValueClipExplorer(Explorer):
-    """Sliders for value_clip ε_V, the old value V_old, the return G = G^λ (the critic's target) and the new
-    value V; plots 0.5 (V − G)² and the clipped 0.5 max((V − G)², (V_old + clip(V − V_old, −ε_V, ε_V) − G)²)
-    against V, and their gradients, shading where clipping removes the gradient.
+    """Sliders for value_clip ε_V, the old value V_old, the return G = G^λ (the critic's target) and
+    the new value V; plots 0.5 (V − G)² and the clipped 0.5 max((V − G)², (V_old + clip(V − V_old,
+    −ε_V, ε_V) − G)²) against V, and their gradients, shading where clipping removes the gradient.
     """
 
     def __init__(self, value_clip: float = 0.2, old_value: float = 0.0, ret: float = 1.0,
-                 value: float = 0.5, value_range: tuple[float, float] = (-2.0, 3.0), points: int = 501,
-                 backend: str = "auto") -> None:
+                 value: float = 0.5, value_range: tuple[float, float] = (-2.0, 3.0),
+                 points: int = 501, backend: str = "auto") -> None:
         super().__init__(backend)
         lo, hi = value_range
         if not lo < hi or points < 3:
@@ -45,28 +45,35 @@ class ValueClipExplorer(Explorer):
                       self.view.widget])
 
     def _empty_figure(self) -> go.Figure:
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.07)
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4],
+                            vertical_spacing=0.07)
         x = self.grid.tolist()
-        fig.add_trace(go.Scatter(x=x, y=x, name="unclipped ½(V − G^λ)²", line={"dash": "dash"}), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=x, y=x, name="unclipped ½(V − G^λ)²", line={"dash": "dash"}), row=1, col=1)
         fig.add_trace(go.Scatter(x=x, y=x, name="clipped loss", line={"width": 4}), row=1, col=1)
         fig.add_trace(go.Scatter(x=[0.0], y=[0.0], mode="markers", name="current V",
-                                 marker={"size": 12, "color": "black", "symbol": "x"}), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=x, name="d unclipped / dV", line={"dash": "dash"}), row=2, col=1)
+                                 marker={"size": 12, "color": "black",
+                                         "symbol": "x"}), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=x, y=x, name="d unclipped / dV", line={"dash": "dash"}), row=2, col=1)
         fig.add_trace(go.Scatter(x=x, y=x, name="d clipped / dV", line={"width": 3}), row=2, col=1)
         fig.update_xaxes(title_text="new value V", row=2, col=1)
         fig.update_yaxes(title_text="loss (minimise)", row=1, col=1)
         fig.update_yaxes(title_text="gradient", row=2, col=1)
         fig.update_layout(height=540, width=FIGURE_WIDTH, font=FIGURE_FONT,
                           template="plotly_white", uirevision="keep",
-                          margin={"l": 60, "r": 30, "t": 60, "b": 50}, legend={"orientation": "h", "y": -0.14})
+                          margin={"l": 60, "r": 30, "t": 60, "b": 50},
+                          legend={"orientation": "h", "y": -0.14})
         return fig
 
-    def compute(self, value_clip: float | None, old_value: float, ret: float) -> dict[str, torch.Tensor]:
+    def compute(self, value_clip: float | None, old_value: float,
+                ret: float) -> dict[str, torch.Tensor]:
         """Loss and d loss / dV on the grid for one token: (N,) tensors, from `value_loss`."""
         one = torch.ones(1, 1, dtype=torch.float64)  # (1, 1) mask
         old = torch.full((1, 1), float(old_value), dtype=torch.float64)  # (1, 1)
         target = torch.full((1, 1), float(ret), dtype=torch.float64)  # (1, 1)
-        value_loss(old, old, target, one, value_clip)  # validates the inputs, with the value checks on
+        # validates the inputs, with the value checks on
+        value_loss(old, old, target, one, value_clip)
 
         def loss_at(v: torch.Tensor) -> torch.Tensor:
             return value_loss(v.reshape(1, 1), old, target, one, value_clip)[0]
@@ -85,24 +92,27 @@ class ValueClipExplorer(Explorer):
         m = torch.ones(1, 1, dtype=torch.float64)
         point_loss, point_stats = value_loss(torch.full((1, 1), float(value), dtype=torch.float64),
                                              torch.full((1, 1), float(old), dtype=torch.float64),
-                                             torch.full((1, 1), float(ret), dtype=torch.float64), m, c)
+                                             torch.full((1, 1), float(ret),
+                                                        dtype=torch.float64), m, c)
         x = self.grid.tolist()
         zero = ((clipped["gradient"] == 0) & (unclipped["gradient"] != 0)).tolist()
-        shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": old - c, "x1": old + c, "y0": 0,
-                   "y1": 1, "fillcolor": "rgba(31,119,180,0.08)", "line": {"width": 0}, "layer": "below"}]
+        shapes = [
+            {"type": "rect", "xref": "x", "yref": "paper", "x0": old - c, "x1": old + c, "y0": 0,
+             "y1": 1, "fillcolor": "rgba(31,119,180,0.08)", "line": {"width": 0}, "layer": "below"}]
         annotations = [{"x": old, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
                         "showarrow": False, "text": "V_old ± ε_V"},
                        # under the "clipped" label at the panel's top, so neither crosses the other
-                       {"x": ret, "y": 0.8, "xref": "x", "yref": "paper", "showarrow": True, "ay": -22,
-                        "text": "G^λ"}]
+                       {"x": ret, "y": 0.8, "xref": "x", "yref": "paper", "showarrow": True,
+                        "ay": -22, "text": "G^λ"}]
         for start, end in _runs(zero):
-            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start], "x1": x[end],
-                           "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)", "line": {"width": 0},
-                           "layer": "below"})
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x[start],
+                           "x1": x[end], "y0": 0, "y1": 1, "fillcolor": "rgba(120,120,120,0.18)",
+                           "line": {"width": 0}, "layer": "below"})
             # top of the loss panel, white label: lower (y = 0.2) it would sit on the gradient lines
-            annotations.append({"x": (x[start] + x[end]) / 2, "y": 0.98, "xref": "x", "yref": "paper",
-                                "yanchor": "top", "showarrow": False, "text": "clipped: gradient 0",
-                                "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.85)"})
+            annotations.append(
+                {"x": (x[start] + x[end]) / 2, "y": 0.98, "xref": "x", "yref": "paper",
+                 "yanchor": "top", "showarrow": False, "text": "clipped: gradient 0",
+                 "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.85)"})
         with self.view.batch() as fig:
             fig.data[UNCLIPPED].y = unclipped["loss"].numpy()
             fig.data[CLIPPED].y = clipped["loss"].numpy()
@@ -111,7 +121,10 @@ class ValueClipExplorer(Explorer):
             fig.data[CURRENT].x = [value]
             fig.data[CURRENT].y = [float(point_loss)]
             self.view.set_overlays(shapes, annotations)
-            fig.layout.title = {"text": f"value clip: ε_V = {c:g}, V_old = {old:g}, G^λ = {ret:g}", "x": 0.01}
-        branch = ("the clipped error is larger: no gradient, V may not move further from V_old this step"
-                  if float(point_stats["vf_clipfrac"]) > 0 else "the unclipped error is used: gradient V − G^λ")
+            fig.layout.title = {
+                "text": f"value clip: ε_V = {c:g}, V_old = {old:g}, G^λ = {ret:g}", "x": 0.01}
+        branch = (
+            "the clipped error is larger: no gradient, V may not move further from V_old this step"
+            if float(point_stats["vf_clipfrac"]) > 0
+            else "the unclipped error is used: gradient V − G^λ")
         return f"V = {value:g}: loss {float(point_loss):.4f}; {branch}."

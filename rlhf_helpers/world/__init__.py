@@ -4,8 +4,8 @@ and a tiny GPT-2 trained on the reviews.
 Import the parts you need from their modules (`rlhf_helpers.world.scorer`, `.reviews`,
 `.annotator`, `.tokenizer`, `.tiny_model`, `.quality`, `.build`). The light ones are re-exported
 here; nothing in this package imports torch or transformers at import time except
-`tokenizer`, `tiny_model` and `build`. It knows nothing of PPO: the engine (`rlhf_helpers.ppo`) never
-imports it, and the pipeline (`rlhf_helpers.stages`) passes its hidden scorer in.
+`tokenizer`, `tiny_model` and `build`. It knows nothing of PPO: the engine (`rlhf_helpers.ppo`)
+never imports it, and the pipeline (`rlhf_helpers.stages`) passes its hidden scorer in.
 """
 
 from rlhf_helpers.world.annotator import Annotator, accuracy_ceiling

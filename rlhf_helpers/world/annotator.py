@@ -33,7 +33,8 @@ def preference_probability(score_a: float, score_b: float, temperature: float) -
 
 
 def accuracy_ceiling(probabilities: Iterable[float]) -> float:
-    """Best achievable pairwise accuracy on labels drawn with these probabilities: mean max(p, 1-p)."""
+    """Best achievable pairwise accuracy on labels drawn with these probabilities: mean max(p,
+    1-p)."""
     values = list(probabilities)
     if not values:
         raise ValueError("probabilities must not be empty")

@@ -8,9 +8,10 @@ data is the default, seed 0. Data files are a pure function of the seed (see `re
 model is reproducible on the same machine and torch version. `--model-only` trains the tiny model on
 the folder's own sft.jsonl and writes nothing else.
 
-It never replaces what it did not write: a JSONL file whose content differs from the one it would write,
-a README.md that is not its data card, or a models/tiny-sft folder without its training_log.json stop
-the build before anything is written (exit 2, naming them); `--force` replaces them.
+It never replaces what it did not write: a JSONL file whose content differs from the one it would
+write, a README.md that is not its data card, or a models/tiny-sft folder without its
+training_log.json stop the build before anything is written (exit 2, naming them); `--force`
+replaces them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from pathlib import Path
 import torch
 
 from rlhf_helpers.runtime.config_limits import MAX_SEED
-from rlhf_helpers.runtime.data import data_dir, jsonl_text, load_prompts, load_sft_corpus, write_jsonl
+from rlhf_helpers.runtime.data import (
+    data_dir,
+    jsonl_text,
+    load_prompts,
+    load_sft_corpus,
+    write_jsonl,
+)
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, accuracy_ceiling
 from rlhf_helpers.world.quality import sample_quality, summarize
 from rlhf_helpers.world.records import (
@@ -52,7 +59,8 @@ TINY_MODEL_SUBDIR = Path("models") / "tiny-sft"
 
 
 CARD_TITLE = "# Data of the review world"  #: the data card's first line
-#: The card's last line: the SHA-256 of every line above it, so a card a person edited (notes added) is theirs
+#: The card's last line: the SHA-256 of every line above it, so a card a person edited (notes added)
+#: is theirs
 CARD_SEAL = "<!-- written by python -m rlhf_helpers.world.build; sha256 of the text above: {} -->"
 
 
@@ -62,7 +70,8 @@ def sealed_card(text: str) -> str:
 
 
 def is_builders_card(path: Path) -> bool:
-    """True when `path` is a data card exactly as this builder wrote it: its seal matches the text above it."""
+    """True when `path` is a data card exactly as this builder wrote it: its seal matches the text
+    above it."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -71,13 +80,15 @@ def is_builders_card(path: Path) -> bool:
     return text.startswith(CARD_TITLE) and sealed_card(body + "\n") == text
 
 
-def data_files(seed: int = 0, sizes: dict[str, int] | None = None) -> tuple[dict[str, list[dict]], dict]:
+def data_files(seed: int = 0,
+               sizes: dict[str, int] | None = None) -> tuple[dict[str, list[dict]], dict]:
     """The five JSONL files' records (file name -> records) and the statistics for the data card."""
     sizes = dict(sizes or DEFAULT_SIZES)
     stats: dict = {"seed": seed, "sizes": sizes, "annotator_temperature": DEFAULT_TEMPERATURE}
     files: dict[str, list[dict]] = {}
     for split in ("train", "test"):
-        files[f"prompts_{split}.jsonl"] = [prompt_record(seed, split, i) for i in range(sizes[f"prompts_{split}"])]
+        files[f"prompts_{split}.jsonl"] = [prompt_record(seed, split, i)
+                                           for i in range(sizes[f"prompts_{split}"])]
     sft = files["sft.jsonl"] = [sft_record(seed, i) for i in range(sizes["sft"])]
     sft_scores = hidden_scores([r["prompt"] for r in sft], [r["completion"] for r in sft])
     stats["sft_scores"] = summarize(sft_scores)
@@ -94,19 +105,21 @@ def data_files(seed: int = 0, sizes: dict[str, int] | None = None) -> tuple[dict
 
 
 def foreign_files(out: Path, files: dict[str, list[dict]] | None, model: bool) -> list[str]:
-    """What a build into `out` would replace that this builder did not write (or wrote otherwise): JSONL files
-    whose content differs from `files`', a README.md that is not the data card, a models/tiny-sft folder without
-    training_log.json (when `model`)."""
+    """What a build into `out` would replace that this builder did not write (or wrote otherwise):
+    JSONL files whose content differs from `files`', a README.md that is not the data card, a
+    models/tiny-sft folder without training_log.json (when `model`)."""
     found = []
     for name, records in (files or {}).items():
         path = out / name
-        if path.exists() and (not path.is_file() or path.read_bytes() != jsonl_text(records).encode("utf-8")):
+        if path.exists() and (not path.is_file()
+                              or path.read_bytes() != jsonl_text(records).encode("utf-8")):
             found.append(name)
     card = out / "README.md"
     if files is not None and card.exists() and not is_builders_card(card):
         found.append("README.md")
     model_dir = out / TINY_MODEL_SUBDIR
-    blocking = [folder for folder in (out / "models", model_dir) if folder.exists() and not folder.is_dir()]
+    blocking = [folder for folder in (out / "models", model_dir)
+                if folder.exists() and not folder.is_dir()]
     if model and blocking:  # a file where the model's folder goes
         found.append(f"{blocking[0].relative_to(out).as_posix()} (a file)")
     elif model and model_dir.exists() and not (model_dir / "training_log.json").is_file():
@@ -235,7 +248,8 @@ def card_sft_scores(stats: dict) -> list[str]:
         "## Hidden scores of the SFT corpus",
         "",
         f"mean {sft['mean']:.3f}, std {sft['std']:.3f}, min {sft['min']:.3f}, "
-        f"quartiles {sft['q25']:.3f} / {sft['median']:.3f} / {sft['q75']:.3f}, max {sft['max']:.3f}.",
+        f"quartiles {sft['q25']:.3f} / {sft['median']:.3f} / {sft['q75']:.3f}, max "
+        f"{sft['max']:.3f}.",
         "The corpus mixes positive, negative, mixed and vague reviews; about 10% of genre",
         "mentions name the wrong genre and about 6% of reviews contain a broken sentence.",
         "No review repeats a content word or exceeds 30 words (the scorer's gameable terms).",
@@ -275,15 +289,18 @@ def card_model(model_log: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the statistics it wrote into the card."""
-    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.world.build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.world.build",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of every record and the model")
     parser.add_argument("--out", default=None, help="output directory (default data/)")
     parser.add_argument("--fast", action="store_true", help="small files, few training steps")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--skip-model", action="store_true", help="write the data files only")
     only.add_argument("--model-only", action="store_true",
-                      help="train the tiny model on the folder's own sft.jsonl; write no data file and no card")
-    parser.add_argument("--force", action="store_true", help="replace files this builder did not write")
+                      help="train the tiny model on the folder's own sft.jsonl; write no data file "
+                           "and no card")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files this builder did not write")
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.strip():
         parser.error("--out must name a folder, got an empty path")
@@ -293,7 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
     blocked = next((folder for folder in (args.out, *args.out.parents) if folder.exists()), None)
     if blocked is not None and not blocked.is_dir():
         parser.error(f"--out {args.out}: {blocked} is a file, not a folder")
-    if args.model_only:  # the folder's own files train and measure the model: checked before anything is replaced
+    # the folder's own files train and measure the model: checked before anything is replaced
+    if args.model_only:
         try:
             load_sft_corpus(args.out)
             load_prompts("test", args.out)
@@ -304,9 +322,10 @@ def main(argv: list[str] | None = None) -> dict:
         files, stats = data_files(args.seed, FAST_SIZES if args.fast else None)
     foreign = foreign_files(args.out, files, model=not args.skip_model)
     if foreign and not args.force:
-        parser.error(f"{args.out} holds {', '.join(foreign)}, which this builder did not write (or wrote with "
-                     "other settings); nothing was written. Build into a new --out folder, pass --model-only to "
-                     "train only the tiny model on the folder's own sft.jsonl, or --force to replace them")
+        parser.error(f"{args.out} holds {', '.join(foreign)}, which this builder did not write (or "
+                     "wrote with other settings); nothing was written. Build into a new --out "
+                     "folder, pass --model-only to train only the tiny model on the folder's own "
+                     "sft.jsonl, or --force to replace them")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.model_only:
         return {"data": None, "model": build_model(args.out, args.seed, args.fast)}

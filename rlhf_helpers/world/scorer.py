@@ -172,8 +172,8 @@ def score_breakdown(prompt: str, response: str) -> ScoreBreakdown:
 
     # repetition = -0.6 * (#content words - #distinct content words)
     content = [w for w in words if w not in grammar.FUNCTION_WORDS]
-    # `+ 0.0` turns the -0.0 of a term of nothing (-0.6 * 0) into 0.0, which prints "0.00", not "-0.00";
-    # it leaves every other value, and so every total, bit for bit as it is
+    # `+ 0.0` turns the -0.0 of a term of nothing (-0.6 * 0) into 0.0, which prints "0.00", not
+    # "-0.00"; it leaves every other value, and so every total, bit for bit as it is
     repetition = -0.6 * (len(content) - len(set(content))) + 0.0
 
     # length = -0.15 * max(0, #words - 30)

@@ -10,18 +10,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
+# `benchmarks` is a folder of the repository, not an installed package
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_algorithms as bench  # noqa: E402
 
 
-def _run(method: str, seed: int, points: list[tuple[float, float, float]], peak: float = 100.0) -> dict:
+def _run(method: str, seed: int, points: list[tuple[float, float, float]],
+         peak: float = 100.0) -> dict:
     """points: (train_seconds, hidden, kl); samples = 64 per second, for a known column."""
-    curve = [{"train_seconds": t, "eval_hidden_score": h, "eval_kl": k, "eval_score": 2 * h, "samples": 64 * t,
-              "step": t} for t, h, k in points]
+    curve = [{"train_seconds": t, "eval_hidden_score": h, "eval_kl": k, "eval_score": 2 * h,
+              "samples": 64 * t, "step": t} for t, h, k in points]
     return {"method": method, "label": method.upper(), "curve": curve, "peak_memory_mb": peak,
-            "trainable_parameters": 10 if method == "ppo" else 5, "settings": {"seed": seed, "train_seconds": 30}}
+            "trainable_parameters": 10 if method == "ppo" else 5,
+            "settings": {"seed": seed, "train_seconds": 30}}
 
 
 def _results() -> dict:
@@ -39,7 +42,8 @@ def test_summary_reads_means_ranges_and_first_time_above_best_of_4():
     assert ppo["hidden"] == pytest.approx((0.8, 0.7, 0.9))
     assert ppo["kl"] == pytest.approx((2.5, 2.0, 3.0))
     assert ppo["first_above_best_of_4"] == [10, 30]  # seed 1 passes 0.6 only at its last evaluation
-    assert ppo["peak_memory_mb"] == pytest.approx(150.0) and ppo["samples"] == pytest.approx(64 * 30)
+    assert (ppo["peak_memory_mb"] == pytest.approx(150.0)
+            and ppo["samples"] == pytest.approx(64 * 30))
     assert rows["grpo"]["first_above_best_of_4"] == [None]
 
 

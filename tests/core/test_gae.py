@@ -66,7 +66,8 @@ def test_property_vectorised_equals_reference(B, T, gamma, lam, chunk, data):
 
 
 def td_by_hand(rewards, values, lengths, gamma):
-    """delta_t = r_t + gamma V_{t+1} - V_t on real tokens, V = 0 after the last one; python loops."""
+    """delta_t = r_t + gamma V_{t+1} - V_t on real tokens, V = 0 after the last one; python
+    loops."""
     out = torch.zeros_like(rewards)
     for b, length in enumerate(lengths.tolist()):
         for t in range(length):
@@ -106,7 +107,8 @@ def test_lambda_one_gives_monte_carlo_return_minus_value(make_batch, fn, gamma):
 
 
 def test_returns_are_the_lambda_return(make_batch):
-    """G^lambda = (1 - lam) sum_{n>=1} lam^(n-1) G^(n); past the end every G^(n) is the full return."""
+    """G^lambda = (1 - lam) sum_{n>=1} lam^(n-1) G^(n); past the end every G^(n) is the full
+    return."""
     batch = make_batch(B=5, T=8, seed=7)
     rewards, values, lengths = batch["x"], batch["y"], batch["lengths"]
     gamma, lam = 0.9, 0.8
@@ -154,7 +156,8 @@ def test_bool_mask_same_as_float_mask(make_batch):
 
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (1.0, 1e-3), (0.1, 0.01), (1.0, 0.0)])
 def test_long_sequences_stay_finite_and_exact(gamma, lam):
-    """T = 1500 (three chunks) in float64: no overflow or underflow trouble at either end of gamma*lam."""
+    """T = 1500 (three chunks) in float64: no overflow or underflow trouble at either end of
+    gamma*lam."""
     torch.manual_seed(10)
     B, T = 3, 1500
     rewards, values = torch.randn(B, T, dtype=torch.float64), torch.randn(B, T, dtype=torch.float64)
@@ -173,7 +176,8 @@ def test_float32_close_to_float64_and_half_keeps_dtype(make_batch):
     adv32, _ = compute_gae(batch["x"].float(), batch["y"].float(), batch["mask"].float(), 1.0, 0.95)
     assert adv32.dtype == torch.float32
     torch.testing.assert_close(adv32.double(), adv64, rtol=1e-5, atol=1e-4)
-    adv16, ret16 = compute_gae(batch["x"].bfloat16(), batch["y"].bfloat16(), batch["mask"], 1.0, 0.95)
+    adv16, ret16 = compute_gae(
+        batch["x"].bfloat16(), batch["y"].bfloat16(), batch["mask"], 1.0, 0.95)
     assert adv16.dtype == torch.bfloat16 and ret16.dtype == torch.bfloat16
     assert torch.isfinite(adv16.float()).all()
 

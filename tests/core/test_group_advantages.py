@@ -44,7 +44,8 @@ def _grpo_loop(rows: list[list[float]], scale: str, eps: float = GRPO_EPS) -> li
 
 @pytest.fixture
 def rewards() -> torch.Tensor:
-    return torch.randn(5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2 + 1
+    return torch.randn(5, 4, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64) * 2 + 1
 
 
 def test_rloo_matches_the_loop(rewards):
@@ -55,13 +56,14 @@ def test_rloo_matches_the_loop(rewards):
 def test_rloo_is_a_rescaled_centred_reward(rewards):
     # A_i = G/(G-1) (r_i - mean): the leave-one-out baseline only rescales the group-centred reward
     G = rewards.shape[1]
-    torch.testing.assert_close(rloo_advantages(rewards), G / (G - 1) * (rewards - rewards.mean(1, keepdim=True)),
-                               **TOL)
+    torch.testing.assert_close(rloo_advantages(rewards),
+                               G / (G - 1) * (rewards - rewards.mean(1, keepdim=True)), **TOL)
 
 
 def test_rloo_with_two_responses_is_their_difference():
     r = torch.tensor([[3.0, 1.0], [-2.0, 5.0]], dtype=torch.float64)
-    torch.testing.assert_close(rloo_advantages(r), torch.tensor([[2.0, -2.0], [-7.0, 7.0]], dtype=torch.float64))
+    torch.testing.assert_close(rloo_advantages(r),
+                               torch.tensor([[2.0, -2.0], [-7.0, 7.0]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
@@ -71,13 +73,16 @@ def test_grpo_matches_the_loop(rewards, scale):
 
 
 def test_every_group_advantage_sums_to_zero_per_group(rewards):
-    for advantages in (rloo_advantages(rewards), *(grpo_advantages(rewards, s) for s in ("group", "batch", "none"))):
-        torch.testing.assert_close(advantages.sum(dim=1), torch.zeros(5, dtype=torch.float64), atol=1e-12, rtol=0)
+    for advantages in (rloo_advantages(rewards),
+                       *(grpo_advantages(rewards, s) for s in ("group", "batch", "none"))):
+        torch.testing.assert_close(advantages.sum(dim=1), torch.zeros(5, dtype=torch.float64),
+                                   atol=1e-12, rtol=0)
 
 
 def test_equal_rewards_give_zero_advantage_not_nan():
     r = torch.full((3, 4), 0.75, dtype=torch.float64)  # exact in binary: the mean is exactly 0.75
-    for advantages in (rloo_advantages(r), grpo_advantages(r), grpo_advantages(r, "batch"), grpo_advantages(r, "none")):
+    for advantages in (rloo_advantages(r), grpo_advantages(r), grpo_advantages(r, "batch"),
+                       grpo_advantages(r, "none")):
         assert torch.equal(advantages, torch.zeros_like(r))
 
 
@@ -139,10 +144,10 @@ def test_group_rewards_takes_numpy_sizes_and_refuses_an_empty_batch():
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_rewards_near_the_float32_limit_give_the_loop_answer_not_inf(rewards, scale):
-    """float32 rewards of 1e38 overflow a group's sum (4e38 > 3.4e38): the advantages must still be the
-    loop's (computed in Python floats, float64, where nothing overflows). Tolerance: the result is
-    float32 (rounding 6e-8 relative) and the rescaled path adds a division and a multiplication by
-    max|r|, each within one float32 rounding, so 1e-6 relative is well above it on any CPU."""
+    """float32 rewards of 1e38 overflow a group's sum (4e38 > 3.4e38): the advantages must still be
+    the loop's (computed in Python floats, float64, where nothing overflows). Tolerance: the result
+    is float32 (rounding 6e-8 relative) and the rescaled path adds a division and a multiplication
+    by max|r|, each within one float32 rounding, so 1e-6 relative is well above it on any CPU."""
     big = (rewards / rewards.abs().max() * 1e38).float()  # (5, 4) within [-1e38, 1e38]
     big[0] = 1e38  # a tied group at the limit: advantages 0
     rows = big.double().tolist()
@@ -151,8 +156,8 @@ def test_rewards_near_the_float32_limit_give_the_loop_answer_not_inf(rewards, sc
             ("grpo", grpo_advantages(big, scale=scale), _grpo_loop(rows, scale))):
         expected = torch.tensor(expected, dtype=torch.float64)
         assert torch.isfinite(got).all(), name
-        torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item(),
-                                   msg=name)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-6,
+                                   atol=1e-6 * expected.abs().max().item(), msg=name)
     assert (rloo_advantages(big)[0] == 0).all()
 
 
@@ -166,5 +171,6 @@ def test_ordinary_rewards_keep_their_exact_rounding(rewards):
 
 
 def test_advantages_beyond_the_float_range_are_refused():
-    with pytest.raises(ValueError, match=r"rloo_advantages: the advantages of rewards as large as 3e\+38 exceed"):
+    with pytest.raises(ValueError, match=r"rloo_advantages: the advantages of rewards as large as "
+                                         r"3e\+38 exceed"):
         rloo_advantages(torch.tensor([[3e38, -3e38]]))  # the true answer, +-6e38, is not a float32

@@ -105,7 +105,8 @@ def test_shape_rewards_against_loop(make_batch):
 def test_shape_rewards_score_lands_after_prompt_block_and_can_be_clipped():
     mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
     zeros = torch.zeros(2, 5)
-    rewards, kl = shape_rewards(torch.tensor([2.0, -7.0]), zeros, zeros, mask, kl_coef=0.1, score_clip=5.0)
+    rewards, kl = shape_rewards(torch.tensor([2.0, -7.0]), zeros, zeros, mask,
+                                kl_coef=0.1, score_clip=5.0)
     expected = torch.zeros(2, 5)
     expected[0, 3], expected[1, 4] = 2.0, -5.0
     torch.testing.assert_close(rewards, expected)
@@ -175,8 +176,9 @@ def test_adaptive_controller_accepts_numpy_integers_and_one_element_tensors():
 
 @pytest.mark.parametrize("bad_kl", ["0.5", b"0.5", None, True, [0.5], torch.tensor([1.0, 2.0]),
                                     torch.tensor(1), math.nan])
-@pytest.mark.parametrize("make", [lambda: AdaptiveKLController(0.1, 6.0, 100), lambda: FixedKLController(0.1)],
-                         ids=["adaptive", "fixed"])
+@pytest.mark.parametrize("make",
+                         [lambda: AdaptiveKLController(0.1, 6.0, 100),
+                          lambda: FixedKLController(0.1)], ids=["adaptive", "fixed"])
 def test_controllers_refuse_a_kl_that_is_not_a_finite_number(make, bad_kl):
     ctl = make()
     with pytest.raises(ValueError, match="current_kl must be a finite number"):

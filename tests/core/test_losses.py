@@ -27,11 +27,13 @@ ZERO_GRAD = [False, False, True, True, False, False]  # A>0 & ratio>1+eps, A<0 &
 
 
 def policy_grad(ratios, advs, dual_clip=None):
-    """d loss / d logprob for one row of tokens whose old log-prob is 0 (so ratio = exp(logprob))."""
+    """d loss / d logprob for one row of tokens whose old log-prob is 0 (so ratio =
+    exp(logprob))."""
     logp = torch.log(torch.tensor([ratios], dtype=torch.float64)).requires_grad_(True)  # (1, N)
     old = torch.zeros_like(logp)
     adv = torch.tensor([advs], dtype=torch.float64)
-    loss, stats = policy_loss(logp, old, adv, torch.ones_like(adv), clip_eps=EPS, dual_clip=dual_clip)
+    loss, stats = policy_loss(logp, old, adv, torch.ones_like(adv), clip_eps=EPS,
+                              dual_clip=dual_clip)
     (grad,) = torch.autograd.grad(loss, logp)
     return grad[0], loss, stats
 
@@ -51,7 +53,8 @@ def test_six_cases_gradient_zero_exactly_where_clipped():
 
 def test_loss_value_is_minus_masked_mean_of_min():
     _, loss, _ = policy_grad(RATIOS, ADVS)
-    by_hand = [min(r * a, min(max(r, 1 - EPS), 1 + EPS) * a) for r, a in zip(RATIOS, ADVS, strict=True)]
+    by_hand = [min(r * a, min(max(r, 1 - EPS), 1 + EPS) * a) for r,
+               a in zip(RATIOS, ADVS, strict=True)]
     assert loss.item() == pytest.approx(-sum(by_hand) / len(by_hand))
 
 
@@ -119,7 +122,8 @@ def test_kl_penalty_form_closed_form_and_gradient():
     for r in [0.5, 1.0, 1.7]:
         logp = torch.tensor([[math.log(r)]], dtype=torch.float64, requires_grad=True)
         old = torch.zeros_like(logp)
-        loss, stats = kl_penalty_policy_loss(logp, old, torch.full_like(old, a), torch.ones_like(old), beta)
+        loss, stats = kl_penalty_policy_loss(logp, old, torch.full_like(old, a),
+                                             torch.ones_like(old), beta)
         kl = (r - 1) - math.log(r)
         assert loss.item() == pytest.approx(-(r * a - beta * kl))
         assert stats["kl"].item() == pytest.approx(kl)
@@ -151,14 +155,16 @@ def test_value_loss_unclipped_has_half_factor(make_batch):
         (1.0, 0.0, 1.0, 0.5 * 0.8**2, True),  # moved too far towards R: clipped error 0.64 wins
         (1.0, 0.0, 0.0, 0.5 * 1.0, False),  # moved away from R: unclipped error 1 wins
         (0.1, 0.0, 1.0, 0.5 * 0.9**2, False),  # inside the range: both equal
-        (-1.0, 0.0, -3.0, 0.5 * 2.8**2, True),  # towards R (below), too far: clipped error 7.84 wins
+        # towards R (below), too far: clipped error 7.84 wins
+        (-1.0, 0.0, -3.0, 0.5 * 2.8**2, True),
         (-1.0, 0.0, 1.0, 0.5 * 2.0**2, False),  # far away from R: the larger unclipped error wins
     ],
 )
 def test_value_clip_closed_form(v, v_old, ret, loss_expected, clipped_larger):
     values = torch.tensor([[v]], dtype=torch.float64, requires_grad=True)
     loss, stats = value_loss(values, torch.tensor([[v_old]], dtype=torch.float64),
-                             torch.tensor([[ret]], dtype=torch.float64), torch.ones(1, 1), value_clip=0.2)
+                             torch.tensor([[ret]], dtype=torch.float64),
+                             torch.ones(1, 1), value_clip=0.2)
     assert loss.item() == pytest.approx(loss_expected)
     assert stats["vf_clipfrac"].item() == float(clipped_larger)
     (g,) = torch.autograd.grad(loss, values)
@@ -192,11 +198,13 @@ def test_reward_model_loss_closed_form_and_stability():
     assert loss.item() == pytest.approx(sum(math.log1p(math.exp(-d)) for d in diffs) / 4)
     (g,) = torch.autograd.grad(loss, chosen)
     sigmoid = [1 / (1 + math.exp(-d)) for d in diffs]
-    torch.testing.assert_close(g, torch.tensor([-(1 - s) / 4 for s in sigmoid], dtype=torch.float64))
+    torch.testing.assert_close(g,
+                               torch.tensor([-(1 - s) / 4 for s in sigmoid], dtype=torch.float64))
     # a huge wrong-way gap: log sigmoid(-1000) = -1000, not -inf
     far = reward_model_loss(torch.tensor([-500.0]), torch.tensor([500.0]))
     assert far.item() == pytest.approx(1000.0)
-    assert reward_model_loss(torch.tensor([1.0]), torch.tensor([0.0]), margin=1.0).item() == pytest.approx(math.log(2))
+    assert reward_model_loss(torch.tensor([1.0]), torch.tensor([0.0]),
+                             margin=1.0).item() == pytest.approx(math.log(2))
 
 
 def test_reward_model_loss_matches_bce_on_the_difference():
@@ -230,7 +238,8 @@ def test_log_ratio_bound_changes_nothing_within_it(make_batch, dual_clip):
     """|log rho| <= 20: the same loss and gradient as the unbounded formula (float64, so the only
     difference could be the bound; 1e-12 is float64 rounding of a few dozen terms)."""
     batch = make_batch(B=5, T=12, seed=9)
-    logp = (4.0 * batch["x"]).requires_grad_(True)  # log rho up to ~ +-15: far outside the clip range
+    # log rho up to ~ +-15: far outside the clip range
+    logp = (4.0 * batch["x"]).requires_grad_(True)
     logp_ref = logp.detach().clone().requires_grad_(True)
     old, adv, mask = batch["y"], batch["z"], batch["mask"]
     with torch.no_grad():
@@ -255,17 +264,19 @@ FAR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype, far", [(torch.float32, 100.0), (torch.float64, 1000.0), (torch.float16, 12.0),
-                                        (torch.bfloat16, 100.0)])
+@pytest.mark.parametrize("dtype, far", [(torch.float32, 100.0), (torch.float64, 1000.0),
+                                        (torch.float16, 12.0), (torch.bfloat16, 100.0)])
 def test_huge_log_ratios_give_a_finite_loss_and_a_zero_gradient(dtype, far):
-    """exp overflows past log rho ~ 88 in float32 (~ 11 in float16): loss and gradient were inf/NaN."""
+    """exp overflows past log rho ~ 88 in float32 (~ 11 in float16): loss and gradient were
+    inf/NaN."""
     cases = [(math.copysign(far, lr), a, obj, same) for lr, a, obj, same in FAR_CASES]
     logp = torch.tensor([[lr for lr, *_ in cases]], dtype=dtype, requires_grad=True)  # (1, 4)
     old = torch.zeros_like(logp)
     adv = torch.tensor([[a for _, a, *_ in cases]], dtype=dtype)
     loss, stats = policy_loss(logp, old, adv, torch.ones(1, 4), clip_eps=EPS)
     (grad,) = torch.autograd.grad(loss, logp)
-    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)  # half: float32
+    # half: float32
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     if dtype != torch.float16:  # float16's 12 is inside the bound: there the plain formula holds
         expected = -sum(obj for _, _, obj, _ in cases) / 4
         assert loss.item() == pytest.approx(expected, rel=1e-6)
@@ -282,18 +293,21 @@ def test_bound_and_dual_clip_agree_on_the_negative_advantage_side():
     the bound changes nothing there, whatever the size of log rho."""
     logp = torch.tensor([[2.0, 50.0, 500.0]], requires_grad=True)
     adv = -torch.ones(1, 3)
-    loss, _ = policy_loss(logp, torch.zeros(1, 3), adv, torch.ones(1, 3), clip_eps=EPS, dual_clip=3.0)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3), adv, torch.ones(1, 3),
+                          clip_eps=EPS, dual_clip=3.0)
     (grad,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(3.0) and grad.tolist() == [[0.0, 0.0, 0.0]]
 
 
 def test_kl_penalty_form_is_finite_for_huge_log_ratios():
     logp = torch.tensor([[100.0, -100.0, 0.5]], requires_grad=True)
-    loss, stats = kl_penalty_policy_loss(logp, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3), beta=0.1)
+    loss, stats = kl_penalty_policy_loss(logp, torch.zeros(1, 3), torch.ones(1, 3),
+                                         torch.ones(1, 3), beta=0.1)
     (grad,) = torch.autograd.grad(loss, logp)
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all())
     assert grad[0, 0] == 0.0 and grad[0, 1] == 0.0  # saturated tokens carry no gradient
-    rho = math.exp(0.5)  # the normal token keeps d/dlogp of -(rho A - beta ((rho - 1) - log rho)) / 3
+    # the normal token keeps d/dlogp of -(rho A - beta ((rho - 1) - log rho)) / 3
+    rho = math.exp(0.5)
     assert grad[0, 2].item() == pytest.approx(-(rho - 0.1 * (rho - 1)) / 3, rel=1e-6)
     assert stats["kl"].item() == pytest.approx((math.expm1(20) - 20 + math.expm1(-20) + 20
                                                 + math.expm1(0.5) - 0.5) / 3, rel=1e-6)

@@ -1,6 +1,7 @@
-"""Notebook 08's check (rlhf_helpers.course.capstone) on the toy world: a plain loop of one PPO iteration matches the
-library's within the rounding budget, each plausible mistake is named with its cause, the runs leave the model and
-the RNG as they were, and a pass belongs to the function objects that passed."""
+"""Notebook 08's check (rlhf_helpers.course.capstone) on the toy world: a plain loop of one PPO
+iteration matches the library's within the rounding budget, each plausible mistake is named with its
+cause, the runs leave the model and the RNG as they were, and a pass belongs to the function objects
+that passed."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: every setting at a value of its own, as in the notebook's check
-CONFIG = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=8,
-                   temperature=0.7, kl_coef=0.15, gamma=0.95, lam=0.9, clip_eps=0.25, value_clip=0.3, vf_coef=0.6,
+CONFIG = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
+                   max_new_tokens=8, temperature=0.7, kl_coef=0.15, gamma=0.95, lam=0.9,
+                   clip_eps=0.25, value_clip=0.3, vf_coef=0.6,
                    max_grad_norm=1e6, lora=LoRASpec(r=4, alpha=8), progress_bar=False)
 PROMPTS = [" ".join(TOY_WORDS[i : i + 3]) for i in range(8)]
 SEEDS, LRS = (3, 4), (2.0, 0.05)
@@ -43,7 +45,8 @@ class Rollout:
     returns: torch.Tensor
 
 
-def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator, mistake=None):
+def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config,
+                    generator, mistake=None):
     """The notebook's worked solution as one loop; `mistake` switches one plausible error on."""
     s = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
                          temperature=config.temperature)
@@ -59,22 +62,27 @@ def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, ge
     B, T = rewards.shape
     adv, running, next_value = torch.zeros_like(rewards), torch.zeros(B), torch.zeros(B)
     for t in reversed(range(T)):
-        running = (rewards[:, t] + config.gamma * next_value - values[:, t] + config.gamma * config.lam * running)
+        running = (rewards[:, t] + config.gamma * next_value - values[:, t]
+                   + config.gamma * config.lam * running)
         running = running * mask[:, t]
         adv[:, t], next_value = running, values[:, t]
     returns = adv + values
     real = adv[mask.bool()]
     if mistake != "no_whitening":
         adv = (adv - real.mean()) / torch.sqrt(real.var() + 1e-8) * mask
-    batch = Rollout(s.prompts, s.responses, seq, attn, P, mask, logp, ref, values, scores, rewards, adv, returns)
+    batch = Rollout(s.prompts, s.responses, seq, attn, P, mask, logp, ref, values, scores,
+                    rewards, adv, returns)
     losses, order = [], None
     for _ in range(config.ppo_epochs):
-        order = order if mistake == "one_shuffle" and order is not None else torch.randperm(B, generator=generator)
+        order = (order if mistake == "one_shuffle" and order is not None
+                 else torch.randperm(B, generator=generator))
         for first in range(0, B, config.mini_batch_size):
             rows = order[first : first + config.mini_batch_size]
-            m, A, G, V_old = mask[rows], batch.advantages[rows], batch.returns[rows], batch.values[rows]
+            m, A, G, V_old = (mask[rows], batch.advantages[rows], batch.returns[rows],
+                              batch.values[rows])
             old = (batch.ref_logprobs if mistake == "ratio_ref" else batch.old_logprobs)[rows]
-            lp = model.policy_logprobs(seq[rows], attn[rows], P, temperature=config.temperature).float()
+            lp = model.policy_logprobs(seq[rows], attn[rows], P,
+                                       temperature=config.temperature).float()
             rho = torch.exp(torch.where(m.bool(), lp - old, 0.0))
             eps = 0.2 if mistake == "band_0.2" else config.clip_eps
             clipped = rho.clamp(1 - eps, 1 + eps)
@@ -85,7 +93,8 @@ def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, ge
             vl = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
             policy_opt.zero_grad()
             value_opt.zero_grad()
-            (pg + {"no_vf_coef": 1.0, "vf_coef_0.5": 0.5}.get(mistake, config.vf_coef) * vl).backward()
+            (pg
+             + {"no_vf_coef": 1.0, "vf_coef_0.5": 0.5}.get(mistake, config.vf_coef) * vl).backward()
             if mistake == "joint_clip":
                 torch.nn.utils.clip_grad_norm_(model.policy_parameters() + model.value_parameters(),
                                                config.max_grad_norm)
@@ -100,26 +109,30 @@ def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, ge
 
 @pytest.fixture(scope="module")
 def world():
-    """A toy shared model whose policy adapter has moved away from the reference, and the library's two runs."""
+    """A toy shared model whose policy adapter has moved away from the reference, and the library's
+    two runs."""
     torch.set_num_threads(1)
     tok = toy_tokenizer()
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                            seed=0, lora=CONFIG.lora)
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id, seed=0, lora=CONFIG.lora)
     with torch.no_grad():
         g = torch.Generator().manual_seed(1)
         for param in model.policy_parameters():
             param.add_(0.1 * torch.randn(param.shape, generator=g))
-    free = capstone.run_iteration(capstone.library_iteration, model, tok, PROMPTS, CONFIG, SEEDS, LRS)
-    clipped_config = CONFIG.replace(max_grad_norm=0.5 * min(free.step_norms["policy"] + free.step_norms["value"]))
-    clipped = capstone.run_iteration(capstone.library_iteration, model, tok, PROMPTS, clipped_config, SEEDS, LRS)
+    free = capstone.run_iteration(
+        capstone.library_iteration, model, tok, PROMPTS, CONFIG, SEEDS, LRS)
+    clipped_config = CONFIG.replace(max_grad_norm=0.5
+                                    * min(free.step_norms["policy"] + free.step_norms["value"]))
+    clipped = capstone.run_iteration(capstone.library_iteration, model, tok, PROMPTS,
+                                     clipped_config, SEEDS, LRS)
     return model, tok, {"free": (CONFIG, free), "clipped": (clipped_config, clipped)}
 
 
 def run_plain(world, setting, mistake=None):
     model, tok, runs = world
     config, expected = runs[setting]
-    got = capstone.run_iteration(functools.partial(plain_iteration, mistake=mistake), model, tok, PROMPTS, config,
-                                 SEEDS, LRS)
+    got = capstone.run_iteration(functools.partial(plain_iteration, mistake=mistake), model, tok,
+                                 PROMPTS, config, SEEDS, LRS)
     return got, expected, config, capstone.rounding_rtol(model, config)
 
 
@@ -127,13 +140,15 @@ def run_plain(world, setting, mistake=None):
 def test_a_plain_loop_matches_the_library_well_inside_the_rounding_budget(world, setting):
     got, expected, config, rtol = run_plain(world, setting)
     assert capstone.first_difference(got, expected, config, rtol) is None
-    assert capstone.first_difference(got, expected, config, rtol / 20) is None  # a margin of 20 at least
+    # a margin of 20 at least
+    assert capstone.first_difference(got, expected, config, rtol / 20) is None
     assert len(expected.losses) == 4 and expected.experience["old_logprobs"].abs().sum() > 0
 
 
 def test_an_update_left_out_is_named_even_for_a_matrix_that_barely_moves(world):
-    """The weights' check is relative to each matrix's own change (plus the float32 spacing of its weights), so
-    a learner's step that skips a matrix is caught even where that matrix moves 10^4 times less than the head."""
+    """The weights' check is relative to each matrix's own change (plus the float32 spacing of its
+    weights), so a learner's step that skips a matrix is caught even where that matrix moves 10^4
+    times less than the head."""
     got, expected, config, rtol = run_plain(world, "free")
     sizes = [float(update.abs().max()) for update in expected.updates["value"]]
     smallest = min(range(len(sizes)), key=sizes.__getitem__)
@@ -166,7 +181,8 @@ def test_run_iteration_leaves_the_weights_and_the_rng_as_they_were(world):
     state = torch.random.get_rng_state()
     record = capstone.run_iteration(plain_iteration, model, tok, PROMPTS, CONFIG, SEEDS, LRS)
     assert torch.equal(torch.random.get_rng_state(), state)
-    for param, weight in zip(model.policy_parameters() + model.value_parameters(), weights, strict=True):
+    for param, weight in zip(model.policy_parameters() + model.value_parameters(),
+                             weights, strict=True):
         assert torch.equal(param.detach(), weight)
     assert len(record.step_norms["policy"]) == len(record.step_norms["value"]) == 4
     assert any(bool(update.abs().sum() > 0) for update in record.updates["policy"])
@@ -180,10 +196,13 @@ def test_the_rounding_budget_counts_the_roundings_of_the_longest_path():
         compute_dtype = torch.float32
 
     config = PPOConfig(max_prompt_length=16, max_new_tokens=40)
-    per_layer = 2 * 128 + 128 + 128 // 4 + 2 * 56 + 128 + 128 + 4 * 128  # norms, qkv, score, softmax/values, proj, mlp
-    assert capstone.rounding_rtol(Stub(), config) == (3 * per_layer + 2 * 128 + 403) * 2.0**-24  # 4547 roundings
+    # norms, qkv, score, softmax/values, proj, mlp
+    per_layer = 2 * 128 + 128 + 128 // 4 + 2 * 56 + 128 + 128 + 4 * 128
+    # 4547 roundings
+    assert capstone.rounding_rtol(Stub(), config) == (3 * per_layer + 2 * 128 + 403) * 2.0**-24
     Stub.compute_dtype = torch.bfloat16
-    assert capstone.rounding_rtol(Stub(), config) >= 8 * torch.finfo(torch.bfloat16).eps  # the course's 16-bit rule
+    # the course's 16-bit rule
+    assert capstone.rounding_rtol(Stub(), config) >= 8 * torch.finfo(torch.bfloat16).eps
 
 
 def test_a_pass_belongs_to_the_function_objects_that_passed():
@@ -192,7 +211,8 @@ def test_a_pass_belongs_to_the_function_objects_that_passed():
 
     passed = capstone.PassedCode()
     assert not passed.holds_for(f=f)
-    passed.record(f=functools.wraps(f)(lambda: f()))  # the check's in-place guard wraps the learner's function
+    # the check's in-place guard wraps the learner's function
+    passed.record(f=functools.wraps(f)(lambda: f()))
     assert passed.holds_for(f=f)
 
     def f():  # noqa: F811  # the same code, redefined: another function, not checked yet
@@ -203,5 +223,6 @@ def test_a_pass_belongs_to_the_function_objects_that_passed():
 
 def test_left_out_settings_names_what_the_notebooks_iteration_does_not_implement():
     assert capstone.left_out_settings(PPOConfig()) == []
-    assert capstone.left_out_settings(PPOConfig(entropy_coef=0.01, kl_kind="k3")) == ["entropy_coef=0.01",
+    assert capstone.left_out_settings(PPOConfig(entropy_coef=0.01, kl_kind="k3")) == [
+        "entropy_coef=0.01",
                                                                                      "kl_kind='k3'"]

@@ -1,10 +1,11 @@
 """The Colab set-up cell, run for real in an environment with Colab's versions (`make test-colab`).
 
-`make test-colab` builds .venv-colab from tests/colab_stack.txt (Python 3.13) and runs this file with
-that venv's Python first: the set-up cell's `install_course` installs the course there from a local
-git repository (a file URL in place of GitHub), and the tests check that no package Colab ships
-changed version except those named in COLAB_UPGRADES, and that pyproject's lower bounds are what
-this environment runs. Then it runs the notebooks there. In any other environment these tests skip.
+`make test-colab` builds .venv-colab from tests/colab_stack.txt (Python 3.13) and runs this file
+with that venv's Python first: the set-up cell's `install_course` installs the course there from a
+local git repository (a file URL in place of GitHub), and the tests check that no package Colab
+ships changed version except those named in COLAB_UPGRADES, and that pyproject's lower bounds are
+what this environment runs. Then it runs the notebooks there. In any other environment these tests
+skip.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ def _freeze() -> dict[str, str]:
 
 
 def _stack() -> dict[str, str]:
-    pins = [re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line) for line in STACK_FILE.read_text().splitlines()]
+    pins = [re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
+            for line in STACK_FILE.read_text().splitlines()]
     return {_key(pin[1]): pin[2] for pin in pins if pin}
 
 
 def _local_repository(tmp_path: Path) -> str:
-    """A git repository holding this checkout's package files on branch INSTALL_REF; its file URL."""
+    """A git repository holding this checkout's package files on branch INSTALL_REF; its file
+    URL."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -72,7 +75,8 @@ def test_this_environment_has_colab_versions():
 def test_setup_cell_installs_the_course_and_changes_no_colab_package(tmp_path, capfd):
     url = _local_repository(tmp_path)
     before = _freeze()
-    changed = install_course(url, INSTALL_REF, str(tmp_path / "clone"), upgrade=tuple(COLAB_UPGRADES))
+    changed = install_course(url, INSTALL_REF, str(tmp_path / "clone"),
+                             upgrade=tuple(COLAB_UPGRADES))
     after = _freeze()
     output = capfd.readouterr()
     diff = {name: (before.get(name), after.get(name)) for name in before.keys() | after.keys()
@@ -86,7 +90,8 @@ def test_setup_cell_installs_the_course_and_changes_no_colab_package(tmp_path, c
 
 
 def test_lower_bounds_are_the_versions_this_environment_runs():
-    """Colab's stack is the low end of every range: each base dependency's '>=' is its version here."""
+    """Colab's stack is the low end of every range: each base dependency's '>=' is its version
+    here."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -104,7 +109,8 @@ def test_notebook_kernels_run_in_this_environment(tmp_path):
 
     from rlhf_helpers.course.run_course import execute_notebook
 
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.prefix)")])
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import sys; print(sys.prefix)")])
     path = tmp_path / "where.ipynb"
     nbformat.write(nb, path)
     executed = execute_notebook(path, timeout=120, workdir=tmp_path)

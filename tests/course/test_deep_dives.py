@@ -1,5 +1,6 @@
-"""Each notebook's core path runs without its deep dives, and ends with questions to check understanding
-(rlhf_helpers.course.deep_dives); the README's course map states the minutes tools/course_time.py measures."""
+"""Each notebook's core path runs without its deep dives, and ends with questions to check
+understanding (rlhf_helpers.course.deep_dives); the README's course map states the minutes
+tools/course_time.py measures."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from rlhf_helpers.course.run_course import course_notebooks
 
 NOTEBOOKS = course_notebooks()
 course_time = load_tool("course_time")
-#: a notebook's core, in the estimate's minutes: at most about two hours, plus the estimate's rounding to 5 minutes
+#: a notebook's core, in the estimate's minutes: at most about two hours, plus the estimate's
+#: rounding to 5 minutes
 MAX_CORE_MINUTES = 125
 
 
@@ -34,24 +36,28 @@ def code(text: str) -> Cell:
 
 
 def test_a_deep_dive_runs_to_the_next_heading_of_its_level_or_higher():
-    cells = [md("## 1. Core"), code("x = 1"), md(f"### Deep dive: more\n\n{DEEP_DIVE_NOTE}"), code("y = x"),
-             md("#### a sub-heading inside it"), code("z = y"), md("### 2. Back on the core"), code("w = x"),
-             md(f"## Deep dive: the appendix\n\n{DEEP_DIVE_NOTE}"), md("### A. still the appendix"), code("v = 1"),
-             md("# Next part"), code("u = 2")]
-    assert in_deep_dive(cells) == [False, False, True, True, True, True, False, False, True, True, True, False,
-                                   False]
+    cells = [md("## 1. Core"), code("x = 1"), md(f"### Deep dive: more\n\n{DEEP_DIVE_NOTE}"),
+             code("y = x"), md("#### a sub-heading inside it"), code("z = y"),
+             md("### 2. Back on the core"), code("w = x"),
+             md(f"## Deep dive: the appendix\n\n{DEEP_DIVE_NOTE}"), md("### A. still the appendix"),
+             code("v = 1"), md("# Next part"), code("u = 2")]
+    assert in_deep_dive(cells) == [False, False, True, True, True, True, False, False, True, True,
+                                   True, False, False]
 
 
 def test_a_core_cell_that_reads_what_only_a_deep_dive_defined_is_named():
-    cells = [md("## Core"), code("import torch\nx = torch.ones(2)"), md(f"## Deep dive: d\n\n{DEEP_DIVE_NOTE}"),
+    cells = [md("## Core"), code("import torch\nx = torch.ones(2)"),
+             md(f"## Deep dive: d\n\n{DEEP_DIVE_NOTE}"),
              code("y = x * 2\ndef helper(a):\n    return a + y"), md("## Core again"),
              code("print(x)"),  # fine: the core defined x
-             code("def later():\n    return helper(1)"),  # breaks: only the deep dive defined helper
+             # breaks: only the deep dive defined helper
+             code("def later():\n    return helper(1)"),
              code("y = 3\nprint(y)")]  # fine: this cell binds y itself
     assert names_only_deep_dives_define(cells) == [(6, "helper")]
     skipped = [cell for cell, deep in zip(cells, in_deep_dive(cells), strict=True) if not deep]
     namespace: dict = {}
-    with pytest.raises(NameError, match="helper"):  # what the static check predicts, by running the core alone
+    # what the static check predicts, by running the core alone
+    with pytest.raises(NameError, match="helper"):
         for cell in skipped:
             if cell.kind == "code":
                 exec(cell.source, namespace)  # noqa: S102  # the test's own cells, above
@@ -59,7 +65,8 @@ def test_a_core_cell_that_reads_what_only_a_deep_dive_defined_is_named():
 
 
 def test_a_deep_dive_needs_its_note_and_a_quiz_counts_its_answers():
-    assert bad_deep_dive_notes([md("## Deep dive: no note\n\nSome text.")]) == ["Deep dive: no note"]
+    assert (bad_deep_dive_notes([md("## Deep dive: no note\n\nSome text.")])
+            == ["Deep dive: no note"])
     assert bad_deep_dive_notes([md(f"## Deep dive: fine\n\n{DEEP_DIVE_NOTE}\n\nText.")]) == []
     quiz = [md(f"{QUIZ_HEADING}\n\n1. Why?\n<details><summary>Answer</summary>Because.</details>"),
             md("2. And?\n<details><summary>Answer</summary>So.</details>"), md("## Appendix"),
@@ -70,9 +77,11 @@ def test_a_deep_dive_needs_its_note_and_a_quiz_counts_its_answers():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_the_core_path_runs_without_the_deep_dives(path):
     cells = as_cells(nbformat.read(path, as_version=4).cells)
-    assert not bad_deep_dive_notes(cells), f"each deep dive's second paragraph must be {DEEP_DIVE_NOTE!r}"
+    assert not bad_deep_dive_notes(
+        cells), f"each deep dive's second paragraph must be {DEEP_DIVE_NOTE!r}"
     broken = names_only_deep_dives_define(cells)
-    assert not broken, f"core cells read names only a deep dive defines (cell index, name): {broken}"
+    assert not broken, (
+        f"core cells read names only a deep dive defines (cell index, name): {broken}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -87,14 +96,17 @@ def test_every_notebook_ends_with_three_to_five_questions(path):
 def test_deep_dive_headings_are_stored_folded(path):
     nb = nbformat.read(path, as_version=4)
     for cell, deep in zip(nb.cells, in_deep_dive(as_cells(nb.cells)), strict=True):
-        opens = cell.cell_type == "markdown" and cell.source.startswith(("## Deep dive:", "### Deep dive:"))
-        assert cell.metadata.get("jp-MarkdownHeadingCollapsed", False) is opens and (deep or not opens)
+        opens = (cell.cell_type == "markdown"
+                 and cell.source.startswith(("## Deep dive:", "### Deep dive:")))
+        assert cell.metadata.get("jp-MarkdownHeadingCollapsed",
+                                 False) is opens and (deep or not opens)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_core_fits_about_two_hours(path):
     core, _ = course_time.parts(path)
-    assert core.minutes <= MAX_CORE_MINUTES, f"{path.name}: core estimated at {core.minutes:.0f} min"
+    assert core.minutes <= MAX_CORE_MINUTES, (
+        f"{path.name}: core estimated at {core.minutes:.0f} min")
 
 
 def test_the_readme_course_map_states_the_measured_minutes(capsys):
@@ -102,5 +114,6 @@ def test_the_readme_course_map_states_the_measured_minutes(capsys):
 
 
 def test_solution_lines_count_what_a_learner_writes():
-    solution = 'def f(x):\n    """Doc\n    string."""\n    # a comment\n    y = x + 1\n\n    return y\n'
+    solution = (
+        'def f(x):\n    """Doc\n    string."""\n    # a comment\n    y = x + 1\n\n    return y\n')
     assert course_time.solution_lines(solution) == 2

@@ -1,4 +1,5 @@
-"""The function that passed its check is the function a notebook trains with (course.notebook's record of passes)."""
+"""The function that passed its check is the function a notebook trains with (course.notebook's
+record of passes)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ CHECK = "def check_double():\n    assert double(3) == 6, 'double(3) must be 6'\n
 
 
 def notebook(tag: str) -> dict:
-    """A fresh namespace holding CELL and CHECK, run as a kernel runs cells (one file name per cell)."""
+    """A fresh namespace holding CELL and CHECK, run as a kernel runs cells (one file name per
+    cell)."""
     namespace: dict = {}
     exec(compile(CELL, f"<cell-{tag}-1>", "exec"), namespace)
     exec(compile(CHECK, f"<cell-{tag}-2>", "exec"), namespace)
@@ -75,13 +77,16 @@ def test_a_redefinition_that_passes_its_check_again_is_trusted(capsys):
 
 def test_a_failed_or_unchecked_exercise_is_not_trusted(capsys):
     ns = notebook("e")
-    assert trust_learner_function("Exercise 5 (double)", ns["double"]) == (False, "its check has not run")
+    assert trust_learner_function("Exercise 5 (double)", ns["double"]) == (False,
+                                                                           "its check has not run")
     run_cell(ns, "def double(x):\n    return x\n", "<cell-e-3>")
     exercise_check("Exercise 6 (double)", ns["check_double"])
-    assert trust_learner_function("Exercise 6 (double)", ns["double"]) == (False, "its check failed")
+    assert trust_learner_function("Exercise 6 (double)", ns["double"]) == (False,
+                                                                           "its check failed")
     run_cell(ns, "def double(x):\n    raise NotImplementedError\n", "<cell-e-4>")
     exercise_check("Exercise 7 (double)", ns["check_double"])
-    assert trust_learner_function("Exercise 7 (double)", ns["double"]) == (False, "its check is not done yet")
+    assert trust_learner_function("Exercise 7 (double)",
+                                  ns["double"]) == (False, "its check is not done yet")
     capsys.readouterr()
 
 
@@ -96,31 +101,36 @@ def test_a_run_takes_the_trusted_pieces_by_name_and_says_whose_each_is(capsys):
     assert lines == ["This run trains with your double, and with the library's triple, absent.",
                      "  triple: the library's, because its check has not run",
                      "  absent: the library's, because it is not defined"]
-    pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns, {"double_fn": "fp16 needs the library's"})
-    assert pieces == {} and lines == ["This run trains with your code in no piece yet, and with the library's double.",
-                                      "  double: the library's, because fp16 needs the library's"]
-    run_cell(ns, "def double(x):\n    return x + x + 1\n", "<cell-f-4>")  # redefined wrong after its pass
+    pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns,
+                                   {"double_fn": "fp16 needs the library's"})
+    assert (pieces == {} and lines
+            == ["This run trains with your code in no piece yet, and with the library's double.",
+                                      "  double: the library's, because fp16 needs the library's"])
+    # redefined wrong after its pass
+    run_cell(ns, "def double(x):\n    return x + x + 1\n", "<cell-f-4>")
     pieces, lines = learner_pieces({"double_fn": "Exercise 8 (double)"}, ns)
     assert pieces == {} and "redefined after its check" in lines[1]
     capsys.readouterr()
 
 
 def test_same_function_sees_through_decorators_defaults_and_closures():
-    """Equal code is not enough: two functions one decorator wrapped share the wrapper's code, a default or a
-    closed-over value can differ while the code is equal."""
+    """Equal code is not enough: two functions one decorator wrapped share the wrapper's code, a
+    default or a closed-over value can differ while the code is equal."""
     from rlhf_helpers.course.exercises import same_function
 
     source = ("import functools, torch\n"
               "def scale_by(k):\n    def outer(f):\n        @functools.wraps(f)\n"
-              "        def wrapper(*a):\n            return k * f(*a)\n        return wrapper\n    return outer\n"
-              "@torch.no_grad()\ndef f(x):\n    return {body}\n"
+              "        def wrapper(*a):\n            return k * f(*a)\n        return wrapper\n    "
+              "return outer\n@torch.no_grad()\ndef f(x):\n    return {body}\n"
               "def g(x, eps={eps}):\n    return x + eps\n"
               "@scale_by({k})\ndef h(x):\n    return x\n")
     one, same, other_body, other_default, other_closure = ({}, {}, {}, {}, {})
-    for ns, body, eps, k in ((one, "x + 1", 0.2, 2), (same, "x + 1", 0.2, 2), (other_body, "x - 1", 0.2, 2),
+    for ns, body, eps, k in ((one, "x + 1", 0.2, 2), (same, "x + 1", 0.2, 2),
+                             (other_body, "x - 1", 0.2, 2),
                              (other_default, "x + 1", 0.3, 2), (other_closure, "x + 1", 0.2, 3)):
         exec(compile(source.format(body=body, eps=eps, k=k), "<cell>", "exec"), ns)
     assert all(same_function(one[n], same[n]) for n in "fgh")  # the same cell run again
-    assert not same_function(one["f"], other_body["f"])  # torch.no_grad's wrapper: same code, other function
+    # torch.no_grad's wrapper: same code, other function
+    assert not same_function(one["f"], other_body["f"])
     assert not same_function(one["g"], other_default["g"])
     assert not same_function(one["h"], other_closure["h"])

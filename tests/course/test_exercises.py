@@ -20,10 +20,13 @@ def test_every_binding_of_a_hidden_function_refuses_and_comes_back():
     namespace = {"compute_gae": original, "alias": original, "other": rlhf_helpers.masked_mean}
     d, v, m = torch.randn(2, 4), torch.randn(2, 4), torch.ones(2, 4)
     with hidden_from_learner([original], namespace):
-        for call in (namespace["compute_gae"], namespace["alias"], rlhf_helpers.compute_gae, gae.compute_gae):
-            with pytest.raises(LibraryShortcut, match=r"rlhf_helpers\.core\.gae\.compute_gae is hidden"):
+        for call in (namespace["compute_gae"], namespace["alias"],
+                     rlhf_helpers.compute_gae, gae.compute_gae):
+            with pytest.raises(LibraryShortcut,
+                               match=r"rlhf_helpers\.core\.gae\.compute_gae is hidden"):
                 call(d, v, m, gamma=1.0, lam=0.9)
-        from rlhf_helpers.core.gae import compute_gae as imported_in_the_check  # an import at call time
+        # an import at call time
+        from rlhf_helpers.core.gae import compute_gae as imported_in_the_check
 
         with pytest.raises(LibraryShortcut):
             imported_in_the_check(d, v, m)
@@ -35,7 +38,8 @@ def test_every_binding_of_a_hidden_function_refuses_and_comes_back():
 def test_a_hidden_method_refuses_on_its_class_and_comes_back():
     original = PPOTrainer.update
     with hidden_from_learner([PPOTrainer.update]):
-        with pytest.raises(LibraryShortcut, match=r"rlhf_helpers\.ppo\.trainer\.PPOTrainer\.update is hidden"):
+        with pytest.raises(LibraryShortcut,
+                           match=r"rlhf_helpers\.ppo\.trainer\.PPOTrainer\.update is hidden"):
             PPOTrainer.update(object(), None)
     assert PPOTrainer.update is original
 
@@ -51,7 +55,8 @@ def test_exercise_check_fails_a_solution_that_calls_the_library(capsys):
     def honest(rewards, values, mask):  # (B, T) -> (B, T): the reverse loop
         out, running = torch.zeros_like(rewards), torch.zeros(rewards.shape[0])
         for t in reversed(range(rewards.shape[1])):
-            running = rewards[:, t] - values[:, t] + (values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0) \
+            running = rewards[:, t] - values[:, t] + (values[:, t + 1]
+                                                      if t + 1 < rewards.shape[1] else 0.0) \
                 + 0.9 * running
             out[:, t] = running
         return out
@@ -63,16 +68,18 @@ def test_exercise_check_fails_a_solution_that_calls_the_library(capsys):
     expected = honest(r, v, m)  # gamma 1, lambda 0.9, no padding: the loop is the definition
     torch.testing.assert_close(shortcut(r, v, m), expected)  # the library agrees outside the check
     for solution in (honest, shortcut):
-        exercise_check("gae", lambda solution=solution: torch.testing.assert_close(solution(r, v, m), expected),
-                       hidden=[gae.compute_gae])
+        exercise_check("gae",
+                       lambda solution=solution: torch.testing.assert_close(
+                           solution(r, v, m), expected), hidden=[gae.compute_gae])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{EXERCISE_PASSED}  gae"
-    assert lines[1].startswith(f"{EXERCISE_FAILED}  gae: LibraryShortcut: rlhf_helpers.core.gae.compute_gae is hidden")
+    assert lines[1].startswith(
+        f"{EXERCISE_FAILED}  gae: LibraryShortcut: rlhf_helpers.core.gae.compute_gae is hidden")
 
 
 def test_the_private_twin_and_a_re_export_outside_the_library_are_hidden_too():
-    """`core.gae._td_errors` (what `td_errors` delegates to) and torch's own re-export of a hidden torch
-    function would otherwise let a shortcut through."""
+    """`core.gae._td_errors` (what `td_errors` delegates to) and torch's own re-export of a hidden
+    torch function would otherwise let a shortcut through."""
     from torch.distributions import kl as torch_kl
 
     d, v, m = torch.randn(2, 4), torch.randn(2, 4), torch.ones(2, 4)
@@ -84,7 +91,8 @@ def test_the_private_twin_and_a_re_export_outside_the_library_are_hidden_too():
     p = torch.distributions.Categorical(logits=torch.zeros(3))
     with hidden_from_learner([original]):
         for call in (torch.distributions.kl_divergence, torch_kl.kl_divergence):
-            with pytest.raises(LibraryShortcut, match=r"torch\.distributions\.kl\.kl_divergence is hidden"):
+            with pytest.raises(LibraryShortcut,
+                               match=r"torch\.distributions\.kl\.kl_divergence is hidden"):
                 call(p, p)
     assert torch.distributions.kl_divergence is original and torch_kl.kl_divergence is original
 
@@ -134,8 +142,9 @@ def fake_library(tmp_path, monkeypatch):
 
 
 def test_what_a_check_imports_gets_everything_back(fake_library):
-    """A module first imported during the check binds the hidden functions then; afterwards every way it
-    reaches them works again (a name, a dict, a default argument), a closure-wrapped one included."""
+    """A module first imported during the check binds the hidden functions then; afterwards every
+    way it reaches them works again (a name, a dict, a default argument), a closure-wrapped one
+    included."""
     import importlib
 
     core = importlib.import_module("fakelib.core")
@@ -143,8 +152,8 @@ def test_what_a_check_imports_gets_everything_back(fake_library):
     with hidden_from_learner([core.masked_mean, core.wrapped_mean]):
         later = importlib.import_module("fakelib.later")
         calls = (lambda: later.masked_mean, lambda: later.TABLE["mean"], lambda: later.by_default,
-                 lambda: later.wrapped_mean, lambda: later.TABLE["wrapped"], lambda: later.LISTED[0],
-                 lambda: later.wrapped_by_default)
+                 lambda: later.wrapped_mean, lambda: later.TABLE["wrapped"],
+                 lambda: later.LISTED[0], lambda: later.wrapped_by_default)
         for call in calls:
             with pytest.raises(LibraryShortcut, match=r"fakelib\.core\.\w+ is hidden"):
                 call()(x, m)
@@ -154,21 +163,24 @@ def test_what_a_check_imports_gets_everything_back(fake_library):
 
 
 def test_the_issue_s_case_a_library_module_imported_during_a_check_works_afterwards():
-    """rlhf_helpers.ppo.experience imported for the first time while masked_mean is hidden (a fresh process,
-    so that the import really is the first)."""
+    """rlhf_helpers.ppo.experience imported for the first time while masked_mean is hidden (a fresh
+    process, so that the import really is the first)."""
     import subprocess
 
     code = ("import torch\nimport rlhf_helpers.core.masked as masked\n"
             "from rlhf_helpers.course.exercises import hidden_from_learner\n"
             "assert 'rlhf_helpers.ppo.experience' not in __import__('sys').modules\n"
-            "with hidden_from_learner([masked.masked_mean]):\n    import rlhf_helpers.ppo.experience as experience\n"
-            "print(float(experience.masked_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0]))))\n")
+            "with hidden_from_learner([masked.masked_mean]):\n    import "
+            "rlhf_helpers.ppo.experience as "
+            "experience\nprint(float(experience.masked_mean(torch.tensor([1.0, 3.0]), "
+            "torch.tensor([1.0, 1.0]))))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr[-2000:]
 
 
 def _namespace(source: str) -> dict:
-    """A notebook-like namespace: the learner's function and its check defined in one globals dict."""
+    """A notebook-like namespace: the learner's function and its check defined in one globals
+    dict."""
     namespace: dict = {"torch": torch, "rlhf_helpers": rlhf_helpers}
     exec(source, namespace)  # noqa: S102  # test code, written above
     return namespace
@@ -183,22 +195,25 @@ def test_a_check_fails_a_library_call_through_a_default_argument_or_a_dict(capsy
         "def check(fn):\n    x, m = torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0])\n"
         "    assert float(fn(x, m)) == 1.0\n")
     for name in ("by_default", "by_dict"):
-        exercise_check(f"Exercise 1 ({name})", lambda name=name: namespace["check"](namespace[name]),
+        exercise_check(f"Exercise 1 ({name})",
+                       lambda name=name: namespace["check"](namespace[name]),
                        hidden=[rlhf_helpers.masked_mean])
     lines = capsys.readouterr().out.splitlines()
-    assert all(line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (by_") and "masked_mean is hidden" in line
-               for line in lines) and len(lines) == 2
-    assert float(namespace["by_dict"](torch.tensor([2.0]), torch.tensor([1.0]))) == 2.0  # back afterwards
+    assert all(line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (by_")
+               and "masked_mean is hidden" in line for line in lines) and len(lines) == 2
+    # back afterwards
+    assert float(namespace["by_dict"](torch.tensor([2.0]), torch.tensor([1.0]))) == 2.0
 
 
 @pytest.mark.parametrize(("body", "named"), [
     ("    x.mul_(mask)\n    return x.sum() / mask.sum()", "x"),
-    ("    mask[mask == 0] = 0\n    return (x * mask).sum() / mask.sum()", "mask"),  # a write, even of equal values
+    # a write, even of equal values
+    ("    mask[mask == 0] = 0\n    return (x * mask).sum() / mask.sum()", "mask"),
     ("    batch['x'] *= batch['mask']\n    return batch['x'].sum()", "batch['x']"),
 ])
 def test_a_check_fails_a_function_that_changes_its_arguments_in_place(capsys, body, named):
-    """The caller's tensors would change under it: torch counts every in-place write (`_version`), so the
-    check names the argument even when the values returned are right."""
+    """The caller's tensors would change under it: torch counts every in-place write (`_version`),
+    so the check names the argument even when the values returned are right."""
     args = "batch" if "batch" in body else "x, mask"
     namespace = _namespace(
         f"def mean_of(x, mask):\n    return (x * mask).sum() / mask.sum()\n"
@@ -209,10 +224,12 @@ def test_a_check_fails_a_function_that_changes_its_arguments_in_place(capsys, bo
         "    assert got.shape == want.shape\n")
     exercise_check("Exercise 1 (learner)", namespace["check"])
     line = capsys.readouterr().out.strip()
-    assert line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (learner): AssertionError: learner changed its argument "
-                           f"{named} in place"), line
-    assert getattr(namespace["learner"], "__wrapped__", None) is None  # the learner's own function is back
-    exec(f"def learner({args}):\n    return 0 * torch.ones(())\n", namespace)  # one that writes nothing passes
+    assert line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (learner): AssertionError: learner "
+                           f"changed its argument {named} in place"), line
+    # the learner's own function is back
+    assert getattr(namespace["learner"], "__wrapped__", None) is None
+    # one that writes nothing passes
+    exec(f"def learner({args}):\n    return 0 * torch.ones(())\n", namespace)
     exercise_check("Exercise 1 (learner)", namespace["check"])
     assert capsys.readouterr().out.strip() == f"{EXERCISE_PASSED}  Exercise 1 (learner)"
 
@@ -231,9 +248,12 @@ def test_a_check_that_never_ends_stops_with_failed_and_the_alarm_is_put_back(cap
     exercise_check("Exercise 1 (endless)", endless, seconds=0.5)
     elapsed = time.monotonic() - start
     line = capsys.readouterr().out.strip()
-    assert line.startswith(f"{EXERCISE_FAILED}  Exercise 1 (endless): CheckTimeout: the check stopped after 0.5 s")
+    assert line.startswith(
+        f"{EXERCISE_FAILED}  Exercise 1 (endless): CheckTimeout: the check stopped after 0.5 s")
     assert elapsed < 30  # stopped, not finished (it never would); generous for a loaded machine
-    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    exercise_check("Exercise 1 (quick)", lambda: None, seconds=0.5)  # a check within its limit passes
+    assert (signal.getsignal(signal.SIGALRM) is before
+            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+    # a check within its limit passes
+    exercise_check("Exercise 1 (quick)", lambda: None, seconds=0.5)
     time.sleep(0.7)  # and no alarm is left to fire after it
     assert capsys.readouterr().out.strip() == f"{EXERCISE_PASSED}  Exercise 1 (quick)"

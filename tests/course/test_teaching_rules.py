@@ -1,13 +1,14 @@
-"""The rules every notebook's teaching text and code keep (checked on the stored notebooks, no kernel).
+"""The rules every notebook's teaching text and code keep (checked on the stored notebooks, no
+kernel).
 
 - Claims are fixed prose: no f-string writes a verdict ("... if x else ..."), and no bare `assert`
-  sits among the teaching code. A claim is asserted in a cell tagged "claim-check" (stored collapsed,
-  left off the site) by `rlhf_helpers.course.claims.check_claims`; asserts inside a check function
-  (`def check_...`) are the exercise checks.
+  sits among the teaching code. A claim is asserted in a cell tagged "claim-check" (stored
+  collapsed, left off the site) by `rlhf_helpers.course.claims.check_claims`; asserts inside a check
+  function (`def check_...`) are the exercise checks.
 - Short cells: a code cell holds at most MAX_CODE_LINES lines (the Colab set-up cell is generated).
 - Each notebook opens with its prerequisites and a student's estimated time.
-- Each exercise has a list of plausible wrong answers (tests/mistakes/<notebook>.py) that the solutions
-  run proves its check rejects (tests/notebooks/test_notebooks.py).
+- Each exercise has a list of plausible wrong answers (tests/mistakes/<notebook>.py) that the
+  solutions run proves its check rejects (tests/notebooks/test_notebooks.py).
 """
 
 from __future__ import annotations
@@ -39,23 +40,27 @@ def _tags(cell) -> list[str]:
 
 def _code_cells(path: Path) -> list[tuple[int, nbformat.NotebookNode]]:
     cells = nbformat.read(path, as_version=4).cells
-    return [(i, c) for i, c in enumerate(cells) if c.cell_type == "code" and "colab-setup" not in _tags(c)
-            and i != 1]
+    return [(i, c) for i, c in enumerate(cells)
+            if c.cell_type == "code" and "colab-setup" not in _tags(c) and i != 1]
 
 
 def _top_level_asserts(source: str) -> list[int]:
-    """Line numbers of `assert` statements outside any function of a cell (IPython magics stripped)."""
-    tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()))
-    inside = {id(node) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
-              for node in ast.walk(fn)}
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert) and id(node) not in inside]
+    """Line numbers of `assert` statements outside any function of a cell (IPython magics
+    stripped)."""
+    tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                               for line in source.splitlines()))
+    inside = {id(node) for fn in ast.walk(tree)
+              if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) for node in ast.walk(fn)}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Assert) and id(node) not in inside]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_no_prose_is_generated_by_a_conditional_f_string(path: Path):
     found = [(i, line.strip()) for i, cell in _code_cells(path) for line in cell.source.splitlines()
              if _VERDICT.search(line)]
-    assert not found, f"{path.name}: state the claim once in markdown and check it in a claim-check cell: {found}"
+    assert not found, (f"{path.name}: state the claim once in markdown and check it in a "
+                       f"claim-check cell: {found}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -69,20 +74,24 @@ def test_asserts_live_in_claim_checks_or_exercise_checks(path: Path):
 def test_claim_checks_are_collapsed_and_call_check_claims(path: Path):
     checks = [(i, cell) for i, cell in _code_cells(path) if "claim-check" in _tags(cell)]
     for i, cell in checks:
-        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"{path.name} cell {i}"
-        assert "check_claims(" in cell.source, f"{path.name} cell {i}: a claim-check cell calls check_claims"
+        assert cell.metadata.get("jupyter",
+                                 {}).get("source_hidden") is True, f"{path.name} cell {i}"
+        assert "check_claims(" in cell.source, (
+            f"{path.name} cell {i}: a claim-check cell calls check_claims")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_code_cells_are_short(path: Path):
-    long = [(i, n) for i, cell in _code_cells(path) if (n := len(cell.source.splitlines())) > MAX_CODE_LINES]
+    long = [(i, n) for i,
+            cell in _code_cells(path) if (n := len(cell.source.splitlines())) > MAX_CODE_LINES]
     assert not long, f"{path.name}: cells over {MAX_CODE_LINES} lines (cell, lines): {long}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_opens_with_prerequisites_and_time(path: Path):
     first = nbformat.read(path, as_version=4).cells[0].source
-    assert re.search(r"^\*\*Prerequisites:\*\* \S", first, re.MULTILINE), f"{path.name}: no **Prerequisites:** line"
+    assert re.search(r"^\*\*Prerequisites:\*\* \S", first,
+                     re.MULTILINE), f"{path.name}: no **Prerequisites:** line"
     time_line = r"^\*\*Time:\*\* about \d+ min for the core; the deep dives add about \d+ min\.$"
     assert re.search(time_line, first, re.MULTILINE), \
         f"{path.name}: no '**Time:** about N min for the core; ...' line (course_time --write)"
@@ -93,11 +102,13 @@ def test_every_exercise_lists_wrong_answers_that_edit_its_solution(path: Path):
     text = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells)
     exercises = _EXERCISE.findall(text)
     mistakes = load_mistakes(path.stem)
-    assert sorted(mistakes) == sorted(exercises), f"{path.name}: mistakes for {sorted(mistakes)}, exercises {exercises}"
+    assert sorted(mistakes) == sorted(
+        exercises), f"{path.name}: mistakes for {sorted(mistakes)}, exercises {exercises}"
     solutions = {n: code for n, code in re.findall(
         r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", text, re.DOTALL)}
     for number, wrong in mistakes.items():
-        assert len(wrong) >= 2, f"{path.name} exercise {number}: list at least two plausible wrong answers"
+        assert len(
+            wrong) >= 2, f"{path.name} exercise {number}: list at least two plausible wrong answers"
         for mistake in wrong:
             assert solutions[number].count(mistake.old) == 1, \
                 f"{path.name} exercise {number}, {mistake.what!r}: the edited text must occur once in Solution {number}"
@@ -129,11 +140,13 @@ def test_rules_catch_what_they_forbid():
     assert _top_level_asserts("x = 1\nassert x == 1\n") == [2]
     assert _top_level_asserts("def check_x():\n    assert 1\n") == []
     cell = builder.read_cells('# %% [markdown]\n# t\n\n# %% tags=["colab-setup"]\n\n'
-                              '# %% tags=["claim-check"]\ncheck_claims({"a": True})\n', "07_x.ipynb")[-1]
+                              '# %% tags=["claim-check"]\ncheck_claims({"a": True})\n',
+                              "07_x.ipynb")[-1]
     assert cell.metadata == {"tags": ["claim-check"], "jupyter": {"source_hidden": True}}
 
 
-#: notebooks whose collapsed claim-checks still show a claim on their first line (to open with `check_claims({`)
+#: notebooks whose collapsed claim-checks still show a claim on their first line (to open with
+#: `check_claims({`)
 _CLAIM_ON_FIRST_LINE: frozenset[str] = frozenset()
 
 
@@ -143,7 +156,8 @@ def _claims_checked(source: str) -> list[str]:
     return [key.value for node in ast.walk(tree) if isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name) and node.func.id == "check_claims"
             and node.args and isinstance(node.args[0], ast.Dict)
-            for key in node.args[0].keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+            for key in node.args[0].keys
+            if isinstance(key, ast.Constant) and isinstance(key.value, str)]
 
 
 def _claims_on_first_line(path: Path) -> list[tuple[int, str]]:
@@ -152,17 +166,20 @@ def _claims_on_first_line(path: Path) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="a claim on a claim-check's first line"))
+    pytest.param(p, marks=pytest.mark.xfail(strict=True,
+                                            reason="a claim on a claim-check's first line"))
     if p.stem in _CLAIM_ON_FIRST_LINE else p for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_a_collapsed_claim_check_shows_no_claim_on_its_first_line(path: Path):
-    """JupyterLab shows the first line of a collapsed cell above its output: a claim there is the prose's claim
-    printed a second time, in code."""
+    """JupyterLab shows the first line of a collapsed cell above its output: a claim there is the
+    prose's claim printed a second time, in code."""
     shown = _claims_on_first_line(path)
-    assert not shown, f"{path.name}: open the claim-check with `check_claims({{` on a line of its own: {shown}"
+    assert not shown, (
+        f"{path.name}: open the claim-check with `check_claims({{` on a line of its own: {shown}")
 
 
 def test_the_first_line_rule_finds_a_claim_there_and_not_below():
-    assert _claims_checked('x = 1\ncheck_claims({"a": x > 0,\n    "b": True}, any_profile=True)') == ["a", "b"]
+    assert _claims_checked(
+        'x = 1\ncheck_claims({"a": x > 0,\n    "b": True}, any_profile=True)') == ["a", "b"]
     assert _claims_checked("check_claims(claims)\nprint('a')") == []
     cell = 'check_claims({"x is positive": x > 0,\n              "y too": y > 0})'
     assert [c for c in _claims_checked(cell) if c in cell.split("\n")[0]] == ["x is positive"]

@@ -1,5 +1,5 @@
-"""05 Exercise 4's hints (rlhf_helpers.course.update_check): the plain loop is the library's update, and each
-plausible mistake is named by replaying it, on the toy world."""
+"""05 Exercise 4's hints (rlhf_helpers.course.update_check): the plain loop is the library's update,
+and each plausible mistake is named by replaying it, on the toy world."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def world():
         g = torch.Generator().manual_seed(1)
         for param in model.policy_parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=g))
-    batch = collect_experience(model, trainer.tokenizer, TOY_PROMPTS, config, kl_coef=config.kl_coef,
-                               reward_fn=good_count)
+    batch = collect_experience(model, trainer.tokenizer, TOY_PROMPTS, config,
+                               kl_coef=config.kl_coef, reward_fn=good_count)
     trainable = model.policy_parameters() + model.value_parameters()
     start = [p.detach().clone() for p in trainable]
 
@@ -44,22 +44,26 @@ def world():
             trainer.policy_opt.optimizer, trainer.value_opt.optimizer = policy_opt, value_opt
             trainer.policy_opt.max_grad_norm = trainer.value_opt.max_grad_norm = cfg.max_grad_norm
             trainer.update(batch, torch.Generator().manual_seed(0))
-            return torch.tensor([(row["policy_loss"], row["value_loss"]) for row in trainer.last_update_stats])
-        return torch.tensor(update_loop(model, batch, policy_opt, value_opt, cfg, torch.Generator().manual_seed(0),
-                                        clip_loss, minibatches=minibatches, **(changes or {})))
+            return torch.tensor(
+                [(row["policy_loss"], row["value_loss"]) for row in trainer.last_update_stats])
+        return torch.tensor(
+            update_loop(model, batch, policy_opt, value_opt, cfg, torch.Generator().manual_seed(0),
+                        clip_loss, minibatches=minibatches, **(changes or {})))
 
     return config, run
 
 
 def clip_loss(logprobs, old_logprobs, advantages, mask, eps):
     rho = torch.exp(torch.where(mask.bool(), logprobs - old_logprobs, 0.0))  # (b, R)
-    return -(torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages) * mask).sum() / mask.sum()
+    return -(torch.min(rho * advantages, rho.clamp(1 - eps, 1 + eps) * advantages)
+             * mask).sum() / mask.sum()
 
 
 def test_the_plain_loop_is_the_library_update_and_each_named_mistake_reproduces_itself(world):
     config, run = world
     expected = run(config, library=True)
-    assert explain_update_difference(run(config), expected, config, lambda c, n: run(config, c, n)) is None
+    assert explain_update_difference(run(config), expected, config, lambda c,
+                                     n: run(config, c, n)) is None
     named = 0
     for mistake in loop_mistakes(config):
         got = run(config, mistake.changes)
@@ -71,7 +75,8 @@ def test_the_plain_loop_is_the_library_update_and_each_named_mistake_reproduces_
     assert named >= 10
     temperature = next(m for m in loop_mistakes(config) if m.changes == {"temperature": False})
     renormalised = next(m for m in loop_mistakes(config) if m.changes == {"renormalise": "all"})
-    for mistake in (temperature, renormalised):  # the two the issue names: the hint is theirs, not another's
+    # the two the issue names: the hint is theirs, not another's
+    for mistake in (temperature, renormalised):
         hint = explain_update_difference(run(config, mistake.changes), expected, config,
                                          lambda c, n: run(config, c, n))
         assert hint is not None and hint.endswith(mistake.cause), hint

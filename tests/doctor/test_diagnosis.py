@@ -1,9 +1,10 @@
-"""The run doctor (`ppo.diagnosis`): each rule fires on a history built to show its signature and stays silent
-on a healthy one; the loaders read this course's run folders and TRL's; the CLI prints and exits as documented.
+"""The run doctor (`ppo.diagnosis`): each rule fires on a history built to show its signature and
+stays silent on a healthy one; the loaders read this course's run folders and TRL's; the CLI prints
+and exits as documented.
 
-The healthy history follows docs/metrics.md's healthy ranges of the tiny profile (the glossary's numbers,
-with step-to-step noise of the size it states); each broken history changes only what its rule reads, so a
-rule that fires on another rule's signature shows up here as an extra finding.
+The healthy history follows docs/metrics.md's healthy ranges of the tiny profile (the glossary's
+numbers, with step-to-step noise of the size it states); each broken history changes only what its
+rule reads, so a rule that fires on another rule's signature shows up here as an extra finding.
 """
 
 from __future__ import annotations
@@ -23,31 +24,36 @@ FACTS = RunFacts(max_new_tokens=40, score_clip=5.0, value_warmup_steps=0, dtype=
 
 
 def healthy(steps: int = 30, seed: int = 0) -> list[dict[str, float]]:
-    """A healthy tiny-profile run as the glossary describes it (score 0.25 -> ~3, kl 0 -> ~2.3 nats, entropy
-    1.7 -> 1.6, length 17 -> 23, explained variance 0.2 -> 0.5 (a warmed-up critic), clipfrac ~0.04, approx-KL
-    ~0.008, the hidden score -0.5 -> ~0.9 with +-0.2 noise between steps)."""
+    """A healthy tiny-profile run as the glossary describes it (score 0.25 -> ~3, kl 0 -> ~2.3 nats,
+    entropy 1.7 -> 1.6, length 17 -> 23, explained variance 0.2 -> 0.5 (a warmed-up critic),
+    clipfrac ~0.04, approx-KL ~0.008, the hidden score -0.5 -> ~0.9 with +-0.2 noise between
+    steps)."""
     rng = random.Random(seed)
     rows = []
     for i in range(steps):
         grow = 1 - math.exp(-i / 4)  # 0 at step 1, most of the way by step 10
         rows.append({
             "step": float(i + 1), "score": 0.25 + 2.7 * grow + rng.uniform(-0.1, 0.1),
-            "score_std": 1.2 + rng.uniform(-0.3, 0.3), "distinct_responses": rng.choice([1.0, 1.0, 0.984]),
-            "score_clipped": 0.0, "kl": 2.3 * grow + rng.uniform(-0.05, 0.05) * grow,
-            "entropy": 1.7 - 0.1 * grow + rng.uniform(-0.03, 0.03), "response_length": 17 + 6 * grow,
-            "eos_fraction": rng.uniform(0.97, 1.0), "explained_variance": 0.2 + 0.3 * grow + rng.uniform(-0.05, 0.1),
+            "score_std": 1.2 + rng.uniform(-0.3, 0.3),
+            "distinct_responses": rng.choice([1.0, 1.0, 0.984]), "score_clipped": 0.0,
+            "kl": 2.3 * grow + rng.uniform(-0.05, 0.05) * grow,
+            "entropy": 1.7 - 0.1 * grow + rng.uniform(-0.03, 0.03),
+            "response_length": 17 + 6 * grow, "eos_fraction": rng.uniform(0.97, 1.0),
+            "explained_variance": 0.2 + 0.3 * grow + rng.uniform(-0.05, 0.1),
             "clipfrac": rng.uniform(0.016, 0.064), "approx_kl": rng.uniform(0.003, 0.03),
-            "first_ratio": 1.0 + rng.uniform(-1e-6, 1e-6), "eos_in_mask": 1.0, "policy_loss": -0.01, "value_loss": 0.05,
-            "hidden_score": -0.5 + 1.4 * grow + rng.uniform(-0.2, 0.2),
+            "first_ratio": 1.0 + rng.uniform(-1e-6, 1e-6), "eos_in_mask": 1.0, "policy_loss": -0.01,
+            "value_loss": 0.05, "hidden_score": -0.5 + 1.4 * grow + rng.uniform(-0.2, 0.2),
         })
-    for row in rows[9::10]:  # an evaluation every 10 steps: healthy 0.87-1.01 hidden, 2.8-3.05 learned
+    # an evaluation every 10 steps: healthy 0.87-1.01 hidden, 2.8-3.05 learned
+    for row in rows[9::10]:
         row.update(eval_score=rng.uniform(2.8, 3.05), eval_hidden_score=rng.uniform(0.87, 1.01))
     return rows
 
 
 def rules(history, facts=FACTS, **thresholds) -> dict[str, str]:
     """rule -> severity of what `diagnose` finds."""
-    return {f.rule: f.severity for f in diagnose(history, facts=facts, thresholds=Thresholds(**thresholds)).findings}
+    return {f.rule: f.severity
+            for f in diagnose(history, facts=facts, thresholds=Thresholds(**thresholds)).findings}
 
 
 def broken(change, steps=30):
@@ -86,10 +92,12 @@ SIGNATURES = {
     "critic_not_learning": ("warning", lambda r, i: r.update(explained_variance=-0.1)),
     "collapse": ("warning", lambda r, i: r.update(entropy=1.7 * 0.9 ** i)),
     "length_collapse": ("warning", lambda r, i: r.update(response_length=max(1.0, 17 - 3 * i))),
-    "length_runaway": ("warning", lambda r, i: r.update(response_length=39.5, eos_fraction=0.2) if i > 5 else None),
+    "length_runaway": ("warning", lambda r,
+                       i: r.update(response_length=39.5, eos_fraction=0.2) if i > 5 else None),
     "reward_saturated": ("warning", lambda r, i: r.update(score_clipped=0.8) if i > 10 else None),
     "over_optimisation": ("warning",
-                          lambda r, i: r.update(hidden_score=1.0 - 0.15 * max(0, i - 10), score=2 + 0.05 * i)),
+                          lambda r, i: r.update(hidden_score=1.0 - 0.15 * max(0, i - 10),
+                                                score=2 + 0.05 * i)),
 }
 
 
@@ -116,7 +124,8 @@ def test_each_rule_has_its_fields_filled():
 def test_thresholds_sit_where_they_say():
     one_step = broken(lambda r, i: r.update(clipfrac=0.3) if i == 7 else None)
     assert "off_policy" not in rules(one_step)  # one noisy step is not sustained
-    assert "off_policy" not in rules(broken(lambda r, i: r.update(clipfrac=0.2)))  # at the limit: healthy side
+    # at the limit: healthy side
+    assert "off_policy" not in rules(broken(lambda r, i: r.update(clipfrac=0.2)))
     four = broken(lambda r, i: r.update(kl=-0.01) if 10 <= i < 14 else None)
     assert "negative_kl" not in rules(four)  # 4 in a row: 1/16 by chance, not enough
     five = broken(lambda r, i: r.update(kl=-0.01) if 10 <= i < 15 else None)
@@ -124,12 +133,16 @@ def test_thresholds_sit_where_they_say():
     ratio = broken(lambda r, i: r.update(first_ratio=1.0 + 9e-5))
     assert rules(ratio) == {}  # within float32's 1e-4
     assert rules(ratio, facts=RunFacts(dtype="bfloat16")) == {}
-    bf16_noise = broken(lambda r, i: r.update(first_ratio=1.0 + 9e-4))  # inside bf16's eps / 8 = 9.8e-4
+    # inside bf16's eps / 8 = 9.8e-4
+    bf16_noise = broken(lambda r, i: r.update(first_ratio=1.0 + 9e-4))
     assert "first_ratio_not_one" in rules(bf16_noise)
     assert rules(bf16_noise, facts=RunFacts(dtype="bfloat16")) == {}
-    assert "first_ratio_not_one" in rules(bf16_noise, facts=RunFacts(dtype="float16"))  # fp16: eps / 8 = 1.2e-4
-    moved = broken(lambda r, i: r.update(first_ratio=1.0034))  # the smallest reference-as-old deviation measured
-    assert all("first_ratio_not_one" in rules(moved, facts=RunFacts(dtype=d)) for d in ("float32", "bf16", "fp16"))
+    # fp16: eps / 8 = 1.2e-4
+    assert "first_ratio_not_one" in rules(bf16_noise, facts=RunFacts(dtype="float16"))
+    # the smallest reference-as-old deviation measured
+    moved = broken(lambda r, i: r.update(first_ratio=1.0034))
+    assert all("first_ratio_not_one" in rules(moved, facts=RunFacts(dtype=d))
+               for d in ("float32", "bf16", "fp16"))
 
 
 def test_the_length_runaway_needs_max_new_tokens():
@@ -141,7 +154,8 @@ def test_over_optimisation_on_the_evaluations_alone():
     rows = healthy(40)
     evaluations = [(3.15, 0.02), (3.3, -0.8), (3.5, -2.42), (3.65, -2.84)]
     for row, (learned, hidden) in zip(rows[9::10], evaluations, strict=True):
-        row.update(eval_score=learned, eval_hidden_score=hidden)  # the glossary's kl_coef 0 evaluations
+        # the glossary's kl_coef 0 evaluations
+        row.update(eval_score=learned, eval_hidden_score=hidden)
     found = diagnose(rows, facts=FACTS).findings
     assert [f.rule for f in found] == ["over_optimisation"]
     assert found[0].steps == (20, 30, 40)
@@ -149,7 +163,8 @@ def test_over_optimisation_on_the_evaluations_alone():
 
 
 def test_a_learned_score_that_falls_with_the_hidden_one_is_not_over_optimisation():
-    rows = broken(lambda r, i: r.update(hidden_score=1.0 - 0.15 * max(0, i - 10), score=3 - 0.1 * max(0, i - 10)))
+    rows = broken(lambda r, i: r.update(hidden_score=1.0 - 0.15 * max(0, i - 10),
+                                        score=3 - 0.1 * max(0, i - 10)))
     assert "over_optimisation" not in rules(rows)
 
 
@@ -168,18 +183,21 @@ def test_steps_print_as_spans():
 def test_a_run_folder_is_read_with_its_settings(tmp_path):
     rows = broken(SIGNATURES["length_runaway"][1])
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "run.json").write_text(json.dumps({"ppo_config": {"max_new_tokens": 40, "score_clip": None,
-                                                                  "value_warmup_steps": 0},
-                                                   "profile": {"dtype": "float32"}}))
+    (tmp_path
+     / "run.json").write_text(json.dumps({"ppo_config": {"max_new_tokens": 40, "score_clip": None,
+                                                         "value_warmup_steps": 0},
+                                          "profile": {"dtype": "float32"}}))
     history, facts = load_history(tmp_path)
     assert len(history) == 30 and facts.max_new_tokens == 40
     assert "length_runaway" in {f.rule for f in diagnose(tmp_path).findings}
 
 
 def test_a_trl_folder_is_read_through_the_name_map(tmp_path):
-    """GRPOTrainer's log_history: every group's rewards equal (frac_reward_zero_std 1) is no signal at all."""
-    log = [{"step": s, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0, "kl": 0.0, "entropy": 1.5,
-            "completions/mean_length": 20.0, "completions/clipped_ratio": 0.0, "clip_ratio/region_mean": 0.0,
+    """GRPOTrainer's log_history: every group's rewards equal (frac_reward_zero_std 1) is no signal
+    at all."""
+    log = [{"step": s, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0, "kl": 0.0,
+            "entropy": 1.5, "completions/mean_length": 20.0, "completions/clipped_ratio": 0.0,
+            "clip_ratio/region_mean": 0.0,
             "loss": 0.0} for s in range(1, 6)] + [{"train_runtime": 12.0, "step": 5}]
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text(json.dumps({"log_history": log}))
@@ -228,17 +246,20 @@ def test_the_cli_prints_the_findings_and_exits_0_or_2(tmp_path, capsys):
 
 
 def test_eos_kept_share_counts_the_first_eos_under_the_mask():
-    """Two prompts' columns, then responses; EOS = 2, pad = 0. The right mask keeps each first EOS, a
-    "not padding" mask with pad == EOS drops them, a response cut at the limit has no EOS to keep."""
+    """Two prompts' columns, then responses; EOS = 2, pad = 0. The right mask keeps each first EOS,
+    a "not padding" mask with pad == EOS drops them, a response cut at the limit has no EOS to
+    keep."""
     from types import SimpleNamespace
 
     import torch
 
     from rlhf_helpers.ppo.experience import eos_kept_share
 
-    sequences = torch.tensor([[5, 6, 7, 2, 0, 0], [5, 6, 8, 9, 2, 2], [5, 6, 7, 8, 9, 9]])  # (B, P + R), P = 2
+    # (B, P + R), P = 2
+    sequences = torch.tensor([[5, 6, 7, 2, 0, 0], [5, 6, 8, 9, 2, 2], [5, 6, 7, 8, 9, 9]])
     ended = torch.tensor([True, True, False])
-    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]).float()  # (B, R): up to the first EOS
+    # (B, R): up to the first EOS
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]).float()
     batch = SimpleNamespace(sequences=sequences, context_length=2, ended_with_eos=ended, mask=right)
     assert eos_kept_share(batch, eos_token_id=2) == 1.0
     naive = right * (sequences[:, 2:] != 2).float()  # "not padding" when pad == EOS
@@ -250,7 +271,8 @@ def test_eos_kept_share_counts_the_first_eos_under_the_mask():
     assert eos_kept_share(none, eos_token_id=2) == 1.0
 
 
-# ----------------------------------------------------------------------------- end to end on a toy PPO run
+# ----------------------------------------------------------------------------- end to end on a toy
+# PPO run
 def _toy_trainer(trainer_class, steps: int, **config):
     """A real PPOTrainer (toy model, toy tokenizer, a word-count reward) after `steps` steps."""
     import torch
@@ -264,10 +286,12 @@ def _toy_trainer(trainer_class, steps: int, **config):
     tok = toy_tokenizer()
     model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
-    settings = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=6,
+    settings = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
+                    max_new_tokens=6,
                     lora=LoRASpec(r=4, alpha=8), policy_lr=3e-3, progress_bar=False)
     trainer = trainer_class(PPOConfig(**{**settings, **config}), model, tok,
-                            ["the movie was", "the film is", "the plot was", "the acting is"], reward_fn=good_count)
+                            ["the movie was", "the film is", "the plot was", "the acting is"],
+                            reward_fn=good_count)
     for _ in range(steps):
         trainer.step()
     return trainer
@@ -277,17 +301,20 @@ def test_a_correct_toy_run_logs_ratio_one_and_every_eos_in_the_mask(one_torch_th
     from rlhf_helpers.ppo.trainer import PPOTrainer
 
     trainer = _toy_trainer(PPOTrainer, 3)
-    assert all(abs(row["first_ratio"] - 1.0) < 1e-4 for row in trainer.history)  # float32 rounding only
+    # float32 rounding only
+    assert all(abs(row["first_ratio"] - 1.0) < 1e-4 for row in trainer.history)
     assert all(row["eos_in_mask"] == 1.0 for row in trainer.history)
     assert not {f.rule for f in diagnose(trainer).findings} & {"first_ratio_not_one", "eos_masked"}
 
 
-# the reference as old log-probs and the hidden EOS on toy runs, in float32, bf16 and fp16: test_doctor_precision.py
+# the reference as old log-probs and the hidden EOS on toy runs, in float32, bf16 and fp16:
+# test_doctor_precision.py
 
 
 def test_a_real_trl_grpo_log_with_a_constant_reward_is_named(tmp_path, one_torch_thread):
-    """TRL's own GRPOTrainer log (trainer_state.json), not a hand-written one: a reward that is always 0.0 (a
-    parser that never matches) trains nothing, and the doctor says so; a reward that varies gets no finding."""
+    """TRL's own GRPOTrainer log (trainer_state.json), not a hand-written one: a reward that is
+    always 0.0 (a parser that never matches) trains nothing, and the doctor says so; a reward that
+    varies gets no finding."""
     pytest.importorskip("trl")
     import warnings
 
@@ -299,15 +326,18 @@ def test_a_real_trl_grpo_log_with_a_constant_reward_is_named(tmp_path, one_torch
     from rlhf_helpers.runtime.profiles import get_profile
 
     profile = get_profile("tiny")
-    prompts = Dataset.from_dict({"prompt": ["the movie was", "the film is", "the plot was", "the acting is"] * 4})
+    prompts = Dataset.from_dict(
+        {"prompt": ["the movie was", "the film is", "the plot was", "the acting is"] * 4})
     found = {}
     for name, reward in (("constant", lambda prompts, completions, **_: [0.0] * len(completions)),
-                         ("words", lambda prompts, completions, **_: [float(len(c.split())) for c in completions])):
+                         ("words", lambda prompts, completions,
+                          **_: [float(len(c.split())) for c in completions])):
         torch.manual_seed(0)
         out = tmp_path / name
         args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=8, num_generations=4,
-                          max_completion_length=8, max_steps=3, logging_steps=1, save_strategy="no", report_to="none",
-                          use_cpu=True, learning_rate=1e-3, disable_tqdm=True, gradient_checkpointing=False, beta=0.1)
+                          max_completion_length=8, max_steps=3, logging_steps=1, save_strategy="no",
+                          report_to="none", use_cpu=True, learning_rate=1e-3, disable_tqdm=True,
+                          gradient_checkpointing=False, beta=0.1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TRL's notes on defaults
             trainer = GRPOTrainer(model=load_causal_lm(profile), reward_funcs=reward, args=args,
@@ -326,15 +356,21 @@ def test_a_real_trl_grpo_log_with_a_constant_reward_is_named(tmp_path, one_torch
      "max_new_tokens must be an int >= 1, got str '40'"),
     ("run.json", '{"ppo_config": {"value_warmup_steps": "x"}, "profile": {}}',
      "value_warmup_steps must be an int >= 0, got str 'x'"),
-    ("run.json", '{"ppo_config": {"score_clip": "5"}, "profile": {}}', "score_clip must be a number >= 0, got str"),
-    ("run.json", '{"ppo_config": {}, "profile": {"dtype": 16}}', "dtype must be a dtype name, got int 16"),
+    ("run.json", '{"ppo_config": {"score_clip": "5"}, "profile": {}}',
+     "score_clip must be a number >= 0, got str"),
+    ("run.json", '{"ppo_config": {}, "profile": {"dtype": 16}}',
+     "dtype must be a dtype name, got int 16"),
     ("run.json", b'{"ppo_config": {\xff}}', "not UTF-8 JSON"),
     ("metrics.jsonl", '{"step": 1, "kl": "0.5"}\n', "row 1: kl must be a number, got str '0.5'"),
-    ("metrics.jsonl", '{"step": 1, "entropy": [1.5]}\n', "row 1: entropy must be a number, got list"),
-    ("metrics.jsonl", '{"step": 1, "clipfrac": true}\n', "row 1: clipfrac must be a number, got bool True"),
+    ("metrics.jsonl", '{"step": 1, "entropy": [1.5]}\n',
+     "row 1: entropy must be a number, got list"),
+    ("metrics.jsonl", '{"step": 1, "clipfrac": true}\n',
+     "row 1: clipfrac must be a number, got bool True"),
 ])
-def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(tmp_path, capsys, name, text, message):
-    """Before: tracebacks (AttributeError, TypeError), or the value silently read as 'not logged'."""
+def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(
+        tmp_path, capsys, name, text, message):
+    """Before: tracebacks (AttributeError, TypeError), or the value silently read as 'not
+    logged'."""
     from rlhf_helpers.stages.diagnose import main
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
@@ -344,8 +380,9 @@ def test_a_run_folder_with_values_of_the_wrong_type_is_one_line(tmp_path, capsys
     assert len(err.splitlines()) == 1 and message in err and str(tmp_path) in err, err
 
 
-@pytest.mark.parametrize("make", [lambda path: path.mkdir(), lambda path: path.symlink_to(path.parent / "gone"),
-                                  lambda path: os.mkfifo(path)], ids=["folder", "broken link", "pipe"])
+@pytest.mark.parametrize(
+    "make", [lambda path: path.mkdir(), lambda path: path.symlink_to(path.parent / "gone"),
+             lambda path: os.mkfifo(path)], ids=["folder", "broken link", "pipe"])
 def test_a_run_json_that_is_not_a_file_is_named_not_read_as_no_settings(tmp_path, capsys, make):
     """Before: the doctor skipped it and diagnosed without the run's settings, exit 0."""
     from rlhf_helpers.stages.diagnose import main
@@ -354,12 +391,14 @@ def test_a_run_json_that_is_not_a_file_is_named_not_read_as_no_settings(tmp_path
     make(tmp_path / "run.json")
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{tmp_path / 'run.json'} is not a readable file" in err, err
+    assert (len(err.splitlines()) == 1
+            and f"{tmp_path / 'run.json'} is not a readable file" in err), err
 
 
 @pytest.mark.parametrize("log, message", [
     ("5", "not a TRL trainer_state.json (expected an object with a log_history list, got int"),
-    ("null", "not a TRL trainer_state.json (expected an object with a log_history list, got NoneType"),
+    ("null",
+     "not a TRL trainer_state.json (expected an object with a log_history list, got NoneType"),
     ("[]", "holds no logged step"),
     ('[{"step": 1, "reward": "0.5"}]', "row 1: score must be a number, got str '0.5'"),
 ])

@@ -1,6 +1,7 @@
-"""The run doctor verifies a run folder's checkpoints: a step-NNNNNN folder whose files no longer match their SHA-256
-in its manifest is an error naming the checkpoint, the files and the newest intact checkpoint; a checkpoint saved
-without a manifest (an older run) is a note at most. Fake checkpoints (bytes and a manifest) keep these fast."""
+"""The run doctor verifies a run folder's checkpoints: a step-NNNNNN folder whose files no longer
+match their SHA-256 in its manifest is an error naming the checkpoint, the files and the newest
+intact checkpoint; a checkpoint saved without a manifest (an older run) is a note at most. Fake
+checkpoints (bytes and a manifest) keep these fast."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ POLICY = "adapters/policy/adapter_model.safetensors"
 
 
 def run_folder(tmp_path, steps=(1, 2)):
-    """A run folder: a healthy metrics.jsonl and one fake checkpoint per step, each with its manifest."""
+    """A run folder: a healthy metrics.jsonl and one fake checkpoint per step, each with its
+    manifest."""
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in healthy(3)))
     for step in steps:
         folder = tmp_path / f"step-{step:06d}"
@@ -50,7 +52,8 @@ def test_intact_checkpoints_give_no_finding_and_a_metrics_file_reads_its_folder_
     run = run_folder(tmp_path)
     assert not diagnose(run, facts=FACTS).findings
     zero_4_kib(run / "step-000001" / "heads.safetensors")
-    found = {f.rule: f for f in diagnose(run / "metrics.jsonl", facts=FACTS).findings}["damaged_checkpoint"]
+    found = {f.rule: f
+             for f in diagnose(run / "metrics.jsonl", facts=FACTS).findings}["damaged_checkpoint"]
     assert found.steps == (1,) and "newest intact checkpoint: step-000002" in found.evidence
 
 
@@ -60,13 +63,15 @@ def test_every_checkpoint_damaged_says_none_is_intact(tmp_path):
     (run / "step-000002" / "manifest.json").write_text("{")
     found = {f.rule: f for f in diagnose(run, facts=FACTS).findings}["damaged_checkpoint"]
     assert found.steps == (1, 2) and "no intact checkpoint" in found.evidence
-    assert "heads.safetensors is missing" in found.evidence and "manifest.json is unreadable" in found.evidence
+    assert ("heads.safetensors is missing" in found.evidence
+            and "manifest.json is unreadable" in found.evidence)
 
 
 def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkeypatch):
     run = run_folder(tmp_path, steps=(1,))
     (run / "step-000001" / "manifest.json").unlink()
-    monkeypatch.setattr(diagnosis_checkpoints, "verify_checkpoint", lambda folder: [])  # its files read back well
+    # its files read back well
+    monkeypatch.setattr(diagnosis_checkpoints, "verify_checkpoint", lambda folder: [])
     diagnosis = diagnose(run, facts=FACTS)
     assert not diagnosis.findings
     assert "step-000001 was saved without a manifest" in format_findings(diagnosis)

@@ -1,7 +1,7 @@
 """The run doctor judges a run by the dtype it computed in: a healthy bf16 run recorded on an H200
-(tests/fixtures/gpu-runs) gives nothing above info, and the broken variants of notebook 06 still give their
-errors in float32, bfloat16 and float16 (toy runs in each dtype, and the H200 run with the numbers a broken run
-must log)."""
+(tests/fixtures/gpu-runs) gives nothing above info, and the broken variants of notebook 06 still
+give their errors in float32, bfloat16 and float16 (toy runs in each dtype, and the H200 run with
+the numbers a broken run must log)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def _above_info(diagnosis) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- dtype names
 @pytest.mark.parametrize("spelling, name", [
-    ("bf16", "bfloat16"), ("torch.bfloat16", "bfloat16"), ("bfloat16", "bfloat16"), (torch.bfloat16, "bfloat16"),
-    ("fp16", "float16"), ("half", "float16"), ("torch.float16", "float16"), (" Float16 ", "float16"),
+    ("bf16", "bfloat16"), ("torch.bfloat16", "bfloat16"), ("bfloat16", "bfloat16"),
+    (torch.bfloat16, "bfloat16"), ("fp16", "float16"), ("half", "float16"),
+    ("torch.float16", "float16"), (" Float16 ", "float16"),
     ("fp32", "float32"), ("torch.float32", "float32"), (torch.float64, "float64")])
 def test_every_spelling_of_a_dtype_is_one_dtype(spelling, name):
     assert dtype_name(spelling) == name
@@ -44,8 +45,9 @@ def test_an_unknown_dtype_is_an_error_never_float32(unknown):
 
 
 def test_the_tolerances_follow_the_dtype_s_eps():
-    """float32/64 keep the course's float32 tolerances; a 16-bit dtype gets eps / 8 for the ratio and one eps for
-    the spread of equal scores: fp16 has 3 more mantissa bits than bf16, so 8x tighter (down to float32's floor)."""
+    """float32/64 keep the course's float32 tolerances; a 16-bit dtype gets eps / 8 for the ratio
+    and one eps for the spread of equal scores: fp16 has 3 more mantissa bits than bf16, so 8x
+    tighter (down to float32's floor)."""
     assert ratio_tolerance("float32") == ratio_tolerance("float64") == 1e-4
     assert ratio_tolerance("bf16") == pytest.approx(2.0 ** -7 / 8)
     assert ratio_tolerance("fp16") == pytest.approx(2.0 ** -10 / 8)
@@ -54,43 +56,51 @@ def test_the_tolerances_follow_the_dtype_s_eps():
 
 # ----------------------------------------------------------------------------- the H200 run
 def test_the_h200_fixture_is_the_recorded_run_and_the_float32_verdict_was_its_false_alarm():
-    """The fixture's diagnosis.json (written by the old doctor, which took the float32 masters' dtype) named
-    first_ratio_not_one and eos_masked; judging the same metrics as float32 with no share tolerance gives them
-    again at the same steps, so the fixture is that run and those were the false alarms."""
+    """The fixture's diagnosis.json (written by the old doctor, which took the float32 masters'
+    dtype) named first_ratio_not_one and eos_masked; judging the same metrics as float32 with no
+    share tolerance gives them again at the same steps, so the fixture is that run and those were
+    the false alarms."""
     recorded = json.loads((H200 / "diagnosis.json").read_text())
     errors = {f["rule"]: f["steps"] for f in recorded["findings"] if f["severity"] == "error"}
-    assert set(errors) == {"first_ratio_not_one", "eos_masked"} and recorded["facts"]["dtype"] == "float32"
+    assert set(errors) == {"first_ratio_not_one",
+                           "eos_masked"} and recorded["facts"]["dtype"] == "float32"
     rows, facts = load_history(H200)
     assert facts.dtype == "bfloat16" and len(rows) == recorded["steps"] == 20
     as_float32 = diagnose(rows, facts=dataclasses.replace(facts, dtype="float32"))
     ratio = next(f for f in as_float32.findings if f.rule == "first_ratio_not_one")
     assert list(ratio.steps) == errors["first_ratio_not_one"]
-    assert [r["step"] for r in rows if r["eos_in_mask"] < 1.0] == errors["eos_masked"]  # the old `< 1.0`
+    # the old `< 1.0`
+    assert [r["step"] for r in rows if r["eos_in_mask"] < 1.0] == errors["eos_masked"]
 
 
 def test_the_h200_run_gives_nothing_above_info():
     diagnosis = diagnose(H200)
     assert diagnosis.facts.dtype == "bfloat16"
     assert _above_info(diagnosis) == {}, [f.text() for f in diagnosis.findings]
-    assert {f.rule for f in diagnosis.findings} == {"untrained_critic"}  # fresh value adapters, no warm-up
+    # fresh value adapters, no warm-up
+    assert {f.rule for f in diagnosis.findings} == {"untrained_critic"}
 
 
 def test_the_h200_run_with_the_reference_as_old_log_probs_is_an_error_from_the_first_move():
-    """With the reference's log-probs as the old ones, the first minibatch's ratio is the mean over its tokens of
-    pi_old / pi_ref = exp(logp_old - logp_ref), at least exp(mean(logp_old - logp_ref)) by Jensen. That mean over
-    the first minibatch (half the batch) is estimated by the batch's k1 KL per token, kl / response_length: an
-    estimate of the bound, not the bound itself, but at step 2 it is already 16x outside bf16's tolerance. Step 1
-    (policy = reference, KL 0) gives 1 even with the bug."""
+    """With the reference's log-probs as the old ones, the first minibatch's ratio is the mean over
+    its tokens of pi_old / pi_ref = exp(logp_old - logp_ref), at least exp(mean(logp_old -
+    logp_ref)) by Jensen. That mean over the first minibatch (half the batch) is estimated by the
+    batch's k1 KL per token, kl / response_length: an estimate of the bound, not the bound itself,
+    but at step 2 it is already 16x outside bf16's tolerance. Step 1 (policy = reference, KL 0)
+    gives 1 even with the bug."""
     rows, facts = load_history(H200)
     broken = [{**row, "first_ratio": math.exp(row["kl"] / row["response_length"])} for row in rows]
-    finding = next(f for f in diagnose(broken, facts=facts).findings if f.rule == "first_ratio_not_one")
+    finding = next(f for f in diagnose(broken, facts=facts).findings
+                   if f.rule == "first_ratio_not_one")
     assert finding.severity == "error"
-    assert list(finding.steps) == [int(r["step"]) for r in rows if r["kl"] > 0] == list(range(2, 21))
+    assert list(finding.steps) == [int(r["step"]) for r in rows
+                                   if r["kl"] > 0] == list(range(2, 21))
 
 
 def test_the_h200_run_with_the_eos_hidden_is_an_error():
     rows, facts = load_history(H200)
-    hidden = [{**row, "eos_in_mask": 0.0} for row in rows]  # pad == EOS's "not padding" mask hides every EOS
+    # pad == EOS's "not padding" mask hides every EOS
+    hidden = [{**row, "eos_in_mask": 0.0} for row in rows]
     assert _above_info(diagnose(hidden, facts=facts)) == {"eos_masked": "error"}
     one_missed = [{**row, "eos_in_mask": 1.0 - 1e-5} for row in rows]  # one EOS of 10^5 hidden
     assert _above_info(diagnose(one_missed, facts=facts)) == {"eos_masked": "error"}
@@ -115,13 +125,14 @@ def test_run_json_s_compute_record_is_read_in_any_spelling(tmp_path, spelling):
         diagnose(run)
 
 
-# ----------------------------------------------------------------------------- live runs in every dtype
+# ----------------------------------------------------------------------------- live runs in every
+# dtype
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _toy_run(trainer_class, dtype: torch.dtype, steps: int, seed: int = 0) -> PPOTrainer:
-    """A real PPOTrainer on the toy world whose frozen base is stored in `dtype` (float32 LoRA masters, a loss
-    scaler on an fp16 base), as the gpu profile builds it on a GPU."""
+    """A real PPOTrainer on the toy world whose frozen base is stored in `dtype` (float32 LoRA
+    masters, a loss scaler on an fp16 base), as the gpu profile builds it on a GPU."""
     from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
@@ -133,9 +144,10 @@ def _toy_run(trainer_class, dtype: torch.dtype, steps: int, seed: int = 0) -> PP
     lora = LoRASpec(r=4, alpha=8)
     model = SharedLoRAModel(toy_causal_lm(tok, seed=seed).to(dtype), pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id, lora=lora)
-    config = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6, max_new_tokens=6,
-                       lora=lora, policy_lr=3e-3, progress_bar=False, seed=seed)
-    trainer = trainer_class(config, model, tok, ["the movie was", "the film is", "the plot was", "the acting is"],
+    config = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_prompt_length=6,
+                       max_new_tokens=6, lora=lora, policy_lr=3e-3, progress_bar=False, seed=seed)
+    trainer = trainer_class(config, model, tok,
+                            ["the movie was", "the film is", "the plot was", "the acting is"],
                             reward_fn=good_count)
     for _ in range(steps):
         trainer.step()
@@ -146,11 +158,13 @@ class RefAsOld(PPOTrainer):
     """Notebook 06 (a), broken on purpose: the reference's log-probs used as the old ones."""
 
     def update(self, batch, generator):
-        return super().update(dataclasses.replace(batch, old_logprobs=batch.ref_logprobs), generator)
+        return super().update(
+            dataclasses.replace(batch, old_logprobs=batch.ref_logprobs), generator)
 
 
 class EosHidden(PPOTrainer):
-    """Notebook 06 (b), broken on purpose: pad == EOS's "not padding" mask hides every sampled EOS."""
+    """Notebook 06 (b), broken on purpose: pad == EOS's "not padding" mask hides every sampled
+    EOS."""
 
     def update(self, batch, generator):
         responses = batch.sequences[:, batch.context_length:]
@@ -179,7 +193,8 @@ def test_a_trainer_whose_model_does_not_say_its_dtype_is_refused():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_notebook_06_s_bugs_are_errors_in_every_dtype_and_the_fixed_run_has_none(dtype, seed, one_torch_thread):
+def test_notebook_06_s_bugs_are_errors_in_every_dtype_and_the_fixed_run_has_none(dtype, seed,
+                                                                                 one_torch_thread):
     correct = _toy_run(PPOTrainer, dtype, 3, seed)
     assert not {"first_ratio_not_one", "eos_masked"} & set(_above_info(diagnose(correct)))
     assert all(row["eos_in_mask"] == 1.0 for row in correct.history)  # a share of counts: exact
@@ -187,13 +202,14 @@ def test_notebook_06_s_bugs_are_errors_in_every_dtype_and_the_fixed_run_has_none
                       if f.rule == "first_ratio_not_one")
     # step 1: the policy is the reference, so the ratio is 1 even with the bug; it moved by step 2
     assert ref_as_old.severity == "error" and list(ref_as_old.steps) == [2, 3]
-    hidden = next(f for f in diagnose(_toy_run(EosHidden, dtype, 2, seed)).findings if f.rule == "eos_masked")
+    hidden = next(f for f in diagnose(_toy_run(EosHidden, dtype, 2, seed)).findings
+                  if f.rule == "eos_masked")
     assert hidden.severity == "error" and hidden.steps
 
 
 def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
-    """diagnosis_types.CHECKED_ON quotes the H200 run's ranges; they are its metrics' (rounded as quoted), and each
-    lies on the healthy side of its threshold."""
+    """diagnosis_types.CHECKED_ON quotes the H200 run's ranges; they are its metrics' (rounded as
+    quoted), and each lies on the healthy side of its threshold."""
     from rlhf_helpers.ppo.diagnosis import Thresholds
     from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON
 
@@ -204,12 +220,15 @@ def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
         return f"{min(values):.{digits}g}-{max(values):.{digits}g}"
 
     t = Thresholds()
-    quoted = {"score_spread": f"H200 ({span('score_std', 2)})", "clipfrac_high": f"H200 ({span('clipfrac', 2)})",
-              "approx_kl_high": f"H200 ({span('approx_kl', 2)})",
-              "short_length": f"H200 ({span('response_length', 2)})", "distinct_floor": "H200 (0.99-1.0)"}
+    quoted = {
+        "score_spread": f"H200 ({span('score_std', 2)})",
+        "clipfrac_high": f"H200 ({span('clipfrac', 2)})",
+        "approx_kl_high": f"H200 ({span('approx_kl', 2)})",
+        "short_length": f"H200 ({span('response_length', 2)})", "distinct_floor": "H200 (0.99-1.0)"}
     for name, text in quoted.items():
         assert text in CHECKED_ON[name], (name, text, CHECKED_ON[name])
-    assert max(r["clipfrac"] for r in rows) <= t.clipfrac_high and max(r["approx_kl"] for r in rows) <= t.approx_kl_high
+    assert (max(r["clipfrac"] for r in rows) <= t.clipfrac_high
+            and max(r["approx_kl"] for r in rows) <= t.approx_kl_high)
     assert min(r["entropy"] for r in rows) / rows[0]["entropy"] >= 0.79 > t.entropy_drop
     assert min(r["eos_fraction"] for r in rows) >= 0.945 > t.eos_floor
     assert min(r["distinct_responses"] for r in rows) >= 0.99 > t.distinct_floor

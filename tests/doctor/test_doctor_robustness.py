@@ -1,6 +1,7 @@
-"""The run doctor on hostile files: it is linear in the history, reads only numbers a float holds, counts a step
-once, names the file it read (the newest TRL state), writes strict JSON, never opens a pipe, and skips a last line
-cut mid-write. Every refusal is one line naming the file (and the line); never a traceback."""
+"""The run doctor on hostile files: it is linear in the history, reads only numbers a float holds,
+counts a step once, names the file it read (the newest TRL state), writes strict JSON, never opens a
+pipe, and skips a last line cut mid-write. Every refusal is one line naming the file (and the line);
+never a traceback."""
 
 from __future__ import annotations
 
@@ -32,23 +33,30 @@ def write_rows(path, rows, end="\n"):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]) + json.dumps(rows[-1]) + end)
 
 
-# ----------------------------------------------------------------------------- linear in the history
+# ----------------------------------------------------------------------------- linear in the
+# history
 def test_the_longest_run_is_the_first_longest_stretch():
-    rows = [{"step": i + 1, "kl": kl} for i, kl in enumerate([-1, -1, 2, -1, -1, -1, math.nan, -1, -1, -1, 0, -1])]
-    assert longest_run(rows, "kl", lambda v: v < 0) == [(4, -1.0), (5, -1.0), (6, -1.0)]  # NaN breaks a stretch
-    assert longest_run(rows[-1:], "kl", lambda v: v < 0) == [(12, -1.0)]  # a stretch running to the end
-    assert longest_run(rows, "kl", lambda v: v > 5) == [] and longest_run([], "kl", lambda v: v < 0) == []
+    rows = [{"step": i + 1, "kl": kl} for i,
+            kl in enumerate([-1, -1, 2, -1, -1, -1, math.nan, -1, -1, -1, 0, -1])]
+    # NaN breaks a stretch
+    assert longest_run(rows, "kl", lambda v: v < 0) == [(4, -1.0), (5, -1.0), (6, -1.0)]
+    # a stretch running to the end
+    assert longest_run(rows[-1:], "kl", lambda v: v < 0) == [(12, -1.0)]
+    assert longest_run(rows, "kl", lambda v: v > 5) == [] and longest_run([], "kl",
+                                                                          lambda v: v < 0) == []
 
 
 def test_a_200k_row_metrics_file_with_a_negative_kl_stretch_is_diagnosed(tmp_path):
-    lines = [f'{{"step": {i}, "kl": {-0.01 if 100_000 <= i < 150_000 else 0.5}}}\n' for i in range(1, 200_001)]
+    lines = [f'{{"step": {i}, "kl": {-0.01 if 100_000 <= i < 150_000 else 0.5}}}\n'
+             for i in range(1, 200_001)]
     (tmp_path / "metrics.jsonl").write_text("".join(lines))
     found = {f.rule: f for f in diagnose(tmp_path).findings}
     assert found["negative_kl"].steps == tuple(range(100_000, 150_000))
     assert "50000 consecutive steps below 0" in found["negative_kl"].evidence
 
 
-# ----------------------------------------------------------------------------- numbers a float holds
+# ----------------------------------------------------------------------------- numbers a float
+# holds
 @pytest.mark.parametrize(
     "value, key",
     [
@@ -62,11 +70,13 @@ def test_a_200k_row_metrics_file_with_a_negative_kl_stretch_is_diagnosed(tmp_pat
 )
 def test_numbers_a_float_cannot_hold_are_named_as_non_finite(tmp_path, capsys, value, key):
     rows = [json.dumps(r) for r in healthy(6)]
-    rows[2] = rows[2][:-1] + f', "{key}_x": {value}}}'  # a metric of its own: the others stay healthy
+    # a metric of its own: the others stay healthy
+    rows[2] = rows[2][:-1] + f', "{key}_x": {value}}}'
     (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "[error] non_finite: NaN or infinite metrics (step 3)" in out and f"step 3: {key}_x" in out
+    assert ("[error] non_finite: NaN or infinite metrics (step 3)" in out
+            and f"step 3: {key}_x" in out)
 
 
 def test_a_line_nested_thousands_deep_is_refused_by_file_and_line(tmp_path, capsys):
@@ -78,7 +88,8 @@ def test_a_line_nested_thousands_deep_is_refused_by_file_and_line(tmp_path, caps
 
 
 def test_a_setting_beyond_a_float_in_run_json_is_refused(tmp_path, capsys):
-    write_rows(tmp_path / "metrics.jsonl", [{"step": 1, "eos_fraction": 0.1, "response_length": 40.0}])
+    write_rows(tmp_path / "metrics.jsonl",
+               [{"step": 1, "eos_fraction": 0.1, "response_length": 40.0}])
     (tmp_path / "run.json").write_text(
         '{"ppo_config": {"max_new_tokens": 1' + "0" * 400 + '}, "profile": {"dtype": "float32"}}'
     )
@@ -88,7 +99,8 @@ def test_a_setting_beyond_a_float_in_run_json_is_refused(tmp_path, capsys):
 
 def test_a_null_trl_metric_is_not_logged(tmp_path, capsys):
     log = [
-        {"step": s, "reward": 1.0 + s, "reward_std": 0.5, "completions/clipped_ratio": None, "entropy": None}
+        {"step": s, "reward": 1.0 + s, "reward_std": 0.5,
+         "completions/clipped_ratio": None, "entropy": None}
         for s in range(1, 4)
     ]
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 3, "log_history": log}))
@@ -99,7 +111,8 @@ def test_a_null_trl_metric_is_not_logged(tmp_path, capsys):
 
 def test_numpy_numbers_are_numbers():
     rows = healthy(30)
-    as_numpy = [{k: (np.float32(v) if k != "step" else np.int64(v)) for k, v in row.items()} for row in rows]
+    as_numpy = [{k: (np.float32(v) if k != "step" else np.int64(v)) for k,
+                 v in row.items()} for row in rows]
     expected = [(f.rule, f.steps) for f in diagnose(rows, facts=FACTS).findings]
     assert [(f.rule, f.steps) for f in diagnose(as_numpy, facts=FACTS).findings] == expected
     as_numpy[3]["kl"] = np.bool_(True)
@@ -127,7 +140,8 @@ def test_a_step_logged_three_times_counts_once_and_its_last_row_is_read(tmp_path
     ] == [(5, 6)]
 
 
-# ----------------------------------------------------------------------------- TRL: the newest state, named
+# ----------------------------------------------------------------------------- TRL: the newest
+# state, named
 def _trl_state(path, global_step, reward):
     path.parent.mkdir(parents=True, exist_ok=True)
     log = [
@@ -139,10 +153,12 @@ def _trl_state(path, global_step, reward):
 
 def test_a_newer_checkpoint_s_trl_state_is_read_over_a_stale_top_level_one(tmp_path, capsys):
     _trl_state(tmp_path / "trainer_state.json", 10, lambda s: 1.0 + s)
-    _trl_state(tmp_path / "checkpoint-20" / "trainer_state.json", 20, lambda s: 1.0 + s if s <= 10 else 0.0)
+    _trl_state(tmp_path / "checkpoint-20" / "trainer_state.json", 20,
+               lambda s: 1.0 + s if s <= 10 else 0.0)
     _trl_state(tmp_path / "checkpoint-5" / "trainer_state.json", 5, lambda s: 1.0 + s)
     diagnosis = diagnose(tmp_path)
-    assert diagnosis.steps == 20 and diagnosis.source_file == str(tmp_path / "checkpoint-20" / "trainer_state.json")
+    assert diagnosis.steps == 20 and diagnosis.source_file == str(tmp_path / "checkpoint-20"
+                                                                  / "trainer_state.json")
     assert [f.rule for f in diagnosis.findings] == ["no_learning_signal"]
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -173,16 +189,20 @@ def test_json_output_is_strict_json(tmp_path, capsys):
     write_rows(tmp_path / "metrics.jsonl", rows)
     assert main([str(tmp_path), "--json"]) == 0
     printed = _strict(capsys.readouterr().out)
-    assert printed["source_file"] == str(tmp_path / "metrics.jsonl") and printed["findings"][0]["rule"] == "non_finite"
-    diagnosis = diagnose(rows, facts=RunFacts(score_clip=math.inf))  # thresholds are finite (Thresholds refuses inf)
+    assert (printed["source_file"] == str(tmp_path / "metrics.jsonl")
+            and printed["findings"][0]["rule"] == "non_finite")
+    # thresholds are finite (Thresholds refuses inf)
+    diagnosis = diagnose(rows, facts=RunFacts(score_clip=math.inf))
     written = _strict(json.dumps(diagnosis.to_json(), allow_nan=False))
     assert written["facts"]["score_clip"] == "inf"
 
 
 def test_a_run_json_with_an_infinite_setting_is_refused_not_printed_as_infinity(tmp_path, capsys):
     write_rows(tmp_path / "metrics.jsonl", healthy(3))
-    (tmp_path / "run.json").write_text('{"ppo_config": {"score_clip": Infinity}, "profile": {"dtype": "float32"}}')
-    assert "run.json: score_clip must be a number >= 0, got float inf" in one_line_error(capsys, [tmp_path, "--json"])
+    (tmp_path / "run.json").write_text(
+        '{"ppo_config": {"score_clip": Infinity}, "profile": {"dtype": "float32"}}')
+    assert ("run.json: score_clip must be a number >= 0, got float inf"
+            in one_line_error(capsys, [tmp_path, "--json"]))
 
 
 # ----------------------------------------------------------------------------- what the file is
@@ -196,10 +216,12 @@ def test_a_run_json_with_an_infinite_setting_is_refused_not_printed_as_infinity(
     ids=["folder", "broken link", "pipe"],
 )
 @pytest.mark.parametrize("given", ["run folder", "the file"])
-def test_a_metrics_jsonl_that_is_not_a_file_is_named_and_never_opened(tmp_path, capsys, make, said, given):
+def test_a_metrics_jsonl_that_is_not_a_file_is_named_and_never_opened(
+        tmp_path, capsys, make, said, given):
     """A pipe is never opened: opening one for reading waits for a writer (the doctor hung)."""
     make(tmp_path / "metrics.jsonl")
-    err = one_line_error(capsys, [tmp_path if given == "run folder" else tmp_path / "metrics.jsonl"])
+    err = one_line_error(capsys,
+                         [tmp_path if given == "run folder" else tmp_path / "metrics.jsonl"])
     assert f"{tmp_path / 'metrics.jsonl'} {said}" in err and "holds no metrics.jsonl" not in err
 
 
@@ -211,40 +233,52 @@ def test_a_trl_state_that_is_a_pipe_is_never_opened(tmp_path, capsys):
 
 def test_a_last_line_cut_mid_write_is_skipped_with_a_note(tmp_path, capsys):
     rows = healthy(5)
-    text = "".join(json.dumps(r) + "\n" for r in rows) + json.dumps(healthy(6)[5])[:37]  # no newline: cut
+    # no newline: cut
+    text = "".join(json.dumps(r) + "\n" for r in rows) + json.dumps(healthy(6)[5])[:37]
     (tmp_path / "metrics.jsonl").write_text(text)
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "5 steps read" in out and "line 6: skipped, a record cut mid-write" in out
-    (tmp_path / "metrics.jsonl").write_bytes(text.encode() + b"\n")  # ended by a newline: not a cut write
+    # ended by a newline: not a cut write
+    (tmp_path / "metrics.jsonl").write_bytes(text.encode() + b"\n")
     assert "line 6: not valid JSON" in one_line_error(capsys, [tmp_path])
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n{oops}\n" + json.dumps(rows[1]))
-    assert f"{tmp_path / 'metrics.jsonl'}, line 2: not valid JSON" in one_line_error(capsys, [tmp_path])
-    (tmp_path / "metrics.jsonl").write_bytes(json.dumps(rows[0]).encode() + b"\n" + '{"kl": "é'.encode()[:-1])
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n{oops}\n"
+                                            + json.dumps(rows[1]))
+    assert (f"{tmp_path / 'metrics.jsonl'}, line 2: not valid JSON"
+            in one_line_error(capsys, [tmp_path]))
+    (tmp_path / "metrics.jsonl").write_bytes(json.dumps(rows[0]).encode() + b"\n"
+                                             + '{"kl": "é'.encode()[:-1])
     assert main([str(tmp_path)]) == 0  # a multi-byte character cut in two: still the cut last line
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
-    """`python -m rlhf_helpers.stages.diagnose RUN | head -1`: the pipe closes before the report is written."""
+    """`python -m rlhf_helpers.stages.diagnose RUN | head -1`: the pipe closes before the report is
+    written."""
     write_rows(tmp_path / "metrics.jsonl", healthy(30))
     command = [sys.executable, "-m", "rlhf_helpers.stages.diagnose", str(tmp_path), "--json"]
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
-    child.stdout.close()  # before the child has imported anything: its first write meets a closed pipe
+    # before the child has imported anything: its first write meets a closed pipe
+    child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 0 and err == "", err
 
 
-# ----------------------------------------------------------------------------- TRL checkpoint names, empty states
+# ----------------------------------------------------------------------------- TRL checkpoint
+# names, empty states
 def test_a_checkpoint_named_with_a_non_ascii_digit_is_not_a_checkpoint(tmp_path):
     _trl_state(tmp_path / "checkpoint-2" / "trainer_state.json", 2, lambda s: 1.0 + s)
-    _trl_state(tmp_path / "checkpoint-²" / "trainer_state.json", 9, lambda s: 0.0)  # '²'.isdigit() is True
+    # '²'.isdigit() is True
+    _trl_state(tmp_path / "checkpoint-²" / "trainer_state.json", 9, lambda s: 0.0)
     diagnosis = diagnose(tmp_path)
-    assert diagnosis.source_file == str(tmp_path / "checkpoint-2" / "trainer_state.json") and diagnosis.steps == 2
+    assert diagnosis.source_file == str(tmp_path / "checkpoint-2"
+                                        / "trainer_state.json") and diagnosis.steps == 2
 
 
-def test_an_empty_checkpoint_state_is_passed_over_for_a_logged_one_and_named_when_alone(tmp_path, capsys):
+def test_an_empty_checkpoint_state_is_passed_over_for_a_logged_one_and_named_when_alone(
+        tmp_path, capsys):
     _trl_state(tmp_path / "trainer_state.json", 10, lambda s: 1.0 + s)
     empty = tmp_path / f"checkpoint-{'9' * 240}" / "trainer_state.json"
     empty.parent.mkdir()
@@ -256,7 +290,8 @@ def test_an_empty_checkpoint_state_is_passed_over_for_a_logged_one_and_named_whe
     assert f"{empty} holds no logged step" in one_line_error(capsys, [str(tmp_path)])
 
 
-# ----------------------------------------------------------------------------- diagnose()'s arguments
+# ----------------------------------------------------------------------------- diagnose()'s
+# arguments
 class _NoModel:
     history = healthy(3)
     config = object()
@@ -266,7 +301,8 @@ class _NoModel:
     ("call", "said"),
     [
         (lambda: diagnose(healthy(3), facts="x"), "facts must be a RunFacts or None, got str"),
-        (lambda: diagnose(healthy(3), thresholds={"sustain_steps": 3}), "thresholds must be a Thresholds or None"),
+        (lambda: diagnose(healthy(3), thresholds={"sustain_steps": 3}),
+         "thresholds must be a Thresholds or None"),
         (lambda: diagnose(_NoModel()), "source looks like a PPOTrainer"),
     ],
 )
@@ -279,7 +315,8 @@ def test_a_trainer_like_object_without_a_model_is_read_with_its_facts_given():
     assert diagnose(_NoModel(), facts=FACTS).steps == 3
 
 
-# ----------------------------------------------------------------------------- steps are integers >= 0
+# ----------------------------------------------------------------------------- steps are integers
+# >= 0
 @pytest.mark.parametrize("step", [-5, -5.5, 2.5, "1e400", "NaN"])
 def test_a_step_that_is_not_an_integer_from_0_is_refused_by_file_and_line(tmp_path, capsys, step):
     rows = healthy(4)
@@ -291,7 +328,8 @@ def test_a_step_that_is_not_an_integer_from_0_is_refused_by_file_and_line(tmp_pa
 
 
 def test_steps_from_0_as_ints_or_integral_floats_are_read():
-    rows = [dict(row, step=step) for row, step in zip(healthy(3), [0, 1.0, np.int64(2)], strict=True)]
+    rows = [dict(row, step=step) for row,
+            step in zip(healthy(3), [0, 1.0, np.int64(2)], strict=True)]
     assert diagnose(rows, facts=FACTS).steps == 3
     with pytest.raises(ValueError, match=r"row 2: step must be an integer >= 0, got float -5.5"):
         diagnose([dict(rows[0], step=5), dict(rows[1], step=-5.5)], facts=FACTS)

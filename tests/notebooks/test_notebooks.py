@@ -1,17 +1,18 @@
 """Every course notebook runs end to end in the tiny profile, as shipped and with its solutions.
 
-Each notebook runs in a fresh kernel with a scratch copy as working directory and a runs folder of its own
-($RLHF_RUNS_DIR under the test's tmp_path: no two runs ever write into one folder, and nothing is written
-into the repository); only the content-keyed caches (SFT model, reward adapters) are shared, in
-$RLHF_CACHE_DIR (run_folders.SHARED_CACHE_DIR), each built once under a lock.
+Each notebook runs in a fresh kernel with a scratch copy as working directory and a runs folder of
+its own ($RLHF_RUNS_DIR under the test's tmp_path: no two runs ever write into one folder, and
+nothing is written into the repository); only the content-keyed caches (SFT model, reward adapters)
+are shared, in $RLHF_CACHE_DIR (run_folders.SHARED_CACHE_DIR), each built once under a lock.
 The shipped run must finish without an error and without a FAILED exercise line; then, as a learner
 does after Run All, each worked solution is pasted at the end and its check must pass ("Late n").
 The second run swaps every exercise stub for the worked solution in the markdown below it and runs
 all cells twice in the same kernel: every exercise check must then print PASSED, and re-running
 without a restart must work. That run uses a shrunken profile (QUICK_PROFILE, passed to the kernel
-through $RLHF_PROFILE_OVERRIDES): it checks the exercises and the re-run, not the learning, which the
-shipped run and the benchmarks cover, and it keeps CI short. In it, after each check, the library
-shortcut (SHORTCUTS) and every plausible wrong answer (tests/wrong_answers/) must each print FAILED.
+through $RLHF_PROFILE_OVERRIDES): it checks the exercises and the re-run, not the learning, which
+the shipped run and the benchmarks cover, and it keeps CI short. In it, after each check, the
+library shortcut (SHORTCUTS) and every plausible wrong answer (tests/wrong_answers/) must each print
+FAILED.
 """
 
 from __future__ import annotations
@@ -39,44 +40,50 @@ from rlhf_helpers.course.notebook import (
 from rlhf_helpers.course.run_course import course_notebooks, execute_notebook
 
 NOTEBOOKS = course_notebooks()
-#: per notebook (and per cell inside nbclient): a guard against hangs, not a speed goal. 05 on Colab's
-#: stack (torch's CUDA build on the CPU, two notebooks at a time) took 554 s on the 2-core machine on
-#: 2026-11-24 (348 s on a quieter day), too close to the former 600 s for a CI that must not flake.
+#: per notebook (and per cell inside nbclient): a guard against hangs, not a speed goal. 05 on
+#: Colab's stack (torch's CUDA build on the CPU, two notebooks at a time) took 554 s on the 2-core
+#: machine on 2026-11-24 (348 s on a quieter day), too close to the former 600 s for a CI that must
+#: not flake.
 NOTEBOOK_TIMEOUT_S = 900
-#: largest executed notebook (the file `make course` writes): before the explorers' "html" backend in
-#: headless runs, each FigureWidget stored plotly.js (~4.6 MB) in the widget state (04 was 31 MB)
+#: largest executed notebook (the file `make course` writes): before the explorers' "html" backend
+#: in headless runs, each FigureWidget stored plotly.js (~4.6 MB) in the widget state (04 was 31 MB)
 MAX_EXECUTED_BYTES = 2_000_000
-#: Profile overrides of the solutions-and-re-run pass: few, small PPO steps. The reward-model settings are the
-#: shipped ones, so this pass loads the reward adapters the shipped runs cached (the same check of the same
-#: code) instead of training quick ones of its own.
+#: Profile overrides of the solutions-and-re-run pass: few, small PPO steps. The reward-model
+#: settings are the shipped ones, so this pass loads the reward adapters the shipped runs cached
+#: (the same check of the same code) instead of training quick ones of its own.
 QUICK_PROFILE = {"total_steps": 3, "rollout_batch_size": 16, "mini_batch_size": 8,
-                 "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0, "compare_batches": 2}
-#: where each passing shipped run leaves its executed notebook, for the checks that read them without running
-#: the notebooks again (tests/notebooks/test_notebook_figures_browser.py); `make test-colab` points
-#: it elsewhere
+                 "n_eval_prompts": 16, "eval_batch_size": 16, "compare_seconds": 2.0,
+                 "compare_batches": 2}
+#: where each passing shipped run leaves its executed notebook, for the checks that read them
+#: without running the notebooks again (tests/notebooks/test_notebook_figures_browser.py);
+#: `make test-colab` points it elsewhere
 EXECUTED_DIR = Path(os.environ.get("RLHF_EXECUTED_DIR") or ROOT / "build" / "executed")
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
-_CHECK_LINE = re.compile(rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
-#: A solution that calls the library function its exercise teaches, per notebook and exercise number: the
-#: solutions run defines it after the exercise's check cell, runs the check again as "Shortcut n", and
-#: expects FAILED (the check hides that function), then restores the worked solution.
+_CHECK_LINE = re.compile(
+    rf"^({EXERCISE_PASSED}|{EXERCISE_FAILED}|{EXERCISE_TODO})  ([^:\n]+)", re.MULTILINE)
+#: A solution that calls the library function its exercise teaches, per notebook and exercise
+#: number: the solutions run defines it after the exercise's check cell, runs the check again as
+#: "Shortcut n", and expects FAILED (the check hides that function), then restores the worked
+#: solution.
 SHORTCUTS: dict[str, dict[str, str]] = {
     "01_policy_gradients": {
         "1": "def td_advantage(rewards, values):\n"
              "    return rlhf_helpers.td_errors(rewards, values, torch.ones_like(rewards), 1.0)\n",
-        "2": "def policy_kl(old_logits, new_logits):\n    Categorical = torch.distributions.Categorical\n"
+        "2": "def policy_kl(old_logits, new_logits):\n    Categorical = "
+             "torch.distributions.Categorical\n"
              "    return torch.distributions.kl_divergence(Categorical(logits=old_logits), "
              "Categorical(logits=new_logits))\n",
         "3": "def response_logprobs(logits, input_ids, attention_mask, prompt_lengths):\n"
              "    L = input_ids.shape[1]\n"
-             "    logp = F.pad(rlhf_helpers.logprobs_from_logits(logits[:, :-1], input_ids[:, 1:]), (1, 0))\n"
-             "    start = L - attention_mask.sum(dim=1) + prompt_lengths\n"
+             "    logp = F.pad(rlhf_helpers.logprobs_from_logits(logits[:, :-1], input_ids[:, "
+             "1:]), (1, 0))\n    start = L - attention_mask.sum(dim=1) + prompt_lengths\n"
              "    return logp * (torch.arange(L)[None, :] >= start[:, None])\n",
     },
     "02_reward_model": {
         "1": "def ceiling_from_scores(score_a, score_b, temperature):\n    return accuracy_ceiling("
-             "[preference_probability(a, b, temperature) for a, b in zip(score_a.tolist(), score_b.tolist())])\n",
+             "[preference_probability(a, b, temperature) for a, b in zip(score_a.tolist(), "
+             "score_b.tolist())])\n",
         "2": "def bt_loss(chosen_scores, rejected_scores):\n"
              "    return rlhf_helpers.reward_model_loss(chosen_scores, rejected_scores)\n",
         "3": "def score_at_last_token(head_outputs, attention_mask):\n"
@@ -87,68 +94,79 @@ SHORTCUTS: dict[str, dict[str, str]] = {
         "1": "def last_token_index(mask):\n    return rlhf_helpers.last_token_index(mask)\n",
         "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
              "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
-        "3": "def masked_whiten_scratch(x, mask, eps=1e-8):\n    return rlhf_helpers.masked_whiten(x, mask, eps=eps)\n",
+        "3": "def masked_whiten_scratch(x, mask, eps=1e-8):\n    return "
+             "rlhf_helpers.masked_whiten(x, mask, eps=eps)\n",
     },
     "04_clip_loss": {
-        "1": "def clipped_objective(ratio, adv, eps):\n    return rlhf_helpers.clipped_surrogate(ratio, adv, eps)\n",
+        "1": "def clipped_objective(ratio, adv, eps):\n    return "
+             "rlhf_helpers.clipped_surrogate(ratio, adv, eps)\n",
         "2": "def zero_gradient(ratio, adv, eps):\n    r = ratio.clone().requires_grad_(True)\n"
-             "    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, adv, eps).sum(), r)\n"
-             "    return g == 0\n",
+             "    (g,) = torch.autograd.grad(rlhf_helpers.clipped_surrogate(r, adv, eps).sum(), "
+             "r)\n    return g == 0\n",
         "3": "def clipped_value_loss(values, old_values, returns, mask, eps_v):\n"
-             "    return rlhf_helpers.value_loss(values, old_values, returns, mask, value_clip=eps_v)[0]\n",
+             "    return rlhf_helpers.value_loss(values, old_values, returns, mask, "
+             "value_clip=eps_v)[0]\n",
     },
     "05_full_ppo": {
         "1": "def shaped_rewards(scores, logprobs, ref_logprobs, mask, beta):\n"
-             "    return rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=beta)[0]\n",
+             "    return rlhf_helpers.shape_rewards(scores, logprobs, ref_logprobs, mask, "
+             "kl_coef=beta)[0]\n",
         "2": "def gae_loop(rewards, values, mask, gamma, lam):\n"
              "    return rlhf_helpers.compute_gae(rewards, values, mask, gamma, lam)\n",
-        "3": "def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps, per_sequence=False):\n"
-             "    return rlhf_helpers.policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps=eps)[0]\n",
-        "4": "def ppo_update(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):\n"
-             "    shortcut = PPOTrainer(config, model, tokenizer, train_prompts)\n"
-             "    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = policy_opt, value_opt\n"
-             "    shortcut.update(batch, generator)\n"
-             "    return [(s['policy_loss'], s['value_loss']) for s in shortcut.last_update_stats]\n",
+        "3": "def clipped_policy_loss(logprobs, old_logprobs, advantages, mask, eps, "
+             "per_sequence=False):\n    return rlhf_helpers.policy_loss(logprobs, old_logprobs, "
+             "advantages, mask, clip_eps=eps)[0]\n",
+        "4": "def ppo_update(model, batch, policy_opt, value_opt, config, generator, "
+             "policy_loss_fn):\n    shortcut = PPOTrainer(config, model, tokenizer, "
+             "train_prompts)\n    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = "
+             "policy_opt, value_opt\n    shortcut.update(batch, generator)\n"
+             "    return [(s['policy_loss'], s['value_loss']) for s in "
+             "shortcut.last_update_stats]\n",
         "5": "def bon_kl(n):\n    return best_of_n_kl(n)\n",
     },
     "06_failure_modes": {
-        "1": "def mask_to_first_eos(responses, eos_id):\n    return library_mask_to_first_eos(responses, eos_id)\n",
+        "1": "def mask_to_first_eos(responses, eos_id):\n    return "
+             "library_mask_to_first_eos(responses, eos_id)\n",
         "2": "def adaptive_kl_betas(kls, init_beta, target, horizon, batch_size):\n"
              "    controller = rlhf_helpers.AdaptiveKLController(init_beta, target, horizon)\n"
              "    return [controller.update(kl, batch_size) for kl in kls]\n",
-        "3": "def fit_overoptimisation(kl, hidden):\n    return tuple(fit_law(kl, hidden, 'rl')[0])\n",
+        "3": "def fit_overoptimisation(kl, hidden):\n    return tuple(fit_law(kl, hidden, "
+             "'rl')[0])\n",
     },
     "07_beyond_ppo": {
         "1": "def rloo_from_centred(rewards):\n    return rlhf_helpers.rloo_advantages(rewards)\n",
     },
     "08_ppo_capstone": {
         "1": "def make_experience(model, samples, config):\n"
-             "    seq, attn, P, mask = samples.sequences, samples.attention_mask, samples.context_length, \\\n"
-             "        samples.mask\n"
-             "    logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).detach().float()\n"
-             "    ref = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()\n"
-             "    values = model.values(seq, attn, P).detach().float() * mask\n"
-             "    scores = model.reward_scores(seq, attn).float()\n"
-             "    rewards = rlhf_helpers.shape_rewards(scores, logp, ref, mask, config.kl_coef)[0]\n"
-             "    adv, returns = rlhf_helpers.compute_gae(rewards, values, mask, config.gamma, config.lam)\n"
-             "    return Rollout(samples.prompts, samples.responses, seq, attn, P, mask, logp, ref, values, scores,\n"
+             "    seq, attn, P, mask = samples.sequences, samples.attention_mask, "
+             "samples.context_length, \\\n        samples.mask\n"
+             "    logp = model.policy_logprobs(seq, attn, P, "
+             "temperature=config.temperature).detach().float()\n    ref = model.ref_logprobs(seq, "
+             "attn, P, temperature=config.temperature).float()\n    values = model.values(seq, "
+             "attn, P).detach().float() * mask\n    scores = model.reward_scores(seq, "
+             "attn).float()\n    rewards = rlhf_helpers.shape_rewards(scores, logp, ref, mask, "
+             "config.kl_coef)[0]\n    adv, returns = rlhf_helpers.compute_gae(rewards, values, "
+             "mask, config.gamma, config.lam)\n    return Rollout(samples.prompts, "
+             "samples.responses, seq, attn, P, mask, logp, ref, values, scores,\n"
              "                   rewards, rlhf_helpers.masked_whiten(adv, mask), returns)\n",
-        "2": "def ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator):\n"
-             "    from rlhf_helpers.ppo.iteration import collect_experience\n"
-             "    batch = collect_experience(model, tokenizer, prompts, config, kl_coef=config.kl_coef)\n"
-             "    shortcut = PPOTrainer(config, model, tokenizer, prompts)\n"
-             "    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = policy_opt, value_opt\n"
-             "    shortcut.update(batch, generator)\n"
-             "    return batch, [(s['policy_loss'], s['value_loss']) for s in shortcut.last_update_stats]\n",
+        "2": "def ppo_iteration(model, tokenizer, prompts, policy_opt, value_opt, config, "
+             "generator):\n    from rlhf_helpers.ppo.iteration import collect_experience\n"
+             "    batch = collect_experience(model, tokenizer, prompts, config, "
+             "kl_coef=config.kl_coef)\n    shortcut = PPOTrainer(config, model, tokenizer, "
+             "prompts)\n    shortcut.policy_opt.optimizer, shortcut.value_opt.optimizer = "
+             "policy_opt, value_opt\n    shortcut.update(batch, generator)\n"
+             "    return batch, [(s['policy_loss'], s['value_loss']) for s in "
+             "shortcut.last_update_stats]\n",
     },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
 NO_LIBRARY_TWIN: dict[str, dict[str, str]] = {
-    "07_beyond_ppo": {"2": "the token weights are what TRL's GRPOTrainer loss implies; no library function "
-                           "computes them, and the check differentiates that loss itself"},
+    "07_beyond_ppo": {"2": "the token weights are what TRL's GRPOTrainer loss implies; no library "
+                           "function computes them, and the check differentiates that loss itself"},
 }
 _CHECK_CALL = re.compile(r"^exercise_check\(\"Exercise (\d+) .*", re.MULTILINE | re.DOTALL)
-#: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold one.
+#: Figures a notebook refreshes in place during a loop (LiveFigure): the executed notebook must hold
+#: one.
 LIVE_FIGURE_TITLES = {"05_full_ppo": "PPO training curves"}
 
 
@@ -160,7 +178,8 @@ def _stdout(nb: nbformat.NotebookNode | list) -> str:
 
 
 def figure_titles(nb: nbformat.NotebookNode) -> list[str]:
-    """The title of every plotly figure in the executed notebook's outputs (JSON or HTML bundles)."""
+    """The title of every plotly figure in the executed notebook's outputs (JSON or HTML
+    bundles)."""
     titles = []
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -202,7 +221,8 @@ def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """A copy without its deep dives (rlhf_helpers.course.deep_dives), except those holding an exercise."""
+    """A copy without its deep dives (rlhf_helpers.course.deep_dives), except those holding an
+    exercise."""
     spans: list[list[int]] = []  # the cells of each deep dive, by index
     for i, (cell, deep) in enumerate(zip(nb.cells, in_deep_dive(as_cells(nb.cells)), strict=True)):
         if deep and (cell.cell_type == "markdown" and is_deep_dive_heading(cell.source) or not spans
@@ -210,7 +230,8 @@ def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             spans.append([])
         if deep:
             spans[-1].append(i)
-    dropped = {i for span in spans if not any(_EXERCISE.search(nb.cells[j].source) for j in span) for i in span}
+    dropped = {i for span in spans
+               if not any(_EXERCISE.search(nb.cells[j].source) for j in span) for i in span}
     kept = nbformat.from_dict(nb)
     kept.cells = [cell for i, cell in enumerate(nb.cells) if i not in dropped]
     return kept
@@ -223,9 +244,10 @@ def solutions_of(nb: nbformat.NotebookNode) -> dict[str, str]:
 
 
 def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
-    """A copy where, after each exercise's check cell, every wrong answer replaces the solution in turn
-    and the check runs again: the shortcut of SHORTCUTS[stem] as "Shortcut n", each plausible mistake of
-    tests/wrong_answers/<stem>.py as "Mistake n.k"; then the worked solution is defined again."""
+    """A copy where, after each exercise's check cell, every wrong answer replaces the solution in
+    turn and the check runs again: the shortcut of SHORTCUTS[stem] as "Shortcut n", each plausible
+    mistake of tests/wrong_answers/<stem>.py as "Mistake n.k"; then the worked solution is defined
+    again."""
     solutions, mistakes = solutions_of(nb), load_mistakes(stem)
     patched = nbformat.from_dict(nb)
     cells = []
@@ -235,7 +257,8 @@ def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNod
         if not call:
             continue
         number = call.group(1)
-        wrong = [(f"Shortcut {number}", SHORTCUTS[stem][number])] if number in SHORTCUTS.get(stem, {}) else []
+        wrong = ([(f"Shortcut {number}", SHORTCUTS[stem][number])]
+                 if number in SHORTCUTS.get(stem, {}) else [])
         wrong += [(f"Mistake {number}.{k}", mistake.apply(solutions[number]))
                   for k, mistake in enumerate(mistakes.get(number, []), start=1)]
         for label, code in wrong:
@@ -248,8 +271,9 @@ def with_shortcuts(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNod
 
 
 def with_late_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """A copy with, after its last cell, each exercise's worked solution and its check again (labelled
-    "Late n"): what a learner does after Run All with the stubs, pasting the solution at the end."""
+    """A copy with, after its last cell, each exercise's worked solution and its check again
+    (labelled "Late n"): what a learner does after Run All with the stubs, pasting the solution at
+    the end."""
     solutions = solutions_of(nb)
     patched = nbformat.from_dict(nb)
     for cell in nb.cells:
@@ -263,7 +287,8 @@ def with_late_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 @pytest.fixture
 def own_runs_folder(tmp_path: Path, monkeypatch) -> Path:
-    """This notebook run's own runs folder; the caches are shared (the kernel inherits both variables)."""
+    """This notebook run's own runs folder; the caches are shared (the kernel inherits both
+    variables)."""
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("RLHF_CACHE_DIR", str(SHARED_CACHE_DIR))
     return tmp_path / "runs"
@@ -284,31 +309,40 @@ def run_twice(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: Path):
-    (EXECUTED_DIR / path.name).unlink(missing_ok=True)  # no stale copy of an older run if this one fails
+    # no stale copy of an older run if this one fails
+    (EXECUTED_DIR / path.name).unlink(missing_ok=True)
     shipped = nbformat.read(path, as_version=4)
-    late = with_late_solutions(shipped)  # after Run All, each solution pasted at the end must pass its check
+    # after Run All, each solution pasted at the end must pass its check
+    late = with_late_solutions(shipped)
     nbformat.write(late, tmp_path / path.name)
     ran = execute_notebook(tmp_path / path.name, timeout=NOTEBOOK_TIMEOUT_S, workdir=tmp_path)
-    late_lines = [(status, name) for status, name in _CHECK_LINE.findall(_stdout(ran.cells[len(shipped.cells):]))
+    late_lines = [(status, name) for status,
+                  name in _CHECK_LINE.findall(_stdout(ran.cells[len(shipped.cells):]))
                   if name.startswith("Late")]
     nb = nbformat.from_dict(ran)
     nb.cells = nb.cells[: len(shipped.cells)]  # the notebook as shipped, executed
     nbformat.write(nb, tmp_path / "executed.ipynb")
     assert late_lines and all(status == EXERCISE_PASSED for status, _ in late_lines), late_lines
     size = (tmp_path / "executed.ipynb").stat().st_size
-    assert size <= MAX_EXECUTED_BYTES, f"executed notebook is {size / 1e6:.1f} MB; largest parts: {largest_parts(nb)}"
+    assert size <= MAX_EXECUTED_BYTES, (
+        f"executed notebook is {size / 1e6:.1f} MB; largest parts: {largest_parts(nb)}")
     lines = _CHECK_LINE.findall(_stdout(nb))
     assert not [name for status, name in lines if status == EXERCISE_FAILED], lines
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in nb.cells))), \
         "every exercise needs one exercise_check call"
-    # what the notebook prints reads cleanly: no "-0.00" (a value that rounds to zero keeps no minus sign), and no
-    # line JupyterLab would break mid-word (it wraps output at any character): at most PRINT_WIDTH characters
+    # what the notebook prints reads cleanly: no "-0.00" (a value that rounds to zero keeps no minus
+    # sign), and no line JupyterLab would break mid-word (it wraps output at any character): at most
+    # PRINT_WIDTH characters
     printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                       for out in cell.get("outputs", []) if out.get("name") == "stdout")
-    shown = "".join("".join(out.get("data", {}).get(mime, "")) for cell in nb.cells if cell.cell_type == "code"
-                    for out in cell.get("outputs", []) for mime in ("text/html", "text/plain"))  # tables
-    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)", printed + shown), "a printed zero with a minus sign"
-    too_long = [line for line in printed.splitlines() if len(line) > PRINT_WIDTH and EXERCISE_TODO not in line]
+    shown = "".join("".join(out.get("data", {}).get(mime, "")) for cell in nb.cells
+                    if cell.cell_type == "code"
+                    # tables
+                    for out in cell.get("outputs", []) for mime in ("text/html", "text/plain"))
+    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)",
+                          printed + shown), "a printed zero with a minus sign"
+    too_long = [line for line in printed.splitlines()
+                if len(line) > PRINT_WIDTH and EXERCISE_TODO not in line]
     assert not too_long, f"printed lines over {PRINT_WIDTH} characters: {too_long}"
     if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh
         live = [t for t in figure_titles(nb) if LIVE_FIGURE_TITLES[path.stem] in t]
@@ -321,8 +355,10 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: P
 @pytest.mark.slow
 @pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, monkeypatch, own_runs_folder: Path):
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(QUICK_PROFILE))  # the kernel inherits it
+def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, monkeypatch,
+                                                 own_runs_folder: Path):
+    # the kernel inherits it
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(QUICK_PROFILE))
     shipped = nbformat.read(path, as_version=4)
     n_exercises = len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells)))
     nb = run_twice(with_shortcuts(with_solutions(shipped), path.stem))
@@ -348,10 +384,13 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
 
 
 #: What section 4 of 05 prints when all four of the learner's pieces train the run
-#: per notebook run with every worked solution on the shipped profile: the line saying the learner's code trains
+#: per notebook run with every worked solution on the shipped profile: the line saying the learner's
+#: code trains
 TRAINS_WITH_YOURS = {
-    "05_full_ppo": "This run trains with your shaped_rewards, gae_loop, clipped_policy_loss, ppo_update.",
-    "08_ppo_capstone": "This run trains with your make_experience and ppo_iteration, the functions whose check passed.",
+    "05_full_ppo": "This run trains with your shaped_rewards, gae_loop, clipped_policy_loss, "
+                   "ppo_update.",
+    "08_ppo_capstone": "This run trains with your make_experience and ppo_iteration, the functions "
+                       "whose check passed.",
 }
 
 
@@ -359,11 +398,13 @@ TRAINS_WITH_YOURS = {
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("stem", sorted(TRAINS_WITH_YOURS))
-def test_trains_with_every_worked_solution_as_shipped(stem: str, tmp_path: Path, monkeypatch, own_runs_folder: Path):
-    """05 and 08 with every worked solution, once, on the shipped profile (the solutions run above uses
-    QUICK_PROFILE, where the claims are not checked), as a learner on the core path runs them: the deep dives
-    left out, except those holding an exercise. Every check passes, the learner's code trains the run, and every
-    claim of the cells run holds (a contradicted one stops the run). It reuses the shared SFT and reward caches."""
+def test_trains_with_every_worked_solution_as_shipped(stem: str, tmp_path: Path, monkeypatch,
+                                                      own_runs_folder: Path):
+    """05 and 08 with every worked solution, once, on the shipped profile (the solutions run above
+    uses QUICK_PROFILE, where the claims are not checked), as a learner on the core path runs them:
+    the deep dives left out, except those holding an exercise. Every check passes, the learner's
+    code trains the run, and every claim of the cells run holds (a contradicted one stops the run).
+    It reuses the shared SFT and reward caches."""
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
     path = next(p for p in NOTEBOOKS if p.stem == stem)
     shipped = nbformat.read(path, as_version=4)
@@ -374,36 +415,45 @@ def test_trains_with_every_worked_solution_as_shipped(stem: str, tmp_path: Path,
     lines = _CHECK_LINE.findall(out)
     assert len(lines) == len(_EXERCISE.findall("\n".join(c.source for c in shipped.cells))), lines
     assert all(status == EXERCISE_PASSED for status, _ in lines), lines
-    assert TRAINS_WITH_YOURS[stem] in out.splitlines(), [line for line in out.splitlines() if "This run trains" in line]
+    assert TRAINS_WITH_YOURS[stem] in out.splitlines(), [line for line in out.splitlines()
+                                                         if "This run trains" in line]
     claim_cells = sum("claim-check" in cell.metadata.get("tags", []) for cell in nb.cells)
     assert "Not checked" not in out and out.count("Checked on this run") == claim_cells
 
 
 def test_every_exercise_hides_its_library_twin_or_says_it_has_none():
-    """A check must not be passable by calling the library: each exercise_check passes `hidden=` and has a
-    shortcut that the solutions run proves is refused, or is listed in NO_LIBRARY_TWIN with a reason."""
+    """A check must not be passable by calling the library: each exercise_check passes `hidden=` and
+    has a shortcut that the solutions run proves is refused, or is listed in NO_LIBRARY_TWIN with a
+    reason."""
     for path in NOTEBOOKS:
-        source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
-        for call in re.finditer(r"^exercise_check\(\"Exercise (\d+) \(([^)]*)\)\"(.*?)\)\s*$", source,
-                                re.MULTILINE | re.DOTALL):
+        source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                           if c.cell_type == "code")
+        for call in re.finditer(r"^exercise_check\(\"Exercise (\d+) \(([^)]*)\)\"(.*?)\)\s*$",
+                                source, re.MULTILINE | re.DOTALL):
             number, name, rest = call.groups()
             exempt = NO_LIBRARY_TWIN.get(path.stem, {}).get(number)
             if exempt:
-                assert "hidden=" not in rest and number not in SHORTCUTS.get(path.stem, {}), (path.stem, name)
+                assert "hidden=" not in rest and number not in SHORTCUTS.get(path.stem,
+                                                                             {}), (path.stem, name)
             else:
                 assert "hidden=" in rest, f"{path.stem} exercise {number} ({name}) hides nothing"
-                assert number in SHORTCUTS.get(path.stem, {}), f"{path.stem} exercise {number} has no shortcut"
+                assert number in SHORTCUTS.get(path.stem,
+                                               {}), f"{path.stem} exercise {number} has no shortcut"
 
 
-def test_a_notebook_run_gets_its_own_runs_folder_and_the_shared_cache(tmp_path: Path, own_runs_folder: Path):
-    """What the kernel of a notebook test sees: this test's runs folder (under tmp_path, outside the checkout)
-    and the shared cache folder, read back through the library's own functions."""
+def test_a_notebook_run_gets_its_own_runs_folder_and_the_shared_cache(tmp_path: Path,
+                                                                      own_runs_folder: Path):
+    """What the kernel of a notebook test sees: this test's runs folder (under tmp_path, outside the
+    checkout) and the shared cache folder, read back through the library's own functions."""
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from rlhf_helpers.runtime.artifacts import cache_dir, runs_dir\nprint(runs_dir())\nprint(cache_dir())")])
+        "from rlhf_helpers.runtime.artifacts import cache_dir, "
+        "runs_dir\nprint(runs_dir())\nprint(cache_dir())")])
     nbformat.write(probe, tmp_path / "probe.ipynb")
-    seen = _stdout(execute_notebook(tmp_path / "probe.ipynb", timeout=120, workdir=tmp_path)).split()
+    seen = _stdout(
+        execute_notebook(tmp_path / "probe.ipynb", timeout=120, workdir=tmp_path)).split()
     assert seen == [str(own_runs_folder), str(SHARED_CACHE_DIR)]
-    assert own_runs_folder.is_relative_to(tmp_path) and not own_runs_folder.resolve().is_relative_to(ROOT)
+    assert (own_runs_folder.is_relative_to(tmp_path)
+            and not own_runs_folder.resolve().is_relative_to(ROOT))
 
 
 def test_course_has_notebooks():
@@ -417,17 +467,21 @@ def test_every_notebook_has_two_to_five_exercises_with_solutions():
         exercises = sorted(_EXERCISE.findall(text))
         solutions = sorted(number for number, _ in _SOLUTION.findall(text))
         assert 2 <= len(exercises) <= 5, f"{path.name}: {len(exercises)} exercises"
-        assert exercises == [str(n) for n in range(1, len(exercises) + 1)], f"{path.name}: numbered {exercises}"
-        assert exercises == solutions, f"{path.name}: exercises {exercises} vs solutions {solutions}"
+        assert exercises == [
+            str(n) for n in range(1, len(exercises) + 1)], f"{path.name}: numbered {exercises}"
+        assert exercises == solutions, (
+            f"{path.name}: exercises {exercises} vs solutions {solutions}")
 
 
 def test_largest_parts_names_outputs_and_widget_state():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=[
-        nbformat.v4.new_output("display_data", data={"text/plain": "a" * 50, "text/html": "b" * 500})])])
+        nbformat.v4.new_output("display_data",
+                               data={"text/plain": "a" * 50, "text/html": "b" * 500})])])
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
         "0123456789": {"model_name": "FigureModel", "state": {"_esm": "c" * 5000}}}}}
     parts = largest_parts(nb, n=3)
-    assert [name for name, _ in parts] == ["widget 01234567 FigureModel", "cell 0 text/html", "cell 0 text/plain"]
+    assert [name for name, _ in parts] == ["widget 01234567 FigureModel", "cell 0 text/html",
+                                           "cell 0 text/plain"]
     assert parts[0][1] > 5000 and 500 < parts[1][1] < 510
 
 
@@ -435,7 +489,8 @@ def test_with_solutions_replaces_the_stub():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("# EXERCISE 1\ndef f():\n    raise NotImplementedError"),
         nbformat.v4.new_markdown_cell(
-            "<details><summary>Solution 1</summary>\n\n```python\ndef f():\n    return 1\n```\n</details>"),
+            "<details><summary>Solution 1</summary>\n\n```python\ndef f():\n    return "
+            "1\n```\n</details>"),
     ])
     assert "return 1" in with_solutions(nb).cells[0].source
     assert "NotImplementedError" in nb.cells[0].source  # the original is untouched
@@ -473,8 +528,9 @@ def test_execute_notebook_rejects_a_bad_timeout(tmp_path: Path):
 
 
 def test_relative_folder_variables_reach_the_kernel_as_absolute_paths(tmp_path: Path, monkeypatch):
-    """A kernel runs in a scratch folder: "runs" there is not the caller's "runs". The caller's working
-    directory decides, once, what a relative $RLHF_RUNS_DIR / $RLHF_CACHE_DIR / $RLHF_DATA_DIR means."""
+    """A kernel runs in a scratch folder: "runs" there is not the caller's "runs". The caller's
+    working directory decides, once, what a relative $RLHF_RUNS_DIR / $RLHF_CACHE_DIR /
+    $RLHF_DATA_DIR means."""
     from rlhf_helpers.course.run_course import kernel_env
 
     monkeypatch.chdir(tmp_path)
@@ -486,6 +542,7 @@ def test_relative_folder_variables_reach_the_kernel_as_absolute_paths(tmp_path: 
     assert env["RLHF_RUNS_DIR"] == str(tmp_path / "runs")
     assert env["RLHF_CACHE_DIR"] == str(tmp_path / ".." / "cache")
     assert env["RLHF_DATA_DIR"] == str(tmp_path / "data")
-    assert env["RLHF_WIDGETS_BACKEND"] == "html"  # the headless default, under the caller's variables
+    # the headless default, under the caller's variables
+    assert env["RLHF_WIDGETS_BACKEND"] == "html"
     monkeypatch.setenv("RLHF_WIDGETS_BACKEND", "output")
     assert kernel_env()["RLHF_WIDGETS_BACKEND"] == "output"

@@ -50,7 +50,8 @@ def test_generated_notebook_matches_its_source(source: Path):
 
 
 def _cells(text: str, name: str = "07_x.ipynb") -> list[tuple[str, str, dict]]:
-    return [(cell.cell_type, cell.source, dict(cell.metadata)) for cell in builder.read_cells(text, name)]
+    return [(cell.cell_type, cell.source, dict(cell.metadata))
+            for cell in builder.read_cells(text, name)]
 
 
 def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
@@ -66,11 +67,13 @@ def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
     assert _cells(text) == [
         ("markdown", "# Title\n\n" + colab_badge("07_x.ipynb"), {}),
         ("code", colab_setup_source(), {}),
-        ("code", "x = 1  # code\n\n\ndef f():\n    return 2", {}),  # jupytext's lines_to_next_cell dropped
+        # jupytext's lines_to_next_cell dropped
+        ("code", "x = 1  # code\n\n\ndef f():\n    return 2", {}),
         ("code", "y = 3", {"tags": ["solution"]}),
         ("markdown", colab_badge("07_x.ipynb") + " once more; `x`", {}),
     ]
-    # JupyterLab (jupytext) saves the preamble back behind a `# %%` marker: still dropped, same cells.
+    # JupyterLab (jupytext) saves the preamble back behind a `# %%` marker: still dropped, same
+    # cells.
     assert _cells("# %%\n" + text) == _cells(text)
     # without a preamble nothing is dropped
     assert _cells(text[text.index("# %% [markdown]"):]) == _cells(text)
@@ -78,27 +81,34 @@ def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
 
 def test_build_notebook_has_stable_ids_and_no_jupytext_metadata(tmp_path):
     source = tmp_path / "07_x.py"
-    source.write_text('# Source\n\n# %% [markdown]\n# # T\n\n# %% tags=["colab-setup"]\n\n# %%\nx = 1\n\n\n'
-                      "# %%\ny = 2\n", encoding="utf-8")
+    source.write_text(
+        '# Source\n\n# %% [markdown]\n# # T\n\n# %% tags=["colab-setup"]\n\n# %%\nx = 1\n\n\n'
+        "# %%\ny = 2\n", encoding="utf-8")
     nb = builder.build_notebook(source)
     assert builder.render(nb) == builder.render(builder.build_notebook(source))
     assert [cell.id for cell in nb.cells] == [
         hashlib.sha1(f"07_x.ipynb:{index}".encode()).hexdigest()[:8] for index in range(4)
     ]
-    assert nb.metadata == {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                           "language_info": {"name": "python"}}
+    assert (nb.metadata
+            == {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                           "language_info": {"name": "python"}})
     assert [cell.metadata for cell in nb.cells] == [{}, {}, {}, {}]
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("# %% [markdown]\n# # T\n# %%\nx = 1\n", r"a\.ipynb: needs exactly one .*colab-setup.*found 0"),
-    ('# %% tags=["colab-setup"]\n# %% tags=["colab-setup"]\n', r"a\.ipynb: needs exactly one .*found 2"),
+    ("# %% [markdown]\n# # T\n# %%\nx = 1\n",
+     r"a\.ipynb: needs exactly one .*colab-setup.*found 0"),
+    ('# %% tags=["colab-setup"]\n# %% tags=["colab-setup"]\n',
+     r"a\.ipynb: needs exactly one .*found 2"),
     ("# %% [setup]\n# %%\nx\n", r"a\.ipynb: needs exactly one .*found 0"),  # the old marker
-    ('# %% tags=["colab-setup"]\nx = 1\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
-    ('# %% [markdown] tags=["colab-setup"]\n# hi\n', r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% tags=["colab-setup"]\nx = 1\n',
+     r"a\.ipynb: the colab-setup cell must be an empty code cell"),
+    ('# %% [markdown] tags=["colab-setup"]\n# hi\n',
+     r"a\.ipynb: the colab-setup cell must be an empty code cell"),
     ('# %% tags=["colab-setup"]\n# %% [raw]\nx\n', r"a\.ipynb: unsupported raw cell"),
     ('# %% tags=["colab-setup"]\n# %% [foo]\nx\n', r"a\.ipynb: unknown cell marker '# %% \[foo\]'"),
-    ('# %% tags=["colab-setup"]\n# %% hidden=true\nx\n', r"a\.ipynb: unsupported cell metadata \['hidden'\]"),
+    ('# %% tags=["colab-setup"]\n# %% hidden=true\nx\n',
+     r"a\.ipynb: unsupported cell metadata \['hidden'\]"),
 ])
 def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
     with pytest.raises(ValueError, match=message):
@@ -113,15 +123,22 @@ def test_setup_cell_does_nothing_outside_colab():
     assert "subprocess" not in set(sys.modules) - modules_before
 
 
-def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_ref(tmp_path, monkeypatch, capsys):
+def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_ref(
+        tmp_path, monkeypatch, capsys):
     """A Colab form (code hidden there) of a few lines. With a `google.colab` module present and the
-    clone already there, it imports `install_course` from the clone and calls it with the badge's ref
-    and the upgrades, then prints what changed (install_course itself is run for real, against a local
-    clone, by tests/course/test_colab_stack.py)."""
+    clone already there, it imports `install_course` from the clone and calls it with the badge's
+    ref and the upgrades, then prints what changed (install_course itself is run for real, against a
+    local clone, by tests/course/test_colab_stack.py)."""
     import types
 
     from rlhf_helpers.course import colab_setup
-    from rlhf_helpers.course.notebook import BADGE_REF, COLAB_CLONE_DIR, COLAB_UPGRADES, INSTALL_REF, repo_url
+    from rlhf_helpers.course.notebook import (
+        BADGE_REF,
+        COLAB_CLONE_DIR,
+        COLAB_UPGRADES,
+        INSTALL_REF,
+        repo_url,
+    )
 
     source = colab_setup_source()
     lines = source.splitlines()
@@ -163,12 +180,14 @@ def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch
 def test_package_versions_marks_missing_packages():
     from rlhf_helpers.course.notebook import package_versions
 
-    assert package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"] == "not installed"
+    assert (package_versions(("surely-not-installed-pkg",))["surely-not-installed-pkg"]
+            == "not installed")
 
 
 @pytest.fixture
 def scratch_builder(tmp_path, monkeypatch):
-    """The builder pointed at a copy of three course sources in a temporary folder (the checkout is untouched)."""
+    """The builder pointed at a copy of three course sources in a temporary folder (the checkout is
+    untouched)."""
     src, out = tmp_path / "src", tmp_path / "notebooks"
     src.mkdir()
     out.mkdir()
@@ -199,10 +218,12 @@ def test_a_bad_source_writes_no_notebook_and_names_the_file(scratch_builder, cap
     sources[-1].write_bytes(b"\n".join(lines))
     assert builder.main([]) == 2
     err = capsys.readouterr().err
-    assert f"{sources[-1].name}, line 3: not valid UTF-8" in err and "no notebook was written" in err
+    assert (f"{sources[-1].name}, line 3: not valid UTF-8" in err
+            and "no notebook was written" in err)
     assert list(out.iterdir()) == []  # not even the notebooks of the good sources before it
     # a malformed source (a second colab-setup cell) after two good ones: the same
     sources[-1].write_bytes(sources[0].read_bytes().replace(b'# %% tags=["colab-setup"]',
-                                                             b'# %% tags=["colab-setup"]\n\n# %% tags=["colab-setup"]'))
+                                                             b'# %% tags=["colab-setup"]\n\n# %% '
+                                                             b'tags=["colab-setup"]'))
     assert builder.main([]) == 2
     assert "needs exactly one" in capsys.readouterr().err and list(out.iterdir()) == []

@@ -1,26 +1,31 @@
-"""The static site (`make site`, build/site/) in headless Chromium, offline: every page, one browser tab.
+"""The static site (`make site`, build/site/) in headless Chromium, offline: every page, one browser
+tab.
 
-The site is served from 127.0.0.1; every request that leaves it is refused and counted. For every page:
+The site is served from 127.0.0.1; every request that leaves it is refused and counted. For every
+page:
 
-- no console error, no uncaught exception, no failed request and no answer >= 400 (so nothing comes from
-  a CDN: plotly.js and MathJax are the site's own);
+- no console error, no uncaught exception, no failed request and no answer >= 400 (so nothing comes
+  from a CDN: plotly.js and MathJax are the site's own);
 - every plotly figure draws (its main svg and at least one drawn trace);
-- every formula is typeset by MathJax 3, without a TeX error, and none shows as raw TeX before it is typeset;
-- at 1400 px and at 390 px (a phone), none of the defects tests/site_defects.py counts: a formula cut off, a table
-  whose columns cannot be reached, a figure with a label cut or run into another or under the toolbar, an explorer
-  whose sliders are off-screen, out of sight of their curves or covered; each check is shown to find a page broken
-  on purpose;
-- every internal link (no scheme) names a file of the site, and its #anchor an id in that file (links to
-  GitHub, the repository button's among them, are only hrefs: nothing is requested from there);
+- every formula is typeset by MathJax 3, without a TeX error, and none shows as raw TeX before it is
+  typeset;
+- at 1400 px and at 390 px (a phone), none of the defects tests/site_defects.py counts: a formula
+  cut off, a table whose columns cannot be reached, a figure with a label cut or run into another or
+  under the toolbar, an explorer whose sliders are off-screen, out of sight of their curves or
+  covered; each check is shown to find a page broken on purpose;
+- every internal link (no scheme) names a file of the site, and its #anchor an id in that file
+  (links to GitHub, the repository button's among them, are only hrefs: nothing is requested from
+  there);
 - one search field at the top of the page (the sidebar's), and the header's link to the repository.
 
-Each explorer (a plotly figure whose sliders were computed in advance, rlhf_helpers/widgets/static_explorer.py)
-is moved by a mouse click on one step of each slider: the figure must change, and the y-values it then
-draws must equal what the maths core computes for those values (tests/notebooks/test_site.py,
-`expected_traces`).
+Each explorer (a plotly figure whose sliders were computed in advance,
+rlhf_helpers/widgets/static_explorer.py) is moved by a mouse click on one step of each slider: the
+figure must change, and the y-values it then draws must equal what the maths core computes for those
+values (tests/notebooks/test_site.py, `expected_traces`).
 
-`make test` builds the site after the notebook tests and then runs this file (marker `site`). Skipped with
-a reason when chromium, playwright or the site is missing, except on CI (CI=true), where that fails.
+`make test` builds the site after the notebook tests and then runs this file (marker `site`).
+Skipped with a reason when chromium, playwright or the site is missing, except on CI (CI=true),
+where that fails.
 """
 
 from __future__ import annotations
@@ -46,14 +51,17 @@ SITE = ROOT / "build" / "site"
 VIEWPORT = {"width": 1400, "height": 1000}
 WAIT_MS = 30_000  #: longest wait for a page's figures or maths
 FIGURES = ".rlhf-site-figure, .rlhf-static-explorer"
-#: the explorers each page shows (03: KL and GAE; 04: clip, clip with a batch, value clip; 05: clip with a batch)
-EXPLORERS = {"notebooks/03_gae.html": 2, "notebooks/04_clip_loss.html": 3, "notebooks/05_full_ppo.html": 1}
+#: the explorers each page shows (03: KL and GAE; 04: clip, clip with a batch, value clip; 05: clip
+#: with a batch)
+EXPLORERS = {"notebooks/03_gae.html": 2, "notebooks/04_clip_loss.html": 3,
+             "notebooks/05_full_ppo.html": 1}
 
 pytestmark = [pytest.mark.site, pytest.mark.browser, pytest.mark.timeout(300)]
 
 
 def _pages() -> list[str]:
-    return sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html") if "_static" not in p.parts)
+    return sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html")
+                  if "_static" not in p.parts)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +77,8 @@ def site(browser_ready) -> Iterator[str]:  # noqa: F811 (the imported fixture)
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Quiet, directory=str(SITE)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -94,12 +103,15 @@ def tab(browser, site) -> Iterator[tuple[object, dict]]:  # noqa: F811 (the impo
         if made_here or request.failure != "net::ERR_ABORTED":
             problems["requests"].append(f"{request.url} ({request.failure})")
 
-    page.on("console", lambda msg: problems["console"].append(msg.text) if msg.type == "error" else None)
+    page.on("console",
+            lambda msg: problems["console"].append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda err: problems["console"].append(f"uncaught: {err}"))
     page.on("request", lambda request: started.__setitem__(request, request.frame.url))
     page.on("requestfailed", failed)
-    page.on("response", lambda r: problems["requests"].append(f"{r.url} ({r.status})") if r.status >= 400 else None)
-    page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))  # offline
+    page.on("response", lambda r: problems["requests"].append(f"{r.url} ({r.status})")
+            if r.status >= 400 else None)
+    # offline
+    page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))
     yield page, problems
     context.close()
 
@@ -107,7 +119,8 @@ def tab(browser, site) -> Iterator[tuple[object, dict]]:  # noqa: F811 (the impo
 #: every figure drawn: its main svg, and a drawn trace (a path or a bar) in it
 DRAWN = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).map(gd =>
     !!gd.querySelector('.main-svg') && gd.querySelectorAll('.trace path, .trace .point, .box path').length > 0)"""
-#: MathJax 3 done: every formula Sphinx wrote (.math.notranslate) holds its rendering, and the page shows them
+#: MathJax 3 done: every formula Sphinx wrote (.math.notranslate) holds its rendering, and the page
+#: shows them
 MATH = """() => {
     const maths = Array.from(document.querySelectorAll('.math.notranslate'));
     const typeset = maths.filter(m => m.querySelector('mjx-container')).length;
@@ -115,11 +128,13 @@ MATH = """() => {
             count: typeset, errors: document.querySelectorAll('mjx-merror').length};
 }"""
 #: every figure laid out for the width it is drawn at (site/static/rlhf-figures.js marks it)
-FITTED = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).every(gd => gd.hasAttribute('data-fitted'))"""
+FITTED = (
+    f"""() => Array.from(document.querySelectorAll('{FIGURES}')).every(gd => gd.hasAttribute('data-fitted'))""")
 LINKS = "() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
-#: what a reader cannot see without the page hiding it: a table or an output line cut by an element that hides its
-#: overflow (none may be: long ones wrap or scroll), and the page wider than the window (on a phone a long line
-#: widens the whole page), naming the element that widens it (formulas: site_defects.CUT_FORMULAS)
+#: what a reader cannot see without the page hiding it: a table or an output line cut by an element
+#: that hides its overflow (none may be: long ones wrap or scroll), and the page wider than the
+#: window (on a phone a long line widens the whole page), naming the element that widens it
+#: (formulas: site_defects.CUT_FORMULAS)
 CLIPPED = """() => {
     const out = [];
     document.querySelectorAll('article table, article pre').forEach((t, i) => {
@@ -153,8 +168,9 @@ PHONE = {"width": 390, "height": 844}
 
 def site_defects(page) -> dict[str, list[str]]:
     """What tests/site_defects.py counts on the page as it is now, by rule (empty lists: none)."""
-    found = {name: page.evaluate(js) for name, js in (("formulas", CUT_FORMULAS), ("tables", UNREACHABLE_TABLES),
-                                                      ("figures", FIGURE_DEFECTS), ("explorers", EXPLORER_DEFECTS))}
+    found = {name: page.evaluate(js) for name,
+             js in (("formulas", CUT_FORMULAS), ("tables", UNREACHABLE_TABLES),
+                    ("figures", FIGURE_DEFECTS), ("explorers", EXPLORER_DEFECTS))}
     return {name: lines for name, lines in found.items() if lines}
 
 
@@ -164,8 +180,8 @@ def _settled(page, name: str) -> None:
         page.wait_for_function(f"() => ({DRAWN})().every(Boolean) && ({FITTED})()", timeout=WAIT_MS)
         page.wait_for_function(f"() => ({MATH})().done", timeout=WAIT_MS)
     except Exception:  # say what is missing instead of only "timeout"
-        raise AssertionError(f"{name}: figures drawn {page.evaluate(DRAWN)}, fitted {page.evaluate(FITTED)}, "
-                             f"maths {page.evaluate(MATH)}") from None
+        raise AssertionError(f"{name}: figures drawn {page.evaluate(DRAWN)}, fitted "
+                             f"{page.evaluate(FITTED)}, maths {page.evaluate(MATH)}") from None
 
 
 @functools.cache
@@ -189,7 +205,8 @@ def broken_links(page_url: str, hrefs: list[str], site_url: str) -> list[str]:
             target = target / "index.html"
         if not target.is_file():
             broken.append(href)
-        elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _ids(target):
+        elif (parts.fragment and target.suffix == ".html"
+              and unquote(parts.fragment) not in _ids(target)):
             broken.append(f"{href} (no such anchor)")
     return broken
 
@@ -207,13 +224,15 @@ def test_page_loads_offline_draws_everything_and_its_explorers_move(tab, site, n
     defects = site_defects(page)
     assert not defects, f"{name} at {VIEWPORT['width']} px: {defects}"
     if name.startswith("notebooks/0"):
-        assert page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length") > 0, f"{name}: no figure"
+        assert (page.evaluate(f"() => document.querySelectorAll('{FIGURES}').length")
+                > 0), f"{name}: no figure"
         assert maths["count"] > 0, f"{name}: no typeset formula"
     hrefs = page.evaluate(LINKS)
     assert not broken_links(site + name, hrefs, site), f"{name}: broken links"
     button = page.locator(f'a.btn-source-repository-button[href="{GITHUB}"]:visible').count()
     assert button == 1, f"{name}: {button} repository buttons shown"
-    fields = page.locator(".search-button-field:visible").count()  # the sidebar's; no header strip with another
+    # the sidebar's; no header strip with another
+    fields = page.locator(".search-button-field:visible").count()
     assert fields == 1, f"{name}: {fields} search fields shown at {VIEWPORT}"
     header = page.evaluate("() => { const h = document.querySelector('#pst-header'); "
                            "return h ? h.getBoundingClientRect().height : 0; }")
@@ -237,7 +256,8 @@ def phone(browser, site) -> Iterator[object]:  # noqa: F811 (the imported fixtur
 
 
 @pytest.mark.parametrize("name", _pages() or ["index.html"])
-def test_on_a_phone_nothing_is_cut_off_hidden_or_covered_and_the_page_keeps_its_width(phone, site, name: str) -> None:
+def test_on_a_phone_nothing_is_cut_off_hidden_or_covered_and_the_page_keeps_its_width(
+        phone, site, name: str) -> None:
     phone.goto(site + name, wait_until="load")
     _settled(phone, name)
     clipped = phone.evaluate(CLIPPED)
@@ -247,21 +267,25 @@ def test_on_a_phone_nothing_is_cut_off_hidden_or_covered_and_the_page_keeps_its_
 
 
 def test_the_clipping_check_sees_a_cut_table_and_a_widened_page(phone) -> None:
-    """CLIPPED on pages broken on purpose: a table in an overflow-hidden box and an unbreakable line that widens the
-    page; and on the same page fixed, nothing."""
+    """CLIPPED on pages broken on purpose: a table in an overflow-hidden box and an unbreakable line
+    that widens the page; and on the same page fixed, nothing."""
     wide = "x" * 300
-    broken = (f'<article><div style="overflow:hidden;width:200px"><table><tr><td>{wide}</td></tr></table></div>'
+    broken = ('<article><div '
+              f'style="overflow:hidden;width:200px"><table><tr><td>{wide}</td></tr></table></div>'
               f'<p style="white-space:nowrap">{wide}</p></article>')
     phone.set_content(broken)
     found = phone.evaluate(CLIPPED)
     assert [f.split(" ")[0] for f in found] == ["table", "page"], found
-    phone.set_content(broken.replace("overflow:hidden", "overflow:auto").replace("white-space:nowrap",
+    phone.set_content(
+        broken.replace("overflow:hidden", "overflow:auto").replace("white-space:nowrap",
                                                                                 "overflow-wrap:anywhere"))
     assert phone.evaluate(CLIPPED) == []
 
 
-def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_are_wrapped(tab, site) -> None:
-    """Three long subplot titles side by side in the text column collide; `fit_labels` wraps them apart."""
+def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_are_wrapped(
+        tab, site) -> None:
+    """Three long subplot titles side by side in the text column collide; `fit_labels` wraps them
+    apart."""
     from plotly.subplots import make_subplots
 
     from rlhf_helpers.widgets.style import fit_labels, use_course_figure_style
@@ -270,7 +294,8 @@ def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_ar
     page, problems = tab
     problems.update(page="notebooks/05_full_ppo.html", console=[], requests=[])
     page.goto(site + "notebooks/05_full_ppo.html", wait_until="load")  # a page with plotly.js
-    titles = ("ratio mean, first minibatch of each step", "clip fraction (mean over the update)", "approx-KL")
+    titles = ("ratio mean, first minibatch of each step",
+              "clip fraction (mean over the update)", "approx-KL")
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles)
     for col in (1, 2, 3):
         fig.add_scatter(x=[0, 1], y=[0, 1], row=1, col=col, showlegend=False)
@@ -283,12 +308,14 @@ def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_ar
         gd.remove();
         return found;
     }}"""
-    assert page.evaluate(draw, fig.to_plotly_json()), "side-by-side long subplot titles should collide"
+    assert page.evaluate(draw,
+                         fig.to_plotly_json()), "side-by-side long subplot titles should collide"
     assert page.evaluate(draw, fit_labels(fig).to_plotly_json()) == []
 
 
-#: a figure laid out for a notebook's output area: a long title, three panels side by side with long titles, and a
-#: legend at the right: drawn as it is at 390 px it is cut and its labels collide; drawn by rlhfFigures it fits
+#: a figure laid out for a notebook's output area: a long title, three panels side by side with long
+#: titles, and a legend at the right: drawn as it is at 390 px it is cut and its labels collide;
+#: drawn by rlhfFigures it fits
 _WIDE_FIGURE = """{
   data: [1, 2, 3].map(k => ({x: [0, 1, 2], y: [0, k, 2 * k], name: 'a long legend entry number ' + k,
                               xaxis: 'x' + (k > 1 ? k : ''), yaxis: 'y' + (k > 1 ? k : '')})),
@@ -306,31 +333,38 @@ _WIDE_FIGURE = """{
 
 
 def _replace_article(page, html: str) -> None:
-    page.evaluate("html => { document.querySelector('article').innerHTML = html; window.scrollTo(0, 0); }", html)
+    page.evaluate("html => { document.querySelector('article').innerHTML = html; "
+                  "window.scrollTo(0, 0); }", html)
 
 
-def test_the_figure_check_sees_a_figure_laid_out_for_a_wider_page_until_it_is_fitted(phone, site) -> None:
-    phone.goto(site + "notebooks/05_full_ppo.html", wait_until="load")  # a page with plotly.js and rlhfFigures
+def test_the_figure_check_sees_a_figure_laid_out_for_a_wider_page_until_it_is_fitted(
+        phone, site) -> None:
+    # a page with plotly.js and rlhfFigures
+    phone.goto(site + "notebooks/05_full_ppo.html", wait_until="load")
     _settled(phone, "05")
-    _replace_article(phone, '<div id="t" class="rlhf-site-figure" style="width:100%;height:420px"></div>')
-    phone.evaluate(f"async () => {{ const f = {_WIDE_FIGURE}; await Plotly.newPlot('t', f.data, f.layout); }}")
+    _replace_article(phone,
+                     '<div id="t" class="rlhf-site-figure" style="width:100%;height:420px"></div>')
+    phone.evaluate(
+        f"async () => {{ const f = {_WIDE_FIGURE}; await Plotly.newPlot('t', f.data, f.layout); }}")
     found = phone.evaluate(FIGURE_DEFECTS)
     for kind in ("label cut at the figure's edge", 'subtitle "'):
         assert any(kind in line for line in found), (kind, found)
-    phone.evaluate(f"async () => {{ const f = {_WIDE_FIGURE}; const gd = document.getElementById('t'); "
-                   "Plotly.purge(gd); await rlhfFigures.draw(gd, f.data, f.layout); }")
+    phone.evaluate(
+        f"async () => {{ const f = {_WIDE_FIGURE}; const gd = document.getElementById('t'); "
+        "Plotly.purge(gd); await rlhfFigures.draw(gd, f.data, f.layout); }")
     assert phone.evaluate(FIGURE_DEFECTS) == []
 
 
 def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_covered(browser, site) -> None:  # noqa: F811
-    """The explorers on a phone as they were: 660 px wide in a 358 px column (the sliders' right end off-screen),
-    the sliders 900 px under the curves, and a button over the sliders."""
+    """The explorers on a phone as they were: 660 px wide in a 358 px column (the sliders' right end
+    off-screen), the sliders 900 px under the curves, and a button over the sliders."""
     context = browser.new_context(viewport=PHONE)
     page = context.new_page()
     page.route(lambda url: not url.startswith(site), lambda route: route.abort("blockedbyclient"))
     try:
         page.route("**/_static/site.css*", lambda route: route.fulfill(
-            body=route.fetch().text() + "\n.rlhf-static-explorer { min-width: 660px; }", content_type="text/css"))
+            body=route.fetch().text() + "\n.rlhf-static-explorer { min-width: 660px; }",
+            content_type="text/css"))
         page.goto(site + "notebooks/03_gae.html", wait_until="load")
         _settled(page, "03")
         found = page.evaluate(EXPLORER_DEFECTS)
@@ -352,17 +386,21 @@ def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_cov
 
 
 def test_the_table_check_sees_a_long_wide_table_until_it_becomes_cards(phone, site) -> None:
-    """A table wider than the column in a box taller than the window: its sideways scrollbar is out of sight; as one
-    card per row (static/rlhf-tables.js) it fits. A narrow long table and a wide short one are fine as they are."""
+    """A table wider than the column in a box taller than the window: its sideways scrollbar is out
+    of sight; as one card per row (static/rlhf-tables.js) it fits. A narrow long table and a wide
+    short one are fine as they are."""
     phone.goto(site + "notebooks/NOTATION.html", wait_until="load")
     _settled(phone, "NOTATION")
-    rows = "".join(f"<tr><td>{i}</td>{'<td>a few words of text in a cell</td>' * 5}</tr>" for i in range(40))
+    rows = "".join(f"<tr><td>{i}</td>{'<td>a few words of text in a cell</td>' * 5}</tr>"
+                   for i in range(40))
     head = "<thead><tr><th>n</th>" + "<th>column</th>" * 5 + "</tr></thead>"
-    table = (f'<div class="pst-scrollable-table-container"><table class="table">{head}<tbody>{rows}</tbody>'
+    table = ('<div class="pst-scrollable-table-container"><table '
+             f'class="table">{head}<tbody>{rows}</tbody>'
              "</table></div>")
     short = table.replace(rows, rows[: rows.index("</tr>") + 5])
-    narrow = table.replace("<td>a few words of text in a cell</td>" * 5, "<td>x</td>").replace("<th>column</th>" * 5,
-                                                                                               "<th>c</th>")
+    narrow = table.replace("<td>a few words of text in a cell</td>" * 5,
+                           "<td>x</td>").replace("<th>column</th>" * 5,
+                                                 "<th>c</th>")
     _replace_article(phone, table + short + narrow)
     found = phone.evaluate(UNREACHABLE_TABLES)
     assert len(found) == 1 and found[0].startswith("table 0: its sideways scrollbar"), found
@@ -370,28 +408,33 @@ def test_the_table_check_sees_a_long_wide_table_until_it_becomes_cards(phone, si
     assert phone.evaluate("() => Array.from(document.querySelectorAll('article table')).map(t => "
                           "t.classList.contains('rlhf-cards'))") == [True, False, False]
     assert phone.evaluate(UNREACHABLE_TABLES) == []
-    _replace_article(phone, '<div style="overflow:hidden"><table><tr><td style="white-space:nowrap">'
+    _replace_article(phone,
+                     '<div style="overflow:hidden"><table><tr><td style="white-space:nowrap">'
                      + "y" * 200 + "</td></tr></table></div>")
     assert phone.evaluate(UNREACHABLE_TABLES)[0].startswith("table 0 cut by its box")
 
 
-def test_the_formula_check_sees_an_inline_formula_cut_by_its_box_and_not_one_that_scrolls(phone, site) -> None:
-    """The theme's rule for inline maths (overflow hidden) cut a long formula on a phone; the site's draws it smaller
-    and lets what still does not fit scroll."""
+def test_the_formula_check_sees_an_inline_formula_cut_by_its_box_and_not_one_that_scrolls(
+        phone, site) -> None:
+    """The theme's rule for inline maths (overflow hidden) cut a long formula on a phone; the site's
+    draws it smaller and lets what still does not fit scroll."""
     phone.goto(site + "notebooks/01_policy_gradients.html", wait_until="load")
     _settled(phone, "01")
     formula = r"\(" + " + ".join(f"x_{{{i}}}" for i in range(60)) + r"\)"
     for style, cut in (("overflow:hidden", True), ("", False)):
-        _replace_article(phone, f'<p><span class="math notranslate nohighlight" style="{style}">{formula}</span></p>')
-        phone.evaluate("async () => { await MathJax.typesetPromise([document.querySelector('article')]); "
-                       "rlhfMath.fit(); }")
+        _replace_article(phone, '<p><span class="math notranslate nohighlight" '
+                                f'style="{style}">{formula}</span></p>')
+        phone.evaluate(
+            "async () => { await MathJax.typesetPromise([document.querySelector('article')]); "
+            "rlhfMath.fit(); }")
         found = phone.evaluate(CUT_FORMULAS)
-        assert bool(found) == cut and all(line.startswith("inline formula 0 cut by its box") for line in found), found
+        assert bool(found) == cut and all(line.startswith("inline formula 0 cut by its box")
+                                          for line in found), found
 
 
 def test_no_formula_shows_as_raw_tex_until_mathjax_has_typeset_it(browser, site) -> None:  # noqa: F811
-    """With MathJax held back, every formula stays hidden (raw TeX never shows) until the page gives up waiting
-    (static/rlhf-math.js, MATH_WAIT_MS) and shows the TeX rather than nothing."""
+    """With MathJax held back, every formula stays hidden (raw TeX never shows) until the page gives
+    up waiting (static/rlhf-math.js, MATH_WAIT_MS) and shows the TeX rather than nothing."""
     script = (ROOT / "site" / "static" / "rlhf-math.js").read_text(encoding="utf-8")
     wait_ms = int(re.search(r"MATH_WAIT_MS = (\d+);", script).group(1))
     context = browser.new_context(viewport=VIEWPORT)
@@ -400,7 +443,8 @@ def test_no_formula_shows_as_raw_tex_until_mathjax_has_typeset_it(browser, site)
         page.route(lambda url: not url.startswith(site) or "/mathjax/" in url,
                    lambda route: route.abort("blockedbyclient"))
         page.goto(site + "notebooks/03_gae.html", wait_until="load")
-        shown = "() => Array.from(document.querySelectorAll('.math')).map(m => getComputedStyle(m).visibility)"
+        shown = ("() => Array.from(document.querySelectorAll('.math')).map(m => "
+                 "getComputedStyle(m).visibility)")
         before = page.evaluate(shown)
         assert before and set(before) == {"hidden"}, set(before)
         page.wait_for_timeout(wait_ms + 500)
@@ -414,7 +458,8 @@ def test_the_course_pages_are_all_there() -> None:
         pytest.skip("no site built")
     pages = set(_pages())
     wanted = {"index.html", "notebooks/NOTATION.html", "docs/metrics.html", "docs/cluster.html",
-              "benchmarks/README.html", *(f"notebooks/{p.stem}.html" for p in (ROOT / "notebooks").glob("0*.ipynb"))}
+              "benchmarks/README.html",
+              *(f"notebooks/{p.stem}.html" for p in (ROOT / "notebooks").glob("0*.ipynb"))}
     assert wanted <= pages, f"missing pages: {sorted(wanted - pages)}"
 
 
@@ -449,19 +494,22 @@ def _check_numbers(state: dict, where: str) -> None:
 
 
 def _move_every_slider(page, name: str, index: int) -> None:
-    """Check explorer `index` as opened, then click one step of each of its sliders in turn (so the second
-    click lands on a combination of both) and check that the figure changed, to the maths core's numbers."""
+    """Check explorer `index` as opened, then click one step of each of its sliders in turn (so the
+    second click lands on a combination of both) and check that the figure changed, to the maths
+    core's numbers."""
     before = _explorer_state(page, index)
     _check_numbers(before, f"{name} explorer {index} as opened")
     for s, slider in enumerate(before["sliders"]):
         step = 0 if slider["active"] != 0 else len(slider["values"]) - 1
         previous = _explorer_state(page, index)
         _click_step(page, index, s, step)
-        page.wait_for_function("""([i, s, step]) => document.querySelectorAll('.rlhf-static-explorer')[i]
+        page.wait_for_function(
+            """([i, s, step]) => document.querySelectorAll('.rlhf-static-explorer')[i]
             .layout.sliders[s].active === step""", arg=[index, s, step], timeout=WAIT_MS)
         page.wait_for_timeout(100)  # the update's redraw
         after = _explorer_state(page, index)
-        where = f"{name} explorer {index} ({after['kind']}) {slider['name']} = {slider['values'][step]}"
+        where = (f"{name} explorer {index} ({after['kind']}) {slider['name']} = "
+                 f"{slider['values'][step]}")
         assert after["paths"] != previous["paths"], f"{where}: the figure did not change"
         assert after["title"] != previous["title"], f"{where}: the title did not change"
         _check_numbers(after, where)
@@ -472,7 +520,9 @@ def test_link_checker_finds_missing_files_and_anchors() -> None:
         pytest.skip("no site built")
     site = "http://127.0.0.1:1/"
     page = site + "notebooks/01_policy_gradients.html"
-    hrefs = ["../index.html", "NOTATION.html", "../docs/metrics.html#kl", "https://example.org", "#", GITHUB,
-             "missing.html", "../docs/metrics.html#no-such-anchor", "//cdn.example.org/x.js"]
-    assert broken_links(page, hrefs, site) == ["missing.html", "../docs/metrics.html#no-such-anchor (no such anchor)",
-                                               "//cdn.example.org/x.js (outside the site)"]
+    hrefs = ["../index.html", "NOTATION.html", "../docs/metrics.html#kl", "https://example.org",
+             "#", GITHUB, "missing.html", "../docs/metrics.html#no-such-anchor",
+             "//cdn.example.org/x.js"]
+    assert (broken_links(page, hrefs, site)
+            == ["missing.html", "../docs/metrics.html#no-such-anchor (no such anchor)",
+                                               "//cdn.example.org/x.js (outside the site)"])

@@ -13,8 +13,9 @@ Layers (an import may point only down, or within its own package):
     course    notebook header, Colab set-up, notebook 06's harness,
               `make course`                                           -> anything below
 
-Also: no import circle between modules, nothing imports `benchmarks`, no module over 350 lines, imports inside
-functions only for heavy optional packages and each with a comment, and no code branches on an exception's message text.
+Also: no import circle between modules, nothing imports `benchmarks`, no module over 350 lines,
+imports inside functions only for heavy optional packages and each with a comment, and no code
+branches on an exception's message text.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ ALLOWED = {
     "course": {"core", "runtime", "world", "ppo", "cluster", "stages", "compare", "widgets"},
 }
 #: third-party packages a function may import lazily, with a comment saying why
-LAZY_OK = {"trl", "datasets", "plotly", "ipywidgets", "IPython", "nbclient", "nbformat", "accelerate"}
-#: modules kept free of torch (imported by the header cell, the world builder, the profiles): torch & co lazily
+LAZY_OK = {"trl", "datasets", "plotly", "ipywidgets", "IPython", "nbclient",
+           "nbformat", "accelerate"}
+#: modules kept free of torch (imported by the header cell, the world builder, the profiles): torch
+#: & co lazily
 LIGHT = {"runtime.profiles", "runtime.precision", "runtime.data", "course.notebook"}
 HEAVY = {"torch", "transformers", "peft", "safetensors", "tokenizers"}
 #: modules whose functions' source is copied elsewhere and so must import what they use inside them
@@ -75,7 +78,8 @@ def imports(path: Path) -> list[tuple[ast.stmt, str, bool]]:
             elif isinstance(child, ast.ImportFrom):
                 assert child.level == 0, f"{path}: relative import"
                 base = child.module or ""
-                if base == "rlhf_helpers" or base.startswith("rlhf_helpers."):  # `from pkg import module`
+                # `from pkg import module`
+                if base == "rlhf_helpers" or base.startswith("rlhf_helpers."):
                     for alias in child.names:
                         full = f"{base}.{alias.name}"
                         inner = full.removeprefix("rlhf_helpers.")
@@ -105,7 +109,8 @@ def layer(module: str) -> str | None:
 def edges() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
-        graph[name] = {t for _, imported, _ in imports(path) if (t := internal(imported)) not in (None, name)}
+        graph[name] = {t for _, imported,
+                       _ in imports(path) if (t := internal(imported)) not in (None, name)}
     return graph
 
 
@@ -121,18 +126,21 @@ def test_imports_point_down_the_layers():
         for target in targets:
             there = layer(target)
             if here is None or there is None or there == here:
-                continue  # the root package re-exports the maths core lazily; same-layer imports are fine
+                # the root package re-exports the maths core lazily; same-layer imports are fine
+                continue
             if there not in ALLOWED[here]:
                 wrong.append(f"{module} -> {target}")
     assert wrong == [], "imports against the layers:\n" + "\n".join(wrong)
 
 
 def test_core_imports_nothing_else_of_the_package():
-    assert all(layer(t) == "core" for m, ts in edges().items() if layer(m) == "core" for t in ts if t)
+    assert all(layer(t) == "core" for m,
+               ts in edges().items() if layer(m) == "core" for t in ts if t)
 
 
 def test_no_import_circle():
-    graph = {m: {t for t in ts if t} for m, ts in edges().items() if m}  # the root __init__ is only a facade
+    # the root __init__ is only a facade
+    graph = {m: {t for t in ts if t} for m, ts in edges().items() if m}
     seen: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
 
@@ -141,7 +149,8 @@ def test_no_import_circle():
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if seen.get(nxt) == 1:
-                raise AssertionError("import circle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+                raise AssertionError("import circle: "
+                                     + " -> ".join(path[path.index(nxt):] + [nxt]))
             if nxt not in seen:
                 visit(nxt)
         path.pop()
@@ -153,7 +162,8 @@ def test_no_import_circle():
 
 
 def test_nothing_imports_benchmarks():
-    bad = [f"{m} imports {n}" for m, p in MODULES.items() for _, n, _ in imports(p) if n.split(".")[0] == "benchmarks"]
+    bad = [f"{m} imports {n}" for m, p in MODULES.items() for _, n,
+           _ in imports(p) if n.split(".")[0] == "benchmarks"]
     assert bad == []
 
 
@@ -167,9 +177,11 @@ def test_imports_inside_functions_are_heavy_optional_ones_with_a_reason(module):
             continue
         top = name.split(".")[0]
         allowed = top in LAZY_OK or (module in LIGHT and top in HEAVY)
-        assert allowed, f"{module}:{node.lineno}: `{name}` imported inside a function (import it at the top)"
+        assert allowed, (
+            f"{module}:{node.lineno}: `{name}` imported inside a function (import it at the top)")
         commented = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
-        assert commented, f"{module}:{node.lineno}: a lazy import of {name} needs a comment saying why"
+        assert commented, (
+            f"{module}:{node.lineno}: a lazy import of {name} needs a comment saying why")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -185,7 +197,8 @@ def test_no_code_branches_on_an_error_message():
 
 
 def test_the_checker_sees_a_violation():
-    """The rules above are not vacuous: the checker reads real edges and would catch an upward one."""
+    """The rules above are not vacuous: the checker reads real edges and would catch an upward
+    one."""
     graph = edges()
     assert "core.checks" in graph["core.gae"] and "ppo.shared_model" in graph["ppo.trainer"]
     assert "ppo" not in ALLOWED["runtime"] and "world" not in ALLOWED["ppo"]
@@ -194,13 +207,15 @@ def test_the_checker_sees_a_violation():
 
 
 def test_ruff_is_clean_at_the_line_length_the_code_uses():
-    """pyproject's ruff settings (line length 120; the notebook sources' three exemptions are pyproject's)
-    hold for the package, tests, benchmarks, tools and notebooks/src: `make lint`, run here so CI enforces it."""
+    """pyproject's ruff settings (line length 120; the notebook sources' three exemptions are
+    pyproject's) hold for the package, tests, benchmarks, tools and notebooks/src: `make lint`, run
+    here so CI enforces it."""
     ruff = Path(sys.executable).with_name("ruff")
     ruff = str(ruff) if ruff.exists() else shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed in this environment")
     root = PACKAGE.parent
-    out = subprocess.run([ruff, "check", "rlhf_helpers", "tests", "benchmarks", "tools", "notebooks/src"], cwd=root,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [ruff, "check", "rlhf_helpers", "tests", "benchmarks", "tools", "notebooks/src"], cwd=root,
+        capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:]

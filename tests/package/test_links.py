@@ -1,4 +1,5 @@
-"""Every Colab badge and relative link in the notebooks and the README points at a file that exists."""
+"""Every Colab badge and relative link in the notebooks and the README points at a file that
+exists."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ MARKDOWN_FILES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "docs" / 
                   *sorted((ROOT / "notebooks").glob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")  # markdown [text](target)
 _HREF = re.compile(r"""(?:href|src)=["']([^"']+)["']""")
-_COLAB = re.compile(r"^https://colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/(.+)$")
+_COLAB = re.compile(
+    r"^https://colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/(.+)$")
 
 
 def _markdown(path: Path) -> str:
@@ -40,7 +42,8 @@ def test_links_point_at_existing_files(path: Path):
         colab = _COLAB.match(target)
         if colab:
             slug, ref, repo_path = colab.groups()
-            if slug != header.REPO_SLUG or ref != header.BADGE_REF or not (ROOT / repo_path).is_file():
+            if slug != header.REPO_SLUG or ref != header.BADGE_REF or not (ROOT
+                                                                           / repo_path).is_file():
                 broken.append(target)
         elif target.startswith(("http://", "https://", "mailto:", "#")):
             continue
@@ -73,7 +76,8 @@ def test_colab_url_rejects_what_is_not_a_notebook_file_name(bad: str):
 
 
 def test_link_checker_catches_a_missing_file():
-    text = "[ok](README.md) [gone](nothing/here.md) [c](https://colab.research.google.com/github/x/y/blob/main/a.ipynb)"
+    text = ("[ok](README.md) [gone](nothing/here.md) "
+            "[c](https://colab.research.google.com/github/x/y/blob/main/a.ipynb)")
     targets = _targets(text)
     assert targets == ["README.md", "nothing/here.md",
                        "https://colab.research.google.com/github/x/y/blob/main/a.ipynb"]
@@ -82,8 +86,9 @@ def test_link_checker_catches_a_missing_file():
 
 
 def test_contributing_names_only_functions_and_files_that_exist():
-    """CONTRIBUTING.md's iteration map names `file:function` hops and its table names modules and test
-    files: each must exist, and every module of the package must be in the table, so the page cannot rot."""
+    """CONTRIBUTING.md's iteration map names `file:function` hops and its table names modules and
+    test files: each must exist, and every module of the package must be in the table, so the page
+    cannot rot."""
     import ast
 
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
@@ -92,7 +97,8 @@ def test_contributing_names_only_functions_and_files_that_exist():
     for file, function in hops:
         paths = list((ROOT / "rlhf_helpers").rglob(file))
         assert len(paths) == 1, f"{file}: {paths}"
-        names = {node.name for node in ast.walk(ast.parse(paths[0].read_text())) if isinstance(node, ast.FunctionDef)}
+        names = {node.name for node in ast.walk(ast.parse(paths[0].read_text()))
+                 if isinstance(node, ast.FunctionDef)}
         assert function in names, f"{file} has no function {function}"
     table = text[text.index("| module | tests |"):]
     rows = [line.split("|")[1:3] for line in table.splitlines()[2:] if line.startswith("| ")]
@@ -105,11 +111,12 @@ def test_contributing_names_only_functions_and_files_that_exist():
                 assert (ROOT / module).is_dir()
                 continue
             if module.endswith("/"):
-                found = [p for p in (ROOT / "rlhf_helpers" / module).glob("*.py") if p.name != "__init__.py"]
+                found = [p for p in (ROOT / "rlhf_helpers" / module).glob("*.py")
+                         if p.name != "__init__.py"]
             else:
                 found = [ROOT / "rlhf_helpers" / module]
             assert all(p.is_file() for p in found) and found, module
             covered |= {p.relative_to(ROOT / "rlhf_helpers").as_posix() for p in found}
-    package = {p.relative_to(ROOT / "rlhf_helpers").as_posix() for p in (ROOT / "rlhf_helpers").rglob("*.py")
-               if p.name != "__init__.py"}
+    package = {p.relative_to(ROOT / "rlhf_helpers").as_posix()
+               for p in (ROOT / "rlhf_helpers").rglob("*.py") if p.name != "__init__.py"}
     assert package - covered == set(), "modules missing from CONTRIBUTING.md's table"

@@ -23,7 +23,8 @@ def _key(name: str) -> str:
 
 
 def _pins(path: Path) -> dict[str, str]:
-    """Normalised package name -> version of every `name==version` line of a pip requirements file."""
+    """Normalised package name -> version of every `name==version` line of a pip requirements
+    file."""
     pins = {}
     for line in path.read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)", line)
@@ -60,7 +61,8 @@ def _env_pip_requirements() -> list[str]:
 
 def test_environment_yml_names_the_same_packages_as_pyproject():
     project = _pyproject()["project"]
-    wanted = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]]
+    wanted = [Requirement(r)
+              for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]]
     listed = [Requirement(r) for r in _env_pip_requirements() if not r.startswith("-e")]
     assert {r.name: str(r.specifier) for r in listed} == {r.name: str(r.specifier) for r in wanted}
 
@@ -84,9 +86,9 @@ def test_constraints_pin_every_direct_dependency_inside_its_range():
 def test_each_lower_bound_is_the_lowest_version_the_tests_ran_with():
     """Colab's version where the Colab stack has the package, else the main environment's.
 
-    The set-up cell upgrades the packages in COLAB_UPGRADES on Colab, so their tested low end is what
-    it installs there: tests/course/test_colab_stack.py checks those bounds in that environment, and
-    here they must exclude Colab's version (else the upgrade would be needless)."""
+    The set-up cell upgrades the packages in COLAB_UPGRADES on Colab, so their tested low end is
+    what it installs there: tests/course/test_colab_stack.py checks those bounds in that
+    environment, and here they must exclude Colab's version (else the upgrade would be needless)."""
     main, colab = _pins(ROOT / "constraints.txt"), _pins(ROOT / "tests" / "colab_stack.txt")
     upgraded = {_key(name) for name in COLAB_UPGRADES}
     for req in _direct_requirements():
@@ -105,7 +107,8 @@ def test_the_colab_stack_satisfies_every_range_it_is_not_upgraded_for():
     for req in _direct_requirements():
         key = _key(req.name)
         if key in colab and key not in upgraded:
-            assert req.specifier.contains(colab[key]), f"Colab's {req.name}=={colab[key]} is outside {req}"
+            assert req.specifier.contains(
+                colab[key]), f"Colab's {req.name}=={colab[key]} is outside {req}"
 
 
 def test_lower_bound_reads_the_ge_clause():
@@ -116,8 +119,9 @@ def test_lower_bound_reads_the_ge_clause():
 
 
 def test_pyproject_license_is_an_spdx_string():
-    """A `license = { text = ... }` table makes setuptools>=77 print a page of deprecation warnings."""
+    """A `license = { text = ... }` table makes setuptools>=77 print a page of deprecation
+    warnings."""
     data = _pyproject()
     assert data["project"]["license"] == "MIT"
-    assert any(r.startswith("setuptools>=") and Version(r.split(">=")[1].split()[0]) >= Version("77")
-               for r in data["build-system"]["requires"])
+    assert any(r.startswith("setuptools>=") and Version(r.split(">=")[1].split()[0])
+               >= Version("77") for r in data["build-system"]["requires"])

@@ -1,5 +1,5 @@
-"""One PPO iteration stays short to read: tools/walk_iteration.py's walk, from the training command to the
-first optimiser step (CONTRIBUTING.md says how it counts)."""
+"""One PPO iteration stays short to read: tools/walk_iteration.py's walk, from the training command
+to the first optimiser step (CONTRIBUTING.md says how it counts)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from run_folders import ROOT
 
 
 def test_one_iteration_reads_few_modules_and_comes_back_rarely(tmp_path):
-    """At most 12 modules read and 10 returns to a module already left (the issue's bar); the walk must
-    also reach the iteration's own file and the optimiser, or the hook missed the iteration."""
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "walk_iteration.py")], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=600)
+    """At most 12 modules read and 10 returns to a module already left (the issue's bar); the walk
+    must also reach the iteration's own file and the optimiser, or the hook missed the iteration."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "walk_iteration.py")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     counts = json.loads(lines[-1])

@@ -1,4 +1,5 @@
-"""Checkpoints of the shared model and trainer: round trip, crash mid-save, exact resume, NaN stop."""
+"""Checkpoints of the shared model and trainer: round trip, crash mid-save, exact resume, NaN
+stop."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture
 def make_trainer(make_trainer):
     """Toy trainers of this module: 6 new tokens, lr 3e-2, the adaptive KL controller (its state is
-    checkpointed too); `init_seed` changes the initial adapters and heads (a 'fresh' trainer must get
-    everything from the checkpoint, not from sharing the seed)."""
+    checkpointed too); `init_seed` changes the initial adapters and heads (a 'fresh' trainer must
+    get everything from the checkpoint, not from sharing the seed)."""
     def make(init_seed: int = 0, **overrides):
-        values = dict(max_new_tokens=6, policy_lr=3e-2, value_lr=3e-2, target_kl=0.5, kl_horizon=100)
+        values = dict(max_new_tokens=6, policy_lr=3e-2, value_lr=3e-2,
+                      target_kl=0.5, kl_horizon=100)
         return make_trainer(init_seed=init_seed, prompts=PROMPTS, **{**values, **overrides})
     return make
 
@@ -114,7 +116,8 @@ def test_crash_mid_save_leaves_the_previous_checkpoint(make_trainer, tmp_path, m
     assert_same_state(state_after_1, model_state(fresh))
 
 
-def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(make_trainer, tmp_path, monkeypatch):
+def test_crash_before_the_pointer_moves_keeps_latest_on_the_old_step(make_trainer,
+                                                                     tmp_path, monkeypatch):
     trainer = make_trainer()
     trainer.step()
     good = save_checkpoint(trainer, tmp_path)
@@ -142,7 +145,8 @@ def test_only_the_newest_checkpoints_are_kept(make_trainer, tmp_path):
         save_checkpoint(trainer, tmp_path, keep=0)
 
 
-def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(make_trainer, tmp_path):
+def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(
+        make_trainer, tmp_path):
     state = {}
 
     def nan_on_third_step(*args):
@@ -151,9 +155,11 @@ def test_nan_loss_stops_the_run_and_the_checkpoint_on_disk_is_the_last_good_one(
             loss = loss * math.nan
         return loss, stats
 
-    trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1, policy_loss_fn=nan_on_third_step)
+    trainer = make_trainer(save_every=1, output_dir=str(tmp_path), ppo_epochs=1,
+                           policy_loss_fn=nan_on_third_step)
     with pytest.raises(NonFiniteError):
-        trainer.train(steps=4, callback=lambda m: state.__setitem__(int(m["step"]), model_state(trainer)))
+        trainer.train(steps=4,
+                      callback=lambda m: state.__setitem__(int(m["step"]), model_state(trainer)))
     assert latest_checkpoint(tmp_path).name == "step-000002"
     fresh = make_trainer(init_seed=9)
     load_checkpoint(fresh, tmp_path)
@@ -169,14 +175,17 @@ def test_loading_errors_are_clear(make_trainer, tmp_path):
     path = save_checkpoint(trainer, tmp_path)
     weights = path / "adapters" / "value" / "adapter_model.safetensors"
     weights.unlink()
-    with pytest.raises(ckpt.CheckpointDamagedError, match=f"checkpoint {path} is damaged: {weights} is missing"):
+    with pytest.raises(ckpt.CheckpointDamagedError,
+                       match=f"checkpoint {path} is damaged: {weights} is missing"):
         load_checkpoint(trainer, path)
-    with pytest.raises(FileNotFoundError, match="'value' adapter"):  # the weights' own loader names the adapter
+    # the weights' own loader names the adapter
+    with pytest.raises(FileNotFoundError, match="'value' adapter"):
         ckpt.load_model_weights(trainer.model, path)
 
 
 class _RunsCodeWhenUnpickled:
-    """A crafted checkpoint object: unpickling it would create `marker` (any code could run there)."""
+    """A crafted checkpoint object: unpickling it would create `marker` (any code could run
+    there)."""
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
@@ -197,20 +206,24 @@ def test_a_crafted_trainer_state_is_refused_without_running_its_code(make_traine
     state = ckpt.trainer_state_dict(trainer)
     state["history"] = [_RunsCodeWhenUnpickled(str(marker))]
     torch.save(state, path / ckpt.TRAINER_STATE_FILE)
-    with pytest.raises(ckpt.CheckpointDamagedError, match="trainer_state.pt does not match its SHA-256"):
+    with pytest.raises(ckpt.CheckpointDamagedError,
+                       match="trainer_state.pt does not match its SHA-256"):
         load_checkpoint(make_trainer(), tmp_path)
-    ckpt.write_manifest(path)  # whoever crafts a file can rewrite the digests too: the safe loader still refuses it
+    # whoever crafts a file can rewrite the digests too: the safe loader still refuses it
+    ckpt.write_manifest(path)
     fresh = make_trainer(init_seed=3)
-    with pytest.raises(ValueError, match=r"trainer_state.pt was refused by the safe loader.*Unsupported global"):
+    with pytest.raises(ValueError, match=r"trainer_state.pt was refused by the safe "
+                                         r"loader.*Unsupported global"):
         load_checkpoint(fresh, tmp_path)
     assert not marker.exists()
     assert fresh.step_count == 0  # nothing of the refused state was applied
 
 
 def test_a_checkpoint_is_a_complete_reward_source_for_a_resumed_run(make_trainer, tmp_path):
-    """A resumed run builds its reward adapter from the checkpoint (its reward folder may be gone): a model
-    built with reward_dir=<checkpoint> scores like the model that saved it, with another reward LoRA rank too
-    (the shape comes from the checkpoint's adapter_config.json, not from the new model's spec)."""
+    """A resumed run builds its reward adapter from the checkpoint (its reward folder may be gone):
+    a model built with reward_dir=<checkpoint> scores like the model that saved it, with another
+    reward LoRA rank too (the shape comes from the checkpoint's adapter_config.json, not from the
+    new model's spec)."""
     from toy_world import toy_causal_lm, toy_tokenizer
 
     from rlhf_helpers.ppo.shared_model import SharedLoRAModel
@@ -218,12 +231,14 @@ def test_a_checkpoint_is_a_complete_reward_source_for_a_resumed_run(make_trainer
 
     tok = toy_tokenizer()
     saved = make_trainer()
-    with torch.no_grad():  # a trained-looking reward adapter and head: LoRA's B starts at 0, so perturb both
+    # a trained-looking reward adapter and head: LoRA's B starts at 0, so perturb both
+    with torch.no_grad():
         generator = torch.Generator().manual_seed(5)
         for param in saved.model.adapter_parameters("reward"):
             param.add_(0.3 * torch.randn(param.shape, generator=generator))
-        saved.model.score_head.linear.weight.add_(torch.randn(saved.model.score_head.linear.weight.shape,
-                                                              generator=generator))
+        saved.model.score_head.linear.weight.add_(
+            torch.randn(saved.model.score_head.linear.weight.shape,
+                        generator=generator))
     path = save_checkpoint(saved, tmp_path)
     ids = torch.tensor([tok.encode("the movie was great .")] * 2)  # (2, L)
     mask = torch.ones_like(ids)  # (2, L)

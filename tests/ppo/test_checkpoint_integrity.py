@@ -1,7 +1,8 @@
 """Checkpoint integrity: a SHA-256 of every file at save, verified before a resume loads anything.
 
-A real save through `save_checkpoint` (the toy trainer: a checkpoint of ~90 KB), then damage on disk: bytes
-zeroed in the middle of the policy adapter (which still parses), a missing file, a lost or garbled manifest.
+A real save through `save_checkpoint` (the toy trainer: a checkpoint of ~90 KB), then damage on
+disk: bytes zeroed in the middle of the policy adapter (which still parses), a missing file, a lost
+or garbled manifest.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def run_dir(tmp_path, make_trainer):
 
 
 def zero_middle(path: Path, size: int = 4096) -> None:
-    """Overwrite `size` bytes in the middle of `path` with zeros: same length, still a valid safetensors file."""
+    """Overwrite `size` bytes in the middle of `path` with zeros: same length, still a valid
+    safetensors file."""
     data = bytearray(path.read_bytes())
     assert len(data) > 2 * size, "the file is too small to damage its middle"
     start = len(data) // 2 - size // 2
@@ -54,7 +56,8 @@ def zero_middle(path: Path, size: int = 4096) -> None:
 
 
 def as_if_saved_before_digests(folder: Path) -> None:
-    """Make `folder` look like a checkpoint of a version that wrote no manifest (and recorded none in its state)."""
+    """Make `folder` look like a checkpoint of a version that wrote no manifest (and recorded none
+    in its state)."""
     (folder / MANIFEST_FILE).unlink()
     state = torch.load(folder / ckpt.TRAINER_STATE_FILE, weights_only=True)
     del state[checkpoint_digest.MANIFEST_STATE_KEY]
@@ -71,16 +74,19 @@ def test_a_save_records_the_sha256_of_every_file_it_wrote(run_dir):
     for name, path in written.items():
         assert manifest["files"][name] == {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                                            "bytes": path.stat().st_size}
-    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+    # no temporary file left
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []
     assert verify_checkpoint(folder) == []
 
 
-def test_zeroed_bytes_in_the_policy_adapter_are_refused_naming_the_file_and_the_intact_one(run_dir, make_trainer):
+def test_zeroed_bytes_in_the_policy_adapter_are_refused_naming_the_file_and_the_intact_one(
+        run_dir, make_trainer):
     damaged = run_dir / "step-000002" / POLICY_WEIGHTS
     zero_middle(damaged)
     problems = verify_checkpoint(run_dir / "step-000002")
     assert len(problems) == 1 and str(damaged) in problems[0] and "SHA-256" in problems[0]
-    with pytest.raises(SetupError) as refused:  # what `train_ppo --resume` prints as one line, exit 2
+    # what `train_ppo --resume` prints as one line, exit 2
+    with pytest.raises(SetupError) as refused:
         check_resume_checkpoint(run_dir)
     message = str(refused.value)
     assert refused.value.code == 2 and "\n" not in message
@@ -93,15 +99,17 @@ def test_zeroed_bytes_in_the_policy_adapter_are_refused_naming_the_file_and_the_
         load_checkpoint(fresh, run_dir)  # the library refuses it too, before any weight is touched
     assert fresh.step_count == 0
     assert all(torch.equal(before[name], p) for name, p in fresh.model.named_parameters())
-    (run_dir / "latest").write_text("step-000001\n")  # the advice works: the older checkpoint resumes
+    # the advice works: the older checkpoint resumes
+    (run_dir / "latest").write_text("step-000001\n")
     assert check_resume_checkpoint(run_dir) == 1
     assert load_checkpoint(fresh, run_dir) == run_dir / "step-000001" and fresh.step_count == 1
 
 
-@pytest.mark.parametrize("damage", ["missing optimiser state", "missing adapter", "missing manifest",
-                                    "garbled manifest", "manifest lists a path outside", "manifest is a pipe",
-                                    "manifest nested past json's depth", "manifest links to an endless file",
-                                    "manifest too large"])
+@pytest.mark.parametrize("damage",
+                         ["missing optimiser state", "missing adapter", "missing manifest",
+                          "garbled manifest", "manifest lists a path outside", "manifest is a pipe",
+                          "manifest nested past json's depth", "manifest links to an endless file",
+                          "manifest too large"])
 def test_a_missing_file_or_a_bad_manifest_is_refused_naming_it(run_dir, damage):
     folder = run_dir / "step-000002"
     manifest = folder / MANIFEST_FILE
@@ -111,7 +119,8 @@ def test_a_missing_file_or_a_bad_manifest_is_refused_naming_it(run_dir, damage):
     elif damage == "missing adapter":
         named = folder / "adapters" / "value" / "adapter_model.safetensors"
         named.unlink()
-    elif damage == "missing manifest":  # lost after the save: the trainer state says the save wrote one
+    # lost after the save: the trainer state says the save wrote one
+    elif damage == "missing manifest":
         manifest.unlink()
         named = manifest
     elif damage == "garbled manifest":
@@ -138,7 +147,8 @@ def test_a_missing_file_or_a_bad_manifest_is_refused_naming_it(run_dir, damage):
         named = manifest
     problems = verify_checkpoint(folder)
     assert problems and str(named) in problems[0]
-    with pytest.raises(SetupError, match="the newest intact checkpoint is .*step-000001") as refused:
+    with pytest.raises(SetupError,
+                       match="the newest intact checkpoint is .*step-000001") as refused:
         check_resume_checkpoint(run_dir)
     assert str(named) in str(refused.value)
 
@@ -170,7 +180,8 @@ def test_with_no_intact_checkpoint_the_error_says_how_many_are_kept(run_dir):
     assert f"a run keeps its {ckpt.DEFAULT_KEEP} newest checkpoints" in message
 
 
-def test_a_save_that_fails_while_writing_its_manifest_publishes_nothing(run_dir, make_trainer, monkeypatch):
+def test_a_save_that_fails_while_writing_its_manifest_publishes_nothing(run_dir,
+                                                                        make_trainer, monkeypatch):
     trainer = make_trainer()
     for _ in range(3):
         trainer.step()
@@ -185,7 +196,8 @@ def test_a_save_that_fails_while_writing_its_manifest_publishes_nothing(run_dir,
     assert sorted(p.name for p in run_dir.iterdir()) == ["latest", "step-000001", "step-000002"]
 
 
-def test_a_checkpoint_saved_before_digests_resumes_with_one_line_and_trains_identically(run_dir, make_trainer,
+def test_a_checkpoint_saved_before_digests_resumes_with_one_line_and_trains_identically(
+        run_dir, make_trainer,
                                                                                          capsys):
     straight = make_trainer()
     for _ in range(3):
@@ -207,12 +219,16 @@ def test_a_checkpoint_saved_before_digests_resumes_with_one_line_and_trains_iden
 def test_an_intact_checkpoint_resumes_silently(run_dir, capsys):
     assert check_resume_checkpoint(run_dir) == 2
     assert capsys.readouterr().err == ""
-    shutil.rmtree(run_dir / "step-000001")  # the advice is only about the latest: an older one may be gone
+    # the advice is only about the latest: an older one may be gone
+    shutil.rmtree(run_dir / "step-000001")
     assert check_resume_checkpoint(run_dir) == 2
 
 
-def test_the_training_command_refuses_a_damaged_checkpoint_with_one_line_and_exit_2(run_dir, make_trainer, tmp_path,
-                                                                                      monkeypatch, capsys):
+def test_the_training_command_refuses_a_damaged_checkpoint_with_one_line_and_exit_2(run_dir,
+                                                                                    make_trainer,
+                                                                                      tmp_path,
+                                                                                    monkeypatch,
+                                                                                    capsys):
     from rlhf_helpers.stages import train_ppo
 
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
@@ -222,11 +238,14 @@ def test_the_training_command_refuses_a_damaged_checkpoint_with_one_line_and_exi
 
     monkeypatch.setattr(train_ppo, "build_shared_model", no_build)
     config = make_trainer().config.to_dict()
-    (run_dir / "run.json").write_text(json.dumps({"profile": {"name": "tiny"}, "ppo_config": config}))
+    (run_dir
+     / "run.json").write_text(json.dumps({"profile": {"name": "tiny"}, "ppo_config": config}))
     damaged = run_dir / "step-000002" / POLICY_WEIGHTS
     zero_middle(damaged)
     with pytest.raises(SystemExit) as refused:
-        train_ppo.main(["--profile", "tiny", "--resume", "--steps", "5", "--no-progress", "--output-dir", str(run_dir)])
+        train_ppo.main(["--profile", "tiny", "--resume", "--steps", "5", "--no-progress",
+                        "--output-dir", str(run_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert refused.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("python -m rlhf_helpers.stages.train_ppo: error: --resume: ") and str(damaged) in err[0]
+    assert (err[0].startswith("python -m rlhf_helpers.stages.train_ppo: error: --resume: ")
+            and str(damaged) in err[0])

@@ -69,7 +69,8 @@ def test_rewards_and_advantages_equal_shaping_then_loop_gae():
         # the score sits on the last real token, the KL penalty on every real token
         last = mask.sum(dim=1).long() - 1  # (B,)
         rows = torch.arange(len(batch))
-        assert torch.allclose(batch.rewards[rows, last] + 0.3 * kl[rows, last], batch.scores, atol=1e-5)
+        assert torch.allclose(batch.rewards[rows, last] + 0.3 * kl[rows, last],
+                              batch.scores, atol=1e-5)
         adv, ret = gae_reference(rewards.double(), batch.values.double(), mask.double(), 0.9, 0.8)
         assert torch.allclose(batch.returns.double(), ret, atol=1e-5)
         expected = masked_whiten(adv, mask.double()) if whiten else adv
@@ -83,10 +84,12 @@ def test_response_mask_stops_after_first_eos_and_texts_match():
     responses = batch.sequences[:, batch.context_length:]  # (B, R)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     for row, row_mask, ended, text in zip(responses.tolist(), batch.mask.tolist(),
-                                          batch.ended_with_eos.tolist(), batch.responses, strict=True):
+                                          batch.ended_with_eos.tolist(),
+                                          batch.responses, strict=True):
         first_eos = row.index(eos) if eos in row else None
         n_real = first_eos + 1 if first_eos is not None else len(row)
-        assert row_mask == [1.0] * n_real + [0.0] * (len(row) - n_real)  # one prefix block, EOS included
+        # one prefix block, EOS included
+        assert row_mask == [1.0] * n_real + [0.0] * (len(row) - n_real)
         assert ended == (first_eos is not None)
         assert all(t == pad for t in row[n_real:])  # generate pads after EOS
         kept = [t for t in row[:n_real] if t not in (eos, pad)]
@@ -127,10 +130,12 @@ def test_best_of_n_picks_the_highest_learned_reward():
     for i, row in enumerate(result.responses):
         assert len(row) == 5
         assert result.reward_scores[i].tolist() == [float(len(r.split())) for r in row]
-        best = max(range(5), key=lambda j: (result.reward_scores[i, j], -j))  # argmax: first maximum
+        # argmax: first maximum
+        best = max(range(5), key=lambda j: (result.reward_scores[i, j], -j))
         assert result.chosen_responses[i] == row[best]
         assert result.chosen_hidden_scores[i] == float("good" in row[best].split())
-    # best-of-1 is the plain mean of the first samples; best-of-k's learned reward never decreases with k
+    # best-of-1 is the plain mean of the first samples; best-of-k's learned reward never decreases
+    # with k
     assert result.hidden_mean(1) == pytest.approx(float(result.hidden_scores[:, 0].mean()))
     means = [result.reward_mean(k) for k in range(1, 6)]
     assert means == sorted(means)
@@ -177,7 +182,8 @@ def test_tempered_rollout_keeps_the_log_probs_of_the_distribution_that_sampled()
         policy_z = model.policy_logits(seq, attn)[:, P - 1 : -1]  # (B, R, V)
         plain = toy_causal_lm(tok, seed=0)  # the reference: the base model without any adapter
         ref_z = plain(input_ids=seq, attention_mask=attn,
-                      position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits[:, P - 1 : -1]  # (B, R, V)
+                      # (B, R, V)
+                      position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits[:, P - 1 : -1]
 
     def logp(z: torch.Tensor) -> torch.Tensor:  # log softmax(z / T) at the sampled tokens: (B, R)
         return torch.log_softmax(z / T, dim=-1).gather(-1, tokens[..., None])[..., 0]

@@ -1,4 +1,5 @@
-"""docs/metrics.md is what the glossary generates, and the glossary covers exactly what the trainer logs."""
+"""docs/metrics.md is what the glossary generates, and the glossary covers exactly what the trainer
+logs."""
 
 from __future__ import annotations
 
@@ -39,12 +40,13 @@ def test_every_logged_key_has_an_entry_and_every_entry_is_logged():
     tok = toy_tokenizer()
     model = SharedLoRAModel(toy_causal_lm(tok, seed=0), pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
-    # every optional metric switched on: ptx loss, the score clip's share and an evaluation at the step
+    # every optional metric switched on: ptx loss, the score clip's share and an evaluation at the
+    # step
     config = PPOConfig(rollout_batch_size=4, mini_batch_size=2, ppo_epochs=1, max_prompt_length=6,
-                       max_new_tokens=4, lora=LoRASpec(r=4, alpha=8), ptx_coef=0.1, eval_every=1, score_clip=5.0,
-                       n_eval_prompts=4, progress_bar=False)
-    trainer = PPOTrainer(config, model, tok, PROMPTS, reward_fn=good_count, hidden_score_fn=good_count,
-                         ptx_texts=["the movie was good ."])
+                       max_new_tokens=4, lora=LoRASpec(r=4, alpha=8), ptx_coef=0.1, eval_every=1,
+                       score_clip=5.0, n_eval_prompts=4, progress_bar=False)
+    trainer = PPOTrainer(config, model, tok, PROMPTS, reward_fn=good_count,
+                         hidden_score_fn=good_count, ptx_texts=["the movie was good ."])
     history = trainer.train(steps=1, eval_prompts=PROMPTS)
     logged = set(history[0])
     per_minibatch = {key for row in trainer.last_update_stats for key in row}

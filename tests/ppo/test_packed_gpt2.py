@@ -36,8 +36,8 @@ def tok():
 
 def shared(tok, packed: bool, dtype=torch.float32) -> SharedLoRAModel:
     """A shared model whose policy and value adapters are not the identity (LoRA B starts at 0)."""
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0).to(dtype), tok.pad_token_id, tok.eos_token_id,
-                            packed=packed, lora=LoRASpec(r=4, alpha=8))
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0).to(dtype), tok.pad_token_id,
+                            tok.eos_token_id, packed=packed, lora=LoRASpec(r=4, alpha=8))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for adapter in ("policy", "value", "reward"):
@@ -74,10 +74,11 @@ def test_packed_hidden_states_equal_transformers_forward_at_every_real_token(tok
 
 
 def test_packed_model_gives_transformers_log_probs_values_and_gradients(tok):
-    """The whole shared model, float32 with its fused LoRA layers: the quantities PPO reads (log-probs,
-    entropies, values, the reference, reward scores) and both adapters' gradients."""
+    """The whole shared model, float32 with its fused LoRA layers: the quantities PPO reads
+    (log-probs, entropies, values, the reference, reward scores) and both adapters' gradients."""
     ids, attn = batch(tok)
-    context = ids.shape[1] - 5  # the prompts' width: position P - 1 is real in every row (left padding)
+    # the prompts' width: position P - 1 is real in every row (left padding)
+    context = ids.shape[1] - 5
     mask = attn[:, context:].float()  # (B, R): the losses read real response tokens only
     results = []
     for packed in (False, True):
@@ -88,13 +89,16 @@ def test_packed_model_gives_transformers_log_probs_values_and_gradients(tok):
         values = model.values(ids, attn, context)
         ((values * mask) ** 2).sum().backward()
         grads = [p.grad.clone() for p in model.policy_parameters() + model.value_parameters()]
-        results.append((logp[mask.bool()].detach(), entropy[mask.bool()].detach(), values[mask.bool()].detach(),
-                        model.ref_logprobs(ids, attn, context)[mask.bool()], model.reward_scores(ids, attn), grads))
+        results.append((logp[mask.bool()].detach(), entropy[mask.bool()].detach(),
+                        values[mask.bool()].detach(), model.ref_logprobs(ids, attn, context)[
+                            mask.bool()], model.reward_scores(ids, attn), grads))
     names = ("logp", "entropy", "values", "ref", "reward")
     for name, plain, packed in zip(names, results[0], results[1], strict=False):
         assert torch.allclose(packed, plain, atol=1e-5), name
-    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(results[1][5], results[0][5], strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(results[1][5], results[0][5], strict=True))  # the packed path ran
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a,
+               b in zip(results[1][5], results[0][5], strict=True))
+    # the packed path ran
+    assert not all(torch.equal(a, b) for a, b in zip(results[1][5], results[0][5], strict=True))
 
 
 def test_only_plain_gpt2_blocks_are_packed(tok):
@@ -120,14 +124,15 @@ def test_attention_equals_torch_scaled_dot_product_attention():
     keep[..., 0] = True  # every row reads at least one key
     bias = torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, float("-inf"))
     got = attention(q[:, :, :1], k, v, bias, 0.35)
-    assert torch.allclose(got, F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=keep, scale=0.35),
-                          atol=1e-12)
+    assert torch.allclose(got,
+                          F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=keep,
+                                                         scale=0.35), atol=1e-12)
 
 
 @pytest.mark.parametrize("adapter", ["policy", None])
 def test_cache_decoder_samples_the_plain_loops_tokens_and_log_probs(tok, adapter):
-    """Same seed, same draws: the two decoders' logits agree to rounding, so every token is the same,
-    rows that ended early included (their later tokens are pad and unattended)."""
+    """Same seed, same draws: the two decoders' logits agree to rounding, so every token is the
+    same, rows that ended early included (their later tokens are pad and unattended)."""
     model = shared(tok, packed=True)
     enc = tok(TEXTS, return_tensors="pt", padding=True, padding_side="left")
     outs = []
@@ -135,8 +140,9 @@ def test_cache_decoder_samples_the_plain_loops_tokens_and_log_probs(tok, adapter
         torch.manual_seed(3)
         model.use("policy")
         with torch.no_grad(), (model.reference() if adapter is None else torch.enable_grad()):
-            outs.append(sample(model.lm, enc["input_ids"], enc["attention_mask"], 12, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id, with_logprobs=True, decoder=decoder(model.lm)))
+            outs.append(sample(model.lm, enc["input_ids"], enc["attention_mask"], 12,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                               with_logprobs=True, decoder=decoder(model.lm)))
     (plain, cached) = outs
     assert torch.equal(cached.sequences, plain.sequences)
     responses = plain.sequences[:, enc["input_ids"].shape[1]:]
@@ -151,16 +157,21 @@ def test_logits_to_keep_means_what_it_means_in_transformers(tok):
         model = shared(tok, packed)
         with torch.no_grad():
             full = model._logits(ids, attn)  # (B, L, V)
-            # the LM head's product over fewer rows may round each one differently: float32 rounding of logits
-            # of size ~1 summed over 32 terms, far below 1e-5, and far below any wrong position's difference
-            assert torch.allclose(model._logits(ids, attn, 3), full[:, -3:], atol=1e-5)  # an int k: the last k
+            # the LM head's product over fewer rows may round each one differently: float32 rounding
+            # of logits of size ~1 summed over 32 terms, far below 1e-5, and far below any wrong
+            # position's difference
+            # an int k: the last k
+            assert torch.allclose(model._logits(ids, attn, 3), full[:, -3:], atol=1e-5)
             picked = torch.tensor([2, 5])
-            assert torch.allclose(model._logits(ids, attn, picked), full[:, picked], atol=1e-5)  # those positions
-            assert not torch.allclose(full[:, -3:], full[:, -4:-1], atol=1e-3)  # other positions would differ
+            # those positions
+            assert torch.allclose(model._logits(ids, attn, picked), full[:, picked], atol=1e-5)
+            # other positions would differ
+            assert not torch.allclose(full[:, -3:], full[:, -4:-1], atol=1e-3)
 
 
 def test_sampling_refuses_prompts_padded_on_the_right(tok):
-    """The first token is drawn from the last column's logits: a right-padded prompt would draw it from a pad."""
+    """The first token is drawn from the last column's logits: a right-padded prompt would draw it
+    from a pad."""
     model = shared(tok, packed=True)
     enc = tok(TEXTS, return_tensors="pt", padding=True, padding_side="right")
     with pytest.raises(ValueError, match="attention_mask must be left-padded"):

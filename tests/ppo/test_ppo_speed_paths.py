@@ -57,19 +57,23 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
         expected = toy_causal_lm(tok, seed=0)(input_ids=ids, attention_mask=attn,
                                               position_ids=positions).logits  # (B, L, V)
     kept = SharedLoRAModel(
-        toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_gelu=False, packed=False,
-        lora=LoRASpec(r=4, alpha=8))
-    fused = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
+        toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_gelu=False,
+        packed=False, lora=LoRASpec(r=4, alpha=8))
+    fused = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id,
+                            lora=LoRASpec(r=4, alpha=8))
     with torch.no_grad():  # LoRA B starts at 0: the policy's logits are the base's
         assert torch.equal(kept.policy_logits(ids, attn), expected)
-        got = fused.policy_logits(ids, attn)[attn.bool()]  # (N, V): the packed forward leaves pads at 0
+        # (N, V): the packed forward leaves pads at 0
+        got = fused.policy_logits(ids, attn)[attn.bool()]
     assert torch.allclose(got, expected[attn.bool()], atol=1e-5)
-    assert not torch.equal(got, expected[attn.bool()])  # the swap did happen: float rounding differs somewhere
+    # the swap did happen: float rounding differs somewhere
+    assert not torch.equal(got, expected[attn.bool()])
 
 
 def perturbed_shared(tok, seed: int = 1) -> SharedLoRAModel:
     """A shared model whose policy adapter is not the identity (LoRA B starts at 0)."""
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=LoRASpec(r=4, alpha=8))
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id,
+                            lora=LoRASpec(r=4, alpha=8))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.adapter_parameters("policy"):
@@ -84,13 +88,15 @@ def test_sampling_logprobs_equal_a_fresh_full_forward(tok, temperature):
     torch.manual_seed(3)
     plain = sample_model(model, ids, attn, max_new_tokens=10, temperature=temperature).sequences
     torch.manual_seed(3)
-    seq, logp, entropy = sample_model(model, ids, attn, max_new_tokens=10, temperature=temperature, with_logprobs=True)
+    seq, logp, entropy = sample_model(model, ids, attn, max_new_tokens=10, temperature=temperature,
+                                      with_logprobs=True)
     assert torch.equal(seq, plain)  # the same random draws
     P = ids.shape[1]
     mask = model.response_mask(seq[:, P:])  # (B, R) up to and including EOS
     assert 0 < mask.sum() < mask.numel()  # some rows stop early: the pad after EOS is exercised
     full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)
-    with torch.no_grad():  # an independent full pass of the distribution that sampled, softmax(z / T)
+    # an independent full pass of the distribution that sampled, softmax(z / T)
+    with torch.no_grad():
         fresh, fresh_entropy = model.policy_logprobs(seq, full_attn, P, with_entropy=True,
                                                      temperature=temperature)
     assert logp.shape == entropy.shape == mask.shape
@@ -103,7 +109,8 @@ def test_sampling_logprobs_of_the_reference_are_the_reference_logprobs(tok):
     model = perturbed_shared(tok)
     ids, attn = left_padded(tok, TEXTS)
     torch.manual_seed(0)
-    seq, logp, _ = sample_model(model, ids, attn, max_new_tokens=6, adapter=None, with_logprobs=True)
+    seq, logp, _ = sample_model(model, ids, attn, max_new_tokens=6, adapter=None,
+                                with_logprobs=True)
     P = ids.shape[1]
     mask = model.response_mask(seq[:, P:])
     ref = model.ref_logprobs(seq, torch.cat([attn, mask.long()], dim=1), P)
@@ -119,8 +126,10 @@ PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is", "the
 
 @pytest.fixture
 def make_trainer(make_trainer):
-    """Toy trainers of this module: minibatches of 2 (4 per epoch), no hidden scorer; `tok` shared."""
-    return lambda tok, **overrides: make_trainer(tokenizer=tok, mini_batch_size=2, hidden_score_fn=None, **overrides)
+    """Toy trainers of this module: minibatches of 2 (4 per epoch), no hidden scorer; `tok`
+    shared."""
+    return lambda tok, **overrides: make_trainer(tokenizer=tok, mini_batch_size=2,
+                                                 hidden_score_fn=None, **overrides)
 
 
 def test_trim_minibatch_drops_only_all_padding_columns_and_keeps_every_output(make_trainer, tok):
@@ -249,7 +258,8 @@ def test_cut_update_equals_the_uncut_plain_loop(make_trainer, tok):
         # each tensor moved by far more than the tolerance: a wrong order or row would show
         assert float((a.detach() - start).abs().max()) > 2 * CUT_ATOL
     stats = fast.last_update_stats
-    assert [(s["epoch"], s["minibatch"]) for s in stats] == [(e, m) for e in (0.0, 1.0) for m in (0.0, 1.0, 2.0, 3.0)]
+    assert [(s["epoch"], s["minibatch"]) for s in stats] == [(e, m) for e in (0.0, 1.0)
+                                                             for m in (0.0, 1.0, 2.0, 3.0)]
 
 
 def test_entropy_without_grad_is_the_same_entropy_and_leaves_the_gradient_unchanged(tok):
@@ -257,10 +267,12 @@ def test_entropy_without_grad_is_the_same_entropy_and_leaves_the_gradient_unchan
     ids, attn = left_padded(tok, TEXTS)
     grads = {}
     for entropy_grad in (True, False):
-        logp, entropy = model.policy_logprobs(ids, attn, 2, with_entropy=True, entropy_grad=entropy_grad)
+        logp, entropy = model.policy_logprobs(ids, attn, 2, with_entropy=True,
+                                              entropy_grad=entropy_grad)
         assert entropy.requires_grad is entropy_grad
         (logp.mean() - 0.0 * entropy.mean()).backward()  # entropy_coef = 0, as in the trainer
-        grads[entropy_grad] = ([p.grad.clone() for p in model.policy_parameters()], entropy.detach())
+        grads[entropy_grad] = (
+            [p.grad.clone() for p in model.policy_parameters()], entropy.detach())
         model.peft.zero_grad(set_to_none=True)
     assert torch.equal(grads[True][1], grads[False][1])
     assert all(torch.equal(a, b) for a, b in zip(grads[True][0], grads[False][0], strict=True))
@@ -315,11 +327,13 @@ def test_fused_lora_layer_gives_peft_outputs_and_gradients(tok, kind):
         peft_model, fused = lora_pair(TwoLinear, ["fc", "out"], False, 1)
         x = torch.randn(3, 4, 6)
     else:  # GPT-2: every block's c_attn, c_proj, c_fc are Conv1D (fan_in_fan_out)
-        peft_model, fused = lora_pair(lambda: toy_causal_lm(tok, seed=0), ["c_attn", "c_fc"], True, 2)
+        peft_model, fused = lora_pair(
+            lambda: toy_causal_lm(tok, seed=0), ["c_attn", "c_fc"], True, 2)
         x = torch.randn(2, 5, peft_model.config.n_embd)
     expected, expected_dx, expected_lora = outputs_and_grads(peft_model, x)
     got, dx, lora = outputs_and_grads(fused, x)
-    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)  # the fused path ran
+    # the fused path ran
+    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)
     assert torch.allclose(dx, expected_dx, atol=1e-5)
     assert lora.keys() == expected_lora.keys() and len(lora) > 0
     for name, grad in lora.items():
@@ -327,7 +341,8 @@ def test_fused_lora_layer_gives_peft_outputs_and_gradients(tok, kind):
     with torch.no_grad():  # the no-grad path (sampling, rollouts) is the same function
         again = fused(x) if kind == "linear" else fused(inputs_embeds=x).logits
     assert torch.allclose(again, got, atol=1e-6)
-    with peft_model.disable_adapter(), fused.disable_adapter(), torch.no_grad():  # the exact base, untouched
+    # the exact base, untouched
+    with peft_model.disable_adapter(), fused.disable_adapter(), torch.no_grad():
         base = peft_model(x) if kind == "linear" else peft_model(inputs_embeds=x).logits
         assert torch.equal(fused(x) if kind == "linear" else fused(inputs_embeds=x).logits, base)
 
@@ -338,15 +353,16 @@ def test_fused_lora_keeps_peft_forward_in_low_precision():
     fused.to(torch.bfloat16)
     x = torch.randn(3, 6, dtype=torch.bfloat16)
     with torch.no_grad():
-        assert torch.equal(fused(x), peft_model(x))  # bf16 would round the folded update away: not fused
+        # bf16 would round the folded update away: not fused
+        assert torch.equal(fused(x), peft_model(x))
 
 
 def test_shared_model_with_fused_lora_matches_peft_forward(tok):
     ids, attn = left_padded(tok, TEXTS)
     models = []
     for fused in (False, True):
-        model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, fused_lora=fused,
-                                lora=LoRASpec(r=4, alpha=8))
+        model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id,
+                                fused_lora=fused, lora=LoRASpec(r=4, alpha=8))
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for adapter in ("policy", "value"):

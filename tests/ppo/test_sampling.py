@@ -19,9 +19,9 @@ from rlhf_helpers.runtime.lora import LoRASpec
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # float32 logits of a 2-layer model: each output sums ~100 products, so the two decoders' different
 # orders of summation (folded W + sBA vs W x + s B (A x); SDPA over a static cache vs a dynamic one)
-# differ by a few float32 eps (1.2e-7) relative to logits of size ~1; log-softmax adds as much again.
-# 1e-5 is ~100 eps: far above that rounding, far below any real difference (a wrong position or
-# mask moves log-probs by 1e-2 or more).
+# differ by a few float32 eps (1.2e-7) relative to logits of size ~1; log-softmax adds as much
+# again. 1e-5 is ~100 eps: far above that rounding, far below any real difference (a wrong position
+# or mask moves log-probs by 1e-2 or more).
 LOGPROB_ATOL = 1e-5
 
 
@@ -54,7 +54,8 @@ def shared(tokenizer):
         fast_sampling=False,
         lora=LoRASpec(r=4, alpha=8, target_modules=LLAMA_TARGETS),
     )
-    # LoRA B starts at zero (adapter = identity); give the policy a real adapter so folding it matters
+    # LoRA B starts at zero (adapter = identity); give the policy a real adapter so folding it
+    # matters
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in model.policy_parameters():
@@ -83,9 +84,11 @@ def _sample_both(shared, ids, attn, adapter, temperature=1.0, new_tokens=12, see
 
 @pytest.mark.parametrize("adapter", ["policy", None])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fast_decoder_gives_the_plain_loops_tokens_and_log_probs(shared, prompts, adapter, temperature):
+def test_fast_decoder_gives_the_plain_loops_tokens_and_log_probs(shared, prompts,
+                                                                 adapter, temperature):
     ids, attn = prompts
-    (seq_p, logp_p, ent_p), (seq_f, logp_f, ent_f) = _sample_both(shared, ids, attn, adapter, temperature)
+    (seq_p, logp_p, ent_p), (seq_f, logp_f, ent_f) = _sample_both(shared, ids, attn,
+                                                                  adapter, temperature)
     assert seq_f.shape == seq_p.shape and torch.equal(seq_f, seq_p)
     mask = shared.response_mask(seq_p[:, ids.shape[1]:]).bool()
     assert mask.sum() > 8  # the comparison covers real tokens
@@ -128,7 +131,8 @@ def test_reading_the_stop_flag_less_often_changes_nothing(shared, prompts, every
 
 
 def test_fast_decoder_reuses_its_cache_across_prompt_widths(shared, prompts, tokenizer):
-    """Two batches whose P + R round to the same width share one static cache (one graph on CUDA)."""
+    """Two batches whose P + R round to the same width share one static cache (one graph on
+    CUDA)."""
     ids, attn = prompts
     decoder = StaticLlamaDecoder(shared.lm)
     for width in (ids.shape[1], ids.shape[1] - 1):
@@ -152,13 +156,14 @@ def test_the_fast_path_needs_a_llama_family_model(tokenizer):
     with pytest.raises(ValueError, match="fast decoder needs a model of type"):
         StaticLlamaDecoder(gpt2)
     with pytest.raises(ValueError, match="fast_sampling=True needs a Llama-family model"):
-        SharedLoRAModel(gpt2, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                        fast_sampling=True)
+        SharedLoRAModel(gpt2, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, fast_sampling=True)
 
 
 def test_fast_sampling_is_off_by_default_on_the_cpu(shared, tokenizer):
     model = SharedLoRAModel(tiny_llama(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id, lora=LoRASpec(target_modules=LLAMA_TARGETS))
+                            eos_token_id=tokenizer.eos_token_id,
+                            lora=LoRASpec(target_modules=LLAMA_TARGETS))
     assert model.fast_sampling is False
 
 
@@ -181,12 +186,16 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
 
     profile = get_profile("tiny", dtype="bfloat16")
     lm = load_causal_lm(profile)
-    model = SharedLoRAModel(lm, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = SharedLoRAModel(lm, pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
     assert model.compute_dtype == torch.bfloat16 and not sampling_logprobs_are_exact(model)
-    config = PPOConfig(rollout_batch_size=8, mini_batch_size=4, max_new_tokens=12, progress_bar=False)
+    config = PPOConfig(rollout_batch_size=8, mini_batch_size=4, max_new_tokens=12,
+                       progress_bar=False)
     torch.manual_seed(0)
-    batch = collect_experience(model, tokenizer, ["the film was", "i thought the plot"] * 4, config, kl_coef=0.1)
-    forward = model.policy_logprobs(batch.sequences, batch.attention_mask, batch.context_length).float()
+    batch = collect_experience(model, tokenizer, ["the film was", "i thought the plot"] * 4,
+                               config, kl_coef=0.1)
+    forward = model.policy_logprobs(batch.sequences, batch.attention_mask,
+                                    batch.context_length).float()
     real = batch.mask.bool()
     assert torch.equal(batch.old_logprobs[real], forward[real])
     assert torch.equal(batch.kl[real], torch.zeros_like(batch.kl[real]))
@@ -198,14 +207,16 @@ def test_float32_rollouts_keep_the_sampling_loops_log_probs(tokenizer):
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.profiles import get_profile
 
-    model = SharedLoRAModel(load_causal_lm(get_profile("tiny")), pad_token_id=tokenizer.pad_token_id,
+    model = SharedLoRAModel(load_causal_lm(get_profile("tiny")),
+                            pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id)
     assert sampling_logprobs_are_exact(model)
     model.fast_sampling = True  # folded weights round differently: recompute, even in float32
     assert not sampling_logprobs_are_exact(model)
 
 
-def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(shared, prompts, monkeypatch):
+def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(shared,
+                                                                              prompts, monkeypatch):
     """Untested hardware must not break a notebook: an error inside the fast decoder warns once and
     the same call samples with the plain loop, from the RNG state it started with."""
     ids, attn = prompts
@@ -232,8 +243,8 @@ def test_a_failing_fast_path_falls_back_to_the_plain_loop_with_the_same_draws(sh
 
 def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_dropped(shared, prompts):
     """The first replay of each graph is checked against the same step run eagerly. A stand-in graph
-    that writes wrong logits (what a capture of a stale buffer would do) is caught: the decoder warns,
-    drops its graphs, and returns the eager logits, so the samples equal the plain loop's."""
+    that writes wrong logits (what a capture of a stale buffer would do) is caught: the decoder
+    warns, drops its graphs, and returns the eager logits, so the samples equal the plain loop's."""
     ids, attn = prompts
     decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
     shared.use("policy")
@@ -262,8 +273,9 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_dropped(sha
 
 
 def test_bench_sampling_builds_under_gpu_checks_environment(monkeypatch):
-    """bench_sampling loads the shipped tokenizer through the tiny profile; under tools/gpu_checks.sh's
-    RLHF_PROFILE_OVERRIDES='{"weights": "random"}' that used to raise before any timing (first GPU run)."""
+    """bench_sampling loads the shipped tokenizer through the tiny profile; under
+    tools/gpu_checks.sh's RLHF_PROFILE_OVERRIDES='{"weights": "random"}' that used to raise before
+    any timing (first GPU run)."""
     from benchmarks.bench_sampling import build_model
 
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "random"}')

@@ -28,7 +28,8 @@ def tok():
 
 def make_shared(tok, **kwargs) -> SharedLoRAModel:
     return SharedLoRAModel(
-        toy_causal_lm(tok, seed=SEED), tok.pad_token_id, tok.eos_token_id, **kwargs, lora=LoRASpec(r=4, alpha=8)
+        toy_causal_lm(tok, seed=SEED), tok.pad_token_id, tok.eos_token_id, **kwargs,
+        lora=LoRASpec(r=4, alpha=8)
     )
 
 
@@ -57,7 +58,8 @@ def plain_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def perturb_adapter(model: SharedLoRAModel, adapter: str, seed: int = 1) -> None:
-    """Random non-zero LoRA matrices (LoRA B starts at 0, which would make every adapter a no-op)."""
+    """Random non-zero LoRA matrices (LoRA B starts at 0, which would make every adapter a
+    no-op)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.adapter_parameters(adapter):
@@ -154,7 +156,8 @@ def test_requires_grad_by_adapter_after_every_switch(tok, shared, method):
         "ref": lambda: shared.ref_logprobs(ids, attn, 2),
         "values": lambda: shared.values(ids, attn, 2),
         "reward": lambda: shared.reward_scores(ids, attn),
-        "generate": lambda: sample_model(shared, ids, attn, max_new_tokens=3, adapter="reward").sequences,
+        "generate": lambda: sample_model(shared, ids, attn, max_new_tokens=3,
+                                         adapter="reward").sequences,
     }
     calls["values"]()  # start from another active adapter
     calls[method]()
@@ -302,9 +305,11 @@ def test_shipped_tiny_model_smoke():
 
 def test_tempered_generation_log_probs_equal_the_tempered_policy_log_probs(tok, shared):
     torch.manual_seed(0)
-    prompt = tok(["the movie was", "the plot"], return_tensors="pt", padding=True, padding_side="left")
+    prompt = tok(["the movie was", "the plot"], return_tensors="pt", padding=True,
+                 padding_side="left")
     ids, attn = prompt["input_ids"], prompt["attention_mask"]
-    seq, logp, ent = sample_model(shared, ids, attn, max_new_tokens=6, temperature=0.7, with_logprobs=True)
+    seq, logp, ent = sample_model(shared, ids, attn, max_new_tokens=6, temperature=0.7,
+                                  with_logprobs=True)
     P = ids.shape[1]
     mask = shared.response_mask(seq[:, P:]).bool()  # (B, R)
     full_attn = torch.cat([attn, mask.long()], dim=1)  # (B, P + R)

@@ -1,6 +1,7 @@
-"""`train_ppo --report-to`: the metrics of metrics.jsonl reach an experiment tracker (through accelerate)
-under the glossary's TRL-style names, with the same values and steps; `none` writes no tracking folder;
-a missing tracker package or an unknown name stops the run before any model is built."""
+"""`train_ppo --report-to`: the metrics of metrics.jsonl reach an experiment tracker (through
+accelerate) under the glossary's TRL-style names, with the same values and steps; `none` writes no
+tracking folder; a missing tracker package or an unknown name stops the run before any model is
+built."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import os
 import numpy as np
 import pytest
 
-# the quick_cli fixture (conftest: tiny overrides, runs folder in tmp_path, untrained reward adapter, one torch
-# thread, a model build that fails) is requested by name
+# the quick_cli fixture (conftest: tiny overrides, runs folder in tmp_path, untrained reward
+# adapter, one torch thread, a model build that fails) is requested by name
 from test_train_cli import read_metrics, setup_error
 
 from rlhf_helpers.ppo import tracking
@@ -21,7 +22,8 @@ from rlhf_helpers.ppo.metric_docs import METRICS
 
 #: metrics.jsonl key -> the name TRL's PPOTrainer (the PPOv2 design) logs the same quantity under.
 TRL_NAMES = {"kl": "objective/kl", "score": "objective/scores", "clipfrac": "policy/clipfrac_avg",
-             "approx_kl": "policy/approxkl_avg", "policy_loss": "loss/policy_avg", "value_loss": "loss/value_avg",
+             "approx_kl": "policy/approxkl_avg", "policy_loss": "loss/policy_avg",
+             "value_loss": "loss/value_avg",
              "vf_clipfrac": "val/clipfrac_avg", "entropy_update": "policy/entropy_avg"}
 
 
@@ -48,15 +50,17 @@ def tiny_run(request, monkeypatch):
 
 
 def train(out, *flags: str, steps: int = 3) -> int:
-    """In-process `main()` on the tiny profile with test_train_cli.TINY's overrides: `steps` PPO steps, an
-    evaluation at step 2 (so some metrics exist at some steps only), no checkpoint; about a second a step."""
+    """In-process `main()` on the tiny profile with test_train_cli.TINY's overrides: `steps` PPO
+    steps, an evaluation at step 2 (so some metrics exist at some steps only), no checkpoint; about
+    a second a step."""
     from rlhf_helpers.stages import train_ppo
 
-    return train_ppo.main(["--profile", "tiny", "--steps", str(steps), "--eval-every", "2", "--save-every", "0",
-                           "--no-progress", "--output-dir", str(out), *flags])
+    return train_ppo.main(["--profile", "tiny", "--steps", str(steps), "--eval-every", "2",
+                           "--save-every", "0", "--no-progress", "--output-dir", str(out), *flags])
 
 
-def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(tensorboard_ready, tiny_run):
+def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(
+        tensorboard_ready, tiny_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tiny_run / "ppo"
@@ -65,12 +69,14 @@ def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(tens
     assert [row["step"] for row in rows] == [1.0, 2.0, 3.0]
     assert "eval_kl" in rows[1] and "eval_kl" not in rows[0]
 
-    # what metrics.jsonl says, per tracker name: (step, value) in order; null in the file is a NaN step
+    # what metrics.jsonl says, per tracker name: (step, value) in order; null in the file is a NaN
+    # step
     expected: dict[str, list[tuple[int, float | None]]] = {}
     for row in rows:
         for key, value in row.items():
             if key != "step":
-                expected.setdefault(tracking.TRACKER_NAMES[key], []).append((int(row["step"]), value))
+                expected.setdefault(tracking.TRACKER_NAMES[key],
+                                    []).append((int(row["step"]), value))
     # and the run doctor's counts at the last step: steps per rule that fired, findings per severity
     from rlhf_helpers.ppo.diagnosis import diagnose
     from rlhf_helpers.stages.diagnose import tracker_values
@@ -79,7 +85,8 @@ def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(tens
     assert {"doctor/errors", "doctor/warnings", "doctor/infos"} <= set(doctor)
     expected.update({name: [(3, value)] for name, value in doctor.items()})
 
-    events = EventAccumulator(str(out / tracking.TRACKING_DIR / tracking.PROJECT), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(out / tracking.TRACKING_DIR / tracking.PROJECT),
+                              size_guidance={"scalars": 0})
     events.Reload()
     assert sorted(events.Tags()["scalars"]) == sorted(expected)  # every metric, and nothing else
     for name, points in expected.items():
@@ -89,7 +96,8 @@ def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(tens
             if value is None:
                 assert math.isnan(event.value), (name, step)
                 continue
-            # an event file stores a float32: the logged value is exactly the JSON value cast to float32
+            # an event file stores a float32: the logged value is exactly the JSON value cast to
+            # float32
             assert np.float32(event.value) == np.float32(value), (name, step, event.value, value)
     # the run's settings went along as the run's config (accelerate's hparams.yml beside the events)
     hparams = list((out / tracking.TRACKING_DIR / tracking.PROJECT).glob("*/hparams.yml"))
@@ -105,12 +113,14 @@ def test_report_to_none_writes_no_tracking_folder(tiny_run):
 
 @pytest.mark.usefixtures("quick_cli")
 @pytest.mark.parametrize("name", ["tensorboard", "trackio", "wandb"])
-def test_a_missing_tracker_package_exits_2_naming_it_before_any_work(tmp_path, capsys, monkeypatch, name):
+def test_a_missing_tracker_package_exits_2_naming_it_before_any_work(tmp_path, capsys,
+                                                                     monkeypatch, name):
     monkeypatch.setattr(tracking, "tracker_available", lambda package: False)
     out = tmp_path / "ppo"
     line = setup_error(["--report-to", name, "--output-dir", str(out)], capsys)
-    assert line == (f"python -m rlhf_helpers.stages.train_ppo: error: --report-to {name}: the {name} package is "
-                    f"not installed; install it with `{tracking.INSTALL[name]}`, or leave --report-to out")
+    assert line == (
+        f"python -m rlhf_helpers.stages.train_ppo: error: --report-to {name}: the {name} package "
+        f"is not installed; install it with `{tracking.INSTALL[name]}`, or leave --report-to out")
     assert not out.exists()  # found before the output folder, the reward model or the model
 
 
@@ -124,7 +134,8 @@ def test_the_tracking_extra_is_what_the_message_names():
     extra = project["optional-dependencies"]["tracking"]
     assert [req.split(">")[0] for req in extra] == ["tensorboard"]
     assert any(req.startswith("tensorboard>") for req in project["optional-dependencies"]["dev"])
-    assert not any("tensorboard" in req for req in project["dependencies"] + project["optional-dependencies"][
+    assert not any("tensorboard" in req
+                   for req in project["dependencies"] + project["optional-dependencies"][
         "notebooks"])  # the default install does not grow
 
 
@@ -135,7 +146,8 @@ def test_an_unknown_tracker_is_an_argparse_error(tmp_path, capsys):
     assert "'none', 'tensorboard', 'trackio', 'wandb'" in line
 
 
-# ---------------------------------------------------------------- the names: the glossary is their one source
+# ---------------------------------------------------------------- the names: the glossary is their
+# one source
 def test_every_metrics_jsonl_key_has_one_grouped_tracker_name():
     per_minibatch = {name for name, (group, _doc) in METRICS.items() if group == "minibatch"}
     assert set(tracking.TRACKER_NAMES) == set(METRICS) - per_minibatch - {"step"}
@@ -155,9 +167,11 @@ def test_tracker_values_renames_and_leaves_the_step_as_the_x_axis():
 
 def test_flat_config_gives_trackers_one_level_of_plain_values():
     flat = tracking.flat_config({"profile": {"name": "tiny", "sizes": {"d": 2}}, "ppo_config": {
-        "lora": {"target_modules": ["c_attn", "c_fc"]}, "target_kl": None, "whiten": True}, "num_processes": 1})
-    assert flat == {"profile/name": "tiny", "profile/sizes/d": 2, "num_processes": 1, "ppo_config/target_kl": None,
-                    "ppo_config/lora/target_modules": json.dumps(["c_attn", "c_fc"]), "ppo_config/whiten": True}
+        "lora": {"target_modules": ["c_attn", "c_fc"]}, "target_kl": None, "whiten": True},
+                                 "num_processes": 1})
+    assert flat == {"profile/name": "tiny", "profile/sizes/d": 2, "num_processes": 1,
+                    "ppo_config/target_kl": None, "ppo_config/lora/target_modules": json.dumps(
+                        ["c_attn", "c_fc"]), "ppo_config/whiten": True}
 
 
 class FakeAccelerator:
@@ -168,14 +182,16 @@ class FakeAccelerator:
 
 
 @pytest.mark.parametrize("mode", [None, "online"])
-def test_wandb_runs_offline_into_the_run_folder_unless_wandb_mode_is_set(tmp_path, monkeypatch, mode):
+def test_wandb_runs_offline_into_the_run_folder_unless_wandb_mode_is_set(tmp_path,
+                                                                         monkeypatch, mode):
     if mode is None:
         monkeypatch.delenv("WANDB_MODE", raising=False)
     else:
         monkeypatch.setenv("WANDB_MODE", mode)
     accelerator, out = FakeAccelerator(), tmp_path / "ppo-tiny"
     tracking.start_tracking(accelerator, "wandb", out, {"ppo_config": {"kl_coef": 0.2}})
-    assert accelerator.project_name == tracking.PROJECT and accelerator.config == {"ppo_config/kl_coef": 0.2}
+    assert (accelerator.project_name == tracking.PROJECT
+            and accelerator.config == {"ppo_config/kl_coef": 0.2})
     assert accelerator.init_kwargs == {"wandb": {"name": "ppo-tiny", "dir": str(out / "tracking"),
                                                  "mode": mode or "offline"}}
     assert (out / "tracking").is_dir()
@@ -185,22 +201,26 @@ def test_the_generated_docs_name_the_folders_the_code_uses():
     from tool_scripts import load_tool
 
     doc = load_tool("write_docs").metrics_markdown()
-    assert f"`<output-dir>/{tracking.TRACKING_DIR}/`" in doc and f"--project {tracking.PROJECT}`" in doc
+    assert (f"`<output-dir>/{tracking.TRACKING_DIR}/`" in doc
+            and f"--project {tracking.PROJECT}`" in doc)
     assert tracking.INSTALL["tensorboard"] in doc
 
 
 @pytest.mark.usefixtures("quick_cli")
-def test_a_tracking_path_that_is_a_file_or_read_only_exits_2_before_any_model(tmp_path, capsys, monkeypatch):
+def test_a_tracking_path_that_is_a_file_or_read_only_exits_2_before_any_model(tmp_path,
+                                                                              capsys, monkeypatch):
     monkeypatch.setattr(tracking, "tracker_available", lambda package: True)
     out = tmp_path / "ppo"
     out.mkdir()
     (out / tracking.TRACKING_DIR).write_text("my notes")
     line = setup_error(["--report-to", "tensorboard", "--output-dir", str(out)], capsys)
-    assert line.endswith(f"--report-to tensorboard: {out / tracking.TRACKING_DIR} is a file; the tracker writes a "
-                         "folder there (move the file, or choose another --output-dir)")
+    assert line.endswith(
+        f"--report-to tensorboard: {out / tracking.TRACKING_DIR} is a file; the tracker writes a "
+        "folder there (move the file, or choose another --output-dir)")
     (out / tracking.TRACKING_DIR).unlink()
     (out / tracking.TRACKING_DIR).mkdir()
-    monkeypatch.setattr(tracking.os, "access", lambda path, mode: False)  # what a read-only folder answers
+    # what a read-only folder answers
+    monkeypatch.setattr(tracking.os, "access", lambda path, mode: False)
     line = setup_error(["--report-to", "tensorboard", "--output-dir", str(out)], capsys)
-    assert line.endswith(f"{out / tracking.TRACKING_DIR} is not writable (its permissions); fix them, or choose "
-                         "another --output-dir")
+    assert line.endswith(f"{out / tracking.TRACKING_DIR} is not writable (its permissions); fix "
+                         "them, or choose another --output-dir")

@@ -1,5 +1,6 @@
-"""The PPO update loop on the toy model: ratio 1 at the start, the clip loss going down, NaN handling
-with checkpoints, determinism, the KL controller, the ptx loss, value warm-up, config validation."""
+"""The PPO update loop on the toy model: ratio 1 at the start, the clip loss going down, NaN
+handling with checkpoints, determinism, the KL controller, the ptx loss, value warm-up, config
+validation."""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ def test_non_finite_update_inputs_raise_before_any_weight_changes(make_trainer):
     batch = trainer.last_batch
     batch.advantages[0, 0] = math.nan
     before = snapshot(trainer.model.policy_parameters())
-    # the loss checks its inputs (a batch made elsewhere: collect_experience checks its own advantages)
+    # the loss checks its inputs (a batch made elsewhere: collect_experience checks its own
+    # advantages)
     with pytest.raises(NonFiniteError, match="advantages must be finite.* at PPO step 1"):
         trainer.update(batch, torch.Generator().manual_seed(0))
     assert not changed(before, trainer.model.policy_parameters())
@@ -155,7 +157,8 @@ def test_adaptive_kl_controller_moves_beta_and_the_next_rewards_use_it(make_trai
     # the next rollout shapes its rewards with the new beta
     trainer.step()
     batch = trainer.last_batch
-    rewards, _ = shape_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, expected)
+    rewards, _ = shape_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs,
+                               batch.mask, expected)
     assert torch.allclose(batch.rewards, rewards, atol=1e-6)
     assert trainer.history[-1]["kl_coef"] == pytest.approx(expected)
 
@@ -213,14 +216,16 @@ def test_train_evaluates_and_reports_every_metric(make_trainer):
 def test_evaluate_kl_is_zero_before_training(make_trainer):
     trainer = make_trainer()
     result = trainer.evaluate(PROMPTS)
-    assert result["eval_kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts at B = 0: policy == reference
+    # LoRA starts at B = 0: policy == reference
+    assert result["eval_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.parametrize(("field", "value"), [
     ("rollout_batch_size", 0), ("mini_batch_size", -1), ("ppo_epochs", 0), ("max_new_tokens", 0),
     ("clip_eps", 0.0), ("policy_lr", math.nan), ("value_lr", -1e-3), ("max_grad_norm", math.inf),
-    ("kl_coef", -0.1), ("entropy_coef", math.nan), ("ptx_coef", -1.0), ("gamma", 1.5), ("lam", -0.1),
-    ("value_clip", 0.0), ("target_kl", -1.0), ("kl_kind", "k4"), ("temperature", 0.0),
+    ("kl_coef", -0.1), ("entropy_coef", math.nan), ("ptx_coef", -1.0), ("gamma", 1.5),
+    ("lam", -0.1), ("value_clip", 0.0), ("target_kl", -1.0), ("kl_kind", "k4"),
+    ("temperature", 0.0),
     ("save_every", -1), ("value_warmup_steps", -2), ("seed", -1), ("seed", 2**63), ("seed", 1.5),
 ])
 def test_bad_config_values_raise_naming_the_field(field, value):
@@ -254,8 +259,9 @@ def test_trainer_rejects_bad_arguments(make_trainer):
 
 
 def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero(make_trainer):
-    """temperature 0.7: the ratio compares the distribution that sampled with itself before the first
-    optimiser step, and the k1 KL of the untrained policy (LoRA B = 0: policy == reference) is 0."""
+    """temperature 0.7: the ratio compares the distribution that sampled with itself before the
+    first optimiser step, and the k1 KL of the untrained policy (LoRA B = 0: policy == reference) is
+    0."""
     trainer = make_trainer(temperature=0.7)
     metrics = trainer.step()
     # same weights and the same tempered log-softmax in the sampling loop, the update and the
@@ -270,8 +276,9 @@ def test_tempered_sampling_ratio_is_one_before_an_update_and_kl_starts_at_zero(m
 
 
 def test_evaluate_scores_every_prompt_in_batches_of_eval_batch_size(make_trainer, monkeypatch):
-    """The gpu profile's 200 eval prompts in one pass would hold 200 x 48 x 49153 float logits: every
-    forward of `evaluate` must see at most config.eval_batch_size rows, and every prompt is scored."""
+    """The gpu profile's 200 eval prompts in one pass would hold 200 x 48 x 49153 float logits:
+    every forward of `evaluate` must see at most config.eval_batch_size rows, and every prompt is
+    scored."""
     trainer = make_trainer(eval_batch_size=3)
     prompts = PROMPTS + PROMPTS[:2]  # 10 prompts: batches of 3, 3, 3 and 1
     rows: dict[str, list[int]] = {"policy_logprobs": [], "ref_logprobs": [], "reward": []}
@@ -314,9 +321,10 @@ def test_eval_batch_size_comes_from_the_profile_and_must_be_positive():
 
 
 def test_ptx_loss_reads_no_padding_position_and_is_the_same_packed_or_not(make_trainer):
-    """The ptx texts are left-padded: a row's first token has only a pad before it, so it is not a target
-    (its logit would be read at a padding position, which the packed forward leaves at 0). The loss is then
-    the mean next-token loss over the tokens whose previous token is real, the same on both forwards."""
+    """The ptx texts are left-padded: a row's first token has only a pad before it, so it is not a
+    target (its logit would be read at a padding position, which the packed forward leaves at 0).
+    The loss is then the mean next-token loss over the tokens whose previous token is real, the same
+    on both forwards."""
     texts = ["the movie is good .", "the plot", "great"]
     losses = []
     for packed in (False, True):
@@ -326,11 +334,13 @@ def test_ptx_loss_reads_no_padding_position_and_is_the_same_packed_or_not(make_t
         generator = torch.Generator().manual_seed(1)
         losses.append(float(trainer.ptx_loss(generator)))
         picks = torch.randint(len(texts), (4,), generator=torch.Generator().manual_seed(1)).tolist()
-    enc = trainer.tokenizer([texts[i] for i in picks], return_tensors="pt", padding=True, padding_side="left")
+    enc = trainer.tokenizer([texts[i] for i in picks], return_tensors="pt", padding=True,
+                            padding_side="left")
     ids, attn = enc["input_ids"], enc["attention_mask"]
     trainer.model.packed = False
     with torch.no_grad():
-        logp = torch.log_softmax(trainer.model.policy_logits(ids, attn)[:, :-1], dim=-1)  # (b, L - 1, V)
+        # (b, L - 1, V)
+        logp = torch.log_softmax(trainer.model.policy_logits(ids, attn)[:, :-1], dim=-1)
     target = (attn[:, 1:] * attn[:, :-1]).bool()  # a real token after a real token
     by_hand = -logp.gather(-1, ids[:, 1:, None])[..., 0][target].mean()
     assert losses[0] == pytest.approx(float(by_hand), rel=1e-5)

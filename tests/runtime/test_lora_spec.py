@@ -1,6 +1,6 @@
-"""The one LoRA spec: validated once, carried from the profile into every config and the shared model,
-and a model built with another spec is refused by the trainer. Also the typed NaN error and the
-artefact cache's checksums, which the redesign introduced."""
+"""The one LoRA spec: validated once, carried from the profile into every config and the shared
+model, and a model built with another spec is refused by the trainer. Also the typed NaN error and
+the artefact cache's checksums, which the redesign introduced."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ from rlhf_helpers.stages.reward_training import RewardTrainingConfig
 
 
 @pytest.mark.parametrize(("changes", "error", "match"), [
-    ({"r": 0}, ValueError, "lora.r"), ({"alpha": -2}, ValueError, "lora.alpha"), ({"r": 4.0}, TypeError, "lora.r"),
-    ({"r": True}, TypeError, "lora.r"), ({"target_modules": ()}, ValueError, "target_modules"),
-    ({"target_modules": "c_attn"}, ValueError, "target_modules"), ({"target_modules": ("c_attn", "")}, ValueError,
+    ({"r": 0}, ValueError, "lora.r"), ({"alpha": -2}, ValueError, "lora.alpha"),
+    ({"r": 4.0}, TypeError, "lora.r"), ({"r": True}, TypeError, "lora.r"),
+    ({"target_modules": ()}, ValueError, "target_modules"),
+    ({"target_modules": "c_attn"}, ValueError, "target_modules"),
+    ({"target_modules": ("c_attn", "")}, ValueError,
                                                                   "target_modules"),
 ])
 def test_a_bad_spec_names_its_field(changes, error, match):
@@ -47,7 +49,8 @@ def test_a_partial_override_keeps_the_profile_targets():
     gpu = get_profile("gpu", lora={"r": 4})
     assert gpu.lora == LoRASpec(4, 32, LLAMA_TARGETS)  # not the GPT-2 default targets
     assert gpu.ppo.replace(lora={"alpha": 8}).lora == LoRASpec(4, 8, LLAMA_TARGETS)
-    assert CompareConfig.from_profile(gpu).replace(lora={"r": 2}).lora == LoRASpec(2, 32, LLAMA_TARGETS)
+    assert (CompareConfig.from_profile(gpu).replace(lora={"r": 2}).lora
+            == LoRASpec(2, 32, LLAMA_TARGETS))
 
 
 def test_a_config_round_trips_through_json_with_its_spec():
@@ -59,12 +62,15 @@ def test_a_config_round_trips_through_json_with_its_spec():
 def test_the_model_is_built_from_the_spec_and_a_mismatch_is_refused():
     tok = toy_tokenizer()
     spec = LoRASpec(r=4, alpha=8, target_modules=("c_attn",))
-    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id, tok.eos_token_id, lora=spec)
+    model = SharedLoRAModel(toy_causal_lm(tok, seed=0), tok.pad_token_id,
+                            tok.eos_token_id, lora=spec)
     a = model.peft.base_model.model.transformer.h[0].attn.c_attn.lora_A["policy"].weight  # (r, in)
     assert a.shape[0] == 4 and model.lora == spec
-    assert not hasattr(model.peft.base_model.model.transformer.h[0].mlp.c_fc, "lora_A")  # not a target
+    # not a target
+    assert not hasattr(model.peft.base_model.model.transformer.h[0].mlp.c_fc, "lora_A")
     with pytest.raises(ValueError, match="differs from config.lora"):
-        PPOTrainer(PPOConfig(lora=LoRASpec(r=8, alpha=8, target_modules=("c_attn",))), model, tok, ["the movie"])
+        PPOTrainer(PPOConfig(lora=LoRASpec(r=8, alpha=8, target_modules=("c_attn",))), model,
+                   tok, ["the movie"])
     PPOTrainer(PPOConfig(lora=spec), model, tok, ["the movie"])  # the same spec: accepted
 
 
@@ -95,7 +101,8 @@ def test_the_cache_sees_a_same_size_overwrite_and_an_out_of_date_key(tmp_path):
     final = tmp_path / "thing"
     assert artifacts.build_cached(final, {"data": "x"}, train) == final and len(calls) == 1
     assert artifacts.artifact_problem(final, {"data": "x"}) is None
-    assert artifacts.build_cached(final, {"data": "x"}, train) == final and len(calls) == 1  # cached
+    # cached
+    assert artifacts.build_cached(final, {"data": "x"}, train) == final and len(calls) == 1
     (final / "weights.bin").write_bytes(b"abce")
     assert "does not match the checksum" in artifacts.artifact_problem(final, {"data": "x"})
     assert artifacts.artifact_problem(tmp_path / "nothing") == "the folder does not exist"
@@ -108,7 +115,8 @@ def test_the_cache_sees_a_same_size_overwrite_and_an_out_of_date_key(tmp_path):
 
 
 def test_a_config_written_before_the_spec_still_loads():
-    """run.json of a run made before LoRASpec holds flat lora_r / lora_alpha / lora_target_modules."""
+    """run.json of a run made before LoRASpec holds flat lora_r / lora_alpha /
+    lora_target_modules."""
     old = PPOConfig().to_dict()
     del old["lora"]
     old.update(lora_r=4, lora_alpha=8, lora_target_modules=["c_attn"])
@@ -135,4 +143,5 @@ def test_pruning_keeps_folders_that_only_look_like_checkpoints(tmp_path, make_tr
     for _ in range(3):
         trainer.step()
         save_checkpoint(trainer, tmp_path, keep=1)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-000003", "step-backup"]
+    assert sorted(p.name for p in tmp_path.iterdir()
+                  if p.is_dir()) == ["step-000003", "step-backup"]

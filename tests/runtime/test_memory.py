@@ -8,7 +8,8 @@ import pytest
 
 from rlhf_helpers.runtime.memory import PeakMemory, current_rss_mb, lifetime_peak_rss_mb
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads /proc/self/status")
 
 
 @linux_only

@@ -1,5 +1,6 @@
-"""Dtype by device (mocked CUDA capabilities), fp16 PPO steps with a gradient scaler on the CPU, and the
-memory estimate of the gpu profile checked against independent counts of real models and tensors."""
+"""Dtype by device (mocked CUDA capabilities), fp16 PPO steps with a gradient scaler on the CPU, and
+the memory estimate of the gpu profile checked against independent counts of real models and
+tensors."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def fake_gpu(monkeypatch, capability: tuple[int, int] | None, name: str = "Fake 
 ])
 def test_cuda_dtype_follows_the_compute_capability(monkeypatch, capability, expected):
     fake_gpu(monkeypatch, capability)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # must not be trusted
+    # must not be trusted
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert compute_dtype("cuda") == expected
     assert compute_dtype("cuda:0") == expected
     assert compute_dtype("cpu") == "float32"
@@ -73,7 +75,8 @@ def test_an_explicit_dtype_wins_and_bad_names_are_refused(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"dtype": "bfloat16"}')
     assert get_profile("gpu").dtype == "bfloat16"
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"dtype": "fp16"}')
-    with pytest.raises(ValueError, match=r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\)"):
+    with pytest.raises(ValueError,
+                       match=r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\)"):
         get_profile("gpu")
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
     with pytest.raises(ValueError, match="dtype must be one of"):
@@ -86,10 +89,13 @@ def test_an_explicit_dtype_wins_and_bad_names_are_refused(monkeypatch):
 
 def test_describe_says_why(monkeypatch):
     fake_gpu(monkeypatch, (7, 5), "Tesla T4")
-    assert describe_dtype("float16", "cuda") == "float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)"
-    assert describe_dtype("float32", "cuda").endswith("set explicitly, the automatic choice is float16)")
+    assert (describe_dtype("float16", "cuda")
+            == "float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)")
+    assert describe_dtype("float32",
+                          "cuda").endswith("set explicitly, the automatic choice is float16)")
     fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
-    assert describe_dtype("bfloat16", "cuda") == "bfloat16 (NVIDIA A100, compute capability 8.0: bf16 in hardware)"
+    assert (describe_dtype("bfloat16", "cuda")
+            == "bfloat16 (NVIDIA A100, compute capability 8.0: bf16 in hardware)")
     assert describe_dtype("float32", "cpu") == "float32 (CPU)"
 
 
@@ -100,20 +106,23 @@ def test_show_environment_prints_the_dtype_and_why(monkeypatch, capsys):
     monkeypatch.setenv("RLHF_PROFILE", "gpu")
     env = show_environment()
     assert env.dtype == "float16"
-    assert "dtype: float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)" in capsys.readouterr().out
+    assert ("dtype: float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)"
+            in capsys.readouterr().out)
 
 
 def test_amp_flags_autocast_around_float32_masters_in_a_16_bit_dtype(monkeypatch):
-    """By the compute dtype: a T4 autocasts fp16, a bf16 profile bf16, float32 never; the CPU computes in float32
-    (the tiny profile, the gpu profile's "auto" there) unless a profile names a 16-bit dtype, which then autocasts
-    as on a GPU (how tests/stages/test_gpu_paths.py runs the gpu profile's mixed precision
-    without one)."""
+    """By the compute dtype: a T4 autocasts fp16, a bf16 profile bf16, float32 never; the CPU
+    computes in float32 (the tiny profile, the gpu profile's "auto" there) unless a profile names a
+    16-bit dtype, which then autocasts as on a GPU (how tests/stages/test_gpu_paths.py runs the gpu
+    profile's mixed precision without one)."""
     fake_gpu(monkeypatch, (7, 5))
     assert amp_flags(get_profile("gpu")) == {"bf16": False, "fp16": True}
     assert amp_flags(get_profile("gpu", dtype="bfloat16")) == {"bf16": True, "fp16": False}
     assert amp_flags(get_profile("gpu", dtype="float32")) == {"bf16": False, "fp16": False}
-    assert amp_flags(get_profile("gpu", device="cpu")) == {"bf16": False, "fp16": False}  # auto: float32
-    assert amp_flags(get_profile("gpu", device="cpu", dtype="float16")) == {"bf16": False, "fp16": True}
+    # auto: float32
+    assert amp_flags(get_profile("gpu", device="cpu")) == {"bf16": False, "fp16": False}
+    assert (amp_flags(get_profile("gpu", device="cpu", dtype="float16"))
+            == {"bf16": False, "fp16": True})
     assert amp_flags(get_profile("tiny")) == {"bf16": False, "fp16": False}
     assert precision.master_dtype() is torch.float32
 
@@ -133,7 +142,8 @@ def test_reward_model_trains_float32_masters_whatever_the_profile_dtype(tmp_path
     from rlhf_helpers.stages import reward_training as rt
 
     profile = get_profile("tiny", dtype="bfloat16")  # on the CPU: no autocast, float32 masters
-    config = rt.RewardTrainingConfig.from_profile(profile, max_train_pairs=16, epochs=1.0, batch_size=8)
+    config = rt.RewardTrainingConfig.from_profile(profile, max_train_pairs=16,
+                                                  epochs=1.0, batch_size=8)
     rt.train_reward_model(profile, tmp_path, config, eval_pairs=load_preferences("test")[:8])
     saved = load_file(str(tmp_path / "adapter_model.safetensors"))
     assert any(".score." in key for key in saved) and any("lora_" in key for key in saved)
@@ -159,14 +169,17 @@ def test_one_fp16_ppo_step_is_finite_and_moves_the_policy(make_trainer, one_torc
     trainer = make_trainer(torch.float16)
     model = trainer.model
     base = [p for name, p in model.lm.named_parameters() if "lora_" not in name]
-    assert {p.dtype for p in base} == {torch.float16} and not any(p.requires_grad for p in base)  # frozen base
-    assert {p.dtype for p in model.policy_parameters() + model.value_parameters()} == {torch.float32}  # masters
+    # frozen base
+    assert {p.dtype for p in base} == {torch.float16} and not any(p.requires_grad for p in base)
+    assert {p.dtype for p in model.policy_parameters()
+            + model.value_parameters()} == {torch.float32}  # masters
     assert trainer.policy_opt.scaler.is_enabled() and trainer.value_opt.scaler.is_enabled()
     before = snapshot(model.policy_parameters())
     metrics = trainer.step()
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert changed(before, model.policy_parameters())
-    assert {p.dtype for p in model.policy_parameters()} == {torch.float32}  # still masters after the step
+    # still masters after the step
+    assert {p.dtype for p in model.policy_parameters()} == {torch.float32}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -174,32 +187,39 @@ def test_no_grad_scaler_without_float16(make_trainer, dtype, one_torch_thread):
     trainer = make_trainer(dtype)
     assert not trainer.policy_opt.scaler.is_enabled() and not trainer.value_opt.scaler.is_enabled()
     trainer.step()
-    assert "policy_scaler" not in trainer_state_dict(trainer)  # checkpoints of float32/bf16 runs unchanged
+    # checkpoints of float32/bf16 runs unchanged
+    assert "policy_scaler" not in trainer_state_dict(trainer)
 
 
-def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop(make_trainer, one_torch_thread):
+def test_an_fp16_overflow_skips_the_step_and_halves_the_scale_without_a_nan_stop(make_trainer,
+                                                                                 one_torch_thread):
     trainer = make_trainer(torch.float16)
     # a loss scale of 2^40 overflows float16 (max 65504) in every backward: every step is skipped
     init = 2.0**40
     trainer.policy_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
     trainer.value_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
-    policy, value = snapshot(trainer.model.policy_parameters()), snapshot(trainer.model.value_parameters())
+    policy, value = (snapshot(trainer.model.policy_parameters()),
+                     snapshot(trainer.model.value_parameters()))
     metrics = trainer.step()  # no NonFiniteError
-    steps = trainer.config.ppo_epochs * (trainer.config.rollout_batch_size // trainer.config.mini_batch_size)
+    steps = trainer.config.ppo_epochs * (trainer.config.rollout_batch_size
+                                         // trainer.config.mini_batch_size)
     assert (trainer.policy_opt.overflow_skips, trainer.value_opt.overflow_skips) == (steps, steps)
-    assert trainer.policy_opt.scaler.get_scale() == init * 0.5**steps  # halved once per skipped step
+    # halved once per skipped step
+    assert trainer.policy_opt.scaler.get_scale() == init * 0.5**steps
     assert not changed(policy, trainer.model.policy_parameters())
     assert not changed(value, trainer.model.value_parameters())
     assert metrics["policy_grad_norm"] == 0.0 and math.isfinite(metrics["policy_loss"])
 
 
-def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(make_trainer, monkeypatch, one_torch_thread):
+def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(
+        make_trainer, monkeypatch, one_torch_thread):
     import rlhf_helpers.ppo.optim as optim_module
 
     trainer = make_trainer(torch.float16)
     init = 2.0**40
     trainer.policy_opt.scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=100)
-    # the floor just below the scale: one skip (S -> S/2) is an overflow, the second overflow a NaN stop
+    # the floor just below the scale: one skip (S -> S/2) is an overflow, the second overflow a NaN
+    # stop
     monkeypatch.setattr(optim_module, "MIN_LOSS_SCALE", init / 2 + 1)
     with pytest.raises(NonFiniteError, match="gradient norm"):
         trainer.step()
@@ -223,13 +243,14 @@ def test_scaler_state_survives_a_checkpoint(make_trainer, tmp_path, one_torch_th
 def small_llama_config(**changes) -> dict:
     """A Llama small enough for the CPU, with no two sizes equal (so shapes cannot be confused)."""
     config = dict(model_type="llama", hidden_size=48, intermediate_size=80, num_attention_heads=4,
-                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=50, tie_word_embeddings=True,
-                  max_position_embeddings=128)
+                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=50,
+                  tie_word_embeddings=True, max_position_embeddings=128)
     config.update(changes)
     return config
 
 
-def build_llama(config: dict, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+def build_llama(config: dict, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = dict(config)
@@ -247,7 +268,8 @@ def test_gpu_profile_stages_fit_a_t4_with_margin():
         for stage, estimate in estimates.items():
             assert 0 < estimate.total < limit, (stage, estimate.total / 2**30)
             parts = [
-                getattr(estimate, f.name) for f in dataclasses.fields(estimate) if f.name not in ("stage", "phase")
+                getattr(estimate, f.name) for f in dataclasses.fields(estimate)
+                if f.name not in ("stage", "phase")
             ]
             assert estimate.total == sum(parts) and all(part >= 0 for part in parts)
     phases = ppo_phase_estimates(get_profile("gpu"))
@@ -255,7 +277,8 @@ def test_gpu_profile_stages_fit_a_t4_with_margin():
 
 
 def test_parameter_bytes_equal_real_models_built_from_the_config():
-    """SmolLM2-135M's random-init architecture on the meta device (no memory, exact parameter shapes)."""
+    """SmolLM2-135M's random-init architecture on the meta device (no memory, exact parameter
+    shapes)."""
     from rlhf_helpers.runtime.architectures import SMOLLM2_135M_CONFIG
 
     profile = get_profile("gpu")
@@ -263,39 +286,47 @@ def test_parameter_bytes_equal_real_models_built_from_the_config():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         lm = build_llama(SMOLLM2_135M_CONFIG, torch.bfloat16, device="meta")
-        count = sum(p.numel() for p in lm.parameters())  # tied embedding: one Parameter, counted once
+        # tied embedding: one Parameter, counted once
+        count = sum(p.numel() for p in lm.parameters())
         assert shape.parameter_count() == count
         assert estimate_memory(profile)["sft"].weights == count * FLOAT32_BYTES  # float32 masters
-        # PPO: the bf16 base plus three float32 adapters and two float32 heads, as the shared model holds them
+        # PPO: the bf16 base plus three float32 adapters and two float32 heads, as the shared model
+        # holds them
         shared = SharedLoRAModel(lm, pad_token_id=0, eos_token_id=1, lora=profile.lora)
     update = ppo_phase_estimates(profile, shape)["update"]
     assert update.weights == sum(p.numel() * p.element_size() for p in shared.parameters())
     trained = shared.policy_parameters() + shared.value_parameters()
-    assert update.optimizer_states == 2 * sum(p.numel() * p.element_size() for p in trained)  # Adam's 2 moments
+    # Adam's 2 moments
+    assert update.optimizer_states == 2 * sum(p.numel() * p.element_size() for p in trained)
     lora = shape.lora_parameter_count(profile.lora.r, tuple(profile.lora.target_modules))
     assert lora == sum(p.numel() for p in shared.adapter_parameters("policy"))
 
 
-def saved_activation_bytes(model: torch.nn.Module, backbone: torch.nn.Module, rows: int, seq_len: int,
-                           autocast_dtype: torch.dtype | None) -> int:
-    """Bytes of the distinct tensors a forward saves for backward (saved_tensors_hooks), weights excluded:
-    the parameters themselves and autocast's low-precision copies of them (same shape or transposed)."""
+def saved_activation_bytes(model: torch.nn.Module, backbone: torch.nn.Module, rows: int,
+                           seq_len: int, autocast_dtype: torch.dtype | None) -> int:
+    """Bytes of the distinct tensors a forward saves for backward (saved_tensors_hooks), weights
+    excluded: the parameters themselves and autocast's low-precision copies of them (same shape or
+    transposed)."""
     params = list(model.parameters())
     weights = {p.untyped_storage().data_ptr() for p in params}
-    weight_shapes = {s for p in params if p.ndim == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    weight_shapes = {s for p in params if p.ndim == 2
+                     for s in (tuple(p.shape), tuple(p.shape)[::-1])}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        is_weight_copy = autocast_dtype is not None and t.dtype == autocast_dtype and tuple(t.shape) in weight_shapes
+        is_weight_copy = (autocast_dtype is not None and t.dtype == autocast_dtype
+                          and tuple(t.shape) in weight_shapes)
         if storage.data_ptr() not in weights and not is_weight_copy:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    ids = torch.randint(0, 50, (rows, seq_len), generator=torch.Generator().manual_seed(0))  # (rows, L)
+    # (rows, L)
+    ids = torch.randint(0, 50, (rows, seq_len), generator=torch.Generator().manual_seed(0))
     attn = torch.ones(rows, seq_len, dtype=torch.long)  # (rows, L)
     attn[0, :2] = 0  # a left-padded row
-    amp = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    amp = torch.autocast("cpu",
+                         dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         backbone(input_ids=ids, attention_mask=attn, use_cache=False)
     return sum(seen.values())
@@ -308,10 +339,12 @@ def saved_activation_bytes(model: torch.nn.Module, backbone: torch.nn.Module, ro
     ("ppo", torch.float32, LLAMA_PROJECTIONS),  # the CPU's
     ("reward", torch.bfloat16, LLAMA_PROJECTIONS),  # float32 classifier under autocast
     ("reward", torch.bfloat16, ("q_proj", "v_proj")),
-    ("sft", torch.bfloat16, LLAMA_PROJECTIONS),  # full fine-tuning of float32 masters under autocast
+    # full fine-tuning of float32 masters under autocast
+    ("sft", torch.bfloat16, LLAMA_PROJECTIONS),
     ("sft", torch.float32, LLAMA_PROJECTIONS),
 ])
-def test_activation_bytes_equal_the_tensors_a_real_forward_saves(stage, dtype, targets, one_torch_thread):
+def test_activation_bytes_equal_the_tensors_a_real_forward_saves(stage, dtype, targets,
+                                                                 one_torch_thread):
     from peft import LoraConfig, get_peft_model
 
     config = small_llama_config()
@@ -322,15 +355,17 @@ def test_activation_bytes_equal_the_tensors_a_real_forward_saves(stage, dtype, t
         model = build_llama(config, torch.float32 if autocast else dtype)
         if stage != "sft":
             model.requires_grad_(False)
-            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
+            model = get_peft_model(model,
+                                   LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
         backbone = model.get_base_model().model if stage != "sft" else model.model
     s = torch.tensor([], dtype=dtype).element_size()
     for rows, seq_len in ((3, 10), (5, 14)):
-        measured = saved_activation_bytes(model, backbone, rows, seq_len, dtype if autocast else None)
-        estimate = activation_bytes(shape, rows, seq_len, s, full=stage == "sft", autocast=autocast, lora_r=4,
-                                    lora_targets=targets)
-        # exact on torch 2.13 + transformers 5.23; other versions may pass the attention mask and RoPE's
-        # cos/sin differently: those two terms are the tolerance
+        measured = saved_activation_bytes(model, backbone, rows, seq_len,
+                                          dtype if autocast else None)
+        estimate = activation_bytes(shape, rows, seq_len, s, full=stage == "sft", autocast=autocast,
+                                    lora_r=4, lora_targets=targets)
+        # exact on torch 2.13 + transformers 5.23; other versions may pass the attention mask and
+        # RoPE's cos/sin differently: those two terms are the tolerance
         mask = rows * seq_len * shape.num_layers * s * seq_len
         rope = 2 * seq_len * shape.head_dim * (FLOAT32_BYTES if autocast else s)
         assert abs(estimate - measured) <= mask + rope, (estimate, measured)
@@ -338,32 +373,37 @@ def test_activation_bytes_equal_the_tensors_a_real_forward_saves(stage, dtype, t
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
-    """The (b, R, V) logits a policy forward really returns and the KV cache sampling really keeps."""
+    """The (b, R, V) logits a policy forward really returns and the KV cache sampling really
+    keeps."""
     config = small_llama_config(vocab_size=53)
     shape = ModelShape.from_config(config)
     profile = get_profile("gpu", dtype="bfloat16" if dtype == torch.bfloat16 else "float16",
-                          rollout_batch_size=6, mini_batch_size=3, max_prompt_length=5, max_new_tokens=7,
-                          lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
+                          rollout_batch_size=6, mini_batch_size=3, max_prompt_length=5,
+                          max_new_tokens=7, lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     phases = ppo_phase_estimates(profile, shape, fast_sampling=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        shared = SharedLoRAModel(build_llama(config, dtype), pad_token_id=0, eos_token_id=1, fast_sampling=False,
+        shared = SharedLoRAModel(build_llama(config, dtype), pad_token_id=0, eos_token_id=1,
+                                 fast_sampling=False,
                                  lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     P, R = profile.ppo.max_prompt_length, profile.ppo.max_new_tokens
 
     def response_logits(rows: int) -> torch.Tensor:
-        ids = torch.randint(2, 53, (rows, P + R), generator=torch.Generator().manual_seed(rows))  # (rows, P + R)
+        # (rows, P + R)
+        ids = torch.randint(2, 53, (rows, P + R), generator=torch.Generator().manual_seed(rows))
         with torch.no_grad():
             return shared.policy_logits(ids, torch.ones_like(ids))[:, P - 1 : -1]  # (rows, R, V)
 
-    mb, batch = response_logits(profile.ppo.mini_batch_size), response_logits(profile.ppo.rollout_batch_size)
+    mb, batch = (response_logits(profile.ppo.mini_batch_size),
+                 response_logits(profile.ppo.rollout_batch_size))
     assert mb.shape == (profile.ppo.mini_batch_size, R, shape.vocab_size) and mb.dtype == dtype
     upcast = mb.float().element_size()  # logprobs_from_logits works on a float32 copy
     # update: the logits in the compute dtype and four float32 copies; scoring: the logits and two
     assert phases["update"].logits == mb.numel() * (mb.element_size() + 4 * upcast)
     assert phases["rollout scoring"].logits == batch.numel() * (batch.element_size() + 2 * upcast)
 
-    ids = torch.randint(2, 53, (profile.ppo.rollout_batch_size, P + R))  # (B, P + R): a full-length rollout
+    # (B, P + R): a full-length rollout
+    ids = torch.randint(2, 53, (profile.ppo.rollout_batch_size, P + R))
     with torch.no_grad():
         cache = shared.lm(input_ids=ids, use_cache=True).past_key_values
     layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -374,25 +414,29 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
 
 
 def test_sampler_buffers_count_a_real_fast_decoder(one_torch_thread):
-    """The fast sampler's folded weights and static caches (eager on the CPU, same buffers as on CUDA)."""
+    """The fast sampler's folded weights and static caches (eager on the CPU, same buffers as on
+    CUDA)."""
     from rlhf_helpers.ppo.fast_decoder import MAX_GRAPHS, StaticLlamaDecoder
 
     config = small_llama_config()
     shape = ModelShape.from_config(config)
-    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, mini_batch_size=3, eval_batch_size=4,
-                          max_prompt_length=5, max_new_tokens=7,
+    profile = get_profile("gpu", dtype="float16", rollout_batch_size=6, mini_batch_size=3,
+                          eval_batch_size=4, max_prompt_length=5, max_new_tokens=7,
                           lora=LoRASpec(r=4, target_modules=("q_proj", "v_proj")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         shared = SharedLoRAModel(build_llama(config, torch.float16), pad_token_id=0, eos_token_id=1,
-                                 fast_sampling=False, lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+                                 fast_sampling=False,
+                                 lora=LoRASpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     decoder = StaticLlamaDecoder(shared.lm, use_graphs=False)
     P = profile.ppo.max_prompt_length
-    for batch in (profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size, profile.ppo.rollout_batch_size):
+    for batch in (profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size,
+                  profile.ppo.rollout_batch_size):
         ids = torch.randint(2, 50, (batch, P))  # (batch, P) full-width prompts
         decoder.prefill(ids, torch.ones_like(ids), profile.ppo.max_new_tokens)
     assert len(decoder.entries) == MAX_GRAPHS
-    folded = sum(w.numel() * w.element_size() for layer in decoder.weights for w, _ in layer.values())
+    folded = sum(w.numel() * w.element_size() for layer in decoder.weights for w,
+                 _ in layer.values())
     biggest = max(sum(t.numel() * t.element_size() for t in entry.keys + entry.values)
                   for entry in decoder.entries.values())
     actual = folded + sum(sum(t.numel() * t.element_size() for t in entry.keys + entry.values)
@@ -409,6 +453,7 @@ def test_bench_memory_prints_the_estimate_of_the_step_it_measured():
 
     spec = asdict(size_spec("smollm2"))
     estimate = ppo_estimate(spec, "bfloat16", "cuda")
-    assert estimate is not None and 0 < estimate.total < T4_MEMORY_BYTES and estimate.sampler_buffers > 0
+    assert (estimate is not None and 0 < estimate.total < T4_MEMORY_BYTES
+            and estimate.sampler_buffers > 0)
     assert ppo_estimate(spec, "float32", "cpu").sampler_buffers == 0  # the plain sampler on a CPU
     assert ppo_estimate(asdict(size_spec("tiny")), "float32", "cpu") is None  # GPT-2: not estimated

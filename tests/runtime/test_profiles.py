@@ -60,7 +60,8 @@ def test_every_field_has_a_type_and_a_doc_comment():
         assert field.type, field.name
         i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"{field.name}:"))
         # the doc comment ends the field's line, or (a long one) stands on the lines above it
-        assert "#:" in lines[i] or lines[i - 1].strip().startswith("#:"), f"field {field.name} has no #: comment"
+        assert "#:" in lines[i] or lines[i - 1].strip().startswith(
+            "#:"), f"field {field.name} has no #: comment"
 
 
 def test_profiles_and_data_import_no_heavy_library():
@@ -74,7 +75,8 @@ def test_profiles_and_data_import_no_heavy_library():
 
 def test_overrides_from_the_environment(monkeypatch):
     monkeypatch.delenv("RLHF_PROFILE", raising=False)
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"total_steps": 3, "lora": {"target_modules": ["c_attn"]}}')
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES",
+                       '{"total_steps": 3, "lora": {"target_modules": ["c_attn"]}}')
     profile = get_profile()
     assert profile.ppo.total_steps == 3
     assert profile.lora.target_modules == ("c_attn",)
@@ -88,11 +90,13 @@ def test_overrides_from_the_environment(monkeypatch):
 
 
 def test_a_ppo_mapping_changes_only_its_fields():
-    """{"ppo": {...}} is a set of changes to the profile's PPO config, not a fresh default config."""
+    """{"ppo": {...}} is a set of changes to the profile's PPO config, not a fresh default
+    config."""
     tiny = get_profile("tiny")
     changed = tiny.replace(ppo={"clip_eps": 0.1})
     assert changed.ppo.clip_eps == 0.1
-    assert changed.ppo == tiny.ppo.replace(clip_eps=0.1)  # the tiny profile's kl_coef 0.2 and the rest kept
+    # the tiny profile's kl_coef 0.2 and the rest kept
+    assert changed.ppo == tiny.ppo.replace(clip_eps=0.1)
     assert changed.ppo.kl_coef == 0.2 != type(tiny.ppo)().kl_coef
 
 
@@ -105,12 +109,14 @@ def test_a_ppo_mapping_changes_only_its_fields():
     ({"sft_epochs": -1.0}, "sft_epochs must be a finite number > 0, got -1.0"),
     ({"sft_lr": 0.0}, "sft_lr must be a finite number > 0, got 0.0"),
     ({"compare_seconds": float("inf")}, "compare_seconds must be a finite number > 0, got inf"),
-    ({"max_length": 4}, "max_length must be an int > max_prompt_length (16): a prompt and at least one"),
+    ({"max_length": 4},
+     "max_length must be an int > max_prompt_length (16): a prompt and at least one"),
     ({"max_length": 16}, "max_length must be an int > max_prompt_length (16)"),
-    ({"max_length": 20, "max_prompt_length": 24}, "max_length must be an int > max_prompt_length (24)"),
+    ({"max_length": 20, "max_prompt_length": 24},
+     "max_length must be an int > max_prompt_length (24)"),
     ({"sft_model_path": "/nonexistent"},
-     "sft_model_path must be a model folder (config.json and model.safetensors or pytorch_model.bin), got "
-     "'/nonexistent'"),
+     "sft_model_path must be a model folder (config.json and model.safetensors or "
+     "pytorch_model.bin), got '/nonexistent'"),
 ])
 def test_a_profile_setting_out_of_range_is_refused_by_name(overrides, message):
     """Each was accepted once and failed later, after a model was built (or trained on nothing)."""
@@ -121,16 +127,19 @@ def test_a_profile_setting_out_of_range_is_refused_by_name(overrides, message):
 
 
 def test_the_edges_of_the_ranges_are_accepted():
-    profile = get_profile("tiny", max_length=17, reward_batch_size=1, sft_batch_size=1, compare_batches=1)
+    profile = get_profile("tiny", max_length=17, reward_batch_size=1, sft_batch_size=1,
+                          compare_batches=1)
     assert (profile.max_length, profile.reward_batch_size, profile.compare_batches) == (17, 1, 1)
 
 
-def test_the_reward_command_refuses_bad_settings_with_exit_2_before_any_model(monkeypatch, tmp_path, capsys):
+def test_the_reward_command_refuses_bad_settings_with_exit_2_before_any_model(monkeypatch,
+                                                                              tmp_path, capsys):
     from rlhf_helpers.stages import reward
 
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     for argv, env, message in [
-        (["--max-train-pairs=-3990"], None, "max_train_pairs must be None or an int >= 1, got -3990"),
+        (["--max-train-pairs=-3990"], None,
+         "max_train_pairs must be None or an int >= 1, got -3990"),
         (["--max-train-pairs=0"], None, "max_train_pairs must be None or an int >= 1, got 0"),
         (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
         ([], '{"reward_batch_size": 0}', "reward_batch_size must be an int >= 1, got 0"),
@@ -144,23 +153,31 @@ def test_the_reward_command_refuses_bad_settings_with_exit_2_before_any_model(mo
             reward.main(["--out", str(tmp_path / "reward"), *argv])
         assert stopped.value.code == 2, argv
         assert message in capsys.readouterr().err, (argv, env)
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()  # nothing built or written
+    # nothing built or written
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda: get_profile(5), "name must be one of ('tiny', 'gpu', 'auto'), got int 5"),
     (lambda: get_profile(True), "name must be one of ('tiny', 'gpu', 'auto'), got bool True"),
-    (lambda: get_profile("tiny", ppo=5), "ppo must be a PPOConfig or a mapping of its fields, got int 5"),
-    (lambda: get_profile("tiny", ppo=None, clip_eps=0.1), "ppo must be a PPOConfig or a mapping of its fields, got "
-                                                          "NoneType None"),
-    (lambda: get_profile("tiny").replace(name="gpu"), "name is not a setting"),  # a tiny profile renamed
-    (lambda: get_profile("tiny", device="banana"), "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'banana'"),
-    (lambda: get_profile("tiny", device=""), "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got ''"),
-    (lambda: get_profile("tiny", base_model=" "), "base_model must be a hub id or a folder, got an empty string"),
-    (lambda: get_profile("tiny", output_dir=""), "output_dir must be None or a folder, got an empty string"),
+    (lambda: get_profile("tiny", ppo=5),
+     "ppo must be a PPOConfig or a mapping of its fields, got int 5"),
+    (lambda: get_profile("tiny", ppo=None, clip_eps=0.1), "ppo must be a PPOConfig or a mapping of "
+                                                          "its fields, got NoneType None"),
+    # a tiny profile renamed
+    (lambda: get_profile("tiny").replace(name="gpu"), "name is not a setting"),
+    (lambda: get_profile("tiny", device="banana"),
+     "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'banana'"),
+    (lambda: get_profile("tiny", device=""),
+     "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got ''"),
+    (lambda: get_profile("tiny", base_model=" "),
+     "base_model must be a hub id or a folder, got an empty string"),
+    (lambda: get_profile("tiny", output_dir=""),
+     "output_dir must be None or a folder, got an empty string"),
 ])
 def test_a_setting_of_the_wrong_kind_is_a_value_error_naming_it(call, message):
-    """Each was an AttributeError traceback, or was accepted and failed (or did something else) later."""
+    """Each was an AttributeError traceback, or was accepted and failed (or did something else)
+    later."""
     import re
 
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -171,11 +188,12 @@ def test_the_environment_names_a_setting_given_twice_or_a_profile_name_inside_it
     import re
 
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"total_steps": 1, "total_steps": 2}')
-    with pytest.raises(ValueError, match=re.escape("$RLHF_PROFILE_OVERRIDES sets total_steps twice")):
+    with pytest.raises(ValueError,
+                       match=re.escape("$RLHF_PROFILE_OVERRIDES sets total_steps twice")):
         get_profile("tiny")
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"name": "foo"}')
-    with pytest.raises(ValueError, match=re.escape("name is not a setting: choose the profile with get_profile(name) "
-                                                   "or $RLHF_PROFILE")):
+    with pytest.raises(ValueError, match=re.escape("name is not a setting: choose the profile with "
+                                                   "get_profile(name) or $RLHF_PROFILE")):
         get_profile("tiny")
 
 
@@ -189,8 +207,8 @@ def test_a_tiny_model_folder_without_weights_is_refused(tmp_path):
 
 
 def test_the_tiny_profile_has_no_base_model_apart_from_its_sft_model(monkeypatch, tmp_path):
-    """Before: {"base_model": "/nonexistent/model"} trained (the tiny profile never reads it) and run.json recorded
-    a base the run did not use."""
+    """Before: {"base_model": "/nonexistent/model"} trained (the tiny profile never reads it) and
+    run.json recorded a base the run did not use."""
     import re
     import shutil
 
@@ -203,7 +221,10 @@ def test_the_tiny_profile_has_no_base_model_apart_from_its_sft_model(monkeypatch
     other = tmp_path / "other-tiny"
     shutil.copytree(data_dir() / "models" / "tiny-sft", other)
     profile = get_profile("tiny", sft_model_path=str(other))
-    assert profile.base_model == profile.sft_model_path == str(other)  # what run.json records is what ran
-    assert get_profile("tiny", base_model=str(other), sft_model_path=str(other)).base_model == str(other)
+    # what run.json records is what ran
+    assert profile.base_model == profile.sft_model_path == str(other)
+    assert get_profile("tiny", base_model=str(other),
+                       sft_model_path=str(other)).base_model == str(other)
     # the same folder spelled another way is the same folder
-    assert get_profile("tiny", base_model=f"{other}/", sft_model_path=str(other)).base_model == str(other)
+    assert get_profile("tiny", base_model=f"{other}/",
+                       sft_model_path=str(other)).base_model == str(other)

@@ -1,8 +1,9 @@
-"""One live run per output folder, one builder per cache, and tests that never write into the checkout.
+"""One live run per output folder, one builder per cache, and tests that never write into the
+checkout.
 
-Every concurrency test starts real processes (the lock is `flock`, which works between open files, so
-threads of one process would prove nothing), lines them up on a "go" file so they meet at the same
-moment, and then checks what was left on disk: nothing of the refused run, one intact cache.
+Every concurrency test starts real processes (the lock is `flock`, which works between open files,
+so threads of one process would prove nothing), lines them up on a "go" file so they meet at the
+same moment, and then checks what was left on disk: nothing of the refused run, one intact cache.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import pytest
 from run_folders import SKIPPED_DIRS, changes, snapshot
 
 from rlhf_helpers.ppo.checkpoint import checkpoints, latest_checkpoint, load_trainer_state
-from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER, artifact_problem, new_run_dir, read_record, shown_path
+from rlhf_helpers.runtime.artifacts import (
+    COMPLETE_MARKER,
+    artifact_problem,
+    new_run_dir,
+    read_record,
+    shown_path,
+)
 from rlhf_helpers.runtime.locks import RUN_LOCK_FILE, FileLock, FolderInUse, hold_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +52,8 @@ def start_holder(folder: Path) -> subprocess.Popen:
 
 
 def read_line(process: subprocess.Popen, timeout: float = 300.0) -> str:
-    """The next line `process` prints, or a failure after `timeout` seconds (a hung child fails the test)."""
+    """The next line `process` prints, or a failure after `timeout` seconds (a hung child fails the
+    test)."""
     ready, _, _ = select.select([process.stdout], [], [], timeout)
     assert ready, f"no line from pid {process.pid} in {timeout} s"
     return process.stdout.readline().strip()
@@ -78,7 +86,8 @@ def test_a_live_holder_refuses_a_second_process_naming_folder_and_pid(tmp_path):
 def test_a_killed_holder_leaves_a_stale_lock_that_is_taken_over_with_one_line(tmp_path, capsys):
     folder = tmp_path / "run"
     holder = start_holder(folder)
-    os.kill(holder.pid, signal.SIGKILL)  # no release: the file still names it, the kernel dropped the flock
+    # no release: the file still names it, the kernel dropped the flock
+    os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=30)
     assert json.loads((folder / RUN_LOCK_FILE).read_text())["pid"] == holder.pid
     lock = hold_run_folder(folder)
@@ -92,11 +101,13 @@ def test_a_killed_holder_leaves_a_stale_lock_that_is_taken_over_with_one_line(tm
 def test_the_lock_is_shared_inside_one_process_and_held_until_the_last_share_is_released(tmp_path):
     folder = tmp_path / "run"
     first = hold_run_folder(folder)
-    second = hold_run_folder(folder)  # the CLI holds it, then its trainer asks: same process, allowed
+    # the CLI holds it, then its trainer asks: same process, allowed
+    second = hold_run_folder(folder)
     first.release()  # the trainer's share still holds it: another process is refused
-    refused = subprocess.run([sys.executable, "-c", HOLD, str(folder)], capture_output=True, text=True,
-                             env=ENV, cwd=REPO, input="", timeout=120)
-    assert refused.returncode == 1 and "FolderInUse" in refused.stderr and f"pid {os.getpid()} " in refused.stderr
+    refused = subprocess.run([sys.executable, "-c", HOLD, str(folder)], capture_output=True,
+                             text=True, env=ENV, cwd=REPO, input="", timeout=120)
+    assert (refused.returncode == 1 and "FolderInUse" in refused.stderr
+            and f"pid {os.getpid()} " in refused.stderr)
     assert second.held and (folder / RUN_LOCK_FILE).exists()
     second.release()  # the last share: the file goes, and another process may take the folder
     assert not (folder / RUN_LOCK_FILE).exists()
@@ -131,8 +142,9 @@ print(json.dumps({"final": str(out), "builder": read_record(out)["builder"]}), f
 
 def test_two_processes_building_one_cache_at_once_end_with_one_intact_cache(tmp_path):
     final, log, go = tmp_path / "cache" / "reward-test", tmp_path / "builds.log", tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD, str(final), str(log), str(go)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD, str(final), str(log), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                              cwd=REPO) for _ in range(2)]
     wait_for(procs)
     go.touch()
     results = []
@@ -141,13 +153,16 @@ def test_two_processes_building_one_cache_at_once_end_with_one_intact_cache(tmp_
         assert proc.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
     builders = log.read_text().split()
-    assert len(builders) == 1, builders  # trained once: the other process waited, then found it built
+    # trained once: the other process waited, then found it built
+    assert len(builders) == 1, builders
     assert [r["final"] for r in results] == [str(final)] * 2
     assert {r["builder"] for r in results} == {int(builders[0])}
     assert artifact_problem(final, {"what": "a test cache"}) is None
-    assert sorted(p.name for p in final.iterdir()) == sorted([COMPLETE_MARKER] + [f"part-{i}.txt" for i in range(10)])
+    assert sorted(p.name for p in final.iterdir()) == sorted([COMPLETE_MARKER]
+                                                             + [f"part-{i}.txt" for i in range(10)])
     assert {p.read_text() for p in final.glob("part-*")} == {builders[0] * 100}
-    assert [p.name for p in final.parent.iterdir()] == [final.name]  # no temporary folder, no lock file
+    # no temporary folder, no lock file
+    assert [p.name for p in final.parent.iterdir()] == [final.name]
 
 
 TRAIN = """
@@ -176,14 +191,15 @@ sys.stdin.read()  # the lock stays held (the trainer is not closed) until the te
 @pytest.mark.slow
 def test_two_trainers_started_at_once_on_one_folder_one_is_refused_and_nothing_is_mixed(tmp_path):
     out, go = tmp_path / "ppo", tmp_path / "go"
-    procs = {seed: subprocess.Popen([sys.executable, "-c", TRAIN, str(out), str(go), str(seed), str(TESTS)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=ENV, cwd=REPO)
+    procs = {seed: subprocess.Popen(
+        [sys.executable, "-c", TRAIN, str(out), str(go), str(seed), str(TESTS)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=ENV, cwd=REPO)
              for seed in (1, 2)}
     wait_for(list(procs.values()))
     go.touch()
-    # each prints one result line; the winner then keeps its lock until both are heard, so however late the
-    # other one is scheduled, it meets a live holder
+    # each prints one result line; the winner then keeps its lock until both are heard, so however
+    # late the other one is scheduled, it meets a live holder
     lines = {seed: read_line(proc, timeout=600) for seed, proc in procs.items()}
     results = {}
     for seed, proc in procs.items():
@@ -200,28 +216,34 @@ def test_two_trainers_started_at_once_on_one_folder_one_is_refused_and_nothing_i
     for path in saved:
         state = load_trainer_state(path / "trainer_state.pt")
         assert state["config"]["seed"] == winner
-        assert [row["score"] for row in state["history"]] == results[winner][1]["scores"][: state["step"]]
+        assert [row["score"]
+                for row in state["history"]] == results[winner][1]["scores"][: state["step"]]
     assert latest_checkpoint(out) == saved[-1]
 
 
-CLI_OVERRIDES = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1,
-                 "n_eval_prompts": 8}
+CLI_OVERRIDES = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8,
+                 "ppo_epochs": 1, "n_eval_prompts": 8}
 
 
 @pytest.mark.slow
-def test_two_cli_runs_started_at_once_into_one_folder_the_second_exits_2_and_nothing_is_mixed(tmp_path):
+def test_two_cli_runs_started_at_once_into_one_folder_the_second_exits_2_and_nothing_is_mixed(
+        tmp_path):
     out = tmp_path / "ppo"
-    env = dict(ENV, RLHF_PROFILE_OVERRIDES=json.dumps(CLI_OVERRIDES), RLHF_RUNS_DIR=str(tmp_path / "runs"))
-    procs = {seed: subprocess.Popen([sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "tiny",
-                                     "--no-progress", "--steps", "2", "--save-every", "1", "--seed", str(seed),
-                                     "--reward-train-pairs", "64", "--output-dir", str(out)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    env = dict(ENV, RLHF_PROFILE_OVERRIDES=json.dumps(CLI_OVERRIDES),
+               RLHF_RUNS_DIR=str(tmp_path / "runs"))
+    procs = {seed: subprocess.Popen(
+        [sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "tiny",
+         "--no-progress", "--steps", "2", "--save-every", "1", "--seed", str(seed),
+         "--reward-train-pairs", "64", "--output-dir", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
              for seed in (1, 2)}
-    # no "go" file: the winner holds the folder from its first second to its last (reward model included, many
-    # seconds), so the other, started in the same instant, always meets a live holder
-    results = {seed: (proc.communicate(timeout=900), proc.returncode) for seed, proc in procs.items()}
+    # no "go" file: the winner holds the folder from its first second to its last (reward model
+    # included, many seconds), so the other, started in the same instant, always meets a live holder
+    results = {seed: (proc.communicate(timeout=900), proc.returncode) for seed,
+               proc in procs.items()}
     codes = sorted(code for _, code in results.values())
-    assert codes == [0, 2], {seed: (code, err[-2000:]) for seed, ((_, err), code) in results.items()}
+    assert codes == [0, 2], {seed: (code, err[-2000:]) for seed,
+                             ((_, err), code) in results.items()}
     winner = next(seed for seed, (_, code) in results.items() if code == 0)
     (_, refused), _ = results[3 - winner]
     lines = refused.strip().splitlines()
@@ -252,7 +274,8 @@ def test_shown_path_names_no_folder_of_the_machine(tmp_path, monkeypatch):
     assert shown_path("/nonexistent-root-folder/x") == "/nonexistent-root-folder/x"
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path / "cache"))
-    assert shown_path(tmp_path / "runs" / "05_full_ppo" / "run-1") == "$RLHF_RUNS_DIR/05_full_ppo/run-1"
+    assert shown_path(tmp_path / "runs" / "05_full_ppo"
+                      / "run-1") == "$RLHF_RUNS_DIR/05_full_ppo/run-1"
     assert shown_path(tmp_path / "cache" / "reward-tiny") == "$RLHF_CACHE_DIR/reward-tiny"
     assert shown_path(tmp_path / "runs") == "$RLHF_RUNS_DIR"
 
@@ -267,7 +290,8 @@ def test_the_checkout_guard_sees_files_added_changed_and_removed_outside_build(t
     (tmp_path / "runs" / "05_full_ppo" / "latest").write_text("step-000003")
     (tmp_path / "data" / "b.jsonl").write_text("xy")
     (tmp_path / "notebooks" / "a.ipynb").unlink()
-    for skipped in ("build", ".venv", "__pycache__"):  # the Makefile's output folders and tool caches
+    # the Makefile's output folders and tool caches
+    for skipped in ("build", ".venv", "__pycache__"):
         assert skipped in SKIPPED_DIRS
         (tmp_path / skipped).mkdir()
         (tmp_path / skipped / "x").write_text("x")
@@ -290,7 +314,8 @@ def test_a_cache_being_built_is_absent_until_it_is_complete(tmp_path):
     build_cached trains into a temporary folder and renames it into place."""
     final, log, go = tmp_path / "c" / "sft-test", tmp_path / "log", tmp_path / "go"
     go.touch()
-    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(final), str(log), str(go)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(final), str(log), str(go)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
     wait_until(log.exists)  # the builder is inside train(): the folder must not exist yet
     assert not final.exists()

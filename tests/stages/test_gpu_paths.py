@@ -1,12 +1,14 @@
-"""The gpu profile's code paths on the CPU, in every CI run: `python -m rlhf_helpers.stages.train_ppo --profile gpu`
-end to end (TRL SFT and reward training under autocast, the shared-LoRA PPO on a 16-bit frozen base with float32
-LoRA masters, the run doctor) in bfloat16 and in float16 with loss scaling, as on a GPU (torch has both autocasts and
-a GradScaler on the CPU). The model is SmolLM2's architecture (Llama: the LoRA targets, RMSNorm, rotary positions,
-grouped-query attention) with random weights shrunk to 2 layers of width 64: the same code path, a smaller stack.
-The GGUF weights with their BPE tokenizer (pad = EOS in the file) run in bf16 in
-tests/runtime/test_real_weights.py.
+"""The gpu profile's code paths on the CPU, in every CI run:
+`python -m rlhf_helpers.stages.train_ppo --profile gpu` end to end (TRL SFT and reward training
+under autocast, the shared-LoRA PPO on a 16-bit frozen base with float32 LoRA masters, the run
+doctor) in bfloat16 and in float16 with loss scaling, as on a GPU (torch has both autocasts and a
+GradScaler on the CPU). The model is SmolLM2's architecture (Llama: the LoRA targets, RMSNorm,
+rotary positions, grouped-query attention) with random weights shrunk to 2 layers of width 64: the
+same code path, a smaller stack. The GGUF weights with their BPE tokenizer (pad = EOS in the file)
+run in bf16 in tests/runtime/test_real_weights.py.
 
-Each dtype trains its own SFT model and reward adapter (its own cache folder): about 45 s a run on one core."""
+Each dtype trains its own SFT model and reward adapter (its own cache folder): about 45 s a run on
+one core."""
 
 from __future__ import annotations
 
@@ -22,27 +24,33 @@ from run_folders import ROOT
 from rlhf_helpers.core.tolerances import ratio_tolerance
 from rlhf_helpers.ppo.diagnosis import Thresholds
 
-#: SmolLM2-135M's architecture with fewer, narrower layers (the vocabulary: the shipped word-level tokenizer's)
-SMALL_SMOLLM2 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+#: SmolLM2-135M's architecture with fewer, narrower layers (the vocabulary: the shipped word-level
+#: tokenizer's)
+SMALL_SMOLLM2 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 4,
                  "num_key_value_heads": 2, "vocab_size": 0, "max_position_embeddings": 128}
-#: The gpu profile on the CPU at toy sizes. sft_lr 3e-3: a random-init model this small learns the corpus (and to
-#: stop with EOS) in one epoch only at a learning rate far above the pretrained model's 5e-5.
+#: The gpu profile on the CPU at toy sizes. sft_lr 3e-3: a random-init model this small learns the
+#: corpus (and to stop with EOS) in one epoch only at a learning rate far above the pretrained
+#: model's 5e-5.
 OVERRIDES = {"device": "cpu", "weights": "random", "architecture": SMALL_SMOLLM2, "sft_epochs": 1.0,
-             "sft_lr": 3e-3, "max_length": 64, "reward_lr": 2e-3, "rollout_batch_size": 32, "mini_batch_size": 16,
-             "ppo_epochs": 2, "max_prompt_length": 16, "max_new_tokens": 40, "policy_lr": 3e-3, "value_lr": 2e-3,
+             "sft_lr": 3e-3, "max_length": 64, "reward_lr": 2e-3, "rollout_batch_size": 32,
+             "mini_batch_size": 16, "ppo_epochs": 2, "max_prompt_length": 16, "max_new_tokens": 40,
+             "policy_lr": 3e-3, "value_lr": 2e-3,
              "eval_batch_size": 64, "n_eval_prompts": 64, "lora": {"r": 4, "alpha": 8}}
 STEPS = 20
 
 
 def _train(dtype: str, root: Path) -> tuple[str, Path, str]:
-    """One `train_ppo --profile gpu` run on the CPU in a dtype, in folders of its own: (dtype, run folder, output)."""
+    """One `train_ppo --profile gpu` run on the CPU in a dtype, in folders of its own: (dtype, run
+    folder, output)."""
     env = {**os.environ, "RLHF_PROFILE_OVERRIDES": json.dumps({**OVERRIDES, "dtype": dtype}),
-           "RLHF_CACHE_DIR": str(root / "cache"), "RLHF_RUNS_DIR": str(root / "runs"), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+           "RLHF_CACHE_DIR": str(root / "cache"), "RLHF_RUNS_DIR": str(root / "runs"),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     out = root / "run"
-    done = subprocess.run([sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "gpu", "--steps",
-                           str(STEPS), "--eval-every", "10", "--output-dir", str(out), "--no-progress-bar"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf_helpers.stages.train_ppo", "--profile", "gpu", "--steps",
+         str(STEPS), "--eval-every", "10", "--output-dir", str(out), "--no-progress-bar"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return dtype, out, done.stdout + done.stderr
 
@@ -53,7 +61,8 @@ def _metrics(run: Path) -> list[dict[str, float]]:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_train_ppo_runs_the_gpu_profile_on_the_cpu(dtype, tmp_path):
-    """One run per dtype (a test of its own, so the two share no worker and none runs twice), then its checks."""
+    """One run per dtype (a test of its own, so the two share no worker and none runs twice), then
+    its checks."""
     run = _train(dtype, tmp_path)
     check_the_run_records_how_it_computed(run)
     check_the_doctor_finds_nothing_above_info(run)
@@ -64,22 +73,25 @@ def check_the_run_records_how_it_computed(cli_run):
     dtype, run, _ = cli_run
     record = json.loads((run / "run.json").read_text())
     assert record["profile"]["name"] == "gpu" and record["profile"]["device"] == "cpu"
-    assert record["compute"] == {"dtype": dtype, "loss_scaling": dtype == "float16"}  # a scaler for fp16 only
+    # a scaler for fp16 only
+    assert record["compute"] == {"dtype": dtype, "loss_scaling": dtype == "float16"}
 
 
 def check_the_doctor_finds_nothing_above_info(cli_run):
     dtype, run, output = cli_run
     diagnosis = json.loads((run / "diagnosis.json").read_text())
     assert diagnosis["facts"]["dtype"] == dtype
-    assert [f["rule"] for f in diagnosis["findings"] if f["severity"] != "info"] == [], output[-3000:]
+    assert [f["rule"] for f in diagnosis["findings"]
+            if f["severity"] != "info"] == [], output[-3000:]
 
 
 def check_the_run_is_healthy(cli_run):
-    """It learns: the score's mean over the last 5 steps is above the first 5 steps' by more than 0.3 (a step's mean
-    of 32 scores of spread at most 0.84 has a standard error <= 0.15, a 5-step mean <= 0.07: 0.3 is 3 standard
-    errors of the difference; measured 0.85-0.91); the critic is no longer the untrained one the doctor names
-    (explained variance above its cold_critic_ev, 0.1; an untrained critic measures within 0.03 of 0); every
-    response trains its EOS and the first minibatch's ratio is 1 within the dtype's tolerance at every step."""
+    """It learns: the score's mean over the last 5 steps is above the first 5 steps' by more than
+    0.3 (a step's mean of 32 scores of spread at most 0.84 has a standard error <= 0.15, a 5-step
+    mean <= 0.07: 0.3 is 3 standard errors of the difference; measured 0.85-0.91); the critic is no
+    longer the untrained one the doctor names (explained variance above its cold_critic_ev, 0.1; an
+    untrained critic measures within 0.03 of 0); every response trains its EOS and the first
+    minibatch's ratio is 1 within the dtype's tolerance at every step."""
     dtype, run, _ = cli_run
     rows = _metrics(run)
     assert len(rows) == STEPS
@@ -89,10 +101,13 @@ def check_the_run_is_healthy(cli_run):
 
     assert mean("score", rows[-5:]) - mean("score", rows[:5]) > 0.3
     assert mean("explained_variance", rows[-5:]) > Thresholds().cold_critic_ev
-    assert all(abs(r["first_ratio"] - 1) <= ratio_tolerance(dtype) and r["eos_in_mask"] == 1.0 for r in rows)
+    assert all(abs(r["first_ratio"] - 1) <= ratio_tolerance(dtype)
+               and r["eos_in_mask"] == 1.0 for r in rows)
     assert mean("eos_fraction", rows) > 0.9  # the SFT model learned to stop: no length runaway
-    assert all(r["policy_grad_norm"] > 0 and r["value_grad_norm"] > 0 for r in rows)  # both adapters train
-    assert "eval_hidden_score" in rows[9] and "eval_hidden_score" in rows[19]  # the evaluation path ran too
+    # both adapters train
+    assert all(r["policy_grad_norm"] > 0 and r["value_grad_norm"] > 0 for r in rows)
+    # the evaluation path ran too
+    assert "eval_hidden_score" in rows[9] and "eval_hidden_score" in rows[19]
 
 
 # ----------------------------------------------------------------------------- Profile.architecture
@@ -102,9 +117,11 @@ def test_the_architecture_changes_only_a_random_init_model_and_only_its_fields()
     from rlhf_helpers.runtime.profiles import get_profile
     from rlhf_helpers.stages.sft import random_init_architecture
 
-    profile = get_profile("gpu", device="cpu", weights="random", architecture={"num_hidden_layers": 2})
+    profile = get_profile("gpu", device="cpu", weights="random",
+                          architecture={"num_hidden_layers": 2})
     spec = random_init_architecture(profile)
-    assert spec["num_hidden_layers"] == 2 and spec["model_type"] == "llama" and spec["hidden_size"] == 576
+    assert (spec["num_hidden_layers"] == 2 and spec["model_type"] == "llama"
+            and spec["hidden_size"] == 576)
     with pytest.raises(ValueError, match="architecture changes the random-init model only"):
         get_profile("gpu", device="cpu", weights="gguf", architecture={"num_hidden_layers": 2})
     with pytest.raises(ValueError, match=r"\['num_layers'\] name no field"):
@@ -112,9 +129,9 @@ def test_the_architecture_changes_only_a_random_init_model_and_only_its_fields()
 
 
 def test_resume_compares_the_architecture_with_the_record(tmp_path):
-    """A resumed run keeps its model: an override that changes, adds or drops an architecture field is refused in
-    one line (it raised KeyError on a field the record lacked), and a record from before the field (no
-    architecture key) is a model with none changed."""
+    """A resumed run keeps its model: an override that changes, adds or drops an architecture field
+    is refused in one line (it raised KeyError on a field the record lacked), and a record from
+    before the field (no architecture key) is a model with none changed."""
     import dataclasses
 
     from rlhf_helpers.ppo.run_folder import SetupError
@@ -124,9 +141,11 @@ def test_resume_compares_the_architecture_with_the_record(tmp_path):
     shrunk = {"num_hidden_layers": 2}
     profile = get_profile("gpu", device="cpu", weights="random", architecture=shrunk)
     record = {"profile": json.loads(json.dumps(dataclasses.asdict(profile)))}
-    assert resumed_profile(record, profile, {"architecture": shrunk}, tmp_path).architecture == shrunk
+    assert resumed_profile(record, profile, {"architecture": shrunk},
+                           tmp_path).architecture == shrunk
     for override, named in (({"num_hidden_layers": 3}, "architecture_num_hidden_layers 3"),
-                            ({"num_hidden_layers": 2, "hidden_size": 64}, "architecture_hidden_size 64")):
+                            ({"num_hidden_layers": 2, "hidden_size": 64},
+                             "architecture_hidden_size 64")):
         with pytest.raises(SetupError, match=named):
             resumed_profile(record, profile, {"architecture": override}, tmp_path)
     old = {"profile": {k: v for k, v in record["profile"].items() if k != "architecture"}}

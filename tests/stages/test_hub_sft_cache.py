@@ -1,5 +1,5 @@
-"""The gpu profile's SFT model, prepared once and cached (`stages.sft.ensure_sft_model`), exercised with
-random-init mode on a shrunken SmolLM2-style architecture (no hub, CPU, two SFT steps)."""
+"""The gpu profile's SFT model, prepared once and cached (`stages.sft.ensure_sft_model`), exercised
+with random-init mode on a shrunken SmolLM2-style architecture (no hub, CPU, two SFT steps)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_trains_once_then_reuses_the_cache(tmp_path, small_corpus, trainings, ca
     assert marker["key"]["weights"] == {"source": "random", "file": None}
     assert marker["key"]["base_model"] == profile.base_model
     assert marker["key"]["architecture"] == SMALL_ARCHITECTURE
-    assert marker["key"]["sft"]["lr"] == profile.sft_lr and marker["key"]["sft"]["max_steps"] == STEPS
+    assert (marker["key"]["sft"]["lr"] == profile.sft_lr
+            and marker["key"]["sft"]["max_steps"] == STEPS)
     # float32 master weights on disk; the later stages load them in their own dtype
     with safe_open(str(path / "model.safetensors"), "pt") as weights:
         assert {weights.get_tensor(k).dtype for k in weights.keys()} == {torch.float32}
@@ -102,13 +103,15 @@ def test_trains_again_when_the_marker_does_not_match(tmp_path, small_corpus, tra
     assert len(trainings) == 1
     ensure(profile.replace(sft_lr=profile.sft_lr * 2))  # other SFT settings
     assert len(trainings) == 2 and "other settings" in capsys.readouterr().out
-    ensure(profile.replace(sft_lr=profile.sft_lr * 2), force=True)  # `python -m rlhf_helpers.stages.sft`
+    # `python -m rlhf_helpers.stages.sft`
+    ensure(profile.replace(sft_lr=profile.sft_lr * 2), force=True)
     assert len(trainings) == 3
     (path / "model.safetensors").write_bytes(b"truncated")  # a damaged folder is not reused
     ensure(profile)
     assert len(trainings) == 4 and "checksum" in capsys.readouterr().out
     marker = json.loads((path / COMPLETE_MARKER).read_text())
-    assert marker["key"] == json.loads(json.dumps(sft_cache_key(profile, SMALL_ARCHITECTURE, STEPS)))
+    assert (marker["key"]
+            == json.loads(json.dumps(sft_cache_key(profile, SMALL_ARCHITECTURE, STEPS))))
     assert leftovers(path.parent) == []
 
 
@@ -133,7 +136,8 @@ def test_a_failed_training_leaves_no_half_written_folder(tmp_path, small_corpus,
         patch.setattr(sft, "sft_with_trl", crash)
         with pytest.raises(RuntimeError):
             ensure(profile.replace(sft_lr=1e-3))
-    assert {p.name: p.read_bytes() for p in final.iterdir()} == before  # the old folder is untouched
+    # the old folder is untouched
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before
     assert leftovers(final.parent) == []
 
 
@@ -141,12 +145,13 @@ def test_folders_of_dead_runs_are_removed(tmp_path, small_corpus, trainings):
     profile = random_init_profile(tmp_path)
     final = Path(profile.sft_model_path)
     final.parent.mkdir(parents=True)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
     stale = final.parent / f".tmp-{final.name}-{int(dead.stdout)}"
     stale.mkdir()
     (stale / "config.json").write_text("{}")
-    unrelated = final.parent / ".tmp-reward-gpu-1"  # another cache's folder is not this one's to remove
+    # another cache's folder is not this one's to remove
+    unrelated = final.parent / ".tmp-reward-gpu-1"
     unrelated.mkdir()
     ensure(profile)
     assert not stale.exists() and unrelated.exists()
@@ -163,7 +168,8 @@ def test_random_init_settings(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "random"}')
     profile = get_profile("gpu")
     assert profile.weights == "random" and profile.sft_model_path == real + "-random-init"
-    assert reward_cache_dir(profile).name == "reward-gpu-random-init"  # the real reward cache stays clean
+    # the real reward cache stays clean
+    assert reward_cache_dir(profile).name == "reward-gpu-random-init"
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf"}')
     assert get_profile("gpu").sft_model_path == real + "-gguf"
     assert reward_cache_dir(get_profile("gpu")).name == "reward-gpu-gguf"
@@ -173,9 +179,11 @@ def test_random_init_settings(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES")
     with pytest.raises(ValueError, match="weights must be 'shipped' in the tiny profile"):
         get_profile("tiny", weights="random")
-    with pytest.raises(ValueError, match="random_init was replaced by weights"):  # an old script's setting
+    # an old script's setting
+    with pytest.raises(ValueError, match="random_init was replaced by weights"):
         get_profile("gpu", random_init=True)
-    with pytest.raises(ValueError, match="sft_model_path"):  # random weights where the real model belongs
+    # random weights where the real model belongs
+    with pytest.raises(ValueError, match="sft_model_path"):
         ensure_sft_model(gpu_profile().replace(weights="random", device="cpu"))
     with pytest.raises(ValueError, match="architecture"):  # hub weights come with their own
         ensure_sft_model(get_profile("gpu", weights="hub", sft_model_path=str(tmp_path / "sft")),

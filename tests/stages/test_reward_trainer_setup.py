@@ -1,4 +1,5 @@
-"""`reward_config_kwargs`: the run-setup half of a RewardConfig, checked on the RewardConfig it builds."""
+"""`reward_config_kwargs`: the run-setup half of a RewardConfig, checked on the RewardConfig it
+builds."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ trl = pytest.importorskip("trl")
 
 
 def checkpointing_fields(args) -> dict[str, object]:
-    """Every checkpointing switch this transformers version has, with its value after __post_init__."""
+    """Every checkpointing switch this transformers version has, with its value after
+    __post_init__."""
     names = {f.name for f in dataclasses.fields(args)}
-    return {name: getattr(args, name) for name in ("activation_checkpointing", "gradient_checkpointing")
-            if name in names}
+    return {name: getattr(args, name)
+            for name in ("activation_checkpointing", "gradient_checkpointing") if name in names}
 
 
 def test_tiny_profile_builds_a_cpu_float32_config_without_checkpointing_or_trackers(tmp_path):
     profile = get_profile("tiny")
     args = trl.RewardConfig(output_dir=str(tmp_path), **reward_config_kwargs(profile))
     assert args.use_cpu is True
-    assert not args.bf16 and not args.fp16, "no autocast on a CPU (TRL's bf16 default must be overridden)"
+    assert not args.bf16 and not args.fp16, (
+        "no autocast on a CPU (TRL's bf16 default must be overridden)")
     assert args.report_to == [] or args.report_to == "none"
     assert not any(checkpointing_fields(args).values()), checkpointing_fields(args)
     assert str(args.save_strategy).lower().endswith("no")
@@ -34,10 +37,12 @@ def test_tiny_profile_builds_a_cpu_float32_config_without_checkpointing_or_track
 
 def test_the_defaults_would_differ_so_the_helper_matters(tmp_path):
     """RewardConfig on its own turns checkpointing on: what the helper must switch off."""
-    with warnings.catch_warnings():  # TRL's own default sets the deprecated gradient_checkpointing name
+    # TRL's own default sets the deprecated gradient_checkpointing name
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         plain = trl.RewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
-    assert any(checkpointing_fields(plain).values()), "RewardConfig no longer defaults checkpointing on"
+    assert any(
+        checkpointing_fields(plain).values()), "RewardConfig no longer defaults checkpointing on"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

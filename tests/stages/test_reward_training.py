@@ -1,4 +1,5 @@
-"""Reward model: TRL RewardTrainer + LoRA (SEQ_CLS) on the tiny SFT base, its cache, and its reuse in PPO."""
+"""Reward model: TRL RewardTrainer + LoRA (SEQ_CLS) on the tiny SFT base, its cache, and its reuse
+in PPO."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A reward adapter trained on 96 pairs for one epoch (enough to test the plumbing, not quality)."""
+    """A reward adapter trained on 96 pairs for one epoch (enough to test the plumbing, not
+    quality)."""
     from rlhf_helpers.runtime.data import load_preferences
 
     profile = get_profile("tiny")
-    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96, epochs=1.0, batch_size=32)
+    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96,
+                                               epochs=1.0, batch_size=32)
     out = tmp_path_factory.mktemp("reward")
     eval_pairs = load_preferences("test")[:40]
     metrics = rt.train_reward_model(profile, out, config, eval_pairs=eval_pairs)
@@ -35,20 +38,23 @@ def test_training_writes_adapter_and_head_and_reports_metrics(trained):
     _, out, metrics, eval_pairs = trained
     for name in ("adapter_config.json", "adapter_model.safetensors", "score_head.safetensors"):
         assert (out / name).is_file()
-    assert metrics["n_pairs"] == len(eval_pairs) and metrics["train_pairs"] == 96 == metrics["pairs_seen"]
+    assert (metrics["n_pairs"] == len(eval_pairs)
+            and metrics["train_pairs"] == 96 == metrics["pairs_seen"])
     assert 0.0 <= metrics["pairwise_accuracy"] <= 1.0
     assert -1.0 <= metrics["score_hidden_correlation"] <= 1.0
     assert 0.5 < metrics["annotator_ceiling"] < 1.0
 
 
 def test_a_fraction_of_an_epoch_reports_the_pairs_it_saw(tmp_path):
-    """epochs=0.1 of 96 pairs in batches of 8 is ceil(0.1 * 12) = 2 steps: 16 pairs, not 96 (the report
-    said 96 before, the size of the data set, not what the trainer read)."""
+    """epochs=0.1 of 96 pairs in batches of 8 is ceil(0.1 * 12) = 2 steps: 16 pairs, not 96 (the
+    report said 96 before, the size of the data set, not what the trainer read)."""
     from rlhf_helpers.runtime.data import load_preferences
 
     profile = get_profile("tiny")
-    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96, epochs=0.1, batch_size=8)
-    metrics = rt.train_reward_model(profile, tmp_path, config, eval_pairs=load_preferences("test")[:8])
+    config = RewardTrainingConfig.from_profile(profile, max_train_pairs=96,
+                                               epochs=0.1, batch_size=8)
+    metrics = rt.train_reward_model(profile, tmp_path, config,
+                                    eval_pairs=load_preferences("test")[:8])
     assert metrics["train_pairs"] == 16 == metrics["pairs_seen"]
 
 
@@ -79,7 +85,8 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
     classifier = load_sequence_classifier(profile, num_labels=1)
     reference = PeftModel.from_pretrained(classifier, str(out)).eval()
     head = load_file(str(out / "score_head.safetensors"))
-    assert torch.equal(head["weight"], reference.base_model.model.score.modules_to_save["default"].weight)
+    assert torch.equal(head["weight"],
+                       reference.base_model.model.score.modules_to_save["default"].weight)
     texts = [p["prompt"] + p["chosen"] + tok.eos_token for p in eval_pairs[:4]]
     expected = []
     with torch.no_grad():
@@ -87,7 +94,8 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
             ids = tok(text, return_tensors="pt")["input_ids"]
             expected.append(float(reference(input_ids=ids).logits[0, 0]))
     shared = SharedLoRAModel(load_causal_lm(profile), tok.pad_token_id, tok.eos_token_id,
-                             reward_dir=out, lora=LoRASpec(r=profile.lora.r, alpha=profile.lora.alpha))
+                             reward_dir=out, lora=LoRASpec(r=profile.lora.r,
+                                                           alpha=profile.lora.alpha))
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
     got = shared.reward_scores(enc["input_ids"], enc["attention_mask"])  # (4,)
     assert torch.allclose(got, torch.tensor(expected), atol=1e-4)
@@ -119,7 +127,8 @@ def test_config_and_inputs_are_validated():
 
 
 def fake_trainer(calls: list, fail: bool = False):
-    """Stands in for TRL training: writes the files train_reward_model writes, optionally dies midway."""
+    """Stands in for TRL training: writes the files train_reward_model writes, optionally dies
+    midway."""
 
     def train(profile, output_dir, config=None, **kwargs):
         calls.append(output_dir)
@@ -149,7 +158,8 @@ def test_ensure_reward_model_is_atomic_and_cached(tmp_path, monkeypatch):
     assert rt.reward_dir_problem(final) is not None
     monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
     assert ensure_reward_model(profile, root=tmp_path) == final
-    assert (rt.reward_dir_problem(final) is None) and (final / "score_head.safetensors").read_bytes() == b"head"
+    assert (rt.reward_dir_problem(final)
+            is None) and (final / "score_head.safetensors").read_bytes() == b"head"
     assert reward_metrics(final)["pairwise_accuracy"] == 0.8
     marker = json.loads((final / COMPLETE_MARKER).read_text())
     assert marker["key"]["config"]["epochs"] == profile.reward_epochs
@@ -162,7 +172,8 @@ def test_ensure_reward_model_is_atomic_and_cached(tmp_path, monkeypatch):
 def test_a_changed_config_gets_its_own_cache_folder(tmp_path):
     profile = get_profile("tiny")
     default = reward_cache_dir(profile, root=tmp_path)
-    quick = reward_cache_dir(profile, RewardTrainingConfig.from_profile(profile, max_train_pairs=64),
+    quick = reward_cache_dir(profile,
+                             RewardTrainingConfig.from_profile(profile, max_train_pairs=64),
                              root=tmp_path)
     overridden = reward_cache_dir(profile.replace(reward_epochs=0.5), root=tmp_path)
     assert default.name == "reward-tiny"
@@ -194,7 +205,8 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_a_damaged_cached_folder_is_trained_again_and_says_so(tmp_path, monkeypatch, capsys, damage):
+def test_a_damaged_cached_folder_is_trained_again_and_says_so(
+        tmp_path, monkeypatch, capsys, damage):
     profile, final, calls = cached_fake(tmp_path, monkeypatch)
     capsys.readouterr()
     DAMAGES[damage](final)
@@ -202,8 +214,10 @@ def test_a_damaged_cached_folder_is_trained_again_and_says_so(tmp_path, monkeypa
     assert ensure_reward_model(profile, root=tmp_path) == final
     assert len(calls) == 2  # trained again, into the same folder
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"reward cache {shown_path(final)} is damaged" in err and "training it again" in err
-    assert (rt.reward_dir_problem(final) is None) and (final / "score_head.safetensors").read_bytes() == b"head"
+    assert (err.count("\n") == 1 and f"reward cache {shown_path(final)} is damaged" in err
+            and "training it again" in err)
+    assert (rt.reward_dir_problem(final)
+            is None) and (final / "score_head.safetensors").read_bytes() == b"head"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reward-tiny"]  # no temporary folder left
     assert ensure_reward_model(profile, root=tmp_path) == final and len(calls) == 2  # cached again
 
@@ -214,7 +228,8 @@ def test_the_marker_holds_the_sha256_of_every_cached_file(tmp_path, monkeypatch)
     _, final, _ = cached_fake(tmp_path, monkeypatch)
     marker = json.loads((final / COMPLETE_MARKER).read_text())
     expected = {name: hashlib.sha256((final / name).read_bytes()).hexdigest()
-                for name in ("adapter_config.json", "adapter_model.safetensors", "score_head.safetensors")}
+                for name in ("adapter_config.json", "adapter_model.safetensors",
+                             "score_head.safetensors")}
     assert marker["files"] == expected
 
 
@@ -223,13 +238,14 @@ def dead_pid() -> int:
     import subprocess
     import sys
 
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                           text=True, check=True)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
     return int(child.stdout)
 
 
 @pytest.mark.skipif(__import__("os").name == "nt", reason="process liveness check is POSIX-only")
-def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_path, monkeypatch, capsys):
+def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_path,
+                                                                         monkeypatch, capsys):
     import os
 
     profile = get_profile("tiny")
@@ -247,7 +263,8 @@ def test_temporary_folders_of_killed_runs_are_removed_but_live_ones_kept(tmp_pat
     assert not stale.exists() and not other_profile_stale.exists()
     assert running.is_dir() and checkpoint_tmp.is_dir()
     assert (rt.reward_dir_problem(final) is None) and len(calls) == 1
-    assert "removed 2 temporary reward folder(s) of runs that no longer exist" in capsys.readouterr().err
+    assert ("removed 2 temporary reward folder(s) of runs that no longer exist"
+            in capsys.readouterr().err)
 
 
 # ---- the cache key covers the data's content --------------------------------
@@ -264,14 +281,17 @@ def copy_data_dir(tmp_path):
 
 
 @pytest.mark.parametrize("edited", ["preferences_train.jsonl", "preferences_test.jsonl"])
-def test_an_edited_preference_file_trains_the_reward_model_again(tmp_path, monkeypatch, capsys, edited):
+def test_an_edited_preference_file_trains_the_reward_model_again(
+        tmp_path, monkeypatch, capsys, edited):
     data = copy_data_dir(tmp_path)
     monkeypatch.setenv("RLHF_DATA_DIR", str(data))
     runs = tmp_path / "runs"
     profile, final, calls = cached_fake(runs, monkeypatch)
-    assert ensure_reward_model(profile, root=runs) == final and len(calls) == 1  # unchanged data: cached
+    # unchanged data: cached
+    assert ensure_reward_model(profile, root=runs) == final and len(calls) == 1
     with (data / edited).open("a") as handle:  # one more pair
-        handle.write(json.dumps({"prompt": "The film", "chosen": " was good.", "rejected": " was bad."}) + "\n")
+        handle.write(json.dumps(
+            {"prompt": "The film", "chosen": " was good.", "rejected": " was bad."}) + "\n")
     capsys.readouterr()
     assert ensure_reward_model(profile, root=runs) == final
     assert len(calls) == 2
@@ -282,7 +302,8 @@ def test_an_edited_preference_file_trains_the_reward_model_again(tmp_path, monke
     assert marker["key"]["data"][edited] == hashlib.sha256((data / edited).read_bytes()).hexdigest()
 
 
-def test_another_data_directory_with_other_content_is_not_served_the_old_model(tmp_path, monkeypatch):
+def test_another_data_directory_with_other_content_is_not_served_the_old_model(
+        tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     profile, final, calls = cached_fake(runs, monkeypatch)  # trained on the shipped data
     same = copy_data_dir(tmp_path / "same")  # copied while data_dir() is still the shipped one
@@ -297,20 +318,23 @@ def test_another_data_directory_with_other_content_is_not_served_the_old_model(t
     assert moved.sft_model_path != profile.sft_model_path
     calls_before = len(calls)
     ensure_reward_model(moved, root=runs)
-    assert len(calls) == calls_before + 1  # back to the shipped preferences: the other folder's model was replaced
+    # back to the shipped preferences: the other folder's model was replaced
+    assert len(calls) == calls_before + 1
     ensure_reward_model(profile, root=runs)  # the original paths, the same contents: cached
     assert len(calls) == calls_before + 1  # the content, not the path, is the key
 
 
 def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, monkeypatch, capsys):
-    """A gpu-profile SFT folder is identified by its COMPLETE.json (settings, data checksums, sizes)."""
+    """A gpu-profile SFT folder is identified by its COMPLETE.json (settings, data checksums,
+    sizes)."""
     import shutil
 
     from rlhf_helpers.runtime.data import data_dir
 
     sft = tmp_path / "sft"
     shutil.copytree(data_dir() / "models" / "tiny-sft", sft)
-    (sft / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "aaa"}}, "files": {}}))
+    (sft
+     / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "aaa"}}, "files": {}}))
     runs = tmp_path / "runs"
     calls: list = []
     monkeypatch.setattr(rt, "train_reward_model", fake_trainer(calls))
@@ -318,7 +342,8 @@ def test_a_fine_tuned_again_sft_model_trains_the_reward_model_again(tmp_path, mo
     final = ensure_reward_model(profile, root=runs)
     ensure_reward_model(profile, root=runs)
     assert len(calls) == 1
-    (sft / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "bbb"}}, "files": {}}))
+    (sft
+     / COMPLETE_MARKER).write_text(json.dumps({"key": {"data": {"sft.jsonl": "bbb"}}, "files": {}}))
     capsys.readouterr()
     assert ensure_reward_model(profile, root=runs) == final and len(calls) == 2
     assert "on another SFT model" in capsys.readouterr().err
@@ -348,7 +373,8 @@ def test_the_sft_cache_key_covers_the_corpus(tmp_path, monkeypatch):
     ({"seed": "0"}, "seed must be an int, got str '0'"),
 ])
 def test_reward_training_settings_of_the_wrong_type_are_refused_by_name(overrides, message):
-    """Before: a bool or 4.5 was accepted (True as batch size 1), a string was a TypeError naming nothing."""
+    """Before: a bool or 4.5 was accepted (True as batch size 1), a string was a TypeError naming
+    nothing."""
     import re
 
     from rlhf_helpers.runtime.profiles import get_profile

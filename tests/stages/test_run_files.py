@@ -1,9 +1,10 @@
-"""The files a training run writes into its folder (metrics.jsonl, run.json, curves.html, diagnosis.json,
-latest) are never written through a link, and anything but a regular file at their names stops the run with one
-line before any model is built; Ctrl-C while the command still imports torch is one line too.
+"""The files a training run writes into its folder (metrics.jsonl, run.json, curves.html,
+diagnosis.json, latest) are never written through a link, and anything but a regular file at their
+names stops the run with one line before any model is built; Ctrl-C while the command still imports
+torch is one line too.
 
-A run folder is a folder a person also uses: a symbolic or hard link there names a file of theirs that the
-run must leave as it was.
+A run folder is a folder a person also uses: a symbolic or hard link there names a file of theirs
+that the run must leave as it was.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.skipif(os.name == "nt", reason="links and signals are P
 REPO = Path(__file__).resolve().parents[2]
 NOTES = "my notes: do not lose them\n"
 PROG = "python -m rlhf_helpers.stages.train_ppo"
-TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1, "n_eval_prompts": 8}
+TINY = {"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8, "ppo_epochs": 1,
+        "n_eval_prompts": 8}
 ROWS = [{"step": 1, "score": 0.5}, {"step": 2, "score": float("nan")}]
 
 
@@ -50,7 +52,8 @@ def folder(path: Path, notes: Path) -> None:
     (path / "keep.txt").write_text(NOTES)
 
 
-BAD = {"symlink": (symlink, "a symbolic link"), "hard link": (hard_link, "a hard link"), "folder": (folder, "a folder")}
+BAD = {"symlink": (symlink, "a symbolic link"), "hard link": (hard_link, "a hard link"),
+       "folder": (folder, "a folder")}
 
 
 def untouched(path: Path, notes: Path, case: str) -> bool:
@@ -65,16 +68,19 @@ def untouched(path: Path, notes: Path, case: str) -> bool:
 
 # ---------------------------------------------------------------- the check before the run
 @pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("name", ["metrics.jsonl", "run.json", "curves.html", "diagnosis.json", "latest"])
+@pytest.mark.parametrize("name",
+                         ["metrics.jsonl", "run.json", "curves.html", "diagnosis.json", "latest"])
 def test_a_run_file_that_is_no_regular_file_of_one_name_is_refused_naming_it(tmp_path, name, case):
     notes, out = users_file(tmp_path), tmp_path / "run"
     out.mkdir()
     make, words = BAD[case]
     make(out / name, notes)
     with pytest.raises(SetupError) as refused:
-        check_run_files(out, ["run.json", "metrics.jsonl", "curves.html", "diagnosis.json", "latest"])
+        check_run_files(out,
+                        ["run.json", "metrics.jsonl", "curves.html", "diagnosis.json", "latest"])
     message = str(refused.value)
-    assert "\n" not in message and str(out / name) in message and words in message.replace(str(tmp_path), "")
+    assert ("\n" not in message and str(out / name) in message
+            and words in message.replace(str(tmp_path), ""))
     assert untouched(out / name, notes, case)
 
 
@@ -85,11 +91,13 @@ def test_absent_and_regular_run_files_pass(tmp_path):
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
-    """In-process `main()` on tiny settings; building a model fails the test (the refusal must come first)."""
+    """In-process `main()` on tiny settings; building a model fails the test (the refusal must come
+    first)."""
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps(TINY))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
-    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a, **k: pytest.fail("built before the refusal"))
+    monkeypatch.setattr(train_ppo, "build_shared_model", lambda *a,
+                        **k: pytest.fail("built before the refusal"))
     return tmp_path
 
 
@@ -112,8 +120,8 @@ def refusal(argv: list[str], capsys) -> str:
     ],
 )
 def test_the_training_command_refuses_such_a_file_in_one_line_with_exit_2(cli, capsys, name, case):
-    """Before: the run wrote through the link (the user's file became the metrics), or ended with exit 1 and
-    an IsADirectoryError traceback after the model was built."""
+    """Before: the run wrote through the link (the user's file became the metrics), or ended with
+    exit 1 and an IsADirectoryError traceback after the model was built."""
     notes, out = users_file(cli), cli / "ppo"
     out.mkdir()
     make, words = BAD[case]
@@ -131,7 +139,8 @@ def test_a_resumed_run_refuses_a_metrics_file_that_is_a_folder(cli, capsys):
     (out / "step-000001").mkdir(parents=True)
     (out / "latest").write_text("step-000001\n")
     profile = get_profile("tiny")
-    (out / "run.json").write_text(json.dumps(run_record(profile, profile.ppo, cli / "reward", 64, 1), default=str))
+    (out / "run.json").write_text(
+        json.dumps(run_record(profile, profile.ppo, cli / "reward", 64, 1), default=str))
     (out / "metrics.jsonl").mkdir()
     line = refusal(["--resume", "--steps", "3", "--output-dir", str(out)], capsys)
     assert line.startswith(f"{PROG}: error: {out / 'metrics.jsonl'} is a folder")
@@ -140,7 +149,8 @@ def test_a_resumed_run_refuses_a_metrics_file_that_is_a_folder(cli, capsys):
 # ---------------------------------------------------------------- the writers themselves
 @pytest.mark.parametrize("case", ["symlink", "hard link"])
 def test_appending_metrics_never_writes_through_a_link(tmp_path, case):
-    """A link made after the check (while the model is built): the append is refused, the file kept."""
+    """A link made after the check (while the model is built): the append is refused, the file
+    kept."""
     notes = users_file(tmp_path)
     BAD[case][0](tmp_path / "metrics.jsonl", notes)
     with pytest.raises(OSError, match="link"):
@@ -159,13 +169,15 @@ def test_whole_files_replace_a_link_instead_of_writing_through_it(tmp_path, case
         BAD[case][0](tmp_path / name, notes)
         write(tmp_path / name)
         path = tmp_path / name
-        assert notes.read_text() == NOTES and not path.is_symlink() and os.stat(path).st_nlink == 1, name
+        assert (notes.read_text() == NOTES and not path.is_symlink()
+                and os.stat(path).st_nlink == 1), name
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
         {"step": 1, "score": 0.5},
         {"step": 2, "score": None},
     ]
     assert "plotly" in (tmp_path / "curves.html").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.html", "metrics.jsonl", "notes.txt", "run.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.html", "metrics.jsonl",
+                                                          "notes.txt", "run.json"]
 
 
 def test_appending_keeps_what_is_there(tmp_path):
@@ -177,18 +189,21 @@ def test_appending_keeps_what_is_there(tmp_path):
 
 # ---------------------------------------------------------------- Ctrl-C during the imports
 def torch_is_loading(pid: int) -> bool:
-    """Whether the process has mapped torch's library: it is importing torch, seconds before `main` runs."""
+    """Whether the process has mapped torch's library: it is importing torch, seconds before `main`
+    runs."""
     try:
         return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return False
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc to see torch being imported")
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(),
+                    reason="reads /proc to see torch being imported")
 def test_ctrl_c_while_the_command_imports_torch_is_one_line_and_exit_130(tmp_path):
     """Before: a 33-line KeyboardInterrupt traceback out of `import torch`."""
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RLHF_RUNS_DIR=str(tmp_path / "runs"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               RLHF_RUNS_DIR=str(tmp_path / "runs"))
     process = subprocess.Popen(
         [
             sys.executable,
@@ -207,7 +222,8 @@ def test_ctrl_c_while_the_command_imports_torch_is_one_line_and_exit_130(tmp_pat
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not torch_is_loading(process.pid) and process.poll() is None and time.monotonic() < deadline:
+    while (not torch_is_loading(process.pid) and process.poll() is None
+           and time.monotonic() < deadline):
         time.sleep(0.005)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)

@@ -1,4 +1,5 @@
-"""One course figure style: the plotly template notebooks get from show_environment, and widths that fit."""
+"""One course figure style: the plotly template notebooks get from show_environment, and widths that
+fit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from rlhf_helpers.compare.figures import comparison_figure
 from rlhf_helpers.widgets._base import FIGURE_WIDTH
 from rlhf_helpers.widgets.style import COURSE_TEMPLATE, use_course_figure_style
 
-#: JupyterLab's output area at 1400 px with the file browser open, and Colab's, are about 940-970 px wide
+#: JupyterLab's output area at 1400 px with the file browser open, and Colab's, are about 940-970 px
+#: wide
 MAX_WIDTH = 940
 
 
@@ -56,31 +58,38 @@ def test_wrap_label_breaks_at_spaces_within_the_limit():
     wrapped = wrap_label("ratio mean, first minibatch of each step", 20)
     assert wrapped == "ratio mean, first<br>minibatch of each<br>step"
     assert wrap_label("short", 20) == "short"
-    assert wrap_label("a<br>b c d e f g h", 3) == "a<br>b c d e f g h"  # already broken by hand: kept
-    assert wrap_label("supercalifragilistic word", 5) == "supercalifragilistic<br>word"  # a long word keeps a line
+    # already broken by hand: kept
+    assert wrap_label("a<br>b c d e f g h", 3) == "a<br>b c d e f g h"
+    # a long word keeps a line
+    assert wrap_label("supercalifragilistic word", 5) == "supercalifragilistic<br>word"
 
 
 def test_fit_labels_wraps_to_each_panel_and_makes_room_above(restore_default_template):
-    """Three panels in the 784 px column, course template (margins 60 + 24, font 13; subplot titles 16 px):
-    make_subplots spaces three columns by 0.2 / 3, so each panel spans (1 - 2 * 0.2 / 3) / 3 = 0.289 of
-    784 - 84 px, 202 px. A title of 16 px letters (0.55 * 16 = 8.8 px each) keeps at most 22 characters a line,
-    an axis title of 13 px letters (7.15 px) at most 28; a vertical legend narrows both."""
+    """Three panels in the 784 px column, course template (margins 60 + 24, font 13; subplot titles
+    16 px): make_subplots spaces three columns by 0.2 / 3, so each panel spans (1 - 2 * 0.2 / 3) /
+    3 = 0.289 of 784 - 84 px, 202 px. A title of 16 px letters (0.55 * 16 = 8.8 px each) keeps at
+    most 22 characters a line, an axis title of 13 px letters (7.15 px) at most 28; a vertical
+    legend narrows both."""
     from plotly.subplots import make_subplots
 
     from rlhf_helpers.widgets.style import fit_labels
 
     use_course_figure_style()
     long_title = "ratio mean, first minibatch of each step"
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(long_title, "clip", "approx-KL of the update"))
+    fig = make_subplots(rows=1, cols=3,
+                        subplot_titles=(long_title, "clip", "approx-KL of the update"))
     fig.update_xaxes(title_text="PPO step after the baseline, counted from one")
     fit_labels(fig)
     for note in fig.layout.annotations:
         assert max(len(line) for line in note.text.split("<br>")) <= 22, note.text
     assert fig.layout.annotations[1].text == "clip"
-    assert all(max(map(len, fig.layout[f"xaxis{i}"].title.text.split("<br>"))) <= 28 for i in ("", "2", "3"))
-    assert fig.layout.margin.t == pio.templates[COURSE_TEMPLATE].layout.margin.t + 20  # two lines: one more
+    assert all(max(map(len, fig.layout[f"xaxis{i}"].title.text.split("<br>"))) <= 28
+               for i in ("", "2", "3"))
+    # two lines: one more
+    assert fig.layout.margin.t == pio.templates[COURSE_TEMPLATE].layout.margin.t + 20
     with_legend = make_subplots(rows=1, cols=3, subplot_titles=(long_title, "b", "c"))
     for name in ("broken: reference log-probs as old", "fixed"):
         with_legend.add_scatter(x=[0], y=[0], name=name, row=1, col=1)
     fit_labels(with_legend)
-    assert with_legend.layout.annotations[0].text.count("<br>") > fig.layout.annotations[0].text.count("<br>")
+    assert (with_legend.layout.annotations[0].text.count("<br>")
+            > fig.layout.annotations[0].text.count("<br>"))

@@ -1,4 +1,5 @@
-"""LiveFigure replaces its figure in place in a real kernel; plain display ids with plotly stack copies."""
+"""LiveFigure replaces its figure in place in a real kernel; plain display ids with plotly stack
+copies."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def test_outside_ipython_the_figure_is_kept_and_counted():
 
 def test_figure_bundle_holds_the_figure_as_json_and_as_html():
     bundle = figure_bundle(go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout_title_text="t"))
-    fig_json = bundle["application/vnd.plotly.v1+json"]  # outside Colab: JupyterLab draws it offline
+    # outside Colab: JupyterLab draws it offline
+    fig_json = bundle["application/vnd.plotly.v1+json"]
     assert list(fig_json["data"][0]["y"]) == [3, 4] and fig_json["layout"]["title"]["text"] == "t"
     assert '"text":"t"' in bundle["text/html"].replace(" ", "")  # the HTML carries the same figure
 

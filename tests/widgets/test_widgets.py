@@ -57,7 +57,8 @@ def _trace(explorer, index: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _grey_regions(explorer) -> list[tuple[float, float]]:
     """The shaded zero-gradient runs (grey rectangles) of a figure, as (x0, x1)."""
-    return [(s.x0, s.x1) for s in explorer.view.figure.layout.shapes if "120,120,120" in s.fillcolor]
+    return [(s.x0, s.x1) for s in explorer.view.figure.layout.shapes
+            if "120,120,120" in s.fillcolor]
 
 
 def _status_text(explorer) -> str:
@@ -131,7 +132,8 @@ def test_figurewidget_update_is_one_message_and_never_drops_x(monkeypatch) -> No
 def _figure_in_html(html: str) -> dict:
     """The figure JSON embedded in an "html" bundle's script (`var fig = {...};`)."""
     line = next(line for line in html.splitlines() if line.strip().startswith("var fig = "))
-    return json.loads(line.strip().removeprefix("var fig = ").removesuffix(";").replace("<\\/", "</"))
+    return json.loads(
+        line.strip().removeprefix("var fig = ").removesuffix(";").replace("<\\/", "</"))
 
 
 def test_html_bundle_holds_the_figure_a_loader_and_no_plotly_js() -> None:
@@ -150,7 +152,8 @@ def test_html_bundle_holds_the_figure_a_loader_and_no_plotly_js() -> None:
     assert "width:640px;height:300px" in html  # the output keeps its size while plotly.js loads
     assert html_figure.plotly_js_url().endswith(f"plotly-{get_plotlyjs_version()}.min.js")
     assert set(html_figure.mime_bundle(fig, with_plotly_mime=False)) == {"text/html"}
-    ids = {re.search(r'id="([^"]+)"', html_figure.mime_bundle(fig)["text/html"]).group(1) for _ in range(3)}
+    ids = {re.search(r'id="([^"]+)"', html_figure.mime_bundle(fig)["text/html"]).group(1)
+           for _ in range(3)}
     assert len(ids) == 3  # a fresh element id per render: two outputs never share one
 
 
@@ -196,7 +199,8 @@ def test_html_backend_displays_once_then_updates_that_display_in_place(colab) ->
     shown = [m for m in messages if m["msg_type"] == "display_data"]
     updates = [m for m in messages if m["msg_type"] == "update_display_data"]
     assert len(shown) == 2, "one display for the controls and one for the figure, nothing stacked"
-    assert "application/vnd.jupyter.widget-view+json" in shown[0]["content"]["data"]  # controls first
+    # controls first
+    assert "application/vnd.jupyter.widget-view+json" in shown[0]["content"]["data"]
     figure = shown[1]["content"]
     display_id = figure["transient"]["display_id"]
     expected = {"text/html"} if colab else {"text/html", html_figure.PLOTLY_MIME}
@@ -205,7 +209,8 @@ def test_html_backend_displays_once_then_updates_that_display_in_place(colab) ->
     # two updates, both of that same display id, HTML alone, each with the state it was sent for
     assert [m["content"]["transient"]["display_id"] for m in updates] == [display_id, display_id]
     assert all(set(m["content"]["data"]) == {"text/html"} for m in updates)
-    titles = [_figure_in_html(m["content"]["data"]["text/html"])["layout"]["title"]["text"] for m in updates]
+    titles = [_figure_in_html(m["content"]["data"]["text/html"])["layout"]["title"]["text"]
+              for m in updates]
     assert "ε = 0.2, A = -0.5" in titles[0] and "ε = 0.3, A = -0.5" in titles[1]
 
 
@@ -229,8 +234,9 @@ def _away_from_kinks(r: np.ndarray, kinks: list[float]) -> np.ndarray:
     return np.all([np.abs(r - k) > 1e-6 for k in kinks], axis=0)
 
 
-@pytest.mark.parametrize(("eps", "adv", "dual"), [(0.2, 1.0, None), (0.1, -1.5, None), (0.3, 0.7, None),
-                                                  (0.2, -1.0, 2.0), (0.25, 1.2, 2.5)])
+@pytest.mark.parametrize(("eps", "adv", "dual"),
+                         [(0.2, 1.0, None), (0.1, -1.5, None), (0.3, 0.7, None),
+                          (0.2, -1.0, 2.0), (0.25, 1.2, 2.5)])
 def test_clip_explorer_curves_match_the_closed_form(backend, eps, adv, dual) -> None:
     explorer = shared(widgets.ClipExplorer, backend)
     explorer.set(eps=eps, advantage=adv, dual=dual is not None, dual_clip=dual or 2.0)
@@ -258,7 +264,8 @@ def test_clip_explorer_marker_and_case_at_a_few_ratios(backend) -> None:
             explorer.set(ratio=ratio, advantage=adv)
             x, y = _trace(explorer, clip_mod.CURRENT)
             assert x.tolist() == [ratio]
-            assert y[0] == pytest.approx(min(ratio * adv, min(max(ratio, 1 - eps), 1 + eps) * adv), abs=1e-12)
+            assert y[0] == pytest.approx(
+                min(ratio * adv, min(max(ratio, 1 - eps), 1 + eps) * adv), abs=1e-12)
             region = 0 if ratio < 1 - eps else 2 if ratio > 1 + eps else 1
             case = (1 + region) if adv > 0 else (4 + region)  # cases 1-3 for A > 0, 4-6 for A < 0
             status = _status_text(explorer)
@@ -275,13 +282,15 @@ def test_clip_explorer_shades_exactly_the_zero_gradient_regions(backend) -> None
     assert x0 == pytest.approx(1.2, abs=1.5 * step) and x1 == 3.0
     labels = [a.text for a in explorer.view.figure.layout.annotations]
     assert sum(text.startswith("case ") for text in labels) == 3
-    assert {t.split("<br>")[0] for t in labels if t.startswith("case")} == {"case 1", "case 2", "case 3"}
+    assert {t.split("<br>")[0] for t in labels if t.startswith("case")} == {"case 1",
+                                                                            "case 2", "case 3"}
 
     explorer.set(advantage=-0.8)  # A < 0: no gradient below 1 - eps (case 4)
     [(x0, x1)] = _grey_regions(explorer)
     assert x0 == 0.0 and x1 == pytest.approx(0.8, abs=1.5 * step)
     labels = [a.text for a in explorer.view.figure.layout.annotations]
-    assert {t.split("<br>")[0] for t in labels if t.startswith("case")} == {"case 4", "case 5", "case 6"}
+    assert {t.split("<br>")[0] for t in labels if t.startswith("case")} == {"case 4",
+                                                                            "case 5", "case 6"}
 
     explorer.set(dual=True, dual_clip=2.0)  # and, with the dual clip, above c
     regions = sorted(_grey_regions(explorer))
@@ -297,7 +306,8 @@ def test_clip_explorer_shades_exactly_the_zero_gradient_regions(backend) -> None
 def test_clip_explorer_batch_histogram_and_clip_fraction(backend) -> None:
     gen = torch.Generator().manual_seed(1)
     ratios = torch.exp(0.25 * torch.randn(500, generator=gen, dtype=torch.float64))  # (500,)
-    explorer = widgets.ClipExplorer(ratios=ratios.view(20, 25), backend=backend, eps=0.2, advantage=1.0)
+    explorer = widgets.ClipExplorer(ratios=ratios.view(20, 25), backend=backend,
+                                    eps=0.2, advantage=1.0)
     hist = explorer.view.figure.data[clip_mod.HISTOGRAM]
     assert hist.visible is True
     np.testing.assert_allclose(np.asarray(hist.x, dtype=float), ratios.numpy())
@@ -306,10 +316,12 @@ def test_clip_explorer_batch_histogram_and_clip_fraction(backend) -> None:
         explorer.set(advantage=adv)
         assert f"clipfrac {cut.mean():.1%}" in _status_text(explorer)
         assert f"approx_kl {np.mean(r - 1 - np.log(r)):.4f}" in _status_text(explorer)
-    assert widgets.ClipExplorer(backend=backend).view.figure.data[clip_mod.HISTOGRAM].visible is False
+    assert widgets.ClipExplorer(backend=backend).view.figure.data[
+        clip_mod.HISTOGRAM].visible is False
 
 
-CLIP_BAD_INPUT = [({"eps": 0.0}, "clip_eps"), ({"eps": -0.1}, "clip_eps"), ({"ratio": 0.0}, "ratio"),
+CLIP_BAD_INPUT = [({"eps": 0.0}, "clip_eps"), ({"eps": -0.1}, "clip_eps"),
+                  ({"ratio": 0.0}, "ratio"),
                   ({"ratio": -1.0}, "ratio"), ({"dual": True, "dual_clip": 0.5}, "dual_clip"),
                   ({"eps": float("nan")}, "clip_eps")]
 
@@ -330,7 +342,8 @@ def test_clip_explorer_bad_input_shows_a_message(backend) -> None:
 
 def test_clip_explorer_typed_value_reaches_the_maths_even_outside_the_slider(backend) -> None:
     explorer = widgets.ClipExplorer(backend=backend)
-    explorer.controls["eps"].text.value = 0.0  # typed into the box: the slider stops at its min (0.01)
+    # typed into the box: the slider stops at its min (0.01)
+    explorer.controls["eps"].text.value = 0.0
     assert explorer.controls["eps"].slider.value == explorer.controls["eps"].slider.min == 0.01
     assert "clip_eps" in explorer.error
     explorer.controls["eps"].slider.value = 0.3  # dragging updates the box and the figure
@@ -389,14 +402,15 @@ def test_gae_explorer_matches_the_loop(backend, gamma, lam, beta, score, kind) -
     ref = gae_loop(explorer.response, gamma, lam, beta, score, kind)
     s = _gae_series(explorer)
     np.testing.assert_allclose(s["penalty"], -beta * ref["kl"], atol=1e-12)
-    np.testing.assert_allclose(s["score"], [0.0] * 9 + [score], atol=1e-12)  # score on the last token
+    # score on the last token
+    np.testing.assert_allclose(s["score"], [0.0] * 9 + [score], atol=1e-12)
     for name in ("rewards", "deltas", "advantages", "returns", "mc", "values"):
         np.testing.assert_allclose(s[name], ref[name], atol=1e-10, err_msg=name)
     # whitened: (A - mean) / sqrt(unbiased var + 1e-8): mean 0, sd just under 1, increasing in A
     white = s["whitened"]
     var = s["advantages"].var(ddof=1)
-    np.testing.assert_allclose(white, (s["advantages"] - s["advantages"].mean()) / np.sqrt(var + 1e-8),
-                               atol=1e-10)
+    np.testing.assert_allclose(white, (s["advantages"] - s["advantages"].mean())
+                               / np.sqrt(var + 1e-8), atol=1e-10)
     assert white.mean() == pytest.approx(0.0, abs=1e-9)
     assert white.std(ddof=1) == pytest.approx(1.0, abs=1e-5)
     assert np.corrcoef(white, s["advantages"])[0, 1] == pytest.approx(1.0, abs=1e-9)
@@ -430,8 +444,10 @@ def test_gae_lambda_zero_is_td_and_lambda_one_is_monte_carlo(backend) -> None:
 
 def test_gae_explorer_on_a_custom_response(backend) -> None:
     response = widgets.TokenResponse(tokens=["a", "b", "c"], logprobs=[-1.0, -0.5, -2.0],
-                                     ref_logprobs=[-1.5, -0.5, -1.0], values=[0.1, 0.2, 0.4], score=0.7)
-    explorer = widgets.GAEExplorer(response=response, backend=backend, gamma=0.9, lam=0.7, kl_coef=0.5)
+                                     ref_logprobs=[-1.5, -0.5, -1.0],
+                                     values=[0.1, 0.2, 0.4], score=0.7)
+    explorer = widgets.GAEExplorer(response=response, backend=backend, gamma=0.9,
+                                   lam=0.7, kl_coef=0.5)
     ref = gae_loop(response, 0.9, 0.7, 0.5, 0.7)
     np.testing.assert_allclose(_gae_series(explorer)["advantages"], ref["advantages"], atol=1e-12)
     with pytest.raises(ValueError, match="values"):
@@ -458,13 +474,15 @@ def test_kl_explorer_curves_are_the_three_estimators(backend) -> None:
     x, k1 = _trace(explorer, kl_mod.CURVE)
     np.testing.assert_allclose(k1, x, atol=1e-12)  # k1 = log pi - log ref
     np.testing.assert_allclose(_trace(explorer, kl_mod.CURVE + 1)[1], 0.5 * x**2, atol=1e-12)
-    np.testing.assert_allclose(_trace(explorer, kl_mod.CURVE + 2)[1], np.exp(-x) - 1 + x, atol=1e-12)
+    np.testing.assert_allclose(_trace(explorer, kl_mod.CURVE + 2)[1],
+                               np.exp(-x) - 1 + x, atol=1e-12)
     # the sampled tokens sit on the curves
     lr, s1 = _trace(explorer, kl_mod.SAMPLED)
     assert len(lr) == 16
     np.testing.assert_allclose(s1, lr, atol=1e-12)
     np.testing.assert_allclose(_trace(explorer, kl_mod.SAMPLED + 1)[1], 0.5 * lr**2, atol=1e-12)
-    np.testing.assert_allclose(_trace(explorer, kl_mod.SAMPLED + 2)[1], np.exp(-lr) - 1 + lr, atol=1e-12)
+    np.testing.assert_allclose(_trace(explorer, kl_mod.SAMPLED + 2)[1],
+                               np.exp(-lr) - 1 + lr, atol=1e-12)
 
 
 @pytest.mark.parametrize("shift", [0.3, 1.0, 2.0])
@@ -478,7 +496,8 @@ def test_kl_explorer_means_and_spreads_against_the_exact_kl(backend, shift) -> N
     assert f"exact KL(π‖ref) = {exact:.4f}" in explorer.view.figure.layout.title.text
 
     log_ratio = log_pi - log_ref
-    per_token = {"k1": log_ratio, "k2": 0.5 * log_ratio**2, "k3": np.exp(-log_ratio) - 1 + log_ratio}
+    per_token = {"k1": log_ratio, "k2": 0.5 * log_ratio**2,
+                 "k3": np.exp(-log_ratio) - 1 + log_ratio}
     for i, kind in enumerate(("k1", "k2", "k3")):
         means = np.asarray(explorer.view.figure.data[kl_mod.BOX + i].y, dtype=float)  # (R,)
         assert len(means) == 400
@@ -518,7 +537,8 @@ def test_kl_explorer_bad_input_shows_a_message(backend) -> None:
         assert explorer.error is None
 
 
-# ------------------------------------------------------------------------------- value-clip explorer
+# ------------------------------------------------------------------------------- value-clip
+# explorer
 @pytest.mark.parametrize(("c", "old", "ret"), [(0.2, 0.0, 1.0), (0.5, 1.0, -0.5), (0.1, 0.3, 0.35)])
 def test_value_clip_explorer_matches_the_closed_form(backend, c, old, ret) -> None:
     explorer = shared(widgets.ValueClipExplorer, backend)
@@ -532,7 +552,8 @@ def test_value_clip_explorer_matches_the_closed_form(backend, c, old, ret) -> No
     # the clipped branch (flat in V outside the band) wins -> no gradient
     grad = np.where(err_clipped > err, 0.0, v - ret)
     smooth = _away_from_kinks(v, [old - c, old + c, ret, 2 * ret - old - c, 2 * ret - old + c])
-    np.testing.assert_allclose(_trace(explorer, vc_mod.GRAD_CLIPPED)[1][smooth], grad[smooth], atol=1e-12)
+    np.testing.assert_allclose(_trace(explorer, vc_mod.GRAD_CLIPPED)[1][smooth],
+                               grad[smooth], atol=1e-12)
     # the grey regions cover exactly the points where clipping removes the gradient
     zero = (grad == 0) & (v != ret)
     covered = np.zeros_like(zero)

@@ -2,24 +2,26 @@
 
 Two JupyterLab servers start on random free ports with token auth and their own temporary config,
 data, runtime, settings and workspace folders (nothing of the user's is read or written); Playwright
-(pip package; Debian's /usr/bin/chromium, no browser download) opens tests/browser_assets/explorer.ipynb,
-runs it, checks the plotly figure rendered, moves the advantage slider with the keyboard, and checks
-the plot changed.
+(pip package; Debian's /usr/bin/chromium, no browser download) opens
+tests/browser_assets/explorer.ipynb, runs it, checks the plotly figure rendered, moves the advantage
+slider with the keyboard, and checks the plot changed.
 
 - `lab`: JupyterLab as installed, with plotly's renderer extension, every request off localhost
   refused (offline). Every backend must render and update there; "html" is first drawn by that
-  extension from the plotly JSON, then its updates (HTML) use the plotly.js the extension loaded. For each
-  backend a screenshot goes to a temporary folder; with RLHF_WRITE_SCREENSHOTS=1 the figurewidget run also writes
-  docs/img/clip_explorer.png (and the GAE explorer docs/img/gae_explorer.png) for the README.
+  extension from the plotly JSON, then its updates (HTML) use the plotly.js the extension loaded.
+  For each backend a screenshot goes to a temporary folder; with RLHF_WRITE_SCREENSHOTS=1 the
+  figurewidget run also writes docs/img/clip_explorer.png (and the GAE explorer
+  docs/img/gae_explorer.png) for the README.
 - `colab_like_lab`: the failure mode of Colab (googlecolab/colabtools#5889), reproduced. plotly's
   extension is disabled (`jupyter labextension disable jupyterlab-plotly` in the server's own
-  config folder), the kernel uses plotly's "colab" renderer (PLOTLY_RENDERER=colab, as Colab sets it)
-  and the notebook marks itself as running in Colab (a `google.colab` module), so the explorers pick
-  their backend as in Colab. There is no internet here: plotly.js requests to plotly's CDN are
-  answered by Playwright (`page.route`) with the plotly.min.js of the installed plotly package, which
-  stands in for Colab's network access. The old "output" backend must show no plot there (its HTML
-  calls Plotly before the CDN script has loaded: "Plotly is not defined"); "auto" must pick "html",
-  show the plot, fetch plotly.js once, and update that one plot in place when the slider moves.
+  config folder), the kernel uses plotly's "colab" renderer (PLOTLY_RENDERER=colab, as Colab sets
+  it) and the notebook marks itself as running in Colab (a `google.colab` module), so the explorers
+  pick their backend as in Colab. There is no internet here: plotly.js requests to plotly's CDN are
+  answered by Playwright (`page.route`) with the plotly.min.js of the installed plotly package,
+  which stands in for Colab's network access. The old "output" backend must show no plot there (its
+  HTML calls Plotly before the CDN script has loaded: "Plotly is not defined"); "auto" must pick
+  "html", show the plot, fetch plotly.js once, and update that one plot in place when the slider
+  moves.
 
 Skipped with a reason when chromium or playwright is missing, except when CI=true: then it fails.
 """
@@ -49,7 +51,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync"]
 WRITE_SCREENSHOTS = os.environ.get("RLHF_WRITE_SCREENSHOTS") == "1"
 WAIT_MS = 90_000  #: longest wait for one selector (a cold kernel start on a busy 2-core machine)
-PLOTLY_EXTENSION = "jupyterlab-plotly"  #: plotly's JupyterLab renderer extension (mime type + widget)
+#: plotly's JupyterLab renderer extension (mime type + widget)
+PLOTLY_EXTENSION = "jupyterlab-plotly"
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -87,23 +90,27 @@ def _get_json(url: str) -> object:
 
 @contextlib.contextmanager
 def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
-                settings: dict[str, dict] | None = None, server_args: tuple[str, ...] = ()) -> Iterator[dict]:
-    """A JupyterLab server on 127.0.0.1 with its own Jupyter folders under `base`; yields url, token,
-    root and log. `plotly_extension=False` disables plotly's renderer extension in its config folder;
-    `settings` maps a plugin ("@jupyterlab/notebook-extension/tracker") to user settings of its own;
-    `server_args` are more command-line options for the server."""
+                settings: dict[str, dict] | None = None,
+                server_args: tuple[str, ...] = ()) -> Iterator[dict]:
+    """A JupyterLab server on 127.0.0.1 with its own Jupyter folders under `base`; yields url,
+    token, root and log. `plotly_extension=False` disables plotly's renderer extension in its config
+    folder; `settings` maps a plugin ("@jupyterlab/notebook-extension/tracker") to user settings of
+    its own; `server_args` are more command-line options for the server."""
     root = base / "root"
     root.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **kernel_env}
     for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                     ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
+                     ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+                     ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
         (base / sub).mkdir()
         env[var] = str(base / sub)
     # no "get notified about Jupyter news?" toast over the widget (and no request for news)
-    notification = base / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification = (base / "settings" / "@jupyterlab" / "apputils-extension"
+                    / "notification.jupyterlab-settings")
     notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    notification.write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
     for plugin, values in (settings or {}).items():
         package, _, name = plugin.rpartition("/")
         (base / "settings" / package).mkdir(parents=True, exist_ok=True)
@@ -116,7 +123,8 @@ def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
     log = open(base / "server.log", "w")  # noqa: SIM115 (closed below)
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
          "--LabApp.extension_manager=readonly",  # no PyPI look-ups (CI has no internet)
@@ -129,13 +137,15 @@ def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
         deadline = time.monotonic() + 60
         while True:
             if server.poll() is not None:
-                pytest.fail(f"JupyterLab exited early:\n{(base / 'server.log').read_text()[-3000:]}")
+                pytest.fail(
+                    f"JupyterLab exited early:\n{(base / 'server.log').read_text()[-3000:]}")
             try:
                 _get_json(f"{url}/api/status?token={token}")
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start:\n{(base / 'server.log').read_text()[-3000:]}")
+                    pytest.fail(
+                        f"JupyterLab did not start:\n{(base / 'server.log').read_text()[-3000:]}")
                 time.sleep(0.3)
         yield {"url": url, "token": token, "root": root, "log": base / "server.log",
                "plotly_extension": plotly_extension}
@@ -151,7 +161,8 @@ def _jupyterlab(base: Path, plotly_extension: bool, kernel_env: dict[str, str],
 @pytest.fixture(scope="module")
 def lab(browser_ready, tmp_path_factory) -> Iterator[dict]:
     """JupyterLab as a learner installs it: plotly's renderer extension enabled."""
-    with _jupyterlab(tmp_path_factory.mktemp("lab"), plotly_extension=True, kernel_env={}) as server:
+    with _jupyterlab(tmp_path_factory.mktemp("lab"), plotly_extension=True,
+                     kernel_env={}) as server:
         yield server
 
 
@@ -184,13 +195,15 @@ def _write_notebook(root: Path, name: str, widget: str, backend: str, colab: boo
     source = source.replace('BACKEND = "auto"', f'BACKEND = "{backend}"')
     source = source.replace('WIDGET = "ClipExplorer"', f'WIDGET = "{widget}"')
     if colab:
-        source = 'import sys, types\nsys.modules["google.colab"] = types.ModuleType("google.colab")\n' + source
+        source = ('import sys, types\nsys.modules["google.colab"] = '
+                  'types.ModuleType("google.colab")\n' + source)
     code["source"] = source
     (root / name).write_text(json.dumps(nb))
     return name
 
 
-PLOTS = ".jp-NotebookPanel .js-plotly-plot"  #: the explorer's figure, inside its widget or not ("html")
+#: the explorer's figure, inside its widget or not ("html")
+PLOTS = ".jp-NotebookPanel .js-plotly-plot"
 PLOT_SIGNATURE = f"""() => Array.from(document.querySelectorAll('{PLOTS} path.js-line'))
     .map(p => p.getAttribute('d')).join('|')"""
 PLOT_COUNT = f"() => document.querySelectorAll('{PLOTS}').length"
@@ -245,7 +258,8 @@ def _open_and_run(page, lab: dict, name: str, expect_plot: bool = True) -> None:
             page.wait_for_function(f"() => ({PLOT_SIGNATURE})().length > 0", timeout=WAIT_MS)
         else:
             page.wait_for_function(
-                "() => /case/.test(document.querySelector('.rlhf-explorer .rlhf-status')?.innerText ?? '')",
+                "() => /case/.test(document.querySelector('.rlhf-explorer "
+                ".rlhf-status')?.innerText ?? '')",
                 timeout=WAIT_MS)
     except Exception as err:  # say what the page shows instead of only "timeout"
         shot = Path(lab["root"]) / f"{name}.failure.png"
@@ -263,14 +277,16 @@ def _screenshot(page, path: Path) -> None:
     bottom = max(box["y"] + box["height"], plot["y"] + plot["height"])
     width = min(box["width"], plot["x"] + plot["width"] - box["x"] + 12)
     page.screenshot(path=str(path), full_page=True,
-                    clip={"x": box["x"], "y": box["y"], "width": width, "height": bottom - box["y"] + 8})
+                    clip={"x": box["x"], "y": box["y"], "width": width,
+                          "height": bottom - box["y"] + 8})
 
 
 def _drag_advantage_and_check(page, before: str) -> None:
     """Move the advantage slider from +1 to -0.5 with the keyboard; the plot must follow."""
     explorer = page.locator(".rlhf-explorer")
     old_text = explorer.locator(".rlhf-advantage input").input_value()
-    handle = explorer.locator(".rlhf-advantage .noUi-handle, .rlhf-advantage .ui-slider-handle").first
+    handle = explorer.locator(
+        ".rlhf-advantage .noUi-handle, .rlhf-advantage .ui-slider-handle").first
     handle.focus()
     for _ in range(30):  # 30 steps of 0.05: A from +1.0 to -0.5
         page.keyboard.press("ArrowLeft")
@@ -291,12 +307,14 @@ def test_clip_explorer_renders_and_responds_to_the_slider(lab, browser, backend,
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
     # every backend must work offline here; "html" draws its first figure with plotly's extension
-    # (from the JSON), then its updates are HTML drawn with the plotly.js that extension put on the page
+    # (from the JSON), then its updates are HTML drawn with the plotly.js that extension put on the
+    # page
     _refuse_internet(page)
     try:
         _open_and_run(page, lab, name)
         explorer = page.locator(".rlhf-explorer")
-        assert "case 3" in explorer.locator(".rlhf-status").inner_text()  # A > 0, ratio 1.3 > 1 + eps
+        # A > 0, ratio 1.3 > 1 + eps
+        assert "case 3" in explorer.locator(".rlhf-status").inner_text()
         # the title text comes from the figure itself, so it proves the plotted state
         page.wait_for_function(f"() => ({TITLE})().includes('A = +1')", timeout=WAIT_MS)
         assert page.evaluate(CURVES_KEEP_X)
@@ -316,7 +334,8 @@ def test_clip_explorer_renders_and_responds_to_the_slider(lab, browser, backend,
             before = page.evaluate(PLOT_SIGNATURE)
             for _ in range(30):
                 page.keyboard.press("ArrowRight")
-            page.wait_for_function(f"(old) => ({PLOT_SIGNATURE})() !== old", arg=before, timeout=WAIT_MS)
+            page.wait_for_function(f"(old) => ({PLOT_SIGNATURE})() !== old",
+                                   arg=before, timeout=WAIT_MS)
             page.wait_for_function(f"() => ({TITLE})().includes('A = +1')", timeout=WAIT_MS)
             _screenshot(page, ROOT / "docs" / "img" / "clip_explorer.png")
     finally:
@@ -331,8 +350,8 @@ def _plotly_extension_disabled(page) -> bool:
 
 def test_output_backend_shows_no_plot_without_plotly_renderer(colab_like_lab, browser) -> None:
     """The failure mode of googlecolab/colabtools#5889: a plotly figure inside an Output widget."""
-    name = _write_notebook(colab_like_lab["root"], "clip_output_colab.ipynb", "ClipExplorer", "output",
-                           colab=True)
+    name = _write_notebook(colab_like_lab["root"], "clip_output_colab.ipynb", "ClipExplorer",
+                           "output", colab=True)
     page = browser.new_page(viewport={"width": 1600, "height": 1200})
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
@@ -340,11 +359,14 @@ def test_output_backend_shows_no_plot_without_plotly_renderer(colab_like_lab, br
     try:
         _open_and_run(page, colab_like_lab, name, expect_plot=False)
         assert _plotly_extension_disabled(page)
-        # the Output widget got plotly's "colab" HTML, and its script ran (it asked for plotly.js) ...
-        page.wait_for_function("() => document.querySelector('.rlhf-explorer .plotly-graph-div') !== null",
-                               timeout=WAIT_MS)
+        # the Output widget got plotly's "colab" HTML, and its script ran (it asked for plotly.js)
+        # ...
+        page.wait_for_function(
+            "() => document.querySelector('.rlhf-explorer .plotly-graph-div') !== null",
+            timeout=WAIT_MS)
         page.wait_for_function("() => window.Plotly !== undefined", timeout=WAIT_MS)
-        page.wait_for_timeout(1000)  # ... and plotly.js is loaded now: a late draw would show by then
+        # ... and plotly.js is loaded now: a late draw would show by then
+        page.wait_for_timeout(1000)
         assert requested, "the Output widget's HTML never asked for plotly.js"
         # ... but nothing was drawn: the inline Plotly.newPlot ran before the CDN script had loaded
         assert page.evaluate(PLOT_COUNT) == 0
@@ -354,7 +376,8 @@ def test_output_backend_shows_no_plot_without_plotly_renderer(colab_like_lab, br
         page.close()
 
 
-def test_html_backend_renders_and_updates_without_plotly_renderer(colab_like_lab, browser, tmp_path) -> None:
+def test_html_backend_renders_and_updates_without_plotly_renderer(colab_like_lab, browser,
+                                                                  tmp_path) -> None:
     """What Colab gets: "auto" picks "html", which draws and redraws with no plotly renderer."""
     name = _write_notebook(colab_like_lab["root"], "clip_auto_colab.ipynb", "ClipExplorer", "auto",
                            colab=True)
@@ -368,7 +391,8 @@ def test_html_backend_renders_and_updates_without_plotly_renderer(colab_like_lab
         explorer = page.locator(".rlhf-explorer")
         assert "case 3" in explorer.locator(".rlhf-status").inner_text()
         page.wait_for_function(f"() => ({TITLE})().includes('A = +1')", timeout=WAIT_MS)
-        assert page.locator(".jp-NotebookPanel .rlhf-figure.js-plotly-plot").count() == 1  # our HTML drew it
+        # our HTML drew it
+        assert page.locator(".jp-NotebookPanel .rlhf-figure.js-plotly-plot").count() == 1
         assert page.evaluate(CURVES_KEEP_X)
         _drag_advantage_and_check(page, page.evaluate(PLOT_SIGNATURE))
         assert requested == [html_figure.plotly_js_url()], "plotly.js must be fetched once per page"
@@ -380,7 +404,8 @@ def test_html_backend_renders_and_updates_without_plotly_renderer(colab_like_lab
         page.close()
 
 
-@pytest.mark.skipif(not WRITE_SCREENSHOTS, reason="writes docs/img/gae_explorer.png only with RLHF_WRITE_SCREENSHOTS=1")
+@pytest.mark.skipif(not WRITE_SCREENSHOTS,
+                    reason="writes docs/img/gae_explorer.png only with RLHF_WRITE_SCREENSHOTS=1")
 def test_gae_explorer_screenshot(lab, browser) -> None:
     name = _write_notebook(lab["root"], "gae.ipynb", "GAEExplorer", "figurewidget")
     page = browser.new_page(viewport={"width": 1600, "height": 1400})

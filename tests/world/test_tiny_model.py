@@ -229,8 +229,8 @@ def test_reward_trainer_accepts_the_shipped_preferences(tmp_path, one_torch_thre
     tokenizer = load_tokenizer(TINY)
     model = load_sequence_classifier(TINY, num_labels=1)
     args = RewardConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8,
-                        use_cpu=True, bf16=False, **checkpointing_off(RewardConfig), report_to="none",
-                        save_strategy="no", max_length=64, dataset_num_proc=None)
+                        use_cpu=True, bf16=False, **checkpointing_off(RewardConfig),
+                        report_to="none", save_strategy="no", max_length=64, dataset_num_proc=None)
     trainer = RewardTrainer(model=model, args=args, processing_class=tokenizer,
                             train_dataset=Dataset.from_list(load_preferences("train")[:32]))
     row = trainer.train_dataset[0]

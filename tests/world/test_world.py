@@ -259,7 +259,8 @@ def test_distinct_n_counts_unique_ngrams_by_hand():
     texts = ["The plot is dull.", "the plot is good"]
     # unigrams: the plot is dull . the plot is good -> 9 total, 6 unique
     assert distinct_n(texts, 1) == pytest.approx(6 / 9)
-    # bigrams: (the plot)(plot is)(is dull)(dull .) + (the plot)(plot is)(is good) -> 7 total, 5 unique
+    # bigrams: (the plot)(plot is)(is dull)(dull .) + (the plot)(plot is)(is good) -> 7 total, 5
+    # unique
     assert distinct_n(texts, 2) == pytest.approx(5 / 7)
     assert distinct_n(["a"], 2) == 0.0
     with pytest.raises(ValueError, match="n must be"):
@@ -286,22 +287,25 @@ def test_summarize_and_sample_quality_agree_with_statistics():
         sample_quality([PROMPT], responses[:1], [True, True])
 
 
-# ----------------------------------------------------------------------------- the builder keeps other people's files
+# ----------------------------------------------------------------------------- the builder keeps
+# other people's files
 def _users_data_folder(tmp_path):
-    """A data folder as a user makes one: the shipped files, their own prompts_train.jsonl, no model."""
+    """A data folder as a user makes one: the shipped files, their own prompts_train.jsonl, no
+    model."""
     import shutil
 
     folder = tmp_path / "mydata"
     folder.mkdir()
     for path in data_dir().glob("*.jsonl"):
         shutil.copy(path, folder / path.name)
-    (folder / "prompts_train.jsonl").write_text('{"prompt": "My own prompt about"}\n', encoding="utf-8")
+    (folder / "prompts_train.jsonl").write_text('{"prompt": "My own prompt about"}\n',
+                                                encoding="utf-8")
     return folder
 
 
 def test_following_the_missing_model_advice_keeps_the_users_data(tmp_path, monkeypatch, capsys):
-    """The advice a missing tiny model gives, followed to the letter, trains the model and changes no data file;
-    a plain build into that folder refuses, naming the file, and writes nothing."""
+    """The advice a missing tiny model gives, followed to the letter, trains the model and changes
+    no data file; a plain build into that folder refuses, naming the file, and writes nothing."""
     from rlhf_helpers.runtime.models import load_tokenizer
     from rlhf_helpers.runtime.profiles import get_profile
     from rlhf_helpers.world import build
@@ -312,10 +316,12 @@ def test_following_the_missing_model_advice_keeps_the_users_data(tmp_path, monke
     with pytest.raises(FileNotFoundError) as missing:
         load_tokenizer(get_profile("tiny"))
     advice = str(missing.value)
-    assert f"world.build --model-only --out {folder}`" in advice and "changes no data file" in advice
+    assert (f"world.build --model-only --out {folder}`" in advice
+            and "changes no data file" in advice)
 
     with pytest.raises(SystemExit) as refused:
-        build.main(["--out", str(folder)])  # the shipped settings: the other four files are the builder's
+        # the shipped settings: the other four files are the builder's
+        build.main(["--out", str(folder)])
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "mydata holds prompts_train.jsonl, which this builder did not write" in err
@@ -323,7 +329,8 @@ def test_following_the_missing_model_advice_keeps_the_users_data(tmp_path, monke
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
     build.main(["--out", str(folder), "--fast", "--model-only"])  # the advice
-    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # no data file touched
+    # no data file touched
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
     assert (folder / build.TINY_MODEL_SUBDIR / "training_log.json").is_file()
     assert not (folder / "README.md").exists()
 
@@ -333,10 +340,12 @@ def test_the_builder_replaces_its_own_files_and_refuses_a_foreign_card_or_model(
 
     out = tmp_path / "world"
     build.main(["--out", str(out), "--fast", "--skip-model"])
-    build.main(["--out", str(out), "--fast", "--skip-model"])  # its own files, same settings: no conflict
+    # its own files, same settings: no conflict
+    build.main(["--out", str(out), "--fast", "--skip-model"])
     assert build.foreign_files(out, build.data_files(0, build.FAST_SIZES)[0], model=True) == []
     assert build.foreign_files(out, build.data_files(1, build.FAST_SIZES)[0], model=False) == [
-        name for name in build.data_files(0)[0]]  # another seed writes other records: all five differ
+        # another seed writes other records: all five differ
+        name for name in build.data_files(0)[0]]
     (out / "README.md").write_text("# My notes\n")
     (out / build.TINY_MODEL_SUBDIR).mkdir(parents=True)
     (out / build.TINY_MODEL_SUBDIR / "config.json").write_text("{}")
@@ -356,15 +365,18 @@ def test_a_card_with_a_persons_notes_is_theirs(tmp_path, capsys):
     out = tmp_path / "world"
     build.main(["--out", str(out), "--fast", "--skip-model"])
     card = out / "README.md"
-    assert build.is_builders_card(card) and build.is_builders_card(data_dir() / "README.md")  # the shipped one too
-    for edit in (lambda text: text + "\nMy notes.\n", lambda text: text.replace("Everything", "All", 1)):
+    # the shipped one too
+    assert build.is_builders_card(card) and build.is_builders_card(data_dir() / "README.md")
+    for edit in (lambda text: text + "\nMy notes.\n",
+                 lambda text: text.replace("Everything", "All", 1)):
         mine = edit(card.read_text(encoding="utf-8"))
         card.write_text(mine, encoding="utf-8")
         assert not build.is_builders_card(card)
         with pytest.raises(SystemExit) as refused:
             build.main(["--out", str(out), "--fast", "--skip-model"])
         err = capsys.readouterr().err
-        assert refused.value.code == 2 and "holds README.md, which this builder did not write" in err
+        assert (refused.value.code == 2
+                and "holds README.md, which this builder did not write" in err)
         assert card.read_text(encoding="utf-8") == mine
     build.main(["--out", str(out), "--fast", "--skip-model", "--force"])
     assert build.is_builders_card(card)
@@ -379,8 +391,8 @@ def _refused(build, argv, capsys) -> str:
 
 
 def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys, monkeypatch):
-    """Before: FileExistsError or NotADirectoryError tracebacks, the second after the data files were written;
-    `--out ""` wrote into the current folder."""
+    """Before: FileExistsError or NotADirectoryError tracebacks, the second after the data files
+    were written; `--out ""` wrote into the current folder."""
     from rlhf_helpers.world import build
 
     monkeypatch.chdir(tmp_path)
@@ -392,7 +404,8 @@ def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys, monkeyp
     a_file.write_text("mine")
     assert _refused(build, ["--out", str(a_file), "--fast", "--skip-model"], capsys).endswith(
         f"--out {a_file}: {a_file} is a file, not a folder")
-    assert _refused(build, ["--out", str(a_file / "sub"), "--fast", "--skip-model"], capsys).endswith(
+    assert _refused(build, ["--out", str(a_file / "sub"), "--fast", "--skip-model"],
+                    capsys).endswith(
         f"--out {a_file / 'sub'}: {a_file} is a file, not a folder")
     out = tmp_path / "world"
     out.mkdir()
@@ -407,13 +420,15 @@ def test_the_builder_names_a_file_where_its_folders_go(tmp_path, capsys, monkeyp
     ("sft.jsonl", None, "sft.jsonl is a folder"),
     ("prompts_test.jsonl", '{"prompt": "a"\n', "prompts_test.jsonl, line 1: not valid JSON"),
 ])
-def test_model_only_checks_the_folders_files_before_replacing_the_model(tmp_path, capsys, name, text, message):
+def test_model_only_checks_the_folders_files_before_replacing_the_model(tmp_path, capsys,
+                                                                        name, text, message):
     """Before: a traceback, for prompts_test.jsonl after model.safetensors had been overwritten."""
     from rlhf_helpers.world import build
 
     out = tmp_path / "world"
     build.main(["--out", str(out), "--fast"])
-    capsys.readouterr()  # the build's own progress (and any logging noise): only the refused call is read below
+    # the build's own progress (and any logging noise): only the refused call is read below
+    capsys.readouterr()
     weights = out / build.TINY_MODEL_SUBDIR / "model.safetensors"
     before = weights.read_bytes()
     (out / name).unlink()
@@ -428,9 +443,11 @@ def test_model_only_checks_the_folders_files_before_replacing_the_model(tmp_path
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**70)])
 def test_the_builder_refuses_a_seed_outside_numpys_range(tmp_path, capsys, seed):
-    """Before: accepted, writing a data set the card called seed -1 (the model's torch seed wraps around)."""
+    """Before: accepted, writing a data set the card called seed -1 (the model's torch seed wraps
+    around)."""
     from rlhf_helpers.world import build
 
-    line = _refused(build, ["--out", str(tmp_path / "w"), "--fast", "--skip-model", "--seed", seed], capsys)
+    line = _refused(
+        build, ["--out", str(tmp_path / "w"), "--fast", "--skip-model", "--seed", seed], capsys)
     assert line.endswith(f"--seed must be an int in [0, 4294967295], got {seed}")
     assert not (tmp_path / "w").exists()
