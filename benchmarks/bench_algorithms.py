@@ -1,7 +1,7 @@
 """Do you need a critic? PPO against TRL's GRPO and RLOO, and best-of-n, on the tiny world.
 
-    python -m benchmarks.bench_algorithms                 # 3 seeds x 180 CPU s per method, 2 jobs
-    python -m benchmarks.bench_algorithms --fast          # smoke run: 1 seed, 6 CPU s, 32 eval prompts
+    python -m benchmarks.bench_algorithms         # 3 seeds x 180 CPU s per method, 2 jobs
+    python -m benchmarks.bench_algorithms --fast  # smoke run: 1 seed, 6 CPU s, 32 eval prompts
     python -m benchmarks.bench_algorithms --replot runs/bench_algorithms/results.json
 
 Every method trains a LoRA policy on the shipped SFT model against the same learned reward adapter,

@@ -1,8 +1,8 @@
-"""Memory of one shared base with LoRA roles against four separate models, doing one PPO step's work.
+"""Memory of one shared base with LoRA roles against four separate models, in one PPO step.
 
-    python -m benchmarks memory                       # tiny and GPT-2-small sizes on the CPU (~3-5 min)
-    python -m benchmarks memory --fast                # tiny, and SmolLM2 shrunk to 2 layers (~45 s)
-    python -m benchmarks.bench_memory --sizes smollm2 --batch 4 --new-tokens 8   # gpu architecture, CPU
+    python -m benchmarks memory          # tiny and GPT-2-small sizes on the CPU (~3-5 min)
+    python -m benchmarks memory --fast   # tiny, and SmolLM2 shrunk to 2 layers (~45 s)
+    python -m benchmarks.bench_memory --sizes smollm2 --batch 4 --new-tokens 8  # gpu arch., CPU
     python -m benchmarks.bench_memory --device cuda   # gpu profile's architecture and sizes, bf16
 
 Sides (each measured in its own subprocess, one after the other):

@@ -1,9 +1,9 @@
-"""Does PPO learn? The tiny profile's PPO against best-of-n, and reward over-optimisation without KL.
+"""Does PPO learn? The tiny profile's PPO against best-of-n, and over-optimisation without KL.
 
-    python -m benchmarks.bench_ppo_learning            # 3 seeds x 3 min of PPO, best-of-1/4/16, kl_coef=0 run
-    python -m benchmarks.bench_ppo_learning --fast     # smoke run: 1 seed, a few steps, 32 eval prompts
+    python -m benchmarks.bench_ppo_learning         # 3 seeds x 3 min PPO, best-of-1/4/16, kl_coef=0
+    python -m benchmarks.bench_ppo_learning --fast  # smoke run: 1 seed, few steps, 32 eval prompts
     python -m benchmarks.bench_ppo_learning --seeds 0 1 --train-seconds 120 --threads 2
-    python -m benchmarks.bench_ppo_learning --replot runs/bench_ppo_learning/results.json  # picture only
+    python -m benchmarks.bench_ppo_learning --replot runs/bench_ppo_learning/results.json  # figure
 
 What is measured, all on the held-out prompts of data/prompts_test.jsonl, graded by the hidden
 ground-truth scorer (which PPO never sees; it optimises the learned reward adapter):
@@ -247,7 +247,8 @@ def print_table(ppo_runs: Sequence[dict], baselines: dict, overopt: dict | None,
     print(f"{'run':<22}{'hidden':>9}{'reward':>9}{'KL':>8}  note")
     for n, row in baselines["rows"].items():
         print(
-            f"{'SFT best-of-' + str(n):<22}{row['hidden']:>+9.3f}{row['reward']:>+9.3f}{row['kl']:>8.3f}"
+            f"{'SFT best-of-' + str(n):<22}{row['hidden']:>+9.3f}{row['reward']:>+9.3f}"
+            f"{row['kl']:>8.3f}"
             "  analytic KL log n - (n-1)/n")
     for run in ppo_runs:
         final, best = run["curve"][-1], best_point(run["curve"])
@@ -262,8 +263,8 @@ def print_table(ppo_runs: Sequence[dict], baselines: dict, overopt: dict | None,
         peak = best_point(curve)
         last = curve[-1]
         print(
-            f"{'kl_coef=0 peak hidden':<22}{peak['eval_hidden_score']:>+9.3f}{peak['eval_score']:>+9.3f}"
-            f"{peak['eval_kl']:>8.3f}  step {int(peak['step'])}")
+            f"{'kl_coef=0 peak hidden':<22}{peak['eval_hidden_score']:>+9.3f}"
+            f"{peak['eval_score']:>+9.3f}{peak['eval_kl']:>8.3f}  step {int(peak['step'])}")
         print(f"{'kl_coef=0 last':<22}{last['eval_hidden_score']:>+9.3f}{last['eval_score']:>+9.3f}"
               f"{last['eval_kl']:>8.3f}  step {int(last['step'])}")
 

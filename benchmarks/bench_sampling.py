@@ -1,7 +1,7 @@
-"""Decode speed of the rollout sampler: Hugging Face `generate`, our plain loop, and the fast decoder.
+"""Decode speed of the rollout sampler: Hugging Face `generate`, our plain loop, the fast decoder.
 
-    python -m benchmarks.bench_sampling --device cuda        # SmolLM2-135M architecture, random init, bf16
-    python -m benchmarks.bench_sampling                      # CPU smoke run (tiny Llama, float32)
+    python -m benchmarks.bench_sampling --device cuda  # SmolLM2-135M arch., random init, bf16
+    python -m benchmarks.bench_sampling                # CPU smoke run (tiny Llama, float32)
 
 All three run side by side in one process on the same model (random weights of the gpu profile's
 architecture: no hub here), batch and response length (the TRL-baseline anchor: 32 prompts x 64 new

@@ -1,4 +1,4 @@
-"""How many torch threads the tiny profile's PPO update wants, on a quiet machine and beside a busy process.
+"""How many torch threads the tiny profile's PPO update wants, alone and beside a busy process.
 
     python -m benchmarks.measure_threads              # 1, 2 and torch's default, quiet and loaded
     python -m benchmarks.measure_threads --updates 2  # shorter

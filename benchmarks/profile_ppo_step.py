@@ -1,9 +1,9 @@
-"""Where one PPO update of our engine spends its time, on bench_trl_baseline's tiny-profile settings.
+"""Where one PPO update of our engine spends its time, on bench_trl_baseline's tiny settings.
 
     python -m benchmarks.profile_ppo_step                # CPU-time breakdown of a few updates
-    python -m benchmarks.profile_ppo_step --cprofile 30  # + the top 30 functions of one update (cProfile)
+    python -m benchmarks.profile_ppo_step --cprofile 30  # + one update's top 30 functions, cProfile
     python -m benchmarks.profile_ppo_step --torch 25     # + the top 25 torch ops of one update
-    python -m benchmarks.profile_ppo_step --device cuda  # bench_trl_baseline's GPU anchor (SmolLM2 size)
+    python -m benchmarks.profile_ppo_step --device cuda  # bench_trl_baseline's GPU anchor (SmolLM2)
 
 One torch thread. On the CPU, times are process CPU seconds (`time.process_time`), steadier than
 wall time on a shared machine; on CUDA they are wall seconds after a device synchronize, with the

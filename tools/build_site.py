@@ -1,6 +1,6 @@
-"""`make site`: the executed course as a static HTML site in build/site/ (Sphinx + MyST-NB, offline).
+"""`make site`: the executed course as static HTML in build/site/ (Sphinx + MyST-NB, offline).
 
-    .venv/bin/python tools/build_site.py [--executed build/executed] [--out build/site] [--no-execute]
+    python tools/build_site.py [--executed build/executed] [--out build/site] [--no-execute]
 
 1. The notebooks are not executed again: the copies `make test` left in build/executed/ are used
    when they hold the stored notebook's cells and no error; any other notebook is copied to a

@@ -1,10 +1,10 @@
-"""How long each notebook's core path and its deep dives take a learner: the README's course-map times.
+"""How long each notebook's core path and deep dives take a learner: the README's course-map times.
 
 Usage:
-    python tools/course_time.py              # a table: core and deep-dive minutes per notebook, and the counts
-    python tools/course_time.py 05 07        # only the notebooks whose names start with these prefixes
-    python tools/course_time.py --write      # state the minutes in each notebook's header and the README's map
-    python tools/course_time.py --check      # exit 1 when a header or the README's course map states others
+    python tools/course_time.py          # a table of core and deep-dive minutes, and the counts
+    python tools/course_time.py 05 07    # only the notebooks whose names start with these prefixes
+    python tools/course_time.py --write  # state the minutes in each header and the README's map
+    python tools/course_time.py --check  # exit 1 when a header or the README's map states others
 
 The minutes are an estimate, made the same way for every notebook from what it contains, counted in
 the stored notebook (core and deep dives split by `rlhf_helpers.course.deep_dives`):
@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sections:
             for name in dict.fromkeys(section for section, _, _ in cells):
                 for flag, label in ((False, "core"), (True, "deep")):
-                    minutes = sum(
-                        (p for s, d, p in cells if s == name and d == flag), Part()).minutes
+                    here = (p for s, d, p in cells if s == name and d == flag)
+                    minutes = sum(here, Part()).minutes
                     if minutes >= 0.5:
                         print(f"    {label} {minutes:5.0f}  {name[:70]}")
     print(f"{'total (hours)':<24} {total[0] / 60:8.1f} {total[1] / 60:8.1f}")

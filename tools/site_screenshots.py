@@ -1,4 +1,4 @@
-"""Screenshots of the site's notebook pages at a desktop and a phone width, and what a reader cannot see there.
+"""Screenshots of the site's notebook pages at desktop and phone width, and what a reader misses.
 
     python tools/site_screenshots.py [--site build/site] [--out docs/img/site]
 

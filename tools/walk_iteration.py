@@ -1,4 +1,4 @@
-"""Walk one PPO iteration as a newcomer reads it, from the training command to the policy's optimiser step.
+"""Walk one PPO iteration as a newcomer reads it, from the training command to the optimiser step.
 
     python tools/walk_iteration.py            # the walk, hop by hop, then its two counts
     python tools/walk_iteration.py --json     # the counts only, as one JSON object

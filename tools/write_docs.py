@@ -1,9 +1,11 @@
-"""Write the generated docs from the code: docs/metrics.md (every metric's meaning, formula, healthy range) and the
-generated blocks of docs/cluster.md (the verl / OpenRLHF settings of the gpu profile).
+"""Write the generated docs from the code: docs/metrics.md and docs/cluster.md's generated blocks.
+
+docs/metrics.md holds every metric's meaning, formula and healthy range; the generated blocks of
+docs/cluster.md, the verl / OpenRLHF settings of the gpu profile.
 
     python tools/write_docs.py             # rewrite both
-    python tools/write_docs.py --check     # exit 1 naming each page that differs from what the code writes
-    python tools/write_docs.py --docs DIR  # read and write DIR/metrics.md and DIR/cluster.md instead
+    python tools/write_docs.py --check     # exit 1 naming each page that differs from the code's
+    python tools/write_docs.py --docs DIR  # use DIR/metrics.md and DIR/cluster.md instead
 
 The package holds the content (`ppo.metric_docs.METRICS`, `cluster.knobs`, `cluster.export`); this
 script turns it into the pages and is the only code that writes them, so importing the package never

@@ -313,8 +313,8 @@ def evaluate(
     kl = ((logp - ref) * mask).sum(dim=1)  # (B,)
     texts_prompts, texts_responses = decode_pairs(tokenizer, sequences.masked_fill(~torch.cat(
         [attention.bool(), mask], dim=1), pad), context)
-    # (B,)
-    scores = torch.tensor(hidden_score_texts(texts_prompts, texts_responses), dtype=torch.float64)
+    scores = torch.tensor(hidden_score_texts(texts_prompts, texts_responses),
+                          dtype=torch.float64)  # (B,)
     return {
         "kl": float(kl.mean()),
         "hidden_score": float(scores.mean()),
@@ -329,8 +329,7 @@ def causal_lm_logprobs(model: Any, sequences: Any, attention_mask: Any, context_
     """Per-token log-probs (B, R) of the response tokens under a causal LM, left-pad aware."""
     import torch
 
-    # (B, T): GPT-2 needs them with left pad
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # (B, T): GPT-2 needs them, left pad
     logits = model(input_ids=sequences, attention_mask=attention_mask,
                    position_ids=position_ids).logits  # (B, T, V)
     logits = logits[:, context_length - 1 : -1].float()  # (B, R, V): position t predicts token t+1

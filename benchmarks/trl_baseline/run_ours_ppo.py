@@ -3,7 +3,7 @@
 The counterpart of `run_trl_ppo.py`, run in the main .venv by `benchmarks/bench_trl_baseline.py`
 with the same `BenchSettings`:
 
-    .venv/bin/python benchmarks/trl_baseline/run_ours_ppo.py --settings '{"updates": 12}' --out /tmp/ours.json
+    python benchmarks/trl_baseline/run_ours_ppo.py --settings '{"updates": 12}' --out /tmp/ours.json
 
 One base model with `policy` and `value` LoRA adapters (the reference is the base with adapters
 disabled); the reward is the same hidden ground-truth scorer TRL gets, passed as `reward_fn`.

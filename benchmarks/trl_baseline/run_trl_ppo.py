@@ -57,8 +57,8 @@ def build_hidden_reward_model(tokenizer: Any, context_length: int) -> Any:
     class HiddenScoreBackbone(nn.Module):
         def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
             prompts, responses = decode_pairs(tokenizer, input_ids, context_length)
-            # (B,)
-            scores = torch.tensor(hidden_score_texts(prompts, responses), device=input_ids.device)
+            scores = torch.tensor(hidden_score_texts(prompts, responses),
+                                  device=input_ids.device)  # (B,)
             per_position = scores[:, None, None].expand(*input_ids.shape, 1)  # (B, T, 1)
             return SimpleNamespace(hidden_states=(per_position,))
 

@@ -852,7 +852,7 @@ else:  # a copy of the notebook without the repository's docs folder
 # writes the same settings for either:
 
 # %%
-from rlhf_helpers.cluster.export import OPENRLHF_VERSION, VERL_VERSION, not_carried, openrlhf_args, verl_overrides
+from rlhf_helpers.cluster import export
 
 ppo_config = profile.ppo  # this notebook's profile, as notebook 05 trains it
 # a few of the PPO knobs (the full lists hold batch sizes, optimiser, LoRA and placement too)
@@ -860,15 +860,15 @@ KNOBS = ("adv_estimator", "gamma", "lam", "clip_ratio=", "cliprange_value", "kl_
          "eps_clip", "value_clip", "kl.init_coef", "kl.estimator", "advantage.lambd", "max_epochs", "lora.rank")
 print(f"batch sizes are global there: 4 GPUs x {ppo_config.rollout_batch_size} responses per process = "
       f"{4 * ppo_config.rollout_batch_size} per step")
-overrides = verl_overrides(ppo_config, n_gpus=4)
-print(f"verl {VERL_VERSION} (python -m verl.trainer.main_ppo), {len(overrides)} overrides for 4 GPUs, among them:")
+overrides = export.verl_overrides(ppo_config, n_gpus=4)
+print(f"verl {export.VERL_VERSION} (python -m verl.trainer.main_ppo), {len(overrides)} overrides for 4 GPUs, among them:")
 print("   " + "\n   ".join(o for o in overrides if any(k in o.split("=")[0] + "=" for k in KNOBS)))
-args = openrlhf_args(ppo_config, n_gpus=4)
+args = export.openrlhf_args(ppo_config, n_gpus=4)
 flags = [f"{flag} {value}" for flag, value in zip(args, args[1:], strict=False)
          if flag.startswith("--") and not value.startswith("--") and any(k in flag for k in KNOBS)]
-print(f"OpenRLHF {OPENRLHF_VERSION} (python -m openrlhf.cli.train_ppo_ray), {len(args)} arguments for 4 GPUs, among them:")
+print(f"OpenRLHF {export.OPENRLHF_VERSION} (python -m openrlhf.cli.train_ppo_ray), {len(args)} arguments for 4 GPUs, among them:")
 print("   " + "\n   ".join(flags))
-print(f"PPOConfig fields set here that neither takes: {not_carried(ppo_config) or 'none'}\n"
+print(f"PPOConfig fields set here that neither takes: {export.not_carried(ppo_config) or 'none'}\n"
       "  (the structural differences above are not config fields)")
 
 # %% [markdown]

@@ -1,23 +1,22 @@
-"""The same PPO run for a cluster: verl Hydra overrides and an OpenRLHF command line from a profile or PPOConfig.
+"""The same PPO run for a cluster: verl Hydra overrides and an OpenRLHF command line.
 
     from rlhf_helpers.cluster.export import verl_overrides, verl_yaml, openrlhf_args
-    verl_overrides("gpu")                 # ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", ...]
-    print(verl_yaml("gpu", n_gpus=4))     # the same settings as a YAML file (python -m verl.trainer.main_ppo)
-    openrlhf_args(config, n_gpus=4)       # ["--rollout.batch_size", "256", ...] for train_ppo_ray
+    verl_overrides("gpu")              # ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", ...]
+    print(verl_yaml("gpu", n_gpus=4))  # the same as a YAML file (python -m verl.trainer.main_ppo)
+    openrlhf_args(config, n_gpus=4)    # ["--rollout.batch_size", "256", ...] for train_ppo_ray
     python -m rlhf_helpers.cluster.export --profile gpu --format openrlhf
-    python tools/write_docs.py                           # rewrite the examples in docs/cluster.md
+    python tools/write_docs.py         # rewrite the examples in docs/cluster.md
 
 The course's batch sizes are per process (`accelerate launch` runs one copy per GPU); verl and
 OpenRLHF take global ones, so `n_gpus` multiplies them. Model and data paths are placeholders
-(MODEL_PATH, ...) unless `paths` names them. `cluster.knobs` says what each setting means there and
-what does not carry over (`not_carried` lists the ones this config sets); docs/cluster.md is the
-page.
+(MODEL_PATH, ...) unless `paths` names them (`cluster.run_inputs` reads and checks the run, the
+GPUs and the paths). `cluster.knobs` says what each setting means there and what does not carry
+over (`not_carried` lists the ones this config sets); docs/cluster.md is the page.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import shlex
@@ -26,13 +25,19 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from rlhf_helpers.cluster.run_inputs import (
+    MAX_GPUS_PER_NODE,
+    as_config,
+    check_gpus,
+    per_token_target_kl,
+    run_paths,
+)
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
 #: The releases this export was written against and tests/cluster/test_cluster_export.py checks
-#: (PyPI versions).
+#: (PyPI versions); OpenRLHF >= 0.10.2 has the dotted flags (--actor.eps_clip, --algo.kl.init_coef).
 VERL_VERSION = "0.9.1"
-# >= 0.10.2: the dotted flags (--actor.eps_clip, --algo.kl.init_coef, ...)
 OPENRLHF_VERSION = "0.11.2"
 #: Sent where the course switches a clip off and the framework cannot: no score or value gets near
 #: it.
@@ -41,75 +46,15 @@ NO_CLIP = 1.0e6
 DUAL_CLIP_OFF = 1.0e9
 #: Course KL estimator -> verl's algorithm.kl_penalty name (OpenRLHF takes k1/k2/k3 as they are).
 VERL_KL_NAMES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
-#: Placeholders of the paths the export cannot know; `paths={"model": ...}` replaces them.
-PLACEHOLDERS = {"model": "MODEL_PATH", "reward_model": "REWARD_MODEL_PATH",
-                "train_prompts": "TRAIN_PROMPTS", "val_prompts": "VAL_PROMPTS"}
-#: The most GPUs one node (one NVLink domain: GB200 NVL72) holds; the export writes one-node runs
-#: (nnodes=1).
-MAX_GPUS_PER_NODE = 72
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
 
 
-def as_config(run: str | Profile | PPOConfig) -> PPOConfig:
-    """A PPOConfig from a profile name (`get_profile`: $RLHF_PROFILE_OVERRIDES applies), a Profile
-    or a config."""
-    if isinstance(run, PPOConfig):
-        return run
-    if isinstance(run, str):
-        try:
-            return get_profile(run).ppo
-        # the profile name, or $RLHF_PROFILE_OVERRIDES: say it came through `run`
-        except ValueError as error:
-            raise ValueError(f"run {run!r}: {error}") from None
-    if not isinstance(run, Profile):
-        raise ValueError("run must be a profile name, a Profile or a PPOConfig, got "
-                         f"{type(run).__name__} {run!r}")
-    return run.ppo
-
-
-def _paths(paths: Mapping[str, str] | None) -> dict[str, str]:
-    if paths is not None and not isinstance(paths, Mapping):
-        raise ValueError(f"paths must be a mapping such as {{'model': '/models/sft'}}, got "
-                         f"{type(paths).__name__} {paths!r}")
-    bad = {name: path for name,
-           path in (paths or {}).items() if not isinstance(path, str) or not path.strip()}
-    if bad:
-        raise ValueError(f"paths must map each name to a non-empty path string, got {bad!r}")
-    unknown = set(paths or {}) - set(PLACEHOLDERS)
-    if unknown:
-        raise ValueError(f"unknown path name(s) {sorted(unknown)}; known: {sorted(PLACEHOLDERS)}")
-    return {**PLACEHOLDERS, **(paths or {})}
-
-
-def _check_gpus(n_gpus: int) -> int:
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus,
-                                                  int) or not 1 <= n_gpus <= MAX_GPUS_PER_NODE:
-        raise ValueError(f"n_gpus must be an int in [1, {MAX_GPUS_PER_NODE}] (the GPUs of one "
-                         f"node), got {n_gpus!r}")
-    return n_gpus
-
-
-def per_token_target_kl(config: PPOConfig,
-                        mean_response_tokens: float | None = None) -> float | None:
-    """The course's target (k1 KL per sequence) as their target (mean KL per token): divided by the
-    mean response length, max_new_tokens unless given (exact when responses use the whole
-    budget)."""
-    if mean_response_tokens is not None and (isinstance(mean_response_tokens, bool)
-                                             or not isinstance(mean_response_tokens, (int, float))
-                                             or not 0 < mean_response_tokens < math.inf):
-        raise ValueError(f"mean_response_tokens must be None or a finite number > 0, got "
-                         f"{type(mean_response_tokens).__name__} {mean_response_tokens!r}")
-    if config.target_kl is None:
-        return None
-    tokens = config.max_new_tokens if mean_response_tokens is None else mean_response_tokens
-    return float(config.target_kl) / float(tokens)
-
-
-def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-                  | None = None, paths: Mapping[str, str] | None = None) -> dict[str, Any]:
+def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                  mean_response_tokens: float | None = None,
+                  paths: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Dotted verl key -> value (Python types) for the same run on `n_gpus` GPUs of one node."""
-    c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
+    c, n, p = as_config(run), check_gpus(n_gpus), run_paths(paths)
     a, cr, m = "actor_rollout_ref.actor.", "critic.", "actor_rollout_ref.model."
     target = per_token_target_kl(c, mean_response_tokens)
     s: dict[str, Any] = {
@@ -127,16 +72,18 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response
         "algorithm.adv_estimator": "gae", "algorithm.gamma": float(c.gamma),
         "algorithm.lam": float(c.lam), a + "clip_ratio": float(c.clip_eps),
         a + "clip_ratio_low": float(c.clip_eps), a + "clip_ratio_high": float(c.clip_eps),
-        a + "clip_ratio_c": DUAL_CLIP_OFF, cr + "cliprange_value": NO_CLIP if c.value_clip is None
-        else float(c.value_clip), a + "entropy_coeff": float(c.entropy_coef), a
-        + "optim.clip_grad": float(c.max_grad_norm), cr + "optim.clip_grad": float(c.max_grad_norm),
+        a + "clip_ratio_c": DUAL_CLIP_OFF,
+        cr + "cliprange_value": NO_CLIP if c.value_clip is None else float(c.value_clip),
+        a + "entropy_coeff": float(c.entropy_coef), a + "optim.clip_grad": float(c.max_grad_norm),
+        cr + "optim.clip_grad": float(c.max_grad_norm),
         a + "optim.lr": float(c.policy_lr), cr + "optim.lr": float(c.value_lr),
         a + "optim.weight_decay": 0.0, cr + "optim.weight_decay": 0.0,
         a + "optim.lr_scheduler_type": "constant", cr + "optim.lr_scheduler_type": "constant",
         "trainer.critic_warmup": c.value_warmup_steps + 1 if c.value_warmup_steps else 0,
         "algorithm.use_kl_in_reward": True, a + "use_kl_loss": False,
-        "algorithm.kl_ctrl.kl_coef": float(c.kl_coef), "algorithm.kl_penalty": VERL_KL_NAMES[
-            c.kl_kind], "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
+        "algorithm.kl_ctrl.kl_coef": float(c.kl_coef),
+        "algorithm.kl_penalty": VERL_KL_NAMES[c.kl_kind],
+        "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
     }
     if target is not None:
         s.update({"algorithm.kl_ctrl.target_kl": target, "algorithm.kl_ctrl.horizon": c.kl_horizon})
@@ -190,15 +137,17 @@ def _value(value: Any) -> str:
     return _scalar(value)
 
 
-def verl_overrides(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-                   | None = None, paths: Mapping[str, str] | None = None) -> list[str]:
+def verl_overrides(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                   mean_response_tokens: float | None = None,
+                   paths: Mapping[str, str] | None = None) -> list[str]:
     """`key=value` Hydra overrides for `python -m verl.trainer.main_ppo` (one argument each)."""
     return [f"{key}={_value(value)}" for key, value in
             verl_settings(run, n_gpus, mean_response_tokens, paths).items()]
 
 
-def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-              | None = None, paths: Mapping[str, str] | None = None) -> str:
+def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1,
+              mean_response_tokens: float | None = None,
+              paths: Mapping[str, str] | None = None) -> str:
     """The same settings as nested YAML (the keys of `verl_settings`, grouped by their dotted
     path)."""
     tree: dict[str, Any] = {}
@@ -224,8 +173,9 @@ def verl_yaml(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tok
     return "\n".join(lines) + "\n"
 
 
-def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-                 | None = None, paths: Mapping[str, str] | None = None) -> str:
+def verl_command(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                 mean_response_tokens: float | None = None,
+                 paths: Mapping[str, str] | None = None) -> str:
     """`verl_overrides` as a shell command, one override a line (quoted where the shell needs
     it)."""
     overrides = verl_overrides(run, n_gpus, mean_response_tokens, paths)
@@ -236,7 +186,7 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
                    mean_response_tokens: float | None = None,
                    paths: Mapping[str, str] | None = None) -> list[tuple[str, tuple[Any, ...]]]:
     """(flag, values) pairs for train_ppo_ray, in the order of knobs.KNOBS; () for a switch."""
-    c, n, p = as_config(run), _check_gpus(n_gpus), _paths(paths)
+    c, n, p = as_config(run), check_gpus(n_gpus), run_paths(paths)
     target = per_token_target_kl(c, mean_response_tokens)
     score_clip = NO_CLIP if c.score_clip is None else float(c.score_clip)
     f: list[tuple[str, tuple[Any, ...]]] = [
@@ -251,8 +201,9 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
         ("--algo.advantage.estimator", ("gae",)), ("--algo.advantage.gamma", (float(c.gamma),)),
         ("--algo.advantage.lambd", (float(c.lam),)), ("--actor.eps_clip", (float(c.clip_eps),)),
         ("--critic.value_clip", (NO_CLIP if c.value_clip is None else float(c.value_clip),)),
-        ("--actor.entropy_coef", (float(c.entropy_coef),)), ("--actor.max_norm", (
-            float(c.max_grad_norm),)), ("--critic.max_norm", (float(c.max_grad_norm),)),
+        ("--actor.entropy_coef", (float(c.entropy_coef),)),
+        ("--actor.max_norm", (float(c.max_grad_norm),)),
+        ("--critic.max_norm", (float(c.max_grad_norm),)),
         ("--actor.adam.lr", (float(c.policy_lr),)), ("--critic.adam.lr", (float(c.value_lr),)),
     ]
     for role in ("actor", "critic"):
@@ -279,8 +230,9 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
     return f
 
 
-def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-                  | None = None, paths: Mapping[str, str] | None = None) -> list[str]:
+def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                  mean_response_tokens: float | None = None,
+                  paths: Mapping[str, str] | None = None) -> list[str]:
     """The argument list of `python -m openrlhf.cli.train_ppo_ray` for the same run on `n_gpus`
     GPUs."""
     out: list[str] = []
@@ -289,8 +241,9 @@ def openrlhf_args(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response
     return out
 
 
-def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1, mean_response_tokens: float
-                     | None = None, paths: Mapping[str, str] | None = None) -> str:
+def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1,
+                     mean_response_tokens: float | None = None,
+                     paths: Mapping[str, str] | None = None) -> str:
     """`openrlhf_args` as a shell command, one flag a line."""
     lines = [" ".join(OPENRLHF_ENTRY)]
     for flag, values in openrlhf_flags(run, n_gpus, mean_response_tokens, paths):
@@ -325,8 +278,8 @@ def auto_note(name: str | None, resolved: str) -> str | None:
         return None
     if resolved == "tiny":
         return (f"note: {source} auto resolved to tiny: this machine has no CUDA GPU, so this is "
-                "the tiny profile's "
-                "run (the shipped tiny model's settings); pass --profile gpu for the gpu profile's")
+                "the tiny profile's run (the shipped tiny model's settings); pass --profile gpu "
+                "for the gpu profile's")
     return f"note: {source} auto resolved to gpu: this machine has a CUDA GPU"
 
 
@@ -336,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--gpus", type=int, default=1,
-                        help=f"GPUs of the one node, 1 to {MAX_GPUS_PER_NODE} (batches are scaled "
-                             "by it)")
+                        help=f"GPUs of the one node, 1 to {MAX_GPUS_PER_NODE} "
+                             "(batches are scaled by it)")
     parser.add_argument("--format", choices=("verl", "verl-yaml", "openrlhf"), default="verl")
     args = parser.parse_args(argv)
     writers = {"verl": verl_command, "verl-yaml": verl_yaml, "openrlhf": openrlhf_command}

@@ -3,7 +3,7 @@
     from rlhf_helpers.compare import CompareConfig, run_method
     config = CompareConfig.from_profile(profile)
     run = run_method("grpo", config, profile, reward_dir, eval_prompts)   # a MethodRun
-    run.curve       # evaluations over the training budget: hidden score, learned reward, KL, seconds
+    run.curve   # evaluations over the training budget: hidden score, learned reward, KL, seconds
 
 Every method trains a LoRA policy on the same SFT model, from the same prompts, against the same
 learned reward adapter, for the same training budget, and is judged by the same function

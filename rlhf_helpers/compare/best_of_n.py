@@ -1,8 +1,8 @@
 """Best-of-n sampling: the no-training baseline PPO has to beat.
 
-    result = best_of_n(shared, tokenizer, prompts, n=4)      # n SFT samples per prompt, keep the best
+    result = best_of_n(shared, tokenizer, prompts, n=4)   # n SFT samples per prompt, keep the best
     result.hidden_mean, result.chosen_responses
-    best_of_n_kl(4)                                          # 0.636 nats: its KL to the SFT model
+    best_of_n_kl(4)                                       # 0.636 nats: its KL to the SFT model
 
 For each prompt draw n responses from the reference (the SFT model: the shared base with every
 adapter disabled), score them with the learned reward (the reward adapter), and keep the one with

@@ -62,8 +62,8 @@ def comparison_figure(runs: Sequence[Any], best_of: Mapping[int, Mapping[str, fl
             y=row["hidden"], line={"dash": "dash", "color": color, "width": 1.2}, row=2, col=2)
     fig.update_xaxes(
         title_text="KL(policy || SFT), nats per response", rangemode="tozero", row=1, col=1)
-    fig.update_xaxes(title_text=seconds
-                     + " (evaluations excluded)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text=seconds + " (evaluations excluded)", rangemode="tozero",
+                     row=2, col=1)
     fig.update_xaxes(title_text="sampled responses trained on", rangemode="tozero", row=2, col=2)
     fig.update_yaxes(title_text="mean hidden score (held-out prompts)", row=1, col=1)
     fig.update_yaxes(title_text="mean hidden score", row=2, col=1)

@@ -60,10 +60,9 @@ class LearnedRewardFunction:
         prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts, self.max_prompt_length,
                                                    device)  # (B, P)
         width = max(len(ids) for ids in completion_ids)
-        # (B, R)
-        response = torch.full((len(prompts), width), self.model.pad_token_id, dtype=torch.long)
-        # (B, R) 1 on real tokens
-        response_mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        shape = (len(prompts), width)
+        response = torch.full(shape, self.model.pad_token_id, dtype=torch.long)  # (B, R)
+        response_mask = torch.zeros(shape, dtype=torch.long)  # (B, R) 1 on real tokens
         for row, ids in enumerate(rows):
             response[row, : len(ids)] = ids.long()
             response_mask[row, : len(ids)] = 1

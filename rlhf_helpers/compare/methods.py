@@ -169,9 +169,9 @@ def run_best_of_n(config: CompareConfig, profile: Any, reward_dir: Any,
                            batch_size=config.eval_batch_size)
     rows = {}
     for n in config.best_of:
-        # (N,) hidden score of each pick
-        chosen = result.hidden_scores.gather(1, result.pick(n)[:, None])[:, 0]
+        picks = result.pick(n)[:, None]  # (N, 1)
+        chosen = result.hidden_scores.gather(1, picks)[:, 0]  # (N,) hidden score of each pick
         rows[n] = {"hidden": result.hidden_mean(n), "reward": result.reward_mean(n),
-                   "kl": best_of_n_kl(n),
-                   "hidden_se": float(chosen.std() / len(chosen) ** 0.5), "seconds": clock.seconds}
+                   "kl": best_of_n_kl(n), "hidden_se": float(chosen.std() / len(chosen) ** 0.5),
+                   "seconds": clock.seconds}
     return rows

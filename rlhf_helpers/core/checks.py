@@ -35,8 +35,7 @@ class NonFiniteError(ValueError):
 
 @contextlib.contextmanager
 def validation(enabled: bool) -> Iterator[None]:
-    """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off inside a
-    block."""
+    """Turn the value checks (NaN/inf, 0/1 masks, empty masks, mask layout) on or off in a block."""
     global _VALUE_CHECKS
     previous = _VALUE_CHECKS
     _VALUE_CHECKS = bool(enabled)
@@ -58,20 +57,18 @@ def check_tensor(name: str, x: object) -> None:
 
 
 def check_ndim(name: str, x: torch.Tensor, ndim: int, shape_doc: str) -> None:
-    """`x` must be a tensor with `ndim` dimensions; `shape_doc` (e.g. "(B, T)") goes in the
-    message."""
+    """`x` must be a tensor with `ndim` dimensions; `shape_doc` (e.g. "(B, T)") is for errors."""
     check_tensor(name, x)
     if x.dim() != ndim:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
 
 
 def check_nonempty(name: str, x: torch.Tensor) -> None:
-    """`x` must hold at least one element: no zero-length sequence (T = 0) and no empty batch (B =
-    0)."""
+    """`x` must hold an element: no zero-length sequence (T = 0), no empty batch (B = 0)."""
     if x.numel() == 0:
         raise ValueError(
-            f"{name} is empty (shape {tuple(x.shape)}): need at least one sequence and one time "
-            "step"
+            f"{name} is empty (shape {tuple(x.shape)}): "
+            "need at least one sequence and one time step"
         )
 
 
@@ -80,8 +77,8 @@ def check_floating(name: str, x: torch.Tensor) -> None:
     truncated or promoted behind the caller's back)."""
     if not x.is_floating_point():
         raise ValueError(
-            f"{name} must be a floating-point tensor, got dtype {x.dtype} (convert it with "
-            ".float())"
+            f"{name} must be a floating-point tensor, got dtype {x.dtype} "
+            "(convert it with .float())"
         )
 
 
@@ -123,8 +120,7 @@ def check_finite(name: str, x: torch.Tensor) -> None:
 
 
 def check_no_nan(what: str, x: torch.Tensor) -> None:
-    """NonFiniteError saying how many values of `x` are NaN or inf (a PPO run's guard adds the
-    step)."""
+    """NonFiniteError: how many values of `x` are NaN or inf (a PPO run's guard adds the step)."""
     if not bool(torch.isfinite(x).all()):
         raise NonFiniteError(f"{what} has {int((~torch.isfinite(x)).sum())} NaN/inf value(s)")
 
@@ -158,9 +154,8 @@ def check_mask_nonempty(name: str, mask: torch.Tensor, dim: int | None = None) -
 def check_mask_contiguous(name: str, mask: torch.Tensor) -> None:
     """Each row of a (B, T) mask must be one block of ones (e.g. 0 0 1 1 1 0), or all zero.
 
-    Right padding (1 1 1 0 0) is the usual case; a leading block of zeros (prompt tokens) is also
-    fine. A row with holes (1 0 1) has no single "last real token", so GAE and reward shaping refuse
-    it.
+    Right padding (1 1 1 0 0) is the usual case; a leading block of zeros (prompt tokens) is fine
+    too. A row with holes (1 0 1) has no single "last real token": GAE and reward shaping refuse it.
     """
     if not _VALUE_CHECKS:
         return

@@ -69,8 +69,7 @@ def td_errors(
 @functools.lru_cache(maxsize=32)  # PPO calls GAE with the same (T, gamma * lam) every batch
 def _discount_matrix(size: int, decay: float, dtype: torch.dtype,
                      device: torch.device) -> torch.Tensor:
-    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular. Read-only
-    (cached).
+    """D[t, u] = decay^(u - t) for u >= t, else 0: (size, size), upper triangular, read-only.
 
     Built from powers, never from ratios such as decay^u / decay^t, which overflow for long T and
     small decay: here small powers simply underflow to 0, which is their correct limit.

@@ -11,8 +11,7 @@ Conventions (rewards: (N, G), one row per prompt, one column per response to it)
   a standard deviation. Which one is `scale`: "group" (the group's own std, GRPO as published),
   "batch" (one std over every reward of the batch) or "none" (no division: Dr. GRPO, Liu et al.
   2025, who show that dividing by a group's std up-weights prompts whose rewards barely differ).
-  The std is the sample std (n - 1 in the denominator), and `eps` (1e-4) is added to it, as TRL
-  does.
+  The std is the sample std (n - 1 in the denominator); `eps` (1e-4) is added to it, as in TRL.
 Both equal TRL 1.16's `RLOOTrainer` and `GRPOTrainer` advantages for one reward function and no
 missing rewards (the course's tests check this against the trainers' own logs).
 """
@@ -33,8 +32,7 @@ from rlhf_helpers.core.checks import (
 
 #: How GRPO divides the centred rewards (see the module docstring).
 GRPO_SCALES = ("group", "batch", "none")
-#: Added to the std before dividing (TRL's value): a group whose rewards are all equal gets A = 0,
-#: not 0/0.
+#: Added to the std before dividing (TRL's value): a group of equal rewards gets A = 0, not 0/0.
 GRPO_EPS = 1e-4
 
 
@@ -65,12 +63,11 @@ def _without_overflow(advantages, rewards: torch.Tensor, name: str) -> torch.Ten
 
 
 def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """A flat (N * G,) reward vector, grouped as the trainers sample it (G in a row per prompt): (N,
-    G)."""
+    """Flat (N * G,) rewards -> (N, G), grouped as the trainers sample them (G in a row each)."""
     check_ndim("rewards", rewards, 1, "(N * G,)")
     check_nonempty("rewards", rewards)
-    if isinstance(group_size, bool) or not isinstance(group_size,
-                                                      numbers.Integral) or group_size < 2:
+    integral = isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool)
+    if not integral or group_size < 2:
         raise ValueError(f"group_size must be an int >= 2, got {group_size!r}")
     group_size = int(group_size)  # numpy's integers too
     if rewards.numel() % group_size:
@@ -108,8 +105,7 @@ def grpo_advantages(rewards: torch.Tensor, scale: str = "group",
     check_positive("eps", eps)
 
     def normalised(r: torch.Tensor, unit: float) -> torch.Tensor:
-        """Of r = rewards / unit: c*unit / (std*unit + eps) = c / (std + eps/unit), so eps scales
-        too."""
+        """Of r = rewards / unit: c*unit / (std*unit + eps) = c / (std + eps/unit), eps scaled."""
         centred = r - r.mean(dim=1, keepdim=True)  # (N, G)
         if scale == "none":
             return centred * unit

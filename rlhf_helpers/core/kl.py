@@ -67,8 +67,8 @@ def _check_logprob_pair(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> N
 def _check_shaping_inputs(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                           mask: torch.Tensor, kl_coef: float, kl_kind: str,
                           score_clip: float | None) -> torch.Tensor:
-    """`shape_rewards`' arguments checked (ValueError naming the bad one); returns each row's last
-    real token's index (B,)."""
+    """`shape_rewards`' arguments checked (ValueError naming the bad one) -> each row's last real
+    token's index (B,)."""
     check_nonnegative("kl_coef", kl_coef)
     if score_clip is not None:
         check_positive("score_clip", score_clip)
@@ -105,24 +105,22 @@ def shape_rewards(
     """Per-token RLHF rewards: scores (B,), the rest (B, T) -> (rewards (B, T), kl (B, T)).
 
     kl_t = m_t * kl_estimate(logprobs, ref_logprobs, kl_kind)_t
-    r_t  = -kl_coef * kl_t + 1[t = last real token] * score     (score clipped to +-score_clip if set)
+    r_t  = -kl_coef * kl_t + 1[t = last real token] * score    (score clipped to +-score_clip)
     Both outputs are 0 at padding. Every row must have at least one real token (its score needs a
     place) and one contiguous block of them.
     """
-    # (B,)
-    last = _check_shaping_inputs(scores, logprobs, ref_logprobs, mask, kl_coef, kl_kind, score_clip)
+    last = _check_shaping_inputs(scores, logprobs, ref_logprobs, mask,
+                                 kl_coef, kl_kind, score_clip)  # (B,)
     kl = _kl_terms(logprobs, ref_logprobs, kl_kind) * mask.to(logprobs.dtype)  # (B, T)
     if score_clip is not None:
         scores = scores.clamp(-score_clip, score_clip)
-    # (B, T): 1 at the last real token
-    at_last = F.one_hot(last, num_classes=kl.shape[1]).to(kl.dtype)
+    at_last = F.one_hot(last, num_classes=kl.shape[1]).to(kl.dtype)  # (B, T), 1 at last real token
     rewards = -kl_coef * kl + at_last * scores.to(kl.dtype)[:, None]  # (B, T)
     return rewards, kl
 
 
 def _check_kl_value(current_kl: float | torch.Tensor) -> float:
-    """A measured KL: a real number or a one-element floating tensor, finite (not a string or
-    bool)."""
+    """A measured KL: a finite real number or one-element floating tensor (no string or bool)."""
     if isinstance(current_kl, torch.Tensor):
         if current_kl.numel() != 1 or not current_kl.is_floating_point():
             raise ValueError(f"current_kl must be a finite number or a one-element float tensor, "
@@ -140,8 +138,7 @@ def _check_kl_value(current_kl: float | torch.Tensor) -> float:
 
 
 def _check_n_steps(n_steps: int) -> int:
-    """A positive integer: Python or NumPy (np.int64 from a dataloader is fine), not a bool or
-    float."""
+    """A positive integer, Python or NumPy (a dataloader's np.int64 is fine); no bool or float."""
     if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
         raise ValueError(f"n_steps must be a positive int, got {n_steps!r}")
     return int(n_steps)
@@ -162,8 +159,7 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Proportional controller steering the measured KL towards a target (Ziegler et al. 2019, eq.
-    2).
+    """Proportional controller steering the measured KL to a target (Ziegler et al. 2019, eq. 2).
 
     e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * min(n_steps / horizon, 1))
     KL above target raises beta (pull harder towards ref), below target lowers it.
@@ -187,8 +183,7 @@ class AdaptiveKLController:
         """Move beta after `n_steps` samples (e.g. the batch size) with measured KL; return beta."""
         kl = _check_kl_value(current_kl)
         n = _check_n_steps(n_steps)
-        # clipped as Ziegler et al.
-        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)  # e, clipped as Ziegler's
         gain = min(n / self.horizon, 1.0)  # K_beta, capped: the factor stays in [0.8, 1.2]
         self.value *= 1.0 + proportional_error * gain
         return self.value

@@ -29,11 +29,10 @@ def _check_logits(logits: torch.Tensor) -> None:
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log pi(y_t | .) for the given tokens: logits (B, T, V), labels (B, T) -> (B, T).
 
-    log pi(y_t) = z_{t, y_t} - logsumexp_v z_{t, v}     (z = logits; no log-softmax copy of (B, T, V))
+    log pi(y_t) = z_{t, y_t} - logsumexp_v z_{t, v}    (z = logits; no (B, T, V) log-softmax copy)
 
     No shift: logits[:, t] must already be the distribution over labels[:, t]. For a causal LM that
-    means passing logits[:, :-1] and input_ids[:, 1:]. Half-precision logits are computed in
-    float32.
+    means passing logits[:, :-1] and input_ids[:, 1:]. Half-precision logits are computed in fp32.
     """
     check_ndim("logits", logits, 3, "(B, T, V)")
     check_ndim("labels", labels, 2, "(B, T)")
@@ -43,8 +42,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
             f"{tuple(logits.shape)}, got {tuple(labels.shape)}"
         )
     _check_logits(logits)
-    # (B, T) int64; float and bool refused
-    labels = check_token_ids("labels", labels, logits.shape[-1])
+    labels = check_token_ids("labels", labels, logits.shape[-1])  # (B, T) int64 (no float/bool)
     check_finite("logits", logits)
     z = _upcast(logits)  # (B, T, V)
     picked = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)

@@ -32,8 +32,7 @@ from rlhf_helpers.core.checks import (
 #: exp(20) = 4.9e8 keeps rho * A finite in float32 for any |A| < 7e29, where exp(89) is already inf
 #: (and exp(12) in float16). Within the bound nothing changes, bit for bit. Beyond it the bound's
 #: gradient is 0, which is what the clipped objective gives anyway on every side but one:
-#: - log rho > 20, A > 0: the clipped term (1 + eps) A is selected, gradient 0 with or without
-#:   bound;
+#: - log rho > 20, A > 0: the clipped term (1 + eps) A is selected, gradient 0 either way;
 #: - log rho > 20, A < 0: the unclipped rho A is selected; its true gradient rho |A| >= 5e8 |A| (inf
 #:   past 88) would swamp the whole batch after the norm clip. The bound gives 0 there, as the dual
 #:   clip does for any rho above its c (c A is constant): such a token is dropped from the step;
@@ -76,11 +75,10 @@ def clipped_surrogate(
     clip_eps: float,
     dual_clip: float | None = None,
 ) -> torch.Tensor:
-    """Elementwise PPO clipped objective, to MAXIMISE: ratio, advantages (any same shape) -> same
-    shape.
+    """Elementwise PPO clipped objective, to MAXIMISE: ratio, advantages (same shape) -> that shape.
 
-    obj = min(rho A, clip(rho, 1 - eps, 1 + eps) A)                       (Schulman et al. 2017, eq. 7)
-    dual clip (Ye et al. 2020), only where A < 0:  obj = max(obj, c A)    with c = dual_clip > 1
+    obj = min(rho A, clip(rho, 1 - eps, 1 + eps) A)                    (Schulman et al. 2017, eq. 7)
+    dual clip (Ye et al. 2020), only where A < 0:  obj = max(obj, c A) with c = dual_clip > 1
     The dual clip bounds how much a bad action that became much more likely can weigh.
     ratio must be finite and >= 0 (it is pi_theta / pi_old); advantages finite; both floating point.
     """
@@ -238,8 +236,8 @@ def value_loss(
         per_token = err  # (B, T)
         clipped_larger = torch.zeros_like(err, dtype=torch.bool)  # (B, T)
     else:
-        # (B, T)
-        values_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+        values_clipped = old_values + torch.clamp(values - old_values,
+                                                  -value_clip, value_clip)  # (B, T)
         err_clipped = (values_clipped - returns) ** 2  # (B, T)
         per_token = torch.maximum(err, err_clipped)  # (B, T)
         clipped_larger = err_clipped > err  # (B, T)
@@ -327,6 +325,6 @@ def pairwise_accuracy(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor
     constant scorer gets 0.5, not 0)
     """
     _check_pair(chosen_scores, rejected_scores)
-    wins = (chosen_scores > rejected_scores).float() + 0.5 * (chosen_scores
-                                                              == rejected_scores).float()
+    ties = (chosen_scores == rejected_scores).float()  # (B,)
+    wins = (chosen_scores > rejected_scores).float() + 0.5 * ties  # (B,)
     return float(wins.mean())

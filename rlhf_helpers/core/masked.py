@@ -40,8 +40,7 @@ def _validated(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """sum_t m_t x_t over all elements (dim=None, a scalar) or along `dim`.
 
-    x, mask: same shape, e.g. (B, T). Returns a 0-d tensor, or x's shape without `dim`, in x's
-    dtype.
+    x, mask: same shape, e.g. (B, T). Returns a 0-d tensor, or x's shape less `dim`, in x's dtype.
     """
     w, m = _validated(x, mask)
     total = (w * m).sum() if dim is None else (w * m).sum(dim=dim)
@@ -78,8 +77,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def _pooled_var(x: torch.Tensor, m: torch.Tensor, n: torch.Tensor, unbiased: bool) -> torch.Tensor:
-    """sum_t m_t (x_t - mu)^2 / (n - 1 or n), for an already validated float mask `m` with n
-    ones."""
+    """sum_t m_t (x_t - mu)^2 / (n - 1 or n), for a validated float mask `m` holding n ones."""
     mean = (x * m).sum() / n
     sq_dev = ((x - mean) * m) ** 2  # (B, T): 0 at padding
     return sq_dev.sum() / (n - 1 if unbiased else n)

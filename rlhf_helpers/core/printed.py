@@ -39,11 +39,10 @@ def format_number(value: SupportsFloat, spec: str = ".2f") -> str:
         raise ValueError(
             f"value must be a real number, got {type(value).__name__}: {value!r}") from error
     text = format(number, spec)
-    # only a negative value whose printed digits are all 0 ("-0.00", "-0", "-0.0%", "-0.00e+00")
-    # changes
+    # only a negative value printed with all digits 0 changes: "-0.00", "-0", "-0.0%", "-0.00e+00"
     mantissa = text.lower().partition("e")[0]
-    if (math.copysign(1.0, number) < 0 and any(c.isdigit() for c in mantissa)
-        and not _NONZERO_DIGITS & set(mantissa)):
+    all_zero = any(c.isdigit() for c in mantissa) and not _NONZERO_DIGITS & set(mantissa)
+    if math.copysign(1.0, number) < 0 and all_zero:
         return format(-number, spec)
     return text
 
@@ -54,8 +53,8 @@ def cell_formatter(spec: str = ".2f") -> Callable[[object], str]:
     does, as `format(precision=...)` would."""
 
     def cell(value: object) -> str:
-        if (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
-            and not math.isnan(value)):
+        fractional = isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+        if fractional and not math.isnan(value):
             return format_number(value, spec)
         return str(value)
 
@@ -74,7 +73,7 @@ def wrap_printed(text: str, width: int = PRINT_WIDTH, indent: str = "  ") -> str
             lines.append(line)
             continue
         lead = line[: len(line) - len(line.lstrip(" "))]
-        lines.append(
-            textwrap.fill(line[len(lead) :], width, initial_indent=lead, subsequent_indent=lead
-                          + indent, break_long_words=False, break_on_hyphens=False))
+        lines.append(textwrap.fill(line[len(lead) :], width, initial_indent=lead,
+                                   subsequent_indent=lead + indent,
+                                   break_long_words=False, break_on_hyphens=False))
     return "\n".join(lines)

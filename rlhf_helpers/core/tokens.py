@@ -22,8 +22,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every sampled token up to and including the first EOS, 0 after it: (B, R) -> (B, R)
-    float.
+    """1 on each sampled token up to and including the first EOS, 0 after: (B, R) -> (B, R) float.
 
     Built from EOS alone, not from the pad id: the loop writes pad only after a row's EOS, so a pad
     token the policy itself sampled mid-response (possible with a small vocabulary) stays a real,
@@ -35,8 +34,7 @@ def mask_to_first_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tenso
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row of a contiguous (B, T) mask: (B,), -1 for empty
-    rows.
+    """Index of each row's last real token in a contiguous (B, T) mask: (B,), -1 for an empty row.
 
     mask must be (B, T) with T >= 1, hold only 0 and 1, and be one block of ones per row.
     """

@@ -1,5 +1,4 @@
-"""Tolerances of the notebooks' `torch.testing.assert_close` checks, by the dtype the model computes
-in.
+"""Tolerances of the notebooks' `torch.testing.assert_close` checks, by the model's compute dtype.
 
     tol = close_tolerance(profile.torch_dtype, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(scratch, library, **tol)
@@ -40,10 +39,8 @@ def close_tolerance(dtype: torch.dtype, atol: float = 1e-4, rtol: float = 1e-4) 
     return {"atol": max(atol, HALF_ATOL_EPS * eps), "rtol": max(rtol, HALF_RTOL_EPS * eps)}
 
 
-# ----------------------------------------------------------------------------- the run doctor's
-# comparisons
-#: every spelling of a compute dtype -> its one name: "bf16", "torch.bfloat16" and "bfloat16" are
-#: one dtype
+# ---------------------------------------------------------------- the run doctor's comparisons
+#: every spelling of a compute dtype -> its one name: "bf16", "torch.bfloat16", "bfloat16" are one
 DTYPE_ALIASES: dict[str, str] = {
     **dict.fromkeys(("float32", "fp32", "float", "torch.float32", "torch.float"), "float32"),
     **dict.fromkeys(("float64", "fp64", "double", "torch.float64", "torch.double"), "float64"),
@@ -68,8 +65,8 @@ HALF_RATIO_EPS = 1 / 8
 #: mean: the sum times 1/n) errs by a few units of 2^-24 = 6e-8 (the H200 run logged 0.99999994)
 SHARE_TOLERANCE = 1e-6
 #: scores whose spread is at most this times max(1, |mean|) are equal, in float32/64: float32 keeps
-#: equal scores equal and rounds different ones apart by more than its eps (1.2e-7). A 16-bit dtype:
-#: its eps.
+#: equal scores equal and rounds different ones apart by more than its eps (1.2e-7). In a 16-bit
+#: dtype: its eps.
 FLOAT32_SPREAD_TOLERANCE = 1e-6
 
 

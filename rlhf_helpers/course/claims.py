@@ -5,7 +5,7 @@ A claim is fixed prose in a markdown cell, written once as it holds for the ship
 JupyterLab and the cell left off the site) asserts it:
 
     check_claims({
-        "the learned score rises by more than 0.5": history[-1]["score"] - history[0]["score"] > 0.5,
+        "the learned score rises by over 0.5": history[-1]["score"] - history[0]["score"] > 0.5,
     })
 
 A contradicted claim raises ClaimContradicted, so the notebook test fails: the prose and the run can

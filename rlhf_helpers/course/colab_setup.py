@@ -43,8 +43,7 @@ def install_course(repo_url, ref, clone_dir, upgrade=(), python=None):
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.writelines(f"{name}=={version}\n" for name, version in before.items()
                                if name not in movable)
-    # -q -q: errors only (no build-backend chatter); PIP_ROOT_USER_ACTION: no "running as root"
-    # note.
+    # -q -q: errors only (no build-backend chatter); PIP_ROOT_USER_ACTION: no "running as root" note
     done = subprocess.run([python, "-m", "pip", "install", "-q", "-q", "-c", constraints.name,
                            "-e", clone_dir], env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
     os.unlink(constraints.name)

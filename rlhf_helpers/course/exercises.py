@@ -61,8 +61,7 @@ def tripwire(obj: Any) -> Callable[..., Any]:
 
 
 def _refuse_template(*args: Any, **kwargs: Any) -> Any:
-    # runs with the hidden function's globals: it reaches this module by import, and MESSAGE is
-    # replaced
+    # runs with the hidden function's globals: it reaches this module by import; MESSAGE is replaced
     raise __import__("rlhf_helpers.course.exercises",
                      fromlist=["LibraryShortcut"]).LibraryShortcut("MESSAGE")
 
@@ -202,12 +201,11 @@ def guard_in_place(function: Callable[..., Any]) -> Callable[..., Any]:
     counts every in-place write in a tensor's `_version`): a caller's tensors must not change under
     it."""
     code = getattr(function, "__code__", None)
-    # the positional parameters
-    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []  # positional
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        labelled = [(names[i] if i < len(names) else f"argument {i + 1}", a) for i,
-                    a in enumerate(args)]
+        labelled = [(names[i] if i < len(names) else f"argument {i + 1}", a)
+                    for i, a in enumerate(args)]
         watched = [(label, t, t._version) for name, value in [*labelled, *kwargs.items()]
                    for label, t in _tensors(value, name)]
         result = function(*args, **kwargs)
@@ -281,7 +279,7 @@ def same_function(a: Any, b: Any) -> bool:
     if wrapped_a is not None and not same_function(wrapped_a, wrapped_b):
         return False
     cells = [tuple(cell.cell_contents for cell in f.__closure__ or ()) for f in (a, b)]
-    same_cells = len(cells[0]) == len(cells[1]) and all(_same_value(x, y) for x,
-                                                        y in zip(*cells, strict=True))
+    same_cells = len(cells[0]) == len(cells[1]) and all(
+        _same_value(x, y) for x, y in zip(*cells, strict=True))
     return (a.__code__ == b.__code__ and a.__defaults__ == b.__defaults__
             and a.__kwdefaults__ == b.__kwdefaults__ and same_cells)

@@ -1,9 +1,8 @@
-"""Notebook 06's experiment harness: PPO variants, correct or broken on purpose, run from one saved
-start.
+"""Notebook 06's harness: PPO variants, correct or broken on purpose, run from one saved start.
 
     lab = LabSizes.from_profile(profile)
     config = lab.ppo_config(profile)
-    start = adapter_state(model)                                     # the fresh policy and value adapters
+    start = adapter_state(model)                            # the fresh policy and value adapters
     run = run_variant(PPOTrainer, config, model, tokenizer, prompts, lab.long_steps, start=start)
     steps, kl = series(run.history, "kl")
 
@@ -90,10 +89,9 @@ def step_extras(trainer: PPOTrainer) -> dict[str, Any]:
     real = batch.mask.bool()  # (B, R)
     is_eos = (batch.sequences[:, P:] == model.eos_token_id) & real  # (B, R): the sampled EOS tokens
     with torch.no_grad():
-        # (B, R)
-        new_logprobs = model.policy_logprobs(batch.sequences, batch.attention_mask, P).float()
-    # (B, R): what this step's update did to each sampled token
-    change = new_logprobs - batch.old_logprobs
+        new_logprobs = model.policy_logprobs(batch.sequences, batch.attention_mask,
+                                             P).float()  # (B, R)
+    change = new_logprobs - batch.old_logprobs  # (B, R): what this step's update did to each token
     # masked_sum, not "* mask": whatever the padding holds stays out
     seq_k1 = masked_sum(kl_estimate(batch.old_logprobs, batch.ref_logprobs, kind="k1"),
                         batch.mask, dim=1)  # (B,)

@@ -1,6 +1,6 @@
 """`make course`: execute every notebook in notebooks/ headless and time it.
 
-    python -m rlhf_helpers.course.run_course --out build/ [--timeout 600] [--notebooks DIR] [NAME_FILTER ...]
+    python -m rlhf_helpers.course.run_course --out build/ [--timeout S] [--notebooks DIR] [NAME...]
 
 Each notebook runs in a fresh kernel (the `tiny` profile unless RLHF_PROFILE says otherwise, the
 hub offline) with a scratch copy of itself as the working directory, so nothing is written into

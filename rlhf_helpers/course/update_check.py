@@ -1,5 +1,5 @@
-"""Notebook 05 Exercise 4's hints: which plausible mistake in a PPO update loop reproduces a
-learner's numbers.
+"""Notebook 05 Exercise 4's hints: which plausible mistake in a PPO update loop gives a learner's
+numbers.
 
 The exercise's check compares a learner's `ppo_update` with the library's update
 (`PPOTrainer.update`, run before the check hides it) minibatch by minibatch. Where they part, a
@@ -8,7 +8,7 @@ and advantages re-normalised per minibatch all change the first minibatch's poli
 module replays the update as a plain loop with one named mistake at a time, up to a little past the
 first differing minibatch, and names the mistake whose losses equal the learner's:
 
-    hint = explain_update_difference(got, expected, config, replay)   # replay(mistake, n) -> (n, 2) losses
+    hint = explain_update_difference(got, expected, config, replay)  # replay(mistake, n): (n, 2)
 
 `update_loop` is that plain loop; with no mistake it is the update the exercise asks for, so a hint
 names a cause only when replaying exactly that cause gives the learner's numbers. It calls no
@@ -93,12 +93,10 @@ def update_loop(model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
             if minibatches is not None and len(losses) == minibatches:
                 return losses
             rows = order[first : first + config.mini_batch_size]  # (b,)
-            # (b, L), (b, L), (b, R)
-            seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]
-            # (b, R) each
-            A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]
-            # "masked" / "masked-biased": over real tokens; "all": padding too
-            if renormalise is not None:
+            seq, attn = batch.sequences[rows], batch.attention_mask[rows]  # (b, L) each
+            m = batch.mask[rows]  # (b, R)
+            A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R)
+            if renormalise is not None:  # "masked"(-biased): over real tokens; "all": padding too
                 A = _whiten(A, m if renormalise.startswith("masked") else torch.ones_like(m),
                             unbiased=renormalise != "masked-biased")
             T = config.temperature if temperature else 1.0
@@ -106,19 +104,20 @@ def update_loop(model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
             pg_loss = policy_loss_fn(logp, stored[rows], A, m, eps)
             policy_opt.zero_grad()
             pg_loss.backward()
-            # the value adapter's gradients of the previous minibatch are still there
-            if one_clip_for_both:
-                torch.nn.utils.clip_grad_norm_(model.policy_parameters()
-                                               + model.value_parameters(), clip_p)
+            if one_clip_for_both:  # the previous minibatch's value gradients are still there
+                both = model.policy_parameters() + model.value_parameters()
+                torch.nn.utils.clip_grad_norm_(both, clip_p)
             elif clip_p is not None:
                 torch.nn.utils.clip_grad_norm_(model.policy_parameters(), clip_p)
             policy_opt.step()
             V = model.values(seq, attn, P).float()  # (b, R)
             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
-            # (b, R)
-            per_token = torch.max((V - G) ** 2, (V_clip - G) ** 2) * (0.5 if half else 1.0)
-            v_loss = per_token.mean() if value_mean_over_padding else (per_token
-                                                                       * m).sum() / m.sum()
+            factor = 0.5 if half else 1.0
+            per_token = torch.max((V - G) ** 2, (V_clip - G) ** 2) * factor  # (b, R)
+            if value_mean_over_padding:
+                v_loss = per_token.mean()
+            else:
+                v_loss = (per_token * m).sum() / m.sum()
             value_opt.zero_grad()
             (scale * v_loss).backward()
             if clip_v is not None:

@@ -1,5 +1,4 @@
-"""The shared-LoRA PPO engine: one base model, policy / value / reward adapters, the base as
-reference.
+"""The shared-LoRA PPO engine: one base model, policy / value / reward adapters, base as reference.
 
 Import from the submodules (this package imports nothing itself):
 

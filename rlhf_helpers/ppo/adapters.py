@@ -1,5 +1,4 @@
-"""LoRA adapters of the shared model: their config, the reward adapter from disk, parameters by
-name.
+"""The shared model's LoRA adapters: their config, the reward adapter from disk, parameters by name.
 
     config = lora_config(r=8, alpha=16, target_modules=["c_attn"], fan_in_fan_out=uses_conv1d(lm))
     score_head = load_reward_adapter(peft_model, "runs/reward-tiny", hidden_size, fan_in_fan_out)
@@ -22,20 +21,17 @@ from torch import nn
 
 from rlhf_helpers.ppo.value_head import ScalarHead
 
-#: File names of the reward step's output read by `load_reward_adapter` (see
-#: stages/reward_training.py).
+#: File names of the reward step's output that `load_reward_adapter` reads (stages/reward_training).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
-#: A PPO checkpoint's layout (ppo/checkpoint.py): one peft sub-folder per adapter, both heads in one
-#: file.
+#: A PPO checkpoint's layout (ppo/checkpoint.py): a peft folder per adapter, both heads in one file.
 CHECKPOINT_ADAPTERS_DIR = "adapters"
 CHECKPOINT_HEADS_FILE = "heads.safetensors"
 
 
 def uses_conv1d(model: nn.Module) -> bool:
-    """True for GPT-2-style models whose projections are transformers' Conv1D (weights stored (in,
-    out))."""
+    """True for GPT-2-style models whose projections are transformers' Conv1D (in, out) weights)."""
     return any(type(module).__name__ == "Conv1D" for module in model.modules())
 
 
@@ -47,8 +43,7 @@ def lora_config(r: int, alpha: int, target_modules: tuple[str, ...] | list[str],
 
 
 def refuse_checkpointing(model: nn.Module | Iterable[nn.Module]) -> None:
-    """ValueError if any module of `model` (or of a list of modules) has gradient (activation)
-    checkpointing on."""
+    """ValueError if a module of `model` (or of a list of modules) has gradient checkpointing on."""
     modules = model.modules() if isinstance(model, nn.Module) else model
     if any(getattr(module, "gradient_checkpointing", False) is True for module in modules):
         raise ValueError(
@@ -88,8 +83,8 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
     if missing or not state:
         raise ValueError(f"reward adapter in {directory} does not fit this base model "
                          f"(missing {missing[:3]}...)")
-    head = {k[len(head_prefix):]: v for k,
-            v in load_file(str(head_file)).items() if k.startswith(head_prefix)}
+    head = {k[len(head_prefix):]: v
+            for k, v in load_file(str(head_file)).items() if k.startswith(head_prefix)}
     if "weight" not in head or head["weight"].shape != (1, hidden_size):
         shape = tuple(head["weight"].shape) if "weight" in head else "none"
         raise ValueError(f"score head weight must have shape (1, {hidden_size}), got {shape}")
@@ -100,8 +95,7 @@ def load_reward_adapter(peft_model: Any, directory: str | Path, hidden_size: int
 
 def params_by_adapter(peft_model: nn.Module, adapters: tuple[str, ...]) -> dict[str,
                                                                                 list[nn.Parameter]]:
-    """The LoRA matrices of each named adapter; ValueError for an adapter with none (bad
-    target_modules)."""
+    """Each named adapter's LoRA matrices; ValueError for one with none (bad target_modules)."""
     found: dict[str, list[nn.Parameter]] = {name: [] for name in adapters}
     for name, param in peft_model.named_parameters():
         if "lora_" not in name:

@@ -1,5 +1,4 @@
-"""Build the shared model of a profile: the SFT base, the reward step's adapter, fresh policy/value
-adapters."""
+"""A profile's shared model: the SFT base, the reward step's adapter, new policy/value adapters."""
 
 from __future__ import annotations
 

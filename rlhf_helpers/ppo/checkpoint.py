@@ -9,7 +9,8 @@
         heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
         trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
                                   (`trainer_state.py`; read back with torch's safe unpickler)
-        manifest.json             the SHA-256 and size of every other file, written last (`checkpoint_digest.py`)
+        manifest.json             the SHA-256 and size of every other file, written last
+                                  (`checkpoint_digest.py`)
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
@@ -74,13 +75,12 @@ def _fsync_tree(root: Path) -> None:
 
 
 def save_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
-    """Write every adapter (one peft sub-folder each) and both heads into `directory` (not
-    atomic)."""
+    """Write every adapter (a peft sub-folder each) and both heads into `directory` (not atomic)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.peft.save_pretrained(str(directory / ADAPTERS_DIR), selected_adapters=list(ADAPTERS))
-    heads = {f"value_head.{k}": v.detach().cpu().contiguous() for k,
-             v in model.value_head.linear.state_dict().items()}
+    heads = {f"value_head.{k}": v.detach().cpu().contiguous()
+             for k, v in model.value_head.linear.state_dict().items()}
     heads.update({f"score_head.{k}": v.detach().cpu().contiguous()
                   for k, v in model.score_head.linear.state_dict().items()})
     save_file(heads, str(directory / HEADS_FILE))
@@ -175,8 +175,8 @@ def disk_problem(error: BaseException, folder: Path) -> str:
         free = shutil.disk_usage(folder).free
     except OSError:
         free = None
-    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (free is not None
-                                                                        and free < FULL_DISK_BYTES):
+    no_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if no_space or (free is not None and free < FULL_DISK_BYTES):
         return f"the disk is full ({(free or 0) / 2**20:.0f} MiB free)"
     return f"{type(error).__name__}: {error}"
 
@@ -187,8 +187,7 @@ def _kept(output_dir: Path) -> str:
 
 
 def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP) -> Path:
-    """Atomically write the trainer's model weights and state as output_dir/step-NNNNNN; returns its
-    path."""
+    """Atomically write the trainer's weights, state as output_dir/step-NNNNNN; return its path."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     output_dir = Path(output_dir)
@@ -202,8 +201,7 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
         shutil.rmtree(tmp)
     try:
         save_model_weights(trainer.model, tmp)
-        # the state says a manifest was written, so a checkpoint that lost it is not taken for an
-        # older one
+        # the state records the manifest: a checkpoint that lost it is not taken for an older one
         torch.save({**trainer_state_dict(trainer), MANIFEST_STATE_KEY: MANIFEST_FILE},
                    tmp / TRAINER_STATE_FILE)
         write_manifest(tmp)  # last: it lists every file above

@@ -1,13 +1,13 @@
-"""A checkpoint's SHA-256 manifest: written last by the save, verified before a resume loads
-anything.
+"""A checkpoint's SHA-256 manifest: written last by the save, verified before a resume loads it.
 
-    write_manifest(folder)         # folder/manifest.json: every file of the folder, its SHA-256 and size
+    write_manifest(folder)         # folder/manifest.json: each file of the folder, SHA-256 and size
     verify_checkpoint(folder)      # [] when intact, else one line per problem, each naming the file
     checkpoint_problem(folder)     # the same problems as one line, or None
 
     step-NNNNNN/manifest.json
       {"format": 1, "algorithm": "sha256",
-       "files": {"trainer_state.pt": {"sha256": "<64 hex>", "bytes": 8147}, "adapters/policy/...": {...}, ...}}
+       "files": {"trainer_state.pt": {"sha256": "<64 hex>", "bytes": 8147},
+                 "adapters/policy/...": {...}, ...}}
 
 Reading a file back misses damage that leaves it well formed (4 KiB of an adapter zeroed still
 loads); a digest does not. trainer_state.pt records that its save wrote a manifest
@@ -47,8 +47,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def required_files() -> list[str]:
-    """The files (relative paths) without which a folder is not a checkpoint: what a manifest must
-    list."""
+    """Files (relative paths) without which a folder is no checkpoint: what a manifest must list."""
     adapters = [f"{ADAPTERS_DIR}/{adapter}/{name}" for adapter in ADAPTERS
                 for name in ("adapter_config.json", "adapter_model.safetensors")]
     return [TRAINER_STATE_FILE, HEADS_FILE, *adapters]
@@ -97,8 +96,8 @@ def read_manifest(folder: str | Path) -> tuple[dict[str, dict[str, Any]] | None,
     except OSError as error:
         return (None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot "
                       "be verified")
-    # a link, a pipe (opening it would wait for a writer), a device, or a file far larger than a few
-    # files' digests
+    # a link, a pipe (opening it would wait for a writer), a device, or a file far larger than a
+    # few files' digests need
     if not stat.S_ISREG(mode) or size > MAX_MANIFEST_BYTES:
         what = ("not a regular file" if not stat.S_ISREG(mode)
                 else f"{size} bytes (at most {MAX_MANIFEST_BYTES})")
@@ -108,8 +107,7 @@ def read_manifest(folder: str | Path) -> tuple[dict[str, dict[str, Any]] | None,
                              | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(descriptor, "rb") as handle:
             record = json.loads(handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
-    # ValueError: bad JSON, or a number too long; RecursionError: nesting deeper than json can
-    # follow
+    # ValueError: bad JSON, or a number too long; RecursionError: nested deeper than json follows
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         return (None, f"{manifest} is unreadable ({type(error).__name__}): the checkpoint cannot "
                       "be verified")
@@ -154,8 +152,7 @@ def _read_back_problem(folder: Path) -> tuple[str | None, dict[str, Any] | None]
         return f"{folder / TRAINER_STATE_FILE} is missing", None
     except ValueError as error:  # the safe loader's refusal, or not a trainer state
         return str(error), None
-    # a truncated or garbled zip archive: torch raises RuntimeError/EOFError
-    except Exception as error:
+    except Exception as error:  # a truncated or garbled zip archive: RuntimeError/EOFError
         return (f"{folder / TRAINER_STATE_FILE} is damaged ({type(error).__name__}: truncated or "
                 "overwritten)", None)
     for name in required_files()[1:]:
@@ -192,20 +189,18 @@ def verify_checkpoint(folder: str | Path) -> list[str]:
         return []
     problems = [f"{folder / MANIFEST_FILE} does not list {name}: the manifest is incomplete"
                 for name in required_files() if name not in files]
-    problems += [p for name,
-                 entry in files.items() if (p := _file_problem(folder, name, entry)) is not None]
+    problems += [p for name, entry in files.items()
+                 if (p := _file_problem(folder, name, entry)) is not None]
     return problems
 
 
 def unverified(folder: str | Path) -> bool:
-    """True for a checkpoint saved before manifests existed: `verify_checkpoint` could only read its
-    files back."""
+    """True for a checkpoint from before manifests: `verify_checkpoint` read its files back."""
     return not (Path(folder) / MANIFEST_FILE).exists()
 
 
 def checkpoint_problem(folder: str | Path) -> str | None:
-    """`verify_checkpoint`'s problems as one line (the first few, and how many more), or None when
-    it is intact."""
+    """`verify_checkpoint`'s problems as one line (the first few, how many more); None if intact."""
     problems = verify_checkpoint(folder)
     if not problems:
         return None

@@ -41,12 +41,11 @@ def run_title(run_name: str, profile: str, history: Sequence[Mapping[str, Any]],
 
 
 def flagged_metrics(history: Sequence[Mapping[str, Any]], diagnosis: Diagnosis) -> list[str]:
-    """The metrics an error or warning of `diagnosis` reads that `history` logs with a finite value,
-    in rule order."""
+    """Metrics an error or warning of `diagnosis` reads that `history` has finite, in rule order."""
     reads = rule_reads()
     logged = {
-        key for row in history for key,
-        value in row.items() if isinstance(value, (int, float)) and math.isfinite(value)
+        key for row in history for key, value in row.items()
+        if isinstance(value, (int, float)) and math.isfinite(value)
     }
     found: list[str] = []
     for finding in diagnosis.findings:

@@ -3,7 +3,7 @@ the SHA-256 manifest its save wrote (`checkpoint_digest.verify_checkpoint`), so 
 bytes changed after the save (4 KiB of an adapter zeroed, a file gone) is an error naming it, its
 files and the newest intact checkpoint.
 
-    finding, notes = checkpoint_finding(Path("runs/ppo-tiny"))   # None and [] when every checkpoint is intact
+    finding, notes = checkpoint_finding(Path("runs/ppo-tiny"))  # None and [] if all are intact
 
 A checkpoint saved before manifests existed has its files read back instead: intact, it gets a note
 that it could not be verified by digest, never an error.
@@ -18,8 +18,7 @@ from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
 from rlhf_helpers.ppo.diagnosis_types import Finding
 
 RULE = "damaged_checkpoint"
-#: a checkpoint folder's name: ASCII digits only (str.isdigit and \d accept '²' and other scripts'
-#: digits)
+#: a checkpoint folder's name: ASCII digits (str.isdigit and \d take '²' and other scripts' digits)
 CHECKPOINT = re.compile(r"step-([0-9]{6,})")
 #: problems shown per checkpoint (a lost adapter folder alone gives several)
 SHOWN = 3

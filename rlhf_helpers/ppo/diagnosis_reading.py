@@ -2,9 +2,9 @@
 blocks), JSON whose numbers a float can hold, and a metrics.jsonl whose last line may have been cut
 mid-write.
 
-    rows, notes = read_metrics(Path("runs/ppo-tiny/metrics.jsonl"))   # notes: what was skipped, and why
+    rows, notes = read_metrics(Path("runs/ppo-tiny/metrics.jsonl"))  # notes: what was skipped, why
     state = read_json(Path("trl-out/trainer_state.json"))
-    state_file, state, notes = newest_trl_state(Path("trl-out"))      # the top-level state or a newer checkpoint's
+    state_file, state, notes = newest_trl_state(Path("trl-out"))  # top level or newer checkpoint's
 
 Every error is a ValueError naming the file (and the line); no JSON value reaches a rule as a number
 a float cannot hold, as a structure nested deeper than the parser's recursion, or as anything but a
@@ -89,8 +89,7 @@ def open_regular(path: Path) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in a regular file (`parse_json`); ValueError naming the file when it is not UTF-8
-    JSON."""
+    """The JSON in a regular file (`parse_json`); ValueError naming the file if not UTF-8 JSON."""
     with open_regular(path) as handle:
         raw = handle.read()
     try:
@@ -121,10 +120,9 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 record = parse_json(line, where)
             except (UnicodeDecodeError, ValueError) as error:
                 if cut:
-                    notes.append(
-                        f"{where}: skipped, a record cut mid-write (no newline at its end, and "
-                        f"{'not UTF-8' if isinstance(error, UnicodeDecodeError) else 'not valid JSON'})"
-                    )
+                    bad = "not UTF-8" if isinstance(error, UnicodeDecodeError) else "not valid JSON"
+                    notes.append(f"{where}: skipped, a record cut mid-write "
+                                 f"(no newline at its end, and {bad})")
                     break
                 if isinstance(error, UnicodeDecodeError):
                     raise ValueError(
@@ -164,8 +162,7 @@ def as_number(value: Any) -> float | None:
     +-inf. TypeError for anything else (a bool, a string, a list)."""
     if value is None:
         return None
-    # numpy's bool_ is no numbers.Real either
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # so is numpy's bool_
         raise TypeError(f"not a number: {type(value).__name__}")
     try:
         return float(value)
@@ -216,8 +213,7 @@ def _state_step(state: Any, fallback: float) -> float:
 
 
 def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
-    """(the file, its JSON, notes) of a TRL output folder's newest trainer_state.json, or None when
-    it holds none.
+    """(file, JSON, notes) of a TRL output folder's newest trainer_state.json; None if it has none.
 
     TRL writes one into each checkpoint-N folder as it saves, and one at the top when `save_state()`
     runs (at the end of training): the top-level one is read unless the newest checkpoint's is
@@ -227,7 +223,7 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
     saved = [
         (int(number), p / "trainer_state.json")
         for p in folder.glob("checkpoint-*")
-        # '²'.isdigit() is True
+        # [0-9], not str.isdigit: '²'.isdigit() is True
         if re.fullmatch(r"[0-9]+", number := p.name.removeprefix("checkpoint-"))
         and os.path.lexists(p / "trainer_state.json")
     ]
@@ -242,10 +238,9 @@ def newest_trl_state(folder: Path) -> tuple[Path, Any, list[str]] | None:
     top_step, saved_step = _state_step(top_state, -math.inf), _state_step(state, _as_float(number))
     if saved_step <= top_step:
         return top, top_state, []
-    # an empty log never outranks one with steps in it
-    if _logged(top_state) and not _logged(state):
-        return (top, top_state,
-                [f"{path} holds no logged step: read the top-level {top.name} instead"])
+    if _logged(top_state) and not _logged(state):  # an empty log never outranks one with steps
+        note = f"{path} holds no logged step: read the top-level {top.name} instead"
+        return top, top_state, [note]
     return (
         path,
         state,

@@ -18,8 +18,7 @@ LAB = "notebooks/06_failure_modes.ipynb"
 
 
 def metric(row: Mapping[str, Any], key: str) -> float | None:
-    """row[key] when it is a finite number, else None (not logged, or NaN/inf: `non_finite` reads
-    those)."""
+    """row[key] if a finite number, else None (not logged, or NaN/inf: `non_finite` reads those)."""
     value = row.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -38,8 +37,7 @@ def logged(rows: Rows, key: str) -> int:
 
 
 def sustained(hits: list[tuple[int, float]], available: int, thresholds: Thresholds) -> bool:
-    """Whether a condition held at sustain_steps steps, or at every step of a run that logged
-    fewer."""
+    """Whether a condition held for sustain_steps steps, or all steps of a run that logged fewer."""
     return available > 0 and len(hits) >= min(thresholds.sustain_steps, available)
 
 

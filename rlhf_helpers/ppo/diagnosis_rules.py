@@ -28,8 +28,7 @@ from rlhf_helpers.ppo.diagnosis_types import Finding, RunFacts, Thresholds
 
 
 def non_finite(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
-    # explained_variance is NaN by definition when the returns do not vary: no_learning_signal reads
-    # that case
+    # explained_variance is NaN by definition when returns do not vary (no_learning_signal's case)
     bad = [(int(row["step"]), key) for row in rows for key, value in row.items()
            if key not in ("step", "explained_variance")
            and (value is None or (isinstance(value, float)
@@ -248,8 +247,7 @@ def over_optimisation(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | N
 
 
 def _thirds(values: list[float]) -> list[tuple[float, float]]:
-    """(mean, standard error) of the first, middle and last third (as
-    course.failure_runs.third_stats)."""
+    """(mean, standard error) of the first, middle and last third (as failure_runs.third_stats)."""
     n = len(values)
     cuts = [0, max(1, n // 3), max(2, 2 * n // 3), n]
     out = []

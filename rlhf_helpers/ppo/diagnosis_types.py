@@ -1,5 +1,4 @@
-"""What the run doctor reports and reads: a Finding, the run's settings (RunFacts) and the rules'
-Thresholds.
+"""What the run doctor reports and reads: a Finding, the run's settings (RunFacts), rule Thresholds.
 
 Every threshold says where its value comes from: docs/metrics.md's healthy ranges (one 60-step
 tiny-profile run, seed 0, and its --kl-coef 0 / 0.05 variants), measured runs, or plain arithmetic.
@@ -121,8 +120,7 @@ class Thresholds:
     #: approx-KL (nats per token) of one update above which the trust region does not hold: glossary
     #: "above ~0.05-0.1" (healthy 0.003-0.03; 0.02-0.05 with kl_coef 0).
     approx_kl_high: float = 0.05
-    #: steps a condition must hold (or every step of a shorter run) to count as sustained, not one
-    #: noisy step
+    #: steps a condition must hold (or all steps of a shorter run) to be sustained, not a noisy step
     sustain_steps: int = 3
     #: steps after the warm-up before the critic must explain something: glossary explained_variance
     #: "about 0 at step 1 (untrained critic), 0.2-0.55 within a few steps".
@@ -183,8 +181,7 @@ class Thresholds:
         return ratio_tolerance(dtype, float32=self.ratio_tolerance)
 
     def spread_for(self, dtype: str) -> float:
-        """The relative score spread under which a batch's scores are equal, in a compute dtype (any
-        spelling)."""
+        """Relative spread under which a batch's scores are equal in a dtype (any spelling)."""
         return spread_tolerance(dtype, float32=self.score_spread)
 
 
@@ -245,8 +242,7 @@ def spans(steps: Sequence[int]) -> str:
 
 
 def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], str]]:
-    """rule -> (the metrics it reads, when it fires under thresholds `t`): what docs/metrics.md
-    lists."""
+    """rule -> (metrics it reads, when it fires under thresholds `t`), as docs/metrics.md lists."""
     t = t or Thresholds()
     n = t.sustain_steps
     return {
@@ -312,6 +308,5 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
 
 
 def rule_reads() -> dict[str, tuple[str, ...]]:
-    """rule -> the metrics it reads (the first part of `rule_docs`, which the thresholds do not
-    change)."""
+    """rule -> the metrics it reads (`rule_docs`'s first part, which thresholds do not change)."""
     return {rule: metrics for rule, (metrics, _) in rule_docs().items()}

@@ -18,8 +18,7 @@ import torch
 from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
-#: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g.
-#: rlhf_helpers.world.scorer.hidden_scores)
+#: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g. world.scorer.hidden_scores)
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 

@@ -16,6 +16,9 @@ import torch
 
 from rlhf_helpers.core.masked import masked_mean
 
+#: (prompts, responses) -> the ground-truth score of each response
+HiddenScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+
 
 @dataclass
 class Experience:
@@ -29,8 +32,7 @@ class Experience:
     mask: torch.Tensor  #: (B, R) 1 on real response tokens up to and including EOS
     #: (B, R) log-probs under the distribution that sampled: the policy at config.temperature
     old_logprobs: torch.Tensor
-    #: (B, R) log-probs under the reference (adapters disabled), same temperature
-    ref_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor  #: (B, R) the reference's log-probs (adapters off), same temperature
     entropy: torch.Tensor  #: (B, R) entropy of the sampling distribution at each response position
     values: torch.Tensor  #: (B, R) old values V(s_t) of the value adapter + head
     scores: torch.Tensor  #: (B,) reward-model score (or reward_fn) of each response
@@ -46,8 +48,7 @@ class Experience:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var[returns - values] / Var[returns] over real tokens (1: perfect critic, <= 0:
-    useless)."""
+    """1 - Var[returns - values] / Var[returns], real tokens (1: perfect critic, <= 0: useless)."""
     m = mask.bool()
     target = returns[m]
     if target.numel() < 2:
@@ -65,17 +66,15 @@ def eos_kept_share(batch: Experience, eos_token_id: int) -> float:
     ended = batch.ended_with_eos  # (B,)
     if not bool(ended.any()):
         return 1.0
-    # (B, 1): the first EOS's column
-    first_eos = (responses == eos_token_id).int().argmax(dim=1, keepdim=True)
+    first_eos = (responses == eos_token_id).int().argmax(dim=1, keepdim=True)  # (B, 1) its column
     kept = batch.mask.gather(1, first_eos).squeeze(1)  # (B,)
-    # counts, divided once in Python: a float32 mean on CUDA (sum x 1/n) gave 0.99999994 for all
-    # kept
+    # counts, divided once in Python: a float32 mean on CUDA (sum x 1/n) gave 0.99999994, all kept
     return int((kept[ended] != 0).sum()) / int(ended.sum())
 
 
 def rollout_metrics(batch: Experience, kl_coef: float,
-                    hidden_score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]]
-                    | None = None, score_clip: float | None = None) -> dict[str, float]:
+                    hidden_score_fn: HiddenScoreFn | None = None,
+                    score_clip: float | None = None) -> dict[str, float]:
     """The rollout half of an iteration's metrics (docs/metrics.md): reward and its spread, k1
     sequence KL, entropy, lengths, distinct responses, critic fit; with `hidden_score_fn`, the mean
     ground-truth score of the batch; with `score_clip`, the share of scores the clip cuts."""

@@ -1,9 +1,8 @@
-"""The CUDA fast path of the sampler: a Llama-family decode step over a static KV cache, as a CUDA
-graph.
+"""The sampler's CUDA fast path: a Llama-family decode step over a static KV cache, as a CUDA graph.
 
-    decoder = StaticLlamaDecoder(shared.lm)      # once per model (SharedLoRAModel keeps one)
+    decoder = StaticLlamaDecoder(lm)             # once per model (SharedLoRAModel keeps one)
     decoder.load_adapter("policy")               # fold W' = W + s B A into its weight buffers
-    out = sampling.sample(shared.lm, ids, attn, 48, eos_token_id=..., pad_token_id=..., decoder=decoder)
+    out = sampling.sample(lm, ids, attn, 48, eos_token_id=..., pad_token_id=..., decoder=decoder)
 
 Why: a decode step of a 135M model at batch 32 is ~1,000 tiny kernels (30 layers; each LoRA
 projection alone is three products, a scale and an add). Launched one by one from Python they cost
@@ -53,8 +52,8 @@ def _cache_layers(past: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(past.key_cache, past.value_cache, strict=True))  # older caches
 
 
-def _effective_weight(module: nn.Module, adapter: str | None) -> tuple[torch.Tensor,
-                                                                       torch.Tensor | None]:
+def _effective_weight(module: nn.Module,
+                      adapter: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight (out, in), bias) of a linear layer, with `adapter`'s LoRA folded in: W + s B A.
 
     `adapter=None` (the reference) or a layer without that adapter gives the base weight itself.
@@ -66,8 +65,8 @@ def _effective_weight(module: nn.Module, adapter: str | None) -> tuple[torch.Ten
     lora_b = module.lora_B[adapter].weight  # (out, r)
     scaling = float(module.scaling[adapter])
     # W' = W + s B A, computed in float32 and rounded once to the base's dtype
-    # (out, in)
-    merged = torch.addmm(base.weight.float(), lora_b.float(), lora_a.float(), alpha=scaling)
+    merged = torch.addmm(base.weight.float(), lora_b.float(), lora_a.float(),
+                         alpha=scaling)  # (out, in)
     return merged.to(base.weight.dtype), base.bias
 
 
@@ -87,10 +86,9 @@ class _GraphEntry:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.token = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
         self.position = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
-        # (1,) cache column of this token
-        self.column = torch.zeros(1, dtype=torch.long, device=device)
-        # (B, W) attended keys
-        self.mask = torch.zeros(batch, width, dtype=torch.bool, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)  # (1,) this token's column
+        self.mask = torch.zeros(batch, width, dtype=torch.bool,
+                                device=device)  # (B, W) attended keys
         shape = (batch, n_kv, width, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -149,29 +147,26 @@ class StaticLlamaDecoder:
         """One decode step on `entry`'s buffers: token (B,) at `column` -> logits (B, V)."""
         model = self.lm.model
         B = entry.token.shape[0]
+        nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
         h = model.embed_tokens(entry.token)[:, None]  # (B, 1, H)
         cos, sin = model.rotary_emb(h, entry.position[:, None])  # (B, 1, d) each
         keep = entry.mask[:, None, None, :]  # (B, 1, 1, W): True = attend
         for i, layer in enumerate(self.layers):
             x = layer.input_layernorm(h)  # (B, 1, H)
-            # (B, nh, 1, d)
-            q = self._linear(x, i, "q_proj").view(B, 1, self.n_heads, self.head_dim).transpose(1, 2)
-            # (B, nkv, 1, d)
-            k = self._linear(x, i, "k_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)
-            # (B, nkv, 1, d)
-            v = self._linear(x, i, "v_proj").view(B, 1, self.n_kv, self.head_dim).transpose(1, 2)
+            q = self._linear(x, i, "q_proj").view(B, 1, nh, d).transpose(1, 2)  # (B, nh, 1, d)
+            k = self._linear(x, i, "k_proj").view(B, 1, nkv, d).transpose(1, 2)  # (B, nkv, 1, d)
+            v = self._linear(x, i, "v_proj").view(B, 1, nkv, d).transpose(1, 2)  # (B, nkv, 1, d)
             q, k = _rotate(q, k, cos, sin)
             entry.keys[i].index_copy_(2, entry.column, k)  # write this token's key at its column
             entry.values[i].index_copy_(2, entry.column, v)
             # softmax(q K^T * scaling + mask) V over the cached columns (grouped-query heads)
             attn = F.scaled_dot_product_attention(q, entry.keys[i], entry.values[i], attn_mask=keep,
                                                   scale=layer.self_attn.scaling,
-                                                  # (B, nh, 1, d)
-                                                  enable_gqa=self.n_heads != self.n_kv)
+                                                  enable_gqa=nh != nkv)  # (B, nh, 1, d)
             h = h + self._linear(attn.transpose(1, 2).reshape(B, 1, -1), i, "o_proj")  # (B, 1, H)
             x = layer.post_attention_layernorm(h)
-            gated = (layer.mlp.act_fn(self._linear(x, i, "gate_proj"))
-                     * self._linear(x, i, "up_proj"))
+            act = layer.mlp.act_fn
+            gated = act(self._linear(x, i, "gate_proj")) * self._linear(x, i, "up_proj")
             h = h + self._linear(gated, i, "down_proj")  # (B, 1, H)
         return self.lm.lm_head(model.norm(h))[:, 0]  # (B, V)
 
@@ -185,8 +180,7 @@ class StaticLlamaDecoder:
             entry = _GraphEntry(batch, width, len(self.layers), self.n_kv, self.head_dim,
                                 config.vocab_size, weight.dtype, weight.device)
             if self.use_graphs:
-                # warm-up and capture write a column no prompt uses yet
-                entry.column.fill_(width - 1)
+                entry.column.fill_(width - 1)  # warm-up and capture write a column no prompt uses
                 entry.mask[:, 0] = True  # no all-masked row while capturing
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
@@ -249,8 +243,7 @@ class StaticLlamaDecoder:
         give logits off by their own size. Then graphs are dropped, with a warning, and this decoder
         runs eagerly: slower, never wrong."""
         eager = self._step(entry)  # (B, V)
-        # 5% of the largest logit: far above bf16 rounding through 30 layers, far below a wrong
-        # buffer
+        # 5% of the largest logit: far over bf16 rounding in 30 layers, far under a wrong buffer
         tolerance = 0.05 * float(eager.float().abs().max()) + 1e-3
         error = float((replayed.float() - eager.float()).abs().max())
         if not error <= tolerance:

@@ -6,13 +6,13 @@ GPT-2's eight-op GELU as one fused kernel (`fuse_tanh_gelu`).
 
 peft computes a LoRA layer as two products added to the base output,
 
-    y = x W + b + s (x A^T) B^T                                  (W: (in, out), A: (r, in), B: (out, r))
+    y = x W + b + s (x A^T) B^T                             (W: (in, out), A: (r, in), B: (out, r))
 
 which on a small model means two extra thin matrix products, a scale and an add per layer and
 pass, and three more products in backward. The same function with the low-rank update folded
 into the weight first,
 
-    y = x W' + b,      W' = W + s A^T B^T                         (one (in, out) matrix, cheap to build)
+    y = x W' + b,      W' = W + s A^T B^T                    (one (in, out) matrix, cheap to build)
 
 needs one product forward, and backward gives exactly peft's gradients:
 
@@ -45,15 +45,13 @@ def _folded_matmul(x: torch.Tensor, merged: torch.Tensor,
 
 
 class _FusedLoRA(torch.autograd.Function):
-    """y = x W' + b with W' = W + s A^T B^T; gradients for x, A and B (the base W, b stay
-    frozen)."""
+    """y = x W' + b with W' = W + s A^T B^T; gradients for x, A and B (base W, b stay frozen)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
         # weight: the base weight as (in, out); lora_a: (r, in); lora_b: (out, r)
-        # (in, out) = W + s A^T B^T
-        merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)
+        merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)  # (in, out): W'
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         # (x A^T)^T as A x^T: a product with N as its wide side runs several times faster on a CPU
         # than the thin (N, r) layout (benchmarks/README.md, "thin products")
@@ -106,8 +104,7 @@ def _fused_forward(layer: nn.Module, original: Any, is_conv1d: bool):
 
 def fuse_lora_layers(model: nn.Module) -> int:
     """Give every peft LoRA `Linear` layer of `model` whose base is an `nn.Linear` or a GPT-2
-    `Conv1D` the folded forward (calls that do not qualify fall back to peft's). Returns how
-    many."""
+    `Conv1D` the folded forward (calls that do not qualify use peft's). Returns how many."""
     count = 0
     for module in model.modules():
         if type(module) is not LoraLinear or getattr(module, "_fused_lora", False):
@@ -115,8 +112,7 @@ def fuse_lora_layers(model: nn.Module) -> int:
         base = module.get_base_layer()
         if type(base) not in (nn.Linear, Conv1D):
             continue
-        # GPT-2's Conv1D stores (in, out) and peft marks it fan_in_fan_out; nn.Linear stores (out,
-        # in)
+        # GPT-2's Conv1D stores (in, out), peft marks it fan_in_fan_out; nn.Linear stores (out, in)
         if module.fan_in_fan_out != (type(base) is Conv1D):
             continue
         # an instance attribute: nn.Module.__call__ finds it before the class's forward
@@ -127,15 +123,14 @@ def fuse_lora_layers(model: nn.Module) -> int:
 
 
 def fuse_tanh_gelu(model: nn.Module) -> int:
-    """Swap transformers' `NewGELUActivation` (GPT-2's "gelu_new") for torch's fused tanh-GELU, in
-    place.
+    """Swap transformers' `NewGELUActivation` (GPT-2's "gelu_new") for torch's fused tanh-GELU.
 
-    gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))     (the same formula on both sides)
+    gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))    (same formula on both sides)
 
     gelu_new evaluates it as eight separate tensor ops, each reading and writing the (B, L, 4H) MLP
     activation and saving it for backward; `F.gelu(approximate="tanh")` is one kernel forward and
-    one backward. Outputs differ only by float rounding (about 1e-7). Returns how many modules were
-    swapped.
+    one backward. Outputs differ only by float rounding (about 1e-7). Swaps in place; returns how
+    many modules were swapped.
     """
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is NewGELUActivation]

@@ -1,5 +1,4 @@
-"""The sampler's decode step for GPT-2: a preallocated KV cache, the model's own layers called
-directly.
+"""The sampler's GPT-2 decode step: a preallocated KV cache, the model's own layers called directly.
 
     decoder = GPT2CacheDecoder(shared.lm)          # a fresh one per sampling call
     out = sampling.sample(shared.lm, ids, attn, 48, eos_token_id=..., pad_token_id=...,
@@ -27,8 +26,7 @@ from rlhf_helpers.ppo.packed_gpt2 import attention, packed_hidden
 
 
 class GPT2CacheDecoder:
-    """Prompt pass and one-token steps of a GPT-2 LM over a static KV cache (the `sampling.Decoder`
-    protocol)."""
+    """Prompt pass and one-token steps of a GPT-2 LM over a static KV cache (`sampling.Decoder`)."""
 
     def __init__(self, lm: nn.Module) -> None:
         self.lm = lm
@@ -48,9 +46,9 @@ class GPT2CacheDecoder:
         hidden = packed_hidden(self.transformer, input_ids, attention_mask, kv)  # (B, P, H)
         B, heads, W, d = kv[0][0].shape
         for k, v in kv:  # (B, nh, W, d) each
-            # (B, nh, W + R, d)
-            self.keys.append(torch.cat([k, k.new_zeros(B, heads, max_new_tokens, d)], dim=2))
-            self.values.append(torch.cat([v, v.new_zeros(B, heads, max_new_tokens, d)], dim=2))
+            empty = (B, heads, max_new_tokens, d)  # the R new columns
+            self.keys.append(torch.cat([k, k.new_zeros(empty)], dim=2))  # (B, nh, W + R, d)
+            self.values.append(torch.cat([v, v.new_zeros(empty)], dim=2))
         lengths = attention_mask.sum(dim=1)  # (B,) real prompt tokens per row
         columns = torch.arange(W + max_new_tokens, device=input_ids.device)  # (W + R,)
         self.mask = (columns[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, W + R)
@@ -67,8 +65,8 @@ class GPT2CacheDecoder:
         self.column += 1
         t = self.transformer
         B = token.shape[0]
-        # (B, 1, 1, W + R)
-        bias = torch.zeros(self.mask.shape, dtype=t.wte.weight.dtype, device=token.device)
+        dtype = t.wte.weight.dtype
+        bias = torch.zeros(self.mask.shape, dtype=dtype, device=token.device)  # (B, 1, 1, W + R)
         bias.masked_fill_(~self.mask, float("-inf"))  # 0 on attended keys, -inf elsewhere
         x = t.wte(token) + t.wpe(position)  # (B, H)
         for block, keys, values in zip(t.h, self.keys, self.values, strict=True):

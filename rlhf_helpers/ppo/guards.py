@@ -1,8 +1,7 @@
-"""The NaN/inf stop of a PPO run: weights checked after every optimiser step, one decision for all
-processes.
+"""A PPO run's NaN/inf stop: weights checked after each optimiser step, one vote for all processes.
 
     with guard(accelerator, step):              # every process runs the block, then all agree:
-        batch = collect_experience(...)         # a NaN/inf on any one of them stops all, naming the step
+        batch = collect_experience(...)         # a NaN/inf on any one stops all, naming the step
     check_finite_parameters("policy", params, step)
 
 Under `accelerate launch` each process checks its own rollouts and losses. A process that met a NaN
@@ -37,8 +36,7 @@ def check_all_finite(what: str, x: torch.Tensor, step: int | None = None) -> Non
 
 @contextmanager
 def non_finite_stops_run(step: int | None = None) -> Iterator[None]:
-    """Turn the maths core's NonFiniteError (NaN/inf logits, values...) into NonFiniteStop, at
-    `step`."""
+    """Turn the maths core's NonFiniteError (NaN/inf logits...) into NonFiniteStop at `step`."""
     try:
         yield
     except NonFiniteStop:
@@ -59,8 +57,8 @@ def check_finite_parameters(what: str, params: Sequence[torch.Tensor],
     if not params:
         return
     with torch.no_grad():
-        # (n_params,)
-        largest = torch.stack(torch._foreach_norm([p.detach() for p in params], math.inf))
+        norms = torch._foreach_norm([p.detach() for p in params], math.inf)
+        largest = torch.stack(norms)  # (n_params,)
     if not bool(torch.isfinite(largest).all()):
         where = f" at PPO step {step}" if step is not None else ""
         bad = int((~torch.isfinite(largest)).sum())
@@ -96,8 +94,7 @@ class PeerProcessFailed(RuntimeError):
 
 
 def describe(error: BaseException) -> str:
-    """What a process reports to the others in the vote: the message of a NaN stop, else type:
-    message."""
+    """What a process tells the others in the vote: a NaN stop's message, else "type: message"."""
     return str(error) if isinstance(error, NonFiniteError) else f"{type(error).__name__}: {error}"
 
 
@@ -117,15 +114,14 @@ def agree_to_stop(accelerator: Any, error: Exception | None) -> None:
     from accelerate.utils import gather_object
 
     device = accelerator.device
-    # (num_processes,)
-    flags = accelerator.gather(torch.tensor([0 if error is None else 1], device=device))
+    flag = torch.tensor([0 if error is None else 1], device=device)
+    flags = accelerator.gather(flag)  # (num_processes,)
     bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
     if not bad:
         return
-    # one (is it a NaN stop?, message) per process, in rank order; None where the process saw
-    # nothing
-    reports = gather_object(
-        [None if error is None else (isinstance(error, NonFiniteError), describe(error))])
+    # one (is it a NaN stop?, message) per process, in rank order; None where it saw nothing
+    report = None if error is None else (isinstance(error, NonFiniteError), describe(error))
+    reports = gather_object([report])
     where = f"of {accelerator.num_processes}"
     failed = [rank for rank in bad if not reports[rank][0]]
     if failed:
@@ -159,9 +155,8 @@ def collective_stop(accelerator: Any) -> Iterator[None]:
     error: Exception | None = None
     try:
         yield
-    # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
     except Exception as caught:
-        error = caught
+        error = caught  # a NonFiniteStop, the maths core's own check, or a bug: the vote decides
     agree_to_stop(accelerator, error)
 
 

@@ -33,47 +33,44 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 @torch.no_grad()
 def rollout(model: SharedLoRAModel, tokenizer, prompts: Sequence[str], config: PPOConfig,
             kl_coef: float, reward_fn: RewardFn | None, pieces: Pieces) -> Experience:
-    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops it
-    with NonFiniteError naming the first tensor that holds one (the caller's guard adds the PPO
-    step)."""
+    """The experience half of one iteration, in the order it runs (no gradients). A NaN/inf stops
+    it with NonFiniteError naming the first tensor holding one (the caller's guard adds the step).
+    """
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (never the
-    # reference)
+    # old log-probs: the distribution that sampled, softmax(z / T) of the policy (not the reference)
     samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length,
-                               config.max_new_tokens,
-                               temperature=config.temperature, with_logprobs="exact")
-    seq, attn, P, mask = (samples.sequences, samples.attention_mask,
-                          samples.context_length, samples.mask)
+                               config.max_new_tokens, temperature=config.temperature,
+                               with_logprobs="exact")
+    seq, attn = samples.sequences, samples.attention_mask  # (B, P + R), (B, P + R)
+    P, mask = samples.context_length, samples.mask  # P, (B, R)
     if samples.logprobs is not None:  # read from the sampling loop's own logits
         old_logprobs, entropy = samples.logprobs, samples.entropy  # (B, R), (B, R)
-    # a fresh forward: the loop's one-token products round differently (bf16/fp16, fast decoder)
-    else:
+    else:  # a fresh forward: the loop's one-token products round differently (bf16, fp16, fast)
         old_logprobs, entropy = model.policy_logprobs(
             seq, attn, P, with_entropy=True, entropy_grad=False, temperature=config.temperature)
     timings["generate"] = time.perf_counter() - start
 
     start = time.perf_counter()
     # the reference at the policy's temperature: the KL compares the two sampling distributions
-    # (B, R)
-    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()
+    ref_logprobs = model.ref_logprobs(seq, attn, P, temperature=config.temperature)  # (B, R)
+    ref_logprobs = ref_logprobs.float()
     values = model.values(seq, attn, P).float() * mask  # (B, R), 0 at padding
     scores = score_samples(model, samples, reward_fn)  # (B,)
     timings["forward_passes"] = time.perf_counter() - start
     check_no_nan("reward scores", scores)
     if config.missing_eos_penalty is not None:
-        # (B,)
-        scores = torch.where(samples.ended_with_eos, scores, scores + config.missing_eos_penalty)
+        penalised = scores + config.missing_eos_penalty  # (B,)
+        scores = torch.where(samples.ended_with_eos, scores, penalised)  # (B,)
 
     start = time.perf_counter()
     logprobs = old_logprobs.float()  # (B, R)
     # r_t = -beta * kl_t + [t = last] * score
     rewards, kl = pieces.shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, R) x 2
     # delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  returns = A + V
-    # (B, R) x 2
-    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma, config.lam)
-    # what the update reads, in the order it was made: the first non-finite one is named, with its
-    # piece
+    advantages, returns = pieces.advantages(rewards, values, mask, config.gamma,
+                                            config.lam)  # (B, R) x 2
+    # what the update reads, in the order it was made: the first non-finite one is named
     check_no_nan("values", values)
     check_no_nan("policy log-probs", logprobs * mask)
     check_no_nan(pieces.shaped_by, rewards)
@@ -141,8 +138,7 @@ def trim_minibatch(batch: Experience, rows: torch.Tensor) -> Minibatch:
     P = batch.context_length
     real = attn.bool().any(dim=0)  # (P + R,)
     first = min(int(real.int().argmax()), P - 1)  # keep the last prompt column: it predicts token 0
-    # at least one response column
-    last = max(attn.shape[1] - 1 - int(real.flip(0).int().argmax()), P)
+    last = max(attn.shape[1] - 1 - int(real.flip(0).int().argmax()), P)  # a response column or more
     r = last + 1 - P
     return Minibatch(
         sequences=batch.sequences[rows, first : last + 1], attention_mask=attn[:, first : last + 1],
@@ -158,16 +154,15 @@ def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[
     so a refused loss piece leaves every weight as it was. The two adapters share no trainable
     parameter and neither loss reads the other's output, so this order changes no number."""
     config, step = trainer.config, trainer.step_count
-    # value warm-up: the critic learns the returns first
-    train_policy = step >= config.value_warmup_steps
+    train_policy = step >= config.value_warmup_steps  # warm-up: the critic learns the returns first
     rows = []
     for epoch in range(config.ppo_epochs):
         size = batch.sequences.shape[0]  # B
         order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)
         for index, first in enumerate(range(0, size, config.mini_batch_size)):
             mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
-            # the guard votes on every process before the gradient all-reduces; a refused loss drops
-            # both
+            # the guard votes on every process before the gradients' all-reduce; a refusal drops
+            # the gradients of both losses
             with trainer.guard(drop_gradients=True):
                 stats = minibatch_losses(trainer, mb, generator, train_policy)
             policy_norm = trainer.policy_opt.sync_and_step(step) if train_policy else 0.0
@@ -180,8 +175,7 @@ def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[
 
 def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
                      train_policy: bool) -> dict[str, float]:
-    """The policy's and the value's forward -> loss -> backward on one minibatch; returns its
-    stats."""
+    """The policy's, then the value's forward -> loss -> backward on one minibatch; its stats."""
     config, model, pieces = trainer.config, trainer.model, trainer.pieces
     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
@@ -194,8 +188,7 @@ def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
     ptx = trainer.ptx_loss(generator) if config.ptx_coef > 0 else None
     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
     check_no_nan("policy loss", loss.detach())
-    if train_policy:
-        # a caller's piece: checked
+    if train_policy:  # a caller's loss piece is checked: its gradient must reach the adapter
         trainer.policy_opt.backward(loss, piece=pieces.policy_loss_name)
     # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)

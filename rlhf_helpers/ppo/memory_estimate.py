@@ -22,8 +22,7 @@ from rlhf_helpers.runtime.precision import resolve_dtype
 T4_MEMORY_BYTES = 15 * 2**30
 #: Bytes of one float32 number: master weights, gradients, Adam moments, log-softmax inputs.
 FLOAT32_BYTES = 4
-#: Bytes of a saved int64 token index (the embedding lookup of full fine-tuning keeps its input
-#: ids).
+#: Bytes of a saved int64 token index (full fine-tuning's embedding lookup keeps its input ids).
 INDEX_BYTES = 8
 #: TRL >= 1.16's fused LM head (SFTTrainer) projects at most this many tokens at a time...
 TRL_TOKEN_TILE = 4096
@@ -50,10 +49,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """From a transformers config or a dict of its fields (e.g. `architecture_of(...)`); Llama
-        only."""
-        get = (config.get if isinstance(config, dict) else lambda key,
-               default=None: getattr(config, key, default))
+        """From a Llama transformers config or a dict of its fields (`architecture_of(...)`)."""
+        get = (config.get if isinstance(config, dict)
+               else lambda key, default=None: getattr(config, key, default))
         if get("model_type") != "llama":
             raise ValueError("config must describe a Llama model (model_type 'llama'), got "
                              f"{get('model_type')!r}")
@@ -74,15 +72,14 @@ class ModelShape:
 
     def parameter_count(self) -> int:
         """Parameters of the causal LM, shared embedding counted once:
-        N = V H (1 + untied) + n (sum_proj in * out + 2 H) + H      (2 RMSNorms a layer, one final)"""
+        N = V H (1 + untied) + n (sum_proj in * out + 2 H) + H    (2 RMSNorms a layer, one final)"""
         H = self.hidden_size
         per_layer = sum(i * o for i, o in self.projection_shapes().values()) + 2 * H
-        return self.vocab_size * H * (1 if self.tied_embeddings
-                                      else 2) + self.num_layers * per_layer + H
+        embeddings = self.vocab_size * H * (1 if self.tied_embeddings else 2)
+        return embeddings + self.num_layers * per_layer + H
 
     def lora_parameter_count(self, r: int, targets: tuple[str, ...]) -> int:
-        """Parameters of one LoRA adapter: r (in + out) per wrapped projection (A is (r, in), B
-        (out, r))."""
+        """Parameters of one LoRA adapter: A (r, in) + B (out, r) per wrapped projection."""
         unknown = set(targets) - set(LLAMA_PROJECTIONS)
         if unknown:
             raise ValueError(
@@ -98,15 +95,13 @@ class MemoryEstimate:
     stage: str  #: "sft", "reward" or "ppo"
     phase: str  #: the moment of the peak, e.g. "update" or "rollout scoring"
     weights: int  #: every parameter as stored: frozen base in its dtype, trained weights in float32
-    #: low-precision copies of the weights that autocast makes and backward keeps
-    autocast_copies: int
+    autocast_copies: int  #: low-precision weight copies that autocast makes and backward keeps
     gradients: int  #: float32 gradients of the trained parameters
     optimizer_states: int  #: Adam's two float32 moments per trained parameter
     activations: int  #: tensors the forward saves for backward (or a no-grad layer's working set)
     logits: int  #: the (rows, positions, V) logits and their float32 copies alive at the peak
     kv_cache: int  #: keys and values of the sampling loop's growing cache (PPO rollouts only)
-    #: CUDA fast sampler, kept all iteration: folded weight copies, static KV caches
-    sampler_buffers: int = 0
+    sampler_buffers: int = 0  #: CUDA fast sampler's, all iteration: folded weights, static caches
 
     @property
     def total(self) -> int:
@@ -125,8 +120,8 @@ def activation_bytes(shape: ModelShape, rows: int, seq_len: int, s: int, full: b
     """Bytes a Llama forward over (rows, seq_len) tokens saves for backward, up to the final norm.
 
     s: bytes of the compute dtype; full: every weight trains (else only LoRA on `lora_targets`);
-    autocast: float32 weights with low-precision arithmetic (else the weights are in the s-byte
-    dtype). Per token and layer (H, I, Ha = heads * head_dim, L = seq_len):
+    autocast: float32 weights with low-precision arithmetic (else weights are in the s-byte dtype).
+    Per token and layer (H, I, Ha = heads * head_dim, L = seq_len):
       norms      4 H + 4 each (RMSNorm's float32 input and 1/rms), + 4 H with trainable weights
       inputs     the copy of its input each trained projection keeps (see `_saved_inputs`)
       LoRA A     r numbers per wrapped projection (what B needs): float32, s bytes under autocast
@@ -140,16 +135,15 @@ def activation_bytes(shape: ModelShape, rows: int, seq_len: int, s: int, full: b
     """
     n, tokens = shape.num_layers, rows * seq_len
     Ha = shape.num_heads * shape.head_dim
-    norm = FLOAT32_BYTES * shape.hidden_size + FLOAT32_BYTES + (FLOAT32_BYTES
-                                                                * shape.hidden_size if full else 0)
+    H = shape.hidden_size
+    norm = FLOAT32_BYTES * H + FLOAT32_BYTES + (FLOAT32_BYTES * H if full else 0)
     norms = (2 * n + (1 if full else 0)) * norm  # (tokens,) each
     lora = 0 if full else len(lora_targets) * lora_r * (s if autocast else FLOAT32_BYTES)
     attention = 4 * s * Ha + FLOAT32_BYTES * shape.num_heads + s * seq_len
     mlp = 3 * s * shape.intermediate_size
     per_layer = _saved_inputs(shape, s, full, autocast, lora_targets) + lora + attention + mlp
     ids = INDEX_BYTES if full else 0
-    # cos and sin, shared by layers
-    rope = 2 * seq_len * shape.head_dim * (FLOAT32_BYTES if autocast else s)
+    rope = 2 * seq_len * shape.head_dim * (FLOAT32_BYTES if autocast else s)  # cos, sin (shared)
     return tokens * (n * per_layer + norms + ids) + rope
 
 
@@ -161,8 +155,7 @@ def _saved_inputs(shape: ModelShape, s: int, full: bool, autocast: bool,
     gate/up the MLP norm's; o reads attention's output, which attention keeps anyway). In low
     precision each projection casts its input and keeps its own copy: to float32 for a LoRA layer on
     a low-precision base (the adapter is float32), to s bytes under autocast. Under autocast o's and
-    down's inputs are already low precision: o shares attention's output, down keeps the MLP
-    product.
+    down's inputs are already low precision: o shares attention's output, down keeps MLP's product.
     """
     H, ffn = shape.hidden_size, shape.intermediate_size
     targets = LLAMA_PROJECTIONS if full else lora_targets
@@ -195,8 +188,9 @@ def estimate_sft_memory(profile: Any, shape: ModelShape | None = None) -> Memory
     tile = min(rows * length, TRL_TOKEN_TILE) * min(shape.vocab_size, TRL_VOCAB_TILE)
     autocast = s < FLOAT32_BYTES
     return MemoryEstimate(
-        stage="sft", phase="update", weights=FLOAT32_BYTES * N, autocast_copies=s * N if autocast
-        else 0, gradients=FLOAT32_BYTES * N, optimizer_states=2 * FLOAT32_BYTES * N,
+        stage="sft", phase="update", weights=FLOAT32_BYTES * N,
+        autocast_copies=s * N if autocast else 0,
+        gradients=FLOAT32_BYTES * N, optimizer_states=2 * FLOAT32_BYTES * N,
         activations=activation_bytes(shape, rows, length, s, full=True, autocast=autocast),
         logits=tile * (s + 2 * FLOAT32_BYTES), kv_cache=0)
 
@@ -258,8 +252,7 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
     resident = {"weights": s * N + FLOAT32_BYTES * (3 * lora + 2 * H + 1), "autocast_copies": 0,
                 "optimizer_states": 2 * FLOAT32_BYTES * (2 * lora + H + 1),
                 "sampler_buffers": sampler_bytes(shape, profile, s) if fast_sampling else 0}
-    # keys and values of one token, one layer
-    per_token_kv = 2 * shape.num_kv_heads * shape.head_dim * s
+    per_token_kv = 2 * shape.num_kv_heads * shape.head_dim * s  # one token's keys, values, a layer
     if fast_sampling:  # the prompt's cache of the model's own forward, copied into the static cache
         kv = B * P * per_token_kv * shape.num_layers
     else:  # (B, kv_heads, P + R, head_dim) x 2 per layer, and one layer's copy as it grows
@@ -286,8 +279,8 @@ def sampler_bytes(shape: ModelShape, profile: Any, s: int) -> int:
     caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length + max_new_tokens
     rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation batches."""
     folded = s * shape.num_layers * sum(i * o for i, o in shape.projection_shapes().values())
-    width = -(-(profile.ppo.max_prompt_length + profile.ppo.max_new_tokens)
-              // CACHE_ROUND) * CACHE_ROUND
+    tokens = profile.ppo.max_prompt_length + profile.ppo.max_new_tokens
+    width = -(-tokens // CACHE_ROUND) * CACHE_ROUND
     batch = max(profile.ppo.rollout_batch_size, profile.ppo.eval_batch_size)
     cache = batch * width * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * s
     return folded + MAX_GRAPHS * cache

@@ -2,15 +2,16 @@
 modes.
 
     from rlhf_helpers.ppo.metric_docs import METRICS
-    group, doc = METRICS["clipfrac"]   # group "update"; doc.healthy: what a good tiny-profile run shows
-    METRICS["kl"][1].tracker           # "objective/kl": its name in TensorBoard / trackio / W&B
-    python tools/write_docs.py         # rewrite docs/metrics.md (and docs/cluster.md) from the code
+    group, doc = METRICS["clipfrac"]  # group "update"; doc.healthy: a good tiny-profile run
+    METRICS["kl"][1].tracker          # "objective/kl": its name in TensorBoard / trackio / W&B
+    python tools/write_docs.py        # rewrite docs/metrics.md (and docs/cluster.md) from the code
 
 `rlhf_helpers.ppo.metrics.GLOSSARY` (name -> one line) is derived from METRICS, and docs/metrics.md
 is generated from it, so the code, the plots' hover text and the docs say the same thing. Each entry
 also names the metric for experiment trackers (`train_ppo --report-to`, `ppo.tracking`): grouped
 like TRL's PPOTrainer (objective/, policy/, val/, loss/), with TRL's own name where TRL logs the
-same quantity; metrics.jsonl keeps the short names.
+same quantity; metrics.jsonl keeps the short names. What an entry holds (`MetricDoc`), the
+sections (`GROUPS`) and the notation (`NOTATION`) are in `metric_doc_types`, imported here.
 
 Healthy ranges were read off `python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60
 --eval-every 10` (the tiny profile's defaults: rollout batch 64, minibatch 16, 4 epochs, 40 new
@@ -21,48 +22,9 @@ They are guides for that profile, not laws: other models and batch sizes move th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rlhf_helpers.ppo.metric_doc_types import GROUPS, NOTATION, MetricDoc
 
-
-@dataclass(frozen=True)
-class MetricDoc:
-    """Everything the docs say about one metric."""
-
-    meaning: str  #: one line: what the number is (GLOSSARY's text, the plots' hover text)
-    formula: str  #: how it is computed, in plain text maths over the batch's real response tokens
-    healthy: str  #: what it looks like in a healthy tiny-profile run ("" for bookkeeping fields)
-    bad: str  #: what an unhealthy value means: which failure mode, and what to try ("" if nothing)
-    #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x
-    #: axis) and the per-minibatch rows
-    tracker: str = ""
-
-
-#: Sections of the glossary, in order: (title, what logs them).
-GROUPS: dict[str, str] = {
-    "rollout": "Rollouts: what the policy does (one number per PPO step, from the experience "
-               "batch)",
-    "update": "Updates: what the optimiser does (means over all epochs and minibatches of a step)",
-    "minibatch": "Per minibatch (`PPOTrainer.last_update_stats`, one row per optimiser step; not "
-                 "in metrics.jsonl)",
-    "eval": "Evaluation on held-out prompts (every `eval_every` steps; one fresh sample per "
-            "prompt, fixed seed)",
-    "timing": "Timing and bookkeeping",
-}
-
-#: Notation used in the formulas, printed at the top of docs/metrics.md.
-NOTATION = """\
-- `B` responses per batch, `t` a response token, `m_t` = 1 on real response tokens (up to and
-  including the first EOS), 0 on padding; "masked mean" = sum_t m_t x_t / sum_t m_t over the batch.
-- `pi` the policy, `pi_old` the policy that sampled the batch, `ref` the reference (base model with
-  every adapter disabled), `rho_t = pi(y_t) / pi_old(y_t)` the probability ratio, `eps` = clip_eps.
-- `s` the reward-model score of a whole response, `V_t` the critic's value before token t,
-  `A_t` the GAE advantage, `G_t = A_t + V_t` the return (GAE's lambda-return, the critic's target),
-  `beta` = kl_coef.
-- Healthy ranges come from one 60-step tiny-profile run (`python -m rlhf_helpers.stages.train_ppo --profile
-  tiny --steps 60 --eval-every 10`, seed 0), "late" = steps 30-60; the failure examples from the same
-  command with `--kl-coef 0 --steps 40` (no KL penalty) and `--kl-coef 0.05` (a weak one). Other
-  models and batch sizes move them.
-"""
+__all__ = ["GROUPS", "METRICS", "NOTATION", "MetricDoc"]
 
 
 def _m(tracker: str, meaning: str, formula: str, healthy: str, bad: str) -> MetricDoc:
@@ -96,8 +58,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "kl": ("rollout", _m("objective/kl",
         "mean sequence KL to the reference, sum_t (log pi - log ref) over response tokens (k1)",
         "mean_b sum_t m_t (log pi_old(y_t) - log ref(y_t)), the k1 estimate on the policy's own "
-        "samples, before this step's update (with temperature T != 1: pi and ref both of logits / "
-        "T)",
+        "samples, before this step's update (with temperature T != 1: pi and ref both of "
+        "logits / T)",
         "0 at step 1 (policy = reference), then grows and settles where reward gain and "
         "beta * KL balance: 2.0-2.7 nats late with beta = 0.2.",
         "growing without bound (19 nats by step 13 and 65-68 by step 40 with kl_coef 0): nothing "
@@ -120,8 +82,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean per-token entropy of the policy on its own responses (nats; at temperature T, of the "
         "sampling distribution softmax(logits / T))",
         "masked mean of H_t = -sum_v pi(v | context) log pi(v | context) at each response position",
-        "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's own "
-        "level).",
+        "1.6-1.76 nats in the first steps, 1.54-1.67 late (close to the tiny SFT model's "
+        "own level).",
         "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "
         "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
         "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 "
@@ -153,14 +115,14 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "share of the batch's responses that are distinct texts",
         "number of distinct decoded responses / B",
         "0.97-1.0: at most one repeated response in a batch of 64.",
-        "falling towards 1/B: the policy gives (nearly) every prompt the same reply, mode "
-        "collapse.")),
+        "falling towards 1/B: the policy gives (nearly) every prompt the same reply, "
+        "mode collapse.")),
     "score_clipped": ("rollout", _m("objective/scores_clipped",
-        "share of the batch's scores at or beyond +-score_clip (logged only when score_clip is "
-        "set)",
+        "share of the batch's scores at or beyond +-score_clip (logged only when "
+        "score_clip is set)",
         "mean_b [|s_b| >= score_clip]",
-        "not logged on the tiny profile (score_clip None); near 0 when the clip only trims "
-        "outliers.",
+        "not logged on the tiny profile (score_clip None); near 0 when the clip only "
+        "trims outliers.",
         "half the batch or more: the reward is saturated, clipped responses all look equally good "
         "(raise score_clip; check what the policy found).")),
     "explained_variance": ("rollout", _m("val/explained_variance",
@@ -190,8 +152,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     "policy_loss": ("update", _m("loss/policy_avg",
         "clipped surrogate loss -min(r A, clip(r) A), masked mean",
         "masked mean of -min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t), A whitened",
-        "small and slightly negative: -0.024 to -0.005 (whitened "
-        "advantages average 0, so its "
+        "small and slightly negative: -0.024 to -0.005 (whitened advantages average 0, so its "
         "level says little; the trend within an update does).",
         "large in size (|loss| > 0.1 with whitened advantages): the ratios moved far from 1, see "
         "clipfrac and approx_kl. Exactly 0 every step: no advantages (reward constant) or nothing "
@@ -212,10 +173,10 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
         "minibatch: the policy does not change (no gradient reaches the adapter).")),
     "approx_kl": ("update", _m("policy/approxkl_avg",
-        "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy (k3 "
-        "estimate)",
-        "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is never "
-        "negative",
+        "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy "
+        "(k3 estimate)",
+        "masked mean of (rho_t - 1) - log rho_t, an estimate of KL(pi_old || pi) that is "
+        "never negative",
         "0.003-0.03 nats per token, mostly 0.004-0.01 (0.02-0.05 with kl_coef 0).",
         "above ~0.05-0.1 per token: each update is a big jump, PPO's trust region is not holding "
         "(lower the learning rate or the epochs). Not the KL to the reference: that is `kl`.")),
@@ -243,8 +204,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "regularly above max_grad_norm: every step is clipped, the effective learning rate is "
         "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the "
         "run (exit status 3 from the command line). Exactly 0 at every step after the value "
-        "warm-up (whose steps log "
-        "0): the policy never trains (a loss times 0, all-zero advantages).")),
+        "warm-up (whose steps log 0): the policy never trains (a loss times 0, all-zero "
+        "advantages).")),
     "value_grad_norm": ("update", _m("val/grad_norm_avg",
         "value gradient norm before clipping to max_grad_norm",
         "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",
@@ -265,8 +226,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "kl_coef).")),
     "first_ratio": ("update", _m("policy/first_ratio",
         "mean probability ratio of the first minibatch of the first epoch (before any update)",
-        "ratio_mean of the update's first minibatch: masked mean of exp(log pi(y_t) - log "
-        "pi_old(y_t))",
+        "ratio_mean of the update's first minibatch: masked mean of "
+        "exp(log pi(y_t) - log pi_old(y_t))",
         "1 up to float rounding: within 1.2e-7 of 1 at every step of the 60 (float32); within "
         "2.3e-4 on a bf16 GPU run (the doctor allows eps / 8 in a 16-bit dtype).",
         "not 1: the old log-probs are not the sampling policy's (the reference's used as old ones, "

@@ -51,8 +51,7 @@ def default_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def curve(history: Sequence[Mapping[str, float]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one metric over a history; rows without the key (or with NaN) are
-    skipped."""
+    """(steps, values) of one metric over a history; rows without the key (or with NaN) skipped."""
     xs, ys = [], []
     for index, row in enumerate(history):
         value = row.get(key)
@@ -109,8 +108,7 @@ def write_replacing(path: Path, text: str) -> None:
     `path` (a file of someone's, linked into the run folder) is replaced by the rename, never
     written through."""
     partial = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
-    # O_EXCL: a name that exists, even as a dangling link, is never opened; 0o666 leaves the mode to
-    # the umask
+    # O_EXCL: a name that exists, even a dangling link, is never opened; 0o666: umask sets the mode
     descriptor = os.open(partial,
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
@@ -170,8 +168,7 @@ def write_curves(history: Sequence[Mapping[str, float]], path: Path, figure: Any
     if figure is None:
         figure = plot_curves(history).update_layout(template=course_template())
     page = figure.to_html(include_plotlyjs=True, full_html=True, config={"responsive": True})
-    # a tab named after the run, and a phone's browser laying the page out at its own width, not a
-    # desktop's
+    # a tab named after the run; a phone's browser lays the page out at its width, not a desktop's
     head = (f"    <title>{html.escape(page_title)}</title>\n"
             '    <meta name="viewport" content="width=device-width, initial-scale=1" />\n</head>')
     write_replacing(path, page.replace("</head>", head, 1))

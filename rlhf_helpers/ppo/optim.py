@@ -1,5 +1,4 @@
-"""One optimiser per trained adapter: gradient all-reduce, fp16 loss scaling, norm clip, step, NaN
-checks.
+"""One optimiser per trained adapter: gradient all-reduce, fp16 loss scale, clip, step, NaN checks.
 
     policy = AdapterOptimizer("policy", model.policy_parameters(), lr=1e-4, max_grad_norm=1.0,
                               fp16=needs_grad_scaler(model), device_type="cuda", accelerator=None)
@@ -48,8 +47,7 @@ class AdapterOptimizer:
         return self.accelerator.num_processes if self.accelerator is not None else 1
 
     def backward_and_step(self, loss: torch.Tensor, step: int) -> float:
-        """Back-propagate `loss` (scaled), then `sync_and_step`; returns the pre-clip gradient
-        norm."""
+        """Backpropagate `loss` (scaled), then `sync_and_step`; returns the pre-clip grad norm."""
         self.backward(loss)
         return self.sync_and_step(step)
 
@@ -112,8 +110,7 @@ class AdapterOptimizer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict` (a float32/bf16 checkpoint resumed in fp16 keeps a fresh
-        scaler)."""
+        """Inverse of `state_dict` (a float32/bf16 checkpoint resumed in fp16 gets a new scaler)."""
         self.optimizer.load_state_dict(state[f"{self.name}_optimizer"])
         if state.get(f"{self.name}_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state[f"{self.name}_scaler"])

@@ -55,8 +55,8 @@ def causal_bias(width: int, dtype: torch.dtype, device: torch.device) -> torch.T
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
               scaling: float) -> torch.Tensor:
-    """softmax(q k^T * scaling + bias) v for q (B, nh, Q, d), k and v (B, nh, K, d), bias
-    broadcastable to (B, nh, Q, K) -> (B, nh, Q, d).
+    """softmax(q k^T * scaling + bias) v: q (B, nh, Q, d), k and v (B, nh, K, d) -> (B, nh, Q, d);
+    bias broadcasts to (B, nh, Q, K).
 
     Three batched products instead of `F.scaled_dot_product_attention`: at GPT-2-tiny sizes (head
     dimension 32, under 50 positions) torch's fused CPU kernel is about 25% slower, forward and
@@ -64,12 +64,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     B, heads, Q, d = q.shape
     if bias.dim() > 2:  # one mask per row: (B nh, Q, K); a (Q, K) mask broadcasts as it is
         bias = bias.expand(B, heads, Q, k.shape[2]).reshape(B * heads, Q, k.shape[2])
-    scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d),
-                           k.reshape(B * heads, -1, d).transpose(1, 2),
-                           alpha=scaling)  # (B nh, Q, K)
+    keys_t = k.reshape(B * heads, -1, d).transpose(1, 2)  # (B nh, d, K)
+    scores = torch.baddbmm(bias, q.reshape(B * heads, Q, d), keys_t, alpha=scaling)  # (B nh, Q, K)
     # a 16-bit softmax in float32, as torch's fused kernel computes it
-    weights = torch.softmax(scores.float() if scores.element_size() < 4 else scores,
-                            dim=-1).to(v.dtype)
+    weights = torch.softmax(scores.float() if scores.element_size() < 4 else scores, dim=-1)
+    weights = weights.to(v.dtype)  # (B nh, Q, K)
     return torch.bmm(weights, v.reshape(B * heads, -1, d)).view(B, heads, Q, d)
 
 
@@ -83,14 +82,12 @@ def _attention(block: nn.Module, x: torch.Tensor, slots: tuple[torch.Tensor, tor
     attn = block.attn
     qkv = attn.c_attn(x)  # (N, 3H)
     # out of place: autograd sends each grid cell's gradient back to its packed row
-    # (B, W, 3H); empty cells stay 0
-    cells = qkv.new_zeros(*grid, qkv.shape[-1]).index_put(slots, qkv)
+    cells = qkv.new_zeros(*grid, qkv.shape[-1]).index_put(slots, qkv)  # (B, W, 3H); empty: 0
     q, k, v = cells.split(attn.split_size, dim=2)  # (B, W, H) each
     q, k, v = (t.view(*grid, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, W, d)
     if kv is not None:
         kv.append((k, v))
-    # a token's earlier columns are its row's earlier tokens: the causal mask is the padding mask
-    # too
+    # a token's earlier columns are its row's earlier tokens: the causal mask masks padding too
     out = attention(q, k, v, causal, attn.scaling)  # (B, nh, W, d)
     out = out.transpose(1, 2).reshape(*grid, -1)[slots]  # (N, H): the real tokens again
     return attn.c_proj(out)  # (N, H)
@@ -106,8 +103,8 @@ def packed_hidden(transformer: nn.Module, input_ids: torch.Tensor, attention_mas
     positions = position_ids_from_mask(attention_mask)  # (B, L): counted over real tokens
     rows, _ = real.nonzero(as_tuple=True)  # (N,), in the order of x[real] below
     columns = positions[real]  # (N,): a token's place among its row's real tokens
-    # (B, W), W = the longest row
-    grid = (real.shape[0], int(columns.max()) + 1 if len(columns) else 1)
+    width = int(columns.max()) + 1 if len(columns) else 1  # W, the longest row
+    grid = (real.shape[0], width)  # (B, W)
     x = transformer.wte(input_ids[real]) + transformer.wpe(columns)  # (N, H)
     causal = causal_bias(grid[1], x.dtype, x.device)  # (W, W)
     for block in transformer.h:

@@ -1,5 +1,5 @@
 """The trainer's side of each call of a replaceable piece of PPO's maths (`pieces`): a piece may not
-change the trainer's tensors in place, must return what its contract says, and an error raised
+change the trainer's tensors in place and must return what its contract says; an error raised
 inside it names it.
 
     out = call_piece("advantage_fn", advantage_fn, rewards, values, mask, gamma, lam)
@@ -53,13 +53,12 @@ def describe(value: Any) -> str:
                   else f"{str(value.layout).removeprefix('torch.')} ")
         return f"a {layout}tensor of shape {tuple(value.shape)}, dtype {value.dtype}, {grad}"
     if isinstance(value, (tuple, list)):
-        inner = "; ".join(describe(item) for item in value[:3]) + ("; ..."
-                                                                   if len(value) > 3 else "")
+        more = "; ..." if len(value) > 3 else ""
+        inner = "; ".join(describe(item) for item in value[:3]) + more
         return f"a {type(value).__name__} of {len(value)} ({inner})"
     if value is None:
         return "None"
-    # its digits would flood the message (or fail to print)
-    if isinstance(value, int) and abs(value) >= 2**64:
+    if isinstance(value, int) and abs(value) >= 2**64:  # digits to flood a message (or fail str())
         return f"an int of {value.bit_length()} bits"
     if isinstance(value, (int, float)):
         return f"{'an' if isinstance(value, int) else 'a'} {type(value).__name__} ({value!r})"
@@ -67,8 +66,7 @@ def describe(value: Any) -> str:
 
 
 def _watched(name: str, args: tuple[Any, ...]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(label, tensor) of each tensor argument, and of each tensor field of a dataclass argument
-    (the batch)."""
+    """(label, tensor) of each tensor argument and tensor field of a dataclass one (the batch)."""
     labels = PARAMETERS.get(name, ())
     for index, arg in enumerate(args):
         label = labels[index] if index < len(labels) else f"argument {index + 1}"
@@ -109,8 +107,7 @@ def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor,
         isinstance(tensor, torch.Tensor)
         and tensor.layout == torch.strided  # a sparse result fails later, in another piece's name
         and tensor.shape == like.shape
-        # the run's precision: a bf16 result would round every later number
-        and tensor.dtype == like.dtype
+        and tensor.dtype == like.dtype  # the run's precision: a bf16 result rounds all later ones
         and tensor.device == like.device
     )
     if not ok:
@@ -122,8 +119,7 @@ def check_token_tensor(name: str, what: str, tensor: Any, like: torch.Tensor,
 
 def tensor_pair(name: str, out: Any, names: tuple[str, str],
                 like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A piece's (a, b) result checked: two floating tensors of `like`'s shape (advantage_fn's
-    contract)."""
+    """A piece's (a, b) result checked: two floating tensors of `like`'s shape (advantage_fn's)."""
     expected = (
         f"({names[0]}, {names[1]}): two floating tensors of shape {tuple(like.shape)}, dtype "
         f"{like.dtype}, on {like.device}"
@@ -135,10 +131,9 @@ def tensor_pair(name: str, out: Any, names: tuple[str, str],
     return out[0], out[1]
 
 
-def rewards_result(name: str, out: Any, like: torch.Tensor) -> tuple[torch.Tensor,
-                                                                     torch.Tensor | None]:
-    """A shaping function's result checked: rewards, or (rewards, kl); returns (rewards, kl or
-    None)."""
+def rewards_result(name: str, out: Any,
+                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A shaping function's result checked: rewards, or (rewards, kl) -> (rewards, kl or None)."""
     if isinstance(out, torch.Tensor):
         check_token_tensor(
             name, "rewards", out, like,

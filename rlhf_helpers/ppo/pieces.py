@@ -1,12 +1,10 @@
-"""The four replaceable pieces of PPO's maths: plain functions of tensors that `PPOTrainer` takes as
-arguments.
+"""The four replaceable pieces of PPO's maths: plain functions of tensors that `PPOTrainer` takes.
 
-    trainer = PPOTrainer(config, model, tokenizer, prompts)                              # the library's pieces
+    trainer = PPOTrainer(config, model, tokenizer, prompts)             # the library's pieces
     trainer = PPOTrainer(config, model, tokenizer, prompts, advantage_fn=my_gae_loop,
-                         policy_loss_fn=my_clipped_loss)                                  # yours drive training
+                         policy_loss_fn=my_clipped_loss)                 # yours drive training
 
-Each piece is called with positional arguments, in this order (tensors (B, T), `mask` 1 on real
-tokens):
+Each piece gets positional arguments, in this order (tensors (B, T), `mask` 1 on real tokens):
 
     shape_rewards_fn(scores, logprobs, ref_logprobs, mask, kl_coef)    -> rewards, or (rewards, kl)
     advantage_fn(rewards, values, mask, gamma, lam)                     -> (advantages, returns)
@@ -96,8 +94,7 @@ class PolicyLossFn(Protocol):
 
     def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                  mask: torch.Tensor, clip_eps: float, /) -> LossAndStats | torch.Tensor:
-        """(b, r) x 4, epsilon -> (loss, stats), or the loss alone (a 0-dim tensor with a
-        gradient)."""
+        """(b, r) x 4, epsilon -> (loss, stats), or the loss alone (0-dim, with a gradient)."""
 
 
 class ValueLossFn(Protocol):
@@ -125,8 +122,7 @@ class Pieces:
     """The maths of one iteration as the trainer calls them: each returns a tuple, whoever wrote it.
 
     The library's functions are called as they are; a caller's piece is wrapped in its `call_*`
-    check, which also completes a bare result (the k1 KL of bare rewards, the stats of a bare
-    loss)."""
+    check, which also completes a bare result (bare rewards' k1 KL, a bare loss's stats)."""
 
     shape_rewards: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], Tensors]
@@ -145,8 +141,7 @@ class Pieces:
 def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
                    advantage_fn: AdvantageFn | None, policy_loss_fn: PolicyLossFn | None,
                    value_loss_fn: ValueLossFn | None) -> Pieces:
-    """The pieces a trainer runs with: None or the library's function as it is, a caller's
-    checked."""
+    """The pieces a trainer runs with: None or the library's function as is, a caller's checked."""
     library_shaping = partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
     own_gae = advantage_fn is None or advantage_fn is compute_gae
     own_policy = policy_loss_fn is None or policy_loss_fn is policy_loss
@@ -159,8 +154,8 @@ def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: Sha
         value_loss=value_loss if own_value else partial(call_value_loss, value_loss_fn),
         policy_loss_name=None if own_policy else "policy_loss_fn",
         value_loss_name=None if own_value else "value_loss_fn",
-        shaped_by="shaped rewards"
-        + ("" if shape_rewards_fn is None else " returned by shape_rewards_fn"),
+        shaped_by="shaped rewards" + ("" if shape_rewards_fn is None
+                                      else " returned by shape_rewards_fn"),
         advantages_by="" if own_gae else " returned by advantage_fn")
 
 
@@ -177,8 +172,7 @@ def check_piece(name: str, fn: Any) -> None:
 
 
 def _loss_number(value: Any) -> float:
-    """float(value) for a loss: a real number or a one-element tensor of one; True/False are no loss
-    (TypeError)."""
+    """float(value) for a loss: a real number or a one-element tensor; True/False: TypeError."""
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError("a loss is a number, not a boolean")
     return float(value)
@@ -189,8 +183,7 @@ def minibatch_losses(out: Any, name: str = "update_fn") -> list[tuple[float, flo
     numbers (PieceError naming it otherwise)."""
     try:
         pairs = [(_loss_number(policy), _loss_number(value)) for policy, value in out]
-    # float(10**400): OverflowError
-    except (TypeError, ValueError, OverflowError, RuntimeError) as error:
+    except (TypeError, ValueError, OverflowError, RuntimeError) as error:  # OverflowError: 10**400
         raise PieceError(
             f"{name} must return a list of (policy loss, value loss) pairs of numbers, one per "
             f"minibatch; it returned {describe(out)} ({type(error).__name__}: {error})") from None
@@ -207,15 +200,16 @@ def copied(value: Any) -> Any:
 
 
 def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch.Tensor,
-                       ref_logprobs: torch.Tensor,
-                       mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       ref_logprobs: torch.Tensor, mask: torch.Tensor,
+                       kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A shaping function called and its result checked (`piece_checks`), as (rewards, kl): its own
     kl, or the k1 estimate when it returned rewards alone."""
     out = call_piece("shape_rewards_fn", fn,
                      *map(copied, (scores, logprobs, ref_logprobs, mask)), kl_coef)
     rewards, kl = rewards_result("shape_rewards_fn", out, like=logprobs)
-    # (B, T), (B, T)
-    return rewards, kl_estimate(logprobs, ref_logprobs, "k1") * mask if kl is None else kl
+    if kl is None:
+        kl = kl_estimate(logprobs, ref_logprobs, "k1") * mask  # (B, T)
+    return rewards, kl  # (B, T), (B, T)
 
 
 def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor,
@@ -227,8 +221,8 @@ def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor
 
 
 def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                     advantages: torch.Tensor,
-                     mask: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, dict[str, Any]]:
+                     advantages: torch.Tensor, mask: torch.Tensor,
+                     clip_eps: float) -> tuple[torch.Tensor, dict[str, Any]]:
     """A policy loss function called and its result checked (`piece_checks`), as (loss, stats): its
     own stats, completed by the library loss's (measured without gradient on the same inputs) when
     it returned a bare loss or left some out."""
@@ -248,8 +242,7 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
 def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor,
                     returns: torch.Tensor, mask: torch.Tensor,
                     value_clip: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """A value loss function called and its result checked, as (loss, stats), as
-    `call_policy_loss`."""
+    """A value loss function called and its result checked as (loss, stats): `call_policy_loss`."""
     inputs = (values, old_values, returns, mask, value_clip)
     seen = values.detach().clone()  # (b, r): as the log-probs above
     out = call_piece("value_loss_fn", fn, values, *map(copied, inputs[1:]))
@@ -262,8 +255,7 @@ def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Ten
 
 def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
     """ValueError naming the setting an `update_fn` cannot honour: it is one process's plain loop of
-    the clipped policy loss and the value loss, with plain torch optimisers (no fp16 loss
-    scaling)."""
+    the clipped policy loss and the value loss, with plain torch optimisers (no fp16 scaling)."""
     unsupported = [
         (config.entropy_coef > 0, "entropy_coef must be 0"),
         (config.ptx_coef > 0, "ptx_coef must be 0"),
@@ -296,8 +288,9 @@ def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any,
     # its own batch (tensors cloned) and config: what it changes there reaches neither the trainer's
     # batch (the metrics, `last_batch`) nor its config (every later step)
     fields = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
-    mine = dataclasses.replace(batch, **{key: copied(value) if isinstance(value, torch.Tensor)
-                                         else copy.copy(value) for key, value in fields.items()})
+    mine = dataclasses.replace(batch, **{
+        key: copied(value) if isinstance(value, torch.Tensor) else copy.copy(value)
+        for key, value in fields.items()})
     with UpdateWatch(policy_opt, value_opt, model) as watch:
         out = call_piece("update_fn", update_fn, model, mine, policy_opt, value_opt,
                          copy.deepcopy(config), generator, loss_only)
@@ -308,13 +301,12 @@ def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any,
     stats = [{"policy_loss": policy, "value_loss": value} for policy, value in losses]
     if len(recorded) == len(stats):  # one policy loss per minibatch: its stats belong to the curves
         stats = [{**row, **extra} for row, extra in zip(stats, recorded, strict=True)]
-    # one step per minibatch: its norm; else each row gets the update's mean
     for key in ("policy", "value"):
         norms = watch.grad_norms(key)
-        if norms:
+        if norms:  # one step per minibatch: its norm; else each row gets the update's mean
             per_row = norms if len(norms) == len(stats) else [sum(norms) / len(norms)] * len(stats)
-            stats = [{**row, f"{key}_grad_norm": norm} for row,
-                     norm in zip(stats, per_row, strict=True)]
+            stats = [{**row, f"{key}_grad_norm": norm}
+                     for row, norm in zip(stats, per_row, strict=True)]
     return stats
 
 

@@ -1,10 +1,10 @@
-"""Checks the training command runs before any work starts: each problem is one line and exit
-status 2.
+"""Checks the training command runs before any work starts: each problem is one line, exit status 2.
 
-    check_output_dir(Path("runs/ppo-tiny"))        # a writable folder, or SetupError saying why not
-    check_run_files(Path("runs/ppo-tiny"), ["run.json", "metrics.jsonl"])  # absent, or regular files of one name
-    lock = lock_output_dir(Path("runs/ppo-tiny"))  # this run's alone, or SetupError naming the live one
-    record = read_run_record(Path("runs/ppo-tiny"))  # run.json of a run to resume, validated
+    out = Path("runs/ppo-tiny")
+    check_output_dir(out)                     # a writable folder, or SetupError saying why not
+    check_run_files(out, ["run.json", "metrics.jsonl"])  # absent, or regular files of one name
+    lock = lock_output_dir(out)               # this run's alone, or SetupError naming the live one
+    record = read_run_record(out)             # run.json of a run to resume, validated
 
 They run before the reward model is trained and before the model is built, so a typo or a full disk
 costs a second, not a model build and a traceback.
@@ -130,8 +130,7 @@ def lock_output_dir(output_dir: Path) -> FileLock | None:
         raise SetupError(str(error)) from None
 
 
-#: run.json's other fields a resumed run keeps: (key, the types allowed besides null, what they are
-#: in words)
+#: run.json's other fields a resumed run keeps: (key, types allowed besides null, those in words)
 RECORD_FIELDS = (("reward_dir", str, "a folder path"), ("reward_train_pairs", int, "an int"),
                  ("prompts", dict, "an object of SHA-256s"), ("data_dir", str, "a folder path"))
 
@@ -153,8 +152,7 @@ def read_run_record(output_dir: Path) -> dict[str, Any]:
     if not isinstance(record.get("ppo_config"), dict):
         raise SetupError(f"--resume: {run_file} lacks the run's PPO settings (a \"ppo_config\" "
                          "object); it was not written by this command")
-    # kept as they are by the resumed run's record: never a wrong type
-    for key, kinds, expected in RECORD_FIELDS:
+    for key, kinds, expected in RECORD_FIELDS:  # kept by the resumed run's record: no wrong type
         value = record.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
             raise SetupError(
@@ -181,11 +179,13 @@ def check_resume_checkpoint(output_dir: Path) -> int:
         problem = f"checkpoint {latest} is damaged: {damage}"
     intact = [p for p in reversed(checkpoints(output_dir))
               if p != latest and checkpoint_problem(p) is None]
-    advice = (f"the newest intact checkpoint is {intact[0]}: write its name into "
-              f"{output_dir / LATEST_FILE} "
-              f"(echo {intact[0].name} > {output_dir / LATEST_FILE}) to resume from it"
-              if intact else "no checkpoint of it is intact: start a new --output-dir (a run "
-              f"keeps its {DEFAULT_KEEP} newest checkpoints only)")
+    if intact:
+        target = output_dir / LATEST_FILE
+        advice = (f"the newest intact checkpoint is {intact[0]}: write its name into {target} "
+                  f"(echo {intact[0].name} > {target}) to resume from it")
+    else:
+        advice = ("no checkpoint of it is intact: start a new --output-dir (a run keeps its "
+                  f"{DEFAULT_KEEP} newest checkpoints only)")
     raise SetupError(f"--resume: {problem}; {advice}")
 
 
@@ -207,8 +207,7 @@ def read_prompts(preferences: bool, sft: bool = False) -> dict[str, list[str]]:
         raise SetupError(f"data: {error}") from None
 
 
-#: The training command's flags of the PPO settings a model limits (max_length is a profile setting:
-#: no flag)
+#: The training command's flags of the PPO settings a model limits (max_length: a profile setting)
 PPO_FLAGS = {"max_prompt_length": "--max-prompt-length", "max_new_tokens": "--max-new-tokens",
              "lora.r": "--lora-r", "lora.target_modules": "--lora-target-modules"}
 

@@ -1,7 +1,7 @@
 """The loop around PPO's iterations: progress bar, evaluations, checkpoints and the NaN stop's
 message.
 
-    history = train_loop(trainer, steps=10, eval_prompts=test_prompts, callback=log)  # trainer.train(...)
+    history = train_loop(trainer, steps=10, eval_prompts=test_prompts)  # = trainer.train(...)
 
 Everything here wraps `PPOTrainer.step` (one iteration) from outside: the folder's lock, when to
 evaluate and save, the weights' last check before a save, what a NaN stop says about the checkpoints

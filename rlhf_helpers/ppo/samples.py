@@ -1,8 +1,7 @@
 """Prompt texts in, a batch of sampled responses out: tokenize, sample, mask, decode, score.
 
-    samples = sample_responses(shared, tokenizer, prompts, max_prompt_length=16, max_new_tokens=40,
-                               with_logprobs=True)       # a Samples batch (the policy's own log-probs kept)
-    scores = score_samples(shared, samples)               # (B,) the reward adapter's, or reward_fn's
+    samples = sample_responses(shared, tokenizer, prompts, max_prompt_length=16, max_new_tokens=40)
+    scores = score_samples(shared, samples)       # (B,) the reward adapter's, or reward_fn's
 
 `experience.collect_experience` builds a rollout on these; evaluation, best-of-n and the notebooks
 sample with them too. `Samples` keeps the names the later batches use (`Experience`, `Minibatch`):
@@ -29,13 +28,11 @@ RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 
 def tokenize_prompts(tokenizer, prompts: Sequence[str], max_prompt_length: int,
                      device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask (B, P); prompts longer than max_prompt_length lose their
-    start."""
+    """Left-padded prompt ids and mask (B, P); a prompt over max_prompt_length loses its start."""
     if not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
     side = tokenizer.truncation_side
-    # keep the end of a long prompt: it is what the response follows
-    tokenizer.truncation_side = "left"
+    tokenizer.truncation_side = "left"  # keep a long prompt's end: what the response follows
     try:
         enc = tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
                         max_length=max_prompt_length, padding_side="left")
@@ -45,8 +42,7 @@ def tokenize_prompts(tokenizer, prompts: Sequence[str], max_prompt_length: int,
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    """Response texts with EOS and padding removed, each starting with a space (as the data files
-    do)."""
+    """Response texts without EOS and padding, each starting with a space (as the data files do)."""
     texts = []
     for row, row_mask in zip(responses.tolist(), mask.tolist(), strict=True):
         ids = [t for t, m in zip(row, row_mask, strict=True) if m > 0]
@@ -67,14 +63,13 @@ class Samples:
     ended_with_eos: torch.Tensor  #: (B,) True where the response stopped at EOS
     #: (B, R) log-probs of the sampled tokens under the sampling model (only with `with_logprobs`)
     logprobs: torch.Tensor | None = None
-    #: (B, R) the sampling model's entropy there (same condition)
-    entropy: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None  #: (B, R) the sampling model's entropy there (same case)
 
 
 @torch.no_grad()
-def sample_responses(model: SharedLoRAModel, tokenizer,
-                     prompts: Sequence[str], max_prompt_length: int, max_new_tokens: int,
-                     temperature: float = 1.0, adapter: str | None = "policy",
+def sample_responses(model: SharedLoRAModel, tokenizer, prompts: Sequence[str],
+                     max_prompt_length: int, max_new_tokens: int, temperature: float = 1.0,
+                     adapter: str | None = "policy",
                      with_logprobs: bool | Literal["exact"] = False) -> Samples:
     """Sample one response per prompt (KV cache; no top-k/top-p; stop at EOS). `adapter=None`: the
     reference (the SFT model). Uses the global torch RNG. `with_logprobs`: also keep each sampled
@@ -83,13 +78,12 @@ def sample_responses(model: SharedLoRAModel, tokenizer,
     (`sampling_logprobs_are_exact`), else None."""
     if with_logprobs == "exact":
         with_logprobs = sampling_logprobs_are_exact(model)
-    # (B, P)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length, model.device)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, max_prompt_length,
+                                               model.device)  # (B, P)
     P = prompt_ids.shape[1]
-    sequences, logprobs, entropy = sample_model(model, prompt_ids, prompt_mask, max_new_tokens,
-                                                temperature=temperature,
-                                                # (B, P + R), (B, R) x2
-                                                adapter=adapter, with_logprobs=with_logprobs)
+    sequences, logprobs, entropy = sample_model(  # (B, P + R), (B, R) x2
+        model, prompt_ids, prompt_mask, max_new_tokens, temperature=temperature, adapter=adapter,
+        with_logprobs=with_logprobs)
     responses = sequences[:, P:]  # (B, R)
     mask = mask_to_first_eos(responses, model.eos_token_id)  # (B, R)
     attention_mask = torch.cat([prompt_mask.to(mask.dtype), mask], dim=1).long()  # (B, P + R)
@@ -116,6 +110,5 @@ def score_samples(model: SharedLoRAModel, samples: Samples,
 
 def sampling_logprobs_are_exact(model: SharedLoRAModel) -> bool:
     """True when the sampling loop's log-probs equal a training forward's up to float32 rounding:
-    a float32 model sampled with the plain decoder (peft's own LoRA forward, one token at a
-    time)."""
+    a float32 model sampled with the plain decoder (peft's own LoRA forward, a token at a time)."""
     return model.compute_dtype == torch.float32 and not model.fast_sampling

@@ -2,7 +2,7 @@
 
     out = sample_model(shared, prompt_ids, prompt_mask, max_new_tokens=48, with_logprobs=True)
     out.sequences, out.logprobs, out.entropy     # (B, P + R), (B, R), (B, R)
-    out = sample(lm, prompt_ids, prompt_mask, max_new_tokens=48, eos_token_id=..., pad_token_id=...)  # any LM
+    out = sample(lm, prompt_ids, prompt_mask, 48, eos_token_id=..., pad_token_id=...)  # any LM
 
 The loop draws y_t ~ softmax(z_t / T) for every row at once (no top-k, no top-p: PPO needs the
 policy's own distribution) until every row has written its EOS or R = max_new_tokens; a row that
@@ -49,12 +49,10 @@ from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 
 
 class SampleOutput(NamedTuple):
-    """What the sampling loop returns (a named tuple: `seq, logp, ent = sample_model(...)` unpacks
-    it)."""
+    """What the sampling loop returns: a named tuple (`seq, logp, ent = sample_model(...)`)."""
 
     sequences: torch.Tensor  #: (B, P + R) prompt ids then sampled ids (pad after a row's EOS)
-    #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs only)
-    logprobs: torch.Tensor | None
+    logprobs: torch.Tensor | None  #: (B, R) log pi_T(y_t) of the sampled tokens (with_logprobs)
     entropy: torch.Tensor | None  #: (B, R) entropy of pi_T at each step (with_logprobs only)
 
 
@@ -83,8 +81,7 @@ class PlainDecoder:
                 max_new_tokens: int) -> torch.Tensor:
         """Prompt pass: (B, P) -> logits of the first response token (B, V)."""
         self.mask = attention_mask.long()  # (B, P)
-        # only the last position
-        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
+        last = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)  # the last position
         out = self.lm(input_ids=input_ids, attention_mask=self.mask,
                       position_ids=position_ids_from_mask(self.mask), use_cache=True,
                       logits_to_keep=last)
@@ -104,8 +101,7 @@ class PlainDecoder:
 
 # ----------------------------------------------------------------------------- the loop
 def _trim_after_all_ended(tokens: torch.Tensor, eos_token_id: int) -> int:
-    """Response width R: 1 + the step at which the last row wrote its EOS (all steps if some row
-    never did).
+    """Response width R: 1 + the step the last row wrote its EOS at (all steps if a row never did).
 
     tokens (B, S) as sampled, pad after each row's EOS. Columns after R are pad in every row.
     """
@@ -132,8 +128,7 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         stop_check_every = 1 if input_ids.device.type == "cpu" else 8
     if stop_check_every < 1:
         raise ValueError(f"stop_check_every must be >= 1, got {stop_check_every}")
-    # the first token is drawn from the last column's logits
-    if not bool(attention_mask[:, -1].all()):
+    if not bool(attention_mask[:, -1].all()):  # the first token comes from the last column's logits
         raise ValueError(
             "attention_mask must be left-padded: every prompt's last column a real token")
     decoder = decoder if decoder is not None else PlainDecoder(lm)
@@ -141,8 +136,7 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logits = decoder.prefill(input_ids, attention_mask, max_new_tokens)  # (B, V)
     next_pos = position_ids_from_mask(attention_mask)[:, -1] + 1  # (B,)
     done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,)
-    # (B,) met a NaN/inf logit
-    broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+    broken = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # (B,) met NaN/inf
     tokens, logprobs, entropies = [], [], []
     for step in range(max_new_tokens):
         # pi_T(v) = softmax(z / T)_v: the distribution that draws the token
@@ -157,8 +151,7 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         tokens.append(token)
         if with_logprobs:  # log pi_T(y_t) and H_t of the sampling distribution at this step
             step_logits = scaled[:, None]  # (B, 1, V)
-            # tokens are in range and `broken` covers NaN: no sync per token
-            with validation(False):
+            with validation(False):  # ids are in range, `broken` covers NaN: no sync per token
                 logprobs.append(logprobs_from_logits(step_logits, token[:, None])[:, 0])  # (B,)
                 entropies.append(entropy_from_logits(step_logits)[:, 0])  # (B,)
         done = done | (token == eos_token_id)
@@ -181,13 +174,12 @@ def sample(lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         torch.stack(entropies, dim=1)[:, :width])  # (B, R) each
 
 
-# ----------------------------------------------------------------------------- sampling the shared
-# model
+# --------------------------------------------------------------------- sampling the shared model
 @torch.no_grad()
 def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  max_new_tokens: int, temperature: float = 1.0, adapter: str | None = "policy",
                  with_logprobs: bool = False) -> SampleOutput:
-    """Sample responses of the shared model to left-padded prompts with a KV cache: (B, P) ->
+    """Sample the shared model's responses to left-padded prompts with a KV cache: (B, P) ->
     SampleOutput with sequences (B, P + R), R <= max_new_tokens (and, `with_logprobs`, logprobs and
     entropy (B, R)).
 
@@ -197,8 +189,8 @@ def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask
     NonFiniteError after the loop.
 
     The log-probs and entropies are read from the logits the loop computes anyway, so a rollout
-    needs no second policy forward. They belong to the distribution that sampled, softmax(z /
-    temperature), and equal
+    needs no second policy forward. They belong to the distribution that sampled,
+    softmax(z / temperature), and equal
     `model.policy_logprobs(seq, attn, P, with_entropy=True, temperature=temperature)` up to float
     rounding on every token up to and including EOS (after it they belong to pad: finite, masked).
     On CUDA a Llama-family model samples with the fast decoder (`model.fast_sampling`); if that path
@@ -218,8 +210,7 @@ def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask
             devices = [input_ids.device] if input_ids.device.type == "cuda" else []
             rng = _rng_states(devices)
             try:
-                # built once, then each adapter is folded into its weights
-                if model.fast_decoder is None:
+                if model.fast_decoder is None:  # built once; each adapter is folded in its weights
                     model.fast_decoder = StaticLlamaDecoder(model.lm)
                 model.fast_decoder.load_adapter(adapter)
                 return sample(model.lm, input_ids, attention_mask, max_new_tokens,
@@ -232,8 +223,7 @@ def sample_model(model: SharedLoRAModel, input_ids: torch.Tensor, attention_mask
                     "with the plain loop from now on", RuntimeWarning, stacklevel=2)
                 model.fast_sampling, model.fast_decoder = False, None
                 _set_rng_states(devices, rng)  # the plain loop draws what the fast one would have
-        # GPT-2: a preallocated cache and the layers called directly (gpt2_decoder.py); else the
-        # model's forward
+        # GPT-2: a preallocated cache, layers called directly (gpt2_decoder.py); else lm's forward
         decoder = GPT2CacheDecoder(model.lm) if model.packed else PlainDecoder(model.lm)
         return sample(model.lm, input_ids, attention_mask, max_new_tokens,
                       decoder=decoder, **settings)

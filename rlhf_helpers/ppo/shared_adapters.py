@@ -24,8 +24,7 @@ from rlhf_helpers.runtime.lora import LoRASpec
 
 
 def check_special_tokens(pad_token_id: int | None, eos_token_id: int | None) -> None:
-    """ValueError unless both ids are set and differ (pad == EOS would mask every response's
-    EOS)."""
+    """ValueError unless both ids are set and differ (pad == EOS would mask each response's EOS)."""
     if pad_token_id is None or eos_token_id is None:
         raise ValueError("pad_token_id and eos_token_id must both be set")
     if pad_token_id == eos_token_id:

@@ -1,13 +1,12 @@
-"""One base causal LM, four PPO roles: policy, value and reward LoRA adapters, and the bare base as
-reference.
+"""One base LM, four PPO roles: policy, value and reward LoRA adapters, the bare base as reference.
 
     shared = SharedLoRAModel(base_lm, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                             reward_dir="runs/reward")           # the reward step's adapter + score head
-    logp = shared.policy_logprobs(seq, attn, P)    # (B, R) with the policy adapter
-    ref = shared.ref_logprobs(seq, attn, P)        # (B, R) with every adapter disabled
-    v = shared.values(seq, attn, P)                # (B, R) value adapter + value head
-    r = shared.reward_scores(seq, attn)            # (B,) reward adapter + score head, last real token
-    seq, logp, ent = sample_model(shared, prompt_ids, prompt_attn, 40, with_logprobs=True)  # ppo.sampling
+                             reward_dir="runs/reward")  # the reward step's adapter + score head
+    logp = shared.policy_logprobs(seq, attn, P)  # (B, R) with the policy adapter
+    ref = shared.ref_logprobs(seq, attn, P)      # (B, R) with every adapter disabled
+    v = shared.values(seq, attn, P)              # (B, R) value adapter + value head
+    r = shared.reward_scores(seq, attn)          # (B,) reward adapter + score head, last real token
+    seq, logp, ent = sampling.sample_model(shared, prompt_ids, prompt_attn, 40, with_logprobs=True)
 
 Sequences are left-padded prompts of width P followed by responses of width R = L - P; `attn` (B, L)
 is 1 on real tokens. Per-token outputs (B, R) are aligned with the response tokens: position t of
@@ -108,8 +107,7 @@ class SharedLoRAModel(nn.Module):
         self.value_head.to(device=device, dtype=torch.float32)
         self.score_head.to(device=device, dtype=torch.float32)
         self.peft.to(device)
-        # same maths, one product per LoRA layer instead of three (see fused_lora.py)
-        if fused_lora:
+        if fused_lora:  # same maths, one product per LoRA layer instead of three (fused_lora.py)
             fuse_lora_layers(self.peft)
         self._adapter_params = params_by_adapter(self.peft, ADAPTERS)
         self._lora_layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
@@ -143,13 +141,12 @@ class SharedLoRAModel(nn.Module):
         if adapter not in ADAPTERS:
             raise ValueError(f"adapter must be one of {ADAPTERS}, got {adapter!r}")
         if adapter != self._active:
-            # checkpointing switched on after construction would re-run forwards under another
-            # adapter
+            # checkpointing switched on after construction would rerun forwards under other adapters
             refuse_checkpointing(self._checkpointable)
             # peft's model-wide set_adapter walks every module twice (about 4 ms on the tiny model,
-            # 32 switches per update); its per-layer set_adapter on the LoRA layers found once is
-            # the same switch (this model's peft config has no modules_to_save, the only other thing
-            # it sets)
+            # 32 switches per update); its per-layer set_adapter on the LoRA layers, found once, is
+            # the same switch (this model's peft config has no modules_to_save, the only other
+            # thing it sets)
             for layer in self._lora_layers:
                 layer.set_adapter(adapter)
             self.peft.base_model.active_adapter = adapter
@@ -190,8 +187,7 @@ class SharedLoRAModel(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """dtype of the frozen base weights (the forward's matmuls); adapters and heads are
-        float32."""
+        """dtype of the frozen base weights (the forward's matmuls); adapters, heads: float32."""
         return self.lm.get_input_embeddings().weight.dtype
 
     # ------------------------------------------------------------------ forwards
@@ -204,13 +200,13 @@ class SharedLoRAModel(nn.Module):
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
-        """(B, L) -> (B, L, V), or (B, K, V) at the K positions listed in `logits_to_keep` (0:
-        all)."""
+        """(B, L) -> (B, L, V), or (B, K, V) at the K positions in `logits_to_keep` (0: all)."""
         if self.packed:
-            # (B, L, H); an int k keeps the last k, as transformers
-            hidden = self._hidden(input_ids, attention_mask)
-            kept = (hidden[:, logits_to_keep] if torch.is_tensor(logits_to_keep)
-                    else hidden[:, -logits_to_keep:])
+            hidden = self._hidden(input_ids, attention_mask)  # (B, L, H)
+            if torch.is_tensor(logits_to_keep):
+                kept = hidden[:, logits_to_keep]
+            else:  # an int k keeps the last k, as transformers does
+                kept = hidden[:, -logits_to_keep:]
             return self.lm.lm_head(kept)  # (B, L or K, V)
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False,
@@ -250,8 +246,7 @@ class SharedLoRAModel(nn.Module):
     def policy_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         context_length: int, with_entropy: bool = False, entropy_grad: bool = True,
                         temperature: float = 1.0):
-        """log pi_theta(y_t | prompt, y_<t) of the response tokens: (B, L) -> (B, R) [, entropy (B,
-        R)].
+        """log pi_theta(y_t | prompt, y_<t) of the response: (B, L) -> (B, R) [, entropy (B, R)].
 
         `entropy_grad=False`: the entropy carries no gradient (for a loss without an entropy bonus).
         `temperature`: of the distribution softmax(z / T) that sampled the tokens (see `generate`).
@@ -302,8 +297,7 @@ class SharedLoRAModel(nn.Module):
         return self.value_head(hidden[:, context_length - 1 : -1])  # (B, R)
 
     def reward_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Reward-model score at each row's last real token (reward adapter, no gradient): (B, L) ->
-        (B,)."""
+        """Reward score at each row's last real token (reward adapter, no grad): (B, L) -> (B,)."""
         check_token_batch(input_ids, attention_mask)
         self.use("reward")
         with torch.no_grad():

@@ -3,23 +3,22 @@
     python -m rlhf_helpers.stages.train_ppo --profile tiny --report-to tensorboard
     tensorboard --logdir runs/ppo-tiny/tracking
 
-    check_tracker("wandb")                                  # SetupError (exit 2) if wandb is not installed
+    check_tracker("wandb")                          # SetupError (exit 2) if wandb is not installed
     accelerator = make_accelerator("tensorboard", output_dir, cpu=True)
     start_tracking(accelerator, "tensorboard", output_dir, run_record)
-    log_metrics(accelerator, trainer.history[-1])           # objective/kl, policy/clipfrac_avg, ... at its step
-    accelerator.end_training()                              # closes the trackers
+    log_metrics(accelerator, trainer.history[-1])   # objective/kl, policy/clipfrac_avg... at a step
+    accelerator.end_training()                      # closes the trackers
 
 `--report-to none` (the default) builds a plain `Accelerator` and writes no tracking folder:
 metrics.jsonl and curves.html are the run's record either way. Otherwise
-`Accelerator(log_with=..., project_dir= <output-dir>/tracking)`,
+`Accelerator(log_with=..., project_dir=<output-dir>/tracking)`,
 `init_trackers(PROJECT, config=<run.json, flattened>)`, then `accelerator.log` per PPO step, under
 the tracker names of `ppo.metric_docs.METRICS` (TRL's grouping); accelerate runs all of it on the
 main process only. Where each tracker writes, with no account needed:
 
-- tensorboard: event files in <output-dir>/tracking/rlhf-ppo/
-  (`pip install 'rlhf-helpers[tracking]'`);
-- wandb: offline, into <output-dir>/tracking/wandb/, unless $WANDB_MODE says otherwise (`wandb sync`
-  uploads);
+- tensorboard: events in <output-dir>/tracking/rlhf-ppo/ (`pip install 'rlhf-helpers[tracking]'`);
+- wandb: offline, into <output-dir>/tracking/wandb/, unless $WANDB_MODE says otherwise
+  (`wandb sync` uploads);
 - trackio: its local store (~/.cache/huggingface/trackio; `trackio show --project rlhf-ppo`).
 """
 
@@ -37,18 +36,16 @@ from rlhf_helpers.ppo.run_folder import SetupError
 
 #: --report-to choices; "none" is the default.
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
-#: Folder under --output-dir that accelerate gets as project_dir (tensorboard's events, wandb's
-#: offline run).
+#: Folder in --output-dir that accelerate gets as project_dir (tensorboard's events, wandb's run).
 TRACKING_DIR = "tracking"
-#: accelerate's project_name: the W&B / trackio project, and tensorboard's sub-folder of
-#: TRACKING_DIR.
+#: accelerate's project_name: the W&B / trackio project, tensorboard's sub-folder of TRACKING_DIR.
 PROJECT = "rlhf-ppo"
 #: tracker -> how to install its package (tensorboard comes with the package's `tracking` extra).
 INSTALL = {"tensorboard": "pip install 'rlhf-helpers[tracking]'", "trackio": "pip install trackio",
            "wandb": "pip install wandb"}
 #: metrics.jsonl key -> the name trackers get (the glossary's; the step is the x axis, not a value).
-TRACKER_NAMES: dict[str, str] = {name: doc.tracker for name,
-                                 (_group, doc) in METRICS.items() if doc.tracker}
+TRACKER_NAMES: dict[str, str] = {name: doc.tracker
+                                 for name, (_group, doc) in METRICS.items() if doc.tracker}
 
 
 def tracker_available(name: str) -> bool:
@@ -83,8 +80,7 @@ def make_accelerator(report_to: str, output_dir: Path, cpu: bool) -> Any:
         return Accelerator(cpu=cpu)
     accelerator = Accelerator(cpu=cpu, log_with=report_to,
                               project_dir=str(output_dir / TRACKING_DIR))
-    # accelerate drops a tracker it cannot import, saying so only at debug level
-    if not accelerator.log_with:
+    if not accelerator.log_with:  # accelerate drops a tracker it cannot import (a debug message)
         raise SetupError(f"--report-to {report_to}: accelerate found no usable {report_to} "
                          f"tracker; check the installation (`{INSTALL[report_to]}`)")
     return accelerator
@@ -101,8 +97,8 @@ def flat_config(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif value is None or isinstance(value, bool | int | float | str):
             flat[name] = value
         else:
-            flat[name] = json.dumps(value, default=str) if isinstance(value,
-                                                                      list | tuple) else str(value)
+            is_list = isinstance(value, list | tuple)
+            flat[name] = json.dumps(value, default=str) if is_list else str(value)
     return flat
 
 
@@ -122,10 +118,9 @@ def start_tracking(accelerator: Any, report_to: str, output_dir: Path,
 
 
 def tracker_values(metrics: Mapping[str, float]) -> dict[str, float]:
-    """One PPO step's metrics under their tracker names (the step itself is the x axis, not a
-    value)."""
-    return {TRACKER_NAMES[key]: float(value) for key,
-            value in metrics.items() if key in TRACKER_NAMES}
+    """One PPO step's metrics under their tracker names (the step is the x axis, not a value)."""
+    return {TRACKER_NAMES[key]: float(value)
+            for key, value in metrics.items() if key in TRACKER_NAMES}
 
 
 def log_metrics(accelerator: Any, metrics: Mapping[str, float]) -> None:

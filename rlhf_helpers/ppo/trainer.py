@@ -3,7 +3,7 @@
     trainer = PPOTrainer(config, shared, tokenizer, prompts)
     metrics = trainer.step()          # one iteration: rollouts, then config.ppo_epochs of updates
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
-    trainer.close()                   # frees config.output_dir for another run (so does the process's end)
+    trainer.close()                   # frees config.output_dir (so does the process's end)
 
 `step` runs `iteration.rollout` then `iteration.update` (the iteration in one file, as cleanrl
 writes it) and turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are
@@ -136,8 +136,7 @@ class PPOTrainer:
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
         self.last_batch: Experience | None = None  #: the experience batch of the latest step
-        #: per-minibatch stats of the latest update, in order: epoch, minibatch, ratio_mean,
-        #: clipfrac...
+        #: per-minibatch stats of the latest update, in order (epoch, minibatch, ratio_mean...)
         self.last_update_stats: list[dict[str, float]] = []
         #: folder of the newest checkpoint this trainer wrote
         self.last_checkpoint: str | None = None
@@ -173,8 +172,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> dict[str, float]:
-        """Rollouts, then the update epochs; returns this iteration's metrics (and appends them to
-        history)."""
+        """Rollouts, then the update epochs; returns the metrics (and appends them to `history`)."""
         config = self.config
         generator = self._step_generator()
         start = time.perf_counter()
@@ -212,16 +210,14 @@ class PPOTrainer:
         return dict(zip(keys, values.tolist(), strict=True))
 
     def ptx_loss(self, generator: torch.Generator) -> torch.Tensor:
-        """Next-token loss of the policy on a minibatch of SFT texts (keeps it close to the
-        pretraining data)."""
+        """Next-token loss of the policy on a minibatch of SFT texts (keeps it near that data)."""
         picks = torch.randint(len(self.ptx_texts), (self.config.mini_batch_size,),
                               generator=generator)
         texts = [self.ptx_texts[i] for i in picks.tolist()]
         max_len = self.config.max_prompt_length + self.config.max_new_tokens
         ids, attn = tokenize_prompts(self.tokenizer, texts, max_len, self.model.device)  # (b, L)
         labels = ids.masked_fill(attn == 0, -100)  # (b, L): no loss on padding
-        # left padding: a row's first token would be predicted from a pad position, which reads
-        # nothing
+        # left padding: a row's first token would be predicted from a pad, which reads nothing
         labels[:, 1:] = labels[:, 1:].masked_fill(attn[:, :-1] == 0, -100)
         logits = self.model.policy_logits(ids, attn)  # (b, L, V)
         return lm_loss(logits, labels, ignore_index=-100)

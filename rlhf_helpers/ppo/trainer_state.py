@@ -1,8 +1,9 @@
 """What trainer_state.pt of a checkpoint holds: the trainer's optimisers, KL controller, step,
 metrics history and RNG states (the weights are saved apart, `checkpoint.save_model_weights`).
 
-    torch.save(trainer_state_dict(trainer), folder / TRAINER_STATE_FILE)
-    restore_trainer_state(trainer, load_trainer_state(folder / TRAINER_STATE_FILE))   # the safe unpickler
+    path = folder / TRAINER_STATE_FILE
+    torch.save(trainer_state_dict(trainer), path)
+    restore_trainer_state(trainer, load_trainer_state(path))   # read with the safe unpickler
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import torch
 TRAINER_STATE_FILE = "trainer_state.pt"
 
 
-#: What `trainer_state_dict` writes; a trainer_state.pt without one of them is not a checkpoint of
-#: ours.
+#: What `trainer_state_dict` writes; a trainer_state.pt lacking one is not a checkpoint of ours.
 TRAINER_STATE_KEYS = ("step", "policy_optimizer", "value_optimizer", "kl_controller",
                       "history", "torch_rng")
 

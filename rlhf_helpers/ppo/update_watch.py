@@ -1,11 +1,11 @@
 """A caller's update loop (`update_fn`) watched: the gradient its optimisers stepped on, whether the
-policy trained, and, when the loop fails or is refused, its changes to the weights and optimiser
+policy trained and, when the loop fails or is refused, its changes to the weights and optimiser
 states undone.
 
-    with UpdateWatch(policy_opt, value_opt) as watch:   # an error in the block restores the weights
+    with UpdateWatch(policy_opt, value_opt) as watch:  # an error in the block restores the weights
         losses = update_fn(model, batch, policy_opt, value_opt, ...)
-        watch.check_policy_trained(step)                 # PieceError: the loop never stepped the policy
-    watch.grad_norms("policy")                           # [||g|| at each policy_opt.step()], in order
+        watch.check_policy_trained(step)               # PieceError if it never stepped the policy
+    watch.grad_norms("policy")                         # [||g|| at each policy_opt.step()], in order
 
 The library's own update needs none of this: it checks both losses of a minibatch before either
 optimiser steps. A caller's loop steps where it likes, so the only way to leave the weights
@@ -27,8 +27,7 @@ class FrozenWeightsChanged(PieceError):
     """update_fn changed a weight no optimiser trains (the base, the reward adapter or head)."""
 
 class UpdateWatch:
-    """Hooks on the two optimisers' `step` for the length of a block, and a copy of what they
-    update."""
+    """Hooks on both optimisers' `step` while a block runs, and a copy of what they update."""
 
     def __init__(
         self, policy_opt: torch.optim.Optimizer, value_opt: torch.optim.Optimizer,
@@ -36,8 +35,8 @@ class UpdateWatch:
     ) -> None:
         self.optimizers = {"policy": policy_opt, "value": value_opt}
         self.params = {
-            key: [p for group in opt.param_groups for p in group["params"]] for key,
-            opt in self.optimizers.items()
+            key: [p for group in opt.param_groups for p in group["params"]]
+            for key, opt in self.optimizers.items()
         }
         trained = {id(p) for params in self.params.values() for p in params}
         #: the model's weights no optimiser updates (the base, the reward adapter and head), by name
@@ -46,8 +45,7 @@ class UpdateWatch:
             if id(p) not in trained
         ]
         self._fingerprint: tuple[list[int], torch.Tensor | None] = ([], None)
-        #: the 2-norm of the gradients at each step() that found some, as tensors (read once, at the
-        #: end)
+        #: the gradients' 2-norm at each step() that found some, as tensors (read once, at the end)
         self.norms: dict[str, list[torch.Tensor]] = {"policy": [], "value": []}
         self.steps = {"policy": 0, "value": 0}  #: step() calls, with or without a gradient
         self._saved: dict[str, list[torch.Tensor]] = {}
@@ -135,17 +133,17 @@ class UpdateWatch:
         if sums is None:
             return
         now_versions, now_sums = self._frozen_fingerprint()
-        # exact
-        same = torch.isclose(sums, now_sums, rtol=0.0, atol=0.0, equal_nan=True).all(dim=1).tolist()
+        exact = torch.isclose(sums, now_sums, rtol=0.0, atol=0.0, equal_nan=True)  # (n, 2)
+        same = exact.all(dim=1).tolist()
         changed = [
             name
-            for (name, _), before, after,
-            kept in zip(self.frozen, versions, now_versions, same, strict=True)
+            for (name, _), before, after, kept in zip(self.frozen, versions, now_versions, same,
+                                                      strict=True)
             if before != after or not kept
         ]
         if changed:
-            listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more"
-                                               if len(changed) > 5 else "")
+            more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            listed = ", ".join(changed[:5]) + more
             raise FrozenWeightsChanged(
                 f"update_fn changed frozen weights: {listed}. Only the policy and value adapters "
                 "(the optimisers' parameters) may change; the base and the reward model are shared "
@@ -154,6 +152,5 @@ class UpdateWatch:
             )
 
     def grad_norms(self, key: str) -> list[float]:
-        """The gradient norm at each step() of the "policy" or "value" optimiser that found a
-        gradient."""
+        """The gradient norm at each step() with a gradient of the "policy" or "value" optimiser."""
         return torch.stack(self.norms[key]).tolist() if self.norms[key] else []

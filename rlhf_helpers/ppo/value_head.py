@@ -1,5 +1,4 @@
-"""Scalar heads read from a backbone's last hidden state: the critic's value head and the reward
-score head."""
+"""Scalar heads on a backbone's last hidden state: the critic's value head and reward score head."""
 
 from __future__ import annotations
 

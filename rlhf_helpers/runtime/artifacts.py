@@ -1,7 +1,7 @@
 """The one cache protocol of the trained artefacts (the SFT model, the reward adapter).
 
-    folder = build_cached(final, key, train=lambda tmp: train_into(tmp))   # cached, or trained now
-    problem = artifact_problem(final, key)                                 # None: complete and intact
+    folder = build_cached(final, key, train=lambda tmp: train_into(tmp))  # cached, or trained now
+    problem = artifact_problem(final, key)                      # None: complete and intact
 
 A cached folder is complete when its completion marker `COMPLETE.json`, written last, records
 - `key`: what decides the artefact (settings, the content of its data and of the model it starts

@@ -1,11 +1,10 @@
-"""What a config dataclass says about its fields: their `#:` docs, their exact types, their
-command-line flags.
+"""What a config dataclass says about its fields: their `#:` docs, exact types, command-line flags.
 
     field_docs(PPOConfig)["clip_eps"]          # "PPO ratio clip range epsilon"
     check_field_types(config)                  # FieldTypeError: mini_batch_size must be an int, ...
-    add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-..., ...
+    add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-...
     changes = given_field_values(args, PPOConfig)   # {"clip_eps": 0.1} for the flags a user gave
-    parser.parse_args(join_negative_values(argv, actions))   # --missing-eos-penalty -1e3 read as a value
+    parser.parse_args(join_negative_values(argv, actions))  # --missing-eos-penalty -1e3: a value
 
 The configs document each field with a `#:` comment (cleanrl style); reading those comments here
 makes the same text the `--help` of every flag, so the flags and the docs cannot drift apart.

@@ -1,9 +1,9 @@
 """Ctrl-C while a command is still starting (the training command imports torch and transformers for
 seconds): one line and exit 130, not a traceback; and where launchers put a process's rank.
 
-    quiet_early_interrupt()   # first thing when run as a command, before torch and transformers load (seconds)
+    quiet_early_interrupt()   # first thing in a command, before torch and transformers load
     ...                       # the heavy imports
-    restore_interrupt()       # once `main` handles KeyboardInterrupt itself (its line names the checkpoint)
+    restore_interrupt()       # once `main` handles Ctrl-C itself (its line names the checkpoint)
 
 Imports only the standard library, so it is in place a few milliseconds after the process starts.
 """

@@ -115,9 +115,8 @@ def pid_is_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # it exists under another user, or is no pid
     except (PermissionError, ValueError, OverflowError):
-        return True
+        return True  # it exists under another user, or is no pid
     return True
 
 

@@ -2,7 +2,7 @@
 
     peak = PeakMemory()      # starts measuring here
     ...                      # e.g. a PPO training loop
-    peak.rise_mb()           # highest resident memory since then, minus the memory held at the start
+    peak.rise_mb()           # highest resident memory since then, minus what was held at the start
 
 On Linux the kernel's high-water mark (VmHWM in /proc/self/status) is reset at the start by writing
 "5" to /proc/self/clear_refs (Linux >= 4.0), so the peak belongs to the measured stretch alone.

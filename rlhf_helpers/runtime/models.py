@@ -33,8 +33,8 @@ from rlhf_helpers.runtime.profiles import Profile, get_profile
 FALLBACK_PAD_TOKEN = "<|pad|>"
 
 # peft and TRL still read `model.is_gradient_checkpointing`, which transformers >= 5.23 deprecates
-# with a FutureWarning at every adapter wrap: noise a learner can do nothing about (checkpointing is
-# off here)
+# with a FutureWarning at every adapter wrap: noise a learner can do nothing about (checkpointing
+# is off here)
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                         category=FutureWarning)
 
@@ -196,8 +196,7 @@ def model_folder_problem(profile: Profile) -> str | None:
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(folder)
-    # transformers raises OSError, ValueError or its own errors for a broken tokenizer
-    except Exception as error:
+    except Exception as error:  # OSError, ValueError or transformers' own errors
         return (f"its tokenizer does not load ({type(error).__name__}: "
                 f"{str(error).splitlines()[0][:120]})")
     vocab = getattr(config.get_text_config(), "vocab_size", None)

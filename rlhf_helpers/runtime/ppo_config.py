@@ -137,12 +137,10 @@ class PPOConfig:
         for name in ("save_every", "eval_every", "value_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        # what float32 arithmetic can hold, and what means something (config_limits gives each
-        # range's reason)
+        # what float32 arithmetic can hold, and what means something (config_limits says why)
         check_limits(self, PPO_LIMITS)
         check_counts(self, COUNTS)
-        # lora.r: below the model's hidden size (preflight)
-        check_counts(self.lora, ("alpha",), prefix="lora.")
+        check_counts(self.lora, ("alpha",), prefix="lora.")  # lora.r: preflight (< hidden size)
         return self
 
     def replace(self, **changes: Any) -> PPOConfig:

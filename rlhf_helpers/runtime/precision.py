@@ -1,11 +1,11 @@
 """Which floating-point dtype each part of the course computes in, and which it stores weights in.
 
-    compute_dtype("cuda")            # "bfloat16" on an A100/L4/H100, "float16" on a T4, "float32" on a CPU
+    compute_dtype("cuda")            # A100/L4/H100: "bfloat16"; T4: "float16"; CPU: "float32"
     resolve_dtype("auto", "cuda")    # the same; an explicit "float32"/"bfloat16"/"float16" wins
-    describe_dtype("float16", "cuda")  # "float16 (Tesla T4, compute capability 7.5: no bf16 in hardware)"
+    describe_dtype("float16", "cuda")  # "float16 (Tesla T4, compute capability 7.5: no bf16 in hw)"
     amp_flags(profile)               # {"bf16": ..., "fp16": ...} for TrainingArguments / SFTConfig
     master_dtype()                   # torch.float32: the dtype of every weight an optimiser updates
-    make_grad_scaler("cuda", needs_grad_scaler(model))   # PPO's loss scaler: on for a float16 base only
+    make_grad_scaler("cuda", needs_grad_scaler(model))   # PPO's loss scaler: on for a float16 base
 
 Compute dtype, by device:
 - CPU: float32. CPUs have no fast half-precision matmul worth the lost digits.

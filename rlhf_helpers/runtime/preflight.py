@@ -1,10 +1,11 @@
 """Do a run's settings fit its machine and its model? Asked before any model is built, answered in
 one line.
 
-    device_problem("cuda")                                    # "... torch sees no CUDA GPU ..." on a CPU machine
-    model_limits_problem(profile.sft_model_path, 64, lora)    # a LoRA rank above the hidden size, a typo'd target
-    model_limits_problem(path, 64, lora, prompt_tokens=24, new_tokens=16)   # PPO: prompt + response fit too
-    batch_memory_problem(path, rows=10**9, new_tokens=8, device="cpu")     # logits beyond the machine's memory
+    path = profile.sft_model_path
+    device_problem("cuda")                  # "... torch sees no CUDA GPU ..." on a CPU machine
+    model_limits_problem(path, 64, lora)    # a LoRA rank above the hidden size, a typo'd target
+    model_limits_problem(path, 64, lora, prompt_tokens=24, new_tokens=16)  # PPO: the lengths too
+    batch_memory_problem(path, rows=10**9, new_tokens=8, device="cpu")  # logits beyond the memory
 
 Each returns None when all is well. The reward and PPO commands turn a problem into exit 2, so a
 setting the model cannot use costs a second instead of a reward-model training and a traceback from
@@ -79,7 +80,7 @@ def model_limits_problem(model_dir: str | Path, max_length: int, lora: Any,
     positions = model.get("n_positions") or model.get("max_position_embeddings")
     if isinstance(positions, int):
         if (prompt_tokens is not None and new_tokens is not None
-            and prompt_tokens + new_tokens > positions):
+                and prompt_tokens + new_tokens > positions):
             return (f"{name('max_prompt_length')} {prompt_tokens} + {name('max_new_tokens')} "
                     f"{new_tokens} = {prompt_tokens + new_tokens} tokens exceed the model's "
                     f"{positions} positions ({config_file})")

@@ -30,7 +30,6 @@ This module imports nothing heavy; torch is imported only to resolve "auto" and 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -52,14 +51,14 @@ from rlhf_helpers.runtime.data import data_dir
 from rlhf_helpers.runtime.lora import LLAMA_TARGETS, LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import AUTO, check_dtype_name, resolve_dtype
+from rlhf_helpers.runtime.profile_env import (
+    OVERRIDES_ENV,
+    PROFILE_ENV,
+    PROFILE_NAMES,
+    env_overrides,
+)
 from rlhf_helpers.runtime.weights import check_weights_name, resolve_weights
 
-#: Environment variable that picks the profile when `get_profile` gets no name.
-PROFILE_ENV = "RLHF_PROFILE"
-#: Environment variable with a JSON object of field overrides, e.g. '{"total_steps": 5}' (quick
-#: runs): any Profile field, or any PPOConfig field by name.
-OVERRIDES_ENV = "RLHF_PROFILE_OVERRIDES"
-PROFILE_NAMES = ("tiny", "gpu", "auto")
 #: the torch devices a profile may name (a GPU's index after "cuda:")
 DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?|mps")
 
@@ -104,8 +103,7 @@ class Profile:
     #: "auto" (get_profile: hub where it answers, else gguf); the tiny profile: "shipped"
     weights: str = "auto"
     #: weights "random" only: changes to base_model's architecture (`runtime.architectures`), e.g.
-    #: {"num_hidden_layers": 2}: a smaller stack on the same code path, for CPU tests of the gpu
-    #: profile
+    #: {"num_hidden_layers": 2}: a smaller stack, same code path, for CPU tests of the gpu profile
     architecture: dict | None = None
 
     def __post_init__(self) -> None:
@@ -186,8 +184,8 @@ class Profile:
         # a mapping: changes to this one
         ppo = self.ppo.replace(**ppo) if isinstance(ppo, Mapping) else ppo
         ppo_changes = {name: changes.pop(name) for name in list(changes) if name in ppo_fields}
-        return dataclasses.replace(self, ppo=ppo.replace(**ppo_changes) if ppo_changes
-                                   else ppo, **changes)
+        ppo = ppo.replace(**ppo_changes) if ppo_changes else ppo
+        return dataclasses.replace(self, ppo=ppo, **changes)
 
 
 def tiny_profile() -> Profile:
@@ -196,11 +194,12 @@ def tiny_profile() -> Profile:
     # kl_coef 0.2, not the field's 0.05: at 0.05 the tiny model drifts to KL 5-6.5 nats within 60
     # PPO steps and its hidden score sags back towards SFT best-of-4; 0.2 holds KL near 2.5 at an
     # equal or higher hidden score (benchmarks/bench_ppo_learning.py, figures in
-    # benchmarks/README.md) eval_batch_size 256: every held-out prompt in one batch, the fastest on
-    # a CPU (the tiny vocabulary, 403 tokens, keeps the n_eval_prompts x max_new_tokens x V float
-    # logits at 13 MB) compare_batches 32: notebook 07's race in batches, so it gives the same
-    # numbers for its seed (about 32 CPU s for PPO, 16 for GRPO and RLOO here); the race in CPU
-    # seconds is benchmarks/bench_algorithms.py's
+    # benchmarks/README.md).
+    # eval_batch_size 256: every held-out prompt in one batch, the fastest on a CPU (the tiny
+    # vocabulary, 403 tokens, keeps the n_eval_prompts x max_new_tokens x V float logits at 13 MB).
+    # compare_batches 32: notebook 07's race in batches, so it gives the same numbers for its seed
+    # (about 32 CPU s for PPO, 16 for GRPO and RLOO here); the race in CPU seconds is
+    # benchmarks/bench_algorithms.py's.
     return Profile(name="tiny", base_model=path, sft_model_path=path, device="cpu",
                    dtype="float32", ppo=PPOConfig(kl_coef=0.2, eval_batch_size=256),
                    compare_batches=32, weights="shipped")
@@ -219,12 +218,11 @@ def gpu_profile() -> Profile:
         reward_batch_size=32,
         reward_epochs=1.0,
         reward_lr=1e-4,
-        # 30 iterations of two minibatches of 64 keep notebook 05 near 5 minutes on an H100 (150
-        # iterations of minibatch 32 took 24: host-bound; benchmarks/README.md, the gpu profile on a
-        # GPU)
+        # 30 iterations of two minibatches of 64 keep notebook 05 near 5 minutes on an H100, where
+        # 150 of minibatch 32 took 24 (host-bound; benchmarks/README.md, the gpu profile on a GPU)
         ppo=PPOConfig(max_prompt_length=24, max_new_tokens=48, total_steps=30,
-                      rollout_batch_size=128,
-                      mini_batch_size=64, policy_lr=5e-5, value_lr=1e-4, eval_batch_size=128,
+                      rollout_batch_size=128, mini_batch_size=64, policy_lr=5e-5, value_lr=1e-4,
+                      eval_batch_size=128,
                       lora=LoRASpec(r=16, alpha=32, target_modules=LLAMA_TARGETS)),
         # notebook 07 in GPU wall seconds (compare_batches None): a Colab user's minutes
         compare_seconds=120.0,
@@ -247,30 +245,6 @@ def resolve_profile_name(name: str | None = None) -> str:
 
         chosen = "gpu" if torch.cuda.is_available() else "tiny"
     return chosen
-
-
-def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
-    if repeated:  # json keeps the last silently: say which setting was given twice
-        raise ValueError(
-            f"${OVERRIDES_ENV} sets {', '.join(repeated)} twice; give each setting once")
-    return dict(pairs)
-
-
-def env_overrides() -> dict[str, Any]:
-    """Field overrides from $RLHF_PROFILE_OVERRIDES (a JSON object), {} when it is unset."""
-    raw = os.environ.get(OVERRIDES_ENV, "").strip()
-    if not raw:
-        return {}
-    try:
-        values = json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object such as '{{\"total_steps\": "
-                         f"5}}', got {raw!r} ({err})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"${OVERRIDES_ENV} must be a JSON object, got {raw!r}")
-    return values
 
 
 #: The suffix of the SFT (and reward) folder of each weight source, so that no source's run ever
@@ -304,9 +278,8 @@ def get_profile(name: str | None = None, **overrides: Any) -> Profile:
     Overrides from $RLHF_PROFILE_OVERRIDES come first, then the keyword `overrides`. The gpu
     profile's weights "auto" resolves to "hub" or "gguf" (`runtime.weights.resolve_weights`), and a
     gguf or random source moves the SFT folder to `weights_sft_path(sft_model_path, weights)` unless
-    the overrides name one. A dtype of
-    "auto" is then resolved for the profile's device (`precision.resolve_dtype`), so the returned
-    profile always names a concrete dtype.
+    the overrides name one. A dtype of "auto" is then resolved for the profile's device
+    (`precision.resolve_dtype`), so the returned profile always names a concrete dtype.
     """
     resolved = resolve_profile_name(name)
     profile = tiny_profile() if resolved == "tiny" else gpu_profile()

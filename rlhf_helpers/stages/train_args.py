@@ -1,10 +1,10 @@
 """The training command's flags, the rules between them, and its one line on Ctrl-C
 (`stages.train_ppo` runs it).
 
-    args = parse_args(["--profile", "tiny", "--missing-eos-penalty", "-1e3"])   # a negative number as a value
-    check_run_flags(args)                     # SetupError: --reward-train-pairs with --reward-dir
-    warmup_problem(config)                    # "--value-warmup-steps 5 is not below --steps 5: ..." or None
-    raise Interrupted(interrupted_line(Path("runs/ppo-tiny"), "tiny"))   # exit 130, the checkpoint to resume from
+    args = parse_args(["--profile", "tiny", "--missing-eos-penalty", "-1e3"])  # -1e3: a value
+    check_run_flags(args)        # SetupError: --reward-train-pairs with --reward-dir
+    warmup_problem(config)       # "--value-warmup-steps 5 is not below --steps 5: ..." or None
+    raise Interrupted(interrupted_line(run_dir, "tiny"))  # exit 130, the checkpoint to resume from
 """
 
 from __future__ import annotations

@@ -1,59 +1,38 @@
-"""Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics and
-curves.
+"""Command line: train the shared-LoRA PPO policy of a profile, with checkpoints, metrics, curves.
 
     python -m rlhf_helpers.stages.train_ppo --profile tiny --steps 60 --output-dir runs/ppo-tiny
-    python -m rlhf_helpers.stages.train_ppo --output-dir runs/ppo-tiny --steps 80 --resume   # continue
-    accelerate launch -m rlhf_helpers.stages.train_ppo --profile gpu                        # several GPUs
-    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
-        --mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo --profile tiny  # 2 CPU processes
+    python -m rlhf_helpers.stages.train_ppo --output-dir runs/ppo-tiny --steps 80 --resume
+    accelerate launch -m rlhf_helpers.stages.train_ppo --profile gpu       # several GPUs
 
-Several CPU processes: accelerate 1.x starts them only through its multi-GPU launcher (torchrun);
-with no GPU visible each process runs on the CPU, over gloo (run.json records num_processes).
-`accelerate launch --cpu --num_processes 2` silently starts ONE process (no MPI hostfile);
-`torchrun --nproc_per_node 2 -m rlhf_helpers.stages.train_ppo` works. A NaN/inf seen by one process
-stops all of them, each with exit 3.
+Two CPU processes: `accelerate launch --multi_gpu --num_processes 2 --num_machines 1
+--mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo` with no GPU visible
+(gloo on the CPU; `--cpu --num_processes 2` silently starts ONE process; torchrun works too). A
+NaN/inf seen by one process stops all of them, each with exit 3.
 
-What it does: ensures the profile's SFT model (`stages.sft.ensure_sft_model`: the gpu profile's is
-fine-tuned once, cached in runs/sft-*/) and reward model (`ensure_reward_model`: trained once,
-cached in runs/reward-<profile>/; $RLHF_CACHE_DIR moves both caches), builds the shared model (SFT
-base + policy/value adapters + the reward adapter), runs `PPOTrainer.train` under an
-`accelerate.Accelerator`, and writes into --output-dir (locked for the run: a second live run into
-it exits 2, naming this one's pid):
+What it does: ensures the profile's SFT model and reward model (`ensure_sft_model`,
+`ensure_reward_model`: trained once, cached in runs/ or $RLHF_CACHE_DIR), builds the shared model,
+runs `run_loop.train_loop` under an `accelerate.Accelerator`, and writes into --output-dir (locked
+for the run: a second live run into it exits 2, naming this one's pid):
 
-    step-NNNNNN/, latest      atomic checkpoints (see checkpoint.py)
-    metrics.jsonl             one JSON object of metrics per PPO step (docs/metrics.md explains them)
-    curves.html               the main metrics' curves, the doctor's findings marked (a browser, offline)
-    diagnosis.json            the run doctor's findings (`stages.diagnose`; also printed on stderr at the end)
-    run.json                  the profile, the PPO config and the reward folder of this run
-    tracking/                 with --report-to tensorboard|wandb: the same metrics, by TRL-style names
+    step-NNNNNN/, latest    atomic checkpoints (see checkpoint.py)
+    metrics.jsonl           one JSON object of metrics per PPO step (docs/metrics.md)
+    curves.html             the main curves, the doctor's findings marked (a browser, offline)
+    diagnosis.json          the run doctor's findings (`stages.diagnose`; also printed on stderr)
+    run.json                the profile, the PPO config and the reward folder of this run
+    tracking/               with --report-to tensorboard|wandb: the same metrics, TRL-style names
 
-Settings: --threads N sets torch's CPU threads (default 1, `runtime/threads.py`); every PPOConfig
-field is a flag (`--help` lists them: --clip-eps, --lora-r, --target-kl none...); a flag not given
-keeps the profile's value. Each number has a range float32 arithmetic can hold
-(`runtime.config_limits`, named in `--help`); a negative one may follow its flag
-(`--missing-eos-penalty -1e3`). The flags set this PPO run only; $RLHF_PROFILE_OVERRIDES sets the
-profile, so its seed and lora reach every stage (the SFT and reward models too), e.g.
-'{"rollout_batch_size": 8, "mini_batch_size": 4, "max_new_tokens": 8}'; the flags win over it.
---resume continues with what run.json records: the profile, the PPO settings, the reward model (its
-weights come from the checkpoint, so the reward folder may be gone) and the prompts (their SHA-256);
-only --total-steps (--steps), --save-every, --eval-every and the progress bar may change. Any other
-flag, override or prompt file that differs from the record is refused (exit 2), and run.json keeps
-recording what the run did (`stages/resume.py`). Exit status: 0 done; 2 a bad argument or a run that
-cannot start (one line on stderr, found before the reward model or the PPO model is built: an
---output-dir that is a file, lies under one, is not writable or sits on a full disk or is in use by
-another live run (its pid is named), a --seed outside [0, 2^32 - 1], settings no run can use, a
-device this machine lacks, settings the SFT model cannot hold, a batch whose logits alone exceed the
-memory, more evaluation prompts than prompts_test.jsonl has, a missing or malformed run.json or
-checkpoint on --resume, a run file (run.json, metrics.jsonl...) that is a link or a folder, a value
-warm-up as long as the run, --reward-train-pairs with --reward-dir; and, found later, a lock another
-process holds or that cannot be taken, a checkpoint whose files do not match their digests, a GGUF
-file cut short; see ppo/run_folder.py and runtime/preflight.py); 3 stopped by a NaN/inf (in sampling
-logits, rewards, losses, gradients or weights), with a message; the last good checkpoint stays as it
-was; 4 a checkpoint, metrics.jsonl, curves.html or diagnosis.json could not be written (a full disk
-is named as such; the previous checkpoint stays as it was, and metrics.jsonl never logs a step whose
-checkpoint failed); 130 ended by Ctrl-C, with one line naming the last checkpoint saved and the
-command that resumes from it (or saying none was saved yet).
-"""
+Settings: every PPOConfig field is a flag (`--help`); a flag not given keeps the profile's value,
+each number within a range float32 can hold (`runtime.config_limits`). $RLHF_PROFILE_OVERRIDES
+sets the profile for every stage; the flags win over it. --resume continues with what run.json
+records (the profile, the PPO settings, the reward model, the prompts' SHA-256); only
+--total-steps (--steps), --save-every, --eval-every and the progress bar may change
+(`stages/resume.py`). Exit status: 0 done; 2 a bad argument or a run that cannot start, one line
+on stderr, found before any model is built where it can be (`stages/train_setup.py`,
+`ppo/run_folder.py`, `runtime/preflight.py`), or a lock, a checkpoint not matching its digests, a
+GGUF file cut short found later; 3 stopped by a NaN/inf, the last good checkpoint kept; 4 a run
+file could not be written (a full disk is named; the previous checkpoint kept, metrics.jsonl never
+logs a step whose checkpoint failed); 130 Ctrl-C, one line naming the last checkpoint and the
+command that resumes from it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The training command's checks and preparations before its model is built (`train_ppo` runs them).
+"""The training command's checks before its model is built (`train_ppo` runs them).
 
-    check_folder_holds(resume, output_dir)          # SetupError: links, checkpoints that do not fit --resume
-    record, config, profile = resumed_settings(...)  # --resume: run.json's settings, the checkpoint checked
-    reward_dir, pairs = ready_models(...)            # the SFT model and the reward folder, cached
+    check_folder_holds(resume, output_dir)       # SetupError: links, checkpoints unfit for --resume
+    record, config, profile = resumed_settings(...)  # --resume: run.json's, checkpoint checked
+    check_reward_dir(reward_dir)                 # --reward-dir: a complete reward folder
 
 Each SetupError is one line of the command's exit 2, found before the PPO model is built.
 """

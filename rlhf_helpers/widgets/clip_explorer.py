@@ -92,10 +92,9 @@ class ClipExplorer(Explorer):
                                             indent=False, layout=widgets.Layout(width="100px"))
         self.dual_toggle.add_class("rlhf-dual-toggle")
         self.controls["dual"] = self.dual_toggle
-        # default c = 2 (the dual-clip paper uses 3) so its flat region shows on the default ratio
-        # axis
-        self.number("dual_clip", "dual clip c_dual", 2.0 if dual_clip is None else dual_clip, 1.1,
-                    5.0, 0.1)  # > 1
+        # default c = 2 (the dual-clip paper has 3): its flat region shows on the default ratio axis
+        c_dual = 2.0 if dual_clip is None else dual_clip
+        self.number("dual_clip", "dual clip c_dual", c_dual, 1.1, 5.0, 0.1)  # > 1
 
         self.view = FigureView(self._empty_figure(), self.backend)
         self.views.append(self.view)
@@ -132,9 +131,8 @@ class ClipExplorer(Explorer):
         fig.update_yaxes(title_text="objective (maximise)", row=1, col=1, secondary_y=False)
         fig.update_yaxes(title_text="% of batch", row=1, col=1, secondary_y=True, showgrid=False,
                          visible=self.batch_ratios is not None, rangemode="tozero",
-                         tickformat=".0f",
-                         # whole percents, not ticks synced to the left axis
-                         tickmode="auto", nticks=5)
+                         tickformat=".0f", tickmode="auto",
+                         nticks=5)  # whole percents, not ticks synced to the left axis
         fig.update_yaxes(title_text="d objective / dρ", row=2, col=1)
         fig.update_xaxes(title_text="ratio ρ = π_θ / π_old", row=2, col=1)
         return fig

@@ -142,17 +142,14 @@ class GAEExplorer(Explorer):
         """Every per-token series on screen, as (T,) tensors, from the maths core."""
         d = self.data
         scores = torch.tensor([score], dtype=torch.float64)  # (1,)
-        rewards, kl = shape_rewards(scores, d["logprobs"], d["ref_logprobs"], d["mask"], kl_coef,
-                                    kl_kind)  # (1, T) each
-        penalty, _ = shape_rewards(torch.zeros_like(scores), d["logprobs"], d["ref_logprobs"],
-                                   d["mask"], kl_coef,
-                                   kl_kind)  # (1, T): the KL part alone (score 0)
-        deltas = td_errors(rewards, d["values"], d["mask"], gamma)  # (1, T)
-        # (1, T) each
-        advantages, returns = compute_gae(rewards, d["values"], d["mask"], gamma, lam)
+        logp, ref, mask = d["logprobs"], d["ref_logprobs"], d["mask"]
+        rewards, kl = shape_rewards(scores, logp, ref, mask, kl_coef, kl_kind)  # (1, T) each
+        no_score = torch.zeros_like(scores)  # (1,): a score of 0 leaves the KL part alone
+        penalty, _ = shape_rewards(no_score, logp, ref, mask, kl_coef, kl_kind)  # (1, T)
+        deltas = td_errors(rewards, d["values"], mask, gamma)  # (1, T)
+        advantages, returns = compute_gae(rewards, d["values"], mask, gamma, lam)  # (1, T) each
         # Monte-Carlo return G_t = sum_l gamma^l r_{t+l}: GAE's return with V = 0 and lambda = 1
-        # (1, T)
-        _, mc_returns = compute_gae(rewards, torch.zeros_like(rewards), d["mask"], gamma, 1.0)
+        _, mc_returns = compute_gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)  # (1, T)
         whitened = masked_whiten(advantages, d["mask"])  # (1, T)
         series = {"kl": kl, "penalty": penalty, "score_part": rewards - penalty, "rewards": rewards,
                   "deltas": deltas, "advantages": advantages, "whitened": whitened,

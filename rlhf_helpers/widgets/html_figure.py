@@ -37,8 +37,7 @@ def plotly_js_url() -> str:
     return f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
 
 
-# Placeholders are replaced with str.replace (the JavaScript is full of braces). ES5 only: any
-# browser.
+# Placeholders are replaced with str.replace (the JavaScript is full of braces). ES5: any browser.
 _TEMPLATE = """<div id="@ID@" class="rlhf-figure" style="width:@WIDTH@;height:@HEIGHT@"></div>
 <script type="text/javascript">
 (function () {
@@ -49,14 +48,14 @@ _TEMPLATE = """<div id="@ID@" class="rlhf-figure" style="width:@WIDTH@;height:@H
   var url = "@URL@";
   function draw() { window.Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false}); }
   function fail() {
-    div.textContent = "This figure needs plotly.js from " + url + ", which did not load (offline?). " +
-      "In JupyterLab, backend='figurewidget' works offline.";
+    div.textContent = "This figure needs plotly.js from " + url +
+      ", which did not load (offline?). In JupyterLab, backend='figurewidget' works offline.";
   }
   if (window.Plotly) { draw(); return; }
   if (!window.@READY@) {
     window.@READY@ = new Promise(function (resolve, reject) {
       if (typeof window.define === "function" && window.define.amd && window.requirejs) {
-        // require.js (classic Notebook 6): plotly.js registers as an AMD module, not as window.Plotly
+        // require.js (classic Notebook 6): plotly.js registers as an AMD module, not window.Plotly
         window.requirejs.config({paths: {rlhf_plotly: url.replace(/\\.js$/, "")}});
         window.requirejs(["rlhf_plotly"], function (P) { window.Plotly = P; resolve(); }, reject);
         return;

@@ -11,7 +11,7 @@ of values is kept small (tens of combinations) so the pages stay small. Under th
 names its sliders and the controls held fixed (`static_explorer_caption`).
 
     figure = static_explorer("ClipExplorer", {"eps": 0.2, "advantage": 1.0, "ratio": 1.3})
-    html = static_explorer_html(figure, "explorer-1")   # a <div>, a <script> (needs the site's scripts), a caption
+    html = static_explorer_html(figure, "explorer-1")  # <div>, <script> (needs site JS), caption
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
     sliders = SITE_SLIDERS[kind]
     explorer = EXPLORERS[kind](backend="html", **{**SITE_OPTIONS.get(kind, {}), **options})
     controls = {name: value for name, value in controls.items() if name in explorer.controls}
-    labels = {name: getattr(control, "slider", control).description for name,
-              control in explorer.controls.items()}
+    labels = {name: getattr(control, "slider", control).description
+              for name, control in explorer.controls.items()}
     start = {**explorer.values(), **controls}
     # the notebook's value is a step
     values = [sorted({*s.values, float(start[s.name])}) for s in sliders]
@@ -182,16 +182,16 @@ def static_explorer_caption(figure: dict) -> str:
     moving = [s["name"] for s in figure["layout"]["sliders"]]
     fixed = []
     for name, value in controls.items():
-        if name in moving or name not in labels or (name in ONLY_WHEN_ON
-                                                    and not controls.get(ONLY_WHEN_ON[name])):
+        hidden = name in ONLY_WHEN_ON and not controls.get(ONLY_WHEN_ON[name])
+        if name in moving or name not in labels or hidden:
             continue
         if isinstance(value, bool):
             fixed.append(f"{labels[name]} {'on' if value else 'off'}")
         else:
             fixed.append(f"{labels[name]} = {value:g}" if isinstance(value, (int, float)) else
                          f"{labels[name]} = {value}")
-    sliders = ("a slider for " if len(moving) == 1
-               else "sliders for ") + _listing([labels[n] for n in moving])
+    lead = "a slider for " if len(moving) == 1 else "sliders for "
+    sliders = lead + _listing([labels[n] for n in moving])
     rest = f" Fixed here: {', '.join(fixed)}." if fixed else ""
     return (f"On this page: {sliders}.{rest} Run the notebook (JupyterLab or Colab) to move the "
             "others.")
@@ -217,16 +217,20 @@ _SCRIPT = """(function () {
     rlhfFigures.draw(gd, spec.data, spec.layout).then(function () {
       gd.on("plotly_sliderchange", function (event) {
         active[names.indexOf(event.slider.name)] = event.slider.active;
-        var next = state(), data = spec.data.slice(), layout = Object.assign({}, spec.layout, next[1]);
+        var next = state(), data = spec.data.slice();
+        var layout = Object.assign({}, spec.layout, next[1]);
         spec.traces.forEach(function (i, k) {
           data[i] = Object.assign({}, spec.data[i], {x: next[0].x[k], y: next[0].y[k]});
         });
-        layout.sliders = spec.layout.sliders.map(function (s, k) { return Object.assign({}, s, {active: active[k]}); });
+        layout.sliders = spec.layout.sliders.map(function (s, k) {
+          return Object.assign({}, s, {active: active[k]});
+        });
         rlhfFigures.redraw(gd, data, layout);
       });
     });
   }
-  if (window.Plotly && window.rlhfFigures) { draw(); } else { window.addEventListener("load", draw); }
+  if (window.Plotly && window.rlhfFigures) { draw(); }
+  else { window.addEventListener("load", draw); }
 })();"""
 
 
@@ -240,9 +244,9 @@ def static_explorer_html(figure: dict, element_id: str) -> str:
         separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     height = figure["layout"].get("height", 500)
     controls = html.escape(json.dumps(figure["controls"]), quote=True)
+    script = _SCRIPT.replace("@ID@", element_id).replace("@SPEC@", spec)
     return (f'<div id="{element_id}" class="rlhf-static-explorer" data-explorer="{figure["kind"]}" '
             f'data-controls="{controls}" style="width:100%;height:{height}px"></div>\n'
-            '<script '
-            f'type="text/javascript">\n{_SCRIPT.replace("@ID@", element_id).replace("@SPEC@", spec)}'
+            f'<script type="text/javascript">\n{script}'
             "\n</script>\n"
             f'<p class="rlhf-explorer-caption">{html.escape(static_explorer_caption(figure))}</p>')

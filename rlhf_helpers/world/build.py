@@ -1,7 +1,7 @@
-"""Regenerate everything in data/ from a seed: prompts, SFT corpus, preference pairs, the data
-card, and the tiny model.
+"""Regenerate data/ from a seed: prompts, SFT corpus, preference pairs, data card and tiny model.
 
-    python -m rlhf_helpers.world.build [--fast] [--seed N] [--out data/] [--skip-model | --model-only] [--force]
+    python -m rlhf_helpers.world.build [--fast] [--seed N] [--out data/]
+        [--skip-model | --model-only] [--force]
 
 `--fast` writes small files and trains the tiny model for a few steps (for tests); the shipped
 data is the default, seed 0. Data files are a pure function of the seed (see `records.py`); the

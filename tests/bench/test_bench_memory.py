@@ -143,10 +143,9 @@ def test_four_models_reference_takes_the_policys_temperature(toy, temperature):
     seq = torch.tensor([[0, 3, 4, 6, 5, 4], [3, 4, 5, 6, 6, 3]])  # (2, 6): context 4, response 2
     full = torch.ones_like(seq)
     with torch.no_grad():
-        # (2, 2, V): predict tokens 4, 5
-        logits = base(input_ids=seq, attention_mask=full).logits[:, 3:-1]
-    # (2, 2)
-    expected = torch.log_softmax(logits / temperature, -1).gather(-1, seq[:, 4:, None]).squeeze(-1)
+        logits = base(input_ids=seq, attention_mask=full).logits[:, 3:-1]  # (2, 2, V): tokens 4, 5
+    logp = torch.log_softmax(logits / temperature, -1)
+    expected = logp.gather(-1, seq[:, 4:, None]).squeeze(-1)  # (2, 2)
     # float32 throughout and the same kernels on the same inputs: differences are summation-order
     # rounding of a few ulps of values near 1-10, far below 1e-5
     torch.testing.assert_close(four.ref_logprobs(seq, full, 4, temperature=temperature), expected,
@@ -186,8 +185,8 @@ def test_the_recorded_figures_notebook_05_plots_match_their_sources():
         for side, params, peak in side_rows:
             assert abs(size["param_mb"][side] - number(params)) < 0.05, (size["size"], side)
             assert abs(size["peak_mb"][side] - number(peak)) < 0.05, (size["size"], side)
-    gpu = json.loads((root / "benchmarks/results/gpu-h100-2026-11-24/memory.json").read_text())[
-        "figures"]["figures"]
+    gpu_file = root / "benchmarks/results/gpu-h100-2026-11-24/memory.json"
+    gpu = json.loads(gpu_file.read_text())["figures"]["figures"]
     for side in ("shared", "four", "four_lora"):
         assert abs(recorded[2]["param_mb"][side] - gpu[f"smollm2_{side}_param_mb"]) < 0.05
         assert abs(recorded[2]["peak_mb"][side] - gpu[f"smollm2_{side}_peak_mb"]) < 0.05

@@ -91,8 +91,10 @@ class _OmegaLoader(yaml.SafeLoader):
 _OmegaLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                   |\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?"""
+        r"""|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+][0-9]+)?"""
+        r"""|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
     list("-+0123456789."))
 
 
@@ -217,8 +219,8 @@ def test_every_verl_key_exists_in_the_pinned_config_with_the_default_type(
             continue
         if key in TYPE_EXCEPTIONS:
             source, declaration = TYPE_EXCEPTIONS[key]
-            assert declaration in verl_zip.read(
-                source).decode(), f"{key}: {declaration!r} not in {source}"
+            assert declaration in verl_zip.read(source).decode(), \
+                f"{key}: {declaration!r} not in {source}"
             continue
         wrong.append(f"{key}: verl's default is {expected}, the export sends {ours} {value!r}")
     assert wrong == []
@@ -440,8 +442,8 @@ def test_not_carried_names_the_settings_that_do_not_survive():
 ])
 def test_the_notes_rest_on_the_pinned_source(request, package, suffix, snippet):
     zf = request.getfixturevalue(f"{package}_zip")
-    assert snippet in _member(
-        zf, suffix), f"{package}: {suffix} no longer says {snippet!r}: re-check the notes"
+    assert snippet in _member(zf, suffix), \
+        f"{package}: {suffix} no longer says {snippet!r}: re-check the notes"
 
 
 def test_lora_leaves_the_critic_head_frozen_in_both(verl_zip, openrlhf_zip):
@@ -457,8 +459,8 @@ def test_the_page_shows_what_the_code_writes_now():
     text = DOCS_CLUSTER.read_text(encoding="utf-8")
     names = set(re.findall(r"<!-- generated:([\w-]+) -->", text))
     write_docs = load_tool("write_docs")
-    assert names == set(
-        write_docs.doc_blocks()), f"generated blocks in {DOCS_CLUSTER.name}: {sorted(names)}"
+    assert names == set(write_docs.doc_blocks()), \
+        f"generated blocks in {DOCS_CLUSTER.name}: {sorted(names)}"
     assert write_docs.render_page(text) == text, \
         "docs/cluster.md is out of date: python tools/write_docs.py"
     assert "```bash\npython -m verl.trainer.main_ppo" in text and ex.OPENRLHF_VERSION in text
@@ -480,8 +482,8 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="mean_response_tokens"):
         ex.per_token_target_kl(ADAPTIVE, mean_response_tokens=0)
     assert "--actor.model_name_or_path" in ex.openrlhf_args("tiny", paths={"model": "/m"})
-    assert ex.openrlhf_args("tiny", paths={"model": "/m"})[
-        ex.openrlhf_args("tiny").index("MODEL_PATH")] == "/m"
+    model_at = ex.openrlhf_args("tiny").index("MODEL_PATH")
+    assert ex.openrlhf_args("tiny", paths={"model": "/m"})[model_at] == "/m"
 
 
 @pytest.mark.parametrize("argv, env, message", [

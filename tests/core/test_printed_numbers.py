@@ -253,8 +253,8 @@ _NOTEBOOK_SOURCES = sorted((ROOT / "notebooks" / "src").glob("[0-9]*.py"))
 def test_no_notebook_prints_a_line_longer_than_the_print_width(path: Path):
     """JupyterLab breaks a longer output line mid-word; a line whose fixed text alone is too long is
     found here (one that holds a response or a list is wrapped with `wrap_printed`)."""
-    assert _long_prints(
-        path.read_text()) == [], f"{path.name}: split or wrap_printed these prints (line, length)"
+    assert _long_prints(path.read_text()) == [], \
+        f"{path.name}: split or wrap_printed these prints (line, length)"
 
 
 def test_the_long_print_scan_counts_the_fixed_text_and_the_least_of_each_field():

@@ -37,8 +37,8 @@ def _response_logprobs(model, ids: torch.Tensor, attn: torch.Tensor,
     moves the logits one position too far (the bug the notebooks' checks exist to catch)."""
     positions = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
     with torch.no_grad():
-        # (B, L, V)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits.float()
+        logits = model(input_ids=ids, attention_mask=attn,
+                       position_ids=positions).logits.float()  # (B, L, V)
     logits = torch.roll(logits, shifts=shift, dims=1)
     return logprobs_from_logits(logits[:, :-1], ids[:, 1:])  # (B, L - 1)
 

@@ -77,8 +77,8 @@ def test_a_deep_dive_needs_its_note_and_a_quiz_counts_its_answers():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_the_core_path_runs_without_the_deep_dives(path):
     cells = as_cells(nbformat.read(path, as_version=4).cells)
-    assert not bad_deep_dive_notes(
-        cells), f"each deep dive's second paragraph must be {DEEP_DIVE_NOTE!r}"
+    assert not bad_deep_dive_notes(cells), \
+        f"each deep dive's second paragraph must be {DEEP_DIVE_NOTE!r}"
     broken = names_only_deep_dives_define(cells)
     assert not broken, (
         f"core cells read names only a deep dive defines (cell index, name): {broken}")

@@ -68,9 +68,10 @@ def test_exercise_check_fails_a_solution_that_calls_the_library(capsys):
     expected = honest(r, v, m)  # gamma 1, lambda 0.9, no padding: the loop is the definition
     torch.testing.assert_close(shortcut(r, v, m), expected)  # the library agrees outside the check
     for solution in (honest, shortcut):
-        exercise_check("gae",
-                       lambda solution=solution: torch.testing.assert_close(
-                           solution(r, v, m), expected), hidden=[gae.compute_gae])
+        exercise_check(
+            "gae",
+            lambda solution=solution: torch.testing.assert_close(solution(r, v, m), expected),
+            hidden=[gae.compute_gae])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{EXERCISE_PASSED}  gae"
     assert lines[1].startswith(

@@ -84,9 +84,8 @@ def _opens_dirty(lab: dict, browser, path: Path) -> bool:  # noqa: F811 (the imp
 
 
 def test_the_makefile_starts_jupyterlab_with_the_course_contents_manager() -> None:
-    assert (
-        "--ServerApp.contents_manager_class=rlhf_helpers.course.lab_contents.CourseContentsManager" \
-        in make_lab_server_args())
+    assert ("--ServerApp.contents_manager_class="
+            "rlhf_helpers.course.lab_contents.CourseContentsManager") in make_lab_server_args()
     assert re.search(r"^\t.*jupyter lab notebooks/ \$\(LAB_CONTENTS\)",
                      (ROOT / "Makefile").read_text(), re.MULTILINE)
 

@@ -102,16 +102,17 @@ def test_every_exercise_lists_wrong_answers_that_edit_its_solution(path: Path):
     text = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells)
     exercises = _EXERCISE.findall(text)
     mistakes = load_mistakes(path.stem)
-    assert sorted(mistakes) == sorted(
-        exercises), f"{path.name}: mistakes for {sorted(mistakes)}, exercises {exercises}"
+    assert sorted(mistakes) == sorted(exercises), \
+        f"{path.name}: mistakes for {sorted(mistakes)}, exercises {exercises}"
     solutions = {n: code for n, code in re.findall(
         r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", text, re.DOTALL)}
     for number, wrong in mistakes.items():
-        assert len(
-            wrong) >= 2, f"{path.name} exercise {number}: list at least two plausible wrong answers"
+        assert len(wrong) >= 2, \
+            f"{path.name} exercise {number}: list at least two plausible wrong answers"
         for mistake in wrong:
-            assert solutions[number].count(mistake.old) == 1, \
-                f"{path.name} exercise {number}, {mistake.what!r}: the edited text must occur once in Solution {number}"
+            assert solutions[number].count(mistake.old) == 1, (
+                f"{path.name} exercise {number}, {mistake.what!r}: "
+                f"the edited text must occur once in Solution {number}")
             assert mistake.apply(solutions[number]) != solutions[number]
 
 
@@ -178,8 +179,8 @@ def test_a_collapsed_claim_check_shows_no_claim_on_its_first_line(path: Path):
 
 
 def test_the_first_line_rule_finds_a_claim_there_and_not_below():
-    assert _claims_checked(
-        'x = 1\ncheck_claims({"a": x > 0,\n    "b": True}, any_profile=True)') == ["a", "b"]
+    source = 'x = 1\ncheck_claims({"a": x > 0,\n    "b": True}, any_profile=True)'
+    assert _claims_checked(source) == ["a", "b"]
     assert _claims_checked("check_claims(claims)\nprint('a')") == []
     cell = 'check_claims({"x is positive": x > 0,\n              "y too": y > 0})'
     assert [c for c in _claims_checked(cell) if c in cell.split("\n")[0]] == ["x is positive"]

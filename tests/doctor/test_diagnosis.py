@@ -255,11 +255,13 @@ def test_eos_kept_share_counts_the_first_eos_under_the_mask():
 
     from rlhf_helpers.ppo.experience import eos_kept_share
 
-    # (B, P + R), P = 2
-    sequences = torch.tensor([[5, 6, 7, 2, 0, 0], [5, 6, 8, 9, 2, 2], [5, 6, 7, 8, 9, 9]])
+    sequences = torch.tensor([[5, 6, 7, 2, 0, 0],
+                              [5, 6, 8, 9, 2, 2],
+                              [5, 6, 7, 8, 9, 9]])  # (B, P + R), P = 2
     ended = torch.tensor([True, True, False])
-    # (B, R): up to the first EOS
-    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]).float()
+    right = torch.tensor([[1, 1, 0, 0],
+                          [1, 1, 1, 0],
+                          [1, 1, 1, 1]]).float()  # (B, R): up to the first EOS
     batch = SimpleNamespace(sequences=sequences, context_length=2, ended_with_eos=ended, mask=right)
     assert eos_kept_share(batch, eos_token_id=2) == 1.0
     naive = right * (sequences[:, 2:] != 2).float()  # "not padding" when pad == EOS

@@ -126,14 +126,17 @@ def course_lab(browser_ready, tmp_path_factory) -> Iterator[dict]:  # noqa: F811
 #: every drawn plotly figure: the width it draws (its widest svg layer) against the width its output
 #: shows (the output node's client width: the figure's own node for plotly's renderer, so a wider
 #: figure scrolls)
-FIGURES = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel .js-plotly-plot'))
+FIGURES = ("""() => Array.from(document.querySelectorAll('.jp-NotebookPanel .js-plotly-plot'))
     .filter(gd => gd.querySelector('.main-svg'))
     .map(gd => {
         const area = gd.closest('.jp-OutputArea-output') ?? gd.parentElement;
-        const svgs = Array.from(gd.querySelectorAll('.main-svg')).map(svg => svg.getBoundingClientRect().width);
-        return {width: Math.max(...svgs), area: area.clientWidth,
-                title: (gd.querySelector('.gtitle')?.textContent ?? '').trim(), overlaps: (OVERLAPS)(gd)};
-    })""".replace("OVERLAPS", OVERLAPS)
+"""
+    "        const svgs = Array.from(gd.querySelectorAll('.main-svg'))"
+    ".map(svg => svg.getBoundingClientRect().width);\n"
+    "        return {width: Math.max(...svgs), area: area.clientWidth,\n"
+    "                title: (gd.querySelector('.gtitle')?.textContent ?? '').trim(),"
+    " overlaps: (OVERLAPS)(gd)};\n"
+    """    })""").replace("OVERLAPS", OVERLAPS)
 
 
 def _scroll_through(page) -> None:
@@ -141,8 +144,10 @@ def _scroll_through(page) -> None:
     while True:  # the notebook's scrolling element: the panel's largest one that scrolls
         at_end = page.evaluate("""() => {
             const el = Array.from(document.querySelectorAll('.jp-NotebookPanel *'))
-                .filter(e => e.scrollHeight > e.clientHeight + 2 && getComputedStyle(e).overflowY !== 'visible')
-                .sort((a, b) => b.scrollHeight - a.scrollHeight)[0];
+"""
+            "                .filter(e => e.scrollHeight > e.clientHeight + 2"
+            " && getComputedStyle(e).overflowY !== 'visible')\n"
+            """                .sort((a, b) => b.scrollHeight - a.scrollHeight)[0];
             if (!el) return true;
             el.scrollTop += el.clientHeight * 0.8;
             return el.scrollTop + el.clientHeight >= el.scrollHeight - 2;
@@ -156,8 +161,8 @@ def _scroll_through(page) -> None:
 def test_figures_fit_the_output_area_with_a_title(course_lab, browser, path: Path) -> None:  # noqa: F811 (fixture)
     executed = _executed(path)
     nb = json.loads(executed.read_text())
-    assert not sub_second_bars(
-        nb), f"{path.name}: tqdm bars of sub-second loops: {sub_second_bars(nb)}"
+    assert not sub_second_bars(nb), \
+        f"{path.name}: tqdm bars of sub-second loops: {sub_second_bars(nb)}"
     expected = _plotly_outputs(nb)
     # every deep dive unfolded, as a learner who opens them sees its figures
     for cell in nb["cells"]:
@@ -182,8 +187,8 @@ def test_figures_fit_the_output_area_with_a_title(course_lab, browser, path: Pat
             raise AssertionError(f"{path.name}: {len(page.evaluate(FIGURES))} of {expected} plotly "
                                  f"figures drew; screenshot {out_dir / 'failure.png'}") from None
         page.wait_for_timeout(500)  # plotly's autosize settles on the next frame
-        assert page.locator("#jp-left-stack").bounding_box()[
-            "width"] > 100, "the file browser should be open"
+        assert page.locator("#jp-left-stack").bounding_box()["width"] > 100, \
+            "the file browser should be open"
         figures = page.evaluate(FIGURES)
         assert len(figures) == expected
         # +1 px: the output area and plotly round their widths separately to whole pixels

@@ -335,12 +335,11 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: P
     # PRINT_WIDTH characters
     printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                       for out in cell.get("outputs", []) if out.get("name") == "stdout")
-    shown = "".join("".join(out.get("data", {}).get(mime, "")) for cell in nb.cells
-                    if cell.cell_type == "code"
-                    # tables
+    shown = "".join("".join(out.get("data", {}).get(mime, ""))  # tables
+                    for cell in nb.cells if cell.cell_type == "code"
                     for out in cell.get("outputs", []) for mime in ("text/html", "text/plain"))
-    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)",
-                          printed + shown), "a printed zero with a minus sign"
+    assert not re.findall(r"(?<![\w.])-0\.0+(?!\d)", printed + shown), \
+        "a printed zero with a minus sign"
     too_long = [line for line in printed.splitlines()
                 if len(line) > PRINT_WIDTH and EXERCISE_TODO not in line]
     assert not too_long, f"printed lines over {PRINT_WIDTH} characters: {too_long}"
@@ -467,8 +466,8 @@ def test_every_notebook_has_two_to_five_exercises_with_solutions():
         exercises = sorted(_EXERCISE.findall(text))
         solutions = sorted(number for number, _ in _SOLUTION.findall(text))
         assert 2 <= len(exercises) <= 5, f"{path.name}: {len(exercises)} exercises"
-        assert exercises == [
-            str(n) for n in range(1, len(exercises) + 1)], f"{path.name}: numbered {exercises}"
+        assert exercises == [str(n) for n in range(1, len(exercises) + 1)], \
+            f"{path.name}: numbered {exercises}"
         assert exercises == solutions, (
             f"{path.name}: exercises {exercises} vs solutions {solutions}")
 

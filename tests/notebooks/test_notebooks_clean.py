@@ -45,8 +45,9 @@ def test_notebook_has_the_standard_header(path: Path):
 def test_generated_notebook_matches_its_source(source: Path):
     stored = ROOT / "notebooks" / source.with_suffix(".ipynb").name
     assert stored.exists(), f"{stored.name} missing: run `python tools/build_notebooks.py`"
-    assert stored.read_text(encoding="utf-8") == builder.render(builder.build_notebook(source)), \
-        f"{stored.name} differs from notebooks/src/{source.name}: run `python tools/build_notebooks.py`"
+    assert stored.read_text(encoding="utf-8") == builder.render(builder.build_notebook(source)), (
+        f"{stored.name} differs from notebooks/src/{source.name}: "
+        "run `python tools/build_notebooks.py`")
 
 
 def _cells(text: str, name: str = "07_x.ipynb") -> list[tuple[str, str, dict]]:

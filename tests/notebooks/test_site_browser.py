@@ -117,25 +117,28 @@ def tab(browser, site) -> Iterator[tuple[object, dict]]:  # noqa: F811 (the impo
 
 
 #: every figure drawn: its main svg, and a drawn trace (a path or a bar) in it
-DRAWN = f"""() => Array.from(document.querySelectorAll('{FIGURES}')).map(gd =>
-    !!gd.querySelector('.main-svg') && gd.querySelectorAll('.trace path, .trace .point, .box path').length > 0)"""
+DRAWN = (f"""() => Array.from(document.querySelectorAll('{FIGURES}')).map(gd =>
+    !!gd.querySelector('.main-svg')"""
+         " && gd.querySelectorAll('.trace path, .trace .point, .box path').length > 0)")
 #: MathJax 3 done: every formula Sphinx wrote (.math.notranslate) holds its rendering, and the page
 #: shows them
-MATH = """() => {
+MATH = ("""() => {
     const maths = Array.from(document.querySelectorAll('.math.notranslate'));
     const typeset = maths.filter(m => m.querySelector('mjx-container')).length;
-    return {done: typeset === maths.length && !document.documentElement.classList.contains('rlhf-math-pending'),
-            count: typeset, errors: document.querySelectorAll('mjx-merror').length};
-}"""
+"""
+    "    return {done: typeset === maths.length"
+    " && !document.documentElement.classList.contains('rlhf-math-pending'),\n"
+    """            count: typeset, errors: document.querySelectorAll('mjx-merror').length};
+}""")
 #: every figure laid out for the width it is drawn at (site/static/rlhf-figures.js marks it)
-FITTED = (
-    f"""() => Array.from(document.querySelectorAll('{FIGURES}')).every(gd => gd.hasAttribute('data-fitted'))""")
+FITTED = (f"() => Array.from(document.querySelectorAll('{FIGURES}'))"
+          ".every(gd => gd.hasAttribute('data-fitted'))")
 LINKS = "() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
 #: what a reader cannot see without the page hiding it: a table or an output line cut by an element
 #: that hides its overflow (none may be: long ones wrap or scroll), and the page wider than the
 #: window (on a phone a long line widens the whole page), naming the element that widens it
 #: (formulas: site_defects.CUT_FORMULAS)
-CLIPPED = """() => {
+CLIPPED = ("""() => {
     const out = [];
     document.querySelectorAll('article table, article pre').forEach((t, i) => {
         const width = t.getBoundingClientRect().width;
@@ -144,8 +147,10 @@ CLIPPED = """() => {
             if (o === 'auto' || o === 'scroll') break;
             const over = a === t ? a.scrollWidth > a.clientWidth + 1 : width > a.clientWidth + 1;
             if ((o === 'hidden' || o === 'clip') && over) {
-                out.push(t.tagName.toLowerCase() + ' ' + i + ': ' + t.textContent.trim().slice(0, 60)); break;
-            }
+"""
+    "                out.push(t.tagName.toLowerCase() + ' ' + i + ': '"
+    " + t.textContent.trim().slice(0, 60)); break;\n"
+    """            }
         }
     });
     const view = window.innerWidth;
@@ -161,7 +166,7 @@ CLIPPED = """() => {
         out.push('page ' + width + ' px wide in ' + view + ': ' + wide.slice(-3).join(', '));
     }
     return out;
-}"""
+}""")
 #: a phone's window (the widths a learner reads the site at: VIEWPORT and this)
 PHONE = {"width": 390, "height": 844}
 
@@ -316,20 +321,29 @@ def test_the_overlap_check_sees_subplot_titles_run_into_each_other_until_they_ar
 #: a figure laid out for a notebook's output area: a long title, three panels side by side with long
 #: titles, and a legend at the right: drawn as it is at 390 px it is cut and its labels collide;
 #: drawn by rlhfFigures it fits
-_WIDE_FIGURE = """{
-  data: [1, 2, 3].map(k => ({x: [0, 1, 2], y: [0, k, 2 * k], name: 'a long legend entry number ' + k,
-                              xaxis: 'x' + (k > 1 ? k : ''), yaxis: 'y' + (k > 1 ? k : '')})),
-  layout: {title: {text: 'A long figure title that a phone cannot show on one line at all', x: 0.02},
-           height: 420, margin: {l: 60, r: 24, t: 64, b: 56},
-           xaxis: {domain: [0, 0.28], anchor: 'y', title: {text: 'first step size of the run'}},
-           xaxis2: {domain: [0.36, 0.64], anchor: 'y2', title: {text: 'first step size of the run'}},
-           xaxis3: {domain: [0.72, 1], anchor: 'y3', title: {text: 'first step size of the run'}},
-           yaxis: {anchor: 'x'}, yaxis2: {anchor: 'x2'}, yaxis3: {anchor: 'x3'},
-           annotations: [[0.14, 'ratio mean over the first minibatch'], [0.5, 'clip fraction, mean over the update'],
-                         [0.86, 'approx-KL between old and new']].map(([x, text]) => ({
-             text, x, y: 1, xref: 'paper', yref: 'paper', xanchor: 'center', yanchor: 'bottom', showarrow: false,
-             font: {size: 16}}))}
-}"""
+_WIDE_FIGURE = (
+    "{\n"
+    "  data: [1, 2, 3].map(k => ({x: [0, 1, 2], y: [0, k, 2 * k],"
+    " name: 'a long legend entry number ' + k,\n"
+    "                              xaxis: 'x' + (k > 1 ? k : ''),"
+    " yaxis: 'y' + (k > 1 ? k : '')})),\n"
+    "  layout: {title: {text: 'A long figure title that a phone cannot show on one line at all',"
+    " x: 0.02},\n"
+    "           height: 420, margin: {l: 60, r: 24, t: 64, b: 56},\n"
+    "           xaxis: {domain: [0, 0.28], anchor: 'y',"
+    " title: {text: 'first step size of the run'}},\n"
+    "           xaxis2: {domain: [0.36, 0.64], anchor: 'y2',"
+    " title: {text: 'first step size of the run'}},\n"
+    "           xaxis3: {domain: [0.72, 1], anchor: 'y3',"
+    " title: {text: 'first step size of the run'}},\n"
+    "           yaxis: {anchor: 'x'}, yaxis2: {anchor: 'x2'}, yaxis3: {anchor: 'x3'},\n"
+    "           annotations: [[0.14, 'ratio mean over the first minibatch'],"
+    " [0.5, 'clip fraction, mean over the update'],\n"
+    "                         [0.86, 'approx-KL between old and new']].map(([x, text]) => ({\n"
+    "             text, x, y: 1, xref: 'paper', yref: 'paper', xanchor: 'center',"
+    " yanchor: 'bottom', showarrow: false,\n"
+    "             font: {size: 16}}))}\n"
+    "}")
 
 
 def _replace_article(page, html: str) -> None:
@@ -355,7 +369,8 @@ def test_the_figure_check_sees_a_figure_laid_out_for_a_wider_page_until_it_is_fi
     assert phone.evaluate(FIGURE_DEFECTS) == []
 
 
-def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_covered(browser, site) -> None:  # noqa: F811
+def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_covered(
+        browser, site) -> None:  # noqa: F811
     """The explorers on a phone as they were: 660 px wide in a 358 px column (the sliders' right end
     off-screen), the sliders 900 px under the curves, and a button over the sliders."""
     context = browser.new_context(viewport=PHONE)
@@ -373,9 +388,11 @@ def test_the_explorer_check_sees_sliders_off_screen_far_from_their_curves_or_cov
         page.goto(site + "notebooks/03_gae.html", wait_until="load")
         _settled(page, "03")
         assert page.evaluate(EXPLORER_DEFECTS) == []
-        page.evaluate("""() => { const gd = document.querySelector('.rlhf-static-explorer');
-            return Plotly.relayout(gd, {'sliders[0].y': -1.5, 'sliders[0].yanchor': 'top', 'margin.b': 1100,
-                                        height: gd.layout.height + 1100}); }""")
+        page.evaluate(
+            "() => { const gd = document.querySelector('.rlhf-static-explorer');\n"
+            "            return Plotly.relayout(gd, {'sliders[0].y': -1.5,"
+            " 'sliders[0].yanchor': 'top', 'margin.b': 1100,\n"
+            "                                        height: gd.layout.height + 1100}); }")
         assert any("taller than the window" in line for line in page.evaluate(EXPLORER_DEFECTS))
         page.evaluate("""() => { const b = document.createElement('button'); b.id = 'cover';
             b.style.cssText = 'position:fixed;left:0;top:0;width:100vw;height:100vh;opacity:0.5';
@@ -468,9 +485,12 @@ def _explorer_state(page, index: int) -> dict:
         return {kind: gd.dataset.explorer, controls: JSON.parse(gd.dataset.controls),
                 sliders: gd.layout.sliders.map(s => ({name: s.name, active: s.active,
                                                       values: s.steps.map(t => t.value)})),
-                data: gd.data.map(t => ({x: t.x ? Array.from(t.x) : null, y: t.y ? Array.from(t.y) : null})),
-                paths: Array.from(gd.querySelectorAll('.trace path')).map(p => p.getAttribute('d')).join('|'),
-                title: gd._fullLayout.title.text}; }""", index)
+"""
+        "                data: gd.data.map(t => ({x: t.x ? Array.from(t.x) : null,"
+        " y: t.y ? Array.from(t.y) : null})),\n"
+        "                paths: Array.from(gd.querySelectorAll('.trace path'))"
+        ".map(p => p.getAttribute('d')).join('|'),\n"
+        """                title: gd._fullLayout.title.text}; }""", index)
 
 
 def _click_step(page, index: int, slider: int, step: int) -> None:

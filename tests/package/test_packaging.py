@@ -107,8 +107,8 @@ def test_the_colab_stack_satisfies_every_range_it_is_not_upgraded_for():
     for req in _direct_requirements():
         key = _key(req.name)
         if key in colab and key not in upgraded:
-            assert req.specifier.contains(
-                colab[key]), f"Colab's {req.name}=={colab[key]} is outside {req}"
+            assert req.specifier.contains(colab[key]), \
+                f"Colab's {req.name}=={colab[key]} is outside {req}"
 
 
 def test_lower_bound_reads_the_ge_clause():

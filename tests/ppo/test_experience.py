@@ -181,9 +181,9 @@ def test_tempered_rollout_keeps_the_log_probs_of_the_distribution_that_sampled()
     with torch.no_grad():
         policy_z = model.policy_logits(seq, attn)[:, P - 1 : -1]  # (B, R, V)
         plain = toy_causal_lm(tok, seed=0)  # the reference: the base model without any adapter
+        ref_pos = (attn.cumsum(1) - 1).clamp(min=0)
         ref_z = plain(input_ids=seq, attention_mask=attn,
-                      # (B, R, V)
-                      position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits[:, P - 1 : -1]
+                      position_ids=ref_pos).logits[:, P - 1 : -1]  # (B, R, V)
 
     def logp(z: torch.Tensor) -> torch.Tensor:  # log softmax(z / T) at the sampled tokens: (B, R)
         return torch.log_softmax(z / T, dim=-1).gather(-1, tokens[..., None])[..., 0]

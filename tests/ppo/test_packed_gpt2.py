@@ -90,8 +90,9 @@ def test_packed_model_gives_transformers_log_probs_values_and_gradients(tok):
         ((values * mask) ** 2).sum().backward()
         grads = [p.grad.clone() for p in model.policy_parameters() + model.value_parameters()]
         results.append((logp[mask.bool()].detach(), entropy[mask.bool()].detach(),
-                        values[mask.bool()].detach(), model.ref_logprobs(ids, attn, context)[
-                            mask.bool()], model.reward_scores(ids, attn), grads))
+                        values[mask.bool()].detach(),
+                        model.ref_logprobs(ids, attn, context)[mask.bool()],
+                        model.reward_scores(ids, attn), grads))
     names = ("logp", "entropy", "values", "ref", "reward")
     for name, plain, packed in zip(names, results[0], results[1], strict=False):
         assert torch.allclose(packed, plain, atol=1e-5), name
@@ -157,10 +158,9 @@ def test_logits_to_keep_means_what_it_means_in_transformers(tok):
         model = shared(tok, packed)
         with torch.no_grad():
             full = model._logits(ids, attn)  # (B, L, V)
-            # the LM head's product over fewer rows may round each one differently: float32 rounding
-            # of logits of size ~1 summed over 32 terms, far below 1e-5, and far below any wrong
-            # position's difference
-            # an int k: the last k
+            # an int k: the last k (the LM head's product over fewer rows may round each one
+            # differently: float32 rounding of logits of size ~1 summed over 32 terms, far below
+            # 1e-5, and far below any wrong position's difference)
             assert torch.allclose(model._logits(ids, attn, 3), full[:, -3:], atol=1e-5)
             picked = torch.tensor([2, 5])
             # those positions

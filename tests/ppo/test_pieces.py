@@ -152,8 +152,8 @@ def update_loop(model, batch, policy_opt, value_opt, config, generator, policy_l
         for first in range(0, B, config.mini_batch_size):
             rows = order[first : first + config.mini_batch_size]
             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]
-            # (b, R)
-            logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()
+            logp = model.policy_logprobs(seq, attn, P,
+                                         temperature=config.temperature).float()  # (b, R)
             pg = policy_loss_fn(logp, batch.old_logprobs[rows], batch.advantages[rows],
                                 m, config.clip_eps)
             policy_opt.zero_grad()

@@ -63,8 +63,7 @@ def test_shared_model_fuses_by_default_and_keeps_the_base_bit_for_bit_when_asked
                             lora=LoRASpec(r=4, alpha=8))
     with torch.no_grad():  # LoRA B starts at 0: the policy's logits are the base's
         assert torch.equal(kept.policy_logits(ids, attn), expected)
-        # (N, V): the packed forward leaves pads at 0
-        got = fused.policy_logits(ids, attn)[attn.bool()]
+        got = fused.policy_logits(ids, attn)[attn.bool()]  # (N, V): the packed forward's pads are 0
     assert torch.allclose(got, expected[attn.bool()], atol=1e-5)
     # the swap did happen: float rounding differs somewhere
     assert not torch.equal(got, expected[attn.bool()])

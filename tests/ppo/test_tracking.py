@@ -170,8 +170,9 @@ def test_flat_config_gives_trackers_one_level_of_plain_values():
         "lora": {"target_modules": ["c_attn", "c_fc"]}, "target_kl": None, "whiten": True},
                                  "num_processes": 1})
     assert flat == {"profile/name": "tiny", "profile/sizes/d": 2, "num_processes": 1,
-                    "ppo_config/target_kl": None, "ppo_config/lora/target_modules": json.dumps(
-                        ["c_attn", "c_fc"]), "ppo_config/whiten": True}
+                    "ppo_config/target_kl": None,
+                    "ppo_config/lora/target_modules": json.dumps(["c_attn", "c_fc"]),
+                    "ppo_config/whiten": True}
 
 
 class FakeAccelerator:

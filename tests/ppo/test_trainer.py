@@ -339,8 +339,8 @@ def test_ptx_loss_reads_no_padding_position_and_is_the_same_packed_or_not(make_t
     ids, attn = enc["input_ids"], enc["attention_mask"]
     trainer.model.packed = False
     with torch.no_grad():
-        # (b, L - 1, V)
-        logp = torch.log_softmax(trainer.model.policy_logits(ids, attn)[:, :-1], dim=-1)
+        logits = trainer.model.policy_logits(ids, attn)[:, :-1]
+        logp = torch.log_softmax(logits, dim=-1)  # (b, L - 1, V)
     target = (attn[:, 1:] * attn[:, :-1]).bool()  # a real token after a real token
     by_hand = -logp.gather(-1, ids[:, 1:, None])[..., 0][target].mean()
     assert losses[0] == pytest.approx(float(by_hand), rel=1e-5)

@@ -321,8 +321,8 @@ def saved_activation_bytes(model: torch.nn.Module, backbone: torch.nn.Module, ro
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    # (rows, L)
-    ids = torch.randint(0, 50, (rows, seq_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 50, (rows, seq_len),
+                        generator=torch.Generator().manual_seed(0))  # (rows, L)
     attn = torch.ones(rows, seq_len, dtype=torch.long)  # (rows, L)
     attn[0, :2] = 0  # a left-padded row
     amp = torch.autocast("cpu",
@@ -389,8 +389,8 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
     P, R = profile.ppo.max_prompt_length, profile.ppo.max_new_tokens
 
     def response_logits(rows: int) -> torch.Tensor:
-        # (rows, P + R)
-        ids = torch.randint(2, 53, (rows, P + R), generator=torch.Generator().manual_seed(rows))
+        ids = torch.randint(2, 53, (rows, P + R),
+                            generator=torch.Generator().manual_seed(rows))  # (rows, P + R)
         with torch.no_grad():
             return shared.policy_logits(ids, torch.ones_like(ids))[:, P - 1 : -1]  # (rows, R, V)
 
@@ -402,8 +402,8 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
     assert phases["update"].logits == mb.numel() * (mb.element_size() + 4 * upcast)
     assert phases["rollout scoring"].logits == batch.numel() * (batch.element_size() + 2 * upcast)
 
-    # (B, P + R): a full-length rollout
-    ids = torch.randint(2, 53, (profile.ppo.rollout_batch_size, P + R))
+    B = profile.ppo.rollout_batch_size
+    ids = torch.randint(2, 53, (B, P + R))  # (B, P + R): a full-length rollout
     with torch.no_grad():
         cache = shared.lm(input_ids=ids, use_cache=True).past_key_values
     layers = [(layer.keys, layer.values) for layer in cache.layers]

@@ -107,9 +107,10 @@ DATA_DAMAGE = {
     "a folder": (lambda d: to_folder(d / "preferences_train.jsonl"),
                  "preferences_train.jsonl is a folder"),
     "missing": (lambda d: (d / "preferences_test.jsonl").unlink(), "data file not found"),
-    "repeated key": (lambda d: replace_with(
-        d / "preferences_train.jsonl", '{"prompt": "a", "chosen": " b", '
-        '"rejected": " c", "prompt": "d"}\n'), "the key 'prompt' appears twice"),
+    "repeated key": (lambda d: replace_with(d / "preferences_train.jsonl",
+                                            '{"prompt": "a", "chosen": " b", '
+                                            '"rejected": " c", "prompt": "d"}\n'),
+                     "the key 'prompt' appears twice"),
     "config not JSON": (lambda d: replace_with(d / "models/tiny-sft/config.json", "{"),
                         "config.json does not load"),
     "weights gone": (lambda d: (d / "models/tiny-sft/model.safetensors").unlink(),

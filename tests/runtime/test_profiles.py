@@ -60,8 +60,8 @@ def test_every_field_has_a_type_and_a_doc_comment():
         assert field.type, field.name
         i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"{field.name}:"))
         # the doc comment ends the field's line, or (a long one) stands on the lines above it
-        assert "#:" in lines[i] or lines[i - 1].strip().startswith(
-            "#:"), f"field {field.name} has no #: comment"
+        assert "#:" in lines[i] or lines[i - 1].strip().startswith("#:"), \
+            f"field {field.name} has no #: comment"
 
 
 def test_profiles_and_data_import_no_heavy_library():

@@ -178,10 +178,8 @@ def test_saved_adapters_reload_to_the_same_logprobs(pipeline, tmp_path):
     batch = trainer.last_batch
     before = trainer.model.policy_logprobs(batch.sequences, batch.attention_mask,
                                            batch.context_length).detach()
-    assert not torch.allclose(before,
-                              trainer.model.ref_logprobs(batch.sequences, batch.attention_mask,
-                                                         # PPO moved it
-                                                         batch.context_length))
+    ref = trainer.model.ref_logprobs(batch.sequences, batch.attention_mask, batch.context_length)
+    assert not torch.allclose(before, ref)  # PPO moved it
     save_model_weights(trainer.model, tmp_path / "weights")
     fresh, _ = build_shared_model(profile, profile.ppo, None)
     load_model_weights(fresh, tmp_path / "weights")

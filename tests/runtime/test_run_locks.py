@@ -165,7 +165,7 @@ def test_two_processes_building_one_cache_at_once_end_with_one_intact_cache(tmp_
     assert [p.name for p in final.parent.iterdir()] == [final.name]
 
 
-TRAIN = """
+TRAIN = ("""
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[4])
@@ -184,8 +184,9 @@ except FolderInUse as error:
     print(json.dumps({"refused": str(error)}), flush=True)
     sys.exit(2)
 print(json.dumps({"scores": [row["score"] for row in trainer.history]}), flush=True)
-sys.stdin.read()  # the lock stays held (the trainer is not closed) until the test has heard from both
 """
+         "sys.stdin.read()  # the lock stays held (the trainer is not closed) until the test has "
+         "heard from both\n")
 
 
 @pytest.mark.slow

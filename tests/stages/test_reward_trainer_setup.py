@@ -41,8 +41,8 @@ def test_the_defaults_would_differ_so_the_helper_matters(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         plain = trl.RewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
-    assert any(
-        checkpointing_fields(plain).values()), "RewardConfig no longer defaults checkpointing on"
+    assert any(checkpointing_fields(plain).values()), \
+        "RewardConfig no longer defaults checkpointing on"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

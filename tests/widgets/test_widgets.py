@@ -316,8 +316,8 @@ def test_clip_explorer_batch_histogram_and_clip_fraction(backend) -> None:
         explorer.set(advantage=adv)
         assert f"clipfrac {cut.mean():.1%}" in _status_text(explorer)
         assert f"approx_kl {np.mean(r - 1 - np.log(r)):.4f}" in _status_text(explorer)
-    assert widgets.ClipExplorer(backend=backend).view.figure.data[
-        clip_mod.HISTOGRAM].visible is False
+    figure = widgets.ClipExplorer(backend=backend).view.figure
+    assert figure.data[clip_mod.HISTOGRAM].visible is False
 
 
 CLIP_BAD_INPUT = [({"eps": 0.0}, "clip_eps"), ({"eps": -0.1}, "clip_eps"),

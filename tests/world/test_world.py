@@ -343,8 +343,8 @@ def test_the_builder_replaces_its_own_files_and_refuses_a_foreign_card_or_model(
     # its own files, same settings: no conflict
     build.main(["--out", str(out), "--fast", "--skip-model"])
     assert build.foreign_files(out, build.data_files(0, build.FAST_SIZES)[0], model=True) == []
+    # another seed writes other records: all five differ
     assert build.foreign_files(out, build.data_files(1, build.FAST_SIZES)[0], model=False) == [
-        # another seed writes other records: all five differ
         name for name in build.data_files(0)[0]]
     (out / "README.md").write_text("# My notes\n")
     (out / build.TINY_MODEL_SUBDIR).mkdir(parents=True)

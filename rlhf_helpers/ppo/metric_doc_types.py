@@ -1,0 +1,53 @@
+"""The frame of the metrics glossary: what an entry holds (`MetricDoc`), the glossary's sections
+(`GROUPS`) and the notation its formulas use (`NOTATION`, printed at the top of docs/metrics.md).
+
+`ppo.metric_docs.METRICS` holds the entries; the names here are imported from there too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """Everything the docs say about one metric."""
+
+    meaning: str  #: one line: what the number is (GLOSSARY's text, the plots' hover text)
+    formula: str  #: how it is computed, in plain text maths over the batch's real response tokens
+    healthy: str  #: what it looks like in a healthy tiny-profile run ("" for bookkeeping fields)
+    bad: str  #: what an unhealthy value means: which failure mode, and what to try ("" if nothing)
+    #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x
+    #: axis) and the per-minibatch rows
+    tracker: str = ""
+
+
+#: Sections of the glossary, in order: (title, what logs them).
+GROUPS: dict[str, str] = {
+    "rollout": "Rollouts: what the policy does (one number per PPO step, from the "
+               "experience batch)",
+    "update": "Updates: what the optimiser does (means over all epochs and minibatches of a step)",
+    "minibatch": "Per minibatch (`PPOTrainer.last_update_stats`, one row per optimiser step; not "
+                 "in metrics.jsonl)",
+    "eval": "Evaluation on held-out prompts (every `eval_every` steps; one fresh sample per "
+            "prompt, fixed seed)",
+    "timing": "Timing and bookkeeping",
+}
+
+#: Notation used in the formulas, printed at the top of docs/metrics.md (a backslash at the end of a
+#: line joins the next line to it: two lines of the page are longer than this file's).
+NOTATION = """\
+- `B` responses per batch, `t` a response token, `m_t` = 1 on real response tokens (up to and
+  including the first EOS), 0 on padding; "masked mean" = sum_t m_t x_t / sum_t m_t over the batch.
+- `pi` the policy, `pi_old` the policy that sampled the batch, `ref` the reference (base model with
+  every adapter disabled), `rho_t = pi(y_t) / pi_old(y_t)` the probability ratio, `eps` = clip_eps.
+- `s` the reward-model score of a whole response, `V_t` the critic's value before token t,
+  `A_t` the GAE advantage, `G_t = A_t + V_t` the return (GAE's lambda-return, the critic's target),
+  `beta` = kl_coef.
+- Healthy ranges come from one 60-step tiny-profile run (`python -m rlhf_helpers.stages.train_ppo \
+--profile
+  tiny --steps 60 --eval-every 10`, seed 0), "late" = steps 30-60; the failure examples from the \
+same
+  command with `--kl-coef 0 --steps 40` (no KL penalty) and `--kl-coef 0.05` (a weak one). Other
+  models and batch sizes move them.
+"""
