@@ -244,6 +244,11 @@ def spans(steps: Sequence[int]) -> str:
 def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], str]]:
     """rule -> (metrics it reads, when it fires under thresholds `t`), as docs/metrics.md lists."""
     t = t or Thresholds()
+    return {**_error_rule_docs(t), **_warning_rule_docs(t)}
+
+
+def _error_rule_docs(t: Thresholds) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The error rules' part of `rule_docs`."""
     n = t.sustain_steps
     return {
         "non_finite": ((),  # every metric
@@ -276,6 +281,13 @@ def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], s
                                    "not match their SHA-256 in its manifest.json (or are missing); "
                                    "the evidence names the newest intact checkpoint. A checkpoint "
                                    "saved without a manifest is read back, a note at most"),
+    }
+
+
+def _warning_rule_docs(t: Thresholds) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The warning and info rules' part of `rule_docs`."""
+    n = t.sustain_steps
+    return {
         "negative_kl": (("kl",),
                         f"warning: kl < 0 at {t.negative_kl_steps} steps in a row (by chance at "
                                  f"most 1/{2 ** t.negative_kl_steps} when the true KL is 0)"),

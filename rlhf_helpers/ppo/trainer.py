@@ -59,8 +59,10 @@ from rlhf_helpers.runtime.precision import needs_grad_scaler
 
 
 def check_trainer_arguments(config: PPOConfig, model: SharedLoRAModel, prompts: Sequence[str],
-                            ptx_texts: Sequence[str] | None, **pieces: Any) -> None:
-    """ValueError naming the argument a trainer cannot start with."""
+                            ptx_texts: Sequence[str] | None, accelerator: Any,
+                            **pieces: Any) -> None:
+    """ValueError naming the argument a trainer cannot start with (an `update_fn`: the settings it
+    cannot run under, `check_update_fn_settings`)."""
     if not isinstance(config, PPOConfig):
         raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
     if not prompts or not all(isinstance(p, str) for p in prompts):
@@ -73,6 +75,15 @@ def check_trainer_arguments(config: PPOConfig, model: SharedLoRAModel, prompts: 
         raise ValueError("ptx_texts must be given when config.ptx_coef > 0")
     for name, fn in pieces.items():
         check_piece(name, fn)
+    if pieces.get("update_fn") is not None:
+        check_update_fn_settings(config, model, accelerator)
+
+
+def kl_controller(config: PPOConfig) -> FixedKLController | AdaptiveKLController:
+    """beta's controller: fixed at config.kl_coef, or adaptive towards config.target_kl when set."""
+    if config.target_kl is None:
+        return FixedKLController(config.kl_coef)
+    return AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
 
 
 class PPOTrainer:
@@ -95,12 +106,10 @@ class PPOTrainer:
         value_loss_fn: ValueLossFn | None = None,
         update_fn: UpdateFn | None = None,  # runs under fewer settings: see `pieces.UpdateFn`
     ) -> None:
-        check_trainer_arguments(config, model, prompts, ptx_texts,
-                                shape_rewards_fn=shape_rewards_fn,
-                                advantage_fn=advantage_fn, policy_loss_fn=policy_loss_fn,
-                                value_loss_fn=value_loss_fn, update_fn=update_fn)
-        if update_fn is not None:
-            check_update_fn_settings(config, model, accelerator)
+        check_trainer_arguments(config, model, prompts, ptx_texts, accelerator,
+                                shape_rewards_fn=shape_rewards_fn, advantage_fn=advantage_fn,
+                                policy_loss_fn=policy_loss_fn, value_loss_fn=value_loss_fn,
+                                update_fn=update_fn)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -129,10 +138,7 @@ class PPOTrainer:
         self.value_opt = AdapterOptimizer("value", model.value_parameters(), config.value_lr,
                                           config.max_grad_norm, fp16,
                                           model.device.type, accelerator)
-        #: fixed beta, or the adaptive controller when config.target_kl is set
-        self.kl_controller = (FixedKLController(config.kl_coef) if config.target_kl is None
-                              else AdaptiveKLController(config.kl_coef, config.target_kl,
-                                                        config.kl_horizon))
+        self.kl_controller = kl_controller(config)  #: beta: fixed, or adaptive with target_kl
         self.step_count = 0  #: PPO iterations done so far
         self.history: list[dict[str, float]] = []  #: metrics of every iteration so far
         self.last_batch: Experience | None = None  #: the experience batch of the latest step

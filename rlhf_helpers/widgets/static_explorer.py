@@ -149,7 +149,14 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
                "layout": {key: snap["layout"].get(key, []) for key in moving}}
               for snap in snapshots]
 
-    layout = first["layout"]
+    layout = _with_sliders(first["layout"], sliders, values, active)
+    return {"kind": kind, "data": first["data"], "layout": layout, "states": states,
+            "traces": traces, "strides": strides, "controls": _plain(start), "labels": labels}
+
+
+def _with_sliders(layout: dict, sliders: tuple[SiteSlider, ...], values: list[list[float]],
+                  active: list[int]) -> dict:
+    """`layout` (changed in place) with one plotly slider per site slider above the curves."""
     layout.pop("width", None)  # follow the page's width
     margin = layout.setdefault("margin", {})
     # the sliders sit between the title and the curves, so the curve a slider moves stays in view
@@ -164,8 +171,7 @@ def static_explorer(kind: str, controls: dict[str, object], **options: object) -
          "pad": {"t": 4, "b": 4}, "currentvalue": {"prefix": s.label, "font": {"size": 14}},
          "steps": [{"label": f"{v:g}", "value": f"{v:g}", "method": "skip"} for v in vals]}
         for i, (s, vals, a) in enumerate(zip(sliders, values, active, strict=True))]
-    return {"kind": kind, "data": first["data"], "layout": layout, "states": states,
-            "traces": traces, "strides": strides, "controls": _plain(start), "labels": labels}
+    return layout
 
 
 def _listing(items: list[str]) -> str:
