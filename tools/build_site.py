@@ -448,7 +448,10 @@ def site_notebook(nb: dict, stem: str, alts: dict[str, str] | None = None) -> di
 
 def _explorer_html(state: dict, box: dict, outputs: list[dict], element_id: str) -> str:
     controls, ranges = explorer_controls(state, box)
-    kind = next(k for c, k in EXPLORER_BY_CONTROL.items() if c in controls)
+    kind = next((k for c, k in EXPLORER_BY_CONTROL.items() if c in controls), None)
+    if kind is None:
+        raise SystemExit(f"an explorer with controls {sorted(controls)} is not one the site knows: "
+                         "build/executed/ holds a notebook run by older code; delete it, rerun")
     options: dict[str, object] = {}
     if kind == "ClipExplorer":
         options["ratio_range"] = ranges["ratio"]

@@ -38,7 +38,7 @@ PACKAGE = ROOT / "rlhf_helpers"
 #: by name
 OPAQUE = {"_call_impl", "_wrapped_call_impl", "apply", "backward", "_engine_run_backward"}
 #: modules whose functions compute a forward or a decoding step: read by name
-MODEL_MODULES = {"ppo/shared_model.py", "ppo/shared_forwards.py", "ppo/packed_gpt2.py",
+MODEL_MODULES = {"ppo/shared_model.py", "ppo/packed_gpt2.py",
                  "ppo/fused_lora.py", "ppo/adapters.py", "ppo/value_head.py", "ppo/gpt2_decoder.py",
                  "ppo/fast_decoder.py"}
 
@@ -160,8 +160,8 @@ def walk_one_iteration(workdir: Path) -> Walk:
 
     sys.setprofile(hook)
     try:
-        main(["--steps", "1", "--eval-every", "0", "--reward-train-pairs", "16", "--no-progress",
-              "--output-dir", str(workdir / "run")])
+        main(["--profile", "tiny", "--steps", "1", "--eval-every", "0", "--reward-train-pairs",
+              "16", "--no-progress", "--output-dir", str(workdir / "run")])
     finally:
         sys.setprofile(None)
     if not walk.done:

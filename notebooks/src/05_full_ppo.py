@@ -66,6 +66,7 @@ from rlhf_helpers.core.printed import cell_formatter, format_number, wrap_printe
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import learner_pieces
+from rlhf_helpers.ppo import iteration
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.diagnosis import diagnose, mark_findings
 from rlhf_helpers.ppo.iteration import collect_experience
@@ -730,7 +731,8 @@ def check_ppo_update():
 
 
 exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
-               hidden=[PPOTrainer.update, rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
+               hidden=[PPOTrainer.update, iteration.update, iteration.minibatch_losses,
+                       rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
                        rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
 
 # %% [markdown]

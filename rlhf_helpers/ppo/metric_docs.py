@@ -289,7 +289,7 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
     # ------------------------------------------------------------------ timing
     "time_rollout": ("timing", _m("time/rollout",
         "seconds of the rollout phase: generate, score, reference and value passes, GAE",
-        "wall-clock seconds (time.perf_counter) of collect_experience",
+        "wall-clock seconds (time.perf_counter) of the rollout (`iteration.rollout`)",
         "0.35-1.7 s per step on one CPU thread (it grows with response_length and with the "
         "machine's load).",
         "growing much faster than response_length: the machine is busy, or generation lost its "

@@ -29,17 +29,18 @@ loss or bare rewards, or stats without some of the metrics, still gets every met
 library's function on the same inputs, without gradient, so the curves of a learner's loss and of
 the library's are read the same way.
 
-Every call of a piece is checked (`piece_checks`), and a piece that breaks its contract stops the
-step with a PieceError naming it and what it returned, before any optimiser steps: an error raised
-inside it, a tensor argument it changed in place (the trainer's own), a result of another type,
-shape, dtype or device, a loss that is not one number or carries no gradient. The library's update
-checks both losses of a minibatch before either adapter steps; an `update_fn` steps where it likes,
-so when it fails, is refused, or never steps the policy on a gradient, its weights and optimiser
-states are put back (`update_watch`). Its rows log the gradient norm each optimiser stepped on as
-`policy_grad_norm` / `value_grad_norm` (after the loop's own clip). Each piece works on copies of
-the trainer's tensors (the log-probs and values that carry the graph excepted), and `update_fn` on a
-copy of the batch and of the config, so no edit of theirs reaches the run's data; an `update_fn`
-that changes a frozen weight (the base, the reward model) is refused.
+Every call of a caller's piece is checked (`piece_checks`; the library's own are called as they are,
+`resolve_pieces`), and a piece that breaks its contract stops the step with a PieceError naming it
+and what it returned, before any optimiser steps: an error raised inside it, a tensor argument it
+changed in place (the trainer's own), a result of another type, shape, dtype or device, a loss that
+is not one number or carries no gradient. The library's update checks both losses of a minibatch
+before either adapter steps; an `update_fn` steps where it likes, so when it fails, is refused, or
+never steps the policy on a gradient, its weights and optimiser states are put back
+(`update_watch`). Its rows log the gradient norm each optimiser stepped on as `policy_grad_norm` /
+`value_grad_norm` (after the loop's own clip). Each caller's piece works on copies of the trainer's
+tensors (the log-probs and values that carry the graph excepted), and `update_fn` on a copy of the
+batch and of the config, so no edit of theirs reaches the run's data; an `update_fn` that changes a
+frozen weight (the base, the reward model) is refused.
 """
 
 from __future__ import annotations

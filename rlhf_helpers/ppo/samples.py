@@ -3,11 +3,11 @@
     samples = sample_responses(shared, tokenizer, prompts, max_prompt_length=16, max_new_tokens=40)
     scores = score_samples(shared, samples)       # (B,) the reward adapter's, or reward_fn's
 
-`experience.collect_experience` builds a rollout on these; evaluation, best-of-n and the notebooks
-sample with them too. `Samples` keeps the names the later batches use (`Experience`, `Minibatch`):
-sequences, attention_mask, context_length, mask; its `logprobs` become the experience's
-`old_logprobs` (old from the update's point of view: the policy that sampled, before this
-iteration's steps).
+`iteration.rollout` (and `iteration.collect_experience`) builds a rollout on these; evaluation,
+best-of-n and the notebooks sample with them too. `Samples` keeps the names the later batches use
+(`Experience`, `Minibatch`): sequences, attention_mask, context_length, mask; its `logprobs` become
+the experience's `old_logprobs` (old from the update's point of view: the policy that sampled,
+before this iteration's steps).
 """
 
 from __future__ import annotations

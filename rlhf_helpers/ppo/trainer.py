@@ -233,7 +233,7 @@ class PPOTrainer:
         the mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps
         the rows in `last_update_stats`."""
         if self.update_fn is None:
-            self.last_update_stats = update(self, batch, generator)
+            update(self, batch, generator)  # its rows go to last_update_stats as they are made
         else:  # the caller's loop; the run's policy loss, its stats recorded
             with self.guard():
                 self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn,
