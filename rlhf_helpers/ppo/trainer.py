@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.core.gae import compute_gae
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
-from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
+from rlhf_helpers.core.losses import lm_loss, policy_loss
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout_metrics
 from rlhf_helpers.ppo.guards import guard
@@ -118,11 +117,9 @@ class PPOTrainer:
         self.hidden_score_fn = hidden_score_fn
         self.ptx_texts = list(ptx_texts) if ptx_texts else []
         self.accelerator = accelerator
-        #: the maths of PPO as the caller gave them (`pieces`); None: the library's
-        self.shape_rewards_fn, self.advantage_fn = shape_rewards_fn, advantage_fn or compute_gae
-        self.policy_loss_fn, self.value_loss_fn = (policy_loss_fn or policy_loss,
-                                                   value_loss_fn or value_loss)
-        #: the same, as the iteration calls them: the library's as they are, a caller's checked
+        #: the policy loss an `update_fn` is handed (None given: the library's)
+        self.policy_loss_fn = policy_loss_fn or policy_loss
+        #: PPO's maths as the iteration calls them: the library's as they are, a caller's checked
         self.pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn,
                                      advantage_fn, policy_loss_fn, value_loss_fn)
         #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update`'s own
