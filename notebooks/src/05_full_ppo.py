@@ -1576,7 +1576,7 @@ for path in sorted(checkpoint.rglob("*")):
 
 # %% tags=["claim-check"]
 learner_fns = {arg: globals().get(exercise.partition("(")[2].rstrip(")")) for arg, exercise in YOUR_EXERCISES.items()}
-trained_by = [arg for arg, fn in learner_fns.items() if fn is not None and getattr(trainer, arg) is fn]
+trained_by = [arg for arg, fn in learner_fns.items() if fn is not None and trainer.own_pieces.get(arg) is fn]
 trained_names = [YOUR_EXERCISES[arg].partition("(")[2].rstrip(")") for arg in trained_by]
 check_claims({"section 4's line names the pieces that trained the run above":
               trained_by == list(pieces) and pieces_said[0].startswith(

@@ -48,7 +48,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -137,6 +137,8 @@ class Pieces:
     value_loss_name: str | None = None  #: the same for the value loss
     shaped_by: str = "shaped rewards"  #: what a NaN message calls the shaped rewards
     advantages_by: str = ""  #: appended to "advantages"/"returns" in a NaN message
+    #: the caller's own functions by the trainer's argument name, as given: what trains the run
+    given: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
@@ -157,7 +159,11 @@ def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: Sha
         value_loss_name=None if own_value else "value_loss_fn",
         shaped_by="shaped rewards" + ("" if shape_rewards_fn is None
                                       else " returned by shape_rewards_fn"),
-        advantages_by="" if own_gae else " returned by advantage_fn")
+        advantages_by="" if own_gae else " returned by advantage_fn",
+        given={name: fn for name, fn, own in (
+            ("shape_rewards_fn", shape_rewards_fn, shape_rewards_fn is None),
+            ("advantage_fn", advantage_fn, own_gae), ("policy_loss_fn", policy_loss_fn, own_policy),
+            ("value_loss_fn", value_loss_fn, own_value)) if not own})
 
 
 #: the stats of a policy loss that the trainer logs, and of a value loss

@@ -146,6 +146,13 @@ class PPOTrainer:
         #: the lock on config.output_dir, from `train` to `close`
         self.output_lock: FileLock | None = None
 
+    @property
+    def own_pieces(self) -> dict[str, Any]:
+        """The caller's own pieces by argument name, as given, the update loop included (the
+        library's left out): what trains this run besides the library."""
+        update = {"update_fn": self.update_fn} if self.update_fn is not None else {}
+        return {**self.pieces.given, **update}
+
     # ------------------------------------------------------------------ randomness
     def _step_seed(self) -> int:
         """Seed of this step's randomness: a function of (seed, step, process) only, so the same

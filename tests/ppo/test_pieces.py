@@ -253,3 +253,20 @@ def test_update_fn_results_are_checked(make_trainer, result, error, message):
     trainer = make_trainer(update_fn=lambda *args: result)
     with pytest.raises(error, match=message):
         trainer.step()
+
+
+def test_the_pieces_record_exactly_the_callers_own_functions(make_trainer):
+    def my_loss(logprobs, old_logprobs, advantages, mask, clip_eps):
+        return policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+
+    # the library's own function given by name is not the caller's: it runs unchecked
+    trainer = make_trainer(policy_loss_fn=my_loss, advantage_fn=compute_gae,
+                           value_loss_fn=value_loss)
+    assert dict(trainer.pieces.given) == {"policy_loss_fn": my_loss}
+    assert trainer.own_pieces == {"policy_loss_fn": my_loss}
+    assert make_trainer().own_pieces == {}
+
+    def my_update(model, batch, policy_opt, value_opt, config, generator, loss_fn):
+        return []
+
+    assert make_trainer(update_fn=my_update).own_pieces == {"update_fn": my_update}
