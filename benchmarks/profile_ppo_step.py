@@ -4,6 +4,7 @@
     python -m benchmarks.profile_ppo_step --cprofile 30  # + one update's top 30 functions, cProfile
     python -m benchmarks.profile_ppo_step --torch 25     # + the top 25 torch ops of one update
     python -m benchmarks.profile_ppo_step --device cuda  # bench_trl_baseline's GPU anchor (SmolLM2)
+    python -m benchmarks.profile_ppo_step --compile      # the packed forward under torch.compile
 
 One torch thread. On the CPU, times are process CPU seconds (`time.process_time`), steadier than
 wall time on a shared machine; on CUDA they are wall seconds after a device synchronize, with the
@@ -107,6 +108,32 @@ def breakdown(trainer: Any, steps: int) -> dict[str, float]:
     return out
 
 
+def compile_forwards(trainer: Any) -> None:
+    """Compile the packed forward the update and the scoring passes run (torch.compile with
+    dynamic shapes: the real-token count changes every minibatch), and print what the step that
+    compiles it costs."""
+    import torch
+    import torch._dynamo
+
+    import rlhf_helpers.ppo.shared_model as shared_model
+
+    if not trainer.model.packed:
+        raise SystemExit("--compile: this model does not run the packed GPT-2 forward (GPT-2 on "
+                         "the tiny profile's CPU path only), so there is nothing to compile")
+    shared_model.packed_hidden = torch.compile(shared_model.packed_hidden, dynamic=True)
+    cpu, wall = time.process_time(), time.perf_counter()
+    trainer.step()
+    print(f"the step that compiled: {time.process_time() - cpu:.1f} CPU s, "
+          f"{time.perf_counter() - wall:.1f} wall s")
+    trainer.step()  # a second step: a shape or mode the first did not meet compiles here
+    counters = torch._dynamo.utils.counters
+    gave_up = sum(n for why, n in counters["unimplemented"].items() if "recompile limit" in why)
+    # a frame over the recompile limit runs eagerly from then on: the timing would not be compiled
+    print(f"torch.compile: {counters['stats']['unique_graphs']} graphs; frames "
+          f"{counters['frames']['ok']} of {counters['frames']['total']} compiled; graph breaks "
+          f"{sum(counters['graph_break'].values())}; recompile limit hit {gave_up} times")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4,
@@ -118,6 +145,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--trace", default="",
                         help="write the torch.profiler trace (Chrome JSON) here")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the packed GPT-2 forward (torch.compile, dynamic shapes) "
+                             "after the warm-up, and time the step that compiles it")
     cli = parser.parse_args()
     import torch
 
@@ -125,6 +155,8 @@ def main() -> None:
     trainer = build_trainer(device=cli.device)
     for _ in range(2):
         trainer.step()
+    if cli.compile:
+        compile_forwards(trainer)
     if cli.cprofile:
         profiler = cProfile.Profile()
         profiler.enable()

@@ -110,7 +110,7 @@ class UpdateFn(Protocol):
     """A whole update loop of one iteration, in place of the library's (`iteration.update`). It runs
     on one process, with plain torch optimisers and no fp16 loss scaling, and without entropy bonus,
     ptx loss or value warm-up: a trainer given one refuses those settings by name
-    (`check_update_fn_settings`)."""
+    (`check_update_fn_settings`), and a `value_loss_fn` beside it, which would never run."""
 
     def __call__(self, model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
                  value_opt: torch.optim.Optimizer, config: Any, generator: torch.Generator,

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController
-from rlhf_helpers.core.losses import lm_loss, policy_loss
+from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout_metrics
 from rlhf_helpers.ppo.guards import guard
@@ -76,6 +76,9 @@ def check_trainer_arguments(config: PPOConfig, model: SharedLoRAModel, prompts: 
         check_piece(name, fn)
     if pieces.get("update_fn") is not None:
         check_update_fn_settings(config, model, accelerator)
+        if pieces.get("value_loss_fn") not in (None, value_loss):
+            raise ValueError("value_loss_fn would never run: an update_fn computes its own value "
+                             "loss. Leave one of them out")
 
 
 def kl_controller(config: PPOConfig) -> FixedKLController | AdaptiveKLController:

@@ -270,3 +270,16 @@ def test_the_pieces_record_exactly_the_callers_own_functions(make_trainer):
         return []
 
     assert make_trainer(update_fn=my_update).own_pieces == {"update_fn": my_update}
+    # a shaping function given, even the library's, runs checked and without the config's kl_kind
+    # and score_clip: it is the caller's
+    assert make_trainer(shape_rewards_fn=shape_rewards).own_pieces == {
+        "shape_rewards_fn": shape_rewards}
+
+
+def test_a_value_loss_beside_an_update_fn_is_refused_as_never_run(make_trainer):
+    def my_value_loss(values, old_values, returns, mask, value_clip):
+        return value_loss(values, old_values, returns, mask, value_clip)
+
+    with pytest.raises(ValueError, match="value_loss_fn would never run: an update_fn computes"):
+        make_trainer(update_fn=update_loop, value_loss_fn=my_value_loss)
+    make_trainer(update_fn=update_loop, value_loss_fn=value_loss)  # the library's: nothing lost
