@@ -136,8 +136,10 @@ def compile_forwards(trainer: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4,
-                        help="timed updates after 2 warm-up updates")
+    parser.add_argument("--steps", type=int, default=4, help="timed updates after the warm-up")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed updates first (--compile adds its own two: compare it with "
+                             "--warmup 4 without it, the same updates timed)")
     parser.add_argument("--cprofile", type=int, default=0,
                         help="print this many cProfile rows (0: off)")
     parser.add_argument("--torch", type=int, default=0,
@@ -153,7 +155,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     trainer = build_trainer(device=cli.device)
-    for _ in range(2):
+    for _ in range(cli.warmup):
         trainer.step()
     if cli.compile:
         compile_forwards(trainer)
