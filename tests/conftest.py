@@ -21,6 +21,9 @@ sys.path.extend(str(folder) for folder in TEST_FOLDERS if str(folder) not in sys
 # No test may reach the model hub (the gpu profile's weights "auto" would ask it): offline resolves
 # to "gguf"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# A contradicted teaching claim fails the notebook under the tests; in a learner's kernel it prints
+# a note and the notebook goes on (rlhf_helpers.course.claims). Kernels inherit this environment.
+os.environ.setdefault("RLHF_STRICT_CLAIMS", "1")
 
 #: The checkout's files when the run started (`run_folders.snapshot`)
 _CHECKOUT = pytest.StashKey[dict]()

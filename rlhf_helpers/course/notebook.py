@@ -101,9 +101,11 @@ def colab_badge(notebook: str) -> str:
 
 
 def colab_setup_source() -> str:
-    """Source of the set-up cell: a Colab form (its code hidden there) that clones the course and
-    runs `rlhf_helpers.course.colab_setup.install_course` from the clone; anywhere else it does
-    nothing.
+    """Source of the set-up cell: a Colab form (its code hidden there) with one drop-down, the
+    profile (`auto`: gpu where CUDA is present, else tiny). On Colab it clones the course, runs
+    `rlhf_helpers.course.colab_setup.install_course` from the clone, then
+    `rlhf_helpers.course.profile_choice.choose_profile`, which sets the profile and says what it
+    means for the text's numbers; anywhere else it does nothing ($RLHF_PROFILE chooses there).
 
     `install_course` uses the standard library only, so it can be imported from the clone before the
     course is installed. It keeps every package Colab ships at its version except COLAB_UPGRADES.
@@ -111,12 +113,14 @@ def colab_setup_source() -> str:
     upgrade = (", ".join(f'"{name}"' for name in COLAB_UPGRADES)
                + ("," if len(COLAB_UPGRADES) == 1 else ""))
     clone, ref, url = COLAB_CLONE_DIR, INSTALL_REF, repo_url()
-    # a backslash at the end of a line joins the next one to it: the cell's three long lines
+    # a backslash at the end of a line joins the next one to it: the cell's long lines
     return f"""\
 #@title Set up the course (Colab only; anywhere else this cell does nothing) \
 {{ display-mode: "form" }}
 import sys
 
+#@markdown **Profile**: auto is gpu where a GPU is attached, else tiny; the text's numbers are tiny's.
+PROFILE = "auto"  #@param ["auto", "tiny", "gpu"]
 if "google.colab" in sys.modules:  # clone the branch the badge opened; install it, \
 keeping Colab's packages
     import os
@@ -130,7 +134,10 @@ check=True)
     from rlhf_helpers.course.colab_setup import install_course  # standard library only
 
     for name, (old, new) in install_course(REPO, REF, CLONE, upgrade=({upgrade})).items():
-        print(f"{{name}}: {{old or 'not installed'}} -> {{new}}")"""
+        print(f"{{name}}: {{old or 'not installed'}} -> {{new}}")
+    from rlhf_helpers.course.profile_choice import choose_profile
+
+    choose_profile(PROFILE)"""
 
 
 def package_versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict[str, str]:

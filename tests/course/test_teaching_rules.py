@@ -22,7 +22,7 @@ import pytest
 from mistakes import load_mistakes
 from tool_scripts import load_tool
 
-from rlhf_helpers.course.claims import ClaimContradicted, check_claims
+from rlhf_helpers.course.claims import NOTE_HEAD, STRICT_ENV, ClaimContradicted, check_claims
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -119,6 +119,7 @@ def test_every_exercise_lists_wrong_answers_that_edit_its_solution(path: Path):
 def test_check_claims_passes_fails_and_skips_other_profiles(monkeypatch, capsys):
     monkeypatch.delenv("RLHF_PROFILE", raising=False)
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setenv(STRICT_ENV, "1")
     check_claims({"one is less than two": 1 < 2})
     assert "holds (1 checked)" in capsys.readouterr().out
     with pytest.raises(ClaimContradicted, match="two is less than one"):
@@ -132,6 +133,84 @@ def test_check_claims_passes_fails_and_skips_other_profiles(monkeypatch, capsys)
     assert "Not checked" in capsys.readouterr().out
     with pytest.raises(ClaimContradicted):
         check_claims({"two is less than one": 2 < 1}, any_profile=True)
+
+
+def test_outside_the_tests_a_contradicted_claim_prints_a_note_with_this_run_s_numbers(
+        monkeypatch, capsys):
+    """A learner's kernel: no exception; the note says what the text says, what this run measured
+    (both sides of the comparison, evaluated again from this function's source) and that runs
+    differ between machines."""
+    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setenv(STRICT_ENV, "0")
+    rise = 0.83
+    check_claims({"the score rises by over 1": rise > 1.0, "it is positive": rise > 0})
+    out, err = capsys.readouterr()
+    assert "1 of 2 claims of the text above hold" in out
+    assert err.startswith(NOTE_HEAD)
+    assert "The text says: the score rises by over 1" in err and "it is positive" not in err
+    assert "rise > 1.0  ->  0.83 > 1" in err
+    assert "differs between CPUs" in NOTE_HEAD
+
+
+def test_claim_measures_read_each_side_and_the_deciding_margin(monkeypatch, tmp_path):
+    """The log's margins against hand-computed ones: a chain keeps its tighter pair, `and` the
+    smaller relative slack, `or` the larger; an equality has sides but no slack; a 0-d tensor is a
+    number."""
+    import json
+
+    import torch
+
+    log = tmp_path / "claims.jsonl"
+    monkeypatch.setenv("RLHF_CLAIM_LOG", str(log))
+    monkeypatch.setenv("RLHF_CLAIM_NOTEBOOK", "toy")
+    gap, kl, count = 1.1, torch.tensor([1e-7, -2e-6]), 2
+    check_claims({"gap in band": 0.8 < gap < 1.4,
+                  "kl tiny and gap big": bool(kl.abs().max() < 1e-4) and gap > 1.0,
+                  "either": gap > 5 or gap > 1.0,
+                  "two of them": count == 2}, any_profile=True)
+    rows = {r["claim"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert {r["notebook"] for r in rows.values()} == {"toy"}
+    band = rows["gap in band"]
+    assert [s["text"] for s in band["sides"]] == ["0.8 < gap", "gap < 1.4"]
+    assert band["slack"] == pytest.approx(0.3) and band["relative"] == pytest.approx(0.3 / 1.4)
+    both = rows["kl tiny and gap big"]
+    assert both["sides"][0]["left"] == pytest.approx(2e-6)
+    # relative slacks: (1e-4 - 2e-6) / 1e-4 = 0.98 and (1.1 - 1) / 1.1 = 0.0909: the second decides
+    assert both["relative"] == pytest.approx(0.1 / 1.1) and both["slack"] == pytest.approx(0.1)
+    assert rows["either"]["relative"] == pytest.approx(0.1 / 1.1)  # the larger of -0.78 and 0.09
+    two = rows["two of them"]
+    assert two["slack"] is None and two["sides"][0]["left"] == 2.0 and two["holds"] is True
+
+
+def test_a_contradicted_claim_in_a_learner_s_notebook_prints_its_note_and_the_next_cell_runs(
+        tmp_path, monkeypatch):
+    """The notebook as a learner runs it (RLHF_STRICT_CLAIMS unset in the kernel): the check cell
+    prints the note on stderr and the cell after it runs; under the tests' setting the same cell
+    stops the notebook."""
+    from nbclient.exceptions import CellExecutionError
+
+    from rlhf_helpers.course.run_course import execute_notebook
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from rlhf_helpers.course.claims import check_claims\n"
+                                  "rise = 0.4"),
+        nbformat.v4.new_code_cell('check_claims({"the score rises by over 1": rise > 1.0})'),
+        nbformat.v4.new_code_cell('print("the next cell ran")')])
+    path = tmp_path / "claims.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv(STRICT_ENV)
+    ran = execute_notebook(path, timeout=120)
+    streams = [(o["name"], o["text"]) for cell in ran.cells[1:] for o in cell.outputs
+               if o["output_type"] == "stream"]
+    assert ("stderr", NOTE_HEAD) in [(name, text[:len(NOTE_HEAD)]) for name, text in streams]
+    assert "rise > 1.0  ->  0.4 > 1" in "".join(text for _, text in streams)
+    assert ("stdout", "the next cell ran\n") in streams
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(CellExecutionError, match="ClaimContradicted"):
+        execute_notebook(path, timeout=120)
 
 
 def test_rules_catch_what_they_forbid():

@@ -4,6 +4,7 @@ generated ones match their sources in notebooks/src/."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from tool_scripts import load_tool
 
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source
+from rlhf_helpers.course.profile_choice import MEANING
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -116,12 +118,14 @@ def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
         builder.read_cells(text, "a.ipynb")
 
 
-def test_setup_cell_does_nothing_outside_colab():
+def test_setup_cell_does_nothing_outside_colab(monkeypatch):
+    monkeypatch.delenv("RLHF_PROFILE", raising=False)
     namespace: dict = {}
     modules_before = set(sys.modules)
-    exec(colab_setup_source(), namespace)  # must not clone or pip install here
+    exec(colab_setup_source(), namespace)  # must not clone, pip install or pick a profile here
     assert "install_course" not in namespace and "REPO" not in namespace
     assert "subprocess" not in set(sys.modules) - modules_before
+    assert "RLHF_PROFILE" not in os.environ
 
 
 def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_ref(
@@ -144,7 +148,9 @@ def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_
     source = colab_setup_source()
     lines = source.splitlines()
     assert lines[0].startswith("#@title ") and '{ display-mode: "form" }' in lines[0]
-    assert len([line for line in lines if line.strip()]) <= 12, source
+    assert len([line for line in lines if line.strip()]) <= 16, source
+    # the form's one drop-down, auto first (Colab shows the assigned value as the default)
+    assert 'PROFILE = "auto"  #@param ["auto", "tiny", "gpu"]' in lines
     assert INSTALL_REF == BADGE_REF and "--upgrade" not in source
     calls = []
 
@@ -157,10 +163,39 @@ def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_
     monkeypatch.setattr(colab_setup, "install_course", fake_install)
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a GPU runtime: auto is gpu
     exec(source.replace(COLAB_CLONE_DIR, str(clone)), {})
     assert calls == [(repo_url(), BADGE_REF, str(clone), tuple(COLAB_UPGRADES))]
     assert sys.path[0] == str(clone)
-    assert capsys.readouterr().out == "datasets: 4.0.0 -> 5.2.0\n"
+    assert os.environ["RLHF_PROFILE"] == "gpu"
+    assert capsys.readouterr().out == "datasets: 4.0.0 -> 5.2.0\n" + MEANING["gpu"] + "\n"
+
+
+@pytest.mark.parametrize("choice, cuda, expected", [
+    ("auto", True, "gpu"), ("auto", False, "tiny"), ("tiny", True, "tiny"), ("gpu", False, "gpu")])
+def test_the_profile_choice_sets_the_profile_and_says_what_it_means(choice, cuda, expected,
+                                                                     monkeypatch, capsys):
+    from rlhf_helpers.course.profile_choice import choose_profile
+    from rlhf_helpers.runtime.profiles import resolve_profile_name
+
+    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
+    assert choose_profile(choice) == expected == os.environ["RLHF_PROFILE"]
+    assert resolve_profile_name(None) == expected
+    assert capsys.readouterr().out == MEANING[expected] + "\n"
+
+
+def test_the_profile_choice_keeps_a_profile_already_set_and_refuses_an_unknown_one(monkeypatch,
+                                                                                 capsys):
+    from rlhf_helpers.course.profile_choice import choose_profile
+
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert choose_profile("auto") == "tiny" == os.environ["RLHF_PROFILE"]
+    assert "already set" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"choice must be one of \('auto', 'tiny', 'gpu'\)"):
+        choose_profile("cpu")
 
 
 def test_show_environment_prints_versions_profile_and_device(capsys, monkeypatch):
