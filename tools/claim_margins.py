@@ -2,7 +2,7 @@
 and by how much?
 
 Usage:
-    python tools/claim_margins.py --out build/claim-margins            # every variant, every notebook
+    python tools/claim_margins.py --out build/claim-margins    # every variant, every notebook
     python tools/claim_margins.py --out DIR --variants native,aten-default 05 06
     python tools/claim_margins.py --out DIR --report-only --write-doc   # docs/claim_margins.md
 
@@ -107,11 +107,19 @@ def load_results(out: Path) -> dict[str, list[dict]]:
     return results
 
 
+def _spread(row: dict) -> float | None:
+    """How far the claim's slack moves between variants (max - min); None without a slack."""
+    slacks = [v["slack"] for v in row["variants"].values() if v["slack"] is not None]
+    return max(slacks) - min(slacks) if slacks else None
+
+
 def claim_table(results: dict[str, list[dict]]) -> list[dict]:
-    """One row per claim checked on the shipped run: notebook, claim, and per variant its relative
-    margin (None: no ordering comparison) and whether it held; sorted with claims that fail
-    somewhere first, then by the smallest margin."""
-    rows: dict[tuple[str, int, str], dict] = {}
+    """One row per claim checked on the shipped run: notebook, claim, and per variant whether it
+    held, its slack and relative margin (None: no ordering comparison). Sorted: claims that fail
+    (or did not run) somewhere first; then those whose numbers move between variants (a training
+    run's), smallest relative margin first; then those the variants leave unchanged (a formula, a
+    recorded file), smallest first."""
+    rows: dict[tuple[str, str], dict] = {}
     for variant, logged in results.items():
         for entry in logged:
             if not entry["checked"]:
@@ -120,13 +128,14 @@ def claim_table(results: dict[str, list[dict]]) -> list[dict]:
             row = rows.setdefault(key, {"notebook": entry["notebook"], "claim": entry["claim"],
                                         "variants": {}})
             row["variants"][variant] = {"holds": entry["holds"], "relative": entry["relative"],
-                                        "sides": entry["sides"]}
+                                        "slack": entry["slack"]}
 
     def order(row: dict) -> tuple:
         held = [v["holds"] for v in row["variants"].values()]
         margins = [v["relative"] for v in row["variants"].values() if v["relative"] is not None]
-        return (all(held) and len(held) == len(results), min(margins, default=float("inf")),
-                row["notebook"], row["claim"])
+        moves = bool(_spread(row))
+        return (all(held) and len(held) == len(results), not moves,
+                min(margins, default=float("inf")), row["notebook"], row["claim"])
 
     return sorted(rows.values(), key=order)
 
@@ -140,20 +149,36 @@ def _cell(value: dict | None) -> str:
     return f"{mark}{value['relative']:+.3f}"
 
 
+def _spread_cells(row: dict) -> str:
+    """'smallest slack | its spread | slack / spread' (the last: how many times the variants'
+    spread the claim's margin is; "-" where the variants leave it unchanged)."""
+    spread = _spread(row)
+    slacks = [v["slack"] for v in row["variants"].values() if v["slack"] is not None]
+    if spread is None:
+        return "- | - | -"
+    least = min(slacks)
+    ratio = f"{least / spread:.1f}" if spread > 0 else "-"
+    return f"{least:+.3g} | {spread:.3g} | {ratio}"
+
+
 def report(results: dict[str, list[dict]], times: dict[str, dict[str, float]]) -> str:
     """The Markdown table: claims x variants, failing claims first, then the smallest margins."""
     variants = list(results)
     rows = claim_table(results)
     failing = [r for r in rows if not all(r["variants"].get(v, {}).get("holds") for v in variants)]
-    lines = [f"Variants: {', '.join(variants)}. Claims checked on the shipped run: {len(rows)}; "
-             f"failing in at least one variant: {len(failing)}.", "",
-             "| notebook | claim | " + " | ".join(variants) + " |",
-             "|---|---|" + "---|" * len(variants)]
+    moving = [r for r in rows if _spread(r)]
+    lines = [f"Variants: {', '.join(variants)}. Claims checked on the shipped run: {len(rows)}, "
+             f"of which {len(moving)} have numbers that move between variants; failing in at least "
+             f"one variant: {len(failing)}.", "",
+             "| nb | claim | " + " | ".join(variants) + " | least slack | spread | ratio |",
+             "|---|---|" + "---|" * (len(variants) + 3)]
     for row in rows:
         claim = row["claim"].replace("|", "\\|")
         lines.append(f"| {row['notebook'][:2]} | {claim} | "
-                     + " | ".join(_cell(row["variants"].get(v)) for v in variants) + " |")
-    lines += ["", "Seconds per notebook (negative: it failed):", "",
+                     + " | ".join(_cell(row["variants"].get(v)) for v in variants)
+                     + f" | {_spread_cells(row)} |")
+    lines += ["", "Seconds per notebook (negative: it failed; two variants ran at a time, so "
+              "compare times only within a column pair that ran together):", "",
               "| notebook | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     names = sorted({n for t in times.values() for n in t})
     for name in names:

@@ -1037,18 +1037,25 @@ gap_summary = samples_table.groupby("model", sort=False).agg(
 display(gap_summary.style.format(cell_formatter(".2f")))
 
 # %% [markdown]
-# Here the policy's largest gap is a review of the **wrong genre** (its genre term is negative): it keeps
-# the praise and detail the reward model pays for, while the hidden scorer subtracts for every word that
-# contradicts the prompt's genre, and few preference pairs contrast a right genre with a wrong one (the
-# count is printed). The line above also gives the SFT model's gap on the same prompt: the reward
-# model's blind spot is there before PPO, and the SFT model can land in it too. How often the policy
-# lands in such spots after training is a question six prompts cannot answer. The best-of-$n$ deep dive compares held-out means over the whole evaluation set,
-# and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of the training
-# batches parting as PPO pushes into the reward model's errors.
+# The policy's largest gap is large, more than a point and a half: the reward model scores this answer
+# far above the hidden scorer. Read its terms: it keeps the praise and the detail the reward model pays
+# for (its sentiment and specificity terms are positive), and loses on a term the reward model checks
+# poorly: a sentence outside the world's grammar (fluency), a repeated phrase (repetition), or words
+# that contradict the prompt's genre (genre; few preference pairs contrast a right genre with a wrong
+# one, as the count shows). Which of these it is depends on the sample, and the sample depends on your
+# machine: CPUs round differently, and a training run carries the difference to other texts. The line
+# above also gives the SFT model's gap on the same prompt: the reward model's blind spot is there before
+# PPO, and the SFT model can land in it too. How often the policy lands in such spots after training is
+# a question six prompts cannot answer. The best-of-$n$ deep dive compares held-out means over the whole
+# evaluation set, and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of
+# the training batches parting as PPO pushes into the reward model's errors.
 
 # %% tags=["claim-check"]
+gap_terms = {name: getattr(terms, name) for name in ("fluency", "repetition", "genre")}
 check_claims({
-    "the policy's largest gap is a wrong-genre sample": bool(gap_row["genre term"] < 0),
+    "the policy's largest gap is more than 1.5": bool(gap_row["gap"] > 1.5),
+    "its sentiment and specificity terms are positive": terms.sentiment > 0 and terms.specificity > 0,
+    "it loses on fluency, repetition or genre": min(gap_terms.values()) < 0,
 })
 
 # %% [markdown]

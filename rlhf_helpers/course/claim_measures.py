@@ -143,7 +143,8 @@ def _claim_expressions(frame: FrameType) -> dict[str, ast.expr]:
                 and call.func.id == "check_claims" and call.args
                 and isinstance(call.args[0], ast.Dict)
                 and call.lineno <= line <= (call.end_lineno or call.lineno)):
-            return {key.value: value for key, value in zip(call.args[0].keys, call.args[0].values)
+            return {key.value: value for key, value in zip(call.args[0].keys, call.args[0].values,
+                                                           strict=True)
                     if isinstance(key, ast.Constant) and isinstance(key.value, str)}
     return {}
 

@@ -18,7 +18,8 @@ CHOICES = ("auto", "tiny", "gpu")
 MEANING = {
     "tiny": ("Profile tiny: the course's tiny model on the CPU (an attached GPU stays idle), the "
              "whole course in minutes. The numbers the text states are this profile's; your run "
-             "checks each claim and prints a note where your machine's rounding took another path."),
+             "checks each claim and prints a note where your machine's rounding took another "
+             "path."),
     "gpu": ("Profile gpu: SmolLM2-135M on the GPU, fine-tuned on the course's corpus first (a few "
             "minutes), in bf16, or fp16 on a T4. The numbers the text states are the tiny "
             "profile's: yours differ, the claim cells say they checked nothing, and the figures "
