@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlhf_helpers.course.claims import LOG_ENV, NOTEBOOK_ENV, STRICT_ENV  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
 
 #: Numeric variants: the environment each sets before torch loads. `native` is the machine as it
@@ -80,9 +81,9 @@ def run_variant(name: str, env_changes: dict[str, str], notebooks: list[Path], o
                     if json.loads(line)["notebook"] != path.stem]
             log.write_text("".join(line + "\n" for line in kept))
         env = {**os.environ, **env_changes,
-               "RLHF_CLAIM_LOG": str(log), "RLHF_CLAIM_NOTEBOOK": path.stem,
+               LOG_ENV: str(log), NOTEBOOK_ENV: path.stem,
                "RLHF_RUNS_DIR": str(folder / "runs"), "RLHF_CACHE_DIR": str(folder / "cache"),
-               "RLHF_STRICT_CLAIMS": "0", "TQDM_DISABLE": "1"}
+               STRICT_ENV: "0", "TQDM_DISABLE": "1"}
         for key in ("RLHF_PROFILE_OVERRIDES", "RLHF_PROFILE"):
             env.pop(key, None)
         start = time.perf_counter()

@@ -680,9 +680,9 @@ print(f"training {unit} per batch of {config.samples_per_batch}: "
 #   (about 1.9). RLOO matches best-of-16's hidden score within one standard error; GRPO lies more than
 #   one below it, with more KL: pure selection from the SFT model does at least as well. PPO lies within
 #   two standard errors of it, with more KL: not a win at equal KL.
-# - **Cost:** PPO takes more than 1.5 times the CPU seconds per batch of each group method, and trains
-#   twice their parameters plus the value head (98,433 against 49,152). Peak memory is not claimed: it
-#   varies from run to run.
+# - **Cost:** PPO takes more than 1.2 times the CPU seconds per batch of each group method (how much more
+#   depends on the CPU and on what else it runs), and trains twice their parameters plus the value head
+#   (98,433 against 49,152). Peak memory is not claimed: it varies from run to run.
 
 # %% tags=["claim-check"]
 final = {m: runs[m].final["eval_hidden_score"] for m in runs}
@@ -701,7 +701,7 @@ check_claims({
     "RLOO matches best-of-16 within one SE": abs(gain["rloo"]) < 1,
     "GRPO lies more than one SE below it": gain["grpo"] < -1,
     "PPO lies within two SE of it": abs(gain["ppo"]) < 2,
-    "PPO takes more than 1.5 times the CPU seconds per batch": per_batch["ppo"] > 1.5 * max(per_batch["grpo"],
+    "PPO takes more than 1.2 times the CPU seconds per batch": per_batch["ppo"] > 1.2 * max(per_batch["grpo"],
                                                                                              per_batch["rloo"]),
     "PPO trains 98,433 parameters, the group methods 49,152":
         runs["ppo"].trainable_parameters == 98_433 and runs["grpo"].trainable_parameters == 49_152

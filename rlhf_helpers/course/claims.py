@@ -38,8 +38,10 @@ SHIPPED_PROFILE = "tiny"
 #: set to "1" (the tests do): a contradicted claim raises instead of printing a note
 STRICT_ENV = "RLHF_STRICT_CLAIMS"
 #: a file path: each claim checked appends one JSON line there (a Measure, with the notebook's
-#: $RLHF_CLAIM_NOTEBOOK name when set)
+#: name from NOTEBOOK_ENV when set)
 LOG_ENV = "RLHF_CLAIM_LOG"
+#: the notebook's name, for the log's lines (tools/claim_margins.py sets it per notebook)
+NOTEBOOK_ENV = "RLHF_CLAIM_NOTEBOOK"
 #: what a learner reads when a claim does not hold on their run
 NOTE_HEAD = ("Note: this run does not bear out a claim of the text above. Floating-point rounding "
              "differs between CPUs (Intel or AMD, AVX2 or AVX-512) and between library versions, "
@@ -90,7 +92,7 @@ def _log(measures: list[Measure], checked: bool) -> None:
     path = os.environ.get(LOG_ENV)
     if not path:
         return
-    notebook = os.environ.get("RLHF_CLAIM_NOTEBOOK", "")
+    notebook = os.environ.get(NOTEBOOK_ENV, "")
     with Path(path).open("a", encoding="utf-8") as log:
         for number, measure in enumerate(measures):
             row = {"notebook": notebook, "index": number, "checked": checked,
@@ -123,9 +125,10 @@ def check_claims(claims: Mapping[str, object], *, any_profile: bool = False) -> 
     if not wrong:
         print(f"Checked on this run: every claim of the text above holds ({len(values)} checked).")
         return
-    if strict():
-        raise ClaimContradicted("this run contradicts the text above: " + "; ".join(wrong))
     notes = [_describe(m) for m in measures if not m.holds]
+    if strict():
+        raise ClaimContradicted("this run contradicts the text above: " + "; ".join(wrong) + "\n"
+                                + "\n".join(notes))
     print("\n".join([NOTE_HEAD, *notes]), file=sys.stderr)
     held = len(values) - len(wrong)
     print(f"Checked on this run: {held} of {len(values)} claims of the text above hold.")
