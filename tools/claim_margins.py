@@ -11,7 +11,7 @@ training run is chaotic, so a difference in the last bit grows into another traj
 machine is one of these roundings. This tool makes other roundings on the machine it runs on, by
 the switches that pick torch's and its libraries' kernels, set before torch loads (VARIANTS), and
 runs the shipped notebooks (tiny profile) under each: each variant in its own runs and cache folder,
-so it trains its own SFT model and reward model too, as another machine would.
+so it trains its own reward model too, as another machine would (the tiny SFT model is shipped).
 
 Each claim checked appends its measured sides and margin to a log ($RLHF_CLAIM_LOG, read by
 rlhf_helpers.course.claims); the notebooks run with claims not strict, so a contradicted claim is
@@ -194,8 +194,8 @@ Made by `python tools/claim_margins.py --out build/claim-margins --write-doc` (i
 how). Each cell is a claim's relative margin in one variant: the slack of the comparison that
 decides it, divided by the larger of that comparison's two sides; positive where it holds. "holds"
 marks a claim with no ordering comparison (a count, a name, an equality) that held. A claim that
-fails in any variant is listed first and marked FAILS. The machine, its date and what was found are
-in the paragraph below the table's heading.
+fails in any variant is listed first and marked FAILS. The machine, its date and what was found come
+first (the tool's --doc-note), then the table.
 
 """
 
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, times)
     print(text)
     if args.write_doc:
-        DOC.write_text(DOC_HEAD + (args.doc_note.strip() + "\n\n" if args.doc_note else "") + text)
+        note = args.doc_note.strip() + "\n\n" if args.doc_note else ""
+        DOC.write_text(DOC_HEAD + note + "## Every claim, every variant\n\n" + text)
     failing = [r for r in claim_table(results)
                if not all(r["variants"].get(v, {}).get("holds") for v in results)]
     return 1 if failing else 0

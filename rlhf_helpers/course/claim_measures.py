@@ -15,7 +15,9 @@ The slack is signed: positive where the comparison holds, negative by how much i
 relative size divides it by the larger of that comparison's two sides (1e-12 at least), so that a
 claim about a KL of 1e-7 and one about a score of 3 share a scale; an `and` keeps the comparison
 with the smallest relative slack, an `or` the largest. `==`, `!=`, `in` and a bare bool have no
-slack (None); their sides are still recorded.
+slack (None); their sides are still recorded. A claim that mixes them (or a part written another
+way, such as pandas' `between(...).all()`) with ordering comparisons takes its margin from the
+ordering comparisons alone: the other parts are checked for holding, not measured.
 """
 
 from __future__ import annotations
