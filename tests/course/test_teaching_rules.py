@@ -200,6 +200,7 @@ def test_a_contradicted_claim_in_a_learner_s_notebook_prints_its_note_and_the_ne
     path = tmp_path / "claims.ipynb"
     nbformat.write(nb, path)
     monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.delenv(STRICT_ENV)
     ran = execute_notebook(path, timeout=120)

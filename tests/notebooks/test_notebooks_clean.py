@@ -119,7 +119,8 @@ def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
 
 
 def test_setup_cell_does_nothing_outside_colab(monkeypatch):
-    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it
+    monkeypatch.delenv("RLHF_PROFILE")
     namespace: dict = {}
     modules_before = set(sys.modules)
     exec(colab_setup_source(), namespace)  # must not clone, pip install or pick a profile here
@@ -163,7 +164,8 @@ def test_setup_cell_is_a_short_colab_form_calling_install_course_with_the_badge_
     monkeypatch.setattr(colab_setup, "install_course", fake_install)
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it
+    monkeypatch.delenv("RLHF_PROFILE")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a GPU runtime: auto is gpu
     exec(source.replace(COLAB_CLONE_DIR, str(clone)), {})
     assert calls == [(repo_url(), BADGE_REF, str(clone), tuple(COLAB_UPGRADES))]
@@ -179,7 +181,8 @@ def test_the_profile_choice_sets_the_profile_and_says_what_it_means(choice, cuda
     from rlhf_helpers.course.profile_choice import choose_profile
     from rlhf_helpers.runtime.profiles import resolve_profile_name
 
-    monkeypatch.delenv("RLHF_PROFILE", raising=False)
+    monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it
+    monkeypatch.delenv("RLHF_PROFILE")
     monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
     assert choose_profile(choice) == expected == os.environ["RLHF_PROFILE"]
     assert resolve_profile_name(None) == expected
