@@ -119,7 +119,7 @@ def colab_setup_source() -> str:
 {{ display-mode: "form" }}
 import sys
 
-#@markdown **Profile**: auto is gpu where a GPU is attached, else tiny (the text's numbers).
+#@markdown **Profile**: auto is gpu with a GPU attached, else tiny (the text states its numbers).
 PROFILE = "auto"  #@param ["auto", "tiny", "gpu"]
 if "google.colab" in sys.modules:  # clone the branch the badge opened; install it, \
 keeping Colab's packages
