@@ -848,8 +848,8 @@ print(f"time per step {np.mean([h['time_step'] for h in history]):.1f} s")
 #
 # On the shipped seed, from the first five steps to the last five (the table above has your run's
 # numbers, which differ a little from machine to machine): the learned score rises by more than 1, and
-# the hidden score by more than 0.3; the KL grows from under 1 nat to over 1.5; the clip fraction stays
-# under 10%; and the explained variance rises by more than 0.1.
+# the hidden score by more than 0.3; the KL grows from under 1 nat to over 1.5; the clip fraction's
+# five-step means stay under 10%; and the explained variance rises by more than 0.1.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -1039,16 +1039,17 @@ display(gap_summary.style.format(cell_formatter(".2f")))
 # %% [markdown]
 # The policy's largest gap is large, more than a point and a half: the reward model scores this answer
 # far above the hidden scorer. Read its terms: it keeps the praise and the detail the reward model pays
-# for (its sentiment and specificity terms are positive), and loses on a term the reward model checks
-# poorly: a sentence outside the world's grammar (fluency), a repeated phrase (repetition), or words
-# that contradict the prompt's genre (genre; few preference pairs contrast a right genre with a wrong
-# one, as the count shows). Which of these it is depends on the sample, and the sample depends on your
-# machine: CPUs round differently, and a training run carries the difference to other texts. The line
-# above also gives the SFT model's gap on the same prompt: the reward model's blind spot is there before
-# PPO, and the SFT model can land in it too. How often the policy lands in such spots after training is
-# a question six prompts cannot answer. The best-of-$n$ deep dive compares held-out means over the whole
-# evaluation set, and notebook 06 (c) removes the KL penalty to show the learned and the hidden score of
-# the training batches parting as PPO pushes into the reward model's errors.
+# for (its sentiment and specificity terms are positive), and loses on another term of the hidden score:
+# a sentence outside the world's grammar (fluency), a repeated phrase (repetition), or words that
+# contradict the prompt's genre (genre; few preference pairs contrast a right genre with a wrong one, as
+# the count shows). Which of these it is depends on the sample, and the sample depends on your machine:
+# CPUs round differently, and a training run carries the difference to other texts. The first printed
+# line also gives the SFT model's gap on the same prompt: where it is large too, the reward model's error
+# was there before PPO, which can only lean on it. How often
+# the policy lands in such spots after training is a question six prompts cannot answer. The best-of-$n$
+# deep dive compares held-out means over the whole evaluation set, and notebook 06 (c) removes the KL
+# penalty to show the learned and the hidden score of the training batches parting as PPO pushes into the
+# reward model's errors.
 
 # %% tags=["claim-check"]
 gap_terms = {name: getattr(terms, name) for name in ("fluency", "repetition", "genre")}
