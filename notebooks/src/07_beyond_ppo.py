@@ -680,9 +680,9 @@ print(f"training {unit} per batch of {config.samples_per_batch}: "
 #   (about 1.9). RLOO matches best-of-16's hidden score within one standard error; GRPO lies more than
 #   one below it, with more KL: pure selection from the SFT model does at least as well. PPO lies within
 #   two standard errors of it, with more KL: not a win at equal KL.
-# - **Cost:** PPO takes more than 1.2 times the CPU seconds per batch of each group method (how much more
-#   depends on the CPU and on what else it runs), and trains twice their parameters plus the value head
-#   (98,433 against 49,152). Peak memory is not claimed: it varies from run to run.
+# - **Cost:** PPO takes more than 1.2 times the CPU seconds per batch of each group method (the factor
+#   varies by CPU), and trains twice their parameters plus the value head (98,433 against 49,152). Peak
+#   memory is not claimed: it varies from run to run.
 
 # %% tags=["claim-check"]
 final = {m: runs[m].final["eval_hidden_score"] for m in runs}
