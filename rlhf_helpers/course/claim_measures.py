@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import linecache
 import math
-import operator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -34,7 +33,6 @@ _SLACK = {ast.Lt: lambda a, b: b - a, ast.LtE: lambda a, b: b - a,
           ast.Gt: lambda a, b: a - b, ast.GtE: lambda a, b: a - b}
 _SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
            ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
-_ORDERED = (operator.lt, operator.le, operator.gt, operator.ge)
 
 
 @dataclass(frozen=True)
