@@ -73,7 +73,9 @@ def run_variant(name: str, env_changes: dict[str, str], notebooks: list[Path], o
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / LOG_NAME
-    times: dict[str, float] = {}
+    # a run of some notebooks keeps the times of the others, as the log keeps their claims
+    times: dict[str, float] = (json.loads((folder / TIMES_NAME).read_text())
+                               if (folder / TIMES_NAME).is_file() else {})
     for path in notebooks:
         # a rerun of a notebook replaces its earlier lines
         if log.is_file():

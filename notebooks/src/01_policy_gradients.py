@@ -9,9 +9,10 @@
 #
 # **Time:** about 120 min for the core; the deep dives add about 90 min.
 #
-# **You will learn** the policy-gradient estimator and its unbiased weights $\Phi_t$; actor-critic; why
+# **You will learn** RLHF written as a token-level MDP, beside PPO on Atari and MuJoCo; the
+# policy-gradient estimator and its unbiased weights $\Phi_t$; actor-critic; why
 # reusing a batch calls for a trust region, and how PPO's clip stands in for one; and how the same
-# log-probs come out of a language model's logits. All of it runs on a toy "language" whose true values
+# log-probs come out of a language model's logits. The maths runs on a toy "language" whose true values
 # are computed exactly.
 
 # %% tags=["colab-setup"]
@@ -27,7 +28,7 @@ env_info = show_environment()
 # Pretraining gives a model that continues text, supervised fine-tuning (SFT) one that answers; RLHF then
 # maximises a reward model's score of its answers, kept close to the SFT model. It treats the language
 # model as a **policy** $\pi_\theta(a_t \mid s_t)$: the state $s_t$ is the prompt plus the tokens so far,
-# the action $a_t$ the next token. Nothing here is specific to language, so we study it on four words.
+# the action $a_t$ the next token.
 
 # %%
 import math
@@ -41,17 +42,113 @@ from plotly.subplots import make_subplots
 from tqdm.auto import tqdm
 
 import rlhf_helpers
+from rlhf_helpers.core.tokens import mask_to_first_eos
 from rlhf_helpers.course.claims import check_claims
+from rlhf_helpers.ppo.sampling import sample
+from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
+from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.widgets.style import fit_labels
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # tensors this tiny: extra threads cost more in synchronisation than they save
 
 # %% [markdown]
-# ## 2. A toy language with a reward
+# ## 2. From PPO on Atari/MuJoCo to RLHF
 #
-# The policy writes $T = 6$ words from `good`, `fine`, `bad`, `!`; the state is the position $t$ and the
-# previous word $p$ (a start symbol at $t = 0$). Word $a$ earns
+# If you know PPO from Atari or MuJoCo, RLHF is the same algorithm on an unusual MDP. For a prompt $x$
+# and a response $y$ of $\lvert y \rvert$ tokens:
+# - **Start:** $s_0 = x \sim \mathcal D$, a prompt drawn from the training prompts.
+# - **States and actions:** $s_t = (x, y_{<t})$, the prompt and the tokens written so far; $a_t = y_t$,
+#   the next token.
+# - **Transitions** are deterministic: $s_{t+1} = (x, y_{\le t})$ appends the token. All randomness is
+#   the prompt's and the policy's.
+# - **Reward:** $r_t = -\beta\,\widehat{\mathrm{KL}}_t + [t = \lvert y \rvert - 1]\; r_\phi(x, y)$. The reward
+#   model scores the whole response once, at its last token; every token pays a penalty for leaving the
+#   reference model. Notebook 03 builds $r_t$ from the KL-regularised objective.
+# - **Discount** $\gamma = 1$: an episode has at most `max_new_tokens` steps, so the return needs no
+#   discount, and the score, paid at the end, reaches the first token undiminished.
+# - **Termination:** the episode ends when the policy writes EOS, so its length is the response's,
+#   $T = \lvert y \rvert$, different in every row. The trainer also cuts a response at `max_new_tokens`.
+#   That is **truncation**, a time limit, not a terminal state: in the language's own MDP only EOS ends
+#   an episode. The course treats a cut like an end, as CleanRL treats a time limit: the reward model
+#   scores the text as cut, and $V = 0$ after its last token. As $s_t$ holds its own length, this is exact
+#   for the objective with the limit built in; it does not estimate what the uncut response would have
+#   earned. Notebook 03 covers this, and `missing_eos_penalty`, which lowers a cut response's score.
+#
+# **Two views of one response.**
+# - **A bandit:** the context is $x$, the arm the whole response, paid once. Since
+#   $\log \pi_\theta(y \mid x) = \sum_t \log \pi_\theta(y_t \mid x, y_{<t})$, its gradient weights every token
+#   by the same advantage, $R(x, y) - b(x)$. REINFORCE with a baseline, RLOO and GRPO (a baseline from a
+#   group of responses to the same prompt) and DPO (fixed preference pairs, no sampling) sit here.
+# - **The token MDP:** a critic $V(s_t)$ and GAE give each token its own advantage; PPO with GAE sits
+#   here. As transitions are deterministic, $r_t + V(s_{t+1}) = Q(s_t, a_t)$: with a perfect critic the TD
+#   error $\delta_t$ *is* the advantage, so the per-token credit is exactly as good as the critic.
+#
+# Notebook 07 races methods of both views on one task. Below, the course's PPO beside CleanRL's, row by row:
+#
+# | | CleanRL's PPO (Atari / MuJoCo) | PPO for RLHF here (tiny profile) |
+# |---|---|---|
+# | a rollout | envs × steps: 8 × 128 / 1 × 2048; an episode still running at the end bootstraps from $V$ | $B$ prompts × up to `max_new_tokens`: 64 × 40 (gpu profile: 128 × 48); one whole episode per row, padded |
+# | episode end | termination or time limit, both treated as terminal | EOS or the cut, $V = 0$ after both |
+# | reward | from the environment, at every step | the score at the last token, $-\beta\,\widehat{\mathrm{KL}}_t$ at every token ($\beta = 0.2$) |
+# | $\gamma$ | 0.99 | 1 |
+# | GAE $\lambda$ | 0.95 | 0.95 |
+# | advantage whitening | per minibatch | once per batch, over all its real tokens |
+# | minibatches | shuffled time steps: 4 of 256 / 32 of 64; 4 / 10 epochs; clip 0.1 / 0.2 | shuffled whole sequences: 4 of 16; 4 epochs; clip 0.2 |
+# | entropy bonus | 0.01 / 0 | none (`entropy_coef` = 0): the KL penalty already holds an entropy bonus of weight $\beta$, as $-\mathrm{KL}(\pi \Vert \pi_{\text{ref}}) = -\mathbb{E}_\pi[\log \pi] + \mathbb{E}_\pi[\log \pi_{\text{ref}}]$ |
+# | normalisation | Atari: frames scaled by 1/255, rewards clipped to their sign; MuJoCo: running normalisation of observations and returns | none: tokens are ids; scores as the reward model gives them (`score_clip` off) |
+# | value function | a second head on the policy's network / a separate MLP | its own LoRA adapter and head on the same frozen base, its own optimiser (notebook 05) |
+# | what costs time | environment steps | generation: one forward pass per token, one after another |
+# | reference policy | none | the frozen SFT model, $\pi_{\text{ref}}$ |
+
+# %% tags=["claim-check"]
+shipped = {"tiny": tiny_profile().ppo, "gpu": gpu_profile().ppo}  # the defaults as shipped, before any override
+check_claims({
+    "a rollout is 64 prompts x up to 40 tokens (tiny), 128 x 48 (gpu)":
+        (shipped["tiny"].rollout_batch_size, shipped["tiny"].max_new_tokens) == (64, 40)
+        and (shipped["gpu"].rollout_batch_size, shipped["gpu"].max_new_tokens) == (128, 48),
+    "gamma is 1 and GAE lambda 0.95, advantages whitened per batch, no entropy bonus, no score clip":
+        all((c.gamma, c.lam, c.whiten_advantages, c.entropy_coef, c.score_clip) == (1.0, 0.95, True, 0.0, None)
+            for c in shipped.values()),
+    "the tiny profile: minibatches of 16 sequences, 4 epochs, clip 0.2, beta 0.2":
+        (shipped["tiny"].mini_batch_size, shipped["tiny"].ppo_epochs, shipped["tiny"].clip_eps,
+         shipped["tiny"].kl_coef) == (16, 4, 0.2, 0.2),
+    "missing_eos_penalty is off by default": all(c.missing_eos_penalty is None for c in shipped.values()),
+}, any_profile=True)
+
+# %% [markdown]
+# One rollout in these terms: the course's tiny SFT model (notebook 02 introduces it) answers 8 training
+# prompts as PPO samples them, at temperature 1 and up to `max_new_tokens`. Below, the first states and
+# actions of episode 0, then each episode's length and how it ended; both vary from prompt to prompt.
+
+# %%
+tiny = get_profile("tiny")  # the toy below needs no model; this cell borrows the tiny profile's
+lm_tokenizer, sft_lm = load_tokenizer(tiny), load_causal_lm(tiny)
+prompt_texts = load_prompts("train")[:8]  # s_0 of 8 episodes
+prompt_batch = lm_tokenizer(prompt_texts, return_tensors="pt", padding=True)  # (8, P), left-padded
+with torch.random.fork_rng():  # its own seed: the draws of the cells below stay as they were
+    torch.manual_seed(tiny.seed)
+    rollout = sample(sft_lm, prompt_batch["input_ids"], prompt_batch["attention_mask"], tiny.ppo.max_new_tokens,
+                     lm_tokenizer.eos_token_id, lm_tokenizer.pad_token_id)
+responses = rollout.sequences[:, prompt_batch["input_ids"].shape[1]:]  # (8, R): pad after each row's EOS
+lengths = mask_to_first_eos(responses, lm_tokenizer.eos_token_id).sum(1).long()  # (8,): |y|, the episode length
+ended = (responses == lm_tokenizer.eos_token_id).any(1)  # (8,): wrote EOS; else cut at max_new_tokens
+tokens = lm_tokenizer.convert_ids_to_tokens(responses[0, : lengths[0]].tolist())  # episode 0's actions
+print("x =", repr(prompt_texts[0]))
+for t in range(min(4, len(tokens))):  # its first steps
+    print(f"s_{t} = (x, {tokens[:t]}),  a_{t} = {tokens[t]!r}")
+display(pd.DataFrame({"episode length |y|": lengths.tolist(),
+                      "ended by": ["EOS" if eos else "cut at max_new_tokens" for eos in ended.tolist()]},
+                     index=pd.Index(prompt_texts, name="prompt x")))
+
+
+# %% [markdown]
+# ## 3. A toy language with a reward
+#
+# Nothing in this MDP's maths is specific to language, so we study it on four words. The policy writes
+# $T = 6$ words from `good`, `fine`, `bad`, `!`; the state is the position $t$ and the previous word $p$
+# (a start symbol at $t = 0$). Word $a$ earns
 #
 # $$
 # r(t, p, a) = \begin{cases}
@@ -108,7 +205,7 @@ for row, r in zip(words, rewards, strict=True):
     print(" ".join(VOCAB[i] for i in row), "  rewards:", [round(x, 1) for x in r.tolist()])
 
 # %% [markdown]
-# ## 3. The exact values, by dynamic programming
+# ## 4. The exact values, by dynamic programming
 #
 # The Bellman equations, run backwards from the end, give every value exactly:
 #
@@ -151,7 +248,7 @@ print(f"J(uniform policy) = {expected_return(uniform):.3f}")
 print(f"J(best sentence)  = {expected_return(best):.3f}")
 
 # %% [markdown]
-# ## 4. The policy-gradient estimator and four choices of $\Phi_t$
+# ## 5. The policy-gradient estimator and four choices of $\Phi_t$
 #
 # Write the objective as a sum over whole episodes $\tau$ with return $R(\tau)$,
 # $J(\theta) = \sum_\tau p_\theta(\tau)\, R(\tau)$, and use the **log-derivative trick** $\nabla p = p\, \nabla \log p$:
@@ -213,7 +310,7 @@ def g_t(rewards: torch.Tensor) -> torch.Tensor:
 #   noise level of the mean), so a bias² of that size is what no bias looks like.
 #
 # The baseline and the advantage use the exact $V$ and $Q$ here, to isolate the effect of the choice of
-# $\Phi_t$ (section 5 learns them). First, the four choices as code.
+# $\Phi_t$ (section 6 learns them). First, the four choices as code.
 
 # %%
 def phis(theta: torch.Tensor, words: torch.Tensor, prevs: torch.Tensor,
@@ -294,7 +391,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 5. Actor-critic: learning the baseline
+# ## 6. Actor-critic: learning the baseline
 #
 # An **actor-critic** learns a critic $V_w(s)$ by regression on the reward-to-go,
 # $\min_w \tfrac12 (V_w(s_t) - G_t)^2$, and **bootstraps**: the critic's value of the next state replaces the
@@ -460,7 +557,7 @@ check_claims({
 })
 
 # %% [markdown]
-# ## 6. Reusing a batch: the surrogate objective, the trust region and PPO's clip
+# ## 7. Reusing a batch: the surrogate objective, the trust region and PPO's clip
 #
 # Sampling is the expensive part of RLHF, so PPO takes several gradient steps on each batch. After the
 # first, the batch comes from the policy that collected it, $\pi_{\text{old}}$. Importance weighting by the
@@ -468,7 +565,7 @@ check_claims({
 # estimates the **surrogate objective** (TRPO's $L$, PPO's $L^{\text{CPI}}$) $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$,
 # with $\hat{\mathbb{E}}_t$ the mean over the batch's steps and $\hat A_t$ an advantage estimated under
 # $\pi_{\text{old}}$. At $\theta_{\text{old}}$, where every $\rho_t = 1$ and $\nabla_\theta \rho_t = \nabla_\theta \log \pi_\theta(a_t \mid s_t)$,
-# its gradient is section 4's with $\Phi_t = \hat A_t$. But the **states** stay those the old policy
+# its gradient is section 5's with $\Phi_t = \hat A_t$. But the **states** stay those the old policy
 # visits, so the surrogate tracks $J$ only near $\theta_{\text{old}}$, and a step's size in parameter space
 # says little about how far the policy moves. **TRPO** maximises the surrogate inside a KL ball,
 #
@@ -558,7 +655,7 @@ exercise_check("Exercise 2 (policy_kl)", check_policy_kl,
 # </details>
 
 # %% [markdown]
-# ## 7. From the toy to a language model: the log-probs of the response tokens
+# ## 8. From the toy to a language model: the log-probs of the response tokens
 #
 # With a language model, $\log \pi_\theta(a_t \mid s_t)$ is the same gather from the logits, and three
 # details of a batch's layout decide which numbers are right:
@@ -678,7 +775,7 @@ exercise_check("Exercise 3 (response_logprobs)", check_response_logprobs,
 #
 # *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# Three measurements on the toy behind section 6: what one over-large step does to the policy; what 30
+# Three measurements on the toy behind section 7: what one over-large step does to the policy; what 30
 # steps on one batch do with and without the clip; and the performance-difference lemma, which shows why
 # the surrogate matches $J$ only near the old policy, with TRPO's bound.
 
@@ -826,7 +923,7 @@ check_claims({
 # or $J^{\text{CLIP}}$ above, summed over $t$ the same way, with $\epsilon = 0.2$. Its loss is
 # `rlhf_helpers.policy_loss`, which returns $-J^{\text{CLIP}}$ averaged over all $N T$ tokens, so
 # $J^{\text{CLIP}} = -T \cdot$ `policy_loss`. At the first step $\rho = 1$ and both gradients equal
-# the policy-gradient estimate of section 4; they part once ratios leave the band. Then, as above,
+# the policy-gradient estimate of section 5; they part once ratios leave the band. Then, as above,
 # each result trains on for 60 ordinary steps ($\eta = 1$, fresh episodes every step), and we compare
 # the final $J$ over 16 seeds (same seed, same batch for both: a paired comparison).
 
@@ -946,7 +1043,7 @@ check_claims({
 # %% [markdown]
 # ### The performance-difference lemma, the CPI surrogate and TRPO's bound
 #
-# Section 6 stated that the surrogate objective, which a step on old data improves, matches $J$ only
+# Section 7 stated that the surrogate objective, which a step on old data improves, matches $J$ only
 # near the old policy. Here is the proof, and the gap measured on the toy. Write
 # $A^{\text{old}} = Q^{\pi_{\text{old}}} - V^{\pi_{\text{old}}}$ for the advantage of the policy that
 # collected the data, and $d^{\pi}_t(s)$ for the probability that policy $\pi$ is in state $s$ at step
@@ -979,7 +1076,7 @@ check_claims({
 # - same value: at $\theta = \theta_{\text{old}}$ every $\rho_t = 1$, and $\mathbb{E}_{a \sim \pi_{\text{old}}}[A^{\text{old}}(s, a)] = 0$;
 # - same gradient: $\nabla_\theta \rho_t = \rho_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)$, so at $\theta_{\text{old}}$
 #   the surrogate's gradient is $\mathbb{E}\big[\sum_t \nabla_\theta \log \pi_\theta(a_t \mid s_t)\, A^{\text{old}}(s_t, a_t)\big]$,
-#   the policy gradient of section 4 with $\Phi_t = A$.
+#   the policy gradient of section 5 with $\Phi_t = A$.
 #
 # Away from $\theta_{\text{old}}$ the two differ only through the state distribution, which drifts further
 # the more the policy changes. TRPO's Theorem 1 bounds the gap with the total-variation distance; since
@@ -990,7 +1087,7 @@ check_claims({
 #
 # So a gain of the surrogate is guaranteed to be a gain of $J$ only where it exceeds a penalty that grows
 # with the KL from the old policy: maximise the surrogate, but only within a small KL of $\theta_{\text{old}}$.
-# That is what a trust region enforces, and what PPO's clip approximates (section 6). The toy has
+# That is what a trust region enforces, and what PPO's clip approximates (section 7). The toy has
 # every quantity exactly, so the next cell computes both sides. On a random pair of policies, **the lemma
 # holds exactly**, **$J^{\text{CPI}}$ has $J$'s value and gradient at $\theta_{\text{old}}$**, and away from
 # it, for this pair far apart, **the surrogate predicts more than twice the true gain**.
@@ -1070,6 +1167,8 @@ check_claims({
 # - A batch reused for several steps estimates the surrogate $\hat{\mathbb{E}}_t[\rho_t \hat A_t]$, faithful only
 #   near $\theta_{\text{old}}$: TRPO bounds the KL; PPO's clip removes the incentive to push a ratio past the band.
 # - With a language model, token $t$'s log-prob comes from the logits at $t-1$; only response tokens are actions.
+# - RLHF is PPO on a token MDP: a prompt as $s_0$, deterministic transitions, the score at the last token,
+#   $\gamma = 1$, an end at EOS or a cut at `max_new_tokens`. RLOO, GRPO and DPO see the response as one bandit arm.
 #
 # Next: notebook 02 trains the reward model that supplies the final score.
 
