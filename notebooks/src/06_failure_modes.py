@@ -15,11 +15,13 @@
 # - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch;
 # - **(b)** pad equal to EOS: the stop decision gets no gradient of its own;
 # - **(c)** KL coefficient 0: the learned reward rises while the true (hidden) score falls; you write
-#   the adaptive KL controller that steers $\beta$ to a target KL;
+#   the adaptive KL controller that steers $\beta$ to a target KL; why PPO for RLHF runs without an
+#   entropy bonus (the KL penalty holds one);
 # - then to break a run of your own and read the doctor's findings.
 #
 # Deep dives: (e) an untrained value head; Gao et al.'s over-optimisation law; what pad == EOS does to
-# the stop token; (d) the KL estimators on the run's own tokens. The engine (`rlhf_helpers.ppo`) has none
+# the stop token; (d) the KL estimators on the run's own tokens; the knobs left off (an entropy bonus, the
+# score's scale and `score_clip`, `missing_eos_penalty` and length). The engine (`rlhf_helpers.ppo`) has none
 # of these bugs: the notebook breaks it by subclassing its pieces. Runs are short: look for the shape,
 # not the third decimal.
 
@@ -451,7 +453,7 @@ fit_labels(fig).show()  # long subplot and axis titles wrapped to their panels
 # %%
 thirds = {}  # (run, metric) -> [(mean, se)] * 3
 for name, lab_run in (("beta = 0", broken_c), (f"beta = {lab_config.kl_coef}", baseline)):
-    for key in ("score", "hidden_score", "kl"):
+    for key in ("score", "hidden_score", "kl", "entropy"):
         thirds[name, key] = third_stats(series(lab_run.history, key)[1])
         print(f"{name:>10}  {key:>12}, first / middle / last third: "
               + "   ".join(f"{m:+.2f} ± {se:.2f}" for m, se in thirds[name, key]))
@@ -514,6 +516,36 @@ check_claims({
 # that falls; compare thirds with their standard errors, not single steps, and read the samples. In real
 # runs there is no hidden score: read samples, and keep a held-out evaluation the policy is not trained
 # on (notebook 05 has one). The fix is the KL penalty, a fixed $\beta$ or a target KL, and early stopping.
+
+# %% [markdown]
+# ### Why RLHF runs without an entropy bonus
+#
+# PPO on Atari adds an entropy bonus to its loss so that the policy keeps exploring; `PPOConfig.entropy_coef`
+# is that bonus, and RLHF leaves it at 0 (InstructGPT's objective has none). The KL penalty holds one
+# already. At each prefix $s$,
+#
+# $$\mathrm{KL}(\pi \Vert \pi_{\text{ref}}) = \sum_v \pi(v \mid s) \log\frac{\pi(v \mid s)}{\pi_{\text{ref}}(v \mid s)}
+#   = -H(\pi) - \mathbb{E}_{v \sim \pi}\big[\log \pi_{\text{ref}}(v \mid s)\big],$$
+#
+# so the penalty $-\beta\,\mathrm{KL}$ is an entropy bonus of weight $\beta$ plus a pull towards the tokens
+# the reference finds likely. Together they hold the policy's entropy near the reference's from both
+# sides: a collapse onto a few tokens lowers $H$, a spread onto tokens the reference rules out lowers
+# $\mathbb{E}_\pi[\log \pi_{\text{ref}}]$. The runs above show it (the `entropy` lines of the thirds): with
+# $\beta = 0.2$ the last third's mean entropy stays within 0.15 nats of step 1's (about 1.6); with
+# $\beta = 0$ it climbs above 1.9 nats, more than 0.3 above the penalised run's, as the policy drifts onto
+# tokens the reference finds unlikely. A bonus would only have pushed that drift further. It helps where
+# nothing else holds the entropy ($\beta$ small or 0) and the policy **collapses**, giving (nearly) the
+# same reply to every prompt: the run doctor's `collapse` finding, whose "check first" names
+# `entropy_coef` after the learning rate and $\beta$. The last deep dive runs one.
+
+# %% tags=["claim-check"]
+check_claims({
+    "beta = 0.2: the last third's mean entropy within 0.15 nats of step 1's (about 1.6)":
+        abs(thirds[penalised, "entropy"][2][0] - baseline.history[0]["entropy"]) < 0.15
+        and 1.5 < baseline.history[0]["entropy"] < 1.75,
+    "beta = 0: the last third's mean entropy above 1.9 nats, more than 0.3 above the penalised run's":
+        thirds[free, "entropy"][2][0] > 1.9 and thirds[free, "entropy"][2][0] > thirds[penalised, "entropy"][2][0] + 0.3,
+})
 
 # %% [markdown]
 # ### Exercise 2: an adaptive KL controller
@@ -749,7 +781,11 @@ fig.show()
 # them is a few tenths, and one run cannot rank the two forms firmly. The RL form's free intercept (about
 # $-0.4$ to $-0.5$) lies within 0.3 of the first batch's hidden score (about $-0.3$). Its hidden score
 # peaks at $\mathrm{KL}^* \approx 4$ nats per response; the bootstrap puts $\mathrm{KL}^*$ between about
-# 3 and 5.5. The penalised run ended at a KL of about 2.3, left of that peak.
+# 3 and 5.5. The fitted curve is the $\beta = 0$ run's alone: its batches' hidden score against their
+# distance from the SFT model. The penalised run ended at a KL of about 2.3, below the bootstrap's
+# whole range: it stopped at a distance where the $\beta = 0$ run's fitted score was still rising. The
+# curve is no prediction of the penalised run's hidden score: that run followed a path of its own, drawn
+# as the blue points.
 
 # %% tags=["claim-check"]
 check_claims({
@@ -759,15 +795,16 @@ check_claims({
         abs(fits["rl"][0][0] - hidden_c[0]) < 0.3 and -0.65 < fits["rl"][0][0] < -0.3 and -0.4 < hidden_c[0] < -0.2,
     "KL* is about 4 nats per response": 3.5 < d_star**2 < 5,
     "the bootstrap puts KL* between about 3 and 5.5": 2.5 < boot_c["KL* low"] < 3.8 and 4.8 < boot_c["KL* high"] < 6.2,
-    "the penalised run ended left of the peak, at a KL of about 2.3":
-        1.8 < baseline.history[-1]["kl"] < 2.8 and baseline.history[-1]["kl"] < boot_c["KL* low"],
+    "the penalised run ended at a KL of about 2.3, below the bootstrap's range of KL* (the fit still rising there)":
+        1.8 < baseline.history[-1]["kl"] < 2.8 and baseline.history[-1]["kl"] < min(boot_c["KL* low"], d_star**2),
 })
 
 # %% [markdown]
-# **Read it:** left of $d^*$ optimising the learned reward also improves what we want; right of it
-# every extra nat of KL makes it worse. A KL penalty (or a target KL) is how you choose where on this
-# curve training stops. The fit is one noisy run: read $d^*$ as a rough location (the bootstrap range),
-# not a constant.
+# **Read it:** along the $\beta = 0$ run, left of $d^*$ optimising the learned reward also improved what
+# we want; right of it every extra nat of KL made it worse. Gao et al. found that a KL penalty did not
+# raise the gold score reached at a given KL: it acted like early stopping, choosing where along such a
+# curve a run ends (one run per $\beta$ here cannot test that). The fit is one noisy run: read $d^*$ as
+# a rough location (the bootstrap range), not a constant.
 #
 # #### A weaker reward model
 #
@@ -1282,17 +1319,21 @@ my_trainer_class = PPOTrainer  # or RefAsOldTrainer, PadIsEosTrainer, a subclass
 my_steps, my_start = lab.short_steps * 2 // 3, initial_state
 my_run = run(my_trainer_class, my_config, my_steps, "your broken run", start=my_start)
 my_findings = doctor(my_run)
+shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps * 2 // 3
+           and my_start is initial_state)  # the text below describes the shipped break only
 
 # %% [markdown]
 # On the shipped seed: no error, the untrained critic's info, and these warnings. `off_policy` from the
 # first step (clip fraction or approx-KL above the band). `collapse`: by the sixth step at most three
 # distinct texts among the 16 responses, and entropy below half its step-1 value. `length_collapse`:
-# the text is (nearly) empty, at most two tokens on average by the sixth step. Its usual causes (the
-# reward of an empty response, the EOS mask) are not this run's: `collapse` names the learning rate first.
+# the text is (nearly) empty, at most two tokens on average by the sixth step. The KL penalty does that
+# here. The first, oversized update moves the policy far from the reference: at step 2 the KL is above 20
+# nats per response, and its penalty, $\beta$ times the KL, more than twice the mean score. That penalty
+# is paid token by token, so the shorter a response, the less it pays, and the policy learns to stop at
+# once. (A negative score alone would give no such reason: with $\gamma = 1$ every response is paid its
+# score once, whatever its length.) The root cause is the step size, which `collapse` names first.
 
 # %% tags=["claim-check"]
-shipped = (my_config is shipped_break and my_trainer_class is PPOTrainer and my_steps == lab.short_steps * 2 // 3
-           and my_start is initial_state)
 if shipped:  # the text describes the shipped break only
     check_claims({
         "no error, the untrained critic's info, and the warnings off_policy, collapse and length_collapse":
@@ -1307,7 +1348,165 @@ if shipped:  # the text describes the shipped break only
             min(row["entropy"] for row in my_run.history[:6]) < 0.5 * my_run.history[0]["entropy"],
         "by step 6 the mean response is at most two tokens long":
             min(row["response_length"] for row in my_run.history[:6]) <= 2,
+        "at step 2 the KL is above 20 nats, and beta times it more than twice the mean score":
+            len(my_run.history) >= 2 and my_run.history[1]["kl"] > 20
+            and my_config.kl_coef * my_run.history[1]["kl"] > 2 * my_run.history[1]["score"] > 0,
     })
+
+# %% [markdown]
+# ## Deep dive: the knobs left off: an entropy bonus, the score's scale and clip, length
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# The course's profiles leave three `PPOConfig` fields off: `entropy_coef`, `score_clip` and
+# `missing_eos_penalty`; and nothing normalises the reward model's scores. What each one does, what it
+# guards against, and what it costs.
+#
+# ### An entropy bonus on top of the KL penalty
+#
+# With `entropy_coef` $= c$ the policy's loss on a minibatch is, as in CleanRL,
+#
+# $$L = L^{\text{clip}} - c\,\bar H, \qquad \bar H = \text{the mean over its real tokens of }
+#   H_t = -\sum_v \pi(v \mid s_t) \log \pi(v \mid s_t).$$
+#
+# $\beta$ acts through the rewards, before the advantages are whitened; $c$ acts on the loss, beside a
+# clipped objective on whitened (unit-scale) advantages, so the two are not on one scale. The run below
+# adds $c = 2$ to the baseline's settings, from the same start with the same seeds, for as many steps as
+# the break above; the weight is large on purpose, so that the effect shows within eight steps. The
+# table sets it beside the baseline's first steps.
+
+# %%
+bonus_steps = lab.short_steps * 2 // 3  # as many steps as the break of "Your turn"
+with_bonus = run(PPOTrainer, lab_config.replace(entropy_coef=2.0), bonus_steps, "entropy bonus c = 2 (beta = 0.2)")
+bonus_table = pd.DataFrame([{"step": int(row["step"]), "entropy": row["entropy"], "entropy, c = 2": bonus["entropy"],
+                             "KL": row["kl"], "KL, c = 2": bonus["kl"], "hidden score": row["hidden_score"],
+                             "hidden score, c = 2": bonus["hidden_score"]}
+                            for row, bonus in zip(baseline.history[:bonus_steps], with_bonus.history, strict=True)])
+display(bonus_table.style.hide(axis="index").format(cell_formatter(".2f")))
+
+# %% [markdown]
+# **What this run shows:** by step 8 the bonus has raised the entropy by more than 0.2 nats over the
+# baseline's, and the KL far more: above 5 nats per response, more than five times the baseline's. The
+# hidden score at step 8 lies more than 1 below the baseline's. The bonus spreads probability onto tokens
+# the policy, still close to the reference, finds unlikely: exactly what the KL's second term,
+# $-\mathbb{E}_\pi[\log \pi_{\text{ref}}]$, charges for, and those tokens do not make fluent reviews. On top
+# of the KL penalty, a bonus fights it.
+#
+# A bonus is worth its KL where a policy collapses and nothing holds its entropy: $\beta$ small or 0, and
+# the doctor's `collapse` (entropy far below its first step's, or few distinct responses, for several
+# steps). Start small (CleanRL's Atari setting is 0.01) and watch the KL beside the entropy. Check the step
+# size first: the break of "Your turn" collapses because its updates are too large, and a bonus does not
+# make them smaller.
+
+# %% tags=["claim-check"]
+base_8, bonus_8 = baseline.history[bonus_steps - 1], with_bonus.history[-1]
+check_claims({
+    "by step 8 the entropy is more than 0.2 nats above the baseline's":
+        bonus_steps == 8 and bonus_8["entropy"] > base_8["entropy"] + 0.2,
+    "by step 8 the KL is above 5 nats per response, more than five times the baseline's":
+        bonus_8["kl"] > 5 and bonus_8["kl"] > 5 * base_8["kl"],
+    "the hidden score at step 8 lies more than 1 below the baseline's": bonus_8["hidden_score"] < base_8["hidden_score"] - 1,
+})
+
+# %% [markdown]
+# ### The score's scale, and `score_clip`
+#
+# The course hands the reward model's score to `shape_rewards` as it is: it normalises no score and
+# whitens no reward; only the advantages are whitened (notebook 03). Whitening removes the overall scale of
+# the returns from the update, but not the balance inside them. Multiplying every score by $c > 0$ only
+# changes what $\beta$ means:
+#
+# $$-\beta\, k_t + [t = \text{last}]\; c\,s = c\,\Big(-\frac{\beta}{c}\, k_t + [t = \text{last}]\; s\Big),$$
+#
+# GAE is linear in the rewards and the values, and whitening removes the factor $c$: scores times $c$ at
+# $\beta$ train like the scores at $\beta / c$, once the critic has learned values $c$ times as large. The
+# cell checks it on the baseline's last batch, with the library's pieces.
+
+# %%
+batch = baseline.trainer.last_batch
+
+
+def whitened_advantages(scores: torch.Tensor, beta: float, values: torch.Tensor) -> torch.Tensor:
+    """The update's advantages (B, R) from scores (B,), this batch's KL terms, and values (B, R)."""
+    rewards, _ = rlhf_helpers.shape_rewards(scores, batch.old_logprobs, batch.ref_logprobs, batch.mask, beta)  # (B, R)
+    advantages, _ = rlhf_helpers.compute_gae(rewards, values, batch.mask, lab_config.gamma, lab_config.lam)  # (B, R)
+    return rlhf_helpers.masked_whiten(advantages, batch.mask)  # (B, R)
+
+
+scale = 4.0  # a power of two: scaling is exact in floating point, so only whitening's epsilon differs
+torch.testing.assert_close(whitened_advantages(scale * batch.scores, lab_config.kl_coef, scale * batch.values),
+                           whitened_advantages(batch.scores, lab_config.kl_coef / scale, batch.values))
+print(f"scores x {scale:g} at beta = {lab_config.kl_coef:g} give the advantages of the scores at "
+      f"beta = {lab_config.kl_coef / scale:g}")
+
+# %% [markdown]
+# So $\beta$ means something only on the reward model's scale, which Bradley-Terry leaves free (notebook 02:
+# only differences of scores count). **Normalising the scores**, subtracting their mean and dividing by
+# their standard deviation over samples of the SFT policy (once before training, or with running
+# statistics), fixes that scale, so that a $\beta$ carries over from one reward model to the next; some
+# implementations also whiten the rewards of each batch. The course does neither: the tiny profile's
+# $\beta = 0.2$ was set on this reward model's scale. A constant added to every score changes nothing the
+# policy learns once the critic has learned it: with $\gamma = 1$ every response is paid its score once,
+# whatever its length, so the shift moves every return alike.
+#
+# `score_clip` clamps each score to $\pm$`score_clip` before the shaping, as Atari's PPO clips each
+# reward to its sign. It guards against outliers. A reward model is trained on responses like the SFT
+# model's; on text unlike them it can return scores far outside its usual range, and one such score does
+# harm twice: it dominates its batch (whitening divides by a standard deviation it inflates, so every
+# other advantage shrinks), and it marks an error of the reward model that the policy can climb towards.
+# The clip caps what one response can earn. Its price: scores beyond it are all equal, so the reward no
+# longer ranks those responses. `score_clipped` logs the share of a batch at the clip, and the doctor's
+# `reward_saturated` fires when half a batch sits there for several steps. Set the clip from the scores
+# of the SFT policy's samples, a few standard deviations out, not from a trained policy's.
+#
+# ### Length: the score pulls one way, the KL penalty the other
+#
+# `missing_eos_penalty` is added to the score of every response cut at `max_new_tokens` without an EOS.
+# Notebook 03 ("Where a response ends") says why one is needed: after a cut $V = 0$ and the reward model
+# scores the text as it stands, so a cut answer it likes is worth as much as a finished one. In the runs
+# above, cut responses show up in the $\beta = 0$ run: its last third has a mean `eos_fraction` below 0.95,
+# the penalised run's above 0.97. A negative penalty there makes finishing pay.
+#
+# Reward models tend to pay for length: longer answers often win in preference data, and PPO can raise
+# the learned reward just by writing more. Singhal et al. (2023, "A Long Way to Go") found that much of
+# the reward PPO gained on common RLHF tasks came from longer outputs. In this world the preference pairs
+# never exceed 30 words, and the hidden score takes 0.15 off per word beyond 30, a cost the reward model
+# never saw. The baseline's responses grow as its learned reward rises: their mean length rises by more
+# than 3 tokens from the first third of the run to the last.
+#
+# The KL penalty pulls the other way: each token pays its own $\beta\,k_t$, so once the policy has moved,
+# a longer response pays more. The doctor names each extreme: `length_runaway` (responses cut at the
+# limit: the score, or an EOS that never trains, wins) and `length_collapse` (a token or two: the KL cost
+# wins, or the reward model likes short answers). The break of "Your turn" showed the second. The same
+# break with $\beta = 0$, from the same start:
+
+# %%
+shipped_run = my_run if shipped else run(PPOTrainer, shipped_break, lab.short_steps * 2 // 3, "the break of 'Your turn'")
+no_kl_break = run(PPOTrainer, shipped_break.replace(kl_coef=0.0), lab.short_steps * 2 // 3, "the same break, beta = 0")
+for name, lab_run in ((f"beta = {shipped_break.kl_coef:g}", shipped_run), ("beta = 0", no_kl_break)):
+    print(f"{name:>10}: mean response length by step "
+          + " ".join(format_number(row["response_length"], "5.1f") for row in lab_run.history))
+
+# %% [markdown]
+# **What this run shows:** without the KL penalty the same oversized updates no longer shorten the
+# responses: at each of the last three steps they average more than 10 tokens, against at most 2 with
+# the penalty. The collapse came from the penalty paid per token; the scores are paid once per response,
+# whatever its length.
+
+# %% tags=["claim-check"]
+length_thirds = {name: third_stats(series(lab_run.history, "response_length")[1])
+                 for name, lab_run in (("baseline", baseline), ("beta = 0", broken_c))}
+eos_last_third = {name: third_stats(series(lab_run.history, "eos_fraction")[1])[2][0]
+                  for name, lab_run in (("baseline", baseline), ("beta = 0", broken_c))}
+check_claims({
+    "beta = 0: the last third's mean eos_fraction below 0.95, the penalised run's above 0.97":
+        eos_last_third["beta = 0"] < 0.95 and eos_last_third["baseline"] > 0.97,
+    "the baseline's mean length rises by more than 3 tokens from the first third to the last":
+        length_thirds["baseline"][2][0] > length_thirds["baseline"][0][0] + 3,
+    "the break with beta = 0: more than 10 tokens at each of the last three steps; with beta = 0.2 at most 2":
+        min(row["response_length"] for row in no_kl_break.history[-3:]) > 10
+        and max(row["response_length"] for row in shipped_run.history[-3:]) <= 2,
+})
 
 # %% [markdown]
 # ## Summary: what each failure looks like

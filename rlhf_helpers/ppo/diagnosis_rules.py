@@ -198,10 +198,14 @@ def length(rows: Rows, facts: RunFacts, t: Thresholds) -> Finding | None:
     if sustained(short, logged(rows, "response_length"), t):
         return Finding("length_collapse", "warning", "responses collapse towards 0 tokens",
                        tuple(s for s, _ in short), fmt(short, "response_length"),
-                       "the policy learned that stopping at once avoids a penalty (negative "
-                       "scores, KL per token) or that the reward reads an empty response well",
-                       "the reward of an empty response, missing_eos_penalty's sign, and that the "
-                       "EOS token is in the mask", f"{GLOSSARY_PAGE}#response_length")
+                       "a shorter response returns more: the KL penalty is paid per token, so "
+                       "a policy far from the reference (after too large an update) pays less "
+                       "the sooner it stops; or the reward model scores short or empty "
+                       "responses well. A negative score alone is no reason: with gamma = 1 "
+                       "every response is paid its score once, whatever its length",
+                       "kl_coef x kl against the score (a KL penalty that outweighs it), the "
+                       "learning rate, and the reward of an empty response",
+                       f"{GLOSSARY_PAGE}#response_length and {LAB}, 'Your turn'")
     if facts.max_new_tokens:
         at_limit = [(int(r["step"]), e) for r in rows
                     if (e := metric(r, "eos_fraction")) is not None and e < t.eos_floor

@@ -95,8 +95,10 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "reviews); max_new_tokens is 40.",
         "drifting to max_new_tokens (with eos_fraction falling): length hacking, the reward model "
         "pays for length; try missing_eos_penalty or a length-aware reward. Collapsing to 1-2 "
-        "tokens: the policy learned that stopping early avoids a penalty (negative scores, "
-        "KL per token).")),
+        "tokens: a shorter response returns more, because the KL penalty is paid per token (a "
+        "policy far from the reference pays less the sooner it stops) or because the reward "
+        "model scores short responses well; a negative score alone is no reason, as every "
+        "response is paid its score once.")),
     "eos_fraction": ("rollout", _m("completions/eos_fraction",
         "fraction of responses that ended with EOS before max_new_tokens",
         "mean_b [response b contains EOS]",

@@ -150,6 +150,36 @@ def test_the_length_runaway_needs_max_new_tokens():
     assert "length_runaway" not in rules(rows, facts=RunFacts())
 
 
+def test_the_length_collapse_cause_is_one_that_depends_on_length():
+    """The finding blames the per-token KL, not a negative score. The shaped returns say why: with
+    gamma = 1 a score shifted by -3 lowers every response's return by exactly 3, whatever its
+    length, while a KL of 0.5 nats per token costs beta * 0.5 per token, more the longer the
+    response."""
+    import torch
+
+    from rlhf_helpers.core.kl import shape_rewards
+
+    lengths = torch.tensor([1, 4, 10])
+    mask = (torch.arange(10)[None, :] < lengths[:, None]).float()  # (3, 10)
+    ref = torch.full((3, 10), -2.0)  # (3, 10)
+    beta = 0.2
+
+    def returns(scores, kl_per_token):
+        rewards, _ = shape_rewards(scores, ref + kl_per_token, ref, mask, beta)  # (3, 10): k1 = kl
+        return rewards.sum(dim=1)  # (3,): the return from the first token, gamma = 1
+
+    base = returns(torch.ones(3), 0.0)
+    shifted = returns(torch.ones(3) - 3.0, 0.0)
+    torch.testing.assert_close(shifted - base, torch.full((3,), -3.0))  # the same for every length
+    moved = returns(torch.ones(3), 0.5)
+    torch.testing.assert_close(moved - base, -beta * 0.5 * lengths.float())  # grows with the length
+    rows = broken(SIGNATURES["length_collapse"][1])
+    finding = next(f for f in diagnose(rows, facts=FACTS).findings if f.rule == "length_collapse")
+    assert "KL penalty is paid per token" in finding.meaning
+    assert "A negative score alone is no reason" in finding.meaning
+    assert "kl_coef x kl" in finding.check_first
+
+
 def test_over_optimisation_on_the_evaluations_alone():
     rows = healthy(40)
     evaluations = [(3.15, 0.02), (3.3, -0.8), (3.5, -2.42), (3.65, -2.84)]
