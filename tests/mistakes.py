@@ -13,7 +13,8 @@ edited text must occur exactly once in the solution: tests/course/test_teaching_
     }
 
 The solutions run (tests/notebooks/test_notebooks.py) defines each one after its exercise's check,
-runs the check again as "Mistake n.k", and requires FAILED.
+runs the check again as "Mistake n.k", and requires FAILED; where a mistake gives `hint`, the FAILED
+line must contain it (the check names the cause, not only the place).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Mistake:
     old: str
     #: what the mistake writes instead
     new: str
+    #: words the FAILED line must hold: the cause, as the hint names it ("": any FAILED will do)
+    hint: str = ""
 
     def apply(self, solution: str) -> str:
         """The wrong answer's source."""

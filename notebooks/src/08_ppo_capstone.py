@@ -12,9 +12,12 @@
 #
 # **You will learn**
 # - to write one PPO iteration whole, top to bottom, as CleanRL writes its single-file agents;
+# - the update loop: the epochs of shuffled minibatches, what each minibatch recomputes and what stays fixed
+#   from the rollout, and why `zero_grad`, `backward`, the gradient clip and `step` come in that order;
 # - to check a reimplementation against the library's `PPOTrainer` on the same batch and seed, step by step,
-#   within a tolerance derived from float32 rounding;
-# - to train the tiny model with it.
+#   within a rounding budget set from the model's shape;
+# - to break your iteration on purpose and read what the check says of it;
+# - to train the tiny model with it; as a stretch goal, to stop an iteration early on approx-KL.
 
 # %% tags=["colab-setup"]
 
@@ -25,6 +28,7 @@ env_info = show_environment()
 
 # %%
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from tqdm.auto import tqdm
@@ -33,6 +37,9 @@ import rlhf_helpers
 from rlhf_helpers.core.printed import format_number, wrap_printed
 from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone import library_iteration
+from rlhf_helpers.course.capstone_breaks import BREAKS, break_iteration, check_message
+from rlhf_helpers.course.capstone_reference import plain_experience, plain_iteration, plain_update
+from rlhf_helpers.course.capstone_stretch import kl_stop_case, kl_stop_difference
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
 from rlhf_helpers.ppo import iteration as library_steps
@@ -80,12 +87,13 @@ train_prompts, eval_prompts = load_prompts("train"), load_prompts("test")[: conf
 # ```
 #
 # The shared model gives every forward pass (sequences: left-padded prompts of width $P$, then responses of
-# width $R$; `mask`: 1 on the real response tokens, EOS included):
+# width $R$; `mask`: 1 on the real response tokens, EOS included; $T_{\text{samp}}$ = `config.temperature`, the
+# sampling temperature, a subscript because plain $T$ is a length in this course):
 #
 # | call | returns |
 # |---|---|
-# | `model.policy_logprobs(seq, attn, P, temperature=T)` | (B, R) $\log\pi_\theta(y_t)$ under $\operatorname{softmax}(z/T)$, with gradient |
-# | `model.ref_logprobs(seq, attn, P, temperature=T)` | (B, R) $\log\pi_{\text{ref}}(y_t)$, every adapter off |
+# | `model.policy_logprobs(seq, attn, P, temperature=config.temperature)` | (B, R) $\log\pi_\theta(y_t)$ under $\operatorname{softmax}(z/T_{\text{samp}})$, with gradient |
+# | `model.ref_logprobs(seq, attn, P, temperature=config.temperature)` | (B, R) $\log\pi_{\text{ref}}(y_t)$, every adapter off |
 # | `model.values(seq, attn, P)` | (B, R) $V_\psi(s_t)$, with gradient |
 # | `model.reward_scores(seq, attn)` | (B,) the reward model's score at each row's last real token |
 
@@ -120,10 +128,10 @@ print("\n".join(wrap_printed(f"  {response!r}") for response in demo.responses))
 # ### Exercise 1: the experience
 #
 # Write `make_experience(model, samples, config)`: everything the update reads, without gradient. With
-# $T$ = `config.temperature`, $\beta$ = `config.kl_coef`, $\gamma$ = `config.gamma`, $\lambda$ = `config.lam`
-# and $\ell_i$ the last real token of row $i$:
+# $\beta$ = `config.kl_coef`, $\gamma$ = `config.gamma`, $\lambda$ = `config.lam` and $\ell_i$ the last real
+# token of row $i$:
 #
-# $$\log\pi_{\text{old}}(y_t) = \log\operatorname{softmax}(z_{t}/T)[y_t] \ \text{(policy adapter on)}, \qquad
+# $$\log\pi_{\text{old}}(y_t) = \log\operatorname{softmax}(z_{t}/T_{\text{samp}})[y_t] \ \text{(policy adapter on)}, \qquad
 # \log\pi_{\text{ref}}(y_t)\ \text{the same with every adapter off},$$
 #
 # $$r_{it} = -\beta\,\big(\log\pi_{\text{old}}(y_{it}) - \log\pi_{\text{ref}}(y_{it})\big) + [t = \ell_i]\,\text{score}_i
@@ -135,11 +143,15 @@ print("\n".join(wrap_printed(f"  {response!r}") for response in demo.responses))
 # $$\hat A_t \leftarrow \frac{\hat A_t - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, \qquad \mu, \sigma^2: \text{mean and unbiased
 # variance of } \hat A \text{ over the real tokens of the whole batch.}$$
 #
-# Most of it you wrote before: join your shaped reward (notebook 05, Exercise 1), your `gae_loop` (05,
-# Exercise 2) and your masked whitening (03, Exercise 3). Take the returns **before** whitening. The check
-# samples a batch from a policy moved away from the reference, each setting at a value of its own ($T = 0.7$,
-# $\beta = 0.15$, $\gamma = 0.95$, $\lambda = 0.9$), and compares your rollout with `collect_experience`'s,
-# tensor by tensor on the real tokens.
+# Most of it you wrote before: your shaped reward (notebook 05, Exercise 1), your `gae_loop` (05, Exercise 2)
+# and your masked whitening (03, Exercise 3). **Where they go:** this notebook starts a fresh kernel, so none of
+# them is defined here. Paste them into a new cell above this exercise and call them, or write their lines
+# inline, as the solution does. Do not import the library's versions (`rlhf_helpers.shape_rewards`,
+# `compute_gae`, `masked_whiten`): the check hides them while it runs, so a call to one fails it.
+#
+# Take the returns **before** whitening. The check samples a batch from a policy moved away from the
+# reference, each setting at a value of its own ($T_{\text{samp}} = 0.7$, $\beta = 0.15$, $\gamma = 0.95$,
+# $\lambda = 0.9$), and compares your rollout with `collect_experience`'s, tensor by tensor on the real tokens.
 
 # %%
 # EXERCISE 1
@@ -168,7 +180,7 @@ check_config = config.replace(rollout_batch_size=12, mini_batch_size=4, ppo_epoc
                               max_grad_norm=1e6)  # first without gradient clipping; a binding clip below
 check_prompts = train_prompts[:12]
 SEEDS, LRS = (3, 4), (2.0, 0.05)  # sampling and shuffling seeds; SGD learning rates of the policy, the critic
-rtol = capstone.rounding_rtol(check_model, check_config)  # the float32 rounding budget (deep dive below)
+rtol = capstone.rounding_rtol(check_model, check_config)  # the rounding budget, relative (deep dive below)
 # the library's iteration, run here once (before the checks hide it), from the same weights every time
 free_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, check_config, SEEDS,
                                   LRS)
@@ -178,7 +190,7 @@ clipped_run = capstone.run_iteration(library_iteration, check_model, tokenizer, 
                                      SEEDS, LRS)
 passed_code = capstone.PassedCode()  # the functions Exercise 2's check passed with: section 2 trains only with them
 print(f"check batch: {int(free_run.mask.sum())} response tokens, {len(free_run.losses)} minibatch steps per adapter;\n"
-      f"  gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; relative tolerance {rtol:.1e}")
+      f"  gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; rounding budget {rtol:.1e} (relative)")
 
 
 def check_make_experience():
@@ -192,8 +204,8 @@ def check_make_experience():
 
 exercise_check("Exercise 1 (make_experience)", check_make_experience,
                hidden=[collect_experience, library_steps.rollout, library_iteration, rlhf_helpers.shape_rewards, rlhf_helpers.kl_estimate,
-                       rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference,
-                       rlhf_helpers.masked_whiten, rlhf_helpers.masked_mean, rlhf_helpers.masked_var])
+                       rlhf_helpers.compute_gae, rlhf_helpers.td_errors, rlhf_helpers.gae_reference, rlhf_helpers.masked_whiten,
+                       rlhf_helpers.masked_mean, rlhf_helpers.masked_var, plain_experience, plain_iteration])
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
@@ -235,12 +247,44 @@ exercise_check("Exercise 1 (make_experience)", check_make_experience,
 # </details>
 
 # %% [markdown]
+# ### The update loop
+#
+# After the rollout, PPO takes several gradient steps on the one batch. Each of `config.ppo_epochs` epochs
+# visits every row once, in a fresh random order cut into minibatches of `config.mini_batch_size` rows. Two
+# kinds of tensor meet in each minibatch:
+#
+# | fixed for the whole iteration (the rollout's, no gradient) | recomputed on every minibatch (with gradient) |
+# |---|---|
+# | $\log\pi_{\text{old}}$, $V_{\text{old}}$, $\hat A$, $G$, the mask | $\log\pi_\theta$ and $V_\psi$: one forward pass each on its rows |
+#
+# The left column is data. $\pi_{\text{old}}$ is the policy that drew the samples, and the ratio
+# $\rho_t = \pi_\theta(y_t) / \pi_{\text{old}}(y_t)$ corrects for drawing them from it, so its denominator stays
+# what it was at sampling. Recomputed from the current weights it would equal the numerator: every ratio 1, no
+# clip ever, and with a gradient the two log-probs' gradients cancel. The returns are the critic's targets:
+# recomputed from the critic as it learns, they would chase its own output. Only $\pi_\theta$ and $V_\psi$
+# change from one minibatch to the next, because the weights do. Each minibatch then takes one step per
+# adapter:
+#
+# ```text
+# for epoch in 1 .. config.ppo_epochs:
+#     order ← torch.randperm(B, generator=generator)         # a fresh shuffle every epoch
+#     for rows in order, config.mini_batch_size at a time:
+#         log π_θ, V_ψ ← forward passes on those rows          # with gradient
+#         loss ← L^CLIP + c_V L^V                              # against the fixed column
+#         zero_grad  →  backward  →  clip each adapter's gradient norm  →  step
+# ```
+#
+# The order follows from how PyTorch keeps gradients. `backward()` **adds** into each parameter's `.grad`, so
+# without `zero_grad()` first, a step applies this minibatch's gradient plus the earlier ones'.
+# `clip_grad_norm_` rescales `.grad` in place: after `backward()` has filled it, before `step()` reads it. The
+# step comes last, and the next minibatch's forward passes see the moved weights.
+
+# %% [markdown]
 # ### Exercise 2: the iteration
 #
-# Write `ppo_iteration(...)`: sample (the call is given), make the experience with Exercise 1, then run
-# `config.ppo_epochs` epochs, each over a **fresh** shuffle `torch.randperm(B, generator=generator)` cut into
-# minibatches of `config.mini_batch_size` rows. On each, with the policy's log-probs (at $T$) and the
-# critic's values computed with gradient, $\epsilon$ = `config.clip_eps`, $\epsilon_V$ = `config.value_clip`:
+# Write `ppo_iteration(...)`: sample (the call is given), make the experience with Exercise 1, then run the
+# loop above, shuffling with `torch.randperm(B, generator=generator)`. On each minibatch, with the policy's
+# log-probs at $T_{\text{samp}}$, $\epsilon$ = `config.clip_eps` and $\epsilon_V$ = `config.value_clip`:
 #
 # $$\rho_t = \exp\big(\log\pi_\theta(y_t) - \log\pi_{\text{old}}(y_t)\big), \qquad
 # L^{\text{CLIP}} = -\frac{\sum_t m_t \min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)}{\sum_t m_t},$$
@@ -250,9 +294,8 @@ exercise_check("Exercise 1 (make_experience)", check_make_experience,
 #
 # then one backward pass of $L^{\text{CLIP}} + c_V L^V$ ($c_V$ = `config.vf_coef`), the gradient norm of
 # **each** adapter (`model.policy_parameters()`, `model.value_parameters()`) clipped to `config.max_grad_norm`
-# on its own, and one step of each optimiser. The old log-probs, old values, advantages and returns stay the
-# rollout's for the whole iteration. Return the rollout and the $(L^{\text{CLIP}}, L^V)$ of every minibatch,
-# as floats, in order. Most of its lines are in notebook 05's `ppo_update`.
+# on its own, and one step of each optimiser. Return the rollout and the $(L^{\text{CLIP}}, L^V)$ of every
+# minibatch, as floats, in order ($L^V$ without the $c_V$).
 #
 # The check (it runs your `make_experience` too) compares your iteration with the library's
 # (`collect_experience`, then `PPOTrainer.update`) run from the same weights, prompts and seeds, with plain
@@ -277,7 +320,8 @@ def ppo_iteration(model: SharedLoRAModel, tokenizer, prompts: list[str], policy_
 ITERATION_HIDDEN = [PPOTrainer.update, library_steps.update, library_steps.minibatch_losses, collect_experience,
                     library_steps.rollout, library_iteration, rlhf_helpers.policy_loss,
                     rlhf_helpers.value_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean,
-                    rlhf_helpers.shape_rewards, rlhf_helpers.compute_gae, rlhf_helpers.masked_whiten]
+                    rlhf_helpers.shape_rewards, rlhf_helpers.compute_gae, rlhf_helpers.masked_whiten,
+                    plain_experience, plain_update, plain_iteration]
 
 
 def check_ppo_iteration():
@@ -335,35 +379,85 @@ exercise_check("Exercise 2 (ppo_iteration)", check_ppo_iteration, hidden=ITERATI
 # </details>
 
 # %% [markdown]
-# ## Deep dive: why the check uses SGD, and where its tolerance comes from
+# ### Break your iteration
+#
+# A check earns trust by what it refuses. Once your iteration passes, give it one of a classmate's mistakes:
+# the cell below wraps your `ppo_iteration` so that it makes the mistake named by `BREAK` (your code stays as
+# it is) and prints what the check then says. Before you run it, predict where the first difference shows:
+# in the experience, in a loss or in a step's gradient, and at which minibatch. Then try the other mistakes.
+
+# %%
+BREAK = "no zero_grad"  # or: "half the policy gradient", "reference as old", "update at temperature 1",
+#                         "vf_coef in the logged value loss"
+if passed_code.holds_for(make_experience=make_experience, ppo_iteration=ppo_iteration):
+    said = check_message(break_iteration(ppo_iteration, BREAK), check_model, tokenizer, check_prompts, check_config,
+                         SEEDS, LRS, free_run, rtol)
+    print(wrap_printed(f"Injected: {BREAKS[BREAK]}.\nThe check says: {said}"))
+else:
+    print("Come back once your ppo_iteration passes Exercise 2's check: this cell breaks a working iteration.")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `no zero_grad`: minibatch 0's step matches, as there is no earlier gradient to add to; minibatch 1's step
+# applies the sum of two minibatches' gradients, and the check names left-over gradients from the ratio of the
+# norms. `half the policy gradient`: minibatch 0's loss matches and its step's norm is exactly half.
+# `reference as old`: the experience, before any update. `update at temperature 1`: minibatch 0's policy loss,
+# on weights that have not moved yet. `vf_coef in the logged value loss`: minibatch 0's value loss, off by the
+# factor $c_V$ exactly.
+# </details>
+
+# %% [markdown]
+# ## Deep dive: why the check uses SGD, and how its rounding budget was set
 #
 # *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # **SGD.** Adam divides each step by $\sqrt{v}$, the running size of the gradient. Where a gradient is nearly
 # zero, float rounding decides the sign of a step of full size, so two correct implementations can drift apart
-# by far more than rounding within a few steps. SGD's step is the learning rate times the gradient: a difference
-# of rounding stays the size of the rounding that caused it. Training (section 2) uses Adam; only the check
-# uses SGD.
+# by far more than rounding within a few steps. With SGD at learning rate $\eta$, a difference $\delta_k$
+# between the two runs' weights after $k$ steps evolves, to first order, as
+# $\delta_{k+1} = (I - \eta H)\,\delta_k + e_k$, with $H$ the loss's Hessian and $e_k$ the new step's rounding.
+# At a step size where $I - \eta H$ does not expand it (every eigenvalue of $\eta H$ between 0 and 2), the old
+# difference does not grow and each step adds its own rounding: after $k$ steps the difference is bounded by
+# about $k + 1$ steps' worth of rounding. It is not constant, but it grows no faster than that, which is why
+# the check grants $k + 1$ budgets after $k$ steps (below). Training (section 2) uses Adam; only the check uses
+# SGD.
 #
-# **The tolerance.** Your iteration and the library's compute the same numbers in a different order: the
+# **The budget.** Your iteration and the library's compute the same numbers in a different order: the
 # library reads the old log-probs from the sampling loop, one token at a time with a cache, where you run one
 # forward pass; its GAE is a matrix product where yours is a loop; it cuts each minibatch to the columns that
-# hold a real token. Each float32 operation rounds its exact result by at most $u = 2^{-24}$ relative to the
-# numbers it combines, so a chain of $K$ roundings that all err the same way moves a result by at most about
-# $K u$ (Higham, *Accuracy and Stability of Numerical Algorithms*, section 3.1). `rounding_rtol` counts $K$ on
-# the longest path to one log-prob of this model: per layer two layer norms and the MLP's first product (sums
-# of `hidden` terms each), a query, key or value and the output projection (`hidden`), an attention score
+# hold a real token. Each float32 operation returns its exact result times $(1 + d)$ with $|d| \le u = 2^{-24}$,
+# so an inner product of $n$ terms, summed in any order, is off by at most about $n u$ times the sum of its
+# terms' sizes (Higham, *Accuracy and Stability of Numerical Algorithms*, section 3.1). `rounding_rtol` counts the roundings
+# $K$ on the longest path to one log-prob of this model: per layer two layer norms and the MLP's first product
+# (sums of `hidden` terms each), a query, key or value and the output projection (`hidden`), an attention score
 # (`hidden / heads`), the softmax and the weighted values (the context length each), the MLP's second product
 # (`inner`); then the last layer norm, the LM head and the log-sum-exp over the vocabulary. For the tiny model
-# that is about 4,500 roundings: a relative tolerance near $3 \times 10^{-4}$ of each compared tensor's
-# largest entry. A loss or a gradient that follows $k$ optimiser steps gets $k + 1$ such budgets, since each
-# step moves the two runs' weights apart by its own rounding. The budget comes from the model's shape, in the
-# spirit of Higham's rounding bounds (a budget, not a proof: cancellation and the non-linear layers can amplify an
-# error), not from a measurement on one machine; every mistake the check exists for moves a number by far more.
+# that is about 4,500 roundings, and the check allows $K u$, near $3 \times 10^{-4}$, of each compared tensor's
+# largest entry; a loss or a gradient that follows $k$ optimiser steps gets $k + 1$ such budgets.
+#
+# That is a budget, not a bound. Cancellation makes a sum's error large against the sum itself, and the
+# layers amplify an error by factors the count leaves out: a layer norm divides by a standard deviation, a
+# softmax exponentiates. The budget was set from the model's shape, not fitted to one machine's numbers; the
+# cell below measures how well it works as one. It runs the worked solutions as one plain loop
+# (`capstone_reference.plain_iteration`) and the same loop with a subtle real bug: the whitening's variance
+# divided by $n$ instead of $n - 1$, which scales every advantage by $\sqrt{n / (n - 1)}$, $n$ the batch's real
+# tokens. The worked solutions use less than 5% of the budget at their largest difference; the biased variance
+# exceeds it more than five times over.
+
+# %%
+used = {label: capstone.budget_used(
+    capstone.run_iteration(partial(plain_iteration, mistake=mistake), check_model, tokenizer, check_prompts,
+                           check_config, SEEDS, LRS), free_run, check_config, rtol)
+    for label, mistake in (("the worked solutions", None), ("a variance divided by n", "biased_variance"))}
+for label, share in used.items():
+    print(f"{label:<24} largest difference = {share:.2%} of the rounding budget")
 
 # %% tags=["claim-check"]
 check_claims({
     "the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4,
+    "the worked solutions use less than 5% of the budget": used["the worked solutions"] < 0.05,
+    "a variance divided by n exceeds it more than five times over": used["a variance divided by n"] > 5,
 })
 
 # %% [markdown]
@@ -437,6 +531,101 @@ check_claims({
     "and ends above 0.6": end_eval["eval_hidden_score"] > 0.6,
     "at a KL below 3 nats": end_eval["eval_kl"] < 3.0,
 })
+
+# %% [markdown]
+# ## Deep dive: stretch goal, stop early on approx-KL
+#
+# *Optional: skip it on a first pass; nothing after it needs it.*
+#
+# The equations above say what one minibatch computes, not how many minibatches an iteration takes. The clip
+# bounds each token's ratio, yet several epochs of steps can still carry the policy far from $\pi_{\text{old}}$
+# on average. CleanRL's PPO adds a guard it calls `target_kl`: after each epoch, when the approx-KL of that
+# epoch's last minibatch exceeds the threshold, no further epoch runs. (This course's `PPOConfig.target_kl` is
+# another knob, the target of notebook 06's adaptive KL controller, so here the threshold is `stop_kl`.)
+#
+# Write `ppo_iteration_kl_stop(..., stop_kl)`: your `ppo_iteration` with that rule. What the equations leave
+# to you: how to measure approx-KL on a minibatch (notebook 04: this course logs $k_3$, the masked mean over
+# the real tokens of $(\rho_t - 1) - \log\rho_t$), when to measure it (from the minibatch's forward pass,
+# before its step, without gradient), and where the test goes in the two loops.
+#
+# The check runs the library's iteration with every epoch (3 here), reads the approx-KL it logs for each
+# minibatch and sets `stop_kl` well clear of every epoch's value, so that the rule keeps a definite number of
+# epochs, fewer than all. The library has no early stop of its own, but the rule only decides how many epochs
+# run, and `ppo_epochs` is the library's option for that: your iteration must take the same minibatch steps,
+# with the same losses, gradients and weights, as the library's with `ppo_epochs` set to the epochs the rule
+# keeps.
+
+# %%
+stop_config = check_config.replace(ppo_epochs=3)
+kl_case = kl_stop_case(check_model, tokenizer, check_prompts, stop_config, SEEDS, LRS)
+print(wrap_printed(f"approx-KL of each epoch's last minibatch, the library's with every epoch run: "
+                   f"{', '.join(f'{kl:.4f}' for kl in kl_case.end_kls)}; stop_kl {kl_case.stop_kl:.4f}"))
+
+# %%
+# EXERCISE 3
+def ppo_iteration_kl_stop(model: SharedLoRAModel, tokenizer, prompts: list[str], policy_opt: torch.optim.Optimizer,
+                          value_opt: torch.optim.Optimizer, config: PPOConfig, generator: torch.Generator,
+                          stop_kl: float) -> tuple[Rollout, list[tuple[float, float]]]:
+    """ppo_iteration, with no further epoch once the approx-KL of an epoch's last minibatch exceeds stop_kl."""
+    # TODO your ppo_iteration, plus: each minibatch's approx-KL (k3, before its step, no gradient); after each
+    #      epoch, stop when its last minibatch's approx-KL exceeds stop_kl
+    raise NotImplementedError
+
+
+# %%
+def check_ppo_iteration_kl_stop():
+    got = capstone.run_iteration(partial(ppo_iteration_kl_stop, stop_kl=kl_case.stop_kl), check_model, tokenizer,
+                                 check_prompts, stop_config, SEEDS, LRS)
+    problem = kl_stop_difference(got, kl_case, rtol)
+    assert problem is None, problem
+
+
+exercise_check("Exercise 3 (ppo_iteration_kl_stop)", check_ppo_iteration_kl_stop, hidden=ITERATION_HIDDEN)
+
+# %% [markdown]
+# <details><summary>Solution 3</summary>
+#
+# ```python
+# def ppo_iteration_kl_stop(model, tokenizer, prompts, policy_opt, value_opt, config, generator,
+#                           stop_kl: float) -> tuple[Rollout, list]:
+#     """ppo_iteration, with no further epoch once the approx-KL of an epoch's last minibatch exceeds stop_kl."""
+#     samples = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
+#                                temperature=config.temperature)
+#     batch = make_experience(model, samples, config)
+#     P, B, eps_v = batch.context_length, len(batch), config.value_clip
+#     losses = []
+#     for epoch in range(config.ppo_epochs):
+#         order = torch.randperm(B, generator=generator)  # (B,)
+#         for first in range(0, B, config.mini_batch_size):
+#             rows = order[first : first + config.mini_batch_size]  # (b,)
+#             seq, attn, m = batch.sequences[rows], batch.attention_mask[rows], batch.mask[rows]  # (b, L), (b, L), (b, R)
+#             A, G, V_old = batch.advantages[rows], batch.returns[rows], batch.values[rows]  # (b, R) each
+#             logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (b, R)
+#             log_rho = torch.where(m.bool(), logp - batch.old_logprobs[rows], 0.0)  # (b, R)
+#             rho = torch.exp(log_rho)  # (b, R)
+#             pg_loss = -(torch.min(rho * A, rho.clamp(1 - config.clip_eps, 1 + config.clip_eps) * A) * m).sum() / m.sum()
+#             # new: approx-KL, k3 = (rho - 1) - log rho over the real tokens, before this minibatch's step
+#             approx_kl = (((rho - 1) - log_rho) * m).sum().item() / m.sum().item()
+#             V = model.values(seq, attn, P).float()  # (b, R)
+#             V_clip = V if eps_v is None else V_old + (V - V_old).clamp(-eps_v, eps_v)  # (b, R)
+#             v_loss = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
+#             policy_opt.zero_grad()
+#             value_opt.zero_grad()
+#             (pg_loss + config.vf_coef * v_loss).backward()
+#             torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
+#             torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
+#             policy_opt.step()
+#             value_opt.step()
+#             losses.append((pg_loss.item(), v_loss.item()))
+#         # new: the test, once per epoch, on its last minibatch (CleanRL's target_kl)
+#         if approx_kl > stop_kl:
+#             break
+#     return batch, losses
+# ```
+# The test sits after the inner loop: a `break` inside it would end only the epoch, and the next epoch would
+# run. SB3 tests every minibatch, before its step, at 1.5 times its threshold: another rule, with other
+# numbers.
+# </details>
 
 # %% [markdown]
 # ## Check your understanding

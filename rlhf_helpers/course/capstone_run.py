@@ -1,7 +1,7 @@
 """Notebook 08's check, first half: run one PPO iteration from given weights and record it.
 
     record = run_iteration(library_iteration, model, tok, prompts, config, (3, 4), (2.0, 0.05))
-    rtol = rounding_rtol(model, config)   # the float32 rounding budget of one forward pass
+    rtol = rounding_rtol(model, config)   # the rounding budget of one forward pass
 
 `run_iteration` runs an iteration with plain SGD (`RecordingSGD`, which records the gradient norm
 of every step), keeps its experience, losses, steps and weight updates in an `IterationRecord`, and
@@ -38,13 +38,17 @@ LEFT_OUT = {"entropy_coef": 0.0, "ptx_coef": 0.0, "value_warmup_steps": 0, "kl_k
 def library_iteration(model: Any, tokenizer: Any, prompts: Sequence[str],
                       policy_opt: torch.optim.Optimizer,
                       value_opt: torch.optim.Optimizer, config: PPOConfig,
-                      generator: torch.Generator) -> tuple[Experience, list[tuple[float, float]]]:
+                      generator: torch.Generator, stats: list[dict[str, float]] | None = None
+                      ) -> tuple[Experience, list[tuple[float, float]]]:
     """One PPO iteration by the library: `collect_experience`, then `PPOTrainer.update` with these
-    optimisers."""
+    optimisers. `stats`, when given, gets the update's row of statistics for every minibatch
+    (`approx_kl` among them)."""
     batch = collect_experience(model, tokenizer, prompts, config, kl_coef=config.kl_coef)
     trainer = PPOTrainer(config, model, tokenizer, prompts)
     trainer.policy_opt.optimizer, trainer.value_opt.optimizer = policy_opt, value_opt
     trainer.update(batch, generator)
+    if stats is not None:
+        stats.extend(trainer.last_update_stats)
     return batch, [(row["policy_loss"], row["value_loss"]) for row in trainer.last_update_stats]
 
 
@@ -56,16 +60,25 @@ def left_out_settings(config: PPOConfig) -> list[str]:
 
 
 def rounding_rtol(model: Any, config: PPOConfig) -> float:
-    """Relative tolerance between two computations of one iteration that differ only in the order of
-    their float32 operations (a KV-cached sampling loop against one forward, a GAE loop against a
-    matrix product, a trimmed minibatch): K u, with u = 2^-24 and K the roundings on the longest
-    path to one log-prob. Each rounding errs by at most u relative to the numbers it combines; K of
-    them in a row, all erring the same way, give K u (Higham, "Accuracy and Stability of Numerical
-    Algorithms", section 3.1): a worst case, so no CPU's summation order exceeds it. Per layer the
-    path passes two layer norms (sums of `hidden` terms), a query, key or value (`hidden`), a score
-    (`hidden / heads`), the softmax and the weighted values (`context` each), the output projection
-    (`hidden`), the MLP's two products (`hidden`, `inner`); then the final norm, the LM head and the
-    log-sum-exp over the vocabulary. A 16-bit base: at least the course's 16-bit tolerance."""
+    """The check's rounding budget: a relative tolerance for two computations of one iteration that
+    differ only in the order of their float32 operations (a KV-cached sampling loop against one
+    forward, a GAE loop against a matrix product, a trimmed minibatch), relative to the largest
+    entry of each compared tensor.
+
+    It is K u, with u = 2^-24 and K the roundings on the longest path to one log-prob. Each float32
+    operation returns its exact result times (1 + d), |d| <= u; an inner product of n terms, summed
+    in any order, is then off by at most about n u times the sum of its terms' sizes (Higham,
+    "Accuracy and Stability of Numerical Algorithms", section 3.1), which cancellation can make
+    large against the result, and the layers multiply such errors by factors this count does not
+    model (a layer norm divides by a standard deviation, a softmax exponentiates). So K u is a
+    budget set from the model's shape, not a bound and not a fit to one machine: notebook 08
+    measures that the worked solution uses a small fraction of it and that a subtle bug (a biased
+    variance in the whitening) exceeds it several times over. Per layer the path passes two layer
+    norms (sums of `hidden` terms), a query, key or value (`hidden`), a score (`hidden / heads`),
+    the softmax and the weighted values (`context` each), the output projection (`hidden`), the
+    MLP's two products (`hidden`, `inner`); then the final norm, the LM head and the log-sum-exp
+    over the vocabulary.
+    A 16-bit base: at least the course's 16-bit tolerance."""
     cfg = model.lm.config.get_text_config()
     hidden, layers, heads = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads
     inner = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * hidden
@@ -108,16 +121,22 @@ class IterationRecord:
     #: "policy" / "value": each parameter's largest |w| before the update
     weight_sizes: dict[str, list[float]]
     shuffle_seed: int  #: the seed of the generator the iteration shuffled with
+    config: PPOConfig  #: the settings it ran with
+    #: the model it ran on, back at the weights it started from (a hint recomputes a forward pass)
+    model: Any = None
 
 
 def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, prompts: Sequence[str],
                   config: PPOConfig, seeds: tuple[int, int],
                   lrs: tuple[float, float]) -> IterationRecord:
-    """Run `iteration` once from the model's current weights, sampling with seeds[0] (the caller's
-    RNG kept) and shuffling with seeds[1], with RecordingSGD at lrs (policy, value); record it, then
-    restore the weights."""
+    """Run `iteration` once from the model's current weights and no gradient, sampling with
+    seeds[0] (the caller's RNG kept) and shuffling with seeds[1], with RecordingSGD at lrs (policy,
+    value); record it, then restore the weights and drop the gradients."""
     params = {"policy": model.policy_parameters(), "value": model.value_parameters()}
     start = {role: [p.detach().clone() for p in ps] for role, ps in params.items()}
+    for ps in params.values():  # no gradient left from an earlier run: every run starts alike
+        for param in ps:
+            param.grad = None
     opts = {role: RecordingSGD(params[role], lr)
             for role, lr in zip(("policy", "value"), lrs, strict=True)}
     devices = [model.device] if model.device.type == "cuda" else []
@@ -134,6 +153,7 @@ def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, pro
             for role, ps in params.items():
                 for param, weight in zip(ps, start[role], strict=True):
                     param.copy_(weight)
+                    param.grad = None
     return IterationRecord(
         rollout=rollout, sequences=rollout.sequences.detach().cpu(),
         mask=rollout.mask.detach().cpu(),
@@ -141,4 +161,4 @@ def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, pro
         losses=torch.tensor(minibatch_losses(losses, "your iteration"), dtype=torch.float64),
         step_norms={role: opt.step_norms for role, opt in opts.items()}, updates=updates,
         weight_sizes={role: [float(w.abs().max()) for w in ws] for role, ws in start.items()},
-        shuffle_seed=seeds[1])
+        shuffle_seed=seeds[1], config=config, model=model)

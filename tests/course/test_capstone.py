@@ -1,11 +1,12 @@
-"""Notebook 08's check (rlhf_helpers.course.capstone) on the toy world: a plain loop of one PPO
-iteration matches the library's within the rounding budget, each plausible mistake is named with its
-cause, the runs leave the model and the RNG as they were, and a pass belongs to the function objects
-that passed."""
+"""Notebook 08's check (rlhf_helpers.course.capstone) on the toy world: the worked solution as a
+plain loop (course.capstone_reference) matches the library's iteration using a small share of the
+rounding budget, while a subtle bug exceeds it; each plausible mistake is named with its cause; each
+mistake "break your iteration" injects gives the check's message for that cause; the stretch goal's
+early stop is checked against the library run for the kept epochs; the runs leave the model and the
+RNG as they were, and a pass belongs to the function objects that passed."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -14,7 +15,9 @@ from toy_world import TOY_WORDS, toy_causal_lm, toy_tokenizer
 from transformers import GPT2Config
 
 from rlhf_helpers.course import capstone
-from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.course.capstone_breaks import BREAKS, break_iteration, check_message
+from rlhf_helpers.course.capstone_reference import plain_iteration
+from rlhf_helpers.course.capstone_stretch import kl_stop_case, kl_stop_difference, stop_rule
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -26,85 +29,6 @@ CONFIG = PPOConfig(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=2, max_pr
                    max_grad_norm=1e6, lora=LoRASpec(r=4, alpha=8), progress_bar=False)
 PROMPTS = [" ".join(TOY_WORDS[i : i + 3]) for i in range(8)]
 SEEDS, LRS = (3, 4), (2.0, 0.05)
-
-
-@dataclasses.dataclass
-class Rollout:
-    prompts: list
-    responses: list
-    sequences: torch.Tensor
-    attention_mask: torch.Tensor
-    context_length: int
-    mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
-    values: torch.Tensor
-    scores: torch.Tensor
-    rewards: torch.Tensor
-    advantages: torch.Tensor
-    returns: torch.Tensor
-
-
-def plain_iteration(model, tokenizer, prompts, policy_opt, value_opt, config,
-                    generator, mistake=None):
-    """The notebook's worked solution as one loop; `mistake` switches one plausible error on."""
-    s = sample_responses(model, tokenizer, prompts, config.max_prompt_length, config.max_new_tokens,
-                         temperature=config.temperature)
-    seq, attn, P, mask = s.sequences, s.attention_mask, s.context_length, s.mask
-    with torch.no_grad():
-        logp = model.policy_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
-        ref = model.ref_logprobs(seq, attn, P, temperature=config.temperature).float()  # (B, R)
-        values = model.values(seq, attn, P).float() * mask  # (B, R)
-        scores = model.reward_scores(seq, attn).float()  # (B,)
-    sign = 1.0 if mistake == "kl_sign" else -1.0
-    rewards = sign * config.kl_coef * torch.where(mask.bool(), logp - ref, 0.0)  # (B, R)
-    rewards[torch.arange(len(scores)), mask.sum(1).long() - 1] += scores
-    B, T = rewards.shape
-    adv, running, next_value = torch.zeros_like(rewards), torch.zeros(B), torch.zeros(B)
-    for t in reversed(range(T)):
-        running = (rewards[:, t] + config.gamma * next_value - values[:, t]
-                   + config.gamma * config.lam * running)
-        running = running * mask[:, t]
-        adv[:, t], next_value = running, values[:, t]
-    returns = adv + values
-    real = adv[mask.bool()]
-    if mistake != "no_whitening":
-        adv = (adv - real.mean()) / torch.sqrt(real.var() + 1e-8) * mask
-    batch = Rollout(s.prompts, s.responses, seq, attn, P, mask, logp, ref, values, scores,
-                    rewards, adv, returns)
-    losses, order = [], None
-    for _ in range(config.ppo_epochs):
-        order = (order if mistake == "one_shuffle" and order is not None
-                 else torch.randperm(B, generator=generator))
-        for first in range(0, B, config.mini_batch_size):
-            rows = order[first : first + config.mini_batch_size]
-            m, A, G, V_old = (mask[rows], batch.advantages[rows], batch.returns[rows],
-                              batch.values[rows])
-            old = (batch.ref_logprobs if mistake == "ratio_ref" else batch.old_logprobs)[rows]
-            lp = model.policy_logprobs(seq[rows], attn[rows], P,
-                                       temperature=config.temperature).float()
-            rho = torch.exp(torch.where(m.bool(), lp - old, 0.0))
-            eps = 0.2 if mistake == "band_0.2" else config.clip_eps
-            clipped = rho.clamp(1 - eps, 1 + eps)
-            clipped = clipped.detach() if mistake == "detach" else clipped
-            pg = -(torch.min(rho * A, clipped * A) * m).sum() / m.sum()
-            V = model.values(seq[rows], attn[rows], P).float()
-            V_clip = V_old + (V - V_old).clamp(-config.value_clip, config.value_clip)
-            vl = 0.5 * (torch.max((V - G) ** 2, (V_clip - G) ** 2) * m).sum() / m.sum()
-            policy_opt.zero_grad()
-            value_opt.zero_grad()
-            (pg
-             + {"no_vf_coef": 1.0, "vf_coef_0.5": 0.5}.get(mistake, config.vf_coef) * vl).backward()
-            if mistake == "joint_clip":
-                torch.nn.utils.clip_grad_norm_(model.policy_parameters() + model.value_parameters(),
-                                               config.max_grad_norm)
-            else:
-                torch.nn.utils.clip_grad_norm_(model.policy_parameters(), config.max_grad_norm)
-                torch.nn.utils.clip_grad_norm_(model.value_parameters(), config.max_grad_norm)
-            policy_opt.step()
-            value_opt.step()
-            losses.append((pg.item(), vl.item()))
-    return batch, losses
 
 
 @pytest.fixture(scope="module")
@@ -159,12 +83,17 @@ def test_an_update_left_out_is_named_even_for_a_matrix_that_barely_moves(world):
 
 
 @pytest.mark.parametrize(("mistake", "setting", "named"), [
-    ("kl_sign", "free", "check the sign"),
+    ("kl_sign", "free", "the KL penalty has the wrong sign"),
+    ("k3", "free", "your penalty is k3"),
     ("no_whitening", "free", "not whitened"),
+    ("biased_variance", "free", "your variance divides by n"),
     ("ratio_ref", "free", "against the reference's log-probs"),
-    ("detach", "free", "a .detach() on one branch"),
+    ("update_temperature", "free", "your update's log-probs are at temperature 1"),
+    ("detach", "free", "your norm is exactly half the library's: a .detach() on one branch"),
+    ("no_zero_grad", "free", "larger: gradients left over from an earlier minibatch"),
     ("no_vf_coef", "free", "with weight 1: scale it by config.vf_coef"),
     ("vf_coef_0.5", "free", "with weight 0.5: scale it by config.vf_coef"),
+    ("logged_vf_coef", "free", "your logged value loss is config.vf_coef (0.6) x L^V"),
     ("band_0.2", "free", "clip(rho, 1 - config.clip_eps, 1 + config.clip_eps)"),
     ("one_shuffle", "free", "fresh shuffle"),
     ("joint_clip", "clipped", "one clip over both adapters"),
@@ -173,6 +102,112 @@ def test_each_mistake_is_named_with_its_cause(world, mistake, setting, named):
     got, expected, config, rtol = run_plain(world, setting, mistake)
     problem = capstone.first_difference(got, expected, config, rtol)
     assert problem is not None and named in problem, problem
+
+
+def test_the_worked_solution_uses_a_small_share_of_the_budget_and_a_biased_variance_exceeds_it(
+        world):
+    """The budget is a budget: the worked solution's largest difference is a few percent of it at
+    most, while the subtlest real bug tried, a variance divided by n in the whitening, exceeds it
+    several times over (it moves every advantage by a factor sqrt(n / (n - 1)), n the batch's
+    real tokens)."""
+    got, expected, config, rtol = run_plain(world, "free")
+    assert capstone.budget_used(got, expected, config, rtol) < 0.05
+    biased, *_ = run_plain(world, "free", "biased_variance")
+    n = int(expected.mask.sum())
+    assert capstone.budget_used(biased, expected, config, rtol) >= (
+        (n / (n - 1)) ** 0.5 - 1) / rtol > 3
+
+
+@pytest.mark.parametrize(("mistake", "said"), [
+    ("no zero_grad", "larger: gradients left over from an earlier minibatch"),
+    ("half the policy gradient", "your norm is exactly half the library's"),
+    ("reference as old", "your old_logprobs are the reference's"),
+    ("update at temperature 1", "your update's log-probs are at temperature 1"),
+    ("vf_coef in the logged value loss", "your logged value loss is config.vf_coef"),
+])
+def test_each_injected_mistake_gets_the_checks_message_for_its_cause(world, mistake, said):
+    model, tok, runs = world
+    config, expected = runs["free"]
+    message = check_message(break_iteration(plain_iteration, mistake), model, tok, PROMPTS, config,
+                            SEEDS, LRS, expected, capstone.rounding_rtol(model, config))
+    assert said in message, message
+    # the working iteration, unbroken, passes; the model's methods are its own again
+    assert check_message(plain_iteration, model, tok, PROMPTS, config, SEEDS, LRS, expected,
+                         capstone.rounding_rtol(model, config)).startswith("no difference")
+    assert "policy_logprobs" not in vars(model)
+    assert set(BREAKS) >= {mistake}
+
+
+def test_a_failing_iteration_gives_its_error_as_the_message(world):
+    model, tok, runs = world
+    config, expected = runs["free"]
+
+    def raises(*_):
+        raise RuntimeError("Trying to backward through the graph a second time")
+
+    assert check_message(raises, model, tok, PROMPTS, config, SEEDS, LRS, expected, 1e-4) == (
+        "RuntimeError: Trying to backward through the graph a second time")
+
+
+@pytest.fixture(scope="module")
+def kl_case(world):
+    model, tok, _ = world
+    return kl_stop_case(model, tok, PROMPTS, CONFIG.replace(ppo_epochs=3), SEEDS, LRS)
+
+
+def test_the_early_stop_keeps_fewer_epochs_than_all_at_a_threshold_clear_of_both_sides(kl_case):
+    ends = kl_case.end_kls
+    assert kl_case.epochs_kept < kl_case.full_epochs == 3
+    stop = kl_case.epochs_kept - 1
+    assert ends[stop] > 1.2 * kl_case.stop_kl and max(ends[:stop]) < kl_case.stop_kl / 1.2
+    assert len(kl_case.expected.losses) == 2 * kl_case.epochs_kept  # 8 rows, minibatches of 4
+
+
+def test_the_stop_rule_stands_clear_of_every_value_and_falls_back_to_the_first_epoch():
+    assert stop_rule([0.01, 0.09, 0.2]) == (1, pytest.approx(0.03))  # sqrt(0.01 x 0.09)
+    assert stop_rule([0.01, 0.05, 0.06, 0.5]) == (1, pytest.approx((0.01 * 0.05) ** 0.5))
+    assert stop_rule([0.05, 0.05, 0.06]) == (0, 0.025)  # no later epoch stands clear
+    assert stop_rule([0.05, 0.09]) == (0, 0.025)  # the last epoch cannot be the one that stops
+    with pytest.raises(ValueError, match="at least 2 epochs"):
+        stop_rule([0.05])
+
+
+def test_the_worked_early_stop_matches_the_library_run_for_the_kept_epochs(world, kl_case):
+    model, tok, _ = world
+    rtol = capstone.rounding_rtol(model, CONFIG)
+    full = kl_case.config.replace(ppo_epochs=kl_case.full_epochs)
+    got = capstone.run_iteration(functools.partial(plain_iteration, stop_kl=kl_case.stop_kl),
+                                 model, tok, PROMPTS, full, SEEDS, LRS)
+    assert kl_stop_difference(got, kl_case, rtol) is None
+
+
+@pytest.mark.parametrize(("mistake", "named"), [
+    (None, "you never stopped"),  # no stop_kl: every epoch
+    ("stop_k1", "the approx-KL is k3"),  # k1 = mean(-log rho) stays below the threshold here
+])
+def test_each_early_stop_mistake_is_named(world, kl_case, mistake, named):
+    model, tok, _ = world
+    full = kl_case.config.replace(ppo_epochs=kl_case.full_epochs)
+    stop = None if mistake is None else kl_case.stop_kl
+    got = capstone.run_iteration(functools.partial(plain_iteration, mistake=mistake, stop_kl=stop),
+                                 model, tok, PROMPTS, full, SEEDS, LRS)
+    problem = kl_stop_difference(got, kl_case, capstone.rounding_rtol(model, CONFIG))
+    assert problem is not None and named in problem, problem
+
+
+def test_gradients_left_by_an_earlier_run_do_not_reach_the_next(world):
+    """The library zeroes gradients after each step, a learner's loop before each backward pass:
+    whatever ran before, every recorded run starts without gradients, so a check passes or fails
+    the same in any run order."""
+    model, tok, runs = world
+    config, expected = runs["free"]
+    for param in model.policy_parameters() + model.value_parameters():
+        param.grad = torch.ones_like(param)
+    again = capstone.run_iteration(capstone.library_iteration, model, tok, PROMPTS, config, SEEDS,
+                                   LRS)
+    assert torch.equal(again.losses, expected.losses)
+    assert again.step_norms == expected.step_norms
+    assert all(param.grad is None for param in model.policy_parameters())
 
 
 def test_run_iteration_leaves_the_weights_and_the_rng_as_they_were(world):

@@ -157,6 +157,9 @@ SHORTCUTS: dict[str, dict[str, str]] = {
              "policy_opt, value_opt\n    shortcut.update(batch, generator)\n"
              "    return batch, [(s['policy_loss'], s['value_loss']) for s in "
              "shortcut.last_update_stats]\n",
+        "3": "def ppo_iteration_kl_stop(model, tokenizer, prompts, policy_opt, value_opt, config, "
+             "generator, stop_kl):\n    return library_iteration(model, tokenizer, prompts, "
+             "policy_opt, value_opt, config.replace(ppo_epochs=kl_case.epochs_kept), generator)\n",
     },
 }
 #: Exercises with no library twin to hide (so no `hidden=` and no shortcut), and why.
@@ -380,6 +383,16 @@ def test_notebook_solutions_pass_and_rerun_works(path: Path, tmp_path: Path, mon
     assert len(mistakes) == 2 * n_mistakes, lines
     passed = [name for status, name in mistakes if status != EXERCISE_FAILED]
     assert not passed, f"plausible wrong answers the checks let through: {sorted(set(passed))}"
+    # where a wrong answer's cause is listed (Mistake.hint), the check's message names it
+    said = dict(re.findall(rf"^{EXERCISE_FAILED}  (Mistake \d+\.\d+) (.*)$", _stdout(executed),
+                           re.MULTILINE))  # label -> the rest of its FAILED line
+    unnamed = []
+    for number, wrong in load_mistakes(path.stem).items():
+        for k, mistake in enumerate(wrong, start=1):
+            label = f"Mistake {number}.{k}"
+            if mistake.hint and mistake.hint not in said.get(label, ""):
+                unnamed.append((label, mistake.hint, said.get(label)))
+    assert not unnamed, f"messages that do not name the cause (label, cause, said): {unnamed}"
 
 
 #: What section 4 of 05 prints when all four of the learner's pieces train the run
