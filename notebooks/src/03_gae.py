@@ -8,6 +8,7 @@
 # **You will learn**
 # - how one reward-model score per answer becomes a reward per token, with a KL penalty towards the
 #   reference model (estimators $k_1$, $k_2$, $k_3$);
+# - the KL-regularised objective those rewards maximise, and its optimum $\pi^* \propto \pi_{\text{ref}}\, e^{r/\beta}$;
 # - TD errors, $\lambda$-returns and GAE, which you write as trlx's reverse loop over a padded batch;
 # - what $\lambda$ trades: the critic's bias against the rewards' variance;
 # - whitening advantages over the real tokens only.
@@ -24,6 +25,7 @@ from rlhf_helpers.course.notebook import exercise_check, show_environment
 env_info = show_environment()
 
 # %%
+import itertools
 import math
 import time
 
@@ -272,6 +274,110 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 
 
 # %% [markdown]
+# ### The objective these rewards maximise
+#
+# An autoregressive model multiplies its token probabilities, $\log\pi(y \mid x) = \sum_t \log\pi(y_t \mid s_t)$,
+# so a response's $k_1$ terms add up to its log-ratio, and their expectation is the KL between the two
+# models' distributions over whole responses:
+#
+# $$\sum_t k_{1,t} = \log\frac{\pi(y \mid x)}{\pi_{\text{ref}}(y \mid x)}, \qquad
+# \mathbb E_{y \sim \pi}\Big[\sum_t k_{1,t}\Big] = \mathrm{KL}\big(\pi(\cdot \mid x) \,\Vert\, \pi_{\text{ref}}(\cdot \mid x)\big).$$
+#
+# With $\gamma = 1$ a response's shaped rewards therefore sum to $r(x, y) - \beta \log\frac{\pi(y \mid x)}{\pi_{\text{ref}}(y \mid x)}$
+# ($r$ the score), and PPO on them maximises the **KL-regularised objective**
+#
+# $$J(\theta) = \mathbb E_{x,\; y \sim \pi_\theta}\big[r(x, y)\big] - \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\Vert\, \pi_{\text{ref}}(\cdot \mid x)\big).$$
+#
+# **A reward that depends on $\theta$.** PPO treats $-\beta k_1$ as a fixed reward: no gradient flows through
+# it. That is exact in expectation. With $\ell(y) = \log\pi_\theta(y) - \log\pi_{\text{ref}}(y)$,
+#
+# $$\nabla_\theta\, \mathbb E_{y \sim \pi_\theta}[\ell] = \sum_y \nabla\pi_\theta(y)\, \ell(y) + \sum_y \pi_\theta(y)\, \nabla\ell(y)
+# = \mathbb E\big[\ell\, \nabla\log\pi_\theta\big] + \mathbb E\big[\nabla\log\pi_\theta\big],$$
+#
+# as $\nabla\ell = \nabla\log\pi_\theta$. The last term is zero, the key step: $\mathbb E[\nabla\log\pi_\theta] = \sum_y \nabla\pi_\theta(y) = \nabla \sum_y \pi_\theta(y) = \nabla 1 = 0$
+# (the score-function identity; per token, given $s_t$, likewise). So $\nabla J = \mathbb E[(r - \beta\ell)\, \nabla\log\pi_\theta]$:
+# the policy gradient of notebook 01 with the shaped reward held fixed.
+#
+# **Its optimum.** With $\pi^*(y \mid x) = \pi_{\text{ref}}(y \mid x)\, e^{r(x, y)/\beta} / Z(x)$ and
+# $Z(x) = \sum_y \pi_{\text{ref}}(y \mid x)\, e^{r(x, y)/\beta}$, for each prompt
+#
+# $$J = \sum_y \pi(y)\Big(r(y) - \beta \log\frac{\pi(y)}{\pi_{\text{ref}}(y)}\Big) = \beta \log Z - \beta\, \mathrm{KL}(\pi \,\Vert\, \pi^*),$$
+#
+# largest, $\beta\log Z$, exactly at $\pi = \pi^*$ (Gibbs' variational principle): the reference tilted towards
+# high reward, at a finite KL that a smaller $\beta$ makes larger. With a uniform $\pi_{\text{ref}}$ the penalty
+# is the negative entropy up to a constant and $\pi^* = \operatorname{softmax}(r/\beta)$: the soft-optimal
+# policy of maximum-entropy RL. Solved for the reward, $r = \beta\log(\pi^*/\pi_{\text{ref}}) + \beta\log Z$:
+# notebook 07 derives DPO from that line.
+#
+# The cells check all three on toys: a model of two words and EOS that writes at most 3 tokens (15 possible
+# responses, cut ones included), and 6 responses with rewards, where gradient ascent on $J$ meets $\pi^*$.
+
+# %%
+toy_gen = torch.Generator().manual_seed(3)
+EOS_TOY, MAX_TOY = 2, 3  # tokens 0, 1 and EOS; responses of at most 3 tokens
+toy_logits = torch.randn(2, MAX_TOY, 4, 3, generator=toy_gen, dtype=torch.float64)  # (pi / ref, t, y_{t-1} or start, y_t)
+toy_logits[1] += toy_logits[0]  # the reference: the policy's logits plus noise
+toy_responses = [y for n in range(1, MAX_TOY + 1) for y in itertools.product(range(3), repeat=n)
+                 if EOS_TOY not in y[:-1] and (y[-1] == EOS_TOY or n == MAX_TOY)]  # EOS, or cut at 3 tokens
+seq_logp, k1_sums, exact_sums = [], [], []  # per response
+for y in toy_responses:
+    logp_all = toy_logits[:, range(len(y)), (3,) + y[:-1]].log_softmax(-1)  # (2, n, 3): each state's next token
+    logp_y = logp_all[:, range(len(y)), y]  # (2, n): log pi(y_t | s_t) and log pi_ref(y_t | s_t)
+    seq_logp.append(logp_y.sum(1))  # (2,): log pi(y), log pi_ref(y)
+    k1_sums.append((logp_y[0] - logp_y[1]).sum())
+    exact_sums.append((logp_all[0].exp() * (logp_all[0] - logp_all[1])).sum())  # exact per-token KLs, summed
+p_seq, p_ref_seq = torch.stack(seq_logp).exp().T  # (15,) each: two distributions over the responses
+torch.testing.assert_close(p_seq.sum(), torch.tensor(1.0, dtype=torch.float64))  # nothing missing
+seq_kl = float((p_seq * (p_seq / p_ref_seq).log()).sum())  # KL of the two distributions over responses
+torch.testing.assert_close(float((p_seq * torch.stack(k1_sums)).sum()), seq_kl)  # E[sum of k1]
+torch.testing.assert_close(float((p_seq * torch.stack(exact_sums)).sum()), seq_kl)  # E[sum of exact KL_t]
+print(f"{len(toy_responses)} responses: sequence KL {seq_kl:.6f} = E[sum of k1] = E[sum of exact per-token KL]")
+
+# %%
+cat_gen = torch.Generator().manual_seed(4)
+beta_toy, rewards_toy = 1.0, 2 * torch.rand(6, generator=cat_gen, dtype=torch.float64)  # (6,)
+log_ref = (0.5 * torch.randn(6, generator=cat_gen, dtype=torch.float64)).log_softmax(-1)  # (6,)
+
+
+def objective(theta: torch.Tensor) -> torch.Tensor:
+    """J = sum_y pi(y) (r(y) - beta log(pi(y) / pi_ref(y))) with pi = softmax(theta): exact, no sampling."""
+    logp = theta.log_softmax(-1)  # (6,)
+    return (logp.exp() * (rewards_toy - beta_toy * (logp - log_ref))).sum()
+
+
+theta = torch.randn(6, dtype=torch.float64, generator=cat_gen, requires_grad=True)  # (6,)
+(grad_exact,) = torch.autograd.grad(objective(theta), theta)
+probs, jacobian = theta.softmax(-1).detach(), torch.autograd.functional.jacobian(lambda th: th.log_softmax(-1), theta)
+held_fixed = (rewards_toy - beta_toy * (probs.log() - log_ref)) * probs  # (6,): shaped reward x pi, no gradient
+torch.testing.assert_close(held_fixed @ jacobian, grad_exact)  # E[(r - beta l) grad log pi] = grad J
+print(f"|E[grad log pi]| = {float((probs @ jacobian).norm()):.1e}: the term the fixed reward drops")
+ascent = torch.optim.SGD([theta], lr=4.0)
+for _ in range(1000):  # gradient ascent on J
+    ascent.zero_grad()
+    (-objective(theta)).backward()
+    ascent.step()
+pi_star = (log_ref + rewards_toy / beta_toy).softmax(-1)  # (6,): pi_ref exp(r / beta) / Z
+gap = float(beta_toy * torch.logsumexp(log_ref + rewards_toy / beta_toy, -1) - objective(theta.detach()))  # beta log Z - J
+largest_error = float((theta.detach().softmax(-1) - pi_star).abs().max())  # max over y of |pi(y) - pi*(y)|
+print(f"beta log Z - J = {gap:.1e};  max |pi - pi*| = {largest_error:.1e}")
+
+# %% [markdown]
+# In the first cell three numbers agree: the KL between the distributions over responses, the expected $k_1$
+# sum, and the expected sum of the *exact* per-token KLs (the chain rule of KL), which the estimators' deep
+# dive recommends reporting. In the second, gradient ascent ends within $10^{-10}$ of the bound $\beta\log Z$.
+# Since $\beta\log Z - J = \beta\,\mathrm{KL}(\pi \Vert \pi^*)$ and Pinsker's inequality gives
+# $|\pi(y) - \pi^*(y)| \le \sqrt{\mathrm{KL}/2}$, every probability must then lie within
+# $\sqrt{10^{-10}/(2\beta)} \approx 7 \times 10^{-6}$ of $\pi^*$; it does.
+
+# %% tags=["claim-check"]
+check_claims({
+    "gradient ascent ends within 1e-10 of beta log Z": abs(gap) < 1e-10,
+    "every probability lies within sqrt(1e-10 / (2 beta)) of pi* (Pinsker's bound for that gap)":
+        largest_error < math.sqrt(1e-10 / (2 * beta_toy)),
+}, any_profile=True)
+
+
+# %% [markdown]
 # ## 2. TD errors, n-step returns, $\lambda$-returns
 #
 # With a critic $V(s_t)$ (the value head, notebook 05) and $V = 0$ after the last real token:
@@ -288,6 +394,19 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 #
 # $\lambda = 0$ gives $\hat A_t = \delta_t$ (one-step TD: low variance, biased by the critic);
 # $\lambda = 1$ gives the (discounted) Monte-Carlo return minus $V$ (unbiased, high variance).
+#
+# **Where a response ends.** A response ends at EOS or is cut at `max_new_tokens`, and in both cases $V = 0$
+# after its last real token: the return stops there and GAE does not bootstrap. After an EOS that is simply
+# true. After a cut it treats the length limit as termination, part of the task rather than an interruption:
+# the reward model scores the cut text as it stands (its head reads the last real token, EOS or not), no
+# reward ever follows, and the policy's state $s_t = (x, y_{<t})$ holds how many tokens it has written. The
+# alternative, bootstrapping with $V(s_T)$ (adding $\gamma V$ of the state after the cut to the last TD
+# error), suits an episode that would go on earning reward, such as a simulator's time limit; here it would
+# add reward that no response receives. A cut answer is usually an unfinished one, which the reward model
+# may still like. `missing_eos_penalty` (a `PPOConfig` field, as in TRL; off in the course's profiles) adds
+# a fixed amount to the score of every response cut without EOS; a negative one makes finishing pay. Use
+# it when responses run to the limit (`eos_fraction` falls; the run doctor reports `length_runaway`) and
+# the reward model does not mark unfinished answers down itself.
 
 # %%
 def td_scratch(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -328,8 +447,7 @@ def check_gae_loop():
     g = torch.Generator().manual_seed(7)
     lengths = [5, 1, 8, 3]
     mask_c = (torch.arange(8)[None, :] < torch.tensor(lengths)[:, None]).double()  # (4, 8), right-padded
-    r = torch.randn(4, 8, generator=g, dtype=torch.float64) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
-    v = torch.randn(4, 8, generator=g, dtype=torch.float64) + 50 * (1 - mask_c)  # (4, 8): garbage at padding
+    r, v = torch.randn(2, 4, 8, generator=g, dtype=torch.float64) + 50 * (1 - mask_c)  # (4, 8) each: garbage at padding
     for gamma_c, lam_c in [(0.99, 0.95), (1.0, 0.0), (1.0, 1.0), (0.9, 0.5)]:
         expected = torch.zeros(4, 8, dtype=torch.float64)  # one row at a time, its real tokens only
         for i, n in enumerate(lengths):
@@ -351,6 +469,10 @@ def check_gae_loop():
                 hint = "padding must hold 0 and must not feed the row's last real token: multiply by the mask"
             elif t == n - 1 < 7 and abs(diff - gamma_c * float(v[i, t + 1])) < 1e-6:
                 hint = "the last real token must bootstrap from V = 0, not from the value stored at the padding"
+            elif name == "returns" and all(abs(got[i, u] - sum(gamma_c**k * r[i, u + k] for k in range(n - u))) < 1e-6
+                                           for u in range(n)):  # the row's Monte-Carlo reward-to-go
+                hint = ("your returns are the Monte-Carlo reward-to-go; GAE's are A_t + V(s_t), the lambda-return (the "
+                        "critic's target), which equals the reward-to-go only at lambda = 1")
             else:
                 hint = ("check delta_t = r_t + gamma V(s_t+1) - V(s_t) and A_t = delta_t + gamma lambda A_t+1, "
                         "computed from t = T-1 down to 0")
@@ -604,10 +726,10 @@ check_claims({
 #
 # ### Exercise 3: whiten over the real tokens
 # Write `masked_whiten_scratch(x, mask, eps=1e-8)`, the equation above, for a (B, T) batch whose rows
-# have different lengths and whose padding may hold anything. Match it exactly, as the library and TRL's
-# `masked_whiten` do: variance divided by $n - 1$, $\epsilon$ inside the square root. The check loops over
-# the real tokens, also on advantages that barely differ (where $\epsilon$ matters) and with another
-# `eps`; the library's masked reductions are hidden while it runs.
+# have different lengths and whose padding may hold anything, even NaN or inf. Match it exactly, as the
+# library and TRL's `masked_whiten` do: variance divided by $n - 1$, $\epsilon$ inside the square root. The
+# check loops over the real tokens, also on advantages that barely differ (where $\epsilon$ matters), with
+# another `eps`, and with NaN and inf in the padding; the library's masked reductions are hidden while it runs.
 
 # %%
 # EXERCISE 3
@@ -617,18 +739,41 @@ def masked_whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8
 
 
 # %%
+def check_whiten_hint(dev: list[float], mine: list[float], var: float, eps_used: float, padded: list[float]) -> str:
+    """The check's guess at the cause, from the divisor a learner's output implies if it is centred right
+    (`padded`: the variance with the padding's deviations left in)."""
+    n = len(dev)
+    if abs(sum(mine) / n) > 1e-6:
+        return "your output's mean over the real tokens is not 0: subtract their mean, (sum over them) / mask.sum()"
+    divisor = sum(d * d for d in dev) / sum(d * o for d, o in zip(dev, mine, strict=True))
+    slips = [("your variance divides by n; the equation's (unbiased, as torch.var) divides by n - 1",
+              math.sqrt(var * (n - 1) / n + eps_used)),
+             ("you add eps to the standard deviation, sqrt(var) + eps (as CleanRL does); the equation puts it "
+              "inside the square root, sqrt(var + eps)", math.sqrt(var) + eps_used),
+             (f"the eps passed ({eps_used:g}) is not in your divisor, sqrt(var) (give or take 1e-8)", math.sqrt(var))]
+    slips += [("the padding's values entered your variance: mask the deviations before squaring", math.sqrt(v + eps_used))
+              for v in padded]
+    return next((text for text, d in slips if abs(divisor - d) <= 1e-6 * d), "")
+
+
+# %%
 def check_masked_whiten():
     g = torch.Generator().manual_seed(5)
     lengths = [6, 2, 4, 1]  # 13 real tokens of 24; the last row holds one
     m = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).double()  # (4, 6), right-padded
     noise = torch.randn(3, 4, 6, generator=g, dtype=torch.float64)  # (3, 4, 6)
-    cases = [("advantages of spread about 2", 1 + 2 * noise[0], None),  # (what, real values, eps; None: default)
-             ("advantages that barely differ (spread 1e-4, so var is near the default eps)", 3 + 1e-4 * noise[1], None),
-             ("eps=0.5", noise[2], 0.5)]
-    for what, x_real, eps_c in cases:
-        x = x_real * m + 50 * (1 - m)  # (4, 6): 50 at the padding
+    nan_inf = torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64).repeat(8).view(4, 6)  # (4, 6)
+    cases = [("advantages of spread about 2", 1 + 2 * noise[0], None, 50.0),  # (what, real values, eps, padding)
+             ("advantages that barely differ (spread 1e-4, so var is near the default eps)", 3 + 1e-4 * noise[1], None,
+              50.0), ("eps=0.5", noise[2], 0.5, 50.0), ("NaN and inf at the padding", 1 + 2 * noise[0], None, nan_inf)]
+    for what, x_real, eps_c, padding in cases:  # eps None: the default
+        x = torch.where(m.bool(), x_real, padding)  # (4, 6); x_real * m + padding * (1 - m) would be NaN everywhere
         got = masked_whiten_scratch(x, m) if eps_c is None else masked_whiten_scratch(x, m, eps=eps_c)
         assert isinstance(got, torch.Tensor) and got.shape == x.shape, f"return a tensor of x's shape, {tuple(x.shape)}"
+        assert bool(torch.isfinite(got).all()) or bool(torch.isfinite(x).all()), (
+            f"{what}: your output holds NaN or inf, from the padding's: NaN x 0 is NaN (and inf x 0 too), so "
+            "multiplying by the mask does not remove them. Select instead: torch.where(mask.bool(), x, 0.0) (or "
+            "x.masked_fill(mask == 0, 0.0)) before any sum")
         assert bool((got[m == 0] == 0).all()), f"{what}: the padding must hold 0 (multiply the result by the mask)"
         cells = [(i, t) for i, n_i in enumerate(lengths) for t in range(n_i)]  # a loop over the real tokens
         real, mine = [float(x[c]) for c in cells], [float(got[c]) for c in cells]
@@ -639,17 +784,8 @@ def check_masked_whiten():
         wrong = [k for k in range(n) if abs(mine[k] - expected[k]) > 1e-6 * max(map(abs, expected))]
         if not wrong:
             continue
-        divisor = sum(d * d for d in dev) / sum(d * o for d, o in zip(dev, mine, strict=True))  # if centred right
-        slips = {"your variance divides by n; the equation's (unbiased, as torch.var) divides by n - 1":
-                 math.sqrt(var * (n - 1) / n + eps_used),
-                 "you add eps to the standard deviation, sqrt(var) + eps (as CleanRL does); the equation puts it "
-                 "inside the square root, sqrt(var + eps)": math.sqrt(var) + eps_used,
-                 f"the eps passed ({eps_used:g}) is not in your divisor, sqrt(var) (give or take 1e-8)": math.sqrt(var),
-                 "the padding's values entered your variance: mask the deviations before squaring":
-                 math.sqrt(var + (24 - n) * (50 - mean) ** 2 / (n - 1) + eps_used)}  # + the padding's deviations
-        hint = next((text for text, d in slips.items() if abs(divisor - d) <= 1e-6 * d), "")
-        if abs(sum(mine) / n) > 1e-6:
-            hint = "your output's mean over the real tokens is not 0: subtract their mean, sum(x * mask) / mask.sum()"
+        padded = [var + (24 - n) * (pad - mean) ** 2 / (n - 1) for pad in (50.0, 0.0)]  # padding as given, or 0
+        hint = check_whiten_hint(dev, mine, var, eps_used, padded)
         raise AssertionError(f"{what}: at (row, t) = {cells[wrong[0]]} you return {mine[wrong[0]]:.6g}, expected "
                              f"{expected[wrong[0]]:.6g} (a loop over the real tokens). {hint}")
 
@@ -664,14 +800,17 @@ exercise_check("Exercise 3 (masked_whiten_scratch)", check_masked_whiten,
 # ```python
 # def masked_whiten_scratch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 #     """(x - mean) / sqrt(var + eps) with the mean and unbiased var over the real tokens; 0 at padding: (B, T)."""
+#     x = torch.where(mask.bool(), x, 0.0)  # (B, T): the padding may hold NaN, and NaN * 0 is NaN: select, not multiply
 #     n = mask.sum()  # real tokens in the whole batch
 #     mean = (x * mask).sum() / n
 #     var = (((x - mean) * mask) ** 2).sum() / (n - 1)  # unbiased; the padding's deviations masked out
 #     return (x - mean) / torch.sqrt(var + eps) * mask  # (B, T): 0 at padding
 # ```
 # Every sum runs over the whole batch, so a token weighs the same whatever the length of its row; the
-# final `* mask` puts the padding back to 0, since `x - mean` is not 0 there. `x[mask.bool()]` with
-# `.mean()` and `.var()` gives the same statistics (`torch.var` divides by $n - 1$ by default).
+# final `* mask` puts the padding back to 0, since `x - mean` is not 0 there. The first line is what keeps a
+# NaN or inf in the padding out: multiplied by the mask it would stay NaN and spread through every sum.
+# `x[mask.bool()]` with `.mean()` and `.var()` gives the same statistics (`torch.var` divides by $n - 1$
+# by default).
 # </details>
 
 # %% [markdown]
@@ -736,6 +875,8 @@ check_claims({
 # ## Summary
 # - Per-token reward: $-\beta \widehat{\mathrm{KL}}_t$ everywhere plus the score on the last real token;
 #   $k_1$ can go negative, $k_3$ cannot, both are unbiased.
+# - The $k_1$ sum is the sequence log-ratio: PPO on these rewards maximises $\mathbb E[r] - \beta\,\mathrm{KL}(\pi \Vert \pi_{\text{ref}})$,
+#   exactly in expectation, and its optimum is $\pi^* \propto \pi_{\text{ref}}\, e^{r/\beta}$.
 # - GAE: $\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}$, returns $= \hat A + V$; on a padded batch the
 #   reverse loop masks the running advantage and the next value.
 # - $\lambda$ trades the critic's bias against the rewards' variance.

@@ -25,6 +25,15 @@ MISTAKES = {
         Mistake("no bootstrap: the TD error without gamma V(s_t+1)",
                 "delta = rewards[:, t] + gamma * next_value - values[:, t]",
                 "delta = rewards[:, t] - values[:, t]"),
+        Mistake("the Monte-Carlo reward-to-go as the returns instead of A + V (the lambda-return)",
+                "    return advantages, (advantages + values) * mask",
+                "    returns = torch.zeros_like(rewards)  # (B, T): the reward-to-go\n"
+                "    to_go = torch.zeros_like(rewards[:, 0])  # (B,)\n"
+                "    for t in reversed(range(rewards.shape[1])):\n"
+                "        to_go = (rewards[:, t] + gamma * to_go) * mask[:, t]\n"
+                "        returns[:, t] = to_go\n"
+                "    return advantages, returns",
+                hint="the lambda-return"),
     ],
     "3": [
         Mistake("the biased variance, divided by n instead of n - 1", "/ (n - 1)", "/ n"),
@@ -35,7 +44,10 @@ MISTAKES = {
         Mistake("eps written as the default 1e-8, ignoring the eps argument",
                 "torch.sqrt(var + eps)", "torch.sqrt(var + 1e-8)"),
         Mistake("the padding's deviations left in the variance", "((x - mean) * mask) ** 2",
-                "(x - mean) ** 2"),
+                "(x - mean) ** 2", hint="mask the deviations before squaring"),
+        Mistake("the padding zeroed by multiplying by the mask: NaN there turns every sum NaN",
+                "    x = torch.where(mask.bool(), x, 0.0)", "    x = x * mask",
+                hint="NaN x 0 is NaN"),
         Mistake("the mean over every position, padding included", "(x * mask).sum() / n",
                 "(x * mask).mean()"),
         Mistake("the padding left at (x - mean) / sigma instead of 0",
