@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** notebook 01 (a language model as a policy; the stages pretraining, SFT, RLHF); PyTorch tensors, autograd and cross-entropy; the sigmoid and log-probabilities.
 #
-# **Time:** about 120 min for the core; the deep dives add about 85 min.
+# **Time:** about 150 min for the core, in two sittings (the second from *4. Train the reward model*); the deep dives add about 110 min.
 #
 # **You will learn** where every model starts (SFT); preference data and the Bradley-Terry loss; the best
 # accuracy noisy labels allow; and a reward model as the SFT model plus a LoRA adapter and a score head

@@ -15,7 +15,7 @@
 #
 # **Prerequisites:** notebooks 01 (policy gradients, reward-to-go, TD errors, the critic) and 02 (the
 # reward model's one score per response); padded (B, T) batches with a mask.
-# **Time:** about 110 min for the core; the deep dives add about 55 min.
+# **Time:** about 155 min for the core, in two sittings (the second from *3. The reverse loop*); the deep dives add about 90 min.
 
 # %% tags=["colab-setup"]
 

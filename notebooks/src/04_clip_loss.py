@@ -14,7 +14,7 @@
 #
 # **Prerequisites:** notebooks 01 (policy gradients, the importance ratio, why PPO clips) and 03
 # (advantages, and the KL estimators $k_1$, $k_2$, $k_3$).
-# **Time:** about 100 min for the core; the deep dives add about 60 min.
+# **Time:** about 125 min for the core, in two sittings (the second from *3. The value loss, with clipping*); the deep dives add about 80 min.
 
 # %% tags=["colab-setup"]
 

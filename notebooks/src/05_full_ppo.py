@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 01-04 (the policy gradient, the reward model, GAE, the clipped loss);
 # Exercise 2 here reuses your `gae_loop` from notebook 03.
 #
-# **Time:** about 120 min for the core; the deep dives add about 225 min.
+# **Time:** about 150 min for the core, in two sittings (the second from *Exercise 3*); the deep dives add about 310 min.
 #
 # **You will learn**
 # - the four roles of RLHF-PPO and how one base model plays them all with LoRA adapters;

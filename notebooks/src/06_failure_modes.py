@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** notebooks 02 to 05: the PPO ratio and its clip, the KL penalty in the reward, GAE and explained variance.
 #
-# **Time:** about 125 min for the core; the deep dives add about 125 min.
+# **Time:** about 170 min for the core, in two sittings (the second from *(c) KL coefficient 0*); the deep dives add about 195 min.
 #
 # **You will learn** to recognise bugs that real RLHF code has shipped with, from their numbers and
 # curves, broken and fixed side by side, and to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`),
