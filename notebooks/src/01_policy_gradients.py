@@ -69,12 +69,13 @@ torch.set_num_threads(1)  # tensors this tiny: extra threads cost more in synchr
 # - **Discount** $\gamma = 1$: an episode has at most `max_new_tokens` steps, so the return needs no
 #   discount, and the score, paid at the end, reaches the first token undiminished.
 # - **Termination:** the episode ends when the policy writes EOS, so its length is the response's,
-#   $T = \lvert y \rvert$, different in every row. The trainer also cuts a response at `max_new_tokens`.
+#   $T = \lvert y \rvert$, varying from row to row. The trainer also cuts a response at `max_new_tokens`.
 #   That is **truncation**, a time limit, not a terminal state: in the language's own MDP only EOS ends
 #   an episode. The course treats a cut like an end, as CleanRL treats a time limit: the reward model
-#   scores the text as cut, and $V = 0$ after its last token. As $s_t$ holds its own length, this is exact
+#   scores the text as cut, and $V = 0$ after its last token. On MuJoCo that is an approximation, since
+#   the observation does not hold the time; here $s_t$ holds its own length, so it is exact
 #   for the objective with the limit built in; it does not estimate what the uncut response would have
-#   earned. Notebook 03 covers this, and `missing_eos_penalty`, which lowers a cut response's score.
+#   earned. Notebook 03 covers this, and `missing_eos_penalty`, which (set negative) lowers a cut response's score.
 #
 # **Two views of one response.**
 # - **A bandit:** the context is $x$, the arm the whole response, paid once. Since
@@ -97,7 +98,7 @@ torch.set_num_threads(1)  # tensors this tiny: extra threads cost more in synchr
 # | advantage whitening | per minibatch | once per batch, over all its real tokens |
 # | minibatches | shuffled time steps: 4 of 256 / 32 of 64; 4 / 10 epochs; clip 0.1 / 0.2 | shuffled whole sequences: 4 of 16; 4 epochs; clip 0.2 |
 # | entropy bonus | 0.01 / 0 | none (`entropy_coef` = 0): the KL penalty already holds an entropy bonus of weight $\beta$, as $-\mathrm{KL}(\pi \Vert \pi_{\text{ref}}) = -\mathbb{E}_\pi[\log \pi] + \mathbb{E}_\pi[\log \pi_{\text{ref}}]$ |
-# | normalisation | Atari: frames scaled by 1/255, rewards clipped to their sign; MuJoCo: running normalisation of observations and returns | none: tokens are ids; scores as the reward model gives them (`score_clip` off) |
+# | normalisation | Atari: frames scaled by 1/255, rewards clipped to their sign; MuJoCo: observations normalised by a running mean and standard deviation, rewards divided by a running standard deviation of the discounted return, both clipped to ±10 | none: tokens are ids; scores as the reward model gives them (`score_clip` off) |
 # | value function | a second head on the policy's network / a separate MLP | its own LoRA adapter and head on the same frozen base, its own optimiser (notebook 05) |
 # | what costs time | environment steps | generation: one forward pass per token, one after another |
 # | reference policy | none | the frozen SFT model, $\pi_{\text{ref}}$ |
@@ -120,7 +121,7 @@ check_claims({
 # %% [markdown]
 # One rollout in these terms: the course's tiny SFT model (notebook 02 introduces it) answers 8 training
 # prompts as PPO samples them, at temperature 1 and up to `max_new_tokens`. Below, the first states and
-# actions of episode 0, then each episode's length and how it ended; both vary from prompt to prompt.
+# actions of episode 0, then each episode's length and how it ended; the lengths vary from prompt to prompt, and a response that reaches the limit is cut.
 
 # %%
 tiny = get_profile("tiny")  # the toy below needs no model; this cell borrows the tiny profile's

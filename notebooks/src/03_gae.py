@@ -289,7 +289,7 @@ exercise_check("Exercise 1 (last_token_index)", check_last_token_index, hidden=[
 # $$J(\theta) = \mathbb E_{x,\; y \sim \pi_\theta}\big[r(x, y)\big] - \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\Vert\, \pi_{\text{ref}}(\cdot \mid x)\big).$$
 #
 # **A reward that depends on $\theta$.** PPO treats $-\beta k_1$ as a fixed reward: no gradient flows through
-# it. That is exact in expectation. With $\ell(y) = \log\pi_\theta(y) - \log\pi_{\text{ref}}(y)$,
+# it. For $k_1$ that is exact in expectation. With $\ell(y) = \log\pi_\theta(y) - \log\pi_{\text{ref}}(y)$,
 #
 # $$\nabla_\theta\, \mathbb E_{y \sim \pi_\theta}[\ell] = \sum_y \nabla\pi_\theta(y)\, \ell(y) + \sum_y \pi_\theta(y)\, \nabla\ell(y)
 # = \mathbb E\big[\ell\, \nabla\log\pi_\theta\big] + \mathbb E\big[\nabla\log\pi_\theta\big],$$
@@ -403,8 +403,9 @@ check_claims({
 # alternative, bootstrapping with $V(s_T)$ (adding $\gamma V$ of the state after the cut to the last TD
 # error), suits an episode that would go on earning reward, such as a simulator's time limit; here it would
 # add reward that no response receives. A cut answer is usually an unfinished one, which the reward model
-# may still like. `missing_eos_penalty` (a `PPOConfig` field, as in TRL; off in the course's profiles) adds
-# a fixed amount to the score of every response cut without EOS; a negative one makes finishing pay. Use
+# may still like. `missing_eos_penalty` (a `PPOConfig` field, off in the course's profiles) adds a fixed
+# amount to the score of every response cut without EOS; a negative one makes finishing pay. (TRL has a
+# field of the same name with the opposite sign: it subtracts a positive value.) Use
 # it when responses run to the limit (`eos_fraction` falls; the run doctor reports `length_runaway`) and
 # the reward model does not mark unfinished answers down itself.
 

@@ -637,8 +637,9 @@ print(f"row {i}: {n} tokens; unpadded from-scratch experience == batched library
 # ratios out of the clip band: Adam divides each step by $\sqrt{v}$, so where a gradient is nearly zero, float
 # rounding decides the direction of a full-size step, and two correct implementations drift apart by far
 # more than rounding. Under SGD a difference $\delta$ between two runs evolves as $\delta_{k+1} = (I - \eta H)\,\delta_k$
-# plus the new step's rounding ($H$ the curvature of the loss): for a stable step size it stays bounded, of the
-# order of the rounding over the check's few steps, and does not grow as Adam's can. The check
+# plus the new step's rounding ($H$ the curvature of the loss): where the step does not expand it, it grows at
+# most by about one step's rounding per step, so over the check's few steps it stays of the order of the
+# rounding, and does not grow as Adam's can. The check
 # uses a model of its own, so it leaves this notebook's model as it is. Section 4 trains with your loop
 # once it passes.
 

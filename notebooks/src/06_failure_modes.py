@@ -467,7 +467,7 @@ for prompt, response in list(zip(hacked.prompts, hacked.responses, strict=True))
 
 # %% [markdown]
 # **What this run shows** (means over thirds of the training batches, ± standard error):
-# - $\beta = 0$: the KL reaches about 40 to 50 nats per response in the last third, more than ten times
+# - $\beta = 0$: the KL reaches about 30 to 65 nats per response in the last third, more than ten times
 #   the penalised run's (about 2). From the middle to the last third the learned reward still rises (about
 #   $+2.65 \to +2.9$ to $+3.0$) while the hidden score falls by about 1.2 to 1.3 (from about $+0.3$ to
 #   about $-0.9$ to $-1.0$), more than four standard errors: the over-optimisation signature.
@@ -483,7 +483,7 @@ def third_change(run: str, key: str) -> tuple[float, float]:
 
 free, penalised = "beta = 0", f"beta = {lab_config.kl_coef}"
 check_claims({
-    "beta = 0: KL about 40 to 50 in the last third, more than ten times the penalised run's (about 2)":
+    "beta = 0: KL about 30 to 65 in the last third, more than ten times the penalised run's (about 2)":
         30 < thirds[free, "kl"][2][0] < 65 and 1.5 < thirds[penalised, "kl"][2][0] < 3.5
         and thirds[free, "kl"][2][0] > 10 * thirds[penalised, "kl"][2][0],
     "beta = 0: the learned reward rises from the middle to the last third (about +2.65 to +2.9-3.0)":
@@ -528,8 +528,8 @@ check_claims({
 #   = -H(\pi) - \mathbb{E}_{v \sim \pi}\big[\log \pi_{\text{ref}}(v \mid s)\big],$$
 #
 # so the penalty $-\beta\,\mathrm{KL}$ is an entropy bonus of weight $\beta$ plus a pull towards the tokens
-# the reference finds likely. Together they hold the policy's entropy near the reference's from both
-# sides: a collapse onto a few tokens lowers $H$, a spread onto tokens the reference rules out lowers
+# the reference finds likely. Together they hold the policy's distribution, and so its entropy, near the
+# reference's: a collapse onto a few tokens lowers $H$, a spread onto tokens the reference rules out lowers
 # $\mathbb{E}_\pi[\log \pi_{\text{ref}}]$. The runs above show it (the `entropy` lines of the thirds): with
 # $\beta = 0.2$ the last third's mean entropy stays within 0.15 nats of step 1's (about 1.6); with
 # $\beta = 0$ it climbs above 1.9 nats, more than 0.3 above the penalised run's, as the policy drifts onto
@@ -778,8 +778,8 @@ fig.show()
 # %% [markdown]
 # **What this run shows:** the two forms fit the $\beta = 0$ run about equally well: residual sums of
 # squares of about 2 to 3 each. The printed numbers say which is lower on your run; the margin between
-# them is a few tenths, and one run cannot rank the two forms firmly. The RL form's free intercept (about
-# $-0.4$ to $-0.5$) lies within 0.3 of the first batch's hidden score (about $-0.3$). Its hidden score
+# them is a few tenths, and one run cannot rank the two forms firmly. The RL form's free intercept (between about
+# $-0.3$ and $-0.65$) lies within 0.3 of the first batch's hidden score (about $-0.3$). Its hidden score
 # peaks at $\mathrm{KL}^* \approx 4$ nats per response; the bootstrap puts $\mathrm{KL}^*$ between about
 # 3 and 5.5. The fitted curve is the $\beta = 0$ run's alone: its batches' hidden score against their
 # distance from the SFT model. The penalised run ended at a KL of about 2.3, below the bootstrap's
@@ -791,7 +791,7 @@ fig.show()
 check_claims({
     "both forms fit about equally well (RSS about 2 to 3 each)":
         1.6 < fits["rl"][1] < 3.4 and 1.6 < fits["bon"][1] < 3.4,
-    "the free intercept (about -0.4 to -0.5) is within 0.3 of the first batch's hidden score (about -0.3)":
+    "the free intercept (about -0.3 to -0.65) is within 0.3 of the first batch's hidden score (about -0.3)":
         abs(fits["rl"][0][0] - hidden_c[0]) < 0.3 and -0.65 < fits["rl"][0][0] < -0.3 and -0.4 < hidden_c[0] < -0.2,
     "KL* is about 4 nats per response": 3.5 < d_star**2 < 5,
     "the bootstrap puts KL* between about 3 and 5.5": 2.5 < boot_c["KL* low"] < 3.8 and 4.8 < boot_c["KL* high"] < 6.2,
@@ -1418,8 +1418,8 @@ check_claims({
 #
 # $$-\beta\, k_t + [t = \text{last}]\; c\,s = c\,\Big(-\frac{\beta}{c}\, k_t + [t = \text{last}]\; s\Big),$$
 #
-# GAE is linear in the rewards and the values, and whitening removes the factor $c$: scores times $c$ at
-# $\beta$ train like the scores at $\beta / c$, once the critic has learned values $c$ times as large. The
+# GAE is linear in the rewards and the values, and whitening removes the factor $c$: the policy's update from scores
+# times $c$ at $\beta$ is that from the scores at $\beta / c$, once the critic has learned values $c$ times as large. The
 # cell checks it on the baseline's last batch, with the library's pieces.
 
 # %%
@@ -1449,8 +1449,8 @@ print(f"scores x {scale:g} at beta = {lab_config.kl_coef:g} give the advantages 
 # policy learns once the critic has learned it: with $\gamma = 1$ every response is paid its score once,
 # whatever its length, so the shift moves every return alike.
 #
-# `score_clip` clamps each score to $\pm$`score_clip` before the shaping, as Atari's PPO clips each
-# reward to its sign. It guards against outliers. A reward model is trained on responses like the SFT
+# `score_clip` clamps each score to $\pm$`score_clip` before the shaping, as Atari's PPO bounds each
+# reward (it keeps only the reward's sign). It guards against outliers. A reward model is trained on responses like the SFT
 # model's; on text unlike them it can return scores far outside its usual range, and one such score does
 # harm twice: it dominates its batch (whitening divides by a standard deviation it inflates, so every
 # other advantage shrinks), and it marks an error of the reward model that the policy can climb towards.

@@ -538,8 +538,8 @@ check_claims({
 # *Optional: skip it on a first pass; nothing after it needs it.*
 #
 # The equations above say what one minibatch computes, not how many minibatches an iteration takes. The clip
-# bounds each token's ratio, yet several epochs of steps can still carry the policy far from $\pi_{\text{old}}$
-# on average. CleanRL's PPO adds a guard it calls `target_kl`: after each epoch, when the approx-KL of that
+# removes the incentive to push a token's ratio past the band, but it does not bound the ratio, so several
+# epochs of steps can still carry the policy far from $\pi_{\text{old}}$ on average. CleanRL's PPO adds a guard it calls `target_kl`: after each epoch, when the approx-KL of that
 # epoch's last minibatch exceeds the threshold, no further epoch runs. (This course's `PPOConfig.target_kl` is
 # another knob, the target of notebook 06's adaptive KL controller, so here the threshold is `stop_kl`.)
 #
@@ -663,6 +663,6 @@ exercise_check("Exercise 3 (ppo_iteration_kl_stop)", check_ppo_iteration_kl_stop
 #
 # <details><summary>Answer</summary>
 #
-# Each minibatch's advantages then average 0 over $b$ responses instead of $B$: a minibatch of mostly good
+# Each minibatch's advantages then average 0 over the real tokens of $b$ responses instead of $B$: a minibatch of mostly good
 # responses pushes some of them down. CleanRL does this; this course's engine, like TRL's, whitens once per batch.
 # </details>
