@@ -442,9 +442,9 @@ else:
 # cell below measures how well it works as one. It runs the worked solutions as one plain loop
 # (`capstone_reference.plain_iteration`) and the same loop with a subtle real bug: the whitening's variance
 # divided by $n$ instead of $n - 1$, which scales every advantage by $\sqrt{n / (n - 1)}$, $n$ the batch's real
-# tokens. The worked solutions use less than half of the budget at their largest difference (a share that
-# depends on the CPU's rounding: a few per cent on some, a third on others); the biased variance exceeds it
-# more than five times over.
+# tokens. The worked solutions stay inside the budget at their largest difference (the share they use
+# depends on the CPU's rounding, from under 1% to about a third under the roundings listed in
+# `docs/claim_margins.md`); the biased variance exceeds it more than five times over.
 
 # %%
 used = {label: capstone.budget_used(
@@ -457,7 +457,7 @@ for label, share in used.items():
 # %% tags=["claim-check"]
 check_claims({
     "the tiny model's rounding budget is a relative tolerance near 3e-4": 2.5e-4 < rtol < 3e-4,
-    "the worked solutions use less than half of the budget": used["the worked solutions"] < 0.5,
+    "the worked solutions stay inside the budget": used["the worked solutions"] < 1,
     "a variance divided by n exceeds it more than five times over": used["a variance divided by n"] > 5,
 })
 
