@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_algorithms         # 3 seeds x 180 CPU s per method, 2 jobs
     python -m benchmarks.bench_algorithms --fast  # smoke run: 1 seed, 6 CPU s, 32 eval prompts
+    python -m benchmarks.bench_algorithms --methods ppo grpo rloo dpo   # TRL's DPO too
     python -m benchmarks.bench_algorithms --replot runs/bench_algorithms/results.json
 
 Every method trains a LoRA policy on the shipped SFT model against the same learned reward adapter,
@@ -31,6 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PNG_PATH = REPO / "docs" / "img" / "algorithms_frontier.png"
 METHODS = ("ppo", "grpo", "rloo")
+#: Every method `--methods` accepts: notebook 07 races DPO too; the recorded figure is of METHODS.
+ALL_METHODS = ("ppo", "grpo", "rloo", "dpo")
 
 
 def out_dir() -> Path:
@@ -79,7 +82,7 @@ def summarise(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     best4 = results["best_of"]["4"]["hidden"]
     rows = []
-    for method in METHODS:
+    for method in ALL_METHODS:
         runs = [r for r in results["runs"] if r["method"] == method]
         if not runs:
             continue
@@ -145,7 +148,8 @@ def render(results: dict[str, Any], png: str | Path | None) -> str:
 
 def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: float = 180.0,
          eval_points: int = 6, early_evals: int = 3, jobs: int = 2,
-         png: str | Path | None = PNG_PATH) -> dict[str, Any]:
+         png: str | Path | None = PNG_PATH,
+         methods: Sequence[str] = METHODS) -> dict[str, Any]:
     """Run every (method, seed) and the best-of-n baseline; print the table; write JSON and
     figure."""
     import multiprocessing
@@ -160,7 +164,10 @@ def main(fast: bool = False, seeds: Sequence[int] = (0, 1, 2), train_seconds: fl
                                "early_evals": 1, "n_eval_prompts": 32}
         png = None
     tasks = [{"method": "best_of_n", "config": config}]
-    tasks += [{"method": m, "config": {**config, "seed": s}} for s in seeds for m in METHODS]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods must be some of {ALL_METHODS}, got {list(methods)}")
+    tasks += [{"method": m, "config": {**config, "seed": s}} for s in seeds for m in methods]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
         outputs = list(pool.map(_worker, tasks))
@@ -184,6 +191,8 @@ def cli(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="evaluations spread over the budget")
     parser.add_argument("--early-evals", type=int, default=3,
                         help="extra evaluations at 1/2, 1/4, ... of the first")
+    parser.add_argument("--methods", nargs="+", choices=ALL_METHODS, default=list(METHODS),
+                        help="methods to race (default: the recorded figure's three)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="runs side by side (one process and thread each)")
     parser.add_argument("--no-png", action="store_true",
@@ -198,7 +207,8 @@ def cli(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(render(results, png))
         return {}
     return main(fast=args.fast, seeds=args.seeds, train_seconds=args.train_seconds,
-                eval_points=args.eval_points, early_evals=args.early_evals, jobs=args.jobs, png=png)
+                eval_points=args.eval_points, early_evals=args.early_evals, jobs=args.jobs, png=png,
+                methods=args.methods)
 
 
 if __name__ == "__main__":

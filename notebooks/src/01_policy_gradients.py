@@ -7,7 +7,7 @@
 #
 # **Prerequisites:** none of the other notebooks; PyTorch tensors and autograd, expectation and variance, gradient ascent.
 #
-# **Time:** about 155 min for the core, in two sittings (the second from *7. Reusing a batch*); the deep dives add about 110 min.
+# **Time:** about 160 min for the core, in two sittings (the second from *7. Reusing a batch*); the deep dives add about 110 min.
 #
 # **You will learn** RLHF written as a token-level MDP, beside PPO on Atari and MuJoCo; the
 # policy-gradient estimator and its unbiased weights $\Phi_t$; actor-critic; why

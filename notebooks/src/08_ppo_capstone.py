@@ -8,7 +8,7 @@
 # **Prerequisites:** notebooks 03 (GAE and whitening), 04 (the clipped losses) and 05 (the shared model,
 # its four roles and `PPOTrainer`).
 #
-# **Time:** about 230 min for the core, in two sittings (the second from *Exercise 2*); the deep dives add about 115 min.
+# **Time:** about 230 min for the core, in two sittings (the second from *Exercise 2*); the deep dives add about 120 min.
 #
 # **You will learn**
 # - to write one PPO iteration whole, top to bottom, as CleanRL writes its single-file agents;

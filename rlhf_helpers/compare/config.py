@@ -18,7 +18,7 @@ from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 from rlhf_helpers.runtime.profile_fields import profile_field, profile_values
 
 #: The trained methods of the comparison (best-of-n is the untrained baseline, `run_best_of_n`).
-METHODS = ("ppo", "grpo", "rloo")
+METHODS = ("ppo", "grpo", "rloo", "dpo")
 #: TRL 1.16's GRPO loss aggregations the comparison accepts (GRPOConfig.loss_type).
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 #: TRL 1.16's GRPO reward scalings the comparison accepts (GRPOConfig.scale_rewards).
@@ -59,12 +59,12 @@ class CompareConfig:
     samples_per_batch: int = profile_field("rollout_batch_size")
     group_size: int = 4  #: G, responses per prompt of GRPO and RLOO (their baseline is the group)
     #: optimiser steps per sampled batch of GRPO and RLOO (minibatches of samples_per_batch /
-    #: updates_per_batch)
+    #: updates_per_batch); DPO takes as many per batch, on as many responses (half as many pairs)
     updates_per_batch: int = 4
     #: Adam(W) learning rate of every policy adapter, constant (PPO's policy_lr)
     learning_rate: float = profile_field("policy_lr")
     #: beta of every method: PPO per-token k1 in the reward, RLOO sequence k1 in the reward, GRPO
-    #: per-token k3 in the loss
+    #: per-token k3 in the loss, DPO the beta of its loss (of the objective whose optimum it fits)
     kl_coef: float = profile_field("kl_coef")
     #: TRL GRPOConfig.loss_type ("dapo": TRL 1.16's default; "dr_grpo": Dr. GRPO)
     grpo_loss_type: str = "dapo"

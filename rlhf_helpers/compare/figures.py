@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: One colour per method (several seeds of a method share it).
-COLORS = {"ppo": "#1f77b4", "grpo": "#2ca02c", "rloo": "#9467bd"}
+COLORS = {"ppo": "#1f77b4", "grpo": "#2ca02c", "rloo": "#9467bd", "dpo": "#e377c2"}
 BEST_OF_COLORS = {1: "#7f7f7f", 4: "#ff7f0e", 16: "#d62728"}
 
 
@@ -64,12 +64,13 @@ def comparison_figure(runs: Sequence[Any], best_of: Mapping[int, Mapping[str, fl
         title_text="KL(policy || SFT), nats per response", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text=seconds + " (evaluations excluded)", rangemode="tozero",
                      row=2, col=1)
-    fig.update_xaxes(title_text="sampled responses trained on", rangemode="tozero", row=2, col=2)
+    fig.update_xaxes(title_text="responses trained on (DPO: of its pairs)", rangemode="tozero",
+                     row=2, col=2)
     fig.update_yaxes(title_text="mean hidden score (held-out prompts)", row=1, col=1)
     fig.update_yaxes(title_text="mean hidden score", row=2, col=1)
     fig.update_layout(width=920, height=780, template="plotly_white", font={"size": 12},
-                      title={"text": title or "PPO vs GRPO vs RLOO vs best-of-n: same reward, same "
-                                              "budget", "x": 0.01},
+                      title={"text": title or "PPO vs GRPO vs RLOO vs DPO vs best-of-n: same "
+                                              "judge, same budget", "x": 0.01},
                       margin={"l": 60, "r": 20, "t": 80, "b": 60},
                       legend={"orientation": "h", "y": -0.12, "x": 0.0})
     return fig

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,13 +13,13 @@ import torch
 class MethodRun:
     """One method trained for one budget: its evaluation curve and what it cost."""
 
-    method: str  #: "ppo", "grpo" or "rloo"
+    method: str  #: "ppo", "grpo", "rloo" or "dpo"
     label: str  #: name in tables and legends
     #: "cpu" (process CPU seconds) or "wall" (GPU wall seconds): the unit of train_seconds
     clock: str
     #: one row per evaluation: step, train_seconds, wall_seconds, samples (responses trained on so
     #: far), eval_hidden_score, eval_score (learned reward), eval_kl (nats per response),
-    #: eval_response_length
+    #: eval_response_length, eval_win_rate (against the SFT model's responses, `win_rate`)
     curve: list[dict[str, float]] = field(default_factory=list)
     peak_memory_mb: float = 0.0  #: peak memory the run added (see memory_how)
     memory_how: str = ""  #: how peak_memory_mb was measured
@@ -30,6 +31,23 @@ class MethodRun:
     advantages: list[torch.Tensor] = field(default_factory=list)
     #: the method's own settings (for the record)
     settings: dict[str, Any] = field(default_factory=dict)
+    #: PPO: the critic's explained variance of each iteration's returns (how much per-token credit
+    #: its advantages can carry); empty for the others
+    explained_variance: list[float] = field(default_factory=list)
+    #: GRPO/RLOO/DPO: the trained policy adapter's LoRA weights at the end (peft's state dict;
+    #: `trl_methods.copy_policy_adapter` puts them into a judge)
+    policy_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: one list per evaluation (as curve): the hidden score of the response to each judged prompt
+    eval_hidden_scores: list[list[float]] = field(default_factory=list)
+
+    def add_evaluation(self, row: dict[str, Any]) -> None:
+        """Append a judge's row to the curve. Its per-prompt "hidden_scores" go to
+        eval_hidden_scores, and the row gains eval_win_rate: the win rate of this evaluation's
+        responses against the first evaluation's (the SFT model's: every policy starts as it)."""
+        scores = [float(s) for s in row.pop("hidden_scores")]
+        self.eval_hidden_scores.append(scores)
+        row["eval_win_rate"] = win_rate(scores, self.eval_hidden_scores[0])
+        self.curve.append(row)
 
     @property
     def final(self) -> dict[str, float]:
@@ -43,6 +61,17 @@ class MethodRun:
             if row["eval_hidden_score"] > level:
                 return row[key]
         return None
+
+
+def win_rate(scores: Sequence[float], baseline: Sequence[float]) -> float:
+    """The share of prompts whose response scores above the baseline's response to the same prompt,
+    a tie counting one half (as AlpacaEval and MT-Bench's pairwise judges count them)."""
+    if len(scores) != len(baseline) or not scores:
+        raise ValueError(f"scores ({len(scores)}) and baseline ({len(baseline)}) must hold one "
+                         "score per prompt, at least one")
+    wins = sum(1.0 if s > b else 0.5 if s == b else 0.0
+               for s, b in zip(scores, baseline, strict=True))
+    return wins / len(scores)
 
 
 class EvalSchedule:

@@ -88,16 +88,22 @@ def _recording(trainer_class: type) -> type:
     return Recording
 
 
+def policy_state(trl_model: Any) -> dict[str, torch.Tensor]:
+    """A detached copy of the LoRA weights TRL trains (adapter "default")."""
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(trl_model).items()}
+
+
 def copy_policy_adapter(trl_model: Any, judge: Any) -> None:
-    """Copy the LoRA weights TRL trains (adapter "default") into the judge's `policy` adapter."""
-    state = get_peft_model_state_dict(trl_model)
+    """Copy the LoRA weights TRL trains (adapter "default"; or such weights, `policy_state`'s)
+    into the judge's `policy` adapter."""
+    state = trl_model if isinstance(trl_model, dict) else get_peft_model_state_dict(trl_model)
     result = set_peft_model_state_dict(judge.peft, state, adapter_name="policy")
     if result.unexpected_keys or not state:
         raise ValueError(f"the TRL policy adapter does not fit the judge's policy adapter "
                          f"(unexpected {list(result.unexpected_keys)[:3]})")
 
 
-def _budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Callable[[], None],
+def budget_callback(clock: TrainingClock, schedule: EvalSchedule, evaluate: Callable[[], None],
                      on_progress: Callable[[float], None],
                      batches_done: Callable[[int], int]) -> Any:
     class BudgetCallback(TrainerCallback):
@@ -154,15 +160,16 @@ def run_trl_method(method: str, config: CompareConfig, profile: Any, reward_dir:
             row = judge_fn(judge, tokenizer)
             row.update(step=float(trainer.state.global_step), train_seconds=clock.seconds,
                        wall_seconds=clock.wall_seconds, samples=float(reward_fn.samples_scored))
-            run.curve.append(row)
+            run.add_evaluation(row)
 
         evaluate()  # before training: the fresh adapter is the SFT model
         def batches_done(global_step: int) -> int:  # batches whose every update has run
             return global_step // config.updates_per_batch
 
-        trainer.add_callback(_budget_callback(clock, schedule, evaluate, progress, batches_done))
+        trainer.add_callback(budget_callback(clock, schedule, evaluate, progress, batches_done))
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary dict
         train_quietly(trainer)
+    run.policy_state = policy_state(trainer.model)
     run.rewards = list(reward_fn.rewards)
     run.advantages = list(trainer.recorded_advantages)
     run.peak_memory_mb = meter.rise_mb()

@@ -52,3 +52,13 @@ def test_table_has_a_row_per_method_and_per_best_of_n():
     assert "| PPO | **0.800** (0.700 to 0.900)" in text
     assert "| 10, 30 |" in text and "| never |" in text
     assert "| SFT best-of-4 | **0.600**" in text
+
+
+def test_a_dpo_run_gets_its_row_and_an_unknown_method_is_refused_before_any_run():
+    results = _results()
+    results["runs"].append(_run("dpo", 0, [(0, -0.5, 0), (10, 0.4, 0.6), (30, 0.8, 1.5)]))
+    rows = {row["method"]: row for row in bench.summarise(results)}
+    assert rows["dpo"]["hidden"] == pytest.approx((0.8, 0.8, 0.8))
+    assert rows["dpo"]["first_above_best_of_4"] == [30]
+    with pytest.raises(ValueError, match="methods must be some of"):
+        bench.main(methods=("ppo", "sac"))  # refused before a process starts

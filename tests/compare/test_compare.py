@@ -1,6 +1,7 @@
 """Notebook 07's comparison machinery: TRL's GRPO and RLOO trainers agree with the course's group
-advantages, the reward function scores what PPO's reward scores, the judge sees TRL's policy, and
-the budget and schedule do what they say.
+advantages, the reward function scores what PPO's reward scores, the judge sees TRL's policy, DPO's
+implicit reward is the one TRL's DPOTrainer trains, the win rate counts what it says, and the budget
+and schedule do what they say.
 
 The TRL runs use a fresh (untrained) reward adapter: its scores are noise, but every check here is
 about which numbers the trainers compute from them, not about learning.
@@ -16,11 +17,11 @@ import torch
 from rlhf_helpers.compare import CompareConfig, run_method
 from rlhf_helpers.compare.clock import TrainingClock
 from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
-from rlhf_helpers.compare.result import EvalSchedule
+from rlhf_helpers.compare.result import EvalSchedule, win_rate
 from rlhf_helpers.core.group_advantages import group_rewards, grpo_advantages, rloo_advantages
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.samples import sample_responses, score_samples
-from rlhf_helpers.runtime.data import load_prompts
+from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
 
@@ -62,7 +63,7 @@ def test_config_refuses_bad_settings(profile):
         with pytest.raises(ValueError, match="train_batches must be None or an int >= 1"):
             CompareConfig(train_batches=bad)
     with pytest.raises(ValueError, match="method must be one of"):
-        run_method("dpo", small_config(profile), profile, None, ["a prompt"])
+        run_method("kto", small_config(profile), profile, None, ["a prompt"])
 
 
 def test_from_profile_takes_the_profile_settings(profile):
@@ -336,3 +337,89 @@ def test_best_of_must_be_a_tuple_not_one_number():
     with pytest.raises(ValueError,
                        match=r"best_of must be a non-empty tuple of ints >= 1, got int 5"):
         CompareConfig.from_profile(get_profile("tiny"), best_of=5)
+
+
+# ----------------------------------------------------------------------------- DPO and the win rate
+def test_win_rate_counts_wins_and_half_ties():
+    wins = win_rate([1.0, 2.0, 3.0, 0.0], [0.0, 2.0, 4.0, -1.0])
+    assert wins == pytest.approx((1 + 0.5 + 0 + 1) / 4)  # win, tie, loss, win
+    assert win_rate([0.3] * 5, [0.3] * 5) == 0.5  # a policy against itself
+    with pytest.raises(ValueError, match="one score per prompt"):
+        win_rate([1.0, 2.0], [1.0])
+
+
+def test_each_evaluation_keeps_its_per_prompt_scores_and_win_rate(grpo_run):
+    assert len(grpo_run.eval_hidden_scores) == len(grpo_run.curve)
+    for row, scores in zip(grpo_run.curve, grpo_run.eval_hidden_scores, strict=True):
+        assert len(scores) == 8 and sum(scores) / 8 == pytest.approx(row["eval_hidden_score"])
+        # a loop, not win_rate: against the first evaluation (the SFT model), a tie one half
+        wins = [1.0 if s > b else 0.5 if s == b else 0.0
+                for s, b in zip(scores, grpo_run.eval_hidden_scores[0], strict=True)]
+        assert row["eval_win_rate"] == pytest.approx(sum(wins) / 8)
+    assert grpo_run.curve[0]["eval_win_rate"] == 0.5 and "hidden_scores" not in grpo_run.curve[0]
+
+
+@pytest.fixture(scope="module")
+def dpo_run(profile):
+    return run_method("dpo", small_config(profile), profile, None, load_prompts("test"),
+                      progress_bar=False)
+
+
+def test_dpo_trains_its_budget_on_the_first_pairs_and_starts_from_the_sft_model(dpo_run, grpo_run):
+    # 2 batches x 4 updates, each on 16 / 4 = 4 responses: 2 pairs a step, 16 pairs, one pass
+    assert dpo_run.final["step"] == 8 and dpo_run.final["samples"] == 32
+    assert dpo_run.settings["pairs"] == 16 and dpo_run.settings["per_device_train_batch_size"] == 2
+    assert dpo_run.settings["beta"] == small_config(get_profile("tiny")).kl_coef
+    assert dpo_run.trainable_parameters == grpo_run.trainable_parameters  # the same LoRA shape
+    for key in ("eval_hidden_score", "eval_score", "eval_response_length"):  # the same judged start
+        assert dpo_run.curve[0][key] == pytest.approx(grpo_run.curve[0][key], abs=1e-5)
+    assert dpo_run.final["eval_kl"] != 0.0  # it moved
+    assert dpo_run.policy_state  # and kept its adapter for the deep dive
+
+
+# peft reads transformers' old flag
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_implicit_rewards_read_pairs_as_dpo_trainer_trains_on_them(profile):
+    """DPO's loss from `implicit_rewards` (the judge's folded LoRA, our tokenisation) equals the
+    loss TRL's DPOTrainer computes on the same pairs with the same adapter: the deep dive's implicit
+    reward is the one DPO trained."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    from rlhf_helpers.compare.dpo_method import dpo_arguments, dpo_trainer, implicit_rewards
+    from rlhf_helpers.compare.trl_methods import copy_policy_adapter
+    from rlhf_helpers.runtime.models import load_causal_lm
+
+    config = small_config(profile)
+    pairs = load_preferences("test")[:6]
+    judge, tokenizer = build_shared_model(profile, profile.ppo, None)
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = dpo_arguments(config, torch.device("cpu"), torch.float32, output_dir)
+        trainer = dpo_trainer(args, config, load_causal_lm(profile), tokenizer, pairs)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained-looking adapter: the policy differs from the reference
+        for name, param in trainer.model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(pairs))])
+    trainer.model.eval()
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(trainer.model, batch)
+    copy_policy_adapter(trainer.model, judge)
+    scores = implicit_rewards(judge, tokenizer, pairs, config.kl_coef, config.max_prompt_length)
+    margin = scores["implicit_chosen"] - scores["implicit_rejected"]  # (6,)
+    assert margin.abs().max() > 0.1  # the adapter moved the policy: a loss far from log 2
+    # peft's forward vs the judge's folded LoRA, summed over <= 30 tokens: float32 rounding ~1e-6
+    torch.testing.assert_close(trl_loss, -F.logsigmoid(margin).mean(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("pairs", "match"), [
+    ("pairs", "list of preference pairs"), ([{"prompt": "p", "chosen": "a"}], r"train_pairs\[0\]"),
+    ([{"prompt": "p", "chosen": "a", "rejected": " "}], r"train_pairs\[0\]"),
+    ([{"prompt": "p", "chosen": "a", "rejected": "b"}], "at least 2 needed"),
+])
+def test_dpo_refuses_bad_or_too_few_pairs_before_training(profile, pairs, match):
+    with pytest.raises(ValueError, match=match):
+        run_method("dpo", small_config(profile), profile, None, ["a prompt"], train_pairs=pairs,
+                   progress_bar=False)
