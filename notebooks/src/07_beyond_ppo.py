@@ -1,14 +1,14 @@
 # Source of notebooks/07_beyond_ppo.ipynb; rebuild with `python tools/build_notebooks.py`.
 
 # %% [markdown]
-# # 07 · Beyond PPO: do you need a critic? PPO against RLOO and GRPO
+# # 07 · Beyond PPO: do you need a critic? PPO against RLOO, GRPO and DPO
 #
 # {{colab_badge}}
 #
 # **Prerequisites:** notebooks 01, 02, 03, 05 and 06: policy-gradient baselines, the reward model, GAE,
 # the full PPO loop with best-of-n, over-optimisation and the hidden score.
 #
-# **Time:** about 175 min for the core, in two sittings (the second from *3. The race*); the deep dives add about 75 min.
+# **Time:** about 180 min for the core, in two sittings (the second from *3. The race*); the deep dives add about 75 min.
 #
 # TRL 1.16 ships no `PPOTrainer`. Most people who run RL on language models today reach for **GRPO** or
 # **RLOO**, which TRL ships: both drop PPO's value function and take the baseline from the other answers
@@ -87,7 +87,7 @@ print(f"budget {budget} per method; {config.samples_per_batch} responses per bat
 # %% [markdown]
 # ## 1. What the critic does, and what replaces it
 #
-# All three methods push up the log-probability of a sampled response in proportion to an
+# PPO, RLOO and GRPO push up the log-probability of a sampled response in proportion to an
 # **advantage**: how much better it was than expected. They differ in what "expected" means.
 #
 # **PPO (notebooks 03-05).** A critic $V_\psi(s_t)$, trained alongside the policy, predicts the return
@@ -429,7 +429,7 @@ fig.show()
 #
 # *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# All three methods keep the policy near the SFT model, each in its own way:
+# PPO, RLOO and GRPO keep the policy near the SFT model, each in its own way:
 #
 # | | where the KL goes | estimator |
 # |---|---|---|
@@ -627,7 +627,7 @@ check_claims({
 # | per batch | 64 prompts x 1 response | 16 prompts x G = 4 | 16 prompts x G = 4 | 32 pairs from the data set |
 # | baseline | critic (value adapter + head) and GAE, per token | group mean / group std | leave-one-out mean | none: the loss reads the margin between a pair's two responses |
 # | updates per batch | 4 epochs x 4 minibatches, clipped ratio per token | 4 minibatches, clipped ratio per token | 4 minibatches, clipped ratio **per sequence** | 4 minibatches of 8 pairs, no ratio |
-# | KL ($\beta$ = 0.2 in the tiny profile) | $k_1$ per token in the reward | ratio $\times\,k_3$ per token in the loss | $k_1$ per sequence in the reward | none measured: $\beta$ scales the implicit reward |
+# | KL ($\beta$ = 0.2 in the tiny profile) | $k_1$ per token in the reward | ratio $\times\,k_3$ per token in the loss | $k_1$ per sequence in the reward | no KL term in training ($\beta$ scales the implicit reward); its KL is measured at evaluation like the others' |
 #
 # Ratio $\times\,k_3$: each token adds $\beta\,\rho_t k_3$ to GRPO's loss, notebook 03's $k_3 \ge 0$ times
 # the token's ratio $\rho_t = \pi/\pi_{\text{old}}$ (derived in the KL deep dive).
@@ -695,7 +695,7 @@ print("win rate vs SFT of best-of-n: " + ", ".join(f"best-of-{n} {w:.2f}" for n,
 # %%
 se = max(row["hidden_se"] for row in best_of.values())  # noise scale: standard error of one judged mean
 frontier = sorted((row["kl"], row["hidden"], n) for n, row in best_of.items())  # best-of-n points by KL
-names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO"
+names = {method: run.label.split(" (")[0] for method, run in runs.items()}  # "PPO", "GRPO", "RLOO", "DPO"
 se_diff = math.sqrt(2) * se  # the standard error of a difference of two such means
 print(f"noise scale: standard error of one evaluation's mean hidden score, about {se:.3f}\n"
       f"  ({se_diff:.3f} for a difference of two)")
@@ -730,12 +730,15 @@ print(f"training {unit} per batch of {config.samples_per_batch} responses: "
 #   PPO's difference from it is under two standard errors, whatever its sign on your machine, at more
 #   KL: not a clear win at equal KL.
 # - **Win rate:** practitioners, who have no hidden score, report the share of prompts where a judge
-#   (human raters, or a strong LLM as in AlpacaEval) prefers the policy's response to the SFT model's;
+#   (human raters, or a strong LLM, as in the DPO paper's GPT-4 win rates) prefers the policy's response to
+#   the SFT model's;
 #   the table's column uses the hidden scorer as that judge. Every trained method and best-of-16 wins on
 #   more than 70% of the prompts; best-of-1, a second SFT sample, on about half.
 # - **DPO wins on cost**: less than two thirds of the CPU seconds per batch of each group method, less
 #   than a third of PPO's; it samples and scores nothing. By the hidden score it neither wins nor loses
-#   (level with RLOO, GRPO and best-of-16, as above). It loses by the learned reward, which scores its
+#   (level with RLOO, GRPO and best-of-16, as above), although it saw a quarter of the preference pairs
+#   once where the reward model behind the others saw all of them twice, and the others' cost leaves out
+#   that reward model's training. It loses by the learned reward, which scores its
 #   responses more than 0.1 below each other method's: the three that sample optimise that reward; DPO
 #   never sees it.
 # - **Cost:** PPO takes more than 1.2 times the CPU seconds per batch of each group method (the factor
@@ -963,9 +966,10 @@ else:  # a copy of the notebook without the repository's docs folder
 #
 # - **PPO with a critic**: when per-token credit matters and you can afford the second network: long
 #   responses whose quality is decided by a few tokens, multi-turn or tool-using episodes with rewards
-#   along the way, one affordable sample per prompt. But critics on language models credit poorly:
-#   this race's explains about half of the returns' variance (explained variance about 0.5 over the
-#   second half, never 0.9), so much of a token's advantage is the critic's error. PPO also has the most
+#   along the way, one affordable sample per prompt. But a critic's credit is only as good as its fit:
+#   this race's explains about half of the variance of its return targets (explained variance about 0.5
+#   over the second half, never 0.9). The rest is partly the returns' own randomness given the prefix,
+#   which no critic removes, and partly the critic's error; one run cannot separate the two. PPO also has the most
 #   knobs (notebook 06).
 # - **RLOO**: the simplest unbiased baseline, when you can sample $G \ge 2$ answers per prompt and the
 #   reward is one number per answer; no critic to warm up, one adapter to train, the KL in the reward.
