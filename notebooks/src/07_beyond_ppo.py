@@ -968,7 +968,7 @@ else:  # a copy of the notebook without the repository's docs folder
 #   responses whose quality is decided by a few tokens, multi-turn or tool-using episodes with rewards
 #   along the way, one affordable sample per prompt. But a critic's credit is only as good as its fit:
 #   this race's explains about half of the variance of its return targets (explained variance about 0.5
-#   over the second half, never 0.9). The rest is partly the returns' own randomness given the prefix,
+#   over the second half). The rest is partly the returns' own randomness given the prefix,
 #   which no critic removes, and partly the critic's error; one run cannot separate the two. PPO also has the most
 #   knobs (notebook 06).
 # - **RLOO**: the simplest unbiased baseline, when you can sample $G \ge 2$ answers per prompt and the
@@ -987,8 +987,8 @@ else:  # a copy of the notebook without the repository's docs folder
 # %% tags=["claim-check"]
 critic_ev = runs["ppo"].explained_variance  # one per PPO iteration of the race
 check_claims({
-    "PPO's critic: explained variance about 0.5 over the second half of the race, never 0.9":
-        0.35 < float(np.mean(critic_ev[len(critic_ev) // 2:])) < 0.65 and max(critic_ev) < 0.9,
+    "PPO's critic: explained variance about 0.5 over the second half of the race":
+        0.35 < float(np.mean(critic_ev[len(critic_ev) // 2:])) < 0.65,
 })
 
 # %% [markdown]
