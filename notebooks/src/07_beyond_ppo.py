@@ -65,6 +65,7 @@ from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.world import Annotator, accuracy_ceiling
 
+# %%
 profile = get_profile()
 ensure_sft_model(profile)  # gpu profile: fine-tuned once per runtime, then reused; tiny: ships in data/
 torch.manual_seed(profile.seed)
