@@ -98,7 +98,7 @@ torch.set_num_threads(1)  # tensors this tiny: extra threads cost more in synchr
 # | advantage whitening | per minibatch | once per batch, over all its real tokens |
 # | minibatches | shuffled time steps: 4 of 256 / 32 of 64; 4 / 10 epochs; clip 0.1 / 0.2 | shuffled whole sequences: 4 of 16; 4 epochs; clip 0.2 |
 # | entropy bonus | 0.01 / 0 | none (`entropy_coef` = 0): the KL penalty already holds an entropy bonus of weight $\beta$, as $-\mathrm{KL}(\pi \Vert \pi_{\text{ref}}) = -\mathbb{E}_\pi[\log \pi] + \mathbb{E}_\pi[\log \pi_{\text{ref}}]$ |
-# | normalisation | Atari: frames scaled by 1/255, rewards clipped to their sign; MuJoCo: observations normalised by a running mean and standard deviation, rewards divided by a running standard deviation of the discounted return, both clipped to ±10 | none: tokens are ids; scores as the reward model gives them (`score_clip` off) |
+# | normalisation | Atari: frames scaled by 1/255, each reward replaced by its sign; MuJoCo: observations normalised by a running mean and standard deviation, rewards divided by a running standard deviation of the discounted return, both clipped to ±10 | none: tokens are ids; scores as the reward model gives them (`score_clip` off) |
 # | value function | a second head on the policy's network / a separate MLP | its own LoRA adapter and head on the same frozen base, its own optimiser (notebook 05) |
 # | what costs time | environment steps | generation: one forward pass per token, one after another |
 # | reference policy | none | the frozen SFT model, $\pi_{\text{ref}}$ |

@@ -731,8 +731,7 @@ print(f"training {unit} per batch of {config.samples_per_batch} responses: "
 #   PPO's difference from it is under two standard errors, whatever its sign on your machine, at more
 #   KL: not a clear win at equal KL.
 # - **Win rate:** practitioners, who have no hidden score, report the share of prompts where a judge
-#   (human raters, or a strong LLM, as in the DPO paper's GPT-4 win rates) prefers the policy's response to
-#   the SFT model's;
+#   (human raters, or a strong LLM as the judge) prefers the policy's response to the SFT model's;
 #   the table's column uses the hidden scorer as that judge. Every trained method and best-of-16 wins on
 #   more than 70% of the prompts; best-of-1, a second SFT sample, on about half.
 # - **DPO wins on cost**: less than two thirds of the CPU seconds per batch of each group method, less
