@@ -173,6 +173,7 @@ with torch.no_grad():
     g_moved = torch.Generator().manual_seed(1)
     for param in check_model.policy_parameters():
         param.add_(0.05 * torch.randn(param.shape, generator=g_moved).to(param))
+check_start = capstone.ModelSnapshot(check_model)  # every check's attempt starts here, whatever one before did
 # every setting the iteration reads gets a value of its own: no two equal, none at the value that hides it, none
 # at a default a loop could have written in (clip_eps 0.2, vf_coef 1 or CleanRL's 0.5)
 check_config = config.replace(rollout_batch_size=12, mini_batch_size=4, ppo_epochs=2, temperature=0.7,
@@ -183,22 +184,20 @@ SEEDS, LRS = (3, 4), (2.0, 0.05)  # sampling and shuffling seeds; SGD learning r
 rtol = capstone.rounding_rtol(check_model, check_config)  # the rounding budget, relative (deep dive below)
 # the library's iteration, run here once (before the checks hide it), from the same weights every time
 free_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, check_config, SEEDS,
-                                  LRS)
+                                  LRS, check_start)
 norms = free_run.step_norms["policy"] + free_run.step_norms["value"]
 clipped_config = check_config.replace(max_grad_norm=0.5 * min(norms))  # binds on every step of both adapters
 clipped_run = capstone.run_iteration(library_iteration, check_model, tokenizer, check_prompts, clipped_config,
-                                     SEEDS, LRS)
+                                     SEEDS, LRS, check_start)
 passed_code = capstone.PassedCode()  # the functions Exercise 2's check passed with: section 2 trains only with them
 print(f"check batch: {int(free_run.mask.sum())} response tokens, {len(free_run.losses)} minibatch steps per adapter;\n"
       f"  gradient clip of the second setting {clipped_config.max_grad_norm:.3f}; rounding budget {rtol:.1e} (relative)")
 
 
 def check_make_experience():
-    with torch.random.fork_rng():  # the sampling of the library's run, the notebook's RNG untouched
-        torch.manual_seed(SEEDS[0])
-        samples = sample_responses(check_model, tokenizer, check_prompts, check_config.max_prompt_length,
-                                   check_config.max_new_tokens, temperature=check_config.temperature)
-    problem = capstone.experience_difference(make_experience(check_model, samples, check_config), free_run, rtol)
+    rollout = capstone.run_experience(make_experience, check_model, tokenizer, check_prompts, check_config, SEEDS[0],
+                                      check_start)
+    problem = capstone.experience_difference(rollout, free_run, rtol)
     assert problem is None, problem
 
 
@@ -327,7 +326,7 @@ ITERATION_HIDDEN = [PPOTrainer.update, library_steps.update, library_steps.minib
 def check_ppo_iteration():
     for cfg, expected, setting in ((check_config, free_run, "without gradient clipping"),
                                    (clipped_config, clipped_run, "with a binding gradient clip")):
-        got = capstone.run_iteration(ppo_iteration, check_model, tokenizer, check_prompts, cfg, SEEDS, LRS)
+        got = capstone.run_iteration(ppo_iteration, check_model, tokenizer, check_prompts, cfg, SEEDS, LRS, check_start)
         problem = capstone.first_difference(got, expected, cfg, rtol)
         assert problem is None, f"{setting}: {problem}"
     passed_code.record(make_experience=make_experience, ppo_iteration=ppo_iteration)
@@ -391,7 +390,7 @@ BREAK = "no zero_grad"  # or: "half the policy gradient", "reference as old", "u
 #                         "vf_coef in the logged value loss"
 if passed_code.holds_for(make_experience=make_experience, ppo_iteration=ppo_iteration):
     said = check_message(break_iteration(ppo_iteration, BREAK), check_model, tokenizer, check_prompts, check_config,
-                         SEEDS, LRS, free_run, rtol)
+                         SEEDS, LRS, free_run, rtol, check_start)
     print(wrap_printed(f"Injected: {BREAKS[BREAK]}.\nThe check says: {said}"))
 else:
     print("Come back once your ppo_iteration passes Exercise 2's check: this cell breaks a working iteration.")
@@ -449,7 +448,7 @@ else:
 # %%
 used = {label: capstone.budget_used(
     capstone.run_iteration(partial(plain_iteration, mistake=mistake), check_model, tokenizer, check_prompts,
-                           check_config, SEEDS, LRS), free_run, check_config, rtol)
+                           check_config, SEEDS, LRS, check_start), free_run, check_config, rtol)
     for label, mistake in (("the worked solutions", None), ("a variance divided by n", "biased_variance"))}
 for label, share in used.items():
     print(f"{label:<24} largest difference = {share:.2%} of the rounding budget")
@@ -558,7 +557,7 @@ check_claims({
 
 # %%
 stop_config = check_config.replace(ppo_epochs=3)
-kl_case = kl_stop_case(check_model, tokenizer, check_prompts, stop_config, SEEDS, LRS)
+kl_case = kl_stop_case(check_model, tokenizer, check_prompts, stop_config, SEEDS, LRS, check_start)
 print(wrap_printed(f"approx-KL of each epoch's last minibatch, the library's with every epoch run: "
                    f"{', '.join(f'{kl:.4f}' for kl in kl_case.end_kls)}; stop_kl {kl_case.stop_kl:.4f}"))
 
@@ -576,7 +575,7 @@ def ppo_iteration_kl_stop(model: SharedLoRAModel, tokenizer, prompts: list[str],
 # %%
 def check_ppo_iteration_kl_stop():
     got = capstone.run_iteration(partial(ppo_iteration_kl_stop, stop_kl=kl_case.stop_kl), check_model, tokenizer,
-                                 check_prompts, stop_config, SEEDS, LRS)
+                                 check_prompts, stop_config, SEEDS, LRS, check_start)
     problem = kl_stop_difference(got, kl_case, rtol)
     assert problem is None, problem
 

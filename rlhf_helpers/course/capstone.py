@@ -2,8 +2,9 @@
 seed.
 
     seeds, lrs = (3, 4), (2.0, 0.05)
-    expected = run_iteration(library_iteration, model, tok, prompts, config, seeds, lrs)
-    got = run_iteration(ppo_iteration, model, tok, prompts, config, seeds, lrs)
+    start = ModelSnapshot(model)  # every attempt starts from this state, whatever ran before
+    expected = run_iteration(library_iteration, model, tok, prompts, config, seeds, lrs, start)
+    got = run_iteration(ppo_iteration, model, tok, prompts, config, seeds, lrs, start)
     problem = first_difference(got, expected, config, rounding_rtol(model, config))  # None or where
     share = budget_used(got, expected, config, rtol)  # how much of the rounding budget it used
 
@@ -33,15 +34,17 @@ from rlhf_helpers.course.capstone_run import (
     left_out_settings,
     library_iteration,
     rounding_rtol,
+    run_experience,
     run_iteration,
 )
+from rlhf_helpers.course.capstone_state import ModelSnapshot
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: the check's names, with those of the recording half (`course.capstone_run`): the notebook and
 #: the tests call them from here
-__all__ = ["EXPERIENCE", "FLOAT32_UNIT_ROUNDOFF", "IterationRecord", "PassedCode", "budget_used",
-           "experience_difference", "first_difference", "left_out_settings", "library_iteration",
-           "rounding_rtol", "run_iteration"]
+__all__ = ["EXPERIENCE", "FLOAT32_UNIT_ROUNDOFF", "IterationRecord", "ModelSnapshot", "PassedCode",
+           "budget_used", "experience_difference", "first_difference", "left_out_settings",
+           "library_iteration", "rounding_rtol", "run_experience", "run_iteration"]
 
 
 def _where(mask: torch.Tensor, i: int, t: int) -> str:

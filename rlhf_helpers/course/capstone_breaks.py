@@ -20,6 +20,7 @@ import torch
 
 from rlhf_helpers.course.capstone import first_difference
 from rlhf_helpers.course.capstone_run import IterationRecord, run_iteration
+from rlhf_helpers.course.capstone_state import ModelSnapshot
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: the mistakes `break_iteration` injects, each with what it does, in the learner's terms
@@ -101,12 +102,13 @@ def _nothing() -> Iterator[None]:
 
 def check_message(iteration: Callable[..., Any], model: Any, tokenizer: Any,
                   prompts: Sequence[str], config: PPOConfig, seeds: tuple[int, int],
-                  lrs: tuple[float, float], expected: IterationRecord, rtol: float) -> str:
+                  lrs: tuple[float, float], expected: IterationRecord, rtol: float,
+                  start: ModelSnapshot | None = None) -> str:
     """What notebook 08's check says of `iteration` against the library's record `expected`: the
-    first difference and its likely cause, the error it raised, or that it finds none. Never
-    raises."""
+    first difference and its likely cause, the error it raised, or that it finds none. It runs from
+    `start` as `run_iteration` does. Never raises."""
     try:
-        got = run_iteration(iteration, model, tokenizer, prompts, config, seeds, lrs)
+        got = run_iteration(iteration, model, tokenizer, prompts, config, seeds, lrs, start)
         problem = first_difference(got, expected, config, rtol)
     except Exception as error:  # the learner's code may fail in any way: report it, as a check does
         return f"{type(error).__name__}: {error}"

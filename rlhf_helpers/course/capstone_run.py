@@ -5,8 +5,11 @@
 
 `run_iteration` runs an iteration with plain SGD (`RecordingSGD`, which records the gradient norm
 of every step), keeps its experience, losses, steps and weight updates in an `IterationRecord`, and
-puts the weights back; `course.capstone` compares two records. The code uses plain torch only: the
-library's maths are hidden from the learner while the check runs.
+puts the weights back; `course.capstone` compares two records. `run_experience` runs a learner's
+`make_experience` on the check's batch. Each runs as a fresh attempt from one recorded state
+(`course.capstone_state`: pass the set-up's `ModelSnapshot` as `start`), so no earlier attempt
+reaches it. The code uses plain torch only: the library's maths are hidden from the learner while
+the check runs.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.tolerances import close_tolerance
+from rlhf_helpers.course.capstone_state import ModelSnapshot, attempt_name, fresh_attempt
 from rlhf_helpers.ppo.experience import Experience
 from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.pieces import minibatch_losses
+from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
@@ -127,38 +132,44 @@ class IterationRecord:
 
 
 def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, prompts: Sequence[str],
-                  config: PPOConfig, seeds: tuple[int, int],
-                  lrs: tuple[float, float]) -> IterationRecord:
-    """Run `iteration` once from the model's current weights and no gradient, sampling with
-    seeds[0] (the caller's RNG kept) and shuffling with seeds[1], with RecordingSGD at lrs (policy,
-    value); record it, then restore the weights and drop the gradients."""
-    params = {"policy": model.policy_parameters(), "value": model.value_parameters()}
-    start = {role: [p.detach().clone() for p in ps] for role, ps in params.items()}
-    for ps in params.values():  # no gradient left from an earlier run: every run starts alike
-        for param in ps:
-            param.grad = None
-    opts = {role: RecordingSGD(params[role], lr)
-            for role, lr in zip(("policy", "value"), lrs, strict=True)}
-    devices = [model.device] if model.device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seeds[0])
-            rollout, losses = iteration(model, tokenizer, list(prompts), opts["policy"],
-                                        opts["value"], config,
-                                        torch.Generator().manual_seed(seeds[1]))
-        updates = {role: [(p.detach() - w).cpu() for p, w in zip(ps, start[role], strict=True)]
+                  config: PPOConfig, seeds: tuple[int, int], lrs: tuple[float, float],
+                  start: ModelSnapshot | None = None) -> IterationRecord:
+    """Run `iteration` once as a fresh attempt from `start` (default: the model's state now) and
+    record it: every weight as `start` has it, no gradient, autograd on (`capstone_state`),
+    sampling seeded with seeds[0] and shuffling with seeds[1] (the caller's random states kept),
+    with new RecordingSGD optimisers at lrs (policy, value). Then the model is put back to `start`,
+    without gradients. AssertionError when the iteration changed a weight outside the two adapters
+    or left one of torch's global modes changed."""
+    start = start if start is not None else ModelSnapshot(model)
+    with fresh_attempt(model, start, seeds[0], attempt_name(iteration), trains=True):
+        params = {"policy": model.policy_parameters(), "value": model.value_parameters()}
+        before = {role: [p.detach().clone() for p in ps] for role, ps in params.items()}
+        opts = {role: RecordingSGD(params[role], lr)
+                for role, lr in zip(("policy", "value"), lrs, strict=True)}
+        rollout, losses = iteration(model, tokenizer, list(prompts), opts["policy"],
+                                    opts["value"], config, torch.Generator().manual_seed(seeds[1]))
+        updates = {role: [(p.detach() - w).cpu() for p, w in zip(ps, before[role], strict=True)]
                    for role, ps in params.items()}
-    finally:
-        with torch.no_grad():
-            for role, ps in params.items():
-                for param, weight in zip(ps, start[role], strict=True):
-                    param.copy_(weight)
-                    param.grad = None
     return IterationRecord(
         rollout=rollout, sequences=rollout.sequences.detach().cpu(),
         mask=rollout.mask.detach().cpu(),
         experience={name: getattr(rollout, name).detach().float().cpu() for name in EXPERIENCE},
         losses=torch.tensor(minibatch_losses(losses, "your iteration"), dtype=torch.float64),
         step_norms={role: opt.step_norms for role, opt in opts.items()}, updates=updates,
-        weight_sizes={role: [float(w.abs().max()) for w in ws] for role, ws in start.items()},
+        weight_sizes={role: [float(w.abs().max()) for w in ws] for role, ws in before.items()},
         shuffle_seed=seeds[1], config=config, model=model)
+
+
+def run_experience(make_experience: Callable[..., Any], model: Any, tokenizer: Any,
+                   prompts: Sequence[str], config: PPOConfig, seed: int,
+                   start: ModelSnapshot | None = None) -> Any:
+    """Sample the check's batch (seeded with `seed`, at config.temperature, as `run_iteration`'s
+    iteration samples it) and return what a learner's `make_experience(model, samples, config)`
+    makes of it, as a fresh attempt from `start` (default: the model's state now). AssertionError
+    when it changed any weight (it should only read them) or left a global mode changed; the model
+    is put back to `start` either way."""
+    start = start if start is not None else ModelSnapshot(model)
+    with fresh_attempt(model, start, seed, attempt_name(make_experience)):
+        samples = sample_responses(model, tokenizer, list(prompts), config.max_prompt_length,
+                                   config.max_new_tokens, temperature=config.temperature)
+        return make_experience(model, samples, config)

@@ -25,6 +25,7 @@ from typing import Any
 
 from rlhf_helpers.course.capstone import first_difference
 from rlhf_helpers.course.capstone_run import IterationRecord, library_iteration, run_iteration
+from rlhf_helpers.course.capstone_state import ModelSnapshot
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: the least ratio between the approx-KL that stops the rule after a later epoch and the largest one
@@ -61,18 +62,20 @@ def stop_rule(end_kls: Sequence[float]) -> tuple[int, float]:
 
 
 def kl_stop_case(model: Any, tokenizer: Any, prompts: Sequence[str], config: PPOConfig,
-                 seeds: tuple[int, int], lrs: tuple[float, float]) -> KLStopCase:
-    """Run the library's iteration as `run_iteration` does, every epoch (config.ppo_epochs >= 2),
-    then for the epochs that `stop_rule`'s threshold keeps."""
+                 seeds: tuple[int, int], lrs: tuple[float, float],
+                 start: ModelSnapshot | None = None) -> KLStopCase:
+    """Run the library's iteration as `run_iteration` does (from `start`), every epoch
+    (config.ppo_epochs >= 2), then for the epochs that `stop_rule`'s threshold keeps."""
     stats: list[dict[str, float]] = []
     run_iteration(functools.partial(library_iteration, stats=stats), model, tokenizer, prompts,
-                  config, seeds, lrs)
+                  config, seeds, lrs, start)
     per_epoch = len(stats) // config.ppo_epochs
     ends = tuple(float(stats[(e + 1) * per_epoch - 1]["approx_kl"])
                  for e in range(config.ppo_epochs))
     stop_at, stop_kl = stop_rule(ends)
     kept = config.replace(ppo_epochs=stop_at + 1)
-    expected = run_iteration(library_iteration, model, tokenizer, prompts, kept, seeds, lrs)
+    expected = run_iteration(library_iteration, model, tokenizer, prompts, kept, seeds, lrs,
+                             start)
     return KLStopCase(stop_kl, ends, stop_at + 1, kept, expected, config.ppo_epochs)
 
 

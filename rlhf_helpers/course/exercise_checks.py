@@ -6,8 +6,11 @@ remember what it ran, so a notebook trains with a learner's function only where 
     pieces, lines = learner_pieces({"advantages": "Exercise 2 (gae_loop)"}, globals())
 
 While a check runs, the library functions it hides refuse to run, the learner's function fails when
-it changes a tensor it was given in place, and a check past its time limit stops
-(`course.exercises`). The notebooks import these names from `course.notebook`, the header module.
+it changes a tensor it was given in place or leaves one of torch's global modes changed (autograd
+off, a float64 default dtype: `course.learner_guard`), and a check past its time limit stops
+(`course.exercises`). Whatever the check ran, torch's global modes are as before it when it ends, so
+the next cell is not poisoned. The notebooks import these names from `course.notebook`, the header
+module.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rlhf_helpers.course.exercises import (
     same_function,
     time_limit,
 )
+from rlhf_helpers.course.learner_guard import global_modes_kept, guard_modes
 
 #: First words of the line `exercise_check` prints for a passed, failed and unattempted exercise.
 EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
@@ -106,13 +110,14 @@ def trust_learner_function(name: str, function: Any) -> tuple[bool, str]:
 @contextmanager
 def _guarded_learner(name: str, namespace: MutableMapping[str, Any] | None) -> Iterator[None]:
     """While the check runs, the function the exercise names (in its namespace) fails when it
-    changes a tensor it was given in place (`course.exercises.guard_in_place`)."""
+    changes a tensor it was given in place (`course.exercises.guard_in_place`) or leaves one of
+    torch's global modes changed (`course.learner_guard.guard_modes`, which puts it back)."""
     function = _learner_function(name, namespace)
     if function is None:
         yield
         return
     key = _LEARNER_NAME.search(name).group(1)
-    guarded = guard_in_place(function)
+    guarded = guard_modes(guard_in_place(function))
     namespace[key] = guarded
     try:
         yield
@@ -131,31 +136,43 @@ def exercise_check(name: str, check: Callable[[], None], hidden: Sequence[Any] =
     `hidden`: the library functions (or methods) the exercise teaches. While `check` runs they raise
     LibraryShortcut however they are reached (course.exercises), so calling them fails the check.
     The function named in brackets in `name` ("Exercise 2 (gae_loop)") fails the check when it
-    changes a tensor it was given in place, and a check running past `seconds` stops with FAILED (an
-    endless loop). The check and the function it ran are recorded: `trust_learner_function` trusts
-    that function only (`checked_function_is`), and checks a function redefined after it again.
-    Returns None, so the cell shows only that line.
+    changes a tensor it was given in place or leaves one of torch's global modes changed (autograd
+    off, the default dtype float64: the message names it), and a check running past `seconds` stops
+    with FAILED (an endless loop). torch's global modes are put back when the check ends, whatever
+    it ran; a change that other code of the check left gets a line of its own under the first. The
+    check and the function it ran are recorded: `trust_learner_function` trusts that function only
+    (`checked_function_is`), and checks a function redefined after it again.
+    Returns None, so the cell shows only what it printed.
     """
     namespace = getattr(check, "__globals__", None)
     _CHECKED[name] = _Checked(check, tuple(hidden), seconds, _learner_function(name, namespace))
+    with global_modes_kept() as left_changed:  # code the check ran besides the named function
+        outcome, lines = _run_check(name, check, hidden, namespace, seconds)
+    _OUTCOMES[name] = outcome
+    if left_changed:  # put back already: say so, so that the learner learns of it
+        left = " and ".join(change.what for change in left_changed)
+        lines.append(f"    and the code this check ran left {left}: put back now, so the next "
+                     "cell runs as before")
+    print("\n".join(lines))
+
+
+def _run_check(name: str, check: Callable[[], None], hidden: Sequence[Any],
+               namespace: MutableMapping[str, Any] | None,
+               seconds: float | None) -> tuple[str, list[str]]:
+    """Run `check` as `exercise_check` says; its outcome and the lines to print."""
     try:
         with (hidden_from_learner(hidden, namespace), _guarded_learner(name, namespace),
               time_limit(seconds)):
             check()
     except NotImplementedError:
-        _OUTCOMES[name] = EXERCISE_TODO
-        print(f"{EXERCISE_TODO}  {name}: the stub still raises NotImplementedError; "
-              "fill it in, or open the solution below.")
-        return
+        return EXERCISE_TODO, [f"{EXERCISE_TODO}  {name}: the stub still raises "
+                               "NotImplementedError; fill it in, or open the solution below."]
     except Exception as error:  # the learner's code may fail in any way: report, don't crash
-        _OUTCOMES[name] = EXERCISE_FAILED
         first, *rest = str(error).splitlines() or [""]
-        print(f"{EXERCISE_FAILED}  {name}: {type(error).__name__}: {first}")
-        for line in rest:  # e.g. assert_close's mismatch report
-            print(f"    {line}")
-        return
-    _OUTCOMES[name] = EXERCISE_PASSED
-    print(f"{EXERCISE_PASSED}  {name}")
+        # the rest: e.g. assert_close's mismatch report
+        return EXERCISE_FAILED, ([f"{EXERCISE_FAILED}  {name}: {type(error).__name__}: {first}"]
+                                 + [f"    {line}" for line in rest])
+    return EXERCISE_PASSED, [f"{EXERCISE_PASSED}  {name}"]
 
 
 def learner_pieces(exercises: dict[str, str], namespace: MutableMapping[str, Any],
