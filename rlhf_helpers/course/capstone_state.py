@@ -7,7 +7,7 @@
 An attempt starts from the state `start` recorded: every weight and buffer of the model, no gradient
 on any parameter, each parameter's `requires_grad`, no instance attribute shadowing one of the
 model's methods (a patched `policy_logprobs`), and torch's global modes of then (autograd on, the
-default dtype: `course.learner_guard`); torch's, Python's and NumPy's random generators are seeded
+default dtype: `ppo.learner_guard`); torch's, Python's and NumPy's random generators are seeded
 with `seed`. The optimisers are the check's own, new for every attempt (`capstone_run`), so no
 optimiser state carries over. After the attempt a weight it should not have changed (any, or with
 `trains` any outside the policy and value adapters) and a global mode it left changed are named in
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhf_helpers.course.learner_guard import (
+from rlhf_helpers.ppo.learner_guard import (
     global_modes,
     global_modes_kept,
     learner_call_guard,

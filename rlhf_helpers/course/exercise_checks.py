@@ -7,7 +7,7 @@ remember what it ran, so a notebook trains with a learner's function only where 
 
 While a check runs, the library functions it hides refuse to run, the learner's function fails when
 it changes a tensor it was given in place or leaves one of torch's global modes changed (autograd
-off, a float64 default dtype: `course.learner_guard`), and a check past its time limit stops
+off, a float64 default dtype: `ppo.learner_guard`), and a check past its time limit stops
 (`course.exercises`). Whatever the check ran, torch's global modes are as before it when it ends, so
 the next cell is not poisoned. The notebooks import these names from `course.notebook`, the header
 module.
@@ -30,7 +30,7 @@ from rlhf_helpers.course.exercises import (
     same_function,
     time_limit,
 )
-from rlhf_helpers.course.learner_guard import global_modes_kept, guard_modes
+from rlhf_helpers.ppo.learner_guard import global_modes_kept, guard_modes
 
 #: First words of the line `exercise_check` prints for a passed, failed and unattempted exercise.
 EXERCISE_PASSED, EXERCISE_FAILED, EXERCISE_TODO = "PASSED", "FAILED", "NOT DONE"
@@ -111,7 +111,7 @@ def trust_learner_function(name: str, function: Any) -> tuple[bool, str]:
 def _guarded_learner(name: str, namespace: MutableMapping[str, Any] | None) -> Iterator[None]:
     """While the check runs, the function the exercise names (in its namespace) fails when it
     changes a tensor it was given in place (`course.exercises.guard_in_place`) or leaves one of
-    torch's global modes changed (`course.learner_guard.guard_modes`, which puts it back)."""
+    torch's global modes changed (`ppo.learner_guard.guard_modes`, which puts it back)."""
     function = _learner_function(name, namespace)
     if function is None:
         yield

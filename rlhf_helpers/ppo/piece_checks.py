@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.ppo.learner_guard import global_modes_kept, modes_changed_message
 
 
 class PieceError(ValueError):
@@ -81,15 +82,19 @@ def _watched(name: str, args: tuple[Any, ...]) -> Iterator[tuple[str, torch.Tens
 
 def call_piece(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args). PieceError naming the piece when it raised (the original error is the cause; a NaN
-    stop and another piece's refusal pass through as they are) or when it changed one of its tensors
-    in place."""
+    stop and another piece's refusal pass through as they are), when it changed one of its tensors
+    in place, or when it left one of torch's global modes changed (autograd off, a float64 default
+    dtype: put back, then named, since every later step would run in it)."""
     watched = [(label, tensor, tensor._version) for label, tensor in _watched(name, args)]
     try:
-        out = fn(*args)
+        with global_modes_kept() as modes_changed:
+            out = fn(*args)
     except (PieceError, NonFiniteError):
         raise
     except Exception as error:
         raise PieceError(f"{name} raised {type(error).__name__}: {error}") from error
+    if modes_changed:
+        raise PieceError(modes_changed_message(name, modes_changed))
     changed = [label for label, tensor, version in watched if tensor._version != version]
     if changed:
         raise PieceError(

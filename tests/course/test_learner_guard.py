@@ -1,5 +1,5 @@
 """A learner's function cannot leave torch's global modes changed for the next cell
-(course.learner_guard): every exercise check puts them back after the call and names the change."""
+(ppo.learner_guard): every exercise check puts them back after the call and names the change."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import re
 import pytest
 import torch
 
-from rlhf_helpers.course.learner_guard import (
+from rlhf_helpers.course.notebook import EXERCISE_FAILED, EXERCISE_PASSED, exercise_check
+from rlhf_helpers.ppo.learner_guard import (
     global_modes,
     global_modes_kept,
     learner_call_guard,
     set_global_modes,
 )
-from rlhf_helpers.course.notebook import EXERCISE_FAILED, EXERCISE_PASSED, exercise_check
 
 
 @pytest.fixture(autouse=True)

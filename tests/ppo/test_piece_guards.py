@@ -487,3 +487,31 @@ def test_the_logged_stats_are_measured_on_the_log_probs_as_they_came(make_traine
     # same seed, same loss, same weights: equal
     for key in ("approx_kl", "clipfrac", "first_ratio"):
         assert plain.history[0][key] == edited.history[0][key], key
+
+
+# ------------------------------------------------------------------ global modes a piece leaves set
+def gae_with_float64_default(rewards, values, mask, gamma, lam):
+    torch.set_default_dtype(torch.float64)  # every tensor made after this call would be float64
+    return compute_gae(rewards, values, mask, gamma, lam)
+
+
+def policy_loss_with_autograd_off(logprobs, old_logprobs, advantages, mask, eps):
+    out = policy_loss(logprobs, old_logprobs, advantages, mask, eps)
+    torch.set_grad_enabled(False)  # the next minibatch's forward pass would build no graph
+    return out
+
+
+@pytest.mark.parametrize(("pieces", "message"), [
+    ({"advantage_fn": gae_with_float64_default}, "advantage_fn left the default dtype float64"),
+    ({"policy_loss_fn": policy_loss_with_autograd_off},
+     r"policy_loss_fn left autograd off \(torch.set_grad_enabled\(False\)\)"),
+])
+def test_a_piece_that_leaves_a_global_mode_changed_is_refused_and_the_mode_put_back(
+        make_trainer, pieces, message):
+    grad_enabled, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+    try:
+        refused(make_trainer(**pieces), message)
+        assert (torch.is_grad_enabled(), torch.get_default_dtype()) == (grad_enabled, dtype)
+    finally:  # a failing assertion must not poison the tests after it
+        torch.set_grad_enabled(grad_enabled)
+        torch.set_default_dtype(dtype)
