@@ -12,7 +12,8 @@ for the next backward pass, float64 for every tensor made). Both blocks record t
 start and, when they end (raised or not), put back each that changed. `guard_modes(function)` runs
 every call of `function` in `learner_call_guard`: the exercise checks wrap the learner's function
 with it (`course.exercise_checks`), and notebook 08's check runs each attempt in it
-(`course.capstone_state`).
+(`course.capstone_state`); the trainer refuses a piece that left
+a mode changed (`ppo.piece_checks.call_piece`).
 """
 
 from __future__ import annotations
