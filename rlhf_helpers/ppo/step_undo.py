@@ -19,15 +19,15 @@ by the step's copy.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-#: trainers inside an `undone_on_error` block: an inner block (`update` in `step`) copies nothing
-_COVERED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: ids of the trainers inside an `undone_on_error` block: an inner block (`update` in `step`)
+#: copies nothing
+_COVERED: set[int] = set()
 
 
 def _copied(value: Any) -> Any:
@@ -90,7 +90,7 @@ def undone_on_error(trainer: Any, what: str) -> Iterator[None]:
     """Run the block; if anything escapes it (KeyboardInterrupt included), put the trainer's trained
     state back as it was when the block began, note that on the exception, and re-raise. `what`
     names the block in the note ("PPO step 3")."""
-    if trainer in _COVERED:  # an enclosing block's copy covers this one
+    if id(trainer) in _COVERED:  # an enclosing block's copy covers this one
         yield
         return
     device = trainer.model.device
@@ -104,24 +104,34 @@ def undone_on_error(trainer: Any, what: str) -> Iterator[None]:
         "last_update_stats": trainer.last_update_stats,
         "rng": _rng_states(device),
     }
-    _COVERED.add(trainer)
+    _COVERED.add(id(trainer))
     try:
         yield
     except BaseException as error:
-        _restore_optimizer(trainer.policy_opt, saved["policy"])
-        _restore_optimizer(trainer.value_opt, saved["value"])
-        for key, value in saved["kl_controller"].items():
-            setattr(trainer.kl_controller, key, value)
-        trainer.step_count = saved["step_count"]
-        history, rows = saved["history"]
-        history[:] = rows  # the same list: a caller may hold it (`train` returns it)
-        trainer.history = history
-        trainer.last_batch = saved["last_batch"]
-        trainer.last_update_stats = saved["last_update_stats"]
-        _restore_rng(saved["rng"], device)
+        while True:  # a second Ctrl-C while the state is put back: finish putting it back first
+            try:
+                _restore(trainer, saved, device)
+                break
+            except KeyboardInterrupt:
+                continue
         error.add_note(f"{what} was undone: every adapter weight, optimiser state (Adam's moments "
                        "and step counts), the KL controller, the step count and the history are "
                        "as they were before it, so running it again starts it afresh")
         raise
     finally:
-        _COVERED.discard(trainer)
+        _COVERED.discard(id(trainer))
+
+
+def _restore(trainer: Any, saved: dict[str, Any], device: torch.device) -> None:
+    """Put back what `undone_on_error` copied (again from the start if cut short)."""
+    _restore_optimizer(trainer.policy_opt, saved["policy"])
+    _restore_optimizer(trainer.value_opt, saved["value"])
+    for key, value in saved["kl_controller"].items():
+        setattr(trainer.kl_controller, key, value)
+    trainer.step_count = saved["step_count"]
+    history, rows = saved["history"]
+    history[:] = rows  # the same list: a caller may hold it (`train` returns it)
+    trainer.history = history
+    trainer.last_batch = saved["last_batch"]
+    trainer.last_update_stats = saved["last_update_stats"]
+    _restore_rng(saved["rng"], device)

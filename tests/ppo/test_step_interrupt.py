@@ -144,3 +144,33 @@ def test_an_adapter_switch_cut_short_is_redone_whole(make_trainer, monkeypatch):
     monkeypatch.setattr(layer, "set_adapter", switch)
     model.use("policy")
     assert {tuple(layer.active_adapters) for layer in model._lora_layers} == {("policy",)}
+
+
+def test_a_second_ctrl_c_while_the_step_is_put_back_still_leaves_it_undone(make_trainer,
+                                                                            monkeypatch):
+    """An impatient second Ctrl-C lands while the copy is being put back: it is put back whole."""
+    from rlhf_helpers.ppo import step_undo
+
+    trainer = make_trainer()
+    trainer.step()
+    before = trainer_state(trainer)
+    value_step = trainer.value_opt.optimizer.step
+
+    def step_then_interrupt(*args, **kwargs):
+        value_step(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    restore_rng, calls = step_undo._restore_rng, []
+
+    def second_ctrl_c(*args, **kwargs):  # the last thing put back: the rest is done already
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        restore_rng(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.value_opt.optimizer, "step", step_then_interrupt)
+    monkeypatch.setattr(step_undo, "_restore_rng", second_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.step()
+    assert len(calls) == 2
+    assert_same(trainer_state(trainer), before)
