@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.deep_dives import is_deep_dive_heading  # noqa: E402
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa: E402
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 
 SOURCE_DIR = ROOT / "notebooks" / "src"
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -140,6 +141,7 @@ def sources() -> list[Path]:
     return sorted(SOURCE_DIR.glob("[0-9]*.py"))
 
 
+@one_line_interrupt("tools/build_notebooks.py", "run it again to write every notebook")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a notebook is out of date")

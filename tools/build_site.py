@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.notebook import EXERCISE_TODO, colab_url, repo_url  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
 
 EXECUTED = Path(os.environ.get("RLHF_EXECUTED_DIR") or ROOT / "build" / "executed")
@@ -518,6 +519,7 @@ def replace_site(built: Path, out: Path) -> None:
     shutil.copytree(built, out)
 
 
+@one_line_interrupt("tools/build_site.py", "the site may be incomplete: build it again")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executed", type=Path, default=EXECUTED,

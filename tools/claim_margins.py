@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.claims import LOG_ENV, NOTEBOOK_ENV, STRICT_ENV  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 
 #: Numeric variants: the environment each sets before torch loads. `native` is the machine as it
 #: is. ATEN_CPU_CAPABILITY picks torch's own vectorised kernels (softmax, exp, norms, Adam's
@@ -202,6 +203,7 @@ first (the tool's --doc-note), then the table.
 """
 
 
+@one_line_interrupt("tools/claim_margins.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Every claim of the course under several numeric "
                                                  "variants of this machine.")

@@ -76,6 +76,7 @@ from rlhf_helpers.course.deep_dives import (  # noqa: E402
     heading,
     in_deep_dive,
 )
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 SOURCE_DIR = NOTEBOOK_DIR / "src"
@@ -525,6 +526,7 @@ def _compare_outputs(folder: Path, estimates: dict[str, Estimate]) -> None:
                 for label, c in (("core", got[False]), ("deep", got[True]))))
 
 
+@one_line_interrupt("tools/course_time.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 05")

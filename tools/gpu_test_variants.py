@@ -28,6 +28,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "stages"),
 from claim_margins import available_variants  # noqa: E402
 from test_gpu_paths import OVERRIDES, STEPS  # noqa: E402
 
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
+
 PINNED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -48,6 +50,7 @@ def run(variant: dict[str, str], dtype: str, overrides: dict) -> tuple[list[dict
     return rows, json.loads((root / "run" / "diagnosis.json").read_text())
 
 
+@one_line_interrupt("tools/gpu_test_variants.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The gpu-profile test's run under numeric "
                                                  "variants of this CPU.")

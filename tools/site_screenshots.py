@@ -28,6 +28,8 @@ sys.path[:0] = [str(TESTS), str(TESTS / "notebooks"), str(TESTS / "widgets")]
 
 from test_site_browser import CLIPPED, DRAWN, FITTED, MATH, PHONE, VIEWPORT, site_defects  # noqa: E402
 
+from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
+
 #: name -> (window, device scale of the screenshot)
 WIDTHS = {"desktop": (VIEWPORT, 0.5), "phone": (PHONE, 0.5)}
 JPEG_QUALITY = 45  #: enough to compare layouts
@@ -55,6 +57,7 @@ def _scroll_through(page) -> None:
     page.wait_for_timeout(500)
 
 
+@one_line_interrupt("tools/site_screenshots.py")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--site", type=Path, default=ROOT / "build" / "site",

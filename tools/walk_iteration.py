@@ -32,6 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlhf_helpers"
 #: library functions that call the package's code for it (a module's forward, an autograd function):
@@ -169,6 +171,7 @@ def walk_one_iteration(workdir: Path) -> Walk:
     return walk
 
 
+@one_line_interrupt("tools/walk_iteration.py", "nothing was written")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the counts only, as JSON")

@@ -31,6 +31,7 @@ from rlhf_helpers.cluster.export import (
 )
 from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON, Thresholds, rule_docs
 from rlhf_helpers.ppo.metric_docs import GROUPS, METRICS, NOTATION, MetricDoc
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile
 
@@ -161,6 +162,7 @@ PAGES: dict[str, Callable[[str], str]] = {"metrics.md": lambda _old: metrics_mar
                                           "cluster.md": render_page}
 
 
+@one_line_interrupt("tools/write_docs.py", "run it again to write every page")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",

@@ -16,6 +16,12 @@ over (`not_carried` lists the ones this config sets); docs/cluster.md is the pag
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.cluster.export")
+
 import argparse
 import os
 import re
@@ -32,6 +38,7 @@ from rlhf_helpers.cluster.run_inputs import (
     per_token_target_kl,
     run_paths,
 )
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
@@ -283,6 +290,7 @@ def auto_note(name: str | None, resolved: str) -> str | None:
     return f"note: {source} auto resolved to gpu: this machine has a CUDA GPU"
 
 
+@one_line_interrupt("python -m rlhf_helpers.cluster.export", "nothing was written")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export",
                                      description=__doc__.splitlines()[0])

@@ -13,6 +13,12 @@ each notebook's time and the total; exits 1 if any notebook fails.
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.course.run_course")
+
 import argparse
 import os
 import re
@@ -24,6 +30,7 @@ from pathlib import Path
 
 from rlhf_helpers.runtime.artifacts import CACHE_DIR_ENV, RUNS_DIR_ENV
 from rlhf_helpers.runtime.data import DATA_DIR_ENV
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -92,6 +99,8 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
     return nb
 
 
+@one_line_interrupt("python -m rlhf_helpers.course.run_course",
+                    "the notebooks that finished before it are in --out")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Execute every course notebook headless.")
     parser.add_argument("--out", type=Path, default=ROOT / "build",

@@ -155,7 +155,8 @@ def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[
     parameter and neither loss reads the other's output, so this order changes no number."""
     config, step = trainer.config, trainer.step_count
     train_policy = step >= config.value_warmup_steps  # warm-up: the critic learns the returns first
-    rows = trainer.last_update_stats = []  # filled as minibatches run: a stop keeps what ran
+    # filled as minibatches run; a stop puts back the previous update's rows (`step_undo`)
+    rows = trainer.last_update_stats = []
     for epoch in range(config.ppo_epochs):
         size = batch.sequences.shape[0]  # B
         order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)

@@ -34,13 +34,14 @@ Every call of a caller's piece is checked (`piece_checks`; the library's own are
 and what it returned, before any optimiser steps: an error raised inside it, a tensor argument it
 changed in place (the trainer's own), a result of another type, shape, dtype or device, a loss that
 is not one number or carries no gradient. The library's update checks both losses of a minibatch
-before either adapter steps; an `update_fn` steps where it likes, so when it fails, is refused, or
-never steps the policy on a gradient, its weights and optimiser states are put back
-(`update_watch`). Its rows log the gradient norm each optimiser stepped on as `policy_grad_norm` /
-`value_grad_norm` (after the loop's own clip). Each caller's piece works on copies of the trainer's
-tensors (the log-probs and values that carry the graph excepted), and `update_fn` on a copy of the
-batch and of the config, so no edit of theirs reaches the run's data; an `update_fn` that changes a
-frozen weight (the base, the reward model) is refused.
+before either adapter steps; an `update_fn` steps where it likes. Either way one rule holds: an
+update that does not finish (an error, a refusal, an `update_fn` that never steps the policy on a
+gradient, Ctrl-C) leaves every adapter weight and optimiser state as before the step
+(`PPOTrainer.step`, `step_undo`). An `update_fn`'s rows log the gradient norm each optimiser
+stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip). Each caller's
+piece works on copies of the trainer's tensors (the log-probs and values that carry the graph
+excepted), and `update_fn` on a copy of the batch and of the config, so no edit of theirs reaches
+the run's data; an `update_fn` that changes a frozen weight (the base, the reward model) is refused.
 """
 
 from __future__ import annotations
@@ -282,8 +283,8 @@ def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any,
     the policy loss's stats when it called `policy_loss_fn` once per minibatch, and the gradient
     norms its optimisers stepped on). NonFiniteStop on a NaN loss; PieceError naming the piece that
     failed, changed the batch in place, returned what the trainer cannot use, or (update_fn) never
-    stepped the policy. Either way the weights and optimiser states are put back as they were
-    (`UpdateWatch`): a refused update leaves no half-applied step."""
+    stepped the policy. The caller (`PPOTrainer.update`) puts the weights and optimiser states
+    back when anything escapes this function (`step_undo`): no half-applied step."""
     recorded: list[dict[str, float]] = []
 
     def loss_only(logprobs, old_logprobs, advantages, mask, clip_eps):

@@ -147,6 +147,7 @@ class SharedLoRAModel(nn.Module):
             # 32 switches per update); its per-layer set_adapter on the LoRA layers, found once, is
             # the same switch (this model's peft config has no modules_to_save, the only other
             # thing it sets)
+            self._active = None  # a switch cut short (Ctrl-C) is redone whole by the next call
             for layer in self._lora_layers:
                 layer.set_adapter(adapter)
             self.peft.base_model.active_adapter = adapter

@@ -52,6 +52,7 @@ from rlhf_helpers.ppo.pieces import (
 from rlhf_helpers.ppo.run_loop import check_weights_usable, train_loop
 from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
 from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.step_undo import undone_on_error
 from rlhf_helpers.runtime.locks import FileLock
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.precision import needs_grad_scaler
@@ -185,7 +186,16 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> dict[str, float]:
-        """Rollouts, then the update epochs; returns the metrics (and appends them to `history`)."""
+        """Rollouts, then the update epochs; returns the metrics (and appends them to `history`).
+
+        All or nothing: a step that does not finish (Ctrl-C, a NaN stop, a refused piece, your own
+        `update_fn` failing) leaves every adapter weight, optimiser state, the KL controller, the
+        step count and the history as they were before it (`step_undo`), then re-raises; the next
+        `step()` runs it again from the start."""
+        with undone_on_error(self, f"PPO step {self.step_count}"):
+            return self._step()
+
+    def _step(self) -> dict[str, float]:
         config = self.config
         generator = self._step_generator()
         start = time.perf_counter()
@@ -238,15 +248,17 @@ class PPOTrainer:
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
         """The update epochs on `batch` (`iteration.update`, or the caller's `update_fn`); returns
         the mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps
-        the rows in `last_update_stats`."""
-        if self.update_fn is None:
-            update(self, batch, generator)  # its rows go to last_update_stats as they are made
-        else:  # the caller's loop; the run's policy loss, its stats recorded
-            with self.guard():
-                self.last_update_stats = run_update_fn(self.update_fn, self.policy_loss_fn,
-                                                       self.model, batch, self.policy_opt.optimizer,
-                                                       self.value_opt.optimizer,
-                                                       self.config, generator, self.step_count)
+        the rows in `last_update_stats`. An update that does not finish is undone whole, whoever
+        wrote the loop (`step_undo`)."""
+        with undone_on_error(self, "this update"):
+            if self.update_fn is None:
+                update(self, batch, generator)  # its rows go to last_update_stats as they are made
+            else:  # the caller's loop; the run's policy loss, its stats recorded
+                with self.guard():
+                    self.last_update_stats = run_update_fn(
+                        self.update_fn, self.policy_loss_fn, self.model, batch,
+                        self.policy_opt.optimizer, self.value_opt.optimizer, self.config,
+                        generator, self.step_count)
         # the share of sampled EOS tokens that the mask this update trained on kept
         eos_in_mask = eos_kept_share(batch, self.model.eos_token_id)
         return {**mean_update_stats(self.last_update_stats), "eos_in_mask": eos_in_mask}
@@ -269,7 +281,13 @@ class PPOTrainer:
     def train(self, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
               callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
         """Run until `steps` more iterations (default: up to config.total_steps) are done, with a
-        progress bar, evaluations and checkpoints (`run_loop.train_loop`); returns the history."""
+        progress bar, evaluations and checkpoints (`run_loop.train_loop`); returns the history.
+
+        Interrupted (Ctrl-C) inside an iteration, that iteration is undone whole (`step`): call
+        `train()` again and it runs it afresh, giving the numbers of an uninterrupted run.
+        Interrupted after it, in its evaluation, checkpoint or `callback`, the iteration stays
+        applied (it is in `history`; `trainer.last_checkpoint` names the newest checkpoint
+        written) and `callback` does not get its metrics."""
         return train_loop(self, steps, eval_prompts, callback)
 
     def close(self) -> None:

@@ -1,21 +1,18 @@
 """A caller's update loop (`update_fn`) watched: the gradient its optimisers stepped on, whether the
-policy trained and, when the loop fails or is refused, its changes to the weights and optimiser
-states undone.
+policy trained, and whether it changed a frozen weight.
 
-    with UpdateWatch(policy_opt, value_opt) as watch:  # an error in the block restores the weights
+    with UpdateWatch(policy_opt, value_opt, model) as watch:
         losses = update_fn(model, batch, policy_opt, value_opt, ...)
         watch.check_policy_trained(step)               # PieceError if it never stepped the policy
     watch.grad_norms("policy")                         # [||g|| at each policy_opt.step()], in order
 
-The library's own update needs none of this: it checks both losses of a minibatch before either
-optimiser steps. A caller's loop steps where it likes, so the only way to leave the weights
-unchanged when it fails is to put them back. The copies are of the adapters' weights and Adam
-moments (`update_fn` runs on one process).
+When the loop fails, is refused or is interrupted, the trainer puts its adapters and optimiser
+states back (`step_undo`, the same rule as for the library's update); a change to a frozen weight
+cannot be put back, so it is named whatever else went wrong.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -48,14 +45,13 @@ class UpdateWatch:
         #: the gradients' 2-norm at each step() that found some, as tensors (read once, at the end)
         self.norms: dict[str, list[torch.Tensor]] = {"policy": [], "value": []}
         self.steps = {"policy": 0, "value": 0}  #: step() calls, with or without a gradient
+        #: the adapters' weights when the block began (did the policy move?)
         self._saved: dict[str, list[torch.Tensor]] = {}
-        self._states: dict[str, dict[str, Any]] = {}
         self._handles: list[Any] = []
 
     def __enter__(self) -> UpdateWatch:
         for key, optimizer in self.optimizers.items():
             self._saved[key] = [p.detach().clone() for p in self.params[key]]
-            self._states[key] = copy.deepcopy(optimizer.state_dict())
             self._handles.append(optimizer.register_step_pre_hook(self._before_step(key)))
         self._fingerprint = self._frozen_fingerprint()
         return self
@@ -63,13 +59,15 @@ class UpdateWatch:
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
         for handle in self._handles:
             handle.remove()
-        if exc_type is not None:  # a failed or refused update leaves no half-applied step behind
-            self.restore()
-            if not isinstance(exc, FrozenWeightsChanged):
-                try:  # a change to the base cannot be put back: say so, whatever else went wrong
-                    self.check_frozen_unchanged()
-                except FrozenWeightsChanged as frozen:
-                    raise FrozenWeightsChanged(f"{exc}; and {frozen}") from exc
+        # a failed, refused or interrupted update: the trainer puts the adapters back (`step_undo`)
+        if exc_type is not None and not isinstance(exc, FrozenWeightsChanged):
+            try:  # a change to the base cannot be put back: say so, whatever else went wrong
+                self.check_frozen_unchanged()
+            except FrozenWeightsChanged as frozen:
+                if not isinstance(exc, Exception):  # Ctrl-C stays Ctrl-C, the change named on it
+                    exc.add_note(str(frozen))
+                    return False
+                raise FrozenWeightsChanged(f"{exc}; and {frozen}") from exc
         return False
 
     def _before_step(self, key: str) -> Any:
@@ -81,15 +79,6 @@ class UpdateWatch:
                     torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
 
         return hook
-
-    def restore(self) -> None:
-        """The weights and optimiser states as they were when the block began; gradients cleared."""
-        with torch.no_grad():
-            for key, optimizer in self.optimizers.items():
-                for param, saved in zip(self.params[key], self._saved[key], strict=True):
-                    param.copy_(saved)
-                    param.grad = None
-                optimizer.load_state_dict(self._states[key])
 
     def check_policy_trained(self, step: int) -> None:
         """PieceError naming update_fn when the policy adapter's weights did not move and policy_opt
@@ -127,8 +116,8 @@ class UpdateWatch:
     def check_frozen_unchanged(self) -> None:
         """PieceError naming update_fn when it changed a frozen weight: the reference policy and the
         reward model would no longer be the ones the run started from. Such a change cannot be put
-        back (no copy of the base is kept); the adapters' weights are, when the error leaves the
-        block."""
+        back (no copy of the base is kept); the adapters' weights are, by the trainer
+        (`step_undo`)."""
         versions, sums = self._fingerprint
         if sums is None:
             return

@@ -1,19 +1,29 @@
-"""Ctrl-C while a command is still starting (the training command imports torch and transformers for
-seconds): one line and exit 130, not a traceback; and where launchers put a process's rank.
+"""Ctrl-C in a command: one line on stderr and exit 130, never a traceback; and where launchers put
+a process's rank.
 
-    quiet_early_interrupt()   # first thing in a command, before torch and transformers load
-    ...                       # the heavy imports
-    restore_interrupt()       # once `main` handles Ctrl-C itself (its line names the checkpoint)
+    if __name__ == "__main__":                  # first thing in a command's module
+        quiet_early_interrupt(PROG)             # "PROG: interrupted (Ctrl-C) before it started..."
+    ...                                         # the heavy imports (torch, transformers: seconds)
+
+    @one_line_interrupt(PROG, "nothing was written")   # main's own Ctrl-C, the same one line
+    def main(argv=None): ...
+
+`quiet_early_interrupt` covers the imports, `one_line_interrupt` the command's work (it hands Ctrl-C
+back to Python first: `restore_interrupt`). The training command handles Ctrl-C in its `main`
+itself, its line naming the checkpoint to resume from.
 
 Imports only the standard library, so it is in place a few milliseconds after the process starts.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import ParamSpec, TypeVar
 
 #: Exit status of a run ended by Ctrl-C (SIGINT): 128 + 2, as a shell reports a process the signal
 #: ended.
@@ -23,6 +33,10 @@ EARLY_LINE = "PPO interrupted (Ctrl-C) before training started: nothing was writ
 #: Where launchers put a process's global rank (torchrun/accelerate, MPICH, Open MPI, MVAPICH), as
 #: accelerate reads it.
 RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+_early_line = EARLY_LINE  #: what `_interrupted_early` prints
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
 
 
 def is_rank_zero() -> bool:
@@ -35,12 +49,16 @@ def _interrupted_early(signum: int, frame: FrameType | None) -> None:
     at once: an exception would unwind through half-finished imports, and nothing is open that needs
     closing."""
     if is_rank_zero():
-        print(EARLY_LINE, file=sys.stderr, flush=True)
+        print(_early_line, file=sys.stderr, flush=True)
     os._exit(EXIT_INTERRUPTED)
 
 
-def quiet_early_interrupt() -> None:
-    """Make Ctrl-C end the process with EARLY_LINE and exit 130 until `restore_interrupt`."""
+def quiet_early_interrupt(prog: str | None = None) -> None:
+    """Make Ctrl-C end the process with one line and exit 130 until `restore_interrupt`: that `prog`
+    was interrupted before it started (None: the training command's EARLY_LINE)."""
+    global _early_line
+    _early_line = (EARLY_LINE if prog is None
+                   else interrupted_line(prog, "before it started, so nothing was written"))
     signal.signal(signal.SIGINT, _interrupted_early)
 
 
@@ -49,3 +67,30 @@ def restore_interrupt() -> None:
     replaced it; a handler someone else installed (a notebook's, a test runner's) is left alone."""
     if signal.getsignal(signal.SIGINT) is _interrupted_early:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupted_line(prog: str, left: str = "") -> str:
+    """The one line of a command ended by Ctrl-C: "PROG: interrupted (Ctrl-C); LEFT"."""
+    return f"{prog}: interrupted (Ctrl-C)" + (f"; {left}" if left else "")
+
+
+def one_line_interrupt(prog: str, left: str = "") -> Callable[[Callable[Params, Result]],
+                                                               Callable[Params, Result]]:
+    """Decorate a command's `main`: Ctrl-C while it runs prints `interrupted_line(prog, left)` on
+    stderr (rank 0 only) and exits 130 (SystemExit), instead of a KeyboardInterrupt traceback.
+    `left` says what the command leaves behind ("nothing was written")."""
+
+    def decorate(main: Callable[Params, Result]) -> Callable[Params, Result]:
+        @functools.wraps(main)
+        def run(*args: Params.args, **kwargs: Params.kwargs) -> Result:
+            restore_interrupt()  # from here Ctrl-C raises KeyboardInterrupt, caught below
+            try:
+                return main(*args, **kwargs)
+            except KeyboardInterrupt:
+                if is_rank_zero():
+                    print(interrupted_line(prog, left), file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_INTERRUPTED) from None
+
+        return run
+
+    return decorate

@@ -8,7 +8,7 @@ RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` 
 metrics.jsonl, or the output folder of TRL's GRPOTrainer or RLOOTrainer (trainer_state.json, at its
 top or in its newest checkpoint-N): TRL's names are mapped where they mean the same quantity
 (`ppo.diagnosis.TRL_NAMES`). It reads and prints, naming the file it read; it writes nothing. Exit
-status: 0 read (whatever it found); 2 no run could be read there (one line).
+status: 0 read (whatever it found); 2 no run could be read there (one line); 130 Ctrl-C (one line).
 
 `train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
 diagnosis.json into the run folder (atomically) and sends each rule's number of steps to the
@@ -16,6 +16,12 @@ tracker.
 """
 
 from __future__ import annotations
+
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.stages.diagnose")
 
 import argparse
 import json
@@ -35,6 +41,7 @@ from rlhf_helpers.ppo.diagnosis import (
     format_findings,
 )
 from rlhf_helpers.ppo.metrics import write_replacing
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 
 PROG = "python -m rlhf_helpers.stages.diagnose"
 
@@ -89,6 +96,7 @@ def write_verdict(trainer: Any, output_dir: Path, accelerator: Any, profile_name
     return status
 
 
+@one_line_interrupt(PROG, "nothing was written")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",

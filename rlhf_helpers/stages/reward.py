@@ -5,7 +5,7 @@
 
 The command checks before it builds anything (exit 2, one line): its settings, the device, the SFT
 model folder and what it can hold (`runtime.preflight`), the preference files (named with the line),
-and --out.
+and --out. Ctrl-C: one line, exit 130, --out as it was.
 
 The cache follows `runtime.artifacts` (completion marker written last, SHA-256 of every file, atomic
 rename). Its key is what decides the adapter: the SFT model's content (not its path), every training
@@ -14,6 +14,12 @@ trains again, and a moved checkout reuses the cache.
 """
 
 from __future__ import annotations
+
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.stages.reward")
 
 import argparse
 import dataclasses
@@ -36,6 +42,7 @@ from rlhf_helpers.runtime.artifacts import (
     unrecorded_files,
 )
 from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
@@ -160,6 +167,8 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
         raise SetupError(f"data: {error}") from None
 
 
+@one_line_interrupt("python -m rlhf_helpers.stages.reward",
+                    "--out is replaced only by a complete reward model; run it again to train one")
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.stages.reward",

@@ -18,6 +18,12 @@ shipped word-level tokenizer (code paths only: a lent GPU machine's timing runs,
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.stages.sft")
+
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +36,7 @@ from rlhf_helpers.runtime.architectures import architecture_of
 from rlhf_helpers.runtime.artifacts import build_cached, shown_path
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpus
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
 from rlhf_helpers.runtime.precision import amp_flags, master_dtype
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
@@ -325,5 +332,12 @@ def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Pa
     return ensure_sft_model(profile or get_profile("gpu"), force=force)
 
 
-if __name__ == "__main__":
+@one_line_interrupt("python -m rlhf_helpers.stages.sft",
+                    "the SFT model is replaced only once trained again, so the cached one is kept")
+def main() -> None:
+    """Command line: fine-tune the gpu profile's SFT model again; prints its folder."""
     print(prepare_sft_model(force=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,12 @@ replaces them.
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("python -m rlhf_helpers.world.build")
+
 import argparse
 import hashlib
 import json
@@ -32,6 +38,7 @@ from rlhf_helpers.runtime.data import (
     load_sft_corpus,
     write_jsonl,
 )
+from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.world.annotator import DEFAULT_TEMPERATURE, accuracy_ceiling
 from rlhf_helpers.world.quality import sample_quality, summarize
 from rlhf_helpers.world.records import (
@@ -287,6 +294,8 @@ def card_model(model_log: dict) -> list[str]:
     return lines
 
 
+@one_line_interrupt("python -m rlhf_helpers.world.build",
+                    "run it again (with --force if it names a file this left cut short)")
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the statistics it wrote into the card."""
     parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.world.build",

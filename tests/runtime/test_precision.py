@@ -221,9 +221,19 @@ def test_a_gradient_still_not_finite_below_the_minimum_scale_stops_the_run(
     # the floor just below the scale: one skip (S -> S/2) is an overflow, the second overflow a NaN
     # stop
     monkeypatch.setattr(optim_module, "MIN_LOSS_SCALE", init / 2 + 1)
+    skips_at_the_stop = []
+    check = optim_module.check_all_finite
+
+    def recording_check(*args, **kwargs):
+        skips_at_the_stop.append(trainer.policy_opt.overflow_skips)
+        check(*args, **kwargs)
+
+    monkeypatch.setattr(optim_module, "check_all_finite", recording_check)
     with pytest.raises(NonFiniteError, match="gradient norm"):
         trainer.step()
-    assert trainer.policy_opt.overflow_skips == 1
+    assert skips_at_the_stop == [1]  # the first overflow was skipped, the second stopped the run
+    # the stopped step is undone whole (`step_undo`): its skip and halved scale included
+    assert trainer.policy_opt.overflow_skips == 0 and trainer.policy_opt.scaler.get_scale() == init
 
 
 def test_scaler_state_survives_a_checkpoint(make_trainer, tmp_path, one_torch_thread):
