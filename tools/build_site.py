@@ -564,8 +564,12 @@ def replace_site(built: Path, out: Path) -> None:
     if present:
         ours = files_written(out)
         if ours is None:
+            older = ("; a site built before the marker existed has only Sphinx's .buildinfo: "
+                     "delete it yourself if nothing in it is yours"
+                     if (out / ".buildinfo").is_file() else "")
             raise SystemExit(f"--out {out} exists and is not a site this tool built (it has no "
-                             f"{SITE_MARKER} of {MARKER_WRITER}); choose a new or empty folder")
+                             f"{SITE_MARKER} of {MARKER_WRITER}); choose a new or empty "
+                             f"folder{older}")
         others = [name for name in present if name not in ours and name != SITE_MARKER]
         if others:
             more = f" and {len(others) - 3} more" if len(others) > 3 else ""
