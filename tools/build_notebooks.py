@@ -3,7 +3,8 @@
 Usage:
     python tools/build_notebooks.py          # (re)write every notebook from its source
     python tools/build_notebooks.py --check  # exit 1 if a stored notebook differs from its source
-    (exit 2, writing nothing, when a source cannot be read or built: the message names the file)
+    (exit 2, writing nothing, when a source cannot be read or built, a cell has a tag not in
+    KNOWN_TAGS, or a notebook's path is a link: the message names the file, the cell or the link)
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +47,9 @@ SOURCE_DIR = ROOT / "notebooks" / "src"
 NOTEBOOK_DIR = ROOT / "notebooks"
 SETUP_TAG = "colab-setup"
 CLAIM_TAG = "claim-check"
+#: The cell tags a source may give, and what each does; any other tag (a misspelt one) is refused.
+KNOWN_TAGS = {SETUP_TAG: "the Colab set-up cell, generated here",
+              CLAIM_TAG: "checks the prose's claims on the run: collapsed, and left off the site"}
 _KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 # Cell metadata jupytext adds to record the text layout (blank lines, `# %% [md]` spellings).
 _LAYOUT_KEYS = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker", "region_name"}
@@ -73,7 +78,7 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
         raise ValueError(f"{notebook_name}: the {SETUP_TAG} cell must be an empty code cell (its "
                          "code is generated)")
     result = []
-    for cell in cells:
+    for number, cell in enumerate(cells, start=1):
         if cell.cell_type not in ("code", "markdown"):
             raise ValueError(
                 f"{notebook_name}: unsupported {cell.cell_type} cell: {cell.source[:40]!r}")
@@ -85,6 +90,12 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
         if extra:
             raise ValueError(
                 f"{notebook_name}: unsupported cell metadata {sorted(extra)} (only tags are kept)")
+        unknown = [tag for tag in cell.metadata.get("tags", []) if tag not in KNOWN_TAGS]
+        if unknown:  # a misspelt tag would be kept and do nothing
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            raise ValueError(
+                f"{notebook_name}: cell {number} ({first[:40]!r}) has the unknown tag "
+                f"{unknown[0]!r}; the known tags are {', '.join(sorted(KNOWN_TAGS))}")
         tags = [tag for tag in cell.metadata.get("tags", []) if tag != SETUP_TAG]
         source = cell.source
         if cell is setup[0]:
@@ -136,9 +147,51 @@ def render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def sources() -> list[Path]:
-    """Every notebook source, in course order."""
-    return sorted(SOURCE_DIR.glob("[0-9]*.py"))
+def sources(source_dir: Path | None = None) -> list[Path]:
+    """Every notebook source in `source_dir` (default SOURCE_DIR), in course order."""
+    return sorted((source_dir or SOURCE_DIR).glob("[0-9]*.py"))
+
+
+def write_new(target: Path, text: str) -> None:
+    """Write `text` to `target`, never through a link: a link put there since the check fails to
+    open (O_NOFOLLOW) instead of writing to wherever it points."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
+              check: bool = False) -> int:
+    """Build every source of `source_dir` (default SOURCE_DIR) into `notebook_dir` (NOTEBOOK_DIR);
+    `check`: only compare. The exit status: 0 done, 1 a stored notebook differs (`check`), 2 nothing
+    written (one line on stderr): a source cannot be read or built, or a notebook's path is a
+    link."""
+    notebook_dir = notebook_dir or NOTEBOOK_DIR
+    # every source is read and built before any notebook is written: a bad one changes nothing
+    built = {}
+    for source in sources(source_dir):
+        try:
+            built[notebook_dir / source.with_suffix(".ipynb").name] = render(build_notebook(source))
+        except (ValueError, nbformat.ValidationError) as error:
+            print(f"build_notebooks: error: {error} (no notebook was written)", file=sys.stderr)
+            return 2
+    links = [target for target in built if target.is_symlink()]
+    if links and not check:  # writing would change the file it points to, wherever that is
+        print(f"build_notebooks: error: {links[0]} is a link (to {os.readlink(links[0])}), not a "
+              "notebook file: remove the link (no notebook was written)", file=sys.stderr)
+        return 2
+    stale = []
+    for target, text in built.items():
+        if check:
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                stale.append(target.name)
+        else:
+            write_new(target, text)
+            print(f"wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+    if stale:
+        print("out of date (run `python tools/build_notebooks.py`): " + ", ".join(stale))
+        return 1
+    return 0
 
 
 @one_line_interrupt("tools/build_notebooks.py", "run it again to write every notebook")
@@ -146,26 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
     args = parser.parse_args(argv)
-    # every source is read and built before any notebook is written: a bad one changes nothing
-    built = {}
-    for source in sources():
-        try:
-            built[NOTEBOOK_DIR / source.with_suffix(".ipynb").name] = render(build_notebook(source))
-        except (ValueError, nbformat.ValidationError) as error:
-            print(f"build_notebooks: error: {error} (no notebook was written)", file=sys.stderr)
-            return 2
-    stale = []
-    for target, text in built.items():
-        if args.check:
-            if not target.exists() or target.read_text(encoding="utf-8") != text:
-                stale.append(target.name)
-        else:
-            target.write_text(text, encoding="utf-8")
-            print(f"wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
-    if stale:
-        print("out of date (run `python tools/build_notebooks.py`): " + ", ".join(stale))
-        return 1
-    return 0
+    return build_all(check=args.check)
 
 
 if __name__ == "__main__":

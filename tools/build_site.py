@@ -22,6 +22,9 @@
    write the exercise; plotly's CDN loader outputs are dropped. An image output gets an alt text.
    The cells that check the prose's claims on the run's numbers (tag "claim-check") are left off.
 4. sphinx-build writes build/site/ (conf: site/conf.py, which also copies plotly.js and MathJax in).
+   The site carries a marker file listing every file it wrote (SITE_MARKER): a later build deletes
+   those files only, and refuses an --out that is not empty and not such a site, or that holds
+   files it did not write (`replace_site`).
 
 Prints each step's time. Staged files are rewritten only when they change, so a second build is
 quick.
@@ -41,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -505,18 +508,88 @@ def stage(executed_dir: Path, stage_dir: Path) -> None:
             target.write_bytes((ROOT / image).read_bytes())
 
 
+#: The file a site built here carries at its top: it marks the folder as this tool's and lists the
+#: files the build wrote, so that the next build deletes those files and nothing else.
+SITE_MARKER = ".rlhf-course-site.json"
+#: What the marker says it is (a marker without it, or not JSON, marks nothing).
+MARKER_WRITER = "tools/build_site.py"
+
+
+def site_entries(folder: Path) -> list[str]:
+    """Everything under `folder` but its folders, as sorted relative POSIX paths; a link is an entry
+    of its own (never followed), a link to a folder too."""
+    found = []
+    for parent, folders, files in os.walk(folder):  # os.walk follows no link
+        base = Path(parent)
+        found += [(base / name).relative_to(folder).as_posix()
+                  for name in [*files, *(f for f in folders if (base / f).is_symlink())]]
+    return sorted(found)
+
+
+def files_written(out: Path) -> set[str] | None:
+    """The files a build of this tool wrote into `out`, as its marker lists them; None when `out`
+    holds no marker of this tool (none, a link, not JSON, another writer's)."""
+    marker = out / SITE_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = record.get("files") if isinstance(record, dict) else None
+    if (record.get("written_by") != MARKER_WRITER or not isinstance(files, list)
+            or not all(isinstance(name, str) for name in files)):
+        return None
+    return set(files)
+
+
+def _write_marker(out: Path, files: list[str]) -> None:
+    """Write the marker listing `files`: through a temporary file renamed over it (whole or
+    absent)."""
+    tmp = out / f"{SITE_MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"written_by": MARKER_WRITER, "files": files}, indent=1) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, out / SITE_MARKER)
+
+
 def replace_site(built: Path, out: Path) -> None:
-    """Put the built site at `out`, replacing a site this tool built there before (it has Sphinx's
-    .buildinfo); SystemExit for an `out` that is a file or a folder of something else (never
-    deleted)."""
-    if out.is_file() or (out.is_dir() and any(out.iterdir())
-                         and not (out / ".buildinfo").is_file()):
-        raise SystemExit(
-            f"--out {out} exists and is not a site this tool built; choose a new or empty folder")
-    if out.is_dir():
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(built, out)
+    """Put the built site at `out`. A folder that is not empty must be a site this tool built (its
+    marker, SITE_MARKER) holding only files that build wrote: those are deleted, then the new site
+    is copied in and its files recorded in the marker. SystemExit, with nothing deleted, for an
+    `out` that is a file or a link, a folder of something else (another tool's site with Sphinx's
+    .buildinfo included), or a site of this tool with a person's files added."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise SystemExit(f"--out {out} is {'a link' if out.is_symlink() else 'a file'}, not a "
+                         "folder; choose a new or empty folder")
+    present = site_entries(out) if out.is_dir() else []
+    if present:
+        ours = files_written(out)
+        if ours is None:
+            older = ("; a site built before the marker existed has only Sphinx's .buildinfo: "
+                     "delete it yourself if nothing in it is yours"
+                     if (out / ".buildinfo").is_file() else "")
+            raise SystemExit(f"--out {out} exists and is not a site this tool built (it has no "
+                             f"{SITE_MARKER} of {MARKER_WRITER}); choose a new or empty "
+                             f"folder{older}")
+        others = [name for name in present if name not in ours and name != SITE_MARKER]
+        if others:
+            more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+            raise SystemExit(f"--out {out} holds {', '.join(others[:3])}{more}, which this tool "
+                             "did not write: move them away or choose a new or empty folder "
+                             "(nothing was deleted)")
+    new = site_entries(built)
+    out.mkdir(parents=True, exist_ok=True)
+    old = [name for name in present if name != SITE_MARKER]
+    # a build stopped from here on leaves a folder whose marker lists every file in it
+    _write_marker(out, sorted({*old, *new}))
+    for name in old:
+        (out / name).unlink()
+    for folder in sorted({parent for name in old for parent in PurePosixPath(name).parents
+                          if parent.parts}, key=lambda p: -len(p.parts)):
+        if not any((out / folder).iterdir()):  # only the folders the old site's files emptied
+            (out / folder).rmdir()
+    shutil.copytree(built, out, dirs_exist_ok=True)
+    _write_marker(out, new)
 
 
 @one_line_interrupt("tools/build_site.py", "the site may be incomplete: build it again")

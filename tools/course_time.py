@@ -3,7 +3,8 @@ each header's time line and the README's four-week plan.
 
 Usage:
     python tools/course_time.py            # core and deep-dive minutes, the core's by activity
-    python tools/course_time.py 05 07      # only the notebooks whose names start with these
+    python tools/course_time.py 05 07      # only the notebooks whose names start with these (exit 2
+                                           # when one matches none)
     python tools/course_time.py --sections # also the minutes of each section
     python tools/course_time.py --executed build/executed  # outputs counted against a run's
     python tools/course_time.py --write    # state the minutes in the headers, map and plan
@@ -541,6 +542,14 @@ def main(argv: list[str] | None = None) -> int:
                              "notebooks in DIR (e.g. build/executed, where the notebook tests "
                              "leave them)")
     args = parser.parse_args(argv)
+    # a prefix no notebook has would print a table of nothing, totalling 0.0 hours
+    names = [path.name for path in notebooks()]
+    unmatched = [p for p in args.prefixes if not any(name.startswith(p) for name in names)]
+    if unmatched:
+        print(f"course_time: error: no notebook name starts with "
+              f"{', '.join(map(repr, unmatched))}; the notebooks are "
+              f"{', '.join(name.removesuffix('.ipynb') for name in names)}", file=sys.stderr)
+        return 2
     estimates, earlier = {}, set()
     seconds = cpu_seconds(README.read_text(encoding="utf-8"))
     print(f"{'notebook':<24} {'core':>5} {'deep':>5}  core minutes by activity: "

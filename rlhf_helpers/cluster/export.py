@@ -11,7 +11,8 @@ The course's batch sizes are per process (`accelerate launch` runs one copy per 
 OpenRLHF take global ones, so `n_gpus` multiplies them. Model and data paths are placeholders
 (MODEL_PATH, ...) unless `paths` names them (`cluster.run_inputs` reads and checks the run, the
 GPUs and the paths). `cluster.knobs` says what each setting means there and what does not carry
-over (`not_carried` lists the ones this config sets); docs/cluster.md is the page.
+over (`not_carried` lists the ones this config sets, per framework: verl has no score clip);
+docs/cluster.md is the page.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from rlhf_helpers.cluster.knobs import DROPPED, FRAMEWORKS
 from rlhf_helpers.cluster.run_inputs import (
     MAX_GPUS_PER_NODE,
     as_config,
@@ -259,20 +261,16 @@ def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1,
     return " \\\n".join(lines)
 
 
-def not_carried(run: str | Profile | PPOConfig) -> list[str]:
-    """The settings of this run that neither export can carry (empty for the course's profiles)."""
+def not_carried(run: str | Profile | PPOConfig, framework: str | None = None) -> list[str]:
+    """The settings of this run that `framework`'s export ("verl" or "openrlhf") cannot carry, one
+    line each (`knobs.DROPPED`); None: those that neither can carry. Empty for the course's
+    profiles."""
+    if framework is not None and framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS} or None, got {framework!r}")
     c = as_config(run)
-    out = []
-    if not c.whiten_advantages:
-        out.append("whiten_advantages=False: both frameworks always whiten GAE advantages")
-    if c.ptx_coef > 0:
-        out.append(f"ptx_coef={c.ptx_coef}: neither has an LM loss on SFT text in PPO")
-    if c.missing_eos_penalty is not None:
-        out.append(f"missing_eos_penalty={c.missing_eos_penalty}: add it in the reward function")
-    if c.vf_coef != 1.0:
-        out.append(
-            f"vf_coef={c.vf_coef}: their critics have their own optimiser and no loss weight")
-    return out
+    wanted = set(FRAMEWORKS) if framework is None else {framework}
+    return [f"{name}={getattr(c, name)}: {dropped.advice}" for name, dropped in DROPPED.items()
+            if wanted <= set(dropped.frameworks) and getattr(c, name) != dropped.same]
 
 
 def auto_note(name: str | None, resolved: str) -> str | None:
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     note = auto_note(args.profile, run.name)
     if note is not None:
         print(note, file=sys.stderr)
-    for line in not_carried(run):
+    for line in not_carried(run, "openrlhf" if args.format == "openrlhf" else "verl"):
         print(f"not carried over: {line}", file=sys.stderr)
     print(text, end="" if args.format == "verl-yaml" else "\n")
     return 0

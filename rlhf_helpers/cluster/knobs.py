@@ -176,6 +176,39 @@ NOT_CARRIED: dict[str, str] = {
     "progress_bar": "display only",
 }
 
+#: The frameworks the export writes for, by the names `export.not_carried` takes.
+FRAMEWORKS = ("verl", "openrlhf")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A PPOConfig field that a framework has no setting for. At `same` the framework already does
+    what the course does; any other value is lost in the export, and `export.not_carried` names it
+    with `advice`."""
+
+    same: object  #: the value the framework behaves as (what it does without a setting)
+    advice: str  #: why it is lost there, and what to do instead, in a few words
+    frameworks: tuple[str, ...] = FRAMEWORKS  #: the frameworks that lack it
+
+
+#: Every PPOConfig field that verl or OpenRLHF (or both) cannot be given: the export names each one
+#: whose value is not `same` ("not carried over"). tests/cluster/test_cluster_export.py changes
+#: every field in turn and checks that the export either writes the change or names it here.
+DROPPED: dict[str, Dropped] = {
+    "whiten_advantages": Dropped(True, "both frameworks always whiten GAE advantages"),
+    "ptx_coef": Dropped(0.0, "neither has an LM loss on SFT text in PPO"),
+    "missing_eos_penalty": Dropped(None, "add it in the reward function"),
+    "vf_coef": Dropped(1.0, "their critics have their own optimiser and no loss weight"),
+    "score_clip": Dropped(None, "verl does not clip reward-model scores: clip them in the reward "
+                                "function (OpenRLHF's export carries it as --reward.clip_range)",
+                          ("verl",)),
+}
+#: Run bookkeeping (where checkpoints go, how often, evaluations, the progress bar): no setting of
+#: the training itself, so the export writes none of them and names none (NOT_CARRIED says where
+#: each lives there).
+BOOKKEEPING = ("output_dir", "save_every", "eval_every", "n_eval_prompts", "eval_batch_size",
+               "progress_bar")
+
 #: Keys and flags the export adds that are not course knobs: where models and data are, and
 #: placement.
 PLUMBING: tuple[tuple[str, str], ...] = (

@@ -15,11 +15,14 @@ loads); a digest does not. trainer_state.pt records that its save wrote a manife
 before manifests existed: such an older checkpoint still resumes, after every file of it is read
 back (`unverified` tells it apart). Files the manifest does not list (a person's notes) are ignored.
 The digests catch damage, not forgery: whoever rewrites a file can rewrite the manifest too, which
-is why trainer_state.pt is still read with the safe unpickler.
+is why trainer_state.pt is still read with the safe unpickler. Nothing is read through a link (a
+save writes none: an edited manifest could list a link to any file), and a file whose size is not
+the listed one is damaged without being read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -125,27 +128,72 @@ def read_manifest(folder: str | Path) -> tuple[dict[str, dict[str, Any]] | None,
     return files, None
 
 
+def link_in(folder: Path, name: str) -> Path | None:
+    """The first path from `folder` down to folder/name (a relative path) that is a symbolic link,
+    or None. A checkpoint's save writes no link: one there points to a file the save never wrote
+    (anywhere, of any size), so nothing of the checkpoint is read through it."""
+    path = folder
+    for part in PurePosixPath(name).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def _link_problem(link: Path) -> str:
+    return (f"{link} is a link (to {os.readlink(link)}): a checkpoint's save writes no links, so "
+            "it is not read through one; put the file itself there, or train again")
+
+
+def _sha256_of_regular(path: Path) -> str:
+    """SHA-256 of the regular file at `path`, opened without following a link or waiting on a
+    pipe; OSError for anything else (a link put there since the check: ELOOP)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    with os.fdopen(os.open(path, flags), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _file_problem(folder: Path, name: str, entry: dict[str, Any]) -> str | None:
+    """Why a file the manifest lists is not the one the save wrote, or None. A link is refused
+    unread, and a size other than the listed one is damage found without reading the file (a
+    listed file swapped for a 20 GB one is never hashed)."""
     path = folder / name
     manifest = folder / MANIFEST_FILE
-    if not path.is_file():
-        return f"{path} is missing (listed in {manifest})"
+    if (link := link_in(folder, name)) is not None:
+        return _link_problem(link)
     try:
-        size = path.stat().st_size
-        digest = sha256_file(path)
+        info = path.lstat()
+    except FileNotFoundError:
+        return f"{path} is missing (listed in {manifest})"
     except OSError as error:
         return f"{path} is unreadable ({error.strerror or type(error).__name__})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a file (listed in {manifest} as one)"
+    if info.st_size != entry["bytes"]:
+        return (f"{path} does not match its SHA-256 in {manifest}: its bytes changed after the "
+                f"save ({info.st_size} bytes, {entry['bytes']} when saved)")
+    try:
+        digest = _sha256_of_regular(path)
+    except OSError as error:
+        return f"{path} is unreadable ({error.strerror or error})"
     if digest == entry["sha256"]:
         return None
-    sizes = f" ({size} bytes, {entry['bytes']} when saved)" if size != entry["bytes"] else ""
     return (
-        f"{path} does not match its SHA-256 in {manifest}: its bytes changed after the save{sizes}")
+        f"{path} does not match its SHA-256 in {manifest}: its bytes changed after the save")
 
 
 def _read_back_problem(folder: Path) -> tuple[str | None, dict[str, Any] | None]:
     """(what is wrong, None) or (None, the trainer state) after reading back every file of a
     checkpoint without a manifest: the trainer state (safe loader, every key), each adapter's config
     and weights, the heads."""
+    for name in required_files():  # nothing is read through a link
+        if (link := link_in(folder, name)) is not None:
+            return _link_problem(link), None
     try:
         state = load_trainer_state(folder / TRAINER_STATE_FILE)
     except FileNotFoundError:

@@ -7,8 +7,9 @@ mid-write.
     state_file, state, notes = newest_trl_state(Path("trl-out"))  # top level or newer checkpoint's
 
 Every error is a ValueError naming the file (and the line); no JSON value reaches a rule as a number
-a float cannot hold, as a structure nested deeper than the parser's recursion, or as anything but a
-number or None.
+a float cannot hold, as a structure nested deeper than the parser's recursion, as anything but a
+number or None, or as a value no run logs (a share of 2, a negative length, step 1e300:
+`value_problem`, from the ranges of ppo/metric_docs.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.ppo.metric_docs import METRICS
 from rlhf_helpers.runtime.data import DuplicateKey, refuse_duplicate_keys
 from rlhf_helpers.runtime.lock_files import mode_kind
 
@@ -30,6 +32,9 @@ from rlhf_helpers.runtime.lock_files import mode_kind
 #: never parsed as an int (Python refuses int literals over 4300 digits, and a float conversion of a
 #: huge int overflows)
 MAX_INT_DIGITS = 309
+#: what each metric can be at all, by name (`MetricDoc.possible`, whose step range ends here)
+POSSIBLE = {name: doc.possible for name, (_, doc) in METRICS.items() if doc.possible is not None}
+MAX_STEP = int(POSSIBLE["step"][1])
 
 
 def _parse_int(text: str) -> int | float:
@@ -132,7 +137,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 raise
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            if (problem := step_problem(record.get("step"))) is not None:
+            if (problem := value_problem(record)) is not None:
                 raise ValueError(f"{where}: {problem}")
             rows.append(record)
     if not rows:
@@ -142,9 +147,9 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def step_problem(value: Any) -> str | None:
-    """Why a logged step is not one (an integer >= 0: an int, or a float equal to one, as TRL and
-    this course log steps from 0 or 1), or None. None (no step logged) is no problem: the row's
-    place stands for it."""
+    """Why a logged step is not one (an integer from 0 to MAX_STEP: an int, or a float equal to one,
+    as TRL and this course log steps from 0 or 1), or None. None (no step logged) is no problem: the
+    row's place stands for it."""
     if value is None:
         return None
     whole = isinstance(value, numbers.Integral) or (
@@ -153,6 +158,33 @@ def step_problem(value: Any) -> str | None:
     )
     if isinstance(value, bool) or not whole or value < 0:
         return f"step must be an integer >= 0, got {type(value).__name__} {value!r:.40}"
+    if value > MAX_STEP:
+        return (f"step must be at most {MAX_STEP:,} (no run is that long), got "
+                f"{type(value).__name__} {value!r:.40}")
+    return None
+
+
+def _words(low: float, high: float) -> str:
+    """A range in words: 'in [0, 1]', '>= 0', '<= 1'."""
+    if math.isinf(high):
+        return f">= {low:g}"
+    return f"<= {high:g}" if math.isinf(low) else f"in [{low:g}, {high:g}]"
+
+
+def value_problem(record: Mapping[str, Any]) -> str | None:
+    """Why a logged row cannot come from any run, or None: its step (`step_problem`), or the first
+    metric outside what it can be at all (`MetricDoc.possible` in ppo/metric_docs.py: a share
+    outside [0, 1], a negative length, ...). NaN and inf are the rules' business (a run stopped by
+    them), and values that are no numbers `metric_rows`'."""
+    if (problem := step_problem(record.get("step"))) is not None:
+        return problem
+    for key, value in record.items():
+        bounds = POSSIBLE.get(key)
+        if (bounds is None or isinstance(value, bool) or not isinstance(value, numbers.Real)
+                or not math.isfinite(float(value)) or bounds[0] <= value <= bounds[1]):
+            continue
+        return (f"{key} must be {_words(*bounds)} ({METRICS[key][1].meaning}), got {value!r:.40}: "
+                "no run logs that, so the file was edited or damaged")
     return None
 
 
@@ -193,7 +225,7 @@ def metric_rows(history: Sequence[Mapping[str, Any]],
                     f"{where}row {index + 1}: {key} must be a number, got {type(value).__name__} "
                     f"{value!r:.40}"
                 ) from None
-        if (problem := step_problem(row.get("step"))) is not None:
+        if (problem := value_problem(row)) is not None:
             raise ValueError(f"{where}row {index + 1}: {problem}")
         step = numbers_only.get("step")
         step = int(step) if step is not None else index + 1

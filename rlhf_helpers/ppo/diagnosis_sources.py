@@ -23,6 +23,7 @@ from rlhf_helpers.ppo.diagnosis_reading import (
     newest_trl_state,
     read_json,
     read_metrics,
+    value_problem,
     what_is_there,
 )
 from rlhf_helpers.ppo.diagnosis_types import RunFacts
@@ -111,7 +112,12 @@ def _load_trl(state_file: Path, state: Any, notes: list[str]) -> RunRead:
     if not isinstance(log, list):
         raise ValueError(f"{state_file}: not a TRL trainer_state.json (expected an object with a "
                          f"log_history list, got {type(log).__name__} {log!r:.60})")
-    rows = [r for r in (_trl_row(entry) for entry in log if isinstance(entry, dict)) if r]
+    rows = []
+    for index, entry in enumerate(log):
+        row = _trl_row(entry) if isinstance(entry, dict) else {}
+        if row and (problem := value_problem(row)) is not None:
+            raise ValueError(f"{state_file}, log_history entry {index + 1}: {problem}")
+        rows += [row] if row else []
     return RunRead(rows, RunFacts(source="trl"), state_file, tuple(notes))
 
 

@@ -1,12 +1,16 @@
 """The frame of the metrics glossary: what an entry holds (`MetricDoc`), the glossary's sections
 (`GROUPS`) and the notation its formulas use (`NOTATION`, printed at the top of docs/metrics.md).
 
-`ppo.metric_docs.METRICS` holds the entries; the names here are imported from there too.
+`ppo.metric_docs.METRICS` holds the entries; the names here are imported from there too, with the
+ranges an entry's `possible` names (SHARE, NON_NEGATIVE, ...).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from rlhf_helpers.runtime.config_limits import MAX_COUNT
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,21 @@ class MetricDoc:
     #: its name in an experiment tracker (--report-to); "" for what is not sent: the step (the x
     #: axis) and the per-minibatch rows
     tracker: str = ""
+    #: (low, high): the values it can take at all, in any run (a share [0, 1], a length >= 0); a
+    #: logged value outside is an edited or damaged file. None: any real number
+    possible: tuple[float, float] | None = None
 
+
+# What a metric can be at all (MetricDoc.possible), whatever the run: a share is a mean of 0/1
+# indicators, a length a count of tokens, a norm, a squared error, a ratio exp(.) or a duration
+# cannot be negative, and 1 - Var/Var cannot exceed 1. Values outside are no run's: the run doctor
+# refuses the file (`diagnosis_reading.value_problem`). Metrics whose float32 rounding can cross a
+# bound (an entropy or a k3 KL of about 0 may come out at -1e-8) have none.
+SHARE = (0.0, 1.0)
+NON_NEGATIVE = (0.0, math.inf)
+AT_MOST_ONE = (-math.inf, 1.0)
+#: steps are counted from 0 or 1, and a billion iterations is beyond any run (config_limits)
+STEPS = (0.0, float(MAX_COUNT))
 
 #: Sections of the glossary, in order: (title, what logs them).
 GROUPS: dict[str, str] = {

@@ -22,13 +22,24 @@ They are guides for that profile, not laws: other models and batch sizes move th
 
 from __future__ import annotations
 
-from rlhf_helpers.ppo.metric_doc_types import GROUPS, NOTATION, MetricDoc
+from rlhf_helpers.ppo.metric_doc_types import (
+    AT_MOST_ONE,
+    GROUPS,
+    NON_NEGATIVE,
+    NOTATION,
+    SHARE,
+    STEPS,
+    MetricDoc,
+)
 
 __all__ = ["GROUPS", "METRICS", "NOTATION", "MetricDoc"]
 
 
-def _m(tracker: str, meaning: str, formula: str, healthy: str, bad: str) -> MetricDoc:
-    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad, tracker=tracker)
+def _m(tracker: str, meaning: str, formula: str, healthy: str, bad: str,
+       possible: tuple[float, float] | None = None) -> MetricDoc:
+    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad, tracker=tracker,
+                     possible=possible)
+
 
 
 #: metric name -> its documentation, grouped by GROUPS (in the order docs/metrics.md lists them).
@@ -77,7 +88,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "value that keeps kl near target_kl.",
         "adaptive beta growing every step: kl stays above target (the reward pulls harder than the "
         "penalty; the target may be too low). Shrinking to ~0: kl stays below target, the penalty "
-        "no longer constrains anything.")),
+        "no longer constrains anything.",
+        possible=NON_NEGATIVE)),
     "entropy": ("rollout", _m("objective/token_entropy",
         "mean per-token entropy of the policy on its own responses (nats; at temperature T, of the "
         "sampling distribution softmax(logits / T))",
@@ -98,27 +110,31 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "tokens: a shorter response returns more, because the KL penalty is paid per token (a "
         "policy far from the reference pays less the sooner it stops) or because the reward "
         "model scores short responses well; a negative score alone is no reason, as every "
-        "response is paid its score once.")),
+        "response is paid its score once.",
+        possible=NON_NEGATIVE)),
     "eos_fraction": ("rollout", _m("completions/eos_fraction",
         "fraction of responses that ended with EOS before max_new_tokens",
         "mean_b [response b contains EOS]",
         "0.97-1.0: nearly every response ends on its own.",
         "falling: responses run into max_new_tokens, their last token is not an EOS and the reward "
         "model reads an unfinished text (length hacking, or a broken EOS/pad setup: pad must "
-        "differ from EOS).")),
+        "differ from EOS).",
+        possible=SHARE)),
     "score_std": ("rollout", _m("objective/scores_std",
         "spread (standard deviation) of the reward-model scores within the batch",
         "sqrt(mean_b (s_b - mean_b s_b)^2), over the batch's B responses",
         "1.16-1.78 in the first 5 steps, narrowing to 0.28-0.84 late as the policy settles on what "
         "the reward model likes.",
         "0: every response got the same reward, so the reward teaches nothing (a reward function "
-        "that returns a constant, e.g. 0.0 after a parsing failure; a saturated reward model).")),
+        "that returns a constant, e.g. 0.0 after a parsing failure; a saturated reward model).",
+        possible=NON_NEGATIVE)),
     "distinct_responses": ("rollout", _m("completions/distinct_share",
         "share of the batch's responses that are distinct texts",
         "number of distinct decoded responses / B",
         "0.97-1.0: at most one repeated response in a batch of 64.",
         "falling towards 1/B: the policy gives (nearly) every prompt the same reply, "
-        "mode collapse.")),
+        "mode collapse.",
+        possible=SHARE)),
     "score_clipped": ("rollout", _m("objective/scores_clipped",
         "share of the batch's scores at or beyond +-score_clip (logged only when "
         "score_clip is set)",
@@ -126,7 +142,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "not logged on the tiny profile (score_clip None); near 0 when the clip only "
         "trims outliers.",
         "half the batch or more: the reward is saturated, clipped responses all look equally good "
-        "(raise score_clip; check what the policy found).")),
+        "(raise score_clip; check what the policy found).",
+        possible=SHARE)),
     "explained_variance": ("rollout", _m("val/explained_variance",
         "1 - Var[returns - values] / Var[returns] over real tokens (critic quality)",
         "1 - Var_t[G_t - V_t] / Var_t[G_t] over all real tokens of the batch (V: the critic before "
@@ -136,7 +153,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "staying <= 0: the critic predicts nothing, advantages are pure Monte-Carlo noise (value "
         "learning rate too low, value head not warmed up, values masked wrongly). Near 1 with "
         "a falling score: suspicious, check that values do not see the future (alignment of "
-        "V_t with the state before token t).")),
+        "V_t with the state before token t).",
+        possible=AT_MOST_ONE)),
     "return_mean": ("rollout", _m("val/return_mean",
         "mean GAE return over real tokens (the critic's regression target)",
         "masked mean of G_t = A_t (raw, before whitening) + V_t",
@@ -173,7 +191,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "it); with kl_coef 0 it rises to 0.08-0.11 as the policy runs away.",
         "above ~0.2-0.3: the policy moves too far per update, most tokens get no gradient (lower "
         "the learning rate or ppo_epochs, or use a smaller minibatch count). Exactly 0 at every "
-        "minibatch: the policy does not change (no gradient reaches the adapter).")),
+        "minibatch: the policy does not change (no gradient reaches the adapter).",
+        possible=SHARE)),
     "approx_kl": ("update", _m("policy/approxkl_avg",
         "mean (rho - 1) - log rho, rho the ratio, between the updated and the sampling policy "
         "(k3 estimate)",
@@ -190,7 +209,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "0.016-0.09 late.",
         "not falling: the critic does not fit the returns (value learning rate, a value adapter "
         "that is not trained, masks). Rising late with vf_clipfrac high: the returns moved faster "
-        "than value_clip lets the critic follow.")),
+        "than value_clip lets the critic follow.",
+        possible=NON_NEGATIVE)),
     "vf_clipfrac": ("update", _m("val/clipfrac_avg",
         "fraction of tokens where value clipping was active",
         "masked mean of [(V_clip,t - G_t)^2 > (V_t - G_t)^2], the tokens where the clipped error "
@@ -198,7 +218,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "0.3-0.5 in the first steps (the critic chases returns far above its start), 0.002-0.044 "
         "late.",
         "staying high: value_clip is too tight for the scale of the returns, the critic cannot "
-        "catch up (raise value_clip or set it to None).")),
+        "catch up (raise value_clip or set it to None).",
+        possible=SHARE)),
     "policy_grad_norm": ("update", _m("policy/grad_norm_avg",
         "policy gradient norm before clipping to max_grad_norm",
         "||grad of the policy loss w.r.t. the policy adapter||_2 before clip_grad_norm_",
@@ -207,13 +228,15 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "lower than set; spikes: a few tokens with huge advantages or ratios. NaN/inf stops the "
         "run (exit status 3 from the command line). Exactly 0 at every step after the value "
         "warm-up (whose steps log 0): the policy never trains (a loss times 0, all-zero "
-        "advantages).")),
+        "advantages).",
+        possible=NON_NEGATIVE)),
     "value_grad_norm": ("update", _m("val/grad_norm_avg",
         "value gradient norm before clipping to max_grad_norm",
         "||grad of vf_coef * value loss w.r.t. the value adapter and head||_2 before clipping",
         "1.7-2.7 in the first 5 steps (clipped to 1), 0.35-1.2 late.",
         "staying far above max_grad_norm: the critic's targets are badly scaled (large returns; "
-        "consider score_clip or reward normalisation).")),
+        "consider score_clip or reward normalisation).",
+        possible=NON_NEGATIVE)),
     "entropy_update": ("update", _m("policy/entropy_avg",
         "mean policy entropy seen during the update epochs",
         "masked mean of H_t computed by the updating policy in each minibatch, averaged",
@@ -233,24 +256,28 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "1 up to float rounding: within 1.2e-7 of 1 at every step of the 60 (float32); within "
         "2.3e-4 on a bf16 GPU run (the doctor allows eps / 8 in a 16-bit dtype).",
         "not 1: the old log-probs are not the sampling policy's (the reference's used as old ones, "
-        "dropout on, a temperature mismatch); the run doctor's first_ratio_not_one.")),
+        "dropout on, a temperature mismatch); the run doctor's first_ratio_not_one.",
+        possible=NON_NEGATIVE)),
     "eos_in_mask": ("update", _m("policy/eos_in_mask",
         "share of the sampled EOS tokens (each response's first) that the update's loss mask keeps",
         "mean over responses that stopped at EOS of m_t at their first EOS (1.0 if none stopped)",
         "1 at every step (the mask is built up to and including the first EOS; counted exactly).",
         "below 1: the mask hides EOS (pad == EOS with a 'not padding' mask), the stop decision is "
-        "never trained; the run doctor's eos_masked.")),
+        "never trained; the run doctor's eos_masked.",
+        possible=SHARE)),
     # ------------------------------------------------------------------ per minibatch
     "epoch": ("minibatch", _m("",
         "index of the PPO epoch (pass over the experience batch) this minibatch belongs to",
         "0 .. ppo_epochs - 1",
         "",
-        "")),
+        "",
+        possible=NON_NEGATIVE)),
     "minibatch": ("minibatch", _m("",
         "index of the minibatch within its epoch",
         "0 .. rollout_batch_size / mini_batch_size - 1",
         "",
-        "")),
+        "",
+        possible=NON_NEGATIVE)),
     "ratio_mean": ("minibatch", _m("",
         "mean probability ratio pi_new / pi_old over real tokens",
         "masked mean of rho_t = exp(log pi(y_t) - log pi_old(y_t))",
@@ -258,13 +285,15 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "rounding), then within ~0.01 of 1.",
         "not 1 at the very first minibatch: the old log-probs do not come from the policy that "
         "sampled (e.g. the reference's log-probs used as old ones, a bug in a widely copied "
-        "script), or dropout is on. Far from 1 later: too large updates.")),
+        "script), or dropout is on. Far from 1 later: too large updates.",
+        possible=NON_NEGATIVE)),
     "ratio_max": ("minibatch", _m("",
         "largest probability ratio pi_new / pi_old in the minibatch",
         "max over real tokens of rho_t",
         "1 at the first minibatch, below ~1.5-2 afterwards.",
         "huge (10 and more): a token whose probability exploded; the clip stops its gradient, but "
-        "the update is unstable.")),
+        "the update is unstable.",
+        possible=NON_NEGATIVE)),
     # ------------------------------------------------------------------ evaluation
     "eval_score": ("eval", _m("eval/scores",
         "mean reward-model score on held-out prompts (fixed sampling seed)",
@@ -287,7 +316,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean response length on held-out prompts",
         "mean over prompts of sum_t m_t",
         "21.4-24.8 tokens at steps 10-60.",
-        "as `response_length`.")),
+        "as `response_length`.",
+        possible=NON_NEGATIVE)),
     # ------------------------------------------------------------------ timing
     "time_rollout": ("timing", _m("time/rollout",
         "seconds of the rollout phase: generate, score, reference and value passes, GAE",
@@ -295,22 +325,26 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "0.35-1.7 s per step on one CPU thread (it grows with response_length and with the "
         "machine's load).",
         "growing much faster than response_length: the machine is busy, or generation lost its "
-        "KV cache.")),
+        "KV cache.",
+        possible=NON_NEGATIVE)),
     "time_update": ("timing", _m("time/update",
         "seconds of the update epochs",
         "wall-clock seconds of PPOTrainer.update (ppo_epochs x minibatches of policy and value "
         "forward/backward/step)",
         "1.2-4 s per step on one CPU thread (about 75% of a step).",
-        "")),
+        "",
+        possible=NON_NEGATIVE)),
     "time_step": ("timing", _m("time/step",
         "seconds of the whole PPO iteration (rollout + update)",
         "time_rollout + time_update (evaluation and checkpoints are not included)",
         "1.5-5.8 s per step on one CPU thread (load average 2-4); several times that on a busy "
         "machine.",
-        "")),
+        "",
+        possible=NON_NEGATIVE)),
     "step": ("timing", _m("",
         "PPO iterations done so far (the x axis)",
         "PPOTrainer.step_count after this step (1 for the first step)",
         "",
-        "")),
+        "",
+        possible=STEPS)),
 }

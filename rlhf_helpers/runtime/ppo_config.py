@@ -127,6 +127,14 @@ class PPOConfig:
                              f"{self.missing_eos_penalty!r}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
+        # the adaptive controller multiplies beta by at most 1.2 per step: from 0 it never moves
+        # (`core.kl.AdaptiveKLController`, which refuses it, once the model is built)
+        if self.target_kl is not None and self.kl_coef == 0:
+            raise ValueError(
+                f"kl_coef must be > 0 when target_kl is set (got kl_coef 0, target_kl "
+                f"{self.target_kl!r}): the adaptive controller scales beta up or down from "
+                "kl_coef, and 0 stays 0; give a starting beta, or leave target_kl out (None) for "
+                "no KL penalty")
         check_seed(self)
         if self.whiten_advantages and self.rollout_batch_size < 2:
             raise ValueError(

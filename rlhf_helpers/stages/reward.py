@@ -21,7 +21,6 @@ if __name__ == "__main__":
 
     quiet_early_interrupt("python -m rlhf_helpers.stages.reward")
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -47,9 +46,11 @@ from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
-from rlhf_helpers.runtime.threads import DEFAULT_THREADS, use_threads
+from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem, use_threads
+from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
+from rlhf_helpers.stages.train_args import OneLineParser
 
 #: The data files a reward adapter is trained and measured on (under
 #: rlhf_helpers.runtime.data.data_dir()).
@@ -149,10 +150,14 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
     """SetupError unless a reward model can train here, found before any model is built: a device
     torch cannot use on this machine, a damaged SFT model folder, settings it cannot hold
     (max_length beyond its positions, a LoRA rank above its hidden size, a target it lacks), or a
-    bad preference file (named with its line)."""
+    bad preference file (named with its line), a GGUF weights file missing or cut short."""
     problem = device_problem(profile.device)
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's {problem}")
+    try:  # a GGUF file missing or cut short: how to get it (train_ppo's check)
+        require_weights(profile.weights)
+    except FileNotFoundError as error:
+        raise SetupError(f"the {profile.name} profile's weights: {error}") from None
     problem = model_folder_problem(profile)
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")
@@ -171,8 +176,9 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
                     "--out is replaced only by a complete reward model; run it again to train one")
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
-    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.stages.reward",
-                                     description="Train the reward-model LoRA adapter with TRL.")
+    # its errors are one line, as the training command's
+    parser = OneLineParser(prog="python -m rlhf_helpers.stages.reward",
+                           description="Train the reward-model LoRA adapter with TRL.")
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--out", default="runs/reward",
@@ -185,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and (problem := threads_problem(args.threads)):
+        parser.error(problem)
     use_threads(args.threads)
     if not args.out.strip():
         parser.error("--out must name a folder, got an empty path")

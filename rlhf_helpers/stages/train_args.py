@@ -24,7 +24,7 @@ from rlhf_helpers.runtime.config_limits import PPO_LIMITS, allowed
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_NAMES
-from rlhf_helpers.runtime.threads import DEFAULT_THREADS
+from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem
 from rlhf_helpers.stages.resume import ALIASES, RESUMABLE
 
 PROG = "python -m rlhf_helpers.stages.train_ppo"
@@ -102,6 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv, actions))
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and (problem := threads_problem(args.threads)):
+        parser.error(problem)  # above the CPUs: before anything is built
     if args.reward_train_pairs is not None and args.reward_train_pairs < 1:
         parser.error(f"--reward-train-pairs must be >= 1, got {args.reward_train_pairs}")
     for flag in ("reward_dir", "output_dir"):

@@ -422,6 +422,77 @@ def test_not_carried_names_the_settings_that_do_not_survive():
         "whiten_advantages", "ptx_coef", "missing_eos_penalty", "vf_coef"]
 
 
+
+def _field_names() -> list[str]:
+    """Every PPOConfig field, the LoRA spec's as lora.r, lora.alpha, lora.target_modules."""
+    lora = [f"lora.{f.name}" for f in dataclasses.fields(type(PPOConfig().lora))]
+    return [name for f in dataclasses.fields(PPOConfig)
+            for name in (lora if f.name == "lora" else [f.name])]
+
+
+def _changed(config: PPOConfig, name: str) -> PPOConfig:
+    """`config` with the field `name` set to another value that the config accepts."""
+    holder, field = (config.lora, name[5:]) if name.startswith("lora.") else (config, name)
+    value = getattr(holder, field)
+    if isinstance(value, bool):
+        candidates = [not value]
+    elif value is None:
+        candidates = [5.0, "runs/elsewhere"]
+    elif isinstance(value, str):
+        candidates = [kind for kind in ("k1", "k2", "k3") if kind != value]
+    elif isinstance(value, tuple):
+        candidates = [value[:1], (*value, "c_proj")]
+    else:
+        candidates = [value * 2, value + 1, value / 2]
+    for candidate in candidates:
+        try:
+            changed = (config.replace(lora={field: candidate}) if holder is config.lora
+                       else config.replace(**{field: candidate}))
+        except (TypeError, ValueError):
+            continue
+        if changed != config:
+            return changed
+    raise AssertionError(f"no other value of {name} found to try")
+
+
+#: every knob at the value that both frameworks carry: the adaptive controller on, so kl_horizon
+#: counts
+CARRIED = gpu_profile().ppo.replace(target_kl=6.0)
+
+
+@pytest.mark.parametrize("framework", ["verl", "openrlhf"])  # knobs.FRAMEWORKS
+@pytest.mark.parametrize("name", _field_names())
+def test_every_field_changed_is_written_or_named_as_not_carried(framework, name):
+    """Whatever field a run changes, the export writes the change, or names the field among the "not
+    carried over" lines, or it is run bookkeeping. Before: a score_clip changed nothing in verl's
+    settings and the export said nothing (verl has no score clip)."""
+    assert framework in knobs.FRAMEWORKS
+    written = {"verl": ex.verl_settings, "openrlhf": ex.openrlhf_flags}[framework]
+    assert ex.not_carried(CARRIED, framework) == []
+    changed = _changed(CARRIED, name)
+    if name in knobs.BOOKKEEPING:
+        assert written(changed) == written(CARRIED) and ex.not_carried(changed, framework) == []
+        return
+    named = [line for line in ex.not_carried(changed, framework) if line.startswith(f"{name}=")]
+    assert (written(changed) != written(CARRIED)) != bool(named), (
+        f"{framework}: {name} changed is " + ("both written and named as not carried over" if named
+                                              else "neither written nor named as not carried over"))
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["--format", "verl"], True), (["--format", "verl-yaml"], True),
+    (["--format", "openrlhf"], False)])
+def test_the_verl_export_says_score_clip_is_not_carried_over(monkeypatch, capsys, argv, shown):
+    """Before: `score_clip` set, the verl export printed no line for it (verl has no score clip),
+    while the OpenRLHF export sends it as --reward.clip_range."""
+    from rlhf_helpers.cluster.export import main
+
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"score_clip": 5.0}')
+    assert main(["--profile", "gpu", *argv]) == 0
+    err = capsys.readouterr().err.splitlines()
+    line = "not carried over: score_clip=5.0: verl does not clip reward-model scores"
+    assert any(text.startswith(line) for text in err) == shown, err
+
 @pytest.mark.parametrize(("package", "suffix", "snippet"), [
     ("openrlhf", "openrlhf/cli/train_ppo_ray.py",
      'args.critic.model_name_or_path = args.reward.model_name_or_path.split(",")[0]'),

@@ -119,3 +119,14 @@ def test_the_plan_adds_each_weeks_cores_and_essential_deep_dives(monkeypatch):
     monkeypatch.setattr(course_time, "ESSENTIAL_DEEP_DIVES", {"01": ("gone",)})
     with pytest.raises(KeyError, match="gone"):
         course_time.plan_table(estimates)
+
+
+def test_a_prefix_no_notebook_has_is_refused_naming_it_and_the_notebooks(capsys):
+    """Before: `course_time.py 99` printed a table of no notebook, totalling 0.0 hours, exit 0."""
+    assert course_time.main(["99", "05"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no table
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "course_time: error: no notebook name starts with '99'; the notebooks are 01_"), err
+    assert all(path.stem in err[0] for path in course_time.notebooks())

@@ -75,3 +75,60 @@ def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkey
     diagnosis = diagnose(run, facts=FACTS)
     assert not diagnosis.findings
     assert "step-000001 was saved without a manifest" in format_findings(diagnosis)
+
+
+class HashedBytes:
+    """hashlib.sha256 counting the bytes fed to it: how much of what file was read."""
+
+    def __init__(self, monkeypatch):
+        import hashlib
+
+        self.total, real, spy = 0, hashlib.sha256, self
+
+        class Counting:
+            def __init__(self, data=b""):
+                self.inner = real(data)
+                spy.total += len(data)
+
+            def update(self, data):
+                spy.total += len(data)
+                self.inner.update(data)
+
+            def hexdigest(self):
+                return self.inner.hexdigest()
+
+        monkeypatch.setattr(hashlib, "sha256", Counting)
+
+
+BIG = 256 << 20  # a sparse file: 256 MiB of zeros that take no disk
+
+
+def test_a_manifest_listing_a_link_to_a_big_file_is_refused_unread(tmp_path, monkeypatch):
+    """Before: an edited manifest listing a link made the doctor (and a resume) hash whatever the
+    link pointed to, a 20 GB file as well."""
+    (tmp_path / "run").mkdir()
+    run = run_folder(tmp_path / "run")
+    big = tmp_path / "elsewhere" / "big.bin"
+    big.parent.mkdir()
+    with open(big, "wb") as handle:
+        handle.truncate(BIG)
+    folder = run / "step-000002"
+    (folder / "extra.bin").symlink_to(big)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["extra.bin"] = {"sha256": "0" * 64, "bytes": BIG}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    hashed = HashedBytes(monkeypatch)
+    found = {f.rule: f for f in diagnose(run, facts=FACTS).findings}["damaged_checkpoint"]
+    assert found.steps == (2,)
+    assert f"{folder / 'extra.bin'} is a link (to {big})" in found.evidence, found.evidence
+    assert hashed.total < 1 << 20  # the checkpoints' own files only, never the big one
+
+
+def test_a_listed_file_of_another_size_is_damaged_without_being_read(tmp_path, monkeypatch):
+    run = run_folder(tmp_path)
+    with open(run / "step-000002" / POLICY, "r+b") as handle:
+        handle.truncate(BIG)  # grown to 256 MiB after the save
+    hashed = HashedBytes(monkeypatch)
+    found = {f.rule: f for f in diagnose(run, facts=FACTS).findings}["damaged_checkpoint"]
+    assert f"({BIG} bytes, 10240 when saved)" in found.evidence, found.evidence
+    assert hashed.total < 1 << 20

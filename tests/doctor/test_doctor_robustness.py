@@ -337,6 +337,44 @@ def test_steps_from_0_as_ints_or_integral_floats_are_read():
         diagnose([dict(rows[0], step=-5), dict(rows[1], step=-5.5)], facts=FACTS)
 
 
+# ----------------------------------------------------------------------------- values no run logs
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("step", 1e300, "step must be at most 1,000,000,000 (no run is that long), got float 1e+300"),
+    ("step", 10**12, "step must be at most 1,000,000,000 (no run is that long), got int "),
+    ("eos_fraction", 2, "eos_fraction must be in [0, 1] (fraction of responses that ended with"),
+    ("clipfrac", -0.25, "clipfrac must be in [0, 1] (fraction of response tokens"),
+    ("response_length", -5, "response_length must be >= 0 (mean response length in tokens"),
+    ("value_loss", -1.0, "value_loss must be >= 0"),
+    ("explained_variance", 1.5, "explained_variance must be <= 1"),
+])
+def test_a_value_no_run_logs_is_refused_by_file_and_line(tmp_path, capsys, key, value, said):
+    """Before: `step: 1e300`, an eos_fraction of 2 and a response_length of -5 were read without a
+    word (the rules then compared them, or the step became a 300-digit int)."""
+    rows = healthy(4)
+    rows[2][key] = value
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert f"{tmp_path / 'metrics.jsonl'}, line 3: {said}" in error, error
+    with pytest.raises(ValueError, match=rf"row 3: {re.escape(said)}"):  # the same from the API
+        diagnose(rows, facts=FACTS)
+
+
+def test_values_at_the_edges_of_the_possible_and_non_finite_ones_are_read(tmp_path):
+    """0 and 1 are shares, 0 is a length; NaN and inf are the rules' (a run stopped by them)."""
+    rows = healthy(4)
+    rows[0].update(eos_fraction=0.0, clipfrac=1.0, response_length=0.0, step=0)
+    rows[1].update(value_loss=float("nan"), explained_variance=-50.0, step=10**9)
+    assert diagnose(rows, facts=FACTS).steps == 4
+
+
+def test_a_trl_log_entry_no_run_logs_is_refused_naming_the_file_and_entry(tmp_path, capsys):
+    log = [{"step": 1, "reward": 0.5, "completions/mean_length": 12.0},
+           {"step": 2, "reward": 0.6, "completions/mean_length": -3.0}]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": log}))
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert (f"{tmp_path / 'trainer_state.json'}, log_history entry 2: response_length must be "
+            ">= 0") in error, error
+
 # ----------------------------------------------------------------------------- thresholds
 @pytest.mark.parametrize(
     ("field", "value", "said"),

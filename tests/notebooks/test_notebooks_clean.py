@@ -64,7 +64,7 @@ def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
         '# %% tags=["colab-setup"]\n\n'
         "# %%\nx = 1  # code\n\n\n"
         "def f():\n    return 2\n\n\n"
-        '# %% tags=["solution"]\ny = 3\n\n'
+        '# %% tags=["claim-check"]\ny = 3\n\n'
         "# %% [markdown]\n# {{colab_badge}} once more; `x`\n"
     )
     assert _cells(text) == [
@@ -72,7 +72,7 @@ def test_builder_reads_cells_badge_setup_and_drops_the_preamble():
         ("code", colab_setup_source(), {}),
         # jupytext's lines_to_next_cell dropped
         ("code", "x = 1  # code\n\n\ndef f():\n    return 2", {}),
-        ("code", "y = 3", {"tags": ["solution"]}),
+        ("code", "y = 3", {"tags": ["claim-check"], "jupyter": {"source_hidden": True}}),
         ("markdown", colab_badge("07_x.ipynb") + " once more; `x`", {}),
     ]
     # JupyterLab (jupytext) saves the preamble back behind a `# %%` marker: still dropped, same
@@ -117,6 +117,65 @@ def test_builder_rejects_malformed_sources_naming_the_notebook(text, message):
     with pytest.raises(ValueError, match=message):
         builder.read_cells(text, "a.ipynb")
 
+
+#: a source that builds: the header's cells and one code cell
+GOOD_SOURCE = '# %% [markdown]\n# # T\n\n# %% tags=["colab-setup"]\n\n# %%\nx = 1\n'
+
+
+def _folders(tmp_path: Path, monkeypatch, **sources: str) -> tuple[Path, Path]:
+    """(a source folder holding `sources` by stem, an empty notebook folder) under tmp_path, made
+    the builder's own (`main` builds them; `build_all` takes them as arguments)."""
+    source_dir, notebook_dir = tmp_path / "src", tmp_path / "notebooks"
+    source_dir.mkdir()
+    notebook_dir.mkdir()
+    for stem, text in sources.items():
+        (source_dir / f"{stem}.py").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(builder, "SOURCE_DIR", source_dir)
+    monkeypatch.setattr(builder, "NOTEBOOK_DIR", notebook_dir)
+    return source_dir, notebook_dir
+
+
+def test_a_misspelt_cell_tag_is_refused_naming_the_cell_and_the_known_tags(tmp_path, capsys,
+                                                                            monkeypatch):
+    """Before: `tags=["solutoin"]` was kept in the notebook without a word."""
+    _, notebook_dir = _folders(
+        tmp_path, monkeypatch,
+        **{"01_a": GOOD_SOURCE,
+           "02_b": GOOD_SOURCE + '\n# %% tags=["solutoin"]\ny = 2  # the answer\n'})
+    assert builder.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["build_notebooks: error: 02_b.ipynb: cell 4 ('y = 2  # the answer') has the "
+                   "unknown tag 'solutoin'; the known tags are claim-check, colab-setup (no "
+                   "notebook was written)"]
+    assert list(notebook_dir.iterdir()) == []  # not even the good one
+    assert set(builder.KNOWN_TAGS) == {builder.SETUP_TAG, builder.CLAIM_TAG}
+
+
+def test_a_notebook_path_that_is_a_link_is_refused_and_nothing_written(tmp_path, capsys,
+                                                                       monkeypatch):
+    """Before: the build wrote the notebook through a link at notebooks/NN.ipynb, into whatever
+    file it pointed to."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch,
+                                        **{"01_a": GOOD_SOURCE, "02_b": GOOD_SOURCE})
+    elsewhere = tmp_path / "thesis.tex"
+    elsewhere.write_text("a user's file", encoding="utf-8")
+    (notebook_dir / "02_b.ipynb").symlink_to(elsewhere)
+    assert builder.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"build_notebooks: error: {notebook_dir / '02_b.ipynb'} is a link (to "
+                   f"{elsewhere}), not a notebook file: remove the link (no notebook was written)"]
+    assert elsewhere.read_text(encoding="utf-8") == "a user's file"
+    assert sorted(p.name for p in notebook_dir.iterdir()) == ["02_b.ipynb"]  # 01 not written
+    (notebook_dir / "02_b.ipynb").unlink()
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert builder.build_all(source_dir, notebook_dir, check=True) == 0
+    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]
+    # a link put there after the check is not written through either
+    (notebook_dir / "01_a.ipynb").unlink()
+    (notebook_dir / "01_a.ipynb").symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        builder.write_new(notebook_dir / "01_a.ipynb", "{}")
+    assert elsewhere.read_text(encoding="utf-8") == "a user's file"
 
 def test_setup_cell_does_nothing_outside_colab(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it

@@ -448,26 +448,65 @@ def test_an_executed_copy_cut_short_is_stale_not_a_traceback(tmp_path) -> None:
             ["--executed", str(tmp_path), "--out", str(tmp_path / "site"), "--no-execute"])
 
 
+def _built(tmp_path: Path, name: str, *pages: str) -> Path:
+    """A folder as Sphinx leaves it: `pages` (relative paths) and its .buildinfo."""
+    built = tmp_path / name
+    for page in (".buildinfo", *pages):
+        (built / page).parent.mkdir(parents=True, exist_ok=True)
+        (built / page).write_text(f"{name}: {page}")
+    return built
+
+
 def test_the_site_replaces_only_a_site_it_built(tmp_path) -> None:
-    built = tmp_path / "built"
-    built.mkdir()
-    (built / "index.html").write_text("new")
-    (built / ".buildinfo").write_text("sphinx")
+    first = _built(tmp_path, "first", "index.html", "notebooks/01_a.html", "_static/old.js")
+    second = _built(tmp_path, "second", "index.html", "notebooks/02_b.html")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("a user's file")
     with pytest.raises(SystemExit, match="is not a site this tool built"):
-        build_site.replace_site(built, mine)
-    assert (mine / "notes.txt").read_text() == "a user's file"
-    old = tmp_path / "old-site"
-    old.mkdir()
-    (old / ".buildinfo").write_text("sphinx")
-    (old / "stale.html").write_text("old page")
-    build_site.replace_site(built, old)
-    assert sorted(p.name for p in old.iterdir()) == [".buildinfo", "index.html"]
-    build_site.replace_site(built, tmp_path / "new" / "site")
-    assert (tmp_path / "new" / "site" / "index.html").read_text() == "new"
+        build_site.replace_site(first, mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    site = tmp_path / "new" / "site"
+    build_site.replace_site(first, site)
+    assert (site / "notebooks" / "01_a.html").read_text() == "first: notebooks/01_a.html"
+    build_site.replace_site(second, site)  # the first build's files go, folders it emptied too
+    assert build_site.site_entries(site) == sorted(
+        [".buildinfo", build_site.SITE_MARKER, "index.html", "notebooks/02_b.html"])
+    assert (site / "index.html").read_text() == "second: index.html"
+    assert build_site.files_written(site) == {".buildinfo", "index.html", "notebooks/02_b.html"}
     assert not list(tmp_path.glob("**/jupyter_execute"))
+
+
+def test_the_site_never_deletes_a_file_it_did_not_write(tmp_path) -> None:
+    """Before: any folder with a .buildinfo was deleted whole, a person's files in it too."""
+    built = _built(tmp_path, "built", "index.html")
+    theirs = _built(tmp_path, "theirs", "index.html")  # another Sphinx site: a .buildinfo
+    (theirs / "thesis.tex").write_text("a user's file")
+    with pytest.raises(SystemExit, match="is not a site this tool built"):
+        build_site.replace_site(built, theirs)
+    assert (theirs / "thesis.tex").read_text() == "a user's file"
+    assert (theirs / "index.html").read_text() == "theirs: index.html"
+    site = tmp_path / "site"
+    build_site.replace_site(built, site)
+    (site / "notes").mkdir()
+    (site / "notes" / "todo.txt").write_text("a user's file")
+    (site / "link.html").symlink_to(theirs / "thesis.tex")
+    with pytest.raises(SystemExit, match=r"holds link.html, notes/todo.txt, which this tool "
+                                         r"did not write: .*\(nothing was deleted\)"):
+        build_site.replace_site(built, site)
+    assert (site / "notes" / "todo.txt").read_text() == "a user's file"
+    assert (site / "index.html").read_text() == "built: index.html"
+    # a marker of another writer, or not JSON, marks nothing
+    for text in ('{"written_by": "someone", "files": ["notes/todo.txt"]}', "not json"):
+        (site / build_site.SITE_MARKER).write_text(text)
+        with pytest.raises(SystemExit, match="is not a site this tool built"):
+            build_site.replace_site(built, site)
+    assert (site / "notes" / "todo.txt").read_text() == "a user's file"
+    # a file or a link as --out
+    for out in (theirs / "thesis.tex", site / "link.html"):
+        with pytest.raises(SystemExit, match="not a folder"):
+            build_site.replace_site(built, out)
+    assert (theirs / "thesis.tex").read_text() == "a user's file"
 
 
 def _small_notebook(*sources: str) -> dict:

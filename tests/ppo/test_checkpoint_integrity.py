@@ -249,3 +249,23 @@ def test_the_training_command_refuses_a_damaged_checkpoint_with_one_line_and_exi
     assert refused.value.code == 2 and len(err) == 1, err
     assert (err[0].startswith("python -m rlhf_helpers.stages.train_ppo: error: --resume: ")
             and str(damaged) in err[0])
+
+
+@pytest.mark.parametrize("saved_with_manifest", [True, False])
+def test_a_link_in_a_checkpoint_is_refused_naming_it(run_dir, tmp_path, saved_with_manifest):
+    """A save writes no link: one in a checkpoint (a file swapped for a link to a copy, or to any
+    file) is refused by name, never read through, with or without a manifest."""
+    folder = run_dir / "step-000002"
+    if not saved_with_manifest:
+        as_if_saved_before_digests(folder)
+    heads = folder / ckpt.HEADS_FILE
+    copy = tmp_path / "copy-of-heads.safetensors"
+    shutil.copy(heads, copy)  # the same bytes: only the link is wrong
+    heads.unlink()
+    heads.symlink_to(copy)
+    problems = verify_checkpoint(folder)
+    assert problems == [f"{heads} is a link (to {copy}): a checkpoint's save writes no links, so "
+                        "it is not read through one; put the file itself there, or train again"]
+    with pytest.raises(SetupError, match="newest intact checkpoint is .*step-000001") as refused:
+        check_resume_checkpoint(run_dir)
+    assert f"{heads} is a link" in str(refused.value) and "\n" not in str(refused.value)

@@ -159,6 +159,30 @@ def test_the_training_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_pat
     assert "\n" not in err and f"{path} is not a complete GGUF file" in err
 
 
+def test_the_reward_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path, monkeypatch,
+                                                                       capsys):
+    """Before: the reward command went on to the SFT stage, which raised IncompleteGGUFFile (exit 1,
+    a traceback); it now makes the training command's check (`require_weights`)."""
+    from rlhf_helpers.stages import reward
+
+    def nothing_may_start(*args, **kwargs):
+        raise AssertionError("the command must stop before any model is built")
+
+    monkeypatch.setattr(reward, "ensure_sft_model", nothing_may_start)
+    monkeypatch.setattr(reward, "train_reward_model", nothing_may_start)
+    path = write(tmp_path / weights.GGUF_NAME, COMPLETE[: len(COMPLETE) // 2])  # cut mid-tensor
+    monkeypatch.setenv(weights.GGUF_ENV, str(path))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf", "device": "cpu"}')
+    with pytest.raises(SystemExit) as refused:
+        reward.main(["--profile", "gpu", "--out", str(tmp_path / "reward")])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{path} is not a complete GGUF file" in err
+    assert err.startswith("python -m rlhf_helpers.stages.reward: error: the gpu profile's weights")
+    assert not (tmp_path / "reward").exists()
+
+
 def real_file_or_skip() -> Path:
     path = weights.gguf_file()
     if path is None:

@@ -173,6 +173,33 @@ def test_a_value_warm_up_as_long_as_the_run_is_refused(quick_cli, capsys, argv):
         get_profile("tiny").ppo.replace(value_warmup_steps=1, total_steps=2)) is None
 
 
+def test_kl_coef_0_with_a_target_kl_is_refused_before_the_model_is_built(quick_cli, capsys):
+    """Before: every check passed, the model was built, then the adaptive controller raised
+    `ValueError: init_kl_coef must be a finite number > 0` (exit 1, a traceback)."""
+    out = quick_cli / "ppo"
+    line = refusal(["--kl-coef", "0", "--target-kl", "0.01", "--output-dir", str(out)], capsys)
+    assert line.startswith(f"{PROG}: error: --kl-coef must be > 0 when target_kl is set"), line
+    assert not out.exists()
+    # either alone is a run
+    assert PPOConfig(kl_coef=0).kl_coef == 0 and PPOConfig(target_kl=0.01).target_kl == 0.01
+
+
+@pytest.mark.parametrize("kl_coef", [0, 1e-6, 0.05, 1e3])
+@pytest.mark.parametrize("target_kl", [None, 1e-6, 6.0, 1e6])
+@pytest.mark.parametrize("kl_horizon", [1, 10000, 10**9])
+def test_every_kl_setting_the_config_accepts_makes_a_controller(kl_coef, target_kl, kl_horizon):
+    """One check source: what PPOConfig accepts, the trainer's KL controller (built with the model)
+    accepts too, so no KL setting is refused only after the model is built."""
+    from rlhf_helpers.ppo.trainer import kl_controller
+
+    try:
+        config = PPOConfig(kl_coef=kl_coef, target_kl=target_kl, kl_horizon=kl_horizon)
+    except ValueError:
+        assert kl_coef == 0 and target_kl is not None
+        return
+    assert kl_controller(config).value == kl_coef
+
+
 def recorded(folder: Path, **ppo: int) -> Path:
     """A run folder a resume reads up to its checkpoint: run.json of the TINY run (with `ppo`
     changes) and a `latest` pointer to a bare checkpoint folder."""
