@@ -166,6 +166,11 @@ class FileLock:
     def held(self) -> bool:
         return self._key is not None
 
+    def is_current(self) -> bool:
+        """Whether this object holds the lock and its path still names the file locked: False once
+        that file (or its folder) was removed, renamed or replaced."""
+        return self._key is not None and _file_key(self.path) == self._key
+
     def acquire(self, wait: bool = False,
                 on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
         """Take the lock and return self. Held by another live process: FolderInUse, or with `wait`
