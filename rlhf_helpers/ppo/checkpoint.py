@@ -7,8 +7,9 @@
         adapters/value/
         adapters/reward/
         heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
-        trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
-                                  (`trainer_state.py`; read back with torch's safe unpickler)
+        trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states,
+                                  the run's id (`trainer_state.py`; read back with torch's safe
+                                  unpickler)
         manifest.json             the SHA-256 and size of every other file, written last
                                   (`checkpoint_digest.py`)
 
@@ -16,7 +17,9 @@ A checkpoint is written into a hidden temporary folder, every file and folder is
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
 POSIX). A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the
 DEFAULT_KEEP newest complete checkpoints stay, so a damaged latest one leaves an earlier one to
-resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`).
+resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`),
+and that the checkpoint fits the trainer (`run_identity`: its run, its LoRA shape). Only complete
+checkpoints count toward the keep rule (`checkpoints`): a stray `step-*` folder is left alone.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """What trainer_state.pt of a checkpoint holds: the trainer's optimisers, KL controller, step,
-metrics history and RNG states (the weights are saved apart, `checkpoint.save_model_weights`).
+metrics history, RNG states and run id (the weights are saved apart,
+`checkpoint.save_model_weights`).
 
     path = folder / TRAINER_STATE_FILE
     torch.save(trainer_state_dict(trainer), path)
-    restore_trainer_state(trainer, load_trainer_state(path))   # read with the safe unpickler
+    state = load_trainer_state(path)        # safe unpickler; ValueError unless it is one of ours
+    state_fit_problem(trainer, state)       # None, or why it does not fit this trainer
+    restore_trainer_state(trainer, state)
 """
 
 from __future__ import annotations
