@@ -211,7 +211,10 @@ class FileLock:
             # its holder released it and deleted the file meanwhile: lock the new one
             handle.close()
         stale = _read_holder(handle)
-        if fcntl is not None and stale.get("pid"):
+        # this process's own record (a lock file that moved with its folder, released since): no
+        # one ended
+        mine = stale.get("pid") == os.getpid() and stale.get("host") == socket.gethostname()
+        if fcntl is not None and stale.get("pid") and not mine:
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
         # a hard link made since it was opened: never written through

@@ -218,7 +218,8 @@ def test_a_run_folder_that_moves_mid_run_stops_the_run_and_is_not_made_again(
         trainer.close()
 
 
-def test_a_run_folder_moved_between_train_calls_is_not_made_again(make_trainer, tmp_path):
+def test_a_run_folder_moved_between_train_calls_is_not_made_again(make_trainer, tmp_path,
+                                                                  capsys):
     out = tmp_path / "ppo"
     trainer = make_trainer(output_dir=str(out), save_every=1)
     trainer.train(steps=1)
@@ -232,6 +233,7 @@ def test_a_run_folder_moved_between_train_calls_is_not_made_again(make_trainer, 
     trainer.config = trainer.config.replace(output_dir=str(tmp_path / "archived"))
     trainer.train(steps=1)  # where the folder went: its own checkpoints
     assert latest_checkpoint(tmp_path / "archived").name == "step-000002"
+    assert "took over" not in capsys.readouterr().err  # its own lock file, not a dead run's
 
 
 def test_stray_or_empty_step_folders_never_count_toward_the_keep_rule(make_trainer, tmp_path):
