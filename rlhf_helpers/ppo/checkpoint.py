@@ -7,8 +7,9 @@
         adapters/value/
         adapters/reward/
         heads.safetensors         value_head.* and score_head.* (plain heads need their own save)
-        trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states
-                                  (`trainer_state.py`; read back with torch's safe unpickler)
+        trainer_state.pt          optimisers, KL controller, step, metrics history, RNG states,
+                                  the run's id (`trainer_state.py`; read back with torch's safe
+                                  unpickler)
         manifest.json             the SHA-256 and size of every other file, written last
                                   (`checkpoint_digest.py`)
 
@@ -16,7 +17,9 @@ A checkpoint is written into a hidden temporary folder, every file and folder is
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
 POSIX). A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the
 DEFAULT_KEEP newest complete checkpoints stay, so a damaged latest one leaves an earlier one to
-resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`).
+resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`),
+and that the checkpoint fits the trainer (`run_identity`: its run, its LoRA shape). Only complete
+checkpoints count toward the keep rule (`checkpoints`): a stray `step-*` folder is left alone.
 """
 
 from __future__ import annotations
@@ -37,14 +40,23 @@ from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
 from rlhf_helpers.ppo.checkpoint_digest import (
     MANIFEST_FILE,
     MANIFEST_STATE_KEY,
+    required_files,
     verify_checkpoint,
     write_manifest,
+)
+from rlhf_helpers.ppo.run_identity import (
+    LoRAShape,
+    foreign_checkpoint_problem,
+    lora_fit_problem,
+    new_run_id,
+    recorded_run_id,
 )
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
 from rlhf_helpers.ppo.trainer_state import (
     TRAINER_STATE_FILE,
     load_trainer_state,
     restore_trainer_state,
+    state_fit_problem,
     trainer_state_dict,
 )
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
@@ -110,10 +122,17 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+def is_complete_checkpoint(path: Path) -> bool:
+    """Whether `path` is a step-NNNNNN folder (not a link) holding every file a save writes
+    (`checkpoint_digest.required_files`; their bytes are checked on loading, not here)."""
+    return (bool(CHECKPOINT_NAME.match(path.name)) and path.is_dir() and not path.is_symlink()
+            and all((path / name).is_file() for name in required_files()))
+
+
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """The step-NNNNNN folders of output_dir, oldest first."""
-    return sorted(p for p in Path(output_dir).glob("step-*")
-                  if p.is_dir() and CHECKPOINT_NAME.match(p.name))
+    """The complete checkpoints of output_dir, oldest first: a stray or empty step-* folder (a
+    person's `step-000009/`, `step-backup`) is none, so it never counts toward the keep rule."""
+    return sorted(p for p in Path(output_dir).glob("step-*") if is_complete_checkpoint(p))
 
 
 def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
@@ -160,6 +179,12 @@ class CheckpointDamagedError(ValueError):
     names the checkpoint and each file."""
 
 
+class CheckpointMismatchError(ValueError):
+    """A checkpoint that is intact but not for this trainer: another run's (by its run id), another
+    LoRA shape, a trainer state of other optimisers. The message names both sides; nothing of the
+    checkpoint is applied."""
+
+
 class CheckpointSaveError(OSError):
     """A checkpoint (or the file pointing at it) could not be written: the message says why (a full
     disk is named as such) and which earlier checkpoint is kept, unchanged."""
@@ -186,15 +211,25 @@ def _kept(output_dir: Path) -> str:
     return f"the previous checkpoint {kept} is kept" if kept else "no earlier checkpoint exists"
 
 
-def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP) -> Path:
-    """Atomically write the trainer's weights, state as output_dir/step-NNNNNN; return its path."""
+def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP, *,
+                    create_folder: bool = True) -> Path:
+    """Atomically write the trainer's weights, state as output_dir/step-NNNNNN; return its path.
+    The trainer state names the trainer's run (`trainer.run_id`, given a new id if it has none).
+    `create_folder=False` (a run's loop, whose folder it made and locked): a folder that is gone
+    is an error, never made again."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(trainer.step_count)
+    if create_folder:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    elif not output_dir.is_dir():
+        raise CheckpointSaveError(f"could not write checkpoint {name}: the run folder "
+                                  f"{output_dir} is gone (removed or renamed)")
+    if trainer.run_id is None:
+        trainer.run_id = new_run_id()
     # temporary folders of saves that a killed run never finished (their process is gone)
     remove_dead_temporary_folders(output_dir, TEMPORARY_CHECKPOINT)
-    name = checkpoint_name(trainer.step_count)
     final = output_dir / name
     tmp = output_dir / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
@@ -239,10 +274,19 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
     return final
 
 
+def model_lora_shapes(model: SharedLoRAModel) -> dict[str, LoRAShape]:
+    """{adapter: (rank, alpha, wrapped modules)} of the model's adapters."""
+    return {name: (config.r, config.lora_alpha, sorted(config.target_modules))
+            for name, config in model.peft.peft_config.items() if name in ADAPTERS}
+
+
 def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     """Restore weights and trainer state from a checkpoint folder, or from output_dir's latest one,
     once its files match the SHA-256 digests of its save (CheckpointDamagedError naming each file
-    that does not)."""
+    that does not) and it fits the trainer (CheckpointMismatchError: another run's checkpoint than
+    its folder's run.json names, other LoRA shapes, other optimisers). Nothing is applied before
+    every check passed. The trainer then continues the checkpoint's run (`run_id`), and
+    `last_checkpoint` names it."""
     path = Path(path)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
@@ -256,6 +300,13 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     if problems:
         raise CheckpointDamagedError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
     state = load_trainer_state(path / TRAINER_STATE_FILE)  # refused before any weight is touched
+    unfit = state_fit_problem(trainer, state)
+    problem = (foreign_checkpoint_problem(path, state, recorded_run_id(path.parent))
+               or lora_fit_problem(path, model_lora_shapes(trainer.model), "this model's")
+               or (unfit and f"checkpoint {path} does not fit this trainer: {unfit}"))
+    if problem:
+        raise CheckpointMismatchError(problem)
     load_model_weights(trainer.model, path)
     restore_trainer_state(trainer, state)
+    trainer.last_checkpoint = str(path)
     return path

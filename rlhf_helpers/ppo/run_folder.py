@@ -23,6 +23,7 @@ from typing import Any
 
 from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP, LATEST_FILE, checkpoints, resolve_latest
 from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE, checkpoint_problem, unverified
+from rlhf_helpers.ppo.run_identity import RUN_FILE, foreign_checkpoint_problem, lora_fit_problem
 from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.interrupt import is_rank_zero
@@ -36,7 +37,6 @@ from rlhf_helpers.runtime.preflight import (
 
 #: Exit status of a bad argument or a run that cannot start (argparse's usage error is 2 too).
 EXIT_SETUP = 2
-RUN_FILE = "run.json"
 
 
 class SetupError(SystemExit):
@@ -161,21 +161,36 @@ def read_run_record(output_dir: Path) -> dict[str, Any]:
     return record
 
 
-def check_resume_checkpoint(output_dir: Path) -> int:
+def check_resume_checkpoint(output_dir: Path, run_id: str | None = None,
+                            lora: Any = None) -> int:
     """The step of output_dir's latest checkpoint, once every file of it matches the SHA-256 its
-    save recorded (`checkpoint_digest.verify_checkpoint`); SetupError naming the checkpoint, each
-    damaged file and the newest earlier checkpoint that is intact, if any. A checkpoint saved before
-    digests existed has its files read back instead, and rank 0 prints one line saying it could not
-    be verified."""
+    save recorded (`checkpoint_digest.verify_checkpoint`) and its trainer state reads back safely;
+    SetupError naming the checkpoint, each damaged file and the newest earlier checkpoint that is
+    intact, if any. A checkpoint saved before digests existed has its files read back instead, and
+    rank 0 prints one line saying it could not be verified. SetupError too when the checkpoint
+    names another run than `run_id` (run.json's) or its policy and value adapters have another
+    LoRA shape than `lora` (the run's LoRASpec): before any model is built."""
     latest, problem = resolve_latest(output_dir)
     if problem is None:
-        damage = checkpoint_problem(latest)  # nothing is loaded before its digests match
-        if damage is None:
+        # nothing is loaded before its digests match
+        damage, state = checkpoint_problem(latest), None
+        try:  # a file forged with its digests rewritten: read safely, refused in one line
+            state = load_trainer_state(latest / TRAINER_STATE_FILE) if damage is None else None
+        except (OSError, ValueError) as error:
+            damage = str(error)
+        if state is not None:
             if unverified(latest) and is_rank_zero():
                 print(f"note: {latest} has no {MANIFEST_FILE} (saved by an older version): its "
                       "files could not be verified against SHA-256 digests, only read back; "
                       "resuming from it", file=sys.stderr)
-            return int(load_trainer_state(latest / TRAINER_STATE_FILE)["step"])
+            mismatch = foreign_checkpoint_problem(latest, state, run_id)
+            if mismatch is None and lora is not None:
+                shape = (lora.r, lora.alpha, lora.target_modules)
+                mismatch = lora_fit_problem(latest, {"policy": shape, "value": shape},
+                                            f"the run's ({RUN_FILE})")
+            if mismatch is not None:
+                raise SetupError(f"--resume: {mismatch}")
+            return state["step"]
         problem = f"checkpoint {latest} is damaged: {damage}"
     intact = [p for p in reversed(checkpoints(output_dir))
               if p != latest and checkpoint_problem(p) is None]

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from rlhf_helpers.core.printed import format_number
 from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.guards import NonFiniteStop, check_outputs_finite
-from rlhf_helpers.runtime.locks import hold_run_folder
+from rlhf_helpers.ppo.run_claim import claim_run_folder
 
 
 def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[str] | None = None,
@@ -31,18 +31,20 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
     Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
     checkpoint to config.output_dir every config.save_every steps and at the end, each only after
     `check_weights_usable`, in a folder locked until `trainer.close()` (another live run there:
-    FolderInUse). A NaN/inf stops the run with NonFiniteStop (on every process at once); the last
-    checkpoint stays intact.
+    FolderInUse; checkpoints of another run there: FolderOfAnotherRun, `run_claim`). A folder
+    removed or moved mid-run stops it (RunFolderGone), never made again. A NaN/inf stops the run
+    with NonFiniteStop (on every process at once); the last checkpoint stays intact.
     """
     config = trainer.config
     target = trainer.step_count + steps if steps is not None else config.total_steps
     is_main = trainer.process_index == 0
-    # one live run per folder: FolderInUse if another process writes there
+    watch = None  # the folder's lock and identity, checked after every step
+    # one owner per folder: another live process, or another run's checkpoints, is refused
     if config.output_dir and is_main:
         if (trainer.output_lock is not None
             and trainer.output_lock.path.parent != Path(config.output_dir)):
             trainer.close()
-        trainer.output_lock = trainer.output_lock or hold_run_folder(config.output_dir)
+        watch = claim_run_folder(trainer, Path(config.output_dir))
     bar = tqdm(total=max(target - trainer.step_count, 0), desc="PPO",
                disable=not (config.progress_bar and is_main))
     start_step = trainer.step_count
@@ -63,9 +65,12 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
             bar.update(1)
             bar.set_postfix(score=format_number(metrics["score"]), kl=format_number(metrics["kl"]),
                             hidden=format_number(metrics.get("hidden_score", math.nan)))
+            if watch is not None:  # moved or removed: stop before anything more is written
+                watch.check(trainer)
             # saved before it is logged: a step whose save failed is not reported
             if save and is_main:
-                trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir))
+                trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir,
+                                                              create_folder=False))
             if callback is not None:
                 callback(metrics)
     except CheckpointSaveError:
@@ -79,8 +84,10 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
                              "learning rates, or set score_clip / max_grad_norm.") from None
     bar.close()
     # no step ran: save as it is
-    if config.output_dir and is_main and trainer.step_count == start_step:
-        trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir))
+    if watch is not None and trainer.step_count == start_step:
+        watch.check(trainer)
+        trainer.last_checkpoint = str(save_checkpoint(trainer, config.output_dir,
+                                                      create_folder=False))
     return trainer.history
 
 

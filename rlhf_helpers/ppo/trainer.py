@@ -145,10 +145,13 @@ class PPOTrainer:
         self.last_batch: Experience | None = None  #: the experience batch of the latest step
         #: per-minibatch stats of the latest update, in order (epoch, minibatch, ratio_mean...)
         self.last_update_stats: list[dict[str, float]] = []
-        #: folder of the newest checkpoint this trainer wrote
+        #: folder of the newest checkpoint this trainer wrote or loaded
         self.last_checkpoint: str | None = None
         #: the lock on config.output_dir, from `train` to `close`
         self.output_lock: FileLock | None = None
+        #: the run this trainer's checkpoints belong to (`run_identity`): set by its first save, or
+        #: by the checkpoint it loaded
+        self.run_id: str | None = None
 
     @property
     def own_pieces(self) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """What trainer_state.pt of a checkpoint holds: the trainer's optimisers, KL controller, step,
-metrics history and RNG states (the weights are saved apart, `checkpoint.save_model_weights`).
+metrics history, RNG states and run id (the weights are saved apart,
+`checkpoint.save_model_weights`).
 
     path = folder / TRAINER_STATE_FILE
     torch.save(trainer_state_dict(trainer), path)
-    restore_trainer_state(trainer, load_trainer_state(path))   # read with the safe unpickler
+    state = load_trainer_state(path)        # safe unpickler; ValueError unless it is one of ours
+    state_fit_problem(trainer, state)       # None, or why it does not fit this trainer
+    restore_trainer_state(trainer, state)
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 import torch
 
 TRAINER_STATE_FILE = "trainer_state.pt"
+#: The trainer state's key naming the run it belongs to (`run_identity`); absent in a checkpoint
+#: saved before runs had an id.
+RUN_ID_KEY = "run_id"
 
 
 #: What `trainer_state_dict` writes; a trainer_state.pt lacking one is not a checkpoint of ours.
@@ -36,16 +42,44 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
     except pickle.UnpicklingError as error:
         # torch's message is long advice about weights_only=False; keep only its reason
         reason = next((line.split("error:", 1)[1].strip() for line in str(error).splitlines()
-                       if "WeightsUnpickler error:" in line), str(error).splitlines()[0])
-        reason = reason.split(". ")[0]
+                       if "WeightsUnpickler error:" in line), "").split(". ")[0]
+        if not reason:  # no archive of torch's at all: bytes written over the file
+            raise ValueError(f"{path} is not a readable trainer state (not an archive of "
+                             "torch.save: overwritten, or not written by this course)") from None
         raise ValueError(f"{path} was refused by the safe loader (weights_only=True): {reason}. A "
                          "checkpoint of this course holds only tensors, numbers, strings, lists "
                          "and dicts; this file holds something else, which could run code when "
                          "loaded, so it is not loaded") from None
+    except OSError:
+        raise  # missing or unreadable: the caller names it
+    except Exception as error:  # a cut or garbled archive: RuntimeError, EOFError...
+        raise ValueError(f"{path} is not a readable trainer state ({type(error).__name__}: "
+                         "truncated, overwritten, or not written by this course)") from None
     missing = [key for key in TRAINER_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if missing:
         raise ValueError(f"{path} is not a PPO trainer state: it lacks {missing}")
+    problem = _shape_problem(state)
+    if problem is not None:
+        raise ValueError(f"{path} is not a PPO trainer state of this course: {problem}")
     return state
+
+
+def _shape_problem(state: dict[str, Any]) -> str | None:
+    """What in a state read back safely is not what `trainer_state_dict` writes (a forged file can
+    hold any tensors, numbers, strings, lists and dicts), or None."""
+    step, run_id = state["step"], state.get(RUN_ID_KEY)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"its step is {step!r:.40}, not an int >= 0"
+    if run_id is not None and not isinstance(run_id, str):
+        return f"its {RUN_ID_KEY} is {run_id!r:.40}, not a string"
+    kinds = {"policy_optimizer": dict, "value_optimizer": dict, "kl_controller": dict,
+             "history": list, "torch_rng": torch.Tensor}
+    for key, kind in kinds.items():
+        if not isinstance(state[key], kind):
+            return f"its {key} is a {type(state[key]).__name__}, not a {kind.__name__}"
+    if not all(isinstance(row, dict) for row in state["history"]):
+        return "its history holds something other than rows of metrics"
+    return None
 
 
 def trainer_state_dict(trainer: Any) -> dict[str, Any]:
@@ -60,6 +94,7 @@ def trainer_state_dict(trainer: Any) -> dict[str, Any]:
         "history": list(trainer.history),
         "torch_rng": torch.random.get_rng_state(),
         "config": trainer.config.to_dict(),
+        RUN_ID_KEY: trainer.run_id,
     }
     if trainer.policy_opt.scaler.is_enabled():
         state["overflow_skips"] = {"policy": trainer.policy_opt.overflow_skips,
@@ -77,6 +112,34 @@ def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
     for key, value in state["kl_controller"].items():
         setattr(trainer.kl_controller, key, value)
     trainer.history = list(state["history"])
+    trainer.run_id = state.get(RUN_ID_KEY)  # the run this trainer now continues
     torch.random.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def state_fit_problem(trainer: Any, state: dict[str, Any]) -> str | None:
+    """What in `state` (read by `load_trainer_state`) does not fit `trainer`, found before anything
+    of it is applied: an optimiser state of other parameter groups, parameter counts or shapes, a KL
+    controller of other fields; None when it fits."""
+    for opt in (trainer.policy_opt, trainer.value_opt):
+        saved = state[f"{opt.name}_optimizer"]
+        groups, moments = saved.get("param_groups"), saved.get("state")
+        params = [p for group in opt.optimizer.param_groups for p in group["params"]]
+        if (not isinstance(groups, list) or not isinstance(moments, dict)
+                or [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in groups]
+                != [len(g["params"]) for g in opt.optimizer.param_groups]):
+            return (f"its {opt.name} optimiser state is not one of {len(params)} parameters in "
+                    f"{len(opt.optimizer.param_groups)} group(s), as this trainer's")
+        for index, entry in moments.items():
+            fits = isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)
+            shapes = [tuple(v.shape) for k, v in entry.items()
+                      if k.startswith("exp_avg") and isinstance(v, torch.Tensor)] if fits else []
+            if not fits or any(shape != tuple(params[index].shape) for shape in shapes):
+                return (f"its {opt.name} optimiser state does not fit this trainer's parameters "
+                        f"(entry {index!r:.20}: other shapes)")
+    unknown = sorted(set(state["kl_controller"]) - set(vars(trainer.kl_controller)))
+    if unknown:
+        return (f"its KL controller has fields {unknown[:3]} that this trainer's "
+                f"{type(trainer.kl_controller).__name__} lacks")
+    return None

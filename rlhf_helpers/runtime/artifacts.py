@@ -265,6 +265,13 @@ def move_into_place(tmp: Path, final: Path) -> None:
     remove_path(old)
 
 
+def build_lock(final: str | Path, what: str = "cache") -> FileLock:
+    """The lock of the folder `final` that `build_cached` takes while it builds it (a file beside
+    it): a caller holding it first keeps every other process from building there meanwhile."""
+    final = Path(final)
+    return FileLock(final.parent / f".lock-{final.name}", f"the {what} folder {final}")
+
+
 def build_cached(final: str | Path, key: Mapping[str, Any],
                  train: Callable[[Path], Mapping[str, Any] | None], describe: Mapping[str, str]
                  | None = None, force: bool = False, announce: Callable[[str], None] | None = None,
@@ -285,9 +292,7 @@ def build_cached(final: str | Path, key: Mapping[str, Any],
               file=sys.stderr, flush=True)
 
     # one builder at a time: a second process waits here, then finds the folder built by the first
-    with FileLock(final.parent / f".lock-{final.name}",
-                  f"the {what} folder {final}").acquire(wait=True,
-                                                                                            on_wait=waiting):
+    with build_lock(final, what).acquire(wait=True, on_wait=waiting):
         removed = remove_dead_temporary_folders(final.parent,
                                                 temporary_pattern(family or final.name))
         if removed:  # swept under the lock: no live builder of this folder can be mid-way

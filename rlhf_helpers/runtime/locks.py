@@ -166,6 +166,11 @@ class FileLock:
     def held(self) -> bool:
         return self._key is not None
 
+    def is_current(self) -> bool:
+        """Whether this object holds the lock and its path still names the file locked: False once
+        that file (or its folder) was removed, renamed or replaced."""
+        return self._key is not None and _file_key(self.path) == self._key
+
     def acquire(self, wait: bool = False,
                 on_wait: Callable[[dict[str, Any]], None] | None = None) -> FileLock:
         """Take the lock and return self. Held by another live process: FolderInUse, or with `wait`
@@ -206,7 +211,10 @@ class FileLock:
             # its holder released it and deleted the file meanwhile: lock the new one
             handle.close()
         stale = _read_holder(handle)
-        if fcntl is not None and stale.get("pid"):
+        # this process's own record (a lock file that moved with its folder, released since): no
+        # one ended
+        mine = stale.get("pid") == os.getpid() and stale.get("host") == socket.gethostname()
+        if fcntl is not None and stale.get("pid") and not mine:
             print(f"took over the lock of {self.what} ({self.path}) from {describe_holder(stale)}, "
                   "which ended without releasing it", file=sys.stderr, flush=True)
         # a hard link made since it was opened: never written through

@@ -5,7 +5,8 @@
 
 The command checks before it builds anything (exit 2, one line): its settings, the device, the SFT
 model folder and what it can hold (`runtime.preflight`), the preference files (named with the line),
-and --out. Ctrl-C: one line, exit 130, --out as it was.
+and --out, which it then locks for the run (a second run into it is refused, naming this one).
+Ctrl-C: one line, exit 130, --out as it was.
 
 The cache follows `runtime.artifacts` (completion marker written last, SHA-256 of every file, atomic
 rename). Its key is what decides the adapter: the SFT model's content (not its path), every training
@@ -34,6 +35,7 @@ from rlhf_helpers.runtime.artifacts import (
     COMPLETE_MARKER,
     artifact_problem,
     build_cached,
+    build_lock,
     cache_dir,
     model_fingerprint,
     read_record,
@@ -42,6 +44,7 @@ from rlhf_helpers.runtime.artifacts import (
 )
 from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
+from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
@@ -55,6 +58,8 @@ from rlhf_helpers.stages.train_args import OneLineParser
 #: The data files a reward adapter is trained and measured on (under
 #: rlhf_helpers.runtime.data.data_dir()).
 REWARD_DATA_FILES = ("preferences_train.jsonl", "preferences_test.jsonl")
+#: The command's name in its messages.
+PROG = "python -m rlhf_helpers.stages.reward"
 #: How a reward folder trained for another key is described, by the part of the key that differs.
 OUT_OF_DATE = {"data": "on other data (a data file changed, or $RLHF_DATA_DIR points elsewhere)",
                "sft_model": "on another SFT model (it was fine-tuned again)",
@@ -172,13 +177,24 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
         raise SetupError(f"data: {error}") from None
 
 
-@one_line_interrupt("python -m rlhf_helpers.stages.reward",
+def lock_out(out: Path) -> Any:
+    """The held lock of --out (`artifacts.build_lock`, the one its build takes), or SystemExit 2
+    with one line naming the live run that holds it: two runs into one folder would both train, and
+    one model would be lost."""
+    try:
+        return build_lock(out, "reward").acquire()
+    except FolderInUse as error:  # LockFileUnusable too: it says what is at the path
+        print(f"{PROG}: error: --out {out}: {error}; wait for that run to end, or choose another "
+              "--out", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+@one_line_interrupt(PROG,
                     "--out is replaced only by a complete reward model; run it again to train one")
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """CLI: python -m rlhf_helpers.stages.reward --profile tiny --out runs/reward"""
     # its errors are one line, as the training command's
-    parser = OneLineParser(prog="python -m rlhf_helpers.stages.reward",
-                           description="Train the reward-model LoRA adapter with TRL.")
+    parser = OneLineParser(prog=PROG, description="Train the reward-model LoRA adapter with TRL.")
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--out", default="runs/reward",
@@ -215,15 +231,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         parser.error(str(error))
     except SetupError as error:
         parser.error(error.message)
-    ensure_sft_model(profile)
     metrics: dict[str, float] = {}
 
     def train(tmp: Path) -> dict[str, Any]:
         metrics.update(train_reward_model(profile, tmp, config))
         return {"metrics": metrics}
 
-    # the cache's folder layout and checksums: the PPO command's `--reward-dir` accepts it
-    build_cached(out, reward_cache_key(profile, config), train, force=True)
+    with lock_out(out):  # this run's alone until its model is in place
+        ensure_sft_model(profile)
+        # the cache's folder layout and checksums: the PPO command's `--reward-dir` accepts it
+        build_cached(out, reward_cache_key(profile, config), train, force=True)
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -31,8 +31,8 @@ on stderr, found before any model is built where it can be (`stages/train_setup.
 `ppo/run_folder.py`, `runtime/preflight.py`), or a lock, a checkpoint not matching its digests, a
 GGUF file cut short found later; 3 stopped by a NaN/inf, the last good checkpoint kept; 4 a run
 file could not be written (a full disk is named; the previous checkpoint kept, metrics.jsonl never
-logs a step whose checkpoint failed); 130 Ctrl-C, one line naming the last checkpoint and the
-command that resumes from it."""
+logs a step whose checkpoint failed), or --output-dir was removed or moved mid-run (never made
+again); 130 Ctrl-C, one line naming the last checkpoint and the command that resumes from it."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
     CheckpointDamagedError,
+    CheckpointMismatchError,
     CheckpointSaveError,
     disk_problem,
     latest_checkpoint,
@@ -64,6 +65,7 @@ from rlhf_helpers.ppo.checkpoint import (
 from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
+from rlhf_helpers.ppo.run_claim import RunFolderGone
 from rlhf_helpers.ppo.run_folder import (
     EXIT_SETUP,
     RUN_FILE,
@@ -73,6 +75,7 @@ from rlhf_helpers.ppo.run_folder import (
     lock_output_dir,
     read_prompts,
 )
+from rlhf_helpers.ppo.run_identity import run_id_to_continue
 from rlhf_helpers.ppo.run_loop import train_loop
 from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -116,9 +119,9 @@ from rlhf_helpers.stages.train_setup import (
 from rlhf_helpers.world.scorer import hidden_scores
 
 #: Errors of a run that cannot go on, past the flags' checks: a lock held or unusable
-#: (LockFileUnusable is a FolderInUse), a checkpoint not matching its digests, a GGUF file cut
-#: short. `main` prints one line, exits 2.
-USER_ERRORS = (FolderInUse, CheckpointDamagedError, IncompleteGGUFFile)
+#: (LockFileUnusable is a FolderInUse), a checkpoint not matching its digests or not fitting the
+#: run, a GGUF file cut short. `main` prints one line, exits 2.
+USER_ERRORS = (FolderInUse, CheckpointDamagedError, CheckpointMismatchError, IncompleteGGUFFile)
 #: what this module offers besides `main` and `run`: the parser lives in `stages.train_args`
 __all__ = ["PROG", "USER_ERRORS", "build_parser", "main", "parse_args", "run"]
 
@@ -200,8 +203,11 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
         loaded = load_checkpoint(trainer, output_dir)
         if accelerator.is_main_process:
             print(f"resumed from {loaded} (step {trainer.step_count})", file=sys.stderr)
-    record = run_record(profile, config, reward_dir, reward_pairs, accelerator.num_processes,
-                        resumed=record, compute=compute_record(trainer))
+    # the run's id, in run.json and every checkpoint: the resumed record's (new for an older one)
+    trainer.run_id = run_id_to_continue(record)
+    record = {"run_id": trainer.run_id, **run_record(
+        profile, config, reward_dir, reward_pairs, accelerator.num_processes, resumed=record,
+        compute=compute_record(trainer))}
     start_run_files(trainer, output_dir, record, accelerator, args.report_to)
     status = train_and_log(trainer, output_dir, accelerator,
                            prompts["test"] if config.eval_every else None)
@@ -265,9 +271,10 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
         raise
     except CheckpointSaveError as error:
         print(f"PPO stopped: {error}", file=sys.stderr)
-        if accelerator.num_processes > 1:
-            # only this (main) process saves: the others wait in the next collective, so leave now
-            # and let the launcher stop them rather than meet them at a barrier they never reach
+        # a folder gone: nothing more is written there (no verdict). Several processes: only this
+        # (main) one saves, the others wait in the next collective, so leave now and let the
+        # launcher stop them rather than meet them at a barrier they never reach
+        if accelerator.num_processes > 1 or isinstance(error, RunFolderGone):
             raise SystemExit(EXIT_WRITE_FAILED) from None
         return "write failed"
     except Exception as error:

@@ -24,6 +24,7 @@ from rlhf_helpers.ppo.run_folder import (
     check_run_files,
     read_run_record,
 )
+from rlhf_helpers.ppo.run_identity import recorded_run_id
 from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides
@@ -67,8 +68,9 @@ def resumed_settings(args: argparse.Namespace, profile: Any, given: dict[str, An
     problem = warmup_problem(config, f" (the run's, {RUN_FILE})")
     if problem is not None:
         raise SetupError(f"--resume: {problem}")
-    # the checkpoint is read (safely) and checked file by file before the model is built
-    resumed_step = check_resume_checkpoint(output_dir)
+    # the checkpoint is read (safely) and checked file by file before the model is built, and
+    # must be of this run (its id) and of its LoRA shape
+    resumed_step = check_resume_checkpoint(output_dir, recorded_run_id(output_dir), config.lora)
     if resumed_step >= config.total_steps:
         raise SetupError(
             f"--steps {config.total_steps}: the checkpoint {latest_checkpoint(output_dir)} "

@@ -323,3 +323,40 @@ def test_a_cache_being_built_is_absent_until_it_is_complete(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert read_record(final)["builder"] == proc.pid
+
+
+HOLD_BUILD = """
+import sys
+from pathlib import Path
+from rlhf_helpers.runtime.locks import FileLock
+out = Path(sys.argv[1])  # the lock a build of `out` takes (artifacts.build_cached)
+lock = FileLock(out.parent / f".lock-{out.name}", f"the reward folder {out}").acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin (or kills us)
+"""
+
+
+def test_a_second_reward_command_into_a_locked_out_folder_exits_2_before_training(
+        tmp_path, monkeypatch, capsys):
+    """`stages.reward --out X` while another run trains into X: one line naming that run, exit 2,
+    nothing trained (before, both trained, both exited 0, and one model was lost)."""
+    from rlhf_helpers.stages import reward
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained into --out while another run holds it")
+
+    monkeypatch.setattr(reward, "build_cached", no_training)
+    out = tmp_path / "reward"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_BUILD, str(out)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    try:
+        assert read_line(holder) == "held"
+        with pytest.raises(SystemExit) as refused:
+            reward.main(["--profile", "tiny", "--out", str(out)])
+    finally:
+        holder.communicate(input="", timeout=60)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(lines) == 1, lines
+    assert (lines[0].startswith(f"python -m rlhf_helpers.stages.reward: error: --out {out}: the "
+                                f"reward folder {out} is in use by pid {holder.pid} ")
+            and "choose another --out" in lines[0]), lines

@@ -1,0 +1,149 @@
+"""A run folder's one owner, whatever the entry point, and a run stopped when its folder moves.
+
+    watch = claim_run_folder(trainer, Path(config.output_dir))   # at the start of train()
+    ...
+    watch.check(trainer)      # after each step: RunFolderGone if the folder moved meanwhile
+
+`PPOTrainer.train` (`run_loop.train_loop`) takes the lock the training command takes
+(`runtime.locks.hold_run_folder`: another live process writing there is FolderInUse) and makes the
+command's "holds checkpoints: resume or choose another folder" check: a folder holding checkpoints
+of another run is refused (FolderOfAnotherRun), so train() never replaces a command-line run's
+step-000002 and repoints its `latest`. The checkpoints are the trainer's own when they name its run
+(`run_identity`: it wrote them, in this or an earlier train(), or it loaded one of them); those
+saved before runs had ids are its own when it loaded or wrote one of them (`last_checkpoint`).
+
+While the run goes on its folder must stay the one locked: removed, renamed or replaced (another
+inode, its lock file gone, its run.json gone), the run stops with RunFolderGone, instead of writing
+its later steps into a new folder at the old path, which would split it into two halves that
+neither resumes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, checkpoints, latest_checkpoint
+from rlhf_helpers.ppo.run_identity import RUN_FILE, new_run_id, recorded_run_id
+from rlhf_helpers.ppo.trainer_state import RUN_ID_KEY, TRAINER_STATE_FILE, load_trainer_state
+from rlhf_helpers.runtime.lock_files import FolderInUse
+from rlhf_helpers.runtime.locks import RUN_LOCK_FILE, FileLock, hold_run_folder
+
+
+class FolderOfAnotherRun(FolderInUse):
+    """config.output_dir holds checkpoints of another run than the trainer's: the message names
+    both runs and how to continue that run instead. A FolderInUse, so the training command's one
+    line (exit 2) covers it too."""
+
+
+class RunFolderGone(CheckpointSaveError):
+    """The run's folder was removed, renamed or replaced while the run went on: nothing more is
+    written. The message names the folder, what happened to it and the run's last checkpoint."""
+
+
+def folder_run_id(folder: Path) -> str | None:
+    """The run a folder's checkpoints belong to: run.json's id, else the newest checkpoint's; None
+    when neither records one (saved by an older version) or it cannot be read."""
+    recorded = recorded_run_id(folder)
+    if recorded is not None:
+        return recorded
+    found = checkpoints(folder)
+    newest = latest_checkpoint(folder) or (found[-1] if found else None)
+    if newest is None:
+        return None
+    try:
+        run_id = load_trainer_state(newest / TRAINER_STATE_FILE).get(RUN_ID_KEY)
+    except (OSError, ValueError):  # damaged: the loader says so when someone loads it
+        return None
+    return run_id if isinstance(run_id, str) else None
+
+
+def _wrote_or_loaded(trainer: Any, folder: Path) -> bool:
+    """Whether the trainer's last checkpoint (written or loaded) lies in `folder`."""
+    last = trainer.last_checkpoint
+    return last is not None and Path(last).parent.resolve() == folder.resolve()
+
+
+def owner_problem(trainer: Any, folder: Path) -> str | None:
+    """Why `trainer` may not write into `folder` (it holds checkpoints of another run), or None."""
+    if latest_checkpoint(folder) is None and not checkpoints(folder):
+        return None  # no checkpoint: a new run's folder
+    owner = folder_run_id(folder)
+    if owner is not None and owner == trainer.run_id:
+        return None
+    if owner is None and _wrote_or_loaded(trainer, folder):
+        return None
+    whose = f"run {owner}" if owner else "a run that records no id (saved by an older version)"
+    mine = f", not of this trainer's run {trainer.run_id}" if trainer.run_id else ""
+    return (f"{folder} already holds checkpoints of {whose}{mine}: train() never writes over "
+            f"another run's checkpoints. Continue that run with load_checkpoint(trainer, "
+            f"{str(folder)!r}) first, or choose another output_dir "
+            "(runtime.artifacts.new_run_dir makes a new one)")
+
+
+@dataclass
+class RunFolderWatch:
+    """The folder a run locked, as it was then: its (device, inode), its lock and whether it held
+    run.json. `check` stops the run once any of them changed."""
+
+    folder: Path
+    lock: FileLock
+    key: tuple[int, int]
+    run_file: bool
+
+    def problem(self) -> str | None:
+        """What happened to the folder since it was locked, or None if it is still the same."""
+        try:
+            info = os.stat(self.folder)
+        except OSError:
+            return "was removed or renamed"
+        if (info.st_dev, info.st_ino) != self.key:
+            return "was replaced by another folder"
+        if not self.lock.is_current():
+            return f"lost its lock file {RUN_LOCK_FILE} (removed or replaced)"
+        if self.run_file and not (self.folder / RUN_FILE).is_file():
+            return f"lost its {RUN_FILE}"
+        return None
+
+    def check(self, trainer: Any) -> None:
+        """RunFolderGone when the folder is no longer the one locked."""
+        problem = self.problem()
+        if problem is not None:
+            raise RunFolderGone(
+                f"the run folder {self.folder} {problem} while the run was going (after step "
+                f"{trainer.step_count}): the run stops rather than write its later steps into a "
+                "new folder at that path, which could not be resumed; its last checkpoint was "
+                f"{trainer.last_checkpoint or 'none'} (gone with the folder)")
+
+
+def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
+    """Lock `folder` for `trainer` (kept in `trainer.output_lock` until `trainer.close()`), refuse
+    it when it holds another run's checkpoints (FolderOfAnotherRun; FolderInUse when another live
+    process holds it), give the trainer a run id if it has none, and return the watch of the
+    folder. A folder that moved since an earlier train() locked it: RunFolderGone, at every call
+    until `trainer.close()` or another output_dir."""
+    lock = trainer.output_lock
+    if lock is not None and not lock.is_current():
+        raise RunFolderGone(
+            f"the run folder {folder} was removed, renamed or replaced after this trainer locked "
+            f"it (its lock file {RUN_LOCK_FILE} is gone): its checkpoints went with it, so nothing "
+            "is written at the old path. To go on, point the trainer at the folder where it is now "
+            "(trainer.config = trainer.config.replace(output_dir=...)), or call trainer.close() "
+            "to start again at the old path")
+    taken = lock is None
+    lock = lock or hold_run_folder(folder)
+    try:
+        problem = owner_problem(trainer, folder)
+        if problem is not None:
+            raise FolderOfAnotherRun(problem, folder / RUN_LOCK_FILE, {})
+        info = os.stat(folder)
+    except BaseException:
+        if taken:
+            lock.release()
+        raise
+    trainer.output_lock = lock
+    if trainer.run_id is None:
+        trainer.run_id = new_run_id()
+    return RunFolderWatch(folder, lock, (info.st_dev, info.st_ino), (folder / RUN_FILE).is_file())
