@@ -552,31 +552,44 @@ def _write_marker(out: Path, files: list[str]) -> None:
     os.replace(tmp, out / SITE_MARKER)
 
 
-def replace_site(built: Path, out: Path) -> None:
-    """Put the built site at `out`. A folder that is not empty must be a site this tool built (its
-    marker, SITE_MARKER) holding only files that build wrote: those are deleted, then the new site
-    is copied in and its files recorded in the marker. SystemExit, with nothing deleted, for an
-    `out` that is a file or a link, a folder of something else (another tool's site with Sphinx's
-    .buildinfo included), or a site of this tool with a person's files added."""
+def _legacy_default_site(out: Path) -> bool:
+    """Whether `out` is this checkout's own build/site as built before the marker existed (Sphinx's
+    .buildinfo, no marker): build/ is where make writes, so that one folder is replaced whole."""
+    return (out.resolve() == OUT.resolve() and (out / ".buildinfo").is_file()
+            and not (out / SITE_MARKER).exists())
+
+
+def out_problem(out: Path) -> str | None:
+    """Why the site may not be put at `out` (nothing is deleted then), or None. A folder that is
+    not empty must be a site this tool built (its marker, SITE_MARKER) holding only files that
+    build wrote; a file, a link, a folder of something else (another tool's site with Sphinx's
+    .buildinfo included) or a site of this tool with a person's files added is refused. Checked
+    before the build, and again before the old site is deleted."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise SystemExit(f"--out {out} is {'a link' if out.is_symlink() else 'a file'}, not a "
-                         "folder; choose a new or empty folder")
+        return (f"--out {out} is {'a link' if out.is_symlink() else 'a file'}, not a folder; "
+                "choose a new or empty folder")
     present = site_entries(out) if out.is_dir() else []
-    if present:
-        ours = files_written(out)
-        if ours is None:
-            older = ("; a site built before the marker existed has only Sphinx's .buildinfo: "
-                     "delete it yourself if nothing in it is yours"
-                     if (out / ".buildinfo").is_file() else "")
-            raise SystemExit(f"--out {out} exists and is not a site this tool built (it has no "
-                             f"{SITE_MARKER} of {MARKER_WRITER}); choose a new or empty "
-                             f"folder{older}")
-        others = [name for name in present if name not in ours and name != SITE_MARKER]
-        if others:
-            more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-            raise SystemExit(f"--out {out} holds {', '.join(others[:3])}{more}, which this tool "
-                             "did not write: move them away or choose a new or empty folder "
-                             "(nothing was deleted)")
+    if not present or _legacy_default_site(out):
+        return None
+    ours = files_written(out)
+    if ours is None:
+        return (f"--out {out} exists and is not a site this tool built (it has no {SITE_MARKER} "
+                f"of {MARKER_WRITER}); choose a new or empty folder")
+    others = [name for name in present if name not in ours and name != SITE_MARKER]
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        return (f"--out {out} holds {', '.join(others[:3])}{more}, which this tool did not write: "
+                "move them away or choose a new or empty folder (nothing was deleted)")
+    return None
+
+
+def replace_site(built: Path, out: Path) -> None:
+    """Put the built site at `out`: the files an earlier build wrote there (its marker lists them)
+    are deleted, then the new site is copied in and its files recorded in the marker. SystemExit,
+    with nothing deleted, where `out_problem` names a problem."""
+    if (problem := out_problem(out)) is not None:
+        raise SystemExit(problem)
+    present = site_entries(out) if out.is_dir() else []
     new = site_entries(built)
     out.mkdir(parents=True, exist_ok=True)
     old = [name for name in present if name != SITE_MARKER]
@@ -602,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="use the executed copies as they are, even from an older version of a "
                              "notebook")
     args = parser.parse_args(argv)
+    if (problem := out_problem(args.out)) is not None:  # before minutes of building
+        raise SystemExit(problem)
     start = time.perf_counter()
     if args.no_execute:
         for notebook in course_notebooks():

@@ -509,6 +509,26 @@ def test_the_site_never_deletes_a_file_it_did_not_write(tmp_path) -> None:
     assert (theirs / "thesis.tex").read_text() == "a user's file"
 
 
+def test_the_checkouts_own_site_built_before_the_marker_is_replaced_and_no_other_folder_is(
+        tmp_path, monkeypatch) -> None:
+    """build/site of a checkout that built its site before the marker existed (Sphinx's .buildinfo
+    only) is replaced: build/ is where make writes. The same folder anywhere else is refused, and an
+    --out that would be refused is refused before the minutes of building."""
+    old = _built(tmp_path / "build", "site", "index.html", "notebooks/01_a.html")
+    elsewhere = _built(tmp_path, "elsewhere", "index.html")
+    monkeypatch.setattr(build_site, "OUT", old)
+    assert build_site.out_problem(old) is None
+    assert "is not a site this tool built" in build_site.out_problem(elsewhere)
+    built = _built(tmp_path, "built", "index.html")
+    build_site.replace_site(built, old)
+    assert build_site.site_entries(old) == sorted([".buildinfo", build_site.SITE_MARKER,
+                                                   "index.html"])
+    assert (old / "index.html").read_text() == "built: index.html"
+    monkeypatch.setattr(build_site, "ensure_executed", lambda *_: pytest.fail("built first"))
+    with pytest.raises(SystemExit, match="is not a site this tool built"):
+        build_site.main(["--executed", str(tmp_path), "--out", str(elsewhere)])
+
+
 def _small_notebook(*sources: str) -> dict:
     return {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
             "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None,
