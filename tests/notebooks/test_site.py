@@ -448,7 +448,7 @@ def test_an_executed_copy_cut_short_is_stale_not_a_traceback(tmp_path) -> None:
             ["--executed", str(tmp_path), "--out", str(tmp_path / "site"), "--no-execute"])
 
 
-def _built(tmp_path: Path, name: str, *pages: str) -> Path:
+def _sphinx_output(tmp_path: Path, name: str, *pages: str) -> Path:
     """A folder as Sphinx leaves it: `pages` (relative paths) and its .buildinfo."""
     built = tmp_path / name
     for page in (".buildinfo", *pages):
@@ -458,8 +458,8 @@ def _built(tmp_path: Path, name: str, *pages: str) -> Path:
 
 
 def test_the_site_replaces_only_a_site_it_built(tmp_path) -> None:
-    first = _built(tmp_path, "first", "index.html", "notebooks/01_a.html", "_static/old.js")
-    second = _built(tmp_path, "second", "index.html", "notebooks/02_b.html")
+    first = _sphinx_output(tmp_path, "first", "index.html", "notebooks/01_a.html", "_static/old.js")
+    second = _sphinx_output(tmp_path, "second", "index.html", "notebooks/02_b.html")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("a user's file")
@@ -479,8 +479,8 @@ def test_the_site_replaces_only_a_site_it_built(tmp_path) -> None:
 
 def test_the_site_never_deletes_a_file_it_did_not_write(tmp_path) -> None:
     """Before: any folder with a .buildinfo was deleted whole, a person's files in it too."""
-    built = _built(tmp_path, "built", "index.html")
-    theirs = _built(tmp_path, "theirs", "index.html")  # another Sphinx site: a .buildinfo
+    built = _sphinx_output(tmp_path, "built", "index.html")
+    theirs = _sphinx_output(tmp_path, "theirs", "index.html")  # another Sphinx site: a .buildinfo
     (theirs / "thesis.tex").write_text("a user's file")
     with pytest.raises(SystemExit, match="is not a site this tool built"):
         build_site.replace_site(built, theirs)
@@ -514,12 +514,12 @@ def test_the_checkouts_own_site_built_before_the_marker_is_replaced_and_no_other
     """build/site of a checkout that built its site before the marker existed (Sphinx's .buildinfo
     only) is replaced: build/ is where make writes. The same folder anywhere else is refused, and an
     --out that would be refused is refused before the minutes of building."""
-    old = _built(tmp_path / "build", "site", "index.html", "notebooks/01_a.html")
-    elsewhere = _built(tmp_path, "elsewhere", "index.html")
+    old = _sphinx_output(tmp_path / "build", "site", "index.html", "notebooks/01_a.html")
+    elsewhere = _sphinx_output(tmp_path, "elsewhere", "index.html")
     monkeypatch.setattr(build_site, "OUT", old)
     assert build_site.out_problem(old) is None
     assert "is not a site this tool built" in build_site.out_problem(elsewhere)
-    built = _built(tmp_path, "built", "index.html")
+    built = _sphinx_output(tmp_path, "built", "index.html")
     build_site.replace_site(built, old)
     assert build_site.site_entries(old) == sorted([".buildinfo", build_site.SITE_MARKER,
                                                    "index.html"])
