@@ -28,6 +28,7 @@ import errno
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,11 @@ from rlhf_helpers.ppo.run_identity import (
 from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
 from rlhf_helpers.ppo.trainer_state import (
     TRAINER_STATE_FILE,
+    CheckpointSettingsWarning,
+    checkpoint_settings,
     load_trainer_state,
     restore_trainer_state,
+    settings_warning,
     state_fit_problem,
     trainer_state_dict,
 )
@@ -286,7 +290,9 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     that does not) and it fits the trainer (CheckpointMismatchError: another run's checkpoint than
     its folder's run.json names, other LoRA shapes, other optimisers). Nothing is applied before
     every check passed. The trainer then continues the checkpoint's run (`run_id`), and
-    `last_checkpoint` names it."""
+    `last_checkpoint` names it. The checkpoint's learning rates and KL controller stay in force, as
+    a resumed run's must: where they differ from trainer.config, a CheckpointSettingsWarning names
+    each value and trainer.config is updated to them."""
     path = Path(path)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
@@ -304,9 +310,18 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     problem = (foreign_checkpoint_problem(path, state, recorded_run_id(path.parent))
                or lora_fit_problem(path, model_lora_shapes(trainer.model), "this model's")
                or (unfit and f"checkpoint {path} does not fit this trainer: {unfit}"))
+    changed = checkpoint_settings(trainer, state)  # its learning rates and KL settings win
+    try:
+        config = trainer.config.replace(**changed)
+    except ValueError as error:
+        problem = problem or f"checkpoint {path} holds settings no PPOConfig takes: {error}"
     if problem:
         raise CheckpointMismatchError(problem)
     load_model_weights(trainer.model, path)
     restore_trainer_state(trainer, state)
     trainer.last_checkpoint = str(path)
+    if changed:  # trainer.config tells what is in force, and the caller hears of the change
+        warnings.warn(settings_warning(path, trainer.config, changed), CheckpointSettingsWarning,
+                      stacklevel=2)
+        trainer.config = config
     return path

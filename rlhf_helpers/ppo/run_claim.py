@@ -10,7 +10,11 @@ command's "holds checkpoints: resume or choose another folder" check: a folder h
 of another run is refused (FolderOfAnotherRun), so train() never replaces a command-line run's
 step-000002 and repoints its `latest`. The checkpoints are the trainer's own when they name its run
 (`run_identity`: it wrote them, in this or an earlier train(), or it loaded one of them); those
-saved before runs had ids are its own when it loaded or wrote one of them (`last_checkpoint`).
+saved before runs had ids are its own when it loaded or wrote one of them (`last_checkpoint`). A
+folder with no checkpoint but another run's run.json (a command-line run stopped before its first
+save) is refused too. Within one process the lock is re-entrant, so a second trainer object (even
+one of the same run, after load_checkpoint) is refused while another holds the folder
+(FolderHeldByAnotherTrainer): it must call the other's close() first.
 
 While the run goes on its folder must stay the one locked: removed, renamed or replaced (another
 inode, its lock file gone, its run.json gone), the run stops with RunFolderGone, instead of writing
@@ -21,6 +25,7 @@ neither resumes.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,28 @@ class FolderOfAnotherRun(FolderInUse):
     """config.output_dir holds checkpoints of another run than the trainer's: the message names
     both runs and how to continue that run instead. A FolderInUse, so the training command's one
     line (exit 2) covers it too."""
+
+
+class FolderHeldByAnotherTrainer(FolderInUse):
+    """Another trainer object of this process holds config.output_dir (its train() locked it and
+    its close() was not called): the lock is re-entrant within a process, so without this check
+    two trainers of one run would write over each other's checkpoints."""
+
+
+#: the trainer object that last locked each folder (by resolved path), while it lives
+_HOLDERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def _holding_trainer(trainer: Any, folder: Path) -> Any:
+    """Another trainer object of this process that holds `folder` (its lock taken, not closed, the
+    folder not moved since), or None."""
+    holder = _HOLDERS.get(str(folder.resolve()))
+    if holder is None or holder is trainer:
+        return None
+    lock = holder.output_lock
+    if lock is None or lock.path.parent.resolve() != folder.resolve() or not lock.is_current():
+        return None
+    return holder
 
 
 class RunFolderGone(CheckpointSaveError):
@@ -67,9 +94,18 @@ def _wrote_or_loaded(trainer: Any, folder: Path) -> bool:
 
 
 def owner_problem(trainer: Any, folder: Path) -> str | None:
-    """Why `trainer` may not write into `folder` (it holds checkpoints of another run), or None."""
+    """Why `trainer` may not write into `folder` (it holds checkpoints of another run, or the
+    run.json of another run that has no checkpoint yet), or None."""
     if latest_checkpoint(folder) is None and not checkpoints(folder):
-        return None  # no checkpoint: a new run's folder
+        recorded = recorded_run_id(folder)  # a command-line run stopped before its first save
+        if recorded is None or recorded == trainer.run_id:
+            return None  # no checkpoint and no other run's record: a new run's folder
+        mine = f" this trainer's run {trainer.run_id}" if trainer.run_id else " this trainer's run"
+        return (f"{folder} holds {RUN_FILE} of run {recorded} (a training command's run stopped "
+                f"before its first checkpoint), not of{mine}: train() never writes its "
+                "checkpoints beside another run's files, which no resume could then read. Choose "
+                "another output_dir (runtime.artifacts.new_run_dir makes a new one), or remove "
+                "that folder if its run is abandoned")
     owner = folder_run_id(folder)
     if owner is not None and owner == trainer.run_id:
         return None
@@ -120,10 +156,11 @@ class RunFolderWatch:
 
 def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
     """Lock `folder` for `trainer` (kept in `trainer.output_lock` until `trainer.close()`), refuse
-    it when it holds another run's checkpoints (FolderOfAnotherRun; FolderInUse when another live
-    process holds it), give the trainer a run id if it has none, and return the watch of the
-    folder. A folder that moved since an earlier train() locked it: RunFolderGone, at every call
-    until `trainer.close()` or another output_dir."""
+    it when it holds another run's checkpoints or run.json (FolderOfAnotherRun; FolderInUse when
+    another live process holds it, FolderHeldByAnotherTrainer when another trainer object of this
+    process does: one live trainer per folder), give the trainer a run id if it has none, and
+    return the watch of the folder. A folder that moved since an earlier train() locked it:
+    RunFolderGone, at every call until `trainer.close()` or another output_dir."""
     lock = trainer.output_lock
     if lock is not None and not lock.is_current():
         raise RunFolderGone(
@@ -132,6 +169,14 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
             "is written at the old path. To go on, point the trainer at the folder where it is now "
             "(trainer.config = trainer.config.replace(output_dir=...)), or call trainer.close() "
             "to start again at the old path")
+    holder = _holding_trainer(trainer, folder)
+    if holder is not None:
+        raise FolderHeldByAnotherTrainer(
+            f"{folder} is held by another trainer object of this process (run "
+            f"{holder.run_id or 'without an id'}, at step {holder.step_count}): two trainers "
+            "writing into one folder would replace each other's checkpoints. Call that trainer's "
+            "close() first (then load_checkpoint this one from the folder to continue its run), "
+            "or choose another output_dir", folder / RUN_LOCK_FILE, {})
     taken = lock is None
     lock = lock or hold_run_folder(folder)
     try:
@@ -144,6 +189,7 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
             lock.release()
         raise
     trainer.output_lock = lock
+    _HOLDERS[str(folder.resolve())] = trainer
     if trainer.run_id is None:
         trainer.run_id = new_run_id()
     return RunFolderWatch(folder, lock, (info.st_dev, info.st_ino), (folder / RUN_FILE).is_file())

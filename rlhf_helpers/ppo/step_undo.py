@@ -7,10 +7,15 @@ it runs and put back when it does not finish (Ctrl-C, a NaN stop, a refused piec
 What is copied: every trained weight (the policy and value adapters, the value head) and its
 gradient; each optimiser's state (Adam's moments and step counts, its hyper-parameters), loss scaler
 and overflow count; the KL controller; the trainer's step count, history, latest batch and
-minibatch stats; the global RNG states (a caller's `update_fn` may draw from them). The library's
+minibatch stats; the global RNG states, torch's, Python's `random` and NumPy's (a caller's
+`update_fn` may draw from any of them). The optimisers' param groups are put back whole: a group
+the step added is dropped, one it removed comes back. The library's
 update and a caller's `update_fn` are under the same rule: after an interrupted step every adapter
 and optimiser state is exactly as before it, so `train()` or `step()` runs that step again from the
 start and gives the numbers an uninterrupted run gives. The exception gets a note that says so.
+
+Each part is put back even when another fails (StepUndoError then names the parts not put back),
+so no error leaves a trainer half restored without saying so.
 
 Cost: one copy of the adapters and of Adam's two moments per step (LoRA adapters are small: a few
 MB on the gpu profile), no copy of the frozen base. Blocks nest: `update` inside `step` is covered
@@ -19,15 +24,22 @@ by the step's copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 #: ids of the trainers inside an `undone_on_error` block: an inner block (`update` in `step`)
 #: copies nothing
 _COVERED: set[int] = set()
+
+
+class StepUndoError(RuntimeError):
+    """Some part of an interrupted step could not be put back; the message names each (the other
+    parts were put back) and the step's own error is its cause."""
 
 
 def _copied(value: Any) -> Any:
@@ -46,7 +58,9 @@ def _optimizer_state(adapter_opt: Any) -> dict[str, Any]:
         "weights": [p.detach().clone() for p in params],
         "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
         "state": {p: {k: _copied(v) for k, v in s.items()} for p, s in optimizer.state.items()},
-        "groups": [{k: _copied(v) for k, v in g.items() if k != "params"}
+        # the list whole, each group's dict and params list: a step may add or remove groups
+        "group_list": list(optimizer.param_groups),
+        "groups": [({k: _copied(v) for k, v in g.items() if k != "params"}, list(g["params"]))
                    for g in optimizer.param_groups],
         "scaler": scaler.state_dict() if scaler.is_enabled() else None,
         "overflow_skips": adapter_opt.overflow_skips,
@@ -62,8 +76,10 @@ def _restore_optimizer(adapter_opt: Any, saved: dict[str, Any]) -> None:
             param.grad = grad
     optimizer.state.clear()
     optimizer.state.update(saved["state"])
-    for group, hyper in zip(optimizer.param_groups, saved["groups"], strict=True):
-        group.update(hyper)
+    optimizer.param_groups[:] = saved["group_list"]
+    for group, (hyper, params) in zip(saved["group_list"], saved["groups"], strict=True):
+        group.clear()
+        group.update(hyper, params=params)
     if saved["scaler"] is not None:
         adapter_opt.scaler.load_state_dict(saved["scaler"])
         # what the scaler recorded of this step (unscaled, infs found): the next step starts clean,
@@ -73,7 +89,8 @@ def _restore_optimizer(adapter_opt: Any, saved: dict[str, Any]) -> None:
 
 
 def _rng_states(device: torch.device) -> dict[str, Any]:
-    states: dict[str, Any] = {"cpu": torch.random.get_rng_state()}
+    states: dict[str, Any] = {"cpu": torch.random.get_rng_state(), "python": random.getstate(),
+                              "numpy": np.random.get_state()}
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device)
     return states
@@ -81,6 +98,8 @@ def _rng_states(device: torch.device) -> dict[str, Any]:
 
 def _restore_rng(states: dict[str, Any], device: torch.device) -> None:
     torch.random.set_rng_state(states["cpu"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
     if "cuda" in states:
         torch.cuda.set_rng_state(states["cuda"], device)
 
@@ -110,10 +129,15 @@ def undone_on_error(trainer: Any, what: str) -> Iterator[None]:
     except BaseException as error:
         while True:  # a second Ctrl-C while the state is put back: finish putting it back first
             try:
-                _restore(trainer, saved, device)
+                failed = _restore(trainer, saved, device)
                 break
             except KeyboardInterrupt:
                 continue
+        if failed:
+            raise StepUndoError(
+                f"{what} was interrupted ({type(error).__name__}) and could not be undone whole: "
+                f"{'; '.join(failed)}. Every other part was put back; rebuild the trainer (or "
+                "load its last checkpoint) before training on") from error
         error.add_note(f"{what} was undone: every adapter weight, optimiser state (Adam's moments "
                        "and step counts), the KL controller, the step count and the history are "
                        "as they were before it, so running it again starts it afresh")
@@ -122,10 +146,7 @@ def undone_on_error(trainer: Any, what: str) -> Iterator[None]:
         _COVERED.discard(id(trainer))
 
 
-def _restore(trainer: Any, saved: dict[str, Any], device: torch.device) -> None:
-    """Put back what `undone_on_error` copied (again from the start if cut short)."""
-    _restore_optimizer(trainer.policy_opt, saved["policy"])
-    _restore_optimizer(trainer.value_opt, saved["value"])
+def _restore_trainer(trainer: Any, saved: dict[str, Any]) -> None:
     for key, value in saved["kl_controller"].items():
         setattr(trainer.kl_controller, key, value)
     trainer.step_count = saved["step_count"]
@@ -134,4 +155,21 @@ def _restore(trainer: Any, saved: dict[str, Any], device: torch.device) -> None:
     trainer.history = history
     trainer.last_batch = saved["last_batch"]
     trainer.last_update_stats = saved["last_update_stats"]
-    _restore_rng(saved["rng"], device)
+
+
+def _restore(trainer: Any, saved: dict[str, Any], device: torch.device) -> list[str]:
+    """Put back what `undone_on_error` copied (again from the start if cut short), every part even
+    when one fails; returns "the part: its error" of each part that failed."""
+    parts: list[tuple[str, Callable[[], None]]] = [
+        ("the policy optimiser", lambda: _restore_optimizer(trainer.policy_opt, saved["policy"])),
+        ("the value optimiser", lambda: _restore_optimizer(trainer.value_opt, saved["value"])),
+        ("the KL controller, step count and history", lambda: _restore_trainer(trainer, saved)),
+        ("the RNG states", lambda: _restore_rng(saved["rng"], device)),
+    ]
+    failed = []
+    for name, put_back in parts:
+        try:
+            put_back()
+        except Exception as error:  # noqa: BLE001 - named in StepUndoError, the rest goes on
+            failed.append(f"{name} ({type(error).__name__}: {error})")
+    return failed

@@ -143,3 +143,44 @@ def state_fit_problem(trainer: Any, state: dict[str, Any]) -> str | None:
         return (f"its KL controller has fields {unknown[:3]} that this trainer's "
                 f"{type(trainer.kl_controller).__name__} lacks")
     return None
+
+
+class CheckpointSettingsWarning(UserWarning):
+    """A loaded checkpoint's learning rates or KL controller differ from trainer.config: the
+    checkpoint's stay in force (a resumed run goes on as it was), and trainer.config says so."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def checkpoint_settings(trainer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """{config field: the checkpoint's value} for each setting that `state` (read by
+    `load_trainer_state`) puts in force and that differs from trainer.config: the optimisers'
+    learning rates (policy_lr, value_lr) and the KL controller's settings (a fixed controller's
+    kl_coef; an adaptive one's target_kl and kl_horizon: its kl_coef is only where beta starts)."""
+    config, found = trainer.config, {}
+    for opt, field in ((trainer.policy_opt, "policy_lr"), (trainer.value_opt, "value_lr")):
+        lrs = {g.get("lr") for g in state[f"{opt.name}_optimizer"]["param_groups"]
+               if isinstance(g, dict)}
+        lr = lrs.pop() if len(lrs) == 1 else None
+        if _number(lr) and lr != getattr(config, field):
+            found[field] = lr
+    kl = state["kl_controller"]
+    fields = ({"kl_coef": "value"} if config.target_kl is None
+              else {"target_kl": "target", "kl_horizon": "horizon"})
+    for field, key in fields.items():
+        value = kl.get(key)
+        if _number(value) and value != getattr(config, field):
+            found[field] = int(value) if field == "kl_horizon" and value == int(value) else value
+    return found
+
+
+def settings_warning(checkpoint: Path, config: Any, changed: dict[str, Any]) -> str:
+    """The warning of `load_checkpoint` when `changed` (`checkpoint_settings`) is not empty."""
+    said = ", ".join(f"{field} {value!r} (trainer.config had {getattr(config, field)!r})"
+                     for field, value in changed.items())
+    return (f"checkpoint {checkpoint} was trained with {said}: the trainer goes on with the "
+            "checkpoint's values, as a resumed run must, and trainer.config now holds them. To "
+            "train on with other values, set them after loading (the optimisers' param_groups "
+            "'lr', trainer.kl_controller) and in trainer.config")

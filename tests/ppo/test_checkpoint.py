@@ -4,6 +4,7 @@ stop."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -255,3 +256,35 @@ def test_a_checkpoint_is_a_complete_reward_source_for_a_resumed_run(make_trainer
     (path / "heads.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="lacks heads.safetensors"):
         built(path)
+
+
+def test_load_checkpoint_keeps_the_checkpoints_learning_rates_and_kl_and_says_so(make_trainer,
+                                                                                  tmp_path):
+    """Before: the optimisers' lr and the KL controller became the checkpoint's with no word,
+    while trainer.config still named the values the caller had asked for."""
+    saver = make_trainer(policy_lr=1e-3, kl_horizon=200, target_kl=None, kl_coef=0.2)
+    saver.step()
+    path = save_checkpoint(saver, tmp_path / "fixed")
+    loader = make_trainer(init_seed=1, policy_lr=0.05, target_kl=None, kl_coef=0.5)
+    with pytest.warns(UserWarning,
+                      match=r"policy_lr 0.001 \(trainer.config had 0.05\), kl_coef 0.2 "
+                            r"\(trainer.config had 0.5\): the trainer goes on with the "
+                            r"checkpoint's values") as caught:
+        load_checkpoint(loader, path)
+    assert len(caught) == 1 and "value_lr" not in str(caught[0].message)  # the same in both
+    assert loader.policy_opt.optimizer.param_groups[0]["lr"] == loader.config.policy_lr == 1e-3
+    assert loader.kl_controller.value == loader.config.kl_coef == 0.2
+    # an adaptive controller: its target and horizon are settings, its beta is where it has got to
+    saver = make_trainer(target_kl=0.5, kl_horizon=100, kl_coef=0.2)
+    saver.step()
+    path = save_checkpoint(saver, tmp_path / "adaptive")
+    loader = make_trainer(init_seed=1, target_kl=1.0, kl_horizon=100, kl_coef=0.1)
+    with pytest.warns(UserWarning,
+                      match=r"with target_kl 0.5 \(trainer.config had 1.0\):") as caught:
+        load_checkpoint(loader, path)
+    assert len(caught) == 1 and loader.config.target_kl == loader.kl_controller.target == 0.5
+    assert loader.config.kl_coef == 0.1  # where beta started, not what it is now
+    same = make_trainer(init_seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same settings: not a word
+        load_checkpoint(same, path)

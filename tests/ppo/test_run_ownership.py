@@ -249,3 +249,44 @@ def test_stray_or_empty_step_folders_never_count_toward_the_keep_rule(make_train
     folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert folders == sorted(["step-000002", "step-000003", *strays]), folders
     assert latest_checkpoint(tmp_path).name == "step-000003"
+
+
+def test_a_second_trainer_object_is_refused_while_another_holds_the_folder(make_trainer,
+                                                                          tmp_path):
+    """Before: the lock is re-entrant within a process and both trainers carry the run's id, so the
+    first trainer's next train() silently replaced the second's step-000003."""
+    out = tmp_path / "ppo"
+    first = make_trainer(output_dir=str(out), save_every=1)
+    first.train(steps=2)
+    second = make_trainer(init_seed=3, output_dir=str(out), save_every=1)
+    load_checkpoint(second, out)  # as the refusal of another run's folder advises
+    before = files_of(out)
+    with pytest.raises(FolderInUse, match=rf"{out} is held by another trainer object of this "
+                                          r"process .*Call that trainer's close\(\) first"):
+        second.train(steps=1)
+    assert files_of(out) == before and second.step_count == 2 and second.output_lock is None
+    first.close()
+    second.train(steps=1)  # the folder is free: the second continues the run
+    assert latest_checkpoint(out).name == "step-000003"
+    with pytest.raises(FolderInUse, match="held by another trainer object"):
+        first.train(steps=1)  # now the first is the intruder
+    assert first.step_count == 2
+
+
+def test_train_refuses_a_folder_holding_only_another_runs_run_json(make_trainer, tmp_path):
+    """A command-line run interrupted before its first checkpoint leaves run.json and
+    metrics.jsonl. Before: train() wrote its checkpoints beside them."""
+    out = tmp_path / "ppo"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"run_id": "20261207-101500-c0mmand0"}))
+    (out / "metrics.jsonl").write_text("")
+    before = files_of(out)
+    intruder = make_trainer(output_dir=str(out), save_every=1)
+    with pytest.raises(FolderInUse, match=rf"{out} holds run.json of run 20261207-101500-c0mmand0"):
+        intruder.train(steps=1)
+    assert files_of(out) == before and intruder.step_count == 0
+    # the run the record names may write there (the command's own train loop)
+    owner = make_trainer(output_dir=str(out), save_every=1)
+    owner.run_id = "20261207-101500-c0mmand0"
+    owner.train(steps=1)
+    assert latest_checkpoint(out).name == "step-000001"

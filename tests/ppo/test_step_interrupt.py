@@ -1,16 +1,21 @@
 """An interrupted PPO step applies no part of itself: Ctrl-C (or any error) after some minibatches
 have stepped leaves every adapter weight, optimiser state, the KL controller, the step count, the
-history and the RNG as before the step, for the library's update and a caller's `update_fn` alike,
-and `train()` again gives the weights of an uninterrupted run."""
+history and the RNGs (torch's, Python's, NumPy's) as before the step, for the library's update and a
+caller's `update_fn` alike, the optimisers' param groups included, and `train()` again gives the
+weights of an uninterrupted run."""
 
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_pieces import update_loop
+
+from rlhf_helpers.ppo import step_undo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -19,6 +24,19 @@ def global_rng_loop(model, batch, policy_opt, value_opt, config, generator, poli
     """A learner's update loop that shuffles with the global RNG (no generator of its own)."""
     shuffle = torch.Generator().manual_seed(int(torch.randint(2**31, ())))
     return update_loop(model, batch, policy_opt, value_opt, config, shuffle, policy_loss_fn)
+
+
+def python_numpy_loop(model, batch, policy_opt, value_opt, config, generator, policy_loss_fn):
+    """A learner's update loop that shuffles with Python's and NumPy's global RNGs."""
+    seed = int(np.random.randint(2**31)) ^ random.getrandbits(31)
+    shuffle = torch.Generator().manual_seed(seed)
+    return update_loop(model, batch, policy_opt, value_opt, config, shuffle, policy_loss_fn)
+
+
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def trainer_state(trainer) -> dict[str, Any]:
@@ -38,6 +56,10 @@ def trainer_state(trainer) -> dict[str, Any]:
         "last_batch": trainer.last_batch,
         "last_update_stats": copy.deepcopy(trainer.last_update_stats),
         "rng": torch.random.get_rng_state(),
+        "python_rng": random.getstate(),
+        "numpy_rng": [np.random.get_state()[1].tolist(), *np.random.get_state()[2:]],
+        "param_groups": [len(opt.optimizer.param_groups)
+                         for opt in (trainer.policy_opt, trainer.value_opt)],
     }
 
 
@@ -67,6 +89,7 @@ CASES = {  # (update loop, base dtype, what interrupts the step)
     "library": (None, torch.float32, KeyboardInterrupt),
     "library-fp16": (None, torch.float16, KeyboardInterrupt),  # loss scalers mid-step
     "update_fn": (global_rng_loop, torch.float32, KeyboardInterrupt),
+    "update_fn-python-numpy": (python_numpy_loop, torch.float32, KeyboardInterrupt),
     "library-error": (None, torch.float32, RuntimeError),
 }
 
@@ -80,10 +103,10 @@ def test_an_interrupted_step_applies_nothing_and_train_again_matches_an_uninterr
     # an adaptive KL controller: its beta moves every step
     settings = {"target_kl": 0.5, "dtype": dtype, **({"update_fn": loop} if loop else {})}
     reference = make_trainer(**settings)
-    torch.manual_seed(7)
+    seed_all(7)
     reference.train(steps=3)
     trainer = make_trainer(**settings)
-    torch.manual_seed(7)
+    seed_all(7)
     trainer.train(steps=1)  # Adam holds moments and a step count to keep
     before = trainer_state(trainer)
     value_step = trainer.value_opt.optimizer.step
@@ -102,6 +125,69 @@ def test_an_interrupted_step_applies_nothing_and_train_again_matches_an_uninterr
     assert_same(trainer_state(trainer)["weights"], trainer_state(reference)["weights"])
     assert_same(trainer_state(trainer)["optimizers"], trainer_state(reference)["optimizers"])
     assert without_times(trainer.history) == without_times(reference.history)
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_step_that_changed_the_optimisers_param_groups_is_undone_whole(make_trainer, change):
+    """Before: putting back the param groups zipped them with the copies (ValueError: zip() argument
+    2 is shorter) and left the value optimiser, KL controller and step count not put back."""
+    interrupt = {"now": False}
+
+    def group_changing_loop(model, batch, policy_opt, value_opt, config, generator, loss_fn):
+        losses = update_loop(model, batch, policy_opt, value_opt, config, generator, loss_fn)
+        if interrupt["now"]:
+            if change == "added":
+                policy_opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+            else:
+                value_opt.param_groups.pop()
+            raise KeyboardInterrupt
+        return losses
+
+    reference = make_trainer(update_fn=group_changing_loop)
+    seed_all(7)
+    reference.train(steps=3)
+    trainer = make_trainer(update_fn=group_changing_loop)
+    seed_all(7)
+    trainer.train(steps=1)
+    before = trainer_state(trainer)
+    interrupt["now"] = True
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(steps=1)
+    assert_same(trainer_state(trainer), before)
+    interrupt["now"] = False
+    trainer.train(steps=2)
+    assert_same(trainer_state(trainer)["weights"], trainer_state(reference)["weights"])
+    assert_same(trainer_state(trainer)["optimizers"], trainer_state(reference)["optimizers"])
+
+
+def test_every_part_is_put_back_even_when_one_fails(make_trainer, monkeypatch):
+    """Before: the first part that failed to be put back stopped the undo, leaving the rest of the
+    step applied (a half-restored trainer) and an error that did not say so."""
+    trainer = make_trainer()
+    trainer.step()
+    before = trainer_state(trainer)
+    value_step, restore_optimizer = trainer.value_opt.optimizer.step, step_undo._restore_optimizer
+
+    def step_then_interrupt(*args, **kwargs):
+        value_step(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    def policy_fails(adapter_opt, saved):
+        if adapter_opt is trainer.policy_opt:
+            raise RuntimeError("cannot put it back (simulated)")
+        restore_optimizer(adapter_opt, saved)
+
+    monkeypatch.setattr(trainer.value_opt.optimizer, "step", step_then_interrupt)
+    monkeypatch.setattr(step_undo, "_restore_optimizer", policy_fails)
+    with pytest.raises(RuntimeError, match=r"PPO step 1 was interrupted \(KeyboardInterrupt\) "
+                       r"and could not be undone whole: the policy optimiser \(RuntimeError: "
+                       r"cannot put it back") as caught:
+        trainer.step()
+    assert isinstance(caught.value.__cause__, KeyboardInterrupt)
+    after = trainer_state(trainer)
+    for part in ("kl_controller", "step", "history", "last_batch", "rng", "python_rng"):
+        assert_same(after[part], before[part], part)
+    assert_same(after["optimizers"][1], before["optimizers"][1], "the value optimiser")
 
 
 def test_an_interrupted_update_called_alone_is_undone_too(make_trainer, monkeypatch):
