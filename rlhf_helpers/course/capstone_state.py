@@ -105,18 +105,22 @@ def attempt_name(function: Any) -> str:
 
 @contextmanager
 def _shared_kept(start: ModelSnapshot, who: str) -> Iterator[None]:
-    """Put back what the block patched on the model's classes or torch; AssertionError naming it
-    (with the block's own error after it, when it raised too)."""
-    try:
-        yield
-    except Exception as error:
-        patched = start.shared.put_back()
-        if not patched:
-            raise
-        first = (str(error).splitlines() or [""])[0]
+    """Run the block with the model's classes and torch as `start` recorded them, then put back the
+    caller's; AssertionError naming what the block patched (with the block's own error after it,
+    when it raised too)."""
+    with start.shared.recorded_state() as patched:
+        try:
+            yield
+        except Exception as error:
+            first = (str(error).splitlines() or [""])[0]
+            raised = error
+        else:
+            raised = None
+    if patched and raised is not None:
         raise AssertionError(f"{_patched_message(who, patched)}; then it raised "
-                             f"{type(error).__name__}: {first}") from error
-    patched = start.shared.put_back()
+                             f"{type(raised).__name__}: {first}") from raised
+    if raised is not None:
+        raise raised
     if patched:
         raise AssertionError(_patched_message(who, patched))
 

@@ -96,3 +96,21 @@ def test_a_patch_that_passes_is_named_and_put_back_too(world, shared_kept):
                                              r"SharedLoRAModel\.values, which every model shares"):
         capstone.run_experience(make_experience, model, tok, PROMPTS, config, SEEDS[0])
     assert SharedLoRAModel.values is shared_kept[0]
+
+
+def test_a_patch_of_the_learners_own_is_not_blamed_on_an_attempt_nor_undone(world, shared_kept):
+    """A patch made outside any check (the learner's own cell) is the caller's: the attempt runs
+    without it and is not blamed for it, and the caller keeps it afterwards."""
+    model, tok, runs = world
+    config, expected = runs["free"]
+    rtol = capstone.rounding_rtol(model, config)
+    start = capstone.ModelSnapshot(model)  # the set-up cell
+
+    def own_randperm(n, generator=None, **kwargs):
+        return torch.arange(n)
+
+    torch.randperm = own_randperm
+    got = capstone.run_iteration(plain_iteration, model, tok, PROMPTS, config, SEEDS, LRS, start)
+    assert torch.randperm is own_randperm
+    torch.randperm = shared_kept[1]
+    assert capstone.first_difference(got, expected, config, rtol) is None
