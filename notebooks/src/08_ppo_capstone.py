@@ -173,7 +173,7 @@ with torch.no_grad():
     g_moved = torch.Generator().manual_seed(1)
     for param in check_model.policy_parameters():
         param.add_(0.05 * torch.randn(param.shape, generator=g_moved).to(param))
-check_start = capstone.ModelSnapshot(check_model)  # every check's attempt starts here, whatever one before did
+check_start = capstone.ModelSnapshot(check_model)  # each attempt runs on a fresh copy of this: none reaches the next
 # every setting the iteration reads gets a value of its own: no two equal, none at the value that hides it, none
 # at a default a loop could have written in (clip_eps 0.2, vf_coef 1 or CleanRL's 0.5)
 check_config = config.replace(rollout_batch_size=12, mini_batch_size=4, ppo_epochs=2, temperature=0.7,

@@ -11,7 +11,8 @@ seed.
 An iteration is `iteration(model, tokenizer, prompts, policy_opt, value_opt, config, generator) ->
 (rollout, [(policy loss, value loss) of every minibatch])`, the rollout holding the experience under
 `Experience`'s names. `run_iteration` (`course.capstone_run`, imported here) runs one from given
-weights with plain SGD (the notebook says why), records what it made and puts the weights back.
+weights with plain SGD (the notebook says why), records what it made (on a copy:
+the model passed in is never run).
 `first_difference` names the first thing that differs, in the order the iteration makes it: the
 experience (tokens, log-probs, values, scores, rewards, returns, advantages), then each minibatch's
 losses, then the gradient norm of each optimiser step and the weights' updates, with the likely

@@ -4,12 +4,12 @@
     rtol = rounding_rtol(model, config)   # the rounding budget of one forward pass
 
 `run_iteration` runs an iteration with plain SGD (`RecordingSGD`, which records the gradient norm
-of every step), keeps its experience, losses, steps and weight updates in an `IterationRecord`, and
-puts the weights back; `course.capstone` compares two records. `run_experience` runs a learner's
-`make_experience` on the check's batch. Each runs as a fresh attempt from one recorded state
-(`course.capstone_state`: pass the set-up's `ModelSnapshot` as `start`), so no earlier attempt
-reaches it. The code uses plain torch only: the library's maths are hidden from the learner while
-the check runs.
+of every step) and keeps its experience, losses, steps and weight updates in an `IterationRecord`;
+`course.capstone` compares two records. `run_experience` runs a learner's `make_experience` on the
+check's batch. Each runs as a fresh attempt from one recorded state, on fresh copies of the model
+and the config (`course.capstone_state`: pass the set-up's `ModelSnapshot` as `start`), so no
+earlier attempt reaches it and the caller's model is never run. The code uses plain torch only: the
+library's maths are hidden from the learner while the check runs.
 """
 
 from __future__ import annotations
@@ -134,20 +134,23 @@ class IterationRecord:
 def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, prompts: Sequence[str],
                   config: PPOConfig, seeds: tuple[int, int], lrs: tuple[float, float],
                   start: ModelSnapshot | None = None) -> IterationRecord:
-    """Run `iteration` once as a fresh attempt from `start` (default: the model's state now) and
-    record it: every weight as `start` has it, no gradient, autograd on (`capstone_state`),
-    sampling seeded with seeds[0] and shuffling with seeds[1] (the caller's random states kept),
-    with new RecordingSGD optimisers at lrs (policy, value). Then the model is put back to `start`,
-    without gradients. AssertionError when the iteration changed a weight outside the two adapters
-    or left one of torch's global modes changed."""
+    """Run `iteration` once as a fresh attempt from `start` (default: `model` as it is now) and
+    record it: on a fresh copy of `start`'s model and of `config` (`capstone_state`; `model` itself
+    is never run), sampling seeded with seeds[0] and shuffling with seeds[1] (the caller's random
+    states kept), with new RecordingSGD optimisers at lrs (policy, value). AssertionError when the
+    iteration changed a weight outside the two adapters, left one of torch's global modes changed
+    or patched the model's classes or torch (each put back). The record's model is `start`'s
+    pristine copy, at the weights the iteration started from."""
     start = start if start is not None else ModelSnapshot(model)
-    with fresh_attempt(model, start, seeds[0], attempt_name(iteration), trains=True):
-        params = {"policy": model.policy_parameters(), "value": model.value_parameters()}
+    with fresh_attempt(start, config, seeds[0], attempt_name(iteration), trains=True) as (
+            fresh, its_config):
+        params = {"policy": fresh.policy_parameters(), "value": fresh.value_parameters()}
         before = {role: [p.detach().clone() for p in ps] for role, ps in params.items()}
         opts = {role: RecordingSGD(params[role], lr)
                 for role, lr in zip(("policy", "value"), lrs, strict=True)}
-        rollout, losses = iteration(model, tokenizer, list(prompts), opts["policy"],
-                                    opts["value"], config, torch.Generator().manual_seed(seeds[1]))
+        rollout, losses = iteration(fresh, tokenizer, list(prompts), opts["policy"],
+                                    opts["value"], its_config,
+                                    torch.Generator().manual_seed(seeds[1]))
         updates = {role: [(p.detach() - w).cpu() for p, w in zip(ps, before[role], strict=True)]
                    for role, ps in params.items()}
     return IterationRecord(
@@ -157,7 +160,7 @@ def run_iteration(iteration: Callable[..., Any], model: Any, tokenizer: Any, pro
         losses=torch.tensor(minibatch_losses(losses, "your iteration"), dtype=torch.float64),
         step_norms={role: opt.step_norms for role, opt in opts.items()}, updates=updates,
         weight_sizes={role: [float(w.abs().max()) for w in ws] for role, ws in before.items()},
-        shuffle_seed=seeds[1], config=config, model=model)
+        shuffle_seed=seeds[1], config=config, model=start.model)
 
 
 def run_experience(make_experience: Callable[..., Any], model: Any, tokenizer: Any,
@@ -165,11 +168,11 @@ def run_experience(make_experience: Callable[..., Any], model: Any, tokenizer: A
                    start: ModelSnapshot | None = None) -> Any:
     """Sample the check's batch (seeded with `seed`, at config.temperature, as `run_iteration`'s
     iteration samples it) and return what a learner's `make_experience(model, samples, config)`
-    makes of it, as a fresh attempt from `start` (default: the model's state now). AssertionError
-    when it changed any weight (it should only read them) or left a global mode changed; the model
-    is put back to `start` either way."""
+    makes of it, as a fresh attempt from `start` (default: `model` as it is now) on fresh copies of
+    its model and of `config`. AssertionError when it changed any weight (it should only read
+    them), left a global mode changed or patched the model's classes or torch (each put back)."""
     start = start if start is not None else ModelSnapshot(model)
-    with fresh_attempt(model, start, seed, attempt_name(make_experience)):
-        samples = sample_responses(model, tokenizer, list(prompts), config.max_prompt_length,
-                                   config.max_new_tokens, temperature=config.temperature)
-        return make_experience(model, samples, config)
+    with fresh_attempt(start, config, seed, attempt_name(make_experience)) as (fresh, its_config):
+        samples = sample_responses(fresh, tokenizer, list(prompts), its_config.max_prompt_length,
+                                   its_config.max_new_tokens, temperature=its_config.temperature)
+        return make_experience(fresh, samples, its_config)

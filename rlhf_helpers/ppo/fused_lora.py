@@ -78,8 +78,16 @@ class _FusedLoRA(torch.autograd.Function):
         return dx, None, None, da, db, None
 
 
-def _fused_forward(layer: nn.Module, original: Any, is_conv1d: bool):
-    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+class _FusedForward:
+    """A LoRA layer's folded forward, called as `layer.forward(x)`. A callable object rather than a
+    closure, so that `copy.deepcopy` of the model gives the copy a forward of its own layer (a
+    closure would keep calling the original's)."""
+
+    def __init__(self, layer: nn.Module, original: Any, is_conv1d: bool) -> None:
+        self.layer, self.original, self.is_conv1d = layer, original, is_conv1d
+
+    def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        layer, original = self.layer, self.original
         active = layer.active_adapters
         if (args or kwargs or layer.disable_adapters or layer.merged or len(active) != 1
                 or active[0] not in layer.lora_A or x.dtype != torch.float32):
@@ -89,7 +97,7 @@ def _fused_forward(layer: nn.Module, original: Any, is_conv1d: bool):
                 or not isinstance(layer.lora_dropout[name], nn.Identity)):
             return original(x, *args, **kwargs)
         base = layer.get_base_layer()
-        weight = base.weight if is_conv1d else base.weight.t()  # (in, out)
+        weight = base.weight if self.is_conv1d else base.weight.t()  # (in, out)
         lora_a, lora_b = layer.lora_A[name].weight, layer.lora_B[name].weight  # (r, in), (out, r)
         if not weight.dtype == lora_a.dtype == lora_b.dtype == torch.float32:
             return original(x, *args, **kwargs)
@@ -98,8 +106,6 @@ def _fused_forward(layer: nn.Module, original: Any, is_conv1d: bool):
             merged = torch.addmm(weight, lora_a.t(), lora_b.t(), alpha=scaling)  # (in, out)
             return _folded_matmul(x, merged, base.bias)
         return _FusedLoRA.apply(x, weight, base.bias, lora_a, lora_b, scaling)
-
-    return forward
 
 
 def fuse_lora_layers(model: nn.Module) -> int:
@@ -116,7 +122,7 @@ def fuse_lora_layers(model: nn.Module) -> int:
         if module.fan_in_fan_out != (type(base) is Conv1D):
             continue
         # an instance attribute: nn.Module.__call__ finds it before the class's forward
-        module.forward = _fused_forward(module, module.forward, type(base) is Conv1D)
+        module.forward = _FusedForward(module, module.forward, type(base) is Conv1D)
         module._fused_lora = True
         count += 1
     return count

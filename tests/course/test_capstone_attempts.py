@@ -155,7 +155,7 @@ def test_an_iteration_may_train_the_two_adapters_and_nothing_else(world):
 
     def trains_the_reward_head(*args):
         with torch.no_grad():
-            model.score_head.linear.weight.add_(1.0)
+            args[0].score_head.linear.weight.add_(1.0)  # the model the attempt runs on
         return plain_iteration(*args)
 
     with pytest.raises(AssertionError, match=(

@@ -6,6 +6,8 @@ quantity: the untouched base model, a full-sequence forward, or the ungrouped lo
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from toy_world import toy_causal_lm, toy_tokenizer
@@ -78,6 +80,20 @@ def perturbed_shared(tok, seed: int = 1) -> SharedLoRAModel:
         for param in model.adapter_parameters("policy"):
             param.copy_(0.3 * torch.randn(param.shape, generator=gen))
     return model
+
+
+def test_a_deep_copy_of_the_fused_model_trains_its_own_adapters(tok):
+    """Notebook 08's checks run each attempt on a deep copy: the copy's fused LoRA forward must
+    use the copy's weights (a closure would keep the original's, and its gradients go there)."""
+    model = perturbed_shared(tok)
+    twin = copy.deepcopy(model)
+    ids, attn = left_padded(tok, TEXTS)
+    with torch.no_grad():
+        twin.policy_parameters()[-1].add_(1.0)  # the copy's forward must see its own weights
+        assert not torch.equal(twin.policy_logits(ids, attn), model.policy_logits(ids, attn))
+    twin.policy_logprobs(ids, attn, 2).sum().backward()
+    assert all(param.grad is not None for param in twin.policy_parameters())
+    assert all(param.grad is None for param in model.parameters())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
