@@ -4,7 +4,8 @@ Usage:
     python tools/build_notebooks.py          # (re)write every notebook from its source
     python tools/build_notebooks.py --check  # exit 1 if a stored notebook differs from its source
     (exit 2, writing nothing, when a source cannot be read or built, a cell has a tag not in
-    KNOWN_TAGS, or a notebook's path is a link: the message names the file, the cell or the link)
+    KNOWN_TAGS, or a notebook's path is a link or a folder: the message names the file, the cell or
+    the path)
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
@@ -31,6 +32,7 @@ import argparse
 import hashlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import jupytext
@@ -153,11 +155,30 @@ def sources(source_dir: Path | None = None) -> list[Path]:
 
 
 def write_new(target: Path, text: str) -> None:
-    """Write `text` to `target`, never through a link: a link put there since the check fails to
-    open (O_NOFOLLOW) instead of writing to wherever it points."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8") as handle:
-        handle.write(text)
+    """Write `text` as a new file put in place at `target`: written to a temporary file in the same
+    folder, then renamed over `target`. Never written through a link: a symbolic link (put there
+    since the check) or a hard link's other name keeps what it held, and a build stopped half-way
+    leaves the old notebook whole."""
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".tmp")
+    try:
+        os.fchmod(handle, 0o644)  # mkstemp's 0o600 would hide the notebook from other users
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def target_problem(target: Path) -> str | None:
+    """Why the built notebook cannot be written at `target` (a link or a folder there), or None."""
+    if target.is_symlink():  # writing would change the file it points to, wherever that is
+        return (f"{target} is a link (to {os.readlink(target)}), not a notebook file: remove the "
+                "link")
+    if target.is_dir():
+        return f"{target} is a folder, not a notebook file: move it away"
+    return None
 
 
 def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
@@ -165,7 +186,7 @@ def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
     """Build every source of `source_dir` (default SOURCE_DIR) into `notebook_dir` (NOTEBOOK_DIR);
     `check`: only compare. The exit status: 0 done, 1 a stored notebook differs (`check`), 2 nothing
     written (one line on stderr): a source cannot be read or built, or a notebook's path is a
-    link."""
+    link or a folder (every path is checked before any notebook is written)."""
     notebook_dir = notebook_dir or NOTEBOOK_DIR
     # every source is read and built before any notebook is written: a bad one changes nothing
     built = {}
@@ -175,10 +196,11 @@ def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
         except (ValueError, nbformat.ValidationError) as error:
             print(f"build_notebooks: error: {error} (no notebook was written)", file=sys.stderr)
             return 2
-    links = [target for target in built if target.is_symlink()]
-    if links and not check:  # writing would change the file it points to, wherever that is
-        print(f"build_notebooks: error: {links[0]} is a link (to {os.readlink(links[0])}), not a "
-              "notebook file: remove the link (no notebook was written)", file=sys.stderr)
+    # a link is only refused for writing: --check reads through it
+    problems = [problem for target in built if (problem := target_problem(target))
+                and (not check or target.is_dir())]
+    if problems:
+        print(f"build_notebooks: error: {problems[0]} (no notebook was written)", file=sys.stderr)
         return 2
     stale = []
     for target, text in built.items():

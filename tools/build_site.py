@@ -559,15 +559,33 @@ def _legacy_default_site(out: Path) -> bool:
             and not (out / SITE_MARKER).exists())
 
 
+def _cannot_make(out: Path) -> str | None:
+    """Why the folder `out`, not there yet, cannot be made (its nearest existing ancestor is a file,
+    or a folder this user may not write in), or None."""
+    ancestor = out.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return (f"--out {out} cannot be made: {ancestor} is a file, not a folder; choose another "
+                "path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return (f"--out {out} cannot be made: this user may not write in {ancestor}; choose "
+                "another path")
+    return None
+
+
 def out_problem(out: Path) -> str | None:
     """Why the site may not be put at `out` (nothing is deleted then), or None. A folder that is
     not empty must be a site this tool built (its marker, SITE_MARKER) holding only files that
-    build wrote; a file, a link, a folder of something else (another tool's site with Sphinx's
-    .buildinfo included) or a site of this tool with a person's files added is refused. Checked
+    build wrote; a file, a link, a path under a file or a folder this user may not write in, a
+    folder of something else (another tool's site with Sphinx's .buildinfo included) or a site of
+    this tool with a person's files added is refused. Checked
     before the build, and again before the old site is deleted."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         return (f"--out {out} is {'a link' if out.is_symlink() else 'a file'}, not a folder; "
                 "choose a new or empty folder")
+    if not out.exists() and (problem := _cannot_make(out)) is not None:
+        return problem
     present = site_entries(out) if out.is_dir() else []
     if not present or _legacy_default_site(out):
         return None

@@ -550,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(map(repr, unmatched))}; the notebooks are "
               f"{', '.join(name.removesuffix('.ipynb') for name in names)}", file=sys.stderr)
         return 2
+    # a missing folder would print the comparison's header and no row, as if the run showed nothing
+    if args.executed is not None and not args.executed.is_dir():
+        print(f"course_time: error: --executed {args.executed} "
+              f"{'is not a folder' if args.executed.exists() else 'does not exist'}; give the "
+              "folder of executed notebooks (e.g. build/executed)", file=sys.stderr)
+        return 2
     estimates, earlier = {}, set()
     seconds = cpu_seconds(README.read_text(encoding="utf-8"))
     print(f"{'notebook':<24} {'core':>5} {'deep':>5}  core minutes by activity: "
@@ -561,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         estimates[path.name[:2]] = found
         _report(path, found, cells if args.sections else None)
-    if args.executed:
+    if args.executed is not None:
         _compare_outputs(args.executed, estimates)
     total = [sum(getattr(e, key).minutes for e in estimates.values()) for key in ("core", "deep")]
     print(f"{'total (hours)':<24} {total[0] / 60:5.1f} {total[1] / 60:5.1f}")

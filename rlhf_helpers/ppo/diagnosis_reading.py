@@ -37,17 +37,34 @@ POSSIBLE = {name: doc.possible for name, (_, doc) in METRICS.items() if doc.poss
 MAX_STEP = int(POSSIBLE["step"][1])
 
 
+class HugeInt(float):
+    """An integer literal beyond every float, read as +-inf (what a float of it would be) that
+    remembers how many digits it had: in a metric with a range, or as a step, it is no run's, and
+    the refusal says "an integer of 401 digits" rather than "inf"."""
+
+    digits: int
+
+    def __new__(cls, text: str) -> HugeInt:
+        value = super().__new__(cls, -math.inf if text.startswith("-") else math.inf)
+        value.digits = len(text) - text.startswith("-")
+        return value
+
+    def words(self) -> str:
+        """'an integer of 401 digits' (or 'a negative integer of ...')."""
+        return f"{'a negative' if self < 0 else 'an'} integer of {self.digits} digits"
+
+
 def _parse_int(text: str) -> int | float:
     digits = len(text) - text.startswith("-")
     if digits > MAX_INT_DIGITS:
-        return -math.inf if text.startswith("-") else math.inf
+        return HugeInt(text)
     return int(text)
 
 
 def parse_json(text: str, where: str) -> Any:
     """The JSON value of `text`; ValueError starting with `where` when it is not JSON, nests deeper
     than the parser can follow, or gives one key twice in an object. Integers beyond every float are
-    read as +-inf."""
+    read as +-inf (`HugeInt`, which keeps their number of digits)."""
     try:
         return json.loads(text, object_pairs_hook=refuse_duplicate_keys, parse_int=_parse_int)
     except json.JSONDecodeError as error:
@@ -152,6 +169,9 @@ def step_problem(value: Any) -> str | None:
     row's place stands for it."""
     if value is None:
         return None
+    if isinstance(value, HugeInt):
+        return (f"step must be an integer from 0 to {MAX_STEP:,} (no run is that long), got "
+                f"{value.words()}: no run logs that, so the file was edited or damaged")
     whole = isinstance(value, numbers.Integral) or (
         isinstance(value, numbers.Real) and math.isfinite(float(value))
         and float(value).is_integer()
@@ -174,12 +194,16 @@ def _words(low: float, high: float) -> str:
 def value_problem(record: Mapping[str, Any]) -> str | None:
     """Why a logged row cannot come from any run, or None: its step (`step_problem`), or the first
     metric outside what it can be at all (`MetricDoc.possible` in ppo/metric_docs.py: a share
-    outside [0, 1], a negative length, ...). NaN and inf are the rules' business (a run stopped by
-    them), and values that are no numbers `metric_rows`'."""
+    outside [0, 1], a negative length, ...), an integer literal beyond every float (`HugeInt`)
+    included. NaN and inf are the rules' business (a run stopped by them), and values that are no
+    numbers `metric_rows`'."""
     if (problem := step_problem(record.get("step"))) is not None:
         return problem
     for key, value in record.items():
         bounds = POSSIBLE.get(key)
+        if bounds is not None and isinstance(value, HugeInt):  # never a float a run logged
+            return (f"{key} must be {_words(*bounds)} ({METRICS[key][1].meaning}), got "
+                    f"{value.words()}: no run logs that, so the file was edited or damaged")
         if (bounds is None or isinstance(value, bool) or not isinstance(value, numbers.Real)
                 or not math.isfinite(float(value)) or bounds[0] <= value <= bounds[1]):
             continue

@@ -6,13 +6,15 @@ settings run.json records) or of TRL (trainer_state.json, its names mapped to th
 
 The files themselves are read by `diagnosis_reading` (regular files only, numbers a float holds, a
 last metrics line cut mid-write skipped with a note); this module picks the file, maps TRL's names
-(`TRL_NAMES`) and checks the settings run.json records before a rule multiplies by them.
+(`TRL_NAMES`), checks the settings run.json records before a rule multiplies by them, and refuses a
+response_length above the max_new_tokens they record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,7 +106,24 @@ def _load_file(path: Path) -> RunRead:
     if path.name == "trainer_state.json":
         return _load_trl(path, read_json(path), [])
     rows, notes = read_metrics(path)
-    return RunRead(rows, _facts_of_run_json(path.parent / "run.json"), path, tuple(notes))
+    facts = _facts_of_run_json(path.parent / "run.json")
+    _check_lengths(rows, facts, path)
+    return RunRead(rows, facts, path, tuple(notes))
+
+
+def _check_lengths(rows: list[dict[str, Any]], facts: RunFacts, path: Path) -> None:
+    """ValueError naming both files when a row's mean response_length is above the max_new_tokens
+    run.json records: every response has at most that many tokens, so neither can their mean."""
+    limit = facts.max_new_tokens
+    for index, row in enumerate(rows):
+        length = row.get("response_length")
+        # NaN and inf are the rules' (a run stopped by them)
+        if (limit is not None and isinstance(length, numbers.Real) and not isinstance(length, bool)
+                and math.isfinite(length) and length > limit):
+            raise ValueError(
+                f"{path}, row {index + 1}: response_length {length!r:.40} is above the "
+                f"max_new_tokens {limit} of {path.parent / 'run.json'}: no run logs that, so one "
+                "of the files was edited or damaged")
 
 
 def _load_trl(state_file: Path, state: Any, notes: list[str]) -> RunRead:

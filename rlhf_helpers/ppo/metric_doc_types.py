@@ -1,8 +1,8 @@
 """The frame of the metrics glossary: what an entry holds (`MetricDoc`), the glossary's sections
 (`GROUPS`) and the notation its formulas use (`NOTATION`, printed at the top of docs/metrics.md).
 
-`ppo.metric_docs.METRICS` holds the entries; the names here are imported from there too, with the
-ranges an entry's `possible` names (SHARE, NON_NEGATIVE, ...).
+`ppo.metric_docs.METRICS` holds the entries (each made by `metric_doc`); the names here are imported
+from there too, with the ranges an entry's `possible` names (SHARE, NON_NEGATIVE, ENTROPY, ...).
 """
 
 from __future__ import annotations
@@ -29,14 +29,30 @@ class MetricDoc:
     possible: tuple[float, float] | None = None
 
 
+def metric_doc(tracker: str, meaning: str, formula: str, healthy: str, bad: str,
+               possible: tuple[float, float] | None = None) -> MetricDoc:
+    """A glossary entry, its fields in the order ppo/metric_docs.py writes them."""
+    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad, tracker=tracker,
+                     possible=possible)
+
+
 # What a metric can be at all (MetricDoc.possible), whatever the run: a share is a mean of 0/1
 # indicators, a length a count of tokens, a norm, a squared error, a ratio exp(.) or a duration
 # cannot be negative, and 1 - Var/Var cannot exceed 1. Values outside are no run's: the run doctor
 # refuses the file (`diagnosis_reading.value_problem`). Metrics whose float32 rounding can cross a
-# bound (an entropy or a k3 KL of about 0 may come out at -1e-8) have none.
+# bound by an amount no one can bound (a k3 KL of about 0 may come out at -1e-8) have none.
 SHARE = (0.0, 1.0)
 NON_NEGATIVE = (0.0, math.inf)
 AT_MOST_ONE = (-math.inf, 1.0)
+#: How far below 0 float32 rounding can put a logged entropy. H = logsumexp(z) - sum_v p_v z_v
+#: (core.logprobs.entropy_from_logits) is the difference of two float32 numbers, each about the
+#: largest logit |z| when H is about 0: the log-sum-exp rounds about twice, the sum of V products
+#: log2(V) times in a tree reduction (V < 2**17 for every vocabulary here), each by at most 2**-24
+#: of |z|. With z = logits / temperature, temperature >= 0.01 (config_limits) and logits below 100,
+#: |z| <= 1e4, so H >= -(2 + 17) * 2**-24 * 1e4, about -0.011; a mean over tokens no lower. An
+#: entropy below it (-3) is an edited file, not rounding.
+ENTROPY_ROUNDING = (2 + 17) * 2.0**-24 * 1e4
+ENTROPY = (-ENTROPY_ROUNDING, math.inf)
 #: steps are counted from 0 or 1, and a billion iterations is beyond any run (config_limits)
 STEPS = (0.0, float(MAX_COUNT))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from rlhf_helpers.ppo.metric_doc_types import (
     AT_MOST_ONE,
+    ENTROPY,
     GROUPS,
     NON_NEGATIVE,
     NOTATION,
@@ -31,15 +32,9 @@ from rlhf_helpers.ppo.metric_doc_types import (
     STEPS,
     MetricDoc,
 )
+from rlhf_helpers.ppo.metric_doc_types import metric_doc as _m
 
 __all__ = ["GROUPS", "METRICS", "NOTATION", "MetricDoc"]
-
-
-def _m(tracker: str, meaning: str, formula: str, healthy: str, bad: str,
-       possible: tuple[float, float] | None = None) -> MetricDoc:
-    return MetricDoc(meaning=meaning, formula=formula, healthy=healthy, bad=bad, tracker=tracker,
-                     possible=possible)
-
 
 
 #: metric name -> its documentation, grouped by GROUPS (in the order docs/metrics.md lists them).
@@ -99,7 +94,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "collapsing towards 0: mode collapse, every prompt gets the same response (lower the "
         "learning rate, raise kl_coef, or add entropy_coef). Climbing well above the start: the "
         "policy is becoming noisier than the SFT model, often with KL rising too (with kl_coef 0 "
-        "it climbs to 2.0-2.1 as the policy drifts to odd tokens the reward model over-rates).")),
+        "it climbs to 2.0-2.1 as the policy drifts to odd tokens the reward model over-rates).",
+        possible=ENTROPY)),
     "response_length": ("rollout", _m("completions/mean_length",
         "mean response length in tokens, EOS included",
         "mean_b sum_t m_t",
@@ -241,7 +237,8 @@ METRICS: dict[str, tuple[str, MetricDoc]] = {
         "mean policy entropy seen during the update epochs",
         "masked mean of H_t computed by the updating policy in each minibatch, averaged",
         "within ~0.01 of `entropy` (the policy changes little within one step).",
-        "far from `entropy`: the policy changes a lot inside one step (see approx_kl).")),
+        "far from `entropy`: the policy changes a lot inside one step (see approx_kl).",
+        possible=ENTROPY)),
     "ptx_loss": ("update", _m("loss/ptx_avg",
         "next-token loss of the policy on SFT text (only when ptx_coef > 0)",
         "mean cross-entropy of the policy on a minibatch of SFT texts (shifted labels, padding "

@@ -3,6 +3,7 @@ one line.
 
     path = profile.sft_model_path
     device_problem("cuda")                  # "... torch sees no CUDA GPU ..." on a CPU machine
+    base_problem(profile)                   # the above, or its GGUF weights file missing or cut
     model_limits_problem(path, 64, lora)    # a LoRA rank above the hidden size, a typo'd target
     model_limits_problem(path, 64, lora, prompt_tokens=24, new_tokens=16)  # PPO: the lengths too
     batch_memory_problem(path, rows=10**9, new_tokens=8, device="cpu")  # logits beyond the memory
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlhf_helpers.runtime.weights import require_weights
 
 #: LoRA target names each model family has (transformers' module names), for a typo found before any
 #: model is built
@@ -59,6 +62,20 @@ def device_problem(device: str) -> str | None:
                     f"{count - 1}")
     if device == "mps" and not torch.backends.mps.is_available():
         return "device 'mps': torch sees no Apple GPU on this machine; use 'cpu'"
+    return None
+
+
+def base_problem(profile: Any) -> str | None:
+    """Why `profile`'s base model cannot be built on this machine, naming the profile: a device
+    torch cannot use (`device_problem`), or its GGUF weights file missing or cut short (how to get
+    it); None when it can. The SFT, reward and PPO commands all ask it first."""
+    problem = device_problem(profile.device)
+    if problem is not None:
+        return f"the {profile.name} profile's {problem}"
+    try:
+        require_weights(profile.weights)
+    except FileNotFoundError as error:
+        return f"the {profile.name} profile's weights: {error}"
     return None
 
 

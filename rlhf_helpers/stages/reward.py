@@ -47,10 +47,9 @@ from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.precision import amp_flags
-from rlhf_helpers.runtime.preflight import device_problem, model_limits_problem
+from rlhf_helpers.runtime.preflight import base_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem, use_threads
-from rlhf_helpers.runtime.weights import require_weights
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.stages.train_args import OneLineParser
@@ -156,13 +155,9 @@ def check_can_train(profile: Any, config: RewardTrainingConfig) -> None:
     torch cannot use on this machine, a damaged SFT model folder, settings it cannot hold
     (max_length beyond its positions, a LoRA rank above its hidden size, a target it lacks), or a
     bad preference file (named with its line), a GGUF weights file missing or cut short."""
-    problem = device_problem(profile.device)
+    problem = base_problem(profile)  # the SFT command's check too
     if problem is not None:
-        raise SetupError(f"the {profile.name} profile's {problem}")
-    try:  # a GGUF file missing or cut short: how to get it (train_ppo's check)
-        require_weights(profile.weights)
-    except FileNotFoundError as error:
-        raise SetupError(f"the {profile.name} profile's weights: {error}") from None
+        raise SetupError(problem)
     problem = model_folder_problem(profile)
     if problem is not None:
         raise SetupError(f"the {profile.name} profile's SFT model: {problem}")

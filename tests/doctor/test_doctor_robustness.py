@@ -18,6 +18,7 @@ from test_diagnosis import FACTS, healthy
 
 from rlhf_helpers.ppo.diagnosis import RunFacts, Thresholds, diagnose, format_findings
 from rlhf_helpers.ppo.diagnosis_rows import longest_run
+from rlhf_helpers.ppo.metric_doc_types import ENTROPY_ROUNDING
 from rlhf_helpers.stages.diagnose import main
 
 
@@ -346,6 +347,8 @@ def test_steps_from_0_as_ints_or_integral_floats_are_read():
     ("response_length", -5, "response_length must be >= 0 (mean response length in tokens"),
     ("value_loss", -1.0, "value_loss must be >= 0"),
     ("explained_variance", 1.5, "explained_variance must be <= 1"),
+    ("entropy", -3, "entropy must be >= -0.0113249 (mean per-token entropy of the policy"),
+    ("entropy_update", -0.5, "entropy_update must be >= -0.0113249 (mean policy entropy"),
 ])
 def test_a_value_no_run_logs_is_refused_by_file_and_line(tmp_path, capsys, key, value, said):
     """Before: `step: 1e300`, an eos_fraction of 2 and a response_length of -5 were read without a
@@ -360,11 +363,63 @@ def test_a_value_no_run_logs_is_refused_by_file_and_line(tmp_path, capsys, key, 
 
 
 def test_values_at_the_edges_of_the_possible_and_non_finite_ones_are_read(tmp_path):
-    """0 and 1 are shares, 0 is a length; NaN and inf are the rules' (a run stopped by them)."""
+    """0 and 1 are shares, 0 is a length, an entropy a rounding below 0 is one; NaN and inf are the
+    rules' (a run stopped by them)."""
     rows = healthy(4)
-    rows[0].update(eos_fraction=0.0, clipfrac=1.0, response_length=0.0, step=0)
+    rows[0].update(eos_fraction=0.0, clipfrac=1.0, response_length=0.0, step=0,
+                   entropy=-ENTROPY_ROUNDING, entropy_update=-1e-8)
     rows[1].update(value_loss=float("nan"), explained_variance=-50.0, step=10**9)
     assert diagnose(rows, facts=FACTS).steps == 4
+
+
+def test_the_entropys_slack_is_float32_rounding_of_the_largest_logits():
+    """The bound's derivation (metric_doc_types.ENTROPY_ROUNDING) in numbers: below 0 by at most
+    (2 + log2 V) roundings of 2**-24 of |logits / temperature| <= 1e4, about a hundredth."""
+    assert ENTROPY_ROUNDING == pytest.approx((2 + 17) * 2.0**-24 * 1e4)
+    assert 0.005 < ENTROPY_ROUNDING < 0.02
+
+
+@pytest.mark.parametrize(("key", "literal", "said"), [
+    ("response_length", "1" + "0" * 400,
+     "response_length must be >= 0 (mean response length in tokens, EOS included), got an integer "
+     "of 401 digits: no run logs that, so the file was edited or damaged"),
+    ("eos_fraction", "-" + "9" * 5000, "eos_fraction must be in [0, 1] (fraction of responses"),
+    ("step", "1" + "0" * 400,
+     "step must be an integer from 0 to 1,000,000,000 (no run is that long), got an integer of "
+     "401 digits: no run logs that, so the file was edited or damaged"),
+])
+def test_an_integer_beyond_every_float_in_a_bounded_metric_is_refused_by_its_digits(
+        tmp_path, capsys, key, literal, said):
+    """Before: `response_length: 10**400` was read as inf and reported as the run's own 'NaN or
+    infinite metrics' finding, and `step: 10**400` was refused as 'got float inf'."""
+    rows = healthy(4)
+    rows[2][key] = 0.0
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    text = text.replace(f'"{key}": 0.0', f'"{key}": {literal}', 1)
+    (tmp_path / "metrics.jsonl").write_text(text)
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert f"{tmp_path / 'metrics.jsonl'}, line 3: {said}" in error, error
+    if key == "eos_fraction":
+        assert "got a negative integer of 5000 digits" in error
+
+
+def test_a_response_length_above_run_jsons_max_new_tokens_is_refused_naming_both_files(
+        tmp_path, capsys):
+    """Before: `response_length: 1e30` was read although run.json said max_new_tokens 40."""
+    rows = healthy(4)
+    rows[0]["response_length"] = 40.0  # every response cut at the limit: a run's
+    rows[2]["response_length"] = 1e30
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    (tmp_path / "run.json").write_text(
+        '{"ppo_config": {"max_new_tokens": 40}, "profile": {"dtype": "float32"}}')
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert error.endswith(
+        f"{tmp_path / 'metrics.jsonl'}, row 3: response_length 1e+30 is above the max_new_tokens "
+        f"40 of {tmp_path / 'run.json'}: no run logs that, so one of the files was edited or "
+        "damaged"), error
+    rows[2]["response_length"] = 40.0
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    assert main([str(tmp_path)]) == 0
 
 
 def test_a_trl_log_entry_no_run_logs_is_refused_naming_the_file_and_entry(tmp_path, capsys):

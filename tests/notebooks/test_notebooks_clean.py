@@ -170,12 +170,42 @@ def test_a_notebook_path_that_is_a_link_is_refused_and_nothing_written(tmp_path,
     assert builder.build_all(source_dir, notebook_dir) == 0
     assert builder.build_all(source_dir, notebook_dir, check=True) == 0
     assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]
-    # a link put there after the check is not written through either
+    # a link put there after the check is replaced, not written through
     (notebook_dir / "01_a.ipynb").unlink()
     (notebook_dir / "01_a.ipynb").symlink_to(elsewhere)
-    with pytest.raises(OSError):
-        builder.write_new(notebook_dir / "01_a.ipynb", "{}")
+    builder.write_new(notebook_dir / "01_a.ipynb", "{}")
     assert elsewhere.read_text(encoding="utf-8") == "a user's file"
+    assert not (notebook_dir / "01_a.ipynb").is_symlink()
+    assert (notebook_dir / "01_a.ipynb").read_text(encoding="utf-8") == "{}"
+
+
+def test_a_notebook_hard_linked_to_a_users_file_is_replaced_and_the_users_file_kept(
+        tmp_path, monkeypatch):
+    """Before: the build opened the notebook with O_TRUNC and wrote into the file, so the other
+    name of a hard link (a user's backup) got the built notebook too."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch, **{"01_a": GOOD_SOURCE})
+    backup = tmp_path / "my_backup.ipynb"
+    backup.write_text("my own edits", encoding="utf-8")
+    os.link(backup, notebook_dir / "01_a.ipynb")
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert backup.read_text(encoding="utf-8") == "my own edits"
+    assert builder.build_all(source_dir, notebook_dir, check=True) == 0
+    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb"]  # no temporary left
+    assert (notebook_dir / "01_a.ipynb").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_folder_at_a_notebooks_path_is_refused_in_one_line_and_nothing_written(
+        tmp_path, capsys, monkeypatch):
+    """Before: an IsADirectoryError traceback, after the notebooks before it were written."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch,
+                                        **{"01_a": GOOD_SOURCE, "02_b": GOOD_SOURCE})
+    (notebook_dir / "02_b.ipynb").mkdir()
+    for check in (False, True):
+        assert builder.build_all(source_dir, notebook_dir, check=check) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"build_notebooks: error: {notebook_dir / '02_b.ipynb'} is a folder, not a "
+                       "notebook file: move it away (no notebook was written)"]
+        assert sorted(p.name for p in notebook_dir.iterdir()) == ["02_b.ipynb"]  # 01 not written
 
 def test_setup_cell_does_nothing_outside_colab(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it

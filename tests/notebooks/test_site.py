@@ -529,6 +529,23 @@ def test_the_checkouts_own_site_built_before_the_marker_is_replaced_and_no_other
         build_site.main(["--executed", str(tmp_path), "--out", str(elsewhere)])
 
 
+def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch):
+    """Before: `--out afile/site` (afile a file) built the site, then ended in a NotADirectoryError
+    traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("a user's file", encoding="utf-8")
+    monkeypatch.setattr(build_site, "ensure_executed", lambda *_: pytest.fail("built first"))
+    for out in (afile / "site", afile / "deeper" / "site"):
+        message = (f"--out {out} cannot be made: {afile} is a file, not a folder; choose another "
+                   "path")
+        assert build_site.out_problem(out) == message
+        with pytest.raises(SystemExit) as refused:
+            build_site.main(["--executed", str(tmp_path), "--out", str(out)])
+        assert refused.value.code == message
+    assert afile.read_text(encoding="utf-8") == "a user's file"
+    assert build_site.out_problem(tmp_path / "new" / "site") is None  # a folder it can make
+
+
 def _small_notebook(*sources: str) -> dict:
     return {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
             "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None,

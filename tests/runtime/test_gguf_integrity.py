@@ -327,3 +327,27 @@ def test_an_sft_cache_of_another_file_or_of_an_older_key_trains_again_and_says_w
     ensure_sft_model(profile)
     assert len(fake_sft) == 3 and "reusing the cached" in capsys.readouterr().out
     assert (folder / "model.safetensors").read_bytes() == b"weights 2"  # the last build's, in place
+
+
+def test_the_sft_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    """Before: `python -m rlhf_helpers.stages.sft` with a cut GGUF file ended in an
+    IncompleteGGUFFile traceback; now the reward and training commands' refusal."""
+    import sys
+
+    from rlhf_helpers.stages import sft
+
+    def nothing_may_start(*args, **kwargs):
+        raise AssertionError("the run must stop before any model is built")
+
+    monkeypatch.setattr(sft, "prepare_sft_model", nothing_may_start)
+    path = write(tmp_path / weights.GGUF_NAME, COMPLETE[:-1])
+    monkeypatch.setenv(weights.GGUF_ENV, str(path))
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf", "device": "cpu"}')
+    monkeypatch.setattr(sys, "argv", ["sft"])
+    with pytest.raises(SystemExit) as refused:
+        sft.main()
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith(f"{sft.PROG}: error: the gpu profile's weights: {path} is not a complete "
+                          "GGUF file")

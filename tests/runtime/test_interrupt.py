@@ -124,7 +124,9 @@ COMMANDS: dict[str, tuple[Callable[[], Any], str, Callable[[Path], tuple], str]]
                "python -m rlhf_helpers.stages.diagnose"),
     "export": (package_command("cluster.export"), "get_profile", lambda tmp: ([],),
                "python -m rlhf_helpers.cluster.export"),
-    "sft": (package_command("stages.sft"), "prepare_sft_model", lambda tmp: (),
+    # its first step that is not parsing (the gpu profile's machine check: a CPU-only machine
+    # would refuse before the training)
+    "sft": (package_command("stages.sft"), "base_problem", lambda tmp: ([],),
             "python -m rlhf_helpers.stages.sft"),
     "world": (package_command("world.build"), "data_files",
               lambda tmp: (["--out", str(tmp / "data"), "--fast", "--skip-model"],),

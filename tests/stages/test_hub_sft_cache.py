@@ -198,3 +198,42 @@ def test_random_init_settings(monkeypatch, tmp_path, capsys):
 def test_missing_sft_folder_names_ensure_sft_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="ensure_sft_model"):
         load_causal_lm(get_profile("gpu", sft_model_path=str(tmp_path / "none")))
+
+
+def _nothing_may_start(*args, **kwargs):
+    raise AssertionError("the SFT command must stop before any model is built")
+
+
+def test_the_sft_command_shows_its_help_without_training(monkeypatch, capsys):
+    """Before: the command had no argument parser, so `--help` started a gpu-profile SFT run."""
+    monkeypatch.setattr(sft, "prepare_sft_model", _nothing_may_start)
+    monkeypatch.setattr(sys, "argv", ["sft", "--help"])
+    with pytest.raises(SystemExit) as done:
+        sft.main()
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {sft.PROG}")
+
+
+def test_the_sft_command_refuses_a_machine_without_its_gpu_in_one_line(monkeypatch, capsys):
+    """Before: a forced SFT run on a CPU-only machine ended in torch's AssertionError traceback
+    ('Torch not compiled with CUDA enabled'); now the reward command's refusal, exit 2."""
+    import rlhf_helpers.runtime.preflight as preflight
+
+    monkeypatch.setattr(sft, "prepare_sft_model", _nothing_may_start)
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RLHF_PROFILE_OVERRIDES", raising=False)
+    monkeypatch.setattr(sys, "argv", ["sft"])
+    with pytest.raises(SystemExit) as refused:
+        sft.main()
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith(f"{sft.PROG}: error: the gpu profile's device 'cuda': torch sees no "
+                          "CUDA GPU on this machine")
+    # a bad override is one line too
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"sft_lr": "fast"}')
+    with pytest.raises(SystemExit) as refused:
+        sft.main([])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "$RLHF_PROFILE_OVERRIDES" in err
