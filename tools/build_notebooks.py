@@ -122,7 +122,10 @@ def read_cells(text: str, notebook_name: str) -> list[nbformat.NotebookNode]:
 def read_source(source: Path) -> str:
     """A source's text: UTF-8, a byte order mark at its start dropped (an editor's, not code: kept,
     it would start the first cell and break its first line). ValueError naming the file and line for
-    a byte that is not UTF-8."""
+    a byte that is not UTF-8, or for a path that is no regular file (a named pipe would block the
+    read for ever)."""
+    if not source.is_file():
+        raise ValueError(f"{source.name} is not a regular file: put the notebook's source there")
     data = source.read_bytes()
     try:
         return data.decode("utf-8-sig")
@@ -172,12 +175,15 @@ def write_new(target: Path, text: str) -> None:
 
 
 def target_problem(target: Path) -> str | None:
-    """Why the built notebook cannot be written at `target` (a link or a folder there), or None."""
+    """Why the built notebook cannot be written at `target` (a link, a folder or another file that
+    is not a regular one, such as a named pipe, which a read would wait on for ever), or None."""
     if target.is_symlink():  # writing would change the file it points to, wherever that is
         return (f"{target} is a link (to {os.readlink(target)}), not a notebook file: remove the "
                 "link")
     if target.is_dir():
         return f"{target} is a folder, not a notebook file: move it away"
+    if target.exists() and not target.is_file():
+        return f"{target} is not a regular file (a named pipe or a device?): move it away"
     return None
 
 
@@ -196,9 +202,9 @@ def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
         except (ValueError, nbformat.ValidationError) as error:
             print(f"build_notebooks: error: {error} (no notebook was written)", file=sys.stderr)
             return 2
-    # a link is only refused for writing: --check reads through it
+    # a link is only refused for writing: --check reads through it, to a regular file only
     problems = [problem for target in built if (problem := target_problem(target))
-                and (not check or target.is_dir())]
+                and (not check or (target.exists() and not target.is_file()))]
     if problems:
         print(f"build_notebooks: error: {problems[0]} (no notebook was written)", file=sys.stderr)
         return 2

@@ -207,6 +207,26 @@ def test_a_folder_at_a_notebooks_path_is_refused_in_one_line_and_nothing_written
                        "notebook file: move it away (no notebook was written)"]
         assert sorted(p.name for p in notebook_dir.iterdir()) == ["02_b.ipynb"]  # 01 not written
 
+
+def test_a_named_pipe_at_a_notebook_or_a_source_is_refused_not_waited_on(
+        tmp_path, capsys, monkeypatch):
+    """Before: a read of the pipe blocked for ever (--check at a notebook's path, any build at a
+    source's). Each call here would hang without the check, so the refusal is the assertion."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch,
+                                        **{"01_a": GOOD_SOURCE, "02_b": GOOD_SOURCE})
+    os.mkfifo(notebook_dir / "02_b.ipynb")
+    for check in (False, True):
+        assert builder.build_all(source_dir, notebook_dir, check=check) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"build_notebooks: error: {notebook_dir / '02_b.ipynb'} is not a regular "
+                       "file (a named pipe or a device?): move it away (no notebook was written)"]
+    (notebook_dir / "02_b.ipynb").unlink()
+    (source_dir / "02_b.py").unlink()
+    os.mkfifo(source_dir / "02_b.py")
+    assert builder.build_all(source_dir, notebook_dir) == 2
+    assert "02_b.py is not a regular file" in capsys.readouterr().err
+    assert sorted(p.name for p in notebook_dir.iterdir()) == []  # 01 not written either
+
 def test_setup_cell_does_nothing_outside_colab(monkeypatch):
     monkeypatch.setenv("RLHF_PROFILE", "tiny")  # restored after, even if the code sets it
     monkeypatch.delenv("RLHF_PROFILE")
