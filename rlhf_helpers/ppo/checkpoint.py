@@ -15,8 +15,10 @@
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
-POSIX). A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the
-DEFAULT_KEEP newest complete checkpoints stay, so a damaged latest one leaves an earlier one to
+POSIX; the same step saved again is swapped in by `runtime/folder_swap.replace_folder`, and a copy a
+killed save left aside is put back by the next save or read of `latest`). A crash at any moment
+leaves `latest` pointing at the previous complete checkpoint, and the DEFAULT_KEEP newest complete
+checkpoints stay, so a damaged latest one leaves an earlier one to
 resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`),
 and that the checkpoint fits the trainer (`run_identity`: its run, its LoRA shape). Only complete
 checkpoints count toward the keep rule (`checkpoints`): a stray `step-*` folder is left alone.
@@ -64,6 +66,7 @@ from rlhf_helpers.ppo.trainer_state import (
     trainer_state_dict,
 )
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
+from rlhf_helpers.runtime.folder_swap import replace_folder, restore_dead_asides
 
 LATEST_FILE = "latest"
 #: Names of checkpoint folders (what `latest` may point at).
@@ -142,7 +145,9 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
     """(the checkpoint output_dir/latest names, None), or (None, what is wrong with the pointer):
     missing, empty, unreadable, naming something other than a step-NNNNNN folder of output_dir (a
-    path elsewhere is refused), or naming a folder that does not exist."""
+    path elsewhere is refused), or naming a folder that does not exist. A checkpoint that a save
+    killed mid-swap left aside is put back first (`restore_dead_asides`)."""
+    restore_dead_asides(output_dir, TEMPORARY_CHECKPOINT)
     pointer = Path(output_dir) / LATEST_FILE
     if not pointer.is_file():
         return None, f"{pointer} is missing"
@@ -232,7 +237,9 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
                                   f"{output_dir} is gone (removed or renamed)")
     if trainer.run_id is None:
         trainer.run_id = new_run_id()
-    # temporary folders of saves that a killed run never finished (their process is gone)
+    # a copy a killed save left aside is put back; then temporary folders of saves that a killed run
+    # never finished (their process is gone) are removed
+    restore_dead_asides(output_dir, TEMPORARY_CHECKPOINT)
     remove_dead_temporary_folders(output_dir, TEMPORARY_CHECKPOINT)
     final = output_dir / name
     tmp = output_dir / f".tmp-{name}-{os.getpid()}"
@@ -245,17 +252,8 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
                    tmp / TRAINER_STATE_FILE)
         write_manifest(tmp)  # last: it lists every file above
         _fsync_tree(tmp)
-        if final.exists():  # the same step saved again: move the old copy aside first
-            old = output_dir / f".old-{name}-{os.getpid()}"
-            os.rename(final, old)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                os.rename(old, final)  # the previous copy back in place
-                raise
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
+        # the same step saved again: its old copy is moved aside, and put back on any error
+        replace_folder(tmp, final, output_dir / f".old-{name}-{os.getpid()}")
         _fsync_path(output_dir)
     except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
@@ -294,6 +292,8 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     a resumed run's must: where they differ from trainer.config, a CheckpointSettingsWarning names
     each value and trainer.config is updated to them."""
     path = Path(path)
+    if CHECKPOINT_NAME.match(path.name) and not path.exists():  # a killed save left it aside?
+        restore_dead_asides(path.parent, TEMPORARY_CHECKPOINT)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
         if found is None:

@@ -10,18 +10,21 @@ a process's rank.
 
 `quiet_early_interrupt` covers the imports, `one_line_interrupt` the command's work (it hands Ctrl-C
 back to Python first: `restore_interrupt`). The training command handles Ctrl-C in its `main`
-itself, its line naming the checkpoint to resume from.
+itself, its line naming the checkpoint to resume from. `deferred_interrupt` holds a Ctrl-C back over
+a few steps that must not be split (the two renames of `folder_swap.replace_folder`).
 
 Imports only the standard library, so it is in place a few milliseconds after the process starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import ParamSpec, TypeVar
 
@@ -67,6 +70,27 @@ def restore_interrupt() -> None:
     replaced it; a handler someone else installed (a notebook's, a test runner's) is left alone."""
     if signal.getsignal(signal.SIGINT) is _interrupted_early:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while the block runs: one that comes meanwhile is delivered when
+    the block ends (exception or not), to the handler that was in force before (KeyboardInterrupt,
+    as a rule). Only the main thread may set handlers: in another thread, or when SIGINT is ignored
+    or handled outside Python, the block runs as it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if (threading.current_thread() is not threading.main_thread()
+            or not (callable(previous) or previous == signal.SIG_DFL)):
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:  # now, to the previous handler: KeyboardInterrupt, or the end of the process
+            signal.raise_signal(signal.SIGINT)
 
 
 def interrupted_line(prog: str, left: str = "") -> str:
