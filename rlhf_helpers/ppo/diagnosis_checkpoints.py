@@ -6,7 +6,9 @@ files and the newest intact checkpoint.
     finding, notes = checkpoint_finding(Path("runs/ppo-tiny"))  # None and [] if all are intact
 
 A checkpoint saved before manifests existed has its files read back instead: intact, it gets a note
-that it could not be verified by digest, never an error.
+that it could not be verified by digest, never an error. A checkpoint that a save killed while
+replacing it left aside (.old-step-NNNNNN-<pid>) gets a note too: the doctor moves nothing, the
+next save or resume puts it back.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from pathlib import Path
 
 from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
 from rlhf_helpers.ppo.diagnosis_types import Finding
+from rlhf_helpers.runtime.folder_swap import is_stranded_aside
 
 RULE = "damaged_checkpoint"
 #: a checkpoint folder's name: ASCII digits (str.isdigit and \d take '²' and other scripts' digits)
 CHECKPOINT = re.compile(r"step-([0-9]{6,})")
+#: a checkpoint moved aside while a save replaced it (`checkpoint.save_checkpoint`)
+ASIDE = re.compile(r"\.old-(step-[0-9]{6,})-[0-9]+")
 #: problems shown per checkpoint (a lost adapter folder alone gives several)
 SHOWN = 3
 
@@ -47,6 +52,10 @@ def checkpoint_finding(run_dir: Path) -> tuple[Finding | None, list[str]]:
                 f"{folder.name} was saved without a manifest (an older run): its files were read "
                 "back, not verified by SHA-256"
             )
+    for aside in sorted(run_dir.glob(".old-step-*")):
+        if (match := ASIDE.fullmatch(aside.name)) and is_stranded_aside(aside):
+            notes.append(f"{match.group(1)} is at {aside.name}, where a save that was killed "
+                         "while replacing it left it: the next save or resume puts it back")
     if not damaged:
         return None, notes
     newest = (f"newest intact checkpoint: {intact[-1].name}" if intact

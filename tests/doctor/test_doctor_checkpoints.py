@@ -77,6 +77,19 @@ def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkey
     assert "step-000001 was saved without a manifest" in format_findings(diagnosis)
 
 
+def test_a_checkpoint_a_killed_save_left_aside_is_a_note_and_stays_where_it_is(tmp_path):
+    run = run_folder(tmp_path)
+    aside = run / ".old-step-000002-999999999"  # a PID no process has
+    (run / "step-000002").rename(aside)
+    (run / ".old-step-000001-999999999").mkdir()  # an older copy: step-000001 is in place
+    diagnosis = diagnose(run, facts=FACTS)
+    assert not diagnosis.findings
+    shown = format_findings(diagnosis)
+    assert "step-000002 is at .old-step-000002-999999999" in shown
+    assert "step-000001 is at" not in shown
+    assert aside.is_dir() and not (run / "step-000002").exists()  # the doctor moves nothing
+
+
 class HashedBytes:
     """hashlib.sha256 counting the bytes fed to it: how much of what file was read."""
 
