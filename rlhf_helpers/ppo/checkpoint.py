@@ -15,13 +15,13 @@
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
-POSIX; the same step saved again is swapped in by `runtime/folder_swap.replace_folder`, and a copy a
-killed save left aside is put back by the next save or read of `latest`). A crash at any moment
-leaves `latest` pointing at the previous complete checkpoint, and the DEFAULT_KEEP newest complete
-checkpoints stay, so a damaged latest one leaves an earlier one to
-resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`),
-and that the checkpoint fits the trainer (`run_identity`: its run, its LoRA shape). Only complete
-checkpoints count toward the keep rule (`checkpoints`): a stray `step-*` folder is left alone.
+POSIX; a step saved again is swapped in by `runtime/folder_swap.replace_folder`). A crash at any
+moment leaves `latest` pointing at a complete checkpoint (one a killed save left aside is put back
+by the next save or read of `latest`), and the DEFAULT_KEEP newest complete checkpoints stay, so a
+damaged latest one leaves an earlier one to resume from. `load_checkpoint` verifies the digests
+before it loads anything (`verify_checkpoint`), and that the checkpoint fits the trainer
+(`run_identity`: its run, its LoRA shape). Only complete checkpoints count toward the keep rule
+(`checkpoints`): a stray `step-*` folder is left alone.
 """
 
 from __future__ import annotations
