@@ -13,13 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_helpers.ppo.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    resolve_latest,
-    save_checkpoint,
-)
+from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
+from rlhf_helpers.ppo.checkpoint_folder import resolve_latest
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.name == "nt", reason="process liveness check is POSIX-only")]
