@@ -7,7 +7,11 @@
    scratch folder and that copy is executed, in the `tiny` profile
    (`python -m rlhf_helpers.course.run_course --notebooks SCRATCH --out SCRATCH NAME ...`; a
    notebook saved meanwhile changes nothing), unless --no-execute (then a stale copy is used as it
-   is, and says so).
+   is, and says so). An executed copy is replaced only where it is a tool's own, as a hidden record
+   beside it says (`rlhf_helpers.course.tool_files`; the notebook tests keep one too, and a copy
+   in this checkout's build/ older than the records counts as theirs), by a file renamed into
+   place, never written through a link: a person's copy to be replaced (edited since, put there by
+   hand, a link) stops the build, exit 2, with one line naming it, and is kept.
 2. The pages are staged in build/site-src/ under their repository paths, so their relative links
    work as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
    docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.notebook import EXERCISE_TODO, colab_url, repo_url  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
+from rlhf_helpers.course.tool_files import record_path, replace_problem, write_recorded  # noqa: E402
 from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
 
@@ -142,6 +147,31 @@ def stale_reason(stored: Path, executed: Path) -> str | None:
     return _stale_against(read_stored(stored)[1], executed)
 
 
+def _others_copy(path: Path) -> str | None:
+    """Why the executed copy `path` is not this tool's to replace (a person's: edited since a tool
+    of the course wrote it, never written by one, a link), or None. A copy in this checkout's
+    build/ with no record at all was written before the tools kept records: build/ is make's."""
+    build = (ROOT / "build").resolve()
+    if (not path.is_symlink() and path.is_file() and not os.path.lexists(record_path(path))
+            and path.resolve().is_relative_to(build)):
+        return None
+    return replace_problem(path)
+
+
+def refuse_others(executed_dir: Path, todo: dict[str, str]) -> None:
+    """Exit 2, with one line naming them, when executed copies the build would replace (`todo`:
+    stem -> why stale) are not its own (`_others_copy`): nothing of a person's is replaced."""
+    others = [f"{problem} ({why})" for stem, why in todo.items()
+              if (problem := _others_copy(executed_dir / f"{stem}.ipynb"))]
+    if not others:
+        return
+    print("tools/build_site.py: error: the site needs these executed notebooks run again, but "
+          f"they are not this tool's to replace: {'; '.join(others)}. Move them away (they are "
+          "kept as they are), or pass --no-execute to build the site from them as they are",
+          file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> None:
     """Execute (tiny profile) every notebook of `notebooks_dir` (notebooks/) whose executed copy is
     missing or stale.
@@ -163,6 +193,7 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
                 todo[path.stem] = why
         if not todo:
             return
+        refuse_others(executed_dir, todo)  # before minutes of running
         print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
         # what the runs train goes to the scratch folder, the content-keyed caches to the tests'
         # (build/): nothing is written into the checkout outside build/
@@ -173,11 +204,18 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
         run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--notebooks",
                               str(copies), "--out", str(ran), *todo], cwd=ROOT, env=env)
         executed_dir.mkdir(parents=True, exist_ok=True)
-        # only the runs that passed replace what was there, as the notebook tests do
-        for stem in todo:
-            copy = json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8"))
-            if _stale_against(copy, ran / f"{stem}.ipynb") is None:
-                shutil.copy(ran / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
+        # only the runs that passed replace what was there, as the notebook tests do, and only a
+        # copy still the tools' own (not edited while it ran)
+        passed = [stem for stem in todo if _stale_against(
+            json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8")),
+            ran / f"{stem}.ipynb") is None]
+        kept = {stem: todo[stem] for stem in passed
+                if _others_copy(executed_dir / f"{stem}.ipynb")}  # put there while it ran
+        for stem in passed:
+            if stem not in kept:
+                write_recorded(executed_dir / f"{stem}.ipynb",
+                               (ran / f"{stem}.ipynb").read_bytes())
+        refuse_others(executed_dir, kept)
     if run.returncode != 0:
         raise SystemExit(
             "a notebook failed to execute (above); the site needs every notebook executed")

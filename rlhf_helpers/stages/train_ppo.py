@@ -114,6 +114,7 @@ from rlhf_helpers.stages.train_setup import (
     check_folder_holds,
     check_reward_dir,
     resumed_settings,
+    run_files_in,
     warn_unknown_tokens,
 )
 from rlhf_helpers.world.scorer import hidden_scores
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except KeyboardInterrupt:
         if folder_lock is not None:
             folder_lock.release()  # the folder is free for the resume at once
-        raise Interrupted(interrupted_line(output_dir, profile.name)) from None
+        raise Interrupted(interrupted_line(output_dir, profile.name,
+                                           run_files_in(output_dir))) from None
 
 
 def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None,

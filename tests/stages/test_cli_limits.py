@@ -297,6 +297,27 @@ def test_ctrl_c_before_training_is_one_line_and_exit_130(quick_cli, capsys, monk
     assert not (out / ".run.lock").exists()  # the folder is free at once
 
 
+def test_ctrl_c_before_the_first_checkpoint_names_the_run_files_a_new_run_refuses(
+        quick_cli, capsys, monkeypatch):
+    """Before: "run the same command again to start over", which a new run now refuses while the
+    interrupted run's run.json and metrics.jsonl are in the folder."""
+    out = quick_cli / "ppo"
+
+    def run_files_then_interrupt(*args, **kwargs):  # as if stopped after they were started
+        (out / "run.json").write_text("{}")
+        (out / "metrics.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_ppo, "ensure_sft_model", run_files_then_interrupt)
+    line = refusal(["--output-dir", str(out)], capsys, code=130)
+    assert line == (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {out} yet, so there is "
+                    "nothing to resume; to start over, remove its run.json, metrics.jsonl and run "
+                    "the same command again, or choose another --output-dir")
+    monkeypatch.setattr(train_ppo, "ensure_sft_model",
+                        lambda *args, **kwargs: pytest.fail("the new run was not refused first"))
+    assert "already holds run.json, metrics.jsonl " in refusal(["--output-dir", str(out)], capsys)
+
+
 def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_path,
                                                                            capsys, monkeypatch):
     """In-process run of the tiny model, Ctrl-C in the third PPO step: before, a 103-line
