@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.notebook import EXERCISE_TODO, colab_url, repo_url  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
-from rlhf_helpers.course.tool_files import record_path, replace_problem, write_recorded  # noqa: E402
+from rlhf_helpers.course.tool_files import replace_problem, write_recorded  # noqa: E402
 from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
 
@@ -151,11 +151,7 @@ def _others_copy(path: Path) -> str | None:
     """Why the executed copy `path` is not this tool's to replace (a person's: edited since a tool
     of the course wrote it, never written by one, a link), or None. A copy in this checkout's
     build/ with no record at all was written before the tools kept records: build/ is make's."""
-    build = (ROOT / "build").resolve()
-    if (not path.is_symlink() and path.is_file() and not os.path.lexists(record_path(path))
-            and path.resolve().is_relative_to(build)):
-        return None
-    return replace_problem(path)
+    return replace_problem(path, unrecorded_under=ROOT / "build")
 
 
 def refuse_others(executed_dir: Path, todo: dict[str, str]) -> None:

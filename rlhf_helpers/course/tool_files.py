@@ -64,10 +64,16 @@ def as_written(path: Path) -> bool | None:
     return bool(recorded) and digest(path.read_bytes()) in recorded
 
 
-def replace_problem(path: Path) -> str | None:
+def replace_problem(path: Path, unrecorded_under: Path | None = None) -> str | None:
     """Why a tool may not replace `path` (a person's file: it was changed since a tool wrote it,
     or no tool recorded writing it, or it is a link or no regular file), or None (nothing there,
-    or a tool's file as written)."""
+    or a tool's file as written). `unrecorded_under`: a folder the tools own (the checkout's
+    build/), where a regular file with no record at all was written before the tools kept
+    records, and counts as theirs."""
+    if (unrecorded_under is not None and not path.is_symlink() and path.is_file()
+            and not os.path.lexists(record_path(path))
+            and path.resolve().is_relative_to(Path(unrecorded_under).resolve())):
+        return None
     written = as_written(path)
     if written is None or written:
         return None
