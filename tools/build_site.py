@@ -100,6 +100,25 @@ READ_TRIES = 5
 READ_PAUSE_S = 0.2
 
 
+class Refused(SystemExit):
+    """Bad input (a notebook that is not whole, an --out that is not this tool's, a missing
+    executed copy): exit 2, its one line on stderr; str() is the message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def refuse(message: str) -> Refused:
+    """Print `message` as the tool's one error line; the Refused to raise."""
+    print(f"tools/build_site.py: error: {message}", file=sys.stderr, flush=True)
+    return Refused(message)
+
+
+
 def read_stored(path: Path) -> tuple[bytes, dict]:
     """The bytes of notebook `path` and its JSON, read again while it is missing or not a whole
     notebook (a save in progress: JupyterLab rewrites the file in place); SystemExit with one line
@@ -120,8 +139,8 @@ def read_stored(path: Path) -> tuple[bytes, dict]:
         if isinstance(notebook, dict) and isinstance(notebook.get("cells"), list):
             return data, notebook
         problem = "not a notebook (no list of cells)"
-    raise SystemExit(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an "
-                     "editor is saving it, run the build again")
+    raise refuse(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an "
+                 "editor is saving it, run the build again")
 
 
 def _stale_against(stored: dict, executed: Path) -> str | None:
@@ -640,7 +659,7 @@ def replace_site(built: Path, out: Path) -> None:
     are deleted, then the new site is copied in and its files recorded in the marker. SystemExit,
     with nothing deleted, where `out_problem` names a problem."""
     if (problem := out_problem(out)) is not None:
-        raise SystemExit(problem)
+        raise refuse(problem)
     present = site_entries(out) if out.is_dir() else []
     new = site_entries(built)
     out.mkdir(parents=True, exist_ok=True)
@@ -668,13 +687,13 @@ def main(argv: list[str] | None = None) -> int:
                              "notebook")
     args = parser.parse_args(argv)
     if (problem := out_problem(args.out)) is not None:  # before minutes of building
-        raise SystemExit(problem)
+        raise refuse(problem)
     start = time.perf_counter()
     if args.no_execute:
         for notebook in course_notebooks():
             why = stale_reason(notebook, args.executed / notebook.name)
             if why is not None and (why == "missing" or why.startswith("unreadable")):
-                raise SystemExit(f"--no-execute: {args.executed / notebook.name} is {why}")
+                raise refuse(f"--no-execute: {args.executed / notebook.name} is {why}")
             if why is not None:
                 print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it "
                       "is", flush=True)

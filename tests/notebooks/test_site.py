@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -731,3 +732,16 @@ def test_a_copy_in_build_from_before_the_records_is_the_tools(tmp_path, monkeypa
     with pytest.raises(SystemExit):
         build_site.ensure_executed(tmp_path / "elsewhere", notebooks)
     assert (tmp_path / "elsewhere" / "01_a.ipynb").read_text(encoding="utf-8") == old
+
+
+def test_a_refused_out_exits_2_with_one_line_before_anything_is_built(tmp_path) -> None:
+    """Bad input is exit 2 and one line, as every command of the course (a failed run is 1)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    tool = str(ROOT / "tools" / "build_site.py")
+    run = subprocess.run([sys.executable, tool, "--out", str(mine)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "is not a site this tool built" in run.stderr, run.stderr
+    assert (mine / "notes.txt").read_text() == "a user's file"
