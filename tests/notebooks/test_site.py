@@ -530,7 +530,8 @@ def test_the_checkouts_own_site_built_before_the_marker_is_replaced_and_no_other
         build_site.main(["--executed", str(tmp_path), "--out", str(elsewhere)])
 
 
-def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch):
+def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch,
+                                                                     capsys):
     """Before: `--out afile/site` (afile a file) built the site, then ended in a NotADirectoryError
     traceback."""
     afile = tmp_path / "afile"
@@ -542,7 +543,8 @@ def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, m
         assert build_site.out_problem(out) == message
         with pytest.raises(SystemExit) as refused:
             build_site.main(["--executed", str(tmp_path), "--out", str(out)])
-        assert refused.value.code == message
+        assert refused.value.code == 2 and str(refused.value) == message
+        assert capsys.readouterr().err == f"tools/build_site.py: error: {message}\n"
     assert afile.read_text(encoding="utf-8") == "a user's file"
     assert build_site.out_problem(tmp_path / "new" / "site") is None  # a folder it can make
 
