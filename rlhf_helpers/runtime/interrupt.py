@@ -98,10 +98,18 @@ def interrupted_line(prog: str, left: str = "") -> str:
     return f"{prog}: interrupted (Ctrl-C)" + (f"; {left}" if left else "")
 
 
+def raised_by_ctrl_c(error: BaseException) -> bool:
+    """Whether `error` was raised from a Ctrl-C (`raise ... from` a KeyboardInterrupt: a step's
+    undo that could not finish). A command then ends as on Ctrl-C: the process ends, so what the
+    undo could not put back in memory goes with it, and nothing on disk depends on it."""
+    return isinstance(error.__cause__, KeyboardInterrupt)
+
+
 def one_line_interrupt(prog: str, left: str = "") -> Callable[[Callable[Params, Result]],
                                                                Callable[Params, Result]]:
     """Decorate a command's `main`: Ctrl-C while it runs prints `interrupted_line(prog, left)` on
-    stderr (rank 0 only) and exits 130 (SystemExit), instead of a KeyboardInterrupt traceback.
+    stderr (rank 0 only) and exits 130 (SystemExit), instead of a KeyboardInterrupt traceback; so
+    does an error raised from the Ctrl-C (`raise ... from` it: a step's undo that failed).
     `left` says what the command leaves behind ("nothing was written")."""
 
     def decorate(main: Callable[Params, Result]) -> Callable[Params, Result]:
@@ -111,6 +119,12 @@ def one_line_interrupt(prog: str, left: str = "") -> Callable[[Callable[Params, 
             try:
                 return main(*args, **kwargs)
             except KeyboardInterrupt:
+                if is_rank_zero():
+                    print(interrupted_line(prog, left), file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_INTERRUPTED) from None
+            except Exception as error:
+                if not raised_by_ctrl_c(error):
+                    raise
                 if is_rank_zero():
                     print(interrupted_line(prog, left), file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_INTERRUPTED) from None

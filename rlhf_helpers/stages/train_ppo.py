@@ -81,7 +81,7 @@ from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerat
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import given_field_values
-from rlhf_helpers.runtime.interrupt import is_rank_zero, restore_interrupt
+from rlhf_helpers.runtime.interrupt import is_rank_zero, raised_by_ctrl_c, restore_interrupt
 from rlhf_helpers.runtime.locks import FolderInUse
 from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -280,6 +280,9 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
             raise SystemExit(EXIT_WRITE_FAILED) from None
         return "write failed"
     except Exception as error:
+        if raised_by_ctrl_c(error):  # a step's undo that failed on Ctrl-C: the interrupt's line
+            trainer.close()
+            raise KeyboardInterrupt from error
         if not stopped_its_peers(error):
             raise
         # the others raised PeerProcessFailed and print their line: print ours, then leave together,

@@ -193,3 +193,15 @@ def test_every_command_and_tool_has_the_one_line_ctrl_c():
             missing.append(name)
     assert missing == []
     assert len(entry_points()) >= len(COMMANDS)
+
+
+def test_an_error_raised_from_a_ctrl_c_is_the_same_one_line(capsys):
+    """A step's undo that failed on Ctrl-C raises StepUndoError from the KeyboardInterrupt: the
+    command ends as on Ctrl-C; an error with another cause is passed through."""
+    @one_line_interrupt("my-command")
+    def main(cause: BaseException) -> int:
+        raise RuntimeError("could not be undone whole") from cause
+
+    assert one_line_of(main, (KeyboardInterrupt(),), capsys) == interrupted_line("my-command", "")
+    with pytest.raises(RuntimeError, match="undone whole"):
+        main(ValueError("another cause"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import typing
 from pathlib import Path
 
@@ -353,3 +354,35 @@ def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_p
     # the resume reads that line's run
     line = refusal(["--steps", "1", "--resume", "--output-dir", str(out)], capsys)
     assert "is already at step 2" in line
+
+
+def test_ctrl_c_whose_step_undo_failed_is_the_same_one_line(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C whose step could not be undone whole (StepUndoError, raised from it): before, a
+    traceback. The process ends, so what the undo could not put back in memory goes with it; the
+    checkpoints on disk are whole, and the line names the last one."""
+    import torch
+
+    from rlhf_helpers.ppo.step_undo import StepUndoError
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, "max_new_tokens": 4}))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
+    real_step, calls = PPOTrainer.step, []
+
+    def step_then_undo_fails(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise StepUndoError("PPO step 2 was interrupted and could not be undone whole") \
+                from KeyboardInterrupt()
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(PPOTrainer, "step", step_then_undo_fails)
+    out = tmp_path / "run"
+    line = refusal(["--steps", "3", "--save-every", "1", "--output-dir", str(out)],
+                   capsys, code=130)
+    last, folder = out / "step-000001", shlex.quote(str(out))
+    assert line == (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {last}; "
+                    f"continue the run with: {PROG} --profile tiny --output-dir {folder} --resume")
+    assert not (out / ".run.lock").exists()
