@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from command_lines import torch_is_loading
 from tool_scripts import TOOLS, load_tool
 
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_interrupt
@@ -82,13 +83,6 @@ def test_a_real_sigint_is_one_line_and_exit_130():
     assert process.returncode == 130, err
     assert err.strip() == "sleeper: interrupted (Ctrl-C); nothing was written", err
 
-
-def torch_is_loading(pid: int) -> bool:
-    """Whether the process has mapped torch's library: it is importing torch."""
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(),

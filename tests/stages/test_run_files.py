@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from command_lines import torch_is_loading
 
 from rlhf_helpers.ppo.metrics import append_jsonl, write_curves, write_replacing
 from rlhf_helpers.ppo.run_folder import SetupError, check_run_files
@@ -236,14 +237,6 @@ def test_appending_keeps_what_is_there(tmp_path):
 
 
 # ---------------------------------------------------------------- Ctrl-C during the imports
-def torch_is_loading(pid: int) -> bool:
-    """Whether the process has mapped torch's library: it is importing torch, seconds before `main`
-    runs."""
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(),
                     reason="reads /proc to see torch being imported")
