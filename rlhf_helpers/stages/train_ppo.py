@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.doctor import compute_record
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
     CheckpointDamagedError,
@@ -62,7 +63,6 @@ from rlhf_helpers.ppo.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
-from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
 from rlhf_helpers.ppo.run_claim import RunFolderGone

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.checkpoint import LATEST_FILE, checkpoints, latest_checkpoint
-from rlhf_helpers.ppo.curves_page import CURVES_FILE
 from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
@@ -30,6 +29,7 @@ from rlhf_helpers.ppo.run_identity import recorded_run_id
 from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides
+from rlhf_helpers.stages.curves_page import CURVES_FILE
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE
 from rlhf_helpers.stages.resume import (
     RESUMABLE,

@@ -9,9 +9,9 @@ import json
 
 from test_diagnosis import FACTS, healthy
 
-from rlhf_helpers.ppo import diagnosis_checkpoints
+from rlhf_helpers.doctor import checkpoints as doctor_checkpoints
+from rlhf_helpers.doctor import diagnose, format_findings
 from rlhf_helpers.ppo.checkpoint_digest import required_files, write_manifest
-from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
 from rlhf_helpers.stages.diagnose import main
 
 POLICY = "adapters/policy/adapter_model.safetensors"
@@ -71,7 +71,7 @@ def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkey
     run = run_folder(tmp_path, steps=(1,))
     (run / "step-000001" / "manifest.json").unlink()
     # its files read back well
-    monkeypatch.setattr(diagnosis_checkpoints, "verify_checkpoint", lambda folder: [])
+    monkeypatch.setattr(doctor_checkpoints, "verify_checkpoint", lambda folder: [])
     diagnosis = diagnose(run, facts=FACTS)
     assert not diagnosis.findings
     assert "step-000001 was saved without a manifest" in format_findings(diagnosis)

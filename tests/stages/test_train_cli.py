@@ -82,7 +82,7 @@ def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
     assert run["reward_dir"] == str(reward_dirs[0]) and run["reward_train_pairs"] == 64
     # the run doctor read the whole resumed history: printed at the end, and diagnosis.json as
     # diagnose() says
-    from rlhf_helpers.ppo.diagnosis import diagnose
+    from rlhf_helpers.doctor import diagnose
 
     assert "run doctor: 2 steps read" in second.stderr
     written = json.loads((out / "diagnosis.json").read_text())
