@@ -220,6 +220,14 @@ def _refuse_another_holder(trainer: Any, folder: Path) -> None:
             "or choose another output_dir", folder / RUN_LOCK_FILE, {})
 
 
+def lock_run_folder(folder: Path) -> FileLock:
+    """The lock of a run folder, taken once for the run (FolderInUse names the live run holding
+    it). The one place a run folder is locked: the training command takes it before its checks read
+    the folder, and hands it to its trainer (`trainer.output_lock`), whose train() then uses it
+    rather than lock the folder again; train() of a trainer without one takes it here too."""
+    return hold_run_folder(folder)
+
+
 def _holds(trainer: Any, folder: Path) -> bool:
     """Whether `trainer` holds `folder`'s lock (its train() claimed it), the folder unmoved."""
     lock = trainer.output_lock
@@ -234,7 +242,7 @@ def claim_for_save(trainer: Any, folder: Path) -> FileLock | None:
     if _holds(trainer, folder):
         return None
     _refuse_another_holder(trainer, folder)
-    lock = hold_run_folder(folder)
+    lock = lock_run_folder(folder)
     try:
         problem = owner_problem(trainer, folder)
         if problem is not None:
@@ -298,7 +306,7 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
             "to start again at the old path")
     _refuse_another_holder(trainer, folder)
     taken = lock is None
-    lock = lock or hold_run_folder(folder)
+    lock = lock or lock_run_folder(folder)
     try:
         problem = owner_problem(trainer, folder)
         if problem is not None:

@@ -201,6 +201,7 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
     model.to(accelerator.device)
     trainer = PPOTrainer(config, model, tokenizer, prompts["train"], hidden_score_fn=hidden_scores,
                          accelerator=accelerator, ptx_texts=prompts.get("sft"))
+    trainer.output_lock = folder_lock  # the folder is locked once: train() keeps this lock
     if args.resume:
         loaded = load_checkpoint(trainer, output_dir)
         if accelerator.is_main_process:
