@@ -54,10 +54,10 @@ if str(REPO_ROOT) not in sys.path:  # run as `python benchmarks/bench_memory.py`
     sys.path.insert(0, str(REPO_ROOT))
 
 from rlhf_helpers.core.tokens import last_token_index, position_ids_from_mask  # noqa: E402
-from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d  # noqa: E402
-from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu  # noqa: E402
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel  # noqa: E402
-from rlhf_helpers.ppo.value_head import ScalarHead  # noqa: E402
+from rlhf_helpers.ppo.model.adapters import lora_config, uses_conv1d  # noqa: E402
+from rlhf_helpers.ppo.model.fused_lora import fuse_tanh_gelu  # noqa: E402
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel  # noqa: E402
+from rlhf_helpers.ppo.model.value_head import ScalarHead  # noqa: E402
 from rlhf_helpers.runtime.lora import LoRASpec  # noqa: E402
 
 SIDES = ("shared", "four", "four_lora")
@@ -484,10 +484,10 @@ def compare(results: dict[str, dict[str, Any]], size: str) -> dict[str, Any]:
 
 
 def ppo_estimate(spec: dict[str, Any], dtype: str, device: str) -> Any:
-    """`rlhf_helpers.ppo.memory_estimate.estimate_ppo_memory` of the step a side ran
+    """`rlhf_helpers.ppo.model.memory_estimate.estimate_ppo_memory` of the step a side ran
     (`asdict(SizeSpec)`) on `device`: rollout batch = minibatch = spec["batch"], the fast sampler on
     CUDA; None for sizes that are not the gpu profile's Llama."""
-    from rlhf_helpers.ppo.memory_estimate import ModelShape, estimate_ppo_memory
+    from rlhf_helpers.ppo.model.memory_estimate import ModelShape, estimate_ppo_memory
     from rlhf_helpers.runtime.profiles import get_profile
 
     if spec["name"] != "smollm2":
@@ -536,7 +536,7 @@ def measure_all(fast: bool = False, device: str = "cpu", sizes: tuple[str, ...] 
                       "s)", flush=True)
         figures.update(compare(results, size))
         estimate = ppo_estimate(results["shared"]["spec"], dtype, device)
-        # rlhf_helpers.ppo.memory_estimate's estimate next to the shared side's measured peak
+        # rlhf_helpers.ppo.model.memory_estimate's estimate next to the shared side's measured peak
         if estimate is not None:
             figures[f"{size}_shared_estimate_mb"] = estimate.total / 2**20
             if verbose:

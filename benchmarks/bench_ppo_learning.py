@@ -66,7 +66,7 @@ def run_ppo(profile: Any, reward_dir: Path, eval_prompts: Sequence[str], seed: i
     every `eval_every` steps."""
     import torch
 
-    from rlhf_helpers.ppo.build import build_shared_model
+    from rlhf_helpers.ppo.model.build import build_shared_model
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.data import load_prompts
     from rlhf_helpers.world.scorer import hidden_scores

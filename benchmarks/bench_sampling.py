@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.sampling import sample_model
+from rlhf_helpers.ppo.model.sampling import sample_model
 from rlhf_helpers.runtime.lora import LoRASpec
 
 #: LoRA targets and rank of the gpu profile (rlhf_helpers.runtime.profiles.gpu_profile).
@@ -60,7 +60,7 @@ def build_model(device: str, dtype: torch.dtype, small: bool) -> tuple[Any, Any]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from benchmarks.trl_baseline.common import SMOLLM2_135M_CONFIG
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.runtime.models import load_tokenizer
     from rlhf_helpers.runtime.profiles import get_profile
 
@@ -101,7 +101,7 @@ def weight_bytes_per_step(shared: Any) -> int:
 
 
 def _prompts(tokenizer: Any, batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from rlhf_helpers.ppo.samples import tokenize_prompts
+    from rlhf_helpers.ppo.model.samples import tokenize_prompts
     from rlhf_helpers.runtime.data import load_prompts
 
     texts = load_prompts("train")[:batch]

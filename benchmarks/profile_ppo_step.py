@@ -115,7 +115,7 @@ def compile_forwards(trainer: Any) -> None:
     import torch
     import torch._dynamo
 
-    import rlhf_helpers.ppo.shared_model as shared_model
+    import rlhf_helpers.ppo.model.shared_model as shared_model
 
     if not trainer.model.packed:
         raise SystemExit("--compile: this model does not run the packed GPT-2 forward (GPT-2 on "

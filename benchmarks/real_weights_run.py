@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from rlhf_helpers.course.notebook import package_versions
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import sample_responses, score_samples
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import read_record
 from rlhf_helpers.runtime.data import load_prompts

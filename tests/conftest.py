@@ -110,7 +110,7 @@ def toy_trainer(*, init_seed: int = 0, dtype: torch.dtype = torch.float32, promp
     default to the toy world's `good_count`."""
     from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.lora import LoRASpec
     from rlhf_helpers.runtime.ppo_config import PPOConfig

@@ -26,7 +26,7 @@ def main() -> int:
     import torch
 
     from rlhf_helpers.ppo import run_loop as run_loop_module
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.stages import train_ppo as train
 
     torch.set_num_threads(1)

@@ -54,11 +54,9 @@ PACKAGE = ROOT / "rlhf_helpers"
 ENTRY = "stages/train_ppo.py:main"  #: where the reader starts: the training command
 ITERATION = "PPOTrainer.step"  #: one iteration: the walk ends once it is read whole
 MATHS = "core/"  #: the maths: read by name
-#: the model, read by name: any module under MODEL_FOLDER, and these (until they move there)
+#: the model, read by name: any module under MODEL_FOLDER, and these (outside it)
 MODEL_FOLDER = "ppo/model/"
-MODEL_MODULES = {"ppo/shared_model.py", "ppo/shared_adapters.py", "ppo/adapters.py",
-                 "ppo/value_head.py", "ppo/fused_lora.py", "ppo/packed_gpt2.py",
-                 "ppo/gpt2_decoder.py", "ppo/fast_decoder.py"}
+MODEL_MODULES: set[str] = set()
 #: names the code leaves untyped (`trainer: Any`), as a parameter, a variable or an attribute:
 #: the name of the package's class they hold
 RECEIVERS = {"trainer": "PPOTrainer", "model": "SharedLoRAModel",

@@ -72,7 +72,7 @@ def build_engine(settings: BenchSettings, base: Any, tokenizer: Any,
                  train_prompts: list[str]) -> Any:
     """Our shared model on `base` and its PPOTrainer as this benchmark runs them (hidden score as
     reward)."""
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
 
     config = engine_config(settings)
@@ -92,7 +92,7 @@ def main(settings: BenchSettings, out: Path) -> dict[str, Any]:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from rlhf_helpers.ppo.sampling import sample_model
+    from rlhf_helpers.ppo.model.sampling import sample_model
 
     if settings.lora_r < 1:
         raise ValueError("our engine trains LoRA adapters only: lora_r must be >= 1")

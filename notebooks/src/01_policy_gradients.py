@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 import rlhf_helpers
 from rlhf_helpers.core.tokens import mask_to_first_eos
 from rlhf_helpers.course.claims import check_claims
-from rlhf_helpers.ppo.sampling import sample
+from rlhf_helpers.ppo.model.sampling import sample
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer
 from rlhf_helpers.runtime.profiles import get_profile, gpu_profile, tiny_profile

@@ -36,7 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import rlhf_helpers
 from rlhf_helpers.core.printed import format_number, wrap_printed
 from rlhf_helpers.course.claims import check_claims
-from rlhf_helpers.ppo.sampling import sample
+from rlhf_helpers.ppo.model.sampling import sample
 from rlhf_helpers.runtime.artifacts import shown_path
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.models import load_causal_lm, load_sequence_classifier, load_tokenizer
@@ -592,7 +592,7 @@ exercise_check("Exercise 2 (bt_loss)", check_bt_loss, hidden=[rlhf_helpers.rewar
 # %%
 from peft import get_peft_model
 
-from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+from rlhf_helpers.ppo.model.adapters import lora_config, uses_conv1d
 
 # float32 for this check (the gpu profile computes in bf16 or fp16): it compares peft's layer with the
 # equation, so both sides must round alike; in half precision they would differ by rounding alone
@@ -637,7 +637,7 @@ from peft import LoraConfig
 from transformers import PrinterCallback
 from trl import RewardConfig, RewardTrainer
 
-from rlhf_helpers.ppo.adapters import uses_conv1d
+from rlhf_helpers.ppo.model.adapters import uses_conv1d
 from rlhf_helpers.runtime.precision import MASTER_DTYPE_NAME
 from rlhf_helpers.stages.reward_training import reward_config_kwargs
 

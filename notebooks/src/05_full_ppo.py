@@ -68,9 +68,9 @@ from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import learner_pieces
 from rlhf_helpers.doctor import diagnose, mark_findings
 from rlhf_helpers.ppo import iteration
-from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import new_run_dir, runs_dir, shown_path
 from rlhf_helpers.runtime.data import load_prompts
@@ -178,7 +178,7 @@ display(role_table)
 
 # %%
 from rlhf_helpers.core.tokens import position_ids_from_mask
-from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.ppo.model.samples import sample_responses
 from rlhf_helpers.runtime.models import load_causal_lm
 
 torch.manual_seed(profile.seed)
@@ -1008,7 +1008,7 @@ check_claims({
 import json
 from pathlib import Path
 
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
+from rlhf_helpers.ppo.model.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_preferences
 from rlhf_helpers.world.scorer import score_breakdown
 
@@ -1442,7 +1442,7 @@ trainer.close()  # the run folder's lock (one live run per folder) is free again
 # checkpoint's files and how it is written safely):
 
 # %%
-from rlhf_helpers.ppo.checkpoint import load_model_weights
+from rlhf_helpers.ppo.checkpoints.save_load import load_model_weights
 
 last_batch = trainer.last_batch
 fresh, _ = build_shared_model(profile, config, reward_dir)

@@ -59,9 +59,9 @@ from rlhf_helpers.course.failure_runs import (
     third_stats,
 )
 from rlhf_helpers.doctor import diagnose, format_findings
-from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import sample_responses
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile

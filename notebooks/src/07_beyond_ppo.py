@@ -57,8 +57,8 @@ from rlhf_helpers.core.group_advantages import group_rewards
 from rlhf_helpers.core.losses import pairwise_accuracy
 from rlhf_helpers.core.printed import cell_formatter, wrap_printed
 from rlhf_helpers.course.claims import check_claims
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.profiles import get_profile
 from rlhf_helpers.stages.reward import ensure_reward_model

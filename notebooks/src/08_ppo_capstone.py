@@ -43,12 +43,12 @@ from rlhf_helpers.course.capstone_stretch import kl_stop_case, kl_stop_differenc
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import EXERCISE_PASSED, exercise_outcome
 from rlhf_helpers.ppo import iteration as library_steps
-from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.evaluation import evaluate_policy
 from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.metrics import plot_curves
-from rlhf_helpers.ppo.samples import Samples, sample_responses
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import Samples, sample_responses
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.ppo_config import PPOConfig

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.samples import RewardFn, sample_responses, score_samples
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.world.scorer import hidden_scores
 

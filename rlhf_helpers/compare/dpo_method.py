@@ -35,10 +35,10 @@ from rlhf_helpers.compare.trl_methods import (
     policy_state,
     train_quietly,
 )
-from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.samples import tokenize_prompts
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.adapters import lora_config, uses_conv1d
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import tokenize_prompts
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.models import load_causal_lm
 
 #: The fields of a preference pair (data/preferences_train.jsonl; TRL's explicit-prompt format).

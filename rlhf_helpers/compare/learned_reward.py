@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.samples import tokenize_prompts
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.samples import tokenize_prompts
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 
 
 class LearnedRewardFunction:

@@ -19,8 +19,8 @@ from rlhf_helpers.compare.config import METHODS, CompareConfig
 from rlhf_helpers.compare.dpo_method import dpo_pairs, run_dpo
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
 from rlhf_helpers.compare.trl_methods import run_trl_method
-from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.evaluation import evaluate_policy
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.world.scorer import hidden_scores

@@ -29,8 +29,8 @@ from rlhf_helpers.compare.clock import PeakMemoryMeter, TrainingClock
 from rlhf_helpers.compare.config import CompareConfig
 from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule, MethodRun
-from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
-from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.model.adapters import lora_config, uses_conv1d
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.runtime.models import load_causal_lm
 
 #: Steps TRL may take at most: the budget, not this, ends a run.

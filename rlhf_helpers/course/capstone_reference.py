@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rlhf_helpers.ppo.samples import Samples, sample_responses
+from rlhf_helpers.ppo.model.samples import Samples, sample_responses
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 #: the mistakes `plain_iteration` can make, each as a learner would write it

@@ -24,8 +24,8 @@ from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.capstone_state import ModelSnapshot, attempt_name, fresh_attempt
 from rlhf_helpers.ppo.experience import Experience
 from rlhf_helpers.ppo.iteration import collect_experience
+from rlhf_helpers.ppo.model.samples import sample_responses
 from rlhf_helpers.ppo.pieces import minibatch_losses
-from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from rlhf_helpers.core.kl import kl_estimate
 from rlhf_helpers.core.masked import masked_sum
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.stages.reward_training import pearson

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlhf_helpers.doctor.findings import Finding
 from rlhf_helpers.doctor.registry import finding, rule
-from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
+from rlhf_helpers.ppo.checkpoints.digest import verify_checkpoint
 from rlhf_helpers.runtime.folder_swap import is_stranded_aside
 
 RULE = "damaged_checkpoint"
@@ -38,7 +38,7 @@ SHOWN = 3
                       "SHA-256 in its manifest.json (or are missing); the evidence names the "
                       "newest intact checkpoint. A checkpoint saved without a manifest is read "
                       "back, a note at most",
-      teaches="rlhf_helpers/ppo/checkpoint_digest.py (the SHA-256 manifest)")
+      teaches="rlhf_helpers/ppo/checkpoints/digest.py (the SHA-256 manifest)")
 def checkpoint_finding(run_dir: Path) -> tuple[Finding | None, list[str]]:
     """(an error finding naming the damaged checkpoints of `run_dir`, or None; notes on the
     checkpoints saved without a manifest). Only step-NNNNNN folders are read; a run without

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.samples import RewardFn, sample_responses, score_samples
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 
 #: hidden_score_fn(prompts, responses) -> ground-truth scores (e.g. world.scorer.hidden_scores)
 ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]

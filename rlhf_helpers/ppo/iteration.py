@@ -24,9 +24,9 @@ from rlhf_helpers.core.checks import check_no_nan
 from rlhf_helpers.core.masked import masked_mean, masked_whiten
 from rlhf_helpers.ppo.experience import Experience
 from rlhf_helpers.ppo.guards import non_finite_stops_run
+from rlhf_helpers.ppo.model.samples import RewardFn, sample_responses, score_samples
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.pieces import AdvantageFn, Pieces, ShapeRewardsFn, resolve_pieces
-from rlhf_helpers.ppo.samples import RewardFn, sample_responses, score_samples
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
 

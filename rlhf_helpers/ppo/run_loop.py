@@ -18,9 +18,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rlhf_helpers.core.printed import format_number
-from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, save_checkpoint
+from rlhf_helpers.ppo.checkpoints.ownership import claim_run_folder
+from rlhf_helpers.ppo.checkpoints.save_load import CheckpointSaveError, save_checkpoint
 from rlhf_helpers.ppo.guards import NonFiniteStop, check_outputs_finite
-from rlhf_helpers.ppo.run_claim import claim_run_folder
 
 
 def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[str] | None = None,

@@ -36,6 +36,8 @@ from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout_metrics
 from rlhf_helpers.ppo.guards import guard
 from rlhf_helpers.ppo.iteration import rollout, update
+from rlhf_helpers.ppo.model.samples import RewardFn, tokenize_prompts
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.pieces import (
     AdvantageFn,
@@ -50,8 +52,6 @@ from rlhf_helpers.ppo.pieces import (
     run_update_fn,
 )
 from rlhf_helpers.ppo.run_loop import check_weights_usable, train_loop
-from rlhf_helpers.ppo.samples import RewardFn, tokenize_prompts
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.step_undo import undone_on_error
 from rlhf_helpers.runtime.locks import FileLock
 from rlhf_helpers.runtime.ppo_config import PPOConfig

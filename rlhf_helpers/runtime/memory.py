@@ -10,7 +10,7 @@ Where that is not possible (other systems, a restricted /proc), the lifetime pea
 used, which may belong to earlier work and then hides the rise: `how` says which one was used. (On
 Linux the reset also resets `ru_maxrss`, which reads the same high-water mark.)
 
-The estimate of GPU memory without a GPU is `rlhf_helpers.ppo.memory_estimate`.
+The estimate of GPU memory without a GPU is `rlhf_helpers.ppo.model.memory_estimate`.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from rlhf_helpers.doctor import (
     diagnose,
     format_findings,
 )
-from rlhf_helpers.ppo.checkpoint import disk_problem
+from rlhf_helpers.ppo.checkpoints.save_load import disk_problem
 from rlhf_helpers.ppo.metrics import write_replacing
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
-from rlhf_helpers.stages.curves_page import CURVES_FILE, write_run_curves
+from rlhf_helpers.stages.run_files.curves_page import CURVES_FILE, write_run_curves
 
 PROG = "python -m rlhf_helpers.stages.diagnose"
 

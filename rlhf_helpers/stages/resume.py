@@ -22,11 +22,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.run_folder import RUN_FILE, SetupError
 from rlhf_helpers.runtime.config_fields import flag_name
 from rlhf_helpers.runtime.data import data_dir, data_fingerprint
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import OVERRIDES_ENV
+from rlhf_helpers.stages.run_files.run_folder import RUN_FILE, SetupError
 
 #: the PPO settings a resumed run may change; every other one is the run's own (run.json)
 RESUMABLE = ("total_steps", "save_every", "eval_every", "progress_bar", "output_dir")

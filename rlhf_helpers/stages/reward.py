@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.run_folder import SetupError, check_output_dir
 from rlhf_helpers.runtime.artifacts import (
     COMPLETE_MARKER,
     artifact_problem,
@@ -51,6 +50,7 @@ from rlhf_helpers.runtime.preflight import base_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
 from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem, use_threads
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
+from rlhf_helpers.stages.run_files.run_folder import SetupError, check_output_dir
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.stages.train_args import OneLineParser
 

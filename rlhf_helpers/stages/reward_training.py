@@ -31,13 +31,13 @@ from peft import get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save_file
 
 from rlhf_helpers.core.losses import pairwise_accuracy
-from rlhf_helpers.ppo.adapters import (
+from rlhf_helpers.ppo.model.adapters import (
     ADAPTER_WEIGHTS_FILE,
     SCORE_HEAD_FILE,
     lora_config,
     uses_conv1d,
 )
-from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
+from rlhf_helpers.ppo.model.fused_lora import fuse_lora_layers, fuse_tanh_gelu
 from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.config_fields import check_field_types
 from rlhf_helpers.runtime.config_limits import (

@@ -16,9 +16,7 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint
-from rlhf_helpers.ppo.run_folder import SetupError
-from rlhf_helpers.ppo.tracking import REPORT_TO
+from rlhf_helpers.ppo.checkpoints.save_load import latest_checkpoint
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, join_negative_values
 from rlhf_helpers.runtime.config_limits import PPO_LIMITS, allowed
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED
@@ -26,6 +24,8 @@ from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_NAMES
 from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem
 from rlhf_helpers.stages.resume import ALIASES, RESUMABLE
+from rlhf_helpers.stages.run_files.run_folder import SetupError
+from rlhf_helpers.stages.run_files.tracking import REPORT_TO
 
 PROG = "python -m rlhf_helpers.stages.train_ppo"
 

@@ -28,11 +28,12 @@ records (the profile, the PPO settings, the reward model, the prompts' SHA-256);
 --total-steps (--steps), --save-every, --eval-every and the progress bar may change
 (`stages/resume.py`). Exit status: 0 done; 2 a bad argument or a run that cannot start, one line
 on stderr, found before any model is built where it can be (`stages/train_setup.py`,
-`ppo/run_folder.py`, `runtime/preflight.py`), or a lock, a checkpoint not matching its digests, a
-GGUF file cut short found later; 3 stopped by a NaN/inf, the last good checkpoint kept; 4 a run
-file could not be written (a full disk is named; the previous checkpoint kept, metrics.jsonl never
-logs a step whose checkpoint failed), or --output-dir was removed or moved mid-run (never made
-again); 130 Ctrl-C, one line naming the last checkpoint and the command that resumes from it."""
+`stages/run_files/run_folder.py`, `runtime/preflight.py`), or a lock, a checkpoint not matching
+its digests, a GGUF file cut short found later; 3 stopped by a NaN/inf, the last good checkpoint
+kept; 4 a run file could not be written (a full disk is named; the previous checkpoint kept,
+metrics.jsonl never logs a step whose checkpoint failed), or --output-dir was removed or moved
+mid-run (never made again); 130 Ctrl-C, one line naming the last checkpoint and the command that
+resumes from it."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.doctor import compute_record
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.checkpoint import (
+from rlhf_helpers.ppo.checkpoints.ownership import RunFolderGone
+from rlhf_helpers.ppo.checkpoints.run_identity import run_id_to_continue
+from rlhf_helpers.ppo.checkpoints.save_load import (
     CheckpointDamagedError,
     CheckpointMismatchError,
     CheckpointSaveError,
@@ -65,19 +67,8 @@ from rlhf_helpers.ppo.checkpoint import (
 )
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
-from rlhf_helpers.ppo.run_claim import RunFolderGone
-from rlhf_helpers.ppo.run_folder import (
-    EXIT_SETUP,
-    RUN_FILE,
-    SetupError,
-    check_output_dir,
-    check_run_fits,
-    lock_output_dir,
-    read_prompts,
-)
-from rlhf_helpers.ppo.run_identity import run_id_to_continue
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.ppo.run_loop import train_loop
-from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerator, start_tracking
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import given_field_values
@@ -95,6 +86,21 @@ from rlhf_helpers.stages.resume import (
 )
 from rlhf_helpers.stages.reward import ensure_reward_model
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig
+from rlhf_helpers.stages.run_files.run_folder import (
+    EXIT_SETUP,
+    RUN_FILE,
+    SetupError,
+    check_output_dir,
+    check_run_fits,
+    lock_output_dir,
+    read_prompts,
+)
+from rlhf_helpers.stages.run_files.tracking import (
+    check_tracker,
+    log_metrics,
+    make_accelerator,
+    start_tracking,
+)
 from rlhf_helpers.stages.sft import ensure_sft_model
 from rlhf_helpers.stages.train_args import (
     CLI_DEFAULTS,

@@ -17,19 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import LATEST_FILE, checkpoints, latest_checkpoint
-from rlhf_helpers.ppo.run_folder import (
-    RUN_FILE,
-    SetupError,
-    check_resume_checkpoint,
-    check_run_files,
-    read_run_record,
-)
-from rlhf_helpers.ppo.run_identity import recorded_run_id
+from rlhf_helpers.ppo.checkpoints.run_identity import recorded_run_id
+from rlhf_helpers.ppo.checkpoints.save_load import LATEST_FILE, checkpoints, latest_checkpoint
 from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides
-from rlhf_helpers.stages.curves_page import CURVES_FILE
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE
 from rlhf_helpers.stages.resume import (
     RESUMABLE,
@@ -38,6 +30,14 @@ from rlhf_helpers.stages.resume import (
     resumed_profile,
 )
 from rlhf_helpers.stages.reward import reward_dir_problem
+from rlhf_helpers.stages.run_files.curves_page import CURVES_FILE
+from rlhf_helpers.stages.run_files.run_folder import (
+    RUN_FILE,
+    SetupError,
+    check_resume_checkpoint,
+    check_run_files,
+    read_run_record,
+)
 from rlhf_helpers.stages.train_args import warmup_problem
 
 METRICS_FILE = "metrics.jsonl"

@@ -11,7 +11,7 @@ from toy_world import toy_causal_lm, toy_tokenizer
 
 from benchmarks import bench_memory
 from benchmarks.bench_memory import SizeSpec, build_side, compare, parameter_bytes
-from rlhf_helpers.ppo.sampling import sample_model
+from rlhf_helpers.ppo.model.sampling import sample_model
 
 R = 4
 SPEC = SizeSpec("toy", batch=2, new_tokens=4, prompt_tokens=6, lora_r=R, lora_alpha=8,

@@ -19,8 +19,8 @@ from rlhf_helpers.compare.clock import TrainingClock
 from rlhf_helpers.compare.learned_reward import LearnedRewardFunction
 from rlhf_helpers.compare.result import EvalSchedule, win_rate
 from rlhf_helpers.core.group_advantages import group_rewards, grpo_advantages, rloo_advantages
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.samples import sample_responses, score_samples
+from rlhf_helpers.ppo.model.build import build_shared_model
+from rlhf_helpers.ppo.model.samples import sample_responses, score_samples
 from rlhf_helpers.runtime.data import load_preferences, load_prompts
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.profiles import get_profile
@@ -222,7 +222,7 @@ def test_judge_sees_the_policy_trl_trained(profile):
     from peft import get_peft_model
 
     from rlhf_helpers.compare.trl_methods import copy_policy_adapter
-    from rlhf_helpers.ppo.adapters import lora_config, uses_conv1d
+    from rlhf_helpers.ppo.model.adapters import lora_config, uses_conv1d
     from rlhf_helpers.runtime.models import load_causal_lm
 
     config = profile.ppo

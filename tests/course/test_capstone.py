@@ -18,7 +18,7 @@ from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone_breaks import BREAKS, break_iteration, check_message
 from rlhf_helpers.course.capstone_reference import plain_iteration
 from rlhf_helpers.course.capstone_stretch import kl_stop_case, kl_stop_difference, stop_rule
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 

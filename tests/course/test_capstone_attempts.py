@@ -14,7 +14,7 @@ from test_capstone import LRS, PROMPTS, SEEDS
 
 from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone_reference import _losses, plain_experience, plain_iteration
-from rlhf_helpers.ppo.samples import sample_responses
+from rlhf_helpers.ppo.model.samples import sample_responses
 
 #: the toy model whose policy has moved from the reference, and the library's two runs
 world = test_capstone.world

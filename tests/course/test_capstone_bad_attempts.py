@@ -14,7 +14,7 @@ from torch import nn
 
 from rlhf_helpers.course import capstone
 from rlhf_helpers.course.capstone_reference import plain_experience, plain_iteration
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 
 #: the toy model whose policy has moved from the reference, and the library's two runs
 world = test_capstone.world

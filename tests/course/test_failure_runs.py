@@ -18,7 +18,7 @@ from rlhf_helpers.course.failure_runs import (
     series,
     third_stats,
 )
-from rlhf_helpers.ppo.build import build_shared_model
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.profiles import get_profile

@@ -310,7 +310,7 @@ def _toy_trainer(trainer_class, steps: int, **config):
     import torch
     from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.runtime.lora import LoRASpec
     from rlhf_helpers.runtime.ppo_config import PPOConfig
 

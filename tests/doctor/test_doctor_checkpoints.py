@@ -11,7 +11,7 @@ from test_diagnosis import FACTS, healthy
 
 from rlhf_helpers.doctor import checkpoints as doctor_checkpoints
 from rlhf_helpers.doctor import diagnose, format_findings
-from rlhf_helpers.ppo.checkpoint_digest import required_files, write_manifest
+from rlhf_helpers.ppo.checkpoints.digest import required_files, write_manifest
 from rlhf_helpers.stages.diagnose import main
 
 POLICY = "adapters/policy/adapter_model.safetensors"

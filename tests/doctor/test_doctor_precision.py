@@ -135,7 +135,7 @@ def _toy_run(trainer_class, dtype: torch.dtype, steps: int, seed: int = 0) -> PP
     masters, a loss scaler on an fp16 base), as the gpu profile builds it on a GPU."""
     from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.runtime.lora import LoRASpec
     from rlhf_helpers.runtime.ppo_config import PPOConfig
 

@@ -11,8 +11,12 @@ import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.losses import policy_loss
-from rlhf_helpers.ppo import checkpoint as ckpt
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf_helpers.ppo.checkpoints import save_load as ckpt
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
@@ -227,7 +231,7 @@ def test_a_checkpoint_is_a_complete_reward_source_for_a_resumed_run(make_trainer
     new model's spec)."""
     from toy_world import toy_causal_lm, toy_tokenizer
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.runtime.lora import LoRASpec
 
     tok = toy_tokenizer()

@@ -16,11 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf_helpers.ppo import checkpoint as ckpt
-from rlhf_helpers.ppo import checkpoint_digest
-from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
-from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE
-from rlhf_helpers.ppo.run_folder import SetupError, check_resume_checkpoint
+from rlhf_helpers.ppo.checkpoints import digest as checkpoint_digest
+from rlhf_helpers.ppo.checkpoints import save_load as ckpt
+from rlhf_helpers.ppo.checkpoints.digest import MANIFEST_FILE
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from rlhf_helpers.stages.run_files.run_folder import SetupError, check_resume_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

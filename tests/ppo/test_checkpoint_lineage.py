@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 from test_run_locks import start_holder
 
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.locks import RUN_LOCK_FILE
 

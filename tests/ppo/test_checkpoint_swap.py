@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlhf_helpers.ppo.checkpoint_digest import verify_checkpoint
-from rlhf_helpers.ppo.checkpoint_folder import resolve_latest
+from rlhf_helpers.ppo.checkpoints.digest import verify_checkpoint
+from rlhf_helpers.ppo.checkpoints.folder import resolve_latest
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.name == "nt", reason="process liveness check is POSIX-only")]

@@ -15,7 +15,7 @@ from rlhf_helpers.core.gae import gae_reference
 from rlhf_helpers.core.kl import shape_rewards
 from rlhf_helpers.core.masked import masked_whiten
 from rlhf_helpers.ppo.iteration import collect_experience
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig

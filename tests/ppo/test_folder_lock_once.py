@@ -22,7 +22,7 @@ def test_only_run_claim_takes_a_run_folders_lock():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id == "hold_run_folder"):
                 callers.add(path.relative_to(PACKAGE).as_posix())
-    assert callers == {"ppo/run_claim.py"}
+    assert callers == {"ppo/checkpoints/ownership.py"}
 
 
 def test_the_training_command_locks_its_folder_once(tmp_path, monkeypatch):

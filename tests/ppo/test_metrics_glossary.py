@@ -10,7 +10,7 @@ from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.ppo import metric_docs as glossary
 from rlhf_helpers.ppo.metrics import GLOSSARY, describe
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.ppo_config import PPOConfig

@@ -18,10 +18,15 @@ import torch
 import torch.nn.functional as F
 from toy_world import toy_causal_lm, toy_tokenizer
 
-from rlhf_helpers.ppo.gpt2_decoder import GPT2CacheDecoder
-from rlhf_helpers.ppo.packed_gpt2 import attention, causal_bias, packed_hidden, supports_packed
-from rlhf_helpers.ppo.sampling import PlainDecoder, sample
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.gpt2_decoder import GPT2CacheDecoder
+from rlhf_helpers.ppo.model.packed_gpt2 import (
+    attention,
+    causal_bias,
+    packed_hidden,
+    supports_packed,
+)
+from rlhf_helpers.ppo.model.sampling import PlainDecoder, sample
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

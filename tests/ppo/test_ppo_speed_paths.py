@@ -12,9 +12,9 @@ import pytest
 import torch
 from toy_world import toy_causal_lm, toy_tokenizer
 
-from rlhf_helpers.ppo.fused_lora import fuse_tanh_gelu
-from rlhf_helpers.ppo.sampling import sample_model
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.fused_lora import fuse_tanh_gelu
+from rlhf_helpers.ppo.model.sampling import sample_model
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
 TEXTS = ["the movie was good .", "the plot", "acting is great and the film was fine ."]
@@ -310,8 +310,8 @@ def lora_pair(make, targets, fan_in_fan_out, n_layers):
     """Two identical peft models with random non-zero adapters; the second one fused."""
     from peft import get_peft_model
 
-    from rlhf_helpers.ppo.adapters import lora_config
-    from rlhf_helpers.ppo.fused_lora import fuse_lora_layers
+    from rlhf_helpers.ppo.model.adapters import lora_config
+    from rlhf_helpers.ppo.model.fused_lora import fuse_lora_layers
 
     models = []
     for _ in range(2):

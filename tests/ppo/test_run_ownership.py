@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf_helpers.ppo.checkpoint import (
+from rlhf_helpers.ppo.checkpoints.save_load import (
     CheckpointSaveError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
     write_manifest,
 )
-from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, trainer_state_dict
+from rlhf_helpers.ppo.checkpoints.trainer_state import TRAINER_STATE_FILE, trainer_state_dict
 from rlhf_helpers.runtime.lock_files import FolderInUse
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -143,7 +143,7 @@ def rank_2_trainer():
     from conftest import TOY_TRAINER
     from toy_world import good_count, toy_causal_lm, toy_tokenizer
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.ppo.trainer import PPOTrainer
     from rlhf_helpers.runtime.lora import LoRASpec
     from rlhf_helpers.runtime.ppo_config import PPOConfig

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
-from rlhf_helpers.ppo.sampling import PlainDecoder, sample, sample_model
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
+from rlhf_helpers.ppo.model.sampling import PlainDecoder, sample, sample_model
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -65,7 +65,7 @@ def shared(tokenizer):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    from rlhf_helpers.ppo.samples import tokenize_prompts
+    from rlhf_helpers.ppo.model.samples import tokenize_prompts
 
     texts = ["the film was", "a slow , quiet story about", "i", "the acting in this one was simply"]
     return tokenize_prompts(tokenizer, texts, 16, "cpu")  # (4, P) left-padded
@@ -179,7 +179,7 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
     old log-probs must be that forward's: equal to `policy_logprobs` of the rollout, and (LoRA B = 0
     at the start: policy = reference, bit for bit) a KL of exactly 0 at step 0."""
     from rlhf_helpers.ppo.iteration import collect_experience
-    from rlhf_helpers.ppo.samples import sampling_logprobs_are_exact
+    from rlhf_helpers.ppo.model.samples import sampling_logprobs_are_exact
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.ppo_config import PPOConfig
     from rlhf_helpers.runtime.profiles import get_profile
@@ -203,7 +203,7 @@ def test_low_precision_rollouts_take_old_log_probs_from_the_training_forward(tok
 
 
 def test_float32_rollouts_keep_the_sampling_loops_log_probs(tokenizer):
-    from rlhf_helpers.ppo.samples import sampling_logprobs_are_exact
+    from rlhf_helpers.ppo.model.samples import sampling_logprobs_are_exact
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.profiles import get_profile
 

@@ -11,8 +11,8 @@ import torch
 from toy_world import toy_causal_lm, toy_tokenizer
 
 from rlhf_helpers.core.tokens import position_ids_from_mask
-from rlhf_helpers.ppo.sampling import sample_model
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.sampling import sample_model
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime.lora import LoRASpec
 
 torch.set_num_threads(1)
@@ -283,7 +283,7 @@ def test_parameter_bytes_add_up(shared):
 
 def test_shipped_tiny_model_smoke():
     """build_shared_model on the shipped tiny SFT model: the reference is the plain SFT model."""
-    from rlhf_helpers.ppo.build import build_shared_model
+    from rlhf_helpers.ppo.model.build import build_shared_model
     from rlhf_helpers.runtime.models import load_causal_lm
     from rlhf_helpers.runtime.profiles import get_profile
 

@@ -17,8 +17,8 @@ import pytest
 # adapter, one torch thread, a model build that fails) is requested by name
 from test_train_cli import read_metrics, setup_error
 
-from rlhf_helpers.ppo import tracking
 from rlhf_helpers.ppo.metric_docs import METRICS
+from rlhf_helpers.stages.run_files import tracking
 
 #: metrics.jsonl key -> the name TRL's PPOTrainer (the PPOv2 design) logs the same quantity under.
 TRL_NAMES = {"kl": "objective/kl", "score": "objective/scores", "clipfrac": "policy/clipfrac_avg",
@@ -41,7 +41,7 @@ def tensorboard_ready() -> None:
 @pytest.fixture
 def tiny_run(request, monkeypatch):
     """quick_cli with the real model build: its tmp_path."""
-    from rlhf_helpers.ppo import build
+    from rlhf_helpers.ppo.model import build
     from rlhf_helpers.stages import train_ppo
 
     root = request.getfixturevalue("quick_cli")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_helpers.ppo.checkpoints.save_load import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.iteration import collect_experience
-from rlhf_helpers.ppo.sampling import sample_model
+from rlhf_helpers.ppo.model.sampling import sample_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 PROMPTS = ["the movie was", "the film is", "the plot was", "the acting is"]

@@ -13,7 +13,7 @@ from toy_world import good_count
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.kl import AdaptiveKLController, FixedKLController, shape_rewards
 from rlhf_helpers.core.losses import policy_loss
-from rlhf_helpers.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_helpers.ppo.checkpoints.save_load import latest_checkpoint, load_checkpoint
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 

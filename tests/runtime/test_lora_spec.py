@@ -14,7 +14,7 @@ from rlhf_helpers.compare import CompareConfig
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.core.masked import masked_mean
 from rlhf_helpers.ppo.guards import NonFiniteStop, non_finite_stops_run
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime import artifacts
 from rlhf_helpers.runtime.lora import GPT2_TARGETS, LLAMA_TARGETS, LoRASpec
@@ -136,7 +136,7 @@ def test_the_reward_command_never_replaces_a_folder_that_is_not_a_reward_folder(
 
 
 def test_pruning_keeps_folders_that_only_look_like_checkpoints(tmp_path, make_trainer):
-    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+    from rlhf_helpers.ppo.checkpoints.save_load import save_checkpoint
 
     (tmp_path / "step-backup").mkdir()
     trainer = make_trainer(max_new_tokens=4)

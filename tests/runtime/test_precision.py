@@ -13,8 +13,12 @@ import pytest
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
-from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint, trainer_state_dict
-from rlhf_helpers.ppo.memory_estimate import (
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    load_checkpoint,
+    save_checkpoint,
+    trainer_state_dict,
+)
+from rlhf_helpers.ppo.model.memory_estimate import (
     FLOAT32_BYTES,
     LLAMA_PROJECTIONS,
     T4_MEMORY_BYTES,
@@ -24,7 +28,7 @@ from rlhf_helpers.ppo.memory_estimate import (
     estimate_ppo_memory,
     ppo_phase_estimates,
 )
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.runtime import precision
 from rlhf_helpers.runtime.lora import LoRASpec
 from rlhf_helpers.runtime.precision import amp_flags, compute_dtype, describe_dtype, resolve_dtype
@@ -426,7 +430,7 @@ def test_logits_and_kv_cache_terms_count_real_tensors(dtype, one_torch_thread):
 def test_sampler_buffers_count_a_real_fast_decoder(one_torch_thread):
     """The fast sampler's folded weights and static caches (eager on the CPU, same buffers as on
     CUDA)."""
-    from rlhf_helpers.ppo.fast_decoder import MAX_GRAPHS, StaticLlamaDecoder
+    from rlhf_helpers.ppo.model.fast_decoder import MAX_GRAPHS, StaticLlamaDecoder
 
     config = small_llama_config()
     shape = ModelShape.from_config(config)

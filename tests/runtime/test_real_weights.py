@@ -19,8 +19,8 @@ import rlhf_helpers.runtime.data
 import rlhf_helpers.stages.reward_training
 import rlhf_helpers.stages.sft
 from rlhf_helpers.core.tokens import last_token_index
-from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.checkpoint import load_model_weights, save_model_weights
+from rlhf_helpers.ppo.checkpoints.save_load import load_model_weights, save_model_weights
+from rlhf_helpers.ppo.model.build import build_shared_model
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.data import load_prompts
 from rlhf_helpers.runtime.models import load_causal_lm, load_tokenizer

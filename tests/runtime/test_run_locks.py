@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 from run_folders import SKIPPED_DIRS, changes, snapshot
 
-from rlhf_helpers.ppo.checkpoint import checkpoints, latest_checkpoint, load_trainer_state
+from rlhf_helpers.ppo.checkpoints.save_load import (
+    checkpoints,
+    latest_checkpoint,
+    load_trainer_state,
+)
 from rlhf_helpers.runtime.artifacts import (
     COMPLETE_MARKER,
     artifact_problem,

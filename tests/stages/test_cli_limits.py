@@ -249,7 +249,7 @@ def _lock_error():
 
 
 def _damaged_checkpoint():
-    from rlhf_helpers.ppo.checkpoint import CheckpointDamagedError
+    from rlhf_helpers.ppo.checkpoints.save_load import CheckpointDamagedError
 
     return CheckpointDamagedError(
         "checkpoint runs/ppo/step-000002 is damaged: adapters/policy/adapter_model."

@@ -19,7 +19,7 @@ from test_diagnosis import FACTS, SIGNATURES, broken, healthy
 from rlhf_helpers.doctor import diagnose
 from rlhf_helpers.ppo.metrics import DEFAULT_CURVES, write_curves
 from rlhf_helpers.runtime.figure_template import FIGURE_FONT, course_template
-from rlhf_helpers.stages.curves_page import run_curves_figure, run_title, write_run_curves
+from rlhf_helpers.stages.run_files.curves_page import run_curves_figure, run_title, write_run_curves
 
 RECORDED_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-runs" / "h200-2026-11-27-cli"
 

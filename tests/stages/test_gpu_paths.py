@@ -161,9 +161,9 @@ def test_resume_compares_the_architecture_with_the_record(tmp_path):
     before the field (no architecture key) is a model with none changed."""
     import dataclasses
 
-    from rlhf_helpers.ppo.run_folder import SetupError
     from rlhf_helpers.runtime.profiles import get_profile
     from rlhf_helpers.stages.resume import resumed_profile
+    from rlhf_helpers.stages.run_files.run_folder import SetupError
 
     shrunk = {"num_hidden_layers": 2}
     profile = get_profile("gpu", device="cpu", weights="random", architecture=shrunk)

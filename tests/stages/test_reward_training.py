@@ -77,7 +77,7 @@ def test_shared_model_reads_the_same_score_as_peft_loading_the_saved_adapter(tra
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.runtime.models import load_causal_lm, load_sequence_classifier, load_tokenizer
 
     profile, out, _, eval_pairs = trained

@@ -21,8 +21,8 @@ import pytest
 from command_lines import torch_is_loading
 
 from rlhf_helpers.ppo.metrics import append_jsonl, write_curves, write_replacing
-from rlhf_helpers.ppo.run_folder import SetupError, check_run_files
 from rlhf_helpers.stages import train_ppo
+from rlhf_helpers.stages.run_files.run_folder import SetupError, check_run_files
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="links and signals are POSIX here")
 

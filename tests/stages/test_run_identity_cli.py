@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import TINY_CLI
 
-from rlhf_helpers.ppo.checkpoint import save_checkpoint, write_manifest
-from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, trainer_state_dict
+from rlhf_helpers.ppo.checkpoints.save_load import save_checkpoint, write_manifest
+from rlhf_helpers.ppo.checkpoints.trainer_state import TRAINER_STATE_FILE, trainer_state_dict
 from rlhf_helpers.stages import train_ppo as train
 
 RUN_ID = "20261207-101500-c0mmand0"

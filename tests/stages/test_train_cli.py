@@ -123,7 +123,7 @@ def test_nan_reward_exits_2_with_a_message_and_keeps_the_last_good_checkpoint(tm
     import torch
 
     from rlhf_helpers.ppo import run_loop
-    from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+    from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
     from rlhf_helpers.stages import train_ppo as train
 
     torch.set_num_threads(1)
@@ -328,7 +328,7 @@ def test_a_damaged_reward_dir_exits_2_before_the_model_is_built(quick_cli, capsy
 @pytest.fixture
 def two_checkpoints(quick_cli, make_trainer):
     """A run folder as the command leaves it: run.json and checkpoints step-000001, step-000002."""
-    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+    from rlhf_helpers.ppo.checkpoints.save_load import save_checkpoint
 
     out = quick_cli / "ppo"
     trainer = make_trainer(max_new_tokens=4)
@@ -399,7 +399,7 @@ def test_a_save_sweeps_temporary_folders_of_dead_runs(two_checkpoints, make_trai
     import subprocess
     import sys
 
-    from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
+    from rlhf_helpers.ppo.checkpoints.save_load import load_checkpoint, save_checkpoint
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout)

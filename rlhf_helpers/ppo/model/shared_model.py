@@ -36,11 +36,11 @@ from torch import nn
 from rlhf_helpers.core.checks import check_temperature, check_token_batch
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.core.tokens import last_token_index, mask_to_first_eos, position_ids_from_mask
-from rlhf_helpers.ppo.adapters import params_by_adapter, refuse_checkpointing
-from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
-from rlhf_helpers.ppo.fused_lora import fuse_lora_layers, fuse_tanh_gelu
-from rlhf_helpers.ppo.packed_gpt2 import packed_hidden, supports_packed
-from rlhf_helpers.ppo.shared_adapters import attach_adapters, check_special_tokens
+from rlhf_helpers.ppo.model.adapters import params_by_adapter, refuse_checkpointing
+from rlhf_helpers.ppo.model.fast_decoder import StaticLlamaDecoder, supports_fast_decoder
+from rlhf_helpers.ppo.model.fused_lora import fuse_lora_layers, fuse_tanh_gelu
+from rlhf_helpers.ppo.model.packed_gpt2 import packed_hidden, supports_packed
+from rlhf_helpers.ppo.model.shared_adapters import attach_adapters, check_special_tokens
 from rlhf_helpers.runtime.lora import LoRASpec, as_lora_spec
 
 #: The trained adapters, and the frozen one.

@@ -33,10 +33,10 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from rlhf_helpers.ppo.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
-from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
-from rlhf_helpers.ppo.shared_model import ADAPTERS
-from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
+from rlhf_helpers.ppo.checkpoints.trainer_state import TRAINER_STATE_FILE, load_trainer_state
+from rlhf_helpers.ppo.model.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
+from rlhf_helpers.ppo.model.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
+from rlhf_helpers.ppo.model.shared_model import ADAPTERS
 from rlhf_helpers.runtime.artifacts import sha256_file
 
 MANIFEST_FILE = "manifest.json"

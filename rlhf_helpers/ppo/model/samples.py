@@ -19,8 +19,8 @@ from typing import Literal
 import torch
 
 from rlhf_helpers.core.tokens import mask_to_first_eos
-from rlhf_helpers.ppo.sampling import sample_model
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.sampling import sample_model
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 
 #: reward_fn(prompts, responses) -> one score per pair (replaces the reward adapter when given)
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint_digest import manifest_digest
-from rlhf_helpers.ppo.checkpoint_folder import (
+from rlhf_helpers.ppo.checkpoints.digest import manifest_digest
+from rlhf_helpers.ppo.checkpoints.folder import (
     CheckpointSaveError,
     checkpoint_name,
     checkpoint_step,
@@ -57,8 +57,12 @@ from rlhf_helpers.ppo.checkpoint_folder import (
     is_complete_checkpoint,
     latest_checkpoint,
 )
-from rlhf_helpers.ppo.run_identity import RUN_FILE, new_run_id, recorded_run_id
-from rlhf_helpers.ppo.trainer_state import RUN_ID_KEY, TRAINER_STATE_FILE, load_trainer_state
+from rlhf_helpers.ppo.checkpoints.run_identity import RUN_FILE, new_run_id, recorded_run_id
+from rlhf_helpers.ppo.checkpoints.trainer_state import (
+    RUN_ID_KEY,
+    TRAINER_STATE_FILE,
+    load_trainer_state,
+)
 from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.locks import RUN_LOCK_FILE, FileLock, hold_run_folder
 

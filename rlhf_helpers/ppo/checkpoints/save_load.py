@@ -39,16 +39,14 @@ import torch
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
-from rlhf_helpers.ppo.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
-from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
-from rlhf_helpers.ppo.checkpoint_digest import (
+from rlhf_helpers.ppo.checkpoints.digest import (
     MANIFEST_FILE,
     MANIFEST_STATE_KEY,
     manifest_digest,
     verify_checkpoint,
     write_manifest,
 )
-from rlhf_helpers.ppo.checkpoint_folder import (
+from rlhf_helpers.ppo.checkpoints.folder import (
     CHECKPOINT_NAME,
     LATEST_FILE,
     TEMPORARY_CHECKPOINT,
@@ -57,16 +55,15 @@ from rlhf_helpers.ppo.checkpoint_folder import (
     checkpoints,
     latest_checkpoint,
 )
-from rlhf_helpers.ppo.run_claim import check_save, claim_for_save
-from rlhf_helpers.ppo.run_identity import (
+from rlhf_helpers.ppo.checkpoints.ownership import check_save, claim_for_save
+from rlhf_helpers.ppo.checkpoints.run_identity import (
     LoRAShape,
     foreign_checkpoint_problem,
     lora_fit_problem,
     new_run_id,
     recorded_run_id,
 )
-from rlhf_helpers.ppo.shared_model import ADAPTERS, SharedLoRAModel
-from rlhf_helpers.ppo.trainer_state import (
+from rlhf_helpers.ppo.checkpoints.trainer_state import (
     TRAINER_STATE_FILE,
     CheckpointSettingsWarning,
     checkpoint_settings,
@@ -76,6 +73,9 @@ from rlhf_helpers.ppo.trainer_state import (
     state_fit_problem,
     trainer_state_dict,
 )
+from rlhf_helpers.ppo.model.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
+from rlhf_helpers.ppo.model.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
+from rlhf_helpers.ppo.model.shared_model import ADAPTERS, SharedLoRAModel
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
 from rlhf_helpers.runtime.folder_swap import replace_folder, restore_dead_asides
 

@@ -19,13 +19,14 @@ from peft import LoraConfig, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
 
-from rlhf_helpers.ppo.value_head import ScalarHead
+from rlhf_helpers.ppo.model.value_head import ScalarHead
 
 #: File names of the reward step's output that `load_reward_adapter` reads (stages/reward_training).
 SCORE_HEAD_FILE = "score_head.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
-#: A PPO checkpoint's layout (ppo/checkpoint.py): a peft folder per adapter, both heads in one file.
+#: A PPO checkpoint's layout (ppo/checkpoints/save_load.py): a peft folder per adapter, both heads
+#: in one file.
 CHECKPOINT_ADAPTERS_DIR = "adapters"
 CHECKPOINT_HEADS_FILE = "heads.safetensors"
 

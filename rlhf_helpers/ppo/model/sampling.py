@@ -43,9 +43,9 @@ from rlhf_helpers.core.checks import (
 )
 from rlhf_helpers.core.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhf_helpers.core.tokens import position_ids_from_mask
-from rlhf_helpers.ppo.fast_decoder import StaticLlamaDecoder
-from rlhf_helpers.ppo.gpt2_decoder import GPT2CacheDecoder
-from rlhf_helpers.ppo.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.model.fast_decoder import StaticLlamaDecoder
+from rlhf_helpers.ppo.model.gpt2_decoder import GPT2CacheDecoder
+from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 
 
 class SampleOutput(NamedTuple):

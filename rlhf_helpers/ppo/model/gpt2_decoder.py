@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhf_helpers.ppo.packed_gpt2 import attention, packed_hidden
+from rlhf_helpers.ppo.model.packed_gpt2 import attention, packed_hidden
 
 
 class GPT2CacheDecoder:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.metric_docs import METRICS
-from rlhf_helpers.ppo.run_folder import SetupError
+from rlhf_helpers.stages.run_files.run_folder import SetupError
 
 #: --report-to choices; "none" is the default.
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")

@@ -21,12 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP
-from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE, checkpoint_problem, unverified
-from rlhf_helpers.ppo.checkpoint_folder import LATEST_FILE, checkpoints, resolve_latest
-from rlhf_helpers.ppo.run_claim import lock_run_folder
-from rlhf_helpers.ppo.run_identity import RUN_FILE, foreign_checkpoint_problem, lora_fit_problem
-from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
+from rlhf_helpers.ppo.checkpoints.digest import MANIFEST_FILE, checkpoint_problem, unverified
+from rlhf_helpers.ppo.checkpoints.folder import LATEST_FILE, checkpoints, resolve_latest
+from rlhf_helpers.ppo.checkpoints.ownership import lock_run_folder
+from rlhf_helpers.ppo.checkpoints.run_identity import (
+    RUN_FILE,
+    foreign_checkpoint_problem,
+    lora_fit_problem,
+)
+from rlhf_helpers.ppo.checkpoints.save_load import DEFAULT_KEEP
+from rlhf_helpers.ppo.checkpoints.trainer_state import TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.interrupt import is_rank_zero
 from rlhf_helpers.runtime.lock_files import file_kind

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rlhf_helpers.ppo.checkpoint_digest import required_files
+from rlhf_helpers.ppo.checkpoints.digest import required_files
 from rlhf_helpers.runtime.folder_swap import restore_dead_asides
 
 LATEST_FILE = "latest"

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
-from rlhf_helpers.ppo.trainer_state import RUN_ID_KEY
+from rlhf_helpers.ppo.checkpoints.trainer_state import RUN_ID_KEY
+from rlhf_helpers.ppo.model.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
 
 RUN_FILE = "run.json"
 #: run.json holds a profile and a config (a few KiB): a larger file is not read for its id

@@ -18,8 +18,8 @@ import torch
 from peft import get_peft_model
 from torch import nn
 
-from rlhf_helpers.ppo.adapters import load_reward_adapter, lora_config, uses_conv1d
-from rlhf_helpers.ppo.value_head import ScalarHead
+from rlhf_helpers.ppo.model.adapters import load_reward_adapter, lora_config, uses_conv1d
+from rlhf_helpers.ppo.model.value_head import ScalarHead
 from rlhf_helpers.runtime.lora import LoRASpec
 
 

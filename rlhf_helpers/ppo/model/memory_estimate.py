@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_helpers.ppo.fast_decoder import CACHE_ROUND, MAX_GRAPHS
+from rlhf_helpers.ppo.model.fast_decoder import CACHE_ROUND, MAX_GRAPHS
 from rlhf_helpers.runtime.architectures import architecture_of
 from rlhf_helpers.runtime.precision import resolve_dtype
 
@@ -274,10 +274,11 @@ def ppo_phase_estimates(profile: Any, shape: ModelShape | None = None,
 
 
 def sampler_bytes(shape: ModelShape, profile: Any, s: int) -> int:
-    """The CUDA fast sampler's buffers (ppo/fast_decoder.py), kept from one iteration to the next:
-    every projection weight with the sampling adapter folded in (s bytes each), and the static KV
-    caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length + max_new_tokens
-    rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation batches."""
+    """The CUDA fast sampler's buffers (ppo/model/fast_decoder.py), kept from one iteration to the
+    next: every projection weight with the sampling adapter folded in (s bytes each), and the
+    static KV caches of up to MAX_GRAPHS (batch, width) entries, width = max_prompt_length +
+    max_new_tokens rounded up to CACHE_ROUND, batch = the larger of the rollout and evaluation
+    batches."""
     folded = s * shape.num_layers * sum(i * o for i, o in shape.projection_shapes().values())
     tokens = profile.ppo.max_prompt_length + profile.ppo.max_new_tokens
     width = -(-tokens // CACHE_ROUND) * CACHE_ROUND
