@@ -751,7 +751,7 @@ def check_ppo_update():
 
 
 exercise_check("Exercise 4 (ppo_update)", check_ppo_update,
-               hidden=[PPOTrainer.update, iteration.update, iteration.minibatch_losses,
+               hidden=[PPOTrainer.update, iteration.update_epochs, iteration.minibatch_backward,
                        rlhf_helpers.policy_loss, rlhf_helpers.value_loss,
                        rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean])
 
@@ -1596,7 +1596,7 @@ for path in sorted(checkpoint.rglob("*")):
 # | TRL <= 0.11: `AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=...)` | `SharedLoRAModel`: a policy adapter, and a value adapter with `value_head` | the critic has its own adapter, so value gradients never move the policy (TRL's value head sat on the policy's trunk) |
 # | TRL: `reward_adapter=path` | the reward adapter and score head of notebook 02, `model.reward_scores` | same idea: one more adapter on the same base |
 # | TRL: `ref_model=None` with peft | `with model.reference():` (every adapter off) | checked against the plain SFT model in section 2's deep dive |
-# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `update` | the reward model is called inside the step, not by you |
+# | TRL: `ppo_trainer.generate(...)`, then `ppo_trainer.step(queries, responses, scores)` | `PPOTrainer.step()`: `collect_experience` (sample, score, reference and value passes, GAE), then `PPOTrainer.update` | the reward model is called inside the step, not by you |
 # | OpenRLHF 0.11.2: `PolicyLoss`, `--actor.loss_agg_mode token-mean` (the default) | `policy_loss`: one masked mean over **all** tokens of the minibatch | the same reduction; OpenRLHF's `seq-mean-token-mean` (and GSPO) average per sequence first, then over sequences, as Exercise 3's `per_sequence=True` |
 # | OpenRLHF: `ValueLoss(value_clip)`, `GPTLMLoss` for ptx | `value_loss(value_clip=...)`, `lm_loss` with `ptx_coef` | |
 # | a typical single-file PPO script: one actor-critic model, one optimiser, `loss = policy + vf_coef * value`, `old_probs=prob_refs` | two adapters with one Adam each; old log-probs from the sampling pass | passing the reference's log-probs as the old ones is a bug: notebook 06 (a) shows what it does |

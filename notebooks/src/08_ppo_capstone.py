@@ -316,8 +316,8 @@ def ppo_iteration(model: SharedLoRAModel, tokenizer, prompts: list[str], policy_
 
 
 # %%
-ITERATION_HIDDEN = [PPOTrainer.update, library_steps.update, library_steps.minibatch_losses, collect_experience,
-                    library_steps.rollout, library_iteration, rlhf_helpers.policy_loss,
+ITERATION_HIDDEN = [PPOTrainer.update, library_steps.update_epochs, library_steps.minibatch_backward,
+                    collect_experience, library_steps.rollout, library_iteration, rlhf_helpers.policy_loss,
                     rlhf_helpers.value_loss, rlhf_helpers.clipped_surrogate, rlhf_helpers.masked_mean,
                     rlhf_helpers.shape_rewards, rlhf_helpers.compute_gae, rlhf_helpers.masked_whiten,
                     plain_experience, plain_update, plain_iteration]

@@ -1,20 +1,23 @@
 """One PPO iteration, in the order it runs: the rollout (no gradients), then the update epochs.
 
     batch = rollout(model, tokenizer, prompts, config, kl_coef, reward_fn, pieces)   # an Experience
-    rows = update(trainer, batch, generator)        # one row of stats per minibatch
+    rows = update_epochs(model, batch, policy_opt, value_opt, config, generator, pieces,
+                         step=step)            # one row of stats per minibatch
 
 `PPOTrainer.step` runs the two (as cleanrl's `ppo.py` writes its loop) and turns the rows into the
-step's metrics. The maths are called by name: the `pieces` (reward shaping, advantages, the two
-losses) are the library's `core` functions unless the caller gave their own, and the model's
-forwards are methods of `SharedLoRAModel`. Around the iteration, not inside it: the trainer's guard
-(a NaN stops every process, a refused minibatch leaves no gradient), the optimisers' checks, and the
-run loop (`run_loop`).
+step's metrics. Both are functions of what they read, passed in: no trainer, and nothing written
+back. The maths are called by name: the `pieces` (reward shaping, advantages, the two losses) are
+the library's `core` functions unless the caller gave their own, and the model's forwards are
+methods of `SharedLoRAModel`. Around the iteration: the trainer's undo of a step that does not
+finish (`step_undo`) and the run loop (`run_loop`). Inside it, called by name: the guard of each
+minibatch (`guards.guard`: a NaN stops every process, a refused minibatch leaves no gradient) and
+the optimisers' step with its checks (`optim`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +26,10 @@ import torch
 from rlhf_helpers.core.checks import check_no_nan
 from rlhf_helpers.core.masked import masked_mean, masked_whiten
 from rlhf_helpers.ppo.experience import Experience
-from rlhf_helpers.ppo.guards import non_finite_stops_run
+from rlhf_helpers.ppo.guards import guard, non_finite_stops_run
 from rlhf_helpers.ppo.model.samples import RewardFn, sample_responses, score_samples
 from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
+from rlhf_helpers.ppo.optim import AdapterOptimizer
 from rlhf_helpers.ppo.pieces import AdvantageFn, Pieces, ShapeRewardsFn, resolve_pieces
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 
@@ -147,37 +151,52 @@ def trim_minibatch(batch: Experience, rows: torch.Tensor) -> Minibatch:
         advantages=batch.advantages[rows, :r], returns=batch.returns[rows, :r])
 
 
-def update(trainer: Any, batch: Experience, generator: torch.Generator) -> list[dict[str, float]]:
+#: the SFT texts' next-token loss of the policy on a minibatch it draws from the generator
+#: (`PPOTrainer.ptx_loss`)
+PtxLossFn = Callable[[torch.Generator], torch.Tensor]
+
+
+def update_epochs(model: SharedLoRAModel, batch: Experience, policy_opt: AdapterOptimizer,
+                  value_opt: AdapterOptimizer, config: PPOConfig, generator: torch.Generator,
+                  pieces: Pieces, *, step: int, accelerator: Any = None,
+                  ptx_loss: PtxLossFn | None = None) -> list[dict[str, float]]:
     """config.ppo_epochs passes over the batch in shuffled minibatches; returns one row of stats per
     minibatch. On each: the policy step (L = L_clip - c_ent * H + c_ptx * L_lm), then the value step
     (c_vf * L_V). Both losses are computed, checked and back-propagated before either adapter steps,
     so a refused loss piece leaves every weight as it was. The two adapters share no trainable
-    parameter and neither loss reads the other's output, so this order changes no number."""
-    config, step = trainer.config, trainer.step_count
+    parameter and neither loss reads the other's output, so this order changes no number.
+
+    `step`: the PPO step (value warm-up, NaN messages); `accelerator`: the processes that vote in
+    the guard and average gradients (None: one); `ptx_loss`: the c_ptx term's loss (None: no such
+    term). The arguments come in the order of a caller's `update_fn` (`pieces.UpdateFn`): model,
+    batch, the two optimisers, config, generator, then the maths."""
     train_policy = step >= config.value_warmup_steps  # warm-up: the critic learns the returns first
-    # filled as minibatches run; a stop puts back the previous update's rows (`step_undo`)
-    rows = trainer.last_update_stats = []
+    rows: list[dict[str, float]] = []
     for epoch in range(config.ppo_epochs):
         size = batch.sequences.shape[0]  # B
         order = torch.randperm(size, generator=generator).to(batch.sequences.device)  # (B,)
         for index, first in enumerate(range(0, size, config.mini_batch_size)):
             mb = trim_minibatch(batch, order[first : first + config.mini_batch_size])
-            # the guard votes on every process before the gradients' all-reduce; a refusal drops
-            # the gradients of both losses
-            with trainer.guard(drop_gradients=True):
-                stats = minibatch_losses(trainer, mb, generator, train_policy)
-            policy_norm = trainer.policy_opt.sync_and_step(step) if train_policy else 0.0
-            value_norm = trainer.value_opt.sync_and_step(step)
+            # every process votes before the gradients' all-reduce; a refusal drops the gradients
+            # of both losses
+            with guard(accelerator, step, (policy_opt.optimizer, value_opt.optimizer)):
+                stats = minibatch_backward(model, mb, policy_opt, value_opt, config, generator,
+                                           pieces, ptx_loss=ptx_loss, train_policy=train_policy)
+            policy_norm = policy_opt.sync_and_step(step) if train_policy else 0.0
+            value_norm = value_opt.sync_and_step(step)
             tail = {key: stats.pop(key) for key in ("entropy_update", "ptx_loss") if key in stats}
             rows.append({"epoch": float(epoch), "minibatch": float(index), **stats,
                          "policy_grad_norm": policy_norm, "value_grad_norm": value_norm, **tail})
     return rows
 
 
-def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
-                     train_policy: bool) -> dict[str, float]:
-    """The policy's, then the value's forward -> loss -> backward on one minibatch; its stats."""
-    config, model, pieces = trainer.config, trainer.model, trainer.pieces
+def minibatch_backward(model: SharedLoRAModel, mb: Minibatch, policy_opt: AdapterOptimizer,
+                       value_opt: AdapterOptimizer, config: PPOConfig, generator: torch.Generator,
+                       pieces: Pieces, *, ptx_loss: PtxLossFn | None,
+                       train_policy: bool) -> dict[str, float]:
+    """The policy's, then the value's forward -> loss -> backward on one minibatch (no optimiser
+    step); its stats. `train_policy` False (value warm-up): the policy loss is not
+    back-propagated."""
     logprobs, entropy = model.policy_logprobs(  # (b, r), (b, r); no entropy backward unless used
         mb.sequences, mb.attention_mask, mb.context_length, with_entropy=True,
         entropy_grad=config.entropy_coef > 0, temperature=config.temperature)
@@ -186,20 +205,25 @@ def minibatch_losses(trainer: Any, mb: Minibatch, generator: torch.Generator,
     mean_entropy = masked_mean(entropy.float(), mb.mask)
     # L = L_clip - c_ent * H (+ c_ptx * L_lm on a minibatch of SFT texts)
     loss = pg_loss - config.entropy_coef * mean_entropy
-    ptx = trainer.ptx_loss(generator) if config.ptx_coef > 0 else None
+    ptx = ptx_loss(generator) if ptx_loss is not None else None
     loss = loss + config.ptx_coef * ptx if ptx is not None else loss
     check_no_nan("policy loss", loss.detach())
     if train_policy:  # a caller's loss piece is checked: its gradient must reach the adapter
-        trainer.policy_opt.backward(loss, piece=pieces.policy_loss_name)
+        policy_opt.backward(loss, piece=pieces.policy_loss_name)
     # value: forward -> loss -> backward (it reads no policy weight: the order changes no number)
     new_values = model.values(mb.sequences, mb.attention_mask, mb.context_length).float()  # (b, r)
     v_loss, v_stats = pieces.value_loss(new_values, mb.values, mb.returns, mb.mask,
                                         config.value_clip)
     check_no_nan("value loss", v_loss.detach())
-    trainer.value_opt.backward(config.vf_coef * v_loss, piece=pieces.value_loss_name)
+    value_opt.backward(config.vf_coef * v_loss, piece=pieces.value_loss_name)
     return {"ratio_mean": float(pg_stats["ratio_mean"]), "ratio_max": float(pg_stats["ratio_max"]),
             "policy_loss": float(pg_loss.detach()), "clipfrac": float(pg_stats["clipfrac"]),
             "approx_kl": float(pg_stats["approx_kl"]), "value_loss": float(v_loss.detach()),
             "vf_clipfrac": float(v_stats.get("vf_clipfrac", 0.0)),
             "entropy_update": float(mean_entropy.detach()),
             **({"ptx_loss": float(ptx.detach())} if ptx is not None else {})}
+
+
+# the names these had before (notebooks' exercise checks hide them by these): the same functions
+update = update_epochs
+minibatch_losses = minibatch_backward

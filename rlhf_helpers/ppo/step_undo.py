@@ -7,19 +7,21 @@ it runs and put back when it does not finish (Ctrl-C, a NaN stop, a refused piec
 What is copied: every trained weight (the policy and value adapters, the value head) and its
 gradient; each optimiser's state (Adam's moments and step counts, its hyper-parameters), loss scaler
 and overflow count; the KL controller; the trainer's step count, history, latest batch and
-minibatch stats; the global RNG states, torch's, Python's `random` and NumPy's (a caller's
+minibatch stats (`last_update_stats`: the update loop returns its rows and the trainer records them
+once it finishes); the global RNG states, torch's, Python's `random` and NumPy's (a caller's
 `update_fn` may draw from any of them). The optimisers' param groups are put back whole: a group
-the step added is dropped, one it removed comes back. The library's
-update and a caller's `update_fn` are under the same rule: after an interrupted step every adapter
-and optimiser state is exactly as before it, so `train()` or `step()` runs that step again from the
-start and gives the numbers an uninterrupted run gives. The exception gets a note that says so.
+the step added is dropped, one it removed comes back. The library's update loop
+(`iteration.update_epochs`) and a caller's `update_fn` are under the same rule: after an interrupted
+step every adapter and optimiser state is exactly as before it, so `train()` or `step()` runs that
+step again from the start and gives the numbers an uninterrupted run gives. The exception gets a
+note that says so.
 
 Each part is put back even when another fails (StepUndoError then names the parts not put back),
 so no error leaves a trainer half restored without saying so.
 
 Cost: one copy of the adapters and of Adam's two moments per step (LoRA adapters are small: a few
-MB on the gpu profile), no copy of the frozen base. Blocks nest: `update` inside `step` is covered
-by the step's copy.
+MB on the gpu profile), no copy of the frozen base. Blocks nest: `PPOTrainer.update` inside `step`
+is covered by the step's copy.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-#: ids of the trainers inside an `undone_on_error` block: an inner block (`update` in `step`)
-#: copies nothing
+#: ids of the trainers inside an `undone_on_error` block: an inner block (`PPOTrainer.update` in
+#: `step`) copies nothing
 _COVERED: set[int] = set()
 
 

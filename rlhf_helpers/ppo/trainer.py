@@ -5,8 +5,9 @@
     history = trainer.train()         # config.total_steps iterations, progress bar, checkpoints
     trainer.close()                   # frees config.output_dir (so does the process's end)
 
-`step` runs `iteration.rollout` then `iteration.update` (the iteration in one file, as cleanrl
-writes it) and turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are
+`step` runs `iteration.rollout` then `iteration.update_epochs` (the iteration in one file, as
+cleanrl writes it: functions of the model, batch, optimisers and config, handed each in turn) and
+turns them into the step's metrics; `train` is `run_loop.train_loop`. The maths are
 functions passed in (`pieces`: reward shaping, advantages, policy loss, value loss, even the update
 loop; the library's by default), so a learner's own GAE, loss or loop can drive the training.
 
@@ -35,7 +36,7 @@ from rlhf_helpers.core.losses import lm_loss, policy_loss, value_loss
 from rlhf_helpers.ppo.evaluation import ScoreFn, evaluate_policy
 from rlhf_helpers.ppo.experience import Experience, eos_kept_share, rollout_metrics
 from rlhf_helpers.ppo.guards import guard
-from rlhf_helpers.ppo.iteration import rollout, update
+from rlhf_helpers.ppo.iteration import rollout, update_epochs
 from rlhf_helpers.ppo.model.samples import RewardFn, tokenize_prompts
 from rlhf_helpers.ppo.model.shared_model import SharedLoRAModel
 from rlhf_helpers.ppo.optim import AdapterOptimizer
@@ -126,7 +127,7 @@ class PPOTrainer:
         #: PPO's maths as the iteration calls them: the library's as they are, a caller's checked
         self.pieces = resolve_pieces(config.kl_kind, config.score_clip, shape_rewards_fn,
                                      advantage_fn, policy_loss_fn, value_loss_fn)
-        #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update`'s own
+        #: the whole update loop of an iteration (`pieces.UpdateFn`); None: `update_epochs`
         self.update_fn = update_fn
         self.process_index = accelerator.process_index if accelerator is not None else 0
         self.num_processes = accelerator.num_processes if accelerator is not None else 1
@@ -251,13 +252,16 @@ class PPOTrainer:
         return lm_loss(logits, labels, ignore_index=-100)
 
     def update(self, batch: Experience, generator: torch.Generator) -> dict[str, float]:
-        """The update epochs on `batch` (`iteration.update`, or the caller's `update_fn`); returns
-        the mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and keeps
-        the rows in `last_update_stats`. An update that does not finish is undone whole, whoever
-        wrote the loop (`step_undo`)."""
+        """The update epochs on `batch` (`iteration.update_epochs`, or the caller's `update_fn`);
+        returns the mean of the minibatches' stats, and the share of EOS tokens its mask keeps, and
+        keeps the rows in `last_update_stats`. An update that does not finish is undone whole,
+        whoever wrote the loop (`step_undo`), and leaves `last_update_stats` as it was."""
         with undone_on_error(self, "this update"):
             if self.update_fn is None:
-                update(self, batch, generator)  # its rows go to last_update_stats as they are made
+                self.last_update_stats = update_epochs(
+                    self.model, batch, self.policy_opt, self.value_opt, self.config, generator,
+                    self.pieces, step=self.step_count, accelerator=self.accelerator,
+                    ptx_loss=self.ptx_loss if self.config.ptx_coef > 0 else None)
             else:  # the caller's loop; the run's policy loss, its stats recorded
                 with self.guard():
                     self.last_update_stats = run_update_fn(

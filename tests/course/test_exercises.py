@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +13,12 @@ import rlhf_helpers
 from rlhf_helpers.core import gae
 from rlhf_helpers.course.exercises import LibraryShortcut, hidden_from_learner
 from rlhf_helpers.course.notebook import EXERCISE_FAILED, EXERCISE_PASSED, exercise_check
+from rlhf_helpers.ppo import iteration
 from rlhf_helpers.ppo.trainer import PPOTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+#: notebook source -> the name it imports `rlhf_helpers.ppo.iteration` as
+NOTEBOOK_HIDDEN_LISTS = {"05_full_ppo.py": "iteration", "08_ppo_capstone.py": "library_steps"}
 
 
 def test_every_binding_of_a_hidden_function_refuses_and_comes_back():
@@ -258,3 +265,24 @@ def test_a_check_that_never_ends_stops_with_failed_and_the_alarm_is_put_back(cap
     exercise_check("Exercise 1 (quick)", lambda: None, seconds=0.5)
     time.sleep(0.7)  # and no alarm is left to fire after it
     assert capsys.readouterr().out.strip() == f"{EXERCISE_PASSED}  Exercise 1 (quick)"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOK_HIDDEN_LISTS)
+def test_the_notebooks_hide_the_library_update_loop_by_its_names(notebook):
+    """Exercise 4 of notebook 05 and exercise 2 of notebook 08 must refuse a learner loop that calls
+    the library's: their `hidden` lists name both functions of it, by names that exist."""
+    alias = NOTEBOOK_HIDDEN_LISTS[notebook]
+    tree = ast.parse((ROOT / "notebooks" / "src" / notebook).read_text())
+    named = set()
+    for node in ast.walk(tree):
+        in_list = (isinstance(node, ast.keyword) and node.arg == "hidden") or (
+            isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(
+                "_HIDDEN") for t in node.targets))
+        if in_list and isinstance(node.value, ast.List):
+            named |= {item.attr for item in node.value.elts if isinstance(item, ast.Attribute)
+                      and isinstance(item.value, ast.Name) and item.value.id == alias}
+    assert {"update_epochs", "minibatch_backward"} <= named, named
+    assert all(hasattr(iteration, name) for name in named), named
+    with hidden_from_learner([getattr(iteration, name) for name in named]):
+        with pytest.raises(LibraryShortcut, match="update_epochs is hidden"):
+            iteration.update(None, None, None, None, None, None, None, step=0)  # the old name too
