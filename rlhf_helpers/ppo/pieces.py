@@ -108,9 +108,9 @@ class ValueLossFn(Protocol):
 
 
 class UpdateFn(Protocol):
-    """A whole update loop of one iteration, in place of the library's (`iteration.update_epochs`). It runs
-    on one process, with plain torch optimisers and no fp16 loss scaling, and without entropy bonus,
-    ptx loss or value warm-up: a trainer given one refuses those settings by name
+    """A whole update loop of one iteration, in place of the library's (`iteration.update_epochs`).
+    It runs on one process, with plain torch optimisers and no fp16 loss scaling, and without
+    entropy bonus, ptx loss or value warm-up: a trainer given one refuses those settings by name
     (`check_update_fn_settings`), and a `value_loss_fn` beside it, which would never run."""
 
     def __call__(self, model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
