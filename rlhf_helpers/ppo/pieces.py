@@ -29,29 +29,31 @@ loss or bare rewards, or stats without some of the metrics, still gets every met
 library's function on the same inputs, without gradient, so the curves of a learner's loss and of
 the library's are read the same way.
 
-Every call of a caller's piece is checked (`piece_checks`; the library's own are called as they are,
-`resolve_pieces`), and a piece that breaks its contract stops the step with a PieceError naming it
-and what it returned, before any optimiser steps: an error raised inside it, a tensor argument it
-changed in place (the trainer's own), a result of another type, shape, dtype or device, a loss that
-is not one number or carries no gradient. The library's update checks both losses of a minibatch
-before either adapter steps; an `update_fn` steps where it likes. Either way one rule holds: an
-update that does not finish (an error, a refusal, an `update_fn` that never steps the policy on a
-gradient, Ctrl-C) leaves every adapter weight and optimiser state as before the step
-(`PPOTrainer.step`, `step_undo`). An `update_fn`'s rows log the gradient norm each optimiser
-stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip). Each caller's
-piece works on copies of the trainer's tensors (the log-probs and values that carry the graph
-excepted), and `update_fn` on a copy of the batch and of the config, so no edit of theirs reaches
-the run's data; an `update_fn` that changes a frozen weight (the base, the reward model) is refused.
+Each piece's `Protocol` (its exact signature) is in `piece_contracts`, and each is registered there
+(`PIECES`) by the `@piece(...)` on its checked call below. Every call of a caller's piece is checked
+(`piece_checks`; the library's own are called as they are, `resolve_pieces`), and a piece that
+breaks its contract stops the step with a PieceError naming it and what it returned, before any
+optimiser steps: an error raised inside it, a tensor argument it changed in place (the trainer's
+own), a result of another type, shape, dtype or device, a loss that is not one number or carries no
+gradient. The library's update checks both losses of a minibatch before either adapter steps; an
+`update_fn` steps where it likes. Either way one rule holds: an update that does not finish (an
+error, a refusal, an `update_fn` that never steps the policy on a gradient, Ctrl-C) leaves every
+adapter weight and optimiser state as before the step (`PPOTrainer.step`, `step_undo`). An
+`update_fn`'s rows log the gradient norm each optimiser stepped on as `policy_grad_norm` /
+`value_grad_norm` (after the loop's own clip). Each caller's piece works on copies of the trainer's
+tensors (the log-probs and values that carry the graph excepted), and `update_fn` on a copy of the
+batch and of the config, so no edit of theirs reaches the run's data; an `update_fn` that changes a
+frozen weight (the base, the reward model) is refused.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -67,56 +69,19 @@ from rlhf_helpers.ppo.piece_checks import (
     rewards_result,
     tensor_pair,
 )
+from rlhf_helpers.ppo.piece_contracts import (
+    PIECES,
+    AdvantageFn,
+    LossAndStats,
+    PolicyLossFn,
+    ShapeRewardsFn,
+    Tensors,
+    UpdateFn,
+    ValueLossFn,
+    piece,
+)
 from rlhf_helpers.ppo.update_watch import UpdateWatch
 from rlhf_helpers.runtime.precision import needs_grad_scaler
-
-#: two (B, T) tensors: (rewards, kl) or (advantages, returns)
-Tensors = tuple[torch.Tensor, torch.Tensor]
-#: a loss (0-dim, with a gradient) and its stats (clipfrac, approx_kl...: numbers or 0-dim tensors)
-LossAndStats = tuple[torch.Tensor, Mapping[str, Any]]
-
-class ShapeRewardsFn(Protocol):
-    """A reward-shaping piece: r_t = -beta * kl_t, plus each row's score at its last real token."""
-
-    def __call__(self, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                 mask: torch.Tensor, kl_coef: float, /) -> Tensors | torch.Tensor:
-        """(B,), (B, T) x 3, beta -> (rewards, kl) (B, T) each, or the rewards alone."""
-
-
-class AdvantageFn(Protocol):
-    """An advantage piece: A_t from the shaped rewards and the old values (GAE by default)."""
-
-    def __call__(self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                 gamma: float, lam: float, /) -> Tensors:
-        """(B, T) x 3, gamma, lambda -> (advantages, returns) (B, T) each."""
-
-
-class PolicyLossFn(Protocol):
-    """A policy-loss piece: the clipped surrogate by default."""
-
-    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor, clip_eps: float, /) -> LossAndStats | torch.Tensor:
-        """(b, r) x 4, epsilon -> (loss, stats), or the loss alone (0-dim, with a gradient)."""
-
-
-class ValueLossFn(Protocol):
-    """A value-loss piece: the (optionally clipped) squared error by default."""
-
-    def __call__(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                 mask: torch.Tensor, value_clip: float | None, /) -> LossAndStats | torch.Tensor:
-        """(b, r) x 4, the value clip (None: none) -> (loss, stats), or the loss alone."""
-
-
-class UpdateFn(Protocol):
-    """A whole update loop of one iteration, in place of the library's (`iteration.update`). It runs
-    on one process, with plain torch optimisers and no fp16 loss scaling, and without entropy bonus,
-    ptx loss or value warm-up: a trainer given one refuses those settings by name
-    (`check_update_fn_settings`), and a `value_loss_fn` beside it, which would never run."""
-
-    def __call__(self, model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
-                 value_opt: torch.optim.Optimizer, config: Any, generator: torch.Generator,
-                 policy_loss_fn: Callable[..., torch.Tensor], /) -> Sequence[tuple[float, float]]:
-        """-> the (policy loss, value loss) of every minibatch, in order."""
 
 
 @dataclass(frozen=True)
@@ -145,26 +110,25 @@ class Pieces:
 def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
                    advantage_fn: AdvantageFn | None, policy_loss_fn: PolicyLossFn | None,
                    value_loss_fn: ValueLossFn | None) -> Pieces:
-    """The pieces a trainer runs with: None or the library's function as is, a caller's checked."""
-    library_shaping = partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
-    own_gae = advantage_fn is None or advantage_fn is compute_gae
-    own_policy = policy_loss_fn is None or policy_loss_fn is policy_loss
-    own_value = value_loss_fn is None or value_loss_fn is value_loss
+    """The pieces a trainer runs with: None or the library's function as is, a caller's checked
+    (`PIECES[name].call`). The library's shaping given as a piece runs checked, without kl_kind."""
+    given = {"shape_rewards_fn": shape_rewards_fn, "advantage_fn": advantage_fn,
+             "policy_loss_fn": policy_loss_fn, "value_loss_fn": value_loss_fn}
+    own = {name: fn is None or (fn is PIECES[name].library and name != "shape_rewards_fn")
+           for name, fn in given.items()}
+    run = {name: PIECES[name].library if own[name] else partial(PIECES[name].call, fn)
+           for name, fn in given.items()}
     return Pieces(
-        shape_rewards=(library_shaping if shape_rewards_fn is None
-                       else partial(call_shape_rewards, shape_rewards_fn)),
-        advantages=compute_gae if own_gae else partial(call_advantages, advantage_fn),
-        policy_loss=policy_loss if own_policy else partial(call_policy_loss, policy_loss_fn),
-        value_loss=value_loss if own_value else partial(call_value_loss, value_loss_fn),
-        policy_loss_name=None if own_policy else "policy_loss_fn",
-        value_loss_name=None if own_value else "value_loss_fn",
-        shaped_by="shaped rewards" + ("" if shape_rewards_fn is None
+        shape_rewards=(partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
+                       if own["shape_rewards_fn"] else run["shape_rewards_fn"]),
+        advantages=run["advantage_fn"], policy_loss=run["policy_loss_fn"],
+        value_loss=run["value_loss_fn"],
+        policy_loss_name=None if own["policy_loss_fn"] else "policy_loss_fn",
+        value_loss_name=None if own["value_loss_fn"] else "value_loss_fn",
+        shaped_by="shaped rewards" + ("" if own["shape_rewards_fn"]
                                       else " returned by shape_rewards_fn"),
-        advantages_by="" if own_gae else " returned by advantage_fn",
-        given={name: fn for name, fn, own in (
-            ("shape_rewards_fn", shape_rewards_fn, shape_rewards_fn is None),
-            ("advantage_fn", advantage_fn, own_gae), ("policy_loss_fn", policy_loss_fn, own_policy),
-            ("value_loss_fn", value_loss_fn, own_value)) if not own})
+        advantages_by="" if own["advantage_fn"] else " returned by advantage_fn",
+        given={name: fn for name, fn in given.items() if not own[name]})
 
 
 #: the stats of a policy loss that the trainer logs, and of a value loss
@@ -207,6 +171,7 @@ def copied(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+@piece("shape_rewards_fn", ShapeRewardsFn, library=shape_rewards)
 def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch.Tensor,
                        ref_logprobs: torch.Tensor, mask: torch.Tensor,
                        kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,6 +185,7 @@ def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch
     return rewards, kl  # (B, T), (B, T)
 
 
+@piece("advantage_fn", AdvantageFn, library=compute_gae)
 def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor,
                     mask: torch.Tensor, gamma: float,
                     lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,6 +194,7 @@ def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor
     return tensor_pair("advantage_fn", out, ("advantages", "returns"), like=rewards)
 
 
+@piece("policy_loss_fn", PolicyLossFn, library=policy_loss)
 def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor,
                      clip_eps: float) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -247,6 +214,7 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
         return loss, {**policy_loss(seen, *inputs[1:])[1], **stats}
 
 
+@piece("value_loss_fn", ValueLossFn, library=value_loss)
 def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor,
                     returns: torch.Tensor, mask: torch.Tensor,
                     value_clip: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -276,6 +244,7 @@ def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
                          + "; ".join(reasons) + ". Leave update_fn out to use the library's update")
 
 
+@piece("update_fn", UpdateFn, library=None)  # the library's own: `iteration.update`
 def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any, batch: Any,
                   policy_opt: Any, value_opt: Any, config: Any, generator: torch.Generator,
                   step: int) -> list[dict[str, float]]:
