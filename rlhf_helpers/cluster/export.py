@@ -55,8 +55,9 @@ OPENRLHF_VERSION = "0.11.2"
 NO_CLIP = 1.0e6
 #: verl's dual-clip constant c that never acts: above e^20, the cap verl puts on the ratio.
 DUAL_CLIP_OFF = 1.0e9
-#: The course's engine runs GAE: its entry (`core.advantage_estimators`) has the frameworks' names
-GAE = ADVANTAGE_ESTIMATORS["gae"]
+#: The advantage estimator the course's engine runs: its entry (`core.advantage_estimators`) has
+#: the frameworks' names for it
+ENGINE_ADVANTAGE = "gae"
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
 
@@ -80,7 +81,8 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1,
         cr + "shuffle": True, "data.max_prompt_length": c.max_prompt_length,
         "data.truncation": "left", "data.max_response_length": c.max_new_tokens,
         "actor_rollout_ref.rollout.temperature": float(c.temperature),
-        "algorithm.adv_estimator": GAE.verl, "algorithm.gamma": float(c.gamma),
+        "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS[ENGINE_ADVANTAGE].verl,
+        "algorithm.gamma": float(c.gamma),
         "algorithm.lam": float(c.lam), a + "clip_ratio": float(c.clip_eps),
         a + "clip_ratio_low": float(c.clip_eps), a + "clip_ratio_high": float(c.clip_eps),
         a + "clip_ratio_c": DUAL_CLIP_OFF,
@@ -209,7 +211,7 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
         ("--data.max_len", (c.max_prompt_length + c.max_new_tokens,)),
         ("--rollout.max_new_tokens", (c.max_new_tokens,)),
         ("--rollout.temperature", (float(c.temperature),)),
-        ("--algo.advantage.estimator", (GAE.openrlhf,)),
+        ("--algo.advantage.estimator", (ADVANTAGE_ESTIMATORS[ENGINE_ADVANTAGE].openrlhf,)),
         ("--algo.advantage.gamma", (float(c.gamma),)),
         ("--algo.advantage.lambd", (float(c.lam),)), ("--actor.eps_clip", (float(c.clip_eps),)),
         ("--critic.value_clip", (NO_CLIP if c.value_clip is None else float(c.value_clip),)),
