@@ -29,21 +29,22 @@ loss or bare rewards, or stats without some of the metrics, still gets every met
 library's function on the same inputs, without gradient, so the curves of a learner's loss and of
 the library's are read the same way.
 
+Every call of a caller's piece is checked (`piece_checks`; the library's own are called as they are,
+`resolve_pieces`), and a piece that breaks its contract stops the step with a PieceError naming it
+and what it returned, before any optimiser steps: an error raised inside it, a tensor argument it
+changed in place (the trainer's own), a result of another type, shape, dtype or device, a loss that
+is not one number or carries no gradient. The library's update checks both losses of a minibatch
+before either adapter steps; an `update_fn` steps where it likes. Either way one rule holds: an
+update that does not finish (an error, a refusal, an `update_fn` that never steps the policy on a
+gradient, Ctrl-C) leaves every adapter weight and optimiser state as before the step
+(`PPOTrainer.step`, `step_undo`). An `update_fn`'s rows log the gradient norm each optimiser
+stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip). Each caller's
+piece works on copies of the trainer's tensors (the log-probs and values that carry the graph
+excepted), and `update_fn` on a copy of the batch and of the config, so no edit of theirs reaches
+the run's data; an `update_fn` that changes a frozen weight (the base, the reward model) is refused.
+
 Each piece's `Protocol` (its exact signature) is in `piece_contracts`, and each is registered there
-(`PIECES`) by the `@piece(...)` on its checked call below. Every call of a caller's piece is checked
-(`piece_checks`; the library's own are called as they are, `resolve_pieces`), and a piece that
-breaks its contract stops the step with a PieceError naming it and what it returned, before any
-optimiser steps: an error raised inside it, a tensor argument it changed in place (the trainer's
-own), a result of another type, shape, dtype or device, a loss that is not one number or carries no
-gradient. The library's update checks both losses of a minibatch before either adapter steps; an
-`update_fn` steps where it likes. Either way one rule holds: an update that does not finish (an
-error, a refusal, an `update_fn` that never steps the policy on a gradient, Ctrl-C) leaves every
-adapter weight and optimiser state as before the step (`PPOTrainer.step`, `step_undo`). An
-`update_fn`'s rows log the gradient norm each optimiser stepped on as `policy_grad_norm` /
-`value_grad_norm` (after the loop's own clip). Each caller's piece works on copies of the trainer's
-tensors (the log-probs and values that carry the graph excepted), and `update_fn` on a copy of the
-batch and of the config, so no edit of theirs reaches the run's data; an `update_fn` that changes a
-frozen weight (the base, the reward model) is refused.
+(`PIECES`) by the `@piece(...)` on its checked call below.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ from rlhf_helpers.ppo.piece_checks import (
     tensor_pair,
 )
 from rlhf_helpers.ppo.piece_contracts import (
-    PIECES,
     AdvantageFn,
     LossAndStats,
     PolicyLossFn,
@@ -110,25 +110,30 @@ class Pieces:
 def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
                    advantage_fn: AdvantageFn | None, policy_loss_fn: PolicyLossFn | None,
                    value_loss_fn: ValueLossFn | None) -> Pieces:
-    """The pieces a trainer runs with: None or the library's function as is, a caller's checked
-    (`PIECES[name].call`). The library's shaping given as a piece runs checked, without kl_kind."""
-    given = {"shape_rewards_fn": shape_rewards_fn, "advantage_fn": advantage_fn,
-             "policy_loss_fn": policy_loss_fn, "value_loss_fn": value_loss_fn}
-    own = {name: fn is None or (fn is PIECES[name].library and name != "shape_rewards_fn")
-           for name, fn in given.items()}
-    run = {name: PIECES[name].library if own[name] else partial(PIECES[name].call, fn)
-           for name, fn in given.items()}
+    """The pieces a trainer runs with: None or the library's function as is (`PIECES[name].library`
+    in `piece_contracts`), a caller's wrapped in its checked call (`PIECES[name].call`), written out
+    so that a reader (and tools/walk_iteration.py) sees what each field holds; the library's shaping
+    given as a piece runs checked, without kl_kind. tests/package/test_option_names.py holds this to
+    PIECES."""
+    library_shaping = partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
+    own_gae = advantage_fn is None or advantage_fn is compute_gae
+    own_policy = policy_loss_fn is None or policy_loss_fn is policy_loss
+    own_value = value_loss_fn is None or value_loss_fn is value_loss
     return Pieces(
-        shape_rewards=(partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
-                       if own["shape_rewards_fn"] else run["shape_rewards_fn"]),
-        advantages=run["advantage_fn"], policy_loss=run["policy_loss_fn"],
-        value_loss=run["value_loss_fn"],
-        policy_loss_name=None if own["policy_loss_fn"] else "policy_loss_fn",
-        value_loss_name=None if own["value_loss_fn"] else "value_loss_fn",
-        shaped_by="shaped rewards" + ("" if own["shape_rewards_fn"]
+        shape_rewards=(library_shaping if shape_rewards_fn is None
+                       else partial(call_shape_rewards, shape_rewards_fn)),
+        advantages=compute_gae if own_gae else partial(call_advantages, advantage_fn),
+        policy_loss=policy_loss if own_policy else partial(call_policy_loss, policy_loss_fn),
+        value_loss=value_loss if own_value else partial(call_value_loss, value_loss_fn),
+        policy_loss_name=None if own_policy else "policy_loss_fn",
+        value_loss_name=None if own_value else "value_loss_fn",
+        shaped_by="shaped rewards" + ("" if shape_rewards_fn is None
                                       else " returned by shape_rewards_fn"),
-        advantages_by="" if own["advantage_fn"] else " returned by advantage_fn",
-        given={name: fn for name, fn in given.items() if not own[name]})
+        advantages_by="" if own_gae else " returned by advantage_fn",
+        given={name: fn for name, fn, own in (
+            ("shape_rewards_fn", shape_rewards_fn, shape_rewards_fn is None),
+            ("advantage_fn", advantage_fn, own_gae), ("policy_loss_fn", policy_loss_fn, own_policy),
+            ("value_loss_fn", value_loss_fn, own_value)) if not own})
 
 
 #: the stats of a policy loss that the trainer logs, and of a value loss

@@ -35,7 +35,7 @@ from rlhf_helpers.core.group_advantages import grpo_advantages, rloo_advantages
 from rlhf_helpers.core.kl import KL_KINDS, kl_estimate, shape_rewards
 from rlhf_helpers.core.kl_estimators import KL_ESTIMATORS, drawn_kl_kinds
 from rlhf_helpers.ppo import pieces
-from rlhf_helpers.ppo.pieces import PIECES
+from rlhf_helpers.ppo.piece_contracts import PIECES
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.config_fields import add_field_flags, given_field_values
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -217,3 +217,24 @@ def test_each_piece_is_called_and_documented_with_its_contracts_parameters(name)
         assert library[:len(piece.parameters)] == piece.parameters
     if name != "update_fn":  # the checked call: the caller's function, then the piece's arguments
         assert tuple(inspect.signature(piece.call).parameters)[1:] == piece.parameters
+
+
+def test_the_trainer_runs_each_pieces_library_function_or_its_checked_call():
+    """`resolve_pieces` spells out what each field holds; it must be what the registry says: the
+    library's function when none is given (the shaping with the config's kl_kind), the registered
+    checked call of a caller's."""
+    def mine(*args):
+        return args
+
+    fields = {"shape_rewards_fn": "shape_rewards", "advantage_fn": "advantages",
+              "policy_loss_fn": "policy_loss", "value_loss_fn": "value_loss"}
+    library = pieces.resolve_pieces("k3", None, None, None, None, None)
+    given = pieces.resolve_pieces("k3", None, *(mine for _ in fields))
+    for name, field in fields.items():
+        default, checked = getattr(library, field), getattr(given, field)
+        if name == "shape_rewards_fn":
+            assert default.func is PIECES[name].library and default.keywords["kl_kind"] == "k3"
+        else:
+            assert default is PIECES[name].library
+        assert checked.func is PIECES[name].call and checked.args == (mine,)
+    assert dict(given.given) == dict.fromkeys(fields, mine) and dict(library.given) == {}
