@@ -17,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlhf_helpers.ppo.diagnosis import Thresholds, diagnose
-from rlhf_helpers.ppo.diagnosis_rules import RULES
-from rlhf_helpers.ppo.diagnosis_types import RunFacts
+from rlhf_helpers.doctor import RULES, RunFacts, Thresholds, diagnose
 
 #: 8x the rows: a linear rule's ratio is about 8, a quadratic one's 64; 24 (three times linear)
 #: tells them apart.
@@ -51,9 +49,11 @@ def main(fast: bool = False) -> dict:
     facts = RunFacts(total_steps=8 * n)
     ratios = {}
     for rule in RULES:
-        small = least_cpu_seconds(rule, rows[:n], facts, repeats=3)
-        large = least_cpu_seconds(rule, rows, facts, repeats=2)
-        ratios[rule.__name__] = large / max(small, 1e-4)
+        if rule.on_folder:  # reads a run folder's checkpoints, not the rows
+            continue
+        small = least_cpu_seconds(rule.check, rows[:n], facts, repeats=3)
+        large = least_cpu_seconds(rule.check, rows, facts, repeats=2)
+        ratios[rule.name] = large / max(small, 1e-4)
     worst = max(ratios, key=ratios.get)
     print(f"CPU time on {8 * n} rows over {n} rows, per rule (linear ~8, quadratic ~64):")
     for name, ratio in sorted(ratios.items(), key=lambda kv: -kv[1]):

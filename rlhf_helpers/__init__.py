@@ -4,7 +4,10 @@ The package root re-exports the maths core (masked ops, log-probs, GAE, losses, 
 are lazy (PEP 562): `import rlhf_helpers.runtime.profiles` or `rlhf_helpers.runtime.data` stays free
 of torch, and torch is imported on the first access such as `rlhf_helpers.compute_gae` or
 `from rlhf_helpers import compute_gae`. Heavier parts live in submodules: `rlhf_helpers.world`,
-`rlhf_helpers.ppo`, `rlhf_helpers.widgets`, ...
+`rlhf_helpers.ppo`, `rlhf_helpers.doctor`, `rlhf_helpers.widgets`, ...
+
+A module that moved keeps its old import path for now (`_moved.MOVED`: `rlhf_helpers.ppo.diagnosis`
+is `rlhf_helpers.doctor`); nothing moved is imported until its old name is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from rlhf_helpers import _moved
+
 __version__ = "0.1.0"
+_moved.install()
 
 #: public name -> submodule defining it
 _EXPORTS = {

@@ -6,6 +6,9 @@ Usage:
     (exit 2, writing nothing, when a source cannot be read or built, a cell has a tag not in
     KNOWN_TAGS, or a notebook's path is a link or a folder: the message names the file, the cell or
     the path)
+A stored notebook that holds what no build writes (a run's outputs, the metadata a kernel adds on a
+save, cells an editor added: a learner's work) is first copied to NN_topic.ipynb.bak-<date>-<time>
+beside it, and a line says so; one as a build wrote it, of this source or an older one, is replaced.
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
@@ -30,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
+import json
 import os
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import jupytext
@@ -53,6 +60,10 @@ CLAIM_TAG = "claim-check"
 KNOWN_TAGS = {SETUP_TAG: "the Colab set-up cell, generated here",
               CLAIM_TAG: "checks the prose's claims on the run: collapsed, and left off the site"}
 _KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+#: A built notebook's own metadata: a kernel adds its language_info (the Python version) on a save.
+_NOTEBOOK_METADATA = {"kernelspec": _KERNELSPEC, "language_info": {"name": "python"}}
+#: The only cell metadata a build writes.
+_CELL_KEYS = {"tags", "jupyter", "jp-MarkdownHeadingCollapsed"}
 # Cell metadata jupytext adds to record the text layout (blank lines, `# %% [md]` spellings).
 _LAYOUT_KEYS = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker", "region_name"}
 
@@ -135,13 +146,18 @@ def read_source(source: Path) -> str:
                          "save the file as UTF-8") from None
 
 
+def cell_id(notebook_name: str, index: int) -> str:
+    """The id a build gives the notebook's cell number `index` (from 0): stable across builds."""
+    return hashlib.sha1(f"{notebook_name}:{index}".encode()).hexdigest()[:8]
+
+
 def build_notebook(source: Path) -> nbformat.NotebookNode:
     """The notebook built from one source file (no outputs, stable ids, no jupytext metadata)."""
     name = source.with_suffix(".ipynb").name
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": dict(_KERNELSPEC), "language_info": {"name": "python"}}
+    nb.metadata = {key: dict(value) for key, value in _NOTEBOOK_METADATA.items()}
     for index, cell in enumerate(read_cells(read_source(source), name)):
-        cell.id = hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
+        cell.id = cell_id(name, index)
         nb.cells.append(cell)
     nbformat.validate(nb)
     return nb
@@ -172,6 +188,45 @@ def write_new(target: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def person_made(target: Path) -> str | None:
+    """What the notebook at `target` holds that no build writes, so that replacing it would lose
+    a person's work ("outputs", "metadata a kernel or an editor wrote", ...), or None where it is
+    as some build wrote it (perhaps of an older source: a build of the current one replaces it)."""
+    try:
+        nb = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError too
+        return "no notebook a build wrote"
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
+        return "no notebook a build wrote"
+    if nb.get("metadata") != _NOTEBOOK_METADATA:
+        return "metadata a kernel or an editor wrote"
+    if any(cell.get("outputs") or cell.get("execution_count") is not None for cell in cells):
+        return "outputs"
+    if [cell.get("id") for cell in cells] != [cell_id(target.name, i) for i in range(len(cells))]:
+        return "cells added, moved or removed by an editor"
+    metadata = [cell.get("metadata", {}) for cell in cells]
+    if any(not isinstance(entry, dict) or set(entry) - _CELL_KEYS for entry in metadata):
+        return "cell metadata an editor wrote"
+    return None
+
+
+def keep_copy(target: Path) -> Path:
+    """Copy `target` to a new `NAME.bak-<date>-<time>` beside it (never over an earlier copy);
+    returns the copy's path."""
+    data, stamp = target.read_bytes(), time.strftime("%Y%m%d-%H%M%S")
+    for number in itertools.count():
+        copy = target.with_name(f"{target.name}.bak-{stamp}" + (f"-{number}" if number else ""))
+        try:
+            with open(copy, "xb") as stream:  # "x": fails where a copy of that name is
+                stream.write(data)
+        except FileExistsError:
+            continue
+        shutil.copystat(target, copy)
+        return copy
+    raise AssertionError("unreachable")
 
 
 def target_problem(target: Path) -> str | None:
@@ -214,6 +269,12 @@ def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
             if not target.exists() or target.read_text(encoding="utf-8") != text:
                 stale.append(target.name)
         else:
+            # a person's work there (a run's outputs, their edits) is kept beside it, said in a line
+            if (target.exists() and target.read_bytes() != text.encode("utf-8")
+                    and (held := person_made(target))):
+                copy = keep_copy(target)
+                print(f"kept {target.name} as {copy.name}: it held {held}, which no build "
+                      "writes (notebooks/*.ipynb are built from notebooks/src/)")
             write_new(target, text)
             print(f"wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
     if stale:

@@ -7,7 +7,11 @@
    scratch folder and that copy is executed, in the `tiny` profile
    (`python -m rlhf_helpers.course.run_course --notebooks SCRATCH --out SCRATCH NAME ...`; a
    notebook saved meanwhile changes nothing), unless --no-execute (then a stale copy is used as it
-   is, and says so).
+   is, and says so). An executed copy is replaced only where it is a tool's own, as a hidden record
+   beside it says (`rlhf_helpers.course.tool_files`; the notebook tests keep one too, and a copy
+   in this checkout's build/ older than the records counts as theirs), by a file renamed into
+   place, never written through a link: a person's copy to be replaced (edited since, put there by
+   hand, a link) stops the build, exit 2, with one line naming it, and is kept.
 2. The pages are staged in build/site-src/ under their repository paths, so their relative links
    work as on GitHub: an index from the README's course map, the 8 notebooks, notebooks/NOTATION.md,
    docs/metrics.md, benchmarks/README.md and docs/cluster.md. A link to any other repository file or
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.notebook import EXERCISE_TODO, colab_url, repo_url  # noqa: E402
 from rlhf_helpers.course.run_course import course_notebooks  # noqa: E402
+from rlhf_helpers.course.tool_files import replace_problem, write_recorded  # noqa: E402
 from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 from rlhf_helpers.widgets.static_explorer import static_explorer, static_explorer_html  # noqa: E402
 
@@ -95,6 +100,25 @@ READ_TRIES = 5
 READ_PAUSE_S = 0.2
 
 
+class Refused(SystemExit):
+    """Bad input (a notebook that is not whole, an --out that is not this tool's, a missing
+    executed copy): exit 2, its one line on stderr; str() is the message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def refuse(message: str) -> Refused:
+    """Print `message` as the tool's one error line; the Refused to raise."""
+    print(f"tools/build_site.py: error: {message}", file=sys.stderr, flush=True)
+    return Refused(message)
+
+
+
 def read_stored(path: Path) -> tuple[bytes, dict]:
     """The bytes of notebook `path` and its JSON, read again while it is missing or not a whole
     notebook (a save in progress: JupyterLab rewrites the file in place); SystemExit with one line
@@ -115,8 +139,8 @@ def read_stored(path: Path) -> tuple[bytes, dict]:
         if isinstance(notebook, dict) and isinstance(notebook.get("cells"), list):
             return data, notebook
         problem = "not a notebook (no list of cells)"
-    raise SystemExit(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an "
-                     "editor is saving it, run the build again")
+    raise refuse(f"{path}: {problem} in {READ_TRIES} reads {READ_PAUSE_S:g} s apart; if an "
+                 "editor is saving it, run the build again")
 
 
 def _stale_against(stored: dict, executed: Path) -> str | None:
@@ -142,6 +166,27 @@ def stale_reason(stored: Path, executed: Path) -> str | None:
     return _stale_against(read_stored(stored)[1], executed)
 
 
+def _others_copy(path: Path) -> str | None:
+    """Why the executed copy `path` is not this tool's to replace (a person's: edited since a tool
+    of the course wrote it, never written by one, a link), or None. A copy in this checkout's
+    build/ with no record at all was written before the tools kept records: build/ is make's."""
+    return replace_problem(path, unrecorded_under=ROOT / "build")
+
+
+def refuse_others(executed_dir: Path, todo: dict[str, str]) -> None:
+    """Exit 2, with one line naming them, when executed copies the build would replace (`todo`:
+    stem -> why stale) are not its own (`_others_copy`): nothing of a person's is replaced."""
+    others = [f"{problem} ({why})" for stem, why in todo.items()
+              if (problem := _others_copy(executed_dir / f"{stem}.ipynb"))]
+    if not others:
+        return
+    print("tools/build_site.py: error: the site needs these executed notebooks run again, but "
+          f"they are not this tool's to replace: {'; '.join(others)}. Move them away (they are "
+          "kept as they are), or pass --no-execute to build the site from them as they are",
+          file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> None:
     """Execute (tiny profile) every notebook of `notebooks_dir` (notebooks/) whose executed copy is
     missing or stale.
@@ -163,6 +208,7 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
                 todo[path.stem] = why
         if not todo:
             return
+        refuse_others(executed_dir, todo)  # before minutes of running
         print("executing " + ", ".join(f"{stem} ({why})" for stem, why in todo.items()), flush=True)
         # what the runs train goes to the scratch folder, the content-keyed caches to the tests'
         # (build/): nothing is written into the checkout outside build/
@@ -173,11 +219,18 @@ def ensure_executed(executed_dir: Path, notebooks_dir: Path | None = None) -> No
         run = subprocess.run([sys.executable, "-m", "rlhf_helpers.course.run_course", "--notebooks",
                               str(copies), "--out", str(ran), *todo], cwd=ROOT, env=env)
         executed_dir.mkdir(parents=True, exist_ok=True)
-        # only the runs that passed replace what was there, as the notebook tests do
-        for stem in todo:
-            copy = json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8"))
-            if _stale_against(copy, ran / f"{stem}.ipynb") is None:
-                shutil.copy(ran / f"{stem}.ipynb", executed_dir / f"{stem}.ipynb")
+        # only the runs that passed replace what was there, as the notebook tests do, and only a
+        # copy still the tools' own (not edited while it ran)
+        passed = [stem for stem in todo if _stale_against(
+            json.loads((copies / f"{stem}.ipynb").read_text(encoding="utf-8")),
+            ran / f"{stem}.ipynb") is None]
+        kept = {stem: todo[stem] for stem in passed
+                if _others_copy(executed_dir / f"{stem}.ipynb")}  # put there while it ran
+        for stem in passed:
+            if stem not in kept:
+                write_recorded(executed_dir / f"{stem}.ipynb",
+                               (ran / f"{stem}.ipynb").read_bytes())
+        refuse_others(executed_dir, kept)
     if run.returncode != 0:
         raise SystemExit(
             "a notebook failed to execute (above); the site needs every notebook executed")
@@ -606,7 +659,7 @@ def replace_site(built: Path, out: Path) -> None:
     are deleted, then the new site is copied in and its files recorded in the marker. SystemExit,
     with nothing deleted, where `out_problem` names a problem."""
     if (problem := out_problem(out)) is not None:
-        raise SystemExit(problem)
+        raise refuse(problem)
     present = site_entries(out) if out.is_dir() else []
     new = site_entries(built)
     out.mkdir(parents=True, exist_ok=True)
@@ -634,13 +687,13 @@ def main(argv: list[str] | None = None) -> int:
                              "notebook")
     args = parser.parse_args(argv)
     if (problem := out_problem(args.out)) is not None:  # before minutes of building
-        raise SystemExit(problem)
+        raise refuse(problem)
     start = time.perf_counter()
     if args.no_execute:
         for notebook in course_notebooks():
             why = stale_reason(notebook, args.executed / notebook.name)
             if why is not None and (why == "missing" or why.startswith("unreadable")):
-                raise SystemExit(f"--no-execute: {args.executed / notebook.name} is {why}")
+                raise refuse(f"--no-execute: {args.executed / notebook.name} is {why}")
             if why is not None:
                 print(f"--no-execute: {notebook.name}'s executed copy is {why}; used as it "
                       "is", flush=True)

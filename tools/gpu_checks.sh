@@ -60,8 +60,9 @@ print(\"transformers\", transformers.__version__, \"peft\", peft.__version__, \"
     sampling) stage sampling $PY -m benchmarks.bench_sampling --device cuda --json "$OUT/sampling.json" ;;
     trl) stage trl $PY -m benchmarks.bench_trl_baseline --device cuda --random-init-config smollm2 --json "$OUT/trl.json" ;;
     memory) stage memory $PY -m benchmarks.bench_memory --device cuda --json "$OUT/memory.json" ;;
+    # a new folder each time: a warm machine keeps $OUT, and a new run never writes over an earlier one's files
     cli) stage cli $PY -m rlhf_helpers.stages.train_ppo --profile gpu --steps 20 --eval-every 10 --no-progress \
-           --output-dir "$OUT/cli-run" ;;
+           --output-dir "$(mktemp -d "$OUT/cli-run-XXXXXX")" ;;
     notebooks) stage notebooks $PY -m rlhf_helpers.course.run_course --out "$OUT/notebooks" ${NOTEBOOKS:-} ;;  # NOTEBOOKS="06 07": a subset
     *) echo "unknown stage $s (env realweights sampling trl memory cli notebooks)"; status=2 ;;
   esac

@@ -29,7 +29,8 @@ from rlhf_helpers.cluster.export import (
     verl_command,
     verl_yaml,
 )
-from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON, Thresholds, rule_docs
+from rlhf_helpers.doctor.rules import documented
+from rlhf_helpers.doctor.thresholds import CHECKED_ON, Thresholds
 from rlhf_helpers.ppo.metric_docs import GROUPS, METRICS, NOTATION, MetricDoc
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -93,23 +94,25 @@ def metrics_markdown() -> str:
                 lines.append(f"- **Healthy:** {doc.healthy}")
             if doc.bad:
                 lines.append(f"- **Bad values mean:** {doc.bad}")
-            readers = [rule for rule, (reads, _) in rule_docs().items() if name in reads]
+            readers = [rule.name for rule in documented() if name in rule.reads]
             if readers:
                 lines.append("- **Run doctor rules reading it:** "
                              + ", ".join(f"[`{r}`](#{r})" for r in readers))
     lines += ["", "## The run doctor", "",
-              "`rlhf_helpers.ppo.diagnosis.diagnose` reads a run's metrics (a list of dicts, a "
+              "`rlhf_helpers.doctor.diagnose` reads a run's metrics (a list of dicts, a "
               "`PPOTrainer`, a run folder or a TRL output folder) and names the failure signatures "
               "below; `python -m rlhf_helpers.stages.diagnose RUN_DIR` prints them, and the "
               "training command prints them at the end of a run and writes them to "
-              "`diagnosis.json`. Each threshold's source is in "
-              "`rlhf_helpers/ppo/diagnosis_types.py` (`Thresholds`). `non_finite` reads every "
+              "`diagnosis.json`. Each rule is written, with what it reads and when it fires, in "
+              "the `rlhf_helpers/doctor/rules_*.py` module of what it diagnoses; each threshold's "
+              "source is in `rlhf_helpers/doctor/thresholds.py` (`Thresholds`). The rules are "
+              "listed by severity. `non_finite` reads every "
               "metric."]
-    for rule, (reads, when) in rule_docs().items():
-        lines += ["", f"### {rule}", "", f"- **Fires:** {when}"]
-        if reads:
-            lines.append("- **Reads:** "
-                         + ", ".join(f"[`{m}`](#{m})" if m in METRICS else f"`{m}`" for m in reads))
+    for rule in documented():
+        lines += ["", f"### {rule.name}", "", f"- **Fires:** {rule.doc()}"]
+        if rule.reads:
+            lines.append("- **Reads:** " + ", ".join(
+                f"[`{m}`](#{m})" if m in METRICS else f"`{m}`" for m in rule.reads))
     lines += ["", "### Where the thresholds were checked", "",
               "The comparisons rounding can tip take their tolerance from the dtype the run "
               "computed in (`compute` in run.json: the frozen base's or autocast's, not the "

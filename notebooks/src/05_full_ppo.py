@@ -66,9 +66,9 @@ from rlhf_helpers.core.printed import cell_formatter, format_number, wrap_printe
 from rlhf_helpers.core.tolerances import close_tolerance
 from rlhf_helpers.course.claims import check_claims
 from rlhf_helpers.course.notebook import learner_pieces
+from rlhf_helpers.doctor import diagnose, mark_findings
 from rlhf_helpers.ppo import iteration
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.diagnosis import diagnose, mark_findings
 from rlhf_helpers.ppo.iteration import collect_experience
 from rlhf_helpers.ppo.metrics import GLOSSARY, plot_curves
 from rlhf_helpers.ppo.trainer import PPOTrainer
@@ -886,7 +886,7 @@ check_claims({
 #
 # *Optional: skip it on a first pass; nothing after it needs it.*
 #
-# `rlhf_helpers.ppo.diagnosis.diagnose` reads a run's logged metrics and names the
+# `rlhf_helpers.doctor.diagnose` reads a run's logged metrics and names the
 # failure signatures it recognises. For each one it gives the steps, the numbers, what the signature
 # usually means, what to check first and where this course teaches it. A finding is an "error" (the run
 # is broken), a "warning" (likely a problem) or an "info" (worth knowing).
@@ -903,7 +903,7 @@ check_claims({
 # naming each failure.
 
 # %%
-from rlhf_helpers.ppo.diagnosis import format_findings
+from rlhf_helpers.doctor import format_findings
 
 run_diagnosis = diagnose(trainer)
 print(wrap_printed(format_findings(run_diagnosis)))

@@ -10,7 +10,7 @@
 # **Time:** about 170 min for the core, in two sittings (the second from *(c) KL coefficient 0*); the deep dives add about 195 min.
 #
 # **You will learn** to recognise bugs that real RLHF code has shipped with, from their numbers and
-# curves, broken and fixed side by side, and to ask the **run doctor** (`rlhf_helpers.ppo.diagnosis`),
+# curves, broken and fixed side by side, and to ask the **run doctor** (`rlhf_helpers.doctor`),
 # which names them from a run's metrics:
 # - **(a)** reference log-probs used as the *old* log-probs: the ratio is not 1 at the first minibatch;
 # - **(b)** pad equal to EOS: the stop decision gets no gradient of its own;
@@ -58,8 +58,8 @@ from rlhf_helpers.course.failure_runs import (
     series,
     third_stats,
 )
+from rlhf_helpers.doctor import diagnose, format_findings
 from rlhf_helpers.ppo.build import build_shared_model
-from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
 from rlhf_helpers.ppo.metrics import plot_curves
 from rlhf_helpers.ppo.samples import sample_responses
 from rlhf_helpers.ppo.trainer import PPOTrainer

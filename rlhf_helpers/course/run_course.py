@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlhf_helpers.course.tool_files import replace_problem, write_recorded
 from rlhf_helpers.runtime.artifacts import CACHE_DIR_ENV, RUNS_DIR_ENV
 from rlhf_helpers.runtime.data import DATA_DIR_ENV
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
@@ -93,9 +94,8 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
         try:
             client.execute(env=kernel_env())
         finally:
-            if out is not None:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                nbformat.write(nb, out)
+            if out is not None:  # never through a link, and recorded as the tool's own copy
+                write_recorded(out, nbformat.writes(nb).encode("utf-8"))
     return nb
 
 
@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         print("no notebooks matched", file=sys.stderr)
         return 1
+    # a person's copy in --out (edited since a tool wrote it, never written by one, a link) is kept
+    kept = [problem for path in notebooks
+            if (problem := replace_problem(args.out / path.name, ROOT / "build")) is not None]
+    if kept:
+        print(f"run_course: refused, nothing was run: {'; '.join(kept)}; choose another --out, "
+              "or move those files away", file=sys.stderr)
+        return 2
     failed, total = [], 0.0
     for path in notebooks:
         start = time.perf_counter()

@@ -15,18 +15,21 @@
 
 A checkpoint is written into a hidden temporary folder, every file and folder is fsync-ed, and only
 then is the folder renamed to its final name and `latest` replaced (both renames are atomic on
-POSIX). A crash at any moment leaves `latest` pointing at the previous complete checkpoint, and the
-DEFAULT_KEEP newest complete checkpoints stay, so a damaged latest one leaves an earlier one to
-resume from. `load_checkpoint` verifies the digests before it loads anything (`verify_checkpoint`),
-and that the checkpoint fits the trainer (`run_identity`: its run, its LoRA shape). Only complete
-checkpoints count toward the keep rule (`checkpoints`): a stray `step-*` folder is left alone.
+POSIX; a step saved again is swapped in by `runtime/folder_swap.replace_folder`). A crash at any
+moment leaves `latest` pointing at a complete checkpoint (one a killed save left aside is put back
+by the next save or read of `latest`), and the DEFAULT_KEEP newest complete checkpoints stay, so a
+damaged latest one leaves an earlier one to resume from. `load_checkpoint` verifies the digests
+before it loads anything (`verify_checkpoint`), and that the checkpoint fits the trainer
+(`run_identity`: its run, its LoRA shape). Only complete checkpoints count toward the keep rule
+(`checkpoints`, in `checkpoint_folder.py`): a stray `step-*` folder is left alone. A save never
+writes over another owner's folder, nor over a checkpoint the trainer did not write or load
+(`run_claim`: the checks train() makes).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -41,10 +44,20 @@ from rlhf_helpers.ppo.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
 from rlhf_helpers.ppo.checkpoint_digest import (
     MANIFEST_FILE,
     MANIFEST_STATE_KEY,
-    required_files,
+    manifest_digest,
     verify_checkpoint,
     write_manifest,
 )
+from rlhf_helpers.ppo.checkpoint_folder import (
+    CHECKPOINT_NAME,
+    LATEST_FILE,
+    TEMPORARY_CHECKPOINT,
+    CheckpointSaveError,
+    checkpoint_name,
+    checkpoints,
+    latest_checkpoint,
+)
+from rlhf_helpers.ppo.run_claim import check_save, claim_for_save
 from rlhf_helpers.ppo.run_identity import (
     LoRAShape,
     foreign_checkpoint_problem,
@@ -64,12 +77,8 @@ from rlhf_helpers.ppo.trainer_state import (
     trainer_state_dict,
 )
 from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
+from rlhf_helpers.runtime.folder_swap import replace_folder, restore_dead_asides
 
-LATEST_FILE = "latest"
-#: Names of checkpoint folders (what `latest` may point at).
-CHECKPOINT_NAME = re.compile(r"^step-\d{6,}$")
-#: Temporary folders of `save_checkpoint`: .tmp-step-NNNNNN-<pid> and .old-step-NNNNNN-<pid>.
-TEMPORARY_CHECKPOINT = re.compile(r"^\.(?:tmp|old)-(step-\d+)-(\d+)$")
 #: Complete checkpoints kept in output_dir (older ones are deleted after a save).
 DEFAULT_KEEP = 2
 
@@ -122,51 +131,6 @@ def load_model_weights(model: SharedLoRAModel, directory: str | Path) -> None:
         head.linear.load_state_dict(part)
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def is_complete_checkpoint(path: Path) -> bool:
-    """Whether `path` is a step-NNNNNN folder (not a link) holding every file a save writes
-    (`checkpoint_digest.required_files`; their bytes are checked on loading, not here)."""
-    return (bool(CHECKPOINT_NAME.match(path.name)) and path.is_dir() and not path.is_symlink()
-            and all((path / name).is_file() for name in required_files()))
-
-
-def checkpoints(output_dir: str | Path) -> list[Path]:
-    """The complete checkpoints of output_dir, oldest first: a stray or empty step-* folder (a
-    person's `step-000009/`, `step-backup`) is none, so it never counts toward the keep rule."""
-    return sorted(p for p in Path(output_dir).glob("step-*") if is_complete_checkpoint(p))
-
-
-def resolve_latest(output_dir: str | Path) -> tuple[Path | None, str | None]:
-    """(the checkpoint output_dir/latest names, None), or (None, what is wrong with the pointer):
-    missing, empty, unreadable, naming something other than a step-NNNNNN folder of output_dir (a
-    path elsewhere is refused), or naming a folder that does not exist."""
-    pointer = Path(output_dir) / LATEST_FILE
-    if not pointer.is_file():
-        return None, f"{pointer} is missing"
-    try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        return None, f"{pointer} is unreadable ({type(error).__name__})"
-    if not name:
-        return None, f"{pointer} is empty"
-    if not CHECKPOINT_NAME.match(name):
-        return (None,
-                f"{pointer} names {name!r}, not a step-NNNNNN checkpoint folder of {output_dir}")
-    path = Path(output_dir) / name
-    if not path.is_dir():
-        return None, f"{pointer} names {name}, which does not exist"
-    return path, None
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in output_dir, or None if there is none (or `latest` is
-    broken: `resolve_latest` says how)."""
-    return resolve_latest(output_dir)[0]
-
-
 def _write_pointer(output_dir: Path, name: str) -> None:
     tmp = output_dir / f".{LATEST_FILE}.tmp-{os.getpid()}"
     tmp.unlink(missing_ok=True)  # O_EXCL: a link left at this name is never written through
@@ -187,11 +151,6 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint that is intact but not for this trainer: another run's (by its run id), another
     LoRA shape, a trainer state of other optimisers. The message names both sides; nothing of the
     checkpoint is applied."""
-
-
-class CheckpointSaveError(OSError):
-    """A checkpoint (or the file pointing at it) could not be written: the message says why (a full
-    disk is named as such) and which earlier checkpoint is kept, unchanged."""
 
 
 #: Free bytes under which a failed write is reported as a full disk.
@@ -217,10 +176,18 @@ def _kept(output_dir: Path) -> str:
 
 def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KEEP, *,
                     create_folder: bool = True) -> Path:
-    """Atomically write the trainer's weights, state as output_dir/step-NNNNNN; return its path.
-    The trainer state names the trainer's run (`trainer.run_id`, given a new id if it has none).
-    `create_folder=False` (a run's loop, whose folder it made and locked): a folder that is gone
-    is an error, never made again."""
+    """Atomically write the trainer's weights, state as output_dir/step-NNNNNN; return its path
+    (then `trainer.last_checkpoint`). The trainer state names the trainer's run (`trainer.run_id`,
+    given a new id if it has none). `create_folder=False` (a run's loop, whose folder it made and
+    locked): a folder that is gone is an error, never made again.
+
+    The folder's owner is checked as train() checks it (`run_claim.claim_for_save`), unless the
+    trainer holds it already (its train() locked it): FolderInUse while another live process holds
+    it, FolderHeldByAnotherTrainer while another trainer object of this process does,
+    FolderOfAnotherRun when it holds another run's checkpoints; the lock is held for the save. And
+    no save replaces a checkpoint the trainer did not write or load (`run_claim.check_save`:
+    CheckpointWouldBeReplaced when the folder holds a newer step, or another trainer's of this
+    step)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     output_dir = Path(output_dir)
@@ -230,9 +197,22 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
     elif not output_dir.is_dir():
         raise CheckpointSaveError(f"could not write checkpoint {name}: the run folder "
                                   f"{output_dir} is gone (removed or renamed)")
+    lock = claim_for_save(trainer, output_dir)  # None: its train() holds the folder
+    try:
+        return _write_checkpoint(trainer, output_dir, name, keep)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _write_checkpoint(trainer: Any, output_dir: Path, name: str, keep: int) -> Path:
+    """`save_checkpoint`'s writing, in a folder claimed for it."""
+    check_save(trainer, output_dir)
     if trainer.run_id is None:
         trainer.run_id = new_run_id()
-    # temporary folders of saves that a killed run never finished (their process is gone)
+    # a copy a killed save left aside is put back; then temporary folders of saves that a killed run
+    # never finished (their process is gone) are removed
+    restore_dead_asides(output_dir, TEMPORARY_CHECKPOINT)
     remove_dead_temporary_folders(output_dir, TEMPORARY_CHECKPOINT)
     final = output_dir / name
     tmp = output_dir / f".tmp-{name}-{os.getpid()}"
@@ -245,17 +225,8 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
                    tmp / TRAINER_STATE_FILE)
         write_manifest(tmp)  # last: it lists every file above
         _fsync_tree(tmp)
-        if final.exists():  # the same step saved again: move the old copy aside first
-            old = output_dir / f".old-{name}-{os.getpid()}"
-            os.rename(final, old)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                os.rename(old, final)  # the previous copy back in place
-                raise
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
+        # the same step saved again: its old copy is moved aside, and put back on any error
+        replace_folder(tmp, final, output_dir / f".old-{name}-{os.getpid()}")
         _fsync_path(output_dir)
     except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
@@ -275,6 +246,8 @@ def save_checkpoint(trainer: Any, output_dir: str | Path, keep: int = DEFAULT_KE
     for stale in checkpoints(output_dir)[:-keep]:
         if stale != final:
             shutil.rmtree(stale, ignore_errors=True)
+    # which checkpoint the trainer is: a later save may replace this one, and no other (check_save)
+    trainer.last_checkpoint, trainer.last_checkpoint_digest = str(final), manifest_digest(final)
     return final
 
 
@@ -290,10 +263,13 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
     that does not) and it fits the trainer (CheckpointMismatchError: another run's checkpoint than
     its folder's run.json names, other LoRA shapes, other optimisers). Nothing is applied before
     every check passed. The trainer then continues the checkpoint's run (`run_id`), and
-    `last_checkpoint` names it. The checkpoint's learning rates and KL controller stay in force, as
-    a resumed run's must: where they differ from trainer.config, a CheckpointSettingsWarning names
-    each value and trainer.config is updated to them."""
+    `last_checkpoint` names it (`last_checkpoint_digest`: which bytes it held). The checkpoint's
+    learning rates and KL controller stay in force, as a resumed run's must: where they differ
+    from trainer.config, a CheckpointSettingsWarning names each value and trainer.config is
+    updated to them."""
     path = Path(path)
+    if CHECKPOINT_NAME.match(path.name) and not path.exists():  # a killed save left it aside?
+        restore_dead_asides(path.parent, TEMPORARY_CHECKPOINT)
     if (path / LATEST_FILE).is_file():
         found = latest_checkpoint(path)
         if found is None:
@@ -319,7 +295,7 @@ def load_checkpoint(trainer: Any, path: str | Path) -> Path:
         raise CheckpointMismatchError(problem)
     load_model_weights(trainer.model, path)
     restore_trainer_state(trainer, state)
-    trainer.last_checkpoint = str(path)
+    trainer.last_checkpoint, trainer.last_checkpoint_digest = str(path), manifest_digest(path)
     if changed:  # trainer.config tells what is in force, and the caller hears of the change
         warnings.warn(settings_warning(path, trainer.config, changed), CheckpointSettingsWarning,
                       stacklevel=2)

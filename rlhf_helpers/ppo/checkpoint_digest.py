@@ -3,6 +3,7 @@
     write_manifest(folder)         # folder/manifest.json: each file of the folder, SHA-256 and size
     verify_checkpoint(folder)      # [] when intact, else one line per problem, each naming the file
     checkpoint_problem(folder)     # the same problems as one line, or None
+    manifest_digest(folder)        # SHA-256 of manifest.json: which checkpoint this is, or None
 
     step-NNNNNN/manifest.json
       {"format": 1, "algorithm": "sha256",
@@ -156,6 +157,16 @@ def _sha256_of_regular(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def manifest_digest(folder: str | Path) -> str | None:
+    """SHA-256 of folder/manifest.json, which lists every other file's SHA-256: the checkpoint's
+    identity (equal digests, the same bytes). None when it has none (saved by an older version)
+    or it cannot be read as a regular file."""
+    try:
+        return _sha256_of_regular(Path(folder) / MANIFEST_FILE)
+    except OSError:
+        return None
 
 
 def _file_problem(folder: Path, name: str, entry: dict[str, Any]) -> str | None:

@@ -39,7 +39,7 @@ def metric_doc(tracker: str, meaning: str, formula: str, healthy: str, bad: str,
 # What a metric can be at all (MetricDoc.possible), whatever the run: a share is a mean of 0/1
 # indicators, a length a count of tokens, a norm, a squared error, a ratio exp(.) or a duration
 # cannot be negative, and 1 - Var/Var cannot exceed 1. Values outside are no run's: the run doctor
-# refuses the file (`diagnosis_reading.value_problem`). Metrics whose float32 rounding can cross a
+# refuses the file (`doctor.reading.value_problem`). Metrics whose float32 rounding can cross a
 # bound by an amount no one can bound (a k3 KL of about 0 may come out at -1e-8) have none.
 SHARE = (0.0, 1.0)
 NON_NEGATIVE = (0.0, math.inf)

@@ -8,7 +8,7 @@ docs/metrics.md is the long form (generated from rlhf_helpers.ppo.metric_docs): 
 ranges, failure modes. Imports only plotly (lazily), so notebooks can use it without loading a
 model. The writers never write through a link at the file's name (a run folder is a folder people
 use too); the training command's curves.html, titled with the run and marked with the doctor's
-findings, is drawn by `ppo.curves_page`.
+findings, is drawn by `stages.curves_page`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
     watch = claim_run_folder(trainer, Path(config.output_dir))   # at the start of train()
     ...
     watch.check(trainer)      # after each step: RunFolderGone if the folder moved meanwhile
+    lock = claim_for_save(trainer, folder)      # save_checkpoint: the same checks, outside train()
+    check_save(trainer, folder)                 # before every save: it replaces no one's checkpoint
 
 `PPOTrainer.train` (`run_loop.train_loop`) takes the lock the training command takes
 (`runtime.locks.hold_run_folder`: another live process writing there is FolderInUse) and makes the
@@ -15,6 +17,22 @@ folder with no checkpoint but another run's run.json (a command-line run stopped
 save) is refused too. Within one process the lock is re-entrant, so a second trainer object (even
 one of the same run, after load_checkpoint) is refused while another holds the folder
 (FolderHeldByAnotherTrainer): it must call the other's close() first.
+
+The public `checkpoint.save_checkpoint` makes the same checks (`claim_for_save`), holding the lock
+for the save only, unless the trainer holds the folder already (its train() claimed it).
+
+A trainer never writes over a checkpoint of its own run that it did not write or load
+(`check_save`: when train() claims the folder, before a step runs, and before every save). One that
+loaded an older checkpoint, or was overtaken by another trainer of its run after its close(), is
+behind the folder, and its next save would replace the newer step-NNNNNN. The rule, for a trainer at
+step N: the folder's newest checkpoint (the one `latest` names) is of step N at most, and a
+step-N checkpoint there is the very one the trainer last wrote or loaded (`last_checkpoint_digest`:
+the SHA-256 of its manifest.json, which lists every file's digest, so equal digests mean the same
+bytes), unless it lies past `latest` (given up: a save that crashed before repointing `latest`, or
+a damaged checkpoint `latest` was pointed back past, as resuming advises). So train() with no step
+to run saves its step again, and a resumed run writes on; every other replacement, and a trainer
+that reached step N on another line going on after the folder's step-N, is refused
+(CheckpointWouldBeReplaced).
 
 While the run goes on its folder must stay the one locked: removed, renamed or replaced (another
 inode, its lock file gone, its run.json gone), the run stops with RunFolderGone, instead of writing
@@ -30,7 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import CheckpointSaveError, checkpoints, latest_checkpoint
+from rlhf_helpers.ppo.checkpoint_digest import manifest_digest
+from rlhf_helpers.ppo.checkpoint_folder import (
+    CheckpointSaveError,
+    checkpoint_name,
+    checkpoint_step,
+    checkpoints,
+    is_complete_checkpoint,
+    latest_checkpoint,
+)
 from rlhf_helpers.ppo.run_identity import RUN_FILE, new_run_id, recorded_run_id
 from rlhf_helpers.ppo.trainer_state import RUN_ID_KEY, TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.lock_files import FolderInUse
@@ -47,6 +73,14 @@ class FolderHeldByAnotherTrainer(FolderInUse):
     """Another trainer object of this process holds config.output_dir (its train() locked it and
     its close() was not called): the lock is re-entrant within a process, so without this check
     two trainers of one run would write over each other's checkpoints."""
+
+
+class CheckpointWouldBeReplaced(FolderInUse):
+    """A save into config.output_dir (train()'s or save_checkpoint's) would replace a checkpoint
+    this trainer did not write or load: the folder holds a newer step than the trainer's (it loaded
+    an older checkpoint, or another trainer of its run went on after it), or the step folder it
+    would write holds another trainer's checkpoint of that step. The message names the checkpoint
+    and how to continue from it. A FolderInUse, so the training command's one line covers it."""
 
 
 #: the trainer object that last locked each folder (by resolved path), while it lives
@@ -102,7 +136,7 @@ def owner_problem(trainer: Any, folder: Path) -> str | None:
             return None  # no checkpoint and no other run's record: a new run's folder
         mine = f" this trainer's run {trainer.run_id}" if trainer.run_id else " this trainer's run"
         return (f"{folder} holds {RUN_FILE} of run {recorded} (a training command's run stopped "
-                f"before its first checkpoint), not of{mine}: train() never writes its "
+                f"before its first checkpoint), not of{mine}: a trainer never writes its "
                 "checkpoints beside another run's files, which no resume could then read. Choose "
                 "another output_dir (runtime.artifacts.new_run_dir makes a new one), or remove "
                 "that folder if its run is abandoned")
@@ -113,10 +147,110 @@ def owner_problem(trainer: Any, folder: Path) -> str | None:
         return None
     whose = f"run {owner}" if owner else "a run that records no id (saved by an older version)"
     mine = f", not of this trainer's run {trainer.run_id}" if trainer.run_id else ""
-    return (f"{folder} already holds checkpoints of {whose}{mine}: train() never writes over "
-            f"another run's checkpoints. Continue that run with load_checkpoint(trainer, "
+    return (f"{folder} already holds checkpoints of {whose}{mine}: a trainer never writes "
+            f"over another run's checkpoints. Continue that run with load_checkpoint(trainer, "
             f"{str(folder)!r}) first, or choose another output_dir "
             "(runtime.artifacts.new_run_dir makes a new one)")
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint a run in `folder` is at: the one `latest` names, else (`latest` missing or
+    broken) the newest complete one; None when there is none."""
+    found = checkpoints(folder)
+    return latest_checkpoint(folder) or (max(found, key=checkpoint_step) if found else None)
+
+
+def behind_problem(trainer: Any, folder: Path) -> str | None:
+    """Why `trainer` is behind `folder` (the folder's newest checkpoint is of a later step than the
+    trainer's, so its saves would replace that run's later checkpoints), or None."""
+    newest = newest_checkpoint(folder)
+    if newest is None or checkpoint_step(newest) <= trainer.step_count:
+        return None
+    return (f"{folder} holds {newest.name}, newer than this trainer's step {trainer.step_count}: "
+            "its saves there would replace the run's later checkpoints. Continue from it with "
+            f"load_checkpoint(trainer, {str(folder)!r}), or choose another output_dir "
+            "(runtime.artifacts.new_run_dir makes a new one)")
+
+
+def _own_checkpoint(trainer: Any, checkpoint: Path) -> bool:
+    """Whether `checkpoint` holds the very checkpoint `trainer` last wrote or loaded: the same
+    manifest bytes; one saved before manifests existed, by its path."""
+    digest = manifest_digest(checkpoint)
+    if digest is None:
+        last = trainer.last_checkpoint
+        return last is not None and Path(last).resolve() == checkpoint.resolve()
+    return digest == trainer.last_checkpoint_digest
+
+
+def replace_problem(trainer: Any, folder: Path) -> str | None:
+    """Why `trainer` may not write the checkpoint of its step into `folder` (a complete checkpoint
+    of that step there, up to the one `latest` names, that is not the one it last wrote or loaded),
+    or None."""
+    final = folder / checkpoint_name(trainer.step_count)
+    if not is_complete_checkpoint(final) or _own_checkpoint(trainer, final):
+        return None
+    newest = newest_checkpoint(folder)
+    if newest is not None and checkpoint_step(final) > checkpoint_step(newest):
+        return None  # past `latest`: a save that never repointed it, or a checkpoint given up
+    return (f"{final} already holds a checkpoint of step {checkpoint_step(final)} that this "
+            "trainer neither wrote nor loaded (another trainer's of its run, or of an earlier "
+            "line of it): this trainer's checkpoints there would replace it, or follow it without "
+            "coming from it. Continue from it with load_checkpoint(trainer, "
+            f"{str(final)!r}), or choose another output_dir")
+
+
+def check_save(trainer: Any, folder: Path) -> None:
+    """CheckpointWouldBeReplaced unless `trainer` may write the checkpoint of its step into
+    `folder` (`behind_problem`, `replace_problem`): asked when train() claims the folder, before a
+    step runs, and before every save."""
+    problem = behind_problem(trainer, folder) or replace_problem(trainer, folder)
+    if problem is not None:
+        raise CheckpointWouldBeReplaced(problem, folder / RUN_LOCK_FILE, {})
+
+
+def _refuse_another_holder(trainer: Any, folder: Path) -> None:
+    """FolderHeldByAnotherTrainer when another trainer object of this process holds `folder`."""
+    holder = _holding_trainer(trainer, folder)
+    if holder is not None:
+        raise FolderHeldByAnotherTrainer(
+            f"{folder} is held by another trainer object of this process (run "
+            f"{holder.run_id or 'without an id'}, at step {holder.step_count}): two trainers "
+            "writing into one folder would replace each other's checkpoints. Call that trainer's "
+            "close() first (then load_checkpoint this one from the folder to continue its run), "
+            "or choose another output_dir", folder / RUN_LOCK_FILE, {})
+
+
+def lock_run_folder(folder: Path) -> FileLock:
+    """The lock of a run folder, taken once for the run (FolderInUse names the live run holding
+    it). The one place a run folder is locked: the training command takes it before its checks read
+    the folder, and hands it to its trainer (`trainer.output_lock`), whose train() then uses it
+    rather than lock the folder again; train() of a trainer without one takes it here too."""
+    return hold_run_folder(folder)
+
+
+def _holds(trainer: Any, folder: Path) -> bool:
+    """Whether `trainer` holds `folder`'s lock (its train() claimed it), the folder unmoved."""
+    lock = trainer.output_lock
+    return (lock is not None and lock.is_current()
+            and lock.path.parent.resolve() == folder.resolve())
+
+
+def claim_for_save(trainer: Any, folder: Path) -> FileLock | None:
+    """For `save_checkpoint`: None when `trainer` holds `folder` already (its train() claimed it);
+    else the checks of `claim_run_folder` (FolderHeldByAnotherTrainer, FolderInUse,
+    FolderOfAnotherRun) and the folder's lock, held for the save only: the caller releases it."""
+    if _holds(trainer, folder):
+        return None
+    _refuse_another_holder(trainer, folder)
+    lock = lock_run_folder(folder)
+    try:
+        problem = owner_problem(trainer, folder)
+        if problem is not None:
+            raise FolderOfAnotherRun(problem, folder / RUN_LOCK_FILE, {})
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 @dataclass
@@ -158,7 +292,8 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
     """Lock `folder` for `trainer` (kept in `trainer.output_lock` until `trainer.close()`), refuse
     it when it holds another run's checkpoints or run.json (FolderOfAnotherRun; FolderInUse when
     another live process holds it, FolderHeldByAnotherTrainer when another trainer object of this
-    process does: one live trainer per folder), give the trainer a run id if it has none, and
+    process does: one live trainer per folder) or a newer checkpoint than the trainer's step
+    (CheckpointWouldBeReplaced), give the trainer a run id if it has none, and
     return the watch of the folder. A folder that moved since an earlier train() locked it:
     RunFolderGone, at every call until `trainer.close()` or another output_dir."""
     lock = trainer.output_lock
@@ -169,20 +304,14 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
             "is written at the old path. To go on, point the trainer at the folder where it is now "
             "(trainer.config = trainer.config.replace(output_dir=...)), or call trainer.close() "
             "to start again at the old path")
-    holder = _holding_trainer(trainer, folder)
-    if holder is not None:
-        raise FolderHeldByAnotherTrainer(
-            f"{folder} is held by another trainer object of this process (run "
-            f"{holder.run_id or 'without an id'}, at step {holder.step_count}): two trainers "
-            "writing into one folder would replace each other's checkpoints. Call that trainer's "
-            "close() first (then load_checkpoint this one from the folder to continue its run), "
-            "or choose another output_dir", folder / RUN_LOCK_FILE, {})
+    _refuse_another_holder(trainer, folder)
     taken = lock is None
-    lock = lock or hold_run_folder(folder)
+    lock = lock or lock_run_folder(folder)
     try:
         problem = owner_problem(trainer, folder)
         if problem is not None:
             raise FolderOfAnotherRun(problem, folder / RUN_LOCK_FILE, {})
+        check_save(trainer, folder)  # before a step runs, not at its save
         info = os.stat(folder)
     except BaseException:
         if taken:

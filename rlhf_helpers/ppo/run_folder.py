@@ -21,14 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP, LATEST_FILE, checkpoints, resolve_latest
+from rlhf_helpers.ppo.checkpoint import DEFAULT_KEEP
 from rlhf_helpers.ppo.checkpoint_digest import MANIFEST_FILE, checkpoint_problem, unverified
+from rlhf_helpers.ppo.checkpoint_folder import LATEST_FILE, checkpoints, resolve_latest
+from rlhf_helpers.ppo.run_claim import lock_run_folder
 from rlhf_helpers.ppo.run_identity import RUN_FILE, foreign_checkpoint_problem, lora_fit_problem
 from rlhf_helpers.ppo.trainer_state import TRAINER_STATE_FILE, load_trainer_state
 from rlhf_helpers.runtime.data import load_preferences, load_prompts, load_sft_corpus
 from rlhf_helpers.runtime.interrupt import is_rank_zero
 from rlhf_helpers.runtime.lock_files import file_kind
-from rlhf_helpers.runtime.locks import FileLock, FolderInUse, hold_run_folder
+from rlhf_helpers.runtime.locks import FileLock, FolderInUse
 from rlhf_helpers.runtime.preflight import (
     batch_memory_problem,
     device_problem,
@@ -119,13 +121,14 @@ def check_run_files(output_dir: Path, names: Sequence[str]) -> None:
 
 
 def lock_output_dir(output_dir: Path) -> FileLock | None:
-    """Lock the run's folder for this process (`runtime.locks.hold_run_folder`; keep the returned
-    lock while the run lasts), or SetupError naming the live run that holds it. Under a launcher
-    only rank 0, the process that writes the folder, takes it; the others get None."""
+    """Lock the run's folder for this process (`run_claim.lock_run_folder`; hand the lock to the
+    trainer, `trainer.output_lock`, which keeps it while the run lasts), or SetupError naming the
+    live run that holds it. Under a launcher only rank 0, the process that writes the folder, takes
+    it; the others get None."""
     if not is_rank_zero():
         return None
     try:
-        return hold_run_folder(output_dir)
+        return lock_run_folder(output_dir)
     except FolderInUse as error:
         raise SetupError(str(error)) from None
 

@@ -31,9 +31,11 @@ def train_loop(trainer: Any, steps: int | None = None, eval_prompts: Sequence[st
     Shows a progress bar, evaluates every config.eval_every steps on `eval_prompts`, and writes a
     checkpoint to config.output_dir every config.save_every steps and at the end, each only after
     `check_weights_usable`, in a folder locked until `trainer.close()` (another live run there:
-    FolderInUse; checkpoints of another run there: FolderOfAnotherRun, `run_claim`). A folder
-    removed or moved mid-run stops it (RunFolderGone), never made again. A NaN/inf stops the run
-    with NonFiniteStop (on every process at once); the last checkpoint stays intact.
+    FolderInUse; checkpoints of another run there: FolderOfAnotherRun; a newer checkpoint than the
+    trainer's, or one of its step it did not write or load: CheckpointWouldBeReplaced; `run_claim`,
+    before a step runs). A folder removed or moved mid-run stops it (RunFolderGone), never made
+    again. A NaN/inf stops the run with NonFiniteStop (on every process at once); the last
+    checkpoint stays intact.
     """
     config = trainer.config
     target = trainer.step_count + steps if steps is not None else config.total_steps

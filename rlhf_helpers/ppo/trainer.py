@@ -147,6 +147,8 @@ class PPOTrainer:
         self.last_update_stats: list[dict[str, float]] = []
         #: folder of the newest checkpoint this trainer wrote or loaded
         self.last_checkpoint: str | None = None
+        #: SHA-256 of that checkpoint's manifest.json: the only step folder a save may replace
+        self.last_checkpoint_digest: str | None = None
         #: the lock on config.output_dir, from `train` to `close`
         self.output_lock: FileLock | None = None
         #: the run this trainer's checkpoints belong to (`run_identity`): set by its first save, or

@@ -10,8 +10,9 @@ A cached folder is complete when its completion marker `COMPLETE.json`, written 
 A truncated or overwritten file, a missing one or a broken JSON file no longer matches its checksum,
 and a folder trained for another key is out of date. `build_cached` trains into a hidden temporary
 sibling `.tmp-<name>-<pid>`, writes the marker last, and renames the folder into place (an existing
-folder is renamed aside first): at every moment `final` is absent or complete. Temporary folders of
-killed runs (their PID no longer exists) are swept first. One process builds a given folder at a
+folder is renamed aside first, `folder_swap.replace_folder`): at every moment `final` is complete,
+or absent with its previous copy aside, put back by the next build. Temporary folders of killed
+runs (their PID no longer exists) are swept first. One process builds a given folder at a
 time: a second one asking for it meanwhile waits on its lock file `.lock-<name>` and then finds it
 built (unless it forces a new build).
 """
@@ -22,13 +23,18 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.runtime.folder_swap import (
+    is_stranded_aside,
+    remove_path,
+    replace_folder,
+    restore_dead_asides,
+)
 from rlhf_helpers.runtime.locks import FileLock, describe_holder, pid_is_alive
 
 #: File written last into a cached folder: its presence means the folder is complete.
@@ -217,24 +223,16 @@ def temporary_pattern(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"^\.tmp-((?:old-)?{re.escape(prefix)}.*)-(\d+)$")
 
 
-def remove_path(path: Path) -> None:
-    """Delete the folder at `path`, or the link itself when it is a symbolic link (never what it
-    points to)."""
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) -> list[Path]:
     """Delete the folders in `root` that match `pattern` (group 2: a PID) and whose process no
     longer exists; return them.
 
     A run killed mid-training (kill -9, a closed notebook, a power cut) never reaches its `finally`
     and leaves its temporary folder behind. Folders of live processes are kept (another run may be
-    training right now), and so is everything else in `root`. A PID reused by an unrelated process
-    only keeps a dead folder a little longer. Nothing is removed on Windows, where signal 0 does
-    not test a process.
+    training right now), and so is everything else in `root`, and a previous copy moved aside whose
+    own name is empty (`folder_swap.is_stranded_aside`: `restore_dead_asides` puts it back). A PID
+    reused by an unrelated process only keeps a dead folder a little longer. Nothing is removed on
+    Windows, where signal 0 does not test a process.
     """
     root = Path(root)
     if os.name == "nt" or not root.is_dir():
@@ -242,27 +240,19 @@ def remove_dead_temporary_folders(root: str | Path, pattern: re.Pattern[str]) ->
     removed = []
     for folder in sorted(root.iterdir()):
         match = pattern.match(folder.name)
-        if match and (folder.is_dir()
-                      or folder.is_symlink()) and not pid_is_alive(int(match.group(2))):
+        if (match and (folder.is_dir() or folder.is_symlink()) and not is_stranded_aside(folder)
+                and not pid_is_alive(int(match.group(2)))):
             remove_path(folder)
             removed.append(folder)
     return removed
 
 
 def move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside first and
-    deleted after, so `final` is at every moment either absent or a complete folder."""
-    old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
-    if final.exists() or final.is_symlink():
-        remove_path(old)
-        os.rename(final, old)  # a link at `final` is moved aside itself, never what it points to
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if old.exists() and not final.exists():
-            os.rename(old, final)  # the previous folder back in place
-        raise
-    remove_path(old)
+    """Rename the finished folder `tmp` to `final`; an existing `final` is renamed aside to
+    .tmp-old-<name>-<pid> first and deleted after (`folder_swap.replace_folder`), so a complete
+    copy is at every moment at `final` or, after a kill between the renames, aside, from where the
+    next `build_cached` puts it back."""
+    replace_folder(tmp, final, final.parent / f".tmp-old-{final.name}-{os.getpid()}")
 
 
 def build_lock(final: str | Path, what: str = "cache") -> FileLock:
@@ -293,8 +283,11 @@ def build_cached(final: str | Path, key: Mapping[str, Any],
 
     # one builder at a time: a second process waits here, then finds the folder built by the first
     with build_lock(final, what).acquire(wait=True, on_wait=waiting):
-        removed = remove_dead_temporary_folders(final.parent,
-                                                temporary_pattern(family or final.name))
+        temporary = temporary_pattern(family or final.name)
+        for restored in restore_dead_asides(final.parent, temporary):  # before the sweep
+            print(f"put back {shown_path(restored)}, which a killed build had left aside",
+                  file=sys.stderr, flush=True)
+        removed = remove_dead_temporary_folders(final.parent, temporary)
         if removed:  # swept under the lock: no live builder of this folder can be mid-way
             print(f"removed {len(removed)} temporary {what} folder(s) of runs that no longer "
                   f"exist: {', '.join(p.name for p in removed)}", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 """The course's plotly template, in the lowest layer that both its users may import: `widgets.style`
 makes it plotly's default in the notebooks, and the training command's curves.html
-(`ppo.curves_page`) sets it on its own figure, leaving plotly's default to whoever imported the
+(`stages.curves_page`) sets it on its own figure, leaving plotly's default to whoever imported the
 package.
 
     fig.update_layout(template=course_template())

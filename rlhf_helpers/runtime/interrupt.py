@@ -10,18 +10,21 @@ a process's rank.
 
 `quiet_early_interrupt` covers the imports, `one_line_interrupt` the command's work (it hands Ctrl-C
 back to Python first: `restore_interrupt`). The training command handles Ctrl-C in its `main`
-itself, its line naming the checkpoint to resume from.
+itself, its line naming the checkpoint to resume from. `deferred_interrupt` holds a Ctrl-C back over
+a few steps that must not be split (the two renames of `folder_swap.replace_folder`).
 
 Imports only the standard library, so it is in place a few milliseconds after the process starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import ParamSpec, TypeVar
 
@@ -69,15 +72,44 @@ def restore_interrupt() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while the block runs: one that comes meanwhile is delivered when
+    the block ends (exception or not), to the handler that was in force before (KeyboardInterrupt,
+    as a rule). Only the main thread may set handlers: in another thread, or when SIGINT is ignored
+    or handled outside Python, the block runs as it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if (threading.current_thread() is not threading.main_thread()
+            or not (callable(previous) or previous == signal.SIG_DFL)):
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:  # now, to the previous handler: KeyboardInterrupt, or the end of the process
+            signal.raise_signal(signal.SIGINT)
+
+
 def interrupted_line(prog: str, left: str = "") -> str:
     """The one line of a command ended by Ctrl-C: "PROG: interrupted (Ctrl-C); LEFT"."""
     return f"{prog}: interrupted (Ctrl-C)" + (f"; {left}" if left else "")
 
 
+def raised_by_ctrl_c(error: BaseException) -> bool:
+    """Whether `error` was raised from a Ctrl-C (`raise ... from` a KeyboardInterrupt: a step's
+    undo that could not finish). A command then ends as on Ctrl-C: the process ends, so what the
+    undo could not put back in memory goes with it, and nothing on disk depends on it."""
+    return isinstance(error.__cause__, KeyboardInterrupt)
+
+
 def one_line_interrupt(prog: str, left: str = "") -> Callable[[Callable[Params, Result]],
                                                                Callable[Params, Result]]:
     """Decorate a command's `main`: Ctrl-C while it runs prints `interrupted_line(prog, left)` on
-    stderr (rank 0 only) and exits 130 (SystemExit), instead of a KeyboardInterrupt traceback.
+    stderr (rank 0 only) and exits 130 (SystemExit), instead of a KeyboardInterrupt traceback; so
+    does an error raised from the Ctrl-C (`raise ... from` it: a step's undo that failed).
     `left` says what the command leaves behind ("nothing was written")."""
 
     def decorate(main: Callable[Params, Result]) -> Callable[Params, Result]:
@@ -87,6 +119,12 @@ def one_line_interrupt(prog: str, left: str = "") -> Callable[[Callable[Params, 
             try:
                 return main(*args, **kwargs)
             except KeyboardInterrupt:
+                if is_rank_zero():
+                    print(interrupted_line(prog, left), file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_INTERRUPTED) from None
+            except Exception as error:
+                if not raised_by_ctrl_c(error):
+                    raise
                 if is_rank_zero():
                     print(interrupted_line(prog, left), file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_INTERRUPTED) from None

@@ -7,7 +7,7 @@
 RUN_DIR is this course's run folder (metrics.jsonl and run.json, as `train_ppo` writes them), a
 metrics.jsonl, or the output folder of TRL's GRPOTrainer or RLOOTrainer (trainer_state.json, at its
 top or in its newest checkpoint-N): TRL's names are mapped where they mean the same quantity
-(`ppo.diagnosis.TRL_NAMES`). It reads and prints, naming the file it read; it writes nothing. Exit
+(`doctor.TRL_NAMES`). It reads and prints, naming the file it read; it writes nothing. Exit
 status: 0 read (whatever it found); 2 no run could be read there (one line); 130 Ctrl-C (one line).
 
 `train_ppo` calls `report_diagnosis` when a run ends: it prints the findings on stderr, writes
@@ -31,17 +31,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.checkpoint import disk_problem
-from rlhf_helpers.ppo.curves_page import CURVES_FILE, write_run_curves
-from rlhf_helpers.ppo.diagnosis import (
+from rlhf_helpers.doctor import (
     DIAGNOSIS_FILE,
     SEVERITIES,
     Diagnosis,
     diagnose,
     format_findings,
 )
+from rlhf_helpers.ppo.checkpoint import disk_problem
 from rlhf_helpers.ppo.metrics import write_replacing
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
+from rlhf_helpers.stages.curves_page import CURVES_FILE, write_run_curves
 
 PROG = "python -m rlhf_helpers.stages.diagnose"
 

@@ -164,7 +164,7 @@ def run_record(profile: Any, config: PPOConfig, reward_dir: Path | None,
     """What run.json holds: what the run did. A resumed run keeps the record's reward folder, reward
     pairs and prompts (its own came from the checkpoint), and updates the settings it may change.
     `compute`: the dtype the forward passes computed in and whether a loss scaler ran
-    (`diagnosis.compute_record`: the doctor reads it)."""
+    (`doctor.compute_record`: the doctor reads it)."""
     record = {"profile": dataclasses.asdict(profile), "ppo_config": config.to_dict(),
               **({"compute": compute} if compute is not None else {}),
               "reward_dir": None if reward_dir is None else str(reward_dir),

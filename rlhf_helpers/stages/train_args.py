@@ -145,12 +145,18 @@ class Interrupted(SystemExit):
         return self.message
 
 
-def interrupted_line(output_dir: Path | None, profile_name: str | None) -> str:
+def interrupted_line(output_dir: Path | None, profile_name: str | None,
+                     run_files: Sequence[str] = ()) -> str:
     """The one line of a run ended by Ctrl-C: the last checkpoint saved in `output_dir` and the
-    command that resumes from it, or that none was saved (so the same command starts over)."""
+    command that resumes from it, or that none was saved (so the same command starts over, once the
+    `run_files` found in the folder, which a new run refuses to overwrite, are out of the way)."""
     if output_dir is None:
         return "PPO interrupted (Ctrl-C) before its output folder was chosen: nothing was written"
     last = latest_checkpoint(output_dir)
+    if last is None and run_files:
+        return (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {output_dir} yet, so there "
+                f"is nothing to resume; to start over, remove its {', '.join(run_files)} and run "
+                "the same command again, or choose another --output-dir")
     if last is None:
         return (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {output_dir} yet, so there "
                 "is nothing to resume; run the same command again to start over")

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
+from rlhf_helpers.doctor import compute_record
 from rlhf_helpers.ppo.build import build_shared_model
 from rlhf_helpers.ppo.checkpoint import (
     CheckpointDamagedError,
@@ -62,7 +63,6 @@ from rlhf_helpers.ppo.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
 )
-from rlhf_helpers.ppo.diagnosis import compute_record
 from rlhf_helpers.ppo.guards import PeerProcessFailed, stopped_its_peers
 from rlhf_helpers.ppo.metrics import append_jsonl, write_replacing
 from rlhf_helpers.ppo.run_claim import RunFolderGone
@@ -81,7 +81,7 @@ from rlhf_helpers.ppo.tracking import check_tracker, log_metrics, make_accelerat
 from rlhf_helpers.ppo.trainer import PPOTrainer
 from rlhf_helpers.runtime.artifacts import runs_dir
 from rlhf_helpers.runtime.config_fields import given_field_values
-from rlhf_helpers.runtime.interrupt import is_rank_zero, restore_interrupt
+from rlhf_helpers.runtime.interrupt import is_rank_zero, raised_by_ctrl_c, restore_interrupt
 from rlhf_helpers.runtime.locks import FolderInUse
 from rlhf_helpers.runtime.models import model_folder_problem
 from rlhf_helpers.runtime.ppo_config import PPOConfig
@@ -114,6 +114,7 @@ from rlhf_helpers.stages.train_setup import (
     check_folder_holds,
     check_reward_dir,
     resumed_settings,
+    run_files_in,
     warn_unknown_tokens,
 )
 from rlhf_helpers.world.scorer import hidden_scores
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except KeyboardInterrupt:
         if folder_lock is not None:
             folder_lock.release()  # the folder is free for the resume at once
-        raise Interrupted(interrupted_line(output_dir, profile.name)) from None
+        raise Interrupted(interrupted_line(output_dir, profile.name,
+                                           run_files_in(output_dir))) from None
 
 
 def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | None,
@@ -199,6 +201,7 @@ def _run_in_folder(args: argparse.Namespace, profile: Any, config: PPOConfig | N
     model.to(accelerator.device)
     trainer = PPOTrainer(config, model, tokenizer, prompts["train"], hidden_score_fn=hidden_scores,
                          accelerator=accelerator, ptx_texts=prompts.get("sft"))
+    trainer.output_lock = folder_lock  # the folder is locked once: train() keeps this lock
     if args.resume:
         loaded = load_checkpoint(trainer, output_dir)
         if accelerator.is_main_process:
@@ -278,6 +281,9 @@ def train_and_log(trainer: PPOTrainer, output_dir: Path, accelerator: Any,
             raise SystemExit(EXIT_WRITE_FAILED) from None
         return "write failed"
     except Exception as error:
+        if raised_by_ctrl_c(error):  # a step's undo that failed on Ctrl-C: the interrupt's line
+            trainer.close()
+            raise KeyboardInterrupt from error
         if not stopped_its_peers(error):
             raise
         # the others raised PeerProcessFailed and print their line: print ours, then leave together,

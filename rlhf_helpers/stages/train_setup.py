@@ -1,6 +1,7 @@
 """The training command's checks before its model is built (`train_ppo` runs them).
 
     check_folder_holds(resume, output_dir)       # SetupError: links, checkpoints unfit for --resume
+                                                 # or a new run over an earlier run's files
     record, config, profile = resumed_settings(...)  # --resume: run.json's, checkpoint checked
     check_reward_dir(reward_dir)                 # --reward-dir: a complete reward folder
 
@@ -10,13 +11,13 @@ Each SetupError is one line of the command's exit 2, found before the PPO model 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlhf_helpers.ppo.checkpoint import LATEST_FILE, checkpoints, latest_checkpoint
-from rlhf_helpers.ppo.curves_page import CURVES_FILE
 from rlhf_helpers.ppo.run_folder import (
     RUN_FILE,
     SetupError,
@@ -28,6 +29,7 @@ from rlhf_helpers.ppo.run_identity import recorded_run_id
 from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import env_overrides
+from rlhf_helpers.stages.curves_page import CURVES_FILE
 from rlhf_helpers.stages.diagnose import DIAGNOSIS_FILE
 from rlhf_helpers.stages.resume import (
     RESUMABLE,
@@ -41,16 +43,31 @@ from rlhf_helpers.stages.train_args import warmup_problem
 METRICS_FILE = "metrics.jsonl"
 
 
+#: What the command writes into its folder: a new run never writes over any of them.
+RUN_FILES = (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE)
+
+
 def check_folder_holds(resume: bool, output_dir: Path) -> None:
     """SetupError unless the folder's run files are plain files and its checkpoints fit
-    `--resume`."""
-    # no links
-    check_run_files(output_dir, (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE))
+    `--resume`; a new run also refuses a folder holding any run file (an earlier run's, stopped
+    before its first checkpoint, or a person's copy), which it would overwrite."""
+    check_run_files(output_dir, RUN_FILES)  # no links
     if not resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
                          "choose another --output-dir")
     if resume and not (output_dir / LATEST_FILE).exists() and not checkpoints(output_dir):
         raise SetupError(f"--resume: no checkpoint found in {output_dir}")
+    found = [] if resume else run_files_in(output_dir)
+    if found:
+        raise SetupError(f"{output_dir} already holds {', '.join(found)} (an earlier run's, "
+                         "stopped before its first checkpoint, or a copy), which a new run would "
+                         "overwrite: choose another --output-dir, or remove those files if that "
+                         "run is abandoned")
+
+
+def run_files_in(output_dir: Path) -> list[str]:
+    """The names of RUN_FILES present in `output_dir` (as anything, links included)."""
+    return [name for name in RUN_FILES if os.path.lexists(output_dir / name)]
 
 
 def resumed_settings(args: argparse.Namespace, profile: Any, given: dict[str, Any],

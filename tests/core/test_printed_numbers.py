@@ -152,7 +152,7 @@ def _doctor_history() -> list[dict[str, float]]:
 
 def test_the_run_doctor_prints_lines_that_fit_the_print_width_and_keeps_every_word():
     from rlhf_helpers.core.printed import PRINT_WIDTH
-    from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
+    from rlhf_helpers.doctor import diagnose, format_findings
 
     diagnosis = diagnose(_doctor_history())
     text = format_findings(diagnosis)

@@ -1,4 +1,4 @@
-"""The run doctor (`ppo.diagnosis`): each rule fires on a history built to show its signature and
+"""The run doctor (`doctor`): each rule fires on a history built to show its signature and
 stays silent on a healthy one; the loaders read this course's run folders and TRL's; the CLI prints
 and exits as documented.
 
@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from rlhf_helpers.ppo.diagnosis import RunFacts, Thresholds, diagnose, format_findings, load_history
-from rlhf_helpers.ppo.diagnosis_types import spans
+from rlhf_helpers.doctor import RunFacts, Thresholds, diagnose, format_findings, load_history
+from rlhf_helpers.doctor.findings import spans
 from rlhf_helpers.stages import diagnose as diagnose_cli
 
 FACTS = RunFacts(max_new_tokens=40, score_clip=5.0, value_warmup_steps=0, dtype="float32")

@@ -9,9 +9,9 @@ import json
 
 from test_diagnosis import FACTS, healthy
 
-from rlhf_helpers.ppo import diagnosis_checkpoints
+from rlhf_helpers.doctor import checkpoints as doctor_checkpoints
+from rlhf_helpers.doctor import diagnose, format_findings
 from rlhf_helpers.ppo.checkpoint_digest import required_files, write_manifest
-from rlhf_helpers.ppo.diagnosis import diagnose, format_findings
 from rlhf_helpers.stages.diagnose import main
 
 POLICY = "adapters/policy/adapter_model.safetensors"
@@ -71,10 +71,23 @@ def test_a_checkpoint_without_a_manifest_is_a_note_not_an_error(tmp_path, monkey
     run = run_folder(tmp_path, steps=(1,))
     (run / "step-000001" / "manifest.json").unlink()
     # its files read back well
-    monkeypatch.setattr(diagnosis_checkpoints, "verify_checkpoint", lambda folder: [])
+    monkeypatch.setattr(doctor_checkpoints, "verify_checkpoint", lambda folder: [])
     diagnosis = diagnose(run, facts=FACTS)
     assert not diagnosis.findings
     assert "step-000001 was saved without a manifest" in format_findings(diagnosis)
+
+
+def test_a_checkpoint_a_killed_save_left_aside_is_a_note_and_stays_where_it_is(tmp_path):
+    run = run_folder(tmp_path)
+    aside = run / ".old-step-000002-999999999"  # a PID no process has
+    (run / "step-000002").rename(aside)
+    (run / ".old-step-000001-999999999").mkdir()  # an older copy: step-000001 is in place
+    diagnosis = diagnose(run, facts=FACTS)
+    assert not diagnosis.findings
+    shown = format_findings(diagnosis)
+    assert "step-000002 is at .old-step-000002-999999999" in shown
+    assert "step-000001 is at" not in shown
+    assert aside.is_dir() and not (run / "step-000002").exists()  # the doctor moves nothing
 
 
 class HashedBytes:

@@ -12,7 +12,7 @@ import pytest
 from test_diagnosis import healthy
 
 from rlhf_helpers.core.losses import policy_loss, value_loss
-from rlhf_helpers.ppo.diagnosis import RunFacts, diagnose
+from rlhf_helpers.doctor import RunFacts, diagnose
 from rlhf_helpers.stages.diagnose import main
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-runs" / "h200-2026-11-27-cli"

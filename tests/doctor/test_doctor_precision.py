@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlhf_helpers.core.tolerances import dtype_name, ratio_tolerance, spread_tolerance
-from rlhf_helpers.ppo.diagnosis import RunFacts, compute_record, diagnose, load_history
+from rlhf_helpers.doctor import RunFacts, compute_record, diagnose, load_history
 from rlhf_helpers.ppo.trainer import PPOTrainer
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-runs" / "h200-2026-11-27-cli"
@@ -208,10 +208,10 @@ def test_notebook_06_s_bugs_are_errors_in_every_dtype_and_the_fixed_run_has_none
 
 
 def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
-    """diagnosis_types.CHECKED_ON quotes the H200 run's ranges; they are its metrics' (rounded as
+    """thresholds.CHECKED_ON quotes the H200 run's ranges; they are its metrics' (rounded as
     quoted), and each lies on the healthy side of its threshold."""
-    from rlhf_helpers.ppo.diagnosis import Thresholds
-    from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON
+    from rlhf_helpers.doctor import Thresholds
+    from rlhf_helpers.doctor.thresholds import CHECKED_ON
 
     rows, _ = load_history(H200)
 
@@ -236,7 +236,7 @@ def test_the_h200_ranges_the_thresholds_quote_are_the_fixture_s():
 
 
 def test_every_threshold_says_where_it_was_checked():
-    from rlhf_helpers.ppo.diagnosis import Thresholds
-    from rlhf_helpers.ppo.diagnosis_types import CHECKED_ON
+    from rlhf_helpers.doctor import Thresholds
+    from rlhf_helpers.doctor.thresholds import CHECKED_ON
 
     assert set(CHECKED_ON) == {f.name for f in dataclasses.fields(Thresholds)}

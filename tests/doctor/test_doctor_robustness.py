@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from test_diagnosis import FACTS, healthy
 
-from rlhf_helpers.ppo.diagnosis import RunFacts, Thresholds, diagnose, format_findings
-from rlhf_helpers.ppo.diagnosis_rows import longest_run
+from rlhf_helpers.doctor import RunFacts, Thresholds, diagnose, format_findings
+from rlhf_helpers.doctor.rows import longest_run
 from rlhf_helpers.ppo.metric_doc_types import ENTROPY_ROUNDING
 from rlhf_helpers.stages.diagnose import main
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import nbformat
@@ -38,6 +37,7 @@ from rlhf_helpers.course.notebook import (
     exercise_outcome,
 )
 from rlhf_helpers.course.run_course import course_notebooks, execute_notebook
+from rlhf_helpers.course.tool_files import write_recorded
 
 NOTEBOOKS = course_notebooks()
 #: per notebook (and per cell inside nbclient): a guard against hangs, not a speed goal. 05 on
@@ -349,8 +349,8 @@ def test_notebook_runs_as_shipped(path: Path, tmp_path: Path, own_runs_folder: P
     if path.stem in LIVE_FIGURE_TITLES:  # refreshed in place: one figure, not one per refresh
         live = [t for t in figure_titles(nb) if LIVE_FIGURE_TITLES[path.stem] in t]
         assert len(live) == 1, live
-    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp_path / "executed.ipynb", EXECUTED_DIR / path.name)  # only a run that passed
+    # only a run that passed; recorded as a tool's copy, which tools/build_site.py may replace
+    write_recorded(EXECUTED_DIR / path.name, (tmp_path / "executed.ipynb").read_bytes())
 
 
 @pytest.mark.notebook

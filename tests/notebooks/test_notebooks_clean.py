@@ -4,6 +4,7 @@ generated ones match their sources in notebooks/src/."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -190,8 +191,65 @@ def test_a_notebook_hard_linked_to_a_users_file_is_replaced_and_the_users_file_k
     assert builder.build_all(source_dir, notebook_dir) == 0
     assert backup.read_text(encoding="utf-8") == "my own edits"
     assert builder.build_all(source_dir, notebook_dir, check=True) == 0
-    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb"]  # no temporary left
+    # no temporary left; the user's file, no notebook a build wrote, was also kept as a copy
+    assert [p.name for p in notebook_dir.iterdir()
+            if p.name != "01_a.ipynb" and ".ipynb.bak-" not in p.name] == []
     assert (notebook_dir / "01_a.ipynb").stat().st_mode & 0o777 == 0o644
+
+
+def _saved_in_jupyter(path: Path, **cell: object) -> str:
+    """Change the built notebook at `path` as a learner's save in JupyterLab would (`cell`'s keys
+    set on its last cell, the kernel's language_info); returns the text saved."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb["cells"][-1].update(cell)
+    nb["metadata"]["language_info"] = {"name": "python", "version": "3.12.3"}
+    text = json.dumps(nb, indent=1)
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def test_a_learners_work_in_a_notebook_is_kept_as_a_copy_before_a_build_replaces_it(
+        tmp_path, monkeypatch, capsys):
+    """Before: a notebook a learner had run and edited was replaced without a word (notebooks/ is
+    where `make lab` opens them), their solutions and outputs lost."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch, **{"01_a": GOOD_SOURCE})
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    built = (notebook_dir / "01_a.ipynb").read_text(encoding="utf-8")
+    theirs = _saved_in_jupyter(notebook_dir / "01_a.ipynb", source="x = 1  # my solution",
+                               execution_count=1, outputs=[{"output_type": "stream",
+                                                            "name": "stdout", "text": "1\n"}])
+    capsys.readouterr()
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    copies = [p for p in notebook_dir.iterdir() if p.name.startswith("01_a.ipynb.bak-")]
+    assert len(copies) == 1 and copies[0].read_text(encoding="utf-8") == theirs
+    assert (f"kept 01_a.ipynb as {copies[0].name}: it held metadata a kernel or an editor wrote"
+            in capsys.readouterr().out)
+    assert (notebook_dir / "01_a.ipynb").read_text(encoding="utf-8") == built
+    # run, without the kernel's metadata: outputs; the second copy gets a name of its own
+    nb = json.loads(built)
+    nb["cells"][-1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "1\n"}]
+    (notebook_dir / "01_a.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    monkeypatch.setattr(builder.time, "strftime", lambda fmt: "20261207-120000")
+    for _ in range(2):
+        (notebook_dir / "01_a.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+        assert builder.build_all(source_dir, notebook_dir) == 0
+        assert "it held outputs" in capsys.readouterr().out
+    assert sorted(p.name for p in notebook_dir.iterdir() if "-120000" in p.name) == [
+        "01_a.ipynb.bak-20261207-120000", "01_a.ipynb.bak-20261207-120000-1"]
+
+
+def test_a_notebook_as_a_build_wrote_it_is_replaced_without_a_copy(tmp_path, monkeypatch, capsys):
+    """A notebook of an older source (the contributor's edit-build loop), or of this one, is a
+    build's: replaced, no copy kept."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch, **{"01_a": GOOD_SOURCE})
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    (source_dir / "01_a.py").write_text(GOOD_SOURCE + "\n# %%\ny = 2\n", encoding="utf-8")
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb"]
+    assert "kept" not in capsys.readouterr().out
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):  # the stored ones are builds'
+        assert builder.person_made(path) is None, path
 
 
 def test_a_folder_at_a_notebooks_path_is_refused_in_one_line_and_nothing_written(

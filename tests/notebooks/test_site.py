@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -529,7 +530,8 @@ def test_the_checkouts_own_site_built_before_the_marker_is_replaced_and_no_other
         build_site.main(["--executed", str(tmp_path), "--out", str(elsewhere)])
 
 
-def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch):
+def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch,
+                                                                     capsys):
     """Before: `--out afile/site` (afile a file) built the site, then ended in a NotADirectoryError
     traceback."""
     afile = tmp_path / "afile"
@@ -541,7 +543,8 @@ def test_an_out_under_a_file_is_refused_in_one_line_before_the_build(tmp_path, m
         assert build_site.out_problem(out) == message
         with pytest.raises(SystemExit) as refused:
             build_site.main(["--executed", str(tmp_path), "--out", str(out)])
-        assert refused.value.code == message
+        assert refused.value.code == 2 and str(refused.value) == message
+        assert capsys.readouterr().err == f"tools/build_site.py: error: {message}\n"
     assert afile.read_text(encoding="utf-8") == "a user's file"
     assert build_site.out_problem(tmp_path / "new" / "site") is None  # a folder it can make
 
@@ -634,3 +637,113 @@ def test_run_course_runs_the_notebooks_of_the_folder_it_is_given(tmp_path, monke
     with pytest.raises(SystemExit):
         run_course.main(["--notebooks", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
     assert "--notebooks" in capsys.readouterr().err
+
+
+def _fake_runs(monkeypatch) -> list[str]:
+    """ensure_executed's run_course without a kernel: each notebook "ran" with one output a cell;
+    returns the names run."""
+    from rlhf_helpers.course import run_course
+
+    ran = []
+
+    def execute(path: Path, out: Path, timeout: int) -> None:
+        ran.append(path.name)
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(nb), encoding="utf-8")
+
+    def run_here(command: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+        module = command.index("rlhf_helpers.course.run_course")
+        return subprocess.CompletedProcess(command, run_course.main(command[module + 1 :]))
+
+    monkeypatch.setattr(run_course, "execute_notebook", execute)
+    monkeypatch.setattr(build_site.subprocess, "run", run_here)
+    return ran
+
+
+def test_an_executed_notebook_a_person_edited_is_refused_by_name_and_kept(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Before: a person's edited copy in --executed was judged "from an older version", run again
+    and copied over: their edits were lost."""
+    from rlhf_helpers.course.tool_files import write_recorded
+
+    notebooks, executed = tmp_path / "notebooks", tmp_path / "executed"
+    notebooks.mkdir()
+    (notebooks / "01_a.ipynb").write_text(json.dumps(_small_notebook("x = 1")), encoding="utf-8")
+    ran = _fake_runs(monkeypatch)
+    build_site.ensure_executed(executed, notebooks)  # missing: run and written, with its record
+    assert ran == ["01_a.ipynb"]
+    mine = json.dumps(_small_notebook("x = 1  # my own note"))
+    for how in ("never written by the tool", "edited after the tool wrote it"):
+        if how == "never written by the tool":
+            (executed / ".01_a.ipynb.sha256").unlink(missing_ok=True)
+        else:
+            write_recorded(executed / "01_a.ipynb", b"{}")
+        (executed / "01_a.ipynb").write_text(mine, encoding="utf-8")
+        with pytest.raises(SystemExit) as refused:
+            build_site.ensure_executed(executed, notebooks)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert refused.value.code == 2 and len(err) == 1, err
+        assert (f"{executed / '01_a.ipynb'} was " in err[0]
+                and "(from an older version of the notebook)" in err[0]
+                and "Move them away" in err[0]), err
+        assert (executed / "01_a.ipynb").read_text(encoding="utf-8") == mine
+    assert ran == ["01_a.ipynb"]  # refused before running
+    # the tool's own stale copy is run again and replaced
+    write_recorded(executed / "01_a.ipynb", mine.encode())
+    build_site.ensure_executed(executed, notebooks)
+    assert ran == ["01_a.ipynb"] * 2
+    assert build_site.stale_reason(notebooks / "01_a.ipynb", executed / "01_a.ipynb") is None
+
+
+def test_an_executed_copy_that_is_a_link_is_refused_and_its_target_kept(tmp_path, monkeypatch,
+                                                                       capsys):
+    """Before: shutil.copy wrote the new run through a link at the executed copy's name, into the
+    file it points to."""
+    notebooks, executed = tmp_path / "notebooks", tmp_path / "executed"
+    notebooks.mkdir()
+    executed.mkdir()
+    (notebooks / "01_a.ipynb").write_text(json.dumps(_small_notebook("x = 1")), encoding="utf-8")
+    theirs = tmp_path / "thesis.ipynb"
+    theirs.write_text("a person's file", encoding="utf-8")
+    (executed / "01_a.ipynb").symlink_to(theirs)
+    ran = _fake_runs(monkeypatch)
+    with pytest.raises(SystemExit) as refused:
+        build_site.ensure_executed(executed, notebooks)
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"{executed / '01_a.ipynb'} is a link" in err
+    assert theirs.read_text(encoding="utf-8") == "a person's file" and ran == []
+
+
+def test_a_copy_in_build_from_before_the_records_is_the_tools(tmp_path, monkeypatch):
+    """build/executed as make test left it before the records existed is replaced (build/ is
+    make's); the same copy anywhere else is refused."""
+    monkeypatch.setattr(build_site, "ROOT", tmp_path)
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "01_a.ipynb").write_text(json.dumps(_small_notebook("x = 1")), encoding="utf-8")
+    ran = _fake_runs(monkeypatch)
+    old = json.dumps(_small_notebook("x = 0"))
+    for executed in (tmp_path / "build" / "executed", tmp_path / "elsewhere"):
+        executed.mkdir(parents=True)
+        (executed / "01_a.ipynb").write_text(old, encoding="utf-8")
+    build_site.ensure_executed(tmp_path / "build" / "executed", notebooks)
+    assert ran == ["01_a.ipynb"]
+    with pytest.raises(SystemExit):
+        build_site.ensure_executed(tmp_path / "elsewhere", notebooks)
+    assert (tmp_path / "elsewhere" / "01_a.ipynb").read_text(encoding="utf-8") == old
+
+
+def test_a_refused_out_exits_2_with_one_line_before_anything_is_built(tmp_path) -> None:
+    """Bad input is exit 2 and one line, as every command of the course (a failed run is 1)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    tool = str(ROOT / "tools" / "build_site.py")
+    run = subprocess.run([sys.executable, tool, "--out", str(mine)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "is not a site this tool built" in run.stderr, run.stderr
+    assert (mine / "notes.txt").read_text() == "a user's file"

@@ -78,7 +78,7 @@ def test_tensorboard_gets_every_metric_of_metrics_jsonl_by_its_grouped_name(
                 expected.setdefault(tracking.TRACKER_NAMES[key],
                                     []).append((int(row["step"]), value))
     # and the run doctor's counts at the last step: steps per rule that fired, findings per severity
-    from rlhf_helpers.ppo.diagnosis import diagnose
+    from rlhf_helpers.doctor import diagnose
     from rlhf_helpers.stages.diagnose import tracker_values
 
     doctor = tracker_values(diagnose(out))

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from command_lines import refused_line
 
 from rlhf_helpers.runtime import weights
 from rlhf_helpers.runtime.artifacts import COMPLETE_MARKER
@@ -152,11 +153,9 @@ def test_the_training_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_pat
     path = write(tmp_path / weights.GGUF_NAME, COMPLETE[:-1])
     monkeypatch.setenv(weights.GGUF_ENV, str(path))
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf", "device": "cpu"}')
-    with pytest.raises(SystemExit) as refused:
-        train_ppo.main(["--profile", "gpu", "--output-dir", str(tmp_path / "run")])
-    assert refused.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"{path} is not a complete GGUF file" in err
+    args = ["--profile", "gpu", "--output-dir", str(tmp_path / "run")]
+    err = refused_line(lambda: train_ppo.main(args), capsys)
+    assert f"{path} is not a complete GGUF file" in err
 
 
 def test_the_reward_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path, monkeypatch,
@@ -174,11 +173,9 @@ def test_the_reward_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path,
     monkeypatch.setenv(weights.GGUF_ENV, str(path))
     monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf", "device": "cpu"}')
-    with pytest.raises(SystemExit) as refused:
-        reward.main(["--profile", "gpu", "--out", str(tmp_path / "reward")])
-    assert refused.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"{path} is not a complete GGUF file" in err
+    args = ["--profile", "gpu", "--out", str(tmp_path / "reward")]
+    err = refused_line(lambda: reward.main(args), capsys)
+    assert f"{path} is not a complete GGUF file" in err
     assert err.startswith("python -m rlhf_helpers.stages.reward: error: the gpu profile's weights")
     assert not (tmp_path / "reward").exists()
 
@@ -344,10 +341,6 @@ def test_the_sft_command_refuses_a_cut_file_in_one_line_with_exit_2(tmp_path, mo
     monkeypatch.setenv(weights.GGUF_ENV, str(path))
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"weights": "gguf", "device": "cpu"}')
     monkeypatch.setattr(sys, "argv", ["sft"])
-    with pytest.raises(SystemExit) as refused:
-        sft.main()
-    assert refused.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err
+    err = refused_line(lambda: sft.main(), capsys)
     assert err.startswith(f"{sft.PROG}: error: the gpu profile's weights: {path} is not a complete "
                           "GGUF file")

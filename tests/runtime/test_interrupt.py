@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from command_lines import torch_is_loading
 from tool_scripts import TOOLS, load_tool
 
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_interrupt
@@ -82,13 +83,6 @@ def test_a_real_sigint_is_one_line_and_exit_130():
     assert process.returncode == 130, err
     assert err.strip() == "sleeper: interrupted (Ctrl-C); nothing was written", err
 
-
-def torch_is_loading(pid: int) -> bool:
-    """Whether the process has mapped torch's library: it is importing torch."""
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(),
@@ -193,3 +187,15 @@ def test_every_command_and_tool_has_the_one_line_ctrl_c():
             missing.append(name)
     assert missing == []
     assert len(entry_points()) >= len(COMMANDS)
+
+
+def test_an_error_raised_from_a_ctrl_c_is_the_same_one_line(capsys):
+    """A step's undo that failed on Ctrl-C raises StepUndoError from the KeyboardInterrupt: the
+    command ends as on Ctrl-C; an error with another cause is passed through."""
+    @one_line_interrupt("my-command")
+    def main(cause: BaseException) -> int:
+        raise RuntimeError("could not be undone whole") from cause
+
+    assert one_line_of(main, (KeyboardInterrupt(),), capsys) == interrupted_line("my-command", "")
+    with pytest.raises(RuntimeError, match="undone whole"):
+        main(ValueError("another cause"))

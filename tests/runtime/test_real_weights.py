@@ -227,7 +227,7 @@ def test_ppo_on_a_bf16_base_of_the_real_weights_is_healthy_to_the_doctor(pipelin
     tolerance, every sampled EOS is in the mask, and the doctor, judging by bf16, finds no error;
     its one warning may be the true length_runaway of a 10-token budget."""
     from rlhf_helpers.core.tolerances import ratio_tolerance
-    from rlhf_helpers.ppo.diagnosis import compute_record, diagnose
+    from rlhf_helpers.doctor import compute_record, diagnose
 
     profile = pipeline["profile"].replace(dtype="bfloat16")
     model, tokenizer = build_shared_model(profile, profile.ppo, pipeline["reward_dir"])

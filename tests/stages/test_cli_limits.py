@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import typing
 from pathlib import Path
 
@@ -297,6 +298,27 @@ def test_ctrl_c_before_training_is_one_line_and_exit_130(quick_cli, capsys, monk
     assert not (out / ".run.lock").exists()  # the folder is free at once
 
 
+def test_ctrl_c_before_the_first_checkpoint_names_the_run_files_a_new_run_refuses(
+        quick_cli, capsys, monkeypatch):
+    """Before: "run the same command again to start over", which a new run now refuses while the
+    interrupted run's run.json and metrics.jsonl are in the folder."""
+    out = quick_cli / "ppo"
+
+    def run_files_then_interrupt(*args, **kwargs):  # as if stopped after they were started
+        (out / "run.json").write_text("{}")
+        (out / "metrics.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_ppo, "ensure_sft_model", run_files_then_interrupt)
+    line = refusal(["--output-dir", str(out)], capsys, code=130)
+    assert line == (f"PPO interrupted (Ctrl-C): no checkpoint was saved in {out} yet, so there is "
+                    "nothing to resume; to start over, remove its run.json, metrics.jsonl and run "
+                    "the same command again, or choose another --output-dir")
+    monkeypatch.setattr(train_ppo, "ensure_sft_model",
+                        lambda *args, **kwargs: pytest.fail("the new run was not refused first"))
+    assert "already holds run.json, metrics.jsonl " in refusal(["--output-dir", str(out)], capsys)
+
+
 def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_path,
                                                                            capsys, monkeypatch):
     """In-process run of the tiny model, Ctrl-C in the third PPO step: before, a 103-line
@@ -332,3 +354,35 @@ def test_ctrl_c_while_training_names_the_last_checkpoint_and_how_to_resume(tmp_p
     # the resume reads that line's run
     line = refusal(["--steps", "1", "--resume", "--output-dir", str(out)], capsys)
     assert "is already at step 2" in line
+
+
+def test_ctrl_c_whose_step_undo_failed_is_the_same_one_line(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C whose step could not be undone whole (StepUndoError, raised from it): before, a
+    traceback. The process ends, so what the undo could not put back in memory goes with it; the
+    checkpoints on disk are whole, and the line names the last one."""
+    import torch
+
+    from rlhf_helpers.ppo.step_undo import StepUndoError
+    from rlhf_helpers.ppo.trainer import PPOTrainer
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", json.dumps({**TINY, "max_new_tokens": 4}))
+    monkeypatch.setenv("RLHF_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(train_ppo, "ensure_reward_model", lambda *args, **kwargs: None)
+    real_step, calls = PPOTrainer.step, []
+
+    def step_then_undo_fails(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise StepUndoError("PPO step 2 was interrupted and could not be undone whole") \
+                from KeyboardInterrupt()
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(PPOTrainer, "step", step_then_undo_fails)
+    out = tmp_path / "run"
+    line = refusal(["--steps", "3", "--save-every", "1", "--output-dir", str(out)],
+                   capsys, code=130)
+    last, folder = out / "step-000001", shlex.quote(str(out))
+    assert line == (f"PPO interrupted (Ctrl-C): the last checkpoint saved is {last}; "
+                    f"continue the run with: {PROG} --profile tiny --output-dir {folder} --resume")
+    assert not (out / ".run.lock").exists()

@@ -22,7 +22,7 @@ import pytest
 from run_folders import ROOT
 
 from rlhf_helpers.core.tolerances import ratio_tolerance
-from rlhf_helpers.ppo.diagnosis import Thresholds
+from rlhf_helpers.doctor import Thresholds
 
 #: SmolLM2-135M's architecture with fewer, narrower layers (the vocabulary: the shipped word-level
 #: tokenizer's)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from command_lines import torch_is_loading
 
 from rlhf_helpers.ppo.metrics import append_jsonl, write_curves, write_replacing
 from rlhf_helpers.ppo.run_folder import SetupError, check_run_files
@@ -146,6 +147,54 @@ def test_a_resumed_run_refuses_a_metrics_file_that_is_a_folder(cli, capsys):
     assert line.startswith(f"{PROG}: error: {out / 'metrics.jsonl'} is a folder")
 
 
+RUN_NAMES = ["run.json", "metrics.jsonl", "curves.html", "diagnosis.json", "latest"]
+
+
+@pytest.mark.parametrize("name", RUN_NAMES)
+def test_a_new_run_refuses_a_folder_holding_an_earlier_runs_file(tmp_path, name):
+    """Before: a run stopped before its first checkpoint (or a person's copy of its files) left
+    run.json, metrics.jsonl...; a new run into that folder passed and overwrote them all, exit 0."""
+    from rlhf_helpers.stages.train_setup import check_folder_holds
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / name).write_text(NOTES)
+    with pytest.raises(SetupError) as refused:
+        check_folder_holds(False, out)
+    message = str(refused.value)
+    assert ("\n" not in message and message.startswith(f"{out} already holds {name} ")
+            and "choose another --output-dir, or remove those files" in message)
+    assert (out / name).read_text() == NOTES
+    # --resume with no checkpoint keeps its own line (a bare `latest` is judged by the resume)
+    if name != "latest":
+        with pytest.raises(SetupError, match=r"^--resume: no checkpoint found in "):
+            check_folder_holds(True, out)
+
+
+def test_a_new_run_names_every_run_file_it_finds_and_passes_an_empty_folder(tmp_path):
+    from rlhf_helpers.stages.train_setup import check_folder_holds
+
+    check_folder_holds(False, tmp_path)  # empty
+    (tmp_path / "my-notes.txt").write_text(NOTES)  # not the run's
+    check_folder_holds(False, tmp_path)
+    for name in ("run.json", "metrics.jsonl", "curves.html"):
+        (tmp_path / name).write_text(NOTES)
+    with pytest.raises(SetupError, match="holds run.json, metrics.jsonl, curves.html "):
+        check_folder_holds(False, tmp_path)
+
+
+def test_the_training_command_refuses_an_earlier_runs_files_with_exit_2(cli, capsys):
+    out = cli / "ppo"
+    out.mkdir()
+    for name in ("run.json", "metrics.jsonl", "curves.html"):
+        (out / name).write_text(NOTES)
+    line = refusal(["--output-dir", str(out)], capsys)
+    assert line.startswith(f"{PROG}: error: {out} already holds run.json, metrics.jsonl, "
+                           "curves.html ")
+    assert all((out / name).read_text() == NOTES
+               for name in ("run.json", "metrics.jsonl", "curves.html"))
+
+
 # ---------------------------------------------------------------- the writers themselves
 @pytest.mark.parametrize("case", ["symlink", "hard link"])
 def test_appending_metrics_never_writes_through_a_link(tmp_path, case):
@@ -188,14 +237,6 @@ def test_appending_keeps_what_is_there(tmp_path):
 
 
 # ---------------------------------------------------------------- Ctrl-C during the imports
-def torch_is_loading(pid: int) -> bool:
-    """Whether the process has mapped torch's library: it is importing torch, seconds before `main`
-    runs."""
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(),
                     reason="reads /proc to see torch being imported")

@@ -82,7 +82,7 @@ def test_cli_trains_writes_checkpoints_metrics_curves_and_resumes(tmp_path):
     assert run["reward_dir"] == str(reward_dirs[0]) and run["reward_train_pairs"] == 64
     # the run doctor read the whole resumed history: printed at the end, and diagnosis.json as
     # diagnose() says
-    from rlhf_helpers.ppo.diagnosis import diagnose
+    from rlhf_helpers.doctor import diagnose
 
     assert "run doctor: 2 steps read" in second.stderr
     written = json.loads((out / "diagnosis.json").read_text())
@@ -399,7 +399,7 @@ def test_a_save_sweeps_temporary_folders_of_dead_runs(two_checkpoints, make_trai
     import subprocess
     import sys
 
-    from rlhf_helpers.ppo.checkpoint import save_checkpoint
+    from rlhf_helpers.ppo.checkpoint import load_checkpoint, save_checkpoint
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout)
@@ -408,6 +408,7 @@ def test_a_save_sweeps_temporary_folders_of_dead_runs(two_checkpoints, make_trai
     for folder in (orphan, live):
         folder.mkdir()
     trainer = make_trainer(max_new_tokens=4)
+    load_checkpoint(trainer, two_checkpoints)  # the run's own trainer: another's is refused
     trainer.step()
     save_checkpoint(trainer, two_checkpoints)
     assert not orphan.exists() and live.is_dir()  # a live process's save is not ours to touch

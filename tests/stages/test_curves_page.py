@@ -1,4 +1,4 @@
-"""The training command's curves.html (`ppo.curves_page`, `metrics.write_curves`): the course's
+"""The training command's curves.html (`stages.curves_page`, `metrics.write_curves`): the course's
 figure style, a title naming the run, the run doctor's findings marked as notebook 05 marks them,
 plotly.js inlined; and the command writes it once the doctor's verdict is known."""
 
@@ -16,10 +16,10 @@ import pytest
 import torch
 from test_diagnosis import FACTS, SIGNATURES, broken, healthy
 
-from rlhf_helpers.ppo.curves_page import run_curves_figure, run_title, write_run_curves
-from rlhf_helpers.ppo.diagnosis import diagnose
+from rlhf_helpers.doctor import diagnose
 from rlhf_helpers.ppo.metrics import DEFAULT_CURVES, write_curves
 from rlhf_helpers.runtime.figure_template import FIGURE_FONT, course_template
+from rlhf_helpers.stages.curves_page import run_curves_figure, run_title, write_run_curves
 
 RECORDED_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-runs" / "h200-2026-11-27-cli"
 

@@ -4,15 +4,14 @@ settings run.json records) or of TRL (trainer_state.json, its names mapped to th
     history, facts = load_history("runs/ppo-tiny")    # metrics.jsonl's rows; run.json's settings
     read = load_run("trl-out")                        # the same, with the file read and the notes
 
-The files themselves are read by `diagnosis_reading` (regular files only, numbers a float holds, a
-last metrics line cut mid-write skipped with a note); this module picks the file, maps TRL's names
-(`TRL_NAMES`), checks the settings run.json records before a rule multiplies by them, and refuses a
-response_length above the max_new_tokens they record.
+The files themselves are read by `reading` (regular files only, numbers a float holds, a last
+metrics line cut mid-write skipped with a note), run.json's settings by `facts.facts_of_run_json`
+(checked before a rule multiplies by them); this module picks the file, maps TRL's names
+(`TRL_NAMES`), and refuses a response_length above the max_new_tokens run.json records.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import os
@@ -21,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.diagnosis_reading import (
+from rlhf_helpers.doctor.facts import RunFacts, facts_of_run_json
+from rlhf_helpers.doctor.reading import (
     newest_trl_state,
     read_json,
     read_metrics,
     value_problem,
     what_is_there,
 )
-from rlhf_helpers.ppo.diagnosis_types import RunFacts
 
 #: TRL log name -> this course's metric name, for the quantities that mean the same (TRL 1.x GRPO /
 #: RLOO)
@@ -106,7 +105,7 @@ def _load_file(path: Path) -> RunRead:
     if path.name == "trainer_state.json":
         return _load_trl(path, read_json(path), [])
     rows, notes = read_metrics(path)
-    facts = _facts_of_run_json(path.parent / "run.json")
+    facts = facts_of_run_json(path.parent / "run.json")
     _check_lengths(rows, facts, path)
     return RunRead(rows, facts, path, tuple(notes))
 
@@ -138,66 +137,3 @@ def _load_trl(state_file: Path, state: Any, notes: list[str]) -> RunRead:
             raise ValueError(f"{state_file}, log_history entry {index + 1}: {problem}")
         rows += [row] if row else []
     return RunRead(rows, RunFacts(source="trl"), state_file, tuple(notes))
-
-
-#: the largest int setting read from run.json: the rules multiply settings by floats, and every int
-#: up to 2**53 is exactly a float
-MAX_SETTING = 2**53
-
-
-def _checked(run_file: Path, section: dict[str, Any], key: str, kinds: tuple[type, ...],
-             low: float) -> Any:
-    """section[key] when it is None or a number of `kinds` >= low (never a bool) that a float holds
-    (an int up to MAX_SETTING, a finite float); else ValueError naming it."""
-    value = section.get(key)
-    if value is None or (isinstance(value, kinds) and not isinstance(value, bool) and value >= low
-                         and (value <= MAX_SETTING if isinstance(value, int)
-                              else math.isfinite(value))):
-        return value
-    kind = "an int" if kinds == (int,) else "a number"
-    # too big, inf or NaN
-    beyond = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low
-    raise ValueError(
-        f"{run_file}: {key} must be {kind} >= {low:g}, got {type(value).__name__} {value!r:.60}"
-        + (" (beyond what the doctor reads: an int up to 2**53, a finite number)"
-           if beyond else ""))
-
-
-def _facts_of_run_json(run_file: Path) -> RunFacts:
-    # never read as "none recorded"
-    if (run_file.exists() or run_file.is_symlink()) and not run_file.is_file():
-        raise ValueError(
-            f"{run_file} is not a readable file (a folder, a broken link or a pipe), so the run's "
-            "settings are unknown; move it away to diagnose the metrics alone")
-    if not run_file.is_file():
-        return RunFacts()
-    record = read_json(run_file)
-    config = record.get("ppo_config", {}) if isinstance(record, dict) else None
-    profile = record.get("profile", {}) if isinstance(record, dict) else None
-    if not isinstance(config, dict) or not isinstance(profile, dict):
-        raise ValueError(
-            f"{run_file}: not a run record (an object whose ppo_config and profile are objects)")
-    warmup = _checked(run_file, config, "value_warmup_steps", (int,), 0) or 0
-    settings = {"max_new_tokens": _checked(run_file, config, "max_new_tokens", (int,), 1),
-                "score_clip": _checked(run_file, config, "score_clip", (int, float), 0),
-                "value_warmup_steps": warmup,
-                "total_steps": _checked(run_file, config, "total_steps", (int,), 1)}
-    # what the run computed in; older records hold the profile's dtype only
-    compute = record.get("compute")
-    if compute is not None and not isinstance(compute, dict):
-        raise ValueError(f"{run_file}: compute must be an object ({{\"dtype\": ..., "
-                         f"\"loss_scaling\": ...}}), got {type(compute).__name__} {compute!r:.40}")
-    dtype = compute.get("dtype") if compute is not None else profile.get("dtype")
-    scaling = compute.get("loss_scaling", False) if compute is not None else False
-    if not isinstance(dtype, str):  # None too: a record that does not say how the run computed
-        raise ValueError(
-            f"{run_file}: dtype must be a dtype name, got {type(dtype).__name__} {dtype!r:.40}")
-    if not isinstance(scaling, bool):
-        raise ValueError(f"{run_file}: loss_scaling must be true or false, got "
-                         f"{type(scaling).__name__} {scaling!r:.40}")
-    # "bf16", "torch.bfloat16" are read; an unknown name is refused, never float32
-    try:
-        facts = RunFacts(dtype=dtype, loss_scaling=scaling)
-    except ValueError as error:
-        raise ValueError(f"{run_file}: {error}") from None
-    return dataclasses.replace(facts, **settings)

@@ -1,7 +1,7 @@
 """The rows the run doctor's rules read, and the helpers they share.
 
-Rows are per-step metric dicts whose values are floats or None (`diagnosis_reading.metric_rows`),
-each with an int "step". Every helper makes one pass over the rows.
+Rows are per-step metric dicts whose values are floats or None (`reading.metric_rows`), each with
+an int "step", one per step. Every helper makes one pass over the rows.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlhf_helpers.ppo.diagnosis_types import Thresholds
+from rlhf_helpers.doctor.thresholds import Thresholds
 
 Rows = Sequence[Mapping[str, Any]]
 GLOSSARY_PAGE = "docs/metrics.md"

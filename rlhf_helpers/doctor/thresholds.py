@@ -1,4 +1,4 @@
-"""What the run doctor reports and reads: a Finding, the run's settings (RunFacts), rule Thresholds.
+"""The run doctor's rule thresholds (`Thresholds`) and the runs each was checked on (`CHECKED_ON`).
 
 Every threshold says where its value comes from: docs/metrics.md's healthy ranges (one 60-step
 tiny-profile run, seed 0, and its --kl-coef 0 / 0.05 variants), measured runs, or plain arithmetic.
@@ -7,72 +7,15 @@ tiny-profile run, seed 0, and its --kl-coef 0 / 0.05 variants), measured runs, o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from rlhf_helpers.core.tolerances import (
     FLOAT32_RATIO_TOLERANCE,
     FLOAT32_SPREAD_TOLERANCE,
     SHARE_TOLERANCE,
-    dtype_name,
     ratio_tolerance,
     spread_tolerance,
 )
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One failure signature a run shows."""
-
-    rule: str  #: the rule's name, e.g. "first_ratio_not_one"
-    #: "error" (the run is broken), "warning" (likely a problem), "info" (worth knowing)
-    severity: str
-    title: str  #: the signature in a few words
-    steps: tuple[int, ...]  #: the steps where it holds
-    evidence: str  #: the numbers that show it
-    meaning: str  #: what it usually means
-    check_first: str  #: what to check first
-    learn_more: str  #: the notebook section or glossary entry that teaches it
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "steps": list(self.steps)}
-
-    def where(self) -> str:
-        """"step 3" or "steps 1-3, 7"."""
-        return f"step {self.steps[0]}" if len(self.steps) == 1 else f"steps {spans(self.steps)}"
-
-    def text(self) -> str:
-        """A few lines for a terminal or a notebook."""
-        return (f"[{self.severity}] {self.rule}: {self.title} ({self.where()})\n"
-                f"    evidence: {self.evidence}\n    usually: {self.meaning}\n"
-                f"    check first: {self.check_first}\n    learn more: {self.learn_more}")
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """The run's settings the rules need (from the trainer, run.json, or given)."""
-
-    #: the response length limit (None: unknown; the long-length rule is off)
-    max_new_tokens: int | None = None
-    #: the reward clip (None: off; the saturation rule reads `score_clipped`)
-    score_clip: float | None = None
-    value_warmup_steps: int = 0  #: critic-only steps before the policy's first update
-    #: the dtype the forward passes compute in (the frozen base's, or autocast's), not the float32
-    #: masters'; any spelling ("bf16", "torch.bfloat16") is stored as its one name
-    #: (`core.tolerances.dtype_name`)
-    dtype: str = "float32"
-    source: str = "rlhf_helpers"  #: who wrote the history: "rlhf_helpers" or "trl"
-    #: float16 with a gradient scaler (skipped steps on overflow are expected)
-    loss_scaling: bool = False
-    #: the steps the run was set to take (None: unknown); a warm-up this long means the policy never
-    #: trains
-    total_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        # an unknown dtype is an error, never float32
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
-
 
 #: Thresholds that count steps (ints >= 1; critic_grace_steps >= 0), that are shares (in [0, 1]) and
 #: that are sizes (>= 0); the other (cold_critic_ev, an explained variance) is any finite number
@@ -226,99 +169,3 @@ CHECKED_ON: dict[str, str] = {
     "eval_fall": "tiny float32 (healthy range 0.14; kl_coef 0 falls 2.86), H200 (silent: 2 "
                  "evaluations)",
 }
-
-
-def spans(steps: Sequence[int]) -> str:
-    """1, 2, 3, 7 -> "1-3, 7"."""
-    out, start = [], None
-    steps = sorted(set(steps))
-    for i, s in enumerate(steps):
-        if start is None:
-            start = s
-        if i + 1 == len(steps) or steps[i + 1] != s + 1:
-            out.append(f"{start}" if start == s else f"{start}-{s}")
-            start = None
-    return ", ".join(out) or "-"
-
-
-def rule_docs(t: Thresholds | None = None) -> dict[str, tuple[tuple[str, ...], str]]:
-    """rule -> (metrics it reads, when it fires under thresholds `t`), as docs/metrics.md lists."""
-    t = t or Thresholds()
-    return {**_error_rule_docs(t), **_warning_rule_docs(t)}
-
-
-def _error_rule_docs(t: Thresholds) -> dict[str, tuple[tuple[str, ...], str]]:
-    """The error rules' part of `rule_docs`."""
-    n = t.sustain_steps
-    return {
-        "non_finite": ((),  # every metric
-                       "error: any logged value is NaN or infinite (explained_variance aside: NaN "
-                       "when the returns are constant)"),
-        "no_learning_signal": (("score_std", "score"),
-                               f"error: score_std <= {t.score_spread:g} x max(1, |score|) in "
-                               f"float32 (bf16: {t.spread_for('bfloat16'):g}, fp16: "
-                               f"{t.spread_for('float16'):g}) at a step (all scores equal); from "
-                               "TRL logs also frac_reward_zero_std = 1, and a warning when it "
-                               f"is >= {t.zero_std_share:g} at {n} steps"),
-        "first_ratio_not_one": (("first_ratio",),
-                                f"error: |first_ratio - 1| > {t.ratio_tolerance:g} in float32 "
-                                f"(bf16: {t.ratio_tolerance_for('bfloat16'):g}, fp16: "
-                                f"{t.ratio_tolerance_for('float16'):g}) at a step; correct updates "
-                                "measured < 1e-6 in float32, <= 2.3e-4 in bf16 on an H200"),
-        "eos_masked": (("eos_in_mask",), f"error: eos_in_mask < 1 - {t.share_tolerance:g} at a "
-                                         "step (1 when the mask is right)"),
-        "nothing_trains": (("policy_grad_norm", "kl", "approx_kl"),
-                           "error: value_warmup_steps >= total_steps (or the steps run); or "
-                           "policy_grad_norm exactly 0 at every policy step; or, without a "
-                           "policy_grad_norm, |kl| within the dtype's rounding "
-                           f"({t.ratio_tolerance:g} per token in float32, "
-                           f"{t.ratio_tolerance_for('bfloat16'):g} in bf16) at every step after "
-                           "the first policy update and approx_kl within its square"),
-        "critic_never_trains": (("value_grad_norm",),
-                                "error: value_grad_norm exactly 0 at every step that logs it"),
-        "damaged_checkpoint": ((),
-                               "error: a step-NNNNNN checkpoint of the run folder whose files do "
-                                   "not match their SHA-256 in its manifest.json (or are missing); "
-                                   "the evidence names the newest intact checkpoint. A checkpoint "
-                                   "saved without a manifest is read back, a note at most"),
-    }
-
-
-def _warning_rule_docs(t: Thresholds) -> dict[str, tuple[tuple[str, ...], str]]:
-    """The warning and info rules' part of `rule_docs`."""
-    n = t.sustain_steps
-    return {
-        "negative_kl": (("kl",),
-                        f"warning: kl < 0 at {t.negative_kl_steps} steps in a row (by chance at "
-                                 f"most 1/{2 ** t.negative_kl_steps} when the true KL is 0)"),
-        "off_policy": (("clipfrac", "approx_kl"),
-                       f"warning: clipfrac > {t.clipfrac_high:g} or approx_kl > "
-                       f"{t.approx_kl_high:g} at {n} steps (healthy: 0.016-0.064 and 0.003-0.03)"),
-        "critic_not_learning": (("explained_variance",),
-                                f"warning: explained_variance <= 0 at {n} steps, and at more than "
-                                f"half the steps, after the warm-up plus {t.critic_grace_steps} "
-                                "steps (healthy: 0.2-0.55 within a few steps)"),
-        "untrained_critic": (("explained_variance",),
-                             f"info: explained_variance < {t.cold_critic_ev:g} at the policy's "
-                             "first update (no value warm-up)"),
-        "collapse": (("entropy", "distinct_responses"),
-                     f"warning: entropy below {t.entropy_drop:g} x its step-1 value, or "
-                     f"distinct_responses < {t.distinct_floor:g}, at {n} steps"),
-        "length_collapse": (("response_length",), f"warning: response_length <= {t.short_length:g} "
-                                                  f"tokens at {n} steps"),
-        "length_runaway": (("eos_fraction", "response_length"),
-                           f"warning: eos_fraction < {t.eos_floor:g} with response_length >= "
-                           f"{t.long_share:.0%} of max_new_tokens at {n} steps"),
-        "reward_saturated": (("score_clipped",),
-                             f"warning: score_clipped >= {t.clipped_share:g} at {n} steps"),
-        "over_optimisation": (("hidden_score", "score", "eval_hidden_score", "eval_score"),
-                              "warning: hidden_score's last third below its best third by > "
-                              f"{t.overoptimisation_z:g} standard errors while score did not fall "
-                              f"(>= 6 steps); or eval_hidden_score falls > {t.eval_fall:g} from "
-                              "its best evaluation to the last while eval_score did not fall"),
-    }
-
-
-def rule_reads() -> dict[str, tuple[str, ...]]:
-    """rule -> the metrics it reads (`rule_docs`'s first part, which thresholds do not change)."""
-    return {rule: metrics for rule, (metrics, _) in rule_docs().items()}

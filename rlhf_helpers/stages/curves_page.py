@@ -1,6 +1,6 @@
 """The training command's curves.html: the run's curves in the course's figure style, titled with
 the run, with the run doctor's findings marked on them as notebook 05's live figure marks them
-(`diagnosis.mark_findings`).
+(`doctor.mark_findings`).
 
     diagnosis = diagnose(trainer)
     write_run_curves(trainer.history, Path("runs/ppo-tiny/curves.html"), "tiny", diagnosis)
@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_helpers.ppo.diagnosis import MARK_COLORS, Diagnosis, mark_findings
-from rlhf_helpers.ppo.diagnosis_types import rule_reads
+from rlhf_helpers.doctor.diagnosis import Diagnosis
+from rlhf_helpers.doctor.report import MARK_COLORS, mark_findings
+from rlhf_helpers.doctor.rules import rule_reads
 from rlhf_helpers.ppo.metrics import default_keys, plot_curves, write_curves
 from rlhf_helpers.runtime.figure_template import course_template
 
