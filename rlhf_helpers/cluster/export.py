@@ -33,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from rlhf_helpers.cluster.knobs import DROPPED, FRAMEWORKS
+from rlhf_helpers.cluster.option_names import option_name, unnamed_options
 from rlhf_helpers.cluster.run_inputs import (
     MAX_GPUS_PER_NODE,
     as_config,
@@ -40,6 +41,7 @@ from rlhf_helpers.cluster.run_inputs import (
     per_token_target_kl,
     run_paths,
 )
+from rlhf_helpers.core.advantage_estimators import ADVANTAGE_ESTIMATORS
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
@@ -53,8 +55,9 @@ OPENRLHF_VERSION = "0.11.2"
 NO_CLIP = 1.0e6
 #: verl's dual-clip constant c that never acts: above e^20, the cap verl puts on the ratio.
 DUAL_CLIP_OFF = 1.0e9
-#: Course KL estimator -> verl's algorithm.kl_penalty name (OpenRLHF takes k1/k2/k3 as they are).
-VERL_KL_NAMES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+#: The advantage estimator the course's engine runs: its entry (`core.advantage_estimators`) has
+#: the frameworks' names for it
+ENGINE_ADVANTAGE = "gae"
 VERL_ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 OPENRLHF_ENTRY = ("python", "-m", "openrlhf.cli.train_ppo_ray")
 
@@ -78,7 +81,8 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1,
         cr + "shuffle": True, "data.max_prompt_length": c.max_prompt_length,
         "data.truncation": "left", "data.max_response_length": c.max_new_tokens,
         "actor_rollout_ref.rollout.temperature": float(c.temperature),
-        "algorithm.adv_estimator": "gae", "algorithm.gamma": float(c.gamma),
+        "algorithm.adv_estimator": ADVANTAGE_ESTIMATORS[ENGINE_ADVANTAGE].verl,
+        "algorithm.gamma": float(c.gamma),
         "algorithm.lam": float(c.lam), a + "clip_ratio": float(c.clip_eps),
         a + "clip_ratio_low": float(c.clip_eps), a + "clip_ratio_high": float(c.clip_eps),
         a + "clip_ratio_c": DUAL_CLIP_OFF,
@@ -91,7 +95,7 @@ def verl_settings(run: str | Profile | PPOConfig, n_gpus: int = 1,
         "trainer.critic_warmup": c.value_warmup_steps + 1 if c.value_warmup_steps else 0,
         "algorithm.use_kl_in_reward": True, a + "use_kl_loss": False,
         "algorithm.kl_ctrl.kl_coef": float(c.kl_coef),
-        "algorithm.kl_penalty": VERL_KL_NAMES[c.kl_kind],
+        "algorithm.kl_penalty": option_name(c, "kl_kind", "verl"),
         "algorithm.kl_ctrl.type": "fixed" if target is None else "adaptive",
     }
     if target is not None:
@@ -207,7 +211,8 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
         ("--data.max_len", (c.max_prompt_length + c.max_new_tokens,)),
         ("--rollout.max_new_tokens", (c.max_new_tokens,)),
         ("--rollout.temperature", (float(c.temperature),)),
-        ("--algo.advantage.estimator", ("gae",)), ("--algo.advantage.gamma", (float(c.gamma),)),
+        ("--algo.advantage.estimator", (ADVANTAGE_ESTIMATORS[ENGINE_ADVANTAGE].openrlhf,)),
+        ("--algo.advantage.gamma", (float(c.gamma),)),
         ("--algo.advantage.lambd", (float(c.lam),)), ("--actor.eps_clip", (float(c.clip_eps),)),
         ("--critic.value_clip", (NO_CLIP if c.value_clip is None else float(c.value_clip),)),
         ("--actor.entropy_coef", (float(c.entropy_coef),)),
@@ -219,7 +224,8 @@ def openrlhf_flags(run: str | Profile | PPOConfig, n_gpus: int = 1,
         f += [(f"--{role}.adam.betas", (0.9, 0.999)), (f"--{role}.lr_scheduler", ("constant",)),
               (f"--{role}.lr_warmup_ratio", (0.0,))]
     f += [("--critic.freezing_steps", (c.value_warmup_steps - 1,)),
-          ("--algo.kl.init_coef", (float(c.kl_coef),)), ("--algo.kl.estimator", (c.kl_kind,))]
+          ("--algo.kl.init_coef", (float(c.kl_coef),)),
+          ("--algo.kl.estimator", (option_name(c, "kl_kind", "openrlhf"),))]
     if target is not None:
         f += [("--algo.kl.target", (target,)), ("--algo.kl.horizon", (c.kl_horizon,))]
     f += [("--reward.clip_range", (-score_clip, score_clip)), ("--ds.lora.rank", (c.lora.r,)),
@@ -263,14 +269,15 @@ def openrlhf_command(run: str | Profile | PPOConfig, n_gpus: int = 1,
 
 def not_carried(run: str | Profile | PPOConfig, framework: str | None = None) -> list[str]:
     """The settings of this run that `framework`'s export ("verl" or "openrlhf") cannot carry, one
-    line each (`knobs.DROPPED`); None: those that neither can carry. Empty for the course's
-    profiles."""
+    line each (`knobs.DROPPED`, and a registered value such as a KL estimator that the framework
+    has no name for); None: those that neither can carry. Empty for the course's profiles."""
     if framework is not None and framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {FRAMEWORKS} or None, got {framework!r}")
     c = as_config(run)
     wanted = set(FRAMEWORKS) if framework is None else {framework}
     return [f"{name}={getattr(c, name)}: {dropped.advice}" for name, dropped in DROPPED.items()
-            if wanted <= set(dropped.frameworks) and getattr(c, name) != dropped.same]
+            if wanted <= set(dropped.frameworks)
+            and getattr(c, name) != dropped.same] + unnamed_options(c, wanted)
 
 
 def auto_note(name: str | None, resolved: str) -> str | None:

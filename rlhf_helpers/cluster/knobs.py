@@ -16,6 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhf_helpers.core.kl_estimators import KL_ESTIMATORS
+
+
+def _kl_names() -> str:
+    """What the course's KL estimators are called in verl (and in OpenRLHF where it differs),
+    read from their registry."""
+    mapped = [e for e in KL_ESTIMATORS.values() if e.verl]
+    text = f"{'/'.join(e.name for e in mapped)} are verl's {'/'.join(str(e.verl) for e in mapped)}"
+    renamed = [e for e in KL_ESTIMATORS.values() if e.openrlhf not in (None, e.name)]
+    return text + "".join(f", {e.name} is OpenRLHF's {e.openrlhf}" for e in renamed)
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -121,8 +132,7 @@ KNOBS: tuple[Knob, ...] = (
          ("--algo.kl.init_coef",), "per token in all three: r_t = score·[t = last] - β·kl_t; "
                                    "OpenRLHF builds no reference model at 0"),
     Knob("kl_kind", "per-token KL estimator", ("algorithm.kl_penalty",), ("--algo.kl.estimator",),
-         "k1/k2/k3 are verl's kl/mse/low_var_kl; OpenRLHF clamps every estimate to ±10, verl "
-         "clamps k3 to ±10"),
+         f"{_kl_names()}; OpenRLHF clamps every estimate to ±10, verl clamps k3 to ±10"),
     Knob("target_kl", "target of the adaptive KL controller (None: fixed beta)",
          ("algorithm.kl_ctrl.type", "algorithm.kl_ctrl.target_kl"), ("--algo.kl.target",),
          "ours is a k1 KL per sequence, theirs the estimator's mean per token: the export divides "

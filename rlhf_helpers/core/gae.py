@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from rlhf_helpers.core.advantage_estimators import advantage_estimator
 from rlhf_helpers.core.checks import (
     check_finite,
     check_floating,
@@ -82,6 +83,7 @@ def _discount_matrix(size: int, decay: float, dtype: torch.dtype,
     return torch.triu(powers).to(device=device, dtype=dtype)
 
 
+@advantage_estimator("gae")
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,

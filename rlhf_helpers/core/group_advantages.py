@@ -22,6 +22,7 @@ import numbers
 
 import torch
 
+from rlhf_helpers.core.advantage_estimators import advantage_estimator
 from rlhf_helpers.core.checks import (
     check_finite,
     check_floating,
@@ -76,6 +77,7 @@ def group_rewards(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)  # (N, G)
 
 
+@advantage_estimator("rloo")
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE leave-one-out advantages: (N, G) rewards -> (N, G) advantages.
 
@@ -92,6 +94,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return _without_overflow(lambda r, scale: leave_one_out(r) * scale, rewards, "rloo_advantages")
 
 
+@advantage_estimator("grpo")
 def grpo_advantages(rewards: torch.Tensor, scale: str = "group",
                     eps: float = GRPO_EPS) -> torch.Tensor:
     """GRPO's group-normalised advantages: (N, G) rewards -> (N, G) advantages.

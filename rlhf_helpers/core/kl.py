@@ -24,18 +24,17 @@ from rlhf_helpers.core.checks import (
     check_same_shape,
     check_tensor,
 )
+from rlhf_helpers.core.kl_estimators import KL_ESTIMATORS
 from rlhf_helpers.core.tokens import _last_token_index
 
-KL_KINDS = ("k1", "k2", "k3")  #: names accepted by kl_estimate
+#: names accepted by kl_estimate: the registered estimators (`core.kl_estimators`) when this module
+#: was imported; `KL_ESTIMATORS` itself is the live list, `drawn_kl_kinds()` the explorers' choice
+KL_KINDS = KL_ESTIMATORS.names()
 
 
 def _kl_terms(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
     log_rho = ref_logprobs - logprobs  # log r', r' = ref / pi
-    if kind == "k1":
-        return -log_rho  # log(pi / ref)
-    if kind == "k2":
-        return 0.5 * log_rho**2
-    return torch.expm1(log_rho) - log_rho  # (r' - 1) - log r'; expm1 is exact near r' = 1
+    return KL_ESTIMATORS[kind].function(log_rho)
 
 
 def kl_estimate(
@@ -43,13 +42,14 @@ def kl_estimate(
 ) -> torch.Tensor:
     """Per-token estimate of KL(pi || ref): (B, T), (B, T) -> (B, T) (any same shape works).
 
-    With r' = ref(y) / pi(y) for y sampled from pi (Schulman, "Approximating KL divergence", 2020):
+    `kind` names one of the estimators of `core.kl_estimators` (each with its formula, bias and
+    sign there). With r' = ref(y) / pi(y) for y sampled from pi (Schulman, "Approximating KL
+    divergence", 2020), the first three are:
     k1 = -log r' = log pi - log ref       unbiased; negative whenever ref likes the token more
     k2 = 0.5 (log r')^2                    >= 0; biased, but close for nearby distributions
     k3 = (r' - 1) - log r'                 unbiased (E[r'] = 1) and >= 0 for every sample
     """
-    if kind not in KL_KINDS:
-        raise ValueError(f"kind must be one of {KL_KINDS}, got {kind!r}")
+    KL_ESTIMATORS.check("kind", kind)
     _check_logprob_pair(logprobs, ref_logprobs)
     return _kl_terms(logprobs, ref_logprobs, kind)
 
@@ -80,8 +80,7 @@ def _check_shaping_inputs(scores: torch.Tensor, logprobs: torch.Tensor, ref_logp
             f"scores must have shape (B,) = ({logprobs.shape[0]},) to match logprobs, "
             f"got {tuple(scores.shape)}"
         )
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"kl_kind must be one of {KL_KINDS}, got {kl_kind!r}")
+    KL_ESTIMATORS.check("kl_kind", kl_kind)
     check_floating("scores", scores)
     _check_logprob_pair(logprobs, ref_logprobs)
     check_mask("mask", mask, "logprobs", logprobs)

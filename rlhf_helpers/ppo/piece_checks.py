@@ -26,6 +26,7 @@ import torch
 
 from rlhf_helpers.core.checks import NonFiniteError
 from rlhf_helpers.ppo.learner_guard import global_modes_kept, modes_changed_message
+from rlhf_helpers.ppo.piece_contracts import PIECES
 
 
 class PieceError(ValueError):
@@ -33,17 +34,6 @@ class PieceError(ValueError):
     `value_loss_fn`, `update_fn`) raised an error, changed a tensor it was given in place, or
     returned what the trainer cannot use. The message names the piece; an error raised inside it is
     the `__cause__`."""
-
-
-#: each piece's positional parameters, in the order the trainer passes them (`pieces`)
-PARAMETERS = {
-    "shape_rewards_fn": ("scores", "logprobs", "ref_logprobs", "mask", "kl_coef"),
-    "advantage_fn": ("rewards", "values", "mask", "gamma", "lam"),
-    "policy_loss_fn": ("logprobs", "old_logprobs", "advantages", "mask", "clip_eps"),
-    "value_loss_fn": ("values", "old_values", "returns", "mask", "value_clip"),
-    "update_fn": ("model", "batch", "policy_opt", "value_opt", "config", "generator",
-                  "policy_loss_fn"),
-}
 
 
 def describe(value: Any) -> str:
@@ -68,7 +58,7 @@ def describe(value: Any) -> str:
 
 def _watched(name: str, args: tuple[Any, ...]) -> Iterator[tuple[str, torch.Tensor]]:
     """(label, tensor) of each tensor argument and tensor field of a dataclass one (the batch)."""
-    labels = PARAMETERS.get(name, ())
+    labels = PIECES[name].parameters if name in PIECES else ()
     for index, arg in enumerate(args):
         label = labels[index] if index < len(labels) else f"argument {index + 1}"
         if isinstance(arg, torch.Tensor):

@@ -42,16 +42,19 @@ stepped on as `policy_grad_norm` / `value_grad_norm` (after the loop's own clip)
 piece works on copies of the trainer's tensors (the log-probs and values that carry the graph
 excepted), and `update_fn` on a copy of the batch and of the config, so no edit of theirs reaches
 the run's data; an `update_fn` that changes a frozen weight (the base, the reward model) is refused.
+
+Each piece's `Protocol` (its exact signature) is in `piece_contracts`, and each is registered there
+(`PIECES`) by the `@piece(...)` on its checked call below.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -67,56 +70,18 @@ from rlhf_helpers.ppo.piece_checks import (
     rewards_result,
     tensor_pair,
 )
+from rlhf_helpers.ppo.piece_contracts import (
+    AdvantageFn,
+    LossAndStats,
+    PolicyLossFn,
+    ShapeRewardsFn,
+    Tensors,
+    UpdateFn,
+    ValueLossFn,
+    piece,
+)
 from rlhf_helpers.ppo.update_watch import UpdateWatch
 from rlhf_helpers.runtime.precision import needs_grad_scaler
-
-#: two (B, T) tensors: (rewards, kl) or (advantages, returns)
-Tensors = tuple[torch.Tensor, torch.Tensor]
-#: a loss (0-dim, with a gradient) and its stats (clipfrac, approx_kl...: numbers or 0-dim tensors)
-LossAndStats = tuple[torch.Tensor, Mapping[str, Any]]
-
-class ShapeRewardsFn(Protocol):
-    """A reward-shaping piece: r_t = -beta * kl_t, plus each row's score at its last real token."""
-
-    def __call__(self, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                 mask: torch.Tensor, kl_coef: float, /) -> Tensors | torch.Tensor:
-        """(B,), (B, T) x 3, beta -> (rewards, kl) (B, T) each, or the rewards alone."""
-
-
-class AdvantageFn(Protocol):
-    """An advantage piece: A_t from the shaped rewards and the old values (GAE by default)."""
-
-    def __call__(self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                 gamma: float, lam: float, /) -> Tensors:
-        """(B, T) x 3, gamma, lambda -> (advantages, returns) (B, T) each."""
-
-
-class PolicyLossFn(Protocol):
-    """A policy-loss piece: the clipped surrogate by default."""
-
-    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor, clip_eps: float, /) -> LossAndStats | torch.Tensor:
-        """(b, r) x 4, epsilon -> (loss, stats), or the loss alone (0-dim, with a gradient)."""
-
-
-class ValueLossFn(Protocol):
-    """A value-loss piece: the (optionally clipped) squared error by default."""
-
-    def __call__(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                 mask: torch.Tensor, value_clip: float | None, /) -> LossAndStats | torch.Tensor:
-        """(b, r) x 4, the value clip (None: none) -> (loss, stats), or the loss alone."""
-
-
-class UpdateFn(Protocol):
-    """A whole update loop of one iteration, in place of the library's (`iteration.update_epochs`).
-    It runs on one process, with plain torch optimisers and no fp16 loss scaling, and without
-    entropy bonus, ptx loss or value warm-up: a trainer given one refuses those settings by name
-    (`check_update_fn_settings`), and a `value_loss_fn` beside it, which would never run."""
-
-    def __call__(self, model: Any, batch: Any, policy_opt: torch.optim.Optimizer,
-                 value_opt: torch.optim.Optimizer, config: Any, generator: torch.Generator,
-                 policy_loss_fn: Callable[..., torch.Tensor], /) -> Sequence[tuple[float, float]]:
-        """-> the (policy loss, value loss) of every minibatch, in order."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +110,11 @@ class Pieces:
 def resolve_pieces(kl_kind: str, score_clip: float | None, shape_rewards_fn: ShapeRewardsFn | None,
                    advantage_fn: AdvantageFn | None, policy_loss_fn: PolicyLossFn | None,
                    value_loss_fn: ValueLossFn | None) -> Pieces:
-    """The pieces a trainer runs with: None or the library's function as is, a caller's checked."""
+    """The pieces a trainer runs with: None or the library's function as is (`PIECES[name].library`
+    in `piece_contracts`), a caller's wrapped in its checked call (`PIECES[name].call`), written out
+    so that a reader (and tools/walk_iteration.py) sees what each field holds; the library's shaping
+    given as a piece runs checked, without kl_kind. tests/package/test_option_names.py holds this to
+    PIECES."""
     library_shaping = partial(shape_rewards, kl_kind=kl_kind, score_clip=score_clip)
     own_gae = advantage_fn is None or advantage_fn is compute_gae
     own_policy = policy_loss_fn is None or policy_loss_fn is policy_loss
@@ -207,6 +176,7 @@ def copied(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+@piece("shape_rewards_fn", ShapeRewardsFn, library=shape_rewards)
 def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch.Tensor,
                        ref_logprobs: torch.Tensor, mask: torch.Tensor,
                        kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,6 +190,7 @@ def call_shape_rewards(fn: ShapeRewardsFn, scores: torch.Tensor, logprobs: torch
     return rewards, kl  # (B, T), (B, T)
 
 
+@piece("advantage_fn", AdvantageFn, library=compute_gae)
 def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor,
                     mask: torch.Tensor, gamma: float,
                     lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,6 +199,7 @@ def call_advantages(fn: AdvantageFn, rewards: torch.Tensor, values: torch.Tensor
     return tensor_pair("advantage_fn", out, ("advantages", "returns"), like=rewards)
 
 
+@piece("policy_loss_fn", PolicyLossFn, library=policy_loss)
 def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor,
                      clip_eps: float) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -247,6 +219,7 @@ def call_policy_loss(fn: PolicyLossFn, logprobs: torch.Tensor, old_logprobs: tor
         return loss, {**policy_loss(seen, *inputs[1:])[1], **stats}
 
 
+@piece("value_loss_fn", ValueLossFn, library=value_loss)
 def call_value_loss(fn: ValueLossFn, values: torch.Tensor, old_values: torch.Tensor,
                     returns: torch.Tensor, mask: torch.Tensor,
                     value_clip: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -276,6 +249,7 @@ def check_update_fn_settings(config: Any, model: Any, accelerator: Any) -> None:
                          + "; ".join(reasons) + ". Leave update_fn out to use the library's update")
 
 
+@piece("update_fn", UpdateFn, library=None)  # the library's own: `iteration.update`
 def run_update_fn(update_fn: UpdateFn, policy_loss_fn: PolicyLossFn, model: Any, batch: Any,
                   policy_opt: Any, value_opt: Any, config: Any, generator: torch.Generator,
                   step: int) -> list[dict[str, float]]:

@@ -2,6 +2,7 @@
 
     field_docs(PPOConfig)["clip_eps"]          # "PPO ratio clip range epsilon"
     check_field_types(config)                  # FieldTypeError: mini_batch_size must be an int, ...
+    check_options(config, PPOConfig.OPTIONS)   # ValueError: kl_kind must be one of 'k1', ...
     add_field_flags(parser, PPOConfig)         # --clip-eps, --lora-r, --whiten-advantages/--no-...
     changes = given_field_values(args, PPOConfig)   # {"clip_eps": 0.1} for the flags a user gave
     parser.parse_args(join_negative_values(argv, actions))  # --missing-eos-penalty -1e3: a value
@@ -94,6 +95,13 @@ def check_field_types(config: Any, expected: Mapping[str, str] | None = None) ->
             raise FieldTypeError(f"{field.name} must be {words}, got {got}")
 
 
+def check_options(config: Any, options: Mapping[str, Any]) -> None:
+    """ValueError naming the first field of `options` whose value is not a registered name:
+    `options[field]` is the registry (`core.registry.Registry`) of the names that field takes."""
+    for name, registry in options.items():
+        registry.check(name, getattr(config, name))
+
+
 def flag_name(field: str, prefix: str = "") -> str:
     """The command-line flag of a field: clip_eps -> --clip-eps, lora's r -> --lora-r."""
     return "--" + (prefix + field).replace("_", "-")
@@ -144,9 +152,11 @@ def add_field_flags(parser: Any, cls: type, aliases: dict[str, tuple[str, ...]] 
     the field's `#:` doc (plus `notes[name]`), added to `parser` (an ArgumentParser or an argument
     group); returns the actions made. A flag not given sets nothing (argparse.SUPPRESS), so the
     caller's config keeps its value. Bools get --x [true|false] / --no-x; `X | None` fields also
-    take the word none."""
+    take the word none; a field of the class's OPTIONS takes the names its registry holds (argparse
+    lists them in --help and refuses any other)."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
+    options: Mapping[str, Any] = getattr(cls, "OPTIONS", {})
     aliases, notes = aliases or {}, notes or {}
     actions: list[argparse.Action] = []
     for field in dataclasses.fields(cls):
@@ -176,6 +186,10 @@ def add_field_flags(parser: Any, cls: type, aliases: dict[str, tuple[str, ...]] 
             actions.append(parser.add_argument(
                 *names, dest=dest, type=_or_none(kind), default=argparse.SUPPRESS,
                 metavar="PATH" if kind is str else f"{kind.__name__.upper()}|none", help=help_text))
+        elif field.name in options:  # the registry itself: a name registered later is accepted too
+            actions.append(parser.add_argument(*names, dest=dest, type=kind,
+                                               choices=options[field.name],
+                                               default=argparse.SUPPRESS, help=help_text))
         else:
             actions.append(parser.add_argument(*names, dest=dest, type=kind,
                                                default=argparse.SUPPRESS, help=help_text))

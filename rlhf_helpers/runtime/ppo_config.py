@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from rlhf_helpers.runtime.config_fields import check_field_types
+from rlhf_helpers.core.kl_estimators import KL_ESTIMATORS
+from rlhf_helpers.core.registry import Registry
+from rlhf_helpers.runtime.config_fields import check_field_types, check_options
 from rlhf_helpers.runtime.config_limits import (
     PPO_LIMITS,
     check_big_ints,
@@ -37,6 +40,10 @@ COUNTS = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_prompt_len
 @dataclass
 class PPOConfig:
     """Every knob of the shared-LoRA PPO loop."""
+
+    #: the fields that name a registered value: the registry is the one list of the names each
+    #: accepts (its flag's choices, its check, the cluster export's names for it)
+    OPTIONS: ClassVar[Mapping[str, Registry[Any]]] = {"kl_kind": KL_ESTIMATORS}
 
     # --- rollouts
     rollout_batch_size: int = 64  #: prompts sampled per PPO iteration (one experience batch)
@@ -66,7 +73,8 @@ class PPOConfig:
     #: target sequence KL of the adaptive controller (None: fixed beta)
     target_kl: float | None = None
     kl_horizon: int = 10000  #: horizon (in samples) of the adaptive KL controller
-    kl_kind: str = "k1"  #: KL estimator of the reward shaping: "k1", "k2" or "k3"
+    #: KL estimator of the reward shaping, by name (core/kl_estimators.py has each one's formula)
+    kl_kind: str = "k1"
     #: clip reward-model scores to +- this before shaping (None: off)
     score_clip: float | None = None
     missing_eos_penalty: float | None = None  #: added to the score of responses cut off without EOS
@@ -125,8 +133,7 @@ class PPOConfig:
         if self.missing_eos_penalty is not None and not math.isfinite(self.missing_eos_penalty):
             raise ValueError("missing_eos_penalty must be None or a finite number, got "
                              f"{self.missing_eos_penalty!r}")
-        if self.kl_kind not in ("k1", "k2", "k3"):
-            raise ValueError(f"kl_kind must be 'k1', 'k2' or 'k3', got {self.kl_kind!r}")
+        check_options(self, self.OPTIONS)
         # the adaptive controller multiplies beta by at most 1.2 per step: from 0 it never moves
         # (`core.kl.AdaptiveKLController`, which refuses it, once the model is built)
         if self.target_kl is not None and self.kl_coef == 0:

@@ -17,7 +17,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from rlhf_helpers.core.gae import compute_gae, td_errors
-from rlhf_helpers.core.kl import KL_KINDS, shape_rewards
+from rlhf_helpers.core.kl import shape_rewards
+from rlhf_helpers.core.kl_estimators import drawn_kl_kinds
 from rlhf_helpers.core.masked import masked_whiten
 from rlhf_helpers.widgets._base import DESCRIPTION_STYLE, FIGURE_FONT, FIGURE_WIDTH, Explorer
 from rlhf_helpers.widgets.backends import FigureView
@@ -89,7 +90,7 @@ class GAEExplorer(Explorer):
         self.number("lam", "GAE λ", lam, 0.0, 1.0, 0.01)
         self.number("kl_coef", "KL coef β", kl_coef, 0.0, 1.0, 0.01)
         self.number("score", "score", float(self.response.score), -3.0, 3.0, 0.05)
-        self.kind = widgets.Dropdown(options=list(KL_KINDS), value=kl_kind,
+        self.kind = widgets.Dropdown(options=list(drawn_kl_kinds()), value=kl_kind,
                                      description="KL estimator",
                                      style=DESCRIPTION_STYLE, layout=widgets.Layout(width="240px"))
         self.controls["kl_kind"] = self.kind

@@ -29,6 +29,8 @@ from tool_scripts import load_tool
 
 from rlhf_helpers.cluster import export as ex
 from rlhf_helpers.cluster import knobs
+from rlhf_helpers.core.advantage_estimators import ADVANTAGE_ESTIMATORS
+from rlhf_helpers.core.kl_estimators import KL_ESTIMATORS
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import gpu_profile, tiny_profile
 
@@ -389,6 +391,52 @@ def test_openrlhf_flags_parse_to_the_courses_values(openrlhf_parser, name, n_gpu
             and v["vllm.num_engines"] * v["vllm.tensor_parallel_size"] == n_gpus)
 
 
+# ---------------------------------------------------- the registries' names in the pinned releases
+def _verl_function(zf: zipfile.ZipFile, name: str) -> ast.FunctionDef:
+    tree = ast.parse(_member(zf, "verl/trainer/ppo/core_algos.py"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _compared_names(function: ast.FunctionDef) -> set[str]:
+    """The strings a function compares a value with (`x == "abs"`, `x in ("kl", "k1")`)."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare):
+            for right in node.comparators:
+                for item in right.elts if isinstance(right, ast.Tuple | ast.List) else [right]:
+                    if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                        names.add(item.value)
+    return names
+
+
+def _verl_advantage_estimators(zf: zipfile.ZipFile) -> set[str]:
+    """The values of verl's `AdvantageEstimator` enum (the names algorithm.adv_estimator takes)."""
+    tree = ast.parse(_member(zf, "verl/trainer/ppo/core_algos.py"))
+    enum = next(n for n in ast.walk(tree)
+                if isinstance(n, ast.ClassDef) and n.name == "AdvantageEstimator")
+    return {stmt.value.value for stmt in enum.body
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)}
+
+
+def test_the_registries_names_are_the_pinned_frameworks_own(verl_zip, openrlhf_parser):
+    """Every verl and OpenRLHF name a registry entry gives (`core.kl_estimators`,
+    `core.advantage_estimators`) is one the pinned release takes: verl's kl_penalty_forward compares
+    its argument with it, its AdvantageEstimator enum holds it, OpenRLHF's flag lists it among its
+    choices. A new entry with a misspelt name fails here."""
+    verl_kl = _compared_names(_verl_function(verl_zip, "kl_penalty_forward"))
+    verl_advantage = _verl_advantage_estimators(verl_zip)
+    flags = openrlhf_parser._option_string_actions
+    openrlhf_kl = set(flags["--algo.kl.estimator"].choices)
+    openrlhf_advantage = set(flags["--algo.advantage.estimator"].choices)
+    assert {"kl", "mse", "low_var_kl"} <= verl_kl and {"gae", "grpo"} <= verl_advantage
+    for registry, verl, openrlhf in ((KL_ESTIMATORS, verl_kl, openrlhf_kl),
+                                     (ADVANTAGE_ESTIMATORS, verl_advantage, openrlhf_advantage)):
+        for entry in registry.values():
+            assert entry.verl is None or entry.verl in verl, (entry.name, entry.verl)
+            assert entry.openrlhf is None or entry.openrlhf in openrlhf, (entry.name,
+                                                                          entry.openrlhf)
+
+
 # ---------------------------------------------------------------- the map, the claims, the page
 def test_the_map_names_what_the_export_writes(verl_tree, openrlhf_parser):
     verl_plumbing = {k for k, _ in knobs.PLUMBING if not k.startswith("--")}
@@ -439,7 +487,7 @@ def _changed(config: PPOConfig, name: str) -> PPOConfig:
     elif value is None:
         candidates = [5.0, "runs/elsewhere"]
     elif isinstance(value, str):
-        candidates = [kind for kind in ("k1", "k2", "k3") if kind != value]
+        candidates = [kind for kind in KL_ESTIMATORS if kind != value]  # the one str field
     elif isinstance(value, tuple):
         candidates = [value[:1], (*value, "c_proj")]
     else:

@@ -471,17 +471,17 @@ def test_gae_explorer_bad_input_shows_a_message(backend) -> None:
 # -------------------------------------------------------------------------------------- KL explorer
 def test_kl_explorer_curves_are_the_three_estimators(backend) -> None:
     explorer = widgets.KLExplorer(backend=backend)
-    x, k1 = _trace(explorer, kl_mod.CURVE)
+    x, k1 = _trace(explorer, explorer.curve)
     np.testing.assert_allclose(k1, x, atol=1e-12)  # k1 = log pi - log ref
-    np.testing.assert_allclose(_trace(explorer, kl_mod.CURVE + 1)[1], 0.5 * x**2, atol=1e-12)
-    np.testing.assert_allclose(_trace(explorer, kl_mod.CURVE + 2)[1],
+    np.testing.assert_allclose(_trace(explorer, explorer.curve + 1)[1], 0.5 * x**2, atol=1e-12)
+    np.testing.assert_allclose(_trace(explorer, explorer.curve + 2)[1],
                                np.exp(-x) - 1 + x, atol=1e-12)
     # the sampled tokens sit on the curves
-    lr, s1 = _trace(explorer, kl_mod.SAMPLED)
+    lr, s1 = _trace(explorer, explorer.sampled)
     assert len(lr) == 16
     np.testing.assert_allclose(s1, lr, atol=1e-12)
-    np.testing.assert_allclose(_trace(explorer, kl_mod.SAMPLED + 1)[1], 0.5 * lr**2, atol=1e-12)
-    np.testing.assert_allclose(_trace(explorer, kl_mod.SAMPLED + 2)[1],
+    np.testing.assert_allclose(_trace(explorer, explorer.sampled + 1)[1], 0.5 * lr**2, atol=1e-12)
+    np.testing.assert_allclose(_trace(explorer, explorer.sampled + 2)[1],
                                np.exp(-lr) - 1 + lr, atol=1e-12)
 
 
@@ -492,14 +492,14 @@ def test_kl_explorer_means_and_spreads_against_the_exact_kl(backend, shift) -> N
     log_pi, log_ref = (t.numpy() for t in kl_mod.categorical_pair(shift, explorer.vocab))
     pi = np.exp(log_pi)
     exact = float(np.sum(pi * (log_pi - log_ref)))  # KL(pi || ref) by hand
-    np.testing.assert_allclose(explorer.view.figure.data[kl_mod.EXACT].y, [exact] * 3, rtol=1e-12)
+    np.testing.assert_allclose(explorer.view.figure.data[explorer.exact].y, [exact] * 3, rtol=1e-12)
     assert f"exact KL(π‖ref) = {exact:.4f}" in explorer.view.figure.layout.title.text
 
     log_ratio = log_pi - log_ref
     per_token = {"k1": log_ratio, "k2": 0.5 * log_ratio**2,
                  "k3": np.exp(-log_ratio) - 1 + log_ratio}
     for i, kind in enumerate(("k1", "k2", "k3")):
-        means = np.asarray(explorer.view.figure.data[kl_mod.BOX + i].y, dtype=float)  # (R,)
+        means = np.asarray(explorer.view.figure.data[explorer.box + i].y, dtype=float)  # (R,)
         assert len(means) == 400
         expected = float(np.sum(pi * per_token[kind]))  # E_pi of the estimator
         sd = math.sqrt(float(np.sum(pi * (per_token[kind] - expected) ** 2)) / n)  # of a batch mean
@@ -513,7 +513,7 @@ def test_kl_explorer_means_and_spreads_against_the_exact_kl(backend, shift) -> N
             assert (means >= 0).all()
     # why k1 can be negative: ref likes some sampled tokens more than pi does
     assert (log_ratio < 0).any()
-    k1_tokens = _trace(explorer, kl_mod.SAMPLED)[1]
+    k1_tokens = _trace(explorer, explorer.sampled)[1]
     assert (k1_tokens < 0).any() == bool(np.isin(np.round(k1_tokens, 12),
                                                   np.round(log_ratio[log_ratio < 0], 12)).any())
     assert "k1: mean" in _status_text(explorer)
@@ -522,8 +522,8 @@ def test_kl_explorer_means_and_spreads_against_the_exact_kl(backend, shift) -> N
 def test_kl_explorer_identical_distributions_give_zero(backend) -> None:
     explorer = widgets.KLExplorer(backend=backend, shift=0.0)
     for i in range(3):
-        np.testing.assert_allclose(explorer.view.figure.data[kl_mod.BOX + i].y, 0.0, atol=1e-12)
-    assert explorer.view.figure.data[kl_mod.EXACT].y[0] == pytest.approx(0.0, abs=1e-12)
+        np.testing.assert_allclose(explorer.view.figure.data[explorer.box + i].y, 0.0, atol=1e-12)
+    assert explorer.view.figure.data[explorer.exact].y[0] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_kl_explorer_bad_input_shows_a_message(backend) -> None:
