@@ -1,7 +1,8 @@
 """The training command's checks before its model is built (`train_ppo` runs them).
 
     check_folder_holds(resume, output_dir)       # SetupError: links, checkpoints unfit for --resume
-                                                 # or a new run over an earlier run's files
+                                                 # (or a new run over an earlier run's files, or a
+                                                 # person's step-NNNNNN folder)
     record, config, profile = resumed_settings(...)  # --resume: run.json's, checkpoint checked
     check_reward_dir(reward_dir)                 # --reward-dir: a complete reward folder
 
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_helpers.ppo.checkpoints.folder import resolve_latest, stray_problem, stray_steps
 from rlhf_helpers.ppo.checkpoints.run_identity import recorded_run_id
 from rlhf_helpers.ppo.checkpoints.save_load import LATEST_FILE, checkpoints, latest_checkpoint
 from rlhf_helpers.runtime.models import load_tokenizer, unknown_tokens
@@ -50,7 +52,10 @@ RUN_FILES = (RUN_FILE, METRICS_FILE, CURVES_FILE, DIAGNOSIS_FILE, LATEST_FILE)
 def check_folder_holds(resume: bool, output_dir: Path) -> None:
     """SetupError unless the folder's run files are plain files and its checkpoints fit
     `--resume`; a new run also refuses a folder holding any run file (an earlier run's, stopped
-    before its first checkpoint, or a person's copy), which it would overwrite."""
+    before its first checkpoint, or a person's copy), which it would overwrite. Any run refuses
+    a folder holding something named like a checkpoint that is none (a person's `step-000001/`,
+    `folder.stray_steps`), which a save of that step would replace; a resume's own checkpoint,
+    the one `latest` names, is judged by the resume."""
     check_run_files(output_dir, RUN_FILES)  # no links
     if not resume and (latest_checkpoint(output_dir) is not None or checkpoints(output_dir)):
         raise SetupError(f"{output_dir} already holds checkpoints: pass --resume to continue, or "
@@ -63,6 +68,12 @@ def check_folder_holds(resume: bool, output_dir: Path) -> None:
                          "stopped before its first checkpoint, or a copy), which a new run would "
                          "overwrite: choose another --output-dir, or remove those files if that "
                          "run is abandoned")
+    strays = stray_steps(output_dir)  # a person's step-000001/: a save would replace it
+    if resume:  # the checkpoint `latest` names is judged by the resume's own check
+        strays.pop(resolve_latest(output_dir)[0], None)
+    problem = stray_problem(strays)
+    if problem is not None:
+        raise SetupError(problem)
 
 
 def run_files_in(output_dir: Path) -> list[str]:

@@ -195,6 +195,40 @@ def test_the_training_command_refuses_an_earlier_runs_files_with_exit_2(cli, cap
                for name in ("run.json", "metrics.jsonl", "curves.html"))
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_persons_step_folder_is_refused_by_name_before_any_model(tmp_path, resume):
+    """Before: a new run passed a folder holding a person's step-000001/ (not a checkpoint), and
+    its first save moved that folder aside and deleted it, exit 0."""
+    from rlhf_helpers.stages.train_setup import check_folder_holds
+
+    out = tmp_path / "run"
+    (out / "step-000001").mkdir(parents=True)
+    (out / "step-000001" / "x.txt").write_text(NOTES)
+    (out / "notes.txt").write_text(NOTES)
+    if resume:  # the checkpoint `latest` names is left to the resume's own check
+        (out / "step-000002").mkdir()
+        (out / "latest").write_text("step-000002\n")
+    with pytest.raises(SetupError) as refused:
+        check_folder_holds(resume, out)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"{out / 'step-000001'} is not a checkpoint of this run (a folder holding none of a "
+        "checkpoint's files)")
+    assert message.endswith("Move it away, or choose another output folder")
+    assert (out / "step-000001" / "x.txt").read_text() == NOTES
+    (out / "step-000001").rename(tmp_path / "moved-away")
+    check_folder_holds(resume, out)  # what the message asks for: the folder passes
+
+
+def test_the_training_command_refuses_a_persons_step_folder_with_exit_2(cli, capsys):
+    out = cli / "ppo"
+    (out / "step-000001").mkdir(parents=True)
+    (out / "step-000001" / "x.txt").write_text(NOTES)
+    line = refusal(["--output-dir", str(out)], capsys)
+    assert line.startswith(f"{PROG}: error: {out / 'step-000001'} is not a checkpoint of this run")
+    assert (out / "step-000001" / "x.txt").read_text() == NOTES
+
+
 # ---------------------------------------------------------------- the writers themselves
 @pytest.mark.parametrize("case", ["symlink", "hard link"])
 def test_appending_metrics_never_writes_through_a_link(tmp_path, case):

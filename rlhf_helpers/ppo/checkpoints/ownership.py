@@ -28,11 +28,12 @@ behind the folder, and its next save would replace the newer step-NNNNNN. The ru
 step N: the folder's newest checkpoint (the one `latest` names) is of step N at most, and a
 step-N checkpoint there is the very one the trainer last wrote or loaded (`last_checkpoint_digest`:
 the SHA-256 of its manifest.json, which lists every file's digest, so equal digests mean the same
-bytes), unless it lies past `latest` (given up: a save that crashed before repointing `latest`, or
-a damaged checkpoint `latest` was pointed back past, as resuming advises). So train() with no step
-to run saves its step again, and a resumed run writes on; every other replacement, and a trainer
-that reached step N on another line going on after the folder's step-N, is refused
-(CheckpointWouldBeReplaced).
+bytes), unless it lies past `latest` and is of its run (given up: a save that crashed before
+repointing `latest`, or a damaged checkpoint `latest` was pointed back past, as resuming advises).
+So train() with no step to run saves its step again, and a resumed run writes on; every other
+replacement, and a trainer that reached step N on another line going on after the folder's step-N,
+is refused (CheckpointWouldBeReplaced); so is a folder holding anything named like a checkpoint that
+is none (a person's `step-000001/`: `folder.stray_steps`), which a save of that step would replace.
 
 While the run goes on its folder must stay the one locked: removed, renamed or replaced (another
 inode, its lock file gone, its run.json gone), the run stops with RunFolderGone, instead of writing
@@ -52,17 +53,16 @@ from rlhf_helpers.ppo.checkpoints.digest import manifest_digest
 from rlhf_helpers.ppo.checkpoints.folder import (
     CheckpointSaveError,
     checkpoint_name,
+    checkpoint_run_id,
     checkpoint_step,
     checkpoints,
     is_complete_checkpoint,
     latest_checkpoint,
+    stray_problem,
+    stray_step,
+    stray_steps,
 )
 from rlhf_helpers.ppo.checkpoints.run_identity import RUN_FILE, new_run_id, recorded_run_id
-from rlhf_helpers.ppo.checkpoints.trainer_state import (
-    RUN_ID_KEY,
-    TRAINER_STATE_FILE,
-    load_trainer_state,
-)
 from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.locks import RUN_LOCK_FILE, FileLock, hold_run_folder
 
@@ -83,8 +83,9 @@ class CheckpointWouldBeReplaced(FolderInUse):
     """A save into config.output_dir (train()'s or save_checkpoint's) would replace a checkpoint
     this trainer did not write or load: the folder holds a newer step than the trainer's (it loaded
     an older checkpoint, or another trainer of its run went on after it), or the step folder it
-    would write holds another trainer's checkpoint of that step. The message names the checkpoint
-    and how to continue from it. A FolderInUse, so the training command's one line covers it."""
+    would write holds another trainer's checkpoint of that step, or anything named like a checkpoint
+    that is none (a person's step-NNNNNN folder, file or link). The message names it and what to
+    do. A FolderInUse, so the training command's one line covers it."""
 
 
 #: the trainer object that last locked each folder (by resolved path), while it lives
@@ -119,10 +120,9 @@ def folder_run_id(folder: Path) -> str | None:
     if newest is None:
         return None
     try:
-        run_id = load_trainer_state(newest / TRAINER_STATE_FILE).get(RUN_ID_KEY)
+        return checkpoint_run_id(newest)
     except (OSError, ValueError):  # damaged: the loader says so when someone loads it
         return None
-    return run_id if isinstance(run_id, str) else None
 
 
 def _wrote_or_loaded(trainer: Any, folder: Path) -> bool:
@@ -186,21 +186,35 @@ def _own_checkpoint(trainer: Any, checkpoint: Path) -> bool:
     return digest == trainer.last_checkpoint_digest
 
 
+def _given_up(trainer: Any, checkpoint: Path) -> bool:
+    """Whether a checkpoint past `latest` is the trainer's run's to give up: its state names that
+    run, or cannot be read (damaged: resuming advises pointing `latest` back past it). Another
+    run's copy, or one that records no run, is not."""
+    try:
+        return trainer.run_id is not None and checkpoint_run_id(checkpoint) == trainer.run_id
+    except (OSError, ValueError):
+        return True
+
+
 def replace_problem(trainer: Any, folder: Path) -> str | None:
-    """Why `trainer` may not write the checkpoint of its step into `folder` (a complete checkpoint
-    of that step there, up to the one `latest` names, that is not the one it last wrote or loaded),
-    or None."""
+    """Why `trainer` may not write the checkpoint of its step into `folder` (anything there that is
+    no complete checkpoint, `stray_step`; a complete checkpoint of that step, up to the one
+    `latest` names or of another run, that is not the one it last wrote or loaded), or None."""
     final = folder / checkpoint_name(trainer.step_count)
+    stray = stray_step(final)
+    if stray is not None:
+        return stray_problem({final: stray})
     if not is_complete_checkpoint(final) or _own_checkpoint(trainer, final):
         return None
     newest = newest_checkpoint(folder)
-    if newest is not None and checkpoint_step(final) > checkpoint_step(newest):
+    if (newest is not None and checkpoint_step(final) > checkpoint_step(newest)
+            and _given_up(trainer, final)):
         return None  # past `latest`: a save that never repointed it, or a checkpoint given up
     return (f"{final} already holds a checkpoint of step {checkpoint_step(final)} that this "
-            "trainer neither wrote nor loaded (another trainer's of its run, or of an earlier "
-            "line of it): this trainer's checkpoints there would replace it, or follow it without "
-            "coming from it. Continue from it with load_checkpoint(trainer, "
-            f"{str(final)!r}), or choose another output_dir")
+            "trainer neither wrote nor loaded (another trainer's of its run, of an earlier line "
+            "of it, or another run's copied in): this trainer's checkpoints there would replace "
+            "it, or follow it without coming from it. Continue from it with "
+            f"load_checkpoint(trainer, {str(final)!r}), or choose another output_dir")
 
 
 def check_save(trainer: Any, folder: Path) -> None:
@@ -315,6 +329,9 @@ def claim_run_folder(trainer: Any, folder: Path) -> RunFolderWatch:
         problem = owner_problem(trainer, folder)
         if problem is not None:
             raise FolderOfAnotherRun(problem, folder / RUN_LOCK_FILE, {})
+        problem = stray_problem(stray_steps(folder))  # a person's step-NNNNNN: before a step
+        if problem is not None:
+            raise CheckpointWouldBeReplaced(problem, folder / RUN_LOCK_FILE, {})
         check_save(trainer, folder)  # before a step runs, not at its save
         info = os.stat(folder)
     except BaseException:

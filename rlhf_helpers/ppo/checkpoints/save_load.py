@@ -20,10 +20,11 @@ moment leaves `latest` pointing at a complete checkpoint (one a killed save left
 by the next save or read of `latest`), and the DEFAULT_KEEP newest complete checkpoints stay, so a
 damaged latest one leaves an earlier one to resume from. `load_checkpoint` verifies the digests
 before it loads anything (`verify_checkpoint`), and that the checkpoint fits the trainer
-(`run_identity`: its run, its LoRA shape). Only complete checkpoints count toward the keep rule
-(`checkpoints`, in `checkpoint_folder.py`): a stray `step-*` folder is left alone. A save never
-writes over another owner's folder, nor over a checkpoint the trainer did not write or load
-(`run_claim`: the checks train() makes).
+(`run_identity`: its run, its LoRA shape). The keep rule deletes only complete checkpoints of the
+saving run (`cleanup.remove_old_checkpoints`): a stray `step-*` folder, another run's copy and
+one it cannot attribute are left alone. A save never writes over another owner's folder, nor over a
+checkpoint the trainer did not write or load, nor over anything named like a checkpoint that is
+none (`ownership`: the checks train() makes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from rlhf_helpers.ppo.checkpoints.cleanup import remove_old_checkpoints, sweep_dead_saves
 from rlhf_helpers.ppo.checkpoints.digest import (
     MANIFEST_FILE,
     MANIFEST_STATE_KEY,
@@ -52,7 +54,7 @@ from rlhf_helpers.ppo.checkpoints.folder import (
     TEMPORARY_CHECKPOINT,
     CheckpointSaveError,
     checkpoint_name,
-    checkpoints,
+    checkpoints,  # noqa: F401 (imported from here, and from the old path ppo.checkpoint)
     latest_checkpoint,
 )
 from rlhf_helpers.ppo.checkpoints.ownership import check_save, claim_for_save
@@ -76,7 +78,6 @@ from rlhf_helpers.ppo.checkpoints.trainer_state import (
 from rlhf_helpers.ppo.model.adapters import CHECKPOINT_ADAPTERS_DIR as ADAPTERS_DIR
 from rlhf_helpers.ppo.model.adapters import CHECKPOINT_HEADS_FILE as HEADS_FILE
 from rlhf_helpers.ppo.model.shared_model import ADAPTERS, SharedLoRAModel
-from rlhf_helpers.runtime.artifacts import remove_dead_temporary_folders
 from rlhf_helpers.runtime.folder_swap import replace_folder, restore_dead_asides
 
 #: Complete checkpoints kept in output_dir (older ones are deleted after a save).
@@ -210,10 +211,7 @@ def _write_checkpoint(trainer: Any, output_dir: Path, name: str, keep: int) -> P
     check_save(trainer, output_dir)
     if trainer.run_id is None:
         trainer.run_id = new_run_id()
-    # a copy a killed save left aside is put back; then temporary folders of saves that a killed run
-    # never finished (their process is gone) are removed
-    restore_dead_asides(output_dir, TEMPORARY_CHECKPOINT)
-    remove_dead_temporary_folders(output_dir, TEMPORARY_CHECKPOINT)
+    sweep_dead_saves(output_dir)  # what killed saves left: put back, or removed
     final = output_dir / name
     tmp = output_dir / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
@@ -243,9 +241,7 @@ def _write_checkpoint(trainer: Any, output_dir: Path, name: str, keep: int) -> P
         raise CheckpointSaveError(
             f"could not update {output_dir / LATEST_FILE}: {disk_problem(error, output_dir)}; "
             f"{_kept(output_dir)}") from error
-    for stale in checkpoints(output_dir)[:-keep]:
-        if stale != final:
-            shutil.rmtree(stale, ignore_errors=True)
+    remove_old_checkpoints(trainer, output_dir, keep, final)
     # which checkpoint the trainer is: a later save may replace this one, and no other (check_save)
     trainer.last_checkpoint, trainer.last_checkpoint_digest = str(final), manifest_digest(final)
     return final
