@@ -6,9 +6,12 @@ Usage:
     (exit 2, writing nothing, when a source cannot be read or built, a cell has a tag not in
     KNOWN_TAGS, or a notebook's path is a link or a folder: the message names the file, the cell or
     the path)
-A stored notebook that holds what no build writes (a run's outputs, the metadata a kernel adds on a
-save, cells an editor added: a learner's work) is first copied to NN_topic.ipynb.bak-<date>-<time>
-beside it, and a line says so; one as a build wrote it, of this source or an older one, is replaced.
+A stored notebook is replaced without a copy only where it is a build's own: byte for byte what this
+build writes, what a build recorded writing there (`rlhf_helpers.course.tool_files`: the SHA-256 in
+the hidden .NN_topic.ipynb.sha256 beside it, which git ignores), or the notebook committed at git's
+HEAD (a fresh clone has no records). Anything else there (a learner's edit to a cell's text, a
+run's outputs, a kernel's metadata) is first copied to NN_topic.ipynb.bak-<date>-<time> beside it,
+and a line says so.
 
 A source is read by jupytext ("py:percent"): `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell (its lines commented). The course's own steps on top:
@@ -31,14 +34,24 @@ only this script writes.
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - run as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("tools/build_notebooks.py")
+
 import argparse
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlhf_helpers.course.deep_dives import is_deep_dive_heading  # noqa: E402
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source  # noqa: E402
+from rlhf_helpers.course.tool_files import as_written, write_recorded  # noqa: E402
 from rlhf_helpers.runtime.interrupt import one_line_interrupt  # noqa: E402
 
 SOURCE_DIR = ROOT / "notebooks" / "src"
@@ -174,26 +188,38 @@ def sources(source_dir: Path | None = None) -> list[Path]:
 
 
 def write_new(target: Path, text: str) -> None:
-    """Write `text` as a new file put in place at `target`: written to a temporary file in the same
-    folder, then renamed over `target`. Never written through a link: a symbolic link (put there
-    since the check) or a hard link's other name keeps what it held, and a build stopped half-way
-    leaves the old notebook whole."""
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
+    """Write `text` as a new file put in place at `target` (a temporary file in the same folder,
+    renamed over `target`), and record its SHA-256 beside it (`tool_files.write_recorded`): the next
+    build knows it for its own. Never written through a link: a symbolic link (put there since the
+    check) or a hard link's other name keeps what it held, and a build stopped half-way leaves the
+    old notebook whole."""
+    write_recorded(target, text.encode("utf-8"))
+
+
+def committed(target: Path) -> bytes | None:
+    """The notebook at `target` as git's HEAD has it (checked out: line endings as in the work
+    tree), or None: no git, no work tree there, or no such file at HEAD."""
     try:
-        os.fchmod(handle, 0o644)  # mkstemp's 0o600 would hide the notebook from other users
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        shown = subprocess.run(["git", "-C", str(target.parent), "cat-file", "--filters",
+                                f"HEAD:./{target.name}"], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def builds_own(target: Path, text: str) -> bool:
+    """Whether the notebook at `target` is a build's, which a build may replace without a copy:
+    `text` itself (what this build writes), the bytes a build recorded writing there, or the
+    notebook committed at HEAD (written before builds kept records, or checked out since)."""
+    data = target.read_bytes()
+    return data == text.encode("utf-8") or bool(as_written(target)) or data == committed(target)
 
 
 def person_made(target: Path) -> str | None:
-    """What the notebook at `target` holds that no build writes, so that replacing it would lose
-    a person's work ("outputs", "metadata a kernel or an editor wrote", ...), or None where it is
-    as some build wrote it (perhaps of an older source: a build of the current one replaces it)."""
+    """What the notebook at `target` holds that no build writes, which a copy of it keeps
+    ("outputs", "metadata a kernel or an editor wrote", ...), or None where its metadata, outputs,
+    cell ids and cell metadata are all a build's (its cells' text may still be a person's: that
+    `builds_own` tells)."""
     try:
         nb = json.loads(target.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # UnicodeDecodeError too
@@ -270,8 +296,8 @@ def build_all(source_dir: Path | None = None, notebook_dir: Path | None = None,
                 stale.append(target.name)
         else:
             # a person's work there (a run's outputs, their edits) is kept beside it, said in a line
-            if (target.exists() and target.read_bytes() != text.encode("utf-8")
-                    and (held := person_made(target))):
+            if target.exists() and not builds_own(target, text):
+                held = person_made(target) or "edited cells"
                 copy = keep_copy(target)
                 print(f"kept {target.name} as {copy.name}: it held {held}, which no build "
                       "writes (notebooks/*.ipynb are built from notebooks/src/)")

@@ -13,6 +13,16 @@ quantities the test asserts: whether the test's premise (a healthy run) holds wh
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - run as a command, Ctrl-C is one line from here on: the imports below come after
+if __name__ == "__main__":
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from rlhf_helpers.runtime.interrupt import quiet_early_interrupt
+
+    quiet_early_interrupt("tools/gpu_test_variants.py")
+
 import argparse
 import json
 import os

@@ -23,7 +23,6 @@ if __name__ == "__main__":
 
     quiet_early_interrupt("python -m rlhf_helpers.cluster.export")
 
-import argparse
 import os
 import re
 import shlex
@@ -43,6 +42,7 @@ from rlhf_helpers.cluster.run_inputs import (
 )
 from rlhf_helpers.core.advantage_estimators import ADVANTAGE_ESTIMATORS
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
+from rlhf_helpers.runtime.one_line_parser import OneLineParser
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_ENV, Profile, get_profile
 
@@ -297,8 +297,8 @@ def auto_note(name: str | None, resolved: str) -> str | None:
 
 @one_line_interrupt("python -m rlhf_helpers.cluster.export", "nothing was written")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_helpers.cluster.export",
-                                     description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m rlhf_helpers.cluster.export",
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, choices=("tiny", "gpu", "auto"),
                         help="default: $RLHF_PROFILE or tiny")
     parser.add_argument("--gpus", type=int, default=1,

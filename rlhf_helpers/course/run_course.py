@@ -72,13 +72,14 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
     """Run `path` top to bottom in a fresh kernel; return the executed notebook.
 
     The kernel's working directory is `workdir` (a new temporary directory if None) holding a copy
-    of the notebook. Raises nbclient's CellExecutionError on the first failing cell.
+    of the notebook. Raises nbclient's CellExecutionError on the first failing cell, and
+    KeyboardInterrupt on Ctrl-C (the kernel killed: `stoppable_client`).
     """
     # nbclient/nbformat: only to execute notebooks
     import nbformat
 
-    # nbclient/nbformat: only to execute notebooks
-    from nbclient import NotebookClient
+    # nbclient (seconds to import), under it: only to execute notebooks
+    from rlhf_helpers.course.stoppable_client import StoppableClient
 
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -89,13 +90,21 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
         if (cwd / path.name).resolve() != Path(path).resolve():
             shutil.copy(path, cwd / path.name)
         nb = nbformat.read(cwd / path.name, as_version=4)
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(cwd)}})
+        client = StoppableClient(nb, timeout=timeout, kernel_name="python3",
+                                 resources={"metadata": {"path": str(cwd)}})
         try:
             client.execute(env=kernel_env())
+        except Exception:
+            if client.interrupted:  # the kernel was killed on Ctrl-C: whatever failed after it
+                raise KeyboardInterrupt from None
+            raise
         finally:
-            if out is not None:  # never through a link, and recorded as the tool's own copy
+            # never through a link, and recorded as the tool's own copy; a run Ctrl-C cut short
+            # leaves the copy of an earlier run as it was
+            if out is not None and not client.interrupted:
                 write_recorded(out, nbformat.writes(nb).encode("utf-8"))
+        if client.interrupted:  # Ctrl-C as the last cell ended
+            raise KeyboardInterrupt
     return nb
 
 

@@ -7,7 +7,8 @@ settings run.json records) or of TRL (trainer_state.json, its names mapped to th
 The files themselves are read by `reading` (regular files only, numbers a float holds, a last
 metrics line cut mid-write skipped with a note), run.json's settings by `facts.facts_of_run_json`
 (checked before a rule multiplies by them); this module picks the file, maps TRL's names
-(`TRL_NAMES`), and refuses a response_length above the max_new_tokens run.json records.
+(`TRL_NAMES`), and refuses a row that run.json rules out: a response_length above its
+max_new_tokens, a step beyond its total_steps.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def _load_file(path: Path) -> RunRead:
     rows, notes = read_metrics(path)
     facts = facts_of_run_json(path.parent / "run.json")
     _check_lengths(rows, facts, path)
+    _check_steps(rows, facts, path)
     return RunRead(rows, facts, path, tuple(notes))
 
 
@@ -123,6 +125,19 @@ def _check_lengths(rows: list[dict[str, Any]], facts: RunFacts, path: Path) -> N
                 f"{path}, row {index + 1}: response_length {length!r:.40} is above the "
                 f"max_new_tokens {limit} of {path.parent / 'run.json'}: no run logs that, so one "
                 "of the files was edited or damaged")
+
+
+def _check_steps(rows: list[dict[str, Any]], facts: RunFacts, path: Path) -> None:
+    """ValueError naming both files when a row's step is beyond the total_steps run.json records:
+    a run stops there, and a resumed one (--resume --steps N) rewrites run.json's total_steps."""
+    total = facts.total_steps
+    for index, row in enumerate(rows):
+        step = row.get("step")  # an integer from 0 (`reading.step_problem`), or None: not logged
+        if total is not None and step is not None and step > total:
+            raise ValueError(
+                f"{path}, row {index + 1}: step {step!r:.40} is beyond the total_steps {total} of "
+                f"{path.parent / 'run.json'}: no run logs that (a resumed run rewrites "
+                "total_steps), so one of the files was edited or damaged")
 
 
 def _load_trl(state_file: Path, state: Any, notes: list[str]) -> RunRead:

@@ -45,6 +45,7 @@ from rlhf_helpers.runtime.data import data_fingerprint, load_preferences
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.lock_files import FolderInUse
 from rlhf_helpers.runtime.models import model_folder_problem
+from rlhf_helpers.runtime.one_line_parser import OneLineParser
 from rlhf_helpers.runtime.precision import amp_flags
 from rlhf_helpers.runtime.preflight import base_problem, model_limits_problem
 from rlhf_helpers.runtime.profiles import WEIGHTS_SUFFIX, get_profile, gpu_profile, tiny_profile
@@ -52,7 +53,6 @@ from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem, use_t
 from rlhf_helpers.stages.reward_training import RewardTrainingConfig, train_reward_model
 from rlhf_helpers.stages.run_files.run_folder import SetupError, check_output_dir
 from rlhf_helpers.stages.sft import ensure_sft_model
-from rlhf_helpers.stages.train_args import OneLineParser
 
 #: The data files a reward adapter is trained and measured on (under
 #: rlhf_helpers.runtime.data.data_dir()).

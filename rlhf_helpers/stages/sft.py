@@ -36,6 +36,7 @@ from rlhf_helpers.runtime.compat import checkpointing_off
 from rlhf_helpers.runtime.data import data_fingerprint, load_sft_corpus
 from rlhf_helpers.runtime.interrupt import one_line_interrupt
 from rlhf_helpers.runtime.models import dropout_overrides, ensure_distinct_pad
+from rlhf_helpers.runtime.one_line_parser import OneLineParser
 from rlhf_helpers.runtime.precision import amp_flags, master_dtype
 from rlhf_helpers.runtime.preflight import base_problem
 from rlhf_helpers.runtime.profiles import Profile, get_profile, gpu_profile
@@ -45,7 +46,6 @@ from rlhf_helpers.stages.random_init import (
     random_init_architecture,
     random_init_tokenizer_dir,
 )
-from rlhf_helpers.stages.train_args import OneLineParser
 
 #: The command's name in its messages.
 PROG = "python -m rlhf_helpers.stages.sft"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from rlhf_helpers.ppo.checkpoints.save_load import latest_checkpoint
 from rlhf_helpers.runtime.config_fields import add_field_flags, flag_name, join_negative_values
 from rlhf_helpers.runtime.config_limits import PPO_LIMITS, allowed
 from rlhf_helpers.runtime.interrupt import EXIT_INTERRUPTED
+from rlhf_helpers.runtime.one_line_parser import OneLineParser
 from rlhf_helpers.runtime.ppo_config import PPOConfig
 from rlhf_helpers.runtime.profiles import PROFILE_NAMES
 from rlhf_helpers.runtime.threads import DEFAULT_THREADS, threads_problem
@@ -45,16 +45,6 @@ EXIT_NON_FINITE = 3
 #: Exit status of a run stopped because a checkpoint, metrics.jsonl, curves.html or diagnosis.json
 #: could not be written.
 EXIT_WRITE_FAILED = 4
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line, like every other refusal of the command:
-    the usage of its sixty flags would bury the error under forty lines (`--help` lists them)."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        """Print `prog: error: message` on stderr and exit 2 (argparse's documented hook for its
-        errors)."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser_and_actions() -> tuple[argparse.ArgumentParser, list[argparse.Action]]:

@@ -612,12 +612,14 @@ def test_bad_arguments_are_refused():
     (["--gpus", "73"], None, "--gpus must be an int in [1, 72]"),
     (["--gpus", str(10**30)], None, "--gpus must be an int in [1, 72]"),
     (["--profile", "cpu"], None, "argument --profile: invalid choice: 'cpu'"),
+    (["--gpus", "abc"], None, "argument --gpus: invalid int value: 'abc'"),
     ([], '{"mini_batch_size": 3}',
      "rollout_batch_size (64) must be a multiple of mini_batch_size (3)"),
     ([], '{"lora": "r=4"}', "lora must be a LoRASpec or a mapping of its fields, got str"),
 ])
 def test_the_export_command_refuses_bad_settings_with_exit_2(
         monkeypatch, capsys, argv, env, message):
+    """Before, argparse's errors and --gpus's came after its three lines of usage."""
     from rlhf_helpers.cluster.export import main
 
     if env is None:
@@ -628,7 +630,10 @@ def test_the_export_command_refuses_bad_settings_with_exit_2(
         main(argv)
     assert stopped.value.code == 2
     captured = capsys.readouterr()
-    assert message in captured.err and captured.out == ""  # one line, no half-written command
+    err = captured.err.splitlines()
+    assert len(err) == 1, err  # no usage lines before it
+    assert err[0].startswith("python -m rlhf_helpers.cluster.export: error: "), err
+    assert message in err[0] and captured.out == ""  # one line, no half-written command
 
 
 @pytest.mark.parametrize("argv, env_profile, note", [

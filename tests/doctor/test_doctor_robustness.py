@@ -422,6 +422,27 @@ def test_a_response_length_above_run_jsons_max_new_tokens_is_refused_naming_both
     assert main([str(tmp_path)]) == 0
 
 
+def test_a_step_beyond_run_jsons_total_steps_is_refused_naming_both_files(tmp_path, capsys):
+    """Before: step 999 in a 2-step run was read, and findings named steps that never ran;
+    `--resume` rewrites total_steps, so no run logs a step beyond it."""
+    rows = healthy(2)
+    rows[1]["step"] = 999
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    (tmp_path / "run.json").write_text(
+        '{"ppo_config": {"total_steps": 2}, "profile": {"dtype": "float32"}}')
+    error = one_line_error(capsys, [str(tmp_path)])
+    assert error.endswith(
+        f"{tmp_path / 'metrics.jsonl'}, row 2: step 999 is beyond the total_steps 2 of "
+        f"{tmp_path / 'run.json'}: no run logs that (a resumed run rewrites total_steps), so one "
+        "of the files was edited or damaged"), error
+    rows[1]["step"] = 2.0  # the last step, as the trainer logs it (a float)
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    assert main([str(tmp_path)]) == 0
+    (tmp_path / "run.json").write_text(
+        '{"ppo_config": {"total_steps": 1}, "profile": {"dtype": "float32"}}')
+    assert "row 2: step 2.0 is beyond the total_steps 1" in one_line_error(capsys, [str(tmp_path)])
+
+
 def test_a_trl_log_entry_no_run_logs_is_refused_naming_the_file_and_entry(tmp_path, capsys):
     log = [{"step": 1, "reward": 0.5, "completions/mean_length": 12.0},
            {"step": 2, "reward": 0.6, "completions/mean_length": -3.0}]

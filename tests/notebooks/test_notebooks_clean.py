@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,12 +17,20 @@ from tool_scripts import load_tool
 
 from rlhf_helpers.course.notebook import colab_badge, colab_setup_source
 from rlhf_helpers.course.profile_choice import MEANING
+from rlhf_helpers.course.tool_files import RECORD_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 builder = load_tool("build_notebooks")
+
+
+def _names(folder: Path) -> list[str]:
+    """The names in `folder`, the build's hidden records of what it wrote (.NN.ipynb.sha256) left
+    out."""
+    return sorted(p.name for p in folder.iterdir()
+                  if not (p.name.startswith(".") and p.name.endswith(f".ipynb{RECORD_SUFFIX}")))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -170,7 +180,7 @@ def test_a_notebook_path_that_is_a_link_is_refused_and_nothing_written(tmp_path,
     (notebook_dir / "02_b.ipynb").unlink()
     assert builder.build_all(source_dir, notebook_dir) == 0
     assert builder.build_all(source_dir, notebook_dir, check=True) == 0
-    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]
+    assert _names(notebook_dir) == ["01_a.ipynb", "02_b.ipynb"]
     # a link put there after the check is replaced, not written through
     (notebook_dir / "01_a.ipynb").unlink()
     (notebook_dir / "01_a.ipynb").symlink_to(elsewhere)
@@ -192,8 +202,8 @@ def test_a_notebook_hard_linked_to_a_users_file_is_replaced_and_the_users_file_k
     assert backup.read_text(encoding="utf-8") == "my own edits"
     assert builder.build_all(source_dir, notebook_dir, check=True) == 0
     # no temporary left; the user's file, no notebook a build wrote, was also kept as a copy
-    assert [p.name for p in notebook_dir.iterdir()
-            if p.name != "01_a.ipynb" and ".ipynb.bak-" not in p.name] == []
+    assert [name for name in _names(notebook_dir)
+            if name != "01_a.ipynb" and ".ipynb.bak-" not in name] == []
     assert (notebook_dir / "01_a.ipynb").stat().st_mode & 0o777 == 0o644
 
 
@@ -246,10 +256,77 @@ def test_a_notebook_as_a_build_wrote_it_is_replaced_without_a_copy(tmp_path, mon
     (source_dir / "01_a.py").write_text(GOOD_SOURCE + "\n# %%\ny = 2\n", encoding="utf-8")
     assert builder.build_all(source_dir, notebook_dir) == 0
     assert builder.build_all(source_dir, notebook_dir) == 0
-    assert sorted(p.name for p in notebook_dir.iterdir()) == ["01_a.ipynb"]
+    assert _names(notebook_dir) == ["01_a.ipynb"]
     assert "kept" not in capsys.readouterr().out
     for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):  # the stored ones are builds'
         assert builder.person_made(path) is None, path
+
+
+def _text_edited(path: Path) -> str:
+    """Add a line to the last cell's text of the notebook at `path`, its metadata left as built
+    (as a text editor or an nbformat script saves it); returns the text saved."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    source = nb["cells"][-1]["source"]  # stored as a list of lines
+    nb["cells"][-1]["source"] = ["# MY SOLUTION: hours of work\n", *source]
+    text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def _kept(notebook_dir: Path) -> list[Path]:
+    return sorted(notebook_dir.glob("01_a.ipynb.bak-*"))
+
+
+def test_a_learners_edit_to_a_cells_text_is_kept_as_a_copy_with_one_line(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Before: an edit to a cell's text (the metadata as built) was replaced without a copy or a
+    word: only metadata, outputs, cell ids and cell-metadata keys were compared."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch, **{"01_a": GOOD_SOURCE})
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert builder.build_all(source_dir, notebook_dir) == 0  # as built: no copy
+    assert _kept(notebook_dir) == [] and "kept" not in capsys.readouterr().out
+    theirs = _text_edited(notebook_dir / "01_a.ipynb")
+    assert builder.person_made(notebook_dir / "01_a.ipynb") is None  # the old rule saw nothing
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    copies, out = _kept(notebook_dir), capsys.readouterr().out.splitlines()
+    assert len(copies) == 1 and copies[0].read_text(encoding="utf-8") == theirs
+    assert [line for line in out if line.startswith("kept")] == [
+        f"kept 01_a.ipynb as {copies[0].name}: it held edited cells, which no build writes "
+        "(notebooks/*.ipynb are built from notebooks/src/)"]
+    assert "MY SOLUTION" not in (notebook_dir / "01_a.ipynb").read_text(encoding="utf-8")
+    # with no record of the build (a copy of the folder without its hidden files) and no git
+    copies[0].unlink()
+    _text_edited(notebook_dir / "01_a.ipynb")
+    (notebook_dir / ".01_a.ipynb.sha256").unlink()
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert len(_kept(notebook_dir)) == 1 and "kept 01_a.ipynb" in capsys.readouterr().out
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "-c", "commit.gpgsign=false", *args], check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_in_a_fresh_clone_the_committed_notebooks_are_replaced_without_a_copy(tmp_path,
+                                                                              monkeypatch, capsys):
+    """A clone has no records: a notebook as committed is a build's (a contributor's edited source
+    rebuilds it without a copy), a learner's edit to it is not."""
+    source_dir, notebook_dir = _folders(tmp_path, monkeypatch, **{"01_a": GOOD_SOURCE})
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    (notebook_dir / ".01_a.ipynb.sha256").unlink(missing_ok=True)  # a clone has none
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "notebooks/01_a.ipynb")
+    _git(tmp_path, "commit", "-q", "-m", "built")
+    (source_dir / "01_a.py").write_text(GOOD_SOURCE + "\n# %%\ny = 2\n", encoding="utf-8")
+    capsys.readouterr()
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert _kept(notebook_dir) == [] and "kept" not in capsys.readouterr().out
+    _git(tmp_path, "checkout", "-q", "--", "notebooks/01_a.ipynb")  # the committed one again
+    (notebook_dir / ".01_a.ipynb.sha256").unlink(missing_ok=True)
+    _text_edited(notebook_dir / "01_a.ipynb")
+    assert builder.build_all(source_dir, notebook_dir) == 0
+    assert len(_kept(notebook_dir)) == 1 and "it held edited cells" in capsys.readouterr().out
 
 
 def test_a_folder_at_a_notebooks_path_is_refused_in_one_line_and_nothing_written(

@@ -185,7 +185,7 @@ def setup_error(argv: list[str], capsys) -> str:
         train.main(["--profile", "tiny", "--steps", "1", "--no-progress", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert refused.value.code == 2, err
-    assert len(err) == 1, err  # argparse's errors too (train_args.OneLineParser)
+    assert len(err) == 1, err  # argparse's errors too (runtime.one_line_parser)
     return err[-1]
 
 
