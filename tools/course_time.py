@@ -45,7 +45,7 @@ Calibration: the rates are a model, not a measurement of students. The prose, co
 rates are those of a first-year PhD student working carefully (they put the course before the
 core/deep-dive split at 25 hours, inside an instructor's estimate of 22 to 28 hours for it). The
 other rates were then chosen so that the course as two independent reviews read it (main at
-0a16302, issue 64) comes out where they put it: the reviews ask for 19-24 hours of cores; the
+0a16302, teaching pass 5) comes out where they put it: the reviews ask for 19-24 hours of cores; the
 deep-RL lecturer estimated 19.2 hours, against 15.7 by the old rates, with 02, 05, 06, 07 and 08
 under-estimated by 20-75%. With these rates that course's cores come out at 20.3 hours: 02, 05, 06,
 07 and 08 27-73% above the old estimate (08 the most: both its exercises run the model, and 05's

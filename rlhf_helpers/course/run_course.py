@@ -100,12 +100,21 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
             raise
         finally:
             # never through a link, and recorded as the tool's own copy; a run Ctrl-C cut short
-            # leaves the copy of an earlier run as it was
-            if out is not None and not client.interrupted:
+            # leaves the copy of an earlier run as it was, and so does a person's save made
+            # while it ran (checked again now: a notebook runs for minutes)
+            kept = out is not None and replace_problem(out, ROOT / "build")
+            if out is not None and not client.interrupted and not kept:
                 write_recorded(out, nbformat.writes(nb).encode("utf-8"))
         if client.interrupted:  # Ctrl-C as the last cell ended
             raise KeyboardInterrupt
+        if kept:
+            raise CopyKept(f"{kept}, while it ran: that copy is kept and this run is not written")
     return nb
+
+
+class CopyKept(RuntimeError):
+    """The executed copy at --out became a person's while its notebook ran (saved, replaced by a
+    link): it is kept, and the run's result is not written."""
 
 
 @one_line_interrupt("python -m rlhf_helpers.course.run_course",

@@ -4,23 +4,21 @@
     python -m rlhf_helpers.stages.train_ppo --output-dir runs/ppo-tiny --steps 80 --resume
     accelerate launch -m rlhf_helpers.stages.train_ppo --profile gpu       # several GPUs
 
-Two CPU processes: `accelerate launch --multi_gpu --num_processes 2 --num_machines 1
---mixed_precision no --dynamo_backend no -m rlhf_helpers.stages.train_ppo` with no GPU visible
-(gloo on the CPU; `--cpu --num_processes 2` silently starts ONE process; torchrun works too). A
-NaN/inf seen by one process stops all of them, each with exit 3.
+Two CPU processes (gloo; `--cpu --num_processes 2` silently starts ONE; torchrun works too):
+`accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no
+--dynamo_backend no -m rlhf_helpers.stages.train_ppo`. A NaN/inf on one stops all, each exit 3.
 
 What it does: ensures the profile's SFT model and reward model (`ensure_sft_model`,
 `ensure_reward_model`: trained once, cached in runs/ or $RLHF_CACHE_DIR), builds the shared model,
 runs `run_loop.train_loop` under an `accelerate.Accelerator`, and writes into --output-dir (locked
 for the run: a second live run into it exits 2, naming this one's pid):
 
-    step-NNNNNN/, latest    atomic checkpoints (see checkpoint.py)
+    step-NNNNNN/, latest    atomic checkpoints (ppo/checkpoints/save_load.py)
     metrics.jsonl           one JSON object of metrics per PPO step (docs/metrics.md)
     curves.html             the main curves, the doctor's findings marked (a browser, offline)
     diagnosis.json          the run doctor's findings (`stages.diagnose`; also printed on stderr)
     run.json                the profile, the PPO config and the reward folder of this run
     tracking/               with --report-to tensorboard|wandb: the same metrics, TRL-style names
-
 Settings: every PPOConfig field is a flag (`--help`); a flag not given keeps the profile's value,
 each number within a range float32 can hold (`runtime.config_limits`). $RLHF_PROFILE_OVERRIDES
 sets the profile for every stage; the flags win over it. --resume continues with what run.json
@@ -31,9 +29,8 @@ on stderr, found before any model is built where it can be (`stages/train_setup.
 `stages/run_files/run_folder.py`, `runtime/preflight.py`), or a lock, a checkpoint not matching
 its digests, a GGUF file cut short found later; 3 stopped by a NaN/inf, the last good checkpoint
 kept; 4 a run file could not be written (a full disk is named; the previous checkpoint kept,
-metrics.jsonl never logs a step whose checkpoint failed), or --output-dir was removed or moved
-mid-run (never made again); 130 Ctrl-C, one line naming the last checkpoint and the command that
-resumes from it."""
+metrics.jsonl never logs a step whose checkpoint failed), or --output-dir removed or moved mid-run;
+130 Ctrl-C, one line naming the last checkpoint and the command that resumes from it."""
 
 from __future__ import annotations
 

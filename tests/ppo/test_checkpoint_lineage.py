@@ -47,7 +47,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def test_save_checkpoint_refuses_a_folder_held_by_a_live_trainer_or_process(make_trainer,
                                                                            tmp_path):
     """Before: save_checkpoint took no lock and made no check, and replaced the live trainer's
-    step-000003 and repointed `latest` (issue 65, A3)."""
+    step-000003 and repointed `latest`."""
     out = tmp_path / "ppo"
     holder = make_trainer(output_dir=str(out))
     holder.train(steps=3)  # holds the folder until close()
@@ -73,7 +73,7 @@ def test_save_checkpoint_refuses_a_folder_held_by_a_live_trainer_or_process(make
 
 def test_save_checkpoint_refuses_a_folder_of_another_run(make_trainer, tmp_path):
     """Before: a trainer of another run saved its step-000005 beside the run's checkpoints and
-    repointed `latest` at it (issue 65, A3)."""
+    repointed `latest` at it."""
     out = tmp_path / "ppo"
     owner = make_trainer(output_dir=str(out))
     owner.train(steps=2)
@@ -91,7 +91,7 @@ def test_save_checkpoint_refuses_a_folder_of_another_run(make_trainer, tmp_path)
 def test_a_trainer_overtaken_by_another_of_its_run_does_not_replace_its_checkpoint(make_trainer,
                                                                                    tmp_path):
     """Before: A's train() after B had continued the run replaced B's step-000003 with A's own
-    step 3 (the same run id, so the owner checks passed; issue 65, A6)."""
+    step 3 (the same run id, so the owner checks passed)."""
     out = tmp_path / "ppo"
     first = make_trainer(output_dir=str(out))
     first.train(steps=2)
@@ -116,7 +116,7 @@ def test_a_trainer_overtaken_by_another_of_its_run_does_not_replace_its_checkpoi
 def test_a_trainer_loaded_from_an_older_checkpoint_does_not_replace_the_newer_one(make_trainer,
                                                                                  tmp_path):
     """Before: loading step-000002 of a 3-step run and training one step silently replaced
-    step-000003 and its weights (issue 65, A7)."""
+    step-000003 and its weights."""
     out = tmp_path / "ppo"
     run = make_trainer(output_dir=str(out))
     run.train(steps=3)
