@@ -108,7 +108,8 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 600,
         if client.interrupted:  # Ctrl-C as the last cell ended
             raise KeyboardInterrupt
         if kept:
-            raise CopyKept(f"{kept}, while the course ran: that copy is kept, this run is not written")
+            raise CopyKept(f"{kept}, while the course ran: that copy is kept, this run is not "
+                           "written")
     return nb
 
 
