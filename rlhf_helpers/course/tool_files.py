@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -47,7 +48,9 @@ def recorded_digests(path: Path) -> set[str]:
         text = record.read_text(encoding="ascii")
     except (OSError, ValueError):
         return set()
-    return {line.strip() for line in text.splitlines() if line.strip()}
+    digests = {line.strip() for line in text.splitlines() if line.strip()}
+    # a record holds SHA-256s only: any other text there is a person's file at the record's name
+    return digests if all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests) else set()
 
 
 def as_written(path: Path) -> bool | None:
@@ -64,15 +67,29 @@ def as_written(path: Path) -> bool | None:
     return bool(recorded) and digest(path.read_bytes()) in recorded
 
 
+def _plainly_under(path: Path, folder: Path) -> bool:
+    """Whether `path` lies in `folder` with no link on the way: neither `folder` nor any folder
+    between them is a link (a build/ linked to a person's folder is not the tools')."""
+    folder = folder.absolute()
+    try:
+        inside = path.absolute().relative_to(folder)
+    except ValueError:
+        return False
+    steps = [folder, *(folder / Path(*inside.parts[:n]) for n in range(1, len(inside.parts)))]
+    return not any(step.is_symlink() for step in steps)
+
+
 def replace_problem(path: Path, unrecorded_under: Path | None = None) -> str | None:
     """Why a tool may not replace `path` (a person's file: it was changed since a tool wrote it,
     or no tool recorded writing it, or it is a link or no regular file), or None (nothing there,
     or a tool's file as written). `unrecorded_under`: a folder the tools own (the checkout's
     build/), where a regular file with no record at all was written before the tools kept
     records, and counts as theirs."""
+    record = record_path(path)
+    if os.path.lexists(record) and not recorded_digests(path):
+        return f"{record} is no record a tool of the course wrote (a person's file at its name)"
     if (unrecorded_under is not None and not path.is_symlink() and path.is_file()
-            and not os.path.lexists(record_path(path))
-            and path.resolve().is_relative_to(Path(unrecorded_under).resolve())):
+            and not os.path.lexists(record) and _plainly_under(path, Path(unrecorded_under))):
         return None
     written = as_written(path)
     if written is None or written:

@@ -66,3 +66,28 @@ def test_a_write_stopped_before_the_file_is_replaced_leaves_a_file_still_the_too
     monkeypatch.undo()
     assert path.read_bytes() == b"old" and as_written(path)
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_build_folder_that_is_a_link_is_not_the_tools(tmp_path):
+    """The rule that an unrecorded file in build/ is the tools' (written before records) must not
+    follow build/ when it is a link to a person's folder: their notebook there is refused."""
+    person = tmp_path / "person"
+    person.mkdir()
+    (person / "02_b.ipynb").write_text('{"my": "notebook"}')
+    build = tmp_path / "checkout" / "build"
+    build.parent.mkdir()
+    build.symlink_to(person)
+    problem = replace_problem(build / "02_b.ipynb", unrecorded_under=build)
+    assert problem is not None and "was not written by a tool" in problem
+    plain = tmp_path / "checkout2" / "build"
+    plain.mkdir(parents=True)
+    (plain / "02_b.ipynb").write_text("{}")
+    assert replace_problem(plain / "02_b.ipynb", unrecorded_under=plain) is None
+
+
+def test_a_persons_file_at_a_records_name_is_refused_not_overwritten(tmp_path):
+    notebook = tmp_path / "01_a.ipynb"
+    mine = record_path(notebook)
+    mine.write_text("my hidden notes")
+    problem = replace_problem(notebook)
+    assert problem is not None and "no record a tool of the course wrote" in problem
