@@ -28,7 +28,6 @@ MOVED: dict[str, str] = {
     "rlhf_helpers.ppo.diagnosis_rules": "rlhf_helpers.doctor.rules",
     "rlhf_helpers.ppo.diagnosis_sources": "rlhf_helpers.doctor.sources",
     "rlhf_helpers.ppo.diagnosis_types": "rlhf_helpers.doctor.thresholds",
-    "rlhf_helpers.ppo.metric_doc_types": "rlhf_helpers.ppo.metric_docs",
     "rlhf_helpers.ppo.curves_page": "rlhf_helpers.stages.run_files.curves_page",
     "rlhf_helpers.stages.curves_page": "rlhf_helpers.stages.run_files.curves_page",
     "rlhf_helpers.ppo.shared_model": "rlhf_helpers.ppo.model.shared_model",

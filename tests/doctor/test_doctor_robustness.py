@@ -18,7 +18,7 @@ from test_diagnosis import FACTS, healthy
 
 from rlhf_helpers.doctor import RunFacts, Thresholds, diagnose, format_findings
 from rlhf_helpers.doctor.rows import longest_run
-from rlhf_helpers.ppo.metric_docs import ENTROPY_ROUNDING
+from rlhf_helpers.ppo.metric_doc_types import ENTROPY_ROUNDING
 from rlhf_helpers.stages.diagnose import main
 
 
@@ -373,7 +373,7 @@ def test_values_at_the_edges_of_the_possible_and_non_finite_ones_are_read(tmp_pa
 
 
 def test_the_entropys_slack_is_float32_rounding_of_the_largest_logits():
-    """The bound's derivation (metric_docs.ENTROPY_ROUNDING) in numbers: below 0 by at most
+    """The bound's derivation (metric_doc_types.ENTROPY_ROUNDING) in numbers: below 0 by at most
     (2 + log2 V) roundings of 2**-24 of |logits / temperature| <= 1e4, about a hundredth."""
     assert ENTROPY_ROUNDING == pytest.approx((2 + 17) * 2.0**-24 * 1e4)
     assert 0.005 < ENTROPY_ROUNDING < 0.02
