@@ -67,16 +67,18 @@ $(COLAB_STAMP): tests/colab_stack.txt | $(STAMP)
 # The course on Colab's versions: the set-up cell installs it there
 # (tests/course/test_colab_stack.py), the editable install is pointed back at this checkout, then
 # every notebook runs as shipped, as a Colab user runs it, each with its own runs folder and this
-# stack's own cache (the reward model is trained on this stack, not reused from .venv's). The
-# exercise-solution re-runs stay in `make test`: they check the notebooks' own code, the same on
-# both stacks, and would add ~3 min of CI here.
+# stack's own cache (the reward model is trained on this stack, not reused from .venv's), with few
+# and small PPO steps (RLHF_NOTEBOOKS_QUICK=1: the solutions pass's profile): this checks that every
+# call works on Colab's versions; the claims on the tiny run are checked by `make test`, under two
+# roundings. The exercise-solution re-runs stay in `make test`: they check the notebooks' own code,
+# the same on both stacks, and would add ~3 min of CI here.
 test-colab: $(COLAB_STAMP)
 	RLHF_COLAB_STACK=1 $(COLAB_PY) -m pytest -p no:cacheprovider \
 	  tests/course/test_colab_stack.py tests/runtime/test_compat.py
 	$(COLAB_PY) -m pip install --quiet --no-deps -e .
 	rm -rf build/colab-cache
 	RLHF_CACHE_DIR=$(CURDIR)/build/colab-cache RLHF_EXECUTED_DIR=$(CURDIR)/build/colab-executed \
-	  $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --maxschedchunk 1 --durations=12 \
+	  RLHF_NOTEBOOKS_QUICK=1 $(COLAB_PY) -m pytest -p no:cacheprovider -m notebook -n 2 --maxschedchunk 1 --durations=12 \
 	  -k test_notebook_runs_as_shipped tests/notebooks/test_notebooks.py
 
 course: $(STAMP)
