@@ -119,8 +119,9 @@ def check_claims(claims: Mapping[str, object], *, any_profile: bool = False) -> 
         del caller
         _log(measures, checked)
     if not checked:
-        print(f"Not checked: the text states these {len(values)} claims for the shipped "
-              f"{SHIPPED_PROFILE!r} profile, and this run uses another profile or overrides.")
+        these = "this claim is" if len(values) == 1 else f"these {len(values)} claims are"
+        print(f"Not checked: {these} about the {SHIPPED_PROFILE!r} profile as shipped, not this "
+              "run.")
         return
     if not wrong:
         print(f"Checked on this run: every claim of the text above holds ({len(values)} checked).")

@@ -131,7 +131,11 @@ def test_check_claims_passes_fails_and_skips_other_profiles(monkeypatch, capsys)
         check_claims({})
     monkeypatch.setenv("RLHF_PROFILE_OVERRIDES", '{"total_steps": 3}')
     check_claims({"two is less than one": 2 < 1})  # another run: not checked
-    assert "Not checked" in capsys.readouterr().out
+    one = capsys.readouterr().out.strip()
+    check_claims({f"claim {k}": False for k in range(13)})
+    many = capsys.readouterr().out.strip()
+    assert one.startswith("Not checked: this claim is") and "these 13 claims are" in many
+    assert max(len(one), len(many)) <= 88, (one, many)  # the width an output box holds
     with pytest.raises(ClaimContradicted):
         check_claims({"two is less than one": 2 < 1}, any_profile=True)
 
