@@ -58,9 +58,9 @@ QUICK_PROFILE = {"total_steps": 3, "rollout_batch_size": 16, "mini_batch_size": 
 #: without running the notebooks again (tests/notebooks/test_notebook_figures_browser.py);
 #: `make test-colab` points it elsewhere
 EXECUTED_DIR = Path(os.environ.get("RLHF_EXECUTED_DIR") or ROOT / "build" / "executed")
-#: `make test-colab` sets it to 1: there the shipped runs use QUICK_PROFILE. On Colab's versions they
-#: check that every call the notebooks make works; the claims about the tiny profile's run are
-#: checked on this stack's runs, under two roundings (test_claims_hold_under_another_rounding).
+#: `make test-colab` sets it to 1: there the shipped runs use QUICK_PROFILE. On Colab's versions
+#: they check that every call the notebooks make works; the claims about the tiny profile's run
+#: are checked on this stack's runs, under two roundings (test_claims_hold_under_another_rounding).
 QUICK_SHIPPED_ENV = "RLHF_NOTEBOOKS_QUICK"
 _EXERCISE = re.compile(r"^# EXERCISE (\d+)\s*$", re.MULTILINE)
 _SOLUTION = re.compile(r"<summary>Solution (\d+)</summary>.*?```python\n(.*?)```", re.DOTALL)
